@@ -1,0 +1,129 @@
+"""Start share servers and the analyzer as real processes on loopback ports.
+
+Used by ``dpsketch demo``, the benchmarks and the tests: every process is a real uvicorn server
+with its own SQLite file, started with ``python -m dpsketch.cli ...`` exactly as an operator would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ManagedProcess:
+    """A child process serving HTTP on a loopback port."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ManagedProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.proc.returncode}; log:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not healthy after {timeout}s; log:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL: the crash a durable store must survive."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dpsketch.cli", *args]
+
+
+@dataclass
+class ServerSpec:
+    server_id: str
+    operator_token: str
+    analyst_token: str
+    db_path: Path
+    port: int = field(default_factory=free_port)
+
+
+def share_server(spec: ServerSpec, workdir: Path, extra_env: dict[str, str] | None = None) -> ManagedProcess:
+    env = dict(os.environ)
+    env.update(
+        DPSKETCH_OPERATOR_TOKEN=spec.operator_token,
+        DPSKETCH_ANALYST_TOKEN=spec.analyst_token,
+    )
+    env.update(extra_env or {})
+    argv = _cli(
+        "server",
+        "--server-id", spec.server_id,
+        "--db", str(spec.db_path),
+        "--host", "127.0.0.1",
+        "--port", str(spec.port),
+    )
+    return ManagedProcess(spec.server_id, argv, env, spec.port, workdir / f"{spec.server_id}.log")
+
+
+def analyzer(config_path: Path, db_path: Path, workdir: Path, port: int | None = None,
+             extra_env: dict[str, str] | None = None) -> ManagedProcess:
+    port = port or free_port()
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    argv = _cli(
+        "analyzer",
+        "--config", str(config_path),
+        "--db", str(db_path),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    )
+    return ManagedProcess("analyzer", argv, env, port, workdir / "analyzer.log")

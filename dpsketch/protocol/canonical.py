@@ -1,0 +1,83 @@
+"""Canonical JSON (RFC 8785 style) and the content hash that identifies a study.
+
+A study's id is the SHA-256 of its canonical encoding, so a client can check that all N servers
+hold the same study by comparing ids it recomputes itself. Keys are sorted, there is no
+whitespace, strings are ASCII-escaped JSON strings, and numbers follow ECMAScript's
+Number-to-string rule (as RFC 8785 requires), so any JCS library reproduces the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from decimal import Decimal
+from typing import Any
+
+
+def _number(x: float | int) -> str:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return str(x)
+    if not math.isfinite(x):
+        raise ValueError("canonical JSON has no NaN or infinity")
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    digits_tuple, exponent = Decimal(repr(abs(x))).as_tuple()[1:]
+    digits = "".join(map(str, digits_tuple)).rstrip("0")
+    exponent += len(digits_tuple) - len(digits)
+    k = len(digits)
+    n = exponent + k  # value = 0.digits * 10^n
+    if k <= n <= 21:
+        body = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        body = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        body = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+        body = f"{mantissa}e{'+' if e > 0 else '-'}{abs(e)}"
+    return sign + body
+
+
+def _encode(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif isinstance(value, (bool, int, float)):
+        out.append(_number(value))
+    elif isinstance(value, str):
+        out.append(json.dumps(value, ensure_ascii=True))
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _encode(item, out)
+        out.append("]")
+    elif isinstance(value, dict):
+        out.append("{")
+        for i, key in enumerate(sorted(value)):
+            if not isinstance(key, str):
+                raise TypeError("canonical JSON keys must be strings")
+            if i:
+                out.append(",")
+            out.append(json.dumps(key, ensure_ascii=True))
+            out.append(":")
+            _encode(value[key], out)
+        out.append("}")
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} canonically")
+
+
+def canonical_json(value: Any) -> bytes:
+    out: list[str] = []
+    _encode(value, out)
+    return "".join(out).encode("ascii")
+
+
+def content_hash(value: Any) -> str:
+    """Lower-case hex SHA-256 of the canonical encoding."""
+    return hashlib.sha256(canonical_json(value)).hexdigest()

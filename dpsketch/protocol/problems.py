@@ -1,0 +1,78 @@
+"""The error catalogue: one problem type per thing a client can get wrong (docs/protocol.md).
+
+Every dpsketch service answers errors as ``application/problem+json`` (RFC 9457) with a stable
+``type`` of the form ``urn:dpsketch:problem:<slug>``; the SDK raises :class:`ProblemError` with
+the same slug, so callers can branch on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: slug -> (HTTP status, title)
+CATALOGUE: dict[str, tuple[int, str]] = {
+    "malformed-body": (400, "The request body could not be parsed"),
+    "unauthorized": (401, "A valid bearer token is required"),
+    "forbidden": (403, "This token may not do that"),
+    "not-found": (404, "No such resource"),
+    "unknown-study": (404, "No such study on this server"),
+    "method-not-allowed": (405, "Method not allowed"),
+    "study-mismatch": (409, "A different study is already provisioned under this id"),
+    "report-conflict": (409, "A report with this id is held with different bytes"),
+    "study-closed": (409, "The study is committed; it takes no more reports"),
+    "study-open": (409, "The study is not committed yet; nothing is released"),
+    "inclusion-conflict": (409, "The study is committed to a different inclusion set"),
+    "capacity-exceeded": (409, "The study holds its maximum number of reports"),
+    "unknown-reports": (422, "The inclusion set names reports this server does not hold"),
+    "certificate-refused": (422, "The release certificate is not met"),
+    "invalid-study": (422, "The study parameters are invalid"),
+    "invalid-request": (422, "The request is invalid"),
+    "payload-too-large": (413, "The request body is too large"),
+    "unsupported-media-type": (415, "Unsupported content type"),
+    "unavailable": (503, "The service cannot take this request now; retry later"),
+    "upstream-failure": (502, "A share server answered with an error"),
+    "internal-error": (500, "Internal error"),
+}
+
+PREFIX = "urn:dpsketch:problem:"
+
+
+def type_uri(slug: str) -> str:
+    return PREFIX + slug
+
+
+class ProblemError(Exception):
+    """A documented protocol error, raised by services and surfaced by the SDK."""
+
+    def __init__(self, slug: str, detail: str, *, status: int | None = None,
+                 headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None):
+        if slug not in CATALOGUE:
+            raise ValueError(f"unknown problem slug {slug!r}")
+        default_status, title = CATALOGUE[slug]
+        self.slug = slug
+        self.status = status or default_status
+        self.title = title
+        self.detail = detail
+        self.headers = headers or {}
+        self.extra = extra or {}
+        super().__init__(f"{self.status} {slug}: {detail}")
+
+    def body(self, instance: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": type_uri(self.slug),
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            out["instance"] = instance
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_body(cls, status: int, body: dict[str, Any]) -> "ProblemError":
+        t = str(body.get("type", ""))
+        slug = t[len(PREFIX):] if t.startswith(PREFIX) else ""
+        if slug not in CATALOGUE:
+            slug = "internal-error" if status >= 500 else "invalid-request"
+        return cls(slug, str(body.get("detail", body)), status=status)

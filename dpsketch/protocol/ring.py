@@ -1,0 +1,75 @@
+"""Fixed-point encoding into Z_(2^64) and additive secret sharing (DESIGN.md, "Ring encoding").
+
+x -> round(x * 2^f) mod 2^64, little-endian uint64; a sum decodes as a signed int64 / 2^f.
+N-1 shares are uniform (from the OS's CSPRNG); the last is x minus their sum. numpy's uint64
+addition and negation wrap mod 2^64 exactly, so servers and analyzer need nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+RING_BITS = 64
+WIRE_DTYPE = np.dtype("<u8")
+
+
+class EncodingRangeError(ValueError):
+    """A value does not fit the study's fixed-point range; it is refused, never wrapped."""
+
+
+def max_frac_bits(max_reports: int, value_bound: float) -> int:
+    """The largest f with max_reports * value_bound * 2^f < 2^63 (a signed sum cannot overflow)."""
+    if max_reports < 1 or not value_bound > 0:
+        raise ValueError("need max_reports >= 1 and a positive value bound")
+    f = 0
+    while max_reports * value_bound * 2.0 ** (f + 1) < 2.0**63 and f < 62:
+        f += 1
+    if max_reports * value_bound * 2.0**f >= 2.0**63:
+        raise ValueError(
+            f"{max_reports} reports of magnitude up to {value_bound} cannot be summed in 64 bits"
+        )
+    return f
+
+
+def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
+    """Encode floats with |x| <= bound as uint64 ring elements; refuse anything outside."""
+    x = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise EncodingRangeError("values must be finite")
+    if np.any(np.abs(x) > bound):
+        raise EncodingRangeError(f"a value exceeds the encoding bound {bound}")
+    fixed = np.rint(np.ldexp(x, frac_bits)).astype(np.int64)
+    return fixed.view(np.uint64)
+
+
+def decode(ring: np.ndarray, frac_bits: int) -> np.ndarray:
+    """Read ring elements as signed int64 and scale back to floats."""
+    return np.ldexp(np.asarray(ring, dtype=np.uint64).view(np.int64).astype(np.float64), -frac_bits)
+
+
+def random_ring(shape: tuple[int, ...] | int) -> np.ndarray:
+    """Uniform elements of Z_(2^64) from the operating system's CSPRNG."""
+    count = int(np.prod(shape))
+    return np.frombuffer(os.urandom(8 * count), dtype=WIRE_DTYPE).reshape(shape).copy()
+
+
+def share(encoded: np.ndarray, n_shares: int) -> list[np.ndarray]:
+    """Split ring elements into n additive shares: n-1 uniform, the last x minus their sum."""
+    if n_shares < 2:
+        raise ValueError("need at least two shares")
+    x = np.asarray(encoded, dtype=np.uint64)
+    shares = [random_ring(x.shape) for _ in range(n_shares - 1)]
+    last = x.copy()
+    for s in shares:
+        last -= s
+    return shares + [last]
+
+
+def reconstruct(shares: list[np.ndarray]) -> np.ndarray:
+    """Sum shares mod 2^64."""
+    total = np.zeros_like(np.asarray(shares[0], dtype=np.uint64))
+    for s in shares:
+        total += np.asarray(s, dtype=np.uint64)
+    return total

@@ -1,0 +1,105 @@
+"""The public block-OSNAP sketch: h_l(r), g_l(r) and their application in the ring.
+
+Column r of S (one per report id r) has one non-zero in each of the s blocks of b = k/s rows:
+row l*b + h_l(r) holds g_l(r)/sqrt(s). Servers only add and negate uint64 shares; the
+1/sqrt(s) scale is applied by the analyzer after reconstruction (:func:`scale`).
+
+The hash (docs/protocol.md, "Sketch hash", with test vectors):
+
+    digest = BLAKE2b(key = seed, digest_size = 8*s, message = b"dpsketch/osnap/1" || r)
+    u_l    = little-endian uint64 of digest[8l : 8l+8]
+    h_l(r) = floor(u_l * b / 2^64)        (the high bits: a multiply-shift, no modulo bias)
+    g_l(r) = +1 if u_l is even else -1    (the low bit)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+DOMAIN = b"dpsketch/osnap/1"
+SEED_BYTES = 32
+REPORT_ID_BYTES = 16
+MAX_BLOCKS = 8  # BLAKE2b digests are at most 64 bytes = 8 blocks of 8 bytes
+
+
+def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (absolute, in [0, k)) and signs (+1/-1, int8) of S for each report: two (m, s) arrays."""
+    if len(seed) != SEED_BYTES:
+        raise ValueError("sketch seed must be 32 bytes")
+    if not 1 <= s <= MAX_BLOCKS or k % s:
+        raise ValueError("need 1 <= s <= 8 and s dividing k")
+    b = k // s
+    m = len(report_ids)
+    width = 8 * s
+    buf = bytearray(m * width)
+    for i, rid in enumerate(report_ids):
+        buf[i * width : (i + 1) * width] = hashlib.blake2b(
+            DOMAIN + rid, digest_size=width, key=seed
+        ).digest()
+    u = np.frombuffer(bytes(buf), dtype="<u8").reshape(m, s)
+    # floor(u * b / 2^64) without 128-bit integers: split u into 32-bit halves.
+    hi = u >> np.uint64(32)
+    lo = u & np.uint64(0xFFFFFFFF)
+    bb = np.uint64(b)
+    buckets = (hi * bb + ((lo * bb) >> np.uint64(32))) >> np.uint64(32)
+    rows = buckets.astype(np.int64) + (np.arange(s, dtype=np.int64) * b)[None, :]
+    signs = np.where((u & np.uint64(1)) == 0, 1, -1).astype(np.int8)
+    return rows, signs
+
+
+def bucket_and_sign(seed: bytes, report_id: bytes, k: int, s: int, block: int) -> tuple[int, int]:
+    """h_l(r) (within its block) and g_l(r) for one report and block: the reference form."""
+    b = k // s
+    digest = hashlib.blake2b(DOMAIN + report_id, digest_size=8 * s, key=seed).digest()
+    u = int.from_bytes(digest[8 * block : 8 * block + 8], "little")
+    return (u * b) >> 64, (1 if u % 2 == 0 else -1)
+
+
+def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray) -> None:
+    """acc[rows[i, l]] += signs[i, l] * shares[i]  (mod 2^64), in place. acc is (k, d) uint64."""
+    if len(shares) == 0:
+        return
+    neg = (0 - shares).astype(np.uint64)  # wraps mod 2^64
+    for block in range(rows.shape[1]):
+        signed = np.where((signs[:, block] > 0)[:, None], shares, neg)
+        np.add.at(acc, rows[:, block], signed)
+
+
+def subtract(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray) -> None:
+    """Undo :func:`accumulate` for these reports (mod 2^64)."""
+    accumulate(acc, rows, -signs, shares)
+
+
+def accumulate_gram(sst: np.ndarray, rows: np.ndarray, signs: np.ndarray, sign: int = 1) -> None:
+    """sst += sign * sum_r (s * S_r)(s * S_r)^T / s, i.e. the integer matrix s * S S^T.
+
+    With one non-zero of +-1/sqrt(s) per block, s * S S^T has integer entries: the diagonal
+    counts reports per row, off-diagonal entries sum sign products across blocks.
+    """
+    if len(rows) == 0:
+        return
+    k = sst.shape[0]
+    s = rows.shape[1]
+    for a in range(s):
+        for c in range(s):
+            prod = signs[:, a].astype(np.int64) * signs[:, c].astype(np.int64) * sign
+            np.add.at(sst.reshape(-1), rows[:, a] * k + rows[:, c], prod)
+
+
+def scale(s: int) -> float:
+    """The entry magnitude 1/sqrt(s) the analyzer applies after decoding."""
+    return 1.0 / math.sqrt(s)
+
+
+def dense_matrix(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) -> np.ndarray:
+    """S as a dense (k, n) float matrix: for tests and small checks only."""
+    rows, signs = hash_report_ids(seed, report_ids, k, s)
+    out = np.zeros((k, len(report_ids)))
+    cols = np.arange(len(report_ids))
+    for block in range(s):
+        out[rows[:, block], cols] = signs[:, block] * scale(s)
+    return out

@@ -1,0 +1,217 @@
+"""A study: the immutable public parameters every client, server and analyzer agrees on.
+
+The study id is the content hash of the canonical encoding of :class:`Study`. All invariants
+that keep the privacy promise and the ring arithmetic sound are checked here, in the model,
+so a server provisioning a study and a client fetching one run the same checks.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from . import privacy, ring, sketch
+from .canonical import canonical_json, content_hash
+
+PROTOCOL = "dpsketch/1"
+
+#: Noise is drawn from N(0, sigma^2) and refused beyond this many sigmas (probability < 1.3e-15
+#: per coordinate; the SDK then redraws). Part of the overflow bound.
+NOISE_TAIL_SIGMAS = 8.0
+
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
+SERVER_ID_PATTERN = r"^[a-z0-9][a-z0-9.\-]{0,62}$"
+
+
+class Study(BaseModel):
+    """Public parameters of one study. Every field is covered by the study id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    protocol: Literal["dpsketch/1"] = PROTOCOL
+    name: str = Field(min_length=1, max_length=200)
+    # schema
+    columns: list[str] = Field(min_length=1, max_length=4096)
+    label: str | None = None
+    row_bound: float = Field(gt=0, le=1e6)
+    # transform
+    kind: Literal["sketch"] = "sketch"
+    k: int = Field(ge=1, le=1 << 20)
+    s: int = Field(ge=1, le=sketch.MAX_BLOCKS)
+    seed: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # privacy target
+    epsilon: float = Field(gt=0, le=100)
+    delta: float = Field(gt=0, lt=1)
+    neighbouring: privacy.Neighbouring = "replace-one"
+    lambda_star: float = Field(ge=1)
+    sigma: float = Field(gt=0)
+    # trust
+    servers: list[str] = Field(min_length=2, max_length=16)
+    t: int = Field(ge=0)
+    min_reports: int = Field(ge=1)
+    max_reports: int = Field(ge=1, le=1 << 40)
+    # ring
+    frac_bits: int = Field(ge=0, le=62)
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, columns: list[str]) -> list[str]:
+        import re
+
+        for c in columns:
+            if not re.match(NAME_PATTERN, c):
+                raise ValueError(f"column name {c!r} must match {NAME_PATTERN}")
+        if len(set(columns)) != len(columns):
+            raise ValueError("column names must be unique")
+        return columns
+
+    @field_validator("servers")
+    @classmethod
+    def _servers(cls, servers: list[str]) -> list[str]:
+        import re
+
+        for sid in servers:
+            if not re.match(SERVER_ID_PATTERN, sid):
+                raise ValueError(f"server id {sid!r} must match {SERVER_ID_PATTERN}")
+        if len(set(servers)) != len(servers):
+            raise ValueError("server ids must be distinct: each share goes to a different server")
+        return servers
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Study":
+        if self.label is not None and self.label not in self.columns:
+            raise ValueError(f"label {self.label!r} is not one of the columns")
+        if self.k % self.s:
+            raise ValueError("s must divide k (k rows in s blocks of k/s buckets)")
+        if self.min_reports > self.max_reports:
+            raise ValueError("min_reports exceeds max_reports")
+        if self.min_reports <= self.t:
+            raise ValueError("min_reports must exceed t")
+        needed = privacy.client_sigma(
+            self.epsilon, self.delta, self.row_bound, self.neighbouring, self.lambda_star
+        )
+        if self.sigma < needed * (1 - privacy.SIGMA_RTOL):
+            raise ValueError(
+                f"sigma={self.sigma} is below the calibrated {needed} for this epsilon, delta, "
+                f"row bound and lambda_star"
+            )
+        f_max = ring.max_frac_bits(self.max_reports, self.value_bound)
+        if self.frac_bits > f_max:
+            raise ValueError(
+                f"frac_bits={self.frac_bits} can overflow: max_reports * (B + 8 sigma) * 2^f "
+                f"must stay below 2^63, so f <= {f_max}"
+            )
+        return self
+
+    # derived values -----------------------------------------------------------------------
+    @property
+    def d(self) -> int:
+        return len(self.columns)
+
+    @property
+    def n_servers(self) -> int:
+        return len(self.servers)
+
+    @property
+    def seed_bytes(self) -> bytes:
+        return bytes.fromhex(self.seed)
+
+    @property
+    def value_bound(self) -> float:
+        """Largest |coordinate| a client may encode: B plus the noise tail cut."""
+        return self.row_bound + NOISE_TAIL_SIGMAS * self.sigma
+
+    @property
+    def share_bytes(self) -> int:
+        return 8 * self.d
+
+    @property
+    def aggregate_shape(self) -> tuple[int, int]:
+        return (self.k, self.d)
+
+    def canonical(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json"))
+
+    @property
+    def study_id(self) -> str:
+        return content_hash(self.model_dump(mode="json"))
+
+
+def default_k(expected_reports: int, d: int, s: int = 4) -> int:
+    """Sketch rows: about 40 d (subspace-embedding distortion ~ sqrt(d/k) of about 0.16),
+    capped so that each bucket keeps at least ~100 reports (lambda_min ~ n/k stays large)."""
+    k = min(40 * d, max(s, expected_reports // 100))
+    k = max(s, (k // s) * s)
+    return k
+
+
+def design(
+    *,
+    name: str,
+    columns: list[str],
+    label: str | None,
+    servers: list[str],
+    expected_reports: int,
+    epsilon: float = 1.0,
+    delta: float = 1e-6,
+    row_bound: float = 1.0,
+    neighbouring: privacy.Neighbouring = "replace-one",
+    t: int = 0,
+    k: int | None = None,
+    s: int = 4,
+    min_reports: int | None = None,
+    max_reports: int | None = None,
+    seed: str | None = None,
+) -> tuple[Study, list[str]]:
+    """Choose k, s, lambda_star, sigma and f for a study; return it with a human explanation."""
+    d = len(columns)
+    if expected_reports < 2:
+        raise ValueError("expected_reports must be at least 2")
+    if k is None:
+        k = default_k(expected_reports, d, s)
+    if k == 1:
+        s = 1
+    if min_reports is None:
+        min_reports = max(t + 1, math.floor(0.9 * expected_reports))
+    if max_reports is None:
+        max_reports = max(10 * expected_reports, 1000)
+    lambda_star = privacy.choose_lambda_star(min_reports, k, t)
+    sigma = privacy.client_sigma(epsilon, delta, row_bound, neighbouring, lambda_star)
+    frac_bits = ring.max_frac_bits(max_reports, row_bound + NOISE_TAIL_SIGMAS * sigma)
+    study = Study(
+        name=name,
+        columns=columns,
+        label=label,
+        row_bound=row_bound,
+        k=k,
+        s=s,
+        seed=seed or secrets.token_hex(32),
+        epsilon=epsilon,
+        delta=delta,
+        neighbouring=neighbouring,
+        lambda_star=lambda_star,
+        sigma=sigma,
+        servers=servers,
+        t=t,
+        min_reports=min_reports,
+        max_reports=max_reports,
+        frac_bits=frac_bits,
+    )
+    sigma_local = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
+    explanation = [
+        f"d = {d} columns, {len(servers)} servers, expecting {expected_reports} reports.",
+        f"Sketch: k = {k} rows in s = {s} blocks (k ~ 40 d keeps the sketch distortion near "
+        f"sqrt(d/k) = {math.sqrt(d / k):.2f}; k <= n/100 keeps every bucket well filled).",
+        f"Release needs at least min_reports = {min_reports} reports (90% of expected by default).",
+        f"lambda_star = {lambda_star:.1f}: {privacy.LAMBDA_SAFETY} x the expected "
+        f"lambda_min(S S^T) ~ (n/k)(1 - sqrt(k/n))^2 at n = min_reports, minus t = {t}.",
+        f"Client noise sigma = {sigma:.4g} per coordinate (local model would need "
+        f"{sigma_local:.4g}: {sigma_local / sigma:.1f}x more) for ({epsilon}, {delta})-DP, "
+        f"{neighbouring}, row bound B = {row_bound}.",
+        f"Ring: f = {frac_bits} fractional bits; {max_reports} reports of |x| <= "
+        f"{row_bound + NOISE_TAIL_SIGMAS * sigma:.4g} cannot overflow 2^63.",
+    ]
+    return study, explanation
