@@ -1,0 +1,54 @@
+"""``dpsketch analyzer``: run the analyzer service (FastAPI + uvicorn + its SQLite file)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpsketch analyzer",
+        description="Run the analyzer: it creates studies on the share servers, finalizes them "
+        "(intersect report ids, commit the same set everywhere, add the aggregate shares) and "
+        "serves ridge / least-squares / PCA analyses of the released noisy sketch over REST.",
+    )
+    p.add_argument("--config", help="cluster JSON (servers with urls and tokens); default: the "
+                   "DPSKETCH_CLUSTER environment variable holding the same JSON")
+    p.add_argument("--db", default="analyzer.sqlite3", help="SQLite file for studies and releases "
+                   "(default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--ssl-keyfile", help="private key for --ssl-certfile (PEM)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import uvicorn
+
+    from .app import create_app
+    from .config import ClusterConfig
+    from .coordinator import Coordinator
+    from .store import AnalyzerStore
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = ClusterConfig.load(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"dpsketch analyzer: cannot load the cluster configuration: {exc}", file=sys.stderr)
+        return 2
+    log = logging.getLogger("dpsketch.analyzer")
+    coordinator = Coordinator(config, AnalyzerStore(args.db), log=log.info)
+    app = create_app(coordinator)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    coordinator.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The analyzer's REST API: a thin FastAPI layer over :class:`Coordinator` and the estimators."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsketch import __version__, problem_http
+from dpsketch.protocol import ProblemError, Study, privacy
+
+from .coordinator import Coordinator, UpstreamError
+from .estimators import PCA, LeastSquares, RidgeRegression
+from .release import SketchRelease
+from .store import StudyRecord
+
+
+class CreateStudy(BaseModel):
+    """What an analyst decides; the analyzer derives k, s, lambda_star, sigma and f from it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    columns: list[str] = Field(min_length=1, max_length=4096)
+    label: str | None = None
+    expected_reports: int = Field(ge=2, le=1 << 36)
+    epsilon: float = Field(default=1.0, gt=0, le=100)
+    delta: float = Field(default=1e-6, gt=0, lt=1)
+    row_bound: float = Field(default=1.0, gt=0, le=1e6)
+    neighbouring: privacy.Neighbouring = "replace-one"
+    t: int = Field(default=0, ge=0)
+    k: int | None = Field(default=None, ge=1, le=1 << 20)
+    s: int = Field(default=4, ge=1, le=8)
+    min_reports: int | None = Field(default=None, ge=1)
+    max_reports: int | None = Field(default=None, ge=1)
+
+
+class StudyView(BaseModel):
+    study_id: str
+    state: str = Field(description="collecting | finalizing | released")
+    study: Study
+    explanation: list[str]
+    n_reports: int | None = None
+    inclusion_hash: str | None = None
+
+
+class RidgeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str | None = Field(default=None, description="label column; default: the study's label")
+    alpha: float | None = Field(default=None, ge=0, description="ridge lambda; default: chosen from the noise level")
+    debias: bool = Field(default=True, description="subtract the known noise sigma^2 n I from the Gram")
+
+
+class LeastSquaresRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str | None = None
+    debias: bool = True
+
+
+class PCARequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n_components: int = Field(ge=1, le=4096)
+    debias: bool = True
+
+
+class RegressionResult(BaseModel):
+    study_id: str
+    label: str
+    features: list[str]
+    coef: list[float]
+    alpha: float
+    debias: bool
+    n_reports: int
+
+
+class PCAResult(BaseModel):
+    study_id: str
+    columns: list[str]
+    components: list[list[float]]
+    explained_variance: list[float]
+    debias: bool
+    n_reports: int
+
+
+class SketchView(BaseModel):
+    study_id: str
+    columns: list[str]
+    k: int
+    n_reports: int
+    sigma: float
+    sketch: list[list[float]] = Field(description="S(A+G), k x d, already scaled by 1/sqrt(s)")
+
+
+def _view(rec: StudyRecord) -> StudyView:
+    return StudyView(study_id=rec.study.study_id, state=rec.state, study=rec.study,
+                     explanation=rec.explanation, n_reports=rec.n_reports,
+                     inclusion_hash=rec.inclusion_hash)
+
+
+def create_app(coordinator: Coordinator) -> FastAPI:
+    app = FastAPI(
+        title="dpsketch analyzer",
+        version=__version__,
+        description="Creates studies on the share servers, finalizes them and analyses the released "
+        "noisy sketch. Errors are application/problem+json (docs/protocol.md section 8).",
+        responses=problem_http.PROBLEM_RESPONSES,
+    )
+    problem_http.install(app)
+    api_token = coordinator.config.api_token
+
+    def require_token(request: Request) -> None:
+        if api_token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), api_token.encode()):
+            raise ProblemError("unauthorized", "send Authorization: Bearer <analyzer api token>",
+                               headers={"WWW-Authenticate": "Bearer"})
+
+    auth = [Depends(require_token)]
+
+    def released(study_id: str) -> SketchRelease:
+        rec = coordinator.record(study_id)
+        if rec.state != "released":
+            raise ProblemError("study-open", f"study {study_id} is {rec.state}; finalize it first")
+        return SketchRelease.from_ring_sum(rec.study, rec.ring_sum, rec.n_reports)
+
+    def upstream(exc: UpstreamError) -> ProblemError:
+        if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict"):
+            return ProblemError(exc.problem.slug, str(exc))
+        return ProblemError("upstream-failure", str(exc))
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/studies", status_code=201, dependencies=auth)
+    async def create_study(body: CreateStudy) -> StudyView:
+        try:
+            study, _ = await run_in_threadpool(coordinator.create_study, **body.model_dump())
+        except ValueError as exc:
+            raise ProblemError("invalid-study", str(exc)) from exc
+        except UpstreamError as exc:
+            raise upstream(exc) from exc
+        return _view(coordinator.record(study.study_id))
+
+    @app.get("/v1/studies", dependencies=auth)
+    def list_studies() -> list[StudyView]:
+        return [_view(r) for r in coordinator.store.list()]
+
+    @app.get("/v1/studies/{study_id}", dependencies=auth)
+    def get_study(study_id: str) -> StudyView:
+        return _view(coordinator.record(study_id))
+
+    @app.get("/v1/studies/{study_id}/progress", dependencies=auth)
+    async def progress(study_id: str) -> dict[str, Any]:
+        rec = coordinator.record(study_id)
+        servers = await run_in_threadpool(coordinator.progress, study_id)
+        return {"study_id": study_id, "state": rec.state, "min_reports": rec.study.min_reports,
+                "servers": [s.__dict__ for s in servers]}
+
+    @app.post("/v1/studies/{study_id}/finalize", dependencies=auth)
+    async def finalize(study_id: str) -> StudyView:
+        try:
+            rec = await run_in_threadpool(coordinator.finalize, study_id)
+        except UpstreamError as exc:
+            raise upstream(exc) from exc
+        return _view(rec)
+
+    @app.get("/v1/studies/{study_id}/sketch", dependencies=auth)
+    def sketch(study_id: str) -> SketchView:
+        rel = released(study_id)
+        return SketchView(study_id=study_id, columns=rel.columns, k=rel.study.k,
+                          n_reports=rel.n_reports, sigma=rel.sigma, sketch=rel.sketch.tolist())
+
+    def _label(rel: SketchRelease, label: str | None) -> str:
+        label = label or rel.study.label
+        if label is None or label not in rel.columns:
+            raise ProblemError("invalid-request",
+                               f"label must be one of the columns {rel.columns}; got {label!r}")
+        return label
+
+    @app.post("/v1/studies/{study_id}/analyses/ridge", dependencies=auth)
+    def ridge(study_id: str, body: RidgeRequest) -> RegressionResult:
+        rel = released(study_id)
+        label = _label(rel, body.label)
+        model = RidgeRegression(label=label, alpha=body.alpha, debias=body.debias).fit(rel)
+        return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
+                                coef=model.coef_.tolist(), alpha=float(model.alpha_),
+                                debias=body.debias, n_reports=rel.n_reports)
+
+    @app.post("/v1/studies/{study_id}/analyses/least-squares", dependencies=auth)
+    def least_squares(study_id: str, body: LeastSquaresRequest) -> RegressionResult:
+        rel = released(study_id)
+        label = _label(rel, body.label)
+        model = LeastSquares(label=label, debias=body.debias).fit(rel)
+        return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
+                                coef=model.coef_.tolist(), alpha=0.0, debias=body.debias,
+                                n_reports=rel.n_reports)
+
+    @app.post("/v1/studies/{study_id}/analyses/pca", dependencies=auth)
+    def pca(study_id: str, body: PCARequest) -> PCAResult:
+        rel = released(study_id)
+        if body.n_components > len(rel.columns):
+            raise ProblemError("invalid-request",
+                               f"n_components must be at most d = {len(rel.columns)}")
+        model = PCA(n_components=body.n_components, debias=body.debias).fit(rel)
+        return PCAResult(study_id=study_id, columns=rel.columns,
+                         components=model.components_.tolist(),
+                         explained_variance=model.explained_variance_.tolist(),
+                         debias=body.debias, n_reports=rel.n_reports)
+
+    return app

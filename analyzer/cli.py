@@ -1,0 +1,93 @@
+"""``dpsketch study``: drive a running analyzer from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from dpsketch.protocol import ProblemError
+
+from .client import AnalyzerClient
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsketch study",
+                                description="Create, watch, finalize and analyse studies on a running analyzer.")
+    p.add_argument("--analyzer", default=os.environ.get("DPSKETCH_ANALYZER", "http://127.0.0.1:8100"),
+                   help="analyzer base URL (default: $DPSKETCH_ANALYZER or %(default)s)")
+    p.add_argument("--token", default=os.environ.get("DPSKETCH_ANALYZER_TOKEN"),
+                   help="analyzer API token (default: $DPSKETCH_ANALYZER_TOKEN)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("create", help="design a study and provision it on every share server")
+    c.add_argument("--name", required=True)
+    c.add_argument("--columns", required=True, help="comma-separated column names")
+    c.add_argument("--label", help="regression label column")
+    c.add_argument("--expected-reports", type=int, required=True)
+    c.add_argument("--epsilon", type=float, default=1.0)
+    c.add_argument("--delta", type=float, default=1e-6)
+    c.add_argument("--row-bound", type=float, default=1.0)
+    c.add_argument("--neighbouring", choices=["replace-one", "add-remove"], default="replace-one")
+    c.add_argument("--t", type=int, default=0, help="tolerated colluding clients")
+    c.add_argument("--k", type=int, help="sketch rows (default: chosen from n and d)")
+    c.add_argument("--s", type=int, default=4, help="sketch blocks (default: %(default)s)")
+    c.add_argument("--min-reports", type=int)
+
+    for name, text in [("show", "show a study"), ("progress", "report counts per server"),
+                       ("finalize", "commit the common reports everywhere and release the sketch")]:
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("study_id")
+    sub.add_parser("list", help="list studies")
+
+    r = sub.add_parser("ridge", help="ridge regression on the released sketch")
+    r.add_argument("study_id")
+    r.add_argument("--label")
+    r.add_argument("--alpha", type=float)
+    r.add_argument("--no-debias", action="store_true")
+    ls = sub.add_parser("least-squares", help="least squares on the released sketch")
+    ls.add_argument("study_id")
+    ls.add_argument("--label")
+    ls.add_argument("--no-debias", action="store_true")
+    pc = sub.add_parser("pca", help="top principal components of the released sketch")
+    pc.add_argument("study_id")
+    pc.add_argument("--rank", type=int, required=True)
+    pc.add_argument("--no-debias", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with AnalyzerClient(args.analyzer, args.token) as client:
+            if args.command == "create":
+                out = client.create_study(
+                    name=args.name, columns=args.columns.split(","), label=args.label,
+                    expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,
+                    row_bound=args.row_bound, neighbouring=args.neighbouring, t=args.t, k=args.k,
+                    s=args.s, min_reports=args.min_reports)
+                print("\n".join(out["explanation"]), file=sys.stderr)
+            elif args.command == "list":
+                out = client.studies()
+            elif args.command == "show":
+                out = client.study(args.study_id)
+            elif args.command == "progress":
+                out = client.progress(args.study_id)
+            elif args.command == "finalize":
+                out = client.finalize(args.study_id)
+            elif args.command == "ridge":
+                out = client.ridge(args.study_id, label=args.label, alpha=args.alpha,
+                                   debias=not args.no_debias)
+            elif args.command == "least-squares":
+                out = client.least_squares(args.study_id, label=args.label, debias=not args.no_debias)
+            else:
+                out = client.pca(args.study_id, n_components=args.rank, debias=not args.no_debias)
+    except ProblemError as exc:
+        print(f"dpsketch study: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # network errors: one line, no traceback
+        print(f"dpsketch study: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, indent=2))
+    return 0

@@ -1,0 +1,62 @@
+"""A typed Python client for the analyzer's REST API (used by ``dpsketch study``, the demo, tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from dpsketch.protocol import ProblemError
+
+
+class AnalyzerClient:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 600.0, verify: Any = True):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout,
+                                 verify=verify)
+
+    def __enter__(self) -> "AnalyzerClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kwargs) -> Any:
+        r = self.http.request(method, path, **kwargs)
+        if r.status_code >= 400:
+            try:
+                raise ProblemError.from_body(r.status_code, r.json())
+            except ValueError:
+                raise ProblemError("internal-error" if r.status_code >= 500 else "invalid-request",
+                                   r.text[:300], status=r.status_code) from None
+        return r.json()
+
+    def create_study(self, **fields: Any) -> dict[str, Any]:
+        return self._call("POST", "/v1/studies", json=fields)
+
+    def studies(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/studies")
+
+    def study(self, study_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/studies/{study_id}")
+
+    def progress(self, study_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/studies/{study_id}/progress")
+
+    def finalize(self, study_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/studies/{study_id}/finalize")
+
+    def sketch(self, study_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/studies/{study_id}/sketch")
+
+    def ridge(self, study_id: str, **fields: Any) -> dict[str, Any]:
+        return self._call("POST", f"/v1/studies/{study_id}/analyses/ridge", json=fields)
+
+    def least_squares(self, study_id: str, **fields: Any) -> dict[str, Any]:
+        return self._call("POST", f"/v1/studies/{study_id}/analyses/least-squares", json=fields)
+
+    def pca(self, study_id: str, **fields: Any) -> dict[str, Any]:
+        return self._call("POST", f"/v1/studies/{study_id}/analyses/pca", json=fields)

@@ -1,0 +1,64 @@
+"""The analyzer's view of the cluster: which share servers exist and the tokens it holds for them.
+
+Loaded from a JSON file (``--config``) or the ``DPSKETCH_CLUSTER`` environment variable holding
+the same JSON, so docker compose can pass it without a file:
+
+    {"servers": [{"server_id": "s1", "url": "http://127.0.0.1:8101",
+                  "operator_token": "...", "analyst_token": "..."}, ...],
+     "api_token": null}
+
+Order matters: server j of this list receives share j of every report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ServerEndpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server_id: str
+    url: str
+    operator_token: str | None = Field(
+        default=None, description="needed only if the analyzer provisions studies on this server"
+    )
+    analyst_token: str
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    servers: list[ServerEndpoint] = Field(min_length=2)
+    api_token: str | None = Field(
+        default=None, description="bearer token analysts must present to this analyzer (optional)"
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "ClusterConfig":
+        ids = [s.server_id for s in self.servers]
+        if len(set(ids)) != len(ids):
+            raise ValueError("server ids must be distinct")
+        urls = [s.url.rstrip("/") for s in self.servers]
+        if len(set(urls)) != len(urls):
+            raise ValueError("server urls must be distinct: one share per server")
+        return self
+
+    @property
+    def server_ids(self) -> list[str]:
+        return [s.server_id for s in self.servers]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url.rstrip("/") for s in self.servers]
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "ClusterConfig":
+        if path is not None:
+            return cls.model_validate_json(Path(path).read_text())
+        raw = os.environ.get("DPSKETCH_CLUSTER")
+        if not raw:
+            raise ValueError("no cluster configuration: pass --config FILE or set DPSKETCH_CLUSTER")
+        return cls.model_validate(json.loads(raw))

@@ -1,0 +1,210 @@
+"""Study lifecycle across the N share servers: create, watch, finalize, release.
+
+Finalization follows DESIGN.md "Upload, finalization, release": collect the report ids each
+server holds, intersect them (a report counts only if all N hold it), record the set durably,
+ask every server to commit to exactly that set, fetch the N aggregate shares and add them mod
+2^64. Every step is idempotent, so a crashed analyzer simply runs finalize again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+from dpsketch.protocol import ProblemError, Study, design, messages, ring
+from dpsketch.protocol.messages import CommitResult, StudyInfo
+
+from .config import ClusterConfig, ServerEndpoint
+from .store import AnalyzerStore, StudyRecord
+
+RETRY_STATUSES = {429, 502, 503, 504}
+
+
+class UpstreamError(Exception):
+    """A share server refused or failed; carries the server id and its problem, if any."""
+
+    def __init__(self, server_id: str, detail: str, problem: ProblemError | None = None):
+        self.server_id = server_id
+        self.problem = problem
+        super().__init__(f"server {server_id}: {detail}")
+
+
+class ShareServerClient:
+    """The analyzer's calls to one share server, with retries on transient failures."""
+
+    def __init__(self, endpoint: ServerEndpoint, timeout: float = 60.0, retries: int = 5):
+        self.endpoint = endpoint
+        self.retries = retries
+        self.http = httpx.Client(
+            base_url=endpoint.url.rstrip("/"),
+            timeout=timeout,
+            transport=httpx.HTTPTransport(retries=2),
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _request(self, method: str, path: str, *, token: str | None = None, **kwargs) -> httpx.Response:
+        headers = kwargs.pop("headers", {})
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.http.request(method, path, headers=headers, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise UpstreamError(self.endpoint.server_id, f"unreachable: {exc}") from exc
+            else:
+                if response.status_code < 400:
+                    return response
+                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
+                    raise self._problem(response)
+                retry_after = response.headers.get("Retry-After")
+                if retry_after and retry_after.isdigit():
+                    delay = max(delay, float(retry_after))
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
+
+    def _problem(self, response: httpx.Response) -> UpstreamError:
+        try:
+            problem = ProblemError.from_body(response.status_code, response.json())
+        except ValueError:
+            problem = ProblemError(
+                "internal-error" if response.status_code >= 500 else "invalid-request",
+                response.text[:200],
+                status=response.status_code,
+            )
+        return UpstreamError(self.endpoint.server_id, f"{problem.slug}: {problem.detail}", problem)
+
+    def provision(self, study: Study) -> StudyInfo:
+        if not self.endpoint.operator_token:
+            raise UpstreamError(self.endpoint.server_id, "no operator token configured to provision")
+        r = self._request("PUT", f"/v1/studies/{study.study_id}", token=self.endpoint.operator_token,
+                          json=study.model_dump(mode="json"))
+        return StudyInfo.model_validate(r.json())
+
+    def info(self, study_id: str) -> StudyInfo:
+        return StudyInfo.model_validate(self._request("GET", f"/v1/studies/{study_id}").json())
+
+    def report_ids(self, study_id: str) -> list[bytes]:
+        r = self._request("GET", f"/v1/studies/{study_id}/report-ids", token=self.endpoint.analyst_token)
+        return messages.decode_report_ids(r.content)
+
+    def commit(self, study_id: str, sorted_ids: list[bytes]) -> CommitResult:
+        r = self._request(
+            "POST", f"/v1/studies/{study_id}/commit", token=self.endpoint.analyst_token,
+            content=b"".join(sorted_ids),
+            headers={"Content-Type": messages.REPORT_IDS_MEDIA_TYPE},
+        )
+        return CommitResult.model_validate(r.json())
+
+    def aggregate(self, study: Study) -> tuple[np.ndarray, str]:
+        r = self._request("GET", f"/v1/studies/{study.study_id}/aggregate",
+                          token=self.endpoint.analyst_token)
+        share = messages.decode_aggregate(r.content, study.k, study.d)
+        return share, r.headers.get(messages.INCLUSION_HASH_HEADER, "")
+
+
+@dataclass(frozen=True)
+class ServerProgress:
+    server_id: str
+    url: str
+    reachable: bool
+    report_count: int | None
+    status: str | None
+    error: str | None = None
+
+
+class Coordinator:
+    """The analyzer's Python API for the study lifecycle; the REST app is a thin layer over it."""
+
+    def __init__(self, config: ClusterConfig, store: AnalyzerStore, log: Callable[[str], None] | None = None):
+        self.config = config
+        self.store = store
+        self.servers = [ShareServerClient(e) for e in config.servers]
+        self.log = log or (lambda _msg: None)
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.close()
+
+    # create ------------------------------------------------------------------------------
+    def create_study(self, **design_args) -> tuple[Study, list[str]]:
+        """Design a study for this cluster (k, s, lambda_star, sigma, f) and provision it everywhere."""
+        study, explanation = design(servers=self.config.server_ids, **design_args)
+        self.store.add_study(study, explanation)
+        for server in self.servers:
+            server.provision(study)
+        return study, explanation
+
+    def record(self, study_id: str) -> StudyRecord:
+        rec = self.store.get(study_id)
+        if rec is None:
+            raise ProblemError("unknown-study", f"this analyzer has no study {study_id}")
+        return rec
+
+    # watch -------------------------------------------------------------------------------
+    def progress(self, study_id: str) -> list[ServerProgress]:
+        self.record(study_id)
+        out = []
+        for server in self.servers:
+            try:
+                info = server.info(study_id)
+                out.append(ServerProgress(server.endpoint.server_id, server.endpoint.url, True,
+                                          info.report_count, info.status))
+            except UpstreamError as exc:
+                out.append(ServerProgress(server.endpoint.server_id, server.endpoint.url, False,
+                                          None, None, str(exc)))
+        return out
+
+    # finalize ----------------------------------------------------------------------------
+    def finalize(self, study_id: str) -> StudyRecord:
+        """Choose (or resume) the inclusion set, commit it everywhere, reconstruct the sketch."""
+        rec = self.record(study_id)
+        if rec.state == "released":
+            return rec
+        study = rec.study
+        included = self.store.inclusion(study_id)
+        if included is None:
+            held = [set(server.report_ids(study_id)) for server in self.servers]
+            common = set.intersection(*held)
+            dropped = sum(len(h) for h in held) - len(held) * len(common)
+            self.log(f"{len(common)} reports held by all {len(held)} servers "
+                     f"({dropped} server copies of partial reports excluded)")
+            if len(common) < study.min_reports:
+                raise ProblemError(
+                    "certificate-refused",
+                    f"only {len(common)} reports are held by every server; the study needs "
+                    f"min_reports = {study.min_reports}. Wait for more uploads.",
+                )
+            included = self.store.fix_inclusion(study_id, sorted(common))
+        expected_hash = messages.inclusion_hash(included)
+        for position, server in enumerate(self.servers):
+            try:
+                result = server.commit(study_id, included)
+            except UpstreamError as exc:
+                if position == 0 and exc.problem is not None and exc.problem.slug == "certificate-refused":
+                    # Every honest server computes the same certificate over the same set, and
+                    # none has committed yet: forget the set so a later finalize can pick a larger one.
+                    self.store.clear_inclusion(study_id)
+                    raise exc.problem from exc
+                raise
+            if result.inclusion_hash != expected_hash:
+                raise UpstreamError(server.endpoint.server_id, "committed a different inclusion set")
+            self.log(f"{server.endpoint.server_id}: committed {result.n_reports} reports, "
+                     f"lambda_min = {result.lambda_min:.1f} >= lambda_star + t = "
+                     f"{result.lambda_star + result.t:.1f}")
+        shares = []
+        for server in self.servers:
+            share, header_hash = server.aggregate(study)
+            if header_hash != expected_hash:
+                raise UpstreamError(server.endpoint.server_id, "aggregate is over a different set")
+            shares.append(share)
+        self.store.release(study_id, ring.reconstruct(shares), len(included))
+        return self.record(study_id)

@@ -1,0 +1,147 @@
+"""The analyzer's durable state: studies it created, the inclusion set it chose, the release.
+
+The inclusion set is written here *before* any server is asked to commit, so an analyzer that
+crashes mid-finalization resumes with the same set and no server is ever asked for two.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dpsketch.protocol import Study, messages
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS studies (
+    study_id     TEXT PRIMARY KEY,
+    study_json   TEXT NOT NULL,
+    explanation  TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    inclusion    BLOB,              -- sorted 16-byte ids, fixed before the first commit
+    inclusion_hash TEXT,
+    ring_sum     BLOB,              -- k*d uint64, the reconstructed sum of the N aggregate shares
+    n_reports    INTEGER,
+    released_at  REAL
+);
+"""
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    study: Study
+    explanation: list[str]
+    created_at: float
+    inclusion_hash: str | None
+    n_reports: int | None
+    released_at: float | None
+    ring_sum: np.ndarray | None
+
+    @property
+    def state(self) -> str:
+        if self.released_at is not None:
+            return "released"
+        if self.inclusion_hash is not None:
+            return "finalizing"
+        return "collecting"
+
+
+class AnalyzerStore:
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def add_study(self, study: Study, explanation: list[str]) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO studies (study_id, study_json, explanation, created_at) "
+                "VALUES (?, ?, ?, ?)",
+                (study.study_id, study.model_dump_json(), json.dumps(explanation), time.time()),
+            )
+
+    def _record(self, row: tuple) -> StudyRecord:
+        study_json, explanation, created_at, inclusion_hash, ring_sum, n_reports, released_at = row
+        study = Study.model_validate_json(study_json)
+        ring = None
+        if ring_sum is not None:
+            ring = messages.decode_aggregate(ring_sum, study.k, study.d)
+        return StudyRecord(study, json.loads(explanation), created_at, inclusion_hash, n_reports,
+                           released_at, ring)
+
+    _COLUMNS = "study_json, explanation, created_at, inclusion_hash, ring_sum, n_reports, released_at"
+
+    def get(self, study_id: str) -> StudyRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {self._COLUMNS} FROM studies WHERE study_id = ?", (study_id,)
+            ).fetchone()
+        return self._record(row) if row else None
+
+    def list(self) -> list[StudyRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {self._COLUMNS} FROM studies ORDER BY created_at"
+            ).fetchall()
+        return [self._record(r) for r in rows]
+
+    def fix_inclusion(self, study_id: str, sorted_ids: list[bytes]) -> list[bytes]:
+        """Record the inclusion set once; return the set on record (an earlier one wins)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT inclusion FROM studies WHERE study_id = ?", (study_id,)
+                ).fetchone()
+                if row is None:
+                    raise KeyError(study_id)
+                if row[0] is None:
+                    self._db.execute(
+                        "UPDATE studies SET inclusion = ?, inclusion_hash = ? WHERE study_id = ?",
+                        (b"".join(sorted_ids), messages.inclusion_hash(sorted_ids), study_id),
+                    )
+                    self._db.execute("COMMIT")
+                    return sorted_ids
+                self._db.execute("COMMIT")
+                return messages.decode_report_ids(row[0])
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def clear_inclusion(self, study_id: str) -> None:
+        """Forget an inclusion set that no server committed (its certificate was refused)."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE studies SET inclusion = NULL, inclusion_hash = NULL "
+                "WHERE study_id = ? AND released_at IS NULL",
+                (study_id,),
+            )
+
+    def inclusion(self, study_id: str) -> list[bytes] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT inclusion FROM studies WHERE study_id = ?", (study_id,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return messages.decode_report_ids(row[0])
+
+    def release(self, study_id: str, ring_sum: np.ndarray, n_reports: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE studies SET ring_sum = ?, n_reports = ?, released_at = ? "
+                "WHERE study_id = ? AND released_at IS NULL",
+                (messages.encode_aggregate(ring_sum), n_reports, time.time(), study_id),
+            )
