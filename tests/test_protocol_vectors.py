@@ -98,3 +98,10 @@ def test_overflow_bound_picks_largest_safe_frac_bits():
     enc = ring.encode(values, f, 3.0)
     total = np.array([np.sum(enc, dtype=np.uint64)]) * np.uint64(1000)  # 10^6 values, wrapping adds
     assert ring.decode(total, f)[0] == pytest.approx(3.0e6)
+
+
+def test_k_equal_one_is_the_plain_sum():
+    ids = [i.to_bytes(16, "little") for i in range(50)]
+    rows, signs = sketch.hash_report_ids(bytes(32), ids, 1, 1)
+    assert (rows == 0).all() and (signs == 1).all()
+    assert sketch.bucket_and_sign(bytes(32), ids[3], 1, 1, 0) == (0, 1)

@@ -9,7 +9,10 @@ The hash (docs/protocol.md, "Sketch hash", with test vectors):
     digest = BLAKE2b(key = seed, digest_size = 8*s, message = b"dpsketch/osnap/1" || r)
     u_l    = little-endian uint64 of digest[8l : 8l+8]
     h_l(r) = floor(u_l * b / 2^64)        (the high bits: a multiply-shift, no modulo bias)
-    g_l(r) = +1 if u_l is even else -1    (the low bit)
+    g_l(r) = +1 if u_l is even else -1    (the low bit), except g = +1 when k = 1
+
+With k = 1 (hence s = 1) the sketch is the plain sum of the rows: secure aggregation, the basis of
+sufficient-statistics study kinds; a random sign there would only scramble the sum.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     buckets = (hi * bb + ((lo * bb) >> np.uint64(32))) >> np.uint64(32)
     rows = buckets.astype(np.int64) + (np.arange(s, dtype=np.int64) * b)[None, :]
     signs = np.where((u & np.uint64(1)) == 0, 1, -1).astype(np.int8)
+    if k == 1:
+        signs[:] = 1
     return rows, signs
 
 
@@ -56,7 +61,7 @@ def bucket_and_sign(seed: bytes, report_id: bytes, k: int, s: int, block: int) -
     b = k // s
     digest = hashlib.blake2b(DOMAIN + report_id, digest_size=8 * s, key=seed).digest()
     u = int.from_bytes(digest[8 * block : 8 * block + 8], "little")
-    return (u * b) >> 64, (1 if u % 2 == 0 else -1)
+    return (u * b) >> 64, (1 if u % 2 == 0 or k == 1 else -1)
 
 
 def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray) -> None:

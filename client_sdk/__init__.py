@@ -1,0 +1,46 @@
+"""dpsketch client SDK: submit rows to a study's share servers, privately.
+
+Each row is clipped to the study's norm bound, given Gaussian noise from the OS CSPRNG, encoded
+in Z_(2^64) and split into N additive shares, one per server; no server (nor any N-1 of them)
+learns anything about the row. See docs/protocol.md.
+
+    from client_sdk import Client
+    with Client(["https://a.example", "https://b.example", "https://c.example"]) as c:
+        c.study(study_id)                 # verified at every server
+        c.submit(study_id, [0.3, 1.2, 5.0])
+        c.submit_many(study_id, "rows.csv", progress=bar.update)
+"""
+
+from dpsketch.protocol.problems import ProblemError
+
+from .client import (
+    BatchFailure,
+    Client,
+    IncompleteUpload,
+    PendingUpload,
+    PreparedBatch,
+    SDKError,
+    ServerProtocolError,
+    ServerUnreachable,
+    StudyMismatch,
+    SubmitResult,
+    prepare_batch,
+)
+from .data import InvalidDataError, read_csv
+
+__all__ = [
+    "BatchFailure",
+    "Client",
+    "IncompleteUpload",
+    "InvalidDataError",
+    "PendingUpload",
+    "PreparedBatch",
+    "ProblemError",
+    "SDKError",
+    "ServerProtocolError",
+    "ServerUnreachable",
+    "StudyMismatch",
+    "SubmitResult",
+    "prepare_batch",
+    "read_csv",
+]

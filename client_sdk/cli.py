@@ -1,0 +1,129 @@
+"""``dpsketch submit``: upload the rows of a CSV file to a study's share servers.
+
+The file is read twice: once to check every row (so a bad value on the last line is reported
+before any share leaves the machine, and the progress bar knows the total), then streamed in
+batches to the servers. Errors end in one line on stderr and a non-zero exit code, never a
+traceback: this is run by data owners, not developers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import httpx
+
+from dpsketch.protocol.problems import ProblemError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+DESCRIPTION = """\
+Submit the rows of a CSV file to a dpsketch study, privately.
+
+Each row is clipped to the study's norm bound, given Gaussian noise drawn from the operating
+system's secure random generator, and split into one additive share per server: no server, nor
+any group of all but one of them, learns anything about the row.
+
+Before sending anything the command fetches the study from every server, checks that all of
+them hold exactly the study ID given (it recomputes the content hash) and that the URLs are the
+study's servers, in its order. The CSV needs a header row; its columns are matched to the
+study's columns by name, in any order.
+"""
+
+EPILOG = """\
+exit codes: 0 all rows stored at every server; 1 error (nothing or nothing further sent);
+2 usage error; 3 upload incomplete (some rows are held by some servers only: re-run is NOT
+idempotent for them, contact the study's analyst); 130 interrupted.
+
+example:
+  dpsketch submit --study 3f9c...e1 \\
+      --servers https://dp.a.example,https://dp.b.example,https://dp.c.example data.csv
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsketch submit", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("csv", metavar="data.csv", help="CSV file with a header row naming the columns")
+    p.add_argument("--study", required=True, metavar="ID", help="the study id (64 hex characters)")
+    p.add_argument("--servers", required=True, metavar="URL,URL,...",
+                   help="the share servers' base URLs, comma-separated, in the study's server order")
+    p.add_argument("--batch-size", type=int, default=10_000, metavar="N",
+                   help="rows per upload request (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="seconds to wait for each HTTP request (default: %(default)s)")
+    p.add_argument("--max-retries", type=int, default=5, metavar="N",
+                   help="retries per request on network errors, 5xx, 429 (default: %(default)s)")
+    p.add_argument("--token", default=os.environ.get("DPSKETCH_CLIENT_TOKEN"), metavar="TOKEN",
+                   help="bearer token to send, if the servers require one "
+                        "(default: $DPSKETCH_CLIENT_TOKEN)")
+    p.add_argument("--ignore-extra-columns", action="store_true",
+                   help="skip CSV columns the study does not have instead of refusing the file")
+    p.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    return p
+
+
+def _describe(exc: BaseException) -> str:
+    url = getattr(exc, "url", None)
+    if isinstance(exc, ProblemError):
+        return f"{url + ': ' if url else ''}{exc.slug} ({exc.status}): {exc.detail}"
+    if isinstance(exc, httpx.HTTPError):
+        return f"HTTP error: {exc}"
+    return str(exc) or type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from . import data
+    from .client import Client, IncompleteUpload, SDKError
+
+    def fail(message: str, code: int = EXIT_ERROR) -> int:
+        one_line = " ".join(message.split())
+        print(f"dpsketch submit: error: {one_line}", file=sys.stderr)
+        return code
+
+    urls = [u for u in (x.strip() for x in args.servers.split(",")) if u]
+    if args.batch_size < 1:
+        return fail("--batch-size must be at least 1", EXIT_USAGE)
+    if not os.path.isfile(args.csv):
+        return fail(f"{args.csv}: no such file")
+    started = time.monotonic()
+    try:
+        with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=args.token,
+                    verify=not args.insecure) as client:
+            study = client.study(args.study)
+            total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns)
+            if total == 0:
+                return fail(f"{args.csv}: no data rows")
+            bar = None
+            if not args.quiet:
+                from tqdm import tqdm
+
+                bar = tqdm(total=total, unit="row", desc="uploaded", file=sys.stderr)
+            try:
+                result = client.submit_many(args.study, args.csv, batch_size=args.batch_size,
+                                            progress=bar.update if bar else None, keep_ids=False,
+                                            ignore_extra_columns=args.ignore_extra_columns)
+            finally:
+                if bar is not None:
+                    bar.close()
+    except KeyboardInterrupt:
+        return fail("interrupted; rows in flight may be held by some servers only",
+                    EXIT_INTERRUPTED)
+    except IncompleteUpload as exc:
+        return fail(f"{exc}", EXIT_INCOMPLETE)
+    except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
+        return fail(_describe(exc))
+    if not args.quiet:
+        counts = ", ".join(f"{sid} {n}" for sid, n in result.report_counts.items())
+        print(f"submitted {result.n_reports} rows of {os.path.basename(args.csv)} to "
+              f"{len(urls)} servers for study {args.study[:12]}... in "
+              f"{time.monotonic() - started:.1f} s (reports held: {counts})")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,654 @@
+"""The client: verify a study at every server, then clip, noise, encode, share and upload rows.
+
+Privacy hinges on two things the client alone can check, so it checks them before any share
+leaves the machine:
+
+* every server holds the same study (the client recomputes the content-hash id of the study each
+  server returns; a server cannot quietly lower sigma or change the sketch), and
+* share j goes to the server the study names as server j, with N distinct servers. A URL listed
+  twice, or two URLs for the same server, would hand one organisation two shares of a report -
+  with N = 2 that is the row itself. Each URL's ``GET /v1/info`` must name ``study.servers[j]``.
+
+Uploads are idempotent by report id: a report's id and its share bytes are fixed once, so a retry
+after a timeout, a 5xx, a 429 or a 503 resends the same bytes and the server acknowledges it as a
+duplicate instead of counting it twice. Bulk uploads use the binary batch endpoint, one worker
+thread per server, with bounded queues so memory stays flat however long the input is.
+
+A report counts only if all N servers hold it. If a server refuses or stays unreachable for part
+of the data, the call raises :class:`IncompleteUpload` naming exactly which batches are missing
+where, with their bytes, so :meth:`Client.resend` can finish the job; nothing is hidden.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import queue
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from pydantic import ValidationError
+
+from dpsketch import __version__
+from dpsketch.protocol import messages, ring
+from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.sketch import REPORT_ID_BYTES
+from dpsketch.protocol.study import Study
+
+from . import data as _data
+from . import noise
+
+STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
+Progress = Callable[[int], Any]
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class SDKError(Exception):
+    """Base class of the SDK's own errors (protocol errors are ``ProblemError``)."""
+
+
+class StudyMismatch(SDKError):
+    """The servers do not agree on the study, or the URL list does not match its servers.
+
+    Raised before any share is sent: submitting would break the privacy promise.
+    """
+
+
+class ServerUnreachable(SDKError):
+    """A server could not be reached (or kept failing) after all retries."""
+
+    def __init__(self, url: str, message: str):
+        self.url = url
+        super().__init__(f"{url}: {message}")
+
+
+class ServerProtocolError(SDKError):
+    """A server answered 2xx with a body that does not follow docs/protocol.md."""
+
+
+@dataclass
+class PendingUpload:
+    """One batch that server ``server_index`` does not hold yet, with the exact bytes to resend."""
+
+    server_index: int
+    server_id: str
+    batch_index: int
+    first_row: int
+    n_rows: int
+    body: bytes = field(repr=False)
+
+
+@dataclass
+class BatchFailure:
+    """Why server ``server_index`` does not hold batch ``batch_index`` (rows first_row..)."""
+
+    server_index: int
+    server_id: str
+    url: str
+    batch_index: int
+    first_row: int
+    n_rows: int
+    error: BaseException
+
+    def __str__(self) -> str:
+        return (f"batch {self.batch_index} (rows {self.first_row}..{self.first_row + self.n_rows - 1}) "
+                f"at server {self.server_id} ({self.url}): {self.error}")
+
+
+class IncompleteUpload(SDKError):
+    """Some reports are held by some servers but not all: they will not count until resent.
+
+    * ``failures``: what went wrong, per batch and server;
+    * ``pending``: every (server, batch) not stored, with its bytes: pass to ``Client.resend``
+      (resending is idempotent: already-held reports are acknowledged as duplicates);
+    * ``report_ids``: hex ids of every report this call created (if ids were kept);
+    * ``rows_prepared``: input rows consumed; rows from this index on were sent nowhere.
+    """
+
+    def __init__(self, failures: list[BatchFailure], pending: list[PendingUpload],
+                 report_ids: list[str], rows_prepared: int):
+        self.failures = failures
+        self.pending = pending
+        self.report_ids = report_ids
+        self.rows_prepared = rows_prepared
+        batches = {p.batch_index: p.n_rows for p in pending}
+        servers = sorted({p.server_id for p in pending})
+        first = failures[0] if failures else None
+        super().__init__(
+            f"upload incomplete: {sum(batches.values())} rows in {len(batches)} batch(es) are "
+            f"missing at server(s) {', '.join(servers) or '-'} and will not count until resent; "
+            f"input rows from index {rows_prepared} on were not sent"
+            + (f"; first failure: {first}" if first else "")
+        )
+
+    @property
+    def problem(self) -> ProblemError | None:
+        """The first protocol error a server returned, if any."""
+        return next((f.error for f in self.failures if isinstance(f.error, ProblemError)), None)
+
+
+class SubmitResult(list):
+    """The hex report ids of a ``submit_many`` call (a list), plus what the servers said.
+
+    ``n_reports``: reports stored at every server; ``report_counts``: each server's total for
+    the study after its last upload; ``duplicates``: reports a server already held.
+    """
+
+    def __init__(self, ids: list[str], n_reports: int, report_counts: dict[str, int],
+                 duplicates: dict[str, int]):
+        super().__init__(ids)
+        self.n_reports = n_reports
+        self.report_counts = report_counts
+        self.duplicates = duplicates
+
+
+class _Cancelled(SDKError):
+    """Another server failed (so this upload run stops retrying), or the client was closed."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled: the upload run was aborted or the client closed")
+
+
+# --- preparing a batch (pure) ----------------------------------------------------------------
+
+
+@dataclass
+class PreparedBatch:
+    """Shares of m rows: ``shares[j]`` is the (m, d) uint64 share for server j."""
+
+    report_ids: list[bytes]
+    shares: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.report_ids)
+
+    def body(self, j: int) -> bytes:
+        """Server j's ``application/x-dpsketch-shares`` body."""
+        return messages.encode_batch(self.report_ids, self.shares[j])
+
+
+def prepare_batch(study: Study, rows: np.ndarray) -> PreparedBatch:
+    """Clip, noise, encode and share rows; one fresh random 128-bit id per row.
+
+    The noisy plaintext exists only inside this function; what leaves it is N shares, any N-1
+    of which are uniform and independent of the row.
+    """
+    rows = _data.check_rows(rows, study.d)
+    encoded = ring.encode(noise.privatize(rows, study), study.frac_bits, study.value_bound)
+    shares = ring.share(encoded, study.n_servers)
+    ids = [messages.new_report_id() for _ in range(len(rows))]
+    return PreparedBatch(ids, shares)
+
+
+def _split_body(body: bytes, d: int) -> tuple[bytes, bytes]:
+    record = REPORT_ID_BYTES + 8 * d
+    half = (len(body) // record // 2) * record
+    return body[:half], body[half:]
+
+
+# --- the client ------------------------------------------------------------------------------
+
+
+class Client:
+    """Submit rows to the N share servers of a study.
+
+    ``server_urls`` are the servers' base URLs in the study's server order (share j goes to
+    URL j). ``token`` (one for all, or one per server) is sent as a bearer token if given.
+    Retries: up to ``max_retries`` after the first attempt, sleeping
+    ``backoff * 2^attempt`` seconds (capped at ``max_backoff``, with jitter), or the server's
+    ``Retry-After`` if longer (capped at ``max_retry_after``). Batches are cut to at most
+    ``max_batch_bytes`` per request body; ``queue_depth`` batches per server may wait in memory.
+    ``transport`` is passed to httpx (tests use it to inject faults).
+    """
+
+    def __init__(self, server_urls: Sequence[str], *, timeout: float = 30.0, max_retries: int = 5,
+                 backoff: float = 0.5, max_backoff: float = 30.0, max_retry_after: float = 120.0,
+                 http2: bool = False, verify: bool | str = True,
+                 token: str | Sequence[str] | None = None, queue_depth: int = 2,
+                 max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None):
+        urls = [u.strip().rstrip("/") for u in server_urls]
+        if len(urls) < 2:
+            raise ValueError("need the URLs of at least two share servers")
+        if any(not u for u in urls):
+            raise ValueError("empty server URL")
+        seen = {u.lower() for u in urls}
+        if len(seen) != len(urls):
+            dup = next(u for u in urls if sum(v.lower() == u.lower() for v in urls) > 1)
+            raise StudyMismatch(f"server URL {dup} is listed twice: it would receive two shares "
+                                f"of every report")
+        if max_retries < 0 or backoff < 0 or queue_depth < 1:
+            raise ValueError("max_retries and backoff must be >= 0, queue_depth >= 1")
+        tokens = [token] * len(urls) if token is None or isinstance(token, str) else list(token)
+        if len(tokens) != len(urls):
+            raise ValueError("give one token, or one token per server URL")
+        self.urls = urls
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
+        self.queue_depth = queue_depth
+        self.max_batch_bytes = max_batch_bytes
+        self._http = []
+        for url, tok in zip(urls, tokens):
+            headers = {"User-Agent": f"dpsketch-client/{__version__}"}
+            if tok:
+                headers["Authorization"] = f"Bearer {tok}"
+            self._http.append(httpx.Client(base_url=url, timeout=timeout, http2=http2, verify=verify,
+                                           headers=headers, transport=transport))
+        self._pool = ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="dpsketch-client")
+        self._studies: dict[str, Study] = {}
+        self._committed: dict[str, list[str]] = {}
+        self._closing = threading.Event()
+
+    # lifecycle
+    def close(self) -> None:
+        self._closing.set()
+        self._pool.shutdown(wait=True)
+        for http in self._http:
+            http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- HTTP with retries -------------------------------------------------------------------
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        # Jitter only spreads retries out; it is not secret, so the stdlib generator is fine.
+        delay = min(self.max_backoff, self.backoff * 2.0 ** attempt) * random.uniform(0.5, 1.0)
+        if retry_after:
+            wait: float | None
+            try:
+                wait = float(retry_after)
+            except ValueError:
+                try:
+                    when = email.utils.parsedate_to_datetime(retry_after)
+                    wait = when.timestamp() - time.time()
+                except (TypeError, ValueError):
+                    wait = None
+            if wait is not None:
+                delay = max(delay, min(max(wait, 0.0), self.max_retry_after))
+        return delay
+
+    def _problem(self, j: int, resp: httpx.Response) -> ProblemError:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            text = resp.text.strip().replace("\n", " ")[:200]
+            body = {"detail": f"HTTP {resp.status_code} {resp.reason_phrase}: {text}"}
+        err = ProblemError.from_body(resp.status_code, body)
+        err.url = self.urls[j]  # type: ignore[attr-defined]
+        err.server_index = j  # type: ignore[attr-defined]
+        return err
+
+    @staticmethod
+    def _retryable(status: int) -> bool:
+        return status in (408, 429) or (status >= 500 and status not in (501, 505))
+
+    def _request(self, j: int, method: str, path: str, *, cancel: threading.Event | None = None,
+                 **kwargs: Any) -> httpx.Response:
+        """One logical request to server j: retried on transport errors, 408/429/5xx."""
+        attempt = 0
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled()
+            try:
+                resp = self._http[j].request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt >= self.max_retries:
+                    raise ServerUnreachable(
+                        self.urls[j], f"{type(exc).__name__}: {exc or 'no response'} "
+                        f"(after {attempt + 1} attempts)") from exc
+                delay = self._delay(attempt, None)
+            else:
+                if resp.status_code < 400:
+                    return resp
+                if not self._retryable(resp.status_code) or attempt >= self.max_retries:
+                    raise self._problem(j, resp)
+                delay = self._delay(attempt, resp.headers.get("Retry-After"))
+            attempt += 1
+            if (cancel if cancel is not None else self._closing).wait(delay):
+                raise _Cancelled()
+
+    def _json(self, j: int, resp: httpx.Response, model: type) -> Any:
+        try:
+            return model.model_validate(resp.json())
+        except (ValueError, ValidationError) as exc:
+            raise ServerProtocolError(
+                f"{self.urls[j]}: {resp.request.method} {resp.request.url.path} returned a body "
+                f"that is not a valid {model.__name__}: {exc}") from None
+
+    def _each_server(self, fn: Callable[[int], Any]) -> list[Any]:
+        """Run fn(j) for every server in parallel; re-raise the first error (in server order)."""
+        futures = [self._pool.submit(fn, j) for j in range(len(self.urls))]
+        results, errors = [], []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except Exception as exc:  # noqa: BLE001 - collected and re-raised below
+                results.append(None)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return results
+
+    # --- the study ---------------------------------------------------------------------------
+
+    def study(self, study_id: str) -> Study:
+        """Fetch the study from all N servers and verify it; cached per client once verified.
+
+        Raises :class:`StudyMismatch` unless every server returns parameters that hash to
+        ``study_id``, there is one URL per server of the study, and URL j is server j.
+        """
+        if study_id in self._studies:
+            return self._studies[study_id]
+        if not isinstance(study_id, str) or not STUDY_ID.match(study_id):
+            raise ValueError("a study id is 64 lower-case hex characters")
+
+        def fetch(j: int) -> tuple[messages.ServerInfo, messages.StudyInfo | None]:
+            info = self._json(j, self._request(j, "GET", "/v1/info"), messages.ServerInfo)
+            resp = self._request(j, "GET", f"/v1/studies/{study_id}")
+            try:
+                return info, messages.StudyInfo.model_validate(resp.json())
+            except ValidationError as exc:
+                raise StudyMismatch(f"{self.urls[j]} returned study parameters that fail the "
+                                    f"protocol's checks: {exc}") from None
+            except ValueError:
+                raise ServerProtocolError(f"{self.urls[j]}: study response is not JSON") from None
+
+        fetched = self._each_server(fetch)
+        for j, (_, sinfo) in enumerate(fetched):
+            got = sinfo.study.study_id
+            if got != study_id:
+                raise StudyMismatch(
+                    f"{self.urls[j]} holds different parameters under study {study_id[:12]}... "
+                    f"(they hash to {got[:12]}...): refusing to submit")
+        study = fetched[0][1].study
+        if len(self.urls) != study.n_servers:
+            raise StudyMismatch(
+                f"the study splits each report among {study.n_servers} servers "
+                f"({', '.join(study.servers)}) but {len(self.urls)} URLs were given")
+        for j, (info, sinfo) in enumerate(fetched):
+            if info.protocol != study.protocol:
+                raise StudyMismatch(f"{self.urls[j]} speaks {info.protocol!r}, the study is "
+                                    f"{study.protocol!r}")
+            if info.server_id != study.servers[j] or sinfo.server_id != study.servers[j]:
+                raise StudyMismatch(
+                    f"URL {j + 1} ({self.urls[j]}) is server {info.server_id!r}, but the study sends "
+                    f"share {j + 1} to {study.servers[j]!r}; give the URLs in the study's server "
+                    f"order: {', '.join(study.servers)}")
+        self._committed[study_id] = [s.server_id for _, s in fetched if s.status != "open"]
+        self._studies[study_id] = study
+        return study
+
+    def _open_study(self, study_id: str) -> Study:
+        study = self.study(study_id)
+        closed = self._committed.get(study_id)
+        if closed:
+            raise ProblemError("study-closed", f"server(s) {', '.join(closed)} report the study "
+                               f"as committed: it takes no more reports")
+        return study
+
+    # --- uploads -----------------------------------------------------------------------------
+
+    def _upload_batch(self, j: int, study: Study, study_id: str, body: bytes,
+                      cancel: threading.Event | None = None) -> messages.UploadResult:
+        """POST one binary batch to server j; on 413 split it in halves (same bytes per report)."""
+        path = f"/v1/studies/{study_id}/batches"
+        try:
+            resp = self._request(j, "POST", path, content=body, cancel=cancel,
+                                 headers={"Content-Type": messages.SHARES_MEDIA_TYPE})
+        except ProblemError as exc:
+            if exc.status == 413 and len(body) > REPORT_ID_BYTES + 8 * study.d:
+                first, second = _split_body(body, study.d)
+                a = self._upload_batch(j, study, study_id, first, cancel)
+                b = self._upload_batch(j, study, study_id, second, cancel)
+                return messages.UploadResult(accepted=a.accepted + b.accepted,
+                                             duplicates=a.duplicates + b.duplicates,
+                                             report_count=max(a.report_count, b.report_count))
+            raise
+        result = self._json(j, resp, messages.UploadResult)
+        m = len(body) // (REPORT_ID_BYTES + 8 * study.d)
+        if result.accepted + result.duplicates != m:
+            raise ServerProtocolError(f"{self.urls[j]} acknowledged {result.accepted} + "
+                                      f"{result.duplicates} reports of a batch of {m}")
+        return result
+
+    def submit(self, study_id: str, row: Any) -> str:
+        """Submit one row (d numbers in study order, or a dict by column name); return its hex id.
+
+        One JSON request per server, in parallel.
+        """
+        study = self._open_study(study_id)
+        batch = prepare_batch(study, _data.row_vector(row, study.columns))
+        rid = batch.report_ids[0]
+
+        def send(j: int) -> messages.UploadResult:
+            body = messages.Report.of(rid, batch.shares[j][0]).model_dump()
+            resp = self._request(j, "POST", f"/v1/studies/{study_id}/reports", json=body)
+            return self._json(j, resp, messages.UploadResult)
+
+        futures = [self._pool.submit(send, j) for j in range(study.n_servers)]
+        failures, pending = [], []
+        for j, f in enumerate(futures):
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001
+                failures.append(BatchFailure(j, study.servers[j], self.urls[j], 0, 0, 1, exc))
+                pending.append(PendingUpload(j, study.servers[j], 0, 0, 1, batch.body(j)))
+        if failures:
+            if len(failures) == study.n_servers:  # stored nowhere: a plain error
+                raise failures[0].error
+            raise IncompleteUpload(failures, pending, [rid.hex()], 1)
+        return rid.hex()
+
+    def submit_many(self, study_id: str, rows: Any, batch_size: int = 10_000,
+                    progress: Progress | None = None, *, keep_ids: bool = True,
+                    ignore_extra_columns: bool = False) -> SubmitResult:
+        """Submit many rows through the binary batch endpoint; return their hex ids in order.
+
+        ``rows``: an (n, d) numpy array, a DataFrame-like object, a CSV path, or an iterable of
+        rows. In-memory inputs are checked whole before anything is sent; streamed inputs
+        (CSV, iterators) chunk by chunk. ``progress(m)`` is called with the number of rows newly
+        stored at *all* servers. With ``keep_ids=False`` the returned list is empty (saves
+        memory for huge inputs; counts are still in the result).
+
+        Raises :class:`IncompleteUpload` if some server does not hold some batch after retries;
+        a plain error (``ProblemError``, ``ServerUnreachable``) if nothing was stored anywhere.
+        """
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        study = self._open_study(study_id)
+        # keep request bodies modest (servers refuse large ones with 413) whatever d is
+        batch_size = max(1, min(batch_size, self.max_batch_bytes // (REPORT_ID_BYTES + study.share_bytes)))
+        chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns)
+        in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
+        if in_memory:
+            chunks = iter(list(chunks))  # validate everything before the first request
+        run = _UploadRun(self, study, study_id, progress, keep_ids)
+        prepared = 0
+        try:
+            for chunk in chunks:
+                if run.aborted.is_set():
+                    break
+                run.put(prepare_batch(study, chunk), prepared)
+                prepared += len(chunk)
+        except Exception as exc:
+            # bad input (or a failing reader) part-way: let the batches already queued finish,
+            # so every row prepared so far is held by all servers, then say what was sent
+            run.finish()
+            if run.failures or run.pending:
+                raise run.incomplete(prepared) from exc
+            if not isinstance(exc, _data.InvalidDataError) or not prepared:
+                raise
+            err = _data.InvalidDataError(
+                f"{exc} ({prepared} earlier rows were already submitted; see .report_ids)")
+            err.report_ids = run.ids()  # type: ignore[attr-defined]
+            raise err from None
+        except BaseException:  # KeyboardInterrupt: stop at once, in-flight rows may be partial
+            run.aborted.set()
+            run.finish()
+            raise
+        run.finish()
+        if run.failures:
+            if run.stored_batches == 0:
+                raise run.failures[0].error
+            raise run.incomplete(prepared)
+        return SubmitResult(run.ids(), run.rows_done, run.report_counts, run.duplicates)
+
+    def resend(self, study_id: str, pending: Sequence[PendingUpload]) -> None:
+        """Upload again exactly the bytes an :class:`IncompleteUpload` listed as pending.
+
+        Idempotent: reports a server already holds are acknowledged as duplicates.
+        Raises :class:`IncompleteUpload` with what is still missing.
+        """
+        study = self.study(study_id)
+        failures, still = [], []
+        for p in pending:
+            try:
+                self._upload_batch(p.server_index, study, study_id, p.body)
+            except Exception as exc:  # noqa: BLE001
+                failures.append(BatchFailure(p.server_index, p.server_id, self.urls[p.server_index],
+                                             p.batch_index, p.first_row, p.n_rows, exc))
+                still.append(p)
+        if failures:
+            raise IncompleteUpload(failures, still, [], sum(p.n_rows for p in pending))
+
+    def report_counts(self, study_id: str) -> dict[str, int]:
+        """Each server's report count for the study (``GET /v1/studies/{id}``)."""
+        study = self.study(study_id)
+
+        def count(j: int) -> int:
+            resp = self._request(j, "GET", f"/v1/studies/{study_id}")
+            return int(resp.json()["report_count"])
+
+        return dict(zip(study.servers, self._each_server(count)))
+
+
+@dataclass
+class _Batch:
+    first_row: int
+    n_rows: int
+    ids: list[bytes]
+    remaining: int
+
+
+class _UploadRun:
+    """One ``submit_many``: a worker thread per server, each draining a bounded queue.
+
+    The producer (caller's thread) prepares batches and puts server j's body in queue j. On a
+    permanent failure at any server the run aborts: no new batches are prepared and every body
+    not yet stored somewhere is recorded as pending, so the caller learns exactly what is missing.
+    """
+
+    def __init__(self, client: Client, study: Study, study_id: str, progress: Progress | None,
+                 keep_ids: bool):
+        self.client, self.study, self.study_id = client, study, study_id
+        self.progress, self.keep_ids = progress, keep_ids
+        n = study.n_servers
+        self.queues: list[queue.Queue] = [queue.Queue(maxsize=client.queue_depth) for _ in range(n)]
+        self.aborted = threading.Event()
+        self.lock = threading.Lock()
+        self.batches: dict[int, _Batch] = {}
+        self.done_ids: dict[int, list[bytes]] = {}
+        self.failures: list[BatchFailure] = []
+        self.pending: list[PendingUpload] = []
+        self.rows_done = 0
+        self.stored_batches = 0
+        self.report_counts: dict[str, int] = {}
+        self.duplicates: dict[str, int] = {sid: 0 for sid in study.servers}
+        self.next_index = 0
+        self.threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
+                                         name=f"dpsketch-upload-{study.servers[j]}") for j in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def put(self, batch: PreparedBatch, first_row: int) -> None:
+        index = self.next_index
+        self.next_index += 1
+        with self.lock:
+            self.batches[index] = _Batch(first_row, len(batch), batch.report_ids, self.study.n_servers)
+        for j, q in enumerate(self.queues):
+            item = (index, batch.body(j))
+            while True:
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    if self.aborted.is_set():
+                        self._mark_pending(j, index, item[1])
+                        break
+
+    def _mark_pending(self, j: int, index: int, body: bytes) -> None:
+        with self.lock:
+            b = self.batches[index]
+            self.pending.append(PendingUpload(j, self.study.servers[j], index, b.first_row,
+                                              b.n_rows, body))
+
+    def _worker(self, j: int) -> None:
+        sid = self.study.servers[j]
+        while True:
+            item = self.queues[j].get()
+            if item is None:
+                return
+            index, body = item
+            if self.aborted.is_set():
+                self._mark_pending(j, index, body)
+                continue
+            try:
+                result = self.client._upload_batch(j, self.study, self.study_id, body, self.aborted)
+            except _Cancelled:
+                self._mark_pending(j, index, body)
+                continue
+            except Exception as exc:  # noqa: BLE001 - recorded, surfaced by submit_many
+                with self.lock:
+                    b = self.batches[index]
+                    self.failures.append(BatchFailure(j, sid, self.client.urls[j], index,
+                                                      b.first_row, b.n_rows, exc))
+                self._mark_pending(j, index, body)
+                self.aborted.set()
+                continue
+            with self.lock:
+                self.stored_batches += 1
+                self.report_counts[sid] = max(self.report_counts.get(sid, 0), result.report_count)
+                self.duplicates[sid] += result.duplicates
+                b = self.batches[index]
+                b.remaining -= 1
+                if b.remaining == 0:
+                    self.rows_done += b.n_rows
+                    if self.keep_ids:
+                        self.done_ids[index] = b.ids
+                    del self.batches[index]
+                    if self.progress is not None:
+                        self.progress(b.n_rows)
+
+    def finish(self) -> None:
+        for q in self.queues:
+            q.put(None)
+        for t in self.threads:
+            t.join()
+        self.failures.sort(key=lambda f: (f.batch_index, f.server_index))
+
+    def ids(self) -> list[str]:
+        with self.lock:
+            out = {i: ids for i, ids in self.done_ids.items()}
+            if self.keep_ids:
+                out.update({i: b.ids for i, b in self.batches.items()})
+            return [rid.hex() for i in sorted(out) for rid in out[i]]
+
+    def incomplete(self, prepared: int) -> IncompleteUpload:
+        pending = sorted(self.pending, key=lambda p: (p.batch_index, p.server_index))
+        return IncompleteUpload(list(self.failures), pending, self.ids(), prepared)
