@@ -39,13 +39,17 @@ class ManagedProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "ManagedProcess":
+    def spawn(self) -> "ManagedProcess":
+        """Start the process without waiting: start several, then :meth:`wait_healthy` each."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
-        self.wait_healthy(timeout)
+        return self
+
+    def start(self, timeout: float = 30.0) -> "ManagedProcess":
+        self.spawn().wait_healthy(timeout)
         return self
 
     def wait_healthy(self, timeout: float) -> None:
@@ -82,6 +86,15 @@ class ManagedProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def start_all(procs: list[ManagedProcess], timeout: float = 30.0) -> list[ManagedProcess]:
+    """Spawn every process, then wait for each: N servers start in the time of one."""
+    for proc in procs:
+        proc.spawn()
+    for proc in procs:
+        proc.wait_healthy(timeout)
+    return procs
 
 
 def _cli(*args: str) -> list[str]:

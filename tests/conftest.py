@@ -43,3 +43,49 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
         yield pool
     finally:
         pool.stop_all()
+
+
+class Cluster:
+    """N real share servers plus a real analyzer process configured for them."""
+
+    def __init__(self, pool: Servers, n: int = 3, api_token: str | None = None):
+        import json
+
+        from dpsketch.cluster import analyzer, start_all
+
+        self.specs = [pool.spec(f"s{j + 1}") for j in range(n)]
+        self.procs = [share_server(spec, pool.workdir) for spec in self.specs]
+        pool.started.extend(self.procs)
+        start_all(self.procs)
+        self.api_token = api_token
+        config = {
+            "servers": [
+                {"server_id": s.server_id, "url": p.url, "operator_token": s.operator_token,
+                 "analyst_token": s.analyst_token}
+                for s, p in zip(self.specs, self.procs)
+            ],
+            "api_token": api_token,
+        }
+        path = pool.workdir / "cluster.json"
+        path.write_text(json.dumps(config))
+        self.analyzer = analyzer(path, pool.workdir / "analyzer.sqlite3", pool.workdir).start()
+        pool.started.append(self.analyzer)
+
+    @property
+    def server_urls(self) -> list[str]:
+        return [p.url for p in self.procs]
+
+
+@pytest.fixture
+def live_cluster(servers: Servers) -> Cluster:
+    return Cluster(servers, 3, api_token="analyst-api-token")
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """One cluster for a whole module of tests that leave no state behind (bad-input checks)."""
+    pool = Servers(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield Cluster(pool, 3, api_token="analyst-api-token")
+    finally:
+        pool.stop_all()

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from dp_accounting import get_sigma_gaussian
 
 Neighbouring = Literal["replace-one", "add-remove"]
 
@@ -37,15 +37,19 @@ def sensitivity(row_bound: float, neighbouring: Neighbouring) -> float:
     raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
 
 
+@lru_cache(maxsize=256)
 def unit_sigma(epsilon: float, delta: float) -> float:
     """1/mu_star: the analytic-Gaussian noise for sensitivity 1 at exactly (epsilon, delta).
 
-    Balle & Wang (2018) through Google's dp-accounting package.
+    Balle & Wang (2018) through Google's dp-accounting package (imported on first use: it takes
+    about a second to import, which every service start would otherwise pay).
     """
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise ValueError("epsilon must be a positive finite number")
     if not 0 < delta < 1:
         raise ValueError("delta must lie strictly between 0 and 1")
+    from dp_accounting import get_sigma_gaussian
+
     return float(get_sigma_gaussian(epsilon, delta))
 
 

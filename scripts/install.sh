@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create ./.venv and install dpsketch with its test extras. Needs only python3 >= 3.11 with venv;
+# every Python dependency comes from pyproject.toml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "dpsketch needs Python 3.11 or newer (found: $("$PYTHON" --version 2>&1))" >&2
+  exit 1
+fi
+if ! "$PYTHON" -m venv --help >/dev/null 2>&1; then
+  echo "python3 venv module missing; on Debian/Ubuntu: apt-get install python3-venv" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[test]"
