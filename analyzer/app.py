@@ -105,9 +105,10 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         version=__version__,
         description="Creates studies on the share servers, finalizes them and analyses the released "
         "noisy sketch. Errors are application/problem+json (docs/protocol.md section 8).",
-        responses=problem_http.PROBLEM_RESPONSES,
+        responses=problem_http.problem_responses(400, 401, 404, 409, 413, 422, 502),
     )
     problem_http.install(app)
+    app.add_middleware(problem_http.BodyLimit, limit=1 << 20)
     api_token = coordinator.config.api_token
 
     def require_token(request: Request) -> None:

@@ -92,12 +92,12 @@ def run_study(cluster: Cluster, task: str, data: Any, args: argparse.Namespace, 
     from tqdm import tqdm
 
     from analyzer.client import AnalyzerClient
-    from analyzer.evaluation import compare_pca, compare_ridge
+    from analyzer.evaluation import compare, default_alpha
     from analyzer.release import SketchRelease
     from client_sdk import Client
     from dpsketch.protocol import Study
 
-    n = data.A.shape[0]
+    n = data.rows.shape[0]
     with AnalyzerClient(cluster.analyzer_url, cluster.analyzer_token) as an:
         created = an.create_study(
             name=f"demo-{task}", columns=data.columns, label=data.label, expected_reports=n,
@@ -112,7 +112,7 @@ def run_study(cluster: Cluster, task: str, data: Any, args: argparse.Namespace, 
         with Client(cluster.server_urls) as client, tqdm(
             total=n, unit="rows", disable=quiet, desc=f"[{task}] submit", file=sys.stderr
         ) as bar:
-            client.submit_many(study_id, data.A, progress=bar.update)
+            client.submit_many(study_id, data.rows, progress=bar.update)
         upload_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         fin = an.finalize(study_id)
@@ -122,15 +122,18 @@ def run_study(cluster: Cluster, task: str, data: Any, args: argparse.Namespace, 
         sketch_view = an.sketch(study_id)
         study = Study.model_validate(created["study"])
         release = SketchRelease(study, np.asarray(sketch_view["sketch"]), sketch_view["n_reports"])
+        # The analyst's answers come from the analyzer's REST API; the comparison re-fits the
+        # same release next to simulated local and central releases of the same rows, with the
+        # same ridge penalty, so all three ratios are measured the same way.
         if task == "ridge":
-            served = an.ridge(study_id, label=data.label)
-            result = compare_ridge(data, release, epsilon=args.epsilon, delta=args.delta)
-            # the REST answer and the local re-fit of the same release must agree
-            result["rest_coef"] = served["coef"]
+            alpha = default_alpha(n, data.row_bound)
+            served = an.ridge(study_id, label=data.label, alpha=alpha)
+            ratios = compare(data, study, release, alpha=alpha, tasks=("ridge",))["ridge"]
+            result: dict[str, Any] = {**ratios, "alpha": alpha, "coef": served["coef"]}
         else:
             served = an.pca(study_id, n_components=args.rank)
-            result = compare_pca(data, release, rank=args.rank, epsilon=args.epsilon, delta=args.delta)
-            result["rest_components"] = served["components"]
+            ratios = compare(data, study, release, rank=args.rank, tasks=("pca",))["pca"]
+            result = {**ratios, "rank": args.rank, "explained_variance": served["explained_variance"]}
         result.update(study_id=study_id, n_reports=fin["n_reports"], upload_seconds=upload_s,
                       finalize_seconds=finalize_s, k=study.k, sigma=study.sigma)
         return result
@@ -157,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _log(quiet, f"starting {args.servers} share servers and the analyzer ...")
             cluster = start_local_cluster(int(args.servers), workdir, stack)
         ridge_data = synthetic.regression_data(args.clients, args.d, seed=args.seed)
-        pca_data = synthetic.low_rank_data(args.clients, args.d, rank=args.rank, seed=args.seed + 1)
+        pca_data = synthetic.lowrank_data(args.clients, args.d, rank=args.rank, seed=args.seed + 1)
         ridge = run_study(cluster, "ridge", ridge_data, args, quiet)
         pca = run_study(cluster, "pca", pca_data, args, quiet)
     return {

@@ -1,25 +1,30 @@
-"""FastAPI glue for the error catalogue: every error of every dpsketch service is problem JSON.
+"""Every error of every dpsketch service as RFC 9457 problem JSON with a documented slug (docs/protocol.md section 8).
 
-Installs handlers for :class:`ProblemError`, request validation errors, Starlette's own
-404/405/413, and anything unexpected (logged, answered as a 500 problem without internals).
+FastAPI's own errors (validation, unknown path, wrong method, unparsable body) and anything
+unexpected are translated here, so a client never sees FastAPI's default ``{"detail": ...}``
+shape or an HTML page. :class:`BodyLimit` refuses oversized bodies before they are read: by
+Content-Length when declared, and by counting streamed bytes otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE, Problem
-from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.problems import CATALOGUE, ProblemError
 
 log = logging.getLogger("dpsketch")
 
-_STATUS_SLUGS = {
+#: Status codes FastAPI/Starlette raise by themselves, and the slug that names each.
+SLUG_BY_STATUS = {
     400: "malformed-body",
     401: "unauthorized",
     403: "forbidden",
@@ -31,51 +36,117 @@ _STATUS_SLUGS = {
     503: "unavailable",
 }
 
-#: For the OpenAPI document: every route may answer these with a Problem body.
-PROBLEM_RESPONSES = {
-    status: {"model": Problem, "content": {PROBLEM_MEDIA_TYPE: {}}}
-    for status in (400, 401, 403, 404, 409, 413, 415, 422, 503)
-}
+
+def problem_response(err: ProblemError, request: Request | None = None) -> JSONResponse:
+    instance = request.url.path if request is not None else None
+    return JSONResponse(err.body(instance), status_code=err.status, headers=err.headers or None,
+                        media_type=PROBLEM_MEDIA_TYPE)
 
 
-def problem_response(error: ProblemError, request: Request | None = None) -> JSONResponse:
-    return JSONResponse(
-        error.body(instance=str(request.url.path) if request else None),
-        status_code=error.status,
-        headers=error.headers,
-        media_type=PROBLEM_MEDIA_TYPE,
-    )
-
-
-def _validation_detail(exc: RequestValidationError) -> tuple[str, str]:
-    errors = exc.errors()
-    if any(e.get("type") == "json_invalid" for e in errors):
-        return "malformed-body", "the body is not valid JSON"
+def summarize_errors(errors: list[dict[str, Any]], limit: int = 5) -> str:
+    """pydantic errors as one readable line, without echoing (possibly huge) inputs."""
     parts = []
-    for e in errors[:5]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        parts.append(f"{loc or 'body'}: {e.get('msg')}")
-    return "invalid-request", "; ".join(parts) or "invalid request"
+    for err in errors[:limit]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
+    return "; ".join(parts) + more
 
 
 def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into problem JSON."""
+
     @app.exception_handler(ProblemError)
-    async def _problem(request: Request, exc: ProblemError):
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
         return problem_response(exc, request)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        slug, detail = _validation_detail(exc)
-        return problem_response(ProblemError(slug, detail), request)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            err = ProblemError("malformed-body", "the body is not valid JSON")
+        else:
+            err = ProblemError("invalid-request", summarize_errors(errors))
+        return problem_response(err, request)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        slug = _STATUS_SLUGS.get(exc.status_code, "invalid-request" if exc.status_code < 500 else "internal-error")
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        slug = SLUG_BY_STATUS.get(exc.status_code)
+        if slug is None:
+            slug = "invalid-request" if exc.status_code < 500 else "unavailable"
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return problem_response(ProblemError(slug, detail, status=exc.status_code,
-                                             headers=dict(exc.headers or {})), request)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no resource at {request.url.path[:200]}"
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path[:200]}"
+        err = ProblemError(slug, detail, status=exc.status_code, headers=dict(exc.headers or {}))
+        return problem_response(err, request)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return problem_response(ProblemError("internal-error", "unexpected server error; see the server log"), request)
+        return problem_response(ProblemError("internal-error", "unexpected server error"), request)
+
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 for bodies over ``limit`` bytes, checked before reading."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > self.limit:
+                    await self._refuse(scope, send, declared)
+                    return
+        received = 0
+        limit = self.limit
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    # Raised inside the endpoint's body read; the HTTPException handler answers.
+                    raise StarletteHTTPException(413, f"the request body exceeds {limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _refuse(self, scope: Scope, send: Send, declared: int) -> None:
+        err = ProblemError("payload-too-large",
+                           f"the request body ({declared} bytes) exceeds this server's limit of {self.limit} bytes")
+        body = json.dumps(err.body(scope.get("path"))).encode()
+        await send({
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"connection", b"close")],
+        })
+        await send({"type": "http.response.body", "body": body})
+
+
+PROBLEM_SCHEMA = Problem.model_json_schema()
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for the problem statuses an endpoint can answer."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        slugs = [slug for slug, (st, _title) in CATALOGUE.items() if st == status]
+        out[status] = {
+            "description": "Problem: " + ", ".join(slugs),
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}},
+        }
+    return out

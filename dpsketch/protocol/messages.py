@@ -63,7 +63,8 @@ def decode_batch(body: bytes, d: int) -> tuple[list[bytes], np.ndarray]:
             f"got {len(body)} bytes"
         )
     records = np.frombuffer(body, dtype=batch_dtype(d))
-    ids = [bytes(r) for r in records["id"]]
+    raw = records["id"].tobytes()
+    ids = [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
     return ids, np.ascontiguousarray(records["share"])
 
 
@@ -75,11 +76,14 @@ def decode_report_ids(body: bytes) -> list[bytes]:
     """Parse a sorted, repeat-free id list; ValueError if malformed."""
     if len(body) % REPORT_ID_BYTES:
         raise ValueError(f"a report-id list is a whole number of {REPORT_ID_BYTES}-byte ids")
-    ids = [body[i : i + REPORT_ID_BYTES] for i in range(0, len(body), REPORT_ID_BYTES)]
-    for a, b in zip(ids, ids[1:]):
-        if not a < b:
+    if len(body) > REPORT_ID_BYTES:
+        # bytewise order of 16-byte ids = lexicographic order of their two big-endian halves
+        halves = np.frombuffer(body, dtype=">u8").reshape(-1, 2)
+        hi, lo = halves[:, 0], halves[:, 1]
+        ascending = (hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))
+        if not ascending.all():
             raise ValueError("report ids must be in strictly ascending bytewise order")
-    return ids
+    return [body[i : i + REPORT_ID_BYTES] for i in range(0, len(body), REPORT_ID_BYTES)]
 
 
 def inclusion_hash(sorted_ids: list[bytes]) -> str:

@@ -38,11 +38,12 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     b = k // s
     m = len(report_ids)
     width = 8 * s
+    keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
     buf = bytearray(m * width)
     for i, rid in enumerate(report_ids):
-        buf[i * width : (i + 1) * width] = hashlib.blake2b(
-            DOMAIN + rid, digest_size=width, key=seed
-        ).digest()
+        h = keyed.copy()
+        h.update(rid)
+        buf[i * width : (i + 1) * width] = h.digest()
     u = np.frombuffer(bytes(buf), dtype="<u8").reshape(m, s)
     # floor(u * b / 2^64) without 128-bit integers: split u into 32-bit halves.
     hi = u >> np.uint64(32)
@@ -64,19 +65,43 @@ def bucket_and_sign(seed: bytes, report_id: bytes, k: int, s: int, block: int) -
     return (u * b) >> 64, (1 if u % 2 == 0 or k == 1 else -1)
 
 
-def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray) -> None:
-    """acc[rows[i, l]] += signs[i, l] * shares[i]  (mod 2^64), in place. acc is (k, d) uint64."""
-    if len(shares) == 0:
-        return
-    neg = (0 - shares).astype(np.uint64)  # wraps mod 2^64
-    for block in range(rows.shape[1]):
-        signed = np.where((signs[:, block] > 0)[:, None], shares, neg)
-        np.add.at(acc, rows[:, block], signed)
+_MINUS_ONE = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+
+
+def signed_sum(rows: np.ndarray, signs: np.ndarray, shares: np.ndarray, k: int) -> np.ndarray:
+    """The (k, d) uint64 matrix S' X mod 2^64, where S' has the signs (not the 1/sqrt(s) scale).
+
+    One sparse product: scipy's integer kernels use C unsigned arithmetic, which wraps mod 2^64
+    exactly like numpy's, and a sign of -1 is the ring element 2^64 - 1 (multiplying by it
+    negates). S' is column-major (one column of s entries per report), so the product streams
+    the shares in order into the small k x d result: about 10x faster than ``np.add.at``, which
+    matters at upload rates of 10^5 rows/s. Tests check it against a Python-integer reference.
+    """
+    import scipy.sparse as sp
+
+    m, s = rows.shape
+    d = shares.shape[1]
+    if m == 0:
+        return np.zeros((k, d), dtype=np.uint64)
+    data = np.where(signs.ravel() > 0, np.uint64(1), _MINUS_ONE).astype(np.uint64)
+    indptr = np.arange(0, m * s + 1, s, dtype=np.int64)
+    matrix = sp.csc_matrix((data, rows.ravel().astype(np.int64), indptr), shape=(k, m))
+    return np.asarray(matrix @ np.ascontiguousarray(shares, dtype=np.uint64), dtype=np.uint64)
+
+
+def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray,
+               sign: int = 1) -> None:
+    """acc[rows[i, l]] += sign * signs[i, l] * shares[i]  (mod 2^64), in place; acc is (k, d)."""
+    delta = signed_sum(rows, signs, shares, acc.shape[0])
+    if sign >= 0:
+        acc += delta
+    else:
+        acc -= delta
 
 
 def subtract(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray) -> None:
     """Undo :func:`accumulate` for these reports (mod 2^64)."""
-    accumulate(acc, rows, -signs, shares)
+    accumulate(acc, rows, signs, shares, sign=-1)
 
 
 def accumulate_gram(sst: np.ndarray, rows: np.ndarray, signs: np.ndarray, sign: int = 1) -> None:

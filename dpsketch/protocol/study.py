@@ -29,7 +29,7 @@ SERVER_ID_PATTERN = r"^[a-z0-9][a-z0-9.\-]{0,62}$"
 class Study(BaseModel):
     """Public parameters of one study. Every field is covered by the study id."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     protocol: Literal["dpsketch/1"] = PROTOCOL
     name: str = Field(min_length=1, max_length=200)
@@ -174,8 +174,11 @@ def design(
         k = default_k(expected_reports, d, s)
     if k == 1:
         s = 1
+    min_reports_note = "as requested"
     if min_reports is None:
         min_reports = max(t + 1, math.floor(0.9 * expected_reports))
+        min_reports_note = "by default 90% of the expected count, so a few lost reports do not block it"
+
     if max_reports is None:
         max_reports = max(10 * expected_reports, 1000)
     lambda_star = privacy.choose_lambda_star(min_reports, k, t)
@@ -205,7 +208,7 @@ def design(
         f"d = {d} columns, {len(servers)} servers, expecting {expected_reports} reports.",
         f"Sketch: k = {k} rows in s = {s} blocks (k ~ 40 d keeps the sketch distortion near "
         f"sqrt(d/k) = {math.sqrt(d / k):.2f}; k <= n/100 keeps every bucket well filled).",
-        f"Release needs at least min_reports = {min_reports} reports (90% of expected by default).",
+        f"Release needs at least min_reports = {min_reports} reports ({min_reports_note}).",
         f"lambda_star = {lambda_star:.1f}: {privacy.LAMBDA_SAFETY} x the expected "
         f"lambda_min(S S^T) ~ (n/k)(1 - sqrt(k/n))^2 at n = min_reports, minus t = {t}.",
         f"Client noise sigma = {sigma:.4g} per coordinate (local model would need "

@@ -1,0 +1,87 @@
+"""``dpsketch bench``: the figures we promise, measured on this machine, as ratios in one run.
+
+* ``commit``   - commit + aggregate over 10^6 stored reports (d = 100, k = 400, s = 4) on one
+                 server, against the exact scipy.sparse sketch of the same shares;
+* ``upload``   - bulk upload rows/s over loopback HTTP (d = 32) against raw SQLite inserts, and
+                 single-report uploads from 64 concurrent clients against one fsync per report;
+* ``accuracy`` - the demo's error ratios (LTM, local, central) at n = 10^4, 10^5, 10^6 through
+                 the real pipeline (real processes, SDK over HTTP, analyzer REST).
+
+Timings on a shared machine are noisy, so each figure comes with its baseline from the same run.
+``--quick`` runs everything at small sizes (what CI can afford).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def bench_accuracy(ns: list[int], d: int = 10, epsilon: float = 1.0, delta: float = 1e-6,
+                   seed: int = 0) -> list[dict[str, Any]]:
+    from dpsketch import demo
+
+    rows = []
+    for n in ns:
+        args = demo.build_parser().parse_args(
+            ["--clients", str(n), "--d", str(d), "--epsilon", str(epsilon), "--delta", str(delta),
+             "--seed", str(seed), "--json"]
+        )
+        t0 = time.perf_counter()
+        result = demo.run(args)
+        rows.append({
+            "n": n,
+            "ridge": {m: result["ridge"][m] for m in ("ltm", "local", "central")},
+            "pca": {m: result["pca"][m] for m in ("ltm", "local", "central")},
+            "k": result["ridge"]["k"],
+            "seconds": round(time.perf_counter() - t0, 1),
+        })
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def accuracy_table(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'n':>9} {'k':>5} | {'ridge LTM':>9} {'local':>9} {'central':>8} | "
+           f"{'PCA LTM':>8} {'local':>9} {'central':>8}"]
+    for r in rows:
+        out.append(
+            f"{r['n']:>9} {r['k']:>5} | {r['ridge']['ltm']:>9.3f} {r['ridge']['local']:>9.3f} "
+            f"{r['ridge']['central']:>8.3f} | {r['pca']['ltm']:>8.3f} {r['pca']['local']:>9.3f} "
+            f"{r['pca']['central']:>8.3f}"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dpsketch bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", nargs="?", default="all", choices=["commit", "upload", "accuracy", "all"])
+    p.add_argument("--quick", action="store_true", help="small sizes: seconds, not minutes")
+    p.add_argument("--out", help="also write the figures as JSON to this file")
+    args = p.parse_args(argv)
+
+    from services import bench as server_bench
+
+    figures: dict[str, Any] = {}
+    if args.which in ("commit", "all"):
+        n = 50_000 if args.quick else 10**6
+        figures["commit"] = server_bench.bench_commit(n=n, d=100, k=400, s=4)
+        print(json.dumps({"commit": figures["commit"]}), flush=True)
+    if args.which in ("upload", "all"):
+        n = 40_000 if args.quick else 400_000
+        figures["bulk_upload"] = server_bench.bench_bulk_upload(n=n, d=32)
+        print(json.dumps({"bulk_upload": figures["bulk_upload"]}), flush=True)
+        figures["single_upload"] = server_bench.bench_single_upload(
+            clients=64, seconds=3.0 if args.quick else 20.0, d=32)
+        print(json.dumps({"single_upload": figures["single_upload"]}), flush=True)
+    if args.which in ("accuracy", "all"):
+        ns = [2_000, 10_000] if args.quick else [10**4, 10**5, 10**6]
+        figures["accuracy"] = bench_accuracy(ns)
+        print(accuracy_table(figures["accuracy"]), flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(figures, fh, indent=1)
+    return 0

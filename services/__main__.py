@@ -1,0 +1,117 @@
+"""``dpsketch server``: run one share server (uvicorn, one worker, one SQLite file).
+
+One worker on purpose: the store's single writer thread and in-memory running totals belong to
+one process (a second process would need its own file). Tokens come from the environment or
+from files, never from the command line, where other local users could read them in ``ps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+MIB = 1 << 20
+
+DESCRIPTION = """\
+Run one dpsketch share server: an HTTP API (docs/protocol.md section 6) over one SQLite file.
+
+The server stores the shares clients upload (durably: acknowledged only after fsync), keeps the
+public sketch of them, and releases one aggregate share per study after checking the release
+certificate. It never talks to other share servers.
+
+Two bearer tokens are required and must differ:
+  operator token  provisions studies (PUT /v1/studies/{id})
+  analyst token   lists report ids, commits a study and fetches its aggregate
+Give them in the environment (DPSKETCH_OPERATOR_TOKEN, DPSKETCH_ANALYST_TOKEN) or in files
+(--operator-token-file, --analyst-token-file); a file wins over the environment.
+"""
+
+EPILOG = """\
+example:
+  DPSKETCH_OPERATOR_TOKEN=... DPSKETCH_ANALYST_TOKEN=... \\
+    dpsketch server --server-id s1 --db /var/lib/dpsketch/s1.sqlite3 --port 8101
+
+SIGTERM or Ctrl-C stops the server cleanly: in-flight requests finish, queued writes commit.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpsketch server", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server-id", required=True,
+                   help="this server's id, as listed in the studies' 'servers' (e.g. s1)")
+    p.add_argument("--db", required=True, type=Path, help="SQLite file (created if missing)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8101, help="port to listen on (default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=64 * MIB,
+                   help="largest request body accepted; larger ones get 413 (default: %(default)s = 64 MiB)")
+    p.add_argument("--operator-token-file", type=Path,
+                   help="file holding the operator token (default: $DPSKETCH_OPERATOR_TOKEN)")
+    p.add_argument("--analyst-token-file", type=Path,
+                   help="file holding the analyst token (default: $DPSKETCH_ANALYST_TOKEN)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="log verbosity (default: %(default)s)")
+    p.add_argument("--access-log", action="store_true", help="log every request (off by default: it "
+                   "costs throughput at thousands of uploads per second)")
+    return p
+
+
+def _token(path: Path | None, env: str, role: str) -> str:
+    if path is not None:
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"dpsketch server: cannot read the {role} token file {path}: {exc}")
+    return os.environ.get(env, "").strip()
+
+
+def settings_from_args(args: argparse.Namespace):
+    """Tokens first (cheap, clear refusal), then the validated Settings (imports the protocol)."""
+    operator = _token(args.operator_token_file, "DPSKETCH_OPERATOR_TOKEN", "operator")
+    analyst = _token(args.analyst_token_file, "DPSKETCH_ANALYST_TOKEN", "analyst")
+    missing = [name for name, value in (("operator (DPSKETCH_OPERATOR_TOKEN or --operator-token-file)", operator),
+                                        ("analyst (DPSKETCH_ANALYST_TOKEN or --analyst-token-file)", analyst))
+               if not value]
+    if missing:
+        raise SystemExit("dpsketch server: refusing to start without tokens; set the " + " and the ".join(missing)
+                         + " token")
+    from .settings import Settings
+
+    try:
+        return Settings(server_id=args.server_id, db_path=args.db, operator_token=operator,
+                        analyst_token=analyst, max_body_bytes=args.max_body_bytes)
+    except ValueError as exc:
+        raise SystemExit(f"dpsketch server: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    settings = settings_from_args(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name, value in (("operator", settings.operator_token), ("analyst", settings.analyst_token)):
+        if len(value) < 16:
+            logging.getLogger("dpsketch.server").warning("the %s token is short (%d chars); use 32+ random chars",
+                                                         name, len(value))
+
+    import uvicorn
+
+    from .app import create_app
+
+    try:
+        app = create_app(settings)
+    except Exception as exc:  # e.g. unreadable database: say so plainly, no traceback
+        print(f"dpsketch server: cannot open the store {settings.db_path}: {exc}", file=sys.stderr)
+        return 1
+    config = uvicorn.Config(app, host=args.host, port=args.port, workers=1, log_level=args.log_level,
+                            access_log=args.access_log, timeout_graceful_shutdown=30,
+                            proxy_headers=False, server_header=False)
+    server = uvicorn.Server(config)
+    server.run()  # handles SIGTERM/SIGINT: stop accepting, finish requests, run shutdown
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""The share server's HTTP API (docs/protocol.md section 6): a thin layer over the store.
+
+Handlers parse and check requests, hash uploaded report ids off the event loop, hand the work to
+:class:`services.store.Store` and translate its answers. Every refusal is a
+:class:`ProblemError`, rendered as problem JSON by ``errors.install``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request, Response, Security
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+
+import dpsketch
+from dpsketch.protocol import sketch
+from dpsketch.protocol.messages import (
+    AGGREGATE_MEDIA_TYPE,
+    INCLUSION_HASH_HEADER,
+    REPORT_IDS_MEDIA_TYPE,
+    SHARES_MEDIA_TYPE,
+    CommitResult,
+    Report,
+    ServerInfo,
+    StudyInfo,
+    UploadResult,
+    decode_batch,
+)
+from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.study import PROTOCOL, Study
+
+from dpsketch import problem_http as errors
+from dpsketch.problem_http import problem_responses, summarize_errors
+from .settings import Settings
+from .store import Store
+
+BINARY_SCHEMA = {"type": "string", "format": "binary"}
+
+
+def _binary_body(media_type: str, description: str) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "description": description,
+                            "content": {media_type: {"schema": BINARY_SCHEMA}}}}
+
+
+def _binary_response(media_type: str, description: str, headers: dict | None = None) -> dict:
+    out: dict[str, Any] = {"description": description, "content": {media_type: {"schema": BINARY_SCHEMA}}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+def require_media_type(request: Request, expected: str) -> None:
+    """415 unless the Content-Type is ``expected`` (parameters such as charset are ignored)."""
+    given = request.headers.get("content-type", "")
+    if given.split(";", 1)[0].strip().lower() != expected:
+        raise ProblemError("unsupported-media-type",
+                           f"this endpoint takes Content-Type {expected}, got {given[:100] or 'none'!r}")
+
+
+class Roles:
+    """Bearer-token roles. Both tokens are always compared (constant time), so a token of the
+    other role is told apart from a wrong one: 403 versus 401."""
+
+    scheme = HTTPBearer(auto_error=False, description="operator or analyst token")
+
+    def __init__(self, settings: Settings):
+        self.tokens = {"operator": settings.operator_token.encode(), "analyst": settings.analyst_token.encode()}
+
+    def require(self, role: str):
+        other = "analyst" if role == "operator" else "operator"
+
+        async def check(creds: HTTPAuthorizationCredentials | None = Security(self.scheme)) -> None:
+            challenge = {"WWW-Authenticate": "Bearer"}
+            if creds is None or not creds.credentials:
+                raise ProblemError("unauthorized", f"this endpoint needs the {role} bearer token",
+                                   headers=challenge)
+            given = creds.credentials.encode("utf-8", "surrogateescape")
+            is_role = hmac.compare_digest(given, self.tokens[role])
+            is_other = hmac.compare_digest(given, self.tokens[other])
+            if is_role:
+                return
+            if is_other:
+                raise ProblemError("forbidden", f"the {other} token may not do this; it needs the {role} token")
+            raise ProblemError("unauthorized", "the bearer token is not valid here", headers=challenge)
+
+        return check
+
+
+def _json(model) -> Response:
+    """Serialize a response model directly (the hot upload paths skip FastAPI's re-validation)."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def _parse_batch(body: bytes, study: Study):
+    """Decode a share batch and hash its ids (CPU work, run in a worker thread)."""
+    try:
+        ids, shares = decode_batch(body, study.d)
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    rows, signs = sketch.hash_report_ids(study.seed_bytes, ids, study.k, study.s)
+    return ids, shares, rows, signs
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Open the store and build the app; the store closes when the app shuts down."""
+    store = Store(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            yield
+        finally:
+            await run_in_threadpool(store.close)
+
+    app = FastAPI(
+        title=f"dpsketch share server {settings.server_id}",
+        version=dpsketch.__version__,
+        description="One of the N share servers of dpsketch (docs/protocol.md section 6). Errors are "
+                    "application/problem+json with a stable type urn:dpsketch:problem:<slug>.",
+        lifespan=lifespan,
+        # every route answers invalid input as problem JSON, not FastAPI's default 422 shape
+        responses=problem_responses(422),
+    )
+    app.state.store = store
+    app.state.settings = settings
+    errors.install(app)
+    app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
+    roles = Roles(settings)
+    operator = Depends(roles.require("operator"))
+    analyst = Depends(roles.require("analyst"))
+    auth_errors = (401, 403)
+
+    @app.get("/healthz", tags=["meta"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/info", response_model=ServerInfo, tags=["meta"])
+    async def info() -> ServerInfo:
+        return ServerInfo(server_id=settings.server_id, protocol=PROTOCOL, version=dpsketch.__version__)
+
+    @app.put(
+        "/v1/studies/{study_id}", response_model=StudyInfo, tags=["studies"],
+        dependencies=[operator],
+        responses={200: {"description": "already held", "model": StudyInfo},
+                   201: {"description": "provisioned", "model": StudyInfo},
+                   **problem_responses(400, *auth_errors, 413, 422, 503)},
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": Study.model_json_schema()}}}},
+    )
+    async def provision(study_id: str, request: Request) -> JSONResponse:
+        """Provision a study (operator). Idempotent: the same study again answers 200."""
+        body = await request.body()
+        try:
+            study = Study.model_validate_json(body)
+        except ValidationError as exc:
+            if any(e.get("type") == "json_invalid" for e in exc.errors()):
+                raise ProblemError("malformed-body", "the body is not valid JSON") from None
+            raise ProblemError("invalid-study", summarize_errors(exc.errors())) from None
+        try:
+            actual_id = study.study_id
+        except ValueError as exc:  # e.g. a non-finite number: no canonical encoding, no id
+            raise ProblemError("invalid-study", f"the study has no canonical encoding: {exc}") from None
+        if actual_id != study_id:
+            raise ProblemError("invalid-study",
+                               f"the study's id (SHA-256 of its canonical JSON) is {actual_id}, "
+                               f"not the {study_id[:80]!r} of the path")
+        if settings.server_id not in study.servers:
+            raise ProblemError("invalid-study",
+                               f"the study's servers {study.servers} do not include this server "
+                               f"({settings.server_id})")
+        if study.k > settings.max_k or study.k * study.d > settings.max_aggregate_cells:
+            raise ProblemError("invalid-study",
+                               f"this server accepts k <= {settings.max_k} and k * d <= "
+                               f"{settings.max_aggregate_cells} (got k = {study.k}, d = {study.d})")
+        info, created = await run_in_threadpool(store.provision, study)
+        return JSONResponse(info.model_dump(mode="json"), status_code=201 if created else 200)
+
+    @app.get("/v1/studies", response_model=list[StudyInfo], tags=["studies"])
+    async def list_studies() -> list[StudyInfo]:
+        return store.infos()
+
+    @app.get("/v1/studies/{study_id}", response_model=StudyInfo, tags=["studies"],
+             responses=problem_responses(404))
+    async def get_study(study_id: str) -> StudyInfo:
+        """A study's parameters and progress (report_count); public."""
+        return store.info(store.record(study_id))
+
+    @app.post("/v1/studies/{study_id}/reports", response_model=UploadResult, tags=["reports"],
+              responses=problem_responses(400, 404, 409, 413, 422, 503))
+    async def upload_report(study_id: str, report: Report) -> Response:
+        """Upload one report's share; acknowledged once it is durable."""
+        record = store.record(study_id)
+        study = record.study
+        try:
+            shares = report.share_values(study.d).reshape(1, study.d)
+        except ValueError as exc:
+            raise ProblemError("invalid-request", str(exc)) from None
+        ids = [bytes.fromhex(report.report_id)]  # the writer hashes single reports in bulk
+        result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, None, None))
+        return _json(result)
+
+    @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
+              responses=problem_responses(400, 404, 409, 413, 415, 503),
+              openapi_extra=_binary_body(SHARES_MEDIA_TYPE,
+                                         "m records of a 16-byte report id and d little-endian uint64"))
+    async def upload_batch(study_id: str, request: Request) -> Response:
+        """Upload many reports at once; all-or-nothing, acknowledged once durable."""
+        require_media_type(request, SHARES_MEDIA_TYPE)
+        record = store.record(study_id)
+        if record.commit is not None:
+            raise ProblemError("study-closed", f"study {study_id} is committed; it takes no more reports")
+        body = await request.body()
+        ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study)
+        return _json(await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs)))
+
+    @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],
+             response_class=Response,
+             responses={200: _binary_response(REPORT_IDS_MEDIA_TYPE, "sorted 16-byte report ids"),
+                        **problem_responses(*auth_errors, 404, 503)})
+    async def report_ids(study_id: str) -> Response:
+        """The ids of every report this server holds for the study (analyst)."""
+        body = await run_in_threadpool(store.report_ids, study_id)
+        return Response(body, media_type=REPORT_IDS_MEDIA_TYPE)
+
+    @app.post("/v1/studies/{study_id}/commit", response_model=CommitResult, tags=["finalization"],
+              dependencies=[analyst],
+              responses=problem_responses(400, *auth_errors, 404, 409, 413, 415, 422, 503),
+              openapi_extra=_binary_body(REPORT_IDS_MEDIA_TYPE,
+                                         "the inclusion set: 16-byte ids in ascending order"))
+    async def commit(study_id: str, request: Request) -> CommitResult:
+        """Commit the study to one inclusion set, after the certificate (analyst)."""
+        require_media_type(request, REPORT_IDS_MEDIA_TYPE)
+        store.record(study_id)
+        body = await request.body()
+        return await run_in_threadpool(store.commit, study_id, body)
+
+    @app.get("/v1/studies/{study_id}/aggregate", tags=["finalization"], dependencies=[analyst],
+             response_class=Response,
+             responses={200: _binary_response(
+                 AGGREGATE_MEDIA_TYPE, "k x d little-endian uint64, row-major",
+                 {INCLUSION_HASH_HEADER: {"schema": {"type": "string"},
+                                          "description": "SHA-256 of the sorted inclusion set"}}),
+                 **problem_responses(*auth_errors, 404, 409, 503)})
+    async def aggregate(study_id: str) -> Response:
+        """The released aggregate share: only after commit, identical on every call (analyst)."""
+        body, ihash = await run_in_threadpool(store.aggregate, study_id)
+        return Response(body, media_type=AGGREGATE_MEDIA_TYPE, headers={INCLUSION_HASH_HEADER: ihash})
+
+    return app

@@ -1,0 +1,458 @@
+"""Share-server benchmarks: commit at scale, bulk and single uploads over loopback HTTP.
+
+Each function returns a flat dict of figures (``dpsketch bench`` prints them) and takes its
+sizes as parameters, so CI can run a bounded version. Every throughput comes with a baseline
+measured on the same machine, so the ratio, not the absolute number, says how close the server
+is to what the hardware allows:
+
+* commit: an exact S @ X with scipy.sparse over all included shares already in memory (what a
+  server without running totals would at least have to do, before even reading the shares);
+* bulk upload: raw SQLite inserts of the same rows with the same durability (WAL, fsync per
+  transaction), no HTTP and no hashing;
+* single upload: a do-nothing HTTP endpoint on the same stack, driven by the same load generator
+  (the loopback request rate), and the rate of one fsync per report (no group commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import resource
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpsketch.protocol import sketch
+from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
+from dpsketch.protocol.study import Study, design
+
+OPERATOR = "bench-operator-token-0123456789"
+ANALYST = "bench-analyst-token-0123456789"
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (VmHWM) so a phase can be measured on its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mib() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _study(n: int, d: int, k: int, s: int, servers: list[str]) -> Study:
+    return design(name="bench", columns=[f"x{i}" for i in range(d)], label=None, servers=servers,
+                  expected_reports=n, k=k, s=s, min_reports=max(1, int(0.9 * n)), max_reports=max(2 * n, 1000))[0]
+
+
+def _random_rows(rng: np.random.Generator, m: int, d: int) -> tuple[list[bytes], np.ndarray]:
+    raw = os.urandom(16 * m)
+    ids = [raw[i:i + 16] for i in range(0, 16 * m, 16)]
+    return ids, rng.integers(0, np.iinfo(np.uint64).max, size=(m, d), dtype=np.uint64, endpoint=True)
+
+
+def _percentiles(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan")}
+    arr = np.asarray(latencies) * 1000
+    return {"p50_ms": round(float(np.percentile(arr, 50)), 3), "p99_ms": round(float(np.percentile(arr, 99)), 3)}
+
+
+class _Workdir:
+    def __init__(self, workdir: Path | None):
+        self.given = workdir
+        self.path = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="dpsketch-bench-"))
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        if self.given is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+# --- (a) commit --------------------------------------------------------------------------------
+
+
+def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, excluded_fraction: float = 0.01,
+                 chunk_rows: int = 20_000, workdir: Path | None = None, rebuild: bool = True,
+                 baseline: bool = True, seed: int = 1) -> dict[str, Any]:
+    """Load n random reports into a store (in-process, through the writer's bulk path), then time
+    commit over all but ``excluded_fraction`` of them plus fetching the aggregate, with the peak
+    RSS of that phase; then the scipy.sparse baseline and (optionally) a rebuild from the file."""
+    from services.settings import Settings
+    from services.state import load_state
+    from services.store import Store
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {"n": n, "d": d, "k": k, "s": s, "excluded_fraction": excluded_fraction}
+    with _Workdir(workdir) as wd:
+        db = wd / "bench-commit.sqlite3"
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(db) + suffix).unlink(missing_ok=True)
+        store = Store(Settings(server_id="bench", db_path=db, operator_token=OPERATOR, analyst_token=ANALYST,
+                               warm_start=False))
+        try:
+            study = _study(n, d, k, s, ["bench", "other"])
+            store.provision(study)
+            record = store.record(study.study_id)
+            all_ids: list[bytes] = []
+            t0 = time.perf_counter()
+            window = []
+            for start in range(0, n, chunk_rows):
+                ids, shares = _random_rows(rng, min(chunk_rows, n - start), d)
+                rows, signs = sketch.hash_report_ids(study.seed_bytes, ids, k, s)
+                window.append(store.submit_upload(record, ids, shares, rows, signs))
+                all_ids.extend(ids)
+                if len(window) >= 4:
+                    window.pop(0).result()
+            for fut in window:
+                fut.result()
+            load_s = time.perf_counter() - t0
+            out.update(load_s=round(load_s, 3), load_rows_per_s=round(n / load_s))
+            n_excluded = int(round(excluded_fraction * n))
+            included = sorted(all_ids[n_excluded:]) if n_excluded else sorted(all_ids)
+            body = b"".join(included)
+            del included
+            rss_before = _rss_mib()
+            peak_ok = _reset_peak_rss()
+            t0 = time.perf_counter()
+            result = store.commit(study.study_id, body)
+            aggregate, _ = store.aggregate(study.study_id)
+            commit_s = time.perf_counter() - t0
+            out.update(
+                n_included=result.n_reports, commit_s=round(commit_s, 3),
+                lambda_min=round(result.lambda_min, 3), lambda_star=round(result.lambda_star, 3),
+                margin=round(result.margin, 3), aggregate_bytes=len(aggregate),
+                rss_before_commit_mib=round(rss_before, 1),
+                peak_rss_commit_mib=round(_peak_rss_mib(), 1), peak_rss_is_phase_only=peak_ok,
+            )
+            del body
+        finally:
+            store.close()
+        out["db_mib"] = round(db.stat().st_size / 2**20, 1)
+        if rebuild:  # what a restart costs: stream every report back and redo the totals
+            from services.db import connect
+            from services.state import StudyRecord
+
+            conn = connect(db, 5.0, readonly=True)
+            t0 = time.perf_counter()
+            load_state(conn, StudyRecord(record.seq, study, n), 50_000)
+            out["rebuild_from_db_s"] = round(time.perf_counter() - t0, 3)
+            conn.close()
+        if baseline:
+            from dpsketch.protocol.sketch import signed_sum
+
+            ids_b, x = _random_rows(rng, result.n_reports, d)
+            t0 = time.perf_counter()
+            rows, signs = sketch.hash_report_ids(study.seed_bytes, ids_b, k, s)
+            t1 = time.perf_counter()
+            signed_sum(rows, signs, x, k)
+            t2 = time.perf_counter()
+            out.update(baseline_hash_s=round(t1 - t0, 3), baseline_spmm_s=round(t2 - t1, 3),
+                       commit_over_spmm=round(commit_s / (t2 - t1), 2),
+                       commit_over_hash_plus_spmm=round(commit_s / (t2 - t0), 2))
+    out["peak_rss_process_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+# --- real server processes ---------------------------------------------------------------------
+
+
+def _start_server(wd: Path, server_id: str = "s1"):
+    from dpsketch.cluster import ServerSpec, share_server
+
+    spec = ServerSpec(server_id=server_id, operator_token=OPERATOR, analyst_token=ANALYST,
+                      db_path=wd / f"{server_id}.sqlite3")
+    return share_server(spec, wd).start(timeout=60)
+
+
+def _provision(url: str, study: Study) -> None:
+    import httpx
+
+    r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
+                  headers={"Authorization": f"Bearer {OPERATOR}", "Content-Type": "application/json"})
+    r.raise_for_status()
+
+
+def _report_count(url: str, study: Study) -> int:
+    import httpx
+
+    return int(httpx.get(f"{url}/v1/studies/{study.study_id}").json()["report_count"])
+
+
+# --- (b) bulk upload ---------------------------------------------------------------------------
+
+
+def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, concurrency: int = 2,
+                      workdir: Path | None = None, seed: int = 2) -> dict[str, Any]:
+    """POST n random rows in batches of ``batch_rows`` to a real server over loopback."""
+    import httpx
+
+    rng = np.random.default_rng(seed)
+    batches = []
+    for start in range(0, n, batch_rows):
+        ids, shares = _random_rows(rng, min(batch_rows, n - start), d)
+        batches.append((len(ids), encode_batch(ids, shares)))
+    out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
+                           "body_mib": round(len(batches[0][1]) / 2**20, 2)}
+    with _Workdir(workdir) as wd:
+        proc = _start_server(wd)
+        try:
+            study = _study(n, d, 400, 4, ["s1", "s2"])
+            _provision(proc.url, study)
+            path = f"/v1/studies/{study.study_id}/batches"
+            latencies: list[float] = []
+            errors = [0]
+            todo = iter(batches)
+            lock = threading.Lock()
+
+            def worker() -> None:
+                with httpx.Client(base_url=proc.url, timeout=120) as client:
+                    while True:
+                        with lock:
+                            item = next(todo, None)
+                        if item is None:
+                            return
+                        t0 = time.perf_counter()
+                        r = client.post(path, content=item[1], headers={"Content-Type": SHARES_MEDIA_TYPE})
+                        with lock:
+                            latencies.append(time.perf_counter() - t0)
+                            errors[0] += r.status_code != 200
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(concurrency) as pool:
+                for fut in [pool.submit(worker) for _ in range(concurrency)]:
+                    fut.result()
+            elapsed = time.perf_counter() - t0
+            held = _report_count(proc.url, study)
+        finally:
+            proc.stop()
+        out.update(seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors[0],
+                   server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
+                   **_percentiles(latencies))
+        raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, d)
+        out.update(baseline_raw_sqlite_rows_per_s=round(raw), ratio_to_raw_sqlite=round(out["rows_per_s"] / raw, 3))
+    return out
+
+
+def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int) -> float:
+    """The same rows into the same schema with the same durability, straight from Python."""
+    from services import db
+
+    conn = db.initialise(path, 5.0)
+    conn.execute("INSERT INTO studies (study_id, canonical, created_at) VALUES ('x', x'', 0)")
+    base = 1
+    width = 16 + 8 * d
+    t0 = time.perf_counter()
+    rows = 0
+    for m, body in batches:
+        ids = b"".join(body[i * width:i * width + 16] for i in range(m))
+        shares = b"".join(body[i * width + 16:(i + 1) * width] for i in range(m))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(db.INSERT_REPORTS, {"m": m, "base": base, "study": 1, "ids": ids, "shares": shares,
+                                         "width": 8 * d})
+        conn.execute("COMMIT")
+        base += m
+        rows += m
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return rows / elapsed
+
+
+# --- (c) single uploads ------------------------------------------------------------------------
+
+_ECHO_APP = """
+import sys, uvicorn
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    body = b'{"status":"ok"}'
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+"""
+
+
+async def _drive(port: int, path: str, make_body, content_type: str, clients: int, seconds: float) -> dict:
+    """A lean keep-alive HTTP/1.1 load generator: ``clients`` connections, one request in
+    flight on each, for ``seconds``. Lighter than a general client so the server, not the
+    generator, is what is measured."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    deadline = time.perf_counter() + seconds
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: "
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < deadline:
+                body = make_body()
+                t0 = time.perf_counter()
+                writer.write(f"{head}{len(body)}\r\n\r\n".encode() + body)
+                status = int((await reader.readline()).split()[1])
+                length = 0
+                while True:
+                    line = await reader.readline()
+                    if line in (b"\r\n", b""):
+                        break
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                latencies.append(time.perf_counter() - t0)
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            writer.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(clients)))
+    elapsed = time.perf_counter() - t0
+    ok = statuses.get(200, 0)
+    return {"ok": ok, "statuses": statuses, "per_s": ok / elapsed, **_percentiles(latencies)}
+
+
+def _run(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
+    from services import db
+
+    conn = db.initialise(path, 5.0)
+    conn.execute("INSERT INTO studies (study_id, canonical, created_at) VALUES ('x', x'', 0)")
+    t0 = time.perf_counter()
+    for i in range(reports):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO reports (id, study, report_id, share) VALUES (?, 1, ?, ?)",
+                     (i + 1, os.urandom(16), os.urandom(8 * d)))
+        conn.execute("COMMIT")
+    rate = reports / (time.perf_counter() - t0)
+    conn.close()
+    return rate
+
+
+def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
+                        workdir: Path | None = None) -> dict[str, Any]:
+    """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds``."""
+    out: dict[str, Any] = {"clients": clients, "seconds": seconds, "d": d}
+
+    def report_body() -> bytes:
+        return json.dumps({"report_id": os.urandom(16).hex(),
+                           "share": base64.b64encode(os.urandom(8 * d)).decode()}).encode()
+
+    with _Workdir(workdir) as wd:
+        proc = _start_server(wd)
+        try:
+            study = _study(10**6, d, 400, 4, ["s1", "s2"])
+            _provision(proc.url, study)
+            res = _run(_drive(proc.port, f"/v1/studies/{study.study_id}/reports", report_body,
+                              "application/json", clients, seconds))
+            held = _report_count(proc.url, study)
+        finally:
+            proc.stop()
+        out.update(reports_per_s=round(res["per_s"]), acknowledged=res["ok"], server_report_count=held,
+                   statuses=res["statuses"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"])
+        port = _free_port()
+        echo = subprocess.Popen([sys.executable, "-c", _ECHO_APP, str(port)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            base = _run(_drive(port, "/", report_body, "application/json", clients, min(seconds, 3.0)))
+        finally:
+            echo.terminate()
+            echo.wait(10)
+        out.update(baseline_loopback_echo_per_s=round(base["per_s"]),
+                   ratio_to_echo=round(res["per_s"] / base["per_s"], 3))
+        fsync_rate = _fsync_per_report_rate(wd / "fsync.sqlite3", d)
+        out.update(baseline_fsync_per_report_per_s=round(fsync_rate),
+                   group_commit_gain=round(res["per_s"] / fsync_rate, 2))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m services.bench [commit|bulk|single] [--n N] ...``: print the figures as JSON."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m services.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", choices=["commit", "bulk", "single", "all"])
+    p.add_argument("--n", type=int, help="reports (commit, bulk)")
+    p.add_argument("--d", type=int)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--workdir", type=Path)
+    args = p.parse_args(argv)
+    extra = {"workdir": args.workdir}
+    if args.which in ("commit", "all"):
+        kw = extra | ({"n": args.n} if args.n else {}) | ({"d": args.d} if args.d else {})
+        print(json.dumps({"commit": bench_commit(**kw)}))
+    if args.which in ("bulk", "all"):
+        kw = extra | ({"n": args.n} if args.n else {}) | ({"d": args.d} if args.d else {})
+        print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, **kw)}))
+    if args.which in ("single", "all"):
+        kw = extra | ({"d": args.d} if args.d else {})
+        print(json.dumps({"single": bench_single_upload(clients=args.clients, seconds=args.seconds, **kw)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""The single writer thread: group commit of uploads, and every other write, in order.
+
+Why one thread: SQLite allows one writer at a time anyway, and a single owner of every write
+makes the in-memory checks (duplicate, conflict, capacity, study closed) race-free. Why group
+commit: an fsync per report caps a disk at a few hundred reports/s; instead the thread drains
+whatever requests queued up while the previous transaction was syncing, stores them all in one
+transaction (one fsync) and only then acknowledges each. A request is all-or-nothing: it is
+validated completely in memory before any of its rows is written, and refused requests in a
+group do not affect the others. If the transaction fails (locked, disk full) every request in
+it gets 503 and nothing in memory changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpsketch.protocol import sketch
+from dpsketch.protocol.messages import UploadResult
+from dpsketch.protocol.problems import ProblemError
+
+from . import db
+from .settings import Settings
+from .state import StudyRecord, StudyState
+
+log = logging.getLogger("dpsketch.server")
+
+
+@dataclass
+class UploadJob:
+    """One upload request: m reports of one study, already parsed and hashed."""
+
+    record: StudyRecord
+    ids: list[bytes]
+    shares: np.ndarray  # (m, d) uint64
+    rows: np.ndarray | None  # (m, s) from sketch.hash_report_ids; None: the writer hashes
+    signs: np.ndarray | None
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class CallJob:
+    """Any other write: ``fn(conn)`` runs inside its own transaction and returns
+    ``(result, apply)``; ``apply()`` (may be None) updates memory after COMMIT succeeded."""
+
+    fn: Callable[[sqlite3.Connection], tuple[Any, Callable[[], None] | None]]
+    future: Future = field(default_factory=Future)
+
+
+_STOP = object()
+
+
+@dataclass
+class _Plan:
+    """An accepted request: which of its rows are new (``new`` is None when all are)."""
+
+    job: UploadJob
+    new: np.ndarray | None
+    duplicates: int
+    report_count: int
+    new_ids: set[bytes]
+    _rows_by_id: dict[bytes, int] | None = None
+
+    @property
+    def n_new(self) -> int:
+        return len(self.job.ids) if self.new is None else len(self.new)
+
+    def row_of(self, rid: bytes) -> int:
+        """Row of a new id in this request (built only when a later request repeats one)."""
+        if self._rows_by_id is None:
+            rows = range(len(self.job.ids)) if self.new is None else self.new.tolist()
+            self._rows_by_id = {self.job.ids[i]: i for i in rows}
+        return self._rows_by_id[rid]
+
+    def take(self, array: np.ndarray) -> np.ndarray:
+        return array if self.new is None else array[self.new]
+
+    def take_ids(self) -> list[bytes]:
+        return self.job.ids if self.new is None else [self.job.ids[i] for i in self.new.tolist()]
+
+
+class Writer:
+    def __init__(self, conn: sqlite3.Connection, settings: Settings,
+                 ensure_state: Callable[[StudyRecord], StudyState | None]):
+        self.conn = conn
+        self.settings = settings
+        self.ensure_state = ensure_state
+        self.queue: queue.Queue = queue.Queue()
+        self.next_rowid = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
+        self._lock = threading.Lock()
+        self._queued_bytes = 0
+        self._stopping = False
+        self.thread = threading.Thread(target=self._loop, name="dpsketch-writer", daemon=True)
+        self.thread.start()
+
+    # --- API ---------------------------------------------------------------------------------
+    def submit(self, job: UploadJob | CallJob) -> Future:
+        """Queue a job, or refuse with 503 when saturated (bounded memory) or stopping."""
+        size = job.shares.nbytes if isinstance(job, UploadJob) else 0
+        with self._lock:
+            if self._stopping or not self.thread.is_alive():
+                raise ProblemError("unavailable", "the server is shutting down", headers={"Retry-After": "5"})
+            if (self.queue.qsize() >= self.settings.max_queued_jobs
+                    or (self._queued_bytes and self._queued_bytes + size > self.settings.max_queued_bytes)):
+                raise ProblemError("unavailable", "the server is saturated with writes; retry shortly",
+                                   headers={"Retry-After": "1"})
+            self._queued_bytes += size
+            self.queue.put(job)
+        job.future.add_done_callback(lambda _f: self._release(size))
+        return job.future
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._queued_bytes -= size
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish every queued job, then end the thread; refuse anything submitted after."""
+        with self._lock:
+            self._stopping = True
+            self.queue.put(_STOP)
+        self.thread.join(timeout)
+
+    # --- loop --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        held: Any = None
+        while True:
+            job = held if held is not None else self.queue.get()
+            held = None
+            if job is _STOP:
+                return
+            if not job.future.set_running_or_notify_cancel():
+                continue  # the client went away before we started: nothing stored, nothing owed
+            if isinstance(job, CallJob):
+                self._guarded(self._run_call, job)
+                continue
+            group = [job]
+            rows = len(job.ids)
+            while rows < self.settings.max_group_rows and len(group) < self.settings.max_group_jobs:
+                try:
+                    nxt = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if not isinstance(nxt, UploadJob):
+                    held = nxt  # keep the order: finish this group first
+                    break
+                if nxt.future.set_running_or_notify_cancel():
+                    group.append(nxt)
+                    rows += len(nxt.ids)
+            self._guarded(self._run_uploads, group)
+
+    def _guarded(self, fn: Callable, arg: Any) -> None:
+        """Never let the writer thread die: an unexpected error fails the affected requests, and
+        the running totals of the studies involved are rebuilt from the database on next use
+        (the transaction may have committed before the error)."""
+        try:
+            fn(arg)
+        except Exception as exc:  # pragma: no cover - defensive
+            log.exception("writer: unexpected error")
+            db.rollback_quietly(self.conn)
+            jobs = arg if isinstance(arg, list) else [arg]
+            for job in jobs:
+                if isinstance(job, UploadJob):
+                    with job.record.load_lock:
+                        job.record.state = None
+                if not job.future.done():
+                    job.future.set_exception(db.unavailable(exc))
+            try:
+                self.next_rowid = int(self.conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
+            except sqlite3.Error:
+                pass
+
+    def _run_call(self, job: CallJob) -> None:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            result, apply = job.fn(self.conn)
+            self.conn.execute("COMMIT")
+        except ProblemError as exc:
+            db.rollback_quietly(self.conn)
+            job.future.set_exception(exc)
+            return
+        except sqlite3.Error as exc:
+            db.rollback_quietly(self.conn)
+            log.warning("writer: transaction failed: %s", exc)
+            job.future.set_exception(db.unavailable(exc))
+            return
+        if apply is not None:
+            apply()
+        job.future.set_result(result)
+
+    # --- uploads -----------------------------------------------------------------------------
+    def _run_uploads(self, group: list[UploadJob]) -> None:
+        plans: list[_Plan] = []
+        pending: dict[int, list[_Plan]] = {}  # per study: accepted requests of this group
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            for job in group:
+                plan = self._plan(job, pending)
+                if plan is not None:
+                    plans.append(plan)
+                    pending.setdefault(job.record.seq, []).append(plan)
+            inserted = self._insert(pending)
+            self.conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            db.rollback_quietly(self.conn)
+            log.warning("writer: group of %d requests failed: %s", len(group), exc)
+            for job in group:
+                if not job.future.done():
+                    job.future.set_exception(db.unavailable(exc))
+            return
+        for record, base, ids, joined, shares, rows, signs in inserted:
+            self.next_rowid = max(self.next_rowid, base + len(ids))
+            state = record.state
+            assert state is not None
+            with state.lock:
+                state.add(record.study, ids, range(base, base + len(ids)), shares, rows, signs, joined)
+                record.report_count = len(state.ids)
+        for plan in plans:
+            plan.job.future.set_result(UploadResult(
+                accepted=plan.n_new, duplicates=plan.duplicates, report_count=plan.report_count
+            ))
+
+    def _plan(self, job: UploadJob, pending: dict[int, list[_Plan]]) -> _Plan | None:
+        """Validate one request against what is stored and what this group stores before it.
+        Refusals resolve the job's future and return None; nothing of it is written."""
+        record = job.record
+        if record.commit is not None:
+            job.future.set_exception(ProblemError(
+                "study-closed", f"study {record.study_id} is committed; it takes no more reports"))
+            return None
+        state = self.ensure_state(record)
+        assert state is not None
+        earlier = pending.get(record.seq, [])
+        ids = job.ids
+        as_set = set(ids)
+        if (len(as_set) == len(ids) and state.ids.keys().isdisjoint(as_set)
+                and all(p.new_ids.isdisjoint(as_set) for p in earlier)):
+            new, duplicates, new_ids = None, 0, as_set
+        else:
+            outcome = self._classify(job, state, earlier)
+            if isinstance(outcome, ProblemError):
+                job.future.set_exception(outcome)
+                return None
+            new, duplicates = outcome
+            new_ids = {ids[i] for i in new.tolist()}
+        n_new = len(ids) if new is None else len(new)
+        held = earlier[-1].report_count if earlier else len(state.ids)
+        if held + n_new > record.study.max_reports:
+            job.future.set_exception(ProblemError(
+                "capacity-exceeded",
+                f"study {record.study_id} holds {held} reports; {n_new} more would exceed "
+                f"max_reports = {record.study.max_reports}"))
+            return None
+        return _Plan(job, new, duplicates, held + n_new, new_ids)
+
+    def _classify(self, job: UploadJob, state: StudyState, earlier: list[_Plan]):
+        """Slow path when some ids are already known: (new indices, duplicates) or a conflict."""
+        ids = job.ids
+        mine = job.shares
+        stored_rowids: dict[int, int] = {}  # row in job -> rowid of the stored copy
+        first: dict[bytes, int] = {}
+        new: list[int] = []
+        duplicates = 0
+        conflicts: list[int] = []
+
+        def same(i: int, stored: np.ndarray) -> None:
+            nonlocal duplicates
+            if stored.tobytes() == mine[i].tobytes():
+                duplicates += 1
+            else:
+                conflicts.append(i)
+
+        for i, rid in enumerate(ids):
+            rowid = state.ids.get(rid)
+            if rowid is not None:
+                stored_rowids[i] = rowid
+                continue
+            plan = next((p for p in earlier if rid in p.new_ids), None)
+            if plan is not None:
+                same(i, plan.job.shares[plan.row_of(rid)])
+            elif rid in first:
+                same(i, mine[first[rid]])
+            else:
+                first[rid] = i
+                new.append(i)
+        if stored_rowids:
+            stored: dict[int, bytes] = {}
+            wanted = sorted(set(stored_rowids.values()))
+            for start in range(0, len(wanted), 50_000):
+                part = wanted[start:start + 50_000]
+                for rowid, _rid, share in self.conn.execute(db.SELECT_SHARES_BY_ROWID, (json.dumps(part),)):
+                    stored[rowid] = bytes(share)
+            for i, rowid in stored_rowids.items():
+                if stored.get(rowid) == mine[i].tobytes():
+                    duplicates += 1
+                else:
+                    conflicts.append(i)
+        if conflicts:
+            first_conflict = ids[min(conflicts)].hex()
+            return ProblemError(
+                "report-conflict",
+                f"{len(conflicts)} report id(s) are held with different bytes (first: {first_conflict}); "
+                f"nothing of this request was stored")
+        return np.asarray(new, dtype=np.int64), duplicates
+
+    @staticmethod
+    def _hash_missing(record: StudyRecord, group: list[_Plan]) -> None:
+        """Hash the ids of requests that came without (single uploads) in one call: per-call
+        overhead, not the hash, dominates for one id, and the event loop stays free."""
+        missing = [p.job for p in group if p.job.rows is None]
+        if not missing:
+            return
+        study = record.study
+        rows, signs = sketch.hash_report_ids(study.seed_bytes, [rid for job in missing for rid in job.ids],
+                                             study.k, study.s)
+        start = 0
+        for job in missing:
+            end = start + len(job.ids)
+            job.rows, job.signs = rows[start:end], signs[start:end]
+            start = end
+
+    def _insert(self, pending: dict[int, list[_Plan]]) -> list[tuple]:
+        """Write the new rows of every accepted request, one INSERT per study."""
+        out: list[tuple] = []
+        base = self.next_rowid
+        for seq, group in pending.items():
+            group = [p for p in group if p.n_new]
+            if not group:
+                continue
+            record = group[0].job.record
+            self._hash_missing(record, group)
+
+            def cat(parts: list):
+                return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+            ids = [rid for p in group for rid in p.take_ids()] if len(group) > 1 else group[0].take_ids()
+            shares = np.ascontiguousarray(cat([p.take(p.job.shares) for p in group]), dtype="<u8")
+            rows = cat([p.take(p.job.rows) for p in group])
+            signs = cat([p.take(p.job.signs) for p in group])
+            joined = b"".join(ids)
+            self.conn.execute(db.INSERT_REPORTS, {
+                "m": len(ids), "base": base, "study": seq, "ids": joined,
+                "shares": memoryview(shares).cast("B"), "width": 8 * record.study.d,
+            })
+            held = len(record.state.ids) + len(ids)
+            self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, seq))
+            out.append((record, base, ids, joined, shares, rows, signs))
+            base += len(ids)
+        return out

@@ -1,0 +1,159 @@
+"""The share server as a real process: real uvicorn, real SQLite file, real crashes.
+
+The durability promise is checked the hard way: reports are uploaded while the process is
+SIGKILLed; after a restart on the same file every acknowledged report is held exactly once, and
+a commit releases exactly the sketch of the included shares (computed independently here).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import threading
+
+import httpx
+import numpy as np
+
+from dpsketch.protocol import sketch
+from dpsketch.protocol.messages import (
+    REPORT_IDS_MEDIA_TYPE,
+    SHARES_MEDIA_TYPE,
+    decode_aggregate,
+    decode_report_ids,
+    encode_batch,
+)
+from dpsketch.protocol.study import Study, design
+
+D = 4
+
+
+def make_study() -> Study:
+    return design(name="process", columns=[f"x{i}" for i in range(D)], label=None, servers=["s1", "s2"],
+                  expected_reports=300, k=8, s=2, min_reports=150)[0]
+
+
+def expected_aggregate(study: Study, ids: list[bytes], shares: np.ndarray) -> np.ndarray:
+    dense = sketch.dense_matrix(study.seed_bytes, ids, study.k, study.s)
+    signs = np.rint(dense * np.sqrt(study.s)).astype(int).astype(object)
+    return (signs.dot(shares.astype(object)) % (1 << 64)).astype(np.uint64)
+
+
+def provision(url: str, token: str, study: Study) -> None:
+    r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
+                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    assert r.status_code in (200, 201), r.text
+
+
+def held(url: str, token: str, study: Study) -> list[bytes]:
+    r = httpx.get(f"{url}/v1/studies/{study.study_id}/report-ids", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200
+    return decode_report_ids(r.content)
+
+
+def test_acknowledged_reports_survive_sigkill(servers):
+    spec = servers.spec("s1")
+    proc = servers.start(spec)
+    study = make_study()
+    provision(proc.url, spec.operator_token, study)
+    n = 400
+    ids = [os.urandom(16) for _ in range(n)]
+    shares = np.frombuffer(os.urandom(8 * n * D), dtype="<u8").reshape(n, D).copy()
+    acked: set[int] = set()
+    lock = threading.Lock()
+    killed = threading.Event()
+
+    def single(worker: int) -> None:  # single uploads, each acknowledged on its own
+        with httpx.Client(base_url=proc.url, timeout=5) as client:
+            for i in range(worker, 200, 4):
+                body = {"report_id": ids[i].hex(), "share": base64.b64encode(shares[i].tobytes()).decode()}
+                try:
+                    r = client.post(f"/v1/studies/{study.study_id}/reports", json=body)
+                except httpx.TransportError:
+                    return
+                if r.status_code == 200:
+                    with lock:
+                        acked.add(i)
+
+    def batches() -> None:
+        with httpx.Client(base_url=proc.url, timeout=5) as client:
+            for start in range(200, n, 20):
+                part = range(start, start + 20)
+                try:
+                    r = client.post(f"/v1/studies/{study.study_id}/batches",
+                                    content=encode_batch([ids[i] for i in part], shares[start:start + 20]),
+                                    headers={"Content-Type": SHARES_MEDIA_TYPE})
+                except httpx.TransportError:
+                    return
+                if r.status_code == 200:
+                    with lock:
+                        acked.update(part)
+
+    threads = [threading.Thread(target=single, args=(w,)) for w in range(4)] + [threading.Thread(target=batches)]
+    for t in threads:
+        t.start()
+    while len(acked) < 150 and any(t.is_alive() for t in threads):
+        threading.Event().wait(0.005)
+    proc.kill()  # SIGKILL with uploads in flight
+    killed.set()
+    for t in threads:
+        t.join()
+    assert proc.proc.returncode == -9
+    assert len(acked) >= 150
+
+    proc = servers.start(spec)  # same id, same file, same port
+    stored = held(proc.url, spec.analyst_token, study)
+    assert len(stored) == len(set(stored))
+    index = {rid: i for i, rid in enumerate(ids)}
+    assert {ids[i] for i in acked} <= set(stored)
+    assert set(stored) <= set(ids)
+    info = httpx.get(f"{proc.url}/v1/studies/{study.study_id}").json()
+    assert info["report_count"] == len(stored)
+
+    # clients retry everything: nothing is counted twice
+    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, shares),
+                   headers={"Content-Type": SHARES_MEDIA_TYPE})
+    assert r.json() == {"accepted": n - len(stored), "duplicates": len(stored), "report_count": n}
+
+    included = sorted(ids[:350])
+    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/commit", content=b"".join(included),
+                   headers={"Authorization": f"Bearer {spec.analyst_token}", "Content-Type": REPORT_IDS_MEDIA_TYPE})
+    assert r.status_code == 200, r.text
+    r = httpx.get(f"{proc.url}/v1/studies/{study.study_id}/aggregate",
+                  headers={"Authorization": f"Bearer {spec.analyst_token}"})
+    got = decode_aggregate(r.content, study.k, study.d)
+    rows = [index[rid] for rid in included]
+    assert np.array_equal(got, expected_aggregate(study, included, shares[rows]))
+
+
+def test_sigterm_stops_cleanly_and_keeps_everything(servers):
+    spec = servers.spec("s1")
+    proc = servers.start(spec)
+    study = make_study()
+    provision(proc.url, spec.operator_token, study)
+    ids = [os.urandom(16) for _ in range(50)]
+    shares = np.frombuffer(os.urandom(8 * 50 * D), dtype="<u8").reshape(50, D)
+    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, shares),
+                   headers={"Content-Type": SHARES_MEDIA_TYPE})
+    assert r.status_code == 200
+    proc.stop()
+    # uvicorn finishes the shutdown, then re-raises SIGTERM so the exit status says why it ended
+    assert proc.proc.returncode in (0, -15)
+    assert "Application shutdown complete" in proc.log_tail(50)
+    proc = servers.start(spec)
+    assert sorted(held(proc.url, spec.analyst_token, study)) == sorted(ids)
+
+
+def test_refuses_to_start_without_tokens(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPSKETCH_")}
+    argv = [sys.executable, "-m", "dpsketch.cli", "server", "--server-id", "s1", "--db", str(tmp_path / "x.db")]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "DPSKETCH_OPERATOR_TOKEN" in out.stderr and "DPSKETCH_ANALYST_TOKEN" in out.stderr
+    same = env | {"DPSKETCH_OPERATOR_TOKEN": "same-token-123456", "DPSKETCH_ANALYST_TOKEN": "same-token-123456"}
+    out = subprocess.run(argv, env=same, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "differ" in out.stderr
+    assert not (tmp_path / "x.db").exists()
+    helptext = subprocess.run(argv[:4] + ["--help"], capture_output=True, text=True, timeout=60)
+    assert helptext.returncode == 0 and "--operator-token-file" in helptext.stdout
