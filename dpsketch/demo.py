@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, default=1e-6, help="default: %(default)s")
     p.add_argument("--seed", type=int, default=0, help="synthetic data seed (default: %(default)s); "
                    "the privacy noise always comes from the OS CSPRNG")
+    p.add_argument("--clip-quantile", type=float, default=0.99,
+                   help="the row bound B sits at this quantile of the row norms; rows above it are "
+                   "clipped, as a data owner choosing B would (default: %(default)s; 1 scales "
+                   "every row inside B without clipping)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory with logs and databases")
     return p
@@ -159,8 +163,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _log(quiet, f"working directory (kept): {workdir}")
             _log(quiet, f"starting {args.servers} share servers and the analyzer ...")
             cluster = start_local_cluster(int(args.servers), workdir, stack)
-        ridge_data = synthetic.regression_data(args.clients, args.d, seed=args.seed)
-        pca_data = synthetic.lowrank_data(args.clients, args.d, rank=args.rank, seed=args.seed + 1)
+        clip = None if args.clip_quantile >= 1 else args.clip_quantile
+        ridge_data = synthetic.regression_data(args.clients, args.d, seed=args.seed, clip_quantile=clip)
+        pca_data = synthetic.lowrank_data(args.clients, args.d, rank=args.rank, seed=args.seed + 1,
+                                          clip_quantile=clip)
         ridge = run_study(cluster, "ridge", ridge_data, args, quiet)
         pca = run_study(cluster, "pca", pca_data, args, quiet)
     return {

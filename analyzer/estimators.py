@@ -1,0 +1,226 @@
+"""Ridge regression, least squares and PCA on any released second moments.
+
+scikit-learn conventions: hyperparameters go to ``__init__``, ``fit(release)`` returns ``self``,
+learned attributes end in ``_``. ``fit`` accepts anything with the
+:class:`analyzer.release.SecondMoments` interface (the LTM :class:`~analyzer.release.SketchRelease`,
+a central noisy Gram, the local model's noisy rows, the exact Gram), so the same code serves every
+mechanism. Everything here is post-processing of the release plus its public parameters, so the
+results are as private as the release.
+
+Models are *uncentered* (no intercept): they work on A^T A, the sum of x x^T over the clipped
+rows. For an intercept, put a constant column in the schema.
+
+Debiasing and robustness
+------------------------
+``debias=True`` (the default) subtracts the known expected noise energy (sigma^2 n I for the
+LTM) from the Gram, which removes the shrinkage the noise would otherwise cause. The debiased
+matrix is unbiased but can be indefinite when the noise is large compared with the data. The
+solvers work in the eigenbasis of the (feature) Gram and floor its eigenvalues at the release's
+public ``gram_noise_scale`` tau (the typical spectral norm of the noise left after debiasing):
+an eigenvalue below tau is not resolved by the release, so it is treated as tau instead of being
+inverted (a tiny or negative eigenvalue would blow the solution up or flip its sign). For
+noise-free releases (tau = 0) the solve is a pseudo-inverse: directions with eigenvalue below
+1e-12 of the largest are dropped, i.e. the minimum-norm least-squares solution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .release import SecondMoments, column_indices, noise_scale_of
+
+#: Relative eigenvalue cut-off for the pseudo-inverse of a noise-free Gram.
+PINV_RCOND = 1e-12
+
+
+def _as_matrix(x, names: Sequence[str]) -> np.ndarray:
+    """A 2-D float array from an array or a DataFrame (columns picked by name)."""
+    if hasattr(x, "columns") and hasattr(x, "to_numpy"):
+        return np.asarray(x[list(names)].to_numpy(), dtype=np.float64)
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.shape[1] != len(names):
+        raise ValueError(f"expected {len(names)} columns ({list(names)}), got {arr.shape[1]}")
+    return arr
+
+
+def robust_solve(gram: np.ndarray, rhs: np.ndarray, floor: float) -> tuple[np.ndarray, int]:
+    """Solve ``gram @ x = rhs`` for a symmetric, possibly indefinite ``gram``.
+
+    With ``floor > 0`` the eigenvalues of ``gram`` are replaced by max(eigenvalue, floor); with
+    ``floor == 0`` the pseudo-inverse is used. Returns the solution and how many eigenvalues were
+    floored (or dropped).
+    """
+    g = 0.5 * (gram + gram.T)
+    w, v = np.linalg.eigh(g)
+    if floor > 0:
+        changed = int(np.sum(w < floor))
+        inv = 1.0 / np.maximum(w, floor)
+    else:
+        cutoff = PINV_RCOND * max(float(np.max(np.abs(w))), np.finfo(float).tiny)
+        keep = w > cutoff
+        changed = int(np.sum(~keep))
+        inv = np.where(keep, 1.0 / np.where(keep, w, 1.0), 0.0)
+    return v @ (inv * (v.T @ rhs)), changed
+
+
+def default_ridge_alpha(feature_gram: np.ndarray, noise_scale: float) -> float:
+    """The default ridge penalty: max(0, tau - lambda_min(debiased feature Gram)).
+
+    This is the AdaSSP rule of Wang (2018, "Revisiting differentially private linear
+    regression"): add just enough ridge that the noisy Gram is at least as well-conditioned as
+    the noise is large, and nothing when the data already dominate the noise (so the estimate
+    converges to least squares as n grows). It uses only the release and its public noise scale
+    tau (lambda_min is post-processing of the release), so it costs no privacy and is
+    deterministic given the release. For noise-free releases tau = 0 and alpha = 0.
+    """
+    if noise_scale <= 0:
+        return 0.0
+    lam_min = float(np.linalg.eigvalsh(0.5 * (feature_gram + feature_gram.T))[0])
+    return max(0.0, noise_scale - lam_min)
+
+
+class RidgeRegression:
+    """Ridge regression of ``label`` on the other columns (or on ``features``).
+
+    Minimises ||X theta - y||^2 + alpha ||theta||^2 with the Gram blocks of the release in place
+    of X^T X and X^T y, i.e. theta = (G_xx + alpha I)^+ G_xy with the eigenvalue floor of the
+    module docstring.
+
+    Parameters
+    ----------
+    label: the label column's name.
+    alpha: the ridge penalty (in units of the Gram, i.e. of sums over reports). ``None`` uses
+        :func:`default_ridge_alpha` (AdaSSP: just enough to dominate the release's noise).
+    debias: subtract the known noise energy before solving (recommended).
+    features: feature column names; default every column except the label.
+
+    Attributes
+    ----------
+    coef_: (p,) coefficients over ``feature_names_``.
+    feature_names_: list of the p feature names.
+    alpha_: the penalty actually used.
+    n_floored_: how many eigenvalues of G_xx + alpha I were floored at the noise scale.
+    noise_scale_: the release's gram_noise_scale tau (0 for noise-free releases).
+    """
+
+    def __init__(
+        self,
+        label: str,
+        alpha: float | None = None,
+        debias: bool = True,
+        features: Sequence[str] | None = None,
+    ):
+        self.label = label
+        self.alpha = alpha
+        self.debias = debias
+        self.features = features
+
+    def fit(self, release: SecondMoments) -> "RidgeRegression":
+        if self.alpha is not None and not self.alpha >= 0:
+            raise ValueError("alpha must be non-negative")
+        cols = list(release.columns)
+        if self.label not in cols:
+            raise KeyError(f"label {self.label!r} is not in the release (columns: {cols})")
+        features = list(self.features) if self.features is not None else [c for c in cols if c != self.label]
+        if self.label in features:
+            raise ValueError("the label cannot also be a feature")
+        if not features:
+            raise ValueError("need at least one feature column")
+        fi = column_indices(release, features)
+        (li,) = column_indices(release, [self.label])
+        g = np.asarray(release.gram(self.debias), dtype=np.float64)
+        gxx = g[np.ix_(fi, fi)]
+        gxy = g[fi, li]
+        tau = noise_scale_of(release)
+        alpha = default_ridge_alpha(gxx, tau) if self.alpha is None else float(self.alpha)
+        coef, floored = robust_solve(gxx + alpha * np.eye(len(fi)), gxy, tau)
+        self.coef_ = coef
+        self.feature_names_ = features
+        self.alpha_ = alpha
+        self.n_floored_ = floored
+        self.noise_scale_ = tau
+        self.n_reports_ = int(release.n_reports)
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        """Predictions X @ coef_ for rows of the features (an array or a DataFrame)."""
+        return _as_matrix(X, self.feature_names_) @ self.coef_
+
+
+class LeastSquares(RidgeRegression):
+    """Ordinary least squares (ridge with alpha = 0), solved robustly: eigenvalues of the
+    debiased feature Gram below the release's noise scale are floored there (noisy releases),
+    or dropped (pseudo-inverse, exact releases)."""
+
+    def __init__(self, label: str, debias: bool = True, features: Sequence[str] | None = None):
+        super().__init__(label=label, alpha=0.0, debias=debias, features=features)
+
+
+class PCA:
+    """Uncentered PCA / rank-r approximation: the top right singular vectors of the release.
+
+    For the LTM these are the top right singular vectors of Y = S(A + G), i.e. the top
+    eigenvectors of Y^T Y. Debiasing subtracts a multiple of the identity, so it does not change
+    the components, only ``explained_variance_`` and ``singular_values_`` (which then estimate
+    those of A rather than of Y).
+
+    Parameters
+    ----------
+    n_components: r, the number of components.
+    debias: subtract the known noise energy from the eigenvalues.
+    columns: the columns to analyse (default all).
+
+    Attributes
+    ----------
+    components_: (r, p) orthonormal rows, sorted by decreasing eigenvalue; each row's sign is
+        fixed so that its largest-magnitude entry is positive (deterministic).
+    explained_variance_: (r,) eigenvalues / n: the mean squared projection of a row (uncentered).
+    explained_variance_ratio_: (r,) eigenvalues / trace (of the possibly debiased Gram).
+    singular_values_: (r,) sqrt(max(eigenvalue, 0)).
+    feature_names_: the p analysed columns.
+    """
+
+    def __init__(self, n_components: int, debias: bool = True, columns: Sequence[str] | None = None):
+        self.n_components = n_components
+        self.debias = debias
+        self.columns = columns
+
+    def fit(self, release: SecondMoments) -> "PCA":
+        names = list(self.columns) if self.columns is not None else list(release.columns)
+        idx = column_indices(release, names)
+        r = int(self.n_components)
+        if not 1 <= r <= len(names):
+            raise ValueError(f"n_components must be between 1 and {len(names)}")
+        g = np.asarray(release.gram(self.debias), dtype=np.float64)[np.ix_(idx, idx)]
+        w, v = np.linalg.eigh(0.5 * (g + g.T))
+        order = np.argsort(w)[::-1][:r]
+        w, comps = w[order], v[:, order].T
+        pivot = np.argmax(np.abs(comps), axis=1)
+        signs = np.sign(comps[np.arange(r), pivot])
+        signs[signs == 0] = 1.0
+        comps = comps * signs[:, None]
+        trace = float(np.trace(g))
+        self.components_ = comps
+        self.eigenvalues_ = w
+        self.explained_variance_ = w / float(release.n_reports)
+        self.explained_variance_ratio_ = w / trace if trace > 0 else np.full(r, np.nan)
+        self.singular_values_ = np.sqrt(np.maximum(w, 0.0))
+        self.feature_names_ = names
+        self.n_reports_ = int(release.n_reports)
+        return self
+
+    def transform(self, X) -> np.ndarray:
+        """Coordinates of rows in the component basis: X @ components_.T (no centering)."""
+        return _as_matrix(X, self.feature_names_) @ self.components_.T
+
+    def inverse_transform(self, Z) -> np.ndarray:
+        """Back from component coordinates to the analysed columns: Z @ components_."""
+        return np.atleast_2d(np.asarray(Z, dtype=np.float64)) @ self.components_
+
+    def projector(self) -> np.ndarray:
+        """V^T V, the (p, p) orthogonal projector onto the component span."""
+        return self.components_.T @ self.components_

@@ -1,0 +1,345 @@
+"""Utility figures of paper 000, section 5: error ratios to the non-private optimum.
+
+* Ridge regression: F(theta_hat) / F(theta*) with F(theta) = ||X theta - y||^2 + alpha ||theta||^2
+  on the true clipped data, theta* = argmin F, the same alpha for every mechanism (and in F).
+* Low-rank approximation: ||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 with V the mechanism's
+  top-r right singular vectors and V* the exact ones.
+
+1.0 is the non-private optimum. :func:`compare` puts the LTM release next to the local and central
+baselines on the same data at the same (epsilon, delta).
+
+Reproduce the benchmark tables (about a minute each)::
+
+    .venv/bin/python -m analyzer.evaluation --seeds 5                 # design() defaults
+    .venv/bin/python -m analyzer.evaluation --seeds 5 --k auto        # proposed_k
+    .venv/bin/python -m analyzer.evaluation --seeds 5 --clip-quantile 0.99
+
+Everything is seeded (data, sketch seed, report ids, noise), so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from dpsketch.protocol import privacy
+from dpsketch.protocol.study import Study, design
+
+from . import baselines, synthetic
+from .estimators import PCA, RidgeRegression
+from .release import SecondMoments
+
+#: Default ridge penalty of the evaluation objective, per report and per B^2: alpha = 1e-3 n B^2.
+#: Proportional to n, so it is the same per-sample regulariser lambda = 1e-3 B^2 at every n
+#: (the objective does not change meaning as n grows); small against the feature Gram, whose
+#: eigenvalues are ~ n B^2 / (5 d) for the benchmark data, so F stays essentially least squares.
+DEFAULT_ALPHA_PER_REPORT = 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# ridge
+
+
+def ridge_objective(X: np.ndarray, y: np.ndarray, theta: np.ndarray, alpha: float) -> float:
+    r = X @ theta - y
+    return float(r @ r + alpha * (theta @ theta))
+
+
+def ridge_optimum(X: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
+    """argmin F exactly (least squares through lstsq on the stacked system)."""
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if alpha > 0:
+        p = X.shape[1]
+        X = np.vstack([X, np.sqrt(alpha) * np.eye(p)])
+        y = np.concatenate([y, np.zeros(p)])
+    return np.linalg.lstsq(X, y, rcond=None)[0]
+
+
+def ridge_ratio(X: np.ndarray, y: np.ndarray, theta_hat: np.ndarray, alpha: float) -> float:
+    """F(theta_hat) / F(theta*) on the given data."""
+    best = ridge_objective(X, y, ridge_optimum(X, y, alpha), alpha)
+    return ridge_objective(X, y, theta_hat, alpha) / best
+
+
+# ---------------------------------------------------------------------------------------------
+# low rank
+
+
+def pca_error(A: np.ndarray, components: np.ndarray) -> float:
+    """||A - A V V^T||_F^2 for V with orthonormal columns, given as ``components`` (r x d rows)."""
+    v = np.atleast_2d(np.asarray(components, dtype=np.float64))
+    resid = A - (A @ v.T) @ v
+    return float(np.sum(resid * resid))
+
+
+def pca_optimum(A: np.ndarray, rank: int) -> np.ndarray:
+    """The exact top-``rank`` right singular vectors of A (rows)."""
+    _, _, vt = np.linalg.svd(np.asarray(A, dtype=np.float64), full_matrices=False)
+    return vt[:rank]
+
+
+def pca_ratio(A: np.ndarray, components: np.ndarray) -> float:
+    """||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 with V* of the same rank."""
+    r = np.atleast_2d(components).shape[0]
+    return pca_error(A, components) / pca_error(A, pca_optimum(A, r))
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison
+
+
+def default_alpha(n_reports: int, row_bound: float) -> float:
+    """The evaluation's ridge penalty: DEFAULT_ALPHA_PER_REPORT * n * B^2 (public)."""
+    return DEFAULT_ALPHA_PER_REPORT * n_reports * row_bound**2
+
+
+def _fit_ratios(
+    releases: dict[str, SecondMoments],
+    rows: np.ndarray,
+    columns: list[str],
+    *,
+    label: str | None,
+    rank: int | None,
+    alpha: float,
+    debias: bool,
+) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    if label is not None:
+        li = columns.index(label)
+        X, y = np.delete(rows, li, axis=1), rows[:, li]
+        best = ridge_objective(X, y, ridge_optimum(X, y, alpha), alpha)
+        out["ridge"] = {}
+        for name, rel in releases.items():
+            model = RidgeRegression(label, alpha=alpha, debias=debias).fit(rel)
+            out["ridge"][name] = ridge_objective(X, y, model.coef_, alpha) / best
+    if rank is not None:
+        best = pca_error(rows, pca_optimum(rows, rank))
+        out["pca"] = {}
+        for name, rel in releases.items():
+            model = PCA(rank, debias=debias).fit(rel)
+            out["pca"][name] = pca_error(rows, model.components_) / best
+    return out
+
+
+def compare(
+    data,
+    study: Study,
+    ltm_release: SecondMoments,
+    *,
+    label: str | None = None,
+    rank: int | None = None,
+    alpha: float | None = None,
+    rng: np.random.Generator | None = None,
+    debias: bool = True,
+    tasks: Sequence[str] = ("ridge", "pca"),
+) -> dict[str, dict[str, float]]:
+    """Error ratios of ridge and PCA for the LTM release and the local and central baselines.
+
+    ``data`` is the clients' data: a :class:`synthetic.Dataset` or an n x d array in the study's
+    column order (rows are clipped to the study's B, as the clients did). ``ltm_release`` is the
+    release over exactly these rows (from real servers or :func:`baselines.simulate_ltm`). The
+    local and central releases are simulated here, at the study's (epsilon, delta), B and
+    neighbouring notion, with ``rng`` (numpy; default seeded 0 -- a simulation).
+
+    ``label`` defaults to the study's (or the data set's) label; ridge is skipped without one.
+    ``rank`` defaults to the data set's rank, else 3 (at most d - 1). ``alpha`` is the ridge
+    penalty used by every mechanism and in F; default :func:`default_alpha`.
+
+    Returns ``{"ridge": {"ltm": r, "local": r, "central": r}, "pca": {...}}``, ratios >= 1 (up to
+    rounding), 1.0 being the non-private optimum.
+    """
+    rows = getattr(data, "rows", data)
+    rows = baselines.clip_rows(np.atleast_2d(np.asarray(rows, dtype=np.float64)), study.row_bound)
+    columns = list(study.columns)
+    if rows.shape[1] != len(columns):
+        raise ValueError(f"data has {rows.shape[1]} columns, the study {len(columns)}")
+    data_columns = getattr(data, "columns", None)
+    if data_columns is not None and list(data_columns) != columns:
+        raise ValueError("the data's columns differ from the study's")
+    if int(ltm_release.n_reports) != rows.shape[0]:
+        raise ValueError(
+            f"the release covers {ltm_release.n_reports} reports but the data has {rows.shape[0]} rows"
+        )
+    rng = rng if rng is not None else np.random.default_rng(0)
+    label = label or study.label or getattr(data, "label", None)
+    if "ridge" not in tasks:
+        label = None
+    if "pca" in tasks:
+        rank = rank or getattr(data, "rank", None) or min(synthetic.DEFAULT_RANK, len(columns) - 1)
+    else:
+        rank = None
+    alpha = default_alpha(rows.shape[0], study.row_bound) if alpha is None else float(alpha)
+    releases: dict[str, SecondMoments] = {
+        "ltm": ltm_release,
+        "local": baselines.simulate_local(study, rows, rng),
+        "central": baselines.simulate_central(study, rows, rng),
+    }
+    return _fit_ratios(releases, rows, columns, label=label, rank=rank, alpha=alpha, debias=debias)
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def proposed_k(
+    expected_reports: int,
+    d: int,
+    *,
+    epsilon: float = 1.0,
+    delta: float = 1e-6,
+    row_bound: float = 1.0,
+    neighbouring: privacy.Neighbouring = "replace-one",
+    s: int = 4,
+) -> int:
+    """The k ``design`` picks by default (``study.default_k``), for these parameters."""
+    from dpsketch.protocol.study import default_k
+
+    sigma_local = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
+    return default_k(expected_reports, d, sigma_local, row_bound, s)
+
+
+def benchmark_study(
+    columns: list[str], label: str | None, n: int, seed: int, **design_kwargs
+) -> Study:
+    """The study ``design`` picks for n expected reports (defaults: epsilon 1, delta 1e-6,
+    replace-one, B = 1), with a sketch seed derived from ``seed`` so runs are reproducible."""
+    sketch_seed = hashlib.sha256(f"dpsketch-benchmark/{seed}".encode()).hexdigest()
+    study, _ = design(
+        name="benchmark",
+        columns=columns,
+        label=label,
+        servers=["s1", "s2"],
+        expected_reports=n,
+        seed=sketch_seed,
+        **design_kwargs,
+    )
+    return study
+
+
+def run_benchmark(
+    ns: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    d: int = 10,
+    label_noise: float = synthetic.DEFAULT_LABEL_NOISE,
+    rank: int = synthetic.DEFAULT_RANK,
+    big: float = synthetic.DEFAULT_BIG,
+    small: float = synthetic.DEFAULT_SMALL,
+    alpha_per_report: float = DEFAULT_ALPHA_PER_REPORT,
+    clip_quantile: float | None = None,
+    auto_k: bool = False,
+    design_kwargs: dict | None = None,
+) -> dict[int, dict[str, dict[str, list[float]]]]:
+    """Ridge on :func:`synthetic.regression_data` and PCA on :func:`synthetic.lowrank_data`,
+    LTM simulated with :func:`baselines.simulate_ltm`; ratios per n, task, mechanism and seed.
+    ``auto_k`` uses :func:`proposed_k` instead of design()'s default k."""
+    design_kwargs = dict(design_kwargs or {})
+    results: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for n in ns:
+        per = {"ridge": {}, "pca": {}}
+        for seed in seeds:
+            rng = np.random.default_rng(np.random.SeedSequence([0xB, n, seed]))
+            reg = synthetic.regression_data(
+                n, d, label_noise=label_noise, seed=seed, clip_quantile=clip_quantile
+            )
+            if auto_k:
+                design_kwargs["k"] = proposed_k(n, len(reg.columns))
+            st = benchmark_study(reg.columns, reg.label, n, seed, **design_kwargs)
+            ltm = baselines.simulate_ltm(st, reg.rows, rng)
+            per.setdefault("k", {})["ridge"] = [st.k]
+            r = compare(
+                reg, st, ltm, rng=rng, alpha=alpha_per_report * n * st.row_bound**2, tasks=("ridge",)
+            )
+            low = synthetic.lowrank_data(
+                n, d, rank=rank, big=big, small=small, seed=seed, clip_quantile=clip_quantile
+            )
+            if auto_k:
+                design_kwargs["k"] = proposed_k(n, len(low.columns))
+            st = benchmark_study(low.columns, None, n, seed, **design_kwargs)
+            ltm = baselines.simulate_ltm(st, low.rows, rng)
+            per["k"]["pca"] = [st.k]
+            p = compare(low, st, ltm, rng=rng, tasks=("pca",))
+            for task, res in (("ridge", r["ridge"]), ("pca", p["pca"])):
+                for mech, val in res.items():
+                    per[task].setdefault(mech, []).append(val)
+        results[n] = per
+    return results
+
+
+def format_table(results: dict[int, dict[str, dict[str, list[float]]]]) -> str:
+    lines = [
+        "| n | k (ridge/pca) | ridge ltm | ridge local | ridge central | pca ltm | pca local | pca central |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, per in results.items():
+        cells = []
+        for task in ("ridge", "pca"):
+            for mech in ("ltm", "local", "central"):
+                vals = np.asarray(per[task][mech])
+                cells.append(f"{vals.mean():.4g} ± {vals.std():.2g}")
+        ks = per.get("k", {})
+        kcell = f"{ks.get('ridge', ['?'])[0]}/{ks.get('pca', ['?'])[0]}"
+        lines.append(f"| {n:.0e} | {kcell} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="LTM vs local vs central error ratios (paper 000, sec. 5)")
+    ap.add_argument("--n", type=float, nargs="+", default=[1e4, 1e5, 1e6])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--d", type=int, default=10)
+    ap.add_argument("--label-noise", type=float, default=synthetic.DEFAULT_LABEL_NOISE)
+    ap.add_argument("--rank", type=int, default=synthetic.DEFAULT_RANK)
+    ap.add_argument("--big", type=float, default=synthetic.DEFAULT_BIG)
+    ap.add_argument("--small", type=float, default=synthetic.DEFAULT_SMALL)
+    ap.add_argument("--alpha-per-report", type=float, default=DEFAULT_ALPHA_PER_REPORT)
+    ap.add_argument(
+        "--clip-quantile",
+        type=float,
+        default=None,
+        help="scale rows so this quantile of the norms is B and clip the rest (default: scale by the max)",
+    )
+    ap.add_argument(
+        "--k", default=None, help="override design()'s sketch rows: an integer, or 'auto' for proposed_k"
+    )
+    ap.add_argument("--s", type=int, default=None, help="override design()'s blocks")
+    args = ap.parse_args(argv)
+    kw = {}
+    if args.k is not None and args.k != "auto":
+        kw["k"] = int(args.k)
+    if args.s is not None:
+        kw["s"] = args.s
+    t0 = time.time()
+    res = run_benchmark(
+        [int(n) for n in args.n],
+        range(args.seeds),
+        d=args.d,
+        label_noise=args.label_noise,
+        rank=args.rank,
+        big=args.big,
+        small=args.small,
+        alpha_per_report=args.alpha_per_report,
+        clip_quantile=args.clip_quantile,
+        auto_k=args.k == "auto",
+        design_kwargs=kw,
+    )
+    print(
+        f"d = {args.d} (+ label for ridge), epsilon = 1, delta = 1e-6, replace-one, B = 1; "
+        f"label noise {args.label_noise}, rank {args.rank}, singular values {args.big}/{args.small}; "
+        f"alpha = {args.alpha_per_report} n; rows scaled by "
+        f"{'the max norm' if args.clip_quantile is None else f'the {args.clip_quantile} quantile, clipped'}; "
+        f"k = {'design() default' if args.k is None else args.k}; mean ± std over {args.seeds} seeds"
+    )
+    print(format_table(res))
+    print(f"({time.time() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,203 @@
+"""What the analyzer holds after a study is finalized, and the interface estimators consume.
+
+Every mechanism the analyzer knows -- the LTM sketch release, a central noisy Gram matrix (SSP /
+Analyze Gauss, or a later study kind that releases A^T A directly), the local model's noisy rows,
+the exact non-private Gram -- is exposed through one small interface, :class:`SecondMoments`:
+
+* ``columns``: the d column names, in order;
+* ``n_reports``: how many reports (rows) went into the release;
+* ``gram(debias)``: a d x d estimate of A^T A, where A is the n x d matrix of clipped rows. With
+  ``debias=True`` the known expected contribution of the privacy noise is subtracted, so the
+  estimate is unbiased whenever the mechanism's noise law allows it.
+
+Optionally, ``gram_noise_scale`` (a float, public) is the typical spectral norm of the noise left
+in the debiased Gram; estimators use it to regularise and to floor eigenvalues. It must be a
+function of public parameters only (sigma, n, d, k, ...), never of the private data.
+
+The estimators in :mod:`analyzer.estimators` only use this interface, so one code path serves
+every mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from dpsketch.protocol import ring, sketch
+from dpsketch.protocol.study import Study
+
+
+@runtime_checkable
+class SecondMoments(Protocol):
+    """Anything estimators can fit on: column names, a report count and a (noisy) Gram matrix."""
+
+    @property
+    def columns(self) -> list[str]: ...
+
+    @property
+    def n_reports(self) -> int: ...
+
+    def gram(self, debias: bool = True) -> np.ndarray: ...
+
+
+def noise_scale_of(moments: SecondMoments) -> float:
+    """The public ``gram_noise_scale`` of a release, 0 for releases that do not declare one."""
+    return float(getattr(moments, "gram_noise_scale", 0.0) or 0.0)
+
+
+def column_indices(moments: SecondMoments, names: Sequence[str]) -> list[int]:
+    """Positions of ``names`` in ``moments.columns``; a clear error for unknown names."""
+    cols = list(moments.columns)
+    out = []
+    for name in names:
+        if name not in cols:
+            raise KeyError(f"column {name!r} is not in the release (columns: {cols})")
+        out.append(cols.index(name))
+    return out
+
+
+class SecondMomentsBase:
+    """Shared helpers for concrete releases. Subclasses set ``columns``, ``n_reports`` and
+    implement :meth:`gram`; ``gram_noise_scale`` defaults to 0 (no noise)."""
+
+    columns: list[str]
+    n_reports: int
+    gram_noise_scale: float = 0.0
+
+    def gram(self, debias: bool = True) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def d(self) -> int:
+        return len(self.columns)
+
+    def second_moment(self, debias: bool = True) -> np.ndarray:
+        """The (uncentered) covariance estimate A^T A / n."""
+        return self.gram(debias) / float(self.n_reports)
+
+
+@dataclass(frozen=True, eq=False)
+class GramRelease(SecondMomentsBase):
+    """A released (possibly noisy) Gram matrix: the central mechanisms and the exact baseline.
+
+    ``gram_matrix`` is A^T A plus noise; ``bias`` is the known expected noise on the diagonal
+    (E[released] = A^T A + bias * I), removed by ``gram(debias=True)``; ``gram_noise_scale`` is the
+    typical spectral norm of the zero-mean noise that remains. ``info`` records how the release
+    was made (mechanism, noise standard deviation, sensitivity, ...), for reports only.
+    """
+
+    columns: list[str]
+    n_reports: int
+    gram_matrix: np.ndarray
+    bias: float = 0.0
+    gram_noise_scale: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        g = np.asarray(self.gram_matrix, dtype=np.float64)
+        d = len(self.columns)
+        if g.shape != (d, d):
+            raise ValueError(f"gram matrix must be {d} x {d}, got {g.shape}")
+        object.__setattr__(self, "gram_matrix", g)
+        object.__setattr__(self, "columns", list(self.columns))
+
+    def gram(self, debias: bool = True) -> np.ndarray:
+        g = self.gram_matrix.copy()
+        if debias and self.bias:
+            g[np.diag_indices_from(g)] -= self.bias
+        return g
+
+
+@dataclass(frozen=True, eq=False)
+class SketchRelease(SecondMomentsBase):
+    """The LTM release: Y = S(A + G), a k x d float matrix, for a study and a report count.
+
+    ``sketch`` is exactly S(A + G) (the decoded ring sum of the N aggregate shares times
+    1/sqrt(s)); G has i.i.d. N(0, sigma^2) entries with sigma = ``study.sigma``. Every column of S
+    has unit norm, so trace(S^T S) = n and
+
+        E[Y^T Y] = A^T S^T S A + sigma^2 n I_d      (exactly),
+
+    and ``gram(debias=True)`` returns Y^T Y - sigma^2 n I_d. ``n_reports`` is the size of the
+    inclusion set the servers committed to (it is public: the servers check it).
+    """
+
+    study: Study
+    sketch: np.ndarray
+    n_reports: int
+
+    def __post_init__(self) -> None:
+        y = np.asarray(self.sketch, dtype=np.float64)
+        if y.shape != (self.study.k, self.study.d):
+            raise ValueError(f"sketch must be {self.study.k} x {self.study.d}, got {y.shape}")
+        if not np.all(np.isfinite(y)):
+            raise ValueError("sketch contains non-finite values")
+        if int(self.n_reports) < 1:
+            raise ValueError("n_reports must be at least 1")
+        object.__setattr__(self, "sketch", y)
+        object.__setattr__(self, "n_reports", int(self.n_reports))
+
+    @classmethod
+    def from_ring_sum(cls, study: Study, ring_sum: np.ndarray, n_reports: int) -> "SketchRelease":
+        """Build the release from the reconstructed ring sum (k x d uint64) of the N shares."""
+        z = np.asarray(ring_sum)
+        if z.dtype != np.uint64:
+            raise TypeError(f"ring sum must be uint64, got {z.dtype}")
+        if z.shape != (study.k, study.d):
+            raise ValueError(f"ring sum must be {study.k} x {study.d}, got {z.shape}")
+        y = ring.decode(z, study.frac_bits) * sketch.scale(study.s)
+        return cls(study=study, sketch=y, n_reports=n_reports)
+
+    # the SecondMoments interface ---------------------------------------------------------------
+    @property
+    def columns(self) -> list[str]:  # type: ignore[override]
+        return list(self.study.columns)
+
+    @property
+    def sigma(self) -> float:
+        """Client noise standard deviation per coordinate (public, from the study)."""
+        return float(self.study.sigma)
+
+    @property
+    def noise_variance(self) -> float:
+        """sigma^2: the variance of each client's noise per coordinate."""
+        return self.sigma**2
+
+    @property
+    def gram_bias(self) -> float:
+        """sigma^2 n: the expected noise energy per column, E[(Y^T Y)_cc] - (A^T S^T S A)_cc."""
+        return self.noise_variance * self.n_reports
+
+    @property
+    def gram_noise_scale(self) -> float:  # type: ignore[override]
+        """Typical spectral norm of G^T S^T S G - sigma^2 n I (the noise-by-noise part).
+
+        S S^T is close to (n/k) I_k, so S G is close to a k x d matrix of N(0, sigma^2 n/k) entries
+        and its Gram deviates from sigma^2 n I by about sigma^2 (n/k)(2 sqrt(k d) + d) in spectral
+        norm (Bai-Yin). The noise-by-data cross terms are not included: they depend on A.
+        """
+        k, d = self.study.k, self.study.d
+        return self.gram_bias * (2.0 * math.sqrt(d / k) + d / k)
+
+    def gram(self, debias: bool = True) -> np.ndarray:
+        g = self.sketch.T @ self.sketch
+        if debias:
+            g[np.diag_indices_from(g)] -= self.gram_bias
+        return g
+
+    def noise_info(self) -> dict[str, float]:
+        """The public noise law of the release, for reports and dashboards."""
+        return {
+            "sigma": self.sigma,
+            "noise_variance": self.noise_variance,
+            "gram_bias": self.gram_bias,
+            "gram_noise_scale": self.gram_noise_scale,
+            "n_reports": float(self.n_reports),
+            "k": float(self.study.k),
+            "s": float(self.study.s),
+            "lambda_star": float(self.study.lambda_star),
+        }
