@@ -1,0 +1,350 @@
+"""The docker compose cluster on a real Docker engine: build, bring up, use from the host, survive
+a share server being killed mid-upload, run the demo service, tear down.
+
+Needs root (or a usable engine already) because it installs and starts what is missing:
+deploy/ensure-docker.sh (Debian's docker.io + the Compose v2 plugin, dockerd started in the
+background and stopped again at the end if this test started it) and deploy/base-image.sh (a local
+python:3.11-slim stand-in when no registry can be reached). Skipped, with the reason, when neither
+a running engine nor root with apt-get is available, or with DPSKETCH_SKIP_DOCKER=1.
+
+Everything runs under compose project ``dpsketch-test`` on free loopback ports, with fresh random
+tokens, and is removed with ``down -v`` afterwards. The image build is cached by the engine, so
+only the first run on a machine pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from analyzer.client import AnalyzerClient
+from client_sdk import Client
+from dpsketch.protocol import Study, messages, ring, sketch
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+PROJECT = "dpsketch-test"
+SERVERS = ["s1", "s2", "s3"]
+COLUMNS = ["x0", "x1", "x2", "x3", "y"]
+
+
+def _engine_up() -> bool:
+    return shutil.which("docker") is not None and subprocess.run(
+        ["docker", "info"], capture_output=True).returncode == 0
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900,
+         check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n"
+                             f"{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@dataclass
+class ComposeCluster:
+    env: dict[str, str]
+    analyzer_url: str
+    server_urls: list[str]
+    analyst_tokens: list[str]
+    docker: object  # docker.DockerClient
+    timings: dict[str, float]
+
+    def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+        return _run(["docker", "compose", "-p", PROJECT, *args], env=self.env, timeout=timeout,
+                    check=check)
+
+    def container(self, service: str):
+        found = self.docker.containers.list(all=True, filters={
+            "label": [f"com.docker.compose.project={PROJECT}",
+                      f"com.docker.compose.service={service}"]})
+        assert len(found) == 1, f"expected one {service} container, found {found}"
+        return found[0]
+
+    def wait_healthy(self, services: list[str], timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = {}
+            for s in services:
+                c = self.container(s)
+                c.reload()
+                states[s] = c.attrs["State"].get("Health", {}).get("Status", c.status)
+            if all(v == "healthy" for v in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not healthy after {timeout:.0f} s: {states}")
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def compose_cluster():
+    if os.environ.get("DPSKETCH_SKIP_DOCKER") == "1":
+        pytest.skip("DPSKETCH_SKIP_DOCKER=1")
+    was_up = _engine_up()
+    if not was_up:
+        if os.geteuid() != 0:
+            pytest.skip("no running Docker engine, and not root: cannot install or start one")
+        if shutil.which("dockerd") is None and shutil.which("apt-get") is None:
+            pytest.skip("no Docker engine and no apt-get to install Debian's docker.io")
+    docker = pytest.importorskip("docker", reason="the 'docker' Python package (test extra) is missing")
+
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    _run(["bash", str(DEPLOY / "ensure-docker.sh")], timeout=600)
+    started_engine = not was_up
+    timings["ensure_docker_s"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    _run(["bash", str(DEPLOY / "base-image.sh")], timeout=900)
+    timings["base_image_s"] = time.monotonic() - t0
+
+    ports = _free_ports(4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPSKETCH_", "COMPOSE_"))}
+    env.update(ANALYZER_PORT=str(ports[0]), DPSKETCH_BIND="127.0.0.1", COMPOSE_BAKE="false",
+               DEMO_CLIENTS="3000")
+    analyst_tokens = []
+    for i, port in enumerate(ports[1:], start=1):
+        env[f"S{i}_PORT"] = str(port)
+        env[f"S{i}_OPERATOR_TOKEN"] = secrets.token_hex(16)
+        env[f"S{i}_ANALYST_TOKEN"] = tok = secrets.token_hex(16)
+        analyst_tokens.append(tok)
+
+    client = docker.from_env(timeout=120)
+    cluster = ComposeCluster(env=env, analyzer_url=f"http://127.0.0.1:{ports[0]}",
+                             server_urls=[f"http://127.0.0.1:{p}" for p in ports[1:]],
+                             analyst_tokens=analyst_tokens, docker=client, timings=timings)
+    try:
+        cluster.compose("--profile", "demo", "down", "-v", "--remove-orphans", timeout=180)  # leftovers
+        t0 = time.monotonic()
+        cluster.compose("up", "-d", "--build", "--wait", "--wait-timeout", "240", timeout=1200)
+        timings["up_build_s"] = time.monotonic() - t0
+        cluster.wait_healthy(SERVERS + ["analyzer"])
+        yield cluster
+    finally:
+        try:
+            logs = cluster.compose("logs", "--no-color", "--tail", "30", timeout=60, check=False).stdout
+            print(f"--- compose logs (tail)\n{logs}")
+            cluster.compose("--profile", "demo", "down", "-v", "--remove-orphans", timeout=300,
+                            check=False)
+            left = client.volumes.list(filters={"label": f"com.docker.compose.project={PROJECT}"})
+            assert not left, f"volumes left behind: {left}"
+        finally:
+            client.close()
+            if started_engine:
+                _run(["bash", str(DEPLOY / "ensure-docker.sh"), "--stop"], timeout=120, check=False)
+            print(f"compose test timings: {timings}")
+
+
+def _regression_rows(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)  # test data; the privacy noise comes from the SDK's CSPRNG
+    X = rng.normal(size=(n, 4))
+    y = X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.1 * rng.normal(size=n)
+    A = np.column_stack([X, y])
+    return A / np.linalg.norm(A, axis=1).max()
+
+
+def test_study_through_published_ports(compose_cluster):
+    """Create, submit, finalize, analyse from the host; the shares add up to the release."""
+    c = compose_cluster
+    n = 3000
+    with AnalyzerClient(c.analyzer_url) as an:
+        created = an.create_study(name="compose", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=8, s=2, min_reports=n)
+        sid = created["study_id"]
+        study = Study.model_validate(created["study"])
+        assert study.servers == SERVERS and (study.k, study.s, study.d) == (8, 2, 5)
+        with Client(c.server_urls) as client:
+            result = client.submit_many(sid, _regression_rows(n, 3), batch_size=1000)
+        assert result.n_reports == n and set(result.report_counts.values()) == {n}
+        fin = an.finalize(sid)
+        assert fin["state"] == "released" and fin["n_reports"] == n
+        ridge = an.ridge(sid, label="y")
+        pca = an.pca(sid, n_components=2)
+        released = an.sketch(sid)
+    assert ridge["features"] == COLUMNS[:-1] and len(ridge["coef"]) == 4
+    assert np.all(np.isfinite(ridge["coef"]))
+    comps = np.array(pca["components"])
+    np.testing.assert_allclose(comps @ comps.T, np.eye(2), atol=1e-8)
+
+    # the analyst tokens the compose file handed each server guard its aggregate ...
+    url0 = f"{c.server_urls[0]}/v1/studies/{sid}/aggregate"
+    assert httpx.get(url0, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(url0, headers={"Authorization": f"Bearer {c.analyst_tokens[1]}"}).status_code == 401
+    # ... and the three shares fetched through the published ports add up to the release
+    shares, hashes = [], set()
+    for url, tok in zip(c.server_urls, c.analyst_tokens):
+        r = httpx.get(f"{url}/v1/studies/{sid}/aggregate", headers={"Authorization": f"Bearer {tok}"})
+        assert r.status_code == 200, r.text
+        shares.append(messages.decode_aggregate(r.content, study.k, study.d))
+        hashes.add(r.headers[messages.INCLUSION_HASH_HEADER])
+    assert hashes == {fin["inclusion_hash"]}
+    assert not any(np.array_equal(s, np.zeros_like(s)) for s in shares)
+    expected = ring.decode(ring.reconstruct(shares), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(np.array(released["sketch"]), expected)
+
+
+class _RecordingTransport(httpx.HTTPTransport):
+    """Notes every batch upload a server acknowledged (200), and every failed attempt."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lock = threading.Lock()
+        self.acked: dict[int, list[bytes]] = {}   # port -> request bodies acknowledged
+        self.errors: dict[int, int] = {}          # port -> transport errors / 5xx seen
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        port = request.url.port
+        try:
+            resp = super().handle_request(request)
+        except httpx.TransportError:
+            with self.lock:
+                self.errors[port] = self.errors.get(port, 0) + 1
+            raise
+        with self.lock:
+            if resp.status_code >= 500:
+                self.errors[port] = self.errors.get(port, 0) + 1
+            elif (resp.status_code == 200 and request.method == "POST"
+                  and request.url.path.endswith("/batches")):
+                self.acked.setdefault(port, []).append(request.content)
+        return resp
+
+    def acked_ids(self, port: int, d: int) -> set[bytes]:
+        with self.lock:
+            bodies = list(self.acked.get(port, []))
+        return {rid for body in bodies for rid in messages.decode_batch(body, d)[0]}
+
+
+def _report_ids(url: str, sid: str, token: str) -> set[bytes]:
+    r = httpx.get(f"{url}/v1/studies/{sid}/report-ids", headers={"Authorization": f"Bearer {token}"},
+                  timeout=60)
+    assert r.status_code == 200, r.text
+    return set(messages.decode_report_ids(r.content))
+
+
+def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_cluster):
+    """docker kill s2 during a bulk upload, start it again: nothing it acknowledged is lost, and
+    the SDK's retries finish the upload at all three servers."""
+    c = compose_cluster
+    n, batch = 150_000, 2000
+    victim = 1  # s2
+    victim_port = int(c.server_urls[victim].rsplit(":", 1)[1])
+    with AnalyzerClient(c.analyzer_url) as an:
+        created = an.create_study(name="compose-kill", columns=COLUMNS, label="y",
+                                  expected_reports=n, k=8, s=2, min_reports=n)
+    sid = created["study_id"]
+    study = Study.model_validate(created["study"])
+    box = c.container("s2")
+    box.reload()
+    started_before = box.attrs["State"]["StartedAt"]
+
+    transport = _RecordingTransport()
+    uploading = threading.Event()
+    killed: dict[str, object] = {}
+
+    def chaos() -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # wait until s2 has acknowledged a few batches
+                with transport.lock:
+                    done = len(transport.acked.get(victim_port, []))
+                if done >= 8 or not uploading.is_set():
+                    break
+                time.sleep(0.01)
+            killed["acked_before"] = transport.acked_ids(victim_port, study.d)
+            killed["upload_running"] = uploading.is_set()
+            box.kill()
+            killed["at"] = time.monotonic()
+            for _ in range(100):  # let it be seen down for a moment (retries in the SDK)
+                box.reload()
+                if box.status != "running":
+                    break
+                time.sleep(0.05)
+            time.sleep(2.0)
+            box.reload()
+            if box.status != "running":
+                box.start()
+            c.wait_healthy(["s2"], timeout=120)
+            killed["healthy_again"] = time.monotonic()
+        except BaseException as exc:  # reported by the main thread
+            killed["error"] = exc
+
+    t_upload = time.monotonic()
+    killer = threading.Thread(target=chaos, daemon=True)
+    with Client(c.server_urls, transport=transport, max_retries=12, backoff=0.25,
+                max_backoff=4.0) as client:
+        uploading.set()
+        killer.start()
+        try:
+            result = client.submit_many(sid, _regression_rows(n, 7), batch_size=batch)
+        finally:
+            uploading.clear()
+    killer.join(timeout=180)
+    upload_s = time.monotonic() - t_upload
+    assert "error" not in killed, killed.get("error")
+    assert killed.get("upload_running"), "the upload finished before s2 could be killed"
+    assert "healthy_again" in killed
+    assert transport.errors.get(victim_port, 0) > 0, "the SDK never saw s2 down"
+
+    box.reload()
+    assert box.attrs["State"]["StartedAt"] != started_before  # a new process, same volume
+    acked_before: set[bytes] = killed["acked_before"]  # type: ignore[assignment]
+    assert len(acked_before) >= 8 * batch
+    # the SDK completed the upload everywhere ...
+    assert result.n_reports == n and set(result.report_counts.values()) == {n}
+    ids = {bytes.fromhex(h) for h in result}
+    assert len(ids) == n
+    # ... every report s2 acknowledged before the kill survived it, and all servers agree
+    held = [_report_ids(url, sid, tok) for url, tok in zip(c.server_urls, c.analyst_tokens)]
+    assert acked_before <= held[victim]
+    for h in held:
+        assert h == ids
+    with AnalyzerClient(c.analyzer_url) as an:
+        assert [s["report_count"] for s in an.progress(sid)["servers"]] == [n, n, n]
+    c.timings["kill_upload_s"] = upload_s
+    c.timings["s2_down_s"] = killed["healthy_again"] - killed["at"]  # type: ignore[operator]
+
+
+def test_demo_service_prints_its_table(compose_cluster):
+    c = compose_cluster
+    t0 = time.monotonic()
+    out = c.compose("--profile", "demo", "run", "--rm", "demo", timeout=600).stdout
+    c.timings["demo_s"] = time.monotonic() - t0
+    m = re.search(r"dpsketch demo: n = (\d+) clients, (\d+) share servers", out)
+    assert m, out
+    assert m.groups() == ("3000", "3")
+    assert re.search(r"^task\s+LTM \(this release\)\s+local model\s+central model$", out, re.M), out
+    for task in ("ridge", "PCA"):
+        row = re.search(rf"^{task}\s+(\S+)\s+(\S+)\s+(\S+)$", out, re.M)
+        assert row, out
+        values = [float(v) for v in row.groups()]
+        assert all(np.isfinite(v) and v > 0 for v in values), row.group(0)
+    # the one-shot container is gone; the cluster is still healthy
+    demo_left = c.docker.containers.list(all=True, filters={
+        "label": [f"com.docker.compose.project={PROJECT}", "com.docker.compose.service=demo"]})
+    assert demo_left == []
+    c.wait_healthy(SERVERS + ["analyzer"], timeout=30)
