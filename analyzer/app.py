@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
@@ -176,6 +177,13 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return SketchView(study_id=study_id, columns=rel.columns, k=rel.study.k,
                           n_reports=rel.n_reports, sigma=rel.sigma, sketch=rel.sketch.tolist())
 
+    def finite(values: np.ndarray, what: str) -> list:
+        """Refuse to answer NaN/inf (JSON has no such numbers): only absurd inputs produce them."""
+        if not np.all(np.isfinite(values)):
+            raise ProblemError("invalid-request", f"the {what} is not finite for these parameters "
+                               f"(is alpha far larger than the data?)")
+        return values.tolist()
+
     def _label(rel: SketchRelease, label: str | None) -> str:
         label = label or rel.study.label
         if label is None or label not in rel.columns:
@@ -189,7 +197,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         label = _label(rel, body.label)
         model = RidgeRegression(label=label, alpha=body.alpha, debias=body.debias).fit(rel)
         return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
-                                coef=model.coef_.tolist(), alpha=float(model.alpha_),
+                                coef=finite(model.coef_, "solution"), alpha=float(model.alpha_),
                                 debias=body.debias, n_reports=rel.n_reports)
 
     @app.post("/v1/studies/{study_id}/analyses/least-squares", dependencies=auth)
@@ -198,7 +206,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         label = _label(rel, body.label)
         model = LeastSquares(label=label, debias=body.debias).fit(rel)
         return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
-                                coef=model.coef_.tolist(), alpha=0.0, debias=body.debias,
+                                coef=finite(model.coef_, "solution"), alpha=0.0, debias=body.debias,
                                 n_reports=rel.n_reports)
 
     @app.post("/v1/studies/{study_id}/analyses/pca", dependencies=auth)
@@ -209,8 +217,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                                f"n_components must be at most d = {len(rel.columns)}")
         model = PCA(n_components=body.n_components, debias=body.debias).fit(rel)
         return PCAResult(study_id=study_id, columns=rel.columns,
-                         components=model.components_.tolist(),
-                         explained_variance=model.explained_variance_.tolist(),
+                         components=finite(model.components_, "components"),
+                         explained_variance=finite(model.explained_variance_, "explained variance"),
                          debias=body.debias, n_reports=rel.n_reports)
 
     return app

@@ -137,7 +137,13 @@ class Coordinator:
     # create ------------------------------------------------------------------------------
     def create_study(self, **design_args) -> tuple[Study, list[str]]:
         """Design a study for this cluster (k, s, lambda_star, sigma, f) and provision it everywhere."""
-        study, explanation = design(servers=self.config.server_ids, **design_args)
+        try:
+            study, explanation = design(servers=self.config.server_ids, **design_args)
+        except ArithmeticError as exc:
+            # extreme but schema-valid inputs (e.g. row_bound = 5e-324) underflow or overflow
+            # inside the design formulas: an invalid study (422), not a server error
+            raise ValueError(f"these parameters cannot be designed into a study: "
+                             f"{type(exc).__name__}: {exc}") from None
         self.store.add_study(study, explanation)
         for server in self.servers:
             server.provision(study)

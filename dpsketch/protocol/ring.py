@@ -35,6 +35,8 @@ def max_frac_bits(max_reports: int, value_bound: float) -> int:
 
 def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
     """Encode floats with |x| <= bound as uint64 ring elements; refuse anything outside."""
+    if not bound * 2.0**frac_bits < 2.0**63:
+        raise EncodingRangeError(f"bound {bound} with {frac_bits} fractional bits does not fit 64 bits")
     x = np.asarray(values, dtype=np.float64)
     if not np.all(np.isfinite(x)):
         raise EncodingRangeError("values must be finite")
