@@ -1,0 +1,33 @@
+"""The README's main job, `dpsketch demo`, run as a user would: a real subprocess that starts and
+stops its own cluster and prints one JSON object."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def _demo_cluster_processes() -> set[str]:
+    """Servers and analyzers started by a demo (their databases live in a dpsketch-demo- dir)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if "dpsketch-demo-" in line and "dpsketch.cli" in line}
+
+
+def test_demo_json_reports_all_three_models_and_stops_its_processes():
+    before = _demo_cluster_processes()
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpsketch.cli", "demo", "--clients", "4000", "--d", "6", "--rank", "2",
+         "--epsilon", "2", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["n_reports"] == 4000 and result["servers"] == 3
+    assert result["epsilon"] == 2.0 and result["delta"] == 1e-6
+    for task in ("ridge", "pca"):
+        ratios = {m: result[task][m] for m in ("ltm", "local", "central")}
+        assert all(isinstance(v, float) and v >= 1 - 1e-6 for v in ratios.values()), ratios
+        # the central model at this n is within a few percent of the optimum; the others are not better
+        assert ratios["central"] < 1.2 and ratios["central"] <= min(ratios["ltm"], ratios["local"]) + 1e-9
+    assert _demo_cluster_processes() <= before  # every process the demo started is gone
