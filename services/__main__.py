@@ -52,10 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="file holding the operator token (default: $DPSKETCH_OPERATOR_TOKEN)")
     p.add_argument("--analyst-token-file", type=Path,
                    help="file holding the analyst token (default: $DPSKETCH_ANALYST_TOKEN)")
+    from .options import add_policy_arguments
+
+    add_policy_arguments(p)  # --max-epsilon, --max-delta, --min-reports, --tokens-file, ...
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="log verbosity (default: %(default)s)")
     p.add_argument("--access-log", action="store_true", help="log every request (off by default: it "
                    "costs throughput at thousands of uploads per second)")
+    p.add_argument("--ssl-certfile", type=Path, help="serve HTTPS with this certificate chain (PEM)")
+    p.add_argument("--ssl-keyfile", type=Path, help="private key for --ssl-certfile (PEM)")
     return p
 
 
@@ -75,14 +80,15 @@ def settings_from_args(args: argparse.Namespace):
     missing = [name for name, value in (("operator (DPSKETCH_OPERATOR_TOKEN or --operator-token-file)", operator),
                                         ("analyst (DPSKETCH_ANALYST_TOKEN or --analyst-token-file)", analyst))
                if not value]
-    if missing:
+    if missing and getattr(args, "tokens_file", None) is None:
         raise SystemExit("dpsketch server: refusing to start without tokens; set the " + " and the ".join(missing)
                          + " token")
+    from .options import policy_kwargs
     from .settings import Settings
 
     try:
         return Settings(server_id=args.server_id, db_path=args.db, operator_token=operator,
-                        analyst_token=analyst, max_body_bytes=args.max_body_bytes)
+                        analyst_token=analyst, max_body_bytes=args.max_body_bytes, **policy_kwargs(args))
     except ValueError as exc:
         raise SystemExit(f"dpsketch server: {exc}")
 
@@ -91,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     settings = settings_from_args(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name, value in (("operator", settings.operator_token), ("analyst", settings.analyst_token)):
-        if len(value) < 16:
-            logging.getLogger("dpsketch.server").warning("the %s token is short (%d chars); use 32+ random chars",
-                                                         name, len(value))
+    # (short tokens are warned about by Settings, which keeps only their SHA-256 digests)
 
     import uvicorn
 
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     config = uvicorn.Config(app, host=args.host, port=args.port, workers=1, log_level=args.log_level,
                             access_log=args.access_log, timeout_graceful_shutdown=30,
-                            proxy_headers=False, server_header=False)
+                            proxy_headers=False, server_header=False,
+                            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     server = uvicorn.Server(config)
     server.run()  # handles SIGTERM/SIGINT: stop accepting, finish requests, run shutdown
     return 0

@@ -8,7 +8,9 @@ Handlers parse and check requests, hash uploaded report ids off the event loop, 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import logging
+import signal
+import threading
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,8 +39,12 @@ from dpsketch.protocol.study import PROTOCOL, Study
 
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
+from . import policy
+from .auth import TokenRegistry, digest_of, matches
 from .settings import Settings
 from .store import Store
+
+log = logging.getLogger("dpsketch.server")
 
 BINARY_SCHEMA = {"type": "string", "format": "binary"}
 
@@ -64,13 +70,16 @@ def require_media_type(request: Request, expected: str) -> None:
 
 
 class Roles:
-    """Bearer-token roles. Both tokens are always compared (constant time), so a token of the
-    other role is told apart from a wrong one: 403 versus 401."""
+    """Bearer-token roles over SHA-256 digests (services/auth.py). The presented token's digest
+    is compared with every digest of both roles (constant time), so a token of the other role is
+    told apart from a wrong one: 403 versus 401."""
 
     scheme = HTTPBearer(auto_error=False, description="operator or analyst token")
 
     def __init__(self, settings: Settings):
-        self.tokens = {"operator": settings.operator_token.encode(), "analyst": settings.analyst_token.encode()}
+        self.registry = TokenRegistry(
+            {"operator": settings.operator_digests, "analyst": settings.analyst_digests},
+            settings.tokens_file)
 
     def require(self, role: str):
         other = "analyst" if role == "operator" else "operator"
@@ -80,9 +89,9 @@ class Roles:
             if creds is None or not creds.credentials:
                 raise ProblemError("unauthorized", f"this endpoint needs the {role} bearer token",
                                    headers=challenge)
-            given = creds.credentials.encode("utf-8", "surrogateescape")
-            is_role = hmac.compare_digest(given, self.tokens[role])
-            is_other = hmac.compare_digest(given, self.tokens[other])
+            given = digest_of(creds.credentials)
+            is_role = matches(self.registry.digests(role), given)
+            is_other = matches(self.registry.digests(other), given)
             if is_role:
                 return
             if is_other:
@@ -90,6 +99,21 @@ class Roles:
             raise ProblemError("unauthorized", "the bearer token is not valid here", headers=challenge)
 
         return check
+
+
+def _install_sighup(registry: TokenRegistry) -> None:
+    """SIGHUP re-reads the tokens file (main thread only; chains any previous handler)."""
+    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGHUP)
+
+    def on_hup(signum, frame):
+        registry.request_reload()
+        log.info("SIGHUP: the tokens file is re-read at the next request")
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGHUP, on_hup)
 
 
 def _json(model) -> Response:
@@ -132,6 +156,8 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
     roles = Roles(settings)
+    if settings.tokens_file is not None:
+        _install_sighup(roles.registry)
     operator = Depends(roles.require("operator"))
     analyst = Depends(roles.require("analyst"))
     auth_errors = (401, 403)
@@ -142,7 +168,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/v1/info", response_model=ServerInfo, tags=["meta"])
     async def info() -> ServerInfo:
-        return ServerInfo(server_id=settings.server_id, protocol=PROTOCOL, version=dpsketch.__version__)
+        return ServerInfo(server_id=settings.server_id, protocol=PROTOCOL, version=dpsketch.__version__,
+                          policy=policy.describe(settings))
 
     @app.put(
         "/v1/studies/{study_id}", response_model=StudyInfo, tags=["studies"],
@@ -178,6 +205,7 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("invalid-study",
                                f"this server accepts k <= {settings.max_k} and k * d <= "
                                f"{settings.max_aggregate_cells} (got k = {study.k}, d = {study.d})")
+        policy.check(study, settings)
         info, created = await run_in_threadpool(store.provision, study)
         return JSONResponse(info.model_dump(mode="json"), status_code=201 if created else 200)
 
@@ -191,8 +219,42 @@ def create_app(settings: Settings) -> FastAPI:
         """A study's parameters and progress (report_count); public."""
         return store.info(store.record(study_id))
 
+    upload_scheme = HTTPBearer(auto_error=False, description="the study's upload token, if it has any")
+
+    async def upload_allowed(study_id: str,
+                             creds: HTTPAuthorizationCredentials | None = Security(upload_scheme)) -> None:
+        """A study with upload tokens takes uploads only with one of them (401 otherwise)."""
+        record = store.record(study_id)
+        digests = record.upload_digests
+        if not digests:
+            return
+        if creds is None or not creds.credentials:
+            raise ProblemError("unauthorized", f"study {study_id} takes uploads only with one of its upload tokens",
+                               headers={"WWW-Authenticate": "Bearer"})
+        if not matches(digests, digest_of(creds.credentials)):
+            raise ProblemError("unauthorized", "the bearer token is not an upload token of this study",
+                               headers={"WWW-Authenticate": "Bearer"})
+
+    uploader = Depends(upload_allowed)
+
+    @app.post("/v1/studies/{study_id}/upload-tokens", status_code=201, tags=["studies"],
+              dependencies=[operator], responses=problem_responses(*auth_errors, 404, 503))
+    async def create_upload_token(study_id: str) -> JSONResponse:
+        """Issue a fresh upload token for the study (operator). Only its digest is stored; from
+        the first token on, uploads to the study need one of its tokens."""
+        token, count = await run_in_threadpool(store.add_upload_token, study_id)
+        return JSONResponse({"study_id": study_id, "token": token, "upload_tokens": count},
+                            status_code=201, headers={"Cache-Control": "no-store"})
+
+    @app.delete("/v1/studies/{study_id}/shares", tags=["finalization"], dependencies=[operator],
+                responses=problem_responses(*auth_errors, 404, 409, 503))
+    async def delete_shares(study_id: str) -> dict:
+        """Retention (operator): delete a committed study's individual shares. The commit, the
+        released aggregate and the report-id list are unchanged. Idempotent; 409 before commit."""
+        return await run_in_threadpool(store.delete_shares, study_id)
+
     @app.post("/v1/studies/{study_id}/reports", response_model=UploadResult, tags=["reports"],
-              responses=problem_responses(400, 404, 409, 413, 422, 503))
+              dependencies=[uploader], responses=problem_responses(400, 401, 404, 409, 413, 422, 503))
     async def upload_report(study_id: str, report: Report) -> Response:
         """Upload one report's share; acknowledged once it is durable."""
         record = store.record(study_id)
@@ -206,7 +268,7 @@ def create_app(settings: Settings) -> FastAPI:
         return _json(result)
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
-              responses=problem_responses(400, 404, 409, 413, 415, 503),
+              dependencies=[uploader], responses=problem_responses(400, 401, 404, 409, 413, 415, 503),
               openapi_extra=_binary_body(SHARES_MEDIA_TYPE,
                                          "m records of a 16-byte report id and d little-endian uint64"))
     async def upload_batch(study_id: str, request: Request) -> Response:

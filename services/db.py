@@ -53,6 +53,20 @@ CREATE TABLE IF NOT EXISTS commits (
     aggregate      BLOB NOT NULL,           -- the released k x d aggregate share, as served
     committed_at   REAL NOT NULL
 );
+-- Per-study client upload tokens (SHA-256 digests only). A study with any requires one.
+CREATE TABLE IF NOT EXISTS upload_tokens (
+    study      INTEGER NOT NULL REFERENCES studies(seq),
+    digest     BLOB NOT NULL CHECK (length(digest) = 32),
+    created_at REAL NOT NULL,
+    PRIMARY KEY (study, digest)
+);
+-- Retention: when a committed study's individual shares were deleted (the ids, the commit and
+-- the released aggregate stay).
+CREATE TABLE IF NOT EXISTS retention (
+    study            INTEGER PRIMARY KEY REFERENCES studies(seq),
+    shares_deleted_at REAL NOT NULL,
+    deleted          INTEGER NOT NULL
+);
 """
 
 #: One INSERT for many rows: the ids and shares travel as two blobs and SQLite cuts them up,

@@ -8,7 +8,7 @@ test process can run several independent servers side by side.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpsketch.protocol.study import SERVER_ID_PATTERN
@@ -20,8 +20,23 @@ MIB = 1 << 20
 class Settings:
     server_id: str
     db_path: Path
-    operator_token: str
-    analyst_token: str
+    #: The environment's tokens (DPSKETCH_OPERATOR_TOKEN / DPSKETCH_ANALYST_TOKEN). Only their
+    #: SHA-256 digests are kept: ``__post_init__`` moves them to ``*_digests`` and blanks these.
+    operator_token: str = ""
+    analyst_token: str = ""
+    #: JSON ``{"operator": [...], "analyst": [...]}`` of more tokens (``sha256:<hex>`` digests or
+    #: plain tokens, hashed on load), re-read when it changes or on SIGHUP (services/auth.py).
+    tokens_file: Path | None = None
+    #: Privacy policy: provisioning refuses (422 invalid-study) a study outside it (policy.py).
+    max_epsilon: float = 10.0
+    max_delta: float = 1e-5
+    min_reports_floor: int = 50
+    min_lambda_star: float = 1.0
+    #: Retention: delete a committed study's individual shares this many seconds after its
+    #: commit (0 = right away); None keeps them. The aggregate and the commit stay.
+    retention_after_commit_s: float | None = None
+    #: How often the retention sweeper looks for studies due (seconds).
+    retention_sweep_s: float = 60.0
     #: Largest request body accepted (413 beyond). A 10k-row batch at d = 100 is about 8 MiB.
     max_body_bytes: int = 64 * MIB
     #: How long a write waits for a SQLite lock held by someone else before answering 503.
@@ -41,13 +56,43 @@ class Settings:
     load_chunk_rows: int = 50_000
     #: Load every open study's running totals in a background thread at startup.
     warm_start: bool = True
+    #: SHA-256 digests (32 bytes) of the environment's tokens; filled in by ``__post_init__``.
+    operator_digests: tuple[bytes, ...] = field(default=(), repr=False)
+    analyst_digests: tuple[bytes, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
+        from .auth import digest_of, warn_if_short
+
         if not re.match(SERVER_ID_PATTERN, self.server_id):
             raise ValueError(f"server id {self.server_id!r} must match {SERVER_ID_PATTERN}")
-        if not self.operator_token or not self.analyst_token:
-            raise ValueError("both an operator token and an analyst token are required")
-        if self.operator_token == self.analyst_token:
+        if self.operator_token and self.operator_token == self.analyst_token:
             raise ValueError("the operator and analyst tokens must differ (they grant different roles)")
+        for role in ("operator", "analyst"):
+            token = getattr(self, f"{role}_token")
+            if token:
+                warn_if_short(role, token)
+                object.__setattr__(self, f"{role}_digests",
+                                   getattr(self, f"{role}_digests") + (digest_of(token),))
+                object.__setattr__(self, f"{role}_token", "")  # never keep the plain token
+        if self.tokens_file is not None:  # fail fast on an unusable file (ValueError naming it)
+            from .auth import TokenRegistry
+
+            TokenRegistry({"operator": self.operator_digests, "analyst": self.analyst_digests}, self.tokens_file)
+        elif not (self.operator_digests and self.analyst_digests):
+            raise ValueError("both an operator token and an analyst token are required")
+        if set(self.operator_digests) & set(self.analyst_digests):
+            raise ValueError("the operator and analyst tokens must differ (they grant different roles)")
+        if not 0 < self.max_epsilon <= 100:
+            raise ValueError("max_epsilon must be in (0, 100]")
+        if not 0 < self.max_delta < 1:
+            raise ValueError("max_delta must be in (0, 1)")
+        if self.min_reports_floor < 1:
+            raise ValueError("min_reports_floor must be at least 1")
+        if self.min_lambda_star < 1:
+            raise ValueError("min_lambda_star must be at least 1 (every study has lambda_star >= 1)")
+        if self.retention_after_commit_s is not None and self.retention_after_commit_s < 0:
+            raise ValueError("retention_after_commit_s must be >= 0 (or None to keep shares)")
+        if self.retention_sweep_s <= 0:
+            raise ValueError("retention_sweep_s must be > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")

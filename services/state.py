@@ -81,6 +81,9 @@ class StudyRecord:
     aggregate: bytes | None = None  # cached released bytes, loaded on first GET
     state: StudyState | None = None  # None until loaded; dropped after commit
     load_lock: threading.Lock = field(default_factory=threading.Lock)
+    committed_at: float | None = None
+    upload_digests: tuple[bytes, ...] = ()  # per-study upload tokens; empty: uploads are open
+    shares_deleted_at: float | None = None  # retention ran: individual shares are gone
 
     @property
     def study_id(self) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import secrets
 import sqlite3
 import threading
 import time
@@ -38,6 +39,7 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import db, idsets
+from .auth import digest_of
 from dpsketch.protocol.sketch import accumulate as add_into
 from .settings import Settings
 from .state import StudyRecord, StudyState, load_state
@@ -84,8 +86,11 @@ class Store:
         self._load_records()
         self.writer = Writer(self._conn, settings, self.ensure_state)
         self._closed = False
+        self._sweep_wake = threading.Event()
         if settings.warm_start:
             threading.Thread(target=self._warm, name="dpsketch-warm", daemon=True).start()
+        if settings.retention_after_commit_s is not None:
+            threading.Thread(target=self._sweeper, name="dpsketch-retention", daemon=True).start()
 
     # --- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -93,6 +98,7 @@ class Store:
         if self._closed:
             return
         self._closed = True
+        self._sweep_wake.set()
         self.writer.stop()
         with self._readers_lock:
             for conn in self._readers:
@@ -118,13 +124,19 @@ class Store:
 
     def _load_records(self) -> None:
         rows = self._conn.execute(
-            "SELECT s.seq, s.canonical, s.report_count, c.result FROM studies s "
-            "LEFT JOIN commits c ON c.study = s.seq ORDER BY s.seq"
+            "SELECT s.seq, s.canonical, s.report_count, c.result, c.committed_at, r.shares_deleted_at "
+            "FROM studies s LEFT JOIN commits c ON c.study = s.seq "
+            "LEFT JOIN retention r ON r.study = s.seq ORDER BY s.seq"
         ).fetchall()
-        for seq, canonical, count, result in rows:
+        tokens: dict[int, list[bytes]] = {}
+        for seq, digest in self._conn.execute("SELECT study, digest FROM upload_tokens ORDER BY created_at"):
+            tokens.setdefault(seq, []).append(bytes(digest))
+        for seq, canonical, count, result, committed_at, deleted_at in rows:
             study = Study.model_validate_json(canonical)
             commit = CommitResult.model_validate_json(result) if result is not None else None
-            self._records[study.study_id] = StudyRecord(seq, study, int(count), commit)
+            self._records[study.study_id] = StudyRecord(
+                seq, study, int(count), commit, committed_at=committed_at,
+                upload_digests=tuple(tokens.get(seq, ())), shares_deleted_at=deleted_at)
 
     def _warm(self) -> None:
         for record in list(self._records.values()):
@@ -289,24 +301,107 @@ class Store:
         )
         released = encode_aggregate(aggregate)
 
+        now = time.time()
+
         def fn(conn: sqlite3.Connection):
             if record.commit is not None:  # a concurrent commit won the race
                 return self._repeat(record, ihash), None
             conn.execute(
                 "INSERT INTO commits (study, inclusion_hash, result, aggregate, committed_at) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (record.seq, ihash, result.model_dump_json(), released, time.time()),
+                (record.seq, ihash, result.model_dump_json(), released, now),
             )
             conn.execute("UPDATE studies SET status = 'committed' WHERE seq = ?", (record.seq,))
 
             def apply() -> None:
                 record.aggregate = released
                 record.commit = result
+                record.committed_at = now
                 record.state = None  # the totals are no longer needed; free them
+                if self.settings.retention_after_commit_s == 0:
+                    self._sweep_wake.set()
 
             return result, apply
 
         return self.writer.submit(CallJob(fn)).result()
+
+    # --- upload tokens -----------------------------------------------------------------------
+    def add_upload_token(self, study_id: str) -> tuple[str, int]:
+        """A fresh random upload token for the study (only its digest is stored); returns the
+        token and how many the study now has. From the first one on, uploads need one."""
+        record = self.record(study_id)
+        token = "up-" + secrets.token_urlsafe(32)
+        digest = digest_of(token)
+
+        def fn(conn: sqlite3.Connection):
+            conn.execute("INSERT INTO upload_tokens (study, digest, created_at) VALUES (?, ?, ?)",
+                         (record.seq, digest, time.time()))
+            digests = record.upload_digests + (digest,)
+
+            def apply() -> None:
+                record.upload_digests = digests
+
+            return len(digests), apply
+
+        count = self.writer.submit(CallJob(fn)).result()
+        return token, count
+
+    # --- retention ---------------------------------------------------------------------------
+    def delete_shares(self, study_id: str) -> dict:
+        """Delete the individual shares of a committed study (idempotent). The report ids, the
+        CommitResult and the released aggregate stay, so every later answer is unchanged."""
+        record = self.record(study_id)
+        if record.commit is None:
+            raise ProblemError("study-open", f"study {study_id} is not committed; its shares are still needed")
+        if record.shares_deleted_at is None:
+            def fn(conn: sqlite3.Connection):
+                if record.shares_deleted_at is not None:
+                    return record.shares_deleted_at, None
+                cur = conn.execute("UPDATE reports SET share = X'' WHERE study = ? AND length(share) > 0",
+                                   (record.seq,))
+                now = time.time()
+                conn.execute("INSERT OR REPLACE INTO retention (study, shares_deleted_at, deleted) "
+                             "VALUES (?, ?, ?)", (record.seq, now, cur.rowcount))
+
+                def apply() -> None:
+                    record.shares_deleted_at = now
+
+                log.info("study %s: deleted %d individual shares (retention)", study_id, cur.rowcount)
+                return now, apply
+
+            self.writer.submit(CallJob(fn)).result()
+        return {"study_id": study_id, "shares_deleted": True, "shares_deleted_at": record.shares_deleted_at}
+
+    def due_for_retention(self, now: float | None = None) -> list[str]:
+        """Committed studies whose shares are kept past ``retention_after_commit_s``."""
+        keep = self.settings.retention_after_commit_s
+        if keep is None:
+            return []
+        now = time.time() if now is None else now
+        return [r.study_id for r in list(self._records.values())
+                if r.commit is not None and r.shares_deleted_at is None
+                and r.committed_at is not None and r.committed_at + keep <= now]
+
+    def sweep_retention(self) -> list[str]:
+        """Delete the shares of every study due; returns their ids."""
+        done = []
+        for study_id in self.due_for_retention():
+            if self._closed:
+                break
+            try:
+                self.delete_shares(study_id)
+                done.append(study_id)
+            except Exception:  # logged; retried at the next sweep
+                log.exception("retention: could not delete the shares of study %s", study_id)
+        return done
+
+    def _sweeper(self) -> None:
+        keep = self.settings.retention_after_commit_s or 0.0
+        interval = min(self.settings.retention_sweep_s, max(keep, 1.0))
+        while not self._closed:
+            self.sweep_retention()
+            self._sweep_wake.wait(interval)
+            self._sweep_wake.clear()
 
     @staticmethod
     def _check_count(study: Study, n: int) -> None:

@@ -174,6 +174,9 @@ class ServerInfo(BaseModel):
     server_id: str
     protocol: str
     version: str
+    #: The server's privacy and retention policy (services/policy.py); optional, servers that
+    #: do not publish one leave it out.
+    policy: dict[str, float | int | None] | None = None
 
 
 class Problem(BaseModel):
