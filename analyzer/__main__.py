@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = ClusterConfig.load(args.config)
+        config.ssl_context()  # an unreadable ca_file: refuse now, not at the first request
     except (OSError, ValueError) as exc:
         print(f"dpsketch analyzer: cannot load the cluster configuration: {exc}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 
 from dpsketch.protocol import ProblemError
@@ -17,6 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Create, watch, finalize and analyse studies on a running analyzer.")
     p.add_argument("--analyzer", default=os.environ.get("DPSKETCH_ANALYZER", "http://127.0.0.1:8100"),
                    help="analyzer base URL (default: $DPSKETCH_ANALYZER or %(default)s)")
+    p.add_argument("--ca-file", default=os.environ.get("DPSKETCH_CA_FILE"), metavar="PEM",
+                   help="verify the analyzer's TLS certificate against this CA bundle "
+                        "(default: $DPSKETCH_CA_FILE, else the system's trust store)")
     p.add_argument("--token", default=os.environ.get("DPSKETCH_ANALYZER_TOKEN"),
                    help="analyzer API token (default: $DPSKETCH_ANALYZER_TOKEN)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -60,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with AnalyzerClient(args.analyzer, args.token) as client:
+        verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
+        with AnalyzerClient(args.analyzer, args.token, verify=verify) as client:
             if args.command == "create":
                 out = client.create_study(
                     name=args.name, columns=args.columns.split(","), label=args.label,

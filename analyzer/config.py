@@ -5,7 +5,9 @@ the same JSON, so docker compose can pass it without a file:
 
     {"servers": [{"server_id": "s1", "url": "http://127.0.0.1:8101",
                   "operator_token": "...", "analyst_token": "..."}, ...],
-     "api_token": null}
+     "api_token": null, "ca_file": null}
+
+``ca_file`` (optional) is a PEM CA bundle used to verify ``https://`` server URLs.
 
 Order matters: server j of this list receives share j of every report.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -35,6 +38,10 @@ class ClusterConfig(BaseModel):
     api_token: str | None = Field(
         default=None, description="bearer token analysts must present to this analyzer (optional)"
     )
+    ca_file: str | None = Field(
+        default=None, description="CA bundle (PEM) to verify the share servers' HTTPS certificates "
+        "with, instead of the system's trust store (e.g. ca.pem from deploy/make-certs.py)"
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> "ClusterConfig":
@@ -45,6 +52,15 @@ class ClusterConfig(BaseModel):
         if len(set(urls)) != len(urls):
             raise ValueError("server urls must be distinct: one share per server")
         return self
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The context verifying the servers against ``ca_file``; None: httpx's default trust."""
+        if self.ca_file is None:
+            return None
+        try:
+            return ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the CA file {self.ca_file}: {exc}") from exc
 
     @property
     def server_ids(self) -> list[str]:

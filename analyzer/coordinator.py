@@ -8,6 +8,7 @@ ask every server to commit to exactly that set, fetch the N aggregate shares and
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,13 +37,14 @@ class UpstreamError(Exception):
 class ShareServerClient:
     """The analyzer's calls to one share server, with retries on transient failures."""
 
-    def __init__(self, endpoint: ServerEndpoint, timeout: float = 60.0, retries: int = 5):
+    def __init__(self, endpoint: ServerEndpoint, timeout: float = 60.0, retries: int = 5,
+                 verify: ssl.SSLContext | bool = True):
         self.endpoint = endpoint
         self.retries = retries
         self.http = httpx.Client(
             base_url=endpoint.url.rstrip("/"),
             timeout=timeout,
-            transport=httpx.HTTPTransport(retries=2),
+            transport=httpx.HTTPTransport(retries=2, verify=verify),
         )
 
     def close(self) -> None:
@@ -127,7 +129,9 @@ class Coordinator:
     def __init__(self, config: ClusterConfig, store: AnalyzerStore, log: Callable[[str], None] | None = None):
         self.config = config
         self.store = store
-        self.servers = [ShareServerClient(e) for e in config.servers]
+        context = config.ssl_context()  # one context, shared: loading the CA file once
+        self.servers = [ShareServerClient(e, verify=True if context is None else context)
+                        for e in config.servers]
         self.log = log or (lambda _msg: None)
 
     def close(self) -> None:

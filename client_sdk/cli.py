@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 import time
 
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: $DPSKETCH_CLIENT_TOKEN)")
     p.add_argument("--ignore-extra-columns", action="store_true",
                    help="skip CSV columns the study does not have instead of refusing the file")
+    p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
+                   help="verify the servers' TLS certificates against this CA bundle instead of "
+                        "the system's trust store (default: $DPSKETCH_CA_FILE)")
     p.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     return p
@@ -90,10 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         return fail("--batch-size must be at least 1", EXIT_USAGE)
     if not os.path.isfile(args.csv):
         return fail(f"{args.csv}: no such file")
+    if args.insecure and args.ca_file:
+        return fail("give --ca-file or --insecure, not both", EXIT_USAGE)
+    verify: bool | ssl.SSLContext = not args.insecure
+    if args.ca_file:
+        try:
+            verify = ssl.create_default_context(cafile=args.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            return fail(f"cannot load the CA file {args.ca_file}: {exc}")
     started = time.monotonic()
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=args.token,
-                    verify=not args.insecure) as client:
+                    verify=verify) as client:
             study = client.study(args.study)
             total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns)
             if total == 0:

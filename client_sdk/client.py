@@ -25,6 +25,7 @@ import email.utils
 import queue
 import random
 import re
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +70,18 @@ class ServerUnreachable(SDKError):
     def __init__(self, url: str, message: str):
         self.url = url
         super().__init__(f"{url}: {message}")
+
+
+def _cert_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind a transport error, if that is its cause."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class ServerProtocolError(SDKError):
@@ -212,7 +225,7 @@ class Client:
 
     def __init__(self, server_urls: Sequence[str], *, timeout: float = 30.0, max_retries: int = 5,
                  backoff: float = 0.5, max_backoff: float = 30.0, max_retry_after: float = 120.0,
-                 http2: bool = False, verify: bool | str = True,
+                 http2: bool = False, verify: bool | str | ssl.SSLContext = True,
                  token: str | Sequence[str] | None = None, queue_depth: int = 2,
                  max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None):
         urls = [u.strip().rstrip("/") for u in server_urls]
@@ -308,6 +321,13 @@ class Client:
             try:
                 resp = self._http[j].request(method, path, **kwargs)
             except httpx.TransportError as exc:
+                bad_cert = _cert_error(exc)
+                if bad_cert is not None:  # not transient: retrying cannot help
+                    raise ServerUnreachable(
+                        self.urls[j], f"TLS certificate verification failed: "
+                        f"{bad_cert.verify_message or bad_cert.reason} (check that its certificate "
+                        f"is signed by the CA given as verify= / --ca-file); nothing was sent "
+                        f"in this request") from exc
                 if attempt >= self.max_retries:
                     raise ServerUnreachable(
                         self.urls[j], f"{type(exc).__name__}: {exc or 'no response'} "

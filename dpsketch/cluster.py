@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -34,10 +35,17 @@ class ManagedProcess:
     port: int
     log_path: Path
     proc: subprocess.Popen | None = None
+    scheme: str = "http"
+    ca_file: Path | None = None  # https: verify the health checks against this CA (else system trust)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """What an httpx client talking to this process should pass as ``verify``."""
+        return ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else True
 
     def spawn(self) -> "ManagedProcess":
         """Start the process without waiting: start several, then :meth:`wait_healthy` each."""
@@ -54,16 +62,21 @@ class ManagedProcess:
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        verify = self.verify
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(
                     f"{self.name} exited with code {self.proc.returncode}; log:\n{self.log_tail()}"
                 )
             try:
-                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=1.0, verify=verify).status_code == 200:
                     return
-            except httpx.TransportError:
-                pass
+            except httpx.TransportError as exc:
+                cause: BaseException | None = exc
+                while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+                    cause = cause.__cause__ or cause.__context__
+                if cause is not None:  # never heals: say so now
+                    raise RuntimeError(f"{self.name}: TLS certificate not accepted: {cause}") from exc
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} not healthy after {timeout}s; log:\n{self.log_tail()}")
 
@@ -101,6 +114,18 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "dpsketch.cli", *args]
 
 
+def _tls_args(scheme: str, certfile: Path | None, keyfile: Path | None) -> list[str]:
+    if scheme == "http":
+        if certfile or keyfile:
+            raise ValueError("certfile/keyfile given with scheme='http'")
+        return []
+    if scheme != "https":
+        raise ValueError(f"scheme must be 'http' or 'https', not {scheme!r}")
+    if not (certfile and keyfile):
+        raise ValueError("scheme='https' needs certfile and keyfile")
+    return ["--ssl-certfile", str(certfile), "--ssl-keyfile", str(keyfile)]
+
+
 @dataclass
 class ServerSpec:
     server_id: str
@@ -110,7 +135,10 @@ class ServerSpec:
     port: int = field(default_factory=free_port)
 
 
-def share_server(spec: ServerSpec, workdir: Path, extra_env: dict[str, str] | None = None) -> ManagedProcess:
+def share_server(spec: ServerSpec, workdir: Path, extra_env: dict[str, str] | None = None, *,
+                 scheme: str = "http", certfile: Path | None = None, keyfile: Path | None = None,
+                 ca_file: Path | None = None) -> ManagedProcess:
+    """``scheme="https"`` serves TLS with certfile/keyfile; ca_file verifies the health checks."""
     env = dict(os.environ)
     env.update(
         DPSKETCH_OPERATOR_TOKEN=spec.operator_token,
@@ -123,12 +151,17 @@ def share_server(spec: ServerSpec, workdir: Path, extra_env: dict[str, str] | No
         "--db", str(spec.db_path),
         "--host", "127.0.0.1",
         "--port", str(spec.port),
+        *_tls_args(scheme, certfile, keyfile),
     )
-    return ManagedProcess(spec.server_id, argv, env, spec.port, workdir / f"{spec.server_id}.log")
+    return ManagedProcess(spec.server_id, argv, env, spec.port, workdir / f"{spec.server_id}.log",
+                          scheme=scheme, ca_file=ca_file)
 
 
 def analyzer(config_path: Path, db_path: Path, workdir: Path, port: int | None = None,
-             extra_env: dict[str, str] | None = None) -> ManagedProcess:
+             extra_env: dict[str, str] | None = None, *, scheme: str = "http",
+             certfile: Path | None = None, keyfile: Path | None = None,
+             ca_file: Path | None = None) -> ManagedProcess:
+    """As :func:`share_server` for TLS; the servers' CA goes in the cluster config's ca_file."""
     port = port or free_port()
     env = dict(os.environ)
     env.update(extra_env or {})
@@ -138,5 +171,7 @@ def analyzer(config_path: Path, db_path: Path, workdir: Path, port: int | None =
         "--db", str(db_path),
         "--host", "127.0.0.1",
         "--port", str(port),
+        *_tls_args(scheme, certfile, keyfile),
     )
-    return ManagedProcess("analyzer", argv, env, port, workdir / "analyzer.log")
+    return ManagedProcess("analyzer", argv, env, port, workdir / "analyzer.log",
+                          scheme=scheme, ca_file=ca_file)
