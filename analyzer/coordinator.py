@@ -59,6 +59,10 @@ class ShareServerClient:
             try:
                 response = self.http.request(method, path, headers=headers, **kwargs)
             except httpx.TransportError as exc:
+                if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                    # a wrong certificate does not heal with retries: say so at once
+                    raise UpstreamError(self.endpoint.server_id,
+                                        f"TLS certificate verification failed: {exc}") from exc
                 if attempt == self.retries:
                     raise UpstreamError(self.endpoint.server_id, f"unreachable: {exc}") from exc
             else:

@@ -26,7 +26,11 @@ Two bearer tokens are required and must differ:
   operator token  provisions studies (PUT /v1/studies/{id})
   analyst token   lists report ids, commits a study and fetches its aggregate
 Give them in the environment (DPSKETCH_OPERATOR_TOKEN, DPSKETCH_ANALYST_TOKEN) or in files
-(--operator-token-file, --analyst-token-file); a file wins over the environment.
+(--operator-token-file, --analyst-token-file); a file wins over the environment. Tokens you
+want to rotate without a restart go in --tokens-file (JSON {"operator": [...], "analyst": [...]},
+plain tokens or "sha256:<hex>" digests), re-read when it changes and on SIGHUP. Only digests of
+tokens are kept in memory. The privacy policy flags (--max-epsilon, ...) make the server refuse
+studies outside its own policy; /v1/info publishes it.
 """
 
 EPILOG = """\
