@@ -24,6 +24,7 @@ from .client import (
     ServerUnreachable,
     StudyMismatch,
     SubmitResult,
+    bench_compression,
     prepare_batch,
 )
 from .data import InvalidDataError, read_csv
@@ -41,6 +42,7 @@ __all__ = [
     "ServerUnreachable",
     "StudyMismatch",
     "SubmitResult",
+    "bench_compression",
     "prepare_batch",
     "read_csv",
 ]

@@ -98,6 +98,8 @@ class PendingUpload:
     first_row: int
     n_rows: int
     body: bytes = field(repr=False)
+    #: ``application/x-dpsketch-shares`` or, for a seed-compressed batch, ``-seeds``
+    media_type: str = messages.SHARES_MEDIA_TYPE
 
 
 @dataclass
@@ -176,34 +178,67 @@ class _Cancelled(SDKError):
 
 @dataclass
 class PreparedBatch:
-    """Shares of m rows: ``shares[j]`` is the (m, d) uint64 share for server j."""
+    """Shares of m rows for N servers.
+
+    Full shares: ``shares[j]`` is the (m, d) uint64 share for server j. Seed-compressed
+    (``seeds`` is set): servers 0..N-2 get ``seeds[j]``, (m, 32) uint8 seeds each expanding to
+    a share (``ring.expand_seeds``), ``shares[j]`` is None for them, and ``shares[N-1]`` is the
+    last server's full share; ``share(j)`` gives every server's share either way.
+    """
 
     report_ids: list[bytes]
-    shares: list[np.ndarray]
+    shares: list[np.ndarray | None]
+    seeds: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.report_ids)
 
+    def _seeded(self, j: int) -> bool:
+        return self.seeds is not None and j < len(self.seeds)
+
+    def share(self, j: int) -> np.ndarray:
+        """Server j's (m, d) share (expanded from its seeds if it gets seeds)."""
+        if self._seeded(j):
+            d = self.shares[-1].shape[1]  # type: ignore[union-attr]
+            return ring.expand_seeds(self.seeds[j], d)  # type: ignore[index]
+        return self.shares[j]  # type: ignore[return-value]
+
+    def media_type(self, j: int) -> str:
+        return messages.SEEDS_MEDIA_TYPE if self._seeded(j) else messages.SHARES_MEDIA_TYPE
+
     def body(self, j: int) -> bytes:
-        """Server j's ``application/x-dpsketch-shares`` body."""
+        """Server j's body, of media type ``media_type(j)``."""
+        if self._seeded(j):
+            return messages.encode_seed_batch(self.report_ids, self.seeds[j])  # type: ignore[index]
         return messages.encode_batch(self.report_ids, self.shares[j])
 
 
-def prepare_batch(study: Study, rows: np.ndarray) -> PreparedBatch:
+def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> PreparedBatch:
     """Clip, noise, encode and share rows; one fresh random 128-bit id per row.
 
     The noisy plaintext exists only inside this function; what leaves it is N shares, any N-1
-    of which are uniform and independent of the row.
+    of which are uniform and independent of the row. With ``compress`` servers 0..N-2 get a
+    32-byte seed per row instead of their share (docs/protocol.md section 4); privacy is the
+    same as long as ChaCha20 is a secure PRG.
     """
     rows = _data.check_rows(rows, study.d)
     encoded = ring.encode(noise.privatize(rows, study), study.frac_bits, study.value_bound)
-    shares = ring.share(encoded, study.n_servers)
     ids = [messages.new_report_id() for _ in range(len(rows))]
+    if compress:
+        seeds, last = ring.share_with_seeds(encoded, study.n_servers)
+        return PreparedBatch(ids, [None] * len(seeds) + [last], seeds)
+    shares = ring.share(encoded, study.n_servers)
     return PreparedBatch(ids, shares)
 
 
-def _split_body(body: bytes, d: int) -> tuple[bytes, bytes]:
-    record = REPORT_ID_BYTES + 8 * d
+def _record_bytes(media_type: str, d: int) -> int:
+    if media_type == messages.SEEDS_MEDIA_TYPE:
+        return messages.SEED_RECORD_BYTES
+    return REPORT_ID_BYTES + 8 * d
+
+
+def _split_body(body: bytes, d: int, media_type: str = messages.SHARES_MEDIA_TYPE) -> tuple[bytes, bytes]:
+    record = _record_bytes(media_type, d)
     half = (len(body) // record // 2) * record
     return body[:half], body[half:]
 
@@ -220,14 +255,19 @@ class Client:
     ``backoff * 2^attempt`` seconds (capped at ``max_backoff``, with jitter), or the server's
     ``Retry-After`` if longer (capped at ``max_retry_after``). Batches are cut to at most
     ``max_batch_bytes`` per request body; ``queue_depth`` batches per server may wait in memory.
-    ``transport`` is passed to httpx (tests use it to inject faults).
+    ``transport`` is passed to httpx (tests use it to inject faults). With ``compress=True``
+    ``submit_many`` sends servers 1..N-1 a 32-byte seed per report instead of their 8d-byte
+    share (``application/x-dpsketch-seeds``): it pays from d of about 8 up in bytes, but the
+    per-row ChaCha20 expansion (about 4 us per row and seed, client and server) costs time, so
+    full shares stay the default. Single reports (``submit``) always go as full shares.
     """
 
     def __init__(self, server_urls: Sequence[str], *, timeout: float = 30.0, max_retries: int = 5,
                  backoff: float = 0.5, max_backoff: float = 30.0, max_retry_after: float = 120.0,
                  http2: bool = False, verify: bool | str | ssl.SSLContext = True,
                  token: str | Sequence[str] | None = None, queue_depth: int = 2,
-                 max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None):
+                 max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None,
+                 compress: bool = False):
         urls = [u.strip().rstrip("/") for u in server_urls]
         if len(urls) < 2:
             raise ValueError("need the URLs of at least two share servers")
@@ -250,6 +290,7 @@ class Client:
         self.max_retry_after = max_retry_after
         self.queue_depth = queue_depth
         self.max_batch_bytes = max_batch_bytes
+        self.compress = compress
         self._http = []
         for url, tok in zip(urls, tokens):
             headers = {"User-Agent": f"dpsketch-client/{__version__}"}
@@ -425,23 +466,25 @@ class Client:
     # --- uploads -----------------------------------------------------------------------------
 
     def _upload_batch(self, j: int, study: Study, study_id: str, body: bytes,
-                      cancel: threading.Event | None = None) -> messages.UploadResult:
+                      cancel: threading.Event | None = None,
+                      media_type: str = messages.SHARES_MEDIA_TYPE) -> messages.UploadResult:
         """POST one binary batch to server j; on 413 split it in halves (same bytes per report)."""
         path = f"/v1/studies/{study_id}/batches"
+        record = _record_bytes(media_type, study.d)
         try:
             resp = self._request(j, "POST", path, content=body, cancel=cancel,
-                                 headers={"Content-Type": messages.SHARES_MEDIA_TYPE})
+                                 headers={"Content-Type": media_type})
         except ProblemError as exc:
-            if exc.status == 413 and len(body) > REPORT_ID_BYTES + 8 * study.d:
-                first, second = _split_body(body, study.d)
-                a = self._upload_batch(j, study, study_id, first, cancel)
-                b = self._upload_batch(j, study, study_id, second, cancel)
+            if exc.status == 413 and len(body) > record:
+                first, second = _split_body(body, study.d, media_type)
+                a = self._upload_batch(j, study, study_id, first, cancel, media_type)
+                b = self._upload_batch(j, study, study_id, second, cancel, media_type)
                 return messages.UploadResult(accepted=a.accepted + b.accepted,
                                              duplicates=a.duplicates + b.duplicates,
                                              report_count=max(a.report_count, b.report_count))
             raise
         result = self._json(j, resp, messages.UploadResult)
-        m = len(body) // (REPORT_ID_BYTES + 8 * study.d)
+        m = len(body) // record
         if result.accepted + result.duplicates != m:
             raise ServerProtocolError(f"{self.urls[j]} acknowledged {result.accepted} + "
                                       f"{result.duplicates} reports of a batch of {m}")
@@ -504,7 +547,7 @@ class Client:
             for chunk in chunks:
                 if run.aborted.is_set():
                     break
-                run.put(prepare_batch(study, chunk), prepared)
+                run.put(prepare_batch(study, chunk, self.compress), prepared)
                 prepared += len(chunk)
         except Exception as exc:
             # bad input (or a failing reader) part-way: let the batches already queued finish,
@@ -539,7 +582,7 @@ class Client:
         failures, still = [], []
         for p in pending:
             try:
-                self._upload_batch(p.server_index, study, study_id, p.body)
+                self._upload_batch(p.server_index, study, study_id, p.body, media_type=p.media_type)
             except Exception as exc:  # noqa: BLE001
                 failures.append(BatchFailure(p.server_index, p.server_id, self.urls[p.server_index],
                                              p.batch_index, p.first_row, p.n_rows, exc))
@@ -602,21 +645,22 @@ class _UploadRun:
         with self.lock:
             self.batches[index] = _Batch(first_row, len(batch), batch.report_ids, self.study.n_servers)
         for j, q in enumerate(self.queues):
-            item = (index, batch.body(j))
+            item = (index, batch.body(j), batch.media_type(j))
             while True:
                 try:
                     q.put(item, timeout=0.1)
                     break
                 except queue.Full:
                     if self.aborted.is_set():
-                        self._mark_pending(j, index, item[1])
+                        self._mark_pending(j, index, item[1], item[2])
                         break
 
-    def _mark_pending(self, j: int, index: int, body: bytes) -> None:
+    def _mark_pending(self, j: int, index: int, body: bytes,
+                      media_type: str = messages.SHARES_MEDIA_TYPE) -> None:
         with self.lock:
             b = self.batches[index]
             self.pending.append(PendingUpload(j, self.study.servers[j], index, b.first_row,
-                                              b.n_rows, body))
+                                              b.n_rows, body, media_type))
 
     def _worker(self, j: int) -> None:
         sid = self.study.servers[j]
@@ -624,21 +668,22 @@ class _UploadRun:
             item = self.queues[j].get()
             if item is None:
                 return
-            index, body = item
+            index, body, media_type = item
             if self.aborted.is_set():
-                self._mark_pending(j, index, body)
+                self._mark_pending(j, index, body, media_type)
                 continue
             try:
-                result = self.client._upload_batch(j, self.study, self.study_id, body, self.aborted)
+                result = self.client._upload_batch(j, self.study, self.study_id, body, self.aborted,
+                                                   media_type)
             except _Cancelled:
-                self._mark_pending(j, index, body)
+                self._mark_pending(j, index, body, media_type)
                 continue
             except Exception as exc:  # noqa: BLE001 - recorded, surfaced by submit_many
                 with self.lock:
                     b = self.batches[index]
                     self.failures.append(BatchFailure(j, sid, self.client.urls[j], index,
                                                       b.first_row, b.n_rows, exc))
-                self._mark_pending(j, index, body)
+                self._mark_pending(j, index, body, media_type)
                 self.aborted.set()
                 continue
             with self.lock:
@@ -672,3 +717,23 @@ class _UploadRun:
     def incomplete(self, prepared: int) -> IncompleteUpload:
         pending = sorted(self.pending, key=lambda p: (p.batch_index, p.server_index))
         return IncompleteUpload(list(self.failures), pending, self.ids(), prepared)
+
+
+def bench_compression(n: int = 100_000, d: int = 6, n_servers: int = 3) -> dict[str, dict[str, float]]:
+    """Bytes per row and seconds to prepare (noise, encode, share) and encode the upload bodies
+    of ``n`` rows of ``d`` columns, with full shares and seed-compressed; no network."""
+    encoded = ring.random_ring((n, d))
+    ids = [messages.new_report_id() for _ in range(n)]
+    out: dict[str, dict[str, float]] = {}
+    for mode in ("full", "compressed"):
+        t0 = time.perf_counter()
+        if mode == "full":
+            batch = PreparedBatch(ids, ring.share(encoded, n_servers))
+        else:
+            seeds, last = ring.share_with_seeds(encoded, n_servers)
+            batch = PreparedBatch(ids, [None] * len(seeds) + [last], seeds)
+        t1 = time.perf_counter()
+        total = sum(len(batch.body(j)) for j in range(n_servers))
+        t2 = time.perf_counter()
+        out[mode] = {"bytes_per_row": total / n, "share_seconds": t1 - t0, "encode_seconds": t2 - t1}
+    return out

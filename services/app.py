@@ -26,13 +26,14 @@ from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     INCLUSION_HASH_HEADER,
     REPORT_IDS_MEDIA_TYPE,
+    SEEDS_MEDIA_TYPE,
     SHARES_MEDIA_TYPE,
     CommitResult,
     Report,
     ServerInfo,
     StudyInfo,
     UploadResult,
-    decode_batch,
+    decode_upload,
 )
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import PROTOCOL, Study
@@ -61,12 +62,16 @@ def _binary_response(media_type: str, description: str, headers: dict | None = N
     return out
 
 
-def require_media_type(request: Request, expected: str) -> None:
-    """415 unless the Content-Type is ``expected`` (parameters such as charset are ignored)."""
+def require_media_type(request: Request, expected: str, *also: str) -> str:
+    """415 unless the Content-Type is ``expected`` or one of ``also`` (parameters such as
+    charset are ignored); returns the media type given."""
     given = request.headers.get("content-type", "")
-    if given.split(";", 1)[0].strip().lower() != expected:
+    media_type = given.split(";", 1)[0].strip().lower()
+    if media_type != expected and media_type not in also:
         raise ProblemError("unsupported-media-type",
-                           f"this endpoint takes Content-Type {expected}, got {given[:100] or 'none'!r}")
+                           f"this endpoint takes Content-Type {' or '.join((expected, *also))}, "
+                           f"got {given[:100] or 'none'!r}")
+    return media_type
 
 
 class Roles:
@@ -121,10 +126,11 @@ def _json(model) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-def _parse_batch(body: bytes, study: Study):
-    """Decode a share batch and hash its ids (CPU work, run in a worker thread)."""
+def _parse_batch(body: bytes, study: Study, media_type: str = SHARES_MEDIA_TYPE):
+    """Decode a share batch (or a seed batch, expanded to the same shares) and hash its ids
+    (CPU work, run in a worker thread)."""
     try:
-        ids, shares = decode_batch(body, study.d)
+        ids, shares = decode_upload(body, media_type, study.d)
     except ValueError as exc:
         raise ProblemError("malformed-body", str(exc)) from None
     rows, signs = sketch.hash_report_ids(study.seed_bytes, ids, study.k, study.s)
@@ -269,16 +275,24 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
               dependencies=[uploader], responses=problem_responses(400, 401, 404, 409, 413, 415, 503),
-              openapi_extra=_binary_body(SHARES_MEDIA_TYPE,
-                                         "m records of a 16-byte report id and d little-endian uint64"))
+              openapi_extra={"requestBody": {
+                  "required": True,
+                  "description": f"{SHARES_MEDIA_TYPE}: m records of a 16-byte report id and d "
+                                 f"little-endian uint64 (the share); or {SEEDS_MEDIA_TYPE}: m records "
+                                 f"of a 16-byte report id and a 32-byte seed, which the server expands "
+                                 f"to the d-value share (ChaCha20, docs/protocol.md section 4)",
+                  "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
+                              SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
     async def upload_batch(study_id: str, request: Request) -> Response:
-        """Upload many reports at once; all-or-nothing, acknowledged once durable."""
-        require_media_type(request, SHARES_MEDIA_TYPE)
+        """Upload many reports at once, as full shares or as seeds (expanded to the same shares
+        before anything else, so duplicates are judged on the share bytes); all-or-nothing,
+        acknowledged once durable."""
+        media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE)
         record = store.record(study_id)
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {study_id} is committed; it takes no more reports")
         body = await request.body()
-        ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study)
+        ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study, media_type)
         return _json(await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs)))
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],

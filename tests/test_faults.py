@@ -64,8 +64,8 @@ class Capture:
         self.batches: list[sdk.PreparedBatch] = []
         real = sdk.prepare_batch
 
-        def recording(study, rows):
-            batch = real(study, rows)
+        def recording(study, rows, *args, **kwargs):
+            batch = real(study, rows, *args, **kwargs)
             self.batches.append(batch)
             return batch
 
@@ -78,8 +78,9 @@ class Capture:
         """report id -> A + G of that report in the ring (the sum of its N shares)."""
         out = {}
         for b in self.batches:
+            rows = ring.reconstruct([b.share(j) for j in range(len(b.shares))])
             for i, rid in enumerate(b.report_ids):
-                out[rid] = ring.reconstruct([s[i] for s in b.shares])
+                out[rid] = rows[i]
         return out
 
 
@@ -96,7 +97,7 @@ class AckLog(httpx.HTTPTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         response = super().handle_request(request)
         if request.url.path.endswith("/batches") and response.status_code == 200:
-            ids, _ = messages.decode_batch(request.content, self.d)
+            ids, _ = messages.decode_upload(request.content, request.headers["content-type"], self.d)
             with self.lock:
                 self.acked.setdefault(request.url.port, []).append((time.monotonic(), ids))
                 n = len(self.acked[request.url.port])
@@ -223,7 +224,7 @@ def test_reports_missed_by_a_down_server_are_excluded_everywhere(servers, live_c
         assert {f.server_id for f in err.value.failures} == {"s3"}
         second = capture.ids()[n1:]
         assert set(second) == {rid for p in err.value.pending if p.server_id == "s3"
-                               for rid in messages.decode_batch(p.body, study.d)[0]}
+                               for rid in messages.decode_upload(p.body, p.media_type, study.d)[0]}
         # what the run cancelled at s1 and s2 when s3 failed is completed there (s3 still down)
         client.resend(study.study_id, [p for p in err.value.pending if p.server_id != "s3"])
     servers.start(c.specs[2])  # back, without the reports it missed (nobody resends them)

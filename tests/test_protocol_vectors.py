@@ -105,3 +105,16 @@ def test_k_equal_one_is_the_plain_sum():
     rows, signs = sketch.hash_report_ids(bytes(32), ids, 1, 1)
     assert (rows == 0).all() and (signs == 1).all()
     assert sketch.bucket_and_sign(bytes(32), ids[3], 1, 1, 0) == (0, 1)
+
+
+@pytest.mark.parametrize("vec", VECTORS["seed_expansion"], ids=lambda v: v["seed"][:8])
+def test_seed_expansion_vectors(vec):
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    seed = bytes.fromhex(vec["seed"])
+    want = [int(v) for v in vec["share"]]
+    assert ring.expand_seed(seed, len(want)).tolist() == want
+    # independently, straight from the specification (RFC 8439 ChaCha20, counter 0)
+    nonce = hashlib.sha256(b"dpsketch/seed-share/1").digest()[:12]
+    stream = Cipher(algorithms.ChaCha20(seed, bytes(4) + nonce), mode=None).encryptor().update(bytes(8 * len(want)))
+    assert [int.from_bytes(stream[8 * i : 8 * i + 8], "little") for i in range(len(want))] == want

@@ -326,8 +326,9 @@ class FakeServer:
                 else:
                     raise f
             if path.endswith("/batches"):
-                assert request.headers["content-type"] == messages.SHARES_MEDIA_TYPE
-                ids, shares = messages.decode_batch(request.content, self.study.d)
+                media_type = request.headers["content-type"]
+                assert media_type in (messages.SHARES_MEDIA_TYPE, messages.SEEDS_MEDIA_TYPE)
+                ids, shares = messages.decode_upload(request.content, media_type, self.study.d)
                 if self.max_records and len(ids) > self.max_records:
                     return _problem(413, "payload-too-large", "too many")
             else:

@@ -4,6 +4,8 @@ JSON bodies are pydantic models; bulk data travels as little-endian binary:
 
 * a share batch (``application/x-dpsketch-shares``): m records of 16-byte report id followed by
   d little-endian uint64 share values, nothing else;
+* a seed batch (``application/x-dpsketch-seeds``): m records of 16-byte report id followed by a
+  32-byte seed that expands to the d-value share (``ring.expand_seed``), nothing else;
 * a report-id list (``application/x-dpsketch-report-ids``): m 16-byte ids in ascending bytewise
   order, no repeats;
 * an aggregate share (``application/x-dpsketch-aggregate``): k * d little-endian uint64, row-major.
@@ -20,10 +22,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from . import ring
 from .sketch import REPORT_ID_BYTES
 from .study import Study
 
 SHARES_MEDIA_TYPE = "application/x-dpsketch-shares"
+SEEDS_MEDIA_TYPE = "application/x-dpsketch-seeds"
 REPORT_IDS_MEDIA_TYPE = "application/x-dpsketch-report-ids"
 AGGREGATE_MEDIA_TYPE = "application/x-dpsketch-aggregate"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -66,6 +70,45 @@ def decode_batch(body: bytes, d: int) -> tuple[list[bytes], np.ndarray]:
     raw = records["id"].tobytes()
     ids = [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
     return ids, np.ascontiguousarray(records["share"])
+
+
+SEED_RECORD_BYTES = REPORT_ID_BYTES + 32
+
+
+def encode_seed_batch(report_ids: np.ndarray | list[bytes], seeds: np.ndarray) -> bytes:
+    """An ``application/x-dpsketch-seeds`` body: per report its 16-byte id, then its 32-byte seed."""
+    seeds = np.asarray(seeds, dtype=np.uint8).reshape(-1, 32)
+    ids = b"".join(report_ids) if isinstance(report_ids, list) else np.asarray(report_ids).tobytes()
+    if len(ids) != REPORT_ID_BYTES * len(seeds):
+        raise ValueError("one report id per seed")
+    records = np.empty((len(seeds), SEED_RECORD_BYTES), dtype=np.uint8)
+    records[:, :REPORT_ID_BYTES] = np.frombuffer(ids, dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
+    records[:, REPORT_ID_BYTES:] = seeds
+    return records.tobytes()
+
+
+def decode_seed_batch(body: bytes) -> tuple[list[bytes], np.ndarray]:
+    """Split a seed batch into report ids and an (m, 32) uint8 seed matrix; ValueError if malformed."""
+    if len(body) == 0 or len(body) % SEED_RECORD_BYTES:
+        raise ValueError(
+            f"a seed batch is a whole number of {SEED_RECORD_BYTES}-byte records (16-byte id + "
+            f"32-byte seed); got {len(body)} bytes"
+        )
+    records = np.frombuffer(body, dtype=np.uint8).reshape(-1, SEED_RECORD_BYTES)
+    raw = records[:, :REPORT_ID_BYTES].tobytes()
+    ids = [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
+    return ids, np.ascontiguousarray(records[:, REPORT_ID_BYTES:])
+
+
+def decode_upload(body: bytes, media_type: str, d: int) -> tuple[list[bytes], np.ndarray]:
+    """Report ids and the (m, d) uint64 shares of a batch body of either media type (a seed
+    batch is expanded, ``ring.expand_seeds``); ValueError if malformed or of another type."""
+    if media_type == SEEDS_MEDIA_TYPE:
+        ids, seeds = decode_seed_batch(body)
+        return ids, ring.expand_seeds(seeds, d)
+    if media_type == SHARES_MEDIA_TYPE:
+        return decode_batch(body, d)
+    raise ValueError(f"not a batch media type: {media_type!r}")
 
 
 def encode_report_ids(report_ids: list[bytes]) -> bytes:

@@ -7,9 +7,11 @@ addition and negation wrap mod 2^64 exactly, so servers and analyzer need nothin
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 RING_BITS = 64
 WIRE_DTYPE = np.dtype("<u8")
@@ -75,3 +77,63 @@ def reconstruct(shares: list[np.ndarray]) -> np.ndarray:
     for s in shares:
         total += np.asarray(s, dtype=np.uint64)
     return total
+
+
+# --- seed-compressed shares (docs/protocol.md sections 4 and 7) ------------------------------
+
+SEED_BYTES = 32
+#: Domain string of the seed expansion; the ChaCha20 nonce is derived from it.
+SEED_DOMAIN = b"dpsketch/seed-share/1"
+#: RFC 8439 ChaCha20 with a 32-bit block counter starting at 0 and the 96-bit nonce
+#: SHA-256(SEED_DOMAIN)[:12]. The `cryptography` package takes both as one 16-byte value:
+#: the little-endian counter (4 zero bytes) followed by the nonce.
+SEED_NONCE = hashlib.sha256(SEED_DOMAIN).digest()[:12]
+_CIPHER_NONCE = b"\x00" * 4 + SEED_NONCE
+
+
+def expand_seed(seed: bytes, d: int) -> np.ndarray:
+    """A share of d ring elements from a 32-byte seed: the first 8d bytes of the ChaCha20
+    keystream (key = seed, counter 0, nonce SHA-256(b"dpsketch/seed-share/1")[:12]), read as
+    little-endian uint64."""
+    if len(seed) != SEED_BYTES:
+        raise ValueError(f"a seed is {SEED_BYTES} bytes, got {len(seed)}")
+    return np.frombuffer(_keystream(bytes(seed), 8 * d), dtype=WIRE_DTYPE).copy()
+
+
+def _keystream(seed: bytes, nbytes: int) -> bytes:
+    enc = Cipher(algorithms.ChaCha20(seed, _CIPHER_NONCE), mode=None).encryptor()
+    return enc.update(bytes(nbytes))
+
+
+def expand_seeds(seeds: np.ndarray, d: int) -> np.ndarray:
+    """Expand an (m, 32) uint8 array (or m concatenated seeds as bytes) into an (m, d) share."""
+    raw = seeds.tobytes() if isinstance(seeds, np.ndarray) else bytes(seeds)
+    if len(raw) % SEED_BYTES:
+        raise ValueError(f"seeds are a whole number of {SEED_BYTES}-byte values")
+    m = len(raw) // SEED_BYTES
+    zeros = bytes(8 * d)
+    out = b"".join(
+        Cipher(algorithms.ChaCha20(raw[i : i + SEED_BYTES], _CIPHER_NONCE), mode=None)
+        .encryptor().update(zeros)
+        for i in range(0, len(raw), SEED_BYTES)
+    )
+    return np.frombuffer(out, dtype=WIRE_DTYPE).reshape(m, d).copy()
+
+
+def share_with_seeds(encoded: np.ndarray, n_shares: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Seed-compressed sharing of an (m, d) matrix: n-1 arrays of (m, 32) uint8 seeds (from the
+    OS CSPRNG), one per server 0..n-2, and the last server's full (m, d) share
+    x - sum_j expand(seed_j) mod 2^64. With a secure PRG any n-1 of the n messages are
+    indistinguishable from uniform, independent of x, exactly as with ``share``."""
+    if n_shares < 2:
+        raise ValueError("need at least two shares")
+    x = np.asarray(encoded, dtype=np.uint64)
+    if x.ndim != 2:
+        raise ValueError("share_with_seeds takes an (m, d) matrix")
+    m, d = x.shape
+    seeds = [np.frombuffer(os.urandom(SEED_BYTES * m), dtype=np.uint8).reshape(m, SEED_BYTES).copy()
+             for _ in range(n_shares - 1)]
+    last = x.copy()
+    for s in seeds:
+        last -= expand_seeds(s, d)
+    return seeds, last

@@ -1,0 +1,130 @@
+"""Seed-compressed shares (docs/protocol.md sections 4 and 7): exact reconstruction, body sizes,
+server-side expansion with duplicate semantics, and an exact release through a real cluster."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import numpy as np
+
+from analyzer.client import AnalyzerClient
+from client_sdk import Client, bench_compression
+from client_sdk.client import prepare_batch
+from dpsketch.protocol import Study, messages, ring, sketch
+
+from test_e2e import COLUMNS, direct_sketch
+
+
+def test_expanded_seed_shares_plus_last_reconstruct_exactly():
+    x = ring.random_ring((500, 7))
+    for n in (2, 3, 5):
+        seeds, last = ring.share_with_seeds(x, n)
+        assert len(seeds) == n - 1 and all(s.shape == (500, 32) and s.dtype == np.uint8 for s in seeds)
+        np.testing.assert_array_equal(ring.reconstruct([ring.expand_seeds(s, 7) for s in seeds] + [last]), x)
+        # row-wise expansion agrees with the batch expansion
+        assert ring.expand_seed(seeds[0][3].tobytes(), 7).tolist() == ring.expand_seeds(seeds[0], 7)[3].tolist()
+
+
+def test_seed_batch_codec_and_body_sizes():
+    ids = [messages.new_report_id() for _ in range(10)]
+    d = 6
+    seeds, last = ring.share_with_seeds(ring.random_ring((10, d)), 3)
+    body = messages.encode_seed_batch(ids, seeds[0])
+    assert len(body) == 10 * 48
+    got_ids, got_seeds = messages.decode_seed_batch(body)
+    assert got_ids == ids and np.array_equal(got_seeds, seeds[0])
+    assert len(messages.encode_batch(ids, last)) == 10 * (16 + 8 * d)
+    for bad in (b"", body[:-1]):
+        try:
+            messages.decode_seed_batch(bad)
+        except ValueError:
+            continue
+        raise AssertionError("malformed seed batch accepted")
+
+
+def _study(c, n, name):
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name=name, columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n)
+    return Study.model_validate(created["study"])
+
+
+def _post(url, study, body, media_type):
+    return httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=body, timeout=60,
+                      headers={"Content-Type": media_type})
+
+
+def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(live_cluster):
+    c = live_cluster
+    n = 600
+    study = _study(c, n, "seeds")
+    rows = np.random.default_rng(4).normal(0, 0.3, size=(n, len(COLUMNS)))
+    batch = prepare_batch(study, rows, compress=True)
+    assert batch.media_type(0) == batch.media_type(1) == messages.SEEDS_MEDIA_TYPE
+    assert batch.media_type(2) == messages.SHARES_MEDIA_TYPE
+    assert len(batch.body(0)) == 48 * n and len(batch.body(2)) == (16 + 8 * study.d) * n
+    encoded = ring.reconstruct([batch.share(j) for j in range(3)])
+    # s1 gets seeds, s2 gets the same share expanded (full format), s3 the last full share
+    bodies = [(batch.body(0), messages.SEEDS_MEDIA_TYPE),
+              (messages.encode_batch(batch.report_ids, batch.share(1)), messages.SHARES_MEDIA_TYPE),
+              (batch.body(2), messages.SHARES_MEDIA_TYPE)]
+    for url, (body, mt) in zip(c.server_urls, bodies):
+        r = _post(url, study, body, mt)
+        assert r.status_code == 200 and r.json()["accepted"] == n, r.text
+    # the same seeds again: duplicates; s2's full share sent as seeds: duplicates too
+    r = _post(c.server_urls[0], study, batch.body(0), messages.SEEDS_MEDIA_TYPE)
+    assert r.json() == {"accepted": 0, "duplicates": n, "report_count": n}
+    r = _post(c.server_urls[1], study, batch.body(1), messages.SEEDS_MEDIA_TYPE)
+    assert r.json()["duplicates"] == n
+    # a different seed under a held id is a conflict; a malformed seed body is refused
+    other = messages.encode_seed_batch(batch.report_ids[:1], np.zeros((1, 32), np.uint8))
+    assert _post(c.server_urls[0], study, other, messages.SEEDS_MEDIA_TYPE).status_code == 409
+    assert _post(c.server_urls[0], study, b"x" * 47, messages.SEEDS_MEDIA_TYPE).status_code == 400
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)
+        assert fin["state"] == "released" and fin["n_reports"] == n
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    expected = ring.decode(direct_sketch(study, batch.report_ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+
+
+def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(live_cluster):
+    """The same reports uploaded through the SDK both ways: servers' aggregates sum to the same
+    sketch. Also prints bytes/row and the prepare+upload times of both modes."""
+    c = live_cluster
+    n = 20_000
+    rows = np.random.default_rng(8).normal(0, 0.3, size=(n, len(COLUMNS)))
+    figures = {}
+    releases = {}
+    for compress in (False, True):
+        study = _study(c, n, f"sdk-compress-{compress}")
+        sizes: list[int] = []
+
+        class Count(httpx.HTTPTransport):
+            def handle_request(self, request):
+                if request.url.path.endswith("/batches"):
+                    sizes.append(len(request.content))
+                return super().handle_request(request)
+
+        with Client(c.server_urls, compress=compress, transport=Count()) as client:
+            client.study(study.study_id)
+            t0 = time.perf_counter()
+            result = client.submit_many(study.study_id, rows, batch_size=5000)
+            elapsed = time.perf_counter() - t0
+        assert result.n_reports == n
+        per_row = sum(sizes) / n
+        assert per_row == (16 + 8 * study.d) + (2 * 48 if compress else 2 * (16 + 8 * study.d))
+        figures["compressed" if compress else "full"] = (per_row, elapsed)
+        with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+            assert an.finalize(study.study_id)["n_reports"] == n
+            releases[compress] = np.array(an.sketch(study.study_id)["sketch"])
+    # different noise draws, so compare shapes and scale only; exactness is the mixed test's job
+    assert releases[True].shape == releases[False].shape
+    bench = bench_compression(100_000, len(COLUMNS))
+    print(f"\nupload of {n} rows, d={len(COLUMNS)}, N=3 over loopback: " + "; ".join(
+        f"{k}: {b:.0f} bytes/row, {t:.2f} s" for k, (b, t) in figures.items()))
+    print("bench_compression(100000, d): " + "; ".join(
+        f"{k}: {v['bytes_per_row']:.0f} bytes/row, share {v['share_seconds']:.3f} s, "
+        f"bodies {v['encode_seconds']:.3f} s" for k, v in bench.items()))
