@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 
 import numpy as np
 import pytest
@@ -11,21 +10,13 @@ from analyzer import baselines, synthetic
 from analyzer.estimators import PCA, LeastSquares, RidgeRegression, default_ridge_alpha, robust_solve
 from analyzer.evaluation import ridge_optimum
 from analyzer.release import GramRelease, SecondMoments, SketchRelease
-from dpsketch.protocol import design, ring, sketch
+from dpsketch.protocol import ring, sketch
+
+import studies
 
 
 def make_study(columns, n, label=None, epsilon=1.0, k=None, seed="s"):
-    study, _ = design(
-        name="t",
-        columns=columns,
-        label=label,
-        servers=["a", "b"],
-        expected_reports=n,
-        epsilon=epsilon,
-        k=k,
-        seed=hashlib.sha256(seed.encode()).hexdigest(),
-    )
-    return study
+    return studies.make_study(columns, n, label, seed=seed, epsilon=epsilon, k=k)
 
 
 def exact_linear(n, d, rng):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
@@ -19,22 +18,14 @@ from analyzer.evaluation import (
     ridge_optimum,
     ridge_ratio,
 )
-from dpsketch.protocol import design, privacy, sketch
+from dpsketch.protocol import privacy, sketch
+
+import studies
 
 
 def make_study(columns, n, label=None, epsilon=1.0, k=None, neighbouring="replace-one"):
-    study, _ = design(
-        name="t",
-        columns=columns,
-        label=label,
-        servers=["a", "b"],
-        expected_reports=n,
-        epsilon=epsilon,
-        k=k,
-        neighbouring=neighbouring,
-        seed=hashlib.sha256(b"evaluation-tests").hexdigest(),
-    )
-    return study
+    return studies.make_study(columns, n, label, seed="evaluation-tests", epsilon=epsilon, k=k,
+                              neighbouring=neighbouring)
 
 
 # ---------------------------------------------------------------------------------------------
