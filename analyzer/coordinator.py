@@ -113,7 +113,7 @@ class ShareServerClient:
     def aggregate(self, study: Study) -> tuple[np.ndarray, str]:
         r = self._request("GET", f"/v1/studies/{study.study_id}/aggregate",
                           token=self.endpoint.analyst_token)
-        share = messages.decode_aggregate(r.content, study.k, study.d)
+        share = messages.decode_aggregate(r.content, study.k, study.width)
         return share, r.headers.get(messages.INCLUSION_HASH_HEADER, "")
 
 
@@ -145,6 +145,15 @@ class Coordinator:
     # create ------------------------------------------------------------------------------
     def create_study(self, **design_args) -> tuple[Study, list[str]]:
         """Design a study for this cluster (k, s, lambda_star, sigma, f) and provision it everywhere."""
+        if design_args.get("kind") == "auto":
+            from .recommend import recommend
+
+            design_args["kind"] = recommend(
+                len(design_args["columns"]), design_args["expected_reports"],
+                n_servers=len(self.config.server_ids), predict=False,
+                **{k: design_args[k] for k in ("epsilon", "delta", "row_bound", "neighbouring", "t")
+                   if k in design_args},
+            ).kind
         try:
             study, explanation = design(servers=self.config.server_ids, **design_args)
         except ArithmeticError as exc:

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dpsketch.protocol import ring, sketch
+from dpsketch.protocol import features, ring, sketch
 from dpsketch.protocol.study import Study
 
 
@@ -112,8 +112,36 @@ class GramRelease(SecondMomentsBase):
         return g
 
 
+class StudyRelease(SecondMomentsBase):
+    """What the releases of a study have in common: the study, its columns and noise scale."""
+
+    study: Study
+    n_reports: int
+
+    def _check(self, attribute: str, shape: tuple[int, ...], what: str) -> None:
+        """Store ``attribute`` as a finite float array of ``shape`` and n_reports as an int >= 1."""
+        values = np.asarray(getattr(self, attribute), dtype=np.float64)
+        if values.shape != shape:
+            raise ValueError(f"{what} must have shape {shape}, got {values.shape}")
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{what} contains non-finite values")
+        if int(self.n_reports) < 1:
+            raise ValueError("n_reports must be at least 1")
+        object.__setattr__(self, attribute, values)
+        object.__setattr__(self, "n_reports", int(self.n_reports))
+
+    @property
+    def columns(self) -> list[str]:  # type: ignore[override]
+        return list(self.study.columns)
+
+    @property
+    def sigma(self) -> float:
+        """Client noise standard deviation per coordinate (public, from the study)."""
+        return float(self.study.sigma)
+
+
 @dataclass(frozen=True, eq=False)
-class SketchRelease(SecondMomentsBase):
+class SketchRelease(StudyRelease):
     """The LTM release: Y = S(A + G), a k x d float matrix, for a study and a report count.
 
     ``sketch`` is exactly S(A + G) (the decoded ring sum of the N aggregate shares times
@@ -131,37 +159,18 @@ class SketchRelease(SecondMomentsBase):
     n_reports: int
 
     def __post_init__(self) -> None:
-        y = np.asarray(self.sketch, dtype=np.float64)
-        if y.shape != (self.study.k, self.study.d):
-            raise ValueError(f"sketch must be {self.study.k} x {self.study.d}, got {y.shape}")
-        if not np.all(np.isfinite(y)):
-            raise ValueError("sketch contains non-finite values")
-        if int(self.n_reports) < 1:
-            raise ValueError("n_reports must be at least 1")
-        object.__setattr__(self, "sketch", y)
-        object.__setattr__(self, "n_reports", int(self.n_reports))
+        self._check("sketch", (self.study.k, self.study.d), "sketch")
 
     @classmethod
     def from_ring_sum(cls, study: Study, ring_sum: np.ndarray, n_reports: int) -> "SketchRelease":
         """Build the release from the reconstructed ring sum (k x d uint64) of the N shares."""
-        z = np.asarray(ring_sum)
-        if z.dtype != np.uint64:
-            raise TypeError(f"ring sum must be uint64, got {z.dtype}")
-        if z.shape != (study.k, study.d):
-            raise ValueError(f"ring sum must be {study.k} x {study.d}, got {z.shape}")
-        y = ring.decode(z, study.frac_bits) * sketch.scale(study.s)
-        return cls(study=study, sketch=y, n_reports=n_reports)
+        if study.kind != "sketch":
+            raise ValueError(f"a SketchRelease needs a sketch study, not {study.kind!r}")
+        release = release_from_ring_sum(study, ring_sum, n_reports)
+        assert isinstance(release, cls)
+        return release
 
     # the SecondMoments interface ---------------------------------------------------------------
-    @property
-    def columns(self) -> list[str]:  # type: ignore[override]
-        return list(self.study.columns)
-
-    @property
-    def sigma(self) -> float:
-        """Client noise standard deviation per coordinate (public, from the study)."""
-        return float(self.study.sigma)
-
     @property
     def noise_variance(self) -> float:
         """sigma^2: the variance of each client's noise per coordinate."""
@@ -189,6 +198,19 @@ class SketchRelease(SecondMomentsBase):
             g[np.diag_indices_from(g)] -= self.gram_bias
         return g
 
+    @property
+    def cross_noise_scale(self) -> float:
+        """Typical size of the noise-by-data terms (S A)^T (S G) of Y^T Y.
+
+        Each entry is about N(0, sigma^2 (n/k) ||A_c||^2) because S S^T is close to (n/k) I, so
+        the d x d cross term is of order sigma sqrt(n/k) ||A||_F. ||A||_F^2 is estimated by the
+        trace of the debiased release (post-processing: no privacy cost). Unlike the
+        noise-by-noise part this does not shrink with k; it is what limits ridge accuracy of a
+        sketch study (docs/accuracy.md), and the default ridge penalty adds it.
+        """
+        energy = max(float(np.trace(self.gram(debias=True))), 0.0)
+        return self.sigma * math.sqrt(self.n_reports / self.study.k) * math.sqrt(energy)
+
     def noise_info(self) -> dict[str, float]:
         """The public noise law of the release, for reports and dashboards."""
         return {
@@ -201,3 +223,77 @@ class SketchRelease(SecondMomentsBase):
             "s": float(self.study.s),
             "lambda_star": float(self.study.lambda_star),
         }
+
+
+@dataclass(frozen=True, eq=False)
+class GramSumRelease(StudyRelease):
+    """The release of a gram study: the noisy sum of phi(a) = [a, u(a a^T), 1] over the reports.
+
+    Each client added N(0, sigma^2) to every coordinate of phi(a), so the sum carries
+    N(0, n sigma^2) per coordinate: the Gram estimate is unbiased (diagonal noise variance
+    n sigma^2, off-diagonal n sigma^2 / 2 after undoing the sqrt(2) of u), there is nothing to
+    debias, and ``gram(debias)`` returns the same matrix either way. This is sufficient statistics
+    perturbation with the central model's noise, spread over the clients.
+    """
+
+    study: Study
+    values: np.ndarray
+    n_reports: int
+
+    def __post_init__(self) -> None:
+        if self.study.kind != "gram":
+            raise ValueError(f"a GramSumRelease needs a gram study, not {self.study.kind!r}")
+        object.__setattr__(self, "values", np.asarray(self.values, dtype=np.float64).reshape(-1))
+        self._check("values", (self.study.width,), "a gram release")
+
+    @property
+    def coordinate_noise_std(self) -> float:
+        """sqrt(n) sigma: the standard deviation of the noise on each released coordinate."""
+        return self.sigma * math.sqrt(self.n_reports)
+
+    @property
+    def gram_noise_scale(self) -> float:  # type: ignore[override]
+        """Typical spectral norm of the symmetric noise on A^T A: 2 sqrt(d n sigma^2 / 2)."""
+        return self.coordinate_noise_std * math.sqrt(2.0 * self.d)
+
+    def gram(self, debias: bool = True) -> np.ndarray:
+        return features.split_gram_sum(self.values, self.d)[1]
+
+    @property
+    def row_sum(self) -> np.ndarray:
+        """The noisy sum of the clipped rows (for means and centering)."""
+        return features.split_gram_sum(self.values, self.d)[0]
+
+    @property
+    def noisy_count(self) -> float:
+        """The noisy count; ``n_reports`` is the exact, public size of the inclusion set."""
+        return features.split_gram_sum(self.values, self.d)[2]
+
+    def noise_info(self) -> dict[str, float]:
+        return {
+            "sigma": self.sigma,
+            "coordinate_noise_std": self.coordinate_noise_std,
+            "gram_noise_scale": self.gram_noise_scale,
+            "n_reports": float(self.n_reports),
+            "lambda_star": float(self.study.lambda_star),
+        }
+
+
+Release = SketchRelease | GramSumRelease
+
+
+def release_from_values(study: Study, values: np.ndarray, n_reports: int) -> Release:
+    """The release object of a study from its decoded, scaled k x width values."""
+    if study.kind == "gram":
+        return GramSumRelease(study=study, values=np.asarray(values).reshape(-1), n_reports=n_reports)
+    return SketchRelease(study=study, sketch=values, n_reports=n_reports)
+
+
+def release_from_ring_sum(study: Study, ring_sum: np.ndarray, n_reports: int) -> Release:
+    """Decode the reconstructed ring sum (k x width uint64) of the N aggregate shares."""
+    z = np.asarray(ring_sum)
+    if z.dtype != np.uint64:
+        raise TypeError(f"ring sum must be uint64, got {z.dtype}")
+    if z.shape != study.aggregate_shape:
+        raise ValueError(f"ring sum must be {study.aggregate_shape[0]} x {study.aggregate_shape[1]}, got {z.shape}")
+    return release_from_values(study, ring.decode(z, study.frac_bits) * sketch.scale(study.s), n_reports)

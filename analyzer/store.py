@@ -76,7 +76,7 @@ class AnalyzerStore:
         study = Study.model_validate_json(study_json)
         ring = None
         if ring_sum is not None:
-            ring = messages.decode_aggregate(ring_sum, study.k, study.d)
+            ring = messages.decode_aggregate(ring_sum, study.k, study.width)
         return StudyRecord(study, json.loads(explanation), created_at, inclusion_hash, n_reports,
                            released_at, ring)
 

@@ -7,15 +7,20 @@ guesses the seed - or, for some generators, observes enough outputs - can regene
 and subtract it, which turns a differentially private report into the raw row. So every random
 bit here comes from ``os.urandom`` (the kernel CSPRNG), exactly as the shares and report ids do.
 
-How. Each sample uses 64 random bits: one sign bit and 53 bits for a uniform u in (0, 1]
-(exactly representable, never 0), and |z| = -ndtri(u / 2), the inverse normal CDF of the lower
-half; the sign bit makes the law exactly symmetric. Coordinates whose noise exceeds
-``NOISE_TAIL_SIGMAS`` sigma (about 1e-15 per coordinate) are redrawn, so encoding never fails
-for a clipped row: |clipped + noise| <= B + 8 sigma, the study's encoding bound.
+How. Each sample uses 64 random bits: one sign bit and 53 bits k for a uniform
+u = (k + 1) 2^-53 in (0, 1] (exactly representable, never 0), and |z| = -ndtri(u / 2), the
+inverse normal CDF of the lower half; the sign bit makes the law exactly symmetric. A 53-bit grid
+alone would stop at 8.3 sigma, so when k < 2^22 (|z| beyond about 5.9 sigma, one sample in 10^9)
+the unit below k is filled with further random bits, u = (k + r) 2^-53 with r drawn the same way,
+up to eight levels: the sampler reaches beyond 25 sigma. Coordinates whose noise exceeds
+``NOISE_TAIL_SIGMAS`` = 20 sigma (probability 5.5e-89 per coordinate) are redrawn, so encoding
+never fails for a clipped row (|clipped + noise| <= bound + 20 sigma, the study's encoding
+bound); the redraw changes the mechanism by at most ``privacy.tail_delta``, which a study
+requires to be below 1e-6 delta.
 
 Floating-point caveat. This is a floating-point approximation of a Gaussian: the inverse CDF is
-evaluated in double precision, the 53-bit uniform grid truncates the tail near 8.3 sigma, and
-the set of reachable doubles is not the same for every mean. Mironov (CCS 2012) showed that the
+evaluated in double precision and the set of reachable doubles is not the same for every
+mean. Mironov (CCS 2012) showed that the
 low-order bits of naive floating-point Laplace samples can reveal the unnoised value. Here the
 noisy value is then rounded to the study's fixed-point grid 2^-f, which discards the low-order
 bits where those artefacts live, but that is a mitigation, not a proof; a discrete Gaussian
@@ -30,9 +35,13 @@ import os
 import numpy as np
 from scipy.special import ndtri
 
+from dpsketch.protocol import features
 from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, Study
 
 _MANTISSA_BITS = 53
+#: Below this k the 53-bit grid is refined with more random bits (|z| > ~5.9 sigma).
+_REFINE_BELOW = 1 << 22
+_MAX_REFINEMENTS = 8
 
 
 def _urandom_u64(count: int) -> np.ndarray:
@@ -46,10 +55,19 @@ def standard_normal(shape: int | tuple[int, ...]) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     words = _urandom_u64(count)
     negative = (words >> np.uint64(63)).astype(bool)
-    k = (words & np.uint64((1 << _MANTISSA_BITS) - 1)).astype(np.float64)
-    u = (k + 1.0) * 2.0 ** -_MANTISSA_BITS  # (0, 1], exact
+    u = _unit_uniform(words)
     magnitude = -ndtri(0.5 * u)  # >= 0; u = 1 gives exactly 0
     return np.where(negative, -magnitude, magnitude).reshape(shape)
+
+
+def _unit_uniform(words: np.ndarray, level: int = 0) -> np.ndarray:
+    """u in (0, 1] from the low 53 bits of each word, refined near 0 with fresh CSPRNG words."""
+    k = (words & np.uint64((1 << _MANTISSA_BITS) - 1)).astype(np.float64)
+    r = np.ones_like(k)
+    small = np.flatnonzero(k < _REFINE_BELOW)
+    if small.size and level < _MAX_REFINEMENTS:
+        r[small] = _unit_uniform(_urandom_u64(small.size), level + 1)
+    return (k + r) * 2.0 ** -_MANTISSA_BITS  # k + 1 when unrefined: exact
 
 
 def gaussian(shape: int | tuple[int, ...], sigma: float,
@@ -102,10 +120,12 @@ def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
 
 
 def privatize(rows: np.ndarray, study: Study) -> np.ndarray:
-    """Clip to the study's row bound B and add its N(0, sigma^2) noise to every coordinate.
+    """Clip to the study's row bound B, map to the study kind's vector (the row itself, or
+    [a, u(a a^T), 1] for a gram study) and add N(0, sigma^2) noise to every coordinate.
 
-    The result always lies within ``study.value_bound`` = B + 8 sigma, so ``ring.encode``
-    accepts it. The noise scale is the study's ``sigma``, never recomputed here.
+    The result always lies within ``study.value_bound`` (feature bound + 20 sigma), so
+    ``ring.encode`` accepts it. The noise scale is the study's ``sigma``, never recomputed here.
     """
     clipped = clip_rows(rows, study.row_bound)
-    return clipped + gaussian(clipped.shape, study.sigma)
+    vectors = features.client_vectors(study.kind, clipped)
+    return vectors + gaussian(vectors.shape, study.sigma)

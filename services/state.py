@@ -82,7 +82,8 @@ class StudyRecord:
     state: StudyState | None = None  # None until loaded; dropped after commit
     load_lock: threading.Lock = field(default_factory=threading.Lock)
     committed_at: float | None = None
-    upload_digests: tuple[bytes, ...] = ()  # per-study upload tokens; empty: uploads are open
+    upload_digests: tuple[bytes, ...] = ()  # per-study upload tokens, not revoked
+    upload_required: bool = False  # any upload token was ever issued: uploads need a valid one
     shares_deleted_at: float | None = None  # retention ran: individual shares are gone
 
     @property
@@ -93,8 +94,8 @@ class StudyRecord:
 def load_state(conn: sqlite3.Connection, record: StudyRecord, chunk_rows: int) -> StudyState:
     """Rebuild a study's running totals by streaming its stored reports in rowid order."""
     study = record.study
-    state = StudyState(k=study.k, d=study.d)
-    width = 8 * study.d
+    state = StudyState(k=study.k, d=study.width)
+    width = 8 * study.width
     cursor = conn.execute(
         "SELECT id, report_id, share FROM reports WHERE study = ? ORDER BY id", (record.seq,)
     )
@@ -118,7 +119,7 @@ def load_state(conn: sqlite3.Connection, record: StudyRecord, chunk_rows: int) -
             ids = list(keep)
             blobs = [blobs[i] for i in keep.values()]
         if ids:
-            shares = np.frombuffer(b"".join(blobs), dtype="<u8").reshape(len(ids), study.d)
+            shares = np.frombuffer(b"".join(blobs), dtype="<u8").reshape(len(ids), study.width)
             state.add(study, ids, rowids, shares)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored rows", record.study_id, skipped)

@@ -348,7 +348,7 @@ class Writer:
             joined = b"".join(ids)
             self.conn.execute(db.INSERT_REPORTS, {
                 "m": len(ids), "base": base, "study": seq, "ids": joined,
-                "shares": memoryview(shares).cast("B"), "width": 8 * record.study.d,
+                "shares": memoryview(shares).cast("B"), "width": 8 * record.study.width,
             })
             held = len(record.state.ids) + len(ids)
             self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, seq))

@@ -216,7 +216,12 @@ def test_default_alpha_is_adassp_and_deterministic():
     gxx = rel.gram(True)[:5, :5]
     tau = rel.gram_noise_scale
     assert tau > 0
-    assert a1.alpha_ == pytest.approx(max(0.0, tau - np.linalg.eigvalsh(gxx)[0]))
+    cross = rel.cross_noise_scale
+    # the cross term: sigma sqrt(n/k) ||A||_F, with ||A||_F^2 from the debiased release
+    energy = np.trace(rel.gram(True))
+    assert cross == pytest.approx(study.sigma * np.sqrt(20000 / study.k) * np.sqrt(energy))
+    assert energy > 0
+    assert a1.alpha_ == pytest.approx(max(0.0, tau - np.linalg.eigvalsh(gxx)[0]) + cross)
     assert np.linalg.eigvalsh(gxx + a1.alpha_ * np.eye(5))[0] >= tau * (1 - 1e-9)
     assert default_ridge_alpha(gxx, 0.0) == 0.0
 

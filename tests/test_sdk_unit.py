@@ -85,22 +85,74 @@ def test_noise_comes_only_from_os_urandom(monkeypatch):
     assert np.array_equal(a, b)
 
 
-def test_noise_beyond_8_sigma_is_redrawn(monkeypatch):
-    # a word with sign bit 1 and mantissa 0 gives u = 2^-53, |z| = -ndtri(2^-54) ~ 8.3 > 8
+def test_noise_tail_reaches_beyond_the_cut_and_is_redrawn(monkeypatch):
+    """The refined uniform reaches past 20 sigma (a 53-bit grid alone stops at 8.3), and samples
+    beyond NOISE_TAIL_SIGMAS are redrawn while the others are kept."""
+    assert -noise.ndtri(2.0 ** -54) < NOISE_TAIL_SIGMAS  # why the grid must be refined
+    # seven levels of k = 0 (the word and six refinements): u = 2^-371, |z| ~ 22.5 sigma
+    zero = np.zeros(1, dtype="<u8")
+    refined = noise._unit_uniform(zero.copy(), level=_levels_left(6, monkeypatch, zero))
+    assert 0 < refined[0] <= 2.0 ** -371
+    assert -noise.ndtri(0.5 * refined[0]) > NOISE_TAIL_SIGMAS
+    monkeypatch.undo()
+
     first = np.zeros(4, dtype="<u8")
-    first[:] = np.uint64(1 << 63)
+    first[:] = np.uint64(1 << 63)  # sign bit, k = 0: refined with further (all-zero) words
     first[1] = np.uint64((1 << 53) - 1)  # u = 1: exactly 0
-    queue_ = [first.tobytes()]
+    queue_ = [first.tobytes()] + [bytes(8 * 3)] * 8  # the refinements of words 0, 2 and 3
     real = os.urandom
 
     def fake_urandom(n):
-        return queue_.pop(0) if queue_ else real(n)
+        return queue_.pop(0) if queue_ and len(queue_[0]) == n else real(n)
 
-    assert -noise.ndtri(2.0 ** -54) > NOISE_TAIL_SIGMAS
     monkeypatch.setattr(noise.os, "urandom", fake_urandom)
     g = noise.gaussian(4, 1.0)
+    assert not queue_  # all eight refinement levels were drawn
     assert np.all(np.abs(g) <= NOISE_TAIL_SIGMAS)
     assert g[1] == 0.0  # kept: only the out-of-range coordinates were redrawn
+
+
+def _levels_left(levels: int, monkeypatch, zero: np.ndarray) -> int:
+    """Make the next ``levels`` refinement draws return k = 0 (then real randomness)."""
+    calls = []
+
+    def fake_u64(count):
+        calls.append(count)
+        return np.zeros(count, dtype="<u8") if len(calls) <= levels else np.full(count, (1 << 53) - 1, dtype="<u8")
+
+    monkeypatch.setattr(noise, "_urandom_u64", fake_u64)
+    return 0
+
+
+def test_refined_sampler_is_standard_normal():
+    from scipy import stats
+
+    z = noise.standard_normal(400_000)
+    assert stats.kstest(z, "norm").pvalue > 1e-4
+    assert abs(np.mean(z)) < 0.01 and abs(np.std(z) - 1) < 0.01
+    # the refinement is applied where it should be: |z| > 5.9 happens ~ 4e-9 of the time, so the
+    # bulk of the law is the plain 53-bit inverse CDF; a refined u differs from k + 1 only below 2^22
+    u = noise._unit_uniform(np.array([(1 << 22) + 5, 7], dtype="<u8"))
+    assert u[0] == ((1 << 22) + 6) * 2.0 ** -53
+    assert 7 * 2.0 ** -53 < u[1] <= 8 * 2.0 ** -53
+
+
+def test_tail_delta_is_negligible_and_checked(monkeypatch):
+    from dpsketch.protocol import privacy
+
+    # T = 20: p = 5.5e-89 per coordinate; even epsilon = 100 over 2^40 reports x 33153 values
+    # (the largest study the schema allows) stays far below 1e-6 delta for delta = 1e-12
+    assert privacy.tail_delta(1.0, 10**7 * 78, NOISE_TAIL_SIGMAS) < 1e-70
+    assert privacy.tail_delta(100.0, (1 << 40) * 33153, NOISE_TAIL_SIGMAS) < 1e-24
+    # a cut at 8 sigma (what a 53-bit grid alone gives) would cost a third of delta = 1e-6
+    assert privacy.tail_delta(1.0, 10**7 * 78, 8.0) > 3e-7
+    # and a study whose truncation could matter is refused
+    from dpsketch.protocol import study as study_module
+
+    monkeypatch.setattr(study_module, "NOISE_TAIL_SIGMAS", 8.0)
+    with pytest.raises(ValueError, match="redrawing noise"):
+        design(name="x", columns=["a", "b"], label=None, servers=["s1", "s2"], expected_reports=10**6,
+               epsilon=1.0, delta=1e-6)
 
 
 def test_clip_rows():

@@ -5,7 +5,7 @@ Clients (``client_sdk``), share servers (``services``) and the analyzer (``analy
 import these definitions; no other module computes any of them.
 """
 
-from . import canonical, messages, privacy, problems, ring, sketch
+from . import canonical, envelope, messages, privacy, problems, ring, sketch
 from .problems import ProblemError
 from .study import PROTOCOL, Study, design
 
@@ -15,6 +15,7 @@ __all__ = [
     "Study",
     "canonical",
     "design",
+    "envelope",
     "messages",
     "privacy",
     "problems",

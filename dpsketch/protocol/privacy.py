@@ -22,19 +22,28 @@ from typing import Literal
 
 import numpy as np
 
+from . import features
+
 Neighbouring = Literal["replace-one", "add-remove"]
 
 #: Relative tolerance when a client or server re-derives a study's sigma and compares.
 SIGMA_RTOL = 1e-9
 
 
-def sensitivity(row_bound: float, neighbouring: Neighbouring) -> float:
-    """L2 sensitivity of one clipped row: replacing it moves the data by up to 2B, removing by B."""
-    if neighbouring == "replace-one":
-        return 2.0 * row_bound
-    if neighbouring == "add-remove":
-        return row_bound
-    raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
+def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kind = "sketch") -> float:
+    """L2 sensitivity of what one client shares.
+
+    sketch: the clipped row; replacing it moves the data by up to 2B, removing it by B.
+    gram: the feature vector [a, u(a a^T), 1] (:func:`features.gram_feature_sensitivity`).
+    """
+    if neighbouring not in ("replace-one", "add-remove"):
+        raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
+    replace_one = neighbouring == "replace-one"
+    if kind == "sketch":
+        return 2.0 * row_bound if replace_one else row_bound
+    if kind == "gram":
+        return features.gram_feature_sensitivity(row_bound, replace_one)
+    raise ValueError(f"unknown study kind {kind!r}")
 
 
 @lru_cache(maxsize=256)
@@ -58,18 +67,40 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     return sensitivity * unit_sigma(epsilon, delta)
 
 
-def local_sigma(epsilon: float, delta: float, row_bound: float, neighbouring: Neighbouring) -> float:
-    """sigma_local = Delta / mu_star: what each client would need without the sketch."""
-    return gaussian_sigma(epsilon, delta, sensitivity(row_bound, neighbouring))
+def local_sigma(
+    epsilon: float, delta: float, row_bound: float, neighbouring: Neighbouring, kind: features.Kind = "sketch"
+) -> float:
+    """sigma_local = Delta / mu_star: what each client would need without the servers' sum."""
+    return gaussian_sigma(epsilon, delta, sensitivity(row_bound, neighbouring, kind))
 
 
 def client_sigma(
-    epsilon: float, delta: float, row_bound: float, neighbouring: Neighbouring, lambda_star: float
+    epsilon: float,
+    delta: float,
+    row_bound: float,
+    neighbouring: Neighbouring,
+    lambda_star: float,
+    kind: features.Kind = "sketch",
 ) -> float:
     """The LTM client noise: sigma_local / sqrt(lambda_star)."""
     if not lambda_star >= 1.0:
         raise ValueError("lambda_star must be at least 1")
-    return local_sigma(epsilon, delta, row_bound, neighbouring) / math.sqrt(lambda_star)
+    return local_sigma(epsilon, delta, row_bound, neighbouring, kind) / math.sqrt(lambda_star)
+
+
+def tail_delta(epsilon: float, noise_coordinates: int, tail_sigmas: float) -> float:
+    """What redrawing noise beyond ``tail_sigmas`` sigma can add to delta.
+
+    The truncated noise of all clients is the Gaussian conditioned on the event E that no
+    coordinate is cut, P(not E) <= m p with p = erfc(T / sqrt 2) over m noise coordinates. For
+    any output set, P'[S] <= P[S] / P(E) and P[S] <= P(E) P'[S] + P(not E), so an
+    (epsilon, delta) Gaussian release becomes (epsilon, delta + (e^epsilon + delta) m p / (1 - m p))
+    with truncation (at most (e^epsilon + 1) m p / (1 - m p), what this returns). Studies require this extra to be below 1e-6 delta (T = 20: p = 5.5e-89).
+    """
+    mp = float(noise_coordinates) * math.erfc(tail_sigmas / math.sqrt(2.0))
+    if mp >= 1.0:
+        return math.inf
+    return (math.exp(min(epsilon, 700.0)) + 1.0) * mp / (1.0 - mp)
 
 
 def expected_lambda_min(n: int, k: int) -> float:

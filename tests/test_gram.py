@@ -1,0 +1,248 @@
+"""The gram study kind: feature map, exact sensitivity, calibration, real-cluster release, accuracy.
+
+A gram study (k = s = 1) shares phi(a) = [a, u(a a^T), 1] and the servers add; the release is the
+noisy A^T A, row sum and count with the central model's noise (docs/protocol.md section 2a).
+"""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from analyzer import baselines, evaluation, synthetic
+from analyzer.client import AnalyzerClient
+from analyzer.estimators import PCA, RidgeRegression
+from analyzer.recommend import recommend
+from analyzer.release import GramSumRelease, release_from_ring_sum
+from client_sdk import Client
+from client_sdk.client import prepare_batch
+from dpsketch.protocol import ProblemError, Study, features, privacy, ring, sketch
+from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, design
+
+COLUMNS = ["x0", "x1", "x2", "y"]
+
+
+def gram_study(n: int, columns=COLUMNS, **kw) -> Study:
+    study, _ = design(name="gram", columns=list(columns), label=columns[-1], servers=["s1", "s2", "s3"],
+                      expected_reports=n, kind="gram", seed="ab" * 32, **kw)
+    return study
+
+
+# --- the feature map and its sensitivity -----------------------------------------------------
+
+
+def test_feature_sum_is_row_sum_gram_and_count():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(500, 6))
+    phi = features.gram_features(a)
+    assert phi.shape == (500, features.width("gram", 6)) == (500, 6 + 21 + 1)
+    total, gram, count = features.split_gram_sum(phi.sum(axis=0), 6)
+    np.testing.assert_allclose(total, a.sum(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(gram, a.T @ a, rtol=1e-10, atol=1e-9)
+    assert count == 500
+    # the scaled upper triangle keeps the Euclidean norm of the outer product
+    row = a[0]
+    assert np.linalg.norm(phi[0, 6:-1]) == pytest.approx(np.linalg.norm(np.outer(row, row)))
+
+
+@pytest.mark.parametrize("bound", [0.3, 0.7071, 1.0, 3.0])
+def test_replace_one_sensitivity_is_a_tight_upper_bound(bound):
+    delta = privacy.sensitivity(bound, "replace-one", "gram")
+    rng = np.random.default_rng(int(bound * 1000))
+    d = 4
+    worst = 0.0
+    for _ in range(4000):
+        a, b = rng.normal(size=(2, d))
+        a *= bound * rng.uniform(0.5, 1.0) ** 0.2 / np.linalg.norm(a)
+        b *= bound * rng.uniform(0.5, 1.0) ** 0.2 / np.linalg.norm(b)
+        diff = np.linalg.norm(features.gram_features(a[None])[0] - features.gram_features(b[None])[0])
+        assert diff <= delta * (1 + 1e-12)
+        worst = max(worst, diff)
+    # the derived maximiser reaches the bound: norm-B rows with a.b = -1/2 (or b = -a if B^2 < 1/2)
+    a = np.zeros(d)
+    a[0] = bound
+    if bound**2 >= 0.5:
+        cos = -0.5 / bound**2
+        b = bound * np.array([cos, math.sqrt(1 - cos * cos), 0, 0])
+    else:
+        b = -a
+    reached = np.linalg.norm(features.gram_features(a[None])[0] - features.gram_features(b[None])[0])
+    assert reached == pytest.approx(delta, rel=1e-12)
+    assert worst > 0.9 * delta  # the random search gets close, so the bound is not loose
+
+
+def test_add_remove_sensitivity_and_calibration():
+    for bound in (0.5, 1.0, 2.0):
+        delta = privacy.sensitivity(bound, "add-remove", "gram")
+        a = np.zeros((1, 3))
+        a[0, 1] = bound
+        assert np.linalg.norm(features.gram_features(a)[0]) == pytest.approx(delta)
+    st = gram_study(10_000)
+    unit = privacy.unit_sigma(st.epsilon, st.delta)
+    assert st.lambda_star == 9000.0  # min_reports - t: S S^T = n exactly for the plain sum
+    assert st.sigma == pytest.approx(math.sqrt(4.5) * unit / math.sqrt(9000.0))
+    # the noise a release carries over n >= lambda_star reports is the central Gaussian mechanism's
+    central = privacy.gaussian_sigma(st.epsilon, st.delta, privacy.sensitivity(1.0, "replace-one", "gram"))
+    assert st.sigma * math.sqrt(st.lambda_star) == pytest.approx(central)
+
+
+def test_gram_study_validation():
+    st = gram_study(1000)
+    assert (st.k, st.s, st.width, st.share_bytes) == (1, 1, 4 + 10 + 1, 8 * 15)
+    assert st.value_bound == pytest.approx(1.0 + NOISE_TAIL_SIGMAS * st.sigma)
+    fields = st.model_dump()
+    with pytest.raises(ValueError, match="plain sum"):
+        Study(**{**fields, "k": 4, "s": 4})
+    with pytest.raises(ValueError, match="below the calibrated"):
+        Study(**{**fields, "sigma": st.sigma * 0.99})
+    with pytest.raises(ValueError, match="sketch study beyond"):
+        design(name="g", columns=[f"c{i}" for i in range(features.GRAM_MAX_COLUMNS + 1)], label=None,
+               servers=["a", "b"], expected_reports=1000, kind="gram")
+    with pytest.raises(ValueError, match="sketch study beyond"):  # the model checks it too
+        Study(**{**fields, "columns": [f"c{i}" for i in range(features.GRAM_MAX_COLUMNS + 1)],
+                 "label": None})
+    with pytest.raises(ValueError, match="k must be 1"):
+        design(name="g", columns=["a", "b"], label=None, servers=["a", "b"], expected_reports=1000,
+               kind="gram", k=8)
+    # a row bound above 1 raises the overflow bound to B^2 (the diagonal of a a^T)
+    big = gram_study(1000, row_bound=3.0)
+    assert big.value_bound == pytest.approx(9.0 + NOISE_TAIL_SIGMAS * big.sigma)
+
+
+# --- the real client -> server -> analyzer code path, in process ----------------------------
+
+
+def _release_through_pipeline(study: Study, rows: np.ndarray) -> GramSumRelease:
+    """SDK shares -> each server's accumulation and certificate -> analyzer decode."""
+    total = np.zeros(study.aggregate_shape, dtype=np.uint64)
+    for start in range(0, len(rows), 50_000):
+        batch = prepare_batch(study, rows[start : start + 50_000])
+        idx, signs = sketch.hash_report_ids(study.seed_bytes, batch.report_ids, study.k, study.s)
+        assert np.all(idx == 0) and np.all(signs == 1)  # k = 1: the plain sum
+        for j in range(study.n_servers):
+            acc = np.zeros(study.aggregate_shape, dtype=np.uint64)
+            sketch.accumulate(acc, idx, signs, batch.share(j))
+            total += acc
+    cert = privacy.certify(np.array([[len(rows)]]), 1, len(rows), study.t, study.lambda_star)
+    assert cert.ok and cert.lambda_min == len(rows)
+    release = release_from_ring_sum(study, total, len(rows))
+    assert isinstance(release, GramSumRelease)
+    return release
+
+
+def test_gram_kind_reaches_central_accuracy_at_1e5():
+    """Target: ridge ratio <= 1.01 at n = 10^5, d = 10 (epsilon 1, delta 1e-6, replace-one)."""
+    n = 100_000
+    data = synthetic.regression_data(n, 10, seed=3, clip_quantile=0.99)
+    study, _ = design(name="acc", columns=data.columns, label="y", servers=["s1", "s2"],
+                      expected_reports=n, kind="gram")
+    release = _release_through_pipeline(study, data.rows)
+    rows = baselines.clip_rows(data.rows, 1.0)
+    # the release is A^T A plus noise of the calibrated size (sqrt(n) sigma per coordinate)
+    err = release.gram() - rows.T @ rows
+    scale = study.sigma * math.sqrt(n)
+    assert np.abs(np.diag(err)).max() < 6 * scale
+    # every coordinate of u(err) (diagonal and sqrt(2) x off-diagonal) is N(0, n sigma^2)
+    rms = np.sqrt(np.mean(features.upper_triangle(err) ** 2))
+    assert 0.7 < rms / scale < 1.3
+    assert abs(release.noisy_count - n) < 6 * scale
+    ratios = evaluation.compare(data, study, release, rng=np.random.default_rng(0), tasks=("ridge",))
+    assert ratios["ridge"]["ltm"] <= 1.01
+    assert ratios["ridge"]["local"] > 2.0  # far from it without the servers' sum
+    # the default penalty (AdaSSP, no cross term for a gram release) is as good
+    model = RidgeRegression("y").fit(release)
+    assert evaluation.ridge_ratio(rows[:, :-1], rows[:, -1], model.coef_, evaluation.default_alpha(n, 1.0)) <= 1.01
+
+
+def test_recommend_prefers_gram_when_it_fits_and_sketch_when_not():
+    rec = recommend(11, 100_000, predict=True)
+    gram, sketch_opt = rec.options
+    assert rec.kind == "gram" and gram.kind == "gram" and sketch_opt.kind == "sketch"
+    assert gram.width == 78 and gram.share_bytes == 16 + 8 * 78 and gram.upload_bytes == 3 * gram.share_bytes
+    assert sketch_opt.width == 11
+    assert gram.predicted["ridge"] <= 1.01 and gram.predicted["ridge"] < sketch_opt.predicted["ridge"]
+    assert gram.predicted["pca"] < rec.reference["pca"]["local"]
+    wide = recommend(200, 100_000, predict=False)
+    assert wide.kind == "sketch" and not wide.options[0].feasible
+    assert "budget" in wide.options[0].note
+    assert wide.options[1].k >= 400 and wide.options[1].note == ""
+    # too few reports for a sketch of 200 columns: said in the option and in the design
+    thin = recommend(200, 10_000, predict=False)
+    assert thin.options[1].k <= 200 and "k <= d" in thin.options[1].note
+    assert recommend(11, 100_000, predict=False).options[1].note == ""  # k = 20 > d
+    _, explanation = design(name="w", columns=[f"c{i}" for i in range(200)], label=None,
+                            servers=["s1", "s2"], expected_reports=10_000)
+    assert any(line.startswith("Warning: k = 100 <= d = 200") for line in explanation)
+    assert recommend(200, 100_000, predict=False, max_share_kib=1024).kind == "gram"
+
+
+# --- over real HTTP ---------------------------------------------------------------------------
+
+
+def test_gram_study_end_to_end_over_http(live_cluster):
+    c = live_cluster
+    n = 3000
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="gram-e2e", columns=COLUMNS, label="y", expected_reports=n,
+                                  kind="gram", min_reports=n)
+        rec = an.recommend(d=4, expected_reports=n)
+        with pytest.raises(ProblemError) as bad:
+            an.recommend(d=0, expected_reports=n)
+    assert bad.value.status == 422
+    assert rec["kind"] == "gram" and rec["options"][0]["width"] == 15
+    study = Study.model_validate(created["study"])
+    assert study.kind == "gram" and study.width == 15 and study.k == 1
+
+    rng = np.random.default_rng(5)
+    rows = rng.normal(0, 0.4, size=(n, 4))
+    batch = prepare_batch(study, rows)
+    encoded = ring.reconstruct(batch.shares)
+    for j, url in enumerate(c.server_urls):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j)})
+        assert r.status_code == 200, r.text
+    # a share of the wrong width (a sketch-kind row) is refused and changes nothing
+    narrow = np.zeros((1, 4), dtype=np.uint64)
+    from dpsketch.protocol import messages
+
+    r = httpx.post(f"{c.server_urls[0]}/v1/studies/{study.study_id}/batches",
+                   content=messages.encode_batch([messages.new_report_id()], narrow),
+                   headers={"Content-Type": messages.SHARES_MEDIA_TYPE})
+    assert 400 <= r.status_code < 500 and r.headers["content-type"].startswith("application/problem+json")
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)
+        assert fin["n_reports"] == n
+        released = an.sketch(study.study_id)
+        moments = an.gram(study.study_id)
+        ridge = an.ridge(study.study_id)
+
+    # exact: the release is the ring sum of the clients' encoded phi(a) + noise
+    expected = ring.decode(ring.reconstruct([encoded.sum(axis=0, dtype=np.uint64)[None, :]]), study.frac_bits)
+    assert released["kind"] == "gram"
+    np.testing.assert_array_equal(np.array(released["sketch"]), expected)
+    clipped = baselines.clip_rows(rows, study.row_bound)
+    scale = study.sigma * math.sqrt(n)
+    np.testing.assert_allclose(np.array(moments["gram"]), clipped.T @ clipped, atol=6 * scale)
+    np.testing.assert_allclose(moments["row_sum"], clipped.sum(axis=0), atol=6 * scale)
+    assert abs(moments["noisy_count"] - n) < 6 * scale
+    assert ridge["features"] == ["x0", "x1", "x2"] and all(np.isfinite(ridge["coef"]))
+    # PCA from the same release through the estimator API
+    assert PCA(2).fit(GramSumRelease(study, expected, n)).components_.shape == (2, 4)
+
+
+def test_sdk_submits_to_a_gram_study(live_cluster):
+    c = live_cluster
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="gram-sdk", columns=COLUMNS, label="y", expected_reports=400,
+                                  kind="auto", min_reports=400)
+    study_id = created["study_id"]
+    assert created["study"]["kind"] == "gram"  # auto: 15 values per report fit any budget
+    rows = np.random.default_rng(2).normal(0, 0.3, size=(400, 4))
+    with Client(c.server_urls) as client:
+        ids = client.submit_many(study_id, rows, batch_size=150)
+        assert len(ids) == 400
+        assert client.report_counts(study_id) == {"s1": 400, "s2": 400, "s3": 400}
