@@ -25,6 +25,7 @@ from .client import (
     StudyMismatch,
     SubmitResult,
     bench_compression,
+    bench_encryption,
     prepare_batch,
 )
 from .data import InvalidDataError, read_csv
@@ -43,6 +44,7 @@ __all__ = [
     "StudyMismatch",
     "SubmitResult",
     "bench_compression",
+    "bench_encryption",
     "prepare_batch",
     "read_csv",
 ]

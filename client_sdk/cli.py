@@ -57,9 +57,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds to wait for each HTTP request (default: %(default)s)")
     p.add_argument("--max-retries", type=int, default=5, metavar="N",
                    help="retries per request on network errors, 5xx, 429 (default: %(default)s)")
-    p.add_argument("--token", default=os.environ.get("DPSKETCH_CLIENT_TOKEN"), metavar="TOKEN",
-                   help="bearer token to send, if the servers require one "
-                        "(default: $DPSKETCH_CLIENT_TOKEN)")
+    p.add_argument("--token", default=os.environ.get("DPSKETCH_CLIENT_TOKEN"), metavar="TOKEN[,TOKEN...]",
+                   help="bearer token to send, if the servers require one: one for all servers, or "
+                        "one per server in --servers order, comma-separated (a study's upload tokens "
+                        "are issued by each server; default: $DPSKETCH_CLIENT_TOKEN)")
+    p.add_argument("--encrypt", action="store_true",
+                   help="seal each share to its server's HPKE public key (docs/protocol.md section 7a)")
     p.add_argument("--ignore-extra-columns", action="store_true",
                    help="skip CSV columns the study does not have instead of refusing the file")
     p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
@@ -102,10 +105,16 @@ def main(argv: list[str] | None = None) -> int:
             verify = ssl.create_default_context(cafile=args.ca_file)
         except (OSError, ssl.SSLError) as exc:
             return fail(f"cannot load the CA file {args.ca_file}: {exc}")
+    token: str | list[str] | None = args.token
+    if token and "," in token:
+        token = [t.strip() for t in token.split(",")]
+        if len(token) != len(urls) or not all(token):
+            return fail(f"--token lists {len(token)} tokens for {len(urls)} servers; give one, or "
+                        f"one per server", EXIT_USAGE)
     started = time.monotonic()
     try:
-        with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=args.token,
-                    verify=verify) as client:
+        with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=token,
+                    verify=verify, encrypt=args.encrypt) as client:
             study = client.study(args.study)
             total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns)
             if total == 0:

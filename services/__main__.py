@@ -31,6 +31,11 @@ want to rotate without a restart go in --tokens-file (JSON {"operator": [...], "
 plain tokens or "sha256:<hex>" digests), re-read when it changes and on SIGHUP. Only digests of
 tokens are kept in memory. The privacy policy flags (--max-epsilon, ...) make the server refuse
 studies outside its own policy; /v1/info publishes it.
+
+Sealed shares: at first start the server generates an HPKE key pair (X25519, HKDF-SHA256,
+ChaCha20-Poly1305), stores it in --db (the file is made mode 0600) and publishes the public key
+in /v1/info; clients may then seal each share to it (docs/protocol.md section 7a). POST /v1/keys
+(operator token) rotates the key; older keys keep opening shares until DELETE /v1/keys/{key_id}.
 """
 
 EPILOG = """\
@@ -38,11 +43,15 @@ example:
   DPSKETCH_OPERATOR_TOKEN=... DPSKETCH_ANALYST_TOKEN=... \\
     dpsketch server --server-id s1 --db /var/lib/dpsketch/s1.sqlite3 --port 8101
 
-SIGTERM or Ctrl-C stops the server cleanly: in-flight requests finish, queued writes commit.
+SIGTERM or Ctrl-C stops the server cleanly: it stops accepting connections, in-flight requests
+finish, queued writes commit, and it exits with status 0. The wait for open connections (idle TLS
+keep-alive clients hold it up to 30 s otherwise) is bounded by --graceful-timeout.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dpsketch.serving import add_graceful_argument
+
     p = argparse.ArgumentParser(prog="dpsketch server", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server-id", required=True,
@@ -65,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "costs throughput at thousands of uploads per second)")
     p.add_argument("--ssl-certfile", type=Path, help="serve HTTPS with this certificate chain (PEM)")
     p.add_argument("--ssl-keyfile", type=Path, help="private key for --ssl-certfile (PEM)")
+    add_graceful_argument(p)
     return p
 
 
@@ -98,12 +108,14 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from dpsketch.serving import check_graceful_timeout, serve
+
+    check_graceful_timeout(parser, args.graceful_timeout)
     settings = settings_from_args(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # (short tokens are warned about by Settings, which keeps only their SHA-256 digests)
-
-    import uvicorn
 
     from .app import create_app
 
@@ -112,13 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # e.g. unreadable database: say so plainly, no traceback
         print(f"dpsketch server: cannot open the store {settings.db_path}: {exc}", file=sys.stderr)
         return 1
-    config = uvicorn.Config(app, host=args.host, port=args.port, workers=1, log_level=args.log_level,
-                            access_log=args.access_log, timeout_graceful_shutdown=30,
-                            proxy_headers=False, server_header=False,
-                            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
-    server = uvicorn.Server(config)
-    server.run()  # handles SIGTERM/SIGINT: stop accepting, finish requests, run shutdown
-    return 0
+    # handles SIGTERM/SIGINT: stop accepting, finish requests (bounded), run the app's shutdown
+    return serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,
+                 log_level=args.log_level, access_log=args.access_log, proxy_headers=False,
+                 server_header=False, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
 
 
 if __name__ == "__main__":

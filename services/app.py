@@ -21,18 +21,21 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 import dpsketch
-from dpsketch.protocol import sketch
+from dpsketch.protocol import envelope, ring, sketch
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     INCLUSION_HASH_HEADER,
     REPORT_IDS_MEDIA_TYPE,
+    SEALED_MEDIA_TYPE,
     SEEDS_MEDIA_TYPE,
     SHARES_MEDIA_TYPE,
     CommitResult,
+    HpkeKeys,
     Report,
     ServerInfo,
     StudyInfo,
     UploadResult,
+    UploadTokenList,
     decode_upload,
 )
 from dpsketch.protocol.problems import ProblemError
@@ -41,7 +44,7 @@ from dpsketch.protocol.study import PROTOCOL, Study
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
 from . import policy
-from .auth import TokenRegistry, digest_of, matches
+from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .settings import Settings
 from .store import Store
 
@@ -126,11 +129,19 @@ def _json(model) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-def _parse_batch(body: bytes, study: Study, media_type: str = SHARES_MEDIA_TYPE):
-    """Decode a share batch (or a seed batch, expanded to the same shares) and hash its ids
-    (CPU work, run in a worker thread)."""
+def _parse_batch(body: bytes, study: Study, media_type: str = SHARES_MEDIA_TYPE, opener=None):
+    """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
+    opened with ``opener`` = (server id, key ring)) and hash its ids (CPU work, run in a worker
+    thread)."""
     try:
-        ids, shares = decode_upload(body, media_type, study.d)
+        if media_type == SEALED_MEDIA_TYPE:
+            server_id, keys = opener
+            ids, shares = envelope.open_batch(body, study.width, study.study_id, server_id,
+                                              keys.private_key_for, ring.expand_seeds)
+        else:
+            ids, shares = decode_upload(body, media_type, study.width)
+    except envelope.SealError as exc:
+        raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
         raise ProblemError("malformed-body", str(exc)) from None
     rows, signs = sketch.hash_report_ids(study.seed_bytes, ids, study.k, study.s)
@@ -175,7 +186,21 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/info", response_model=ServerInfo, tags=["meta"])
     async def info() -> ServerInfo:
         return ServerInfo(server_id=settings.server_id, protocol=PROTOCOL, version=dpsketch.__version__,
-                          policy=policy.describe(settings))
+                          policy=policy.describe(settings), hpke=store.keys.describe())
+
+    @app.post("/v1/keys", response_model=HpkeKeys, status_code=201, tags=["meta"],
+              dependencies=[operator], responses=problem_responses(*auth_errors, 503))
+    async def rotate_key() -> HpkeKeys:
+        """Rotate the HPKE key (operator): a new key becomes current (clients seal to it from
+        their next GET /v1/info on); every older key still opens shares until retired."""
+        return await run_in_threadpool(store.rotate_key)
+
+    @app.delete("/v1/keys/{key_id}", response_model=HpkeKeys, tags=["meta"], dependencies=[operator],
+                responses=problem_responses(*auth_errors, 404, 409, 503))
+    async def retire_key(key_id: str) -> HpkeKeys:
+        """Retire (erase) a superseded HPKE key (operator). Refused with 409 key-in-use for the
+        current key and while any study provisioned before it was superseded is still open."""
+        return await run_in_threadpool(store.retire_key, key_id)
 
     @app.put(
         "/v1/studies/{study_id}", response_model=StudyInfo, tags=["studies"],
@@ -207,10 +232,10 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("invalid-study",
                                f"the study's servers {study.servers} do not include this server "
                                f"({settings.server_id})")
-        if study.k > settings.max_k or study.k * study.d > settings.max_aggregate_cells:
+        if study.k > settings.max_k or study.k * study.width > settings.max_aggregate_cells:
             raise ProblemError("invalid-study",
-                               f"this server accepts k <= {settings.max_k} and k * d <= "
-                               f"{settings.max_aggregate_cells} (got k = {study.k}, d = {study.d})")
+                               f"this server accepts k <= {settings.max_k} and k * width <= "
+                               f"{settings.max_aggregate_cells} (got k = {study.k}, width = {study.width})")
         policy.check(study, settings)
         info, created = await run_in_threadpool(store.provision, study)
         return JSONResponse(info.model_dump(mode="json"), status_code=201 if created else 200)
@@ -232,13 +257,14 @@ def create_app(settings: Settings) -> FastAPI:
         """A study with upload tokens takes uploads only with one of them (401 otherwise)."""
         record = store.record(study_id)
         digests = record.upload_digests
-        if not digests:
+        if not record.upload_required:
             return
         if creds is None or not creds.credentials:
             raise ProblemError("unauthorized", f"study {study_id} takes uploads only with one of its upload tokens",
                                headers={"WWW-Authenticate": "Bearer"})
         if not matches(digests, digest_of(creds.credentials)):
-            raise ProblemError("unauthorized", "the bearer token is not an upload token of this study",
+            raise ProblemError("unauthorized", "the bearer token is not a valid upload token of this "
+                               "study (unknown, or revoked)",
                                headers={"WWW-Authenticate": "Bearer"})
 
     uploader = Depends(upload_allowed)
@@ -249,8 +275,23 @@ def create_app(settings: Settings) -> FastAPI:
         """Issue a fresh upload token for the study (operator). Only its digest is stored; from
         the first token on, uploads to the study need one of its tokens."""
         token, count = await run_in_threadpool(store.add_upload_token, study_id)
-        return JSONResponse({"study_id": study_id, "token": token, "upload_tokens": count},
+        return JSONResponse({"study_id": study_id, "token": token, "upload_tokens": count,
+                             "token_id": upload_token_id(digest_of(token))},
                             status_code=201, headers={"Cache-Control": "no-store"})
+
+    @app.get("/v1/studies/{study_id}/upload-tokens", response_model=UploadTokenList, tags=["studies"],
+             dependencies=[operator], responses=problem_responses(*auth_errors, 404, 503))
+    async def list_upload_tokens(study_id: str) -> UploadTokenList:
+        """The study's upload tokens (operator): ids, issue and revocation times, never a token."""
+        return await run_in_threadpool(store.list_upload_tokens, study_id)
+
+    @app.delete("/v1/studies/{study_id}/upload-tokens/{token_id}", response_model=UploadTokenList,
+                tags=["studies"], dependencies=[operator],
+                responses=problem_responses(*auth_errors, 404, 503))
+    async def revoke_upload_token(study_id: str, token_id: str) -> UploadTokenList:
+        """Revoke one upload token (operator; idempotent): refused from this answer on. The
+        study keeps requiring an upload token, even if none is left."""
+        return await run_in_threadpool(store.revoke_upload_token, study_id, token_id)
 
     @app.delete("/v1/studies/{study_id}/shares", tags=["finalization"], dependencies=[operator],
                 responses=problem_responses(*auth_errors, 404, 409, 503))
@@ -266,7 +307,7 @@ def create_app(settings: Settings) -> FastAPI:
         record = store.record(study_id)
         study = record.study
         try:
-            shares = report.share_values(study.d).reshape(1, study.d)
+            shares = report.share_values(study.width).reshape(1, study.width)
         except ValueError as exc:
             raise ProblemError("invalid-request", str(exc)) from None
         ids = [bytes.fromhex(report.report_id)]  # the writer hashes single reports in bulk
@@ -274,25 +315,29 @@ def create_app(settings: Settings) -> FastAPI:
         return _json(result)
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
-              dependencies=[uploader], responses=problem_responses(400, 401, 404, 409, 413, 415, 503),
+              dependencies=[uploader], responses=problem_responses(400, 401, 404, 409, 413, 415, 422, 503),
               openapi_extra={"requestBody": {
                   "required": True,
                   "description": f"{SHARES_MEDIA_TYPE}: m records of a 16-byte report id and d "
                                  f"little-endian uint64 (the share); or {SEEDS_MEDIA_TYPE}: m records "
                                  f"of a 16-byte report id and a 32-byte seed, which the server expands "
-                                 f"to the d-value share (ChaCha20, docs/protocol.md section 4)",
+                                 f"to the d-value share (ChaCha20, docs/protocol.md section 4); or "
+                                 f"{SEALED_MEDIA_TYPE}: m records of a share or seed sealed to this "
+                                 f"server with HPKE (docs/protocol.md section 7a)",
                   "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
-                              SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
+                              SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
+                              SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
     async def upload_batch(study_id: str, request: Request) -> Response:
-        """Upload many reports at once, as full shares or as seeds (expanded to the same shares
-        before anything else, so duplicates are judged on the share bytes); all-or-nothing,
-        acknowledged once durable."""
-        media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE)
+        """Upload many reports at once, as full shares, as seeds (expanded to the same shares
+        before anything else, so duplicates are judged on the share bytes) or sealed to this
+        server with HPKE (opened first, then the same); all-or-nothing, acknowledged once durable."""
+        media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SEALED_MEDIA_TYPE)
         record = store.record(study_id)
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {study_id} is committed; it takes no more reports")
         body = await request.body()
-        ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study, media_type)
+        ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study, media_type,
+                                                           (settings.server_id, store.keys))
         return _json(await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs)))
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],

@@ -39,6 +39,12 @@ def digest_of(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
+def upload_token_id(digest: bytes) -> str:
+    """The public id of an upload token: hex of the first 8 bytes of its SHA-256 digest (the
+    holder of a token can compute it; it reveals nothing usable about the token)."""
+    return digest[:8].hex()
+
+
 def digest_text(token: str) -> str:
     """The ``sha256:<hex>`` form to put in a tokens file."""
     return DIGEST_PREFIX + digest_of(token).hex()

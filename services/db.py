@@ -60,6 +60,23 @@ CREATE TABLE IF NOT EXISTS upload_tokens (
     created_at REAL NOT NULL,
     PRIMARY KEY (study, digest)
 );
+-- Revoked upload tokens (the digest stays in upload_tokens, so the study keeps requiring one).
+CREATE TABLE IF NOT EXISTS upload_token_revocations (
+    study      INTEGER NOT NULL REFERENCES studies(seq),
+    digest     BLOB NOT NULL CHECK (length(digest) = 32),
+    revoked_at REAL NOT NULL,
+    PRIMARY KEY (study, digest)
+);
+-- The server's HPKE (X25519) key pairs for sealed shares (services/keys.py). The private key is
+-- stored raw: whoever can read this file can open sealed shares (the file is made mode 0600).
+-- superseded_at NULL marks the current key; a retired key's row is deleted (secure_delete).
+CREATE TABLE IF NOT EXISTS hpke_keys (
+    key_id        BLOB PRIMARY KEY CHECK (length(key_id) = 8),
+    private_key   BLOB NOT NULL CHECK (length(private_key) = 32),
+    public_key    BLOB NOT NULL CHECK (length(public_key) = 32),
+    created_at    REAL NOT NULL,
+    superseded_at REAL
+);
 -- Retention: when a committed study's individual shares were deleted (the ids, the commit and
 -- the released aggregate stay).
 CREATE TABLE IF NOT EXISTS retention (

@@ -28,7 +28,10 @@ import numpy as np
 from dpsketch.protocol import privacy, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
+    HpkeKeys,
     StudyInfo,
+    UploadToken,
+    UploadTokenList,
     decode_report_ids,
     encode_aggregate,
     encode_report_ids,
@@ -39,7 +42,8 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import db, idsets
-from .auth import digest_of
+from .auth import digest_of, upload_token_id
+from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
 from .settings import Settings
 from .state import StudyRecord, StudyState, load_state
@@ -79,6 +83,7 @@ class Store:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._conn = db.initialise(settings.db_path, settings.busy_timeout_s)
+        self.keys = KeyRing(self._conn, settings.db_path)  # HPKE keys; the first one made here
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -129,14 +134,20 @@ class Store:
             "LEFT JOIN retention r ON r.study = s.seq ORDER BY s.seq"
         ).fetchall()
         tokens: dict[int, list[bytes]] = {}
+        issued: set[int] = set()
+        revoked = {(seq, bytes(digest)) for seq, digest in
+                   self._conn.execute("SELECT study, digest FROM upload_token_revocations")}
         for seq, digest in self._conn.execute("SELECT study, digest FROM upload_tokens ORDER BY created_at"):
-            tokens.setdefault(seq, []).append(bytes(digest))
+            issued.add(seq)
+            if (seq, bytes(digest)) not in revoked:
+                tokens.setdefault(seq, []).append(bytes(digest))
         for seq, canonical, count, result, committed_at, deleted_at in rows:
             study = Study.model_validate_json(canonical)
             commit = CommitResult.model_validate_json(result) if result is not None else None
             self._records[study.study_id] = StudyRecord(
                 seq, study, int(count), commit, committed_at=committed_at,
-                upload_digests=tuple(tokens.get(seq, ())), shares_deleted_at=deleted_at)
+                upload_digests=tuple(tokens.get(seq, ())), upload_required=seq in issued,
+                shares_deleted_at=deleted_at)
 
     def _warm(self) -> None:
         for record in list(self._records.values()):
@@ -176,6 +187,7 @@ class Store:
             report_count=record.report_count,
             study=record.study,
             commit=record.commit,
+            hpke=self.keys.describe(),
         )
 
     def infos(self) -> list[StudyInfo]:
@@ -218,7 +230,7 @@ class Store:
                 "INSERT INTO studies (study_id, canonical, created_at) VALUES (?, ?, ?)",
                 (study_id, study.canonical(), time.time()),
             )
-            record = StudyRecord(int(cur.lastrowid), study, 0, state=StudyState(k=study.k, d=study.d))
+            record = StudyRecord(int(cur.lastrowid), study, 0, state=StudyState(k=study.k, d=study.width))
             return (record, True), lambda: self._records.__setitem__(study_id, record)
 
         record, created = self.writer.submit(CallJob(fn)).result()
@@ -283,7 +295,7 @@ class Store:
         if from_scratch:
             aggregate[:] = 0
             gram[:] = 0
-        for rids, shares in self._fetch(wanted, study.d):
+        for rids, shares in self._fetch(wanted, study.width):
             rows, signs = sketch.hash_report_ids(study.seed_bytes, rids, study.k, study.s)
             add_into(aggregate, rows, signs, shares, sign)
             sketch.accumulate_gram(gram, rows, signs, sign)
@@ -340,11 +352,60 @@ class Store:
 
             def apply() -> None:
                 record.upload_digests = digests
+                record.upload_required = True
 
             return len(digests), apply
 
         count = self.writer.submit(CallJob(fn)).result()
         return token, count
+
+    @_unavailable_on_db_error
+    def list_upload_tokens(self, study_id: str) -> UploadTokenList:
+        """The study's upload tokens by id (hex SHA-256(token)[:8]), issue and revocation times;
+        never a token or a whole digest."""
+        record = self.record(study_id)
+        rows = self._reader().execute(
+            "SELECT t.digest, t.created_at, r.revoked_at FROM upload_tokens t LEFT JOIN "
+            "upload_token_revocations r ON r.study = t.study AND r.digest = t.digest "
+            "WHERE t.study = ? ORDER BY t.created_at", (record.seq,)).fetchall()
+        tokens = [UploadToken(token_id=upload_token_id(bytes(d)), created_at=c, revoked_at=r)
+                  for d, c, r in rows]
+        return UploadTokenList(study_id=study_id, required=record.upload_required,
+                               active=sum(t.revoked_at is None for t in tokens), tokens=tokens)
+
+    def revoke_upload_token(self, study_id: str, token_id: str) -> UploadTokenList:
+        """Revoke one upload token (idempotent); from the commit on, it is refused. The study
+        keeps requiring an upload token even when none is left."""
+        record = self.record(study_id)
+
+        def fn(conn: sqlite3.Connection):
+            rows = conn.execute("SELECT digest FROM upload_tokens WHERE study = ?", (record.seq,)).fetchall()
+            match = [bytes(d) for (d,) in rows if upload_token_id(bytes(d)) == token_id]
+            if not match:
+                raise ProblemError("not-found", f"study {study_id} has no upload token {token_id[:40]!r}")
+            conn.execute("INSERT OR IGNORE INTO upload_token_revocations (study, digest, revoked_at) "
+                         "VALUES (?, ?, ?)", (record.seq, match[0], time.time()))
+            digests = tuple(d for d in record.upload_digests if d != match[0])
+
+            def apply() -> None:
+                record.upload_digests = digests
+
+            return None, apply
+
+        self.writer.submit(CallJob(fn)).result()
+        log.info("study %s: upload token %s revoked", study_id, token_id)
+        return self.list_upload_tokens(study_id)
+
+    # --- HPKE keys ---------------------------------------------------------------------------
+    def rotate_key(self) -> HpkeKeys:
+        """A new current HPKE key; older keys keep opening shares until retired."""
+        self.writer.submit(CallJob(self.keys.rotate)).result()
+        return self.keys.describe()
+
+    def retire_key(self, key_id: str) -> HpkeKeys:
+        """Erase a superseded key (409 key-in-use while an open study may still need it)."""
+        self.writer.submit(CallJob(lambda conn: self.keys.retire(conn, key_id))).result()
+        return self.keys.describe()
 
     # --- retention ---------------------------------------------------------------------------
     def delete_shares(self, study_id: str) -> dict:

@@ -8,7 +8,9 @@ JSON bodies are pydantic models; bulk data travels as little-endian binary:
   32-byte seed that expands to the d-value share (``ring.expand_seed``), nothing else;
 * a report-id list (``application/x-dpsketch-report-ids``): m 16-byte ids in ascending bytewise
   order, no repeats;
-* an aggregate share (``application/x-dpsketch-aggregate``): k * d little-endian uint64, row-major.
+* an aggregate share (``application/x-dpsketch-aggregate``): k * d little-endian uint64, row-major;
+* a sealed batch (``application/x-dpsketch-sealed``): m records, each a share or seed sealed to
+  one server with HPKE (``envelope``: layout, context binding, seal and open).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ SHARES_MEDIA_TYPE = "application/x-dpsketch-shares"
 SEEDS_MEDIA_TYPE = "application/x-dpsketch-seeds"
 REPORT_IDS_MEDIA_TYPE = "application/x-dpsketch-report-ids"
 AGGREGATE_MEDIA_TYPE = "application/x-dpsketch-aggregate"
+#: A batch of HPKE-sealed shares or seeds (dpsketch.protocol.envelope, docs/protocol.md 7a).
+SEALED_MEDIA_TYPE = "application/x-dpsketch-sealed"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 #: Response header carrying the inclusion hash next to an aggregate share.
@@ -211,6 +215,30 @@ class StudyInfo(BaseModel):
     report_count: int
     study: Study
     commit: CommitResult | None = None
+    hpke: "HpkeKeys | None" = Field(default=None, description="the server's HPKE keys for sealing "
+                                    "shares of this study (the same as in /v1/info)")
+
+
+class HpkeKey(BaseModel):
+    """One of a server's HPKE public keys (X25519, raw 32 bytes as hex)."""
+
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="hex SHA-256(public_key)[:8]")
+    public_key: str = Field(pattern=r"^[0-9a-f]{64}$", description="raw X25519 public key, hex")
+    created_at: float
+    superseded_at: float | None = Field(default=None, description="when a newer key became "
+                                        "current; null for the current key")
+
+
+class HpkeKeys(BaseModel):
+    """A server's HPKE configuration: the suite (RFC 9180 ids), its current key (seal to this
+    one) and every key it still opens shares with."""
+
+    kem_id: int
+    kdf_id: int
+    aead_id: int
+    suite: str
+    current: str = Field(pattern=r"^[0-9a-f]{16}$", description="key_id of the key to seal to")
+    keys: list[HpkeKey]
 
 
 class ServerInfo(BaseModel):
@@ -220,6 +248,25 @@ class ServerInfo(BaseModel):
     #: The server's privacy and retention policy (services/policy.py); optional, servers that
     #: do not publish one leave it out.
     policy: dict[str, float | int | None] | None = None
+    #: The server's HPKE public keys for sealed shares (section 7a); optional.
+    hpke: HpkeKeys | None = None
+
+
+class UploadToken(BaseModel):
+    """An upload token as listed: never the token, only its id (hex SHA-256(token)[:8])."""
+
+    token_id: str
+    created_at: float
+    revoked_at: float | None = None
+
+
+class UploadTokenList(BaseModel):
+    study_id: str
+    #: True once the study was given any upload token: uploads need a valid (unrevoked) one,
+    #: even after every token was revoked.
+    required: bool
+    active: int
+    tokens: list[UploadToken]
 
 
 class Problem(BaseModel):
@@ -230,3 +277,6 @@ class Problem(BaseModel):
     status: int
     detail: str
     instance: str | None = None
+
+
+StudyInfo.model_rebuild()

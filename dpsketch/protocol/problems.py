@@ -27,6 +27,8 @@ CATALOGUE: dict[str, tuple[int, str]] = {
     "certificate-refused": (422, "The release certificate is not met"),
     "invalid-study": (422, "The study parameters are invalid"),
     "invalid-request": (422, "The request is invalid"),
+    "sealed-share-refused": (422, "A sealed share does not open at this server"),
+    "key-in-use": (409, "The key may still be needed to open shares of an open study"),
     "payload-too-large": (413, "The request body is too large"),
     "unsupported-media-type": (415, "Unsupported content type"),
     "unavailable": (503, "The service cannot take this request now; retry later"),
