@@ -8,11 +8,16 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dpsketch.serving import add_graceful_argument
+
     p = argparse.ArgumentParser(
         prog="dpsketch analyzer",
         description="Run the analyzer: it creates studies on the share servers, finalizes them "
         "(intersect report ids, commit the same set everywhere, add the aggregate shares) and "
         "serves ridge / least-squares / PCA analyses of the released noisy sketch over REST.",
+        epilog="SIGTERM or Ctrl-C stops the analyzer cleanly: it stops accepting connections, lets "
+        "in-flight requests finish (at most --graceful-timeout seconds; a finalization cut short "
+        "resumes where it stopped when asked again) and exits with status 0.",
     )
     p.add_argument("--config", help="cluster JSON (servers with urls and tokens); default: the "
                    "DPSKETCH_CLUSTER environment variable holding the same JSON")
@@ -23,13 +28,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--ssl-keyfile", help="private key for --ssl-certfile (PEM)")
+    add_graceful_argument(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    import uvicorn
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from dpsketch.serving import check_graceful_timeout, serve
 
+    check_graceful_timeout(parser, args.graceful_timeout)
     from .app import create_app
     from .config import ClusterConfig
     from .coordinator import Coordinator
@@ -45,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("dpsketch.analyzer")
     coordinator = Coordinator(config, AnalyzerStore(args.db), log=log.info)
     app = create_app(coordinator)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
-    coordinator.close()
-    return 0
+    try:
+        return serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port,
+                     log_level=args.log_level, ssl_certfile=args.ssl_certfile,
+                     ssl_keyfile=args.ssl_keyfile)
+    finally:
+        coordinator.close()
 
 
 if __name__ == "__main__":

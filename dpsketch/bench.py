@@ -4,6 +4,13 @@
                  server, against the exact scipy.sparse sketch of the same shares;
 * ``upload``   - bulk upload rows/s over loopback HTTP (d = 32) against raw SQLite inserts, and
                  single-report uploads from 64 concurrent clients against one fsync per report;
+* ``sealed``   - HPKE-sealed shares (docs/protocol.md section 7a) against plaintext: bytes per
+                 report, sealing and opening time per share, and bulk upload rows/s of both
+                 modes to one real server over loopback (d = 32); not part of ``all``;
+* ``load``     - 64 concurrent clients uploading single reports to one server for 60 s (the load
+                 test of tests/test_faults.py, one driver in dpsketch/loadtest.py): throughput,
+                 p50/p99, errors, server RSS start/end, against the same driver on the server's
+                 GET /healthz; ``--seconds``, ``--clients``; not part of ``all``;
 * ``accuracy`` - the demo's error ratios (LTM, local, central) at n = 10^4, 10^5, 10^6 through
                  the real pipeline (real processes, SDK over HTTP, analyzer REST).
 
@@ -58,7 +65,9 @@ def accuracy_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dpsketch bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="?", default="all", choices=["commit", "upload", "accuracy", "all"])
+    p.add_argument("which", nargs="?", default="all", choices=["commit", "upload", "sealed", "load", "accuracy", "all"])
+    p.add_argument("--seconds", type=float, help="load: how long to drive uploads (default: 60; --quick: 5)")
+    p.add_argument("--clients", type=int, default=64, help="load: concurrent clients (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="small sizes: seconds, not minutes")
     p.add_argument("--out", help="also write the figures as JSON to this file")
     args = p.parse_args(argv)
@@ -77,6 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         figures["single_upload"] = server_bench.bench_single_upload(
             clients=64, seconds=3.0 if args.quick else 20.0, d=32)
         print(json.dumps({"single_upload": figures["single_upload"]}), flush=True)
+    if args.which == "sealed":
+        from client_sdk.client import bench_encryption
+
+        figures["sealed_envelope"] = bench_encryption(n=5_000 if args.quick else 50_000, d=32, n_servers=3)
+        print(json.dumps({"sealed_envelope": figures["sealed_envelope"]}), flush=True)
+        figures["sealed_upload"] = server_bench.bench_sealed_upload(n=20_000 if args.quick else 100_000, d=32)
+        print(json.dumps({"sealed_upload": figures["sealed_upload"]}), flush=True)
+    if args.which == "load":
+        from dpsketch import loadtest
+
+        seconds = args.seconds or (5.0 if args.quick else 60.0)
+        figures["load"] = loadtest.bench_load(seconds=seconds, clients=args.clients)
+        print(json.dumps({"load": figures["load"]}), flush=True)
+        print(loadtest.summary(figures["load"]), flush=True)
     if args.which in ("accuracy", "all"):
         ns = [2_000, 10_000] if args.quick else [10**4, 10**5, 10**6]
         figures["accuracy"] = bench_accuracy(ns)

@@ -19,10 +19,36 @@ from pathlib import Path
 import httpx
 
 
+_handed_out: set[int] = set()
+
+
+def free_ports(n: int) -> list[int]:
+    """n loopback ports that are free now and were never handed out before by this process.
+
+    The kernel may give the same ephemeral port to two ``bind(0)`` calls once the first socket is
+    closed, and two servers configured on one port make a cluster with one server twice (seen in
+    CI). Holding every socket open until all n are chosen, and remembering what was handed out,
+    rules that out within one process.
+    """
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in _handed_out:
+                ports.append(port)
+                _handed_out.add(port)
+        return ports
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass

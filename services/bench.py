@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsketch.cluster import free_port
 from dpsketch.protocol import sketch
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
@@ -210,6 +211,35 @@ def _provision(url: str, study: Study) -> None:
     r.raise_for_status()
 
 
+def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str, concurrency: int,
+                  timeout: float) -> tuple[float, list[float], int]:
+    """POST every body from ``concurrency`` threads; (seconds, per-request latencies, non-200s)."""
+    import httpx
+    todo = iter(bodies)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors = [0]
+
+    def worker() -> None:
+        with httpx.Client(base_url=url, timeout=timeout) as client:
+            while True:
+                with lock:
+                    body = next(todo, None)
+                if body is None:
+                    return
+                t = time.perf_counter()
+                r = client.post(path, content=body, headers={"Content-Type": media_type})
+                with lock:
+                    latencies.append(time.perf_counter() - t)
+                    errors[0] += r.status_code != 200
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for fut in [pool.submit(worker) for _ in range(concurrency)]:
+            fut.result()
+    return time.perf_counter() - t0, latencies, errors[0]
+
+
 def _report_count(url: str, study: Study) -> int:
     import httpx
 
@@ -236,34 +266,13 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, c
         try:
             study = _study(n, d, 400, 4, ["s1", "s2"])
             _provision(proc.url, study)
-            path = f"/v1/studies/{study.study_id}/batches"
-            latencies: list[float] = []
-            errors = [0]
-            todo = iter(batches)
-            lock = threading.Lock()
-
-            def worker() -> None:
-                with httpx.Client(base_url=proc.url, timeout=120) as client:
-                    while True:
-                        with lock:
-                            item = next(todo, None)
-                        if item is None:
-                            return
-                        t0 = time.perf_counter()
-                        r = client.post(path, content=item[1], headers={"Content-Type": SHARES_MEDIA_TYPE})
-                        with lock:
-                            latencies.append(time.perf_counter() - t0)
-                            errors[0] += r.status_code != 200
-
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(concurrency) as pool:
-                for fut in [pool.submit(worker) for _ in range(concurrency)]:
-                    fut.result()
-            elapsed = time.perf_counter() - t0
+            elapsed, latencies, errors = _post_batches(
+                proc.url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
+                SHARES_MEDIA_TYPE, concurrency, timeout=120)
             held = _report_count(proc.url, study)
         finally:
             proc.stop()
-        out.update(seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors[0],
+        out.update(seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
                    **_percentiles(latencies))
         raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, d)
@@ -293,6 +302,55 @@ def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int)
     elapsed = time.perf_counter() - t0
     conn.close()
     return rows / elapsed
+
+
+def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, concurrency: int = 2,
+                        workdir: Path | None = None, seed: int = 3) -> dict[str, Any]:
+    """The same n random shares uploaded to one real server over loopback twice: as plaintext
+    batches and as HPKE-sealed batches (docs/protocol.md section 7a), into two studies. Reports
+    bytes per report, the client's sealing time per report and each mode's rows/s (the server
+    opens every sealed record before storing it)."""
+    import httpx
+
+    from dpsketch.protocol import envelope
+    from dpsketch.protocol.messages import SEALED_MEDIA_TYPE
+
+    rng = np.random.default_rng(seed)
+    plain = []
+    for start in range(0, n, batch_rows):
+        ids, shares = _random_rows(rng, min(batch_rows, n - start), d)
+        plain.append((len(ids), encode_batch(ids, shares)))
+    out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency}
+    with _Workdir(workdir) as wd:
+        proc = _start_server(wd)
+        try:
+            hpke = httpx.get(f"{proc.url}/v1/info").json()["hpke"]
+            public = next(k["public_key"] for k in hpke["keys"] if k["key_id"] == hpke["current"])
+            recipient = envelope.Recipient("s1", bytes.fromhex(public))
+            studies = {mode: design(name=f"bench-{mode}", columns=[f"x{i}" for i in range(d)], label=None,
+                                    servers=["s1", "s2"], expected_reports=n, k=400, s=4,
+                                    min_reports=max(1, int(0.9 * n)), max_reports=max(2 * n, 1000))[0]
+                       for mode in ("plaintext", "sealed")}
+            t0 = time.perf_counter()
+            sealed = [(m, envelope.seal_body(recipient, studies["sealed"].study_id, body, SHARES_MEDIA_TYPE, d))
+                      for m, body in plain]
+            seal_s = time.perf_counter() - t0
+            for mode, batches, media_type in (("plaintext", plain, SHARES_MEDIA_TYPE),
+                                              ("sealed", sealed, SEALED_MEDIA_TYPE)):
+                study = studies[mode]
+                _provision(proc.url, study)
+                elapsed, latencies, errors = _post_batches(
+                    proc.url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
+                    media_type, concurrency, timeout=300)
+                out[mode] = {"bytes_per_report": sum(len(b) for _, b in batches) / n,
+                             "rows_per_s": round(n / elapsed), "seconds": round(elapsed, 3),
+                             "errors": errors, "server_report_count": _report_count(proc.url, study),
+                             **_percentiles(latencies)}
+        finally:
+            proc.stop()
+    out["sealed"]["client_seal_us_per_report"] = round(seal_s / n * 1e6, 1)
+    out["ratio_sealed_to_plaintext_rows_per_s"] = round(out["sealed"]["rows_per_s"] / out["plaintext"]["rows_per_s"], 3)
+    return out
 
 
 # --- (c) single uploads ------------------------------------------------------------------------
@@ -361,12 +419,6 @@ def _run(coro):
         return asyncio.run(coro)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
     from services import db
 
@@ -404,7 +456,7 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
             proc.stop()
         out.update(reports_per_s=round(res["per_s"]), acknowledged=res["ok"], server_report_count=held,
                    statuses=res["statuses"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"])
-        port = _free_port()
+        port = free_port()
         echo = subprocess.Popen([sys.executable, "-c", _ECHO_APP, str(port)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:

@@ -9,12 +9,10 @@ and computes S(A + G) independently of the servers' code.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import threading
 import time
@@ -27,6 +25,7 @@ import pytest
 import client_sdk.client as sdk
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
+from dpsketch import loadtest
 from dpsketch.cluster import ManagedProcess, analyzer as analyzer_process, share_server
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 from dpsketch.protocol.study import design
@@ -574,84 +573,23 @@ def test_full_disk_answers_503_then_recovers(servers):
 # --- 5. bounded load test ----------------------------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
-
-
-async def _load(url: str, study: Study, seconds: float, pid: int, clients: int = 64) -> dict:
-    latencies: list[float] = []
-    errors: list[str] = []
-    rss: list[tuple[float, int]] = []
-    stop_at = time.monotonic() + seconds
-    start = time.monotonic()
-    path = f"/v1/studies/{study.study_id}/reports"
-
-    async def client() -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as http:  # one connection each
-            await run(http)
-
-    async def run(http: httpx.AsyncClient) -> None:
-        while time.monotonic() < stop_at:
-            body = {"report_id": os.urandom(16).hex(), "share": base64.b64encode(os.urandom(8 * study.d)).decode()}
-            t0 = time.perf_counter()
-            try:
-                r = await http.post(path, json=body)
-            except httpx.HTTPError as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
-                continue
-            latencies.append(time.perf_counter() - t0)
-            if r.status_code != 200:
-                errors.append(f"{r.status_code}: {r.text[:200]}")
-
-    async def sample() -> None:
-        while time.monotonic() < stop_at:
-            rss.append((time.monotonic() - start, _rss_kib(pid)))
-            await asyncio.sleep(0.2)
-
-    # 64 independent clients (one shared AsyncClient pool with 64 connections spends its time
-    # in pool bookkeeping: measured 5x fewer requests/s with the server idle)
-    await asyncio.gather(sample(), *(client() for _ in range(clients)))
-    elapsed = time.monotonic() - start
-    return {"latencies": latencies, "errors": errors, "rss": rss, "elapsed": elapsed}
-
-
-def run_load(servers, seconds: float) -> None:
+def run_load(servers, seconds: float, clients: int = 64) -> None:
+    """The driver of ``dpsketch bench load`` (dpsketch/loadtest.py), here with assertions."""
     spec = servers.spec("s1")
     proc = servers.start(spec)
     study = small_study(max_reports=10**8)
     provision(proc.url, spec.operator_token, study)
-    cpu0 = _cpu_seconds(proc.proc.pid)
-    out = asyncio.run(_load(proc.url, study, seconds, proc.proc.pid))
-    server_cpu = _cpu_seconds(proc.proc.pid) - cpu0
-    lat = sorted(out["latencies"])
-    n = len(lat)
-    assert out["errors"] == [], out["errors"][:5]
-    assert n > 0
-    p50, p99 = lat[n // 2], lat[min(n - 1, int(0.99 * n))]
-    throughput = n / out["elapsed"]
-    half = seconds / 2
-    first = [kib for t, kib in out["rss"] if t < half]
-    second = [kib for t, kib in out["rss"] if t >= half]
+    out = loadtest.run_uploads(proc.url, study.study_id, study.d, seconds=seconds, clients=clients,
+                               pid=proc.proc.pid)
+    fig = out.figures()
     count = study_info(proc.url, study.study_id)["report_count"]
-    print(f"\nload {seconds:.0f} s, 64 clients, single reports: {n} requests, {throughput:.0f} req/s, "
-          f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms; RSS first half max {max(first) / 1024:.1f} MiB "
-          f"(mean {statistics.mean(first) / 1024:.1f}), second half max {max(second) / 1024:.1f} MiB "
-          f"(mean {statistics.mean(second) / 1024:.1f}); server CPU {server_cpu:.1f} s of {out['elapsed']:.1f} s "
-          f"(the load generator shares the machine)")
-    assert count == n  # every acknowledged report counted once
+    flat, memory = out.memory_flat()
+    print(f"\nload: {loadtest.summary(fig)}\n{memory} (the load generator shares the machine)")
+    assert out.errors == [], out.errors[:5]
+    assert out.requests > 0
+    assert count == out.requests  # every acknowledged report counted once
     # memory stays flat: the per-report index grows by ~200 bytes a report, nothing else may
-    allowance_kib = 16 * 1024 + 0.4 * n  # 16 MiB slack + 400 bytes per report stored
-    assert statistics.mean(second) <= statistics.mean(first) * 1.10 + allowance_kib
-    assert max(second) <= max(first) * 1.10 + allowance_kib
+    assert flat, memory
 
 
 def test_load_64_concurrent_clients(servers):
