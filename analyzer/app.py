@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request
@@ -13,29 +13,49 @@ from pydantic import BaseModel, ConfigDict, Field
 from dpsketch import __version__, problem_http
 from dpsketch.protocol import ProblemError, Study, privacy
 
+from . import recommend
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
-from .release import SketchRelease
+from .release import Release, release_from_ring_sum
 from .store import StudyRecord
 
 
-class CreateStudy(BaseModel):
-    """What an analyst decides; the analyzer derives k, s, lambda_star, sigma and f from it."""
+class PrivacyTarget(BaseModel):
+    """The analyst's choices a study design starts from (shared by create and recommend)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
-    columns: list[str] = Field(min_length=1, max_length=4096)
-    label: str | None = None
     expected_reports: int = Field(ge=2, le=1 << 36)
     epsilon: float = Field(default=1.0, gt=0, le=100)
     delta: float = Field(default=1e-6, gt=0, lt=1)
     row_bound: float = Field(default=1.0, gt=0, le=1e6)
     neighbouring: privacy.Neighbouring = "replace-one"
     t: int = Field(default=0, ge=0)
+
+
+class CreateStudy(PrivacyTarget):
+    """What an analyst decides; the analyzer derives k, s, lambda_star, sigma and f from it."""
+
+    name: str = Field(min_length=1, max_length=200)
+    columns: list[str] = Field(min_length=1, max_length=4096)
+    label: str | None = None
+    kind: Literal["sketch", "gram", "auto"] = Field(
+        default="sketch",
+        description="sketch: OSNAP sketch of the rows; gram: plain sum of [a, u(a a^T), 1] "
+        "(central-model accuracy, about d^2/2 values per client); auto: gram when its upload "
+        "fits the analyzer's budget, else sketch (see POST /v1/recommend)",
+    )
     k: int | None = Field(default=None, ge=1, le=1 << 20)
     s: int = Field(default=4, ge=1, le=8)
     min_reports: int | None = Field(default=None, ge=1)
     max_reports: int | None = Field(default=None, ge=1)
+
+
+class RecommendRequest(PrivacyTarget):
+    """The inputs of ``dpsketch recommend``; ``predict`` runs the simulation (seconds at n = 10^6)."""
+
+    d: int = Field(ge=1, le=4096, description="number of columns, label included")
+    max_share_kib: float = Field(default=recommend.DEFAULT_MAX_SHARE_KIB, gt=0, le=1 << 20)
+    predict: bool = False
 
 
 class StudyView(BaseModel):
@@ -88,10 +108,27 @@ class PCAResult(BaseModel):
 class SketchView(BaseModel):
     study_id: str
     columns: list[str]
+    kind: str = Field(description="the study kind: sketch or gram")
     k: int
     n_reports: int
     sigma: float
-    sketch: list[list[float]] = Field(description="S(A+G), k x d, already scaled by 1/sqrt(s)")
+    sketch: list[list[float]] = Field(
+        description="the release, k x width, already scaled by 1/sqrt(s): S(A+G) for a sketch "
+        "study (width d); for a gram study (k = 1) the noisy sum of [a, u(a a^T), 1]"
+    )
+
+
+class GramView(BaseModel):
+    study_id: str
+    kind: str
+    columns: list[str]
+    n_reports: int
+    gram: list[list[float]] = Field(
+        description="estimate of A^T A: the released Gram (gram study) or Y^T Y - sigma^2 n I "
+        "(sketch study)"
+    )
+    row_sum: list[float] | None = Field(None, description="noisy sum of the rows (gram study only)")
+    noisy_count: float | None = Field(None, description="noisy count (gram study only)")
 
 
 def _view(rec: StudyRecord) -> StudyView:
@@ -123,11 +160,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     auth = [Depends(require_token)]
 
-    def released(study_id: str) -> SketchRelease:
+    def released(study_id: str) -> Release:
         rec = coordinator.record(study_id)
         if rec.state != "released":
             raise ProblemError("study-open", f"study {study_id} is {rec.state}; finalize it first")
-        return SketchRelease.from_ring_sum(rec.study, rec.ring_sum, rec.n_reports)
+        return release_from_ring_sum(rec.study, rec.ring_sum, rec.n_reports)
 
     def upstream(exc: UpstreamError) -> ProblemError:
         if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict"):
@@ -147,6 +184,17 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         except UpstreamError as exc:
             raise upstream(exc) from exc
         return _view(coordinator.record(study.study_id))
+
+    @app.post("/v1/recommend", dependencies=auth)
+    async def recommend_kind(body: RecommendRequest) -> dict[str, Any]:
+        args = body.model_dump()
+        try:
+            rec = await run_in_threadpool(
+                recommend.recommend, args.pop("d"), args.pop("expected_reports"),
+                n_servers=len(coordinator.config.server_ids), **args)
+        except (ValueError, ArithmeticError) as exc:
+            raise ProblemError("invalid-request", str(exc)) from exc
+        return rec.as_dict()
 
     @app.get("/v1/studies", dependencies=auth)
     def list_studies() -> list[StudyView]:
@@ -174,8 +222,18 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     @app.get("/v1/studies/{study_id}/sketch", dependencies=auth)
     def sketch(study_id: str) -> SketchView:
         rel = released(study_id)
-        return SketchView(study_id=study_id, columns=rel.columns, k=rel.study.k,
-                          n_reports=rel.n_reports, sigma=rel.sigma, sketch=rel.sketch.tolist())
+        values = rel.values.reshape(1, -1) if rel.study.kind == "gram" else rel.sketch
+        return SketchView(study_id=study_id, columns=rel.columns, kind=rel.study.kind, k=rel.study.k,
+                          n_reports=rel.n_reports, sigma=rel.sigma, sketch=values.tolist())
+
+    @app.get("/v1/studies/{study_id}/gram", dependencies=auth)
+    def gram(study_id: str) -> GramView:
+        rel = released(study_id)
+        extra = {}
+        if rel.study.kind == "gram":
+            extra = {"row_sum": rel.row_sum.tolist(), "noisy_count": rel.noisy_count}
+        return GramView(study_id=study_id, kind=rel.study.kind, columns=rel.columns,
+                        n_reports=rel.n_reports, gram=rel.gram(debias=True).tolist(), **extra)
 
     def finite(values: np.ndarray, what: str) -> list:
         """Refuse to answer NaN/inf (JSON has no such numbers): only absurd inputs produce them."""
@@ -184,7 +242,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                                f"(is alpha far larger than the data?)")
         return values.tolist()
 
-    def _label(rel: SketchRelease, label: str | None) -> str:
+    def _label(rel: Release, label: str | None) -> str:
         label = label or rel.study.label
         if label is None or label not in rel.columns:
             raise ProblemError("invalid-request",

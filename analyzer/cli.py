@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--row-bound", type=float, default=1.0)
     c.add_argument("--neighbouring", choices=["replace-one", "add-remove"], default="replace-one")
     c.add_argument("--t", type=int, default=0, help="tolerated colluding clients")
+    c.add_argument("--kind", choices=["sketch", "gram", "auto"], default="sketch",
+                   help="sketch (default): OSNAP sketch of the rows; gram: plain sum of "
+                   "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; auto: "
+                   "gram when it fits the upload budget (see: dpsketch recommend)")
     c.add_argument("--k", type=int, help="sketch rows (default: chosen from n and d)")
     c.add_argument("--s", type=int, default=4, help="sketch blocks (default: %(default)s)")
     c.add_argument("--min-reports", type=int)
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = client.create_study(
                     name=args.name, columns=args.columns.split(","), label=args.label,
                     expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,
-                    row_bound=args.row_bound, neighbouring=args.neighbouring, t=args.t, k=args.k,
+                    row_bound=args.row_bound, neighbouring=args.neighbouring, t=args.t, kind=args.kind, k=args.k,
                     s=args.s, min_reports=args.min_reports)
                 print("\n".join(out["explanation"]), file=sys.stderr)
             elif args.command == "list":

@@ -52,6 +52,12 @@ class AnalyzerClient:
     def sketch(self, study_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/studies/{study_id}/sketch")
 
+    def gram(self, study_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/studies/{study_id}/gram")
+
+    def recommend(self, **fields: Any) -> dict[str, Any]:
+        return self._call("POST", "/v1/recommend", json=fields)
+
     def ridge(self, study_id: str, **fields: Any) -> dict[str, Any]:
         return self._call("POST", f"/v1/studies/{study_id}/analyses/ridge", json=fields)
 

@@ -13,6 +13,7 @@ Reproduce the benchmark tables (about a minute each)::
     .venv/bin/python -m analyzer.evaluation --seeds 5                 # design() defaults
     .venv/bin/python -m analyzer.evaluation --seeds 5 --k auto        # proposed_k
     .venv/bin/python -m analyzer.evaluation --seeds 5 --clip-quantile 0.99
+    .venv/bin/python -m analyzer.evaluation --seeds 5 --central-baselines --n 1e3 1e4 1e5
 
 Everything is seeded (data, sketch seed, report ids, noise), so a run is reproducible.
 """
@@ -138,6 +139,7 @@ def compare(
     rng: np.random.Generator | None = None,
     debias: bool = True,
     tasks: Sequence[str] = ("ridge", "pca"),
+    extra: Sequence[str] = (),
 ) -> dict[str, dict[str, float]]:
     """Error ratios of ridge and PCA for the LTM release and the local and central baselines.
 
@@ -153,6 +155,11 @@ def compare(
 
     Returns ``{"ridge": {"ltm": r, "local": r, "central": r}, "pca": {...}}``, ratios >= 1 (up to
     rounding), 1.0 being the non-private optimum.
+
+    ``extra`` adds more mechanisms of :func:`central_baselines` at the study's (epsilon, delta),
+    B and neighbouring notion, e.g. ``extra=EXTRA_BASELINES`` (optimum, plain SSP, AdaSSP,
+    DGM-OLS, RMGM-OLS); each name is added to the tasks it applies to (see
+    :data:`RIDGE_BASELINES`, :data:`PCA_BASELINES`). Default: none, the three above.
     """
     rows = getattr(data, "rows", data)
     rows = baselines.clip_rows(np.atleast_2d(np.asarray(rows, dtype=np.float64)), study.row_bound)
@@ -180,7 +187,135 @@ def compare(
         "local": baselines.simulate_local(study, rows, rng),
         "central": baselines.simulate_central(study, rows, rng),
     }
-    return _fit_ratios(releases, rows, columns, label=label, rank=rank, alpha=alpha, debias=debias)
+    out = _fit_ratios(releases, rows, columns, label=label, rank=rank, alpha=alpha, debias=debias)
+    extra = [m for m in extra if m not in ("local", "central")]  # already there
+    if extra:
+        more = central_baselines(
+            rows,
+            columns=columns,
+            epsilon=study.epsilon,
+            delta=study.delta,
+            row_bound=study.row_bound,
+            neighbouring=study.neighbouring,
+            label=label,
+            rank=rank,
+            alpha=alpha,
+            rng=rng,
+            debias=debias,
+            tasks=tuple(t for t in tasks if t in out),
+            mechanisms=extra,
+        )
+        for task, res in more.items():
+            out[task].update(res)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# central-model baselines on anyone's data
+
+#: Ridge mechanisms of :func:`central_baselines`: the non-private optimum (ratio 1), the local
+#: model (noisy rows, fit by :class:`RidgeRegression`), ``central`` (the SSP release fit by
+#: :class:`RidgeRegression`, i.e. with its eigenvalue floor -- what :func:`compare` reports),
+#: plain SSP, AdaSSP, DGM-OLS and RMGM-OLS (:mod:`analyzer.baselines`).
+RIDGE_BASELINES = ("optimum", "local", "central", "ssp", "adassp", "dgm_ols", "rmgm_ols")
+#: PCA mechanisms: optimum, local, Analyze Gauss (noise on A^T A; :func:`compare`'s "central").
+PCA_BASELINES = ("optimum", "local", "analyze_gauss")
+#: What ``compare(..., extra=EXTRA_BASELINES)`` adds to its ltm / local / central entries.
+EXTRA_BASELINES = ("optimum", "ssp", "adassp", "dgm_ols", "rmgm_ols")
+
+_DIRECT_FITS = {
+    "ssp": baselines.ssp,
+    "adassp": baselines.adassp,
+    "dgm_ols": baselines.dgm_ols,
+    "rmgm_ols": baselines.rmgm_ols,
+}
+
+
+def central_baselines(
+    data,
+    *,
+    epsilon: float = 1.0,
+    delta: float = 1e-6,
+    row_bound: float | None = None,
+    neighbouring: privacy.Neighbouring = "replace-one",
+    columns: Sequence[str] | None = None,
+    label: str | None = None,
+    rank: int | None = None,
+    alpha: float | None = None,
+    rng: np.random.Generator | None = None,
+    debias: bool = True,
+    tasks: Sequence[str] = ("ridge", "pca"),
+    mechanisms: Sequence[str] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Error ratios of the local- and central-model baselines on ``data``, all at the same
+    (epsilon, delta), row bound B and neighbouring notion -- no study or LTM release needed.
+
+    ``data``: a :class:`synthetic.Dataset`, or an n x d array with ``columns`` (default
+    x0..x{d-1}) and ``row_bound`` given; rows are clipped to B. ``label`` (default the data
+    set's) selects the ridge target; ridge is skipped without one. ``rank`` defaults as in
+    :func:`compare`. ``alpha`` is the ridge penalty of the objective F (default
+    :func:`default_alpha`); every mechanism targets F with it: the Gram-based ones through
+    :class:`RidgeRegression`, the others by adding it to their own normal equations (AdaSSP adds
+    its adaptive lambda on top). ``mechanisms`` picks from :data:`RIDGE_BASELINES` and
+    :data:`PCA_BASELINES` (default: all); a name is used for the tasks it belongs to.
+    ``rng`` (numpy, default seeded 0) draws all noise and mixing matrices: a simulation.
+
+    Returns ``{"ridge": {mechanism: F(theta)/F(theta*)}, "pca": {mechanism: ratio}}``.
+    """
+    rows = getattr(data, "rows", data)
+    rows = np.atleast_2d(np.asarray(rows, dtype=np.float64))
+    if row_bound is None:
+        row_bound = getattr(data, "row_bound", None)
+        if row_bound is None:
+            raise ValueError("row_bound is required for array data")
+    rows = baselines.clip_rows(rows, row_bound)
+    if columns is None:
+        columns = getattr(data, "columns", None)
+    columns = [f"x{i}" for i in range(rows.shape[1])] if columns is None else list(columns)
+    if len(columns) != rows.shape[1]:
+        raise ValueError(f"data has {rows.shape[1]} columns but {len(columns)} names")
+    names = list(mechanisms) if mechanisms is not None else list(dict.fromkeys(RIDGE_BASELINES + PCA_BASELINES))
+    unknown = [m for m in names if m not in RIDGE_BASELINES and m not in PCA_BASELINES]
+    if unknown:
+        raise ValueError(f"unknown mechanisms {unknown}; known: {RIDGE_BASELINES + PCA_BASELINES}")
+    rng = rng if rng is not None else np.random.default_rng(0)
+    label = label or getattr(data, "label", None)
+    alpha = default_alpha(rows.shape[0], row_bound) if alpha is None else float(alpha)
+    kw = dict(epsilon=epsilon, delta=delta, row_bound=row_bound, neighbouring=neighbouring)
+
+    def gram_releases(wanted: set[str]) -> dict[str, SecondMoments]:
+        rel: dict[str, SecondMoments] = {}
+        if "local" in wanted:
+            rel["local"] = baselines.local_release(rows, columns, rng=rng, **kw)
+        for name in ("central", "analyze_gauss"):
+            if name in wanted:
+                rel[name] = baselines.central_gram(rows, columns, rng=rng, **kw)
+        return rel
+
+    out: dict[str, dict[str, float]] = {}
+    if "ridge" in tasks and label is not None:
+        want = [m for m in names if m in RIDGE_BASELINES]
+        res = _fit_ratios(
+            gram_releases(set(want)), rows, columns, label=label, rank=None, alpha=alpha, debias=debias
+        ).get("ridge", {})
+        li = columns.index(label)
+        X, y = np.delete(rows, li, axis=1), rows[:, li]
+        for name in want:
+            if name == "optimum":
+                res[name] = ridge_ratio(X, y, ridge_optimum(X, y, alpha), alpha)
+            elif name in _DIRECT_FITS:
+                res[name] = ridge_ratio(X, y, _DIRECT_FITS[name](X, y, rng=rng, alpha=alpha, **kw).coef, alpha)
+        out["ridge"] = {m: res[m] for m in want}
+    if "pca" in tasks:
+        want = [m for m in names if m in PCA_BASELINES]
+        rank = rank or getattr(data, "rank", None) or min(synthetic.DEFAULT_RANK, len(columns) - 1)
+        res = _fit_ratios(
+            gram_releases(set(want)), rows, columns, label=None, rank=rank, alpha=alpha, debias=debias
+        ).get("pca", {})
+        if "optimum" in want:
+            res["optimum"] = pca_ratio(rows, pca_optimum(rows, rank))
+        out["pca"] = {m: res[m] for m in want}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,6 +424,44 @@ def format_table(results: dict[int, dict[str, dict[str, list[float]]]]) -> str:
     return "\n".join(lines)
 
 
+def run_central_baselines(
+    ns: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    d: int = 10,
+    epsilon: float = 1.0,
+    delta: float = 1e-6,
+    neighbouring: privacy.Neighbouring = "replace-one",
+    label_noise: float = synthetic.DEFAULT_LABEL_NOISE,
+    alpha_per_report: float = DEFAULT_ALPHA_PER_REPORT,
+) -> dict[int, dict[str, list[float]]]:
+    """Ridge ratios of every :data:`RIDGE_BASELINES` mechanism on :func:`synthetic.regression_data`
+    (B = 1), per n and mechanism, one value per seed (data seed and noise seed)."""
+    out: dict[int, dict[str, list[float]]] = {}
+    for n in ns:
+        per: dict[str, list[float]] = {}
+        for seed in seeds:
+            data = synthetic.regression_data(n, d, label_noise=label_noise, seed=seed)
+            rng = np.random.default_rng(np.random.SeedSequence([0xC, n, seed]))
+            res = central_baselines(
+                data, epsilon=epsilon, delta=delta, neighbouring=neighbouring, rng=rng,
+                alpha=alpha_per_report * n * data.row_bound**2, tasks=("ridge",),
+            )["ridge"]
+            for mech, val in res.items():
+                per.setdefault(mech, []).append(val)
+        out[n] = per
+    return out
+
+
+def format_baseline_table(results: dict[int, dict[str, list[float]]]) -> str:
+    mechs = list(next(iter(results.values())).keys()) if results else list(RIDGE_BASELINES)
+    lines = ["| n | " + " | ".join(mechs) + " |", "|---|" + "---|" * len(mechs)]
+    for n, per in results.items():
+        cells = [f"{np.mean(per[m]):.4g} ± {np.std(per[m]):.2g}" for m in mechs]
+        lines.append(f"| {n:.0e} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="LTM vs local vs central error ratios (paper 000, sec. 5)")
     ap.add_argument("--n", type=float, nargs="+", default=[1e4, 1e5, 1e6])
@@ -309,7 +482,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--k", default=None, help="override design()'s sketch rows: an integer, or 'auto' for proposed_k"
     )
     ap.add_argument("--s", type=int, default=None, help="override design()'s blocks")
+    ap.add_argument(
+        "--central-baselines",
+        action="store_true",
+        help="instead: ridge ratios of local, SSP, AdaSSP, DGM-OLS, RMGM-OLS (central_baselines)",
+    )
+    ap.add_argument("--epsilon", type=float, default=1.0, help="with --central-baselines")
     args = ap.parse_args(argv)
+    if args.central_baselines:
+        t0 = time.time()
+        res = run_central_baselines(
+            [int(n) for n in args.n], range(args.seeds), d=args.d, epsilon=args.epsilon,
+            label_noise=args.label_noise, alpha_per_report=args.alpha_per_report,
+        )
+        print(
+            f"ridge error ratio, d = {args.d} (+ label), epsilon = {args.epsilon}, delta = 1e-6, "
+            f"replace-one, B = 1, alpha = {args.alpha_per_report} n; mean ± std over {args.seeds} seeds"
+        )
+        print(format_baseline_table(res))
+        print(f"({time.time() - t0:.0f} s)", file=sys.stderr)
+        return 0
     kw = {}
     if args.k is not None and args.k != "auto":
         kw["k"] = int(args.k)

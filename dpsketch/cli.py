@@ -16,10 +16,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse"),
     "demo": ("dpsketch.demo", "run a local cluster end to end and print the error ratios"),
     "bench": ("dpsketch.bench", "measure commit, upload and accuracy figures on this machine"),
+    "experiments": ("analyzer.experiments", "paper 000 section 5 figures and tables on the real code paths"),
+    "recommend": ("analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost"),
 }
 
 USAGE = "usage: dpsketch <command> [options]   (dpsketch <command> --help for each)\n\ncommands:\n" + "\n".join(
-    f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()
+    f"  {name:<11} {text}" for name, (_, text) in COMMANDS.items()
 )
 
 

@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyzer-token", help="the running analyzer's API token, if it has one")
     p.add_argument("--d", type=int, default=10, help="feature columns (default: %(default)s)")
     p.add_argument("--rank", type=int, default=3, help="PCA rank r (default: %(default)s)")
+    p.add_argument("--kind", choices=["sketch", "gram"], default="sketch",
+                   help="study kind (default: %(default)s); gram shares d + d(d+1)/2 + 1 values "
+                   "per client for central-model accuracy (see: dpsketch recommend)")
     p.add_argument("--epsilon", type=float, default=1.0, help="default: %(default)s")
     p.add_argument("--delta", type=float, default=1e-6, help="default: %(default)s")
     p.add_argument("--seed", type=int, default=0, help="synthetic data seed (default: %(default)s); "
@@ -97,7 +100,7 @@ def run_study(cluster: Cluster, task: str, data: Any, args: argparse.Namespace, 
 
     from analyzer.client import AnalyzerClient
     from analyzer.evaluation import compare, default_alpha
-    from analyzer.release import SketchRelease
+    from analyzer.release import release_from_values
     from client_sdk import Client
     from dpsketch.protocol import Study
 
@@ -106,7 +109,7 @@ def run_study(cluster: Cluster, task: str, data: Any, args: argparse.Namespace, 
         created = an.create_study(
             name=f"demo-{task}", columns=data.columns, label=data.label, expected_reports=n,
             epsilon=args.epsilon, delta=args.delta, row_bound=data.row_bound,
-            min_reports=n,
+            min_reports=n, kind=args.kind,
         )
         study_id = created["study_id"]
         _log(quiet, f"\n[{task}] study {study_id[:16]}...")
@@ -125,7 +128,7 @@ def run_study(cluster: Cluster, task: str, data: Any, args: argparse.Namespace, 
                     f"{fin['n_reports']} reports in {finalize_s:.1f}s")
         sketch_view = an.sketch(study_id)
         study = Study.model_validate(created["study"])
-        release = SketchRelease(study, np.asarray(sketch_view["sketch"]), sketch_view["n_reports"])
+        release = release_from_values(study, np.asarray(sketch_view["sketch"]), sketch_view["n_reports"])
         # The analyst's answers come from the analyzer's REST API; the comparison re-fits the
         # same release next to simulated local and central releases of the same rows, with the
         # same ridge penalty, so all three ratios are measured the same way.

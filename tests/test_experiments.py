@@ -1,0 +1,82 @@
+"""``dpsketch experiments --quick``: plots and tables from the real client, server and analyzer paths."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("sklearn")
+
+from analyzer import experiments  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("experiments")
+    assert experiments.main(["--quick", "--out", str(out)]) == 0
+    return out
+
+
+def test_quick_run_writes_valid_pngs(quick_run):
+    for name in ("ridge.png", "pca.png"):
+        data = (quick_run / name).read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+        assert len(data) > 10_000, name  # a drawn figure, not an empty canvas
+
+
+def test_results_markdown_has_every_row(quick_run):
+    md = (quick_run / "results.md").read_text()
+    assert "## Ridge regression, synthetic" in md and "## PCA, synthetic" in md
+    synthetic_part = md.split("## Real data")[0]
+    for n in ("| 1,000 |", "| 10,000 |", "| 100,000 |"):
+        assert synthetic_part.count(n) == 2, n  # one row per task (epsilon = 1 only)
+    assert "| diabetes | 442 | 11 |" in md  # ridge on the real data (10 features + target)
+    assert "| diabetes | 442 | 10 |" in md  # PCA
+    for header in ("local", "LTM sketch", "LTM Gram", "central"):
+        assert f"| {header} |" in md or f" {header} |" in md
+
+
+def test_ratios_are_finite_and_at_least_one(quick_run):
+    saved = json.loads((quick_run / "results.json").read_text())
+    records = saved["records"]
+    assert {r["task"] for r in records} == {"ridge", "pca"}
+    for r in records:
+        assert {"local", "ltm_sketch", "ltm_gram", "central"} <= set(r["ratios"]), r["notes"]
+        for mech, ratio in r["ratios"].items():
+            assert math.isfinite(ratio), (r["task"], r["n"], mech)
+            assert ratio >= 1 - 1e-6, (r["task"], r["n"], mech, ratio)
+        # the pipeline really ran: each server certified its release
+        for kind in ("ltm_sketch", "ltm_gram"):
+            info = r["info"][kind]
+            assert info["lambda_min"] >= info["lambda_star"]
+
+
+def test_gram_kind_matches_central_and_local_is_worst(quick_run):
+    """At the quick run's largest n the Gram kind is the central model's SSP spread over the
+    clients (ridge within 10% of central), and both LTM kinds beat the local model on PCA and
+    the Gram kind beats it on ridge."""
+    saved = json.loads((quick_run / "results.json").read_text())
+    big = max(r["n"] for r in saved["records"] if r["dataset"] == "synthetic")
+    by_task = {r["task"]: r["ratios"] for r in saved["records"]
+               if r["dataset"] == "synthetic" and r["n"] == big and r["epsilon"] == 1.0}
+    ridge, pca = by_task["ridge"], by_task["pca"]
+    assert ridge["ltm_gram"] <= 1.1 * ridge["central"], ridge
+    assert ridge["local"] > ridge["ltm_gram"], ridge
+    assert pca["ltm_gram"] <= 1.1 * pca["central"], pca
+    assert pca["local"] > max(pca["ltm_sketch"], pca["ltm_gram"]), pca
+
+
+def test_cli_registers_the_subcommand(capsys):
+    from dpsketch import cli
+
+    assert cli.main(["--help"]) == 0
+    assert "experiments" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["experiments", "--help"])
+    assert exc.value.code == 0
+    assert "--quick" in capsys.readouterr().out
