@@ -12,8 +12,12 @@ writes into OUTDIR:
                               by its compose service name and on loopback
 
 IP addresses in --hosts get no certificate of their own; they are added to every certificate's
-SANs. Private keys are written with mode 0600. An existing CA in OUTDIR is reused (so new
-services can be added later) unless --new-ca is given; existing service files are overwritten.
+SANs. Private keys are written with mode 0600 (owner only). --key-group GROUP instead gives the
+service keys (not the CA key) that group and mode 0640, so a service running as another user
+that is in GROUP can read its key while other users on the host cannot: the compose overlay
+(deploy/compose.tls.yml) runs each container with that group added (DPSKETCH_CERTS_GID).
+An existing CA in OUTDIR is reused (so new services can be added later) unless --new-ca is
+given; existing service files are overwritten.
 Only for a local or private deployment: a public one should use certificates from its own CA.
 """
 
@@ -32,12 +36,26 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
-def _write(path: Path, data: bytes, private: bool) -> None:
-    mode = 0o600 if private else 0o644
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+def _write(path: Path, data: bytes, private: bool, group: int | None = None) -> None:
+    mode = (0o640 if group is not None else 0o600) if private else 0o644
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else mode)
     with os.fdopen(fd, "wb") as f:
+        if group is not None:
+            os.fchown(f.fileno(), -1, group)  # the group first, then open it up to the group
+        os.fchmod(f.fileno(), mode)  # O_CREAT's mode does not apply to an existing file
         f.write(data)
-    os.chmod(path, mode)  # O_CREAT's mode does not apply to an existing file
+
+
+def _group(value: str) -> int:
+    """A group name or numeric gid (the gid need not exist on this host)."""
+    if value.isdigit():
+        return int(value)
+    import grp
+
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"no group named {value!r}") from None
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -121,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ca-days", type=int, default=3650, help="validity of a new CA")
     p.add_argument("--ca-name", default="dpsketch local CA", help="common name of a new CA")
     p.add_argument("--new-ca", action="store_true", help="replace an existing CA in OUTDIR")
+    p.add_argument("--key-group", type=_group, metavar="GROUP",
+                   help="give the service keys this group (name or gid) and mode 0640 instead of "
+                        "0600, for services running as another user in that group (the CA key "
+                        "stays 0600); changing to a group you are not in needs root")
     args = p.parse_args(argv)
 
     out: Path = args.outdir
@@ -144,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         sans = list(dict.fromkeys([name, *ips, *args.shared_san]))
         key, cert = make_leaf(ca_key, ca_cert, name, sans, args.days)
-        _write(out / f"{name}-key.pem", _key_pem(key), private=True)
+        try:
+            _write(out / f"{name}-key.pem", _key_pem(key), private=True, group=args.key_group)
+        except PermissionError as exc:
+            p.error(f"cannot give {name}-key.pem the group {args.key_group}: {exc} "
+                    f"(use a group you are in, e.g. $(id -g), or run as root)")
         _write(out / f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM), private=False)
         print(f"wrote {out / (name + '.pem')} and {name}-key.pem  (SANs: {', '.join(sans)})")
     return 0

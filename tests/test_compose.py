@@ -1,5 +1,12 @@
-"""The docker compose cluster on a real Docker engine: build, bring up, use from the host, survive
-a share server being killed mid-upload, run the demo service, tear down.
+"""The docker compose cluster on a real Docker engine: build, bring up with TLS, use from the host,
+survive a share server being killed mid-upload, run the demo service, switch back to plain HTTP,
+tear down.
+
+The cluster runs with the TLS overlay (``-f docker-compose.yml -f deploy/compose.tls.yml``) and
+certificates from deploy/make-certs.py, as the README tells an operator to: the host's SDK and
+analyzer client verify the servers against the generated CA, the analyzer verifies them from
+inside the network, the healthchecks and the demo service verify too. The last test brings the
+same project up from docker-compose.yml alone (the plain-HTTP default), on the same volumes.
 
 Needs root (or a usable engine already) because it installs and starts what is missing:
 deploy/ensure-docker.sh (Debian's docker.io + the Compose v2 plugin, dockerd started in the
@@ -18,8 +25,9 @@ import os
 import re
 import secrets
 import shutil
-import socket
+import ssl
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +39,7 @@ import pytest
 
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
+from dpsketch.cluster import free_ports
 from dpsketch.protocol import Study, messages, ring, sketch
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
@@ -38,6 +47,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 PROJECT = "dpsketch-test"
+PLAIN = ["-f", "docker-compose.yml"]
+TLS = [*PLAIN, "-f", "deploy/compose.tls.yml"]
 SERVERS = ["s1", "s2", "s3"]
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
 
@@ -45,17 +56,6 @@ COLUMNS = ["x0", "x1", "x2", "x3", "y"]
 def _engine_up() -> bool:
     return shutil.which("docker") is not None and subprocess.run(
         ["docker", "info"], capture_output=True).returncode == 0
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900,
@@ -70,15 +70,33 @@ def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900
 @dataclass
 class ComposeCluster:
     env: dict[str, str]
-    analyzer_url: str
-    server_urls: list[str]
+    ports: list[int]  # analyzer, s1, s2, s3
     analyst_tokens: list[str]
     docker: object  # docker.DockerClient
     timings: dict[str, float]
+    certs: Path
+    files: list[str]  # TLS or PLAIN: the compose files the project is up with
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.files == TLS else "http"
+
+    @property
+    def analyzer_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.ports[0]}"
+
+    @property
+    def server_urls(self) -> list[str]:
+        return [f"{self.scheme}://127.0.0.1:{p}" for p in self.ports[1:]]
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """What the host's clients verify the cluster with: the generated CA, and nothing else."""
+        return ssl.create_default_context(cafile=str(self.certs / "ca.pem")) if self.files == TLS else True
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-        return _run(["docker", "compose", "-p", PROJECT, *args], env=self.env, timeout=timeout,
-                    check=check)
+        return _run(["docker", "compose", "-p", PROJECT, *self.files, *args], env=self.env,
+                    timeout=timeout, check=check)
 
     def container(self, service: str):
         found = self.docker.containers.list(all=True, filters={
@@ -103,7 +121,7 @@ class ComposeCluster:
 
 
 @pytest.fixture(scope="module")
-def compose_cluster():
+def compose_cluster(tmp_path_factory):
     if os.environ.get("DPSKETCH_SKIP_DOCKER") == "1":
         pytest.skip("DPSKETCH_SKIP_DOCKER=1")
     was_up = _engine_up()
@@ -123,10 +141,18 @@ def compose_cluster():
     _run(["bash", str(DEPLOY / "base-image.sh")], timeout=900)
     timings["base_image_s"] = time.monotonic() - t0
 
-    ports = _free_ports(4)
+    # Certificates as the README makes them. The service keys get mode 0640 and a group that is
+    # not the image's own (10001), so the containers read them only through the overlay's
+    # group_add; as a non-root user, its own group.
+    certs = tmp_path_factory.mktemp("compose-certs")
+    key_gid = 23456 if os.geteuid() == 0 else os.getgid()
+    _run([sys.executable, str(DEPLOY / "make-certs.py"), str(certs), "--hosts",
+          "s1,s2,s3,analyzer,localhost,127.0.0.1", "--key-group", str(key_gid)], timeout=60)
+
+    ports = free_ports(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPSKETCH_", "COMPOSE_"))}
     env.update(ANALYZER_PORT=str(ports[0]), DPSKETCH_BIND="127.0.0.1", COMPOSE_BAKE="false",
-               DEMO_CLIENTS="3000")
+               DEMO_CLIENTS="3000", DPSKETCH_CERTS=str(certs), DPSKETCH_CERTS_GID=str(key_gid))
     analyst_tokens = []
     for i, port in enumerate(ports[1:], start=1):
         env[f"S{i}_PORT"] = str(port)
@@ -135,9 +161,8 @@ def compose_cluster():
         analyst_tokens.append(tok)
 
     client = docker.from_env(timeout=120)
-    cluster = ComposeCluster(env=env, analyzer_url=f"http://127.0.0.1:{ports[0]}",
-                             server_urls=[f"http://127.0.0.1:{p}" for p in ports[1:]],
-                             analyst_tokens=analyst_tokens, docker=client, timings=timings)
+    cluster = ComposeCluster(env=env, ports=ports, analyst_tokens=analyst_tokens, docker=client,
+                             timings=timings, certs=certs, files=TLS)
     try:
         cluster.compose("--profile", "demo", "down", "-v", "--remove-orphans", timeout=180)  # leftovers
         t0 = time.monotonic()
@@ -149,8 +174,10 @@ def compose_cluster():
         try:
             logs = cluster.compose("logs", "--no-color", "--tail", "30", timeout=60, check=False).stdout
             print(f"--- compose logs (tail)\n{logs}")
+            t0 = time.monotonic()
             cluster.compose("--profile", "demo", "down", "-v", "--remove-orphans", timeout=300,
                             check=False)
+            timings["down_s"] = time.monotonic() - t0
             left = client.volumes.list(filters={"label": f"com.docker.compose.project={PROJECT}"})
             assert not left, f"volumes left behind: {left}"
         finally:
@@ -168,17 +195,49 @@ def _regression_rows(n: int, seed: int) -> np.ndarray:
     return A / np.linalg.norm(A, axis=1).max()
 
 
+def test_tls_everywhere_and_keys_private(compose_cluster):
+    """Every published port speaks HTTPS with a certificate from the generated CA only; each
+    container holds its own key and nothing else, and every container is healthy over HTTPS."""
+    c = compose_cluster
+    for url in [c.analyzer_url, *c.server_urls]:
+        assert url.startswith("https://")
+        r = httpx.get(f"{url}/healthz", verify=c.verify, timeout=10)
+        assert r.status_code == 200, r.text
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            httpx.get(f"{url}/healthz", timeout=10)  # the system trust store: not our CA
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url.replace("https://", "http://", 1) + "/healthz", timeout=10)
+    for service in [*SERVERS, "analyzer"]:
+        box = c.container(service)
+        box.reload()
+        assert box.attrs["State"]["Health"]["Status"] == "healthy"
+        last = box.attrs["State"]["Health"]["Log"][-1]
+        assert last["ExitCode"] == 0, last  # the healthcheck itself verified https against the CA
+        assert box.attrs["Config"]["Env"].count(f"DPSKETCH_HEALTH_URL=https://127.0.0.1:"
+                                                f"{8100 if service == 'analyzer' else 8101}/healthz") == 1
+        code, out = box.exec_run(["python", "-c", "import os, sys; d = '/run/dpsketch/tls'; "
+                                  "print(os.getuid(), sorted(os.listdir(d))); "
+                                  "print(all(os.access(os.path.join(d, f), os.R_OK) for f in os.listdir(d)))"])
+        assert code == 0, out
+        lines = out.decode().splitlines()
+        assert lines[0] == f"10001 {sorted(['ca.pem', f'{service}.pem', f'{service}-key.pem'])}", lines
+        assert lines[1] == "True", lines  # its own key readable through the group, as uid 10001
+    # on the host the keys are owner + group only, and the CA key owner only
+    assert (c.certs / "s1-key.pem").stat().st_mode & 0o777 == 0o640
+    assert (c.certs / "ca-key.pem").stat().st_mode & 0o777 == 0o600
+
+
 def test_study_through_published_ports(compose_cluster):
     """Create, submit, finalize, analyse from the host; the shares add up to the release."""
     c = compose_cluster
     n = 3000
-    with AnalyzerClient(c.analyzer_url) as an:
+    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
         created = an.create_study(name="compose", columns=COLUMNS, label="y", expected_reports=n,
                                   k=8, s=2, min_reports=n)
         sid = created["study_id"]
         study = Study.model_validate(created["study"])
         assert study.servers == SERVERS and (study.k, study.s, study.d) == (8, 2, 5)
-        with Client(c.server_urls) as client:
+        with Client(c.server_urls, verify=c.verify) as client:
             result = client.submit_many(sid, _regression_rows(n, 3), batch_size=1000)
         assert result.n_reports == n and set(result.report_counts.values()) == {n}
         fin = an.finalize(sid)
@@ -193,16 +252,22 @@ def test_study_through_published_ports(compose_cluster):
 
     # the analyst tokens the compose file handed each server guard its aggregate ...
     url0 = f"{c.server_urls[0]}/v1/studies/{sid}/aggregate"
-    assert httpx.get(url0, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert httpx.get(url0, headers={"Authorization": f"Bearer {c.analyst_tokens[1]}"}).status_code == 401
+    assert httpx.get(url0, headers={"Authorization": "Bearer wrong"}, verify=c.verify).status_code == 401
+    assert httpx.get(url0, headers={"Authorization": f"Bearer {c.analyst_tokens[1]}"},
+                     verify=c.verify).status_code == 401
     # ... and the three shares fetched through the published ports add up to the release
     shares, hashes = [], set()
     for url, tok in zip(c.server_urls, c.analyst_tokens):
-        r = httpx.get(f"{url}/v1/studies/{sid}/aggregate", headers={"Authorization": f"Bearer {tok}"})
+        r = httpx.get(f"{url}/v1/studies/{sid}/aggregate", headers={"Authorization": f"Bearer {tok}"},
+                      verify=c.verify)
         assert r.status_code == 200, r.text
         shares.append(messages.decode_aggregate(r.content, study.k, study.d))
         hashes.add(r.headers[messages.INCLUSION_HASH_HEADER])
     assert hashes == {fin["inclusion_hash"]}
+    # the README's host command: the study CLI with the CA file
+    listed = _run([sys.executable, "-m", "dpsketch.cli", "study", "--analyzer", c.analyzer_url,
+                   "--ca-file", str(c.certs / "ca.pem"), "list"], timeout=60).stdout
+    assert sid in listed
     assert not any(np.array_equal(s, np.zeros_like(s)) for s in shares)
     expected = ring.decode(ring.reconstruct(shares), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(np.array(released["sketch"]), expected)
@@ -239,9 +304,9 @@ class _RecordingTransport(httpx.HTTPTransport):
         return {rid for body in bodies for rid in messages.decode_batch(body, d)[0]}
 
 
-def _report_ids(url: str, sid: str, token: str) -> set[bytes]:
+def _report_ids(url: str, sid: str, token: str, verify: ssl.SSLContext | bool) -> set[bytes]:
     r = httpx.get(f"{url}/v1/studies/{sid}/report-ids", headers={"Authorization": f"Bearer {token}"},
-                  timeout=60)
+                  timeout=60, verify=verify)
     assert r.status_code == 200, r.text
     return set(messages.decode_report_ids(r.content))
 
@@ -253,7 +318,7 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
     n, batch = 150_000, 2000
     victim = 1  # s2
     victim_port = int(c.server_urls[victim].rsplit(":", 1)[1])
-    with AnalyzerClient(c.analyzer_url) as an:
+    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
         created = an.create_study(name="compose-kill", columns=COLUMNS, label="y",
                                   expected_reports=n, k=8, s=2, min_reports=n)
     sid = created["study_id"]
@@ -262,7 +327,7 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
     box.reload()
     started_before = box.attrs["State"]["StartedAt"]
 
-    transport = _RecordingTransport()
+    transport = _RecordingTransport(verify=c.verify)
     uploading = threading.Event()
     killed: dict[str, object] = {}
 
@@ -319,11 +384,11 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
     ids = {bytes.fromhex(h) for h in result}
     assert len(ids) == n
     # ... every report s2 acknowledged before the kill survived it, and all servers agree
-    held = [_report_ids(url, sid, tok) for url, tok in zip(c.server_urls, c.analyst_tokens)]
+    held = [_report_ids(url, sid, tok, c.verify) for url, tok in zip(c.server_urls, c.analyst_tokens)]
     assert acked_before <= held[victim]
     for h in held:
         assert h == ids
-    with AnalyzerClient(c.analyzer_url) as an:
+    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
         assert [s["report_count"] for s in an.progress(sid)["servers"]] == [n, n, n]
     c.timings["kill_upload_s"] = upload_s
     c.timings["s2_down_s"] = killed["healthy_again"] - killed["at"]  # type: ignore[operator]
@@ -348,3 +413,29 @@ def test_demo_service_prints_its_table(compose_cluster):
         "label": [f"com.docker.compose.project={PROJECT}", "com.docker.compose.service=demo"]})
     assert demo_left == []
     c.wait_healthy(SERVERS + ["analyzer"], timeout=30)
+
+
+def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
+    """Last: the same project from docker-compose.yml alone (no overlay) recreates every service
+    on plain HTTP with the healthchecks passing, and keeps each database (the studies above)."""
+    c = compose_cluster
+    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
+        before = {s["study_id"] for s in an.studies()}
+    assert before
+    t0 = time.monotonic()
+    c.files = PLAIN
+    c.compose("up", "-d", "--wait", "--wait-timeout", "120", timeout=300)
+    c.timings["switch_to_plain_s"] = time.monotonic() - t0
+    c.wait_healthy(SERVERS + ["analyzer"], timeout=30)
+    for url in [c.analyzer_url, *c.server_urls]:
+        assert url.startswith("http://")
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+    with AnalyzerClient(c.analyzer_url) as an:
+        assert {s["study_id"] for s in an.studies()} == before
+        created = an.create_study(name="compose-plain", columns=COLUMNS, label="y",
+                                  expected_reports=2000, k=8, s=2, min_reports=2000)
+        with Client(c.server_urls) as client:
+            result = client.submit_many(created["study_id"], _regression_rows(2000, 11), batch_size=1000)
+        assert set(result.report_counts.values()) == {2000}
+        assert an.finalize(created["study_id"])["state"] == "released"
+    assert c.container("s1").exec_run(["ls", "/run/dpsketch"]).exit_code != 0  # no certificates

@@ -60,8 +60,9 @@ class TLSCluster:
         self.analyzer = analyzer(path, pool.workdir / "analyzer.sqlite3", pool.workdir,
                                  scheme="https", certfile=certs / "analyzer.pem",
                                  keyfile=certs / "analyzer-key.pem", ca_file=self.ca).start()
-        # stopped first: a share server's graceful TLS shutdown otherwise waits (up to 30 s) for
-        # the close_notify of the analyzer's idle keep-alive connections
+        # stopped first: a share server's graceful TLS shutdown otherwise waits for the
+        # close_notify of the analyzer's idle keep-alive connections, up to --graceful-timeout
+        # (tests/test_shutdown.py)
         pool.started.insert(0, self.analyzer)
 
     def context(self) -> ssl.SSLContext:
@@ -95,6 +96,28 @@ def test_make_certs_files(tls_cluster):
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert {"s2", "localhost"} <= set(san.get_values_for_type(x509.DNSName))
     assert "127.0.0.1" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+
+
+def test_make_certs_key_group(tmp_path):
+    """--key-group: service keys 0640 with that group (what the compose overlay's group_add
+    reads them through), the CA key still owner-only, nothing world-readable."""
+    import os
+
+    gid = 23456 if os.geteuid() == 0 else os.getgid()  # root: a group nobody else is in
+    subprocess.run([sys.executable, str(MAKE_CERTS), str(tmp_path), "--hosts", "s1,analyzer",
+                    "--key-group", str(gid)], check=True, capture_output=True, timeout=60)
+    for name in ("s1", "analyzer"):
+        st = (tmp_path / f"{name}-key.pem").stat()
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o640, gid)
+        assert stat.S_IMODE((tmp_path / f"{name}.pem").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "ca-key.pem").stat().st_mode) == 0o600
+    # re-run without the option (reusing the CA): the keys go back to owner-only
+    subprocess.run([sys.executable, str(MAKE_CERTS), str(tmp_path), "--hosts", "s1"],
+                   check=True, capture_output=True, timeout=60)
+    assert stat.S_IMODE((tmp_path / "s1-key.pem").stat().st_mode) == 0o600
+    bad = subprocess.run([sys.executable, str(MAKE_CERTS), str(tmp_path), "--hosts", "s1",
+                          "--key-group", "no-such-group-here"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no group named" in bad.stderr
 
 
 def test_study_over_https_end_to_end(tls_cluster):
