@@ -7,6 +7,7 @@ with its own SQLite file, started with ``python -m dpsketch.cli ...`` exactly as
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import ssl
@@ -20,27 +21,48 @@ import httpx
 
 
 _handed_out: set[int] = set()
+_rng = random.SystemRandom()
+
+
+def _outside_ephemeral_range() -> range:
+    """Ports the kernel never picks for ``bind(0)`` or an outgoing connection's local end."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return range(0)
+    below = range(max(1024, low - 12000), low)
+    above = range(high + 1, 65536)
+    return below if len(below) >= len(above) else above
 
 
 def free_ports(n: int) -> list[int]:
     """n loopback ports that are free now and were never handed out before by this process.
 
-    The kernel may give the same ephemeral port to two ``bind(0)`` calls once the first socket is
-    closed, and two servers configured on one port make a cluster with one server twice (seen in
-    CI). Holding every socket open until all n are chosen, and remembering what was handed out,
-    rules that out within one process.
+    Two failure modes made a test cluster start with one server twice or not at all: the kernel
+    can give the same ephemeral port to two ``bind(0)`` calls once the first socket is closed
+    (seen in CI), and an outgoing connection can take a free ephemeral port before the server
+    binds it. So ports come from outside the ephemeral range where the kernel tells us that
+    range, every socket stays open until all n are chosen, and a port is handed out only once.
     """
+    pool = _outside_ephemeral_range()
     socks: list[socket.socket] = []
     ports: list[int] = []
     try:
-        while len(ports) < n:
+        for attempt in range(50 * n + 1000):
+            if len(ports) == n:
+                break
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(sock)
-            sock.bind(("127.0.0.1", 0))
+            try:
+                sock.bind(("127.0.0.1", _rng.choice(pool) if pool and attempt < 50 * n else 0))
+            except OSError:
+                continue
             port = sock.getsockname()[1]
             if port not in _handed_out:
                 ports.append(port)
                 _handed_out.add(port)
+        if len(ports) < n:
+            raise RuntimeError(f"could not find {n} free loopback ports")
         return ports
     finally:
         for sock in socks:

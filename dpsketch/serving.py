@@ -18,6 +18,7 @@ Shared by ``dpsketch server`` (services/__main__.py) and ``dpsketch analyzer``
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 from typing import Any
 
@@ -38,12 +39,29 @@ def check_graceful_timeout(parser: argparse.ArgumentParser, value: float) -> Non
         parser.error("--graceful-timeout must be > 0")
 
 
+class _IdlePeersAtShutdown(logging.Filter):
+    """uvicorn logs ``ERROR Cancel 0 running task(s)`` when the graceful timeout ends with only
+    idle keep-alive peers left: nothing was cancelled, so say that at INFO instead of alarming
+    operators on every routine stop. A real cancellation (count > 0) stays an ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (isinstance(record.msg, str) and record.msg.startswith("Cancel %s running task(s)")
+                and record.args and record.args[0] == 0):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = "Graceful shutdown timeout reached with only idle connections open; closing them"
+            record.args = ()
+        return True
+
+
 def serve(app: Any, *, graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT, **config: Any) -> int:
     """``uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=..., **config)).run()``;
     returns 0 after a clean shutdown asked for by SIGTERM or SIGINT."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=graceful_timeout, **config))
+    error_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _IdlePeersAtShutdown) for f in error_log.filters):
+        error_log.addFilter(_IdlePeersAtShutdown())
     # uvicorn installs its own handlers while it runs, restores the ones it found, then re-raises
     # the signal it caught. With uvicorn's own handler as the one it finds, that re-raise only
     # sets a flag again, so run() returns; a signal before run() starts still stops the server.

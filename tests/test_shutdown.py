@@ -101,6 +101,8 @@ def test_server_sigterm_with_idle_tls_keepalive_client(servers, certs):
     assert proc.proc.returncode == 0, log
     assert took < DEFAULT_GRACEFUL_TIMEOUT + SLACK, f"SIGTERM took {took:.1f} s\n{log}"
     assert "Application shutdown complete" in log
+    # nothing was cancelled, so the routine stop logs no ERROR (uvicorn's "Cancel 0 running task(s)")
+    assert "ERROR" not in log and "only idle connections open" in log, log
     print(f"\nserver SIGTERM with an idle TLS keep-alive client: exit 0 after {took:.2f} s "
           f"(--graceful-timeout {DEFAULT_GRACEFUL_TIMEOUT:g})")
 
