@@ -35,15 +35,15 @@ def bench_accuracy(ns: list[int], d: int = 10, epsilon: float = 1.0, delta: floa
     for n in ns:
         args = demo.build_parser().parse_args(
             ["--clients", str(n), "--d", str(d), "--epsilon", str(epsilon), "--delta", str(delta),
-             "--seed", str(seed), "--json"]
+             "--seed", str(seed), "--kind", "sketch", "--json"]
         )
         t0 = time.perf_counter()
         result = demo.run(args)
         rows.append({
             "n": n,
-            "ridge": {m: result["ridge"][m] for m in ("ltm", "local", "central")},
-            "pca": {m: result["pca"][m] for m in ("ltm", "local", "central")},
-            "k": result["ridge"]["k"],
+            **{task: {"ltm": result[task]["sketch"], "local": result[task]["local"],
+                      "central": result[task]["central"]} for task in ("ridge", "pca")},
+            "k": result["studies"]["sketch"]["ridge"]["k"],
             "seconds": round(time.perf_counter() - t0, 1),
         })
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -402,9 +402,9 @@ def test_demo_service_prints_its_table(compose_cluster):
     m = re.search(r"dpsketch demo: n = (\d+) clients, (\d+) share servers", out)
     assert m, out
     assert m.groups() == ("3000", "3")
-    assert re.search(r"^task\s+LTM \(this release\)\s+local model\s+central model$", out, re.M), out
+    assert re.search(r"^task\s+LTM sketch\s+LTM gram\s+local model\s+central model$", out, re.M), out
     for task in ("ridge", "PCA"):
-        row = re.search(rf"^{task}\s+(\S+)\s+(\S+)\s+(\S+)$", out, re.M)
+        row = re.search(rf"^{task}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", out, re.M)
         assert row, out
         values = [float(v) for v in row.groups()]
         assert all(np.isfinite(v) and v > 0 for v in values), row.group(0)

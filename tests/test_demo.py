@@ -14,7 +14,7 @@ def _demo_cluster_processes() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if "dpsketch-demo-" in line and "dpsketch.cli" in line}
 
 
-def test_demo_json_reports_all_three_models_and_stops_its_processes():
+def test_demo_json_reports_both_kinds_and_the_baselines_and_stops_its_processes():
     before = _demo_cluster_processes()
     proc = subprocess.run(
         [sys.executable, "-m", "dpsketch.cli", "demo", "--clients", "4000", "--d", "6", "--rank", "2",
@@ -25,9 +25,21 @@ def test_demo_json_reports_all_three_models_and_stops_its_processes():
     result = json.loads(proc.stdout)
     assert result["n_reports"] == 4000 and result["servers"] == 3
     assert result["epsilon"] == 2.0 and result["delta"] == 1e-6
+    assert result["kinds"] == ["sketch", "gram"]  # by default one study of each kind
     for task in ("ridge", "pca"):
-        ratios = {m: result[task][m] for m in ("ltm", "local", "central")}
+        ratios = {m: result[task][m] for m in ("sketch", "gram", "local", "central")}
         assert all(isinstance(v, float) and v >= 1 - 1e-6 for v in ratios.values()), ratios
         # the central model at this n is within a few percent of the optimum; the others are not better
-        assert ratios["central"] < 1.2 and ratios["central"] <= min(ratios["ltm"], ratios["local"]) + 1e-9
+        assert ratios["central"] < 1.2 and ratios["central"] <= min(ratios["sketch"], ratios["local"]) + 1e-9
+        # the gram kind is the central model's statistic inside the LTM: close to central, far
+        # better than local at this small n
+        assert ratios["gram"] < 1.2 and ratios["gram"] < ratios["local"] / 3, ratios
+        for kind in ("sketch", "gram"):
+            study = result["studies"][kind][task]
+            assert study["kind"] == kind and study["n_reports"] == 4000
+            assert study["ltm"] == ratios[kind]
+        # what each client shares: d (+1 label for ridge) values for the sketch, d + d(d+1)/2 + 1 for gram
+        d = 7 if task == "ridge" else 6
+        assert result["studies"]["sketch"][task]["width"] == d
+        assert result["studies"]["gram"][task]["width"] == d + d * (d + 1) // 2 + 1
     assert _demo_cluster_processes() <= before  # every process the demo started is gone
