@@ -187,6 +187,31 @@ def compose_cluster(tmp_path_factory):
             print(f"compose test timings: {timings}")
 
 
+def test_build_context_holds_only_what_the_image_copies():
+    """The context is the repository root. Its filter must be the root .dockerignore: the legacy
+    builder (Debian's docker 20.10, and Compose without buildx) reads no Dockerfile-specific
+    ignore file, and then sent .venv (528 MB) and any certs/ or databases to the engine. Checked
+    with the docker SDK's own context filter, so no engine is needed."""
+    from docker.utils.build import exclude_paths
+
+    ignore = ROOT / ".dockerignore"
+    assert ignore.is_file() and not (DEPLOY / "Dockerfile.dockerignore").exists()
+    patterns = [line.strip() for line in ignore.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    included = exclude_paths(str(ROOT), patterns, dockerfile="deploy/Dockerfile")
+    tops = {path.split("/")[0] for path in included}
+    assert tops <= {".dockerignore", "deploy", "pyproject.toml", "README.md", "dpsketch",
+                    "client_sdk", "services", "analyzer"}, tops
+    assert not [p for p in included if p.endswith((".pem", ".sqlite3", ".pyc")) or "/." in p
+                or p.startswith("deploy/") and p != "deploy/Dockerfile"]
+    # every source the Dockerfile COPYs from the context is still in it
+    copied = [line.split()[1] for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ") and "--from" not in line]
+    assert copied and all(any(p == src or p.startswith(src + "/") for p in included) for src in copied), copied
+    size = sum((ROOT / p).stat().st_size for p in included)
+    assert size < 5 * 2**20, f"build context is {size / 2**20:.1f} MiB"
+
+
 def _regression_rows(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)  # test data; the privacy noise comes from the SDK's CSPRNG
     X = rng.normal(size=(n, 4))
