@@ -87,3 +87,12 @@ def test_accumulated_gram_equals_dense_sst():
     sketch.accumulate_gram(sst, rows, signs)
     S = sketch.dense_matrix(seed, ids, 24, 3)
     np.testing.assert_allclose(sst / 3, S @ S.T, atol=1e-9)
+
+
+@pytest.mark.parametrize("row_bound", [5e-324, 1e-300])
+def test_design_turns_arithmetic_failures_into_a_clear_value_error(row_bound):
+    """A row bound the schema allows but the formulas cannot handle is an invalid study for every
+    caller of design(), not a ZeroDivisionError or an overflow escaping from inside it."""
+    with pytest.raises(ValueError, match="cannot be designed into a study"):
+        design(name="tiny", columns=["a", "b"], label="b", servers=["s1", "s2"],
+               expected_reports=1000, row_bound=row_bound)

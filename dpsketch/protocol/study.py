@@ -7,6 +7,7 @@ so a server provisioning a study and a client fetching one run the same checks.
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from typing import Literal
@@ -182,6 +183,23 @@ def default_k(expected_reports: int, d: int, sigma_local: float, row_bound: floa
     return max(s, (int(k) // s) * s)
 
 
+def _arithmetic_is_invalid_input(fn):
+    """Extreme but schema-valid inputs (a row bound of 5e-324, say) underflow or overflow inside
+    the design formulas; that is an invalid study (ValueError, a 422 over HTTP), not a crash, for
+    every caller: the analyzer, ``dpsketch recommend`` and anyone calling :func:`design`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ArithmeticError as exc:
+            raise ValueError(f"these parameters cannot be designed into a study: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+    return wrapper
+
+
+@_arithmetic_is_invalid_input
 def design(
     *,
     name: str,
