@@ -140,6 +140,7 @@ def compare(
     debias: bool = True,
     tasks: Sequence[str] = ("ridge", "pca"),
     extra: Sequence[str] = (),
+    references: bool = True,
 ) -> dict[str, dict[str, float]]:
     """Error ratios of ridge and PCA for the LTM release and the local and central baselines.
 
@@ -160,6 +161,8 @@ def compare(
     B and neighbouring notion, e.g. ``extra=EXTRA_BASELINES`` (optimum, plain SSP, AdaSSP,
     DGM-OLS, RMGM-OLS); each name is added to the tasks it applies to (see
     :data:`RIDGE_BASELINES`, :data:`PCA_BASELINES`). Default: none, the three above.
+    ``references=False`` leaves out local and central (only ``"ltm"`` and ``extra``): for a
+    caller that compares several releases of the same rows and simulated them once already.
     """
     rows = getattr(data, "rows", data)
     rows = baselines.clip_rows(np.atleast_2d(np.asarray(rows, dtype=np.float64)), study.row_bound)
@@ -182,11 +185,10 @@ def compare(
     else:
         rank = None
     alpha = default_alpha(rows.shape[0], study.row_bound) if alpha is None else float(alpha)
-    releases: dict[str, SecondMoments] = {
-        "ltm": ltm_release,
-        "local": baselines.simulate_local(study, rows, rng),
-        "central": baselines.simulate_central(study, rows, rng),
-    }
+    releases: dict[str, SecondMoments] = {"ltm": ltm_release}
+    if references:
+        releases["local"] = baselines.simulate_local(study, rows, rng)
+        releases["central"] = baselines.simulate_central(study, rows, rng)
     out = _fit_ratios(releases, rows, columns, label=label, rank=rank, alpha=alpha, debias=debias)
     extra = [m for m in extra if m not in ("local", "central")]  # already there
     if extra:

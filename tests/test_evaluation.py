@@ -18,7 +18,7 @@ from analyzer.evaluation import (
     ridge_optimum,
     ridge_ratio,
 )
-from dpsketch.protocol import privacy, sketch
+from dpsketch.protocol import design, privacy, sketch
 
 import studies
 
@@ -251,3 +251,15 @@ def test_compare_checks_its_inputs():
         compare(data.rows[:, :-1], study, ltm)
     out = compare(data.rows, study, ltm, rank=2)  # a plain array in the study's column order
     assert set(out) == {"ridge", "pca"}
+
+
+def test_compare_without_references_fits_only_the_given_release():
+    """recommend compares two kinds on the same rows and simulates local and central once."""
+    data = synthetic.regression_data(3000, 4, seed=3)
+    study, _ = design(name="t", columns=data.columns, label=data.label, servers=["s1", "s2"],
+                      expected_reports=3000)
+    release = baselines.simulate_ltm(study, data.rows, np.random.default_rng(0))
+    full = compare(data, study, release, rng=np.random.default_rng(1), tasks=("ridge",))
+    bare = compare(data, study, release, rng=np.random.default_rng(1), tasks=("ridge",), references=False)
+    assert set(full["ridge"]) == {"ltm", "local", "central"} and set(bare["ridge"]) == {"ltm"}
+    assert bare["ridge"]["ltm"] == pytest.approx(full["ridge"]["ltm"], rel=1e-12)
