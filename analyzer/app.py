@@ -167,7 +167,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return release_from_ring_sum(rec.study, rec.ring_sum, rec.n_reports)
 
     def upstream(exc: UpstreamError) -> ProblemError:
-        if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict"):
+        if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict",
+                                                            "invalid-study"):
             return ProblemError(exc.problem.slug, str(exc))
         return ProblemError("upstream-failure", str(exc))
 

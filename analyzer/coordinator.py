@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 
 from dpsketch.protocol import ProblemError, Study, design, messages, ring
-from dpsketch.protocol.messages import CommitResult, StudyInfo
+from dpsketch.protocol.messages import CommitResult, ServerInfo, StudyInfo
 
 from .config import ClusterConfig, ServerEndpoint
 from .store import AnalyzerStore, StudyRecord
@@ -95,6 +95,9 @@ class ShareServerClient:
                           json=study.model_dump(mode="json"))
         return StudyInfo.model_validate(r.json())
 
+    def server_info(self) -> ServerInfo:
+        return ServerInfo.model_validate(self._request("GET", "/v1/info").json())
+
     def info(self, study_id: str) -> StudyInfo:
         return StudyInfo.model_validate(self._request("GET", f"/v1/studies/{study_id}").json())
 
@@ -145,7 +148,8 @@ class Coordinator:
     # create ------------------------------------------------------------------------------
     def create_study(self, **design_args) -> tuple[Study, list[str]]:
         """Design a study for this cluster (k, s, lambda_star, sigma, f) and provision it everywhere."""
-        if design_args.get("kind") == "auto":
+        auto = design_args.get("kind") == "auto"
+        if auto:
             from .recommend import recommend
 
             design_args["kind"] = recommend(
@@ -155,10 +159,39 @@ class Coordinator:
                    if k in design_args},
             ).kind
         study, explanation = design(servers=self.config.server_ids, **design_args)  # ValueError: 422
+        if auto and study.kind == "gram":
+            # the servers' storage policies decide too, not only the upload budget
+            limit, who = self.storage_limit()
+            if limit is not None and study.max_storage_bytes > limit:
+                gram_bytes = study.max_storage_bytes
+                design_args["kind"] = "sketch"
+                study, explanation = design(servers=self.config.server_ids, **design_args)
+                explanation.append(
+                    f"kind auto chose sketch: a gram study would claim {gram_bytes} bytes at each "
+                    f"server (max_reports = {study.max_reports}), more than {who}'s max_study_bytes "
+                    f"= {limit}; this sketch study claims {study.max_storage_bytes}.")
         self.store.add_study(study, explanation)
-        for server in self.servers:
-            server.provision(study)
+        try:
+            for server in self.servers:
+                server.provision(study)
+        except UpstreamError as exc:
+            if exc.problem is not None and exc.problem.slug == "invalid-study":
+                # a server's own policy refuses it: the study cannot run on this cluster, so the
+                # analyzer forgets it (servers that accepted it keep an empty study)
+                self.store.forget_unprovisioned(study.study_id)
+            raise
         return study, explanation
+
+    def storage_limit(self) -> tuple[int | None, str | None]:
+        """The smallest max_study_bytes the servers publish in /v1/info, and whose it is
+        (None: no server limits storage)."""
+        limit: int | None = None
+        who: str | None = None
+        for server in self.servers:
+            value = (server.server_info().policy or {}).get("max_study_bytes")
+            if value is not None and (limit is None or value < limit):
+                limit, who = int(value), server.endpoint.server_id
+        return limit, who
 
     def record(self, study_id: str) -> StudyRecord:
         rec = self.store.get(study_id)

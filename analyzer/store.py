@@ -71,6 +71,13 @@ class AnalyzerStore:
                 (study.study_id, study.model_dump_json(), json.dumps(explanation), time.time()),
             )
 
+    def forget_unprovisioned(self, study_id: str) -> None:
+        """Drop a study that a server refused at provisioning; one with an inclusion set or a
+        release is never dropped."""
+        with self._lock:
+            self._db.execute("DELETE FROM studies WHERE study_id = ? AND inclusion IS NULL "
+                             "AND released_at IS NULL", (study_id,))
+
     def _record(self, row: tuple) -> StudyRecord:
         study_json, explanation, created_at, inclusion_hash, ring_sum, n_reports, released_at = row
         study = Study.model_validate_json(study_json)

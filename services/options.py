@@ -19,6 +19,26 @@ def _env(name: str, default: Any, kind):
         raise SystemExit(f"dpsketch server: ${name} = {value!r} is not a valid {kind.__name__}") from None
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """``"200000000"``, ``"512M"``, ``"50G"``, ``"2TiB"``: binary units, case-insensitive."""
+    value = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = value[-1:] if value[-1:] in _SIZE_UNITS else ""
+    number = value[: len(value) - len(unit)].strip()
+    try:
+        size = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (e.g. 500000000, 512M, 50G, 2T)") from None
+    if not size >= 1 or size > 1 << 62:
+        raise ValueError(f"a size must be between 1 byte and 4 EiB, got {text!r}")
+    return int(size)
+
+
+byte_size.__name__ = "size"  # argparse's "invalid size value" message
+
+
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "privacy policy, tokens and retention",
@@ -33,6 +53,11 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                    help="smallest study min_reports accepted ($DPSKETCH_MIN_REPORTS; default: %(default)s)")
     g.add_argument("--min-lambda-star", type=float, default=_env("DPSKETCH_MIN_LAMBDA_STAR", 1.0, float),
                    help="smallest study lambda_star accepted ($DPSKETCH_MIN_LAMBDA_STAR; default: %(default)s)")
+    g.add_argument("--max-study-bytes", type=byte_size,
+                   default=_env("DPSKETCH_MAX_STUDY_BYTES", None, byte_size),
+                   help="largest storage a study may claim: max_reports x (16 + 8 x values per "
+                        "share) bytes, e.g. 50G; gram studies share d^2/2 values per report "
+                        "($DPSKETCH_MAX_STUDY_BYTES; default: no limit)")
     g.add_argument("--tokens-file", type=Path, default=_env("DPSKETCH_TOKENS_FILE", None, Path),
                    help='JSON {"operator": [...], "analyst": [...]} of more tokens ("sha256:<hex>" digests or '
                         "plain tokens), re-read when it changes or on SIGHUP ($DPSKETCH_TOKENS_FILE)")
@@ -45,5 +70,5 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
 def policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The Settings keyword arguments of :func:`add_policy_arguments`'s flags."""
     return {name: getattr(args, name) for name in (
-        "max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "tokens_file",
+        "max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_study_bytes", "tokens_file",
         "retention_after_commit_s") if hasattr(args, name)}

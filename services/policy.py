@@ -1,7 +1,8 @@
-"""The server's own privacy policy: the weakest study it agrees to serve.
+"""The server's own privacy policy: the weakest study it agrees to serve, and the largest.
 
 Every share server is run by an organisation that does not trust the others, so each one decides
-for itself which privacy targets it helps to release; a study outside the policy is refused at
+for itself which privacy targets it helps to release, and how much it agrees to store (a gram
+study's shares are d^2/2 values per report); a study outside the policy is refused at
 provisioning (422 ``invalid-study``, the detail names the rule). GET /v1/info publishes the policy.
 """
 
@@ -20,6 +21,7 @@ def describe(settings: Settings) -> dict[str, float | int | None]:
         "max_delta": settings.max_delta,
         "min_reports_floor": settings.min_reports_floor,
         "min_lambda_star": settings.min_lambda_star,
+        "max_study_bytes": settings.max_study_bytes,
         "max_k": settings.max_k,
         "max_aggregate_cells": settings.max_aggregate_cells,
         "retention_after_commit_seconds": settings.retention_after_commit_s,
@@ -40,6 +42,13 @@ def check(study: Study, settings: Settings) -> None:
          f"lambda_star = {study.lambda_star:g} is below this server's min_lambda_star = "
          f"{settings.min_lambda_star:g}"),
     )
+    if settings.max_study_bytes is not None and study.max_storage_bytes > settings.max_study_bytes:
+        rules += ((False, "max_study_bytes",
+                   f"max_reports = {study.max_reports} shares of {study.share_bytes} bytes (+16 for "
+                   f"the report id) could take {study.max_storage_bytes} bytes, more than this "
+                   f"server's max_study_bytes = {settings.max_study_bytes}; lower max_reports, or "
+                   f"use a sketch study (d values per share instead of d^2/2)"),)
     for ok, rule, detail in rules:
         if not ok:
-            raise ProblemError("invalid-study", f"privacy policy {rule}: {detail}", extra={"policy_rule": rule})
+            kind = "storage" if rule == "max_study_bytes" else "privacy"
+            raise ProblemError("invalid-study", f"{kind} policy {rule}: {detail}", extra={"policy_rule": rule})

@@ -32,6 +32,9 @@ class Settings:
     max_delta: float = 1e-5
     min_reports_floor: int = 50
     min_lambda_star: float = 1.0
+    #: Storage policy: refuse a study whose max_reports shares could take more than this many
+    #: bytes (Study.max_storage_bytes); None accepts any size the schema allows.
+    max_study_bytes: int | None = None
     #: Retention: delete a committed study's individual shares this many seconds after its
     #: commit (0 = right away); None keeps them. The aggregate and the commit stay.
     retention_after_commit_s: float | None = None

@@ -48,13 +48,16 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
 class Cluster:
     """N real share servers plus a real analyzer process configured for them."""
 
-    def __init__(self, pool: Servers, n: int = 3, api_token: str | None = None):
+    def __init__(self, pool: Servers, n: int = 3, api_token: str | None = None,
+                 server_env: dict[str, dict[str, str]] | None = None):
+        """``server_env`` maps a server id to extra environment (e.g. its policy variables)."""
         import json
 
         from dpsketch.cluster import analyzer, start_all
 
         self.specs = [pool.spec(f"s{j + 1}") for j in range(n)]
-        self.procs = [share_server(spec, pool.workdir) for spec in self.specs]
+        self.procs = [share_server(spec, pool.workdir, (server_env or {}).get(spec.server_id))
+                      for spec in self.specs]
         pool.started.extend(self.procs)
         start_all(self.procs)
         self.api_token = api_token

@@ -246,3 +246,34 @@ def test_sdk_submits_to_a_gram_study(live_cluster):
         ids = client.submit_many(study_id, rows, batch_size=150)
         assert len(ids) == 400
         assert client.report_counts(study_id) == {"s1": 400, "s2": 400, "s3": 400}
+
+
+def test_server_storage_policy_refuses_a_large_gram_study_and_steers_auto(servers):
+    """s2's operator agrees to store at most 3 MiB per study (DPSKETCH_MAX_STUDY_BYTES, i.e.
+    --max-study-bytes): an explicit gram study that could need more is refused, naming the rule;
+    kind=auto reads the published policies and makes a sketch study instead."""
+    from conftest import Cluster
+
+    c = Cluster(servers, 3, api_token="analyst-api-token",
+                server_env={"s2": {"DPSKETCH_MAX_STUDY_BYTES": "3M"}})
+    limit = 3 << 20
+    assert httpx.get(f"{c.server_urls[1]}/v1/info").json()["policy"]["max_study_bytes"] == limit
+    assert httpx.get(f"{c.server_urls[0]}/v1/info").json()["policy"]["max_study_bytes"] is None
+    # 5,000 expected reports: max_reports = 50,000; gram shares 15 values (136 bytes with the id)
+    # = 6.8 MB, sketch shares 4 values (48 bytes) = 2.4 MB
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        with pytest.raises(ProblemError) as refused:
+            an.create_study(name="too-big", columns=COLUMNS, label="y", expected_reports=5000, kind="gram")
+        created = an.create_study(name="auto", columns=COLUMNS, label="y", expected_reports=5000, kind="auto")
+    assert "max_study_bytes" in refused.value.detail and "s2" in refused.value.detail, refused.value.detail
+    assert 400 <= refused.value.status < 500
+    study = Study.model_validate(created["study"])
+    # s2 holds only the sketch study; the analyzer forgot the refused one
+    assert [s["study_id"] for s in httpx.get(f"{c.server_urls[1]}/v1/studies").json()] == [study.study_id]
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        assert [s["study_id"] for s in an.studies()] == [study.study_id]
+    assert study.kind == "sketch" and study.max_storage_bytes <= limit < 50_000 * 136
+    assert any("kind auto chose sketch" in line and "s2's max_study_bytes" in line
+               for line in created["explanation"]), created["explanation"]
+    with Client(c.server_urls) as client:  # and the sketch study works at every server
+        assert len(client.submit_many(study.study_id, np.full((20, 4), 0.1))) == 20

@@ -64,6 +64,7 @@ def test_default_policy(tmp_path: Path):
     ({"min_reports": 20, "expected_reports": 40, "k": 1, "s": 1}, {}, "min_reports_floor"),
     ({}, {"min_lambda_star": 1e6}, "min_lambda_star"),
     ({}, {"min_reports_floor": 150}, "min_reports_floor"),
+    ({}, {"max_study_bytes": 10_000}, "max_study_bytes"),
 ])
 def test_provisioning_refuses_studies_outside_the_policy(tmp_path: Path, overrides, settings, rule):
     srv = Server(tmp_path / "s1.sqlite3", **settings)
@@ -76,6 +77,40 @@ def test_provisioning_refuses_studies_outside_the_policy(tmp_path: Path, overrid
             assert srv.provision(make_study()).status_code == 201
     finally:
         srv.close()
+
+
+def test_storage_policy_counts_max_reports_shares_and_ids(tmp_path: Path):
+    st = make_study()
+    need = st.max_reports * (16 + 8 * st.width)
+    assert st.max_storage_bytes == need
+    for limit, ok in ((need, True), (need - 1, False)):
+        srv = Server(tmp_path / f"s{limit}.sqlite3", max_study_bytes=limit)
+        try:
+            assert srv.client.get("/v1/info").json()["policy"]["max_study_bytes"] == limit
+            r = srv.provision(st)
+            if ok:
+                assert r.status_code == 201, r.text
+            else:
+                body = assert_problem(r, 422, "invalid-study")
+                assert body["detail"].startswith("storage policy max_study_bytes:"), body
+        finally:
+            srv.close()
+
+
+@pytest.mark.parametrize("text, size", [("4096", 4096), ("512M", 512 << 20), ("50G", 50 << 30),
+                                        ("2TiB", 2 << 40), ("1.5k", 1536), (" 3 MB ", 3 << 20)])
+def test_max_study_bytes_flag_takes_binary_units(text, size):
+    from services.options import byte_size
+
+    assert byte_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "G", "lots", "-5M", "0", "1e30"])
+def test_max_study_bytes_flag_refuses_what_is_not_a_size(text):
+    from services.options import byte_size
+
+    with pytest.raises(ValueError):
+        byte_size(text)
 
 
 def test_study_inside_the_policy_is_provisioned(tmp_path: Path):

@@ -151,6 +151,13 @@ class Study(BaseModel):
         return 8 * self.width
 
     @property
+    def max_storage_bytes(self) -> int:
+        """The share bytes a server agrees to store for this study: max_reports records of a
+        16-byte report id and a share (it refuses uploads beyond max_reports). A server's
+        max_study_bytes policy compares against this; SQLite adds its own overhead on top."""
+        return self.max_reports * (sketch.REPORT_ID_BYTES + self.share_bytes)
+
+    @property
     def aggregate_shape(self) -> tuple[int, int]:
         return (self.k, self.width)
 
