@@ -42,7 +42,8 @@ class CreateStudy(PrivacyTarget):
         default="sketch",
         description="sketch: OSNAP sketch of the rows; gram: plain sum of [a, u(a a^T), 1] "
         "(central-model accuracy, about d^2/2 values per client); auto: gram when its upload "
-        "fits the analyzer's budget, else sketch (see POST /v1/recommend)",
+        "fits the analyzer's budget and no server's published max_study_bytes refuses it, else "
+        "sketch (see POST /v1/recommend)",
     )
     k: int | None = Field(default=None, ge=1, le=1 << 20)
     s: int = Field(default=4, ge=1, le=8)

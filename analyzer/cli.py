@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kind", choices=["sketch", "gram", "auto"], default="sketch",
                    help="sketch (default): OSNAP sketch of the rows; gram: plain sum of "
                    "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; auto: "
-                   "gram when it fits the upload budget (see: dpsketch recommend)")
+                   "gram when it fits the upload budget and every server's storage policy "
+                   "(see: dpsketch recommend)")
     c.add_argument("--k", type=int, help="sketch rows (default: chosen from n and d)")
     c.add_argument("--s", type=int, default=4, help="sketch blocks (default: %(default)s)")
     c.add_argument("--min-reports", type=int)
