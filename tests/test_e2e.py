@@ -106,10 +106,11 @@ def test_sdk_upload_and_analyses_over_rest(live_cluster):
     np.testing.assert_allclose(ridge["coef"], RidgeRegression(label="y").fit(release).coef_, rtol=1e-12)
     np.testing.assert_allclose(ls["coef"], LeastSquares(label="y").fit(release).coef_, rtol=1e-12)
     # the direction of the true coefficients is recovered from the private release
-    # (simulated at these parameters: cosine 0.89-0.99 over 10 seeds)
+    # (simulated at these parameters, 500 runs: cosine 0.966 on average, 0.86 at the 1st
+    # percentile, 0.837 at worst; a random direction in 4 dimensions gives 0 +- 0.5)
     coef = np.array(ls["coef"])
     truth = np.array([1.0, -2.0, 0.5, 0.0])
-    assert coef @ truth / (np.linalg.norm(coef) * np.linalg.norm(truth)) > 0.8
+    assert coef @ truth / (np.linalg.norm(coef) * np.linalg.norm(truth)) > 0.7
     comps = np.array(pca["components"])
     np.testing.assert_allclose(comps @ comps.T, np.eye(2), atol=1e-8)
 
