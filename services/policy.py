@@ -30,25 +30,24 @@ def describe(settings: Settings) -> dict[str, float | int | None]:
 
 def check(study: Study, settings: Settings) -> None:
     """422 invalid-study naming the first rule the study breaks."""
-    rules = (
-        (study.epsilon <= settings.max_epsilon, "max_epsilon",
+    storage_ok = settings.max_study_bytes is None or study.max_storage_bytes <= settings.max_study_bytes
+    rules = (  # (holds, which policy, rule, detail)
+        (study.epsilon <= settings.max_epsilon, "privacy", "max_epsilon",
          f"epsilon = {study.epsilon:g} exceeds this server's max_epsilon = {settings.max_epsilon:g}"),
-        (study.delta <= settings.max_delta, "max_delta",
+        (study.delta <= settings.max_delta, "privacy", "max_delta",
          f"delta = {study.delta:g} exceeds this server's max_delta = {settings.max_delta:g}"),
-        (study.min_reports >= settings.min_reports_floor, "min_reports_floor",
+        (study.min_reports >= settings.min_reports_floor, "privacy", "min_reports_floor",
          f"min_reports = {study.min_reports} is below this server's min_reports_floor = "
          f"{settings.min_reports_floor}"),
-        (study.lambda_star >= settings.min_lambda_star, "min_lambda_star",
+        (study.lambda_star >= settings.min_lambda_star, "privacy", "min_lambda_star",
          f"lambda_star = {study.lambda_star:g} is below this server's min_lambda_star = "
          f"{settings.min_lambda_star:g}"),
+        (storage_ok, "storage", "max_study_bytes",
+         f"max_reports = {study.max_reports} shares of {study.share_bytes} bytes (+16 for the "
+         f"report id) could take {study.max_storage_bytes} bytes, more than this server's "
+         f"max_study_bytes = {settings.max_study_bytes}; lower max_reports, or use a sketch study "
+         f"(d values per share instead of d^2/2)"),
     )
-    if settings.max_study_bytes is not None and study.max_storage_bytes > settings.max_study_bytes:
-        rules += ((False, "max_study_bytes",
-                   f"max_reports = {study.max_reports} shares of {study.share_bytes} bytes (+16 for "
-                   f"the report id) could take {study.max_storage_bytes} bytes, more than this "
-                   f"server's max_study_bytes = {settings.max_study_bytes}; lower max_reports, or "
-                   f"use a sketch study (d values per share instead of d^2/2)"),)
-    for ok, rule, detail in rules:
+    for ok, policy, rule, detail in rules:
         if not ok:
-            kind = "storage" if rule == "max_study_bytes" else "privacy"
-            raise ProblemError("invalid-study", f"{kind} policy {rule}: {detail}", extra={"policy_rule": rule})
+            raise ProblemError("invalid-study", f"{policy} policy {rule}: {detail}", extra={"policy_rule": rule})
