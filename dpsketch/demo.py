@@ -100,8 +100,9 @@ def start_local_cluster(n_servers: int, workdir: Path, stack: ExitStack) -> Clus
 
 
 def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.Namespace,
-              quiet: bool) -> dict[str, Any]:
-    """Create a study for one synthetic data set, submit it, finalize, analyse, compare."""
+              quiet: bool, references: bool = True) -> dict[str, Any]:
+    """Create a study for one synthetic data set, submit it, finalize, analyse, compare (with the
+    local and central references only if ``references``: they depend on the data, not the kind)."""
     from tqdm import tqdm
 
     from analyzer.client import AnalyzerClient
@@ -142,11 +143,13 @@ def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.
         if task == "ridge":
             alpha = default_alpha(n, data.row_bound)
             served = an.ridge(study_id, label=data.label, alpha=alpha)
-            ratios = compare(data, study, release, alpha=alpha, tasks=("ridge",))["ridge"]
+            ratios = compare(data, study, release, alpha=alpha, tasks=("ridge",),
+                             references=references)["ridge"]
             result: dict[str, Any] = {**ratios, "alpha": alpha, "coef": served["coef"]}
         else:
             served = an.pca(study_id, n_components=args.rank)
-            ratios = compare(data, study, release, rank=args.rank, tasks=("pca",))["pca"]
+            ratios = compare(data, study, release, rank=args.rank, tasks=("pca",),
+                             references=references)["pca"]
             result = {**ratios, "rank": args.rank, "explained_variance": served["explained_variance"]}
         result.update(study_id=study_id, kind=kind, n_reports=fin["n_reports"], upload_seconds=upload_s,
                       finalize_seconds=finalize_s, k=study.k, sigma=study.sigma, width=study.width)
@@ -178,8 +181,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pca_data = synthetic.lowrank_data(args.clients, args.d, rank=args.rank, seed=args.seed + 1,
                                           clip_quantile=clip)
         kinds = ["sketch", "gram"] if args.kind == "both" else [args.kind]
-        studies = {kind: {"ridge": run_study(cluster, "ridge", kind, ridge_data, args, quiet),
-                          "pca": run_study(cluster, "pca", kind, pca_data, args, quiet)}
+        studies = {kind: {task: run_study(cluster, task, kind, data, args, quiet,
+                                          references=kind == kinds[0])
+                          for task, data in (("ridge", ridge_data), ("pca", pca_data))}
                    for kind in kinds}
     first = studies[kinds[0]]
     return {
