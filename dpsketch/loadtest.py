@@ -36,12 +36,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_kib(pid: int) -> int:
+def status_kib(field: str, pid: int | str = "self") -> int | None:
+    """A kB field of /proc/PID/status (VmRSS, VmHWM, ...), or None if the kernel has none."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+    return None
+
+
+def rss_kib(pid: int) -> int:
+    kib = status_kib("VmRSS", pid)
+    if kib is None:
+        raise RuntimeError("no VmRSS")
+    return kib
 
 
 @dataclass

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from dpsketch.cluster import free_port
+from dpsketch.loadtest import status_kib
 from dpsketch.protocol import sketch
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
@@ -47,11 +48,8 @@ ANALYST = "bench-analyst-token-0123456789"
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    kib = status_kib("VmRSS")
+    return float("nan") if kib is None else kib / 1024
 
 
 def _reset_peak_rss() -> bool:
@@ -66,12 +64,11 @@ def _reset_peak_rss() -> bool:
 
 def _peak_rss_mib() -> float:
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
+        kib = status_kib("VmHWM")
     except OSError:
-        pass
+        kib = None
+    if kib is not None:
+        return kib / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
