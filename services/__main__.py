@@ -50,7 +50,7 @@ keep-alive clients hold it up to 30 s otherwise) is bounded by --graceful-timeou
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsketch.serving import add_graceful_argument
+    from dpsketch.serving import add_connection_arguments, add_graceful_argument
 
     p = argparse.ArgumentParser(prog="dpsketch server", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssl-certfile", type=Path, help="serve HTTPS with this certificate chain (PEM)")
     p.add_argument("--ssl-keyfile", type=Path, help="private key for --ssl-certfile (PEM)")
     add_graceful_argument(p)
+    add_connection_arguments(p)
     return p
 
 
@@ -127,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     # handles SIGTERM/SIGINT: stop accepting, finish requests (bounded), run the app's shutdown
     return serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,
                  log_level=args.log_level, access_log=args.access_log, proxy_headers=False,
-                 server_header=False, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+                 server_header=False, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                 header_timeout=args.header_timeout, body_timeout=args.body_timeout, min_rate=args.min_rate,
+                 max_connections=args.max_connections, max_connections_per_ip=args.max_connections_per_ip)
 
 
 if __name__ == "__main__":
