@@ -28,11 +28,29 @@ def test_mu_star_satisfies_the_gdp_delta_formula(eps, delta):
 
 
 def test_client_sigma_is_local_over_sqrt_lambda_star():
-    st = make()
+    st = make(epsilon_floor=None)  # no floor: the clients carry the whole guarantee
     local = privacy.local_sigma(st.epsilon, st.delta, st.row_bound, st.neighbouring)
     assert local == pytest.approx(2 * st.row_bound * privacy.unit_sigma(st.epsilon, st.delta))
-    assert st.sigma == pytest.approx(local / math.sqrt(st.lambda_star))
+    assert st.sigma == pytest.approx(local / math.sqrt(st.lambda_star), rel=1e-5)
+    assert st.server_sigma == 0
     assert privacy.local_sigma(1, 1e-6, 1, "add-remove") == pytest.approx(local / 2)
+
+
+def test_floor_split_puts_the_floor_on_the_servers_and_the_rest_on_the_clients():
+    """sigma^2 + tau^2 = A_f (the floor, with the report's own noise) and
+    sigma^2 lambda + tau^2 = A (the LTM target), A = (Delta sigma_unit(eps))^2."""
+    st = make(epsilon_floor=4.0)
+    big_a = (2 * st.row_bound * privacy.unit_sigma(st.epsilon, st.delta)) ** 2
+    big_af = (2 * st.row_bound * privacy.unit_sigma(4.0, st.delta)) ** 2
+    assert st.sigma ** 2 + st.server_sigma ** 2 == pytest.approx(big_af, rel=1e-5)
+    assert st.sigma ** 2 * st.lambda_star + st.server_sigma ** 2 == pytest.approx(big_a, rel=1e-5)
+    g = st.guarantees()
+    assert g["epsilon"] == pytest.approx(1.0, rel=1e-5) and g["floor_epsilon"] == pytest.approx(4.0, rel=1e-5)
+    # the floor at epsilon itself is the DAP model: no client noise at all
+    dap = make(epsilon_floor=1.0)
+    assert dap.sigma == 0 and dap.server_sigma ** 2 == pytest.approx(big_a, rel=1e-5)
+    # the default floor is max(4, epsilon)
+    assert make().epsilon_floor == 4.0 and make(epsilon=6.0).epsilon_floor == 6.0
 
 
 def test_study_id_is_stable_and_content_addressed():
@@ -46,7 +64,10 @@ def test_study_id_is_stable_and_content_addressed():
 @pytest.mark.parametrize(
     "change,message",
     [
-        (lambda d: d.update(sigma=d["sigma"] * 0.5), "below the calibrated"),
+        (lambda d: d.update(sigma=d["sigma"] * 0.5), "more than the study's epsilon"),
+        (lambda d: d.update(server_sigma=d["server_sigma"] * 0.5), "epsilon"),
+        (lambda d: d.update(epsilon_floor=0.5), "at least epsilon"),
+        (lambda d: d.update(sigma=0.0, server_sigma=0.0), "epsilon"),
         (lambda d: d.update(frac_bits=62), "overflow"),
         (lambda d: d.update(servers=["a", "a", "c"]), "distinct"),
         (lambda d: d.update(label="z"), "label"),

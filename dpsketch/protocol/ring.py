@@ -21,16 +21,19 @@ class EncodingRangeError(ValueError):
     """A value does not fit the study's fixed-point range; it is refused, never wrapped."""
 
 
-def max_frac_bits(max_reports: int, value_bound: float) -> int:
-    """The largest f with max_reports * value_bound * 2^f < 2^63 (a signed sum cannot overflow)."""
-    if max_reports < 1 or not value_bound > 0:
-        raise ValueError("need max_reports >= 1 and a positive value bound")
+def max_frac_bits(max_reports: int, value_bound: float, extra: float = 0.0) -> int:
+    """The largest f with (max_reports * value_bound + extra) * 2^f < 2^63 (a signed sum of that
+    many values, plus ``extra`` of server noise, cannot overflow)."""
+    if max_reports < 1 or not value_bound > 0 or not extra >= 0:
+        raise ValueError("need max_reports >= 1, a positive value bound and extra >= 0")
+    total = max_reports * value_bound + extra
     f = 0
-    while max_reports * value_bound * 2.0 ** (f + 1) < 2.0**63 and f < 62:
+    while total * 2.0 ** (f + 1) < 2.0**63 and f < 62:
         f += 1
-    if max_reports * value_bound * 2.0**f >= 2.0**63:
+    if total * 2.0**f >= 2.0**63:
         raise ValueError(
-            f"{max_reports} reports of magnitude up to {value_bound} cannot be summed in 64 bits"
+            f"{max_reports} reports of magnitude up to {value_bound} (and {extra:g} of server "
+            f"noise) cannot be summed in 64 bits"
         )
     return f
 

@@ -91,7 +91,18 @@ def signed_sum(rows: np.ndarray, signs: np.ndarray, shares: np.ndarray, k: int) 
 
 def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray,
                sign: int = 1) -> None:
-    """acc[rows[i, l]] += sign * signs[i, l] * shares[i]  (mod 2^64), in place; acc is (k, d)."""
+    """acc[rows[i, l]] += sign * signs[i, l] * shares[i]  (mod 2^64), in place; acc is (k, d).
+
+    A few reports touch only their own rows: they are added in place, so a single upload to a
+    study with a large k x d aggregate neither builds nor adds a dense k x d matrix (which would
+    also touch, and so pin, every page of the aggregate)."""
+    m, s = rows.shape
+    if m * s * 4 < acc.shape[0]:
+        flip = (signs.astype(np.int64) * sign) < 0
+        values = np.repeat(np.asarray(shares, dtype=np.uint64), s, axis=0)
+        values[flip.ravel()] = np.uint64(0) - values[flip.ravel()]
+        np.add.at(acc, rows.ravel(), values)
+        return
     delta = signed_sum(rows, signs, shares, acc.shape[0])
     if sign >= 0:
         acc += delta

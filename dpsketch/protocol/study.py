@@ -14,15 +14,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from . import features, privacy, ring, sketch
+from . import accounting, features, privacy, ring, sketch
+from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
 
-PROTOCOL = "dpsketch/1"
+PROTOCOL = "dpsketch/2"
 
-#: Noise is drawn from N(0, sigma^2) and refused beyond this many sigmas (probability 5.5e-89
-#: per coordinate; the SDK then redraws). Part of the overflow bound; its effect on the privacy
-#: guarantee is ``privacy.tail_delta``, checked below.
-NOISE_TAIL_SIGMAS = 20.0
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
 SERVER_ID_PATTERN = r"^[a-z0-9][a-z0-9.\-]{0,62}$"
@@ -33,7 +30,7 @@ class Study(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    protocol: Literal["dpsketch/1"] = PROTOCOL
+    protocol: Literal["dpsketch/2"] = PROTOCOL
     name: str = Field(min_length=1, max_length=200)
     # schema
     columns: list[str] = Field(min_length=1, max_length=4096)
@@ -50,7 +47,14 @@ class Study(BaseModel):
     delta: float = Field(gt=0, lt=1)
     neighbouring: privacy.Neighbouring = "replace-one"
     lambda_star: float = Field(ge=1)
-    sigma: float = Field(gt=0)
+    #: each client's noise per coordinate (0: the servers' noise carries the whole guarantee)
+    sigma: float = Field(ge=0)
+    #: each server's noise per released cell, added to its aggregate share before release (its
+    #: part of the floor, docs/trust.md); in release units (after the 1/sqrt(s) scale)
+    server_sigma: float = Field(default=0.0, ge=0)
+    #: the floor: every report is (epsilon_floor, delta)-DP even if no other report is honest
+    #: (Sybils) and every other server colludes; None: no floor promised
+    epsilon_floor: float | None = Field(default=None, gt=0, le=100)
     # trust
     servers: list[str] = Field(min_length=2, max_length=16)
     t: int = Field(ge=0)
@@ -101,25 +105,35 @@ class Study(BaseModel):
             raise ValueError("min_reports exceeds max_reports")
         if self.min_reports <= self.t:
             raise ValueError("min_reports must exceed t")
-        needed = privacy.client_sigma(
-            self.epsilon, self.delta, self.row_bound, self.neighbouring, self.lambda_star, self.kind
-        )
-        if self.sigma < needed * (1 - privacy.SIGMA_RTOL):
+        mechanism = self.mechanism
+        achieved = mechanism.epsilon(self.lambda_star, self.delta)
+        if not achieved <= self.epsilon * (1 + privacy.SIGMA_RTOL):
             raise ValueError(
-                f"sigma={self.sigma} is below the calibrated {needed} for this epsilon, delta, "
-                f"row bound, kind and lambda_star"
-            )
-        tail = privacy.tail_delta(self.epsilon, self.max_reports * self.width, NOISE_TAIL_SIGMAS)
+                f"sigma = {self.sigma} and server_sigma = {self.server_sigma} give epsilon = "
+                f"{achieved:.6g} at lambda_star = {self.lambda_star:g} ({self.neighbouring}, "
+                f"{self.kind}), more than the study's epsilon = {self.epsilon}")
+        if self.epsilon_floor is not None:
+            if self.epsilon_floor < self.epsilon:
+                raise ValueError("epsilon_floor must be at least epsilon: the floor holds with no "
+                                 "other honest report, so it cannot be the stronger guarantee")
+            floor = mechanism.epsilon(1.0, self.delta)
+            if not floor <= self.epsilon_floor * (1 + privacy.SIGMA_RTOL):
+                raise ValueError(
+                    f"server_sigma = {self.server_sigma} gives a floor of epsilon = {floor:.6g}, "
+                    f"more than the study's epsilon_floor = {self.epsilon_floor}")
+        coordinates = (self.max_reports * self.width if self.sigma > 0 else 0) + (
+            self.n_servers * self.k * self.width if self.server_sigma > 0 else 0)
+        tail = privacy.tail_delta(self.epsilon, coordinates, NOISE_TAIL_SIGMAS)
         if tail > 1e-6 * self.delta:
             raise ValueError(
                 f"redrawing noise beyond {NOISE_TAIL_SIGMAS:g} sigma could cost up to {tail:.3g} "
                 f"of delta = {self.delta:g}; lower epsilon or max_reports"
             )
-        f_max = ring.max_frac_bits(self.max_reports, self.value_bound)
+        f_max = ring.max_frac_bits(self.max_reports, self.value_bound, self.server_noise_bound)
         if self.frac_bits > f_max:
             raise ValueError(
-                f"frac_bits={self.frac_bits} can overflow: max_reports * (bound + 20 sigma) * 2^f "
-                f"must stay below 2^63, so f <= {f_max}"
+                f"frac_bits={self.frac_bits} can overflow: max_reports * (bound + 20 sigma) + "
+                f"servers * 20 server_sigma sqrt(s), times 2^f, must stay below 2^63, so f <= {f_max}"
             )
         return self
 
@@ -147,6 +161,53 @@ class Study(BaseModel):
         return value_bound(self.kind, self.row_bound, self.sigma)
 
     @property
+    def mechanism(self) -> accounting.Mechanism:
+        """The noise that protects each honest report (client and server noise, release units)."""
+        return accounting.Mechanism(self.neighbouring, self.kind, self.row_bound, self.sigma,
+                                    self.server_sigma, self.width)
+
+    @property
+    def server_noise_std(self) -> float:
+        """What each server draws per cell of its (unscaled) aggregate share: server_sigma sqrt(s),
+        so that after the analyzer's 1/sqrt(s) it is server_sigma."""
+        return self.server_sigma * (self.s ** 0.5)
+
+    @property
+    def server_noise_bound(self) -> float:
+        """|total server noise| in one aggregate cell: N servers, each cut at 20 sigma."""
+        return self.n_servers * NOISE_TAIL_SIGMAS * self.server_noise_std
+
+    def server_noise(self) -> "np.ndarray":
+        """One server's noise for its aggregate share: N(0, server_noise_std^2) per cell from the
+        CSPRNG, encoded on the ring (what ``services/store.py`` adds before it releases; the
+        simulations add it N times). Zeros when the study asks for no server noise."""
+        import numpy as np
+
+        from . import noise
+
+        if self.server_sigma == 0:
+            return np.zeros(self.aggregate_shape, dtype=np.uint64)
+        std = self.server_noise_std
+        return ring.encode(noise.gaussian(self.aggregate_shape, std), self.frac_bits, NOISE_TAIL_SIGMAS * std)
+
+    def guarantees(self) -> dict[str, float | str | None]:
+        """What the study promises each honest report, both ways (docs/trust.md):
+
+        * ``epsilon``: with at least lambda_star worth of honest reports (the certificate), the
+          LTM guarantee under the study's neighbouring notion;
+        * ``floor_epsilon``: with no other honest report at all (every other report a Sybil) and
+          every server but one colluding, from the report's own noise and one server's noise;
+          computed from the noise, so it is finite for replace-one even without server noise
+          (then it is weak) and infinite for add/remove without server noise.
+        """
+        mech = self.mechanism
+        return {"neighbouring": self.neighbouring, "delta": self.delta,
+                "epsilon": mech.epsilon(self.lambda_star, self.delta),
+                "epsilon_target": self.epsilon, "lambda_star": self.lambda_star,
+                "floor_epsilon": mech.epsilon(1.0, self.delta),
+                "floor_epsilon_target": self.epsilon_floor}
+
+    @property
     def share_bytes(self) -> int:
         return 8 * self.width
 
@@ -172,6 +233,34 @@ class Study(BaseModel):
 def value_bound(kind: features.Kind, row_bound: float, sigma: float) -> float:
     """The overflow bound of one encoded coordinate: feature bound + 20 sigma."""
     return features.coordinate_bound(kind, row_bound) + NOISE_TAIL_SIGMAS * sigma
+
+
+#: The floor a study gets unless its designer says otherwise: every report (4, delta)-DP even when
+#: all other reports are an adversary's and all servers but one collude (docs/trust.md).
+DEFAULT_EPSILON_FLOOR = 4.0
+
+
+def _noise_line(study: Study, own_local: float) -> str:
+    sens = privacy.sensitivity(study.row_bound, study.neighbouring, study.kind)
+    client = (f"Client noise sigma = {study.sigma:.4g} per coordinate (alone, a client would need "
+              f"{own_local:.4g}: {own_local / study.sigma:.1f}x more)" if study.sigma > 0 else
+              "No client noise: the servers' noise carries the whole guarantee (the DAP model)")
+    server = (f"each server adds N(0, {study.server_sigma:.4g}^2) to every released cell"
+              if study.server_sigma > 0 else "no server noise")
+    return (f"{client}; {server}. Calibrated exactly for {study.neighbouring} (sensitivity "
+            f"{sens:.4g}, row bound B = {study.row_bound})"
+            + (", the report's own noise leaving with it included" if study.neighbouring == "add-remove"
+               else "") + ".")
+
+
+def _guarantee_line(study: Study) -> str:
+    g = study.guarantees()
+    floor = g["floor_epsilon"]
+    floor_text = (f"epsilon = {floor:.3g}" if math.isfinite(floor) else "no guarantee")
+    return (f"Guarantees per report: ({g['epsilon']:.4g}, {study.delta:g})-DP while the honest "
+            f"reports certify lambda_min - t >= lambda_star; without any other honest report "
+            f"(Sybils) and with all servers but one colluding: {floor_text}"
+            + ("" if study.epsilon_floor is not None else " (no floor requested)") + ".")
 
 
 def default_k(expected_reports: int, d: int, sigma_local: float, row_bound: float, s: int = 4) -> int:
@@ -225,11 +314,16 @@ def design(
     max_reports: int | None = None,
     seed: str | None = None,
     kind: features.Kind = "sketch",
+    epsilon_floor: float | None | Literal["default"] = "default",
 ) -> tuple[Study, list[str]]:
-    """Choose k, s, lambda_star, sigma and f for a study; return it with a human explanation.
+    """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
+    human explanation.
 
     ``kind="gram"`` makes the plain-sum study of the Gram matrix (k = s = 1, see features.py);
-    ``dpsketch.recommend`` says which kind suits given d and n.
+    ``dpsketch.recommend`` says which kind suits given d and n. ``epsilon_floor`` is the
+    guarantee every report keeps when no other report is honest (servers add noise for it,
+    docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
+    share server's default policy refuses such a study).
     """
     d = len(columns)
     if expected_reports < 2:
@@ -257,9 +351,15 @@ def design(
     if max_reports is None:
         max_reports = max(10 * expected_reports, 1000)
     lambda_star = privacy.choose_lambda_star(min_reports, k, t)
-    sigma = privacy.client_sigma(epsilon, delta, row_bound, neighbouring, lambda_star, kind)
+    if epsilon_floor == "default":
+        epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
+    width = features.width(kind, d)
+    noise = accounting.calibrate(neighbouring, kind, row_bound, epsilon, delta, lambda_star, width,
+                                 epsilon_floor)
+    sigma, server_sigma = noise.sigma, noise.server_sigma
     bound = value_bound(kind, row_bound, sigma)
-    frac_bits = ring.max_frac_bits(max_reports, bound)
+    server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * math.sqrt(s)
+    frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)
     study = Study(
         name=name,
         columns=columns,
@@ -274,6 +374,8 @@ def design(
         neighbouring=neighbouring,
         lambda_star=lambda_star,
         sigma=sigma,
+        server_sigma=server_sigma,
+        epsilon_floor=epsilon_floor,
         servers=servers,
         t=t,
         min_reports=min_reports,
@@ -304,10 +406,8 @@ def design(
             else f"lambda_star = {lambda_star:.1f}: {privacy.LAMBDA_SAFETY} x the expected "
             f"lambda_min(S S^T) ~ (n/k)(1 - sqrt(k/n))^2 at n = min_reports, minus t = {t}."
         ),
-        f"Client noise sigma = {sigma:.4g} per coordinate (alone, a client would need "
-        f"{own_local:.4g}: {own_local / sigma:.1f}x more) for ({epsilon}, {delta})-DP, "
-        f"{neighbouring}, row bound B = {row_bound}, sensitivity "
-        f"{privacy.sensitivity(row_bound, neighbouring, kind):.4g}.",
+        _noise_line(study, own_local),
+        _guarantee_line(study),
         f"Ring: f = {frac_bits} fractional bits; {max_reports} reports of |x| <= "
         f"{bound:.4g} cannot overflow 2^63.",
     ]
