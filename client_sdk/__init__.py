@@ -13,26 +13,26 @@ learns anything about the row. See docs/protocol.md.
 
 from dpsketch.protocol.problems import ProblemError
 
+from .bench import bench_compression, bench_encryption
 from .client import (
     BatchFailure,
     Client,
+    FloorTooWeak,
     IncompleteUpload,
     PendingUpload,
-    PreparedBatch,
     SDKError,
     ServerProtocolError,
     ServerUnreachable,
     StudyMismatch,
     SubmitResult,
-    bench_compression,
-    bench_encryption,
-    prepare_batch,
 )
+from .prepare import PreparedBatch, prepare_batch
 from .data import InvalidDataError, read_csv
 
 __all__ = [
     "BatchFailure",
     "Client",
+    "FloorTooWeak",
     "IncompleteUpload",
     "InvalidDataError",
     "PendingUpload",

@@ -38,13 +38,13 @@ import numpy as np
 from pydantic import ValidationError
 
 from dpsketch import __version__
-from dpsketch.protocol import envelope, messages, ring
+from dpsketch.protocol import envelope, messages
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import data as _data
-from . import noise
+from .prepare import PreparedBatch, count_records, prepare_batch, split_body  # noqa: F401 (re-exported)
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
 Progress = Callable[[int], Any]
@@ -82,6 +82,11 @@ def _cert_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+class FloorTooWeak(SDKError):
+    """The study's floor (its guarantee with no other honest report) is weaker than the data
+    owner's own limit (``Client(max_floor_epsilon=...)``); nothing was sent."""
 
 
 class ServerProtocolError(SDKError):
@@ -174,85 +179,6 @@ class _Cancelled(SDKError):
         super().__init__("cancelled: the upload run was aborted or the client closed")
 
 
-# --- preparing a batch (pure) ----------------------------------------------------------------
-
-
-@dataclass
-class PreparedBatch:
-    """Shares of m rows for N servers.
-
-    Full shares: ``shares[j]`` is the (m, d) uint64 share for server j. Seed-compressed
-    (``seeds`` is set): servers 0..N-2 get ``seeds[j]``, (m, 32) uint8 seeds each expanding to
-    a share (``ring.expand_seeds``), ``shares[j]`` is None for them, and ``shares[N-1]`` is the
-    last server's full share; ``share(j)`` gives every server's share either way.
-    """
-
-    report_ids: list[bytes]
-    shares: list[np.ndarray | None]
-    seeds: list[np.ndarray] | None = None
-
-    def __len__(self) -> int:
-        return len(self.report_ids)
-
-    def _seeded(self, j: int) -> bool:
-        return self.seeds is not None and j < len(self.seeds)
-
-    def share(self, j: int) -> np.ndarray:
-        """Server j's (m, d) share (expanded from its seeds if it gets seeds)."""
-        if self._seeded(j):
-            d = self.shares[-1].shape[1]  # type: ignore[union-attr]
-            return ring.expand_seeds(self.seeds[j], d)  # type: ignore[index]
-        return self.shares[j]  # type: ignore[return-value]
-
-    def media_type(self, j: int) -> str:
-        return messages.SEEDS_MEDIA_TYPE if self._seeded(j) else messages.SHARES_MEDIA_TYPE
-
-    def body(self, j: int) -> bytes:
-        """Server j's body, of media type ``media_type(j)``."""
-        if self._seeded(j):
-            return messages.encode_seed_batch(self.report_ids, self.seeds[j])  # type: ignore[index]
-        return messages.encode_batch(self.report_ids, self.shares[j])
-
-
-def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> PreparedBatch:
-    """Clip, noise, encode and share rows; one fresh random 128-bit id per row.
-
-    The noisy plaintext exists only inside this function; what leaves it is N shares, any N-1
-    of which are uniform and independent of the row. With ``compress`` servers 0..N-2 get a
-    32-byte seed per row instead of their share (docs/protocol.md section 4); privacy is the
-    same as long as ChaCha20 is a secure PRG.
-    """
-    rows = _data.check_rows(rows, study.d)
-    encoded = ring.encode(noise.privatize(rows, study), study.frac_bits, study.value_bound)
-    ids = [messages.new_report_id() for _ in range(len(rows))]
-    if compress:
-        seeds, last = ring.share_with_seeds(encoded, study.n_servers)
-        return PreparedBatch(ids, [None] * len(seeds) + [last], seeds)
-    shares = ring.share(encoded, study.n_servers)
-    return PreparedBatch(ids, shares)
-
-
-def _record_bytes(media_type: str, d: int) -> int:
-    if media_type == messages.SEEDS_MEDIA_TYPE:
-        return messages.SEED_RECORD_BYTES
-    return REPORT_ID_BYTES + 8 * d
-
-
-def _n_records(body: bytes, media_type: str, width: int) -> int:
-    """Reports in a batch body of any of the three upload media types."""
-    if media_type == messages.SEALED_MEDIA_TYPE:
-        return envelope.count_records(body, width)
-    return len(body) // _record_bytes(media_type, width)
-
-
-def _split_body(body: bytes, d: int, media_type: str = messages.SHARES_MEDIA_TYPE) -> tuple[bytes, bytes]:
-    if media_type == messages.SEALED_MEDIA_TYPE:
-        return envelope.split_body(body, d)
-    record = _record_bytes(media_type, d)
-    half = (len(body) // record // 2) * record
-    return body[:half], body[half:]
-
-
 # --- the client ------------------------------------------------------------------------------
 
 
@@ -280,6 +206,12 @@ class Client:
     (opening about 40 us at the server), so plaintext over TLS stays the default; use it when
     shares pass through a party other than their server (a gateway, a queue, a log). It combines
     with ``compress`` (the seeds are sealed).
+
+    ``max_floor_epsilon``: the data owner's own limit on the study's floor, the epsilon each
+    report keeps when every other report is an adversary's and all servers but one collude
+    (docs/trust.md). A study whose floor is weaker is refused before anything is sent
+    (:class:`FloorTooWeak`); None accepts the study as it is (its servers' policies already
+    bound the floor, 4 by default).
     """
 
     def __init__(self, server_urls: Sequence[str], *, timeout: float = 30.0, max_retries: int = 5,
@@ -287,7 +219,7 @@ class Client:
                  http2: bool = False, verify: bool | str | ssl.SSLContext = True,
                  token: str | Sequence[str] | None = None, queue_depth: int = 2,
                  max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None,
-                 compress: bool = False, encrypt: bool = False):
+                 compress: bool = False, encrypt: bool = False, max_floor_epsilon: float | None = None):
         urls = [u.strip().rstrip("/") for u in server_urls]
         if len(urls) < 2:
             raise ValueError("need the URLs of at least two share servers")
@@ -312,6 +244,9 @@ class Client:
         self.max_batch_bytes = max_batch_bytes
         self.compress = compress
         self.encrypt = encrypt
+        if max_floor_epsilon is not None and not max_floor_epsilon > 0:
+            raise ValueError("max_floor_epsilon must be positive (or None)")
+        self.max_floor_epsilon = max_floor_epsilon
         self._recipients: dict[str, list[envelope.Recipient]] = {}
         self._http = []
         for url, tok in zip(urls, tokens):
@@ -475,6 +410,13 @@ class Client:
                     f"URL {j + 1} ({self.urls[j]}) is server {info.server_id!r}, but the study sends "
                     f"share {j + 1} to {study.servers[j]!r}; give the URLs in the study's server "
                     f"order: {', '.join(study.servers)}")
+        if self.max_floor_epsilon is not None:
+            floor = float(study.guarantees()["floor_epsilon"])
+            if not floor <= self.max_floor_epsilon:
+                raise FloorTooWeak(
+                    f"study {study_id[:12]}...: with no other honest report a report keeps only "
+                    f"epsilon = {floor:.4g} (server_sigma = {study.server_sigma:g}), above this "
+                    f"client's max_floor_epsilon = {self.max_floor_epsilon:g}; refusing to submit")
         if self.encrypt:
             self._recipients[study_id] = self._recipients_of(study, [info for info, _ in fetched])
         self._committed[study_id] = [s.server_id for _, s in fetched if s.status != "open"]
@@ -518,7 +460,8 @@ class Client:
         """Server j's request body and media type: as prepared, or sealed to server j."""
         if not self.encrypt:
             return body, media_type
-        sealed = envelope.seal_body(self._recipients[study_id][j], study_id, body, media_type, study.width)
+        sealed = envelope.seal_body(self._recipients[study_id][j], study_id, body, media_type, study.width,
+                                    study.n_servers)
         return sealed, messages.SEALED_MEDIA_TYPE
 
     def _open_study(self, study_id: str) -> Study:
@@ -536,18 +479,18 @@ class Client:
                       media_type: str = messages.SHARES_MEDIA_TYPE) -> messages.UploadResult:
         """POST one binary batch to server j; on 413 split it in halves (same bytes per report)."""
         path = f"/v1/studies/{study_id}/batches"
-        m = _n_records(body, media_type, study.width)
+        m = count_records(body, media_type, study)
         try:
             resp = self._request(j, "POST", path, content=body, cancel=cancel,
                                  headers={"Content-Type": media_type})
         except ProblemError as exc:
             if exc.status == 413 and m > 1:
-                first, second = _split_body(body, study.width, media_type)
+                first, second = split_body(body, media_type, study)
                 a = self._upload_batch(j, study, study_id, first, cancel, media_type)
                 b = self._upload_batch(j, study, study_id, second, cancel, media_type)
                 return messages.UploadResult(accepted=a.accepted + b.accepted,
                                              duplicates=a.duplicates + b.duplicates,
-                                             report_count=max(a.report_count, b.report_count))
+                                             report_count=b.report_count)
             raise
         result = self._json(j, resp, messages.UploadResult)
         if result.accepted + result.duplicates != m:
@@ -569,7 +512,7 @@ class Client:
         def send(j: int) -> messages.UploadResult:
             if sealed is not None:
                 return self._upload_batch(j, study, study_id, sealed[j][0], media_type=sealed[j][1])
-            body = messages.Report.of(rid, batch.shares[j][0]).model_dump()
+            body = batch.report(j).model_dump()
             resp = self._request(j, "POST", f"/v1/studies/{study_id}/reports", json=body)
             return self._json(j, resp, messages.UploadResult)
 
@@ -606,7 +549,8 @@ class Client:
             raise ValueError("batch_size must be at least 1")
         study = self._open_study(study_id)
         # keep request bodies modest (servers refuse large ones with 413) whatever d is
-        record = REPORT_ID_BYTES + study.share_bytes + (envelope.OVERHEAD_BYTES if self.encrypt else 0)
+        record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width, study.n_servers)
+                  + (envelope.OVERHEAD_BYTES if self.encrypt else 0))
         batch_size = max(1, min(batch_size, self.max_batch_bytes // record))
         chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns)
         in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
@@ -661,13 +605,15 @@ class Client:
         if failures:
             raise IncompleteUpload(failures, still, [], sum(p.n_rows for p in pending))
 
-    def report_counts(self, study_id: str) -> dict[str, int]:
-        """Each server's report count for the study (``GET /v1/studies/{id}``)."""
+    def report_counts(self, study_id: str) -> dict[str, int | None]:
+        """Each server's report count for the study (``GET /v1/studies/{id}``); None where the
+        server withholds it (an add/remove study: the count would tell membership)."""
         study = self.study(study_id)
 
-        def count(j: int) -> int:
+        def count(j: int) -> int | None:
             resp = self._request(j, "GET", f"/v1/studies/{study_id}")
-            return int(resp.json()["report_count"])
+            value = resp.json().get("report_count")
+            return None if value is None else int(value)
 
         return dict(zip(study.servers, self._each_server(count)))
 
@@ -760,7 +706,8 @@ class _UploadRun:
                 continue
             with self.lock:
                 self.stored_batches += 1
-                self.report_counts[sid] = max(self.report_counts.get(sid, 0), result.report_count)
+                if result.report_count is not None:
+                    self.report_counts[sid] = max(self.report_counts.get(sid, 0), result.report_count)
                 self.duplicates[sid] += result.duplicates
                 b = self.batches[index]
                 b.remaining -= 1
@@ -789,59 +736,3 @@ class _UploadRun:
     def incomplete(self, prepared: int) -> IncompleteUpload:
         pending = sorted(self.pending, key=lambda p: (p.batch_index, p.server_index))
         return IncompleteUpload(list(self.failures), pending, self.ids(), prepared)
-
-
-def bench_compression(n: int = 100_000, d: int = 6, n_servers: int = 3) -> dict[str, dict[str, float]]:
-    """Bytes per row and seconds to prepare (noise, encode, share) and encode the upload bodies
-    of ``n`` rows of ``d`` columns, with full shares and seed-compressed; no network."""
-    encoded = ring.random_ring((n, d))
-    ids = [messages.new_report_id() for _ in range(n)]
-    out: dict[str, dict[str, float]] = {}
-    for mode in ("full", "compressed"):
-        t0 = time.perf_counter()
-        if mode == "full":
-            batch = PreparedBatch(ids, ring.share(encoded, n_servers))
-        else:
-            seeds, last = ring.share_with_seeds(encoded, n_servers)
-            batch = PreparedBatch(ids, [None] * len(seeds) + [last], seeds)
-        t1 = time.perf_counter()
-        total = sum(len(batch.body(j)) for j in range(n_servers))
-        t2 = time.perf_counter()
-        out[mode] = {"bytes_per_row": total / n, "share_seconds": t1 - t0, "encode_seconds": t2 - t1}
-    return out
-
-
-def bench_encryption(n: int = 20_000, d: int = 6, n_servers: int = 3) -> dict[str, dict[str, float]]:
-    """Bytes per row and microseconds per row (all ``n_servers`` shares of it) to build the
-    upload bodies of ``n`` rows of ``d`` columns in plaintext, and to seal them to fresh X25519
-    keys (client side) and open them again (server side, ``envelope.open_batch``); no network."""
-    encoded = ring.random_ring((n, d))
-    ids = [messages.new_report_id() for _ in range(n)]
-    shares = ring.share(encoded, n_servers)
-    study_id = "00" * 32
-    t0 = time.perf_counter()
-    plain = [messages.encode_batch(ids, shares[j]) for j in range(n_servers)]
-    t1 = time.perf_counter()
-    keys = [envelope.generate_private_key() for _ in range(n_servers)]
-    recipients = [envelope.Recipient(f"s{j + 1}", envelope.public_key_of(k)) for j, k in enumerate(keys)]
-    t2 = time.perf_counter()
-    sealed = [envelope.seal_body(recipients[j], study_id, plain[j], messages.SHARES_MEDIA_TYPE, d)
-              for j in range(n_servers)]
-    t3 = time.perf_counter()
-    from cryptography.hazmat.primitives.asymmetric import x25519
-
-    for j in range(n_servers):
-        private = x25519.X25519PrivateKey.from_private_bytes(keys[j])
-        _, opened = envelope.open_batch(sealed[j], d, study_id, f"s{j + 1}", lambda _kid: private,
-                                        ring.expand_seeds)
-        if not np.array_equal(opened, shares[j]):  # pragma: no cover - a broken envelope
-            raise AssertionError("a sealed share did not open to itself")
-    t4 = time.perf_counter()
-    us = 1e6 / n
-    return {
-        "plaintext": {"bytes_per_row": sum(map(len, plain)) / n, "encode_us_per_row": (t1 - t0) * us},
-        "sealed": {"bytes_per_row": sum(map(len, sealed)) / n, "seal_us_per_row": (t3 - t2) * us,
-                   "open_us_per_row": (t4 - t3) * us,
-                   "seal_us_per_share": (t3 - t2) * us / n_servers,
-                   "open_us_per_share": (t4 - t3) * us / n_servers},
-    }

@@ -24,8 +24,9 @@ from client_sdk import (
     prepare_batch,
 )
 from client_sdk import cli, data, noise
-from dpsketch.protocol import messages, ring
-from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, design
+from dpsketch.protocol import binding, messages, ring
+from dpsketch.protocol import noise as sampler
+from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, PROTOCOL, design
 
 COLUMNS = ["age", "income", "score", "y"]
 SERVER_IDS = ["s1", "s2", "s3"]
@@ -43,7 +44,7 @@ def study():
 
 
 def test_standard_normal_has_unit_variance_and_normal_law():
-    z = noise.standard_normal(400_000)
+    z = sampler.standard_normal(400_000)
     n = len(z)
     assert abs(z.mean()) < 6 / np.sqrt(n)
     assert abs(z.std() - 1) < 6 / np.sqrt(2 * n)
@@ -53,7 +54,7 @@ def test_standard_normal_has_unit_variance_and_normal_law():
 
 
 def test_gaussian_noise_has_the_study_sigma(study):
-    g = noise.gaussian((100_000, study.d), study.sigma)
+    g = sampler.gaussian((100_000, study.d), study.sigma)
     assert g.shape == (100_000, study.d)
     n = g.size
     assert abs(g.std() / study.sigma - 1) < 6 / np.sqrt(2 * n)
@@ -75,12 +76,12 @@ def test_noise_comes_only_from_os_urandom(monkeypatch):
     def forbidden(*a, **k):
         raise AssertionError("numpy's statistical generator must not be used for noise")
 
-    monkeypatch.setattr(noise.os, "urandom", fake_urandom)
+    monkeypatch.setattr(sampler.os, "urandom", fake_urandom)
     monkeypatch.setattr(np.random, "default_rng", forbidden)
     monkeypatch.setattr(np.random, "normal", forbidden)
     monkeypatch.setattr(np.random, "standard_normal", forbidden)
-    a = noise.gaussian(1000, 2.0)
-    b = noise.gaussian(1000, 2.0)
+    a = sampler.gaussian(1000, 2.0)
+    b = sampler.gaussian(1000, 2.0)
     assert calls == [8000, 8000]
     assert np.array_equal(a, b)
 
@@ -88,12 +89,12 @@ def test_noise_comes_only_from_os_urandom(monkeypatch):
 def test_noise_tail_reaches_beyond_the_cut_and_is_redrawn(monkeypatch):
     """The refined uniform reaches past 20 sigma (a 53-bit grid alone stops at 8.3), and samples
     beyond NOISE_TAIL_SIGMAS are redrawn while the others are kept."""
-    assert -noise.ndtri(2.0 ** -54) < NOISE_TAIL_SIGMAS  # why the grid must be refined
+    assert -sampler.ndtri(2.0 ** -54) < NOISE_TAIL_SIGMAS  # why the grid must be refined
     # seven levels of k = 0 (the word and six refinements): u = 2^-371, |z| ~ 22.5 sigma
     zero = np.zeros(1, dtype="<u8")
-    refined = noise._unit_uniform(zero.copy(), level=_levels_left(6, monkeypatch, zero))
+    refined = sampler._unit_uniform(zero.copy(), level=_levels_left(6, monkeypatch, zero))
     assert 0 < refined[0] <= 2.0 ** -371
-    assert -noise.ndtri(0.5 * refined[0]) > NOISE_TAIL_SIGMAS
+    assert -sampler.ndtri(0.5 * refined[0]) > NOISE_TAIL_SIGMAS
     monkeypatch.undo()
 
     first = np.zeros(4, dtype="<u8")
@@ -105,8 +106,8 @@ def test_noise_tail_reaches_beyond_the_cut_and_is_redrawn(monkeypatch):
     def fake_urandom(n):
         return queue_.pop(0) if queue_ and len(queue_[0]) == n else real(n)
 
-    monkeypatch.setattr(noise.os, "urandom", fake_urandom)
-    g = noise.gaussian(4, 1.0)
+    monkeypatch.setattr(sampler.os, "urandom", fake_urandom)
+    g = sampler.gaussian(4, 1.0)
     assert not queue_  # all eight refinement levels were drawn
     assert np.all(np.abs(g) <= NOISE_TAIL_SIGMAS)
     assert g[1] == 0.0  # kept: only the out-of-range coordinates were redrawn
@@ -120,19 +121,19 @@ def _levels_left(levels: int, monkeypatch, zero: np.ndarray) -> int:
         calls.append(count)
         return np.zeros(count, dtype="<u8") if len(calls) <= levels else np.full(count, (1 << 53) - 1, dtype="<u8")
 
-    monkeypatch.setattr(noise, "_urandom_u64", fake_u64)
+    monkeypatch.setattr(sampler, "_urandom_u64", fake_u64)
     return 0
 
 
 def test_refined_sampler_is_standard_normal():
     from scipy import stats
 
-    z = noise.standard_normal(400_000)
+    z = sampler.standard_normal(400_000)
     assert stats.kstest(z, "norm").pvalue > 1e-4
     assert abs(np.mean(z)) < 0.01 and abs(np.std(z) - 1) < 0.01
     # the refinement is applied where it should be: |z| > 5.9 happens ~ 4e-9 of the time, so the
     # bulk of the law is the plain 53-bit inverse CDF; a refined u differs from k + 1 only below 2^22
-    u = noise._unit_uniform(np.array([(1 << 22) + 5, 7], dtype="<u8"))
+    u = sampler._unit_uniform(np.array([(1 << 22) + 5, 7], dtype="<u8"))
     assert u[0] == ((1 << 22) + 6) * 2.0 ** -53
     assert 7 * 2.0 ** -53 < u[1] <= 8 * 2.0 ** -53
 
@@ -205,9 +206,12 @@ def test_shares_reconstruct_exactly_to_the_encoded_noisy_rows(study, monkeypatch
     assert np.array_equal(ring.reconstruct(batch.shares), expected)
     assert len(set(batch.report_ids)) == 500 and all(len(r) == 16 for r in batch.report_ids)
     for j in range(3):
-        ids, share = messages.decode_batch(batch.body(j), study.d)
-        assert ids == batch.report_ids
-        assert np.array_equal(share, batch.shares[j])
+        upload = messages.decode_batch(batch.body(j), study.d, study.n_servers)
+        assert upload.ids == batch.report_ids
+        assert np.array_equal(upload.payloads, batch.shares[j])
+        upload.verify(study.study_id, study.n_servers, j)  # bound to its ids at server j ...
+        with pytest.raises(binding.BindingError):  # ... and only there
+            upload.verify(study.study_id, study.n_servers, (j + 1) % 3)
 
 
 def test_real_noise_is_added_and_bounded(study):
@@ -356,7 +360,7 @@ class FakeServer:
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/v1/info":
-            return httpx.Response(200, json={"server_id": self.server_id, "protocol": "dpsketch/1",
+            return httpx.Response(200, json={"server_id": self.server_id, "protocol": PROTOCOL,
                                              "version": "fake"})
         sid = self.study.study_id
         if path == f"/v1/studies/{sid}" and request.method == "GET":
@@ -380,12 +384,14 @@ class FakeServer:
             if path.endswith("/batches"):
                 media_type = request.headers["content-type"]
                 assert media_type in (messages.SHARES_MEDIA_TYPE, messages.SEEDS_MEDIA_TYPE)
-                ids, shares = messages.decode_upload(request.content, media_type, self.study.d)
-                if self.max_records and len(ids) > self.max_records:
+                upload = messages.decode_upload(request.content, media_type, self.study.d, self.study.n_servers)
+                if self.max_records and len(upload) > self.max_records:
                     return _problem(413, "payload-too-large", "too many")
             else:
                 r = messages.Report.model_validate(json.loads(request.content))
-                ids, shares = [bytes.fromhex(r.report_id)], [r.share_values(self.study.d)]
+                upload = r.upload(self.study.d, self.study.n_servers)
+            upload.verify(self.study.study_id, self.study.n_servers, self.study.servers.index(self.server_id))
+            ids, shares = upload.ids, upload.shares(self.study.d)
             with self.lock:
                 new = dup = 0
                 for rid, s in zip(ids, shares):

@@ -18,8 +18,12 @@ Record (``application/x-dpsketch-sealed``, a body is m >= 1 of them back to back
 
     report_id (16) | key_id (8) | content (1) | enc (32) | ciphertext (len(plaintext) + 16)
 
-``content`` is 0x01 for a share (plaintext = 8 * width bytes, the share's little-endian uint64)
-or 0x02 for a seed (plaintext = 32 bytes, expanded as in section 4). ``key_id`` is the first 8
+The plaintext is the report's proof for this server (16 N bytes: its salt and the other servers'
+commitments, ``binding``) followed by the payload: ``content`` is 0x01 for a share (8 * width
+bytes, the share's little-endian uint64) or 0x02 for a seed (32 bytes, expanded as in section 4).
+The salt is inside the ciphertext on purpose: a relay that saw it could test guesses of the row
+against the commitment together with colluding servers. All records of one body have the same
+``content``. ``key_id`` is the first 8
 bytes of SHA-256 of the server's raw 32-byte X25519 public key. ``info`` is the 17 ASCII bytes
 ``dpsketch/sealed/1`` followed by SHA-256 of
 ``study_id (32 raw bytes) || report_id (16) || content (1) || len(server_id) (1) || server_id``.
@@ -36,6 +40,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hpke, serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
+from . import binding
+from .binding import CONTENT_SEED, CONTENT_SHARE
 from .sketch import REPORT_ID_BYTES
 
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
@@ -49,11 +55,9 @@ PUBLIC_KEY_BYTES = 32
 ENC_BYTES = 32
 TAG_BYTES = 16
 HEADER_BYTES = REPORT_ID_BYTES + KEY_ID_BYTES + 1 + ENC_BYTES  # 57
-#: Bytes a sealed record adds to the plaintext record (16-byte id + plaintext): 57.
+#: Bytes a sealed record adds to the plaintext record (16-byte id + proof + payload): 57.
 OVERHEAD_BYTES = HEADER_BYTES - REPORT_ID_BYTES + TAG_BYTES
 
-CONTENT_SHARE = 0x01
-CONTENT_SEED = 0x02
 SEED_BYTES = 32
 
 
@@ -111,7 +115,7 @@ def info(study_id: str, server_id: str, report_id: bytes, content: int) -> bytes
     return INFO_LABEL + hashlib.sha256(context).digest()
 
 
-def plaintext_bytes(content: int, width: int) -> int:
+def payload_bytes(content: int, width: int) -> int:
     if content == CONTENT_SHARE:
         return 8 * width
     if content == CONTENT_SEED:
@@ -119,8 +123,13 @@ def plaintext_bytes(content: int, width: int) -> int:
     raise MalformedSealedBatch(f"unknown content kind 0x{content:02x} (0x01 share, 0x02 seed)")
 
 
-def record_bytes(content: int, width: int) -> int:
-    return HEADER_BYTES + plaintext_bytes(content, width) + TAG_BYTES
+def plaintext_bytes(content: int, width: int, n_servers: int) -> int:
+    """The proof and the payload of one record."""
+    return binding.proof_bytes(n_servers) + payload_bytes(content, width)
+
+
+def record_bytes(content: int, width: int, n_servers: int) -> int:
+    return HEADER_BYTES + plaintext_bytes(content, width, n_servers) + TAG_BYTES
 
 
 # --- seal ------------------------------------------------------------------------------------
@@ -146,45 +155,39 @@ def seal(recipient: Recipient, study_id: str, report_id: bytes, content: int, pl
 
 
 def seal_batch(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
-               payloads: np.ndarray | Sequence[bytes]) -> bytes:
-    """A sealed body: one record per report id, ``payloads[i]`` (bytes, or a row of a uint64
-    share matrix / uint8 seed matrix) sealed under ``report_ids[i]``."""
-    if len(report_ids) != len(payloads):
-        raise ValueError("one payload per report id")
+               plaintexts: Sequence[bytes]) -> bytes:
+    """A sealed body: one record per report id, ``plaintexts[i]`` (its proof and payload) sealed
+    under ``report_ids[i]``."""
+    if len(report_ids) != len(plaintexts):
+        raise ValueError("one plaintext per report id")
     pk = load_public_key(recipient.public_key)
     kid = recipient.key_id
     head = bytes([content])
     sid = recipient.server_id
-    if isinstance(payloads, np.ndarray):
-        arr = np.ascontiguousarray(payloads, dtype="<u8" if content == CONTENT_SHARE else np.uint8)
-        raw = arr.tobytes()
-        step = len(raw) // len(arr) if len(arr) else 0
-        rows = [raw[i * step:(i + 1) * step] for i in range(len(arr))]
-    else:
-        rows = list(payloads)
     out = bytearray()
-    for rid, pt in zip(report_ids, rows):
-        out += rid + kid + head + SUITE.encrypt(pt, pk, info=info(study_id, sid, rid, content))
+    for rid, pt in zip(report_ids, plaintexts):
+        out += rid + kid + head + SUITE.encrypt(bytes(pt), pk, info=info(study_id, sid, rid, content))
     return bytes(out)
 
 
-def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str, width: int) -> bytes:
+def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str, width: int,
+              n_servers: int) -> bytes:
     """Seal a plaintext batch body (``application/x-dpsketch-shares`` or ``-seeds``) record by
-    record: the sealed body holds the same reports with the same plaintexts."""
-    from .messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE
+    record: the sealed body holds the same reports with the same proofs and payloads."""
+    from .messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, record_bytes as plain_record_bytes
 
     if media_type == SHARES_MEDIA_TYPE:
-        content, size = CONTENT_SHARE, 8 * width
+        content = CONTENT_SHARE
     elif media_type == SEEDS_MEDIA_TYPE:
-        content, size = CONTENT_SEED, SEED_BYTES
+        content = CONTENT_SEED
     else:
         raise ValueError(f"cannot seal a body of type {media_type!r}")
-    record = REPORT_ID_BYTES + size
+    record = plain_record_bytes(media_type, width, n_servers)
     if not body or len(body) % record:
         raise ValueError(f"not a whole number of {record}-byte records")
     ids = [body[i:i + REPORT_ID_BYTES] for i in range(0, len(body), record)]
-    payloads = [body[i + REPORT_ID_BYTES:i + record] for i in range(0, len(body), record)]
-    return seal_batch(recipient, study_id, ids, content, payloads)
+    plaintexts = [body[i + REPORT_ID_BYTES:i + record] for i in range(0, len(body), record)]
+    return seal_batch(recipient, study_id, ids, content, plaintexts)
 
 
 # --- parse and open --------------------------------------------------------------------------
@@ -198,9 +201,9 @@ class SealedRecord:
     ciphertext: bytes  # enc || AEAD ciphertext
 
 
-def parse(body: bytes, width: int) -> list[SealedRecord]:
+def parse(body: bytes, width: int, n_servers: int) -> list[SealedRecord]:
     """Split a sealed body into records (no decryption); MalformedSealedBatch if it is empty,
-    names an unknown content kind or does not end on a record boundary."""
+    names an unknown content kind, mixes kinds or does not end on a record boundary."""
     if not body:
         raise MalformedSealedBatch("a sealed batch holds at least one record")
     out: list[SealedRecord] = []
@@ -210,7 +213,10 @@ def parse(body: bytes, width: int) -> list[SealedRecord]:
             raise MalformedSealedBatch(f"record {len(out)}: {n - pos} bytes left, a sealed record "
                                        f"has a {HEADER_BYTES}-byte header")
         content = body[pos + REPORT_ID_BYTES + KEY_ID_BYTES]
-        size = record_bytes(content, width)
+        if out and content != out[0].content:
+            raise MalformedSealedBatch(f"record {len(out)}: a sealed batch holds records of one "
+                                       f"kind (shares or seeds), not both")
+        size = record_bytes(content, width, n_servers)
         if n - pos < size:
             raise MalformedSealedBatch(f"record {len(out)}: {n - pos} bytes left, a sealed record "
                                        f"of kind 0x{content:02x} at width {width} is {size} bytes")
@@ -221,15 +227,15 @@ def parse(body: bytes, width: int) -> list[SealedRecord]:
     return out
 
 
-def count_records(body: bytes, width: int) -> int:
-    return len(parse(body, width))
+def count_records(body: bytes, width: int, n_servers: int) -> int:
+    return len(parse(body, width, n_servers))
 
 
-def split_body(body: bytes, width: int) -> tuple[bytes, bytes]:
+def split_body(body: bytes, width: int, n_servers: int) -> tuple[bytes, bytes]:
     """Cut a sealed body into two at the record boundary nearest its middle record."""
-    records = parse(body, width)
+    records = parse(body, width, n_servers)
     half = len(records) // 2
-    cut = sum(record_bytes(r.content, width) for r in records[:half])
+    cut = sum(record_bytes(r.content, width, n_servers) for r in records[:half])
     return body[:cut], body[cut:]
 
 
@@ -244,29 +250,28 @@ def open_record(private_key: x25519.X25519PrivateKey, study_id: str, server_id: 
             f"another server, study or report id, or altered in transit)") from None
 
 
-def open_batch(body: bytes, width: int, study_id: str, server_id: str,
-               private_key_for: Callable[[bytes], x25519.X25519PrivateKey | None],
-               expand_seeds: Callable[[np.ndarray, int], np.ndarray]) -> tuple[list[bytes], np.ndarray]:
-    """Open every record of a sealed body: the report ids and the (m, width) uint64 shares
-    (seed records expanded with ``expand_seeds``). All or nothing: the first record that does not
+def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id: str,
+               private_key_for: Callable[[bytes], x25519.X25519PrivateKey | None]):
+    """Open every record of a sealed body into a ``messages.Upload`` (ids, proofs, payloads of
+    one kind; not yet verified or expanded). All or nothing: the first record that does not
     parse raises MalformedSealedBatch, the first that does not open raises SealError."""
-    records = parse(body, width)
+    from .messages import Upload
+
+    records = parse(body, width, n_servers)
+    content = records[0].content
+    proof_len = binding.proof_bytes(n_servers)
     ids: list[bytes] = []
-    shares = np.empty((len(records), width), dtype=np.uint64)
-    seeds: list[tuple[int, bytes]] = []
-    for i, rec in enumerate(records):
+    plain = bytearray()
+    for rec in records:
         key = private_key_for(rec.key_id)
         if key is None:
             raise SealError(f"report {rec.report_id.hex()}: unknown key id {rec.key_id.hex()} (not a "
                             f"key of this server, or retired); fetch /v1/info and seal again")
-        pt = open_record(key, study_id, server_id, rec)
+        plain += open_record(key, study_id, server_id, rec)
         ids.append(rec.report_id)
-        if rec.content == CONTENT_SHARE:
-            shares[i] = np.frombuffer(pt, dtype="<u8")
-        else:
-            seeds.append((i, pt))
-    if seeds:
-        rows = [i for i, _ in seeds]
-        raw = np.frombuffer(b"".join(s for _, s in seeds), dtype=np.uint8).reshape(-1, SEED_BYTES)
-        shares[rows] = expand_seeds(raw, width)
-    return ids, shares
+    rows = np.frombuffer(bytes(plain), dtype=np.uint8).reshape(len(records), -1)
+    proofs = np.ascontiguousarray(rows[:, :proof_len])
+    payload = np.ascontiguousarray(rows[:, proof_len:])
+    if content == CONTENT_SHARE:
+        payload = payload.view("<u8").reshape(len(records), width).astype(np.uint64)
+    return Upload(ids, proofs, payload, content)

@@ -2,29 +2,30 @@
 
 JSON bodies are pydantic models; bulk data travels as little-endian binary:
 
-* a share batch (``application/x-dpsketch-shares``): m records of 16-byte report id followed by
-  d little-endian uint64 share values, nothing else;
-* a seed batch (``application/x-dpsketch-seeds``): m records of 16-byte report id followed by a
-  32-byte seed that expands to the d-value share (``ring.expand_seed``), nothing else;
+* a share batch (``application/x-dpsketch-shares``): m records of 16-byte report id, the
+  16 N-byte proof that binds the share to the id (``binding``) and width little-endian uint64
+  share values, nothing else;
+* a seed batch (``application/x-dpsketch-seeds``): m records of 16-byte report id, proof and a
+  32-byte seed that expands to the share (``ring.expand_seed``), nothing else;
 * a report-id list (``application/x-dpsketch-report-ids``): m 16-byte ids in ascending bytewise
   order, no repeats;
 * an aggregate share (``application/x-dpsketch-aggregate``): k * d little-endian uint64, row-major;
-* a sealed batch (``application/x-dpsketch-sealed``): m records, each a share or seed sealed to
-  one server with HPKE (``envelope``: layout, context binding, seal and open).
+* a sealed batch (``application/x-dpsketch-sealed``): m records, each a proof and a share or seed
+  sealed to one server with HPKE (``envelope``: layout, context binding, seal and open).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from . import ring
+from . import binding, ring
 from .sketch import REPORT_ID_BYTES
 from .study import Study
 
@@ -40,78 +41,121 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 INCLUSION_HASH_HEADER = "X-Dpsketch-Inclusion-Hash"
 
 
-def new_report_id() -> bytes:
-    """A random 128-bit report id from the OS CSPRNG; the same id goes to every server."""
-    return os.urandom(REPORT_ID_BYTES)
-
-
 # --- binary formats --------------------------------------------------------------------------
 
 
-def batch_dtype(d: int) -> np.dtype:
-    return np.dtype([("id", f"V{REPORT_ID_BYTES}"), ("share", "<u8", (d,))])
+@dataclass
+class Upload:
+    """The records of one upload to one server, before anything is stored: their report ids,
+    proofs (``binding``: the salt and the other servers' commitments, (m, 16 N) uint8) and
+    payloads of one kind (``content``: an (m, width) uint64 share matrix, or (m, 32) uint8 seeds
+    that expand to the shares)."""
+
+    ids: list[bytes]
+    proofs: np.ndarray
+    payloads: np.ndarray
+    content: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def verify(self, study_id: str, n_servers: int, position: int) -> None:
+        """BindingError unless every payload is the one its report id commits to (binding.py)."""
+        binding.verify(study_id, n_servers, position, self.content, self.ids, self.proofs, self.payloads)
+
+    def shares(self, width: int) -> np.ndarray:
+        """The (m, width) uint64 shares (seeds expanded, section 4)."""
+        if self.content == binding.CONTENT_SEED:
+            return ring.expand_seeds(self.payloads, width)
+        return self.payloads
 
 
-def encode_batch(report_ids: np.ndarray | list[bytes], shares: np.ndarray) -> bytes:
+def _split_ids(raw: bytes) -> list[bytes]:
+    return [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
+
+
+def batch_dtype(width: int, n_servers: int) -> np.dtype:
+    """One record of ``application/x-dpsketch-shares``: id, proof, share."""
+    return np.dtype([("id", f"V{REPORT_ID_BYTES}"), ("proof", np.uint8, (binding.proof_bytes(n_servers),)),
+                     ("share", "<u8", (width,))])
+
+
+def seed_dtype(n_servers: int) -> np.dtype:
+    """One record of ``application/x-dpsketch-seeds``: id, proof, seed."""
+    return np.dtype([("id", f"V{REPORT_ID_BYTES}"), ("proof", np.uint8, (binding.proof_bytes(n_servers),)),
+                     ("seed", np.uint8, (ring.SEED_BYTES,))])
+
+
+def record_bytes(media_type: str, width: int, n_servers: int) -> int:
+    """Bytes of one record of a plaintext batch of this media type."""
+    if media_type == SEEDS_MEDIA_TYPE:
+        return seed_dtype(n_servers).itemsize
+    if media_type == SHARES_MEDIA_TYPE:
+        return batch_dtype(width, n_servers).itemsize
+    raise ValueError(f"not a plaintext batch media type: {media_type!r}")
+
+
+def _ids_field(report_ids: np.ndarray | list[bytes]) -> np.ndarray:
+    if isinstance(report_ids, list):
+        return np.frombuffer(b"".join(report_ids), dtype=f"V{REPORT_ID_BYTES}")
+    return report_ids
+
+
+def encode_batch(report_ids: np.ndarray | list[bytes], proofs: np.ndarray, shares: np.ndarray) -> bytes:
+    """An ``application/x-dpsketch-shares`` body: per report its id, proof and share."""
     shares = np.asarray(shares, dtype=np.uint64)
-    records = np.empty(len(shares), dtype=batch_dtype(shares.shape[1]))
-    records["id"] = np.frombuffer(b"".join(report_ids), dtype=f"V{REPORT_ID_BYTES}") if isinstance(
-        report_ids, list
-    ) else report_ids
+    proofs = np.asarray(proofs, dtype=np.uint8)
+    n_servers = (proofs.shape[1] - binding.SALT_BYTES) // binding.COMMITMENT_BYTES + 1
+    records = np.empty(len(shares), dtype=batch_dtype(shares.shape[1], n_servers))
+    records["id"] = _ids_field(report_ids)
+    records["proof"] = proofs
     records["share"] = shares
     return records.tobytes()
 
 
-def decode_batch(body: bytes, d: int) -> tuple[list[bytes], np.ndarray]:
-    """Split a batch body into report ids and an (m, d) uint64 share matrix; ValueError if malformed."""
-    record = REPORT_ID_BYTES + 8 * d
-    if len(body) == 0 or len(body) % record:
+def decode_batch(body: bytes, width: int, n_servers: int) -> Upload:
+    """Split a share batch into its records; ValueError if malformed."""
+    dtype = batch_dtype(width, n_servers)
+    if len(body) == 0 or len(body) % dtype.itemsize:
         raise ValueError(
-            f"a share batch is a whole number of {record}-byte records (16-byte id + {d} x 8 bytes); "
-            f"got {len(body)} bytes"
-        )
-    records = np.frombuffer(body, dtype=batch_dtype(d))
-    raw = records["id"].tobytes()
-    ids = [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
-    return ids, np.ascontiguousarray(records["share"])
+            f"a share batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
+            f"{binding.proof_bytes(n_servers)}-byte proof, {width} x 8-byte share); got {len(body)} bytes")
+    records = np.frombuffer(body, dtype=dtype)
+    return Upload(_split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+                  np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE)
 
 
-SEED_RECORD_BYTES = REPORT_ID_BYTES + 32
-
-
-def encode_seed_batch(report_ids: np.ndarray | list[bytes], seeds: np.ndarray) -> bytes:
-    """An ``application/x-dpsketch-seeds`` body: per report its 16-byte id, then its 32-byte seed."""
-    seeds = np.asarray(seeds, dtype=np.uint8).reshape(-1, 32)
-    ids = b"".join(report_ids) if isinstance(report_ids, list) else np.asarray(report_ids).tobytes()
-    if len(ids) != REPORT_ID_BYTES * len(seeds):
-        raise ValueError("one report id per seed")
-    records = np.empty((len(seeds), SEED_RECORD_BYTES), dtype=np.uint8)
-    records[:, :REPORT_ID_BYTES] = np.frombuffer(ids, dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
-    records[:, REPORT_ID_BYTES:] = seeds
+def encode_seed_batch(report_ids: np.ndarray | list[bytes], proofs: np.ndarray, seeds: np.ndarray) -> bytes:
+    """An ``application/x-dpsketch-seeds`` body: per report its id, proof and 32-byte seed."""
+    seeds = np.asarray(seeds, dtype=np.uint8).reshape(-1, ring.SEED_BYTES)
+    proofs = np.asarray(proofs, dtype=np.uint8)
+    n_servers = (proofs.shape[1] - binding.SALT_BYTES) // binding.COMMITMENT_BYTES + 1
+    records = np.empty(len(seeds), dtype=seed_dtype(n_servers))
+    records["id"] = _ids_field(report_ids)
+    records["proof"] = proofs
+    records["seed"] = seeds
     return records.tobytes()
 
 
-def decode_seed_batch(body: bytes) -> tuple[list[bytes], np.ndarray]:
-    """Split a seed batch into report ids and an (m, 32) uint8 seed matrix; ValueError if malformed."""
-    if len(body) == 0 or len(body) % SEED_RECORD_BYTES:
+def decode_seed_batch(body: bytes, n_servers: int) -> Upload:
+    """Split a seed batch into its records (seeds not yet expanded); ValueError if malformed."""
+    dtype = seed_dtype(n_servers)
+    if len(body) == 0 or len(body) % dtype.itemsize:
         raise ValueError(
-            f"a seed batch is a whole number of {SEED_RECORD_BYTES}-byte records (16-byte id + "
-            f"32-byte seed); got {len(body)} bytes"
-        )
-    records = np.frombuffer(body, dtype=np.uint8).reshape(-1, SEED_RECORD_BYTES)
-    raw = records[:, :REPORT_ID_BYTES].tobytes()
-    ids = [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
-    return ids, np.ascontiguousarray(records[:, REPORT_ID_BYTES:])
+            f"a seed batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
+            f"{binding.proof_bytes(n_servers)}-byte proof, 32-byte seed); got {len(body)} bytes")
+    records = np.frombuffer(body, dtype=dtype)
+    return Upload(_split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+                  np.ascontiguousarray(records["seed"]), binding.CONTENT_SEED)
 
 
-def decode_upload(body: bytes, media_type: str, d: int) -> tuple[list[bytes], np.ndarray]:
-    """Report ids and the (m, d) uint64 shares of a batch body of either media type (a seed
-    batch is expanded, ``ring.expand_seeds``); ValueError if malformed or of another type."""
+def decode_upload(body: bytes, media_type: str, width: int, n_servers: int) -> Upload:
+    """The records of a plaintext batch body of either media type; ValueError if malformed or of
+    another type. Nothing is verified or expanded yet."""
     if media_type == SEEDS_MEDIA_TYPE:
-        ids, seeds = decode_seed_batch(body)
-        return ids, ring.expand_seeds(seeds, d)
+        return decode_seed_batch(body, n_servers)
     if media_type == SHARES_MEDIA_TYPE:
-        return decode_batch(body, d)
+        return decode_batch(body, width, n_servers)
     raise ValueError(f"not a batch media type: {media_type!r}")
 
 
@@ -160,28 +204,39 @@ class Report(BaseModel):
     """One report's share for one server (the single-upload body)."""
 
     model_config = ConfigDict(extra="forbid")
-    report_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="16 random bytes, lower-case hex")
-    share: str = Field(description="d little-endian uint64 values, standard base64")
+    report_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="16 bytes, lower-case hex: the "
+                           "commitment to all N shares (section 4a)")
+    proof: str = Field(description="this server's proof, standard base64: its 16-byte salt and the "
+                       "other servers' 16-byte commitments in server order (16 N bytes)")
+    share: str = Field(description="width little-endian uint64 values, standard base64")
 
-    @field_validator("share")
+    @field_validator("share", "proof")
     @classmethod
     def _b64(cls, v: str) -> str:
         try:
             base64.b64decode(v, validate=True)
         except ValueError as exc:
-            raise ValueError("share must be standard base64") from exc
+            raise ValueError("must be standard base64") from exc
         return v
 
-    def share_values(self, d: int) -> np.ndarray:
+    def upload(self, width: int, n_servers: int) -> Upload:
+        """The report as a one-record upload; ValueError if a length is wrong."""
         raw = base64.b64decode(self.share)
-        if len(raw) != 8 * d:
-            raise ValueError(f"share must be {8 * d} bytes ({d} uint64 values), got {len(raw)}")
-        return np.frombuffer(raw, dtype="<u8").copy()
+        if len(raw) != 8 * width:
+            raise ValueError(f"share must be {8 * width} bytes ({width} uint64 values), got {len(raw)}")
+        proof = base64.b64decode(self.proof)
+        if len(proof) != binding.proof_bytes(n_servers):
+            raise ValueError(f"proof must be {binding.proof_bytes(n_servers)} bytes for a study of "
+                             f"{n_servers} servers, got {len(proof)}")
+        return Upload([bytes.fromhex(self.report_id)], np.frombuffer(proof, dtype=np.uint8).reshape(1, -1).copy(),
+                      np.frombuffer(raw, dtype="<u8").reshape(1, width).copy(), binding.CONTENT_SHARE)
 
     @classmethod
-    def of(cls, report_id: bytes, share: np.ndarray) -> "Report":
+    def of(cls, report_id: bytes, proof: np.ndarray | bytes, share: np.ndarray) -> "Report":
         return cls(
             report_id=report_id.hex(),
+            proof=base64.b64encode(bytes(np.asarray(proof, dtype=np.uint8).tobytes()
+                                         if isinstance(proof, np.ndarray) else proof)).decode(),
             share=base64.b64encode(np.asarray(share, dtype="<u8").tobytes()).decode(),
         )
 
@@ -189,7 +244,9 @@ class Report(BaseModel):
 class UploadResult(BaseModel):
     accepted: int = Field(description="reports newly stored by this request")
     duplicates: int = Field(description="reports already held with identical bytes (not recounted)")
-    report_count: int = Field(description="reports this server now holds for the study")
+    report_count: int | None = Field(
+        default=None, description="reports this server now holds for the study; null for an "
+        "add/remove study, whose exact count would tell membership (docs/trust.md)")
 
 
 class CommitResult(BaseModel):
@@ -201,6 +258,8 @@ class CommitResult(BaseModel):
     lambda_star: float
     t: int
     margin: float = Field(description="lambda_min - t - lambda_star; >= 0 for a release")
+    server_sigma: float = Field(default=0.0, description="the noise this server added to every "
+                                "cell of its aggregate share (release units; the study's server_sigma)")
 
 
 StudyStatus = Literal["open", "committed"]
@@ -212,7 +271,8 @@ class StudyInfo(BaseModel):
     study_id: str
     server_id: str
     status: StudyStatus
-    report_count: int
+    report_count: int | None = Field(description="reports held; null for an add/remove study asked "
+                                     "without an operator or analyst token (docs/trust.md)")
     study: Study
     commit: CommitResult | None = None
     hpke: "HpkeKeys | None" = Field(default=None, description="the server's HPKE keys for sealing "
@@ -245,19 +305,44 @@ class ServerInfo(BaseModel):
     server_id: str
     protocol: str
     version: str
-    #: The server's privacy and retention policy (services/policy.py); optional, servers that
-    #: do not publish one leave it out.
-    policy: dict[str, float | int | None] | None = None
+    #: The server's privacy, storage and retention policy (services/policy.py); optional, servers
+    #: that do not publish one leave it out.
+    policy: dict[str, float | int | str | None] | None = None
     #: The server's HPKE public keys for sealed shares (section 7a); optional.
     hpke: HpkeKeys | None = None
 
 
-class UploadToken(BaseModel):
+class UploadTokenInfo(BaseModel):
     """An upload token as listed: never the token, only its id (hex SHA-256(token)[:8])."""
 
     token_id: str
     created_at: float
     revoked_at: float | None = None
+    quota: int | None = Field(default=None, description="new reports the token may add; null: no limit")
+    used: int = Field(default=0, description="new reports it added so far")
+
+
+class IssueUploadTokens(BaseModel):
+    """Body of POST /v1/studies/{id}/upload-tokens (all optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(default=1, ge=1, le=10_000, description="how many tokens to issue")
+    quota: int | None = Field(default=1, ge=1, description="new reports each token may add (one "
+                              "report per token by default; a data owner with m rows gets quota m); "
+                              "null: no limit")
+
+
+class IssuedUploadTokens(BaseModel):
+    """Answer of POST /v1/studies/{id}/upload-tokens: the tokens, shown this once."""
+
+    study_id: str
+    tokens: list[str]
+    token_ids: list[str]
+    quota: int | None
+    upload_tokens: int = Field(description="active upload tokens of the study now")
+    #: the first token again, for callers that issued one
+    token: str
+    token_id: str
 
 
 class UploadTokenList(BaseModel):
@@ -266,7 +351,7 @@ class UploadTokenList(BaseModel):
     #: even after every token was revoked.
     required: bool
     active: int
-    tokens: list[UploadToken]
+    tokens: list[UploadTokenInfo]
 
 
 class Problem(BaseModel):

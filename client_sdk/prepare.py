@@ -1,0 +1,104 @@
+"""What a client sends, built without any I/O: clip, noise, encode, share, bind.
+
+Kept apart from the transport (``client.py``) so that the evaluation harness, the benchmarks and
+the tests build exactly the bytes the SDK uploads, and so that a reader finds the privacy-
+relevant steps in one short file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsketch.protocol import binding, envelope, messages, ring
+from dpsketch.protocol.study import Study
+
+from . import data as _data
+from . import noise
+
+
+@dataclass
+class PreparedBatch:
+    """Shares of m rows for N servers, bound to their report ids.
+
+    Full shares: ``shares[j]`` is the (m, width) uint64 share for server j. Seed-compressed
+    (``seeds`` is set): servers 0..N-2 get ``seeds[j]``, (m, 32) uint8 seeds each expanding to
+    a share (``ring.expand_seeds``), ``shares[j]`` is None for them, and ``shares[N-1]`` is the
+    last server's full share; ``share(j)`` gives every server's share either way. ``proofs[j]``
+    is server j's (m, 16 N) proofs: the report ids commit to every server's payload
+    (``binding``), so no server stores a share other than the one its client sent.
+    """
+
+    report_ids: list[bytes]
+    proofs: list[np.ndarray]
+    shares: list[np.ndarray | None]
+    seeds: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.report_ids)
+
+    def _seeded(self, j: int) -> bool:
+        return self.seeds is not None and j < len(self.seeds)
+
+    def share(self, j: int) -> np.ndarray:
+        """Server j's (m, width) share (expanded from its seeds if it gets seeds)."""
+        if self._seeded(j):
+            width = self.shares[-1].shape[1]  # type: ignore[union-attr]
+            return ring.expand_seeds(self.seeds[j], width)  # type: ignore[index]
+        return self.shares[j]  # type: ignore[return-value]
+
+    def media_type(self, j: int) -> str:
+        return messages.SEEDS_MEDIA_TYPE if self._seeded(j) else messages.SHARES_MEDIA_TYPE
+
+    def body(self, j: int) -> bytes:
+        """Server j's body, of media type ``media_type(j)``."""
+        if self._seeded(j):
+            return messages.encode_seed_batch(self.report_ids, self.proofs[j], self.seeds[j])  # type: ignore[index]
+        return messages.encode_batch(self.report_ids, self.proofs[j], self.shares[j])
+
+    def report(self, j: int, i: int = 0) -> messages.Report:
+        """Row i as server j's single-report JSON body (full shares only)."""
+        return messages.Report.of(self.report_ids[i], self.proofs[j][i], self.share(j)[i])
+
+
+def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> PreparedBatch:
+    """Clip, noise, encode, share and bind rows: each row's report id commits to its N shares.
+
+    The noisy plaintext exists only inside this function; what leaves it is N shares, any N-1
+    of which are uniform and independent of the row, and N proofs whose commitments are salted
+    (hiding). With ``compress`` servers 0..N-2 get a 32-byte seed per row instead of their share
+    (docs/protocol.md section 4); privacy is the same as long as ChaCha20 is a secure PRG.
+    """
+    rows = _data.check_rows(rows, study.d)
+    encoded = ring.encode(noise.privatize(rows, study), study.frac_bits, study.value_bound)
+    n = study.n_servers
+    if compress:
+        seeds, last = ring.share_with_seeds(encoded, n)
+        contents = [binding.CONTENT_SEED] * (n - 1) + [binding.CONTENT_SHARE]
+        ids, proofs = binding.bind(study.study_id, contents, [*seeds, last])
+        return PreparedBatch(ids, proofs, [None] * len(seeds) + [last], seeds)
+    shares = ring.share(encoded, n)
+    ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares)
+    return PreparedBatch(ids, proofs, shares)
+
+
+def record_bytes(media_type: str, study: Study) -> int:
+    """Bytes of one record of a plaintext batch body for this study."""
+    return messages.record_bytes(media_type, study.width, study.n_servers)
+
+
+def count_records(body: bytes, media_type: str, study: Study) -> int:
+    """Reports in a batch body of any of the three upload media types."""
+    if media_type == messages.SEALED_MEDIA_TYPE:
+        return envelope.count_records(body, study.width, study.n_servers)
+    return len(body) // record_bytes(media_type, study)
+
+
+def split_body(body: bytes, media_type: str, study: Study) -> tuple[bytes, bytes]:
+    """Cut a batch body in two at the record boundary nearest its middle."""
+    if media_type == messages.SEALED_MEDIA_TYPE:
+        return envelope.split_body(body, study.width, study.n_servers)
+    record = record_bytes(media_type, study)
+    half = (len(body) // record // 2) * record
+    return body[:half], body[half:]

@@ -1,0 +1,121 @@
+"""Binding the N shares of a report together: a report is all or nothing (docs/protocol.md 4a).
+
+Why. A report id travels in clear, and anyone can seal a share to a server's public key. Without
+a binding, a relay that delivers a junk share under a victim's report id to one server first
+makes the client's genuine share a conflict there, while every server holds the id, so the report
+is included with a junk share: one relay could corrupt the release without bound.
+
+How. Each report's id *is* a commitment to all of its N shares:
+
+    c_j       = SHA-256("dpsketch/commit/2" || j || content_j || salt_j || payload_j)[:16]
+    report_id = SHA-256("dpsketch/report/2" || study_id (32 raw bytes) || c_1 || ... || c_N)[:16]
+
+where payload_j is what server j receives (its share, 8 * width bytes, or its 32-byte seed,
+``content_j`` saying which) and salt_j 16 fresh random bytes. Server j receives its payload with
+a **proof**: salt_j followed by the other servers' commitments c_i (i != j, in server order),
+16 * N bytes. It recomputes c_j, then the id, and refuses the record unless that is the id it
+came with. So server j accepts under a report id only the one payload the id commits to: a
+substituted share needs a second preimage of SHA-256 (truncated to 128 bits), and a relay can
+only drop a share (the report is then excluded everywhere, as any partial report is) or replace
+the whole report with one of its own under a new id, which is no more than a malicious client
+can do. The salt keeps c_j hiding: colluding servers that know every other share cannot test
+guesses of the row against c_j. The study id in the report id means a report cannot be replayed
+into another study.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from .sketch import REPORT_ID_BYTES
+
+COMMIT_DOMAIN = b"dpsketch/commit/2"
+REPORT_DOMAIN = b"dpsketch/report/2"
+SALT_BYTES = 16
+COMMITMENT_BYTES = 16
+#: What a payload is (part of the commitment, and the kind byte of a sealed record).
+CONTENT_SHARE = 0x01
+CONTENT_SEED = 0x02
+
+
+class BindingError(ValueError):
+    """A record whose payload is not the one its report id commits to."""
+
+
+def proof_bytes(n_servers: int) -> int:
+    """Length of one server's proof: its salt and the other N - 1 commitments."""
+    return SALT_BYTES + (n_servers - 1) * COMMITMENT_BYTES
+
+
+def commitment(position: int, content: int, salt: bytes, payload: bytes) -> bytes:
+    """c_j of the payload for server ``position`` (0-based, the study's server order)."""
+    if not 0 <= position < 256:
+        raise ValueError("a server position is 0..255")
+    return hashlib.sha256(COMMIT_DOMAIN + bytes((position, content)) + salt + payload).digest()[:COMMITMENT_BYTES]
+
+
+def report_id(study_id: str, commitments: Sequence[bytes]) -> bytes:
+    """The report id: a commitment to every share of the report, in server order."""
+    study = bytes.fromhex(study_id)
+    if len(study) != 32:
+        raise ValueError("a study id is 64 hex characters")
+    return hashlib.sha256(REPORT_DOMAIN + study + b"".join(commitments)).digest()[:REPORT_ID_BYTES]
+
+
+def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray]) -> tuple[list[bytes], list[np.ndarray]]:
+    """Report ids and, per server j, the (m, 16 N) uint8 proofs for m reports whose payload for
+    server j is row i of ``payloads[j]`` (a uint64 share matrix or a uint8 seed matrix) of kind
+    ``contents[j]``. Salts come from the OS CSPRNG."""
+    n = len(payloads)
+    m = len(payloads[0])
+    sha = hashlib.sha256
+    salts = os.urandom(SALT_BYTES * n * m)
+    commits: list[list[bytes]] = []
+    for j in range(n):
+        raw, step = payload_bytes(payloads[j])
+        head = COMMIT_DOMAIN + bytes((j, contents[j]))
+        base = j * m * SALT_BYTES
+        commits.append([sha(head + salts[base + i * SALT_BYTES:base + (i + 1) * SALT_BYTES]
+                            + raw[i * step:(i + 1) * step]).digest()[:COMMITMENT_BYTES] for i in range(m)])
+    prefix = REPORT_DOMAIN + bytes.fromhex(study_id)
+    ids = [sha(prefix + b"".join(cs)).digest()[:REPORT_ID_BYTES] for cs in zip(*commits)]
+    table = [np.frombuffer(b"".join(c), dtype=np.uint8).reshape(m, COMMITMENT_BYTES) for c in commits]
+    salt_rows = np.frombuffer(salts, dtype=np.uint8).reshape(n, m, SALT_BYTES)
+    proofs = [np.concatenate([salt_rows[j]] + [table[o] for o in range(n) if o != j], axis=1)
+              for j in range(n)]
+    return ids, proofs
+
+
+def verify(study_id: str, n_servers: int, position: int, content: int, report_ids: Sequence[bytes],
+           proofs: np.ndarray, payloads: np.ndarray) -> None:
+    """Raise BindingError unless every record's payload is the one its report id commits to at
+    server ``position``; ``proofs`` is (m, 16 N) uint8, ``payloads`` the (m, ...) payload rows."""
+    size = proof_bytes(n_servers)
+    m = len(report_ids)
+    raw_proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size).tobytes()
+    raw, step = payload_bytes(payloads)
+    prefix = REPORT_DOMAIN + bytes.fromhex(study_id)
+    head = COMMIT_DOMAIN + bytes((position, content))
+    cut = SALT_BYTES + position * COMMITMENT_BYTES
+    sha = hashlib.sha256
+    for i, rid in enumerate(report_ids):
+        proof = raw_proofs[i * size:(i + 1) * size]
+        own = sha(head + proof[:SALT_BYTES] + raw[i * step:(i + 1) * step]).digest()[:COMMITMENT_BYTES]
+        if sha(prefix + proof[SALT_BYTES:cut] + own + proof[cut:]).digest()[:REPORT_ID_BYTES] != rid:
+            raise BindingError(
+                f"report {rid.hex()}: its share for this server is not the one its report id commits "
+                f"to (record {i}; substituted or corrupted in transit, or bound for another server "
+                f"or study); nothing of this request was stored")
+
+
+def payload_bytes(payloads: np.ndarray) -> tuple[bytes, int]:
+    """The payload rows as one bytes object (little-endian uint64 for shares) and the row size."""
+    arr = np.ascontiguousarray(payloads)
+    if arr.dtype != np.uint8:
+        arr = arr.astype("<u8", copy=False)
+    raw = arr.tobytes()
+    return raw, (len(raw) // len(arr) if len(arr) else 0)
