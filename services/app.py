@@ -21,7 +21,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 import dpsketch
-from dpsketch.protocol import envelope, ring, sketch
+import numpy as np
+
+from dpsketch.protocol import binding, envelope, sketch
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     INCLUSION_HASH_HEADER,
@@ -31,9 +33,12 @@ from dpsketch.protocol.messages import (
     SHARES_MEDIA_TYPE,
     CommitResult,
     HpkeKeys,
+    IssuedUploadTokens,
+    IssueUploadTokens,
     Report,
     ServerInfo,
     StudyInfo,
+    Upload,
     UploadResult,
     UploadTokenList,
     decode_upload,
@@ -89,22 +94,34 @@ class Roles:
             {"operator": settings.operator_digests, "analyst": settings.analyst_digests},
             settings.tokens_file)
 
-    def require(self, role: str):
-        other = "analyst" if role == "operator" else "operator"
+    def require(self, *roles: str):
+        """A dependency admitting a token of any of ``roles``."""
+        wanted = " or ".join(roles)
 
         async def check(creds: HTTPAuthorizationCredentials | None = Security(self.scheme)) -> None:
             challenge = {"WWW-Authenticate": "Bearer"}
             if creds is None or not creds.credentials:
-                raise ProblemError("unauthorized", f"this endpoint needs the {role} bearer token",
+                raise ProblemError("unauthorized", f"this endpoint needs the {wanted} bearer token",
                                    headers=challenge)
             given = digest_of(creds.credentials)
-            is_role = matches(self.registry.digests(role), given)
-            is_other = matches(self.registry.digests(other), given)
-            if is_role:
+            held = [r for r in ("operator", "analyst") if matches(self.registry.digests(r), given)]
+            if any(r in roles for r in held):
                 return
-            if is_other:
-                raise ProblemError("forbidden", f"the {other} token may not do this; it needs the {role} token")
+            if held:
+                raise ProblemError("forbidden", f"the {held[0]} token may not do this; it needs the {wanted} token")
             raise ProblemError("unauthorized", "the bearer token is not valid here", headers=challenge)
+
+        return check
+
+    def trusted(self):
+        """A dependency telling whether the request carries a valid operator or analyst token
+        (public endpoints answer it more: exact counts of add/remove studies)."""
+
+        async def check(creds: HTTPAuthorizationCredentials | None = Security(self.scheme)) -> bool:
+            if creds is None or not creds.credentials:
+                return False
+            given = digest_of(creds.credentials)
+            return any(matches(self.registry.digests(r), given) for r in ("operator", "analyst"))
 
         return check
 
@@ -129,23 +146,33 @@ def _json(model) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-def _parse_batch(body: bytes, study: Study, media_type: str = SHARES_MEDIA_TYPE, opener=None):
+def verified_shares(upload: Upload, study: Study, server_id: str) -> np.ndarray:
+    """The shares of an upload whose every record is bound to its report id at this server
+    (422 binding-refused otherwise: a substituted, corrupted or misdirected share is never stored)."""
+    try:
+        upload.verify(study.study_id, study.n_servers, study.servers.index(server_id))
+    except binding.BindingError as exc:
+        raise ProblemError("binding-refused", str(exc)) from None
+    return upload.shares(study.width)
+
+
+def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys):
     """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
-    opened with ``opener`` = (server id, key ring)) and hash its ids (CPU work, run in a worker
-    thread)."""
+    opened with this server's key ring ``keys``), check every record's binding and hash its ids
+    (CPU work, run in a worker thread)."""
     try:
         if media_type == SEALED_MEDIA_TYPE:
-            server_id, keys = opener
-            ids, shares = envelope.open_batch(body, study.width, study.study_id, server_id,
-                                              keys.private_key_for, ring.expand_seeds)
+            upload = envelope.open_batch(body, study.width, study.n_servers, study.study_id, server_id,
+                                         keys.private_key_for)
         else:
-            ids, shares = decode_upload(body, media_type, study.width)
+            upload = decode_upload(body, media_type, study.width, study.n_servers)
     except envelope.SealError as exc:
         raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
         raise ProblemError("malformed-body", str(exc)) from None
-    rows, signs = sketch.hash_report_ids(study.seed_bytes, ids, study.k, study.s)
-    return ids, shares, rows, signs
+    shares = verified_shares(upload, study, server_id)
+    rows, signs = sketch.hash_report_ids(study.seed_bytes, upload.ids, study.k, study.s)
+    return upload.ids, shares, rows, signs
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -177,6 +204,8 @@ def create_app(settings: Settings) -> FastAPI:
         _install_sighup(roles.registry)
     operator = Depends(roles.require("operator"))
     analyst = Depends(roles.require("analyst"))
+    provisioner = Depends(roles.require("operator", "analyst"))
+    trusted = roles.trusted()
     auth_errors = (401, 403)
 
     @app.get("/healthz", tags=["meta"])
@@ -204,7 +233,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.put(
         "/v1/studies/{study_id}", response_model=StudyInfo, tags=["studies"],
-        dependencies=[operator],
+        dependencies=[provisioner],
         responses={200: {"description": "already held", "model": StudyInfo},
                    201: {"description": "provisioned", "model": StudyInfo},
                    **problem_responses(400, *auth_errors, 413, 422, 503)},
@@ -212,7 +241,8 @@ def create_app(settings: Settings) -> FastAPI:
             "application/json": {"schema": Study.model_json_schema()}}}},
     )
     async def provision(study_id: str, request: Request) -> JSONResponse:
-        """Provision a study (operator). Idempotent: the same study again answers 200."""
+        """Provision a study (operator or analyst: the server's own policy decides what it accepts,
+        so the analyzer needs no operator token). Idempotent: the same study again answers 200."""
         body = await request.body()
         try:
             study = Study.model_validate_json(body)
@@ -241,43 +271,59 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse(info.model_dump(mode="json"), status_code=201 if created else 200)
 
     @app.get("/v1/studies", response_model=list[StudyInfo], tags=["studies"])
-    async def list_studies() -> list[StudyInfo]:
-        return store.infos()
+    async def list_studies(is_trusted: bool = Depends(trusted)) -> list[StudyInfo]:
+        return store.infos(is_trusted)
 
     @app.get("/v1/studies/{study_id}", response_model=StudyInfo, tags=["studies"],
              responses=problem_responses(404))
-    async def get_study(study_id: str) -> StudyInfo:
-        """A study's parameters and progress (report_count); public."""
-        return store.info(store.record(study_id))
+    async def get_study(study_id: str, is_trusted: bool = Depends(trusted)) -> StudyInfo:
+        """A study's parameters and progress (report_count); public, except the exact counts of an
+        add/remove study (report_count and commit are null without an operator or analyst token:
+        a count that moves by one tells membership)."""
+        return store.info(store.record(study_id), is_trusted)
 
     upload_scheme = HTTPBearer(auto_error=False, description="the study's upload token, if it has any")
 
     async def upload_allowed(study_id: str,
-                             creds: HTTPAuthorizationCredentials | None = Security(upload_scheme)) -> None:
-        """A study with upload tokens takes uploads only with one of them (401 otherwise)."""
+                             creds: HTTPAuthorizationCredentials | None = Security(upload_scheme)) -> bytes | None:
+        """A study that requires upload tokens (the server's policy, or one was issued) takes
+        uploads only with one of them (401 otherwise); returns the token's digest, whose quota
+        the upload is charged to."""
         record = store.record(study_id)
-        digests = record.upload_digests
         if not record.upload_required:
-            return
+            return None
         if creds is None or not creds.credentials:
-            raise ProblemError("unauthorized", f"study {study_id} takes uploads only with one of its upload tokens",
+            raise ProblemError("unauthorized", f"study {study_id} takes uploads only with one of its upload "
+                               f"tokens, issued by this server's operator",
                                headers={"WWW-Authenticate": "Bearer"})
-        if not matches(digests, digest_of(creds.credentials)):
+        given = digest_of(creds.credentials)
+        # a dict lookup, not a constant-time scan: the keys are SHA-256 digests of 256-bit random
+        # tokens, so lookup timing says nothing usable about a token, and a study may hold 10^6
+        if given not in record.upload_tokens:
             raise ProblemError("unauthorized", "the bearer token is not a valid upload token of this "
                                "study (unknown, or revoked)",
                                headers={"WWW-Authenticate": "Bearer"})
-
-    uploader = Depends(upload_allowed)
+        return given
 
     @app.post("/v1/studies/{study_id}/upload-tokens", status_code=201, tags=["studies"],
-              dependencies=[operator], responses=problem_responses(*auth_errors, 404, 503))
-    async def create_upload_token(study_id: str) -> JSONResponse:
-        """Issue a fresh upload token for the study (operator). Only its digest is stored; from
-        the first token on, uploads to the study need one of its tokens."""
-        token, count = await run_in_threadpool(store.add_upload_token, study_id)
-        return JSONResponse({"study_id": study_id, "token": token, "upload_tokens": count,
-                             "token_id": upload_token_id(digest_of(token))},
-                            status_code=201, headers={"Cache-Control": "no-store"})
+              dependencies=[operator], response_model=IssuedUploadTokens,
+              responses=problem_responses(*auth_errors, 404, 422, 503))
+    async def create_upload_tokens(study_id: str, request: Request) -> JSONResponse:
+        """Issue upload tokens for the study (operator only: the analyst must not mint its own, or
+        it could upload Sybil reports without bound). Body (optional) ``{"count", "quota"}``: by
+        default one token good for one report. Only digests are stored; from the first token on,
+        uploads to the study need one of its tokens."""
+        store.record(study_id)
+        body = await request.body()
+        try:
+            ask = IssueUploadTokens.model_validate_json(body) if body.strip() else IssueUploadTokens()
+        except ValidationError as exc:
+            raise ProblemError("invalid-request", summarize_errors(exc.errors())) from None
+        tokens, active = await run_in_threadpool(store.add_upload_tokens, study_id, ask.count, ask.quota)
+        ids = [upload_token_id(digest_of(t)) for t in tokens]
+        out = IssuedUploadTokens(study_id=study_id, tokens=tokens, token_ids=ids, quota=ask.quota,
+                                 upload_tokens=active, token=tokens[0], token_id=ids[0])
+        return JSONResponse(out.model_dump(mode="json"), status_code=201, headers={"Cache-Control": "no-store"})
 
     @app.get("/v1/studies/{study_id}/upload-tokens", response_model=UploadTokenList, tags=["studies"],
              dependencies=[operator], responses=problem_responses(*auth_errors, 404, 503))
@@ -301,33 +347,37 @@ def create_app(settings: Settings) -> FastAPI:
         return await run_in_threadpool(store.delete_shares, study_id)
 
     @app.post("/v1/studies/{study_id}/reports", response_model=UploadResult, tags=["reports"],
-              dependencies=[uploader], responses=problem_responses(400, 401, 404, 409, 413, 422, 503))
-    async def upload_report(study_id: str, report: Report) -> Response:
-        """Upload one report's share; acknowledged once it is durable."""
+              responses=problem_responses(400, 401, 403, 404, 409, 413, 422, 503))
+    async def upload_report(study_id: str, report: Report,
+                            token: bytes | None = Depends(upload_allowed)) -> Response:
+        """Upload one report's share with its proof; acknowledged once it is durable."""
         record = store.record(study_id)
         study = record.study
         try:
-            shares = report.share_values(study.width).reshape(1, study.width)
+            upload = report.upload(study.width, study.n_servers)
         except ValueError as exc:
             raise ProblemError("invalid-request", str(exc)) from None
-        ids = [bytes.fromhex(report.report_id)]  # the writer hashes single reports in bulk
-        result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, None, None))
+        shares = verified_shares(upload, study, settings.server_id)
+        # the writer hashes single reports in bulk
+        result = await asyncio.wrap_future(store.submit_upload(record, upload.ids, shares, None, None, token))
         return _json(result)
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
-              dependencies=[uploader], responses=problem_responses(400, 401, 404, 409, 413, 415, 422, 503),
+              responses=problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
               openapi_extra={"requestBody": {
                   "required": True,
-                  "description": f"{SHARES_MEDIA_TYPE}: m records of a 16-byte report id and d "
-                                 f"little-endian uint64 (the share); or {SEEDS_MEDIA_TYPE}: m records "
-                                 f"of a 16-byte report id and a 32-byte seed, which the server expands "
-                                 f"to the d-value share (ChaCha20, docs/protocol.md section 4); or "
-                                 f"{SEALED_MEDIA_TYPE}: m records of a share or seed sealed to this "
-                                 f"server with HPKE (docs/protocol.md section 7a)",
+                  "description": f"{SHARES_MEDIA_TYPE}: m records of a 16-byte report id, the "
+                                 f"16 N-byte proof binding the share to the id (docs/protocol.md "
+                                 f"section 4a) and width little-endian uint64 (the share); or "
+                                 f"{SEEDS_MEDIA_TYPE}: m records of id, proof and a 32-byte seed, "
+                                 f"which the server expands to the share (ChaCha20, section 4); or "
+                                 f"{SEALED_MEDIA_TYPE}: m records of a proof and a share or seed "
+                                 f"sealed to this server with HPKE (section 7a)",
                   "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
-    async def upload_batch(study_id: str, request: Request) -> Response:
+    async def upload_batch(study_id: str, request: Request,
+                           token: bytes | None = Depends(upload_allowed)) -> Response:
         """Upload many reports at once, as full shares, as seeds (expanded to the same shares
         before anything else, so duplicates are judged on the share bytes) or sealed to this
         server with HPKE (opened first, then the same); all-or-nothing, acknowledged once durable."""
@@ -337,8 +387,8 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("study-closed", f"study {study_id} is committed; it takes no more reports")
         body = await request.body()
         ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study, media_type,
-                                                           (settings.server_id, store.keys))
-        return _json(await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs)))
+                                                           settings.server_id, store.keys)
+        return _json(await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token)))
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],
              response_class=Response,

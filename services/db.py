@@ -24,7 +24,7 @@ from pathlib import Path
 from dpsketch.protocol.problems import ProblemError
 
 PAGE_SIZE = 32768
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: protocol dpsketch/2 studies; upload tokens with quotas
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -53,11 +53,14 @@ CREATE TABLE IF NOT EXISTS commits (
     aggregate      BLOB NOT NULL,           -- the released k x d aggregate share, as served
     committed_at   REAL NOT NULL
 );
--- Per-study client upload tokens (SHA-256 digests only). A study with any requires one.
+-- Per-study client upload tokens (SHA-256 digests only). A study with any requires one. A token
+-- adds at most quota new reports (NULL: no limit); used counts those it added.
 CREATE TABLE IF NOT EXISTS upload_tokens (
     study      INTEGER NOT NULL REFERENCES studies(seq),
     digest     BLOB NOT NULL CHECK (length(digest) = 32),
     created_at REAL NOT NULL,
+    quota      INTEGER CHECK (quota IS NULL OR quota >= 1),
+    used       INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (study, digest)
 );
 -- Revoked upload tokens (the digest stays in upload_tokens, so the study keeps requiring one).
@@ -143,7 +146,9 @@ def initialise(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     )
     version = int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
     if version != SCHEMA_VERSION:
-        raise RuntimeError(f"{path} has schema version {version}; this server reads {SCHEMA_VERSION}")
+        raise RuntimeError(f"{path} has schema version {version} (protocol dpsketch/{version}); this "
+                           f"server reads {SCHEMA_VERSION}: finish its studies with the server version "
+                           f"that made it, then start this one on a new file")
     return conn
 
 

@@ -39,6 +39,26 @@ def byte_size(text: str) -> int:
 byte_size.__name__ = "size"  # argparse's "invalid size value" message
 
 
+def byte_size_or_none(text: str) -> int | None:
+    """A size, or ``none`` / ``unlimited`` for no limit."""
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    return byte_size(text)
+
+
+byte_size_or_none.__name__ = "size"
+
+
+def epsilon_or_none(text: str) -> float | None:
+    """An epsilon, or ``none`` for no requirement."""
+    if text.strip().lower() == "none":
+        return None
+    return float(text)
+
+
+epsilon_or_none.__name__ = "epsilon"
+
+
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "privacy policy, tokens and retention",
@@ -53,11 +73,38 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                    help="smallest study min_reports accepted ($DPSKETCH_MIN_REPORTS; default: %(default)s)")
     g.add_argument("--min-lambda-star", type=float, default=_env("DPSKETCH_MIN_LAMBDA_STAR", 1.0, float),
                    help="smallest study lambda_star accepted ($DPSKETCH_MIN_LAMBDA_STAR; default: %(default)s)")
-    g.add_argument("--max-study-bytes", type=byte_size,
-                   default=_env("DPSKETCH_MAX_STUDY_BYTES", None, byte_size),
+    g.add_argument("--max-floor-epsilon", type=epsilon_or_none,
+                   default=_env("DPSKETCH_MAX_FLOOR_EPSILON", 4.0, epsilon_or_none),
+                   help="the floor: refuse a study unless each report stays (this, delta)-DP with no "
+                        "other honest report (Sybils) and every other server colluding, from its own "
+                        "noise and this server's; 'none' accepts studies without a floor "
+                        "($DPSKETCH_MAX_FLOOR_EPSILON; default: %(default)s)")
+    g.add_argument("--max-excluded-fraction", type=float,
+                   default=_env("DPSKETCH_MAX_EXCLUDED_FRACTION", 0.1, float),
+                   help="batch rule: refuse a commit whose inclusion set leaves out more than this "
+                        "fraction of the reports this server holds, so an analyst cannot release a "
+                        "victim among reports of its own choosing ($DPSKETCH_MAX_EXCLUDED_FRACTION; "
+                        "default: %(default)s)")
+    g.add_argument("--upload-auth", choices=("tokens", "open"),
+                   default=_env("DPSKETCH_UPLOAD_AUTH", "tokens", str),
+                   help="tokens: studies take uploads only with upload tokens this server's operator "
+                        "issues (POST /v1/studies/{id}/upload-tokens, each good for its quota of "
+                        "reports), which bounds Sybil reports; open: anyone may upload until a study's "
+                        "first token is issued ($DPSKETCH_UPLOAD_AUTH; default: %(default)s)")
+    g.add_argument("--max-study-bytes", type=byte_size_or_none,
+                   default=_env("DPSKETCH_MAX_STUDY_BYTES", 32 << 30, byte_size_or_none),
                    help="largest storage a study may claim: max_reports x (16 + 8 x values per "
-                        "share) bytes, e.g. 50G; gram studies share d^2/2 values per report "
-                        "($DPSKETCH_MAX_STUDY_BYTES; default: no limit)")
+                        "share) bytes, e.g. 50G, or 'none'; gram studies share d^2/2 values per "
+                        "report ($DPSKETCH_MAX_STUDY_BYTES; default: 32G)")
+    g.add_argument("--max-study-memory", type=byte_size,
+                   default=_env("DPSKETCH_MAX_STUDY_MEMORY", 256 << 20, byte_size),
+                   help="largest running totals one study may keep in memory: 8 k (width + k) bytes "
+                        "($DPSKETCH_MAX_STUDY_MEMORY; default: 256M)")
+    g.add_argument("--memory-budget", type=byte_size,
+                   default=_env("DPSKETCH_MEMORY_BUDGET", 4 << 30, byte_size),
+                   help="memory for all open studies: their running totals plus about 160 bytes per "
+                        "held report; new studies and uploads beyond it are refused "
+                        "($DPSKETCH_MEMORY_BUDGET; default: 4G)")
     g.add_argument("--tokens-file", type=Path, default=_env("DPSKETCH_TOKENS_FILE", None, Path),
                    help='JSON {"operator": [...], "analyst": [...]} of more tokens ("sha256:<hex>" digests or '
                         "plain tokens), re-read when it changes or on SIGHUP ($DPSKETCH_TOKENS_FILE)")
@@ -70,5 +117,6 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
 def policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The Settings keyword arguments of :func:`add_policy_arguments`'s flags."""
     return {name: getattr(args, name) for name in (
-        "max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_study_bytes", "tokens_file",
-        "retention_after_commit_s") if hasattr(args, name)}
+        "max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_floor_epsilon",
+        "max_excluded_fraction", "upload_auth", "max_study_bytes", "max_study_memory", "memory_budget",
+        "tokens_file", "retention_after_commit_s") if hasattr(args, name)}

@@ -1,9 +1,13 @@
-"""The server's own privacy policy: the weakest study it agrees to serve, and the largest.
+"""The server's own policy: the weakest study it agrees to serve, the largest, and the rules it
+holds every study to.
 
 Every share server is run by an organisation that does not trust the others, so each one decides
-for itself which privacy targets it helps to release, and how much it agrees to store (a gram
-study's shares are d^2/2 values per report); a study outside the policy is refused at
-provisioning (422 ``invalid-study``, the detail names the rule). GET /v1/info publishes the policy.
+for itself which privacy targets it helps to release (the study's epsilon and, with no other
+honest report, its floor), how much it agrees to store (a gram study's shares are d^2/2 values
+per report) and keep in memory; a study outside the policy is refused at provisioning (422
+``invalid-study``, the detail names the rule). The batch rule (how much of what it holds an
+inclusion set may leave out) and upload authentication apply to every study. GET /v1/info
+publishes the policy, so a client can check it before it submits (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -14,23 +18,39 @@ from dpsketch.protocol.study import Study
 from .settings import Settings
 
 
-def describe(settings: Settings) -> dict[str, float | int | None]:
+def describe(settings: Settings) -> dict[str, float | int | str | None]:
     """The policy as published in ServerInfo.policy."""
     return {
         "max_epsilon": settings.max_epsilon,
         "max_delta": settings.max_delta,
         "min_reports_floor": settings.min_reports_floor,
         "min_lambda_star": settings.min_lambda_star,
+        "max_floor_epsilon": settings.max_floor_epsilon,
+        "max_excluded_fraction": settings.max_excluded_fraction,
+        "upload_auth": settings.upload_auth,
         "max_study_bytes": settings.max_study_bytes,
+        "max_study_memory": settings.max_study_memory,
+        "memory_budget": settings.memory_budget,
         "max_k": settings.max_k,
         "max_aggregate_cells": settings.max_aggregate_cells,
         "retention_after_commit_seconds": settings.retention_after_commit_s,
     }
 
 
+def study_memory(study: Study) -> int:
+    """Bytes of one study's running totals: the k x width aggregate and k x k S S^T (state.py)."""
+    return 8 * study.k * (study.width + study.k)
+
+
+def floor_epsilon(study: Study) -> float:
+    return float(study.guarantees()["floor_epsilon"])
+
+
 def check(study: Study, settings: Settings) -> None:
     """422 invalid-study naming the first rule the study breaks."""
     storage_ok = settings.max_study_bytes is None or study.max_storage_bytes <= settings.max_study_bytes
+    floor = floor_epsilon(study) if settings.max_floor_epsilon is not None else 0.0
+    required = f"{settings.max_floor_epsilon:g}" if settings.max_floor_epsilon is not None else "none"
     rules = (  # (holds, which policy, rule, detail)
         (study.epsilon <= settings.max_epsilon, "privacy", "max_epsilon",
          f"epsilon = {study.epsilon:g} exceeds this server's max_epsilon = {settings.max_epsilon:g}"),
@@ -42,11 +62,20 @@ def check(study: Study, settings: Settings) -> None:
         (study.lambda_star >= settings.min_lambda_star, "privacy", "min_lambda_star",
          f"lambda_star = {study.lambda_star:g} is below this server's min_lambda_star = "
          f"{settings.min_lambda_star:g}"),
+        (settings.max_floor_epsilon is None or floor <= settings.max_floor_epsilon * (1 + 1e-9),
+         "privacy", "max_floor_epsilon",
+         f"with no other honest report a report of this study is only epsilon = {floor:.4g}-DP "
+         f"(its own noise and one server's, server_sigma = {study.server_sigma:g}); this server "
+         f"requires a floor of at most {required}: design the study with epsilon_floor <= {required}"),
         (storage_ok, "storage", "max_study_bytes",
          f"max_reports = {study.max_reports} shares of {study.share_bytes} bytes (+16 for the "
          f"report id) could take {study.max_storage_bytes} bytes, more than this server's "
          f"max_study_bytes = {settings.max_study_bytes}; lower max_reports, or use a sketch study "
          f"(d values per share instead of d^2/2)"),
+        (study_memory(study) <= settings.max_study_memory, "memory", "max_study_memory",
+         f"k = {study.k} with {study.width} values per share needs {study_memory(study)} bytes of "
+         f"running totals (8 k (width + k)), more than this server's max_study_memory = "
+         f"{settings.max_study_memory}; use a smaller k"),
     )
     for ok, policy, rule, detail in rules:
         if not ok:

@@ -32,9 +32,24 @@ class Settings:
     max_delta: float = 1e-5
     min_reports_floor: int = 50
     min_lambda_star: float = 1.0
+    #: The floor (docs/trust.md): refuse a study unless every report stays (this, delta)-DP with
+    #: no other honest report and every other server colluding; None accepts any study.
+    max_floor_epsilon: float | None = 4.0
+    #: Batch rule: refuse a commit whose inclusion set leaves out more than this fraction of the
+    #: reports this server acknowledged (an analyst cannot pick a victim and its own reports).
+    max_excluded_fraction: float = 0.1
+    #: "tokens": every study takes uploads only with upload tokens this server's operator issued
+    #: (each good for its quota of reports); "open": a study takes uploads without a token until
+    #: its first upload token is issued.
+    upload_auth: str = "tokens"
     #: Storage policy: refuse a study whose max_reports shares could take more than this many
     #: bytes (Study.max_storage_bytes); None accepts any size the schema allows.
-    max_study_bytes: int | None = None
+    max_study_bytes: int | None = 32 << 30
+    #: Memory policy: one study's running totals (k x width aggregate and k x k S S^T, 8 bytes a
+    #: cell) may take at most this; all open studies' totals plus their report index (about
+    #: state.INDEX_BYTES_PER_REPORT a report) at most ``memory_budget``.
+    max_study_memory: int = 256 << 20
+    memory_budget: int = 4 << 30
     #: Retention: delete a committed study's individual shares this many seconds after its
     #: commit (0 = right away); None keeps them. The aggregate and the commit stay.
     retention_after_commit_s: float | None = None
@@ -99,3 +114,11 @@ class Settings:
             raise ValueError("retention_sweep_s must be > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_floor_epsilon is not None and not 0 < self.max_floor_epsilon <= 100:
+            raise ValueError("max_floor_epsilon must be in (0, 100] (or None: no floor required)")
+        if not 0 <= self.max_excluded_fraction <= 1:
+            raise ValueError("max_excluded_fraction must be in [0, 1]")
+        if self.upload_auth not in ("tokens", "open"):
+            raise ValueError("upload_auth must be 'tokens' or 'open'")
+        if self.max_study_memory < 1 or self.memory_budget < self.max_study_memory:
+            raise ValueError("need max_study_memory >= 1 and memory_budget >= max_study_memory")

@@ -27,6 +27,10 @@ from dpsketch.protocol.sketch import accumulate as add_into
 
 log = logging.getLogger("dpsketch.server")
 
+#: Memory the report index of an open study takes per held report (the id -> rowid map and the
+#: contiguous id and rowid copies), measured by tests/test_trust.py; the memory budget counts it.
+INDEX_BYTES_PER_REPORT = 160
+
 
 @dataclass
 class StudyState:
@@ -82,13 +86,34 @@ class StudyRecord:
     state: StudyState | None = None  # None until loaded; dropped after commit
     load_lock: threading.Lock = field(default_factory=threading.Lock)
     committed_at: float | None = None
-    upload_digests: tuple[bytes, ...] = ()  # per-study upload tokens, not revoked
-    upload_required: bool = False  # any upload token was ever issued: uploads need a valid one
+    upload_tokens: dict[bytes, "UploadToken"] = field(default_factory=dict)  # digest -> token, not revoked
+    upload_required: bool = False  # the policy demands tokens, or one was issued: uploads need one
     shares_deleted_at: float | None = None  # retention ran: individual shares are gone
 
     @property
     def study_id(self) -> str:
         return self.study.study_id
+
+    @property
+    def upload_digests(self) -> tuple[bytes, ...]:
+        return tuple(self.upload_tokens)
+
+    def memory_bytes(self) -> int:
+        """What the budget counts for this study: its totals and report index while it is open."""
+        if self.commit is not None:
+            return 0
+        return 8 * self.study.k * (self.study.width + self.study.k) + self.report_count * INDEX_BYTES_PER_REPORT
+
+
+@dataclass
+class UploadToken:
+    """An active upload token of a study: how many reports it may add, and how many it did."""
+
+    quota: int | None  # None: no limit
+    used: int = 0
+
+    def room(self) -> int | None:
+        return None if self.quota is None else max(0, self.quota - self.used)
 
 
 def load_state(conn: sqlite3.Connection, record: StudyRecord, chunk_rows: int) -> StudyState:

@@ -9,7 +9,10 @@ Privacy rules enforced here, not in the HTTP layer:
 * nothing about shares leaves the server before the study is committed, and afterwards only the
   aggregate over the committed inclusion set (the same bytes on every call);
 * a study commits to exactly one inclusion set, and only if the set is held, has between
-  min_reports and max_reports entries and meets the certificate lambda_min(S S^T) - t >= lambda_star.
+  min_reports and max_reports entries, leaves out at most ``max_excluded_fraction`` of what this
+  server holds (the batch rule) and meets the certificate lambda_min(S S^T) - t >= lambda_star;
+* before it is stored the released aggregate gets this server's own noise, N(0, server_sigma^2)
+  per cell from the CSPRNG, drawn once (the floor, docs/trust.md).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
     StudyInfo,
-    UploadToken,
+    UploadTokenInfo as UploadToken,
     UploadTokenList,
     decode_report_ids,
     encode_aggregate,
@@ -46,7 +49,7 @@ from .auth import digest_of, upload_token_id
 from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
 from .settings import Settings
-from .state import StudyRecord, StudyState, load_state
+from .state import StudyRecord, StudyState, UploadToken, load_state
 from .writer import CallJob, UploadJob, Writer
 
 log = logging.getLogger("dpsketch.server")
@@ -89,7 +92,7 @@ class Store:
         self._readers_lock = threading.Lock()
         self._records: dict[str, StudyRecord] = {}
         self._load_records()
-        self.writer = Writer(self._conn, settings, self.ensure_state)
+        self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use)
         self._closed = False
         self._sweep_wake = threading.Event()
         if settings.warm_start:
@@ -133,20 +136,22 @@ class Store:
             "FROM studies s LEFT JOIN commits c ON c.study = s.seq "
             "LEFT JOIN retention r ON r.study = s.seq ORDER BY s.seq"
         ).fetchall()
-        tokens: dict[int, list[bytes]] = {}
+        tokens: dict[int, dict[bytes, UploadToken]] = {}
         issued: set[int] = set()
         revoked = {(seq, bytes(digest)) for seq, digest in
                    self._conn.execute("SELECT study, digest FROM upload_token_revocations")}
-        for seq, digest in self._conn.execute("SELECT study, digest FROM upload_tokens ORDER BY created_at"):
+        for seq, digest, quota, used in self._conn.execute(
+                "SELECT study, digest, quota, used FROM upload_tokens ORDER BY created_at"):
             issued.add(seq)
             if (seq, bytes(digest)) not in revoked:
-                tokens.setdefault(seq, []).append(bytes(digest))
+                tokens.setdefault(seq, {})[bytes(digest)] = UploadToken(quota, int(used))
         for seq, canonical, count, result, committed_at, deleted_at in rows:
             study = Study.model_validate_json(canonical)
             commit = CommitResult.model_validate_json(result) if result is not None else None
             self._records[study.study_id] = StudyRecord(
                 seq, study, int(count), commit, committed_at=committed_at,
-                upload_digests=tuple(tokens.get(seq, ())), upload_required=seq in issued,
+                upload_tokens=tokens.get(seq, {}),
+                upload_required=seq in issued or self.settings.upload_auth == "tokens",
                 shares_deleted_at=deleted_at)
 
     def _warm(self) -> None:
@@ -179,19 +184,26 @@ class Store:
             raise ProblemError("unknown-study", f"this server holds no study {study_id[:80]!r}")
         return record
 
-    def info(self, record: StudyRecord) -> StudyInfo:
+    def info(self, record: StudyRecord, trusted: bool = True) -> StudyInfo:
+        """A study's info; ``trusted`` is False for a caller without an operator or analyst token,
+        who gets no exact counts of an add/remove study (they tell membership, docs/trust.md)."""
+        hide = not trusted and record.study.neighbouring == "add-remove"
         return StudyInfo(
             study_id=record.study_id,
             server_id=self.settings.server_id,
             status="committed" if record.commit is not None else "open",
-            report_count=record.report_count,
+            report_count=None if hide else record.report_count,
             study=record.study,
-            commit=record.commit,
+            commit=None if hide else record.commit,
             hpke=self.keys.describe(),
         )
 
-    def infos(self) -> list[StudyInfo]:
-        return [self.info(r) for r in list(self._records.values())]
+    def infos(self, trusted: bool = True) -> list[StudyInfo]:
+        return [self.info(r, trusted) for r in list(self._records.values())]
+
+    def memory_in_use(self) -> int:
+        """What the memory budget counts now: every open study's totals and report index."""
+        return sum(r.memory_bytes() for r in list(self._records.values()))
 
     @_unavailable_on_db_error
     def report_ids(self, study_id: str) -> bytes:
@@ -226,23 +238,35 @@ class Store:
         def fn(conn: sqlite3.Connection):
             if study_id in self._records:  # a concurrent PUT of the same study won
                 return (self._records[study_id], False), None
+            in_use = self.memory_in_use()
+            need = 8 * study.k * (study.width + study.k)
+            if in_use + need > self.settings.memory_budget:
+                raise ProblemError(
+                    "invalid-study",
+                    f"memory policy memory_budget: this study's running totals need {need} bytes and "
+                    f"the open studies already use {in_use} of this server's memory_budget = "
+                    f"{self.settings.memory_budget}; commit open studies first, or ask the operator",
+                    extra={"policy_rule": "memory_budget"})
             cur = conn.execute(
                 "INSERT INTO studies (study_id, canonical, created_at) VALUES (?, ?, ?)",
                 (study_id, study.canonical(), time.time()),
             )
-            record = StudyRecord(int(cur.lastrowid), study, 0, state=StudyState(k=study.k, d=study.width))
+            record = StudyRecord(int(cur.lastrowid), study, 0, state=StudyState(k=study.k, d=study.width),
+                                 upload_required=self.settings.upload_auth == "tokens")
             return (record, True), lambda: self._records.__setitem__(study_id, record)
 
         record, created = self.writer.submit(CallJob(fn)).result()
         return self.info(record), created
 
     def submit_upload(self, record: StudyRecord, ids: list[bytes], shares: np.ndarray,
-                      rows: np.ndarray | None = None, signs: np.ndarray | None = None) -> Future:
+                      rows: np.ndarray | None = None, signs: np.ndarray | None = None,
+                      token: bytes | None = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
-        future resolves to an UploadResult once they are durable (or to a ProblemError)."""
+        future resolves to an UploadResult once they are durable (or to a ProblemError).
+        ``token`` is the digest of the upload token they came with (its quota is charged)."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
-        return self.writer.submit(UploadJob(record, ids, shares, rows, signs))
+        return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token))
 
     @_unavailable_on_db_error
     def commit(self, study_id: str, inclusion: bytes) -> CommitResult:
@@ -279,6 +303,7 @@ class Store:
                     extra={"unknown_count": n_missing},
                 )
             self._check_count(study, n)
+            self._check_exclusion(study, n, n_held)
             from_scratch = n_held - n > n
             if n_held == n:
                 wanted: list[int] = []
@@ -310,7 +335,12 @@ class Store:
         result = CommitResult(
             inclusion_hash=ihash, n_reports=n, lambda_min=cert.lambda_min,
             lambda_star=study.lambda_star, t=study.t, margin=cert.margin,
+            server_sigma=study.server_sigma,
         )
+        # this server's own noise: what protects its clients if every other report and every other
+        # server is the adversary's (the floor). CSPRNG, on the ring grid, inside the study's
+        # overflow bound (20 sigma cut, counted in Study.server_noise_bound); drawn once, stored
+        aggregate += study.server_noise()
         released = encode_aggregate(aggregate)
 
         now = time.time()
@@ -338,38 +368,43 @@ class Store:
         return self.writer.submit(CallJob(fn)).result()
 
     # --- upload tokens -----------------------------------------------------------------------
-    def add_upload_token(self, study_id: str) -> tuple[str, int]:
-        """A fresh random upload token for the study (only its digest is stored); returns the
-        token and how many the study now has. From the first one on, uploads need one."""
+    def add_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1) -> tuple[list[str], int]:
+        """``count`` fresh random upload tokens for the study, each good for ``quota`` new reports
+        (None: no limit); only digests are stored. Returns the tokens and how many active tokens
+        the study now has. From the first one on, uploads need one."""
         record = self.record(study_id)
-        token = "up-" + secrets.token_urlsafe(32)
-        digest = digest_of(token)
+        tokens = ["up-" + secrets.token_urlsafe(32) for _ in range(count)]
+        digests = [digest_of(t) for t in tokens]
+        now = time.time()
 
         def fn(conn: sqlite3.Connection):
-            conn.execute("INSERT INTO upload_tokens (study, digest, created_at) VALUES (?, ?, ?)",
-                         (record.seq, digest, time.time()))
-            digests = record.upload_digests + (digest,)
+            conn.executemany("INSERT INTO upload_tokens (study, digest, created_at, quota) VALUES (?, ?, ?, ?)",
+                             [(record.seq, d, now, quota) for d in digests])
+            active = dict(record.upload_tokens)
+            active.update({d: UploadToken(quota) for d in digests})
 
             def apply() -> None:
-                record.upload_digests = digests
+                record.upload_tokens = active
                 record.upload_required = True
 
-            return len(digests), apply
+            return len(active), apply
 
-        count = self.writer.submit(CallJob(fn)).result()
-        return token, count
+        return tokens, self.writer.submit(CallJob(fn)).result()
 
     @_unavailable_on_db_error
     def list_upload_tokens(self, study_id: str) -> UploadTokenList:
-        """The study's upload tokens by id (hex SHA-256(token)[:8]), issue and revocation times;
-        never a token or a whole digest."""
+        """The study's upload tokens by id (hex SHA-256(token)[:8]) with quota, reports added,
+        issue and revocation times; never a token or a whole digest."""
         record = self.record(study_id)
         rows = self._reader().execute(
-            "SELECT t.digest, t.created_at, r.revoked_at FROM upload_tokens t LEFT JOIN "
+            "SELECT t.digest, t.created_at, r.revoked_at, t.quota, t.used FROM upload_tokens t LEFT JOIN "
             "upload_token_revocations r ON r.study = t.study AND r.digest = t.digest "
             "WHERE t.study = ? ORDER BY t.created_at", (record.seq,)).fetchall()
-        tokens = [UploadToken(token_id=upload_token_id(bytes(d)), created_at=c, revoked_at=r)
-                  for d, c, r in rows]
+        tokens = []
+        for d, c, r, quota, used in rows:
+            live = record.upload_tokens.get(bytes(d))  # memory may be ahead of this read
+            tokens.append(UploadToken(token_id=upload_token_id(bytes(d)), created_at=c, revoked_at=r,
+                                      quota=quota, used=live.used if live else int(used)))
         return UploadTokenList(study_id=study_id, required=record.upload_required,
                                active=sum(t.revoked_at is None for t in tokens), tokens=tokens)
 
@@ -385,10 +420,10 @@ class Store:
                 raise ProblemError("not-found", f"study {study_id} has no upload token {token_id[:40]!r}")
             conn.execute("INSERT OR IGNORE INTO upload_token_revocations (study, digest, revoked_at) "
                          "VALUES (?, ?, ?)", (record.seq, match[0], time.time()))
-            digests = tuple(d for d in record.upload_digests if d != match[0])
+            active = {d: t for d, t in record.upload_tokens.items() if d != match[0]}
 
             def apply() -> None:
-                record.upload_digests = digests
+                record.upload_tokens = active
 
             return None, apply
 
@@ -479,6 +514,20 @@ class Store:
                 f"the inclusion set has {n} reports, more than max_reports = {study.max_reports}",
                 extra={"n_reports": n},
             )
+
+    def _check_exclusion(self, study: Study, n: int, n_held: int) -> None:
+        """The batch rule: an inclusion set may leave out at most max_excluded_fraction of what
+        this server acknowledged, so an analyst cannot commit a victim among its own reports."""
+        excluded = n_held - n
+        allowed = int(self.settings.max_excluded_fraction * n_held)
+        if excluded > allowed:
+            raise ProblemError(
+                "inclusion-refused",
+                f"the inclusion set leaves out {excluded} of the {n_held} reports this server holds; "
+                f"its policy allows at most max_excluded_fraction = "
+                f"{self.settings.max_excluded_fraction:g} ({allowed}). Commit (nearly) everything "
+                f"every server holds; if a server lost reports, re-upload them there first",
+                extra={"excluded": excluded, "held": n_held, "allowed": allowed})
 
     def _repeat(self, record: StudyRecord, ihash: str) -> CommitResult:
         assert record.commit is not None

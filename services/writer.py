@@ -30,7 +30,7 @@ from dpsketch.protocol.problems import ProblemError
 
 from . import db
 from .settings import Settings
-from .state import StudyRecord, StudyState
+from .state import INDEX_BYTES_PER_REPORT, StudyRecord, StudyState
 
 log = logging.getLogger("dpsketch.server")
 
@@ -44,6 +44,7 @@ class UploadJob:
     shares: np.ndarray  # (m, d) uint64
     rows: np.ndarray | None  # (m, s) from sketch.hash_report_ids; None: the writer hashes
     signs: np.ndarray | None
+    token: bytes | None = None  # digest of the upload token it came with; charged for new reports
     future: Future = field(default_factory=Future)
 
 
@@ -90,10 +91,12 @@ class _Plan:
 
 class Writer:
     def __init__(self, conn: sqlite3.Connection, settings: Settings,
-                 ensure_state: Callable[[StudyRecord], StudyState | None]):
+                 ensure_state: Callable[[StudyRecord], StudyState | None],
+                 memory_in_use: Callable[[], int] = lambda: 0):
         self.conn = conn
         self.settings = settings
         self.ensure_state = ensure_state
+        self.memory_in_use = memory_in_use
         self.queue: queue.Queue = queue.Queue()
         self.next_rowid = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
         self._lock = threading.Lock()
@@ -200,14 +203,22 @@ class Writer:
     def _run_uploads(self, group: list[UploadJob]) -> None:
         plans: list[_Plan] = []
         pending: dict[int, list[_Plan]] = {}  # per study: accepted requests of this group
+        charged: dict[tuple[int, bytes], int] = {}  # (study, token) -> new reports in this group
+        budget = self.settings.memory_budget - self.memory_in_use()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             for job in group:
-                plan = self._plan(job, pending)
+                plan = self._plan(job, pending, charged, budget)
                 if plan is not None:
                     plans.append(plan)
                     pending.setdefault(job.record.seq, []).append(plan)
+                    budget -= plan.n_new * INDEX_BYTES_PER_REPORT
+                    if job.token is not None and plan.n_new:
+                        key = (job.record.seq, job.token)
+                        charged[key] = charged.get(key, 0) + plan.n_new
             inserted = self._insert(pending)
+            self.conn.executemany("UPDATE upload_tokens SET used = used + ? WHERE study = ? AND digest = ?",
+                                  [(n, seq, digest) for (seq, digest), n in charged.items()])
             self.conn.execute("COMMIT")
         except sqlite3.Error as exc:
             db.rollback_quietly(self.conn)
@@ -224,11 +235,18 @@ class Writer:
                 state.add(record.study, ids, range(base, base + len(ids)), shares, rows, signs, joined)
                 record.report_count = len(state.ids)
         for plan in plans:
+            token = plan.job.record.upload_tokens.get(plan.job.token) if plan.job.token else None
+            if token is not None:
+                token.used += plan.n_new
+        for plan in plans:
+            hide = plan.job.record.study.neighbouring == "add-remove"  # the count tells membership
             plan.job.future.set_result(UploadResult(
-                accepted=plan.n_new, duplicates=plan.duplicates, report_count=plan.report_count
+                accepted=plan.n_new, duplicates=plan.duplicates,
+                report_count=None if hide else plan.report_count,
             ))
 
-    def _plan(self, job: UploadJob, pending: dict[int, list[_Plan]]) -> _Plan | None:
+    def _plan(self, job: UploadJob, pending: dict[int, list[_Plan]],
+              charged: dict[tuple[int, bytes], int] | None = None, budget: int | None = None) -> _Plan | None:
         """Validate one request against what is stored and what this group stores before it.
         Refusals resolve the job's future and return None; nothing of it is written."""
         record = job.record
@@ -258,6 +276,24 @@ class Writer:
                 "capacity-exceeded",
                 f"study {record.study_id} holds {held} reports; {n_new} more would exceed "
                 f"max_reports = {record.study.max_reports}"))
+            return None
+        if job.token is not None and n_new:
+            token = record.upload_tokens.get(job.token)
+            room = None if token is None else token.room()
+            if room is not None:
+                room -= (charged or {}).get((record.seq, job.token), 0)
+            if token is None or (room is not None and n_new > room):
+                job.future.set_exception(ProblemError(
+                    "upload-quota-exceeded",
+                    f"this upload token may add {max(room or 0, 0)} more report(s) to study "
+                    f"{record.study_id}, and the request has {n_new} new ones (revoked, or its quota "
+                    f"is used up); nothing of it was stored; ask the server's operator for a token"))
+                return None
+        if budget is not None and n_new * INDEX_BYTES_PER_REPORT > budget:
+            job.future.set_exception(ProblemError(
+                "capacity-exceeded",
+                f"this server's memory_budget ({self.settings.memory_budget} bytes) is used up by its "
+                f"open studies; {n_new} more reports do not fit. Commit open studies or ask the operator"))
             return None
         return _Plan(job, new, duplicates, held + n_new, new_ids)
 
