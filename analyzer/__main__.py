@@ -8,7 +8,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsketch.serving import add_graceful_argument
+    from dpsketch.serving import add_connection_arguments, add_graceful_argument
 
     p = argparse.ArgumentParser(
         prog="dpsketch analyzer",
@@ -28,7 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--ssl-keyfile", help="private key for --ssl-certfile (PEM)")
+    p.add_argument("--insecure-no-api-token", action="store_true",
+                   help="serve the API without a token (anyone who reaches it can create, finalize "
+                        "and read studies); without this flag the analyzer refuses to start unless "
+                        "the cluster configuration sets api_token")
     add_graceful_argument(p)
+    add_connection_arguments(p)
     return p
 
 
@@ -51,12 +56,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpsketch analyzer: cannot load the cluster configuration: {exc}", file=sys.stderr)
         return 2
     log = logging.getLogger("dpsketch.analyzer")
+    if not config.api_token:
+        if not args.insecure_no_api_token:
+            print("dpsketch analyzer: refusing to start without an API token: set \"api_token\" in the "
+                  "cluster configuration (analysts then send Authorization: Bearer <token>), or pass "
+                  "--insecure-no-api-token to serve the API to anyone who can reach it", file=sys.stderr)
+            return 2
+        log.warning("INSECURE: --insecure-no-api-token: the analyzer API needs no token; anyone who "
+                    "reaches %s:%s can create, finalize and read studies", args.host, args.port)
     coordinator = Coordinator(config, AnalyzerStore(args.db), log=log.info)
     app = create_app(coordinator)
     try:
         return serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port,
                      log_level=args.log_level, ssl_certfile=args.ssl_certfile,
-                     ssl_keyfile=args.ssl_keyfile)
+                     ssl_keyfile=args.ssl_keyfile, header_timeout=args.header_timeout,
+                     body_timeout=args.body_timeout, min_rate=args.min_rate,
+                     max_connections=args.max_connections,
+                     max_connections_per_ip=args.max_connections_per_ip)
     finally:
         coordinator.close()
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpsketch import __version__, problem_http
 from dpsketch.protocol import ProblemError, Study, privacy
+from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR
 
 from . import recommend
 from .coordinator import Coordinator, UpstreamError
@@ -30,6 +31,19 @@ class PrivacyTarget(BaseModel):
     row_bound: float = Field(default=1.0, gt=0, le=1e6)
     neighbouring: privacy.Neighbouring = "replace-one"
     t: int = Field(default=0, ge=0)
+    epsilon_floor: float | None = Field(
+        default=None, gt=0, le=100,
+        description="the floor: each report stays (epsilon_floor, delta)-DP with no other honest "
+        "report and all servers but one colluding (the servers add noise for it, docs/trust.md). "
+        f"Omitted: max({DEFAULT_EPSILON_FLOOR:g}, epsilon); null: no floor (servers refuse such a "
+        "study by default)")
+
+    def design_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``design()``: an omitted epsilon_floor means the default."""
+        args = self.model_dump()
+        if "epsilon_floor" not in self.model_fields_set:
+            args["epsilon_floor"] = "default"
+        return args
 
 
 class CreateStudy(PrivacyTarget):
@@ -63,6 +77,9 @@ class StudyView(BaseModel):
     study_id: str
     state: str = Field(description="collecting | finalizing | released")
     study: Study
+    guarantees: dict[str, Any] = Field(description="what each honest report gets: epsilon with "
+                                       "the certified honest reports, floor_epsilon with none "
+                                       "(docs/trust.md); an infinite floor is null")
     explanation: list[str]
     n_reports: int | None = None
     inclusion_hash: str | None = None
@@ -133,8 +150,10 @@ class GramView(BaseModel):
 
 
 def _view(rec: StudyRecord) -> StudyView:
+    guarantees = {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                  for k, v in rec.study.guarantees().items()}
     return StudyView(study_id=rec.study.study_id, state=rec.state, study=rec.study,
-                     explanation=rec.explanation, n_reports=rec.n_reports,
+                     guarantees=guarantees, explanation=rec.explanation, n_reports=rec.n_reports,
                      inclusion_hash=rec.inclusion_hash)
 
 
@@ -151,7 +170,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     api_token = coordinator.config.api_token
 
     def require_token(request: Request) -> None:
-        if api_token is None:
+        if api_token is None:  # only with --insecure-no-api-token, logged loudly at startup
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
@@ -169,8 +188,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     def upstream(exc: UpstreamError) -> ProblemError:
         if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict",
-                                                            "invalid-study"):
-            return ProblemError(exc.problem.slug, str(exc))
+                                                            "inclusion-refused", "invalid-study"):
+            return ProblemError(exc.problem.slug, str(exc), extra=exc.problem.extra)
         return ProblemError("upstream-failure", str(exc))
 
     @app.get("/healthz", include_in_schema=False)
@@ -180,7 +199,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     @app.post("/v1/studies", status_code=201, dependencies=auth)
     async def create_study(body: CreateStudy) -> StudyView:
         try:
-            study, _ = await run_in_threadpool(coordinator.create_study, **body.model_dump())
+            study, _ = await run_in_threadpool(coordinator.create_study, **body.design_args())
         except ValueError as exc:
             raise ProblemError("invalid-study", str(exc)) from exc
         except UpstreamError as exc:
@@ -189,7 +208,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.post("/v1/recommend", dependencies=auth)
     async def recommend_kind(body: RecommendRequest) -> dict[str, Any]:
-        args = body.model_dump()
+        args = body.design_args()
         try:
             rec = await run_in_threadpool(
                 recommend.recommend, args.pop("d"), args.pop("expected_reports"),

@@ -248,14 +248,28 @@ def ltm_sketch(study: Study, report_ids: Sequence[bytes], noisy_rows: np.ndarray
     return np.asarray(sketch_matrix(study, report_ids) @ np.asarray(noisy_rows, dtype=np.float64))
 
 
-def ltm_ring_sum(study: Study, report_ids: Sequence[bytes], noisy_rows: np.ndarray) -> np.ndarray:
+def ltm_ring_sum(study: Study, report_ids: Sequence[bytes], noisy_rows: np.ndarray,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
     """The k x d uint64 ring sum the N servers' aggregate shares add up to (unshared: the
-    shares cancel), computed exactly as the servers do with :func:`sketch.accumulate`."""
+    shares cancel), computed exactly as the servers do with :func:`sketch.accumulate`, plus the
+    N servers' own noise (drawn from ``rng`` for a simulation, else the servers' CSPRNG draw)."""
     enc = ring.encode(noisy_rows, study.frac_bits, study.value_bound)
     acc = np.zeros(study.aggregate_shape, dtype=np.uint64)
     rows, signs = sketch.hash_report_ids(study.seed_bytes, report_ids, study.k, study.s)
     sketch.accumulate(acc, rows, signs, enc)
+    for _ in range(study.n_servers):
+        if rng is None:
+            acc += study.server_noise()
+        elif study.server_sigma > 0:
+            std = study.server_noise_std
+            acc += ring.encode(_truncated_normal(rng, std, study.aggregate_shape), study.frac_bits,
+                               NOISE_TAIL_SIGMAS * std)
     return acc
+
+
+def server_noise_variance(study: Study) -> float:
+    """Variance per released cell of the N servers' noise together: N server_sigma^2."""
+    return study.n_servers * study.server_sigma ** 2
 
 
 def simulate_ltm(
@@ -268,9 +282,10 @@ def simulate_ltm(
 ):
     """Simulate the LTM release of ``rows`` under ``study``: Y = S(A + G).
 
-    Draws n random 16-byte report ids and G ~ N(0, study.sigma^2) (redrawn beyond 20 sigma, as
-    the SDK does) from ``rng`` -- numpy's generator, fine for a simulation, never for real
-    noise -- clips the rows to B, builds S with the real protocol hash
+    Draws n random 16-byte report ids, G ~ N(0, study.sigma^2) (redrawn beyond 20 sigma, as
+    the SDK does) and the N servers' noise N(0, server_sigma^2) per cell from ``rng`` -- numpy's
+    generator, fine for a simulation, never for real noise -- clips the rows to B, builds S with
+    the real protocol hash
     (:func:`sketch.hash_report_ids`) as a scipy.sparse matrix and returns the
     :class:`SketchRelease`. With ``via_ring=True`` the noisy rows go through the fixed-point ring
     encoding and the servers' accumulation and come back through
@@ -291,19 +306,23 @@ def simulate_ltm(
             step = max(1, 4_000_000 // study.width)  # bounded memory for wide feature vectors
             for start in range(0, n, step):
                 total += features.gram_features(a[start : start + step]).sum(axis=0)
-            total += rng.normal(0.0, study.sigma * np.sqrt(n), size=study.width)
+            total += rng.normal(0.0, np.sqrt(study.sigma ** 2 * n + server_noise_variance(study)),
+                                size=study.width)
             return GramSumRelease(study=study, values=total, n_reports=n)
         phi = features.gram_features(a)
         ids = random_report_ids(n, rng)
-        g = _truncated_normal(rng, study.sigma, phi.shape)
-        release = release_from_ring_sum(study, ltm_ring_sum(study, ids, phi + g), n)
+        g = _truncated_normal(rng, study.sigma, phi.shape) if study.sigma > 0 else np.zeros(phi.shape)
+        release = release_from_ring_sum(study, ltm_ring_sum(study, ids, phi + g, rng), n)
         return (release, ids, g) if return_inputs else release
     ids = random_report_ids(n, rng)
-    g = _truncated_normal(rng, study.sigma, a.shape)
+    g = _truncated_normal(rng, study.sigma, a.shape) if study.sigma > 0 else np.zeros(a.shape)
     if via_ring:
-        release = SketchRelease.from_ring_sum(study, ltm_ring_sum(study, ids, a + g), n)
+        release = SketchRelease.from_ring_sum(study, ltm_ring_sum(study, ids, a + g, rng), n)
     else:
-        release = SketchRelease(study=study, sketch=ltm_sketch(study, ids, a + g), n_reports=n)
+        y = ltm_sketch(study, ids, a + g)
+        if study.server_sigma > 0:
+            y = y + rng.normal(0.0, np.sqrt(server_noise_variance(study)), size=y.shape)
+        release = SketchRelease(study=study, sketch=y, n_reports=n)
     if return_inputs:
         return release, ids, g
     return release

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; auto: "
                    "gram when it fits the upload budget and every server's storage policy "
                    "(see: dpsketch recommend)")
+    from .recommend import add_floor_arguments
+
+    add_floor_arguments(c)
     c.add_argument("--k", type=int, help="sketch rows (default: chosen from n and d)")
     c.add_argument("--s", type=int, default=4, help="sketch blocks (default: %(default)s)")
     c.add_argument("--min-reports", type=int)
@@ -72,11 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
         with AnalyzerClient(args.analyzer, args.token, verify=verify) as client:
             if args.command == "create":
+                from .recommend import floor_argument
+
+                floor = floor_argument(args)
+                extra = {} if floor == "default" else {"epsilon_floor": floor}
                 out = client.create_study(
                     name=args.name, columns=args.columns.split(","), label=args.label,
                     expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,
                     row_bound=args.row_bound, neighbouring=args.neighbouring, t=args.t, kind=args.kind, k=args.k,
-                    s=args.s, min_reports=args.min_reports)
+                    s=args.s, min_reports=args.min_reports, **extra)
                 print("\n".join(out["explanation"]), file=sys.stderr)
             elif args.command == "list":
                 out = client.studies()

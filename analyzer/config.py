@@ -27,7 +27,9 @@ class ServerEndpoint(BaseModel):
     server_id: str
     url: str
     operator_token: str | None = Field(
-        default=None, description="needed only if the analyzer provisions studies on this server"
+        default=None, description="not needed: a server takes the analyst token to provision a "
+        "study. Leave it out: whoever holds a server's operator token can issue upload tokens, "
+        "hence Sybil reports (docs/trust.md)"
     )
     analyst_token: str
 
@@ -36,7 +38,8 @@ class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     servers: list[ServerEndpoint] = Field(min_length=2)
     api_token: str | None = Field(
-        default=None, description="bearer token analysts must present to this analyzer (optional)"
+        default=None, description="bearer token analysts must present to this analyzer; the "
+        "analyzer refuses to start without one unless run with --insecure-no-api-token"
     )
     ca_file: str | None = Field(
         default=None, description="CA bundle (PEM) to verify the share servers' HTTPS certificates "

@@ -89,9 +89,9 @@ class ShareServerClient:
         return UpstreamError(self.endpoint.server_id, f"{problem.slug}: {problem.detail}", problem)
 
     def provision(self, study: Study) -> StudyInfo:
-        if not self.endpoint.operator_token:
-            raise UpstreamError(self.endpoint.server_id, "no operator token configured to provision")
-        r = self._request("PUT", f"/v1/studies/{study.study_id}", token=self.endpoint.operator_token,
+        """PUT the study (a server takes the analyst token for this; its own policy decides)."""
+        token = self.endpoint.operator_token or self.endpoint.analyst_token
+        r = self._request("PUT", f"/v1/studies/{study.study_id}", token=token,
                           json=study.model_dump(mode="json"))
         return StudyInfo.model_validate(r.json())
 
@@ -99,7 +99,9 @@ class ShareServerClient:
         return ServerInfo.model_validate(self._request("GET", "/v1/info").json())
 
     def info(self, study_id: str) -> StudyInfo:
-        return StudyInfo.model_validate(self._request("GET", f"/v1/studies/{study_id}").json())
+        """The study's info with the analyst token (so exact counts of add/remove studies too)."""
+        return StudyInfo.model_validate(self._request("GET", f"/v1/studies/{study_id}",
+                                                      token=self.endpoint.analyst_token).json())
 
     def report_ids(self, study_id: str) -> list[bytes]:
         r = self._request("GET", f"/v1/studies/{study_id}/report-ids", token=self.endpoint.analyst_token)
@@ -214,6 +216,27 @@ class Coordinator:
         return out
 
     # finalize ----------------------------------------------------------------------------
+    def _check_batch_rule(self, held: list[set[bytes]], common: int) -> None:
+        """Refuse before any server commits when the intersection leaves out more of some server's
+        reports than that server's published max_excluded_fraction allows: it would refuse its
+        commit after the others had committed, and the study could never be released. The usual
+        cause is a server that was down for part of the upload; the SDK's resend fixes it."""
+        for server, ids in zip(self.servers, held):
+            policy = server.server_info().policy or {}
+            fraction = policy.get("max_excluded_fraction")
+            if fraction is None:
+                continue
+            excluded = len(ids) - common
+            if excluded > int(float(fraction) * len(ids)):
+                raise ProblemError(
+                    "inclusion-refused",
+                    f"server {server.endpoint.server_id} holds {excluded} of its {len(ids)} reports "
+                    f"that some other server lacks; its policy lets a release leave out at most "
+                    f"{float(fraction):g} of them. Nothing was committed. Have the data owners resend "
+                    f"what is missing (Client.resend / dpsketch submit again), then finalize again",
+                    extra={"server_id": server.endpoint.server_id, "excluded": excluded,
+                           "held": len(ids)})
+
     def finalize(self, study_id: str) -> StudyRecord:
         """Choose (or resume) the inclusion set, commit it everywhere, reconstruct the sketch."""
         rec = self.record(study_id)
@@ -233,13 +256,15 @@ class Coordinator:
                     f"only {len(common)} reports are held by every server; the study needs "
                     f"min_reports = {study.min_reports}. Wait for more uploads.",
                 )
+            self._check_batch_rule(held, len(common))
             included = self.store.fix_inclusion(study_id, sorted(common))
         expected_hash = messages.inclusion_hash(included)
         for position, server in enumerate(self.servers):
             try:
                 result = server.commit(study_id, included)
             except UpstreamError as exc:
-                if position == 0 and exc.problem is not None and exc.problem.slug == "certificate-refused":
+                if position == 0 and exc.problem is not None and exc.problem.slug in (
+                        "certificate-refused", "inclusion-refused"):
                     # Every honest server computes the same certificate over the same set, and
                     # none has committed yet: forget the set so a later finalize can pick a larger one.
                     self.store.clear_inclusion(study_id)

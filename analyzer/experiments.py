@@ -143,7 +143,7 @@ def run_pipeline(study: Study, rows: np.ndarray, chunk_rows: int = CHUNK_ROWS) -
     server_s += time.perf_counter() - t0
     ring_sum = np.zeros(study.aggregate_shape, dtype=np.uint64)
     for agg in aggregates:
-        ring_sum += agg  # wraps mod 2^64: the shares cancel
+        ring_sum += agg + study.server_noise()  # wraps mod 2^64: the shares cancel; each server's noise
     return PipelineRun(release_from_ring_sum(study, ring_sum, n), study, client_s, server_s, lam)
 
 

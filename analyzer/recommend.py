@@ -126,18 +126,21 @@ def recommend(
     row_bound: float = 1.0,
     neighbouring: privacy.Neighbouring = "replace-one",
     t: int = 0,
+    epsilon_floor: float | None | str = "default",
     max_share_kib: float = DEFAULT_MAX_SHARE_KIB,
     predict: bool = True,
     seed: int = 0,
 ) -> Recommendation:
-    """Compare the study kinds for d columns (label included) and n expected reports."""
+    """Compare the study kinds for d columns (label included) and n expected reports (with the
+    server noise of the floor, ``epsilon_floor`` as in ``design()``)."""
     if d < 1:
         raise ValueError("need at least one column")
     if expected_reports < 2:
         raise ValueError("expected_reports must be at least 2")
     if not max_share_kib > 0:
         raise ValueError("max_share_kib must be positive")
-    kw = dict(epsilon=epsilon, delta=delta, row_bound=row_bound, neighbouring=neighbouring, t=t)
+    kw = dict(epsilon=epsilon, delta=delta, row_bound=row_bound, neighbouring=neighbouring, t=t,
+              epsilon_floor=epsilon_floor)
     options = [_option(kind, d, expected_reports, n_servers, kw) for kind in ("gram", "sketch")]
     gram, sketch = options
     budget = max_share_kib * 1024
@@ -201,6 +204,24 @@ def format_recommendation(rec: Recommendation) -> str:
     return "\n".join(lines)
 
 
+def add_floor_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--epsilon-floor`` / ``--no-floor``, for every command that designs a study."""
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--epsilon-floor", type=float, metavar="EPS",
+                       help="the floor: each report stays (EPS, delta)-DP with no other honest report "
+                            "and all servers but one colluding; the servers add noise for it "
+                            "(default: max(4, epsilon); docs/trust.md)")
+    group.add_argument("--no-floor", action="store_true",
+                       help="promise no floor (no server noise; share servers refuse such a study by default)")
+
+
+def floor_argument(args: argparse.Namespace) -> float | None | str:
+    """design()'s epsilon_floor from the flags of :func:`add_floor_arguments`."""
+    if getattr(args, "no_floor", False):
+        return None
+    return "default" if getattr(args, "epsilon_floor", None) is None else args.epsilon_floor
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dpsketch recommend",
@@ -215,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--row-bound", type=float, default=1.0)
     ap.add_argument("--neighbouring", choices=["replace-one", "add-remove"], default="replace-one")
     ap.add_argument("--t", type=int, default=0, help="tolerated colluding clients")
+    add_floor_arguments(ap)
     ap.add_argument("--max-share-kib", type=float, default=DEFAULT_MAX_SHARE_KIB,
                     help=f"upload budget per report and server (default {DEFAULT_MAX_SHARE_KIB:g} KiB)")
     ap.add_argument("--no-predict", action="store_true", help="skip the simulation (instant)")
@@ -227,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rec = recommend(args.d, args.expected_reports, n_servers=args.servers, epsilon=args.epsilon,
                         delta=args.delta, row_bound=args.row_bound, neighbouring=args.neighbouring,
-                        t=args.t, max_share_kib=args.max_share_kib, predict=not args.no_predict)
+                        t=args.t, epsilon_floor=floor_argument(args), max_share_kib=args.max_share_kib,
+                        predict=not args.no_predict)
     except ValueError as exc:
         print(f"dpsketch recommend: {exc}", file=sys.stderr)
         return 2

@@ -139,19 +139,25 @@ class StudyRelease(SecondMomentsBase):
         """Client noise standard deviation per coordinate (public, from the study)."""
         return float(self.study.sigma)
 
+    @property
+    def server_noise_variance(self) -> float:
+        """N server_sigma^2: the variance the N servers' own noise adds to every released cell."""
+        return self.study.n_servers * float(self.study.server_sigma) ** 2
+
 
 @dataclass(frozen=True, eq=False)
 class SketchRelease(StudyRelease):
     """The LTM release: Y = S(A + G), a k x d float matrix, for a study and a report count.
 
-    ``sketch`` is exactly S(A + G) (the decoded ring sum of the N aggregate shares times
-    1/sqrt(s)); G has i.i.d. N(0, sigma^2) entries with sigma = ``study.sigma``. Every column of S
-    has unit norm, so trace(S^T S) = n and
+    ``sketch`` is exactly S(A + G) + E (the decoded ring sum of the N aggregate shares times
+    1/sqrt(s)); G has i.i.d. N(0, sigma^2) entries with sigma = ``study.sigma`` and E, the N
+    servers' own noise, i.i.d. N(0, N server_sigma^2) entries. Every column of S has unit norm,
+    so trace(S^T S) = n and
 
-        E[Y^T Y] = A^T S^T S A + sigma^2 n I_d      (exactly),
+        E[Y^T Y] = A^T S^T S A + (sigma^2 n + k N server_sigma^2) I_d      (exactly),
 
-    and ``gram(debias=True)`` returns Y^T Y - sigma^2 n I_d. ``n_reports`` is the size of the
-    inclusion set the servers committed to (it is public: the servers check it).
+    and ``gram(debias=True)`` subtracts that. ``n_reports`` is the size of the inclusion set the
+    servers committed to.
     """
 
     study: Study
@@ -177,17 +183,24 @@ class SketchRelease(StudyRelease):
         return self.sigma**2
 
     @property
+    def cell_noise_variance(self) -> float:
+        """Noise variance of one released cell, about sigma^2 n / k + N server_sigma^2."""
+        return self.noise_variance * self.n_reports / self.study.k + self.server_noise_variance
+
+    @property
     def gram_bias(self) -> float:
-        """sigma^2 n: the expected noise energy per column, E[(Y^T Y)_cc] - (A^T S^T S A)_cc."""
-        return self.noise_variance * self.n_reports
+        """sigma^2 n + k N server_sigma^2: the expected noise energy per column,
+        E[(Y^T Y)_cc] - (A^T S^T S A)_cc."""
+        return self.noise_variance * self.n_reports + self.study.k * self.server_noise_variance
 
     @property
     def gram_noise_scale(self) -> float:  # type: ignore[override]
         """Typical spectral norm of G^T S^T S G - sigma^2 n I (the noise-by-noise part).
 
-        S S^T is close to (n/k) I_k, so S G is close to a k x d matrix of N(0, sigma^2 n/k) entries
-        and its Gram deviates from sigma^2 n I by about sigma^2 (n/k)(2 sqrt(k d) + d) in spectral
-        norm (Bai-Yin). The noise-by-data cross terms are not included: they depend on A.
+        S S^T is close to (n/k) I_k, so S G + E is close to a k x d matrix of entries of variance
+        v = sigma^2 n/k + N server_sigma^2, whose Gram deviates from k v I by about
+        v (2 sqrt(k d) + d) in spectral norm (Bai-Yin). The noise-by-data cross terms are not
+        included: they depend on A.
         """
         k, d = self.study.k, self.study.d
         return self.gram_bias * (2.0 * math.sqrt(d / k) + d / k)
@@ -202,20 +215,22 @@ class SketchRelease(StudyRelease):
     def cross_noise_scale(self) -> float:
         """Typical size of the noise-by-data terms (S A)^T (S G) of Y^T Y.
 
-        Each entry is about N(0, sigma^2 (n/k) ||A_c||^2) because S S^T is close to (n/k) I, so
-        the d x d cross term is of order sigma sqrt(n/k) ||A||_F. ||A||_F^2 is estimated by the
+        Each entry is about N(0, v ||A_c||^2) with v = sigma^2 n/k + N server_sigma^2 the noise
+        variance of a cell (S S^T is close to (n/k) I), so the d x d cross term is of order
+        sqrt(v) ||A||_F. ||A||_F^2 is estimated by the
         trace of the debiased release (post-processing: no privacy cost). Unlike the
         noise-by-noise part this does not shrink with k; it is what limits ridge accuracy of a
         sketch study (docs/accuracy.md), and the default ridge penalty adds it.
         """
         energy = max(float(np.trace(self.gram(debias=True))), 0.0)
-        return self.sigma * math.sqrt(self.n_reports / self.study.k) * math.sqrt(energy)
+        return math.sqrt(self.cell_noise_variance * energy)
 
     def noise_info(self) -> dict[str, float]:
         """The public noise law of the release, for reports and dashboards."""
         return {
             "sigma": self.sigma,
             "noise_variance": self.noise_variance,
+            "server_noise_variance": self.server_noise_variance,
             "gram_bias": self.gram_bias,
             "gram_noise_scale": self.gram_noise_scale,
             "n_reports": float(self.n_reports),
@@ -229,11 +244,12 @@ class SketchRelease(StudyRelease):
 class GramSumRelease(StudyRelease):
     """The release of a gram study: the noisy sum of phi(a) = [a, u(a a^T), 1] over the reports.
 
-    Each client added N(0, sigma^2) to every coordinate of phi(a), so the sum carries
-    N(0, n sigma^2) per coordinate: the Gram estimate is unbiased (diagonal noise variance
-    n sigma^2, off-diagonal n sigma^2 / 2 after undoing the sqrt(2) of u), there is nothing to
-    debias, and ``gram(debias)`` returns the same matrix either way. This is sufficient statistics
-    perturbation with the central model's noise, spread over the clients.
+    Each client added N(0, sigma^2) to every coordinate of phi(a) and each server N(0,
+    server_sigma^2), so the sum carries N(0, n sigma^2 + N server_sigma^2) per coordinate: the
+    Gram estimate is unbiased (off-diagonal variance half that after undoing the sqrt(2) of u),
+    there is nothing to debias, and ``gram(debias)`` returns the same matrix either way. This is
+    sufficient statistics perturbation with the central model's noise, spread over the clients
+    and the servers.
     """
 
     study: Study
@@ -248,8 +264,9 @@ class GramSumRelease(StudyRelease):
 
     @property
     def coordinate_noise_std(self) -> float:
-        """sqrt(n) sigma: the standard deviation of the noise on each released coordinate."""
-        return self.sigma * math.sqrt(self.n_reports)
+        """sqrt(n sigma^2 + N server_sigma^2): the noise standard deviation of each released
+        coordinate."""
+        return math.sqrt(self.sigma ** 2 * self.n_reports + self.server_noise_variance)
 
     @property
     def gram_noise_scale(self) -> float:  # type: ignore[override]

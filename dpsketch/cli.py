@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "server": ("services.__main__", "run one share server (FastAPI + SQLite)"),
     "analyzer": ("analyzer.__main__", "run the analyzer service (create, finalize, analyse)"),
+    "tokens": ("services.admin", "a share server operator's upload tokens: issue, list, revoke"),
     "submit": ("client_sdk.cli", "submit rows from a CSV file to the share servers"),
     "study": ("analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse"),
     "demo": ("dpsketch.demo", "run a local cluster end to end and print the error ratios"),

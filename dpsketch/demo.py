@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import shutil
 import sys
@@ -39,7 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", default="3", help="number of share servers to start (default: 3), "
                    "or a comma-separated list of URLs of running servers (then --analyzer too)")
     p.add_argument("--analyzer", help="URL of a running analyzer (default: start one)")
-    p.add_argument("--analyzer-token", help="the running analyzer's API token, if it has one")
+    p.add_argument("--analyzer-token", default=os.environ.get("DPSKETCH_ANALYZER_TOKEN"),
+                   help="the running analyzer's API token (default: $DPSKETCH_ANALYZER_TOKEN)")
+    p.add_argument("--operator-tokens", default=os.environ.get("DPSKETCH_OPERATOR_TOKENS"),
+                   help="with --analyzer: the running servers' operator tokens, comma-separated in "
+                   "server order, to issue the demo's upload tokens as each organisation would "
+                   "(default: $DPSKETCH_OPERATOR_TOKENS; without them the servers must run with "
+                   "--upload-auth open)")
     p.add_argument("--d", type=int, default=10, help="feature columns (default: %(default)s)")
     p.add_argument("--rank", type=int, default=3, help="PCA rank r (default: %(default)s)")
     p.add_argument("--kind", choices=["both", "sketch", "gram"], default="both",
@@ -64,6 +71,16 @@ class Cluster:
     analyzer_url: str
     server_urls: list[str]
     analyzer_token: str | None
+    operator_tokens: list[str]  # the demo plays every organisation: it issues the upload tokens
+
+    def upload_tokens(self, study_id: str, rows: int) -> list[str] | None:
+        """What each organisation hands the demo's data owner: a token for ``rows`` reports
+        (None without the operators' tokens: then the servers must take open uploads)."""
+        from services.admin import issue_for_data_owner
+
+        if not self.operator_tokens:
+            return None
+        return issue_for_data_owner(list(zip(self.server_urls, self.operator_tokens)), study_id, rows)
 
 
 def _log(quiet: bool, msg: str) -> None:
@@ -83,12 +100,13 @@ def start_local_cluster(n_servers: int, workdir: Path, stack: ExitStack) -> Clus
     for proc in procs:
         stack.callback(proc.stop)
     start_all(procs)
-    config = {
+    api_token = secrets.token_urlsafe(24)
+    config = {  # the analyzer gets analyst tokens only: it cannot issue upload tokens
         "servers": [
-            {"server_id": s.server_id, "url": p.url, "operator_token": s.operator_token,
-             "analyst_token": s.analyst_token}
+            {"server_id": s.server_id, "url": p.url, "analyst_token": s.analyst_token}
             for s, p in zip(specs, procs)
-        ]
+        ],
+        "api_token": api_token,
     }
     config_path = workdir / "cluster.json"
     config_path.write_text(json.dumps(config))
@@ -96,7 +114,7 @@ def start_local_cluster(n_servers: int, workdir: Path, stack: ExitStack) -> Clus
     an = analyzer(config_path, workdir / "analyzer.sqlite3", workdir)
     stack.callback(an.stop)
     an.start()
-    return Cluster(an.url, [p.url for p in procs], None)
+    return Cluster(an.url, [p.url for p in procs], api_token, [s.operator_token for s in specs])
 
 
 def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.Namespace,
@@ -124,7 +142,8 @@ def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.
         for line in created["explanation"]:
             _log(quiet, "  " + line)
         t0 = time.perf_counter()
-        with Client(cluster.server_urls) as client, tqdm(
+        tokens = cluster.upload_tokens(study_id, n)
+        with Client(cluster.server_urls, token=tokens) as client, tqdm(
             total=n, unit="rows", disable=quiet, desc=f"[{tag}] submit", file=sys.stderr
         ) as bar:
             client.submit_many(study_id, data.rows, progress=bar.update)
@@ -165,7 +184,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             urls = [u.strip() for u in args.servers.split(",") if u.strip()]
             if len(urls) < 2:
                 raise SystemExit("with --analyzer, --servers must list the share servers' URLs")
-            cluster = Cluster(args.analyzer, urls, args.analyzer_token)
+            operators = [t.strip() for t in (args.operator_tokens or "").split(",") if t.strip()]
+            if operators and len(operators) != len(urls):
+                raise SystemExit("--operator-tokens needs one token per server URL")
+            cluster = Cluster(args.analyzer, urls, args.analyzer_token, operators)
         else:
             if not args.servers.isdigit() or int(args.servers) < 2:
                 raise SystemExit("--servers must be a number >= 2 (or URLs together with --analyzer)")

@@ -1,4 +1,9 @@
-"""Shared fixtures: real share-server processes on loopback ports with real SQLite files."""
+"""Shared fixtures: real share-server processes on loopback ports with real SQLite files.
+
+The servers run their default policy except for upload authentication: tests of other features
+start them with ``DPSKETCH_UPLOAD_AUTH=open`` (``OPEN_UPLOADS``) so that every upload need not
+carry a token; tests/test_trust.py and tests/test_upload_tokens.py run the default (tokens).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from dpsketch.cluster import ManagedProcess, ServerSpec, share_server
+
+#: The environment that lets a test server take uploads without upload tokens.
+OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open"}
 
 
 class Servers:
@@ -26,8 +34,10 @@ class Servers:
             db_path=self.workdir / f"{server_id}.sqlite3",
         )
 
-    def start(self, spec: ServerSpec, extra_env: dict[str, str] | None = None) -> ManagedProcess:
-        proc = share_server(spec, self.workdir, extra_env).start()
+    def start(self, spec: ServerSpec, extra_env: dict[str, str] | None = None,
+              open_uploads: bool = True) -> ManagedProcess:
+        env = {**(OPEN_UPLOADS if open_uploads else {}), **(extra_env or {})}
+        proc = share_server(spec, self.workdir, env).start()
         self.started.append(proc)
         return proc
 
@@ -49,22 +59,22 @@ class Cluster:
     """N real share servers plus a real analyzer process configured for them."""
 
     def __init__(self, pool: Servers, n: int = 3, api_token: str | None = None,
-                 server_env: dict[str, dict[str, str]] | None = None):
+                 server_env: dict[str, dict[str, str]] | None = None, open_uploads: bool = True):
         """``server_env`` maps a server id to extra environment (e.g. its policy variables)."""
         import json
 
         from dpsketch.cluster import analyzer, start_all
 
         self.specs = [pool.spec(f"s{j + 1}") for j in range(n)]
-        self.procs = [share_server(spec, pool.workdir, (server_env or {}).get(spec.server_id))
+        base = OPEN_UPLOADS if open_uploads else {}
+        self.procs = [share_server(spec, pool.workdir, {**base, **(server_env or {}).get(spec.server_id, {})})
                       for spec in self.specs]
         pool.started.extend(self.procs)
         start_all(self.procs)
         self.api_token = api_token
-        config = {
+        config = {  # analyst tokens only, as an operator should configure an analyzer
             "servers": [
-                {"server_id": s.server_id, "url": p.url, "operator_token": s.operator_token,
-                 "analyst_token": s.analyst_token}
+                {"server_id": s.server_id, "url": p.url, "analyst_token": s.analyst_token}
                 for s, p in zip(self.specs, self.procs)
             ],
             "api_token": api_token,
@@ -77,6 +87,13 @@ class Cluster:
     @property
     def server_urls(self) -> list[str]:
         return [p.url for p in self.procs]
+
+    def upload_tokens(self, study_id: str, quota: int | None = None) -> list[str]:
+        """One upload token per server for one data owner, issued by each server's operator."""
+        from services.admin import issue_for_data_owner
+
+        return issue_for_data_owner([(p.url, s.operator_token) for s, p in zip(self.specs, self.procs)],
+                                    study_id, quota)
 
 
 @pytest.fixture
