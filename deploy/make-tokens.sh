@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Write an .env file with fresh random tokens for s1..s3 (operator and analyst), which
-# docker compose reads from the project directory. Refuses to overwrite an existing file
-# unless --force is given.
+# Write an .env file with fresh random tokens for s1..s3 (operator and analyst) and the
+# analyzer's API token, which docker compose reads from the project directory (compose refuses
+# to start without them). Refuses to overwrite an existing file unless --force is given.
 #
 #   deploy/make-tokens.sh [--force] [FILE]     # FILE defaults to .env at the repository root
 set -euo pipefail
@@ -20,5 +20,6 @@ umask 077
         echo "${s}_OPERATOR_TOKEN=$(token)"
         echo "${s}_ANALYST_TOKEN=$(token)"
     done
+    echo "ANALYZER_API_TOKEN=$(token)"
 } >"$out"
 echo "make-tokens: wrote $out" >&2

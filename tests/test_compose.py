@@ -72,6 +72,8 @@ class ComposeCluster:
     env: dict[str, str]
     ports: list[int]  # analyzer, s1, s2, s3
     analyst_tokens: list[str]
+    operator_tokens: list[str]
+    api_token: str
     docker: object  # docker.DockerClient
     timings: dict[str, float]
     certs: Path
@@ -93,6 +95,16 @@ class ComposeCluster:
     def verify(self) -> ssl.SSLContext | bool:
         """What the host's clients verify the cluster with: the generated CA, and nothing else."""
         return ssl.create_default_context(cafile=str(self.certs / "ca.pem")) if self.files == TLS else True
+
+    def analyzer(self) -> AnalyzerClient:
+        return AnalyzerClient(self.analyzer_url, self.api_token, verify=self.verify)
+
+    def upload_tokens(self, study_id: str, rows: int) -> list[str]:
+        """One token per server for ``rows`` reports, issued with each operator's token."""
+        from services.admin import issue_for_data_owner
+
+        return issue_for_data_owner(list(zip(self.server_urls, self.operator_tokens)), study_id, rows,
+                                    verify=self.verify)
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         return _run(["docker", "compose", "-p", PROJECT, *self.files, *args], env=self.env,
@@ -153,15 +165,18 @@ def compose_cluster(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPSKETCH_", "COMPOSE_"))}
     env.update(ANALYZER_PORT=str(ports[0]), DPSKETCH_BIND="127.0.0.1", COMPOSE_BAKE="false",
                DEMO_CLIENTS="3000", DPSKETCH_CERTS=str(certs), DPSKETCH_CERTS_GID=str(key_gid))
-    analyst_tokens = []
+    analyst_tokens, operator_tokens = [], []
     for i, port in enumerate(ports[1:], start=1):
         env[f"S{i}_PORT"] = str(port)
-        env[f"S{i}_OPERATOR_TOKEN"] = secrets.token_hex(16)
+        env[f"S{i}_OPERATOR_TOKEN"] = op = secrets.token_hex(16)
         env[f"S{i}_ANALYST_TOKEN"] = tok = secrets.token_hex(16)
         analyst_tokens.append(tok)
+        operator_tokens.append(op)
+    env["ANALYZER_API_TOKEN"] = api_token = secrets.token_hex(16)
 
     client = docker.from_env(timeout=120)
-    cluster = ComposeCluster(env=env, ports=ports, analyst_tokens=analyst_tokens, docker=client,
+    cluster = ComposeCluster(env=env, ports=ports, analyst_tokens=analyst_tokens,
+                             operator_tokens=operator_tokens, api_token=api_token, docker=client,
                              timings=timings, certs=certs, files=TLS)
     try:
         cluster.compose("--profile", "demo", "down", "-v", "--remove-orphans", timeout=180)  # leftovers
@@ -256,13 +271,19 @@ def test_study_through_published_ports(compose_cluster):
     """Create, submit, finalize, analyse from the host; the shares add up to the release."""
     c = compose_cluster
     n = 3000
-    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
+    with c.analyzer() as an:
         created = an.create_study(name="compose", columns=COLUMNS, label="y", expected_reports=n,
                                   k=8, s=2, min_reports=n)
         sid = created["study_id"]
         study = Study.model_validate(created["study"])
         assert study.servers == SERVERS and (study.k, study.s, study.d) == (8, 2, 5)
+        assert study.server_sigma > 0  # the default floor: each server adds its own noise
+        # the servers take uploads only with tokens their operators issue
         with Client(c.server_urls, verify=c.verify) as client:
+            with pytest.raises(Exception) as refused:
+                client.submit_many(sid, _regression_rows(10, 3))
+            assert getattr(refused.value, "status", None) == 401 or "401" in str(refused.value)
+        with Client(c.server_urls, verify=c.verify, token=c.upload_tokens(sid, n)) as client:
             result = client.submit_many(sid, _regression_rows(n, 3), batch_size=1000)
         assert result.n_reports == n and set(result.report_counts.values()) == {n}
         fin = an.finalize(sid)
@@ -291,7 +312,7 @@ def test_study_through_published_ports(compose_cluster):
     assert hashes == {fin["inclusion_hash"]}
     # the README's host command: the study CLI with the CA file
     listed = _run([sys.executable, "-m", "dpsketch.cli", "study", "--analyzer", c.analyzer_url,
-                   "--ca-file", str(c.certs / "ca.pem"), "list"], timeout=60).stdout
+                   "--ca-file", str(c.certs / "ca.pem"), "--token", c.api_token, "list"], timeout=60).stdout
     assert sid in listed
     assert not any(np.array_equal(s, np.zeros_like(s)) for s in shares)
     expected = ring.decode(ring.reconstruct(shares), study.frac_bits) * sketch.scale(study.s)
@@ -326,7 +347,7 @@ class _RecordingTransport(httpx.HTTPTransport):
     def acked_ids(self, port: int, d: int) -> set[bytes]:
         with self.lock:
             bodies = list(self.acked.get(port, []))
-        return {rid for body in bodies for rid in messages.decode_batch(body, d)[0]}
+        return {rid for body in bodies for rid in messages.decode_batch(body, d, len(SERVERS)).ids}
 
 
 def _report_ids(url: str, sid: str, token: str, verify: ssl.SSLContext | bool) -> set[bytes]:
@@ -343,7 +364,7 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
     n, batch = 150_000, 2000
     victim = 1  # s2
     victim_port = int(c.server_urls[victim].rsplit(":", 1)[1])
-    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
+    with c.analyzer() as an:
         created = an.create_study(name="compose-kill", columns=COLUMNS, label="y",
                                   expected_reports=n, k=8, s=2, min_reports=n)
     sid = created["study_id"]
@@ -386,7 +407,7 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
     t_upload = time.monotonic()
     killer = threading.Thread(target=chaos, daemon=True)
     with Client(c.server_urls, transport=transport, max_retries=12, backoff=0.25,
-                max_backoff=4.0) as client:
+                max_backoff=4.0, token=c.upload_tokens(sid, n)) as client:
         uploading.set()
         killer.start()
         try:
@@ -413,10 +434,22 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
     assert acked_before <= held[victim]
     for h in held:
         assert h == ids
-    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
+    with c.analyzer() as an:
         assert [s["report_count"] for s in an.progress(sid)["servers"]] == [n, n, n]
     c.timings["kill_upload_s"] = upload_s
     c.timings["s2_down_s"] = killed["healthy_again"] - killed["at"]  # type: ignore[operator]
+
+
+def test_compose_refuses_to_start_without_tokens(compose_cluster):
+    """No well-known tokens: without the generated ones compose stops before creating anything."""
+    c = compose_cluster
+    env = {k: v for k, v in c.env.items() if not k.endswith("_TOKEN")}
+    for files in (PLAIN, TLS):
+        out = _run(["docker", "compose", "--env-file", os.devnull, "-p", "dpsketch-no-tokens", *files, "up", "--no-start"], env=env,
+                   check=False, timeout=60)
+        assert out.returncode != 0
+        assert "make-tokens.sh" in out.stderr, out.stderr[-2000:]
+    assert not c.docker.containers.list(all=True, filters={"label": "com.docker.compose.project=dpsketch-no-tokens"})
 
 
 def test_demo_service_prints_its_table(compose_cluster):
@@ -444,7 +477,7 @@ def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
     """Last: the same project from docker-compose.yml alone (no overlay) recreates every service
     on plain HTTP with the healthchecks passing, and keeps each database (the studies above)."""
     c = compose_cluster
-    with AnalyzerClient(c.analyzer_url, verify=c.verify) as an:
+    with c.analyzer() as an:
         before = {s["study_id"] for s in an.studies()}
     assert before
     t0 = time.monotonic()
@@ -455,11 +488,11 @@ def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
     for url in [c.analyzer_url, *c.server_urls]:
         assert url.startswith("http://")
         assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
-    with AnalyzerClient(c.analyzer_url) as an:
+    with c.analyzer() as an:
         assert {s["study_id"] for s in an.studies()} == before
         created = an.create_study(name="compose-plain", columns=COLUMNS, label="y",
                                   expected_reports=2000, k=8, s=2, min_reports=2000)
-        with Client(c.server_urls) as client:
+        with Client(c.server_urls, token=c.upload_tokens(created["study_id"], 2000)) as client:
             result = client.submit_many(created["study_id"], _regression_rows(2000, 11), batch_size=1000)
         assert set(result.report_counts.values()) == {2000}
         assert an.finalize(created["study_id"])["state"] == "released"
