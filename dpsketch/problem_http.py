@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE, Problem
@@ -81,6 +82,14 @@ def install(app: FastAPI) -> None:
             detail = f"{request.method} is not allowed on {request.url.path[:200]}"
         err = ProblemError(slug, detail, status=exc.status_code, headers=dict(exc.headers or {}))
         return problem_response(err, request)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client went away mid-body (or a slow one was cut by the read deadline,
+        # dpsketch/serving.py): routine, nothing was stored, and nobody reads this answer.
+        log.info("client disconnected before the body of %s %s was complete", request.method,
+                 request.url.path[:200])
+        return problem_response(ProblemError("malformed-body", "the request body was cut short"), request)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover
