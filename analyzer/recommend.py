@@ -26,8 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from dpsketch.protocol import features, privacy
-from dpsketch.protocol.sketch import REPORT_ID_BYTES
+from dpsketch.protocol import features, messages, privacy
 from dpsketch.protocol.study import design
 
 #: Default per-server upload budget per report (values of 8 bytes plus the 16-byte report id).
@@ -74,7 +73,8 @@ def _columns(d: int) -> tuple[list[str], str]:
 def _option(kind: str, d: int, n: int, n_servers: int, design_kwargs: dict) -> KindOption:
     columns, label = _columns(d)
     width = features.width(kind, d)  # type: ignore[arg-type]
-    share = REPORT_ID_BYTES + 8 * width
+    # one record on the wire: report id, proof, share
+    share = messages.record_bytes(messages.SHARES_MEDIA_TYPE, width, n_servers)
     try:
         study, _ = design(name="recommend", columns=columns, label=label,
                           servers=[f"s{j}" for j in range(n_servers)], expected_reports=n,

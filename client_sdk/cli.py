@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
                         "are issued by each server; default: $DPSKETCH_CLIENT_TOKEN)")
     p.add_argument("--encrypt", action="store_true",
                    help="seal each share to its server's HPKE public key (docs/protocol.md section 7a)")
+    p.add_argument("--max-floor-epsilon", type=float, metavar="EPS",
+                   default=float(os.environ["DPSKETCH_MAX_FLOOR_EPSILON"]) if os.environ.get(
+                       "DPSKETCH_MAX_FLOOR_EPSILON") else None,
+                   help="refuse (before sending anything) a study whose floor is weaker than EPS: "
+                        "the epsilon each row keeps when every other report is an adversary's and "
+                        "all servers but one collude (docs/trust.md; default: "
+                        "$DPSKETCH_MAX_FLOOR_EPSILON, else accept what the servers' policies allow)")
     p.add_argument("--ignore-extra-columns", action="store_true",
                    help="skip CSV columns the study does not have instead of refusing the file")
     p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=token,
-                    verify=verify, encrypt=args.encrypt) as client:
+                    verify=verify, encrypt=args.encrypt, max_floor_epsilon=args.max_floor_epsilon) as client:
             study = client.study(args.study)
             total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns)
             if total == 0:
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
         return fail(_describe(exc))
     if not args.quiet:
-        counts = ", ".join(f"{sid} {n}" for sid, n in result.report_counts.items())
+        counts = ", ".join(f"{sid} {n}" for sid, n in result.report_counts.items()) or "not shown (add/remove study)"
         print(f"submitted {result.n_reports} rows of {os.path.basename(args.csv)} to "
               f"{len(urls)} servers for study {args.study[:12]}... in "
               f"{time.monotonic() - started:.1f} s (reports held: {counts})")

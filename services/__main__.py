@@ -23,14 +23,22 @@ public sketch of them, and releases one aggregate share per study after checking
 certificate. It never talks to other share servers.
 
 Two bearer tokens are required and must differ:
-  operator token  provisions studies (PUT /v1/studies/{id})
-  analyst token   lists report ids, commits a study and fetches its aggregate
+  operator token  this organisation's own: issues upload tokens (dpsketch tokens), rotates HPKE
+                  keys, deletes shares (retention); never give it to the analyzer
+  analyst token   provisions studies (under this server's policy), lists report ids, commits a
+                  study and fetches its aggregate
 Give them in the environment (DPSKETCH_OPERATOR_TOKEN, DPSKETCH_ANALYST_TOKEN) or in files
 (--operator-token-file, --analyst-token-file); a file wins over the environment. Tokens you
 want to rotate without a restart go in --tokens-file (JSON {"operator": [...], "analyst": [...]},
 plain tokens or "sha256:<hex>" digests), re-read when it changes and on SIGHUP. Only digests of
 tokens are kept in memory. The privacy policy flags (--max-epsilon, ...) make the server refuse
 studies outside its own policy; /v1/info publishes it.
+
+Trust (docs/trust.md): by default the server takes uploads only with upload tokens its operator
+issued (--upload-auth), adds its own noise to every release so that each report keeps the
+study's floor even among Sybil reports (--max-floor-epsilon, 4), refuses inclusion sets that
+leave out more than a tenth of what it holds (--max-excluded-fraction), and stores a share only
+if the report id commits to it.
 
 Sealed shares: at first start the server generates an HPKE key pair (X25519, HKDF-SHA256,
 ChaCha20-Poly1305), stores it in --db (the file is made mode 0600) and publishes the public key
