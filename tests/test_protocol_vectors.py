@@ -118,3 +118,33 @@ def test_seed_expansion_vectors(vec):
     nonce = hashlib.sha256(b"dpsketch/seed-share/1").digest()[:12]
     stream = Cipher(algorithms.ChaCha20(seed, bytes(4) + nonce), mode=None).encryptor().update(bytes(8 * len(want)))
     assert [int.from_bytes(stream[8 * i : 8 * i + 8], "little") for i in range(len(want))] == want
+
+
+def test_binding_vectors():
+    """Report binding (section 4a), straight from the specification with hashlib, then through
+    the protocol module: each commitment, the report id, and each server's proof verifying."""
+    from dpsketch.protocol import binding
+
+    vec = VECTORS["binding"]
+    study = bytes.fromhex(vec["study_id"])
+    commitments = []
+    for srv in vec["servers"]:
+        salt, payload = bytes.fromhex(srv["salt"]), bytes.fromhex(srv["payload"])
+        c = hashlib.sha256(b"dpsketch/commit/2" + bytes([srv["position"], srv["content"]]) + salt
+                           + payload).digest()[:16]
+        assert c.hex() == srv["commitment"]
+        assert binding.commitment(srv["position"], srv["content"], salt, payload) == c
+        commitments.append(c)
+    rid = hashlib.sha256(b"dpsketch/report/2" + study + b"".join(commitments)).digest()[:16]
+    assert rid.hex() == vec["report_id"] == binding.report_id(vec["study_id"], commitments).hex()
+    n = len(vec["servers"])
+    for srv in vec["servers"]:
+        j = srv["position"]
+        proof = bytes.fromhex(srv["proof"])
+        assert proof == bytes.fromhex(srv["salt"]) + b"".join(c for i, c in enumerate(commitments) if i != j)
+        payload = np.frombuffer(bytes.fromhex(srv["payload"]), dtype=np.uint8 if srv["content"] == 2 else "<u8")
+        binding.verify(vec["study_id"], n, j, srv["content"], [rid], np.frombuffer(proof, np.uint8)[None, :],
+                       payload[None, :])
+        with pytest.raises(binding.BindingError):  # the same proof at another server's position
+            binding.verify(vec["study_id"], n, (j + 1) % n, srv["content"], [rid],
+                           np.frombuffer(proof, np.uint8)[None, :], payload[None, :])
