@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             clients=64, seconds=3.0 if args.quick else 20.0, d=32)
         print(json.dumps({"single_upload": figures["single_upload"]}), flush=True)
     if args.which == "sealed":
-        from client_sdk.client import bench_encryption
+        from client_sdk import bench_encryption
 
         figures["sealed_envelope"] = bench_encryption(n=5_000 if args.quick else 50_000, d=32, n_servers=3)
         print(json.dumps({"sealed_envelope": figures["sealed_envelope"]}), flush=True)

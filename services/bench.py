@@ -11,6 +11,10 @@ is to what the hardware allows:
   transaction), no HTTP and no hashing;
 * single upload: a do-nothing HTTP endpoint on the same stack, driven by the same load generator
   (the loopback request rate), and the rate of one fsync per report (no group commit).
+
+The upload benches run the server's default policy: every upload carries an upload token (one
+without a quota, issued by the operator) and every record its binding proof, which the server
+checks (docs/protocol.md 4a) before storing; the records are bound as a client binds them.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import numpy as np
 
 from dpsketch.cluster import free_port
 from dpsketch.loadtest import status_kib
-from dpsketch.protocol import sketch
+from dpsketch.protocol import binding, sketch
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
 
@@ -81,6 +85,21 @@ def _random_rows(rng: np.random.Generator, m: int, d: int) -> tuple[list[bytes],
     raw = os.urandom(16 * m)
     ids = [raw[i:i + 16] for i in range(0, 16 * m, 16)]
     return ids, rng.integers(0, np.iinfo(np.uint64).max, size=(m, d), dtype=np.uint64, endpoint=True)
+
+
+def _bound_rows(rng: np.random.Generator, study: Study, m: int) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """m random shares for the study's first server, with report ids and proofs that bind them
+    as a client's would (the other servers' payloads random seeds): (ids, proofs, shares)."""
+    shares = rng.integers(0, np.iinfo(np.uint64).max, size=(m, study.width), dtype=np.uint64, endpoint=True)
+    others = [np.frombuffer(os.urandom(32 * m), dtype=np.uint8).reshape(m, 32) for _ in range(study.n_servers - 1)]
+    contents = [binding.CONTENT_SHARE] + [binding.CONTENT_SEED] * (study.n_servers - 1)
+    ids, proofs = binding.bind(study.study_id, contents, [shares, *others])
+    return ids, proofs[0], shares
+
+
+def _bound_body(rng: np.random.Generator, study: Study, m: int) -> bytes:
+    """An application/x-dpsketch-shares body of m bound random reports for the first server."""
+    return encode_batch(*_bound_rows(rng, study, m))
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float]:
@@ -200,22 +219,29 @@ def _start_server(wd: Path, server_id: str = "s1"):
     return share_server(spec, wd).start(timeout=60)
 
 
-def _provision(url: str, study: Study) -> None:
+def _provision(url: str, study: Study) -> str:
+    """Provision the study and return an upload token for it (no quota), issued by the operator
+    as the server's default policy requires."""
     import httpx
+
+    from services.admin import ServerAdmin
 
     r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
                   headers={"Authorization": f"Bearer {OPERATOR}", "Content-Type": "application/json"})
     r.raise_for_status()
+    with ServerAdmin(url, OPERATOR) as admin:
+        return admin.issue_upload_tokens(study.study_id, 1, None).token
 
 
 def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str, concurrency: int,
-                  timeout: float) -> tuple[float, list[float], int]:
+                  timeout: float, token: str) -> tuple[float, list[float], int]:
     """POST every body from ``concurrency`` threads; (seconds, per-request latencies, non-200s)."""
     import httpx
     todo = iter(bodies)
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
+    headers = {"Content-Type": media_type, "Authorization": f"Bearer {token}"}
 
     def worker() -> None:
         with httpx.Client(base_url=url, timeout=timeout) as client:
@@ -225,7 +251,7 @@ def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str, con
                 if body is None:
                     return
                 t = time.perf_counter()
-                r = client.post(path, content=body, headers={"Content-Type": media_type})
+                r = client.post(path, content=body, headers=headers)
                 with lock:
                     latencies.append(time.perf_counter() - t)
                     errors[0] += r.status_code != 200
@@ -249,47 +275,48 @@ def _report_count(url: str, study: Study) -> int:
 def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, concurrency: int = 2,
                       workdir: Path | None = None, seed: int = 2) -> dict[str, Any]:
     """POST n random rows in batches of ``batch_rows`` to a real server over loopback."""
-    import httpx
-
     rng = np.random.default_rng(seed)
+    study = _study(n, d, 400, 4, ["s1", "s2"])
     batches = []
     for start in range(0, n, batch_rows):
-        ids, shares = _random_rows(rng, min(batch_rows, n - start), d)
-        batches.append((len(ids), encode_batch(ids, shares)))
+        m = min(batch_rows, n - start)
+        batches.append((m, _bound_body(rng, study, m)))
     out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
-                           "body_mib": round(len(batches[0][1]) / 2**20, 2)}
+                           "body_mib": round(len(batches[0][1]) / 2**20, 2), "n_servers": study.n_servers,
+                           "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
         proc = _start_server(wd)
         try:
-            study = _study(n, d, 400, 4, ["s1", "s2"])
-            _provision(proc.url, study)
+            token = _provision(proc.url, study)
             elapsed, latencies, errors = _post_batches(
                 proc.url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
-                SHARES_MEDIA_TYPE, concurrency, timeout=120)
+                SHARES_MEDIA_TYPE, concurrency, timeout=120, token=token)
             held = _report_count(proc.url, study)
         finally:
             proc.stop()
         out.update(seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
                    **_percentiles(latencies))
-        raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, d)
+        raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, d, study.n_servers)
         out.update(baseline_raw_sqlite_rows_per_s=round(raw), ratio_to_raw_sqlite=round(out["rows_per_s"] / raw, 3))
     return out
 
 
-def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int) -> float:
-    """The same rows into the same schema with the same durability, straight from Python."""
+def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int, n_servers: int) -> float:
+    """The same rows (report id and share; the server does not store the proof) into the same
+    schema with the same durability, straight from Python."""
     from services import db
 
     conn = db.initialise(path, 5.0)
     conn.execute("INSERT INTO studies (study_id, canonical, created_at) VALUES ('x', x'', 0)")
     base = 1
-    width = 16 + 8 * d
+    share_at = 16 + binding.proof_bytes(n_servers)  # a record: id, proof, share
+    width = share_at + 8 * d
     t0 = time.perf_counter()
     rows = 0
     for m, body in batches:
         ids = b"".join(body[i * width:i * width + 16] for i in range(m))
-        shares = b"".join(body[i * width + 16:(i + 1) * width] for i in range(m))
+        shares = b"".join(body[i * width + share_at:(i + 1) * width] for i in range(m))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(db.INSERT_REPORTS, {"m": m, "base": base, "study": 1, "ids": ids, "shares": shares,
                                          "width": 8 * d})
@@ -313,32 +340,44 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
     from dpsketch.protocol.messages import SEALED_MEDIA_TYPE
 
     rng = np.random.default_rng(seed)
-    plain = []
+    studies = {mode: design(name=f"bench-{mode}", columns=[f"x{i}" for i in range(d)], label=None,
+                            servers=["s1", "s2"], expected_reports=n, k=400, s=4,
+                            min_reports=max(1, int(0.9 * n)), max_reports=max(2 * n, 1000))[0]
+               for mode in ("plaintext", "sealed")}
+    # the same shares in both modes; each study's report ids bind them to that study
+    rows = []
     for start in range(0, n, batch_rows):
-        ids, shares = _random_rows(rng, min(batch_rows, n - start), d)
-        plain.append((len(ids), encode_batch(ids, shares)))
-    out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency}
+        m = min(batch_rows, n - start)
+        rows.append(rng.integers(0, np.iinfo(np.uint64).max, size=(m, d), dtype=np.uint64, endpoint=True))
+    plain_of = {}
+    for mode, study in studies.items():
+        bodies = []
+        for shares in rows:
+            others = np.frombuffer(os.urandom(32 * len(shares)), dtype=np.uint8).reshape(len(shares), 32)
+            ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE, binding.CONTENT_SEED], [shares, others])
+            bodies.append((len(shares), encode_batch(ids, proofs[0], shares)))
+        plain_of[mode] = bodies
+    plain = plain_of["plaintext"]
+    out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
+                           "n_servers": 2, "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
         proc = _start_server(wd)
         try:
             hpke = httpx.get(f"{proc.url}/v1/info").json()["hpke"]
             public = next(k["public_key"] for k in hpke["keys"] if k["key_id"] == hpke["current"])
             recipient = envelope.Recipient("s1", bytes.fromhex(public))
-            studies = {mode: design(name=f"bench-{mode}", columns=[f"x{i}" for i in range(d)], label=None,
-                                    servers=["s1", "s2"], expected_reports=n, k=400, s=4,
-                                    min_reports=max(1, int(0.9 * n)), max_reports=max(2 * n, 1000))[0]
-                       for mode in ("plaintext", "sealed")}
             t0 = time.perf_counter()
-            sealed = [(m, envelope.seal_body(recipient, studies["sealed"].study_id, body, SHARES_MEDIA_TYPE, d))
-                      for m, body in plain]
+            sealed = [(m, envelope.seal_body(recipient, studies["sealed"].study_id, body, SHARES_MEDIA_TYPE, d,
+                                             studies["sealed"].n_servers))
+                      for m, body in plain_of["sealed"]]
             seal_s = time.perf_counter() - t0
             for mode, batches, media_type in (("plaintext", plain, SHARES_MEDIA_TYPE),
                                               ("sealed", sealed, SEALED_MEDIA_TYPE)):
                 study = studies[mode]
-                _provision(proc.url, study)
+                token = _provision(proc.url, study)
                 elapsed, latencies, errors = _post_batches(
                     proc.url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
-                    media_type, concurrency, timeout=300)
+                    media_type, concurrency, timeout=300, token=token)
                 out[mode] = {"bytes_per_report": sum(len(b) for _, b in batches) / n,
                              "rows_per_s": round(n / elapsed), "seconds": round(elapsed, 3),
                              "errors": errors, "server_report_count": _report_count(proc.url, study),
@@ -369,14 +408,16 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", a
 """
 
 
-async def _drive(port: int, path: str, make_body, content_type: str, clients: int, seconds: float) -> dict:
+async def _drive(port: int, path: str, make_body, content_type: str, clients: int, seconds: float,
+                 token: str | None = None) -> dict:
     """A lean keep-alive HTTP/1.1 load generator: ``clients`` connections, one request in
     flight on each, for ``seconds``. Lighter than a general client so the server, not the
     generator, is what is measured."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     deadline = time.perf_counter() + seconds
-    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: "
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: {content_type}\r\nContent-Length: "
 
     async def one() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -435,19 +476,23 @@ def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
 def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
                         workdir: Path | None = None) -> dict[str, Any]:
     """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds``."""
-    out: dict[str, Any] = {"clients": clients, "seconds": seconds, "d": d}
+    out: dict[str, Any] = {"clients": clients, "seconds": seconds, "d": d, "upload_auth": "tokens"}
+    study = _study(10**6, d, 400, 4, ["s1", "s2"])
 
     def report_body() -> bytes:
-        return json.dumps({"report_id": os.urandom(16).hex(),
-                           "share": base64.b64encode(os.urandom(8 * d)).decode()}).encode()
+        """A fresh random share for s1 with its id and proof (the other server's commitment
+        random: s1 cannot tell), as JSON; a few microseconds, like the random bytes themselves."""
+        salt, share, other = os.urandom(binding.SALT_BYTES), os.urandom(8 * d), os.urandom(binding.COMMITMENT_BYTES)
+        rid = binding.report_id(study.study_id, [binding.commitment(0, binding.CONTENT_SHARE, salt, share), other])
+        return json.dumps({"report_id": rid.hex(), "proof": base64.b64encode(salt + other).decode(),
+                           "share": base64.b64encode(share).decode()}).encode()
 
     with _Workdir(workdir) as wd:
         proc = _start_server(wd)
         try:
-            study = _study(10**6, d, 400, 4, ["s1", "s2"])
-            _provision(proc.url, study)
+            token = _provision(proc.url, study)
             res = _run(_drive(proc.port, f"/v1/studies/{study.study_id}/reports", report_body,
-                              "application/json", clients, seconds))
+                              "application/json", clients, seconds, token))
             held = _report_count(proc.url, study)
         finally:
             proc.stop()
@@ -464,7 +509,7 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
                     break
                 except OSError:
                     time.sleep(0.05)
-            base = _run(_drive(port, "/", report_body, "application/json", clients, min(seconds, 3.0)))
+            base = _run(_drive(port, "/", report_body, "application/json", clients, min(seconds, 3.0), token))
         finally:
             echo.terminate()
             echo.wait(10)

@@ -80,13 +80,40 @@ def test_add_remove_sensitivity_and_calibration():
         a = np.zeros((1, 3))
         a[0, 1] = bound
         assert np.linalg.norm(features.gram_features(a)[0]) == pytest.approx(delta)
-    st = gram_study(10_000)
-    unit = privacy.unit_sigma(st.epsilon, st.delta)
-    assert st.lambda_star == 9000.0  # min_reports - t: S S^T = n exactly for the plain sum
-    assert st.sigma == pytest.approx(math.sqrt(4.5) * unit / math.sqrt(9000.0))
-    # the noise a release carries over n >= lambda_star reports is the central Gaussian mechanism's
-    central = privacy.gaussian_sigma(st.epsilon, st.delta, privacy.sensitivity(1.0, "replace-one", "gram"))
-    assert st.sigma * math.sqrt(st.lambda_star) == pytest.approx(central)
+    unit = privacy.unit_sigma(1.0, 1e-6)
+    # the central Gaussian mechanism's noise for the whole release, under each notion
+    central = {nb: privacy.gaussian_sigma(1.0, 1e-6, privacy.sensitivity(1.0, nb, "gram"))
+               for nb in ("replace-one", "add-remove")}
+    assert central["replace-one"] == pytest.approx(math.sqrt(4.5) * unit)
+    assert central["add-remove"] == pytest.approx(math.sqrt(3.0) * unit)
+    # Calibration (dpsketch/protocol/accounting.py): the designed study meets its epsilon, as its
+    # own exact accounting says, with no more noise than needed; with the default floor it also
+    # keeps epsilon_floor with no other honest report, the servers adding the noise for it
+    for nb in ("replace-one", "add-remove"):
+        for floor in ("default", None):
+            st = gram_study(10_000, neighbouring=nb, epsilon_floor=floor)
+            assert st.lambda_star == 9000.0  # min_reports - t: S S^T = n exactly for the plain sum
+            g = st.guarantees()
+            assert g["neighbouring"] == nb and g["lambda_star"] == st.lambda_star
+            assert 0.99 * st.epsilon < g["epsilon"] <= st.epsilon * (1 + privacy.SIGMA_RTOL), (nb, floor, g)
+            if floor == "default":
+                assert st.epsilon_floor == 4.0 and st.server_sigma > 0 and st.sigma > 0
+                assert 0.99 * 4.0 < g["floor_epsilon"] <= 4.0 * (1 + privacy.SIGMA_RTOL), (nb, g)
+            else:
+                assert st.server_sigma == 0 and g["floor_epsilon"] > 4.0
+            # the noise protecting a report over lambda_star honest reports: theirs (sigma^2 per
+            # report) and one honest server's (server_sigma^2)
+            protecting = st.sigma**2 * st.lambda_star + st.server_sigma**2
+            if nb == "replace-one":
+                # a Gaussian mechanism: exactly the central one's (plus the calibration margin)
+                assert protecting == pytest.approx(central[nb] ** 2, rel=1e-5)
+            else:
+                # the report's own noise leaves with it, which costs: a little more than central
+                assert central[nb] ** 2 < protecting < 1.05 * central[nb] ** 2
+    # and the model refuses less noise than that (the exact add/remove accounting, checked again)
+    st = gram_study(10_000, neighbouring="add-remove", epsilon_floor=None)
+    with pytest.raises(ValueError, match="more than the study's epsilon"):
+        Study(**{**st.model_dump(), "sigma": st.sigma * 0.98})
 
 
 def test_gram_study_validation():
@@ -96,7 +123,7 @@ def test_gram_study_validation():
     fields = st.model_dump()
     with pytest.raises(ValueError, match="plain sum"):
         Study(**{**fields, "k": 4, "s": 4})
-    with pytest.raises(ValueError, match="below the calibrated"):
+    with pytest.raises(ValueError, match="more than the study's epsilon"):
         Study(**{**fields, "sigma": st.sigma * 0.99})
     with pytest.raises(ValueError, match="sketch study beyond"):
         design(name="g", columns=[f"c{i}" for i in range(features.GRAM_MAX_COLUMNS + 1)], label=None,
@@ -164,7 +191,8 @@ def test_recommend_prefers_gram_when_it_fits_and_sketch_when_not():
     rec = recommend(11, 100_000, predict=True)
     gram, sketch_opt = rec.options
     assert rec.kind == "gram" and gram.kind == "gram" and sketch_opt.kind == "sketch"
-    assert gram.width == 78 and gram.share_bytes == 16 + 8 * 78 and gram.upload_bytes == 3 * gram.share_bytes
+    # a record on the wire: 16-byte report id, 16 N-byte binding proof (N = 3), 78 values
+    assert gram.width == 78 and gram.share_bytes == 16 + 16 * 3 + 8 * 78 and gram.upload_bytes == 3 * gram.share_bytes
     assert sketch_opt.width == 11
     assert gram.predicted["ridge"] <= 1.01 and gram.predicted["ridge"] < sketch_opt.predicted["ridge"]
     assert gram.predicted["pca"] < rec.reference["pca"]["local"]
@@ -185,19 +213,23 @@ def test_recommend_prefers_gram_when_it_fits_and_sketch_when_not():
 # --- over real HTTP ---------------------------------------------------------------------------
 
 
-def test_gram_study_end_to_end_over_http(live_cluster):
-    c = live_cluster
+def test_gram_study_end_to_end_over_http(servers):
+    """A study without server noise (epsilon_floor=None, on servers that accept it): the release
+    is exactly the ring sum of the clients' encoded rows."""
+    from test_e2e import exact_cluster
+
+    c = exact_cluster(servers)
     n = 3000
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="gram-e2e", columns=COLUMNS, label="y", expected_reports=n,
-                                  kind="gram", min_reports=n)
+                                  kind="gram", min_reports=n, epsilon_floor=None)
         rec = an.recommend(d=4, expected_reports=n)
         with pytest.raises(ProblemError) as bad:
             an.recommend(d=0, expected_reports=n)
     assert bad.value.status == 422
     assert rec["kind"] == "gram" and rec["options"][0]["width"] == 15
     study = Study.model_validate(created["study"])
-    assert study.kind == "gram" and study.width == 15 and study.k == 1
+    assert study.kind == "gram" and study.width == 15 and study.k == 1 and study.server_sigma == 0
 
     rng = np.random.default_rng(5)
     rows = rng.normal(0, 0.4, size=(n, 4))
@@ -207,14 +239,16 @@ def test_gram_study_end_to_end_over_http(live_cluster):
         r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
                        headers={"Content-Type": batch.media_type(j)})
         assert r.status_code == 200, r.text
-    # a share of the wrong width (a sketch-kind row) is refused and changes nothing
+    # a share of the wrong width (a sketch-kind row, bound to its id) is refused and changes nothing
     narrow = np.zeros((1, 4), dtype=np.uint64)
     from dpsketch.protocol import messages
+    from studies import bound_body
 
     r = httpx.post(f"{c.server_urls[0]}/v1/studies/{study.study_id}/batches",
-                   content=messages.encode_batch([messages.new_report_id()], narrow),
+                   content=bound_body(study, 0, narrow)[1],
                    headers={"Content-Type": messages.SHARES_MEDIA_TYPE})
     assert 400 <= r.status_code < 500 and r.headers["content-type"].startswith("application/problem+json")
+    assert httpx.get(f"{c.server_urls[0]}/v1/studies/{study.study_id}").json()["report_count"] == n
 
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         fin = an.finalize(study.study_id)
@@ -261,7 +295,8 @@ def test_server_storage_policy_refuses_a_large_gram_study_and_steers_auto(server
                 server_env={"s2": {"DPSKETCH_MAX_STUDY_BYTES": "3M"}})
     limit = 3 << 20
     assert httpx.get(f"{c.server_urls[1]}/v1/info").json()["policy"]["max_study_bytes"] == limit
-    assert httpx.get(f"{c.server_urls[0]}/v1/info").json()["policy"]["max_study_bytes"] is None
+    # the others keep the default storage bound, 32 GiB (it was unlimited before dpsketch/2)
+    assert httpx.get(f"{c.server_urls[0]}/v1/info").json()["policy"]["max_study_bytes"] == 32 << 30
     # 5,000 expected reports: max_reports = 50,000; gram shares 15 values (136 bytes with the id)
     # = 6.8 MB, sketch shares 4 values (48 bytes) = 2.4 MB
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:

@@ -92,7 +92,8 @@ def test_single_and_bulk_submissions_are_held_once_by_every_server(cluster):
 
 def test_shares_sum_to_the_noisy_rows_end_to_end(cluster):
     """k = 1: commit, fetch the 3 aggregate shares, add them: the plain sum of the clipped rows
-    plus noise of std sigma * sqrt(n) - so encoding, sharing and the wire format agree."""
+    plus noise of std sqrt(n sigma^2 + N server_sigma^2) (the clients' noise and, the default
+    design having a floor, each server's own) - so encoding, sharing and the wire format agree."""
     study = make_study(name="sum", k=1, s=1, expected_reports=600, min_reports=500)
     provision(cluster, study)
     rng = np.random.default_rng(2)  # test data
@@ -113,7 +114,9 @@ def test_shares_sum_to_the_noisy_rows_end_to_end(cluster):
         shares.append(messages.decode_aggregate(r.content, 1, 3))
     total = ring.decode(ring.reconstruct(shares), study.frac_bits)[0]
     truth = clip_rows(rows, study.row_bound).sum(axis=0)
-    assert np.all(np.abs(total - truth) < 6 * study.sigma * np.sqrt(600)), (total, truth)
+    assert study.server_sigma > 0  # k = s = 1: the released cell is the sum, no 1/sqrt(s) scale
+    std = np.sqrt(600 * study.sigma**2 + study.n_servers * study.server_sigma**2)
+    assert np.all(np.abs(total - truth) < 6 * std), (total, truth, std)
     # after the commit the client gets study-closed, not a silent drop
     with Client(urls(cluster)) as client, pytest.raises(ProblemError) as err:
         client.submit(study.study_id, [0, 0, 0])
@@ -193,12 +196,21 @@ def test_a_retried_batch_is_not_counted_twice(cluster):
             again = client._upload_batch(j, study, study.study_id, batch.body(j))
             assert (first.accepted, first.duplicates) == (50, 0)
             assert (again.accepted, again.duplicates, again.report_count) == (0, 50, 350)
-        # the same ids with different bytes: refused, nothing of the batch stored
+        # the same ids with other shares (and their own proofs): the ids do not commit to those
+        # shares, so the binding refuses the whole batch, its 40 new reports too; nothing stored
+        before = held_ids(cluster, study)
         other = prepare_batch(study, np.zeros((50, 3)))
         other.report_ids[:10] = batch.report_ids[:10]
         with pytest.raises(ProblemError) as err:
             client._upload_batch(0, study, study.study_id, other.body(0))
-        assert err.value.slug == "report-conflict" and err.value.status == 409
+        assert err.value.slug == "binding-refused" and err.value.status == 422
+        assert batch.report_ids[0].hex() in str(err.value)
+        # ... and with the victims' own proofs: still not the shares the ids commit to
+        other.proofs[0][:10] = batch.proofs[0][:10]
+        with pytest.raises(ProblemError) as err:
+            client._upload_batch(0, study, study.study_id, other.body(0))
+        assert err.value.slug == "binding-refused" and err.value.status == 422
+        assert held_ids(cluster, study) == before
     assert counts(cluster, study) == [350, 350, 350]
 
 

@@ -1,5 +1,7 @@
 """Seed-compressed shares (docs/protocol.md sections 4 and 7): exact reconstruction, body sizes,
-server-side expansion with duplicate semantics, and an exact release through a real cluster."""
+server-side expansion with duplicate semantics, and an exact release through a real cluster
+(studies without server noise, on servers whose policy accepts them, so the release is exactly
+the sketch of the clients' shares)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,18 @@ import httpx
 import numpy as np
 
 from analyzer.client import AnalyzerClient
+import pytest
+
 from client_sdk import Client, bench_compression
 from client_sdk.client import prepare_batch
-from dpsketch.protocol import Study, messages, ring, sketch
+from dpsketch.protocol import Study, binding, messages, ring, sketch
 
-from test_e2e import COLUMNS, direct_sketch
+from test_e2e import COLUMNS, direct_sketch, exact_cluster
+
+
+@pytest.fixture
+def no_floor_cluster(servers):
+    return exact_cluster(servers)
 
 
 def test_expanded_seed_shares_plus_last_reconstruct_exactly():
@@ -27,17 +36,25 @@ def test_expanded_seed_shares_plus_last_reconstruct_exactly():
 
 
 def test_seed_batch_codec_and_body_sizes():
-    ids = [messages.new_report_id() for _ in range(10)]
-    d = 6
-    seeds, last = ring.share_with_seeds(ring.random_ring((10, d)), 3)
-    body = messages.encode_seed_batch(ids, seeds[0])
-    assert len(body) == 10 * 48
-    got_ids, got_seeds = messages.decode_seed_batch(body)
-    assert got_ids == ids and np.array_equal(got_seeds, seeds[0])
-    assert len(messages.encode_batch(ids, last)) == 10 * (16 + 8 * d)
+    d, n = 6, 3
+    seeds, last = ring.share_with_seeds(ring.random_ring((10, d)), n)
+    contents = [binding.CONTENT_SEED] * (n - 1) + [binding.CONTENT_SHARE]
+    ids, proofs = binding.bind("ab" * 32, contents, [*seeds, last])
+    body = messages.encode_seed_batch(ids, proofs[0], seeds[0])
+    # a seed record: 16-byte id, 16 N-byte proof, 32-byte seed
+    assert len(body) == 10 * (48 + 16 * n) == 10 * messages.record_bytes(messages.SEEDS_MEDIA_TYPE, d, n)
+    got = messages.decode_seed_batch(body, n)
+    assert got.ids == ids and got.content == binding.CONTENT_SEED
+    assert np.array_equal(got.payloads, seeds[0]) and np.array_equal(got.proofs, proofs[0])
+    got.verify("ab" * 32, n, 0)
+    np.testing.assert_array_equal(got.shares(d), ring.expand_seeds(seeds[0], d))
+    assert messages.decode_upload(body, messages.SEEDS_MEDIA_TYPE, d, n).ids == ids
+    full = messages.encode_batch(ids, proofs[n - 1], last)
+    assert len(full) == 10 * (16 + 16 * n + 8 * d) == 10 * messages.record_bytes(messages.SHARES_MEDIA_TYPE, d, n)
+    messages.decode_batch(full, d, n).verify("ab" * 32, n, n - 1)
     for bad in (b"", body[:-1]):
         try:
-            messages.decode_seed_batch(bad)
+            messages.decode_seed_batch(bad, n)
         except ValueError:
             continue
         raise AssertionError("malformed seed batch accepted")
@@ -46,7 +63,7 @@ def test_seed_batch_codec_and_body_sizes():
 def _study(c, n, name):
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name=name, columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n)
+                                  k=16, s=4, min_reports=n, epsilon_floor=None)
     return Study.model_validate(created["study"])
 
 
@@ -55,32 +72,40 @@ def _post(url, study, body, media_type):
                       headers={"Content-Type": media_type})
 
 
-def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(live_cluster):
-    c = live_cluster
+def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(no_floor_cluster):
+    c = no_floor_cluster
     n = 600
     study = _study(c, n, "seeds")
     rows = np.random.default_rng(4).normal(0, 0.3, size=(n, len(COLUMNS)))
     batch = prepare_batch(study, rows, compress=True)
     assert batch.media_type(0) == batch.media_type(1) == messages.SEEDS_MEDIA_TYPE
     assert batch.media_type(2) == messages.SHARES_MEDIA_TYPE
-    assert len(batch.body(0)) == 48 * n and len(batch.body(2)) == (16 + 8 * study.d) * n
+    proof = 16 * study.n_servers
+    assert len(batch.body(0)) == (48 + proof) * n and len(batch.body(2)) == (16 + proof + 8 * study.d) * n
     encoded = ring.reconstruct([batch.share(j) for j in range(3)])
-    # s1 gets seeds, s2 gets the same share expanded (full format), s3 the last full share
-    bodies = [(batch.body(0), messages.SEEDS_MEDIA_TYPE),
-              (messages.encode_batch(batch.report_ids, batch.share(1)), messages.SHARES_MEDIA_TYPE),
-              (batch.body(2), messages.SHARES_MEDIA_TYPE)]
-    for url, (body, mt) in zip(c.server_urls, bodies):
-        r = _post(url, study, body, mt)
+    # s1 gets seeds, s3 the last full share; the report ids commit to s2's seed, so s2's share
+    # may travel only as that seed: expanded and sent in the full format it is not the payload
+    # the id commits to (a seed and its share are different commitments) and is refused whole
+    full_s2 = messages.encode_batch(batch.report_ids, batch.proofs[1], batch.share(1))
+    r = _post(c.server_urls[1], study, full_s2, messages.SHARES_MEDIA_TYPE)
+    assert r.status_code == 422 and r.json()["type"].endswith("binding-refused"), r.text
+    assert _post(c.server_urls[1], study, batch.body(1), messages.SHARES_MEDIA_TYPE).status_code == 400
+    for url, j in zip(c.server_urls, range(3)):
+        r = _post(url, study, batch.body(j), batch.media_type(j))
         assert r.status_code == 200 and r.json()["accepted"] == n, r.text
-    # the same seeds again: duplicates; s2's full share sent as seeds: duplicates too
+    # the same seeds again: duplicates (judged on the expanded shares)
     r = _post(c.server_urls[0], study, batch.body(0), messages.SEEDS_MEDIA_TYPE)
     assert r.json() == {"accepted": 0, "duplicates": n, "report_count": n}
     r = _post(c.server_urls[1], study, batch.body(1), messages.SEEDS_MEDIA_TYPE)
     assert r.json()["duplicates"] == n
-    # a different seed under a held id is a conflict; a malformed seed body is refused
-    other = messages.encode_seed_batch(batch.report_ids[:1], np.zeros((1, 32), np.uint8))
-    assert _post(c.server_urls[0], study, other, messages.SEEDS_MEDIA_TYPE).status_code == 409
+    # a different seed under a held id (with its genuine proof) is refused by the binding, and
+    # changes nothing; a malformed seed body is refused
+    other = messages.encode_seed_batch(batch.report_ids[:1], batch.proofs[0][:1], np.zeros((1, 32), np.uint8))
+    r = _post(c.server_urls[0], study, other, messages.SEEDS_MEDIA_TYPE)
+    assert r.status_code == 422 and r.json()["type"].endswith("binding-refused")
+    assert batch.report_ids[0].hex() in r.json()["detail"]
     assert _post(c.server_urls[0], study, b"x" * 47, messages.SEEDS_MEDIA_TYPE).status_code == 400
+    assert [httpx.get(f"{u}/v1/studies/{study.study_id}").json()["report_count"] for u in c.server_urls] == [n] * 3
 
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         fin = an.finalize(study.study_id)
@@ -90,10 +115,10 @@ def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(
     np.testing.assert_array_equal(released, expected)
 
 
-def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(live_cluster):
+def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_cluster):
     """The same reports uploaded through the SDK both ways: servers' aggregates sum to the same
     sketch. Also prints bytes/row and the prepare+upload times of both modes."""
-    c = live_cluster
+    c = no_floor_cluster
     n = 20_000
     rows = np.random.default_rng(8).normal(0, 0.3, size=(n, len(COLUMNS)))
     figures = {}
@@ -115,7 +140,8 @@ def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(live_cluster):
             elapsed = time.perf_counter() - t0
         assert result.n_reports == n
         per_row = sum(sizes) / n
-        assert per_row == (16 + 8 * study.d) + (2 * 48 if compress else 2 * (16 + 8 * study.d))
+        proof = 16 * study.n_servers  # every record carries its 16 N-byte binding proof
+        assert per_row == (16 + proof + 8 * study.d) + (2 * (48 + proof) if compress else 2 * (16 + proof + 8 * study.d))
         figures["compressed" if compress else "full"] = (per_row, elapsed)
         with AnalyzerClient(c.analyzer.url, c.api_token) as an:
             assert an.finalize(study.study_id)["n_reports"] == n
