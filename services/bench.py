@@ -20,13 +20,11 @@ checks (docs/protocol.md 4a) before storing; the records are bound as a client b
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import resource
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -40,7 +38,7 @@ import numpy as np
 
 from dpsketch.cluster import free_port
 from dpsketch.loadtest import status_kib
-from dpsketch.protocol import binding, sketch
+from dpsketch.protocol import binding, messages, sketch
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
 
@@ -91,10 +89,8 @@ def _bound_rows(rng: np.random.Generator, study: Study, m: int) -> tuple[list[by
     """m random shares for the study's first server, with report ids and proofs that bind them
     as a client's would (the other servers' payloads random seeds): (ids, proofs, shares)."""
     shares = rng.integers(0, np.iinfo(np.uint64).max, size=(m, study.width), dtype=np.uint64, endpoint=True)
-    others = [np.frombuffer(os.urandom(32 * m), dtype=np.uint8).reshape(m, 32) for _ in range(study.n_servers - 1)]
-    contents = [binding.CONTENT_SHARE] + [binding.CONTENT_SEED] * (study.n_servers - 1)
-    ids, proofs = binding.bind(study.study_id, contents, [shares, *others])
-    return ids, proofs[0], shares
+    ids, proofs = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SHARE, shares)
+    return ids, proofs, shares
 
 
 def _bound_body(rng: np.random.Generator, study: Study, m: int) -> bytes:
@@ -353,9 +349,9 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
     for mode, study in studies.items():
         bodies = []
         for shares in rows:
-            others = np.frombuffer(os.urandom(32 * len(shares)), dtype=np.uint8).reshape(len(shares), 32)
-            ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE, binding.CONTENT_SEED], [shares, others])
-            bodies.append((len(shares), encode_batch(ids, proofs[0], shares)))
+            ids, proofs = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SHARE,
+                                                  shares)
+            bodies.append((len(shares), encode_batch(ids, proofs, shares)))
         plain_of[mode] = bodies
     plain = plain_of["plaintext"]
     out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
@@ -482,10 +478,9 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
     def report_body() -> bytes:
         """A fresh random share for s1 with its id and proof (the other server's commitment
         random: s1 cannot tell), as JSON; a few microseconds, like the random bytes themselves."""
-        salt, share, other = os.urandom(binding.SALT_BYTES), os.urandom(8 * d), os.urandom(binding.COMMITMENT_BYTES)
-        rid = binding.report_id(study.study_id, [binding.commitment(0, binding.CONTENT_SHARE, salt, share), other])
-        return json.dumps({"report_id": rid.hex(), "proof": base64.b64encode(salt + other).decode(),
-                           "share": base64.b64encode(share).decode()}).encode()
+        share = np.frombuffer(os.urandom(8 * d), dtype="<u8").reshape(1, d)
+        (rid,), proof = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SHARE, share)
+        return messages.Report.of(rid, proof[0], share[0]).model_dump_json().encode()
 
     with _Workdir(workdir) as wd:
         proc = _start_server(wd)

@@ -90,6 +90,31 @@ def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray])
     return ids, proofs
 
 
+def bind_for_server(study_id: str, n_servers: int, position: int, content: int,
+                    payloads: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Report ids and (m, 16 N) proofs for payloads as ONE server receives them, with random
+    commitments standing in for the other servers': what a load generator or a test needs to
+    drive one server (it cannot tell them from a client's; nothing else would ever accept them)."""
+    raw, step = payload_bytes(payloads)
+    m = len(payloads)
+    sha = hashlib.sha256
+    salts = os.urandom(SALT_BYTES * m)
+    others = os.urandom(COMMITMENT_BYTES * (n_servers - 1) * m)
+    width = COMMITMENT_BYTES * (n_servers - 1)
+    cut = position * COMMITMENT_BYTES
+    head = COMMIT_DOMAIN + bytes((position, content))
+    prefix = REPORT_DOMAIN + bytes.fromhex(study_id)
+    ids = []
+    for i in range(m):
+        salt = salts[i * SALT_BYTES:(i + 1) * SALT_BYTES]
+        rest = others[i * width:(i + 1) * width]
+        own = sha(head + salt + raw[i * step:(i + 1) * step]).digest()[:COMMITMENT_BYTES]
+        ids.append(sha(prefix + rest[:cut] + own + rest[cut:]).digest()[:REPORT_ID_BYTES])
+    proofs = np.concatenate([np.frombuffer(salts, dtype=np.uint8).reshape(m, SALT_BYTES),
+                             np.frombuffer(others, dtype=np.uint8).reshape(m, width)], axis=1)
+    return ids, proofs
+
+
 def verify(study_id: str, n_servers: int, position: int, content: int, report_ids: Sequence[bytes],
            proofs: np.ndarray, payloads: np.ndarray) -> None:
     """Raise BindingError unless every record's payload is the one its report id commits to at
