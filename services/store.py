@@ -33,7 +33,7 @@ from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
     StudyInfo,
-    UploadTokenInfo as UploadToken,
+    UploadTokenInfo,
     UploadTokenList,
     decode_report_ids,
     encode_aggregate,
@@ -403,7 +403,7 @@ class Store:
         tokens = []
         for d, c, r, quota, used in rows:
             live = record.upload_tokens.get(bytes(d))  # memory may be ahead of this read
-            tokens.append(UploadToken(token_id=upload_token_id(bytes(d)), created_at=c, revoked_at=r,
+            tokens.append(UploadTokenInfo(token_id=upload_token_id(bytes(d)), created_at=c, revoked_at=r,
                                       quota=quota, used=live.used if live else int(used)))
         return UploadTokenList(study_id=study_id, required=record.upload_required,
                                active=sum(t.revoked_at is None for t in tokens), tokens=tokens)

@@ -3,7 +3,10 @@
 * encode -> share -> reconstruct -> decode is exact in the ring and within 2^-(f+1) of the input
   for any value within the study's bound, any f and any number of shares;
 * any out-of-range or non-finite value is refused (EncodingRangeError), never wrapped;
-* the share-batch, report-id and aggregate codecs round-trip and reject malformed bodies;
+* the share-batch, seed-batch, single-report, report-id and aggregate codecs round-trip (with
+  the proofs of section 4a) and reject malformed bodies;
+* binding.verify accepts exactly the payload a report id commits to, at its server's position,
+  and refuses any single-byte change of payload, proof or id, another position, kind or study;
 * any N-1 shares of a row are distributed independently of the row (a statistical test whose
   power is checked on deliberately broken sharings);
 * a study's canonical JSON parses back to the same study id.
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from itertools import combinations
@@ -20,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dpsketch.protocol import messages, ring
+from dpsketch.protocol import binding, messages, ring
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.ring import EncodingRangeError
 from dpsketch.protocol.study import NAME_PATTERN, Study, design
@@ -216,29 +220,84 @@ def test_the_independence_test_detects_broken_sharings(broken):
 ids16 = st.binary(min_size=16, max_size=16)
 
 
-@PROPS
-@given(d=st.integers(1, 9), ids=st.lists(ids16, min_size=1, max_size=40), seed=st.integers(0, 2**32 - 1))
-def test_share_batch_round_trips(d, ids, seed):
-    shares = np.random.default_rng(seed).integers(0, 2**64, size=(len(ids), d), dtype=np.uint64,
-                                                  endpoint=False)
-    body = messages.encode_batch(ids, shares)
-    assert len(body) == len(ids) * (16 + 8 * d)
-    got_ids, got_shares = messages.decode_batch(body, d)
-    assert got_ids == ids
-    np.testing.assert_array_equal(got_shares, shares)
+def _u64(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2**64, size=shape, dtype=np.uint64, endpoint=False)
+
+
+def _u8(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
 
 
 @PROPS
-@given(d=st.integers(1, 9), body=st.binary(max_size=400))
-def test_share_batch_rejects_partial_records(d, body):
-    record = 16 + 8 * d
+@given(d=st.integers(1, 9), n=st.integers(2, 5), ids=st.lists(ids16, min_size=1, max_size=40),
+       seed=st.integers(0, 2**32 - 1))
+def test_share_batch_round_trips(d, n, ids, seed):
+    shares = _u64(seed, (len(ids), d))
+    proofs = _u8(seed + 1, (len(ids), 16 * n))
+    body = messages.encode_batch(ids, proofs, shares)
+    assert len(body) == len(ids) * (16 + 16 * n + 8 * d)
+    assert messages.record_bytes(messages.SHARES_MEDIA_TYPE, d, n) == 16 + 16 * n + 8 * d
+    for got in (messages.decode_batch(body, d, n),
+                messages.decode_upload(body, messages.SHARES_MEDIA_TYPE, d, n)):
+        assert got.ids == ids and got.content == binding.CONTENT_SHARE and len(got) == len(ids)
+        np.testing.assert_array_equal(got.proofs, proofs)
+        np.testing.assert_array_equal(got.payloads, shares)
+        np.testing.assert_array_equal(got.shares(d), shares)
+
+
+@PROPS
+@given(d=st.integers(1, 9), n=st.integers(2, 5), body=st.binary(max_size=600))
+def test_share_batch_rejects_partial_records(d, n, body):
+    record = 16 + 16 * n + 8 * d
     if len(body) == 0 or len(body) % record:
         with pytest.raises(ValueError):
-            messages.decode_batch(body, d)
+            messages.decode_batch(body, d, n)
     else:
-        ids, shares = messages.decode_batch(body, d)
-        assert len(ids) == len(body) // record and shares.shape == (len(ids), d)
-        assert messages.encode_batch(ids, shares) == body
+        got = messages.decode_batch(body, d, n)
+        assert len(got.ids) == len(body) // record and got.shares(d).shape == (len(got.ids), d)
+        assert got.proofs.shape == (len(got.ids), 16 * n)
+        assert messages.encode_batch(got.ids, got.proofs, got.payloads) == body
+
+
+@PROPS
+@given(d=st.integers(1, 9), n=st.integers(2, 5), ids=st.lists(ids16, min_size=1, max_size=40),
+       seed=st.integers(0, 2**32 - 1))
+def test_seed_batch_round_trips(d, n, ids, seed):
+    seeds = _u8(seed, (len(ids), 32))
+    proofs = _u8(seed + 1, (len(ids), 16 * n))
+    body = messages.encode_seed_batch(ids, proofs, seeds)
+    assert len(body) == len(ids) * (16 + 16 * n + 32)
+    assert messages.record_bytes(messages.SEEDS_MEDIA_TYPE, d, n) == 16 + 16 * n + 32
+    for got in (messages.decode_seed_batch(body, n),
+                messages.decode_upload(body, messages.SEEDS_MEDIA_TYPE, d, n)):
+        assert got.ids == ids and got.content == binding.CONTENT_SEED
+        np.testing.assert_array_equal(got.proofs, proofs)
+        np.testing.assert_array_equal(got.payloads, seeds)
+        # expanded to the shares the seeds stand for, seed by seed
+        expanded = got.shares(d)
+        assert expanded.shape == (len(ids), d) and expanded.dtype == np.uint64
+        for i in range(len(ids)):
+            np.testing.assert_array_equal(expanded[i], ring.expand_seed(bytes(seeds[i]), d))
+
+
+@PROPS
+@given(n=st.integers(2, 5), body=st.binary(max_size=600))
+def test_seed_batch_rejects_partial_records(n, body):
+    record = 16 + 16 * n + 32
+    if len(body) == 0 or len(body) % record:
+        with pytest.raises(ValueError):
+            messages.decode_seed_batch(body, n)
+    else:
+        got = messages.decode_seed_batch(body, n)
+        assert len(got.ids) == len(body) // record
+        assert messages.encode_seed_batch(got.ids, got.proofs, got.payloads) == body
+
+
+def test_decode_upload_refuses_other_media_types():
+    body = messages.encode_batch([bytes(16)], np.zeros((1, 32), np.uint8), np.zeros((1, 2), np.uint64))
+    for media_type in (messages.SEALED_MEDIA_TYPE, messages.REPORT_IDS_MEDIA_TYPE, "application/json"):
+        with pytest.raises(ValueError):
+            messages.decode_upload(body, media_type, 2, 2)
 
 
 @PROPS
@@ -297,14 +356,117 @@ def test_aggregate_round_trips_and_rejects_wrong_lengths(k, d, extra, seed):
 
 
 @PROPS
-@given(rid=ids16, d=st.integers(1, 8), seed=st.integers(0, 2**32 - 1))
-def test_single_report_json_round_trips(rid, d, seed):
-    share = np.random.default_rng(seed).integers(0, 2**64, size=d, dtype=np.uint64, endpoint=False)
-    report = messages.Report.model_validate_json(messages.Report.of(rid, share).model_dump_json())
+@given(rid=ids16, d=st.integers(1, 8), n=st.integers(2, 5), seed=st.integers(0, 2**32 - 1))
+def test_single_report_json_round_trips(rid, d, n, seed):
+    share = _u64(seed, d)
+    proof = _u8(seed + 1, 16 * n)
+    report = messages.Report.model_validate_json(messages.Report.of(rid, proof, share).model_dump_json())
     assert bytes.fromhex(report.report_id) == rid
-    np.testing.assert_array_equal(report.share_values(d), share)
+    assert base64.b64decode(report.proof) == proof.tobytes()
+    # the proof may be given as bytes too
+    assert messages.Report.of(rid, proof.tobytes(), share) == report
+    upload = report.upload(d, n)
+    assert upload.ids == [rid] and upload.content == binding.CONTENT_SHARE
+    np.testing.assert_array_equal(upload.proofs, proof[None, :])
+    np.testing.assert_array_equal(upload.shares(d), share[None, :])
     with pytest.raises(ValueError):
-        report.share_values(d + 1)
+        report.upload(d + 1, n)  # a share of another width
+    with pytest.raises(ValueError):
+        report.upload(d, n + 1)  # a proof for another number of servers
+
+
+# --- binding: a report id commits to every share ------------------------------------------------
+
+
+@st.composite
+def bound_reports(draw):
+    """A study id, the N payload kinds, and m reports bound with binding.bind: (study_id,
+    contents, payloads per server, ids, proofs per server)."""
+    n = draw(st.integers(2, 5))
+    m = draw(st.integers(1, 6))
+    d = draw(st.integers(1, 5))
+    seed = draw(st.integers(0, 2**32 - 1))
+    contents = draw(st.lists(st.sampled_from([binding.CONTENT_SHARE, binding.CONTENT_SEED]),
+                             min_size=n, max_size=n))
+    payloads = [_u64(seed + j, (m, d)) if c == binding.CONTENT_SHARE else _u8(seed + j, (m, 32))
+                for j, c in enumerate(contents)]
+    study_id = draw(st.binary(min_size=32, max_size=32)).hex()
+    ids, proofs = binding.bind(study_id, contents, payloads)
+    return study_id, contents, payloads, ids, proofs
+
+
+def _verify(study_id, n, position, content, ids, proofs, payloads) -> bool:
+    try:
+        binding.verify(study_id, n, position, content, ids, proofs, payloads)
+    except binding.BindingError:
+        return False
+    return True
+
+
+@PROPS
+@given(case=bound_reports(), data=st.data())
+def test_binding_accepts_exactly_the_bound_payload_at_its_position(case, data):
+    study_id, contents, payloads, ids, proofs = case
+    n, m = len(payloads), len(ids)
+    assert len(set(ids)) == m and all(len(rid) == 16 for rid in ids)
+    for j in range(n):
+        assert proofs[j].shape == (m, binding.proof_bytes(n)) == (m, 16 * n)
+        # what server j receives verifies there, and only there
+        assert _verify(study_id, n, j, contents[j], ids, proofs[j], payloads[j])
+        for other in range(n):
+            if other != j:
+                assert not _verify(study_id, n, other, contents[j], ids, proofs[j], payloads[j])
+        # as the kind of payload it is, for this study
+        flipped = binding.CONTENT_SEED if contents[j] == binding.CONTENT_SHARE else binding.CONTENT_SHARE
+        assert not _verify(study_id, n, j, flipped, ids, proofs[j], payloads[j])
+        other_study = data.draw(st.binary(min_size=32, max_size=32).filter(lambda b: b.hex() != study_id))
+        assert not _verify(other_study.hex(), n, j, contents[j], ids, proofs[j], payloads[j])
+        # and through the wire format of its kind
+        body = (messages.encode_batch(ids, proofs[j], payloads[j]) if contents[j] == binding.CONTENT_SHARE
+                else messages.encode_seed_batch(ids, proofs[j], payloads[j]))
+        media = messages.SHARES_MEDIA_TYPE if contents[j] == binding.CONTENT_SHARE else messages.SEEDS_MEDIA_TYPE
+        width = payloads[j].shape[1] if contents[j] == binding.CONTENT_SHARE else 1  # seeds: any
+        messages.decode_upload(body, media, width, n).verify(study_id, n, j)
+
+    # any single-byte change to one record's payload, proof or id is refused
+    j = data.draw(st.integers(0, n - 1), label="server")
+    i = data.draw(st.integers(0, m - 1), label="record")
+    what = data.draw(st.sampled_from(["payload", "proof", "id"]), label="field")
+    mask = data.draw(st.integers(1, 255), label="xor")
+    ids2, proofs2, payloads2 = list(ids), proofs[j].copy(), payloads[j].copy()
+    if what == "payload":
+        raw = payloads2.view(np.uint8).reshape(m, -1)
+        raw[i, data.draw(st.integers(0, raw.shape[1] - 1), label="byte")] ^= mask
+    elif what == "proof":
+        proofs2[i, data.draw(st.integers(0, proofs2.shape[1] - 1), label="byte")] ^= mask
+    else:
+        rid = bytearray(ids2[i])
+        rid[data.draw(st.integers(0, 15), label="byte")] ^= mask
+        ids2[i] = bytes(rid)
+    assert not _verify(study_id, n, j, contents[j], ids2, proofs2, payloads2)
+    with pytest.raises(binding.BindingError):
+        binding.verify(study_id, n, j, contents[j], ids2, proofs2, payloads2)
+    # the untouched records alone still verify
+    keep = [r for r in range(m) if r != i]
+    assert _verify(study_id, n, j, contents[j], [ids2[r] for r in keep], proofs2[keep], payloads2[keep])
+
+
+def test_binding_matches_its_definition():
+    """The id of docs/protocol.md 4a, recomputed from SHA-256 here for one report, N = 3."""
+    import hashlib
+
+    study_id = hashlib.sha256(b"study").hexdigest()
+    payloads = [np.arange(4, dtype=np.uint64)[None, :], np.full((1, 32), 7, np.uint8),
+                np.arange(4, 8, dtype=np.uint64)[None, :]]
+    contents = [binding.CONTENT_SHARE, binding.CONTENT_SEED, binding.CONTENT_SHARE]
+    ids, proofs = binding.bind(study_id, contents, payloads)
+    salts = [bytes(proofs[j][0, :16]) for j in range(3)]
+    raw = [payloads[0].astype("<u8").tobytes(), payloads[1].tobytes(), payloads[2].astype("<u8").tobytes()]
+    commits = [hashlib.sha256(b"dpsketch/commit/2" + bytes((j, contents[j])) + salts[j] + raw[j]).digest()[:16]
+               for j in range(3)]
+    assert ids[0] == hashlib.sha256(b"dpsketch/report/2" + bytes.fromhex(study_id) + b"".join(commits)).digest()[:16]
+    for j in range(3):  # each proof: its salt, then the other commitments in server order
+        assert bytes(proofs[j][0]) == salts[j] + b"".join(c for o, c in enumerate(commits) if o != j)
 
 
 # --- canonical JSON of a study ------------------------------------------------------------------
@@ -333,6 +495,7 @@ def studies(draw) -> Study:
         neighbouring=draw(st.sampled_from(["replace-one", "add-remove"])),
         t=t, k=k, s=s, min_reports=min_reports,
         seed=draw(st.binary(min_size=32, max_size=32)).hex(),
+        epsilon_floor=draw(st.sampled_from(["default", None])),  # with and without server noise
     )
     return study
 

@@ -1,9 +1,10 @@
-"""The share server's own policy: privacy policy at provisioning, hashed and rotatable role
-tokens, per-study upload tokens and retention of individual shares (docs/protocol.md section 6)."""
+"""The share server's own policy: privacy, storage and memory policy at provisioning, hashed and
+rotatable role tokens, per-study upload tokens with quotas and retention of individual shares
+(docs/protocol.md section 6, docs/trust.md)."""
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import json
 import os
 import signal
@@ -15,7 +16,6 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from services.app import create_app
 from services.auth import digest_text, parse_tokens
 from services.settings import Settings
@@ -26,34 +26,64 @@ from test_server_unit import (
     assert_problem,
     bearer,
     make_study,
-    new_ids,
-    random_shares,
 )
+
+MIB, GIB = 1 << 20, 1 << 30
 
 
 # --- 1. privacy policy -------------------------------------------------------------------------
 
 
+#: What GET /v1/info publishes as ``policy`` (dpsketch/2: the floor, the batch rule, upload
+#: authentication and the memory policy were added).
+POLICY_KEYS = {"max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_floor_epsilon",
+               "max_excluded_fraction", "upload_auth", "max_study_bytes", "max_study_memory",
+               "memory_budget", "max_k", "max_aggregate_cells", "retention_after_commit_seconds"}
+
+
 def test_info_publishes_the_policy(tmp_path: Path):
     srv = Server(tmp_path / "s1.sqlite3", max_epsilon=4.0, max_delta=1e-6, min_reports_floor=120,
-                 min_lambda_star=2.0)
+                 min_lambda_star=2.0, max_floor_epsilon=3.0, max_excluded_fraction=0.25, upload_auth="open",
+                 max_study_bytes=None, max_study_memory=MIB, memory_budget=8 * MIB)
     try:
         info = srv.client.get("/v1/info").json()
         assert info["server_id"] == "s1"
         pol = info["policy"]
+        assert set(pol) == POLICY_KEYS
         assert pol["max_epsilon"] == 4.0 and pol["max_delta"] == 1e-6
         assert pol["min_reports_floor"] == 120 and pol["min_lambda_star"] == 2.0
+        assert pol["max_floor_epsilon"] == 3.0 and pol["max_excluded_fraction"] == 0.25
+        assert pol["upload_auth"] == "open" and pol["max_study_bytes"] is None
+        assert pol["max_study_memory"] == MIB and pol["memory_budget"] == 8 * MIB
         assert pol["retention_after_commit_seconds"] is None
+    finally:
+        srv.close()
+    srv = Server(tmp_path / "s2.sqlite3", max_floor_epsilon=None)
+    try:  # no floor required: published as null
+        assert srv.client.get("/v1/info").json()["policy"]["max_floor_epsilon"] is None
     finally:
         srv.close()
 
 
 def test_default_policy(tmp_path: Path):
-    srv = Server(tmp_path / "s1.sqlite3")
+    """The reference server's defaults (docs/protocol.md section 6, docs/trust.md)."""
+    srv = Server(tmp_path / "s1.sqlite3", policy_defaults=True)
     try:
         pol = srv.client.get("/v1/info").json()["policy"]
+        assert set(pol) == POLICY_KEYS
         assert (pol["max_epsilon"], pol["max_delta"], pol["min_reports_floor"], pol["min_lambda_star"]) == (
             10.0, 1e-5, 50, 1.0)
+        # dpsketch/2: a floor of epsilon 4, the batch rule 0.1, upload tokens required, 32 GiB of
+        # shares per study (formerly unlimited), 256 MiB of running totals per study, 4 GiB in all
+        assert (pol["max_floor_epsilon"], pol["max_excluded_fraction"], pol["upload_auth"]) == (4.0, 0.1, "tokens")
+        assert (pol["max_study_bytes"], pol["max_study_memory"], pol["memory_budget"]) == (
+            32 * GIB, 256 * MIB, 4 * GIB)
+        assert (pol["max_k"], pol["max_aggregate_cells"], pol["retention_after_commit_seconds"]) == (
+            4096, 1 << 24, None)
+        # a study designed with design()'s default floor is inside the default policy
+        st = make_study(epsilon_floor="default")
+        assert st.epsilon_floor == 4.0
+        assert srv.provision(st).status_code == 201
     finally:
         srv.close()
 
@@ -65,6 +95,9 @@ def test_default_policy(tmp_path: Path):
     ({}, {"min_lambda_star": 1e6}, "min_lambda_star"),
     ({}, {"min_reports_floor": 150}, "min_reports_floor"),
     ({}, {"max_study_bytes": 10_000}, "max_study_bytes"),
+    ({}, {"max_floor_epsilon": 2.0}, "max_floor_epsilon"),  # own noise alone: floor epsilon ~2.6
+    ({"epsilon": 5.0}, {"max_floor_epsilon": 4.0}, "max_floor_epsilon"),  # ~14, no server noise
+    ({}, {"max_study_memory": 700, "memory_budget": 700}, "max_study_memory"),  # needs 8*8*(3+8) = 704
 ])
 def test_provisioning_refuses_studies_outside_the_policy(tmp_path: Path, overrides, settings, rule):
     srv = Server(tmp_path / "s1.sqlite3", **settings)
@@ -75,6 +108,26 @@ def test_provisioning_refuses_studies_outside_the_policy(tmp_path: Path, overrid
         assert srv.client.get("/v1/studies").json() == []
         if not settings:  # the default study is inside the default policy
             assert srv.provision(make_study()).status_code == 201
+    finally:
+        srv.close()
+
+
+def test_memory_budget_counts_every_open_study(tmp_path: Path):
+    """Each open study's running totals take 8 k (width + k) bytes (704 here) and its report index
+    about 160 bytes a report (services/state.py INDEX_BYTES_PER_REPORT); the budget refuses a study,
+    or reports, that would take the open studies beyond it."""
+    srv = Server(tmp_path / "s1.sqlite3", max_study_memory=704, memory_budget=1100)
+    try:
+        first, second = make_study(name="first"), make_study(name="second")
+        assert srv.provision(first).status_code == 201
+        rs = srv.reports(first, 3)
+        assert srv.batch(first, rs[:2]).json()["report_count"] == 2  # 704 + 2 * 160 = 1024
+        assert_problem(srv.batch(first, rs[2:]), 409, "capacity-exceeded")  # 1184 > 1100
+        assert srv.batch(first, rs[:2]).json()["duplicates"] == 2  # retries cost nothing
+        body = assert_problem(srv.provision(second), 422, "invalid-study")
+        assert body["policy_rule"] == "memory_budget"
+        assert [i["study_id"] for i in srv.client.get("/v1/studies").json()] == [first.study_id]
+        assert srv.count(first) == 2
     finally:
         srv.close()
 
@@ -164,14 +217,21 @@ def test_tokens_file_rotates_without_restart(tmp_path: Path):
     try:
         url = f"/v1/studies/{st.study_id}"
         put = lambda tok: client.put(url, content=st.canonical(), headers=bearer(tok))  # noqa: E731
+        # an operator-only endpoint: tells the roles apart (the analyst may provision since dpsketch/2)
+        tokens = lambda tok: client.get(f"{url}/upload-tokens", headers=bearer(tok))  # noqa: E731
         assert put("op-one-0123456789").status_code == 201
         assert put("op-two-0123456789").status_code == 200
-        assert_problem(put("an-one-0123456789"), 403, "forbidden")
+        assert put("an-one-0123456789").status_code == 200  # formerly 403: analysts may provision
+        assert tokens("op-one-0123456789").status_code == 200
+        assert_problem(tokens("an-one-0123456789"), 403, "forbidden")
         assert client.get(f"{url}/report-ids", headers=bearer("an-one-0123456789")).status_code == 200
+        assert_problem(client.get(f"{url}/report-ids", headers=bearer("op-one-0123456789")), 403, "forbidden")
 
         write_tokens(path, ["op-three-0123456789"], [digest_text("an-two-0123456789")])
         assert_problem(put("op-one-0123456789"), 401, "unauthorized")
+        assert_problem(tokens("op-one-0123456789"), 401, "unauthorized")
         assert put("op-three-0123456789").status_code == 200
+        assert tokens("op-three-0123456789").status_code == 200
         assert_problem(client.get(f"{url}/report-ids", headers=bearer("an-one-0123456789")), 401, "unauthorized")
         assert client.get(f"{url}/report-ids", headers=bearer("an-two-0123456789")).status_code == 200
 
@@ -196,8 +256,14 @@ def test_env_tokens_and_tokens_file_are_both_valid(tmp_path: Path):
         for tok in (OP, "op-file-0123456789"):
             r = client.put(f"/v1/studies/{st.study_id}", content=st.canonical(), headers=bearer(tok))
             assert r.status_code in (200, 201)
-        assert_problem(client.put(f"/v1/studies/{st.study_id}", content=st.canonical(),
-                                  headers=bearer("an-file-0123456789")), 403, "forbidden")
+        # the file's analyst token is an analyst's: it may provision (formerly 403), not list tokens
+        assert client.put(f"/v1/studies/{st.study_id}", content=st.canonical(),
+                          headers=bearer("an-file-0123456789")).status_code == 200
+        for tok in (AN, "an-file-0123456789"):
+            assert_problem(client.get(f"/v1/studies/{st.study_id}/upload-tokens", headers=bearer(tok)),
+                           403, "forbidden")
+        for tok in (OP, "op-file-0123456789"):
+            assert client.get(f"/v1/studies/{st.study_id}/upload-tokens", headers=bearer(tok)).status_code == 200
     finally:
         client.__exit__(None, None, None)
 
@@ -240,9 +306,14 @@ def test_process_rotates_tokens_from_file_and_on_sighup(servers, tmp_path: Path)
                          headers={"Authorization": f"Bearer {token}"}).status_code
 
     assert httpx.get(f"{proc.url}/v1/info").json()["policy"]["max_epsilon"] == 5.0
+    def tokens(token: str) -> int:  # operator only
+        return httpx.get(f"{proc.url}/v1/studies/{st.study_id}/upload-tokens",
+                         headers={"Authorization": f"Bearer {token}"}).status_code
+
     assert put("op-file-one-0123456789") == 201
     assert put(spec.operator_token) == 200  # the environment's token still works
-    assert put("an-file-one-0123456789") == 403
+    assert put("an-file-one-0123456789") == 200  # formerly 403: an analyst may provision
+    assert tokens("an-file-one-0123456789") == 403 and tokens("op-file-one-0123456789") == 200
     write_tokens(path, ["op-file-two-0123456789"], ["an-file-two-0123456789"])
     assert put("op-file-one-0123456789") == 401
     assert put("op-file-two-0123456789") == 200
@@ -252,6 +323,7 @@ def test_process_rotates_tokens_from_file_and_on_sighup(servers, tmp_path: Path)
     time.sleep(0.2)
     assert put("op-file-3-0123456789") == 200
     assert put("op-file-two-0123456789") == 401
+    assert tokens("op-file-3-0123456789") == 200 and tokens("op-file-two-0123456789") == 401
     assert httpx.get(f"{proc.url}/healthz").status_code == 200
 
 
@@ -259,47 +331,101 @@ def test_process_rotates_tokens_from_file_and_on_sighup(servers, tmp_path: Path)
 
 
 def test_upload_tokens(tmp_path: Path):
+    """Issued by the operator only (the analyst gets 403), stored as digests, each good for its
+    quota of new reports (one by default) across requests and restarts; retries cost nothing."""
     db = tmp_path / "s1.sqlite3"
-    srv = Server(db)
+    srv = Server(db)  # upload_auth="open": a study takes uploads without a token until its first
     st = make_study()
     try:
         assert srv.provision(st).status_code == 201
-        ids, shares = new_ids(3), random_shares(3)
-        assert srv.upload(st, ids[0], shares[0]).status_code == 200  # no tokens yet: open
+        rs = srv.reports(st, 6)
+        assert srv.upload(st, rs[0]).status_code == 200  # no tokens yet: open
         url = f"/v1/studies/{st.study_id}/upload-tokens"
-        assert_problem(srv.client.post(url), 401, "unauthorized")
-        assert_problem(srv.client.post(url, headers=bearer(AN)), 403, "forbidden")
-        assert_problem(srv.client.post("/v1/studies/" + "0" * 64 + "/upload-tokens", headers=bearer(OP)),
+        post = srv.client.post
+        assert_problem(post(url), 401, "unauthorized")
+        assert_problem(post(url, headers=bearer(AN)), 403, "forbidden")  # the analyst cannot mint them
+        assert_problem(post(url, json={"quota": None}, headers=bearer(AN)), 403, "forbidden")
+        assert_problem(post("/v1/studies/" + "0" * 64 + "/upload-tokens", headers=bearer(OP)),
                        404, "unknown-study")
-        r = srv.client.post(url, headers=bearer(OP))
+        for bad in ({"count": 0}, {"quota": 0}, {"count": 1, "x": 1}, {"quota": -1}):
+            assert_problem(post(url, json=bad, headers=bearer(OP)), 422, "invalid-request")
+        r = post(url, headers=bearer(OP))
         assert r.status_code == 201 and r.json()["upload_tokens"] == 1
+        assert r.json()["quota"] == 1 and r.json()["tokens"] == [r.json()["token"]]  # one report by default
+        assert r.headers["cache-control"] == "no-store"
         token = r.json()["token"]
-        r2 = srv.client.post(url, headers=bearer(OP))
+        r2 = post(url, headers=bearer(OP))
         token2 = r2.json()["token"]
         assert r2.json()["upload_tokens"] == 2 and token2 != token
 
-        r = srv.upload(st, ids[1], shares[1])
+        r = srv.upload(st, rs[1])
         assert_problem(r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer"
-        body = {"report_id": ids[1].hex(), "share": base64.b64encode(shares[1].tobytes()).decode()}
-        post = srv.client.post
-        assert_problem(post(f"/v1/studies/{st.study_id}/reports", json=body, headers=bearer(OP)), 401, "unauthorized")
-        assert post(f"/v1/studies/{st.study_id}/reports", json=body, headers=bearer(token)).status_code == 200
-        assert_problem(srv.batch(st, ids[2:], shares[2:]), 401, "unauthorized")
-        r = post(f"/v1/studies/{st.study_id}/batches", content=encode_batch(ids[2:], shares[2:]),
-                 headers={"Content-Type": SHARES_MEDIA_TYPE, **bearer(token2)})
+        assert_problem(srv.upload(st, rs[1], token=OP), 401, "unauthorized")
+        assert srv.upload(st, rs[1], token=token).json() == {"accepted": 1, "duplicates": 0, "report_count": 2}
+        assert srv.upload(st, rs[1], token=token).json()["duplicates"] == 1  # a retry costs nothing
+        # the quota holds across requests: a second new report with the same token is refused
+        body = assert_problem(srv.upload(st, rs[2], token=token), 403, "upload-quota-exceeded")
+        assert "0 more" in body["detail"]
+        assert_problem(srv.batch(st, rs[2:]), 401, "unauthorized")
+        # a batch with more new reports than the token's quota is refused whole
+        assert_problem(srv.batch(st, rs[2:4], token=token2), 403, "upload-quota-exceeded")
+        assert srv.count(st) == 2
+        r = srv.batch(st, rs[2:3], token=token2)
         assert r.status_code == 200 and r.json()["report_count"] == 3
-        with sqlite3.connect(db) as conn:  # only digests are stored
-            stored = [bytes(d) for (d,) in conn.execute("SELECT digest FROM upload_tokens")]
-        assert len(stored) == 2 and all(token.encode() not in d for d in stored)
+        assert_problem(srv.batch(st, rs[3:4], token=token2), 403, "upload-quota-exceeded")
+        # a data owner with m rows gets quota m; quota null: no limit
+        r = post(url, json={"count": 2, "quota": 2}, headers=bearer(OP))
+        assert r.status_code == 201, r.text
+        assert r.json()["quota"] == 2 and len(r.json()["tokens"]) == 2 and r.json()["upload_tokens"] == 4
+        t3, t4 = r.json()["tokens"]
+        assert r.json()["token_ids"] == [hashlib.sha256(t.encode()).digest()[:8].hex() for t in (t3, t4)]
+        assert srv.batch(st, rs[3:5], token=t3).json()["accepted"] == 2
+        assert_problem(srv.upload(st, rs[5], token=t3), 403, "upload-quota-exceeded")
+        assert srv.upload(st, rs[5], token=t4).status_code == 200  # t4: 1 of 2 used
+        r = post(url, json={"quota": None}, headers=bearer(OP))
+        assert r.status_code == 201 and r.json()["quota"] is None
+        unlimited = r.json()["token"]
+        assert srv.batch(st, srv.reports(st, 30), token=unlimited).json()["accepted"] == 30
+        assert srv.count(st) == 36
+        with sqlite3.connect(db) as conn:  # only digests are stored, with their quotas and use
+            stored = {bytes(d): (q, u) for d, q, u in conn.execute("SELECT digest, quota, used FROM upload_tokens")}
+        assert len(stored) == 5 and all(t.encode() not in d for d in stored for t in (token, t3, unlimited))
+        assert sorted(stored.values(), key=str) == sorted([(1, 1), (1, 1), (2, 2), (2, 1), (None, 30)], key=str)
     finally:
         srv.close()
-    srv = Server(db)  # the tokens survive a restart
+    srv = Server(db)  # the tokens and what they used survive a restart
     try:
-        assert_problem(srv.upload(st, new_ids(1)[0], random_shares(1)[0]), 401, "unauthorized")
+        new = srv.reports(st, 4)
+        assert_problem(srv.upload(st, new[0]), 401, "unauthorized")
+        for used_up in (token, token2, t3):
+            assert_problem(srv.upload(st, new[0], token=used_up), 403, "upload-quota-exceeded")
+        assert srv.upload(st, rs[5], token=t3).json()["duplicates"] == 1  # retries still cost nothing
+        assert_problem(srv.batch(st, new[:2], token=t4), 403, "upload-quota-exceeded")  # 1 left
+        assert srv.upload(st, new[0], token=t4).json()["accepted"] == 1
+        assert_problem(srv.upload(st, new[1], token=t4), 403, "upload-quota-exceeded")
+        assert srv.batch(st, new[1:], token=unlimited).json()["accepted"] == 3
+        assert srv.count(st) == 40
         other = make_study(name="open")  # other studies stay open
         assert srv.provision(other).status_code == 201
-        assert srv.upload(other, new_ids(1)[0], random_shares(1)[0]).status_code == 200
+        assert srv.upload(other, srv.reports(other, 1)).status_code == 200
+    finally:
+        srv.close()
+
+
+def test_upload_auth_tokens_needs_a_token_from_the_start(tmp_path: Path):
+    """The default policy (upload_auth="tokens"): a new study takes no upload without a token."""
+    srv = Server(tmp_path / "s1.sqlite3", upload_auth="tokens")
+    try:
+        st = make_study()
+        assert srv.provision(st).status_code == 201
+        rs = srv.reports(st, 2)
+        assert_problem(srv.upload(st, rs[0]), 401, "unauthorized")
+        assert_problem(srv.batch(st, rs), 401, "unauthorized")
+        token = srv.client.post(f"/v1/studies/{st.study_id}/upload-tokens", headers=bearer(OP)).json()["token"]
+        assert srv.upload(st, rs[0], token=token).status_code == 200
+        assert_problem(srv.upload(st, rs[1], token=token), 403, "upload-quota-exceeded")
+        assert srv.count(st) == 1
     finally:
         srv.close()
 
@@ -310,9 +436,10 @@ def test_upload_tokens(tmp_path: Path):
 def fill_and_commit(srv: Server, n: int = 200):
     st = make_study()
     assert srv.provision(st).status_code == 201
-    ids, shares = new_ids(n), random_shares(n)
-    assert srv.batch(st, ids, shares).status_code == 200
-    r = srv.commit(st, ids[:-10])
+    rs = srv.reports(st, n)
+    ids = rs.ids
+    assert srv.batch(st, rs).status_code == 200
+    r = srv.commit(st, ids[:-10])  # leaves out 10 of 200: within the batch rule
     assert r.status_code == 200, r.text
     return st, ids
 

@@ -3,11 +3,13 @@
 The durability promise is checked the hard way: reports are uploaded while the process is
 SIGKILLed; after a restart on the same file every acknowledged report is held exactly once, and
 a commit releases exactly the sketch of the included shares (computed independently here).
+
+Records are bound to their report ids as a client binds them for server s1 (tests/studies.py);
+the study has no server noise and the server requires no floor, so the release is an exact sum.
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import sys
@@ -20,18 +22,29 @@ from dpsketch.protocol import sketch
 from dpsketch.protocol.messages import (
     REPORT_IDS_MEDIA_TYPE,
     SHARES_MEDIA_TYPE,
+    Report,
     decode_aggregate,
     decode_report_ids,
     encode_batch,
 )
 from dpsketch.protocol.study import Study, design
+from studies import bind_at
 
 D = 4
+#: No floor required: the study carries no server noise, so its release is the exact sum.
+NO_FLOOR = {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}
 
 
 def make_study() -> Study:
     return design(name="process", columns=[f"x{i}" for i in range(D)], label=None, servers=["s1", "s2"],
-                  expected_reports=300, k=8, s=2, min_reports=150)[0]
+                  expected_reports=300, k=8, s=2, min_reports=150, epsilon_floor=None)[0]
+
+
+def bound_reports(study: Study, n: int):
+    """n reports as server s1 (position 0) receives them: (ids, proofs, shares)."""
+    shares = np.frombuffer(os.urandom(8 * n * D), dtype="<u8").reshape(n, D).copy()
+    ids, proofs = bind_at(study, study.servers.index("s1"), shares)
+    return ids, proofs, shares
 
 
 def expected_aggregate(study: Study, ids: list[bytes], shares: np.ndarray) -> np.ndarray:
@@ -54,12 +67,12 @@ def held(url: str, token: str, study: Study) -> list[bytes]:
 
 def test_acknowledged_reports_survive_sigkill(servers):
     spec = servers.spec("s1")
-    proc = servers.start(spec)
+    proc = servers.start(spec, NO_FLOOR)
     study = make_study()
+    assert study.server_sigma == 0
     provision(proc.url, spec.operator_token, study)
     n = 400
-    ids = [os.urandom(16) for _ in range(n)]
-    shares = np.frombuffer(os.urandom(8 * n * D), dtype="<u8").reshape(n, D).copy()
+    ids, proofs, shares = bound_reports(study, n)
     acked: set[int] = set()
     lock = threading.Lock()
     killed = threading.Event()
@@ -67,7 +80,7 @@ def test_acknowledged_reports_survive_sigkill(servers):
     def single(worker: int) -> None:  # single uploads, each acknowledged on its own
         with httpx.Client(base_url=proc.url, timeout=5) as client:
             for i in range(worker, 200, 4):
-                body = {"report_id": ids[i].hex(), "share": base64.b64encode(shares[i].tobytes()).decode()}
+                body = Report.of(ids[i], proofs[i], shares[i]).model_dump()
                 try:
                     r = client.post(f"/v1/studies/{study.study_id}/reports", json=body)
                 except httpx.TransportError:
@@ -82,7 +95,8 @@ def test_acknowledged_reports_survive_sigkill(servers):
                 part = range(start, start + 20)
                 try:
                     r = client.post(f"/v1/studies/{study.study_id}/batches",
-                                    content=encode_batch([ids[i] for i in part], shares[start:start + 20]),
+                                    content=encode_batch([ids[i] for i in part], proofs[start:start + 20],
+                                                         shares[start:start + 20]),
                                     headers={"Content-Type": SHARES_MEDIA_TYPE})
                 except httpx.TransportError:
                     return
@@ -102,7 +116,7 @@ def test_acknowledged_reports_survive_sigkill(servers):
     assert proc.proc.returncode == -9
     assert len(acked) >= 150
 
-    proc = servers.start(spec)  # same id, same file, same port
+    proc = servers.start(spec, NO_FLOOR)  # same id, same file, same port
     stored = held(proc.url, spec.analyst_token, study)
     assert len(stored) == len(set(stored))
     index = {rid: i for i, rid in enumerate(ids)}
@@ -112,11 +126,12 @@ def test_acknowledged_reports_survive_sigkill(servers):
     assert info["report_count"] == len(stored)
 
     # clients retry everything: nothing is counted twice
-    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, shares),
+    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, proofs, shares),
                    headers={"Content-Type": SHARES_MEDIA_TYPE})
     assert r.json() == {"accepted": n - len(stored), "duplicates": len(stored), "report_count": n}
 
-    included = sorted(ids[:350])
+    # leave out 20 of the 400 held: the batch rule allows at most 10% (formerly 50 were left out)
+    included = sorted(ids[:380])
     r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/commit", content=b"".join(included),
                    headers={"Authorization": f"Bearer {spec.analyst_token}", "Content-Type": REPORT_IDS_MEDIA_TYPE})
     assert r.status_code == 200, r.text
@@ -129,19 +144,18 @@ def test_acknowledged_reports_survive_sigkill(servers):
 
 def test_sigterm_stops_cleanly_and_keeps_everything(servers):
     spec = servers.spec("s1")
-    proc = servers.start(spec)
+    proc = servers.start(spec, NO_FLOOR)
     study = make_study()
     provision(proc.url, spec.operator_token, study)
-    ids = [os.urandom(16) for _ in range(50)]
-    shares = np.frombuffer(os.urandom(8 * 50 * D), dtype="<u8").reshape(50, D)
-    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, shares),
+    ids, proofs, shares = bound_reports(study, 50)
+    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, proofs, shares),
                    headers={"Content-Type": SHARES_MEDIA_TYPE})
     assert r.status_code == 200
     proc.stop()
     # uvicorn finishes the shutdown, then re-raises SIGTERM so the exit status says why it ended
     assert proc.proc.returncode in (0, -15)
     assert "Application shutdown complete" in proc.log_tail(50)
-    proc = servers.start(spec)
+    proc = servers.start(spec, NO_FLOOR)
     assert sorted(held(proc.url, spec.analyst_token, study)) == sorted(ids)
 
 

@@ -26,6 +26,8 @@ from dpsketch.cluster import ManagedProcess, ServerSpec, analyzer, share_server,
 from dpsketch.protocol import Study, messages
 from dpsketch.protocol.study import design
 from dpsketch.serving import DEFAULT_GRACEFUL_TIMEOUT
+from conftest import OPEN_UPLOADS
+from studies import bound_body
 from test_tls import make_certs
 
 D = 4
@@ -38,7 +40,8 @@ def certs(tmp_path_factory) -> Path:
 
 
 def tls_server(servers, certs: Path, spec: ServerSpec, *extra_args: str) -> ManagedProcess:
-    proc = share_server(spec, servers.workdir, scheme="https", certfile=certs / f"{spec.server_id}.pem",
+    """A share server over HTTPS taking uploads without upload tokens (not what is tested here)."""
+    proc = share_server(spec, servers.workdir, OPEN_UPLOADS, scheme="https", certfile=certs / f"{spec.server_id}.pem",
                         keyfile=certs / f"{spec.server_id}-key.pem", ca_file=certs / "ca.pem")
     proc.argv += list(extra_args)
     servers.started.append(proc)
@@ -56,10 +59,10 @@ def provision(http: httpx.Client, url: str, token: str, study: Study) -> None:
     assert r.status_code in (200, 201), r.text
 
 
-def random_batch(m: int) -> tuple[list[bytes], bytes]:
-    ids = [os.urandom(16) for _ in range(m)]
+def random_batch(study: Study, m: int) -> tuple[list[bytes], bytes]:
+    """m reports with random shares, bound for server s1: (ids, share-batch body)."""
     shares = np.frombuffer(os.urandom(8 * m * D), dtype="<u8").reshape(m, D)
-    return ids, messages.encode_batch(ids, shares)
+    return bound_body(study, study.servers.index("s1"), shares)
 
 
 def held_ids(proc: ManagedProcess, token: str, study: Study) -> set[bytes]:
@@ -87,7 +90,7 @@ def test_server_sigterm_with_idle_tls_keepalive_client(servers, certs):
     spec = servers.spec("s1")
     proc = tls_server(servers, certs, spec).start()
     study = make_study()
-    ids, body = random_batch(300)
+    ids, body = random_batch(study, 300)
     with httpx.Client(verify=proc.verify, timeout=30) as http:
         provision(http, proc.url, spec.operator_token, study)
         r = http.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=body,
@@ -119,7 +122,7 @@ def test_server_sigterm_lets_a_request_in_flight_finish(servers, certs):
     study = make_study()
     with httpx.Client(verify=proc.verify, timeout=30) as http:
         provision(http, proc.url, spec.operator_token, study)
-    ids, body = random_batch(2000)
+    ids, body = random_batch(study, 2000)
     half = len(body) // 2
     first_half_sent, signalled = threading.Event(), threading.Event()
 
@@ -175,8 +178,9 @@ def test_analyzer_sigterm_with_idle_tls_keepalive_client(servers, certs):
     procs = servers.started[-2:]
     config = servers.workdir / "cluster.json"
     config.write_text(json.dumps({
-        "servers": [{"server_id": s.server_id, "url": p.url, "operator_token": s.operator_token,
-                     "analyst_token": s.analyst_token} for s, p in zip(specs, procs)],
+        # analyst tokens only, as an operator should configure an analyzer (it provisions with them)
+        "servers": [{"server_id": s.server_id, "url": p.url, "analyst_token": s.analyst_token}
+                    for s, p in zip(specs, procs)],
         "api_token": "analyzer-api-token", "ca_file": str(certs / "ca.pem")}))
 
     def start_analyzer(port: int | None = None) -> ManagedProcess:
