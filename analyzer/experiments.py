@@ -10,7 +10,8 @@ for the larger real data sets, statsmodels)::
 What runs, for every (task, n, epsilon, seed) and both study kinds (``sketch``, ``gram``):
 
 1. **study**: :func:`dpsketch.protocol.study.design` with servers s1, s2, delta = 1e-6,
-   replace-one, B = 1 and the defaults for k, s, lambda_star, sigma and the ring encoding;
+   replace-one, B = 1 and the defaults for k, s, lambda_star, the floor (epsilon_floor =
+   max(4, epsilon): client noise sigma and server noise server_sigma) and the ring encoding;
 2. **client path**: :func:`client_sdk.client.prepare_batch` on chunks of ``--chunk`` rows: clip,
    the study kind's feature map, CSPRNG Gaussian noise, fixed-point ring encoding, additive shares
    and fresh random report ids. It cannot be seeded (it must not be), so LTM figures are mean +- std
@@ -19,7 +20,8 @@ What runs, for every (task, n, epsilon, seed) and both study kinds (``sketch``, 
    :func:`sketch.accumulate` into a ``study.aggregate_shape`` uint64 aggregate and
    :func:`sketch.accumulate_gram` into s * S S^T, then the release certificate
    :func:`privacy.certify` and the minimum report count, as ``services/store.py`` checks before
-   it releases (a refusal is reported, not hidden);
+   it releases (a refusal is reported, not hidden), then the server's own noise
+   (:meth:`Study.server_noise`, the function ``services/store.py`` adds at commit);
 4. **analyzer path**: the N aggregates added in uint64 (mod 2^64),
    :func:`analyzer.release.release_from_ring_sum`, then :class:`~analyzer.estimators.RidgeRegression`
    / :class:`~analyzer.estimators.PCA` and the error ratios of :mod:`analyzer.evaluation`, with
@@ -188,7 +190,8 @@ def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None,
             notes[key] = str(exc)
             continue
         releases[key] = run.release
-        info[key] = {"k": study.k, "s": study.s, "sigma": study.sigma, "lambda_star": study.lambda_star,
+        info[key] = {"k": study.k, "s": study.s, "sigma": study.sigma, "server_sigma": study.server_sigma,
+                     "n_servers": study.n_servers, "lambda_star": study.lambda_star,
                      "lambda_min": run.lambda_min, "width": study.width,
                      "client_s": round(run.client_s, 3), "server_s": round(run.server_s, 3)}
     if gram_study is None:  # the plain sum exists for any n >= 2; needed for the baselines' study
@@ -234,19 +237,30 @@ def synthetic_case(task: str, n: int, epsilon: float, seed: int, extras: Sequenc
 
 
 def predicted_sketch_excess(data: synthetic.Dataset, epsilon: float, info: dict | None) -> float | None:
-    """The sketch kind's ridge floor: d/k + d sigma_local^2 (1 + ||theta||^2) / (0.9 n c^2 sigma_e^2).
+    """The sketch kind's ridge floor:
+
+        d/k + d lambda_star (sigma^2 + N server_sigma^2 k / n) (1 + ||theta||^2) / (0.9 n c^2 sigma_e^2).
 
     The first term is the sketch's own distortion; the second the noise-by-data cross term
-    (S A)^T (S G) of Y^T Y, whose size does not depend on k: it is the local model's cross term,
-    relative to the optimal residual n c^2 sigma_e^2 (c the row scaling, 0.9 the default
-    lambda_star safety)."""
+    (S A)^T (S G + E) of Y^T Y, relative to the optimal residual n c^2 sigma_e^2 (c the row
+    scaling, 0.9 the default lambda_star safety). Without server noise sigma^2 lambda_star =
+    sigma_local^2 and it is the local model's cross term d sigma_local^2 (1 + ||theta||^2) /
+    (0.9 n c^2 sigma_e^2), whose size does not depend on k; the N servers' noise E adds
+    N server_sigma^2 to the noise variance sigma^2 n / k of a released cell, so it enters in the
+    ratio N server_sigma^2 k / (sigma^2 n) to the clients' part."""
     if not info:
         return None
     d = data.d - 1
-    sigma_l = privacy.local_sigma(epsilon, DELTA, ROW_BOUND, "replace-one")
+    sigma2 = info.get("sigma")
+    if sigma2 is None:  # a record without the study's noise: the floor-less design's
+        sigma2 = privacy.local_sigma(epsilon, DELTA, ROW_BOUND, "replace-one") ** 2 / info["lambda_star"]
+    else:
+        sigma2 = float(sigma2) ** 2
+    servers = info.get("n_servers", len(SERVERS)) * float(info.get("server_sigma", 0.0)) ** 2
+    noise = info["lambda_star"] * (sigma2 + servers * info["k"] / data.n)
     theta2 = float(np.sum(data.truth["theta"] ** 2))
     c, se = data.scale, data.truth["label_noise"]
-    return d / info["k"] + d * sigma_l**2 * (1 + theta2) / (privacy.LAMBDA_SAFETY * data.n * c**2 * se**2)
+    return d / info["k"] + d * noise * (1 + theta2) / (privacy.LAMBDA_SAFETY * data.n * c**2 * se**2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,10 +505,13 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         "Error ratio to the non-private optimum (1 is optimal): ridge F(theta)/F(theta*) with "
         "F = ||X theta - y||^2 + alpha ||theta||^2, alpha = 1e-3 n B^2 for every mechanism; PCA "
         f"||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 at rank {PCA_RANK}. Mean ± std over seeds. "
-        "delta = 1e-6, replace-one, B = 1 (0.99 quantile of row norms, rest clipped), servers s1, s2.",
+        "delta = 1e-6, replace-one, B = 1 (0.99 quantile of row norms, rest clipped), servers s1, s2; "
+        "LTM studies have design()'s default floor epsilon_floor = max(4, epsilon) (each server adds "
+        "N(0, server_sigma^2) per released cell, docs/trust.md).",
         "",
         "* **LTM sketch**, **LTM Gram**: the real pipeline (SDK `prepare_batch` with CSPRNG noise, "
         "ring shares; per-server `hash_report_ids` + `accumulate` + certificate; "
+        "each server's own noise `study.server_noise()` (the floor, as `services/store.py` adds it); "
         "`release_from_ring_sum`; estimators). Not seedable: the std is over independent runs.",
         "* **local**, **central**: `baselines.simulate_local` / `simulate_central` (numpy-seeded "
         "simulations; central = SSP for ridge, Analyze Gauss for PCA).",
@@ -503,8 +520,9 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         lines.append("* **AdaSSP**, **DGM-OLS**, **RMGM-OLS**: `evaluation.central_baselines` "
                      "(numpy-seeded simulations, same alpha).")
     lines += [
-        "* *predicted sketch floor*: 1 + d/k + d sigma_local^2 (1 + ||theta||^2) / (0.9 n c^2 sigma_e^2) "
-        "(see docs/accuracy.md).",
+        "* *predicted sketch floor*: 1 + d/k + d lambda_star (sigma^2 + N server_sigma^2 k / n) "
+        "(1 + ||theta||^2) / (0.9 n c^2 sigma_e^2), which is 1 + d/k + d sigma_local^2 "
+        "(1 + ||theta||^2) / (0.9 n c^2 sigma_e^2) without server noise (see docs/accuracy.md).",
         "",
         "## Ridge regression, synthetic (d = 10 features + label)",
         "",

@@ -16,7 +16,6 @@ from /proc and its CPU time is read before and after.
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import ssl
 import statistics
@@ -24,9 +23,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+import numpy as np
+
+if TYPE_CHECKING:
+    from dpsketch.protocol.study import Study
 
 Request = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
 
@@ -150,13 +153,21 @@ async def drive(url: str, request: Request, *, seconds: float, clients: int = 64
                       server_cpu_s=cpu_seconds(pid) - cpu0 if pid else float("nan"))
 
 
-def single_report_upload(study_id: str, d: int) -> Request:
-    """POST one fresh random report (JSON) per call, as a phone-sized client would."""
-    path = f"/v1/studies/{study_id}/reports"
+def single_report_upload(study: "Study", token: str | None = None, position: int = 0) -> Request:
+    """POST one fresh random report (JSON) per call, as a phone-sized client would: a random
+    share bound to its report id for the server at ``position`` (the other servers' commitments
+    random, ``binding.bind_for_server``), with the study's upload token if given."""
+    from dpsketch.protocol import binding, messages
+
+    path = f"/v1/studies/{study.study_id}/reports"
+    headers = {"Authorization": f"Bearer {token}"} if token else None
 
     def call(http: httpx.AsyncClient) -> Awaitable[httpx.Response]:
-        return http.post(path, json={"report_id": os.urandom(16).hex(),
-                                     "share": base64.b64encode(os.urandom(8 * d)).decode()})
+        share = np.frombuffer(os.urandom(8 * study.width), dtype="<u8").reshape(1, study.width)
+        (rid,), proof = binding.bind_for_server(study.study_id, study.n_servers, position,
+                                                binding.CONTENT_SHARE, share)
+        body = messages.Report.of(rid, proof[0], share[0]).model_dump()
+        return http.post(path, json=body, headers=headers)
 
     return call
 
@@ -165,9 +176,9 @@ def health(http: httpx.AsyncClient) -> Awaitable[httpx.Response]:
     return http.get("/healthz")
 
 
-def run_uploads(url: str, study_id: str, d: int, *, seconds: float, clients: int = 64,
-                pid: int | None = None) -> LoadResult:
-    return asyncio.run(drive(url, single_report_upload(study_id, d), seconds=seconds, clients=clients, pid=pid))
+def run_uploads(url: str, study: "Study", *, seconds: float, clients: int = 64, pid: int | None = None,
+                token: str | None = None) -> LoadResult:
+    return asyncio.run(drive(url, single_report_upload(study, token), seconds=seconds, clients=clients, pid=pid))
 
 
 def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float | None = None,
@@ -192,12 +203,16 @@ def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float
         study = design(name="load", columns=[f"x{i}" for i in range(d)], label=None, servers=["s1", "s2"],
                        expected_reports=1000, k=8, s=2, min_reports=500, max_reports=10**8)[0]
         r = httpx.put(f"{proc.url}/v1/studies/{study.study_id}", content=study.canonical(),
-                      headers={"Authorization": f"Bearer {spec.operator_token}",
+                      headers={"Authorization": f"Bearer {spec.analyst_token}",
                                "Content-Type": "application/json"})
         r.raise_for_status()
+        from services.admin import ServerAdmin
+
+        with ServerAdmin(proc.url, spec.operator_token) as admin:  # one data owner, no quota
+            token = admin.issue_upload_tokens(study.study_id, 1, None).token
         half = (baseline_seconds or min(seconds, 10.0)) / 2
         before = asyncio.run(drive(proc.url, health, seconds=half, clients=clients))
-        load = run_uploads(proc.url, study.study_id, d, seconds=seconds, clients=clients, pid=proc.proc.pid)
+        load = run_uploads(proc.url, study, seconds=seconds, clients=clients, pid=proc.proc.pid, token=token)
         held = int(httpx.get(f"{proc.url}/v1/studies/{study.study_id}").json()["report_count"])
         after = asyncio.run(drive(proc.url, health, seconds=half, clients=clients))
         base = LoadResult(seconds=2 * half, clients=clients, elapsed=before.elapsed + after.elapsed,

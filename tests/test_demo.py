@@ -32,9 +32,15 @@ def test_demo_json_reports_both_kinds_and_the_baselines_and_stops_its_processes(
         # the central model at this n is within a few percent of the optimum; the others are not better
         assert ratios["central"] < 1.2 and ratios["central"] <= min(ratios["sketch"], ratios["local"]) + 1e-9
         # the gram kind is the central model's statistic inside the LTM: close to central and
-        # better than local (simulated at this n, 200 runs: gram ridge at most 1.10, PCA 1.025;
-        # local ridge at least 2.7, PCA 12.9)
-        assert ratios["gram"] < 1.2 and ratios["gram"] < ratios["local"], ratios
+        # better than local. The demo's studies have the default floor (epsilon_floor = 4): the 3
+        # servers' noise, 3 x 2.53^2 per coordinate, comes on top of the clients' n x 0.0632^2,
+        # 1.57x the noise variance of a floor-less gram study. Simulated at this n and data
+        # (baselines.simulate_ltm, the demo's design and compare): gram ridge over 100,000 runs
+        # mean 1.054, 99.9% quantile 1.227, P(>= 1.2) = 0.23%, P(>= 1.4) = 1e-5, max 1.457 (without
+        # a floor, 5,000 runs: max 1.193); gram PCA over 5,000 runs max 1.069 (1.044 without).
+        # Local is compare()'s seeded simulation of the same rows: ridge 12.8, PCA 30.0.
+        bound = 1.5 if task == "ridge" else 1.2
+        assert ratios["gram"] < bound and ratios["gram"] < ratios["local"], ratios
         for kind in ("sketch", "gram"):
             study = result["studies"][kind][task]
             assert study["kind"] == kind and study["n_reports"] == 4000

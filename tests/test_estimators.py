@@ -15,8 +15,19 @@ from dpsketch.protocol import ring, sketch
 import studies
 
 
-def make_study(columns, n, label=None, epsilon=1.0, k=None, seed="s"):
-    return studies.make_study(columns, n, label, seed=seed, epsilon=epsilon, k=k)
+def make_study(columns, n, label=None, epsilon=1.0, k=None, seed="s", epsilon_floor="default"):
+    """design()'s study; ``epsilon_floor=None`` for one without server noise (sigma as before)."""
+    return studies.make_study(columns, n, label, seed=seed, epsilon=epsilon, k=k,
+                              epsilon_floor=epsilon_floor)
+
+
+def servers_noise(study):
+    """What the N servers add to the released sketch: each server's ``study.server_noise()``
+    (the function services/store.py calls at commit), decoded and scaled as the analyzer does."""
+    total = np.zeros(study.aggregate_shape)
+    for _ in range(study.n_servers):
+        total += ring.decode(study.server_noise(), study.frac_bits) * sketch.scale(study.s)
+    return total
 
 
 def exact_linear(n, d, rng):
@@ -125,11 +136,24 @@ def test_tiny_noise_ltm_is_close_to_non_private():
 # debiasing
 
 
-def test_debiased_gram_is_unbiased_for_fixed_sketch():
-    """E[Y^T Y] - sigma^2 n I = A^T S^T S A exactly; check the mean over noise draws."""
+@pytest.mark.parametrize("epsilon, floor", [(1.0, None), (1.0, "default"), (4.0, "default")],
+                         ids=["no-floor", "floor", "floor-servers-only"])
+def test_debiased_gram_is_unbiased_for_fixed_sketch(epsilon, floor):
+    """E[Y^T Y] - (sigma^2 n + k N server_sigma^2) I = A^T S^T S A exactly, Y = S(A + G) + E with
+    E the N servers' noise; check the mean over noise draws. Without a floor E = 0 (the original
+    law); with the default floor at epsilon = 1 both parts add up; at epsilon = 4 = the floor the
+    clients add nothing (sigma = 0) and the whole bias is the servers' noise, so the check is on
+    the k N server_sigma^2 term alone."""
     rng = np.random.default_rng(5)
     n, d = 2000, 3
-    study = make_study(["a", "b", "c"], n, k=20)
+    study = make_study(["a", "b", "c"], n, k=20, epsilon=epsilon, epsilon_floor=floor)
+    server_part = study.k * study.n_servers * study.server_sigma**2
+    if floor is None:
+        assert study.server_sigma == 0
+    else:
+        assert study.server_sigma > 0
+    if epsilon == 4.0:
+        assert study.sigma == 0  # the servers carry all the noise
     a = baselines.clip_rows(rng.standard_normal((n, d)) * 0.3, 1.0)
     ids = baselines.random_report_ids(n, rng)
     s = baselines.sketch_matrix(study, ids)
@@ -137,19 +161,26 @@ def test_debiased_gram_is_unbiased_for_fixed_sketch():
     draws = 300
     deb, raw = [], []
     for _ in range(draws):
-        y = s @ (a + rng.normal(0, study.sigma, size=a.shape))
+        y = s @ (a + rng.normal(0, study.sigma, size=a.shape)) + servers_noise(study)
         rel = SketchRelease(study=study, sketch=y, n_reports=n)
         deb.append(rel.gram(True))
         raw.append(rel.gram(False))
     deb, raw = np.array(deb), np.array(raw)
     se = deb.std(axis=0) / np.sqrt(draws)
-    bias = study.sigma**2 * n
+    bias = study.sigma**2 * n + server_part
+    assert rel.gram_bias == pytest.approx(bias, rel=1e-12)
     assert np.all(np.abs(deb.mean(axis=0) - target) < 5 * se)
     assert np.all(np.abs(np.diag(raw.mean(axis=0) - target) - bias) < 5 * np.diag(se))
     assert bias > 20 * se.max()
+    if epsilon == 4.0:
+        assert server_part > 20 * se.max()  # leaving out the servers' term would be caught
 
 
-def test_debiasing_reduces_ridge_bias_over_seeds():
+@pytest.mark.parametrize("floor", [None, "default"], ids=["no-floor", "floor"])
+def test_debiasing_reduces_ridge_bias_over_seeds(floor):
+    """Without a floor the noise is the clients' (sigma^2 n); with the default floor at
+    epsilon = 10 (= the floor) the clients add nothing and the servers carry all of it
+    (k N server_sigma^2): debiasing must remove either."""
     rng = np.random.default_rng(6)
     n, d = 20000, 3
     x = rng.standard_normal((n, d))
@@ -158,9 +189,11 @@ def test_debiasing_reduces_ridge_bias_over_seeds():
     rows = np.column_stack([x, y])
     rows /= np.linalg.norm(rows, axis=1).max()
     cols = ["a", "b", "c", "y"]
-    # epsilon = 10: noise energy sigma^2 n is ~15% of the data's, a regime where debiasing matters
-    # but the debiased Gram stays positive definite
-    study = make_study(cols, n, label="y", k=40, epsilon=10.0)
+    # epsilon = 10: noise energy is ~15% (no floor; ~22% with the servers' noise) of the data's,
+    # a regime where debiasing matters but the debiased Gram stays positive definite
+    study = make_study(cols, n, label="y", k=40, epsilon=10.0, epsilon_floor=floor)
+    assert (study.server_sigma > 0 and study.sigma == 0) if floor else study.server_sigma == 0
+    server_std = np.sqrt(study.n_servers) * study.server_sigma  # the N servers' noise per cell
     # fix the sketch and vary only the noise, so the target is the noise-free sketched solution
     s = baselines.sketch_matrix(study, baselines.random_report_ids(n, rng))
     sa = s @ rows
@@ -168,6 +201,7 @@ def test_debiasing_reduces_ridge_bias_over_seeds():
     fits = {True: [], False: []}
     for _ in range(60):
         y = s @ (rows + rng.normal(0, study.sigma, size=rows.shape))
+        y = y + rng.normal(0, server_std, size=y.shape)
         rel = SketchRelease(study=study, sketch=y, n_reports=n)
         for debias in (True, False):
             fits[debias].append(RidgeRegression("y", alpha=0.0, debias=debias).fit(rel).coef_)
@@ -217,9 +251,12 @@ def test_default_alpha_is_adassp_and_deterministic():
     tau = rel.gram_noise_scale
     assert tau > 0
     cross = rel.cross_noise_scale
-    # the cross term: sigma sqrt(n/k) ||A||_F, with ||A||_F^2 from the debiased release
+    # the cross term: sqrt(v) ||A||_F with v = sigma^2 n/k + N server_sigma^2 the noise variance
+    # of one released cell (clients' and servers'), ||A||_F^2 from the debiased release
+    assert study.server_sigma > 0  # the default floor: the servers' noise is part of v
     energy = np.trace(rel.gram(True))
-    assert cross == pytest.approx(study.sigma * np.sqrt(20000 / study.k) * np.sqrt(energy))
+    cell = study.sigma**2 * 20000 / study.k + study.n_servers * study.server_sigma**2
+    assert cross == pytest.approx(np.sqrt(cell) * np.sqrt(energy))
     assert energy > 0
     assert a1.alpha_ == pytest.approx(max(0.0, tau - np.linalg.eigvalsh(gxx)[0]) + cross)
     assert np.linalg.eigvalsh(gxx + a1.alpha_ * np.eye(5))[0] >= tau * (1 - 1e-9)
@@ -272,7 +309,9 @@ def test_from_ring_sum_matches_float_sketch():
     rng = np.random.default_rng(10)
     n = 500
     data = synthetic.regression_data(n, 3, seed=5)
-    study = make_study(data.columns, n, label="y", k=8)
+    # no floor: the ring sum is exactly S(A + G), no servers' noise to account for
+    study = make_study(data.columns, n, label="y", k=8, epsilon_floor=None)
+    assert study.server_sigma == 0
     ids = baselines.random_report_ids(n, rng)
     noisy = data.rows + rng.normal(0, study.sigma, size=data.rows.shape)
     ring_sum = baselines.ltm_ring_sum(study, ids, noisy)
@@ -287,6 +326,34 @@ def test_from_ring_sum_matches_float_sketch():
         SketchRelease.from_ring_sum(study, ring_sum[:-1], n)
     info = rel.noise_info()
     assert info["gram_bias"] == pytest.approx(study.sigma**2 * n)
+    assert info["server_noise_variance"] == 0.0
+
+
+def test_ring_sum_carries_each_servers_noise():
+    """With a floor the ring sum is S(A + G) plus N draws of ``study.server_noise()`` (what each
+    server adds at commit): after decoding, i.i.d. N(0, N server_sigma^2) per released cell on top
+    of the float sketch, and the release's noise law says so."""
+    rng = np.random.default_rng(11)
+    n = 500
+    data = synthetic.regression_data(n, 3, seed=5)
+    study = make_study(data.columns, n, label="y", k=8)
+    assert study.server_sigma > 0 and study.n_servers == 2
+    ids = baselines.random_report_ids(n, rng)
+    noisy = data.rows + rng.normal(0, study.sigma, size=data.rows.shape)
+    expected = sketch.dense_matrix(study.seed_bytes, ids, study.k, study.s) @ noisy
+    residuals, seeded = [], []  # the servers' CSPRNG draw; the simulator's numpy draw
+    for _ in range(200):
+        real = SketchRelease.from_ring_sum(study, baselines.ltm_ring_sum(study, ids, noisy), n)
+        sim = SketchRelease.from_ring_sum(study, baselines.ltm_ring_sum(study, ids, noisy, rng), n)
+        residuals.append(real.sketch - expected)
+        seeded.append(sim.sketch - expected)
+    std = np.sqrt(study.n_servers) * study.server_sigma
+    for res in (np.array(residuals), np.array(seeded)):  # 6400 cells: std within 5% is 5.7 se
+        assert res.std() == pytest.approx(std, rel=0.05)
+        assert abs(res.mean()) < 5 * std / np.sqrt(res.size)
+    info = real.noise_info()
+    assert info["server_noise_variance"] == pytest.approx(study.n_servers * study.server_sigma**2)
+    assert info["gram_bias"] == pytest.approx(study.sigma**2 * n + study.k * std**2)
 
 
 def test_gram_release_debias_subtracts_bias():

@@ -71,6 +71,32 @@ def test_gram_kind_matches_central_and_local_is_worst(quick_run):
     assert pca["local"] > max(pca["ltm_sketch"], pca["ltm_gram"]), pca
 
 
+def test_pipeline_adds_each_servers_noise():
+    """The in-process pipeline releases what the real servers would: the clients' shares plus
+    each server's own noise (``study.server_noise()``, as services/store.py adds at commit). At
+    epsilon = 4 = the default floor the clients add no noise (sigma = 0), so a gram release minus
+    the exact sum of the feature vectors is the N servers' noise alone: N(0, N server_sigma^2)
+    per coordinate, the release's ``coordinate_noise_std``."""
+    import numpy as np
+
+    from analyzer import synthetic
+    from dpsketch.protocol import features
+
+    data = synthetic.regression_data(1000, 10, seed=0)
+    study = experiments.design_study(list(data.columns), data.label, data.n, 4.0, "gram", ("servers-noise",))
+    assert study.sigma == 0 and study.server_sigma > 0 and study.n_servers == 2
+    exact = features.gram_features(data.rows).sum(axis=0)
+    residuals = []
+    for _ in range(20):  # 20 x 78 coordinates
+        release = experiments.run_pipeline(study, data.rows).release
+        residuals.append(release.values - exact)
+    res = np.array(residuals)
+    std = math.sqrt(study.n_servers) * study.server_sigma
+    assert release.coordinate_noise_std == pytest.approx(std, rel=1e-12)
+    assert res.std() == pytest.approx(std, rel=0.1)  # 1560 draws: 10% is 5.6 standard errors
+    assert abs(res.mean()) < 5 * std / math.sqrt(res.size)
+
+
 def test_cli_registers_the_subcommand(capsys):
     from dpsketch import cli
 

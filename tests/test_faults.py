@@ -3,7 +3,9 @@ of an upload, a locked database, a full disk, and a bounded load test.
 
 Every test uses real server processes on loopback ports with real SQLite files. Where the test
 must know A + G exactly it captures the SDK's own ``prepare_batch`` output (the shares it sent)
-and computes S(A + G) independently of the servers' code.
+and computes S(A + G) independently of the servers' code. Such exact-release tests use studies
+without a floor (``epsilon_floor=None``: no server noise) on servers whose policy accepts them
+(``DPSKETCH_MAX_FLOOR_EPSILON=none``); servers take open uploads (``conftest.OPEN_UPLOADS``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,18 @@ from dpsketch.cluster import ManagedProcess, analyzer as analyzer_process, share
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 from dpsketch.protocol.study import design
 
+import studies
+from conftest import OPEN_UPLOADS, Cluster
+
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
+#: Server policy that accepts studies without a floor, whose release is exactly S(A + G).
+NO_FLOOR = {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}
+
+
+def exact_cluster(servers) -> Cluster:
+    """Three servers (open uploads) that take floor-less studies, and an analyzer."""
+    return Cluster(servers, 3, api_token="analyst-api-token",
+                   server_env={f"s{j + 1}": NO_FLOOR for j in range(3)})
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -86,9 +99,9 @@ class Capture:
 class AckLog(httpx.HTTPTransport):
     """An httpx transport that records which batches each server acknowledged (200), and when."""
 
-    def __init__(self, d: int):
+    def __init__(self, study: Study):
         super().__init__()
-        self.d = d
+        self.width, self.n_servers = study.width, study.n_servers
         self.lock = threading.Lock()
         self.acked: dict[int, list[tuple[float, list[bytes]]]] = {}
         self.listeners: list = []
@@ -96,7 +109,8 @@ class AckLog(httpx.HTTPTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         response = super().handle_request(request)
         if request.url.path.endswith("/batches") and response.status_code == 200:
-            ids, _ = messages.decode_upload(request.content, request.headers["content-type"], self.d)
+            ids = messages.decode_upload(request.content, request.headers["content-type"], self.width,
+                                         self.n_servers).ids
             with self.lock:
                 self.acked.setdefault(request.url.port, []).append((time.monotonic(), ids))
                 n = len(self.acked[request.url.port])
@@ -137,16 +151,17 @@ def assert_unavailable(r: httpx.Response) -> None:
 # --- 1. a share server SIGKILLed in the middle of an SDK bulk upload ---------------------------
 
 
-def test_share_server_sigkilled_mid_upload_loses_nothing_acknowledged(servers, live_cluster, monkeypatch):
-    c = live_cluster
+def test_share_server_sigkilled_mid_upload_loses_nothing_acknowledged(servers, monkeypatch):
+    c = exact_cluster(servers)
     n, batch_size, kill_after = 40_000, 1_000, 8
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="kill-server", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=40, s=4, min_reports=n)
+                                  k=40, s=4, min_reports=n, epsilon_floor=None)
     study = Study.model_validate(created["study"])
+    assert study.server_sigma == 0
     victim, spec = c.procs[1], c.specs[1]
     capture = Capture(monkeypatch)
-    acks = AckLog(study.d)
+    acks = AckLog(study)
     killed_at: list[float] = []
     restarted: list[ManagedProcess] = []
 
@@ -155,7 +170,7 @@ def test_share_server_sigkilled_mid_upload_loses_nothing_acknowledged(servers, l
         victim.kill()
         killed_at.append(time.monotonic())
         time.sleep(1.0)  # the SDK is retrying into a refused port meanwhile
-        restarted.append(servers.start(spec))  # same spec: same port, same SQLite file
+        restarted.append(servers.start(spec, NO_FLOOR))  # same spec: same port, same SQLite file
 
     def on_ack(port: int, count: int) -> None:
         if port == spec.port and count == kill_after:
@@ -201,14 +216,17 @@ def test_share_server_sigkilled_mid_upload_loses_nothing_acknowledged(servers, l
 # --- 2. one server down for the whole upload of some reports ------------------------------------
 
 
-def test_reports_missed_by_a_down_server_are_excluded_everywhere(servers, live_cluster, monkeypatch):
-    c = live_cluster
-    n1, n2 = 3_000, 2_000
-    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
-        created = an.create_study(name="one-down", columns=COLUMNS, label="y", expected_reports=n1,
-                                  k=8, s=2, min_reports=n1)
-    study = Study.model_validate(created["study"])
-    capture = Capture(monkeypatch)
+def server_policy(url: str) -> dict:
+    r = httpx.get(f"{url}/v1/info", timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()["policy"]
+
+
+def upload_with_s3_down(servers, c: Cluster, study: Study, capture: Capture, n1: int, n2: int,
+                        batch_size: int) -> tuple[list[bytes], list[bytes], list[sdk.PendingUpload]]:
+    """n1 reports reach all three servers; then s3 is down for the whole upload of n2 more (the
+    SDK gives up on it; what it cancelled at s1 and s2 is completed there) and comes back without
+    them. Returns the ids held everywhere, the ids s3 missed and the uploads pending at s3."""
     rng = np.random.default_rng(8)
     with Client(c.server_urls) as client:
         client.submit_many(study.study_id, rng.normal(0, 0.3, size=(n1, 5)), batch_size=1000)
@@ -219,17 +237,36 @@ def test_reports_missed_by_a_down_server_are_excluded_everywhere(servers, live_c
         client.study(study.study_id)  # verified at all three servers while they are up
         c.procs[2].kill()  # s3 is down for the whole second upload
         with pytest.raises(sdk.IncompleteUpload) as err:
-            client.submit_many(study.study_id, rng.normal(0, 0.3, size=(n2, 5)), batch_size=500)
+            client.submit_many(study.study_id, rng.normal(0, 0.3, size=(n2, 5)), batch_size=batch_size)
         assert {f.server_id for f in err.value.failures} == {"s3"}
         second = capture.ids()[n1:]
-        assert set(second) == {rid for p in err.value.pending if p.server_id == "s3"
-                               for rid in messages.decode_upload(p.body, p.media_type, study.d)[0]}
+        missed = [p for p in err.value.pending if p.server_id == "s3"]
+        assert set(second) == {rid for p in missed for rid in messages.decode_upload(
+            p.body, p.media_type, study.width, study.n_servers).ids}
         # what the run cancelled at s1 and s2 when s3 failed is completed there (s3 still down)
         client.resend(study.study_id, [p for p in err.value.pending if p.server_id != "s3"])
-    servers.start(c.specs[2])  # back, without the reports it missed (nobody resends them)
+    servers.start(c.specs[2], NO_FLOOR)  # back, without the reports it missed
 
     counts = [study_info(url, study.study_id)["report_count"] for url in c.server_urls]
     assert counts == [n1 + len(second), n1 + len(second), n1]
+    return first, second, missed
+
+
+def test_reports_missed_by_a_down_server_are_excluded_everywhere(servers, monkeypatch):
+    """A few reports (within the servers' batch rule: at most 10% of what s1 and s2 hold) never
+    reach s3 and nobody resends them: the release is over the reports every server holds."""
+    c = exact_cluster(servers)
+    n1, n2 = 3_000, 300
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="one-down", columns=COLUMNS, label="y", expected_reports=n1,
+                                  k=8, s=2, min_reports=n1, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    capture = Capture(monkeypatch)
+    first, second, _ = upload_with_s3_down(servers, c, study, capture, n1, n2, batch_size=100)
+    fraction = server_policy(c.server_urls[0])["max_excluded_fraction"]
+    assert fraction == 0.1  # the default batch rule
+    assert 0 < len(second) <= int(fraction * (n1 + len(second)))  # within it: s1, s2 may leave them out
+
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         fin = an.finalize(study.study_id)
         released = np.array(an.sketch(study.study_id)["sketch"])
@@ -239,7 +276,50 @@ def test_reports_missed_by_a_down_server_are_excluded_everywhere(servers, live_c
         assert study_info(url, study.study_id)["commit"]["inclusion_hash"] == fin["inclusion_hash"]
     enc = capture.encoded()
     np.testing.assert_array_equal(released, expected_release(study, first, np.stack([enc[r] for r in first])))
-    print(f"\none server down: {n1} reports everywhere, {counts[0] - n1} more at s1/s2 only; released over {n1}")
+    print(f"\none server down: {n1} reports everywhere, {len(second)} more at s1/s2 only; released over {n1}")
+
+
+def test_too_many_reports_missed_by_a_down_server_are_refused_until_resent(servers, monkeypatch):
+    """s3 misses more than the batch rule lets s1 and s2 leave out: the analyzer refuses
+    (422 inclusion-refused) before any server commits, and once the data owner resends what
+    IncompleteUpload listed as pending at s3, finalize releases every report, exactly."""
+    c = exact_cluster(servers)
+    n1, n2 = 3_000, 2_000
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="one-down-long", columns=COLUMNS, label="y", expected_reports=n1,
+                                  k=8, s=2, min_reports=n1, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    capture = Capture(monkeypatch)
+    first, second, missed = upload_with_s3_down(servers, c, study, capture, n1, n2, batch_size=500)
+    fraction = server_policy(c.server_urls[0])["max_excluded_fraction"]
+    assert len(second) > int(fraction * (n1 + len(second)))  # beyond what s1 and s2 may leave out
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        with pytest.raises(ProblemError) as refused:
+            an.finalize(study.study_id)
+        assert refused.value.slug == "inclusion-refused" and refused.value.status == 422
+        assert "Nothing was committed" in refused.value.detail
+        for url in c.server_urls:  # refused before any commit: every server still open
+            info = study_info(url, study.study_id)
+            assert info["status"] == "open" and info["commit"] is None, info
+
+        with Client(c.server_urls) as client:  # the data owner resends exactly the pending bytes
+            client.resend(study.study_id, missed)
+        counts = [study_info(url, study.study_id)["report_count"] for url in c.server_urls]
+        assert counts == [n1 + len(second)] * 3
+
+        fin = an.finalize(study.study_id)
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    everything = first + second
+    assert fin["state"] == "released" and fin["n_reports"] == n1 + len(second)
+    assert fin["inclusion_hash"] == messages.inclusion_hash(sorted(everything))
+    for url in c.server_urls:
+        assert study_info(url, study.study_id)["commit"]["inclusion_hash"] == fin["inclusion_hash"]
+    enc = capture.encoded()
+    np.testing.assert_array_equal(released, expected_release(study, everything,
+                                                             np.stack([enc[r] for r in everything])))
+    print(f"\none server down too long: {len(second)} of {n1 + len(second)} missing at s3, finalize "
+          f"refused (inclusion-refused, nothing committed); after the resend released over all")
 
 
 # --- 3. the analyzer SIGKILLed in the middle of finalization -----------------------------------
@@ -330,14 +410,14 @@ def test_analyzer_sigkilled_mid_finalize_resumes_with_the_recorded_set(servers):
     from dpsketch.cluster import start_all
 
     specs = [servers.spec(f"s{j + 1}") for j in range(3)]
-    procs = [share_server(spec, servers.workdir) for spec in specs]
+    procs = [share_server(spec, servers.workdir, {**OPEN_UPLOADS, **NO_FLOOR}) for spec in specs]
     servers.started.extend(procs)
     start_all(procs)
     blackhole = CommitBlackhole(specs[2].port)
     urls = [procs[0].url, procs[1].url, blackhole.url]  # the analyzer reaches s3 through the proxy
     config = servers.workdir / "cluster.json"
-    config.write_text(json.dumps({"servers": [
-        {"server_id": s.server_id, "url": u, "operator_token": s.operator_token, "analyst_token": s.analyst_token}
+    config.write_text(json.dumps({"servers": [  # analyst tokens only, as the fixtures configure it
+        {"server_id": s.server_id, "url": u, "analyst_token": s.analyst_token}
         for s, u in zip(specs, urls)], "api_token": "tok"}))
     an_db = servers.workdir / "analyzer.sqlite3"
     first_analyzer = analyzer_process(config, an_db, servers.workdir).start()
@@ -352,17 +432,21 @@ def _kill_analyzer_mid_finalize(servers, specs, procs, blackhole, config, an_db,
     n, extra = 2_000, 50
     with AnalyzerClient(first_analyzer.url, "tok") as an:
         created = an.create_study(name="kill-analyzer", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=8, s=2, min_reports=n)
+                                  k=8, s=2, min_reports=n, epsilon_floor=None)
     study = Study.model_validate(created["study"])
+    assert study.server_sigma == 0  # no server noise: the release is exactly S(A + G)
     rows = np.random.default_rng(1).normal(0, 0.3, size=(n + extra, 5))
     batch = sdk.prepare_batch(study, rows)
     encoded = ring.reconstruct(batch.shares)
+    # s1 and s2 will hold `extra` reports s3 lacks at the first finalize: within the batch rule
+    assert extra <= int(0.1 * (n + extra))
     core = slice(0, n)
     # the last `extra` reports reach s1 and s2 now and s3 only after the crash: a finalize that
     # recomputed the intersection after the crash would pick a different (larger) set
     for j, proc in enumerate(procs):
         part = slice(0, n + extra) if j < 2 else core
-        r = upload(proc.url, study, messages.encode_batch(batch.report_ids[part], batch.shares[j][part]))
+        r = upload(proc.url, study, messages.encode_batch(batch.report_ids[part], batch.proofs[j][part],
+                                                          batch.shares[j][part]))
         assert r.status_code == 200, r.text
     outcome: list = []
 
@@ -390,10 +474,11 @@ def _kill_analyzer_mid_finalize(servers, specs, procs, blackhole, config, an_db,
     thread.join(30)
     assert outcome and isinstance(outcome[0], httpx.TransportError), outcome
 
-    s3 = servers.start(specs[2])  # same port, same file; the proxy forwards commits again
+    s3 = servers.start(specs[2], NO_FLOOR)  # same port, same file; the proxy forwards commits again
     blackhole.blocking = False
     part = slice(n, n + extra)
-    r = upload(s3.url, study, messages.encode_batch(batch.report_ids[part], batch.shares[2][part]))
+    r = upload(s3.url, study, messages.encode_batch(batch.report_ids[part], batch.proofs[2][part],
+                                                    batch.shares[2][part]))
     assert r.status_code == 200, r.text
     urls = [procs[0].url, procs[1].url, s3.url]
     assert [study_info(u, study.study_id)["report_count"] for u in urls] == [n + extra] * 3
@@ -432,10 +517,12 @@ def provision(url: str, token: str, study: Study) -> None:
     assert r.status_code in (200, 201), r.text
 
 
-def random_batch(m: int) -> tuple[list[bytes], np.ndarray, bytes]:
-    ids = [os.urandom(16) for _ in range(m)]
+def random_batch(study: Study, m: int) -> tuple[list[bytes], np.ndarray, np.ndarray, bytes]:
+    """m random shares for server s1 (position 0), bound to their report ids as a client binds
+    them: (ids, proofs, shares, body)."""
     shares = np.frombuffer(os.urandom(8 * m * D), dtype="<u8").reshape(m, D).copy()
-    return ids, shares, messages.encode_batch(ids, shares)
+    ids, proofs = studies.bind_at(study, 0, shares)
+    return ids, proofs, shares, messages.encode_batch(ids, proofs, shares)
 
 
 def check_store(db_path: str, study: Study, expected_ids: set[bytes]) -> None:
@@ -457,14 +544,14 @@ def test_locked_database_answers_503_then_recovers(servers):
     proc = servers.start(spec)
     study = small_study()
     provision(proc.url, spec.operator_token, study)
-    ids0, _, body0 = random_batch(200)
+    ids0, _, _, body0 = random_batch(study, 200)
     assert upload(proc.url, study, body0).status_code == 200
 
     locker = sqlite3.connect(str(spec.db_path), timeout=10, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
     try:
-        ids1, shares1, body1 = random_batch(300)
-        single = messages.Report.of(ids1[0], shares1[0]).model_dump()
+        ids1, proofs1, shares1, body1 = random_batch(study, 300)
+        single = messages.Report.of(ids1[0], proofs1[0], shares1[0]).model_dump()
         results: dict[str, httpx.Response] = {}
 
         def post(name: str, **kwargs) -> None:
@@ -509,7 +596,7 @@ def _tmpfs_server(servers, spec, size_mib: int) -> tuple[ManagedProcess, Path]:
     mnt = servers.workdir / "tmpfs"
     mnt.mkdir()
     spec.db_path = mnt / "s1.sqlite3"
-    proc = share_server(spec, servers.workdir)
+    proc = share_server(spec, servers.workdir, OPEN_UPLOADS)
     script = f"mount -t tmpfs -o size={size_mib}m tmpfs {mnt} && exec \"$@\""
     unshare = ["unshare", "-m", "--propagation", "private"] + ([] if os.geteuid() == 0 else ["-r"])
     proc.argv = [*unshare, "sh", "-c", script, "sh", *proc.argv]
@@ -529,7 +616,7 @@ def test_full_disk_answers_503_then_recovers(servers):
     proc, inside = _tmpfs_server(servers, spec, size_mib=24)
     study = small_study()
     provision(proc.url, spec.operator_token, study)
-    ids0, _, body0 = random_batch(500)
+    ids0, _, _, body0 = random_batch(study, 500)
     assert upload(proc.url, study, body0).status_code == 200
 
     filler = inside / "filler"
@@ -546,10 +633,10 @@ def test_full_disk_answers_503_then_recovers(servers):
                 f.flush()
         except OSError:
             pass
-    ids1, shares1, body1 = random_batch(20_000)  # ~1 MiB of shares
+    ids1, proofs1, shares1, body1 = random_batch(study, 20_000)  # ~1.6 MiB of ids, proofs and shares
     r = upload(proc.url, study, body1)
     assert_unavailable(r)
-    single = messages.Report.of(ids1[0], shares1[0]).model_dump()
+    single = messages.Report.of(ids1[0], proofs1[0], shares1[0]).model_dump()
     statuses = [httpx.post(f"{proc.url}/v1/studies/{study.study_id}/reports", json=single).status_code
                 for _ in range(3)]
     assert all(s in (200, 503) for s in statuses), statuses  # a small write may still fit a page
@@ -579,7 +666,7 @@ def run_load(servers, seconds: float, clients: int = 64) -> None:
     proc = servers.start(spec)
     study = small_study(max_reports=10**8)
     provision(proc.url, spec.operator_token, study)
-    out = loadtest.run_uploads(proc.url, study.study_id, study.d, seconds=seconds, clients=clients,
+    out = loadtest.run_uploads(proc.url, study, seconds=seconds, clients=clients,
                                pid=proc.proc.pid)
     fig = out.figures()
     count = study_info(proc.url, study.study_id)["report_count"]
