@@ -27,11 +27,7 @@ class AnalyzerClient:
     def _call(self, method: str, path: str, **kwargs) -> Any:
         r = self.http.request(method, path, **kwargs)
         if r.status_code >= 400:
-            try:
-                raise ProblemError.from_body(r.status_code, r.json())
-            except ValueError:
-                raise ProblemError("internal-error" if r.status_code >= 500 else "invalid-request",
-                                   r.text[:300], status=r.status_code) from None
+            raise ProblemError.from_http(r.status_code, r.content)
         return r.json()
 
     def create_study(self, **fields: Any) -> dict[str, Any]:

@@ -171,7 +171,8 @@ def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.
                              references=references)["pca"]
             result = {**ratios, "rank": args.rank, "explained_variance": served["explained_variance"]}
         result.update(study_id=study_id, kind=kind, n_reports=fin["n_reports"], upload_seconds=upload_s,
-                      finalize_seconds=finalize_s, k=study.k, sigma=study.sigma, width=study.width)
+                      finalize_seconds=finalize_s, k=study.k, sigma=study.sigma, width=study.width,
+                      server_sigma=study.server_sigma, guarantees=created["guarantees"])
         return result
 
 
@@ -241,12 +242,22 @@ def render(result: dict[str, Any]) -> str:
     for kind in result["kinds"]:
         study = result["studies"][kind]["ridge"]
         if kind == "sketch":
-            note = (f"LTM sketch: each client shares its row plus noise sigma_local / "
-                    f"sqrt(lambda_star); the servers apply the OSNAP sketch (k = {study['k']} rows).")
+            note = (f"LTM sketch: each client shares its row plus a little noise; the servers apply "
+                    f"the OSNAP sketch (k = {study['k']} rows).")
         else:
             note = (f"LTM gram: each client shares [a, u(a a^T), 1] ({study['width']} values) plus "
-                    f"noise; the servers sum them: the central model's A^T A, inside the LTM.")
+                    f"a little noise; the servers sum them: the central model's A^T A, inside the LTM.")
         lines.append(textwrap.fill(note, 100, subsequent_indent="  "))
+    first = result["studies"][result["kinds"][0]]["ridge"]
+    if first.get("guarantees"):
+        g = first["guarantees"]
+        floor = g["floor_epsilon"]
+        lines.append(textwrap.fill(
+            f"Each server adds its own noise (server_sigma = {first['server_sigma']:.3g}): every report "
+            f"is ({g['epsilon']:.3g}, {result['delta']:g})-DP with the other honest reports, and "
+            + (f"{floor:.3g}-DP" if floor is not None else "has no guarantee")
+            + " even if all other reports are an adversary's and all servers but one collude.",
+            100, subsequent_indent="  "))
     lines.append(textwrap.fill("local: each client adds sigma_local, no sketch; central: a trusted "
                                "server adds noise to A^T A (SSP for ridge, Analyze-Gauss for PCA).",
                                100, subsequent_indent="  "))

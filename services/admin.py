@@ -42,11 +42,7 @@ class ServerAdmin:
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         r = self.http.request(method, path, **kwargs)
         if r.status_code >= 400:
-            try:
-                raise ProblemError.from_body(r.status_code, r.json())
-            except ValueError:
-                raise ProblemError("internal-error" if r.status_code >= 500 else "invalid-request",
-                                   r.text[:200], status=r.status_code) from None
+            raise ProblemError.from_http(r.status_code, r.content)
         return r.json()
 
     def issue_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1) -> IssuedUploadTokens:

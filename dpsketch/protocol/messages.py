@@ -101,16 +101,21 @@ def _ids_field(report_ids: np.ndarray | list[bytes]) -> np.ndarray:
     return report_ids
 
 
+def _encode(dtype_of, field: str, report_ids: np.ndarray | list[bytes], proofs: np.ndarray,
+            payloads: np.ndarray) -> bytes:
+    proofs = np.asarray(proofs, dtype=np.uint8)
+    n_servers = (proofs.shape[1] - binding.SALT_BYTES) // binding.COMMITMENT_BYTES + 1
+    records = np.empty(len(payloads), dtype=dtype_of(n_servers))
+    records["id"] = _ids_field(report_ids)
+    records["proof"] = proofs
+    records[field] = payloads
+    return records.tobytes()
+
+
 def encode_batch(report_ids: np.ndarray | list[bytes], proofs: np.ndarray, shares: np.ndarray) -> bytes:
     """An ``application/x-dpsketch-shares`` body: per report its id, proof and share."""
     shares = np.asarray(shares, dtype=np.uint64)
-    proofs = np.asarray(proofs, dtype=np.uint8)
-    n_servers = (proofs.shape[1] - binding.SALT_BYTES) // binding.COMMITMENT_BYTES + 1
-    records = np.empty(len(shares), dtype=batch_dtype(shares.shape[1], n_servers))
-    records["id"] = _ids_field(report_ids)
-    records["proof"] = proofs
-    records["share"] = shares
-    return records.tobytes()
+    return _encode(lambda n: batch_dtype(shares.shape[1], n), "share", report_ids, proofs, shares)
 
 
 def decode_batch(body: bytes, width: int, n_servers: int) -> Upload:
@@ -128,13 +133,7 @@ def decode_batch(body: bytes, width: int, n_servers: int) -> Upload:
 def encode_seed_batch(report_ids: np.ndarray | list[bytes], proofs: np.ndarray, seeds: np.ndarray) -> bytes:
     """An ``application/x-dpsketch-seeds`` body: per report its id, proof and 32-byte seed."""
     seeds = np.asarray(seeds, dtype=np.uint8).reshape(-1, ring.SEED_BYTES)
-    proofs = np.asarray(proofs, dtype=np.uint8)
-    n_servers = (proofs.shape[1] - binding.SALT_BYTES) // binding.COMMITMENT_BYTES + 1
-    records = np.empty(len(seeds), dtype=seed_dtype(n_servers))
-    records["id"] = _ids_field(report_ids)
-    records["proof"] = proofs
-    records["seed"] = seeds
-    return records.tobytes()
+    return _encode(seed_dtype, "seed", report_ids, proofs, seeds)
 
 
 def decode_seed_batch(body: bytes, n_servers: int) -> Upload:

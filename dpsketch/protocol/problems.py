@@ -75,6 +75,21 @@ class ProblemError(Exception):
         return out
 
     @classmethod
+    def from_http(cls, status: int, content: bytes) -> "ProblemError":
+        """The error an HTTP answer of ``status`` >= 400 carries: its problem JSON, or (a proxy's
+        HTML page, a truncated body) the start of its text under a generic slug."""
+        import json
+
+        try:
+            body = json.loads(content)
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            return cls.from_body(status, body)
+        text = content[:300].decode("utf-8", "replace")
+        return cls("internal-error" if status >= 500 else "invalid-request", text, status=status)
+
+    @classmethod
     def from_body(cls, status: int, body: dict[str, Any]) -> "ProblemError":
         t = str(body.get("type", ""))
         slug = t[len(PREFIX):] if t.startswith(PREFIX) else ""
