@@ -282,7 +282,8 @@ def create_app(settings: Settings) -> FastAPI:
         a count that moves by one tells membership)."""
         return store.info(store.record(study_id), is_trusted)
 
-    upload_scheme = HTTPBearer(auto_error=False, description="the study's upload token, if it has any")
+    upload_scheme = HTTPBearer(auto_error=False, description="one of the study's upload tokens (issued "
+                               "by this server's operator; required by default)")
 
     async def upload_allowed(study_id: str,
                              creds: HTTPAuthorizationCredentials | None = Security(upload_scheme)) -> bytes | None:

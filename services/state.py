@@ -27,8 +27,9 @@ from dpsketch.protocol.sketch import accumulate as add_into
 
 log = logging.getLogger("dpsketch.server")
 
-#: Memory the report index of an open study takes per held report (the id -> rowid map and the
-#: contiguous id and rowid copies), measured by tests/test_trust.py; the memory budget counts it.
+#: Memory the report index of an open study takes per held report: the id -> rowid map and the
+#: contiguous id and rowid copies (109 bytes, tracemalloc over 2 x 10^5 reports) plus the 49-byte
+#: id objects the map keeps. The memory budget counts it.
 INDEX_BYTES_PER_REPORT = 160
 
 

@@ -1,16 +1,13 @@
-"""Noise calibration and the release certificate (DESIGN.md, "Noise calibration").
+"""Sensitivities, the Gaussian mechanism's unit noise, and the release certificate (DESIGN.md,
+"Noise calibration").
 
-Every component that needs a noise scale or checks the certificate calls this module, so the
-privacy promise is computed in exactly one place.
-
-The release Y = S(A + G) is a Gaussian mechanism with correlated noise. A client that adds
-N(0, sigma^2) noise per coordinate with
-
-    sigma = Delta / (mu_star * sqrt(lambda_star))
-
-makes the release mu_star-GDP, hence (epsilon, delta)-DP, as long as the honest part of the
-sketch satisfies lambda_min(S_H S_H^T) >= lambda_star. The servers check that bound on the
-exact inclusion set before they release anything (:func:`certify`).
+The release Y = S(A + G) + E is a Gaussian mechanism with correlated noise. What one honest
+report's epsilon is, for both neighbouring notions and with the servers' noise E, and how the
+noise is split between clients and servers, is :mod:`.accounting`; this module gives it the
+building blocks (sensitivity, ``unit_sigma`` = 1/mu_star, the tail cost of the 20 sigma cut,
+lambda_star) and the certificate the servers check on the exact inclusion set before they release
+anything (:func:`certify`): lambda_min(S S^T) - t >= lambda_star, so the honest reports certify
+lambda_star.
 """
 
 from __future__ import annotations
@@ -72,20 +69,6 @@ def local_sigma(
 ) -> float:
     """sigma_local = Delta / mu_star: what each client would need without the servers' sum."""
     return gaussian_sigma(epsilon, delta, sensitivity(row_bound, neighbouring, kind))
-
-
-def client_sigma(
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: Neighbouring,
-    lambda_star: float,
-    kind: features.Kind = "sketch",
-) -> float:
-    """The LTM client noise: sigma_local / sqrt(lambda_star)."""
-    if not lambda_star >= 1.0:
-        raise ValueError("lambda_star must be at least 1")
-    return local_sigma(epsilon, delta, row_bound, neighbouring, kind) / math.sqrt(lambda_star)
 
 
 def tail_delta(epsilon: float, noise_coordinates: int, tail_sigmas: float) -> float:
