@@ -13,6 +13,13 @@ import os
 import sys
 from pathlib import Path
 
+# Before numpy is imported: no transparent huge pages for numpy's arrays in the server. A study's
+# running totals (a k x width aggregate, k x k S S^T) are allocated whole but touched a few rows
+# per report; with numpy's default madvise(MADV_HUGEPAGE) each touched row pins 2 MiB instead of
+# 4 KiB, so a new study held megabytes after one report. The memory budget counts the totals whole
+# either way (policy.study_memory).
+os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+
 MIB = 1 << 20
 
 DESCRIPTION = """\

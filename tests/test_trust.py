@@ -290,38 +290,45 @@ def test_a_relay_cannot_substitute_a_share(servers):
 
 
 def test_one_report_to_the_largest_study_pins_only_its_declared_totals(servers):
+    """One report to a study whose k x width aggregate is large must not touch (and so pin) that
+    aggregate: the old code built and added a dense k x width matrix on every upload."""
     limit = 64 << 20
     specs, procs = _start(servers, 2, DPSKETCH_UPLOAD_AUTH="open", DPSKETCH_MAX_STUDY_MEMORY=str(limit),
-                          DPSKETCH_MEMORY_BUDGET=str(3 * limit // 2))
-    columns = [f"c{i}" for i in range(400)]
-    # k x (width + k) x 8 bytes just under the limit: k = 2400 -> 8 * 2400 * 2800 = 53.8 MB
-    study, _ = design(name="big", columns=columns, label=None, servers=[s.server_id for s in specs],
-                      expected_reports=10 ** 6, k=2400, s=4)
+                          DPSKETCH_MEMORY_BUDGET=str(80 << 20))
+    columns = [f"c{i}" for i in range(4000)]
+    servers_ = [s.server_id for s in specs]
+    # 8 k (width + k) just under the limit: k = 1200 -> aggregate 38.4 MB + S S^T 11.5 MB
+    study, _ = design(name="big", columns=columns, label=None, servers=servers_, expected_reports=10 ** 4,
+                      k=1200, s=4)
+    warm, _ = design(name="warm", columns=columns[:3], label=None, servers=servers_, expected_reports=1000)
     declared = 8 * study.k * (study.width + study.k)
     assert declared <= limit
     _provision(study, specs, procs)
+    _provision(warm, specs, procs)
     pid = procs[0].proc.pid
 
     def rss() -> int:
         with open(f"/proc/{pid}/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
 
-    before = rss()
     with Client([p.url for p in procs]) as client:
-        client.submit(study.study_id, np.zeros(400))
-    grown = rss() - before
+        client.submit(warm.study_id, np.zeros(3))  # the upload path's own first-use allocations
+        before = rss()
+        client.submit(study.study_id, np.zeros(4000))
+        grown = rss() - before
+    aggregate = 8 * study.k * study.width
     print(f"\nmemory: one report to a k = {study.k}, width = {study.width} study: RSS +{grown / 2**20:.1f} "
-          f"MiB (declared totals {declared / 2**20:.1f} MiB)")
-    assert grown < declared / 4  # the totals are allocated, not touched, by one report
+          f"MiB (its aggregate {aggregate / 2**20:.1f} MiB, declared totals {declared / 2**20:.1f} MiB)")
+    assert grown < aggregate / 4  # the aggregate is allocated, not touched, by one report
     # a second study of that size does not fit the server's budget: refused, with the rule named
-    other, _ = design(name="big2", columns=columns, label=None, servers=[s.server_id for s in specs],
-                      expected_reports=10 ** 6, k=2400, s=4)
+    other, _ = design(name="big2", columns=columns, label=None, servers=servers_, expected_reports=10 ** 4,
+                      k=1200, s=4)
     r = httpx.put(f"{procs[0].url}/v1/studies/{other.study_id}", json=other.model_dump(mode="json"),
                   headers={"Authorization": f"Bearer {specs[0].analyst_token}"})
     assert r.status_code == 422 and r.json()["policy_rule"] == "memory_budget"
     # and a study above the per-study limit is refused outright
-    huge, _ = design(name="huge", columns=columns, label=None, servers=[s.server_id for s in specs],
-                     expected_reports=10 ** 6, k=2800, s=4)
+    huge, _ = design(name="huge", columns=columns, label=None, servers=servers_, expected_reports=10 ** 4,
+                     k=1600, s=4)
     r = httpx.put(f"{procs[1].url}/v1/studies/{huge.study_id}", json=huge.model_dump(mode="json"),
                   headers={"Authorization": f"Bearer {specs[1].analyst_token}"})
     assert r.status_code == 422 and r.json()["policy_rule"] == "max_study_memory"
