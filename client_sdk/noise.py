@@ -13,7 +13,9 @@ import os  # noqa: F401  (tests patch os.urandom through this module)
 import numpy as np
 
 from dpsketch.protocol import features
-from dpsketch.protocol.noise import _unit_uniform, gaussian, ndtri, standard_normal  # noqa: F401
+from scipy.special import ndtri  # noqa: F401  (the sampler's inverse CDF, for tests)
+
+from dpsketch.protocol.noise import _unit_uniform, gaussian, standard_normal  # noqa: F401
 from dpsketch.protocol.study import Study
 
 

@@ -25,14 +25,19 @@ _rng = random.SystemRandom()
 
 
 def _outside_ephemeral_range() -> range:
-    """Ports the kernel never picks for ``bind(0)`` or an outgoing connection's local end."""
+    """Ports the kernel never picks for ``bind(0)`` or an outgoing connection's local end; under
+    pytest-xdist, this worker's own slice of them, so that two workers never pick one port."""
     try:
         low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     except (OSError, ValueError):
         return range(0)
     below = range(max(1024, low - 12000), low)
     above = range(high + 1, 65536)
-    return below if len(below) >= len(above) else above
+    pool = below if len(below) >= len(above) else above
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and workers.isdigit() and int(workers) > 1:
+        return pool[int(worker[2:])::int(workers)]
+    return pool
 
 
 def free_ports(n: int) -> list[int]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from scipy.special import ndtri
 
 #: Noise is drawn from N(0, sigma^2) and refused beyond this many sigmas (probability 5.5e-89
 #: per coordinate; the sampler redraws). Part of the overflow bound; its effect on the privacy
@@ -53,6 +52,8 @@ def standard_normal(shape: int | tuple[int, ...]) -> np.ndarray:
     """N(0, 1) samples, every bit from ``os.urandom`` (inverse CDF, see module docstring)."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     count = int(np.prod(shape, dtype=np.int64))
+    from scipy.special import ndtri  # here, not at import: a share server imports this module
+
     words = _urandom_u64(count)
     negative = (words >> np.uint64(63)).astype(bool)
     u = _unit_uniform(words)
