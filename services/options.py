@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES
+
 
 def _env(name: str, default: Any, kind):
     value = os.environ.get(name)
@@ -92,7 +94,7 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                         "reports), which bounds Sybil reports; open: anyone may upload until a study's "
                         "first token is issued ($DPSKETCH_UPLOAD_AUTH; default: %(default)s)")
     g.add_argument("--max-study-bytes", type=byte_size_or_none,
-                   default=_env("DPSKETCH_MAX_STUDY_BYTES", 32 << 30, byte_size_or_none),
+                   default=_env("DPSKETCH_MAX_STUDY_BYTES", DEFAULT_MAX_STUDY_BYTES, byte_size_or_none),
                    help="largest storage a study may claim: max_reports x (16 + 8 x values per "
                         "share) bytes, e.g. 50G, or 'none'; gram studies share d^2/2 values per "
                         "report ($DPSKETCH_MAX_STUDY_BYTES; default: 32G)")

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpsketch.protocol.study import SERVER_ID_PATTERN
+from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES, SERVER_ID_PATTERN
 
 MIB = 1 << 20
 
@@ -44,7 +44,7 @@ class Settings:
     upload_auth: str = "tokens"
     #: Storage policy: refuse a study whose max_reports shares could take more than this many
     #: bytes (Study.max_storage_bytes); None accepts any size the schema allows.
-    max_study_bytes: int | None = 32 << 30
+    max_study_bytes: int | None = DEFAULT_MAX_STUDY_BYTES
     #: Memory policy: one study's running totals (k x width aggregate and k x k S S^T, 8 bytes a
     #: cell) may take at most this; all open studies' totals plus their report index (about
     #: state.INDEX_BYTES_PER_REPORT a report) at most ``memory_budget``.

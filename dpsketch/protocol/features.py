@@ -22,8 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-Kind = Literal["sketch", "gram"]
-KINDS: tuple[str, ...] = ("sketch", "gram")
+Kind = Literal["sketch", "gram", "histogram"]
+KINDS: tuple[str, ...] = ("sketch", "gram", "histogram")
 
 #: A gram study shares about d^2/2 values per client; beyond this many columns a sketch study is
 #: the better tool (and the aggregate would be tens of thousands of cells per server).
@@ -31,11 +31,14 @@ GRAM_MAX_COLUMNS = 256
 
 
 def width(kind: Kind, d: int) -> int:
-    """Length of the vector each client shares (and of each aggregate row)."""
+    """Length of the vector each client shares (and of each aggregate row); a histogram's is its
+    number of cells (``HistogramSpec.cells``, ``Study.width``)."""
     if kind == "sketch":
         return d
     if kind == "gram":
         return d + d * (d + 1) // 2 + 1
+    if kind == "histogram":
+        raise ValueError("a histogram study's width is its number of cells (Study.width)")
     raise ValueError(f"unknown study kind {kind!r}")
 
 
@@ -48,6 +51,8 @@ def coordinate_bound(kind: Kind, row_bound: float) -> float:
         return float(row_bound)
     if kind == "gram":
         return max(float(row_bound), float(row_bound) ** 2, 1.0)
+    if kind == "histogram":
+        return 1.0  # a one-hot vector
     raise ValueError(f"unknown study kind {kind!r}")
 
 

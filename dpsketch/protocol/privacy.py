@@ -32,6 +32,7 @@ def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kin
 
     sketch: the clipped row; replacing it moves the data by up to 2B, removing it by B.
     gram: the feature vector [a, u(a a^T), 1] (:func:`features.gram_feature_sensitivity`).
+    histogram: a one-hot vector (norm 1, whatever the row bound): sqrt(2) and 1.
     """
     if neighbouring not in ("replace-one", "add-remove"):
         raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
@@ -40,6 +41,8 @@ def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kin
         return 2.0 * row_bound if replace_one else row_bound
     if kind == "gram":
         return features.gram_feature_sensitivity(row_bound, replace_one)
+    if kind == "histogram":
+        return math.sqrt(2.0) if replace_one else 1.0
     raise ValueError(f"unknown study kind {kind!r}")
 
 

@@ -12,9 +12,10 @@ import math
 import secrets
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from . import accounting, features, privacy, ring, sketch
+from .histogram import HistogramSpec
 from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
 
@@ -37,8 +38,11 @@ class Study(BaseModel):
     label: str | None = None
     row_bound: float = Field(gt=0, le=1e6)
     # transform: "sketch" shares the row and applies OSNAP; "gram" shares [a, u(a a^T), 1] and
-    # sums (k = s = 1), see features.py
+    # sums (k = s = 1), see features.py; "histogram" shares the one-hot vector of the row's cell
+    # and sums (k = s = 1), see histogram.py
     kind: features.Kind = "sketch"
+    #: the bins of a histogram study (its axes are the study's columns); null for other kinds
+    histogram: HistogramSpec | None = None
     k: int = Field(ge=1, le=1 << 20)
     s: int = Field(ge=1, le=sketch.MAX_BLOCKS)
     seed: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -101,6 +105,17 @@ class Study(BaseModel):
                     f"a gram study shares d(d+1)/2 values per client; use a sketch study beyond "
                     f"{features.GRAM_MAX_COLUMNS} columns"
                 )
+        if self.kind == "histogram":
+            if self.histogram is None:
+                raise ValueError("a histogram study needs its bins (histogram)")
+            if self.histogram.columns != list(self.columns):
+                raise ValueError(f"a histogram study's columns are its axes: {self.histogram.columns}")
+            if (self.k, self.s) != (1, 1):
+                raise ValueError("a histogram study is the plain sum: k = 1 and s = 1")
+            if self.row_bound != 1.0 or self.label is not None:
+                raise ValueError("a histogram study has row_bound 1 (a one-hot vector) and no label")
+        elif self.histogram is not None:
+            raise ValueError(f"only a histogram study has bins, not a {self.kind} study")
         if self.min_reports > self.max_reports:
             raise ValueError("min_reports exceeds max_reports")
         if self.min_reports <= self.t:
@@ -152,7 +167,10 @@ class Study(BaseModel):
 
     @property
     def width(self) -> int:
-        """Values per share: d for a sketch study, d + d(d+1)/2 + 1 for a gram study."""
+        """Values per share: d for a sketch study, d + d(d+1)/2 + 1 for a gram study, the number
+        of cells for a histogram study."""
+        if self.histogram is not None:
+            return self.histogram.cells
         return features.width(self.kind, self.d)
 
     @property
@@ -222,6 +240,15 @@ class Study(BaseModel):
     def aggregate_shape(self) -> tuple[int, int]:
         return (self.k, self.width)
 
+    @model_serializer(mode="wrap")
+    def _omit_absent_bins(self, handler):
+        """``histogram`` appears only in histogram studies: the JSON (and so the canonical
+        encoding and the id) of a sketch or gram study is what it was before the kind existed."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("histogram") is None:
+            data.pop("histogram", None)
+        return data
+
     def canonical(self) -> bytes:
         return canonical_json(self.model_dump(mode="json"))
 
@@ -238,6 +265,15 @@ def value_bound(kind: features.Kind, row_bound: float, sigma: float) -> float:
 #: The floor a study gets unless its designer says otherwise: every report (4, delta)-DP even when
 #: all other reports are an adversary's and all servers but one collude (docs/trust.md).
 DEFAULT_EPSILON_FLOOR = 4.0
+
+def default_max_reports(expected_reports: int) -> int:
+    """design()'s max_reports: room for ten times the expected reports (at least 1,000)."""
+    return max(10 * expected_reports, 1000)
+
+
+#: A server's default storage policy: it refuses a study whose max_storage_bytes exceed this
+#: (services' --max-study-bytes); `dpsketch recommend` checks designs against it.
+DEFAULT_MAX_STUDY_BYTES = 32 << 30
 
 
 def _noise_line(study: Study, own_local: float) -> str:
@@ -315,21 +351,36 @@ def design(
     seed: str | None = None,
     kind: features.Kind = "sketch",
     epsilon_floor: float | None | Literal["default"] = "default",
+    histogram: HistogramSpec | dict | None = None,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
 
     ``kind="gram"`` makes the plain-sum study of the Gram matrix (k = s = 1, see features.py);
-    ``dpsketch.recommend`` says which kind suits given d and n. ``epsilon_floor`` is the
+    ``kind="histogram"`` the plain-sum study of one-hot cells of ``histogram``'s bins (its axes
+    are the columns; ``columns`` and ``label`` may be left empty); ``dpsketch.recommend`` says
+    which kind suits given d and n. ``epsilon_floor`` is the
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
     share server's default policy refuses such a study).
     """
+    if kind not in features.KINDS:
+        raise ValueError(f"kind must be one of {features.KINDS}, got {kind!r}")
+    if kind == "histogram":
+        if histogram is None:
+            raise ValueError("a histogram study needs its bins: histogram={'axes': [...]}")
+        histogram = HistogramSpec.model_validate(histogram)
+        if columns and list(columns) != histogram.columns:
+            raise ValueError(f"a histogram study's columns are its axes ({histogram.columns}), not {columns}")
+        columns, label, row_bound = histogram.columns, None, 1.0
+        if k not in (None, 1):
+            raise ValueError("a histogram study is the plain sum: k must be 1")
+        k = 1
+    elif histogram is not None:
+        raise ValueError(f"only a histogram study has bins, not a {kind} study")
     d = len(columns)
     if expected_reports < 2:
         raise ValueError("expected_reports must be at least 2")
-    if kind not in features.KINDS:
-        raise ValueError(f"kind must be one of {features.KINDS}, got {kind!r}")
     sigma_local = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
     if kind == "gram":
         if k not in (None, 1):
@@ -349,11 +400,11 @@ def design(
         min_reports_note = "by default 90% of the expected count, so a few lost reports do not block it"
 
     if max_reports is None:
-        max_reports = max(10 * expected_reports, 1000)
+        max_reports = default_max_reports(expected_reports)
     lambda_star = privacy.choose_lambda_star(min_reports, k, t)
     if epsilon_floor == "default":
         epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
-    width = features.width(kind, d)
+    width = histogram.cells if histogram is not None else features.width(kind, d)
     noise = accounting.calibrate(neighbouring, kind, row_bound, epsilon, delta, lambda_star, width,
                                  epsilon_floor)
     sigma, server_sigma = noise.sigma, noise.server_sigma
@@ -366,6 +417,7 @@ def design(
         label=label,
         row_bound=row_bound,
         kind=kind,
+        histogram=histogram,
         k=k,
         s=s,
         seed=seed or secrets.token_hex(32),
@@ -382,7 +434,13 @@ def design(
         max_reports=max_reports,
         frac_bits=frac_bits,
     )
-    if kind == "gram":
+    if kind == "histogram":
+        transform = (
+            f"Histogram: {' x '.join(f'{a.column} ({a.bins} bins)' for a in histogram.axes)} = "
+            f"{study.width} cells; each client shares the one-hot vector of its cell and the "
+            f"servers sum them (k = s = 1): the release is the noisy histogram, the central "
+            f"model's noise on the counts.")
+    elif kind == "gram":
         transform = (
             f"Gram: each client shares [a, u(a a^T), 1], {study.width} values, and the servers "
             f"sum them (k = s = 1): the release is the noisy A^T A, row sum and count, "
