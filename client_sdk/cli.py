@@ -63,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
                         "are issued by each server; default: $DPSKETCH_CLIENT_TOKEN)")
     p.add_argument("--encrypt", action="store_true",
                    help="seal each share to its server's HPKE public key (docs/protocol.md section 7a)")
+    p.add_argument("--compress", action="store_true",
+                   help="seed-compressed shares: every server but the last gets a 32-byte seed "
+                        "instead of a full-width share (much smaller uploads for wide studies, e.g. "
+                        "histograms with many cells; docs/protocol.md section 4)")
     p.add_argument("--max-floor-epsilon", type=float, metavar="EPS",
                    default=float(os.environ["DPSKETCH_MAX_FLOOR_EPSILON"]) if os.environ.get(
                        "DPSKETCH_MAX_FLOOR_EPSILON") else None,
@@ -121,9 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=token,
-                    verify=verify, encrypt=args.encrypt, max_floor_epsilon=args.max_floor_epsilon) as client:
+                    verify=verify, encrypt=args.encrypt, compress=args.compress,
+                    max_floor_epsilon=args.max_floor_epsilon) as client:
             study = client.study(args.study)
-            total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns)
+            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
+                     if study.histogram is not None else None)
+            total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns, check=check)
             if total == 0:
                 return fail(f"{args.csv}: no data rows")
             bar = None

@@ -504,7 +504,7 @@ class Client:
         One JSON request per server, in parallel (with ``encrypt``: a one-record sealed batch).
         """
         study = self._open_study(study_id)
-        batch = prepare_batch(study, _data.row_vector(row, study.columns))
+        batch = prepare_batch(study, _data.row_vector(row, study.columns, raw=study.histogram is not None))
         rid = batch.report_ids[0]
         sealed = ([self._wire(study, study_id, j, batch.body(j), batch.media_type(j))
                    for j in range(study.n_servers)] if self.encrypt else None)
@@ -552,10 +552,20 @@ class Client:
         record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width, study.n_servers)
                   + (envelope.OVERHEAD_BYTES if self.encrypt else 0))
         batch_size = max(1, min(batch_size, self.max_batch_bytes // record))
-        chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns)
+        chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns,
+                                   raw=study.histogram is not None)
         in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
         if in_memory:
-            chunks = iter(list(chunks))  # validate everything before the first request
+            chunks = list(chunks)  # validate everything before the first request
+            if study.histogram is not None:  # every value must have a cell
+                first = 0
+                for chunk in chunks:
+                    try:
+                        study.histogram.cell_index(chunk, first_row=first)
+                    except ValueError as exc:
+                        raise _data.InvalidDataError(str(exc)) from None
+                    first += len(chunk)
+            chunks = iter(chunks)
         run = _UploadRun(self, study, study_id, progress, keep_ids)
         prepared = 0
         try:

@@ -8,6 +8,8 @@ arrays and lists have no names; they must already be in study order with exactly
 
 Everything is yielded in chunks of at most ``chunk_size`` rows so a large CSV never sits in
 memory whole. Every chunk is checked (shape, finiteness) before the SDK noises or sends it.
+A histogram study takes raw values (``raw=True``): category strings stay strings, and the study's
+bins decide what each value means (``dpsketch.protocol.histogram``).
 """
 
 from __future__ import annotations
@@ -70,12 +72,26 @@ def check_rows(rows: np.ndarray, d: int, *, first_row: int = 0) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def row_vector(row: Any, columns: Sequence[str]) -> np.ndarray:
-    """One row as a (1, d) array: a sequence in study order or a mapping column -> value."""
+def check_values(rows: Any, d: int, *, first_row: int = 0) -> np.ndarray:
+    """Raw values (numbers or strings) as an (m, d) object array, or raise naming the problem."""
+    a = np.empty((0, d), dtype=object) if len(rows) == 0 else np.asarray(rows, dtype=object)
+    if a.ndim == 1 and d == 1:
+        a = a.reshape(-1, 1)
+    if a.ndim != 2 or a.shape[1] != d:
+        raise InvalidDataError(f"each row must have {d} value(s) (the study's columns), got shape {a.shape}")
+    return a
+
+
+def row_vector(row: Any, columns: Sequence[str], raw: bool = False) -> np.ndarray:
+    """One row as a (1, d) array: a sequence in study order or a mapping column -> value
+    (``raw``: values kept as they are, for a histogram study)."""
     if isinstance(row, Mapping):
         order = column_order(list(row.keys()), columns, source="the row")
         keys = list(row.keys())
         row = [row[keys[i]] for i in order]
+    if raw:
+        values = [row] if isinstance(row, (str, bytes)) or np.ndim(row) == 0 else list(row)
+        return check_values([values], len(columns))
     try:
         a = np.asarray(row, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -105,8 +121,9 @@ def _structured_matrix(a: np.ndarray, columns: Sequence[str], ignore_extra: bool
 
 
 def iter_chunks(data: Any, columns: Sequence[str], chunk_size: int, *,
-                ignore_extra: bool = False) -> Iterator[np.ndarray]:
-    """Yield checked (m, d) float64 chunks, m <= chunk_size, in study column order.
+                ignore_extra: bool = False, raw: bool = False) -> Iterator[np.ndarray]:
+    """Yield checked (m, d) float64 chunks, m <= chunk_size, in study column order (``raw``:
+    (m, d) object arrays of the values as given, for a histogram study).
 
     ``data`` may be a CSV path (str or Path), a numpy array (plain or structured), a
     DataFrame-like object, or an iterable of rows (sequences in study order or dicts by name).
@@ -115,7 +132,10 @@ def iter_chunks(data: Any, columns: Sequence[str], chunk_size: int, *,
         raise ValueError("chunk_size must be at least 1")
     d = len(columns)
     if isinstance(data, (str, os.PathLike)):
-        yield from read_csv(data, columns, chunk_size, ignore_extra=ignore_extra)
+        yield from read_csv(data, columns, chunk_size, ignore_extra=ignore_extra, raw=raw)
+        return
+    if raw:
+        yield from _raw_chunks(data, columns, chunk_size, ignore_extra)
         return
     if _is_frame(data):
         data = frame_matrix(data, columns, ignore_extra=ignore_extra)
@@ -141,6 +161,30 @@ def iter_chunks(data: Any, columns: Sequence[str], chunk_size: int, *,
             buffer = []
     if buffer:
         yield _list_chunk(buffer, d, start)
+
+
+def _raw_chunks(data: Any, columns: Sequence[str], chunk_size: int, ignore_extra: bool) -> Iterator[np.ndarray]:
+    d = len(columns)
+    if _is_frame(data):
+        data = frame_matrix(data, columns, ignore_extra=ignore_extra)
+    if isinstance(data, np.ndarray):
+        if data.dtype.names:
+            data = _structured_matrix(data, columns, ignore_extra)
+        if data.ndim == 1 and d == 1:
+            data = data.reshape(-1, 1)
+        for start in range(0, len(data), chunk_size):
+            yield check_values(data[start:start + chunk_size], d, first_row=start)
+        return
+    buffer: list[Any] = []
+    start = 0
+    for row in data:
+        buffer.append(row_vector(row, columns, raw=True)[0])
+        if len(buffer) == chunk_size:
+            yield check_values(buffer, d, first_row=start)
+            start += len(buffer)
+            buffer = []
+    if buffer:
+        yield check_values(buffer, d, first_row=start)
 
 
 def _list_chunk(buffer: list, d: int, start: int) -> np.ndarray:
@@ -170,8 +214,9 @@ def csv_header(path: str | os.PathLike) -> list[str]:
 
 
 def read_csv(path: str | os.PathLike, columns: Sequence[str], chunk_size: int = 10_000, *,
-             ignore_extra: bool = False) -> Iterator[np.ndarray]:
-    """Stream a CSV with a header row as checked (m, d) chunks in study column order.
+             ignore_extra: bool = False, raw: bool = False) -> Iterator[np.ndarray]:
+    """Stream a CSV with a header row as checked (m, d) chunks in study column order (``raw``:
+    the fields as strings, object arrays).
 
     Blank lines are skipped. Errors name the file, the line number and the column.
     """
@@ -195,10 +240,10 @@ def read_csv(path: str | os.PathLike, columns: Sequence[str], chunk_size: int = 
             cells.append([record[i] for i in order])
             lines.append(reader.line_num)
             if len(cells) == chunk_size:
-                yield _parse_cells(cells, lines, columns, name)
+                yield check_values(cells, len(columns)) if raw else _parse_cells(cells, lines, columns, name)
                 cells, lines = [], []
         if cells:
-            yield _parse_cells(cells, lines, columns, name)
+            yield check_values(cells, len(columns)) if raw else _parse_cells(cells, lines, columns, name)
 
 
 def _parse_cells(cells: list[list[str]], lines: list[int], columns: Sequence[str], name: str) -> np.ndarray:
@@ -224,10 +269,20 @@ def _parse_cells(cells: list[list[str]], lines: list[int], columns: Sequence[str
 
 
 def scan_csv(path: str | os.PathLike, columns: Sequence[str], *, ignore_extra: bool = False,
-             chunk_size: int = 50_000) -> int:
-    """Read the whole CSV once, checking every row; return the row count.
+             chunk_size: int = 50_000, check=None) -> int:
+    """Read the whole CSV once, checking every row; return the row count. ``check(chunk,
+    first_row)`` (a histogram study's bins) also sees every raw chunk, and its ValueError becomes
+    an InvalidDataError naming the file.
 
     The command line runs this before uploading so that a bad row near the end of a file
     is reported before any share has left the machine, and so the progress bar has a total.
     """
-    return sum(len(c) for c in read_csv(path, columns, chunk_size, ignore_extra=ignore_extra))
+    total = 0
+    for chunk in read_csv(path, columns, chunk_size, ignore_extra=ignore_extra, raw=check is not None):
+        if check is not None:
+            try:
+                check(chunk, total)
+            except ValueError as exc:
+                raise InvalidDataError(f"{Path(path).name}: {exc}") from None
+        total += len(chunk)
+    return total

@@ -54,15 +54,24 @@ def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
     return a
 
 
+def client_vectors(rows: np.ndarray, study: Study) -> np.ndarray:
+    """What a client of this study shares before noise: its row clipped to B (sketch), the
+    feature vector [a, u(a a^T), 1] of that row (gram), or the one-hot vector of the cell its raw
+    values fall in (histogram; ``rows`` then holds the values, ``HistogramValueError`` if one has
+    no cell)."""
+    if study.histogram is not None:
+        return study.histogram.one_hot(study.histogram.cell_index(rows))
+    return features.client_vectors(study.kind, clip_rows(rows, study.row_bound))
+
+
 def privatize(rows: np.ndarray, study: Study) -> np.ndarray:
-    """Clip to the study's row bound B, map to the study kind's vector (the row itself, or
-    [a, u(a a^T), 1] for a gram study) and add N(0, sigma^2) noise to every coordinate.
+    """The study kind's vector of each row (:func:`client_vectors`) plus N(0, sigma^2) noise on
+    every coordinate.
 
     The result always lies within ``study.value_bound`` (feature bound + 20 sigma), so
     ``ring.encode`` accepts it. The noise scale is the study's ``sigma``, never recomputed here.
     """
-    clipped = clip_rows(rows, study.row_bound)
-    vectors = features.client_vectors(study.kind, clipped)
+    vectors = client_vectors(rows, study)
     if study.sigma == 0:  # the servers' noise carries the whole guarantee (DAP model)
         return vectors
     return vectors + gaussian(vectors.shape, study.sigma)

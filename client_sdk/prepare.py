@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsketch.protocol import binding, envelope, messages, ring
+from dpsketch.protocol.histogram import HistogramValueError
 from dpsketch.protocol.study import Study
 
 from . import data as _data
@@ -70,8 +71,15 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> Pre
     (hiding). With ``compress`` servers 0..N-2 get a 32-byte seed per row instead of their share
     (docs/protocol.md section 4); privacy is the same as long as ChaCha20 is a secure PRG.
     """
-    rows = _data.check_rows(rows, study.d)
-    encoded = ring.encode(noise.privatize(rows, study), study.frac_bits, study.value_bound)
+    if study.histogram is not None:  # raw values: the bins decide what they mean
+        rows = _data.check_values(rows, study.d)
+        try:
+            vectors = noise.privatize(rows, study)
+        except HistogramValueError as exc:
+            raise _data.InvalidDataError(str(exc)) from None
+    else:
+        vectors = noise.privatize(_data.check_rows(rows, study.d), study)
+    encoded = ring.encode(vectors, study.frac_bits, study.value_bound)
     n = study.n_servers
     if compress:
         seeds, last = ring.share_with_seeds(encoded, n)
