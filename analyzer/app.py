@@ -12,12 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpsketch import __version__, problem_http
 from dpsketch.protocol import ProblemError, Study, privacy
+from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR
 
-from . import recommend
+from . import histogram_api, recommend
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
-from .release import Release, release_from_ring_sum
+from .release import HistogramRelease, Release, release_from_ring_sum
 from .store import StudyRecord
 
 
@@ -50,15 +51,21 @@ class CreateStudy(PrivacyTarget):
     """What an analyst decides; the analyzer derives k, s, lambda_star, sigma and f from it."""
 
     name: str = Field(min_length=1, max_length=200)
-    columns: list[str] = Field(min_length=1, max_length=4096)
+    columns: list[str] = Field(default_factory=list, max_length=4096,
+                               description="the columns (a histogram study's are its axes: omit them)")
     label: str | None = None
-    kind: Literal["sketch", "gram", "auto"] = Field(
+    kind: Literal["sketch", "gram", "histogram", "auto"] = Field(
         default="sketch",
         description="sketch: OSNAP sketch of the rows; gram: plain sum of [a, u(a a^T), 1] "
-        "(central-model accuracy, about d^2/2 values per client); auto: gram when its upload "
+        "(central-model accuracy, about d^2/2 values per client); histogram: plain sum of the "
+        "one-hot cell of each client's value(s) in `histogram`'s bins; auto: gram when its upload "
         "fits the analyzer's budget and no server's published max_study_bytes refuses it, else "
         "sketch (see POST /v1/recommend)",
     )
+    histogram: HistogramSpec | None = Field(
+        default=None, description="the bins of a histogram study: {\"axes\": [{\"column\", \"edges\"} or "
+        "{\"column\", \"categories\"}]}, one axis or two (a joint grid); underflow/overflow and "
+        "\"other\" bins are added, so no value is dropped")
     k: int | None = Field(default=None, ge=1, le=1 << 20)
     s: int = Field(default=4, ge=1, le=8)
     min_reports: int | None = Field(default=None, ge=1)
@@ -132,7 +139,8 @@ class SketchView(BaseModel):
     sigma: float
     sketch: list[list[float]] = Field(
         description="the release, k x width, already scaled by 1/sqrt(s): S(A+G) for a sketch "
-        "study (width d); for a gram study (k = 1) the noisy sum of [a, u(a a^T), 1]"
+        "study (width d); for a gram study (k = 1) the noisy sum of [a, u(a a^T), 1]; for a "
+        "histogram study (k = 1) the noisy count of every cell"
     )
 
 
@@ -185,6 +193,16 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         if rec.state != "released":
             raise ProblemError("study-open", f"study {study_id} is {rec.state}; finalize it first")
         return release_from_ring_sum(rec.study, rec.ring_sum, rec.n_reports)
+
+    def second_moments(study_id: str) -> Release:
+        """A release that ridge, least squares, PCA and the Gram view can use (not a histogram)."""
+        rel = released(study_id)
+        if isinstance(rel, HistogramRelease):
+            raise ProblemError("invalid-request", f"study {study_id} is a histogram study: use its "
+                               f"/histogram view and analyses (quantiles, moments, kendall-tau, auc, gini-*)")
+        return rel
+
+    histogram_api.install(app, released, auth)
 
     def upstream(exc: UpstreamError) -> ProblemError:
         if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict",
@@ -243,13 +261,13 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     @app.get("/v1/studies/{study_id}/sketch", dependencies=auth)
     def sketch(study_id: str) -> SketchView:
         rel = released(study_id)
-        values = rel.values.reshape(1, -1) if rel.study.kind == "gram" else rel.sketch
+        values = rel.values.reshape(1, -1) if rel.study.k == 1 and rel.study.kind != "sketch" else rel.sketch
         return SketchView(study_id=study_id, columns=rel.columns, kind=rel.study.kind, k=rel.study.k,
                           n_reports=rel.n_reports, sigma=rel.sigma, sketch=values.tolist())
 
     @app.get("/v1/studies/{study_id}/gram", dependencies=auth)
     def gram(study_id: str) -> GramView:
-        rel = released(study_id)
+        rel = second_moments(study_id)
         extra = {}
         if rel.study.kind == "gram":
             extra = {"row_sum": rel.row_sum.tolist(), "noisy_count": rel.noisy_count}
@@ -272,7 +290,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.post("/v1/studies/{study_id}/analyses/ridge", dependencies=auth)
     def ridge(study_id: str, body: RidgeRequest) -> RegressionResult:
-        rel = released(study_id)
+        rel = second_moments(study_id)
         label = _label(rel, body.label)
         model = RidgeRegression(label=label, alpha=body.alpha, debias=body.debias).fit(rel)
         return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
@@ -281,7 +299,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.post("/v1/studies/{study_id}/analyses/least-squares", dependencies=auth)
     def least_squares(study_id: str, body: LeastSquaresRequest) -> RegressionResult:
-        rel = released(study_id)
+        rel = second_moments(study_id)
         label = _label(rel, body.label)
         model = LeastSquares(label=label, debias=body.debias).fit(rel)
         return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
@@ -290,7 +308,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.post("/v1/studies/{study_id}/analyses/pca", dependencies=auth)
     def pca(study_id: str, body: PCARequest) -> PCAResult:
-        rel = released(study_id)
+        rel = second_moments(study_id)
         if body.n_components > len(rel.columns):
             raise ProblemError("invalid-request",
                                f"n_components must be at most d = {len(rel.columns)}")

@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("create", help="design a study and provision it on every share server")
     c.add_argument("--name", required=True)
-    c.add_argument("--columns", required=True, help="comma-separated column names")
+    c.add_argument("--columns", default="", help="comma-separated column names (not for --kind histogram)")
     c.add_argument("--label", help="regression label column")
     c.add_argument("--expected-reports", type=int, required=True)
     c.add_argument("--epsilon", type=float, default=1.0)
@@ -35,11 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--row-bound", type=float, default=1.0)
     c.add_argument("--neighbouring", choices=["replace-one", "add-remove"], default="replace-one")
     c.add_argument("--t", type=int, default=0, help="tolerated colluding clients")
-    c.add_argument("--kind", choices=["sketch", "gram", "auto"], default="sketch",
+    c.add_argument("--kind", choices=["sketch", "gram", "histogram", "auto"], default="sketch",
                    help="sketch (default): OSNAP sketch of the rows; gram: plain sum of "
-                   "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; auto: "
-                   "gram when it fits the upload budget and every server's storage policy "
-                   "(see: dpsketch recommend)")
+                   "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; "
+                   "histogram: counts over the bins of --axis (one or two); auto: gram when it fits "
+                   "the upload budget and every server's storage policy (see: dpsketch recommend)")
+    c.add_argument("--axis", action="append", metavar="SPEC",
+                   help="a histogram axis: COLUMN:e0,e1,... (numeric edges; underflow and overflow "
+                   "bins are added) or COLUMN=a,b,... (categories; an 'other' bin is added); give "
+                   "one, or two for a joint grid (then --columns may be left out)")
     from .recommend import add_floor_arguments
 
     add_floor_arguments(c)
@@ -66,7 +70,30 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("study_id")
     pc.add_argument("--rank", type=int, required=True)
     pc.add_argument("--no-debias", action="store_true")
+
+    h = sub.add_parser("histogram", help="a histogram study's counts and proportions with confidence intervals")
+    h.add_argument("study_id")
+    h.add_argument("--confidence", type=float, default=0.95)
+    for name, text in [("quantiles", "quantiles of a binned numeric column"),
+                       ("moments", "mean and variance of a binned numeric column"),
+                       ("kendall-tau", "Kendall's tau-b between the two axes"),
+                       ("auc", "AUC (Mann-Whitney U) of a score axis against a label axis"),
+                       ("gini-mean-difference", "Gini's mean difference of a binned numeric column"),
+                       ("gini-simpson", "Gini-Simpson diversity of a column")]:
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("study_id")
+        sp.add_argument("--confidence", type=float, default=0.95)
+        if name in ("quantiles", "moments", "gini-mean-difference", "gini-simpson"):
+            sp.add_argument("--column", help="the axis (default: the only one)")
+        if name == "quantiles":
+            sp.add_argument("--p", type=float, action="append", dest="probabilities",
+                            help="a probability, repeatable (default: 0.25, 0.5, 0.75)")
+        if name == "auc":
+            sp.add_argument("--score", required=True)
+            sp.add_argument("--label", required=True)
+            sp.add_argument("--positive", required=True, help="the positive class")
     return p
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,10 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "create":
                 from .recommend import floor_argument
 
+                from dpsketch.protocol.histogram import parse_axis
+
                 floor = floor_argument(args)
-                extra = {} if floor == "default" else {"epsilon_floor": floor}
+                extra: dict = {} if floor == "default" else {"epsilon_floor": floor}
+                if args.axis:
+                    extra["histogram"] = {"axes": [parse_axis(a).model_dump(exclude_none=True) for a in args.axis]}
                 out = client.create_study(
-                    name=args.name, columns=args.columns.split(","), label=args.label,
+                    name=args.name, columns=[c for c in args.columns.split(",") if c], label=args.label,
                     expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,
                     row_bound=args.row_bound, neighbouring=args.neighbouring, t=args.t, kind=args.kind, k=args.k,
                     s=args.s, min_reports=args.min_reports, **extra)
@@ -98,8 +129,15 @@ def main(argv: list[str] | None = None) -> int:
                                    debias=not args.no_debias)
             elif args.command == "least-squares":
                 out = client.least_squares(args.study_id, label=args.label, debias=not args.no_debias)
-            else:
+            elif args.command == "pca":
                 out = client.pca(args.study_id, n_components=args.rank, debias=not args.no_debias)
+            elif args.command == "histogram":
+                out = client.histogram(args.study_id, confidence=args.confidence)
+            else:
+                fields = {k: v for k, v in vars(args).items()
+                          if k in ("confidence", "column", "probabilities", "score", "label", "positive")
+                          and v is not None}
+                out = client.statistic(args.study_id, args.command, **fields)
     except ProblemError as exc:
         print(f"dpsketch study: {exc}", file=sys.stderr)
         return 1

@@ -62,3 +62,12 @@ class AnalyzerClient:
 
     def pca(self, study_id: str, **fields: Any) -> dict[str, Any]:
         return self._call("POST", f"/v1/studies/{study_id}/analyses/pca", json=fields)
+
+    # histogram studies
+    def histogram(self, study_id: str, confidence: float = 0.95) -> dict[str, Any]:
+        return self._call("GET", f"/v1/studies/{study_id}/histogram", params={"confidence": confidence})
+
+    def statistic(self, study_id: str, name: str, **fields: Any) -> dict[str, Any]:
+        """One histogram statistic: quantiles, moments, kendall-tau, auc, gini-mean-difference,
+        gini-simpson (the analyzer's /analyses/NAME)."""
+        return self._call("POST", f"/v1/studies/{study_id}/analyses/{name}", json=fields)

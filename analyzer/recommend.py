@@ -204,6 +204,57 @@ def format_recommendation(rec: Recommendation) -> str:
     return "\n".join(lines)
 
 
+def histogram_plan(cells: int, expected_reports: int, *, n_servers: int = 3, epsilon: float = 1.0,
+                   delta: float = 1e-6, neighbouring: privacy.Neighbouring = "replace-one", t: int = 0,
+                   epsilon_floor: float | None | str = "default",
+                   max_share_kib: float = DEFAULT_MAX_SHARE_KIB) -> dict:
+    """What a histogram study of ``cells`` cells costs and gives: bytes per report (full shares,
+    and with seed compression, where only the last server gets the full width), the noise
+    standard deviation of each released count, and whether the upload fits the budget; beyond it
+    a sketched histogram (an OSNAP sketch of the one-hot vectors) would be the tool."""
+    import math
+
+    from dpsketch.protocol import accounting, sketch
+    from dpsketch.protocol.histogram import MAX_CELLS
+    from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, DEFAULT_MAX_STUDY_BYTES, default_max_reports
+
+    if not 1 <= cells <= MAX_CELLS:
+        raise ValueError(f"a histogram study has 1 .. {MAX_CELLS} cells, not {cells}")
+    min_reports = max(t + 1, math.floor(0.9 * expected_reports))  # as design() chooses it
+    lam = privacy.choose_lambda_star(min_reports, 1, t)
+    floor = max(DEFAULT_EPSILON_FLOOR, epsilon) if epsilon_floor == "default" else epsilon_floor
+    noise = accounting.calibrate(neighbouring, "histogram", 1.0, epsilon, delta, lam, cells, floor)  # type: ignore[arg-type]
+    full = messages.record_bytes(messages.SHARES_MEDIA_TYPE, cells, n_servers)
+    # what a server commits to store: max_reports shares of 8 bytes a cell plus a 16-byte id
+    max_reports = default_max_reports(expected_reports)
+    storage = max_reports * (sketch.REPORT_ID_BYTES + 8 * cells)
+    storage_cells = (DEFAULT_MAX_STUDY_BYTES // max_reports - sketch.REPORT_ID_BYTES) // 8
+    seeded = messages.record_bytes(messages.SEEDS_MEDIA_TYPE, cells, n_servers)
+    noise_sd = float(np.sqrt(noise.sigma ** 2 * min_reports + n_servers * noise.server_sigma ** 2))
+    budget = max_share_kib * 1024
+    return {"cells": cells, "share_bytes": full, "upload_bytes": n_servers * full,
+            "upload_bytes_seed_compressed": (n_servers - 1) * seeded + full,
+            "count_noise_sd": noise_sd, "sigma": noise.sigma, "server_sigma": noise.server_sigma,
+            "fits_budget": full <= budget,
+            "max_reports": max_reports, "server_storage_bytes": storage,
+            "fits_default_server_storage": storage <= DEFAULT_MAX_STUDY_BYTES,
+            "max_cells_in_default_storage": int(max(storage_cells, 0)),
+            "note": _histogram_note(full, budget, storage, DEFAULT_MAX_STUDY_BYTES, storage_cells)}
+
+
+def _histogram_note(share: int, budget: float, storage: int, storage_limit: int, storage_cells: int) -> str:
+    problems = []
+    if share > budget:
+        problems.append(f"{share} bytes per report and server exceed the budget of {budget:.0f}")
+    if storage > storage_limit:
+        problems.append(f"servers would commit {storage / 2**30:.1f} GiB, over their default "
+                        f"{storage_limit / 2**30:.0f} GiB a study (at most {max(storage_cells, 0)} cells "
+                        f"fit; or a lower max_reports)")
+    if not problems:
+        return "fits"
+    return "; ".join(problems) + ": use coarser bins, or a sketched histogram (not built yet)"
+
+
 def add_floor_arguments(ap: argparse.ArgumentParser) -> None:
     """``--epsilon-floor`` / ``--no-floor``, for every command that designs a study."""
     group = ap.add_mutually_exclusive_group()
@@ -228,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Say which study kind (gram or sketch) suits d columns and n expected reports: "
         "upload size per client and predicted error ratios of each kind, by simulation on "
         "synthetic data with the same n, d, epsilon and delta.")
-    ap.add_argument("--d", type=int, required=True, help="number of columns, label included")
+    ap.add_argument("--d", type=int, help="number of columns, label included (for regression and PCA)")
+    ap.add_argument("--histogram-cells", type=int, metavar="W",
+                    help="instead of --d: the cost and the count noise of a histogram study of W cells")
     ap.add_argument("--expected-reports", "-n", type=int, required=True)
     ap.add_argument("--servers", type=int, default=3, help="number of share servers (default 3)")
     ap.add_argument("--epsilon", type=float, default=1.0)
@@ -245,7 +298,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.histogram_cells is not None:
+        try:
+            plan = histogram_plan(args.histogram_cells, args.expected_reports, n_servers=args.servers,
+                                  epsilon=args.epsilon, delta=args.delta, neighbouring=args.neighbouring,
+                                  t=args.t, epsilon_floor=floor_argument(args), max_share_kib=args.max_share_kib)
+        except ValueError as exc:
+            print(f"dpsketch recommend: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(plan, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in plan.items()))
+        return 0
+    if args.d is None:
+        parser.error("give --d (columns) or --histogram-cells")
     try:
         rec = recommend(args.d, args.expected_reports, n_servers=args.servers, epsilon=args.epsilon,
                         delta=args.delta, row_bound=args.row_bound, neighbouring=args.neighbouring,

@@ -296,11 +296,55 @@ class GramSumRelease(StudyRelease):
         }
 
 
-Release = SketchRelease | GramSumRelease
+@dataclass(frozen=True, eq=False)
+class HistogramRelease(StudyRelease):
+    """The release of a histogram study: the noisy count of every cell of its bins.
+
+    Each client added N(0, sigma^2) to every coordinate of its one-hot vector and each server
+    N(0, server_sigma^2), so every released count carries independent N(0, n sigma^2 + N
+    server_sigma^2) noise: the central model's histogram, known noise law, nothing to debias for
+    the counts themselves. The statistics (quantiles, moments, Kendall's tau, AUC, Gini) live in
+    :mod:`analyzer.histogram`; they take :meth:`histogram`. It has no Gram matrix.
+    """
+
+    study: Study
+    values: np.ndarray
+    n_reports: int
+
+    def __post_init__(self) -> None:
+        if self.study.histogram is None:
+            raise ValueError(f"a HistogramRelease needs a histogram study, not {self.study.kind!r}")
+        object.__setattr__(self, "values", np.asarray(self.values, dtype=np.float64).reshape(-1))
+        self._check("values", (self.study.width,), "a histogram release")
+
+    @property
+    def cell_noise_variance(self) -> float:
+        """n sigma^2 + N server_sigma^2: the noise variance of every released count."""
+        return self.sigma ** 2 * self.n_reports + self.server_noise_variance
+
+    def histogram(self):
+        """The release as an :class:`analyzer.histogram.NoisyHistogram` (what the estimators fit)."""
+        from .histogram import NoisyHistogram
+
+        return NoisyHistogram(spec=self.study.histogram, counts=self.values,
+                              noise_variance=self.cell_noise_variance, n_reports=self.n_reports)
+
+    def gram(self, debias: bool = True) -> np.ndarray:
+        raise TypeError("a histogram release has no Gram matrix: use the statistics of "
+                        "analyzer.histogram (counts, quantiles, moments, Kendall's tau, AUC, Gini)")
+
+    def noise_info(self) -> dict[str, float]:
+        return {"sigma": self.sigma, "cell_noise_variance": self.cell_noise_variance,
+                "n_reports": float(self.n_reports), "lambda_star": float(self.study.lambda_star)}
+
+
+Release = SketchRelease | GramSumRelease | HistogramRelease
 
 
 def release_from_values(study: Study, values: np.ndarray, n_reports: int) -> Release:
     """The release object of a study from its decoded, scaled k x width values."""
+    if study.kind == "histogram":
+        return HistogramRelease(study=study, values=np.asarray(values).reshape(-1), n_reports=n_reports)
     if study.kind == "gram":
         return GramSumRelease(study=study, values=np.asarray(values).reshape(-1), n_reports=n_reports)
     return SketchRelease(study=study, sketch=values, n_reports=n_reports)
