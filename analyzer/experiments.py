@@ -608,6 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-draw the plots and results.md from a previous run's results.json, run nothing")
     p.add_argument("--quick", action="store_true",
                    help="bounded form (< 60 s): n up to 1e5, epsilon 1, one seed, diabetes only")
+    p.add_argument("--histogram", action="store_true",
+                   help="instead: the histogram study figures and tables (analyzer.histogram_evaluation; "
+                   "honours --out and --quick)")
     return p
 
 
@@ -615,6 +618,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv_echo = argv
+    if args.histogram:
+        from . import histogram_evaluation
+
+        return histogram_evaluation.main(["--out", args.out] + (["--quick"] if args.quick else []))
     ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else DEFAULT_NS))]
     epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else DEFAULT_EPSILONS))]
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
