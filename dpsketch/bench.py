@@ -12,7 +12,10 @@
                  p50/p99, errors, server RSS start/end, against the same driver on the server's
                  GET /healthz; ``--seconds``, ``--clients``; not part of ``all``;
 * ``accuracy`` - the demo's error ratios (LTM, local, central) at n = 10^4, 10^5, 10^6 through
-                 the real pipeline (real processes, SDK over HTTP, analyzer REST).
+                 the real pipeline (real processes, SDK over HTTP, analyzer REST);
+* ``histogram`` - the whole path of a histogram study (10^6 clients, 10 bins x 3 classes, through
+                 the SDK to 3 servers, finalize, every statistic over REST) with its times and
+                 each statistic's error against the non-private value; not part of ``all``.
 
 Timings on a shared machine are noisy, so each figure comes with its baseline from the same run.
 ``--quick`` runs everything at small sizes (what CI can afford).
@@ -50,6 +53,81 @@ def bench_accuracy(ns: list[int], d: int = 10, epsilon: float = 1.0, delta: floa
     return rows
 
 
+def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
+    """A histogram study end to end on a local cluster of real processes: upload, finalize, and
+    every statistic the analyzer serves, timed; errors against the non-private statistics of the
+    same binned data."""
+    import shutil
+    import tempfile
+    from contextlib import ExitStack
+    from pathlib import Path
+
+    import numpy as np
+
+    from analyzer.client import AnalyzerClient
+    from client_sdk import Client
+    from dpsketch import demo
+    from client_sdk.prepare import prepare_batch
+    from dpsketch.protocol import Study
+    from dpsketch.protocol.histogram import HistogramSpec
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, 1.0, n)
+    label = np.where(rng.random(n) < 1.0 / (1.0 + np.exp(-1.5 * x)), "1", "0")
+    spec = {"axes": [{"column": "x", "edges": [float(e) for e in np.linspace(-2.0, 2.0, 9)]},
+                     {"column": "label", "categories": ["0", "1"]}]}  # 10 x 3 cells
+    out: dict[str, Any] = {"n": n, "cells": HistogramSpec.model_validate(spec).cells}
+    with ExitStack() as stack:
+        workdir = Path(tempfile.mkdtemp(prefix="dpsketch-bench-hist-"))
+        stack.callback(shutil.rmtree, workdir, True)
+        cluster = demo.start_local_cluster(3, workdir, stack)
+        with AnalyzerClient(cluster.analyzer_url, cluster.analyzer_token) as an:
+            created = an.create_study(name="bench-histogram", kind="histogram", histogram=spec,
+                                      expected_reports=n, min_reports=n)
+            sid = created["study_id"]
+            tokens = cluster.upload_tokens(sid, n)
+            rows = np.column_stack([x, label]).astype(object)
+            t0 = time.perf_counter()
+            with Client(cluster.server_urls, token=tokens) as client:
+                client.submit_many(sid, rows)
+            out["upload_s"] = round(time.perf_counter() - t0, 1)
+            # baseline from the same run: the client's own work alone (cells, noise, shares),
+            # in the SDK's batches of 10,000, with nothing sent
+            study = Study.model_validate(created["study"])
+            t0 = time.perf_counter()
+            for i in range(0, n, 10_000):
+                prepare_batch(study, rows[i:i + 10_000])
+            out["prepare_only_s"] = round(time.perf_counter() - t0, 1)
+            out["upload_rows_per_s"] = round(n / out["upload_s"])
+            out["upload_over_prepare_only"] = round(out["upload_s"] / max(out["prepare_only_s"], 1e-9), 2)
+            t0 = time.perf_counter()
+            an.finalize(sid)
+            out["finalize_s"] = round(time.perf_counter() - t0, 1)
+            t0 = time.perf_counter()
+            got = {"auc": an.statistic(sid, "auc", score="x", label="label", positive="1"),
+                   "kendall_tau": an.statistic(sid, "kendall-tau"),
+                   "gini_mean_difference": an.statistic(sid, "gini-mean-difference", column="x"),
+                   "gini_simpson": an.statistic(sid, "gini-simpson", column="label"),
+                   "mean": an.statistic(sid, "moments", column="x")}
+            quantiles = an.statistic(sid, "quantiles", column="x", probabilities=[0.1, 0.5, 0.9])
+            out["statistics_s"] = round(time.perf_counter() - t0, 2)
+    from analyzer.histogram import (AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau,
+                                    NoisyHistogram)
+
+    h = HistogramSpec.model_validate(spec)
+    exact = NoisyHistogram(spec=h, counts=np.bincount(h.cell_index(np.column_stack([x, label]).astype(object)),
+                                                      minlength=h.cells).astype(float),
+                           noise_variance=0.0, n_reports=n)
+    truth = {"auc": AUC("x", "label", "1").fit(exact).auc_, "kendall_tau": KendallTau().fit(exact).tau_,
+             "gini_mean_difference": GiniMeanDifference("x").fit(exact).gmd_,
+             "gini_simpson": GiniSimpson("label").fit(exact).diversity_,
+             "mean": BinnedMoments("x").fit(exact).mean_}
+    out["statistics"] = {k: {"value": v["value"], "se": v["se"], "true": float(truth[k]),
+                             "error": abs(v["value"] - float(truth[k]))} for k, v in got.items()}
+    out["quantiles"] = quantiles["quantiles"]
+    return out
+
+
 def accuracy_table(rows: list[dict[str, Any]]) -> str:
     out = [f"{'n':>9} {'k':>5} | {'ridge LTM':>9} {'local':>9} {'central':>8} | "
            f"{'PCA LTM':>8} {'local':>9} {'central':>8}"]
@@ -65,7 +143,8 @@ def accuracy_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dpsketch bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="?", default="all", choices=["commit", "upload", "sealed", "load", "accuracy", "all"])
+    p.add_argument("which", nargs="?", default="all",
+                   choices=["commit", "upload", "sealed", "load", "accuracy", "histogram", "all"])
     p.add_argument("--seconds", type=float, help="load: how long to drive uploads (default: 60; --quick: 5)")
     p.add_argument("--clients", type=int, default=64, help="load: concurrent clients (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="small sizes: seconds, not minutes")
@@ -100,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         figures["load"] = loadtest.bench_load(seconds=seconds, clients=args.clients)
         print(json.dumps({"load": figures["load"]}), flush=True)
         print(loadtest.summary(figures["load"]), flush=True)
+    if args.which == "histogram":
+        figures["histogram"] = bench_histogram(n=20_000 if args.quick else 10**6)
+        print(json.dumps({"histogram": figures["histogram"]}), flush=True)
     if args.which in ("accuracy", "all"):
         ns = [2_000, 10_000] if args.quick else [10**4, 10**5, 10**6]
         figures["accuracy"] = bench_accuracy(ns)

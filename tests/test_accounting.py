@@ -126,10 +126,19 @@ DESIGNS = [
     ("gram", 10, 51, None), ("gram", 100, 51, None), ("gram", 256, 181, None), ("gram", 10, 9000, None),
     ("sketch", 10, 1000, None), ("sketch", 100, 100_000, None),
     ("gram", 10, 51, 4.0), ("gram", 100, 1000, 4.0), ("sketch", 10, 100_000, 4.0), ("sketch", 20, 20_000, 1.0),
+    # histogram studies: d is the number of cells (one axis of d - 1 edges)
+    ("histogram", 12, 51, None), ("histogram", 4096, 200, None), ("histogram", 144, 100_000, 4.0),
 ]
 
 
 def _design(kind, d, n, neighbouring, floor):
+    if kind == "histogram":
+        spec = {"axes": [{"column": "x", "edges": list(range(d - 1))}]}
+        study = design(name="acc", columns=[], label=None, servers=["a", "b", "c"], expected_reports=n,
+                       min_reports=n, kind=kind, neighbouring=neighbouring, epsilon_floor=floor,
+                       histogram=spec)[0]
+        assert study.width == d
+        return study
     columns = [f"x{i}" for i in range(d - 1)] + ["y"]
     return design(name="acc", columns=columns, label="y", servers=["a", "b", "c"], expected_reports=n,
                   min_reports=n, kind=kind, neighbouring=neighbouring, epsilon_floor=floor)[0]
