@@ -84,6 +84,12 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
                                f"name the column")
         return h.spec.columns[0]
 
+    def fit_column(study_id: str, body: ColumnStatistic, estimator) -> tuple[stats.NoisyHistogram, str, Any]:
+        """A one-column statistic: the release, the column (default: the only axis), the fit."""
+        h = histogram_of(study_id)
+        column = column_of(h, body.column)
+        return h, column, fit(estimator(column, confidence=body.confidence), h)
+
     def answer(study_id: str, name: str, h: stats.NoisyHistogram, value: float, se: float, ci, confidence: float,
                **details: Any) -> Statistic:
         return Statistic(study_id=study_id, statistic=name, value=_finite(float(value)), se=_finite(float(se)),
@@ -118,9 +124,7 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
     @app.post("/v1/studies/{study_id}/analyses/moments", dependencies=auth)
     def moments(study_id: str, body: ColumnStatistic) -> Statistic:
         """Mean (value) and variance (details) of a binned numeric column."""
-        h = histogram_of(study_id)
-        column = column_of(h, body.column)
-        est = fit(stats.BinnedMoments(column, confidence=body.confidence), h)
+        h, column, est = fit_column(study_id, body, stats.BinnedMoments)
         return answer(study_id, "mean", h, est.mean_, est.mean_se_, est.mean_ci_, body.confidence,
                       column=column, variance=float(est.variance_), variance_se=float(est.variance_se_))
 
@@ -141,16 +145,12 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
 
     @app.post("/v1/studies/{study_id}/analyses/gini-mean-difference", dependencies=auth)
     def gini_mean_difference(study_id: str, body: ColumnStatistic) -> Statistic:
-        h = histogram_of(study_id)
-        column = column_of(h, body.column)
-        est = fit(stats.GiniMeanDifference(column, confidence=body.confidence), h)
+        h, column, est = fit_column(study_id, body, stats.GiniMeanDifference)
         return answer(study_id, "gini_mean_difference", h, est.gmd_, est.se_, est.ci_, body.confidence,
                       column=column)
 
     @app.post("/v1/studies/{study_id}/analyses/gini-simpson", dependencies=auth)
     def gini_simpson(study_id: str, body: ColumnStatistic) -> Statistic:
-        h = histogram_of(study_id)
-        column = column_of(h, body.column)
-        est = fit(stats.GiniSimpson(column, confidence=body.confidence), h)
+        h, column, est = fit_column(study_id, body, stats.GiniSimpson)
         return answer(study_id, "gini_simpson", h, est.diversity_, est.se_, est.ci_, body.confidence,
                       column=column)
