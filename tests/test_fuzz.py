@@ -223,10 +223,18 @@ def fuzz_cluster(tmp_path_factory):
                                        expected_reports=400, k=4, s=2, min_reports=400)["study_id"]
             collecting = an.create_study(name="collecting", columns=["a", "y"], label="y",
                                          expected_reports=100, k=2, s=1)["study_id"]
+            # a released histogram study, so the histogram analyses' handlers are reached too
+            spec = {"axes": [{"column": "x", "edges": [-1.0, 0.0, 1.0]}, {"column": "g", "categories": ["a", "b"]}]}
+            histogram = an.create_study(name="histogram", kind="histogram", histogram=spec,
+                                        expected_reports=300, min_reports=300)["study_id"]
+            rng = np.random.default_rng(0)
             with Client(cluster.server_urls) as client:
-                client.submit_many(released, np.random.default_rng(0).normal(0, 0.3, size=(400, 3)))
+                client.submit_many(released, rng.normal(0, 0.3, size=(400, 3)))
+                client.submit_many(histogram, np.column_stack([rng.normal(size=300),
+                                                               rng.choice(["a", "b", "c"], 300)]).astype(object))
             an.finalize(released)
-        yield cluster, [released, collecting]
+            an.finalize(histogram)
+        yield cluster, [released, collecting, histogram]
     finally:
         pool.stop_all()
     log = cluster.analyzer.log_path.read_text(errors="replace")
@@ -261,10 +269,23 @@ def test_create_study_with_extreme_parameters_is_refused_not_500(fuzz_cluster):
     assert r.json()["type"] == "urn:dpsketch:problem:invalid-study"
 
 
+def test_vanishing_epsilon_under_add_remove_is_refused_not_500(fuzz_cluster):
+    """Found by this fuzzer: epsilon = delta = 5e-324 under add/remove left the noise search
+    without a scale and ended in an AssertionError (500)."""
+    import httpx
+
+    cluster, _ = fuzz_cluster
+    r = httpx.post(f"{cluster.analyzer.url}/v1/studies", headers={"Authorization": f"Bearer {TOKEN}"},
+                   json={"name": "}", "columns": ["a"], "expected_reports": 4344, "epsilon": 5e-324,
+                         "delta": 5e-324, "row_bound": 5e-324, "k": 5, "neighbouring": "add-remove"}, timeout=120)
+    assert r.status_code == 422, r.text
+    assert r.json()["type"] == "urn:dpsketch:problem:invalid-study" and "raise epsilon" in r.json()["detail"]
+
+
 def test_ridge_with_huge_alpha_answers_numbers_or_a_problem(fuzz_cluster):
     import httpx
 
-    cluster, (released, _) = fuzz_cluster
+    cluster, (released, *_) = fuzz_cluster
     r = httpx.post(f"{cluster.analyzer.url}/v1/studies/{released}/analyses/ridge", json={"alpha": 1e308},
                    headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     assert r.status_code in (200, 422), r.text

@@ -304,7 +304,10 @@ def calibrate(neighbouring: privacy.Neighbouring, kind: features.Kind, row_bound
                              row_bound, epsilon, delta, lam, width, epsilon_floor)
         if found is not None:
             return found
-    raise AssertionError("the servers' noise alone is a Gaussian mechanism: always feasible")
+    # The servers' noise alone is a Gaussian mechanism, feasible at some scale; only a scale
+    # beyond the search's 10^6-fold range ends here (epsilon or delta vanishingly small).
+    raise ValueError(f"no noise scale meets epsilon = {epsilon:g}, delta = {delta:g} under add/remove "
+                     f"(at most 10^6 times the replace-one scale is searched): raise epsilon or delta")
 
 
 def _split(a: float, a_f: float | None, lam: float) -> Calibration:
