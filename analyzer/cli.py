@@ -66,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("study_id")
     ls.add_argument("--label")
     ls.add_argument("--no-debias", action="store_true")
+    lg = sub.add_parser("logistic", help="logistic regression on the released Gram (docs/logistic.md)")
+    lg.add_argument("study_id")
+    lg.add_argument("--label")
+    lg.add_argument("--alpha", type=float)
+    lg.add_argument("--classes", help="the label's negative,positive values (default: 0,1)")
+    lg.add_argument("--intercept-column", help="a constant column (intercept of a sketch study)")
+    lg.add_argument("--no-intercept", action="store_true")
+    lg.add_argument("--calibration", choices=["gaussian", "taylor"])
+    lg.add_argument("--no-debias", action="store_true")
     pc = sub.add_parser("pca", help="top principal components of the released sketch")
     pc.add_argument("study_id")
     pc.add_argument("--rank", type=int, required=True)
@@ -129,6 +138,19 @@ def main(argv: list[str] | None = None) -> int:
                                    debias=not args.no_debias)
             elif args.command == "least-squares":
                 out = client.least_squares(args.study_id, label=args.label, debias=not args.no_debias)
+            elif args.command == "logistic":
+                classes = None
+                if args.classes is not None:
+                    try:
+                        classes = [float(v) for v in args.classes.split(",")]
+                    except ValueError:
+                        print(f"dpsketch study: --classes must be two numbers, e.g. 0,1; got {args.classes!r}",
+                              file=sys.stderr)
+                        return 2
+                out = client.logistic(args.study_id, label=args.label, alpha=args.alpha, classes=classes,
+                                      intercept_column=args.intercept_column,
+                                      fit_intercept=False if args.no_intercept else None,
+                                      calibration=args.calibration, debias=not args.no_debias)
             elif args.command == "pca":
                 out = client.pca(args.study_id, n_components=args.rank, debias=not args.no_debias)
             elif args.command == "histogram":

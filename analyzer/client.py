@@ -63,6 +63,12 @@ class AnalyzerClient:
     def pca(self, study_id: str, **fields: Any) -> dict[str, Any]:
         return self._call("POST", f"/v1/studies/{study_id}/analyses/pca", json=fields)
 
+    def logistic(self, study_id: str, **fields: Any) -> dict[str, Any]:
+        """Logistic regression (label?, classes?, alpha?, debias?, fit_intercept?, intercept_column?,
+        calibration?); fields left None are omitted."""
+        body = {k: v for k, v in fields.items() if v is not None}
+        return self._call("POST", f"/v1/studies/{study_id}/analyses/logistic", json=body)
+
     # histogram studies
     def histogram(self, study_id: str, confidence: float = 0.95) -> dict[str, Any]:
         return self._call("GET", f"/v1/studies/{study_id}/histogram", params={"confidence": confidence})
