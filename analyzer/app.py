@@ -18,7 +18,7 @@ from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR
 from . import histogram_api, logistic_api, recommend
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
-from .release import HistogramRelease, Release, release_from_ring_sum
+from .release import HistogramRelease, L1Release, Release, release_from_ring_sum
 from .store import StudyRecord
 
 
@@ -54,11 +54,12 @@ class CreateStudy(PrivacyTarget):
     columns: list[str] = Field(default_factory=list, max_length=4096,
                                description="the columns (a histogram study's are its axes: omit them)")
     label: str | None = None
-    kind: Literal["sketch", "gram", "histogram", "auto"] = Field(
+    kind: Literal["sketch", "gram", "histogram", "l1", "auto"] = Field(
         default="sketch",
         description="sketch: OSNAP sketch of the rows; gram: plain sum of [a, u(a a^T), 1] "
         "(central-model accuracy, about d^2/2 values per client); histogram: plain sum of the "
-        "one-hot cell of each client's value(s) in `histogram`'s bins; auto: gram when its upload "
+        "one-hot cell of each client's value(s) in `histogram`'s bins; l1: the multi-level l1 "
+        "sketch of the rows, for least absolute deviations (analyses/lad); auto: gram when its upload "
         "fits the analyzer's budget and no server's published max_study_bytes refuses it, else "
         "sketch (see POST /v1/recommend)",
     )
@@ -200,6 +201,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         if isinstance(rel, HistogramRelease):
             raise ProblemError("invalid-request", f"study {study_id} is a histogram study: use its "
                                f"/histogram view and analyses (quantiles, moments, kendall-tau, auc, gini-*)")
+        if isinstance(rel, L1Release):
+            raise ProblemError("invalid-request", f"study {study_id} is an l1 study (an l1 sketch, not an "
+                               f"l2 embedding): use analyses/lad")
         return rel
 
     histogram_api.install(app, released, auth)

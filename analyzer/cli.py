@@ -35,10 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--row-bound", type=float, default=1.0)
     c.add_argument("--neighbouring", choices=["replace-one", "add-remove"], default="replace-one")
     c.add_argument("--t", type=int, default=0, help="tolerated colluding clients")
-    c.add_argument("--kind", choices=["sketch", "gram", "histogram", "auto"], default="sketch",
+    c.add_argument("--kind", choices=["sketch", "gram", "histogram", "l1", "auto"], default="sketch",
                    help="sketch (default): OSNAP sketch of the rows; gram: plain sum of "
                    "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; "
-                   "histogram: counts over the bins of --axis (one or two); auto: gram when it fits "
+                   "histogram: counts over the bins of --axis (one or two); l1: the multi-level l1 "
+                   "sketch, for least absolute deviations (study lad); auto: gram when it fits "
                    "the upload budget and every server's storage policy (see: dpsketch recommend)")
     c.add_argument("--axis", action="append", metavar="SPEC",
                    help="a histogram axis: COLUMN:e0,e1,... (numeric edges; underflow and overflow "

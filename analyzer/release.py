@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dpsketch.protocol import features, ring, sketch
+from dpsketch.protocol import features, ring
 from dpsketch.protocol.study import Study
 
 
@@ -338,7 +338,47 @@ class HistogramRelease(StudyRelease):
                 "n_reports": float(self.n_reports), "lambda_star": float(self.study.lambda_star)}
 
 
-Release = SketchRelease | GramSumRelease | HistogramRelease
+@dataclass(frozen=True, eq=False)
+class L1Release(StudyRelease):
+    """The release of an l1 study: Y = S(A + G) + E for the multi-level l1 sketch S
+    (dpsketch/protocol/l1sketch.py), k x d, with its row weights.
+
+    S has 0/1 entries (s at level 0, at most one more at a sampled level), so Y is not rescaled;
+    every cell carries the noise of the reports in its bucket (sigma^2 per report) and the N
+    servers' N(0, N server_sigma^2 (s + 1)). What it is for: least absolute deviations, the
+    weighted l1 fit min sum_r w_r |Y_r,label - Y_r,features . beta| (analyzer/lad.py). It is not
+    an l2 embedding, so it has no Gram matrix estimate.
+    """
+
+    study: Study
+    sketch: np.ndarray
+    n_reports: int
+
+    def __post_init__(self) -> None:
+        if self.study.kind != "l1":
+            raise ValueError(f"an L1Release needs an l1 study, not {self.study.kind!r}")
+        self._check("sketch", (self.study.k, self.study.d), "l1 sketch")
+
+    @property
+    def weights(self) -> np.ndarray:
+        """(k,) the row weights of Algorithm 2: 1/s at level 0, 1/p_h at level h."""
+        return self.study.l1_spec.weights()
+
+    @property
+    def server_noise_variance(self) -> float:
+        """N server_sigma^2 (s + 1): the servers' noise in every released cell (no rescaling)."""
+        return self.study.n_servers * float(self.study.server_noise_std) ** 2
+
+    def gram(self, debias: bool = True) -> np.ndarray:
+        raise TypeError("an l1 release is an l1 sketch for least absolute deviations (analyzer/lad.py), "
+                        "not an l2 embedding: it has no Gram matrix estimate")
+
+    def noise_info(self) -> dict[str, float]:
+        return {"sigma": self.sigma, "server_noise_variance": self.server_noise_variance,
+                "n_reports": float(self.n_reports), "lambda_star": float(self.study.lambda_star)}
+
+
+Release = SketchRelease | GramSumRelease | HistogramRelease | L1Release
 
 
 def release_from_values(study: Study, values: np.ndarray, n_reports: int) -> Release:
@@ -347,6 +387,8 @@ def release_from_values(study: Study, values: np.ndarray, n_reports: int) -> Rel
         return HistogramRelease(study=study, values=np.asarray(values).reshape(-1), n_reports=n_reports)
     if study.kind == "gram":
         return GramSumRelease(study=study, values=np.asarray(values).reshape(-1), n_reports=n_reports)
+    if study.kind == "l1":
+        return L1Release(study=study, sketch=values, n_reports=n_reports)
     return SketchRelease(study=study, sketch=values, n_reports=n_reports)
 
 
@@ -357,4 +399,4 @@ def release_from_ring_sum(study: Study, ring_sum: np.ndarray, n_reports: int) ->
         raise TypeError(f"ring sum must be uint64, got {z.dtype}")
     if z.shape != study.aggregate_shape:
         raise ValueError(f"ring sum must be {study.aggregate_shape[0]} x {study.aggregate_shape[1]}, got {z.shape}")
-    return release_from_values(study, ring.decode(z, study.frac_bits) * sketch.scale(study.s), n_reports)
+    return release_from_values(study, ring.decode(z, study.frac_bits) * study.entry_scale, n_reports)

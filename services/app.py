@@ -23,7 +23,7 @@ from pydantic import ValidationError
 import dpsketch
 import numpy as np
 
-from dpsketch.protocol import binding, envelope, sketch
+from dpsketch.protocol import binding, envelope
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     INCLUSION_HASH_HEADER,
@@ -171,7 +171,7 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     except ValueError as exc:
         raise ProblemError("malformed-body", str(exc)) from None
     shares = verified_shares(upload, study, server_id)
-    rows, signs = sketch.hash_report_ids(study.seed_bytes, upload.ids, study.k, study.s)
+    rows, signs = study.hash_report_ids(upload.ids)
     return upload.ids, shares, rows, signs
 
 

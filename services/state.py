@@ -55,7 +55,7 @@ class StudyState:
             joined: bytes | None = None) -> None:
         """Fold newly stored reports into the totals (caller holds ``lock``)."""
         if rows is None or signs is None:
-            rows, signs = sketch.hash_report_ids(study.seed_bytes, report_ids, study.k, study.s)
+            rows, signs = study.hash_report_ids(report_ids)
         self.ids.update(zip(report_ids, rowids))
         self._id_chunks.append(joined if joined is not None else b"".join(report_ids))
         self._rowid_chunks.append(np.asarray(rowids, dtype=np.int64))

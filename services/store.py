@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import secrets
 import sqlite3
 import threading
@@ -321,15 +322,19 @@ class Store:
             aggregate[:] = 0
             gram[:] = 0
         for rids, shares in self._fetch(wanted, study.width):
-            rows, signs = sketch.hash_report_ids(study.seed_bytes, rids, study.k, study.s)
+            rows, signs = study.hash_report_ids(rids)
             add_into(aggregate, rows, signs, shares, sign)
             sketch.accumulate_gram(gram, rows, signs, sign)
-        cert = privacy.certify(gram, study.s, n, study.t, study.lambda_star)
+        cert = privacy.certify_study(study, gram, ids)
         if not cert.ok:
+            what = (f"the largest leverage of a report is {1 / cert.lambda_min if cert.lambda_min else math.inf:.6g} "
+                    f"over {n} reports (t = {study.t} included), above 1 / lambda_star = "
+                    f"{1 / study.lambda_star:.6g}: some report sits in too empty a bucket"
+                    if study.kind == "l1" else
+                    f"lambda_min(S S^T) = {cert.lambda_min:.6g} over {n} reports; lambda_min - t = "
+                    f"{cert.lambda_min - study.t:.6g} is below lambda_star = {study.lambda_star:.6g}")
             raise ProblemError(
-                "certificate-refused",
-                f"lambda_min(S S^T) = {cert.lambda_min:.6g} over {n} reports; lambda_min - t = "
-                f"{cert.lambda_min - study.t:.6g} is below lambda_star = {study.lambda_star:.6g}",
+                "certificate-refused", what,
                 extra={"lambda_min": cert.lambda_min, "lambda_star": study.lambda_star, "n_reports": n},
             )
         result = CommitResult(

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from dpsketch.protocol import sketch
 from dpsketch.protocol.messages import UploadResult
 from dpsketch.protocol.problems import ProblemError
 
@@ -42,7 +41,7 @@ class UploadJob:
     record: StudyRecord
     ids: list[bytes]
     shares: np.ndarray  # (m, d) uint64
-    rows: np.ndarray | None  # (m, s) from sketch.hash_report_ids; None: the writer hashes
+    rows: np.ndarray | None  # from Study.hash_report_ids; None: the writer hashes
     signs: np.ndarray | None
     token: bytes | None = None  # digest of the upload token it came with; charged for new reports
     future: Future = field(default_factory=Future)
@@ -355,8 +354,7 @@ class Writer:
         if not missing:
             return
         study = record.study
-        rows, signs = sketch.hash_report_ids(study.seed_bytes, [rid for job in missing for rid in job.ids],
-                                             study.k, study.s)
+        rows, signs = study.hash_report_ids([rid for job in missing for rid in job.ids])
         start = 0
         for job in missing:
             end = start + len(job.ids)

@@ -22,8 +22,8 @@ from typing import Literal
 
 import numpy as np
 
-Kind = Literal["sketch", "gram", "histogram"]
-KINDS: tuple[str, ...] = ("sketch", "gram", "histogram")
+Kind = Literal["sketch", "gram", "histogram", "l1"]
+KINDS: tuple[str, ...] = ("sketch", "gram", "histogram", "l1")
 
 #: A gram study shares about d^2/2 values per client; beyond this many columns a sketch study is
 #: the better tool (and the aggregate would be tens of thousands of cells per server).
@@ -33,7 +33,7 @@ GRAM_MAX_COLUMNS = 256
 def width(kind: Kind, d: int) -> int:
     """Length of the vector each client shares (and of each aggregate row); a histogram's is its
     number of cells (``HistogramSpec.cells``, ``Study.width``)."""
-    if kind == "sketch":
+    if kind in ("sketch", "l1"):
         return d
     if kind == "gram":
         return d + d * (d + 1) // 2 + 1
@@ -45,9 +45,9 @@ def width(kind: Kind, d: int) -> int:
 def coordinate_bound(kind: Kind, row_bound: float) -> float:
     """Largest |coordinate| of the shared vector before noise, for rows with ||a|| <= B.
 
-    sketch: |a_i| <= B. gram: |a_i| <= B, a_i^2 <= B^2, sqrt(2) |a_i a_j| <= B^2 / sqrt(2), and 1.
+    sketch, l1: |a_i| <= B. gram: |a_i| <= B, a_i^2 <= B^2, sqrt(2) |a_i a_j| <= B^2 / sqrt(2), and 1.
     """
-    if kind == "sketch":
+    if kind in ("sketch", "l1"):
         return float(row_bound)
     if kind == "gram":
         return max(float(row_bound), float(row_bound) ** 2, 1.0)
@@ -95,7 +95,7 @@ def gram_features(rows: np.ndarray) -> np.ndarray:
 
 def client_vectors(kind: Kind, clipped_rows: np.ndarray) -> np.ndarray:
     """What a client of this study kind adds noise to and shares."""
-    if kind == "sketch":
+    if kind in ("sketch", "l1"):
         return np.asarray(clipped_rows, dtype=np.float64)
     if kind == "gram":
         return gram_features(clipped_rows)

@@ -30,14 +30,15 @@ SIGMA_RTOL = 1e-9
 def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kind = "sketch") -> float:
     """L2 sensitivity of what one client shares.
 
-    sketch: the clipped row; replacing it moves the data by up to 2B, removing it by B.
+    sketch, l1: the clipped row; replacing it moves the data by up to 2B, removing it by B (the
+    map's own scale is the leverage in the certificate, not part of Delta).
     gram: the feature vector [a, u(a a^T), 1] (:func:`features.gram_feature_sensitivity`).
     histogram: a one-hot vector (norm 1, whatever the row bound): sqrt(2) and 1.
     """
     if neighbouring not in ("replace-one", "add-remove"):
         raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
     replace_one = neighbouring == "replace-one"
-    if kind == "sketch":
+    if kind in ("sketch", "l1"):
         return 2.0 * row_bound if replace_one else row_bound
     if kind == "gram":
         return features.gram_feature_sensitivity(row_bound, replace_one)
@@ -150,3 +151,23 @@ def certify(sst_unscaled: np.ndarray, s: int, n_reports: int, t: int, lambda_sta
         t=t,
         lambda_star=lambda_star,
     )
+
+
+def certify_study(study, sst_unscaled: np.ndarray, report_ids) -> Certificate:
+    """A server's check of an inclusion set, whatever the study's map.
+
+    OSNAP (and the plain sum): lambda_min(S S^T) - t >= lambda_star from the running k x k total.
+    l1 sketch: every report's leverage (with the bound for t colluders) <= 1 / lambda_star, from the
+    same k x k total S S^T and the report ids' columns (l1sketch.py); the certificate then carries
+    lambda_min = 1 / (largest leverage) and t = 0 (t is inside the leverage bound), so its margin
+    has the same meaning for both maps."""
+    n = len(report_ids)
+    if study.kind != "l1":
+        return certify(sst_unscaled, study.s, n, study.t, study.lambda_star)
+    from . import l1sketch
+
+    rows, signs = study.hash_report_ids(report_ids)
+    lev = l1sketch.leverages(rows, signs, study.k, study.t, M=np.asarray(sst_unscaled, dtype=np.int64))
+    worst = float(lev.max()) if n else math.inf
+    return Certificate(n_reports=n, lambda_min=(1.0 / worst if worst > 0 else math.inf), t=0,
+                       lambda_star=study.lambda_star)

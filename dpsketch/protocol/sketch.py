@@ -69,7 +69,8 @@ _MINUS_ONE = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 
 
 def signed_sum(rows: np.ndarray, signs: np.ndarray, shares: np.ndarray, k: int) -> np.ndarray:
-    """The (k, d) uint64 matrix S' X mod 2^64, where S' has the signs (not the 1/sqrt(s) scale).
+    """The (k, d) uint64 matrix S' X mod 2^64, where S' has the signs (not the 1/sqrt(s) scale);
+    a sign of 0 is an empty slot (the l1 sketch's, l1sketch.py) and adds nothing.
 
     One sparse product: scipy's integer kernels use C unsigned arithmetic, which wraps mod 2^64
     exactly like numpy's, and a sign of -1 is the ring element 2^64 - 1 (multiplying by it
@@ -83,7 +84,8 @@ def signed_sum(rows: np.ndarray, signs: np.ndarray, shares: np.ndarray, k: int) 
     d = shares.shape[1]
     if m == 0:
         return np.zeros((k, d), dtype=np.uint64)
-    data = np.where(signs.ravel() > 0, np.uint64(1), _MINUS_ONE).astype(np.uint64)
+    flat = signs.ravel()
+    data = np.where(flat > 0, np.uint64(1), np.where(flat < 0, _MINUS_ONE, np.uint64(0))).astype(np.uint64)
     indptr = np.arange(0, m * s + 1, s, dtype=np.int64)
     matrix = sp.csc_matrix((data, rows.ravel().astype(np.int64), indptr), shape=(k, m))
     return np.asarray(matrix @ np.ascontiguousarray(shares, dtype=np.uint64), dtype=np.uint64)
@@ -101,6 +103,7 @@ def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.
         flip = (signs.astype(np.int64) * sign) < 0
         values = np.repeat(np.asarray(shares, dtype=np.uint64), s, axis=0)
         values[flip.ravel()] = np.uint64(0) - values[flip.ravel()]
+        values[signs.ravel() == 0] = 0  # an empty slot (the l1 sketch's unsampled level)
         np.add.at(acc, rows.ravel(), values)
         return
     delta = signed_sum(rows, signs, shares, acc.shape[0])

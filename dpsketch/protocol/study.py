@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from . import accounting, features, privacy, ring, sketch
+from . import accounting, features, l1sketch, privacy, ring, sketch
 from .histogram import HistogramSpec
 from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
@@ -24,6 +24,16 @@ PROTOCOL = "dpsketch/2"
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
 SERVER_ID_PATTERN = r"^[a-z0-9][a-z0-9.\-]{0,62}$"
+
+
+class L1Params(BaseModel):
+    """The shape of an l1 study's sketch beyond k and s (``l1sketch.L1Spec``; s is the study's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    level0_buckets: int = Field(ge=1, le=1 << 16)
+    levels: int = Field(ge=0, le=40)
+    buckets: int = Field(ge=1, le=1 << 16)
+    branching: int = Field(ge=2, le=1 << 16)
 
 
 class Study(BaseModel):
@@ -43,6 +53,8 @@ class Study(BaseModel):
     kind: features.Kind = "sketch"
     #: the bins of a histogram study (its axes are the study's columns); null for other kinds
     histogram: HistogramSpec | None = None
+    #: the sketch shape of an l1 study (l1sketch.py); absent for other kinds
+    l1: L1Params | None = None
     k: int = Field(ge=1, le=1 << 20)
     s: int = Field(ge=1, le=sketch.MAX_BLOCKS)
     seed: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -95,7 +107,16 @@ class Study(BaseModel):
     def _consistent(self) -> "Study":
         if self.label is not None and self.label not in self.columns:
             raise ValueError(f"label {self.label!r} is not one of the columns")
-        if self.k % self.s:
+        if self.kind == "l1":
+            if self.l1 is None:
+                raise ValueError("an l1 study needs its sketch shape (l1)")
+            spec = self.l1_spec  # validates s and the levels
+            if spec.k != self.k:
+                raise ValueError(f"an l1 study's k is s * level0_buckets + levels * buckets = {spec.k}, "
+                                 f"not {self.k}")
+        elif self.l1 is not None:
+            raise ValueError(f"only an l1 study has an l1 sketch shape, not a {self.kind} study")
+        elif self.k % self.s:
             raise ValueError("s must divide k (k rows in s blocks of k/s buckets)")
         if self.kind == "gram":
             if (self.k, self.s) != (1, 1):
@@ -187,8 +208,30 @@ class Study(BaseModel):
     @property
     def server_noise_std(self) -> float:
         """What each server draws per cell of its (unscaled) aggregate share: server_sigma sqrt(s),
-        so that after the analyzer's 1/sqrt(s) it is server_sigma."""
+        so that after the analyzer's 1/sqrt(s) it is server_sigma. An l1 study's columns have up
+        to s + 1 unit entries and are not rescaled: server_sigma sqrt(s + 1) per cell gives every
+        report at least the protection server_sigma gives a unit column (l1sketch.py)."""
+        if self.kind == "l1":
+            return self.server_sigma * ((self.s + 1) ** 0.5)
         return self.server_sigma * (self.s ** 0.5)
+
+    @property
+    def entry_scale(self) -> float:
+        """What the analyzer multiplies the decoded release by: OSNAP's 1/sqrt(s); 1 for l1."""
+        return 1.0 if self.kind == "l1" else sketch.scale(self.s)
+
+    @property
+    def l1_spec(self) -> "l1sketch.L1Spec":
+        if self.l1 is None:
+            raise ValueError(f"a {self.kind} study has no l1 sketch")
+        return l1sketch.L1Spec(s=self.s, **self.l1.model_dump())
+
+    def hash_report_ids(self, report_ids) -> tuple:
+        """Rows and signs of this study's public map for these reports: the one place a server,
+        the analyzer and the tools ask which rows a report goes to (OSNAP or the l1 sketch)."""
+        if self.kind == "l1":
+            return l1sketch.hash_report_ids(self.seed_bytes, report_ids, self.l1_spec)
+        return sketch.hash_report_ids(self.seed_bytes, report_ids, self.k, self.s)
 
     @property
     def server_noise_bound(self) -> float:
@@ -242,11 +285,13 @@ class Study(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_absent_bins(self, handler):
-        """``histogram`` appears only in histogram studies: the JSON (and so the canonical
-        encoding and the id) of a sketch or gram study is what it was before the kind existed."""
+        """``histogram`` and ``l1`` appear only in studies of their kind: the JSON (and so the
+        canonical encoding and the id) of a sketch or gram study is what it was before them."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("histogram") is None:
-            data.pop("histogram", None)
+        if isinstance(data, dict):
+            for member in ("histogram", "l1"):
+                if data.get(member) is None:
+                    data.pop(member, None)
         return data
 
     def canonical(self) -> bytes:
@@ -294,7 +339,9 @@ def _guarantee_line(study: Study) -> str:
     floor = g["floor_epsilon"]
     floor_text = (f"epsilon = {floor:.3g}" if math.isfinite(floor) else "no guarantee")
     return (f"Guarantees per report: ({g['epsilon']:.4g}, {study.delta:g})-DP while the honest "
-            f"reports certify lambda_min - t >= lambda_star; without any other honest report "
+            + ("reports certify every report's leverage <= 1 / lambda_star"
+               if study.kind == "l1" else "reports certify lambda_min - t >= lambda_star")
+            + "; without any other honest report "
             f"(Sybils) and with all servers but one colluding: {floor_text}"
             + ("" if study.epsilon_floor is not None else " (no floor requested)") + ".")
 
@@ -390,6 +437,10 @@ def design(
                              f"values per client; use a sketch study beyond "
                              f"{features.GRAM_MAX_COLUMNS} columns")
         k = 1
+    elif kind == "l1":
+        if k is not None:
+            raise ValueError("an l1 study's k follows from its levels (l1sketch.design): leave k out")
+        s = min(s, 2)
     elif k is None:
         k = default_k(expected_reports, d, sigma_local, row_bound, s)
     if k == 1:
@@ -401,7 +452,14 @@ def design(
 
     if max_reports is None:
         max_reports = default_max_reports(expected_reports)
-    lambda_star = privacy.choose_lambda_star(min_reports, k, t)
+    l1 = None
+    if kind == "l1":
+        spec, lambda_star = l1sketch.design(min_reports, d, s=s)
+        k = spec.k
+        l1 = L1Params(level0_buckets=spec.level0_buckets, levels=spec.levels, buckets=spec.buckets,
+                      branching=spec.branching)
+    else:
+        lambda_star = privacy.choose_lambda_star(min_reports, k, t)
     if epsilon_floor == "default":
         epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
     width = histogram.cells if histogram is not None else features.width(kind, d)
@@ -409,7 +467,7 @@ def design(
                                  epsilon_floor)
     sigma, server_sigma = noise.sigma, noise.server_sigma
     bound = value_bound(kind, row_bound, sigma)
-    server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * math.sqrt(s)
+    server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * math.sqrt(s + 1 if kind == "l1" else s)
     frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)
     study = Study(
         name=name,
@@ -418,6 +476,7 @@ def design(
         row_bound=row_bound,
         kind=kind,
         histogram=histogram,
+        l1=l1,
         k=k,
         s=s,
         seed=seed or secrets.token_hex(32),
@@ -446,6 +505,12 @@ def design(
             f"sum them (k = s = 1): the release is the noisy A^T A, row sum and count, "
             f"the central model's sufficient statistics."
         )
+    elif kind == "l1":
+        spec = study.l1_spec
+        transform = (
+            f"l1 sketch: k = {k} rows: level 0 in s = {s} blocks of {spec.level0_buckets}, then "
+            f"{spec.levels} sampled levels of {spec.buckets} (branching {spec.branching}), as deep as "
+            f"keeps the deepest buckets at {l1sketch.MIN_DEEP_BUCKET}+ expected reports.")
     else:
         transform = (
             f"Sketch: k = {k} rows in s = {s} blocks (k ~ n B^2 / (70 sigma_local^2) within "
@@ -461,6 +526,10 @@ def design(
             f"lambda_star = {lambda_star:.1f}: with k = 1, S S^T is the report count exactly, so "
             f"lambda_star = min_reports - t (t = {t})."
             if k == 1
+            else f"lambda_star = {lambda_star:.1f}: {l1sketch.LEVERAGE_SAFETY} / the typical leverage of "
+            f"a report at n = min_reports; servers check every report's exact leverage <= "
+            f"1 / lambda_star before they release."
+            if kind == "l1"
             else f"lambda_star = {lambda_star:.1f}: {privacy.LAMBDA_SAFETY} x the expected "
             f"lambda_min(S S^T) ~ (n/k)(1 - sqrt(k/n))^2 at n = min_reports, minus t = {t}."
         ),
