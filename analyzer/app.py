@@ -15,7 +15,7 @@ from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR
 
-from . import histogram_api, logistic_api, recommend
+from . import histogram_api, lad_api, logistic_api, recommend
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
 from .release import HistogramRelease, L1Release, Release, release_from_ring_sum
@@ -208,6 +208,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     histogram_api.install(app, released, auth)
     logistic_api.install(app, released, auth)
+    lad_api.install(app, released, auth)
 
     def upstream(exc: UpstreamError) -> ProblemError:
         if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict",

@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--no-intercept", action="store_true")
     lg.add_argument("--calibration", choices=["gaussian", "taylor"])
     lg.add_argument("--no-debias", action="store_true")
+    ld = sub.add_parser("lad", help="least absolute deviations on a released l1 study (docs/lad.md)")
+    ld.add_argument("study_id")
+    ld.add_argument("--label")
+    ld.add_argument("--alpha", type=float, help="l1 penalty on the coefficients (default: 0)")
+    ld.add_argument("--noise-correction", choices=["none", "calibrate"],
+                    help="calibrate: undo the noise's shrinkage by regression calibration (default: none)")
     pc = sub.add_parser("pca", help="top principal components of the released sketch")
     pc.add_argument("study_id")
     pc.add_argument("--rank", type=int, required=True)
@@ -152,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                                       intercept_column=args.intercept_column,
                                       fit_intercept=False if args.no_intercept else None,
                                       calibration=args.calibration, debias=not args.no_debias)
+            elif args.command == "lad":
+                out = client.lad(args.study_id, label=args.label, alpha=args.alpha,
+                                 noise_correction=args.noise_correction)
             elif args.command == "pca":
                 out = client.pca(args.study_id, n_components=args.rank, debias=not args.no_debias)
             elif args.command == "histogram":

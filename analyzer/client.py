@@ -69,6 +69,12 @@ class AnalyzerClient:
         body = {k: v for k, v in fields.items() if v is not None}
         return self._call("POST", f"/v1/studies/{study_id}/analyses/logistic", json=body)
 
+    def lad(self, study_id: str, **fields: Any) -> dict[str, Any]:
+        """Least absolute deviations on an l1 study (label?, alpha?, noise_correction?); fields left
+        None are omitted."""
+        body = {k: v for k, v in fields.items() if v is not None}
+        return self._call("POST", f"/v1/studies/{study_id}/analyses/lad", json=body)
+
     # histogram studies
     def histogram(self, study_id: str, confidence: float = 0.95) -> dict[str, Any]:
         return self._call("GET", f"/v1/studies/{study_id}/histogram", params={"confidence": confidence})

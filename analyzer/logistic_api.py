@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dpsketch.protocol import ProblemError
 
 from .logistic import LogisticRegression, check_classes
-from .release import HistogramRelease, Release
+from .release import HistogramRelease, L1Release, Release
 
 
 class LogisticRequest(BaseModel):
@@ -56,8 +56,8 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
     @app.post("/v1/studies/{study_id}/analyses/logistic", dependencies=auth)
     def logistic(study_id: str, body: LogisticRequest) -> LogisticResult:
         rel = released(study_id)
-        if isinstance(rel, HistogramRelease):
-            raise ProblemError("invalid-request", f"study {study_id} is a histogram study: logistic "
+        if isinstance(rel, (HistogramRelease, L1Release)):
+            raise ProblemError("invalid-request", f"study {study_id} is a {rel.study.kind} study: logistic "
                                f"regression needs a gram or sketch study")
         label = body.label or rel.study.label
         if label is None or label not in rel.columns:

@@ -36,3 +36,20 @@ def bound_body(study: Study, position: int, shares):
 
     ids, proofs = bind_at(study, position, shares)
     return ids, messages.encode_batch(ids, proofs, shares)
+
+
+def record_batches(monkeypatch) -> list:
+    """Every PreparedBatch the SDK sends from now on (shares, seeds, report ids), in order: what
+    an exact-reconstruction test sums itself."""
+    import client_sdk.client as sdk
+
+    sent: list = []
+    real = sdk.prepare_batch
+
+    def recording(study, rows, compress=False):
+        batch = real(study, rows, compress)
+        sent.append(batch)
+        return batch
+
+    monkeypatch.setattr(sdk, "prepare_batch", recording)
+    return sent

@@ -12,13 +12,13 @@ import httpx
 import numpy as np
 import pytest
 
-import client_sdk.client as sdk
 from analyzer.client import AnalyzerClient
 from client_sdk import Client, InvalidDataError
 from dpsketch.protocol import ProblemError, Study, ring
 from dpsketch.protocol.histogram import Axis, HistogramSpec, HistogramValueError
 
 from conftest import Cluster
+from studies import record_batches
 
 AGE = {"column": "age", "edges": [18, 30, 50, 70]}  # cells: <18, [18,30), [30,50), [50,70), >=70
 SMOKER = {"column": "smoker", "categories": ["yes", "no"]}  # cells: yes, no, (other)
@@ -53,15 +53,7 @@ def _exact_cluster(servers, **kw) -> Cluster:
 
 def test_histogram_study_end_to_end_is_exact_and_keeps_out_of_range_values(servers, monkeypatch):
     c = _exact_cluster(servers)
-    sent: list = []
-    real = sdk.prepare_batch
-
-    def recording(study, rows, compress=False):
-        batch = real(study, rows, compress)
-        sent.append(batch)
-        return batch
-
-    monkeypatch.setattr(sdk, "prepare_batch", recording)
+    sent = record_batches(monkeypatch)
     rng = np.random.default_rng(4)
     n = 3000
     ages = rng.normal(45, 20, size=n)

@@ -127,20 +127,21 @@ def test_pinned_vectors():
         assert l1sketch.rows_of(SEED, bytes([i]) * 16, spec) == rows
 
 
-@pytest.mark.parametrize("n,d", [(10_000, 5), (100_000, 10)])
-def test_designed_sketches_certify_honest_sets(n, d):
+@pytest.mark.parametrize("n,d,levels", [(10_000, 5, 1), (70_000, 5, 2), (100_000, 10, 2)])
+def test_designed_sketches_certify_honest_sets(n, d, levels):
     """The design keeps every bucket populated: random honest sets of min_reports reports pass
-    the exact certificate, with room to spare, and the deepest level is as deep as that allows."""
+    the exact certificate, with room to spare, and take as many levels as that allows."""
     spec, lambda_star = l1sketch.design(n, d)
-    assert spec.levels >= 1 and spec.k < 2_000
-    deepest = n * spec.level_probabilities()[-1] / spec.buckets
-    assert l1sketch.MIN_DEEP_BUCKET <= deepest < 2 * spec.branching * l1sketch.MIN_DEEP_BUCKET
+    assert spec.levels == levels and spec.k < 2_000
+    if levels:
+        deepest = n * spec.level_probabilities()[-1] / spec.buckets
+        assert deepest >= l1sketch.MIN_DEEP_BUCKET
     for trial in range(3):
         rows, signs = l1sketch.hash_report_ids(os.urandom(32), [os.urandom(16) for _ in range(n)], spec)
         cert = l1sketch.certify(rows, signs, spec.k, lambda_star)
-        assert cert.ok and cert.max_leverage * lambda_star < 0.9, cert
+        assert cert.ok and cert.max_leverage * lambda_star < 0.95, cert
     with pytest.raises(ValueError, match="too small"):
-        l1sketch.design(500, 10)
+        l1sketch.design(5_000, 10)
 
 
 def test_server_noise_scaled_by_sqrt_kappa_gives_the_unit_column_guarantee():

@@ -249,33 +249,41 @@ def typical_leverage(n: int, spec: L1Spec) -> float:
     return level0 + (spec.buckets / (n * deepest) if deepest else 0.0)
 
 
-#: The design keeps a deepest-level bucket at this many expected reports at least, so that no
-#: bucket of an honest set is nearly empty (Poisson: 64 - 5 sqrt(64) = 24 still).
-MIN_DEEP_BUCKET = 64
-#: lambda_star is this fraction of 1 / typical_leverage: the room the smallest buckets need.
-LEVERAGE_SAFETY = 0.5
+#: The design keeps every sampled-level bucket at this many expected reports at least: the
+#: largest leverage comes from the emptiest bucket, and a sparse deep level lowers lambda_star for
+#: every client (measured in docs/lad.md: 3 levels of 32 buckets cost 5x the noise variance of 2
+#: levels of 8 at n = 10^5).
+MIN_DEEP_BUCKET = 256
+#: lambda_star is this fraction of 1 / typical_leverage: room for the buckets' fluctuation (with
+#: 256+ reports a bucket, the largest leverage of an honest set stays within 1.1x the typical one).
+LEVERAGE_SAFETY = 0.8
+#: The measured shape (docs/lad.md): two sampled levels whose buckets are a quarter as many as a
+#: level-0 block's, so level 1's buckets are as full as level 0's and level 2's half as full.
+DEFAULT_LEVELS = 2
 
 
 def design(min_reports: int, d: int, s: int = 2, branching: int = 2,
-           buckets: int | None = None) -> tuple[L1Spec, float]:
+           level0_buckets: int | None = None) -> tuple[L1Spec, float]:
     """A sketch shape and lambda_star for a study expecting at least ``min_reports`` reports of d
-    columns: level-0 and per-level buckets max(16, 4 d) (rows enough for an l1 embedding of d
-    dimensions, paper 003 / Munteanu et al.), as many sampled levels as keep the deepest level's
-    buckets at MIN_DEEP_BUCKET expected reports, and lambda_star = LEVERAGE_SAFETY /
+    columns: level-0 blocks of max(32, 4 d) buckets (rows enough for an l1 embedding of d
+    dimensions), DEFAULT_LEVELS sampled levels of a quarter as many buckets (fewer levels if a
+    bucket would expect fewer than MIN_DEEP_BUCKET reports), and lambda_star = LEVERAGE_SAFETY /
     typical_leverage. Privacy never rests on this guess: servers check the exact leverage of the
     set they are asked to release (:func:`certify`); the design only makes that check pass for
     honest sets, which tests/test_l1sketch.py measures."""
     if min_reports < 1 or d < 1:
         raise ValueError("need min_reports >= 1 and d >= 1")
-    per = buckets or max(16, 4 * d)
-    levels = 0
-    while levels < 40:
-        trial = L1Spec(s=s, level0_buckets=per, levels=levels + 1, buckets=per, branching=branching)
-        if min_reports * trial.level_probabilities()[-1] / per < MIN_DEEP_BUCKET:
-            break
-        levels += 1
-    spec = L1Spec(s=s, level0_buckets=per, levels=levels, buckets=per, branching=branching)
+    per = level0_buckets or max(32, 4 * d)
     if min_reports / per < MIN_DEEP_BUCKET:
         raise ValueError(f"min_reports = {min_reports} is too small for an l1 sketch of d = {d}: "
-                         f"level-0 buckets would hold fewer than {MIN_DEEP_BUCKET} reports")
+                         f"its {per} level-0 buckets would hold fewer than {MIN_DEEP_BUCKET} reports "
+                         f"each (at least {per * MIN_DEEP_BUCKET} reports)")
+    deep = max(1, per // 4)
+    levels = 0
+    while levels < DEFAULT_LEVELS:
+        trial = L1Spec(s=s, level0_buckets=per, levels=levels + 1, buckets=deep, branching=branching)
+        if min_reports * trial.level_probabilities()[-1] / deep < MIN_DEEP_BUCKET:
+            break
+        levels += 1
+    spec = L1Spec(s=s, level0_buckets=per, levels=levels, buckets=deep, branching=branching)
     return spec, LEVERAGE_SAFETY / typical_leverage(min_reports, spec)
