@@ -614,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logistic", action="store_true",
                    help="instead: the logistic regression figures and tables (analyzer.logistic_evaluation; "
                    "honours --out and --quick)")
+    p.add_argument("--lad", action="store_true",
+                   help="instead: the least absolute deviations figures and tables (analyzer.lad_evaluation; "
+                   "honours --out and --quick)")
     return p
 
 
@@ -629,6 +632,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import logistic_evaluation
 
         return logistic_evaluation.main(["--out", args.out] + (["--quick"] if args.quick else []))
+    if args.lad:
+        from . import lad_evaluation
+
+        return lad_evaluation.main(["--out", args.out] + (["--quick"] if args.quick else []))
     ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else DEFAULT_NS))]
     epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else DEFAULT_EPSILONS))]
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
