@@ -128,6 +128,8 @@ DESIGNS = [
     ("gram", 10, 51, 4.0), ("gram", 100, 1000, 4.0), ("sketch", 10, 100_000, 4.0), ("sketch", 20, 20_000, 1.0),
     # histogram studies: d is the number of cells (one axis of d - 1 edges)
     ("histogram", 12, 51, None), ("histogram", 4096, 200, None), ("histogram", 144, 100_000, 4.0),
+    # l1 studies: lambda_star stands for 1 / the largest leverage (docs/protocol.md section 2c)
+    ("l1", 7, 100_000, None), ("l1", 7, 20_000, 4.0),
 ]
 
 
