@@ -98,3 +98,14 @@ def test_harness_quick_case_is_finite_and_ltm_beats_local_at_1e5():
     assert by["nonprivate_lad"]["objective_ratio"] == pytest.approx(1.0)
     assert by["ltm_l1"]["lambda_star"] > 100  # the certificate quantity of the simulated set
     assert by["ltm_l1"]["coef_error"] < by["local"]["coef_error"]
+
+
+def test_recommend_points_to_the_l1_kind():
+    """`dpsketch recommend` names the other analyses and where they stand (docs/lad.md)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "dpsketch.cli", "recommend", "--d", "6", "-n", "100000",
+                          "--no-predict"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--kind l1" in out.stdout and "docs/lad.md" in out.stdout and "docs/logistic.md" in out.stdout
