@@ -44,6 +44,7 @@ scaled and clipped the same way.
 from __future__ import annotations
 
 import argparse
+import importlib
 import hashlib
 import json
 import math
@@ -577,6 +578,11 @@ def pipeline_timing(records: list[dict]) -> dict[tuple, tuple[float, float]]:
 # command line
 
 
+#: ``--FLAG`` runs that module's own figures and tables instead (each honours --out and --quick).
+OTHER_HARNESSES = {"histogram": "histogram_evaluation", "logistic": "logistic_evaluation",
+                   "lad": "lad_evaluation", "vertical": "vertical_evaluation"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpsketch experiments",
@@ -617,6 +623,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lad", action="store_true",
                    help="instead: the least absolute deviations figures and tables (analyzer.lad_evaluation; "
                    "honours --out and --quick)")
+    p.add_argument("--vertical", action="store_true",
+                   help="instead: ridge on column-partitioned data, LTM vs DGM-OLS / RMGM-OLS "
+                   "(analyzer.vertical_evaluation; honours --out and --quick)")
     return p
 
 
@@ -624,18 +633,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv_echo = argv
-    if args.histogram:
-        from . import histogram_evaluation
-
-        return histogram_evaluation.main(["--out", args.out] + (["--quick"] if args.quick else []))
-    if args.logistic:
-        from . import logistic_evaluation
-
-        return logistic_evaluation.main(["--out", args.out] + (["--quick"] if args.quick else []))
-    if args.lad:
-        from . import lad_evaluation
-
-        return lad_evaluation.main(["--out", args.out] + (["--quick"] if args.quick else []))
+    for flag, module in OTHER_HARNESSES.items():  # another analysis' figures instead
+        if getattr(args, flag):
+            harness = importlib.import_module(f".{module}", __package__)
+            return harness.main(["--out", args.out] + (["--quick"] if args.quick else []))
     ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else DEFAULT_NS))]
     epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else DEFAULT_EPSILONS))]
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
