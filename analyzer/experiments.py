@@ -579,8 +579,12 @@ def pipeline_timing(records: list[dict]) -> dict[tuple, tuple[float, float]]:
 
 
 #: ``--FLAG`` runs that module's own figures and tables instead (each honours --out and --quick).
-OTHER_HARNESSES = {"histogram": "histogram_evaluation", "logistic": "logistic_evaluation",
-                   "lad": "lad_evaluation", "vertical": "vertical_evaluation"}
+OTHER_HARNESSES = {
+    "histogram": ("histogram_evaluation", "the histogram study figures and tables"),
+    "logistic": ("logistic_evaluation", "the logistic regression figures and tables"),
+    "lad": ("lad_evaluation", "the least absolute deviations figures and tables"),
+    "vertical": ("vertical_evaluation", "ridge on column-partitioned data, LTM vs DGM-OLS / RMGM-OLS"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -614,18 +618,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-draw the plots and results.md from a previous run's results.json, run nothing")
     p.add_argument("--quick", action="store_true",
                    help="bounded form (< 60 s): n up to 1e5, epsilon 1, one seed, diabetes only")
-    p.add_argument("--histogram", action="store_true",
-                   help="instead: the histogram study figures and tables (analyzer.histogram_evaluation; "
-                   "honours --out and --quick)")
-    p.add_argument("--logistic", action="store_true",
-                   help="instead: the logistic regression figures and tables (analyzer.logistic_evaluation; "
-                   "honours --out and --quick)")
-    p.add_argument("--lad", action="store_true",
-                   help="instead: the least absolute deviations figures and tables (analyzer.lad_evaluation; "
-                   "honours --out and --quick)")
-    p.add_argument("--vertical", action="store_true",
-                   help="instead: ridge on column-partitioned data, LTM vs DGM-OLS / RMGM-OLS "
-                   "(analyzer.vertical_evaluation; honours --out and --quick)")
+    for flag, (module, what) in OTHER_HARNESSES.items():
+        p.add_argument(f"--{flag}", action="store_true",
+                       help=f"instead: {what} (analyzer.{module}; honours --out and --quick)")
     return p
 
 
@@ -633,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv_echo = argv
-    for flag, module in OTHER_HARNESSES.items():  # another analysis' figures instead
+    for flag, (module, _) in OTHER_HARNESSES.items():  # another analysis' figures instead
         if getattr(args, flag):
             harness = importlib.import_module(f".{module}", __package__)
             return harness.main(["--out", args.out] + (["--quick"] if args.quick else []))

@@ -77,14 +77,10 @@ MECHANISMS = [
     ("rmgm_ols", "RMGM-OLS"),
 ]
 STYLE = {
+    **experiments.STYLE,  # the shared baselines look as in docs/accuracy.md's plots
     "nonpriv_block": ("gray", ".", ":"),
     "ltm_party": ("tab:blue", "o", "-"),
     "ltm_joint": ("tab:cyan", "s", "--"),
-    "local": ("tab:red", "v", "-"),
-    "central": ("black", "D", "-"),
-    "adassp": ("tab:purple", "^", "--"),
-    "dgm_ols": ("tab:orange", "x", "-"),
-    "rmgm_ols": ("tab:brown", "P", "-"),
 }
 
 
