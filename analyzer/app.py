@@ -47,6 +47,15 @@ class PrivacyTarget(BaseModel):
         return args
 
 
+class PartySpec(BaseModel):
+    """A party of a study with parties: the columns it holds, and optionally its block's bound."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    columns: list[str] = Field(min_length=1, max_length=4096)
+    row_bound: float | None = Field(default=None, gt=0, description="B_j; default B sqrt(d_j / d)")
+
+
 class CreateStudy(PrivacyTarget):
     """What an analyst decides; the analyzer derives k, s, lambda_star, sigma and f from it."""
 
@@ -71,6 +80,10 @@ class CreateStudy(PrivacyTarget):
     s: int = Field(default=4, ge=1, le=8)
     min_reports: int | None = Field(default=None, ge=1)
     max_reports: int | None = Field(default=None, ge=1)
+    parties: list[PartySpec] | None = Field(
+        default=None, description="a sketch study whose columns different parties hold for the same "
+        "individuals: the parties' blocks in column order (columns may then be omitted); "
+        "docs/vertical.md")
 
 
 class RecommendRequest(PrivacyTarget):
@@ -253,8 +266,14 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def progress(study_id: str) -> dict[str, Any]:
         rec = coordinator.record(study_id)
         servers = await run_in_threadpool(coordinator.progress, study_id)
-        return {"study_id": study_id, "state": rec.state, "min_reports": rec.study.min_reports,
-                "servers": [s.__dict__ for s in servers]}
+        out = {"study_id": study_id, "state": rec.state, "min_reports": rec.study.min_reports,
+               "servers": [s.__dict__ for s in servers]}
+        if rec.study.parties is not None and rec.state != "released":
+            try:
+                out["parties"] = (await run_in_threadpool(coordinator.completeness, study_id)).as_dict()
+            except UpstreamError as exc:
+                out["parties"] = {"error": str(exc)}
+        return out
 
     @app.post("/v1/studies/{study_id}/finalize", dependencies=auth)
     async def finalize(study_id: str) -> StudyView:

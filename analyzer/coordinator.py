@@ -107,6 +107,11 @@ class ShareServerClient:
         r = self._request("GET", f"/v1/studies/{study_id}/report-ids", token=self.endpoint.analyst_token)
         return messages.decode_report_ids(r.content)
 
+    def blocks(self, study_id: str) -> list[tuple[bytes, bytes, int]]:
+        """A study with parties: (block id, pseudonym, party index) of every block held."""
+        r = self._request("GET", f"/v1/studies/{study_id}/blocks", token=self.endpoint.analyst_token)
+        return messages.decode_block_index(r.content)
+
     def commit(self, study_id: str, sorted_ids: list[bytes]) -> CommitResult:
         r = self._request(
             "POST", f"/v1/studies/{study_id}/commit", token=self.endpoint.analyst_token,
@@ -123,6 +128,47 @@ class ShareServerClient:
 
 
 @dataclass(frozen=True)
+class Completeness:
+    """Where the individuals of a study with parties stand across the servers."""
+
+    #: individuals with every party's block at every server, and the sorted ids of their blocks
+    complete: int
+    included: list[bytes]
+    #: per party: individuals seen (some block at some server) whose block of that party is not
+    #: at every server
+    missing_by_party: dict[str, int]
+    #: per server: individuals with every block at that server
+    complete_by_server: dict[str, int]
+    individuals_seen: int
+
+    def as_dict(self) -> dict:
+        return {"complete": self.complete, "individuals_seen": self.individuals_seen,
+                "missing_by_party": self.missing_by_party, "complete_by_server": self.complete_by_server}
+
+
+def completeness(study: Study, held: list[list[tuple[bytes, bytes, int]]], server_ids: list[str]) -> Completeness:
+    """Which individuals count: those whose every party's block is held by every server (a block's
+    id commits to its shares, its party and its pseudonym, so equal ids mean equal blocks)."""
+    names = [p.name for p in study.parties or ()]
+    everywhere = set.intersection(*(set(h) for h in held))
+    parts: dict[bytes, list[bytes]] = {}
+    for bid, pseudonym, _party in everywhere:
+        parts.setdefault(pseudonym, []).append(bid)
+    complete = {p for p, bids in parts.items() if len(bids) == len(names)}
+    seen = {pseudonym for h in held for _bid, pseudonym, _party in h}
+    have = {(pseudonym, party) for _bid, pseudonym, party in everywhere}
+    missing = {name: sum(1 for p in seen if (p, j) not in have) for j, name in enumerate(names)}
+    by_server = {}
+    for sid, h in zip(server_ids, held):
+        count: dict[bytes, int] = {}
+        for _bid, pseudonym, _party in h:
+            count[pseudonym] = count.get(pseudonym, 0) + 1
+        by_server[sid] = sum(1 for c in count.values() if c == len(names))
+    included = sorted(bid for p in complete for bid in parts[p])
+    return Completeness(len(complete), included, missing, by_server, len(seen))
+
+
+@dataclass(frozen=True)
 class ServerProgress:
     server_id: str
     url: str
@@ -130,6 +176,8 @@ class ServerProgress:
     report_count: int | None
     status: str | None
     error: str | None = None
+    #: a study with parties: blocks held per party at this server
+    party_counts: dict[str, int] | None = None
 
 
 class Coordinator:
@@ -209,11 +257,20 @@ class Coordinator:
             try:
                 info = server.info(study_id)
                 out.append(ServerProgress(server.endpoint.server_id, server.endpoint.url, True,
-                                          info.report_count, info.status))
+                                          info.report_count, info.status, party_counts=info.party_counts))
             except UpstreamError as exc:
                 out.append(ServerProgress(server.endpoint.server_id, server.endpoint.url, False,
                                           None, None, str(exc)))
         return out
+
+    def completeness(self, study_id: str) -> Completeness:
+        """A study with parties: which individuals are complete at every server, and what is
+        missing per party (from every server's block index)."""
+        study = self.record(study_id).study
+        if study.parties is None:
+            raise ProblemError("invalid-request", f"study {study_id} has no parties")
+        held = [server.blocks(study_id) for server in self.servers]
+        return completeness(study, held, [s.endpoint.server_id for s in self.servers])
 
     # finalize ----------------------------------------------------------------------------
     def _check_batch_rule(self, held: list[set[bytes]], common: int) -> None:
@@ -244,6 +301,8 @@ class Coordinator:
             return rec
         study = rec.study
         included = self.store.inclusion(study_id)
+        if included is None and study.parties is not None:
+            included = self._party_inclusion(study_id)
         if included is None:
             held = [set(server.report_ids(study_id)) for server in self.servers]
             common = set.intersection(*held)
@@ -259,6 +318,7 @@ class Coordinator:
             self._check_batch_rule(held, len(common))
             included = self.store.fix_inclusion(study_id, sorted(common))
         expected_hash = messages.inclusion_hash(included)
+        n_reports = len(included)
         for position, server in enumerate(self.servers):
             try:
                 result = server.commit(study_id, included)
@@ -272,6 +332,7 @@ class Coordinator:
                 raise
             if result.inclusion_hash != expected_hash:
                 raise UpstreamError(server.endpoint.server_id, "committed a different inclusion set")
+            n_reports = result.n_reports  # individuals, for a study with parties
             self.log(f"{server.endpoint.server_id}: committed {result.n_reports} reports, "
                      f"lambda_min = {result.lambda_min:.1f} >= lambda_star + t = "
                      f"{result.lambda_star + result.t:.1f}")
@@ -281,5 +342,34 @@ class Coordinator:
             if header_hash != expected_hash:
                 raise UpstreamError(server.endpoint.server_id, "aggregate is over a different set")
             shares.append(share)
-        self.store.release(study_id, ring.reconstruct(shares), len(included))
+        self.store.release(study_id, ring.reconstruct(shares), n_reports)
         return self.record(study_id)
+
+    def _party_inclusion(self, study_id: str) -> list[bytes]:
+        """Fix the inclusion set of a study with parties: the blocks of every individual complete
+        at every server; refused (nothing committed) below min_reports or when a server's batch
+        rule would refuse it."""
+        study = self.record(study_id).study
+        state = self.completeness(study_id)
+        self.log(f"{state.complete} of {state.individuals_seen} individuals have every party's block at "
+                 f"every server; missing per party: "
+                 + ", ".join(f"{name} {n}" for name, n in state.missing_by_party.items()))
+        if state.complete < study.min_reports:
+            raise ProblemError(
+                "certificate-refused",
+                f"only {state.complete} individuals have every party's block at every server; the study "
+                f"needs min_reports = {study.min_reports} (missing per party: {state.missing_by_party}). "
+                f"Wait for more uploads.", extra={"missing_by_party": state.missing_by_party})
+        for server in self.servers:
+            fraction = (server.server_info().policy or {}).get("max_excluded_fraction")
+            here = state.complete_by_server[server.endpoint.server_id]
+            if fraction is not None and here - state.complete > int(float(fraction) * here):
+                raise ProblemError(
+                    "inclusion-refused",
+                    f"server {server.endpoint.server_id} holds {here - state.complete} complete "
+                    f"individuals that some other server lacks a block of; its policy lets a release "
+                    f"leave out at most {float(fraction):g} of its {here}. Nothing was committed. Have "
+                    f"the parties resend what is missing, then finalize again",
+                    extra={"server_id": server.endpoint.server_id, "excluded": here - state.complete,
+                           "held": here, "missing_by_party": state.missing_by_party})
+        return self.store.fix_inclusion(study_id, state.included)

@@ -464,8 +464,12 @@ class Client:
                                     study.n_servers)
         return sealed, messages.SEALED_MEDIA_TYPE
 
-    def _open_study(self, study_id: str) -> Study:
+    def _open_study(self, study_id: str, blocks: bool = False) -> Study:
         study = self.study(study_id)
+        if study.parties is not None and not blocks:
+            raise StudyMismatch(f"study {study_id[:12]}... has parties "
+                                f"({', '.join(p.name for p in study.parties)}): each submits its "
+                                f"block of every individual with submit_blocks (dpsketch submit --party)")
         closed = self._committed.get(study_id)
         if closed:
             raise ProblemError("study-closed", f"server(s) {', '.join(closed)} report the study "
@@ -566,14 +570,21 @@ class Client:
                         raise _data.InvalidDataError(str(exc)) from None
                     first += len(chunk)
             chunks = iter(chunks)
+        return self._run_upload(study, study_id, (prepare_batch(study, chunk, self.compress) for chunk in chunks),
+                                progress, keep_ids)
+
+    def _run_upload(self, study: Study, study_id: str, batches: Any, progress: Progress | None,
+                    keep_ids: bool) -> SubmitResult:
+        """Upload prepared batches (a lazy iterable: preparing overlaps sending) through one
+        :class:`_UploadRun`; errors as :meth:`submit_many` documents."""
         run = _UploadRun(self, study, study_id, progress, keep_ids)
         prepared = 0
         try:
-            for chunk in chunks:
+            for batch in batches:
                 if run.aborted.is_set():
                     break
-                run.put(prepare_batch(study, chunk, self.compress), prepared)
-                prepared += len(chunk)
+                run.put(batch, prepared)
+                prepared += len(batch)
         except Exception as exc:
             # bad input (or a failing reader) part-way: let the batches already queued finish,
             # so every row prepared so far is held by all servers, then say what was sent
@@ -596,6 +607,42 @@ class Client:
                 raise run.failures[0].error
             raise run.incomplete(prepared)
         return SubmitResult(run.ids(), run.rows_done, run.report_counts, run.duplicates)
+
+    def submit_blocks(self, study_id: str, party: str, rows: Any, *, party_key: bytes,
+                      keys: Sequence[str | bytes] | None = None, key_column: str | None = None,
+                      batch_size: int = 10_000, progress: Progress | None = None,
+                      keep_ids: bool = True) -> SubmitResult:
+        """Submit one party's block of each individual's row to a study with parties.
+
+        ``rows`` holds the party's columns (any input :meth:`submit_many` takes; other columns are
+        ignored); each row's individual is named by ``keys`` (one per row) or by the CSV's
+        ``key_column``. ``party_key`` is the 32-byte key the parties share (never a server):
+        it turns each key into the pseudonym the servers see (``client_sdk.parties``). The
+        client's token must be one of the party's upload tokens. Returns the block ids.
+
+        A block is one per individual and party: sending the same bytes again is harmless
+        (:meth:`resend` after an :class:`IncompleteUpload`), but preparing an individual's block
+        anew gives different bytes, which the servers refuse as ``report-conflict``.
+        """
+        from .parties import keyed_chunks, prepared_blocks
+
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if self.encrypt or self.compress:
+            raise SDKError("block uploads travel as plaintext full shares (over TLS); sealed or "
+                           "seed-compressed blocks are not supported yet")
+        study = self._open_study(study_id, blocks=True)
+        try:
+            _index, declared = study.party(party)
+        except ValueError as exc:
+            raise StudyMismatch(str(exc)) from None
+        record = messages.record_bytes(messages.blocks_media_type(party), declared.width, study.n_servers)
+        batch_size = max(1, min(batch_size, self.max_batch_bytes // record))
+        chunks = keyed_chunks(rows, declared.columns, batch_size, keys=keys, key_column=key_column)
+        if keys is not None:
+            chunks = iter(list(chunks))  # in memory: validate everything before the first request
+        return self._run_upload(study, study_id, prepared_blocks(study, party, party_key, chunks),
+                                progress, keep_ids)
 
     def resend(self, study_id: str, pending: Sequence[PendingUpload]) -> None:
         """Upload again exactly the bytes an :class:`IncompleteUpload` listed as pending.

@@ -35,6 +35,9 @@ class PreparedBatch:
     proofs: list[np.ndarray]
     shares: list[np.ndarray | None]
     seeds: list[np.ndarray] | None = None
+    #: one party's blocks (``prepare_blocks``): the party's name and each block's pseudonym
+    party: str | None = None
+    pseudonyms: list[bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.report_ids)
@@ -50,10 +53,14 @@ class PreparedBatch:
         return self.shares[j]  # type: ignore[return-value]
 
     def media_type(self, j: int) -> str:
+        if self.party is not None:
+            return messages.blocks_media_type(self.party)
         return messages.SEEDS_MEDIA_TYPE if self._seeded(j) else messages.SHARES_MEDIA_TYPE
 
     def body(self, j: int) -> bytes:
         """Server j's body, of media type ``media_type(j)``."""
+        if self.party is not None:
+            return messages.encode_blocks(self.report_ids, self.pseudonyms or [], self.proofs[j], self.shares[j])
         if self._seeded(j):
             return messages.encode_seed_batch(self.report_ids, self.proofs[j], self.seeds[j])  # type: ignore[index]
         return messages.encode_batch(self.report_ids, self.proofs[j], self.shares[j])
@@ -91,9 +98,34 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> Pre
     return PreparedBatch(ids, proofs, shares)
 
 
+def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray) -> PreparedBatch:
+    """One party's blocks of m individuals: clip each block to the party's bound B_j, add the
+    study's N(0, sigma^2) to every value, encode, share and bind (each block id commits to its
+    shares, the party and the individual's pseudonym; docs/vertical.md).
+
+    The joined row of an individual (every party's block) then has norm at most B and noise
+    N(0, sigma^2 I_d): a single owner's report, so the study's calibration holds unchanged."""
+    index, declared = study.party(party)
+    rows = _data.check_rows(rows, declared.width)
+    if len(pseudonyms) != len(rows):
+        raise ValueError(f"{len(pseudonyms)} pseudonyms for {len(rows)} rows")
+    vectors = noise.clip_rows(rows, declared.row_bound)
+    if study.sigma > 0:
+        vectors = vectors + noise.gaussian(vectors.shape, study.sigma)
+    encoded = ring.encode(vectors, study.frac_bits, study.value_bound)
+    n = study.n_servers
+    shares = ring.share(encoded, n)
+    ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares,
+                               binding.block_prefixes(study.study_id, index, pseudonyms))
+    return PreparedBatch(ids, proofs, shares, party=party, pseudonyms=list(pseudonyms))
+
+
 def record_bytes(media_type: str, study: Study) -> int:
-    """Bytes of one record of a plaintext batch body for this study."""
-    return messages.record_bytes(media_type, study.width, study.n_servers)
+    """Bytes of one record of a plaintext batch body for this study (a block batch: of the
+    party its media type names)."""
+    party = messages.party_of_media_type(media_type)
+    width = study.party(party)[1].width if party is not None else study.width
+    return messages.record_bytes(media_type, width, study.n_servers)
 
 
 def count_records(body: bytes, media_type: str, study: Study) -> int:

@@ -45,10 +45,15 @@ class ServerAdmin:
             raise ProblemError.from_http(r.status_code, r.content)
         return r.json()
 
-    def issue_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1) -> IssuedUploadTokens:
-        """``count`` new tokens, each good for ``quota`` new reports (None: no limit)."""
+    def issue_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1,
+                            party: str | None = None) -> IssuedUploadTokens:
+        """``count`` new tokens, each good for ``quota`` new reports (None: no limit); a study
+        with parties issues them to one ``party``."""
+        ask: dict[str, Any] = {"count": count, "quota": quota}
+        if party is not None:
+            ask["party"] = party
         return IssuedUploadTokens.model_validate(self._call(
-            "POST", f"/v1/studies/{study_id}/upload-tokens", json={"count": count, "quota": quota}))
+            "POST", f"/v1/studies/{study_id}/upload-tokens", json=ask))
 
     def upload_tokens(self, study_id: str) -> UploadTokenList:
         return UploadTokenList.model_validate(self._call("GET", f"/v1/studies/{study_id}/upload-tokens"))
@@ -59,13 +64,14 @@ class ServerAdmin:
 
 
 def issue_for_data_owner(servers: list[tuple[str, str]], study_id: str, quota: int | None,
-                         verify: bool | ssl.SSLContext = True) -> list[str]:
-    """One token per server (url, operator token) for one data owner with ``quota`` rows: what
-    each organisation hands a data owner it enrolled. Returns them in server order."""
+                         verify: bool | ssl.SSLContext = True, party: str | None = None) -> list[str]:
+    """One token per server (url, operator token) for one data owner with ``quota`` rows (or one
+    party of a study with parties): what each organisation hands a data owner it enrolled.
+    Returns them in server order."""
     out = []
     for url, operator_token in servers:
         with ServerAdmin(url, operator_token, verify=verify) as admin:
-            out.append(admin.issue_upload_tokens(study_id, 1, quota).token)
+            out.append(admin.issue_upload_tokens(study_id, 1, quota, party).token)
     return out
 
 
@@ -86,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--quota", type=int, default=1,
                        help="new reports each token may add (default: 1; a data owner with m rows gets m)")
     quota.add_argument("--unlimited", action="store_true", help="tokens without a quota")
+    issue.add_argument("--party", metavar="NAME",
+                       help="a study with parties: the party whose blocks the tokens upload (required there)")
     ls = sub.add_parser("list", help="list a study's tokens (ids, quotas, use; never the tokens)")
     ls.add_argument("study_id")
     rv = sub.add_parser("revoke", help="revoke one token at once")
@@ -105,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         with ServerAdmin(args.server, token, verify=verify) as admin:
             if args.command == "issue":
                 out: Any = admin.issue_upload_tokens(args.study_id, args.count,
-                                                     None if args.unlimited else args.quota)
+                                                     None if args.unlimited else args.quota, args.party)
             elif args.command == "list":
                 out = admin.upload_tokens(args.study_id)
             else:

@@ -26,6 +26,8 @@ import numpy as np
 from dpsketch.protocol import binding, envelope
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
+    BLOCK_INDEX_MEDIA_TYPE,
+    BLOCKS_MEDIA_TYPE,
     INCLUSION_HASH_HEADER,
     REPORT_IDS_MEDIA_TYPE,
     SEALED_MEDIA_TYPE,
@@ -41,7 +43,9 @@ from dpsketch.protocol.messages import (
     Upload,
     UploadResult,
     UploadTokenList,
+    decode_blocks,
     decode_upload,
+    party_of_media_type,
 )
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import PROTOCOL, Study
@@ -173,6 +177,37 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     shares = verified_shares(upload, study, server_id)
     rows, signs = study.hash_report_ids(upload.ids)
     return upload.ids, shares, rows, signs
+
+
+def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Upload:
+    """Decode one party's block batch and check every block's binding (worker thread)."""
+    width = (study.parties or [])[party].width
+    try:
+        upload = decode_blocks(body, party, width, study.n_servers)
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    verified_shares(upload, study, server_id)
+    return upload
+
+
+def _block_party(study: Study, content_type: str, token_party: str | None) -> int:
+    """The party a block batch is for (its media type's ``party``), checked against the study and
+    the upload token: a party's token uploads only that party's blocks (403 wrong-party)."""
+    if study.parties is None:
+        raise ProblemError("invalid-request", f"study {study.study_id} has no parties; upload "
+                           f"{SHARES_MEDIA_TYPE} batches")
+    name = party_of_media_type(content_type)
+    if name is None:
+        raise ProblemError("invalid-request", f"a block batch names its party: Content-Type "
+                           f"{BLOCKS_MEDIA_TYPE}; party=NAME (parties: {[p.name for p in study.parties]})")
+    try:
+        index, _ = study.party(name)
+    except ValueError as exc:
+        raise ProblemError("invalid-request", str(exc)) from None
+    if token_party is not None and token_party != name:
+        raise ProblemError("wrong-party", f"this upload token uploads the blocks of party "
+                           f"{token_party!r}, not of {name!r}; nothing of this request was stored")
+    return index
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -320,7 +355,8 @@ def create_app(settings: Settings) -> FastAPI:
             ask = IssueUploadTokens.model_validate_json(body) if body.strip() else IssueUploadTokens()
         except ValidationError as exc:
             raise ProblemError("invalid-request", summarize_errors(exc.errors())) from None
-        tokens, active = await run_in_threadpool(store.add_upload_tokens, study_id, ask.count, ask.quota)
+        tokens, active = await run_in_threadpool(store.add_upload_tokens, study_id, ask.count, ask.quota,
+                                                 ask.party)
         ids = [upload_token_id(digest_of(t)) for t in tokens]
         out = IssuedUploadTokens(study_id=study_id, tokens=tokens, token_ids=ids, quota=ask.quota,
                                  upload_tokens=active, token=tokens[0], token_id=ids[0])
@@ -354,6 +390,9 @@ def create_app(settings: Settings) -> FastAPI:
         """Upload one report's share with its proof; acknowledged once it is durable."""
         record = store.record(study_id)
         study = record.study
+        if study.parties is not None:
+            raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
+                               f"blocks as {BLOCKS_MEDIA_TYPE} batches")
         try:
             upload = report.upload(study.width, study.n_servers)
         except ValueError as exc:
@@ -373,19 +412,35 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"{SEEDS_MEDIA_TYPE}: m records of id, proof and a 32-byte seed, "
                                  f"which the server expands to the share (ChaCha20, section 4); or "
                                  f"{SEALED_MEDIA_TYPE}: m records of a proof and a share or seed "
-                                 f"sealed to this server with HPKE (section 7a)",
+                                 f"sealed to this server with HPKE (section 7a); or, for a study "
+                                 f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
+                                 f"16-byte block id, 16-byte pseudonym, proof and the share of "
+                                 f"the party's columns (section 2d)",
                   "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
-                              SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
+                              SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
+                              BLOCKS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
     async def upload_batch(study_id: str, request: Request,
                            token: bytes | None = Depends(upload_allowed)) -> Response:
         """Upload many reports at once, as full shares, as seeds (expanded to the same shares
         before anything else, so duplicates are judged on the share bytes) or sealed to this
         server with HPKE (opened first, then the same); all-or-nothing, acknowledged once durable."""
-        media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SEALED_MEDIA_TYPE)
+        media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SEALED_MEDIA_TYPE,
+                                        BLOCKS_MEDIA_TYPE)
         record = store.record(study_id)
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {study_id} is committed; it takes no more reports")
+        if media_type == BLOCKS_MEDIA_TYPE:
+            granted = record.upload_tokens.get(token) if token is not None else None
+            party = _block_party(record.study, request.headers.get("content-type", ""),
+                                 granted.party if granted is not None else None)
+            body = await request.body()
+            upload = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id)
+            return _json(await asyncio.wrap_future(store.submit_upload(
+                record, upload.ids, upload.payloads, None, None, token, upload.pseudonyms, party)))
+        if record.study.parties is not None:
+            raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
+                               f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
         body = await request.body()
         ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study, media_type,
                                                            settings.server_id, store.keys)
@@ -399,6 +454,17 @@ def create_app(settings: Settings) -> FastAPI:
         """The ids of every report this server holds for the study (analyst)."""
         body = await run_in_threadpool(store.report_ids, study_id)
         return Response(body, media_type=REPORT_IDS_MEDIA_TYPE)
+
+    @app.get("/v1/studies/{study_id}/blocks", tags=["finalization"], dependencies=[analyst],
+             response_class=Response,
+             responses={200: _binary_response(BLOCK_INDEX_MEDIA_TYPE, "33-byte records: block id, "
+                                              "pseudonym, party index; by block id"),
+                        **problem_responses(*auth_errors, 404, 422, 503)})
+    async def blocks(study_id: str) -> Response:
+        """A study with parties: every block this server holds, by id, with its individual's
+        pseudonym and its party (analyst); never a share."""
+        body = await run_in_threadpool(store.block_index, study_id)
+        return Response(body, media_type=BLOCK_INDEX_MEDIA_TYPE)
 
     @app.post("/v1/studies/{study_id}/commit", response_model=CommitResult, tags=["finalization"],
               dependencies=[analyst],

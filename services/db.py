@@ -43,7 +43,9 @@ CREATE TABLE IF NOT EXISTS reports (
     id        INTEGER PRIMARY KEY,          -- assigned by the writer, increasing
     study     INTEGER NOT NULL REFERENCES studies(seq),
     report_id BLOB NOT NULL CHECK (length(report_id) = 16),
-    share     BLOB NOT NULL                 -- d little-endian uint64
+    share     BLOB NOT NULL,                -- d little-endian uint64 (a block: the party's columns)
+    pseudonym BLOB,                         -- a study with parties: the individual's pseudonym
+    party     INTEGER                       -- ... and the index of the party whose block it is
 );
 CREATE INDEX IF NOT EXISTS reports_by_study ON reports(study);
 CREATE TABLE IF NOT EXISTS commits (
@@ -61,6 +63,7 @@ CREATE TABLE IF NOT EXISTS upload_tokens (
     created_at REAL NOT NULL,
     quota      INTEGER CHECK (quota IS NULL OR quota >= 1),
     used       INTEGER NOT NULL DEFAULT 0,
+    party      TEXT,                        -- a study with parties: whose blocks it uploads
     PRIMARY KEY (study, digest)
 );
 -- Revoked upload tokens (the digest stays in upload_tokens, so the study keeps requiring one).
@@ -98,6 +101,24 @@ INSERT INTO reports (id, study, report_id, share)
 SELECT :base + n, :study, substr(:ids, n * 16 + 1, 16), substr(:shares, n * :width + 1, :width)
 FROM i
 """
+
+#: One party's blocks (studies with parties): as INSERT_REPORTS, with the pseudonyms and the party.
+INSERT_BLOCKS = """
+WITH RECURSIVE i(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM i WHERE n + 1 < :m)
+INSERT INTO reports (id, study, report_id, share, pseudonym, party)
+SELECT :base + n, :study, substr(:ids, n * 16 + 1, 16), substr(:shares, n * :width + 1, :width),
+       substr(:pseudonyms, n * 16 + 1, 16), :party
+FROM i
+"""
+
+#: Blocks by rowid (studies with parties), as SELECT_SHARES_BY_ROWID with pseudonym and party.
+SELECT_BLOCKS_BY_ROWID = (
+    "SELECT id, report_id, share, pseudonym, party FROM reports "
+    "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id"
+)
+
+#: Columns added after schema version 2 first shipped: added in place to older files.
+_ADDED_COLUMNS = {"reports": {"pseudonym": "BLOB", "party": "INTEGER"}, "upload_tokens": {"party": "TEXT"}}
 
 #: Rows by rowid, for a list of rowids passed as one JSON array.
 SELECT_SHARES_BY_ROWID = (
@@ -141,6 +162,11 @@ def initialise(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     # it is set, so a budget set at 4 KiB pages would allow 8x the memory at 32 KiB pages.
     set_cache(conn, WRITER_CACHE_KIB)
     conn.executescript(SCHEMA)
+    for table, added in _ADDED_COLUMNS.items():
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        for column, sql_type in added.items():
+            if column not in have:  # a file made before parties: nullable, so nothing to fill in
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
     conn.execute(
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
     )

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dpsketch.protocol import privacy, sketch
+from dpsketch.protocol import parties, privacy, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
@@ -38,6 +38,7 @@ from dpsketch.protocol.messages import (
     UploadTokenList,
     decode_report_ids,
     encode_aggregate,
+    encode_block_index,
     encode_report_ids,
     inclusion_hash,
 )
@@ -50,7 +51,7 @@ from .auth import digest_of, upload_token_id
 from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
 from .settings import Settings
-from .state import StudyRecord, StudyState, UploadToken, load_state
+from .state import StudyRecord, StudyState, UploadToken, load_state, new_state
 from .writer import CallJob, UploadJob, Writer
 
 log = logging.getLogger("dpsketch.server")
@@ -141,11 +142,11 @@ class Store:
         issued: set[int] = set()
         revoked = {(seq, bytes(digest)) for seq, digest in
                    self._conn.execute("SELECT study, digest FROM upload_token_revocations")}
-        for seq, digest, quota, used in self._conn.execute(
-                "SELECT study, digest, quota, used FROM upload_tokens ORDER BY created_at"):
+        for seq, digest, quota, used, party in self._conn.execute(
+                "SELECT study, digest, quota, used, party FROM upload_tokens ORDER BY created_at"):
             issued.add(seq)
             if (seq, bytes(digest)) not in revoked:
-                tokens.setdefault(seq, {})[bytes(digest)] = UploadToken(quota, int(used))
+                tokens.setdefault(seq, {})[bytes(digest)] = UploadToken(quota, int(used), party)
         for seq, canonical, count, result, committed_at, deleted_at in rows:
             study = Study.model_validate_json(canonical)
             commit = CommitResult.model_validate_json(result) if result is not None else None
@@ -174,7 +175,7 @@ class Store:
         with record.load_lock:
             if record.state is None and record.commit is None:
                 state = load_state(self._reader(), record, self.settings.load_chunk_rows)
-                record.report_count = len(state.ids)
+                record.report_count = state.report_count
                 record.state = state
         return record.state
 
@@ -189,7 +190,12 @@ class Store:
         """A study's info; ``trusted`` is False for a caller without an operator or analyst token,
         who gets no exact counts of an add/remove study (they tell membership, docs/trust.md)."""
         hide = not trusted and record.study.neighbouring == "add-remove"
+        state = record.state
+        party_counts = None
+        if record.study.parties is not None and state is not None and not hide:
+            party_counts = {p.name: n for p, n in zip(record.study.parties, state.party_counts)}
         return StudyInfo(
+            party_counts=party_counts,
             study_id=record.study_id,
             server_id=self.settings.server_id,
             status="committed" if record.commit is not None else "open",
@@ -214,6 +220,19 @@ class Store:
             "SELECT report_id FROM reports WHERE study = ?", (record.seq,)
         ).fetchall()
         return encode_report_ids([bytes(r[0]) for r in rows])
+
+    @_unavailable_on_db_error
+    def block_index(self, study_id: str) -> bytes:
+        """A study with parties: (block id, pseudonym, party) of every block held, by block id
+        (never a share): what the analyzer needs to find the individuals complete everywhere."""
+        record = self.record(study_id)
+        if record.study.parties is None:
+            raise ProblemError("invalid-request", f"study {study_id} has no parties: list its "
+                               f"report ids (GET .../report-ids) instead")
+        rows = self._reader().execute(
+            "SELECT report_id, pseudonym, party FROM reports WHERE study = ?", (record.seq,)).fetchall()
+        return encode_block_index([bytes(r[0]) for r in rows], [bytes(r[1]) for r in rows],
+                                  [int(r[2]) for r in rows])
 
     @_unavailable_on_db_error
     def aggregate(self, study_id: str) -> tuple[bytes, str]:
@@ -252,7 +271,7 @@ class Store:
                 "INSERT INTO studies (study_id, canonical, created_at) VALUES (?, ?, ?)",
                 (study_id, study.canonical(), time.time()),
             )
-            record = StudyRecord(int(cur.lastrowid), study, 0, state=StudyState(k=study.k, d=study.width),
+            record = StudyRecord(int(cur.lastrowid), study, 0, state=new_state(study),
                                  upload_required=self.settings.upload_auth == "tokens")
             return (record, True), lambda: self._records.__setitem__(study_id, record)
 
@@ -261,13 +280,16 @@ class Store:
 
     def submit_upload(self, record: StudyRecord, ids: list[bytes], shares: np.ndarray,
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
-                      token: bytes | None = None) -> Future:
+                      token: bytes | None = None, pseudonyms: list[bytes] | None = None,
+                      party: int | None = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
         future resolves to an UploadResult once they are durable (or to a ProblemError).
-        ``token`` is the digest of the upload token they came with (its quota is charged)."""
+        ``token`` is the digest of the upload token they came with (its quota is charged).
+        Blocks of a study with parties come with their ``pseudonyms`` and ``party`` index."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
-        return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token))
+        return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token,
+                                            pseudonyms=pseudonyms, party=party))
 
     @_unavailable_on_db_error
     def commit(self, study_id: str, inclusion: bytes) -> CommitResult:
@@ -283,48 +305,11 @@ class Store:
         if state is None:
             return self._repeat(record, ihash)
         study = record.study
+        if study.parties is not None:
+            aggregate, gram, ids = self._sum_blocks(record, state, ids, inclusion)
+        else:
+            aggregate, gram = self._sum_reports(record, state, ids, inclusion)
         n = len(ids)
-        with state.lock:
-            held = state.ids
-            n_held = len(held)
-            held_blob, held_rowids = state.held()
-            matched = idsets.compare(held_blob, inclusion)
-            if matched is not None:
-                found, position, excluded = matched
-                missing = [ids[i] for i in np.flatnonzero(~found)[:1].tolist()]
-                n_missing = int(len(found) - np.count_nonzero(found))
-            else:  # ids sharing a 64-bit prefix: exact, slower
-                missing_all = [rid for rid in ids if rid not in held]
-                missing, n_missing = missing_all[:1], len(missing_all)
-            if n_missing:
-                raise ProblemError(
-                    "unknown-reports",
-                    f"{n_missing} of the {n} report ids are not held by this server "
-                    f"(first: {missing[0].hex()}); commit the intersection of what every server holds",
-                    extra={"unknown_count": n_missing},
-                )
-            self._check_count(study, n)
-            self._check_exclusion(study, n, n_held)
-            from_scratch = n_held - n > n
-            if n_held == n:
-                wanted: list[int] = []
-            elif matched is not None:
-                wanted = (held_rowids[position] if from_scratch else held_rowids[excluded]).tolist()
-            elif from_scratch:
-                wanted = [held[rid] for rid in ids]
-            else:
-                included = set(ids)
-                wanted = [rowid for rid, rowid in held.items() if rid not in included]
-            aggregate = state.aggregate.copy()
-            gram = state.gram.copy()
-        sign = +1 if from_scratch else -1
-        if from_scratch:
-            aggregate[:] = 0
-            gram[:] = 0
-        for rids, shares in self._fetch(wanted, study.width):
-            rows, signs = study.hash_report_ids(rids)
-            add_into(aggregate, rows, signs, shares, sign)
-            sketch.accumulate_gram(gram, rows, signs, sign)
         cert = privacy.certify_study(study, gram, ids)
         if not cert.ok:
             what = (f"the largest leverage of a report is {1 / cert.lambda_min if cert.lambda_min else math.inf:.6g} "
@@ -372,21 +357,144 @@ class Store:
 
         return self.writer.submit(CallJob(fn)).result()
 
+    def _sum_reports(self, record: StudyRecord, state: StudyState, ids: list[bytes],
+                     inclusion: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """The aggregate share and s S S^T over an inclusion set of reports: the running totals
+        minus the excluded reports (or, when most are excluded, the included ones from scratch)."""
+        study = record.study
+        n = len(ids)
+        with state.lock:
+            held = state.ids
+            n_held = len(held)
+            held_blob, held_rowids = state.held()
+            matched = idsets.compare(held_blob, inclusion)
+            if matched is not None:
+                found, position, excluded = matched
+                missing = [ids[i] for i in np.flatnonzero(~found)[:1].tolist()]
+                n_missing = int(len(found) - np.count_nonzero(found))
+            else:  # ids sharing a 64-bit prefix: exact, slower
+                missing_all = [rid for rid in ids if rid not in held]
+                missing, n_missing = missing_all[:1], len(missing_all)
+            if n_missing:
+                raise ProblemError(
+                    "unknown-reports",
+                    f"{n_missing} of the {n} report ids are not held by this server "
+                    f"(first: {missing[0].hex()}); commit the intersection of what every server holds",
+                    extra={"unknown_count": n_missing},
+                )
+            self._check_count(study, n)
+            self._check_exclusion(study, n, n_held)
+            from_scratch = n_held - n > n
+            if n_held == n:
+                wanted: list[int] = []
+            elif matched is not None:
+                wanted = (held_rowids[position] if from_scratch else held_rowids[excluded]).tolist()
+            elif from_scratch:
+                wanted = [held[rid] for rid in ids]
+            else:
+                included = set(ids)
+                wanted = [rowid for rid, rowid in held.items() if rid not in included]
+            aggregate = state.aggregate.copy()
+            gram = state.gram.copy()
+        sign = +1 if from_scratch else -1
+        if from_scratch:
+            aggregate[:] = 0
+            gram[:] = 0
+        for rids, shares in self._fetch(wanted, study.width):
+            rows, signs = study.hash_report_ids(rids)
+            add_into(aggregate, rows, signs, shares, sign)
+            sketch.accumulate_gram(gram, rows, signs, sign)
+        return aggregate, gram
+
+    def _sum_blocks(self, record: StudyRecord, state: StudyState, block_ids: list[bytes],
+                    inclusion: bytes) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+        """A study with parties: the aggregate share and s S S^T over an inclusion set of blocks,
+        summed from the store, and the pseudonyms of the individuals it includes. Refused unless
+        every included individual has every party's block in the set (``incomplete-individuals``):
+        a partial individual would be released without the certificate over its columns."""
+        study = record.study
+        n_parties = len(study.parties or ())
+        with state.lock:
+            held_blob, held_rowids = state.held()
+            matched = idsets.compare(held_blob, inclusion)
+            if matched is not None:
+                found, position, _excluded = matched
+                missing = [block_ids[i] for i in np.flatnonzero(~found)[:1].tolist()]
+                n_missing = int(len(found) - np.count_nonzero(found))
+                rowids = np.sort(held_rowids[position[found]]).tolist()
+            else:
+                missing_all = [b for b in block_ids if b not in state.ids]
+                missing, n_missing = missing_all[:1], len(missing_all)
+                rowids = sorted(state.ids[b] for b in block_ids if b in state.ids)
+            complete_here = state.complete
+        if n_missing:
+            raise ProblemError(
+                "unknown-reports",
+                f"{n_missing} of the {len(block_ids)} block ids are not held by this server (first: "
+                f"{missing[0].hex()}); commit the blocks every server holds", extra={"unknown_count": n_missing})
+        aggregate = np.zeros(study.aggregate_shape, dtype=np.uint64)
+        gram = np.zeros((study.k, study.k), dtype=np.int64)
+        columns = parties.slices(study.parties or [])
+        blocks_of: dict[bytes, int] = {}
+        conn = self._reader()
+        for start in range(0, len(rowids), _FETCH_CHUNK):
+            part = rowids[start:start + _FETCH_CHUNK]
+            rows = conn.execute(db.SELECT_BLOCKS_BY_ROWID, (json.dumps(part),)).fetchall()
+            if len(rows) != len(part):  # never: rowids come from the writer's own inserts
+                raise RuntimeError(f"store inconsistent: {len(part) - len(rows)} held blocks missing")
+            for j, cols in enumerate(columns):
+                mine = [r for r in rows if r[4] == j]
+                if not mine:
+                    continue
+                pseudonyms = [bytes(r[3]) for r in mine]
+                for p in pseudonyms:
+                    blocks_of[p] = blocks_of.get(p, 0) + 1
+                shares = np.frombuffer(b"".join(r[2] for r in mine), dtype="<u8").reshape(len(mine), -1)
+                hashed, signs = study.hash_report_ids(pseudonyms)
+                add_into(aggregate[:, cols], hashed, signs, shares)
+                if j == 0:  # one block per individual: S S^T counts each individual once
+                    sketch.accumulate_gram(gram, hashed, signs, +1)
+        partial = sum(1 for count in blocks_of.values() if count != n_parties)
+        if partial:
+            raise ProblemError(
+                "incomplete-individuals",
+                f"{partial} individual(s) in the inclusion set lack some party's block in it; an "
+                f"individual is released with all {n_parties} blocks or not at all",
+                extra={"incomplete": partial})
+        individuals = list(blocks_of)
+        self._check_count(study, len(individuals))
+        self._check_exclusion(study, len(individuals), complete_here)
+        return aggregate, gram, individuals
+
     # --- upload tokens -----------------------------------------------------------------------
-    def add_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1) -> tuple[list[str], int]:
+    def add_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1,
+                          party: str | None = None) -> tuple[list[str], int]:
         """``count`` fresh random upload tokens for the study, each good for ``quota`` new reports
         (None: no limit); only digests are stored. Returns the tokens and how many active tokens
-        the study now has. From the first one on, uploads need one."""
+        the study now has. From the first one on, uploads need one. A study with parties issues
+        tokens per party (``party`` required): each uploads only that party's blocks."""
         record = self.record(study_id)
+        if record.study.parties is not None:
+            if party is None:
+                raise ProblemError("invalid-request", f"study {study_id} has parties "
+                                   f"{[p.name for p in record.study.parties]}: say which party's "
+                                   f"blocks the tokens upload (party)")
+            try:
+                record.study.party(party)
+            except ValueError as exc:
+                raise ProblemError("invalid-request", str(exc)) from None
+        elif party is not None:
+            raise ProblemError("invalid-request", f"study {study_id} has no parties; issue tokens "
+                               f"without one")
         tokens = ["up-" + secrets.token_urlsafe(32) for _ in range(count)]
         digests = [digest_of(t) for t in tokens]
         now = time.time()
 
         def fn(conn: sqlite3.Connection):
-            conn.executemany("INSERT INTO upload_tokens (study, digest, created_at, quota) VALUES (?, ?, ?, ?)",
-                             [(record.seq, d, now, quota) for d in digests])
+            conn.executemany("INSERT INTO upload_tokens (study, digest, created_at, quota, party) "
+                             "VALUES (?, ?, ?, ?, ?)", [(record.seq, d, now, quota, party) for d in digests])
             active = dict(record.upload_tokens)
-            active.update({d: UploadToken(quota) for d in digests})
+            active.update({d: UploadToken(quota, party=party) for d in digests})
 
             def apply() -> None:
                 record.upload_tokens = active
@@ -402,14 +510,14 @@ class Store:
         issue and revocation times; never a token or a whole digest."""
         record = self.record(study_id)
         rows = self._reader().execute(
-            "SELECT t.digest, t.created_at, r.revoked_at, t.quota, t.used FROM upload_tokens t LEFT JOIN "
+            "SELECT t.digest, t.created_at, r.revoked_at, t.quota, t.used, t.party FROM upload_tokens t LEFT JOIN "
             "upload_token_revocations r ON r.study = t.study AND r.digest = t.digest "
             "WHERE t.study = ? ORDER BY t.created_at", (record.seq,)).fetchall()
         tokens = []
-        for d, c, r, quota, used in rows:
+        for d, c, r, quota, used, party in rows:
             live = record.upload_tokens.get(bytes(d))  # memory may be ahead of this read
             tokens.append(UploadTokenInfo(token_id=upload_token_id(bytes(d)), created_at=c, revoked_at=r,
-                                      quota=quota, used=live.used if live else int(used)))
+                                      quota=quota, used=live.used if live else int(used), party=party))
         return UploadTokenList(study_id=study_id, required=record.upload_required,
                                active=sum(t.revoked_at is None for t in tokens), tokens=tokens)
 

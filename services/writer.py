@@ -44,7 +44,15 @@ class UploadJob:
     rows: np.ndarray | None  # from Study.hash_report_ids; None: the writer hashes
     signs: np.ndarray | None
     token: bytes | None = None  # digest of the upload token it came with; charged for new reports
+    #: blocks of one party (a study with parties): each record's pseudonym, and the party index
+    pseudonyms: list[bytes] | None = None
+    party: int | None = None
     future: Future = field(default_factory=Future)
+
+    def slots(self) -> list[bytes]:
+        """The (pseudonym, party) slot of each block: one block per individual and party."""
+        tag = bytes((self.party or 0,))
+        return [p + tag for p in self.pseudonyms or ()]
 
 
 @dataclass
@@ -68,6 +76,7 @@ class _Plan:
     duplicates: int
     report_count: int
     new_ids: set[bytes]
+    new_slots: set[bytes] = field(default_factory=set)  # blocks: the slots this request fills
     _rows_by_id: dict[bytes, int] | None = None
 
     @property
@@ -86,6 +95,10 @@ class _Plan:
 
     def take_ids(self) -> list[bytes]:
         return self.job.ids if self.new is None else [self.job.ids[i] for i in self.new.tolist()]
+
+    def take_pseudonyms(self) -> list[bytes]:
+        p = self.job.pseudonyms or []
+        return p if self.new is None else [p[i] for i in self.new.tolist()]
 
 
 class Writer:
@@ -231,8 +244,11 @@ class Writer:
             state = record.state
             assert state is not None
             with state.lock:
-                state.add(record.study, ids, range(base, base + len(ids)), shares, rows, signs, joined)
-                record.report_count = len(state.ids)
+                if isinstance(shares, _Blocks):
+                    state.add_blocks(shares.party, ids, range(base, base + len(ids)), shares.pseudonyms, joined)
+                else:
+                    state.add(record.study, ids, range(base, base + len(ids)), shares, rows, signs, joined)
+                record.report_count = state.report_count
         for plan in plans:
             token = plan.job.record.upload_tokens.get(plan.job.token) if plan.job.token else None
             if token is not None:
@@ -258,9 +274,13 @@ class Writer:
         earlier = pending.get(record.seq, [])
         ids = job.ids
         as_set = set(ids)
+        slots = job.slots()
+        slot_set = set(slots)
         if (len(as_set) == len(ids) and state.ids.keys().isdisjoint(as_set)
-                and all(p.new_ids.isdisjoint(as_set) for p in earlier)):
-            new, duplicates, new_ids = None, 0, as_set
+                and all(p.new_ids.isdisjoint(as_set) for p in earlier)
+                and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)
+                and all(p.new_slots.isdisjoint(slot_set) for p in earlier)):
+            new, duplicates, new_ids, new_slots = None, 0, as_set, slot_set
         else:
             outcome = self._classify(job, state, earlier)
             if isinstance(outcome, ProblemError):
@@ -268,13 +288,17 @@ class Writer:
                 return None
             new, duplicates = outcome
             new_ids = {ids[i] for i in new.tolist()}
+            new_slots = {slots[i] for i in new.tolist()} if slots else set()
         n_new = len(ids) if new is None else len(new)
         held = earlier[-1].report_count if earlier else len(state.ids)
-        if held + n_new > record.study.max_reports:
+        room = record.study.max_reports * max(1, state.n_parties)
+        if held + n_new > room:
+            what = f"{held} blocks" if state.n_parties else f"{held} reports"
+            limit = (f"max_reports = {record.study.max_reports} per party" if state.n_parties
+                     else f"max_reports = {record.study.max_reports}")
             job.future.set_exception(ProblemError(
                 "capacity-exceeded",
-                f"study {record.study_id} holds {held} reports; {n_new} more would exceed "
-                f"max_reports = {record.study.max_reports}"))
+                f"study {record.study_id} holds {what}; {n_new} more would exceed {limit}"))
             return None
         if job.token is not None and n_new:
             token = record.upload_tokens.get(job.token)
@@ -294,7 +318,7 @@ class Writer:
                 f"this server's memory_budget ({self.settings.memory_budget} bytes) is used up by its "
                 f"open studies; {n_new} more reports do not fit. Commit open studies or ask the operator"))
             return None
-        return _Plan(job, new, duplicates, held + n_new, new_ids)
+        return _Plan(job, new, duplicates, held + n_new, new_ids, new_slots)
 
     def _classify(self, job: UploadJob, state: StudyState, earlier: list[_Plan]):
         """Slow path when some ids are already known: (new indices, duplicates) or a conflict."""
@@ -305,6 +329,8 @@ class Writer:
         new: list[int] = []
         duplicates = 0
         conflicts: list[int] = []
+        slots = job.slots()
+        taken: set[bytes] = set()  # slots filled by earlier new blocks of this request
 
         def same(i: int, stored: np.ndarray) -> None:
             nonlocal duplicates
@@ -323,9 +349,14 @@ class Writer:
                 same(i, plan.job.shares[plan.row_of(rid)])
             elif rid in first:
                 same(i, mine[first[rid]])
+            elif slots and (slots[i] in state.slots or slots[i] in taken
+                            or any(slots[i] in p.new_slots for p in earlier)):
+                conflicts.append(i)  # another block for the same individual and party
             else:
                 first[rid] = i
                 new.append(i)
+                if slots:
+                    taken.add(slots[i])
         if stored_rowids:
             stored: dict[int, bytes] = {}
             wanted = sorted(set(stored_rowids.values()))
@@ -340,6 +371,14 @@ class Writer:
                     conflicts.append(i)
         if conflicts:
             first_conflict = ids[min(conflicts)].hex()
+            if slots:
+                return ProblemError(
+                    "report-conflict",
+                    f"{len(conflicts)} block(s) conflict with a different block held for the same "
+                    f"individual and party, or a block id held with different bytes (first: "
+                    f"{first_conflict}); a party uploads one block per individual: resend the same "
+                    f"bytes (duplicates are fine), never a re-prepared block. Nothing of this "
+                    f"request was stored")
             return ProblemError(
                 "report-conflict",
                 f"{len(conflicts)} report id(s) are held with different bytes (first: {first_conflict}); "
@@ -370,6 +409,9 @@ class Writer:
             if not group:
                 continue
             record = group[0].job.record
+            if record.study.parties is not None:
+                base = self._insert_blocks(record, group, base, out)
+                continue
             self._hash_missing(record, group)
 
             def cat(parts: list):
@@ -389,3 +431,28 @@ class Writer:
             out.append((record, base, ids, joined, shares, rows, signs))
             base += len(ids)
         return out
+
+    def _insert_blocks(self, record: StudyRecord, group: list[_Plan], base: int, out: list[tuple]) -> int:
+        """Write the new blocks of each accepted request (one party each), one INSERT per request."""
+        for plan in group:
+            ids, pseudonyms = plan.take_ids(), plan.take_pseudonyms()
+            shares = np.ascontiguousarray(plan.take(plan.job.shares), dtype="<u8")
+            joined = b"".join(ids)
+            self.conn.execute(db.INSERT_BLOCKS, {
+                "m": len(ids), "base": base, "study": record.seq, "ids": joined,
+                "shares": memoryview(shares).cast("B"), "width": shares.shape[1] * 8,
+                "pseudonyms": b"".join(pseudonyms), "party": plan.job.party,
+            })
+            out.append((record, base, ids, joined, _Blocks(plan.job.party, pseudonyms), None, None))
+            base += len(ids)
+        held = len(record.state.ids) + sum(plan.n_new for plan in group)
+        self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, record.seq))
+        return base
+
+
+@dataclass
+class _Blocks:
+    """What the index of a study with parties needs of inserted blocks."""
+
+    party: int
+    pseudonyms: list[bytes]

@@ -35,6 +35,8 @@ from .sketch import REPORT_ID_BYTES
 
 COMMIT_DOMAIN = b"dpsketch/commit/2"
 REPORT_DOMAIN = b"dpsketch/report/2"
+#: A party's block (parties.py): its id also commits to the party and the individual's pseudonym.
+BLOCK_DOMAIN = b"dpsketch/block/2"
 SALT_BYTES = 16
 COMMITMENT_BYTES = 16
 #: What a payload is (part of the commitment, and the kind byte of a sealed record).
@@ -66,10 +68,35 @@ def report_id(study_id: str, commitments: Sequence[bytes]) -> bytes:
     return hashlib.sha256(REPORT_DOMAIN + study + b"".join(commitments)).digest()[:REPORT_ID_BYTES]
 
 
-def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray]) -> tuple[list[bytes], list[np.ndarray]]:
+def block_prefixes(study_id: str, party: int, pseudonyms: Sequence[bytes]) -> list[bytes]:
+    """What a block's id hashes before the commitments: the block domain, the study id, the
+    party's index (one byte) and the individual's 16-byte pseudonym (docs/protocol.md 4a)."""
+    study = bytes.fromhex(study_id)
+    if len(study) != 32 or not 0 <= party < 256:
+        raise ValueError("a study id is 64 hex characters and a party index 0..255")
+    head = BLOCK_DOMAIN + study + bytes((party,))
+    out = []
+    for p in pseudonyms:
+        if len(p) != REPORT_ID_BYTES:
+            raise ValueError(f"a pseudonym is {REPORT_ID_BYTES} bytes")
+        out.append(head + bytes(p))
+    return out
+
+
+def _prefixes(study_id: str, m: int, prefixes: Sequence[bytes] | None) -> Sequence[bytes]:
+    if prefixes is None:
+        return [REPORT_DOMAIN + bytes.fromhex(study_id)] * m
+    if len(prefixes) != m:
+        raise ValueError(f"{len(prefixes)} id prefixes for {m} records")
+    return prefixes
+
+
+def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray],
+         prefixes: Sequence[bytes] | None = None) -> tuple[list[bytes], list[np.ndarray]]:
     """Report ids and, per server j, the (m, 16 N) uint8 proofs for m reports whose payload for
     server j is row i of ``payloads[j]`` (a uint64 share matrix or a uint8 seed matrix) of kind
-    ``contents[j]``. Salts come from the OS CSPRNG."""
+    ``contents[j]``. Salts come from the OS CSPRNG. ``prefixes`` (one per record, from
+    :func:`block_prefixes`) makes block ids instead of report ids."""
     n = len(payloads)
     m = len(payloads[0])
     sha = hashlib.sha256
@@ -81,8 +108,8 @@ def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray])
         base = j * m * SALT_BYTES
         commits.append([sha(head + salts[base + i * SALT_BYTES:base + (i + 1) * SALT_BYTES]
                             + raw[i * step:(i + 1) * step]).digest()[:COMMITMENT_BYTES] for i in range(m)])
-    prefix = REPORT_DOMAIN + bytes.fromhex(study_id)
-    ids = [sha(prefix + b"".join(cs)).digest()[:REPORT_ID_BYTES] for cs in zip(*commits)]
+    heads = _prefixes(study_id, m, prefixes)
+    ids = [sha(head + b"".join(cs)).digest()[:REPORT_ID_BYTES] for head, cs in zip(heads, zip(*commits))]
     table = [np.frombuffer(b"".join(c), dtype=np.uint8).reshape(m, COMMITMENT_BYTES) for c in commits]
     salt_rows = np.frombuffer(salts, dtype=np.uint8).reshape(n, m, SALT_BYTES)
     proofs = [np.concatenate([salt_rows[j]] + [table[o] for o in range(n) if o != j], axis=1)
@@ -116,21 +143,22 @@ def bind_for_server(study_id: str, n_servers: int, position: int, content: int,
 
 
 def verify(study_id: str, n_servers: int, position: int, content: int, report_ids: Sequence[bytes],
-           proofs: np.ndarray, payloads: np.ndarray) -> None:
+           proofs: np.ndarray, payloads: np.ndarray, prefixes: Sequence[bytes] | None = None) -> None:
     """Raise BindingError unless every record's payload is the one its report id commits to at
-    server ``position``; ``proofs`` is (m, 16 N) uint8, ``payloads`` the (m, ...) payload rows."""
+    server ``position``; ``proofs`` is (m, 16 N) uint8, ``payloads`` the (m, ...) payload rows,
+    ``prefixes`` as for :func:`bind` (blocks)."""
     size = proof_bytes(n_servers)
     m = len(report_ids)
     raw_proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size).tobytes()
     raw, step = payload_bytes(payloads)
-    prefix = REPORT_DOMAIN + bytes.fromhex(study_id)
+    heads = _prefixes(study_id, m, prefixes)
     head = COMMIT_DOMAIN + bytes((position, content))
     cut = SALT_BYTES + position * COMMITMENT_BYTES
     sha = hashlib.sha256
     for i, rid in enumerate(report_ids):
         proof = raw_proofs[i * size:(i + 1) * size]
         own = sha(head + proof[:SALT_BYTES] + raw[i * step:(i + 1) * step]).digest()[:COMMITMENT_BYTES]
-        if sha(prefix + proof[SALT_BYTES:cut] + own + proof[cut:]).digest()[:REPORT_ID_BYTES] != rid:
+        if sha(heads[i] + proof[SALT_BYTES:cut] + own + proof[cut:]).digest()[:REPORT_ID_BYTES] != rid:
             raise BindingError(
                 f"report {rid.hex()}: its share for this server is not the one its report id commits "
                 f"to (record {i}; substituted or corrupted in transit, or bound for another server "

@@ -11,7 +11,12 @@ JSON bodies are pydantic models; bulk data travels as little-endian binary:
   order, no repeats;
 * an aggregate share (``application/x-dpsketch-aggregate``): k * d little-endian uint64, row-major;
 * a sealed batch (``application/x-dpsketch-sealed``): m records, each a proof and a share or seed
-  sealed to one server with HPKE (``envelope``: layout, context binding, seal and open).
+  sealed to one server with HPKE (``envelope``: layout, context binding, seal and open);
+* a block batch (``application/x-dpsketch-blocks; party=NAME``): one party's blocks of a study with
+  parties (``parties``): m records of 16-byte block id, 16-byte pseudonym, proof and the share of
+  the party's columns;
+* a block index (``application/x-dpsketch-block-index``): m records of block id, pseudonym and
+  party index (one byte), in ascending block-id order.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ AGGREGATE_MEDIA_TYPE = "application/x-dpsketch-aggregate"
 #: A batch of HPKE-sealed shares or seeds (dpsketch.protocol.envelope, docs/protocol.md 7a).
 SEALED_MEDIA_TYPE = "application/x-dpsketch-sealed"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+#: One party's blocks (``parties``); the party's name is the media type's ``party`` parameter.
+BLOCKS_MEDIA_TYPE = "application/x-dpsketch-blocks"
+BLOCK_INDEX_MEDIA_TYPE = "application/x-dpsketch-block-index"
 
 #: Response header carrying the inclusion hash next to an aggregate share.
 INCLUSION_HASH_HEADER = "X-Dpsketch-Inclusion-Hash"
@@ -59,9 +67,16 @@ class Upload:
     def __len__(self) -> int:
         return len(self.ids)
 
+    #: blocks of a study with parties: each record's pseudonym, and the party's index
+    pseudonyms: list[bytes] | None = None
+    party: int | None = None
+
     def verify(self, study_id: str, n_servers: int, position: int) -> None:
         """BindingError unless every payload is the one its report id commits to (binding.py)."""
-        binding.verify(study_id, n_servers, position, self.content, self.ids, self.proofs, self.payloads)
+        prefixes = (None if self.pseudonyms is None
+                    else binding.block_prefixes(study_id, self.party or 0, self.pseudonyms))
+        binding.verify(study_id, n_servers, position, self.content, self.ids, self.proofs, self.payloads,
+                       prefixes)
 
     def shares(self, width: int) -> np.ndarray:
         """The (m, width) uint64 shares (seeds expanded, section 4)."""
@@ -86,8 +101,82 @@ def seed_dtype(n_servers: int) -> np.dtype:
                      ("seed", np.uint8, (ring.SEED_BYTES,))])
 
 
+def block_dtype(width: int, n_servers: int) -> np.dtype:
+    """One record of ``application/x-dpsketch-blocks``: block id, pseudonym, proof, share of the
+    party's ``width`` columns."""
+    return np.dtype([("id", f"V{REPORT_ID_BYTES}"), ("pseudonym", f"V{REPORT_ID_BYTES}"),
+                     ("proof", np.uint8, (binding.proof_bytes(n_servers),)), ("share", "<u8", (width,))])
+
+
+BLOCK_INDEX_DTYPE = np.dtype([("id", f"V{REPORT_ID_BYTES}"), ("pseudonym", f"V{REPORT_ID_BYTES}"),
+                              ("party", np.uint8)])
+
+
+def blocks_media_type(party: str) -> str:
+    """The Content-Type of a block batch of this party."""
+    return f"{BLOCKS_MEDIA_TYPE}; party={party}"
+
+
+def party_of_media_type(content_type: str) -> str | None:
+    """The ``party`` parameter of a block batch's Content-Type (None if absent)."""
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "party":
+            return value.strip().strip('"') or None
+    return None
+
+
+def encode_blocks(block_ids: list[bytes], pseudonyms: list[bytes], proofs: np.ndarray,
+                  shares: np.ndarray) -> bytes:
+    """An ``application/x-dpsketch-blocks`` body."""
+    shares = np.asarray(shares, dtype=np.uint64)
+    proofs = np.asarray(proofs, dtype=np.uint8)
+    n_servers = (proofs.shape[1] - binding.SALT_BYTES) // binding.COMMITMENT_BYTES + 1
+    records = np.empty(len(shares), dtype=block_dtype(shares.shape[1], n_servers))
+    records["id"] = _ids_field(block_ids)
+    records["pseudonym"] = _ids_field(pseudonyms)
+    records["proof"] = proofs
+    records["share"] = shares
+    return records.tobytes()
+
+
+def decode_blocks(body: bytes, party: int, width: int, n_servers: int) -> Upload:
+    """Split a block batch of party ``party`` (``width`` columns) into its records."""
+    dtype = block_dtype(width, n_servers)
+    if len(body) == 0 or len(body) % dtype.itemsize:
+        raise ValueError(
+            f"a block batch of this party is a whole number of {dtype.itemsize}-byte records "
+            f"(16-byte block id, 16-byte pseudonym, {binding.proof_bytes(n_servers)}-byte proof, "
+            f"{width} x 8-byte share); got {len(body)} bytes")
+    records = np.frombuffer(body, dtype=dtype)
+    return Upload(_split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+                  np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE,
+                  _split_ids(records["pseudonym"].tobytes()), party)
+
+
+def encode_block_index(block_ids: list[bytes], pseudonyms: list[bytes], parties: list[int]) -> bytes:
+    """An ``application/x-dpsketch-block-index`` body, sorted by block id."""
+    records = np.empty(len(block_ids), dtype=BLOCK_INDEX_DTYPE)
+    records["id"] = _ids_field(list(block_ids))
+    records["pseudonym"] = _ids_field(list(pseudonyms))
+    records["party"] = parties
+    order = sorted(range(len(block_ids)), key=block_ids.__getitem__)
+    return records[order].tobytes()
+
+
+def decode_block_index(body: bytes) -> list[tuple[bytes, bytes, int]]:
+    """(block id, pseudonym, party index) per record; ValueError if malformed."""
+    if len(body) % BLOCK_INDEX_DTYPE.itemsize:
+        raise ValueError(f"a block index is a whole number of {BLOCK_INDEX_DTYPE.itemsize}-byte records")
+    size = BLOCK_INDEX_DTYPE.itemsize
+    return [(body[i:i + 16], body[i + 16:i + 32], body[i + 32]) for i in range(0, len(body), size)]
+
+
 def record_bytes(media_type: str, width: int, n_servers: int) -> int:
-    """Bytes of one record of a plaintext batch of this media type."""
+    """Bytes of one record of a plaintext batch of this media type (for a block batch, ``width``
+    is the party's)."""
+    if media_type.split(";", 1)[0].strip() == BLOCKS_MEDIA_TYPE:
+        return block_dtype(width, n_servers).itemsize
     if media_type == SEEDS_MEDIA_TYPE:
         return seed_dtype(n_servers).itemsize
     if media_type == SHARES_MEDIA_TYPE:
@@ -276,6 +365,9 @@ class StudyInfo(BaseModel):
     commit: CommitResult | None = None
     hpke: "HpkeKeys | None" = Field(default=None, description="the server's HPKE keys for sealing "
                                     "shares of this study (the same as in /v1/info)")
+    party_counts: dict[str, int] | None = Field(
+        default=None, description="a study with parties: blocks held per party (report_count counts "
+        "individuals with every party's block here); null otherwise or when counts are hidden")
 
 
 class HpkeKey(BaseModel):
@@ -319,12 +411,17 @@ class UploadTokenInfo(BaseModel):
     revoked_at: float | None = None
     quota: int | None = Field(default=None, description="new reports the token may add; null: no limit")
     used: int = Field(default=0, description="new reports it added so far")
+    party: str | None = Field(default=None, description="the party whose blocks it uploads (studies "
+                              "with parties)")
 
 
 class IssueUploadTokens(BaseModel):
     """Body of POST /v1/studies/{id}/upload-tokens (all optional)."""
 
     model_config = ConfigDict(extra="forbid")
+    party: str | None = Field(default=None, max_length=64, description="a study with parties: the "
+                              "party whose blocks the tokens may upload (required there, refused "
+                              "elsewhere)")
     count: int = Field(default=1, ge=1, le=10_000, description="how many tokens to issue")
     quota: int | None = Field(default=1, ge=1, description="new reports each token may add (one "
                               "report per token by default; a data owner with m rows gets quota m); "

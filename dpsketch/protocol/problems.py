@@ -31,6 +31,8 @@ CATALOGUE: dict[str, tuple[int, str]] = {
     "binding-refused": (422, "A share is not the one its report id commits to"),
     "inclusion-refused": (422, "The inclusion set leaves out more than this server's policy allows"),
     "upload-quota-exceeded": (403, "The upload token has added all the reports it may"),
+    "wrong-party": (403, "The upload token belongs to another party of the study"),
+    "incomplete-individuals": (422, "The inclusion set holds an individual without every party's block"),
     "key-in-use": (409, "The key may still be needed to open shares of an open study"),
     "payload-too-large": (413, "The request body is too large"),
     "unsupported-media-type": (415, "Unsupported content type"),

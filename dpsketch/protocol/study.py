@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import math
 import secrets
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from . import accounting, features, l1sketch, privacy, ring, sketch
+from . import accounting, features, l1sketch, parties as _parties, privacy, ring, sketch
 from .histogram import HistogramSpec
 from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
@@ -55,6 +56,8 @@ class Study(BaseModel):
     histogram: HistogramSpec | None = None
     #: the sketch shape of an l1 study (l1sketch.py); absent for other kinds
     l1: L1Params | None = None
+    #: parties holding different columns of the same individuals (parties.py); absent otherwise
+    parties: list[_parties.Party] | None = None
     k: int = Field(ge=1, le=1 << 20)
     s: int = Field(ge=1, le=sketch.MAX_BLOCKS)
     seed: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -137,6 +140,13 @@ class Study(BaseModel):
                 raise ValueError("a histogram study has row_bound 1 (a one-hot vector) and no label")
         elif self.histogram is not None:
             raise ValueError(f"only a histogram study has bins, not a {self.kind} study")
+        if self.parties is not None:
+            if self.kind != "sketch":
+                raise ValueError(
+                    f"only a sketch study can have parties: a {self.kind} study's clients share "
+                    f"products of their own columns, and products of columns held by different "
+                    f"parties need interaction (docs/vertical.md)")
+            _parties.check(self.parties, self.columns, self.row_bound)
         if self.min_reports > self.max_reports:
             raise ValueError("min_reports exceeds max_reports")
         if self.min_reports <= self.t:
@@ -233,6 +243,14 @@ class Study(BaseModel):
             return l1sketch.hash_report_ids(self.seed_bytes, report_ids, self.l1_spec)
         return sketch.hash_report_ids(self.seed_bytes, report_ids, self.k, self.s)
 
+    def party(self, name: str) -> tuple[int, "_parties.Party"]:
+        """A party of this study by name: its index and declaration (ValueError if none)."""
+        for index, party in enumerate(self.parties or []):
+            if party.name == name:
+                return index, party
+        known = [p.name for p in self.parties] if self.parties else "none: this study has no parties"
+        raise ValueError(f"study has no party {name[:64]!r} (parties: {known})")
+
     @property
     def server_noise_bound(self) -> float:
         """|total server noise| in one aggregate cell: N servers, each cut at 20 sigma."""
@@ -275,8 +293,11 @@ class Study(BaseModel):
     @property
     def max_storage_bytes(self) -> int:
         """The share bytes a server agrees to store for this study: max_reports records of a
-        16-byte report id and a share (it refuses uploads beyond max_reports). A server's
+        16-byte report id and a share (it refuses uploads beyond max_reports); with parties,
+        max_reports blocks of every party, each with its block id and pseudonym. A server's
         max_study_bytes policy compares against this; SQLite adds its own overhead on top."""
+        if self.parties is not None:
+            return self.max_reports * (len(self.parties) * 2 * sketch.REPORT_ID_BYTES + self.share_bytes)
         return self.max_reports * (sketch.REPORT_ID_BYTES + self.share_bytes)
 
     @property
@@ -285,11 +306,11 @@ class Study(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_absent_bins(self, handler):
-        """``histogram`` and ``l1`` appear only in studies of their kind: the JSON (and so the
+        """``histogram``, ``l1`` and ``parties`` appear only in studies that have them: the JSON (and so the
         canonical encoding and the id) of a sketch or gram study is what it was before them."""
         data = handler(self)
         if isinstance(data, dict):
-            for member in ("histogram", "l1"):
+            for member in ("histogram", "l1", "parties"):
                 if data.get(member) is None:
                     data.pop(member, None)
         return data
@@ -346,6 +367,24 @@ def _guarantee_line(study: Study) -> str:
             + ("" if study.epsilon_floor is not None else " (no floor requested)") + ".")
 
 
+def _design_parties(parties, columns, row_bound: float) -> tuple[list[_parties.Party], list[str]]:
+    """Parties with default bounds filled in, and the study's columns (their blocks in order)."""
+    given = [p if isinstance(p, dict) else p.model_dump() for p in parties]
+    if any(not isinstance(p.get("columns"), list) or not p["columns"] for p in given):
+        raise ValueError("every party needs its columns: [{'name': ..., 'columns': [...]}]")
+    joined = [c for p in given for c in p["columns"]]
+    if columns and list(columns) != joined:
+        raise ValueError(f"the columns {list(columns)} are not the parties' blocks in order ({joined})")
+    if any(p.get("row_bound") is None for p in given):
+        if any(p.get("row_bound") is not None for p in given):
+            raise ValueError("give every party's row_bound, or none (B sqrt(d_j / d) each)")
+        bounds = _parties.default_bounds(row_bound, [len(p["columns"]) for p in given])
+        given = [{**p, "row_bound": b} for p, b in zip(given, bounds)]
+    made = [_parties.Party.model_validate(p) for p in given]
+    _parties.check(made, joined, row_bound)
+    return made, joined
+
+
 def default_k(expected_reports: int, d: int, sigma_local: float, row_bound: float, s: int = 4) -> int:
     """Sketch rows that balance sketch distortion against noise (measured, docs/accuracy.md).
 
@@ -399,6 +438,7 @@ def design(
     kind: features.Kind = "sketch",
     epsilon_floor: float | None | Literal["default"] = "default",
     histogram: HistogramSpec | dict | None = None,
+    parties: Sequence[_parties.Party | dict] | None = None,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
@@ -406,7 +446,9 @@ def design(
     ``kind="gram"`` makes the plain-sum study of the Gram matrix (k = s = 1, see features.py);
     ``kind="histogram"`` the plain-sum study of one-hot cells of ``histogram``'s bins (its axes
     are the columns; ``columns`` and ``label`` may be left empty); ``dpsketch.recommend`` says
-    which kind suits given d and n. ``epsilon_floor`` is the
+    which kind suits given d and n. ``parties`` (a sketch study only) splits the columns into
+    blocks owned by parties (``[{"name", "columns", "row_bound"?}]``; ``columns`` may then be
+    left empty; bounds default to B sqrt(d_j / d), docs/vertical.md). ``epsilon_floor`` is the
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
     share server's default policy refuses such a study).
@@ -425,6 +467,8 @@ def design(
         k = 1
     elif histogram is not None:
         raise ValueError(f"only a histogram study has bins, not a {kind} study")
+    if parties is not None:
+        parties, columns = _design_parties(parties, columns, row_bound)
     d = len(columns)
     if expected_reports < 2:
         raise ValueError("expected_reports must be at least 2")
@@ -477,6 +521,7 @@ def design(
         kind=kind,
         histogram=histogram,
         l1=l1,
+        parties=parties,
         k=k,
         s=s,
         seed=seed or secrets.token_hex(32),
@@ -538,6 +583,12 @@ def design(
         f"Ring: f = {frac_bits} fractional bits; {max_reports} reports of |x| <= "
         f"{bound:.4g} cannot overflow 2^63.",
     ]
+    if parties is not None:
+        explanation.append(
+            f"Parties: {'; '.join(f'{p.name} holds {p.columns} (B_j = {p.row_bound:.4g})' for p in parties)}. "
+            f"Each clips its block to B_j (sum of B_j^2 <= B^2) and adds the same sigma per value, "
+            f"so the joined row is a single owner's report; an individual counts only when every "
+            f"party's block is at every server (docs/vertical.md).")
     if kind == "sketch" and k <= d:
         explanation.append(
             f"Warning: k = {k} <= d = {d}: with {expected_reports} reports the sketch has no more "

@@ -1,0 +1,268 @@
+"""Parties holding different columns of the same individuals, over real processes (issue 12).
+
+Three parties (a bank, a shop, a clinic with the label) upload their blocks for overlapping sets
+of individuals through the SDK to three real share servers, with per-party upload tokens; the
+analyzer finalizes over the individuals complete at every server. Checked: the release is the
+sketch of the joined noisy rows of exactly those individuals, bit for bit; the missing counts
+per party; a block under another party's token is refused; a re-prepared block is a conflict;
+the joined row's calibration gives the study's epsilon; a relay cannot move a block to another
+individual; a restart keeps the block index; an analyst cannot commit an incomplete individual.
+"""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from analyzer.client import AnalyzerClient
+from client_sdk import Client
+from client_sdk.prepare import prepare_blocks
+from conftest import Cluster
+from dpsketch.protocol import Study, messages, parties, ring, sketch
+from dpsketch.protocol.study import design
+
+PARTIES = [{"name": "bank", "columns": ["income", "debt"]},
+           {"name": "shop", "columns": ["spend"]},
+           {"name": "clinic", "columns": ["bmi", "y"]}]
+NO_FLOOR = {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}
+
+
+def direct_sketch(study: Study, pseudonyms: list[bytes], joined: np.ndarray) -> np.ndarray:
+    """S(A + G) in the ring from the joined encoded rows, hashed by pseudonym, with Python ints."""
+    b = study.k // study.s
+    acc = [[0] * study.d for _ in range(study.k)]
+    for p, row in zip(pseudonyms, joined):
+        for level in range(study.s):
+            bucket, sign = sketch.bucket_and_sign(study.seed_bytes, p, study.k, study.s, level)
+            target = acc[level * b + bucket]
+            for c in range(study.d):
+                target[c] = (target[c] + sign * int(row[c])) % 2**64
+    return np.array(acc, dtype=np.uint64)
+
+
+def post_blocks(url: str, study: Study, party: str, body: bytes, token: str | None = None) -> httpx.Response:
+    headers = {"Content-Type": messages.blocks_media_type(party)}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=body, headers=headers, timeout=60)
+
+
+@pytest.fixture
+def party_cluster(servers) -> Cluster:
+    return Cluster(servers, 3, api_token="analyst-api-token", server_env={f"s{j}": NO_FLOOR for j in (1, 2, 3)},
+                   open_uploads=False)
+
+
+def _create(c: Cluster, n: int, **kw) -> Study:
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(**{"name": "vertical", "label": "y", "expected_reports": n, "k": 16, "s": 4,
+                                     "parties": PARTIES, "epsilon_floor": None, **kw})
+    return Study.model_validate(created["study"])
+
+
+def test_three_parties_release_the_sketch_of_the_joined_rows_of_complete_individuals(party_cluster, monkeypatch):
+    c = party_cluster
+    n = 900
+    study = _create(c, n, min_reports=800)
+    assert [p.name for p in study.parties] == ["bank", "shop", "clinic"]
+    assert study.columns == ["income", "debt", "spend", "bmi", "y"]
+    assert math.fsum(p.row_bound ** 2 for p in study.parties) <= study.row_bound ** 2
+
+    key = parties.new_key()  # shared by the parties, never by the servers
+    rng = np.random.default_rng(3)
+    people = [f"person-{i:05d}" for i in range(n)]
+    data = rng.normal(0, 0.3, size=(n, 5))
+    cols = {"bank": slice(0, 2), "shop": slice(2, 3), "clinic": slice(3, 5)}
+    # overlapping sets: the shop lacks 20 people, the clinic 8 (and 12 of its blocks never reach s3)
+    held = {"bank": list(range(n)), "shop": list(range(20, n)), "clinic": [i for i in range(n) if i % 111 != 7]}
+
+    prepared: dict[str, list] = {}
+    import client_sdk.parties as sdk_parties
+
+    real = sdk_parties.prepare_blocks
+
+    def recording(study_, party, pseudonyms, rows):
+        batch = real(study_, party, pseudonyms, rows)
+        prepared.setdefault(party, []).append(batch)
+        return batch
+
+    monkeypatch.setattr(sdk_parties, "prepare_blocks", recording)
+    tokens = {name: c.upload_tokens(study.study_id, quota=None, party=name) for name in held}
+    for name in ("bank", "shop"):  # through the SDK
+        who = held[name]
+        with Client(c.server_urls, token=tokens[name]) as client:
+            result = client.submit_blocks(study.study_id, name, data[who][:, cols[name]], party_key=key,
+                                          keys=[people[i] for i in who], batch_size=300)
+        assert result.n_reports == len(who) and len(result) == len(who)
+    # the clinic's blocks by hand, so that its last 12 never reach s3
+    who = held["clinic"]
+    clinic = prepare_blocks(study, "clinic", parties.pseudonyms(key, study.study_id, [people[i] for i in who]),
+                            data[who][:, cols["clinic"]])
+    prepared["clinic"] = [clinic]
+    for j, url in enumerate(c.server_urls):
+        keep = slice(None) if j < 2 else slice(0, len(who) - 12)
+        body = messages.encode_blocks(clinic.report_ids[keep], clinic.pseudonyms[keep], clinic.proofs[j][keep],
+                                      clinic.shares[j][keep])
+        r = post_blocks(url, study, "clinic", body, tokens["clinic"][j])
+        assert r.status_code == 200, r.text
+
+    lost = set(who[-12:])
+    complete = [i for i in range(n) if i in set(held["shop"]) and i in set(held["clinic"]) and i not in lost]
+    missing_clinic = sum(1 for i in range(n) if i not in set(held["clinic"])) + 12
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        progress = an.progress(study.study_id)
+        assert progress["parties"]["missing_by_party"] == {"bank": 0, "shop": 20, "clinic": missing_clinic}
+        assert progress["parties"]["complete"] == len(complete)
+        counts = [s["party_counts"] for s in progress["servers"]]
+        assert counts[:2] == [{"bank": n, "shop": n - 20, "clinic": len(who)}] * 2
+        assert counts[2] == {"bank": n, "shop": n - 20, "clinic": len(who) - 12}
+        done = an.finalize(study.study_id)
+        assert done["state"] == "released" and done["n_reports"] == len(complete)
+        view = an.sketch(study.study_id)
+        fit = an.ridge(study.study_id)
+
+    # the joined noisy rows as the parties encoded them, for exactly the complete individuals
+    encoded: dict[bytes, np.ndarray] = {}
+    for name, batches in prepared.items():
+        for batch in batches:
+            for p, row in zip(batch.pseudonyms, ring.reconstruct(batch.shares)):
+                encoded.setdefault(p, np.zeros(study.d, dtype=np.uint64))[cols[name]] = row
+    ps = parties.pseudonyms(key, study.study_id, [people[i] for i in complete])
+    expected = ring.decode(direct_sketch(study, ps, np.array([encoded[p] for p in ps])), study.frac_bits)
+    np.testing.assert_array_equal(np.array(view["sketch"]), expected * sketch.scale(study.s))
+    assert len(fit["coef"]) == 4  # the analyst's ridge is unchanged: four features, label y
+
+    # every server committed the same blocks: three per complete individual
+    for url in c.server_urls:
+        info = httpx.get(f"{url}/v1/studies/{study.study_id}").json()
+        assert info["status"] == "committed"
+    # the noise of the joined rows is the study's sigma in every column
+    joined = ring.decode(np.array([encoded[p] for p in ps]), study.frac_bits)
+    clipped = np.concatenate([_clip(data[complete][:, cols[q.name]], q.row_bound) for q in study.parties], axis=1)
+    assert (joined - clipped).std(axis=0) == pytest.approx([study.sigma] * study.d, rel=0.15)
+
+
+def _clip(rows: np.ndarray, bound: float) -> np.ndarray:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows * np.minimum(1.0, bound / np.maximum(norms, 1e-300))
+
+
+def test_wrong_party_conflict_duplicate_and_relay_are_refused(party_cluster):
+    c = party_cluster
+    study = _create(c, 900, min_reports=800)
+    key = parties.new_key()
+    url = c.server_urls[0]
+    bank = c.upload_tokens(study.study_id, quota=None, party="bank")
+    shop = c.upload_tokens(study.study_id, quota=None, party="shop")
+    people = [f"p{i}" for i in range(5)]
+    ps = parties.pseudonyms(key, study.study_id, people)
+    rows = np.full((5, 2), 0.1)
+    batch = prepare_blocks(study, "bank", ps, rows)
+    body = batch.body(0)
+
+    # the shop's token cannot upload the bank's blocks (nor claim to be the bank)
+    r = post_blocks(url, study, "bank", body, shop[0])
+    assert r.status_code == 403 and r.json()["type"].endswith(":wrong-party")
+    # a block batch without a party, or of an unknown one, and plain shares: clear 4xx
+    for ctype in (messages.BLOCKS_MEDIA_TYPE, messages.blocks_media_type("insurer"), messages.SHARES_MEDIA_TYPE):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=body, timeout=30,
+                       headers={"Content-Type": ctype, "Authorization": f"Bearer {bank[0]}"})
+        assert r.status_code == 422, (ctype, r.text)
+    assert httpx.get(f"{url}/v1/studies/{study.study_id}").json()["party_counts"] == {"bank": 0, "shop": 0, "clinic": 0}
+
+    r = post_blocks(url, study, "bank", body, bank[0])
+    assert r.status_code == 200 and r.json()["accepted"] == 5
+    r = post_blocks(url, study, "bank", body, bank[0])  # the same bytes again: duplicates, harmless
+    assert r.status_code == 200 and r.json() == {"accepted": 0, "duplicates": 5, "report_count": 5}
+    # the same individuals' blocks prepared anew (fresh noise and salts): a conflict, nothing stored
+    again = prepare_blocks(study, "bank", ps, rows)
+    r = post_blocks(url, study, "bank", again.body(0), bank[0])
+    assert r.status_code == 409 and r.json()["type"].endswith(":report-conflict")
+    # a relay moves a block to another individual: its id commits to the pseudonym, so refused
+    other = parties.pseudonyms(key, study.study_id, ["q0"])
+    moved = messages.encode_blocks(batch.report_ids[:1], other, batch.proofs[1][:1], batch.shares[1][:1])
+    r = post_blocks(c.server_urls[1], study, "bank", moved, bank[1])
+    assert r.status_code == 422 and r.json()["type"].endswith(":binding-refused")
+    # ... or to another party of the same width (bank -> clinic): its id commits to the party too
+    clinic = c.upload_tokens(study.study_id, quota=None, party="clinic")
+    r = post_blocks(c.server_urls[1], study, "clinic", batch.body(1), clinic[1])
+    assert r.status_code == 422 and r.json()["type"].endswith(":binding-refused")
+    info = httpx.get(f"{c.server_urls[1]}/v1/studies/{study.study_id}").json()
+    assert info["party_counts"] == {"bank": 0, "shop": 0, "clinic": 0}
+    counts = httpx.get(f"{url}/v1/studies/{study.study_id}").json()
+    assert counts["party_counts"] == {"bank": 5, "shop": 0, "clinic": 0} and counts["report_count"] == 0
+
+
+def test_a_server_refuses_an_inclusion_set_with_an_incomplete_individual_and_keeps_its_index(party_cluster):
+    """An analyst who commits a block of an individual without that individual's other blocks
+    would release columns without the certificate over them: every server refuses. The block
+    index survives a SIGKILL and restart."""
+    c = party_cluster
+    n = 300
+    study = _create(c, n, min_reports=290, k=8)
+    key = parties.new_key()
+    people = [f"p{i}" for i in range(n)]
+    ps = parties.pseudonyms(key, study.study_id, people)
+    rng = np.random.default_rng(5)
+    blocks = {q.name: prepare_blocks(study, q.name, ps, rng.normal(0, 0.2, size=(n, q.width))) for q in study.parties}
+    tokens = {q.name: c.upload_tokens(study.study_id, quota=None, party=q.name) for q in study.parties}
+    for name, batch in blocks.items():
+        for j, url in enumerate(c.server_urls):
+            assert post_blocks(url, study, name, batch.body(j), tokens[name][j]).status_code == 200
+
+    victim = c.procs[2]
+    victim.kill()  # SIGKILL
+    victim.start()
+    info = httpx.get(f"{victim.url}/v1/studies/{study.study_id}",
+                     headers={"Authorization": f"Bearer {c.specs[2].analyst_token}"}).json()
+    assert info["report_count"] == n and info["party_counts"] == {"bank": n, "shop": n, "clinic": n}
+
+    everything = sorted(b for batch in blocks.values() for b in batch.report_ids)
+    partial = sorted(set(everything) - {blocks["shop"].report_ids[0]})  # individual 0 without its shop block
+    for spec, proc in zip(c.specs, c.procs):
+        r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/commit", content=b"".join(partial),
+                       headers={"Content-Type": messages.REPORT_IDS_MEDIA_TYPE,
+                                "Authorization": f"Bearer {spec.analyst_token}"}, timeout=60)
+        assert r.status_code == 422 and r.json()["type"].endswith(":incomplete-individuals"), r.text
+        assert r.json()["incomplete"] == 1
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        done = an.finalize(study.study_id)
+    assert done["n_reports"] == n and done["inclusion_hash"] == messages.inclusion_hash(everything)
+
+
+def test_the_joined_row_meets_the_study_epsilon():
+    """The parties' bounds and noises, joined: the sensitivity of an individual (all its blocks)
+    is 2 sqrt(sum B_j^2) <= 2B, and the noise per value is sigma at every party, so the released
+    Gaussian mechanism has the study's epsilon (computed here with dp-accounting's PLD, not the
+    product's accountant)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    study, _ = design(name="v", columns=[], label="y", servers=["s1", "s2", "s3"], expected_reports=10**5,
+                      parties=PARTIES, epsilon=1.0, delta=1e-6)
+    bounds = [p.row_bound for p in study.parties]
+    assert bounds == pytest.approx([math.sqrt(2 / 5), math.sqrt(1 / 5), math.sqrt(2 / 5)])
+    # the worst pair of neighbours: every block at its bound, replaced by its opposite
+    a = np.concatenate([b * np.eye(w)[0] for b, w in zip(bounds, (2, 1, 2))])
+    sensitivity = np.linalg.norm(a - (-a))
+    assert sensitivity <= 2 * study.row_bound * (1 + 1e-15)
+    # each party's noise is N(0, sigma^2) per value: the joined row's noise is sigma^2 I_d, and
+    # through the certified sketch the release has variance sigma^2 lambda_star + server_sigma^2
+    std = math.sqrt(study.sigma ** 2 * study.lambda_star + study.server_sigma ** 2)
+    eps = pld.from_gaussian_mechanism(std, sensitivity=sensitivity, value_discretization_interval=1e-4
+                                      ).get_epsilon_for_delta(study.delta)
+    assert eps == pytest.approx(study.epsilon, rel=2e-3)
+    assert eps <= study.epsilon * (1 + 2e-3)
+    # a party that took more than its share of B^2 is refused at design time
+    with pytest.raises(ValueError, match="at most B"):
+        design(name="v", columns=[], label="y", servers=["s1", "s2"], expected_reports=10**4,
+               parties=[{"name": "a", "columns": ["x"], "row_bound": 0.9},
+                        {"name": "b", "columns": ["y"], "row_bound": 0.5}])
+    with pytest.raises(ValueError, match="only a sketch study"):
+        design(name="v", columns=[], label="y", servers=["s1", "s2"], expected_reports=10**4, kind="gram",
+               parties=PARTIES)
+    # studies without parties keep their ids: no "parties" member in their JSON
+    plain, _ = design(name="v", columns=["x", "y"], label="y", servers=["s1", "s2"], expected_reports=10**4)
+    assert "parties" not in plain.model_dump(mode="json")
