@@ -41,15 +41,29 @@ idempotent for them, contact the study's analyst); 130 interrupted.
 example:
   dpsketch submit --study 3f9c...e1 \\
       --servers https://dp.a.example,https://dp.b.example,https://dp.c.example data.csv
+
+a party of a study with parties (docs/vertical.md) submits its columns of each individual,
+named by a key column, under the party key the parties share (never the servers):
+  dpsketch submit --study 3f9c...e1 --servers ... --party bank \\
+      --party-key bank-and-partners.key --id-column customer_id bank.csv
+  (dpsketch submit --new-party-key FILE writes a fresh key to share among the parties)
 """
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsketch submit", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("csv", metavar="data.csv", help="CSV file with a header row naming the columns")
-    p.add_argument("--study", required=True, metavar="ID", help="the study id (64 hex characters)")
-    p.add_argument("--servers", required=True, metavar="URL,URL,...",
+    p.add_argument("csv", metavar="data.csv", nargs="?", help="CSV file with a header row naming the columns")
+    p.add_argument("--new-party-key", metavar="FILE",
+                   help="write a fresh party key (mode 0600) to FILE for the parties to share, and exit")
+    p.add_argument("--study", metavar="ID", help="the study id (64 hex characters)")
+    p.add_argument("--party", metavar="NAME",
+                   help="a study with parties: submit this party's columns of each individual")
+    p.add_argument("--party-key", metavar="FILE", default=os.environ.get("DPSKETCH_PARTY_KEY_FILE"),
+                   help="with --party: the key file the parties share (default: $DPSKETCH_PARTY_KEY_FILE)")
+    p.add_argument("--id-column", metavar="COLUMN",
+                   help="with --party: the CSV column holding each individual's key (not sent anywhere)")
+    p.add_argument("--servers", metavar="URL,URL,...",
                    help="the share servers' base URLs, comma-separated, in the study's server order")
     p.add_argument("--batch-size", type=int, default=10_000, metavar="N",
                    help="rows per upload request (default: %(default)s)")
@@ -103,6 +117,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpsketch submit: error: {one_line}", file=sys.stderr)
         return code
 
+    if args.new_party_key:
+        from .parties import new_key_file
+
+        try:
+            new_key_file(args.new_party_key)
+        except OSError as exc:
+            return fail(f"cannot write {args.new_party_key}: {exc.strerror or exc}")
+        if not args.quiet:
+            print(f"wrote a new party key to {args.new_party_key}: share it with the other parties "
+                  f"only (never with a server or the analyst)")
+        return EXIT_OK
+    for needed, flag in ((args.csv, "data.csv"), (args.study, "--study"), (args.servers, "--servers")):
+        if not needed:
+            return fail(f"{flag} is required", EXIT_USAGE)
+    if args.party and not (args.party_key and args.id_column):
+        return fail("--party needs --party-key FILE and --id-column COLUMN", EXIT_USAGE)
+    party_key = None
+    if args.party:
+        from .parties import read_key_file
+
+        try:
+            party_key = read_key_file(args.party_key)
+        except (OSError, ValueError) as exc:
+            return fail(f"{exc}")
     urls = [u for u in (x.strip() for x in args.servers.split(",")) if u]
     if args.batch_size < 1:
         return fail("--batch-size must be at least 1", EXIT_USAGE)
@@ -130,7 +168,22 @@ def main(argv: list[str] | None = None) -> int:
             study = client.study(args.study)
             check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
                      if study.histogram is not None else None)
-            total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns, check=check)
+            if args.party:
+                party_columns = study.party(args.party)[1].columns  # ValueError: no such party
+                seen: set[str] = set()
+
+                def check_keys(chunk, first: int) -> None:
+                    for i, key in enumerate(str(k) for k in chunk[:, 0]):
+                        if not key or key in seen:
+                            raise ValueError(f"data row {first + i + 1}: {args.id_column} "
+                                             f"{'is empty' if not key else repr(key) + ' repeats'}")
+                        seen.add(key)
+
+                data.scan_csv(args.csv, [args.id_column], ignore_extra=True, check=check_keys)
+                seen.clear()
+                total = data.scan_csv(args.csv, party_columns, ignore_extra=True)
+            else:
+                total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns, check=check)
             if total == 0:
                 return fail(f"{args.csv}: no data rows")
             bar = None
@@ -139,9 +192,14 @@ def main(argv: list[str] | None = None) -> int:
 
                 bar = tqdm(total=total, unit="row", desc="uploaded", file=sys.stderr)
             try:
-                result = client.submit_many(args.study, args.csv, batch_size=args.batch_size,
-                                            progress=bar.update if bar else None, keep_ids=False,
-                                            ignore_extra_columns=args.ignore_extra_columns)
+                if args.party:
+                    result = client.submit_blocks(args.study, args.party, args.csv, party_key=party_key,
+                                                  key_column=args.id_column, batch_size=args.batch_size,
+                                                  progress=bar.update if bar else None, keep_ids=False)
+                else:
+                    result = client.submit_many(args.study, args.csv, batch_size=args.batch_size,
+                                                progress=bar.update if bar else None, keep_ids=False,
+                                                ignore_extra_columns=args.ignore_extra_columns)
             finally:
                 if bar is not None:
                     bar.close()
@@ -154,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(_describe(exc))
     if not args.quiet:
         counts = ", ".join(f"{sid} {n}" for sid, n in result.report_counts.items()) or "not shown (add/remove study)"
-        print(f"submitted {result.n_reports} rows of {os.path.basename(args.csv)} to "
+        what = f"party {args.party}'s blocks of " if args.party else ""
+        print(f"submitted {what}{result.n_reports} rows of {os.path.basename(args.csv)} to "
               f"{len(urls)} servers for study {args.study[:12]}... in "
               f"{time.monotonic() - started:.1f} s (reports held: {counts})")
     return EXIT_OK

@@ -266,3 +266,41 @@ def test_the_joined_row_meets_the_study_epsilon():
     # studies without parties keep their ids: no "parties" member in their JSON
     plain, _ = design(name="v", columns=["x", "y"], label="y", servers=["s1", "s2"], expected_reports=10**4)
     assert "parties" not in plain.model_dump(mode="json")
+
+
+def test_dpsketch_submit_party_uploads_each_party_from_its_own_csv(party_cluster, tmp_path, capsys):
+    from client_sdk.cli import main
+
+    c = party_cluster
+    n = 400
+    study = _create(c, n, min_reports=380, k=8)
+    key_file = tmp_path / "party.key"
+    assert main(["--new-party-key", str(key_file), "-q"]) == 0
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert main(["--new-party-key", str(key_file), "-q"]) == 1  # never overwrites a key
+    assert "File exists" in capsys.readouterr().err
+    rng = np.random.default_rng(8)
+    data = rng.normal(0, 0.3, size=(n, 5))
+    order = {"bank": range(n), "shop": reversed(range(n)), "clinic": range(n)}  # any row order
+    for q, cols in zip(study.parties, (slice(0, 2), slice(2, 3), slice(3, 5))):
+        path = tmp_path / f"{q.name}.csv"
+        lines = [",".join(["customer", "note", *q.columns])]
+        lines += [",".join([f"c{i}", "x", *(repr(float(v)) for v in data[i, cols])]) for i in order[q.name]]
+        path.write_text("\n".join(lines) + "\n")
+        tokens = ",".join(c.upload_tokens(study.study_id, quota=n, party=q.name))
+        args = ["--study", study.study_id, "--servers", ",".join(c.server_urls), "--token", tokens,
+                "--party", q.name, "--party-key", str(key_file), "--id-column", "customer", "-q", str(path)]
+        assert main(args) == 0, capsys.readouterr().err
+    # a second run of the same file is a conflict (fresh noise), refused with a clear message
+    assert main(args) == 1
+    assert "report-conflict" in capsys.readouterr().err
+    # a party the study does not have, and a repeated key, are refused before anything is sent
+    bad = tmp_path / "bad.csv"
+    bad.write_text("customer,income,debt\nc1,0.1,0.2\nc1,0.3,0.1\n")
+    base = ["--study", study.study_id, "--servers", ",".join(c.server_urls), "--party-key", str(key_file),
+            "--id-column", "customer", "-q", str(bad)]
+    assert main([*base, "--party", "insurer"]) == 1 and "no party 'insurer'" in capsys.readouterr().err
+    assert main([*base, "--party", "bank"]) == 1 and "repeats" in capsys.readouterr().err
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        assert an.progress(study.study_id)["parties"]["missing_by_party"] == {"bank": 0, "shop": 0, "clinic": 0}
+        assert an.finalize(study.study_id)["n_reports"] == n
