@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a histogram axis: COLUMN:e0,e1,... (numeric edges; underflow and overflow "
                    "bins are added) or COLUMN=a,b,... (categories; an 'other' bin is added); give "
                    "one, or two for a joint grid (then --columns may be left out)")
+    c.add_argument("--party", action="append", metavar="NAME=COL,COL,...[:BOUND]",
+                   help="a sketch study whose columns different parties hold for the same individuals: "
+                   "one --party per party, its columns in order (the study's columns are the parties' "
+                   "blocks; --columns may be left out) and optionally its bound B_j (default "
+                   "B sqrt(d_j / d)); docs/vertical.md")
     from .recommend import add_floor_arguments
 
     add_floor_arguments(c)
@@ -112,6 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+def parse_party(spec: str) -> dict:
+    """``NAME=c1,c2[:BOUND]`` as a party of a study (ValueError naming the problem)."""
+    name, eq, rest = spec.partition("=")
+    columns, _, bound = rest.partition(":")
+    cols = [c.strip() for c in columns.split(",") if c.strip()]
+    if not eq or not name.strip() or not cols:
+        raise ValueError(f"--party {spec!r}: expected NAME=COL,COL,...[:BOUND]")
+    out: dict = {"name": name.strip(), "columns": cols}
+    if bound:
+        try:
+            out["row_bound"] = float(bound)
+        except ValueError:
+            raise ValueError(f"--party {spec!r}: the bound {bound!r} is not a number") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -126,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 extra: dict = {} if floor == "default" else {"epsilon_floor": floor}
                 if args.axis:
                     extra["histogram"] = {"axes": [parse_axis(a).model_dump(exclude_none=True) for a in args.axis]}
+                if args.party:
+                    extra["parties"] = [parse_party(spec) for spec in args.party]
                 out = client.create_study(
                     name=args.name, columns=[c for c in args.columns.split(",") if c], label=args.label,
                     expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,

@@ -271,9 +271,20 @@ def test_the_joined_row_meets_the_study_epsilon():
 def test_dpsketch_submit_party_uploads_each_party_from_its_own_csv(party_cluster, tmp_path, capsys):
     from client_sdk.cli import main
 
+    import json
+
+    from analyzer.cli import main as study_cli
+
     c = party_cluster
     n = 400
-    study = _create(c, n, min_reports=380, k=8)
+    assert study_cli(["--analyzer", c.analyzer.url, "--token", c.api_token, "create", "--name", "v",
+                      "--label", "y", "--expected-reports", str(n), "--min-reports", "380", "--k", "8",
+                      "--no-floor", "--party", "bank=income,debt", "--party", "shop=spend:0.3",
+                      "--party", "clinic=bmi,y"]) == 0
+    study = Study.model_validate(json.loads(capsys.readouterr().out)["study"])
+    assert [(q.name, q.columns) for q in study.parties] == [
+        ("bank", ["income", "debt"]), ("shop", ["spend"]), ("clinic", ["bmi", "y"])]
+    assert study.parties[1].row_bound == 0.3 and study.parties[0].row_bound < 1
     key_file = tmp_path / "party.key"
     assert main(["--new-party-key", str(key_file), "-q"]) == 0
     assert oct(key_file.stat().st_mode & 0o777) == "0o600"

@@ -375,11 +375,16 @@ def _design_parties(parties, columns, row_bound: float) -> tuple[list[_parties.P
     joined = [c for p in given for c in p["columns"]]
     if columns and list(columns) != joined:
         raise ValueError(f"the columns {list(columns)} are not the parties' blocks in order ({joined})")
-    if any(p.get("row_bound") is None for p in given):
-        if any(p.get("row_bound") is not None for p in given):
-            raise ValueError("give every party's row_bound, or none (B sqrt(d_j / d) each)")
-        bounds = _parties.default_bounds(row_bound, [len(p["columns"]) for p in given])
-        given = [{**p, "row_bound": b} for p, b in zip(given, bounds)]
+    open_ = [i for i, p in enumerate(given) if p.get("row_bound") is None]
+    if open_:  # the parties without a bound share what the others leave of B^2, by width
+        left = row_bound ** 2 - math.fsum(p["row_bound"] ** 2 for p in given if p.get("row_bound") is not None)
+        if left <= 0:
+            raise ValueError(f"the parties' bounds leave nothing of B^2 = {row_bound ** 2:g} for "
+                             f"{[given[i]['name'] for i in open_]}")
+        bounds = _parties.default_bounds(math.sqrt(left), [len(given[i]["columns"]) for i in open_])
+        given = list(given)
+        for i, b in zip(open_, bounds):
+            given[i] = {**given[i], "row_bound": b}
     made = [_parties.Party.model_validate(p) for p in given]
     _parties.check(made, joined, row_bound)
     return made, joined
@@ -448,7 +453,8 @@ def design(
     are the columns; ``columns`` and ``label`` may be left empty); ``dpsketch.recommend`` says
     which kind suits given d and n. ``parties`` (a sketch study only) splits the columns into
     blocks owned by parties (``[{"name", "columns", "row_bound"?}]``; ``columns`` may then be
-    left empty; bounds default to B sqrt(d_j / d), docs/vertical.md). ``epsilon_floor`` is the
+    left empty; parties without a bound share what the others leave of B^2 by width: B sqrt(d_j / d)
+    when none is given; docs/vertical.md). ``epsilon_floor`` is the
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
     share server's default policy refuses such a study).
