@@ -84,6 +84,20 @@ def parse_inclusion(body: bytes) -> list[bytes]:
         raise ProblemError("invalid-request", str(exc)) from None
 
 
+def _match(state: StudyState, ids: list[bytes], inclusion: bytes):
+    """The held ids against an inclusion set (caller holds ``state.lock``): ``idsets.compare``'s
+    answer (None when held ids share a 64-bit prefix), the held rowids, and how many included ids
+    are not held, with the first of them."""
+    held_blob, held_rowids = state.held()
+    matched = idsets.compare(held_blob, inclusion)
+    if matched is not None:
+        found = matched[0]
+        first = [ids[i] for i in np.flatnonzero(~found)[:1].tolist()]
+        return matched, held_rowids, int(len(found) - np.count_nonzero(found)), first
+    not_held = [rid for rid in ids if rid not in state.ids]  # exact, slower
+    return None, held_rowids, len(not_held), not_held[:1]
+
+
 class Store:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -366,15 +380,9 @@ class Store:
         with state.lock:
             held = state.ids
             n_held = len(held)
-            held_blob, held_rowids = state.held()
-            matched = idsets.compare(held_blob, inclusion)
+            matched, held_rowids, n_missing, missing = _match(state, ids, inclusion)
             if matched is not None:
                 found, position, excluded = matched
-                missing = [ids[i] for i in np.flatnonzero(~found)[:1].tolist()]
-                n_missing = int(len(found) - np.count_nonzero(found))
-            else:  # ids sharing a 64-bit prefix: exact, slower
-                missing_all = [rid for rid in ids if rid not in held]
-                missing, n_missing = missing_all[:1], len(missing_all)
             if n_missing:
                 raise ProblemError(
                     "unknown-reports",
@@ -415,16 +423,11 @@ class Store:
         study = record.study
         n_parties = len(study.parties or ())
         with state.lock:
-            held_blob, held_rowids = state.held()
-            matched = idsets.compare(held_blob, inclusion)
+            matched, held_rowids, n_missing, missing = _match(state, block_ids, inclusion)
             if matched is not None:
                 found, position, _excluded = matched
-                missing = [block_ids[i] for i in np.flatnonzero(~found)[:1].tolist()]
-                n_missing = int(len(found) - np.count_nonzero(found))
                 rowids = np.sort(held_rowids[position[found]]).tolist()
             else:
-                missing_all = [b for b in block_ids if b not in state.ids]
-                missing, n_missing = missing_all[:1], len(missing_all)
                 rowids = sorted(state.ids[b] for b in block_ids if b in state.ids)
             complete_here = state.complete
         if n_missing:

@@ -21,6 +21,7 @@ from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from client_sdk.prepare import prepare_blocks
 from conftest import Cluster
+from test_e2e import direct_sketch  # S(A + G) with Python ints, hashed by the ids given (here: pseudonyms)
 from dpsketch.protocol import Study, messages, parties, ring, sketch
 from dpsketch.protocol.study import design
 
@@ -28,19 +29,6 @@ PARTIES = [{"name": "bank", "columns": ["income", "debt"]},
            {"name": "shop", "columns": ["spend"]},
            {"name": "clinic", "columns": ["bmi", "y"]}]
 NO_FLOOR = {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}
-
-
-def direct_sketch(study: Study, pseudonyms: list[bytes], joined: np.ndarray) -> np.ndarray:
-    """S(A + G) in the ring from the joined encoded rows, hashed by pseudonym, with Python ints."""
-    b = study.k // study.s
-    acc = [[0] * study.d for _ in range(study.k)]
-    for p, row in zip(pseudonyms, joined):
-        for level in range(study.s):
-            bucket, sign = sketch.bucket_and_sign(study.seed_bytes, p, study.k, study.s, level)
-            target = acc[level * b + bucket]
-            for c in range(study.d):
-                target[c] = (target[c] + sign * int(row[c])) % 2**64
-    return np.array(acc, dtype=np.uint64)
 
 
 def post_blocks(url: str, study: Study, party: str, body: bytes, token: str | None = None) -> httpx.Response:
