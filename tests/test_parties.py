@@ -64,7 +64,7 @@ def test_three_parties_release_the_sketch_of_the_joined_rows_of_complete_individ
     people = [f"person-{i:05d}" for i in range(n)]
     data = rng.normal(0, 0.3, size=(n, 5))
     cols = {"bank": slice(0, 2), "shop": slice(2, 3), "clinic": slice(3, 5)}
-    # overlapping sets: the shop lacks 20 people, the clinic 8 (and 12 of its blocks never reach s3)
+    # overlapping sets: the shop lacks 20 people, the clinic 9 (and 12 of its blocks never reach s3)
     held = {"bank": list(range(n)), "shop": list(range(20, n)), "clinic": [i for i in range(n) if i % 111 != 7]}
 
     prepared: dict[str, list] = {}
