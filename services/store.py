@@ -439,12 +439,7 @@ class Store:
         gram = np.zeros((study.k, study.k), dtype=np.int64)
         columns = parties.slices(study.parties or [])
         blocks_of: dict[bytes, int] = {}
-        conn = self._reader()
-        for start in range(0, len(rowids), _FETCH_CHUNK):
-            part = rowids[start:start + _FETCH_CHUNK]
-            rows = conn.execute(db.SELECT_BLOCKS_BY_ROWID, (json.dumps(part),)).fetchall()
-            if len(rows) != len(part):  # never: rowids come from the writer's own inserts
-                raise RuntimeError(f"store inconsistent: {len(part) - len(rows)} held blocks missing")
+        for rows in self._fetch_rows(rowids, db.SELECT_BLOCKS_BY_ROWID):
             for j, cols in enumerate(columns):
                 mine = [r for r in rows if r[4] == j]
                 if not mine:
@@ -655,14 +650,19 @@ class Store:
             f"a second release over a different set is refused",
         )
 
-    def _fetch(self, rowids: list[int], d: int):
-        """Stored (ids, shares) for the given rowids, in chunks."""
+    def _fetch_rows(self, rowids: list[int], query: str):
+        """The stored rows of ``query`` (rowids as one JSON array) for the given rowids, in chunks."""
         conn = self._reader()
         for start in range(0, len(rowids), _FETCH_CHUNK):
             part = rowids[start:start + _FETCH_CHUNK]
-            rows = conn.execute(db.SELECT_SHARES_BY_ROWID, (json.dumps(part),)).fetchall()
+            rows = conn.execute(query, (json.dumps(part),)).fetchall()
             if len(rows) != len(part):  # never: rowids come from the writer's own inserts
                 raise RuntimeError(f"store inconsistent: {len(part) - len(rows)} held reports missing")
+            yield rows
+
+    def _fetch(self, rowids: list[int], d: int):
+        """Stored (ids, shares) for the given rowids, in chunks."""
+        for rows in self._fetch_rows(rowids, db.SELECT_SHARES_BY_ROWID):
             ids = [bytes(r[1]) for r in rows]
             shares = np.frombuffer(b"".join(r[2] for r in rows), dtype="<u8").reshape(len(rows), d)
             yield ids, shares
