@@ -1,21 +1,19 @@
 """Clipping and the client's noise for its rows (docs/protocol.md, section 5).
 
-The noise itself comes from :mod:`dpsketch.protocol.noise` (CSPRNG Gaussian, shared with the
-servers' floor noise); this module clips rows to the study's bound and maps them to the vector
-the study kind shares. Clipping is done so that the clipped norm never exceeds B even after
-rounding.
+The noise itself comes from :mod:`dpsketch.protocol.noise` (the exact discrete Gaussian on the
+study's grid, shared with the servers' noise); this module clips rows to the study's bound, maps
+them to the vector the study kind shares, rounds that to the grid and adds the noise there. Rows
+are clipped a hair under B (``Study.clip_bound``) so that the rounded vector keeps the study's
+sensitivity.
 """
 
 from __future__ import annotations
 
-import os  # noqa: F401  (tests patch os.urandom through this module)
-
 import numpy as np
 
-from dpsketch.protocol import features
-from scipy.special import ndtri  # noqa: F401  (the sampler's inverse CDF, for tests)
-
-from dpsketch.protocol.noise import _unit_uniform, gaussian, standard_normal  # noqa: F401
+from dpsketch.protocol import features, ring
+from dpsketch.protocol.keystream import Keystream
+from dpsketch.protocol.noise import encoded_noise
 from dpsketch.protocol.study import Study
 
 
@@ -55,23 +53,32 @@ def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
 
 
 def client_vectors(rows: np.ndarray, study: Study) -> np.ndarray:
-    """What a client of this study shares before noise: its row clipped to B (sketch), the
-    feature vector [a, u(a a^T), 1] of that row (gram), or the one-hot vector of the cell its raw
-    values fall in (histogram; ``rows`` then holds the values, ``HistogramValueError`` if one has
-    no cell)."""
+    """What a client of this study shares before noise: its row clipped to the study's clip bound
+    (sketch), the feature vector [a, u(a a^T), 1] of that row (gram), or the one-hot vector of
+    the cell its raw values fall in (histogram; ``rows`` then holds the values,
+    ``HistogramValueError`` if one has no cell)."""
     if study.histogram is not None:
         return study.histogram.one_hot(study.histogram.cell_index(rows))
-    return features.client_vectors(study.kind, clip_rows(rows, study.row_bound))
+    return features.client_vectors(study.kind, clip_rows(rows, study.clip_bound))
+
+
+def noisy_encoded(vectors: np.ndarray, study: Study, stream: Keystream | None = None) -> np.ndarray:
+    """Vectors rounded to the study's noise grid plus discrete Gaussian noise of parameter sigma on
+    every coordinate, encoded on the ring (uint64). Every value stays within
+    ``study.value_bound`` (the noise is cut at 20 sigma less one grid step)."""
+    grid = study.noise_grid
+    encoded = ring.encode_on_grid(vectors, study.frac_bits, grid.shift, study.value_bound)
+    if study.sigma > 0:  # 0: the servers' noise carries the whole guarantee (DAP model)
+        encoded = encoded + encoded_noise(encoded.shape, study.sigma, grid, stream)
+    return encoded.view(np.uint64)
+
+
+def privatize_encoded(rows: np.ndarray, study: Study, stream: Keystream | None = None) -> np.ndarray:
+    """What a client encodes before sharing: :func:`noisy_encoded` of its rows' vectors."""
+    return noisy_encoded(client_vectors(rows, study), study, stream)
 
 
 def privatize(rows: np.ndarray, study: Study) -> np.ndarray:
-    """The study kind's vector of each row (:func:`client_vectors`) plus N(0, sigma^2) noise on
-    every coordinate.
-
-    The result always lies within ``study.value_bound`` (feature bound + 20 sigma), so
-    ``ring.encode`` accepts it. The noise scale is the study's ``sigma``, never recomputed here.
-    """
-    vectors = client_vectors(rows, study)
-    if study.sigma == 0:  # the servers' noise carries the whole guarantee (DAP model)
-        return vectors
-    return vectors + gaussian(vectors.shape, study.sigma)
+    """The noisy vectors as floats (decoded :func:`privatize_encoded`): for simulations and tests.
+    The noise scale is the study's ``sigma``, never recomputed here."""
+    return ring.decode(privatize_encoded(rows, study), study.frac_bits)

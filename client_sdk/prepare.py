@@ -7,12 +7,14 @@ relevant steps in one short file.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from dpsketch.protocol import binding, envelope, messages, ring
 from dpsketch.protocol.histogram import HistogramValueError
+from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.study import Study
 
 from . import data as _data
@@ -78,29 +80,29 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> Pre
     (hiding). With ``compress`` servers 0..N-2 get a 32-byte seed per row instead of their share
     (docs/protocol.md section 4); privacy is the same as long as ChaCha20 is a secure PRG.
     """
+    stream = Keystream()  # every random bit of this batch: noise, shares, salts
     if study.histogram is not None:  # raw values: the bins decide what they mean
         rows = _data.check_values(rows, study.d)
         try:
-            vectors = noise.privatize(rows, study)
+            encoded = noise.privatize_encoded(rows, study, stream)
         except HistogramValueError as exc:
             raise _data.InvalidDataError(str(exc)) from None
     else:
-        vectors = noise.privatize(_data.check_rows(rows, study.d), study)
-    encoded = ring.encode(vectors, study.frac_bits, study.value_bound)
+        encoded = noise.privatize_encoded(_data.check_rows(rows, study.d), study, stream)
     n = study.n_servers
     if compress:
-        seeds, last = ring.share_with_seeds(encoded, n)
+        seeds, last = ring.share_with_seeds(encoded, n, stream)
         contents = [binding.CONTENT_SEED] * (n - 1) + [binding.CONTENT_SHARE]
-        ids, proofs = binding.bind(study.study_id, contents, [*seeds, last])
+        ids, proofs = binding.bind(study.study_id, contents, [*seeds, last], stream=stream)
         return PreparedBatch(ids, proofs, [None] * len(seeds) + [last], seeds)
-    shares = ring.share(encoded, n)
-    ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares)
+    shares = ring.share(encoded, n, stream)
+    ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares, stream=stream)
     return PreparedBatch(ids, proofs, shares)
 
 
 def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray) -> PreparedBatch:
     """One party's blocks of m individuals: clip each block to the party's bound B_j, add the
-    study's N(0, sigma^2) to every value, encode, share and bind (each block id commits to its
+    study's discrete Gaussian noise to every value, encode, share and bind (each block id commits to its
     shares, the party and the individual's pseudonym; docs/vertical.md).
 
     The joined row of an individual (every party's block) then has norm at most B and noise
@@ -109,14 +111,14 @@ def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.n
     rows = _data.check_rows(rows, declared.width)
     if len(pseudonyms) != len(rows):
         raise ValueError(f"{len(pseudonyms)} pseudonyms for {len(rows)} rows")
-    vectors = noise.clip_rows(rows, declared.row_bound)
-    if study.sigma > 0:
-        vectors = vectors + noise.gaussian(vectors.shape, study.sigma)
-    encoded = ring.encode(vectors, study.frac_bits, study.value_bound)
+    stream = Keystream()
+    # a hair under B_j: rounding the block to the grid moves it by at most h sqrt(d_j) / 2
+    rounding = study.noise_grid.spacing * math.sqrt(declared.width) / 2.0
+    encoded = noise.noisy_encoded(noise.clip_rows(rows, max(0.0, declared.row_bound - rounding)), study, stream)
     n = study.n_servers
-    shares = ring.share(encoded, n)
+    shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares,
-                               binding.block_prefixes(study.study_id, index, pseudonyms))
+                               binding.block_prefixes(study.study_id, index, pseudonyms), stream)
     return PreparedBatch(ids, proofs, shares, party=party, pseudonyms=list(pseudonyms))
 
 

@@ -44,101 +44,6 @@ def study():
 # --- noise ------------------------------------------------------------------------------------
 
 
-def test_standard_normal_has_unit_variance_and_normal_law():
-    z = sampler.standard_normal(400_000)
-    n = len(z)
-    assert abs(z.mean()) < 6 / np.sqrt(n)
-    assert abs(z.std() - 1) < 6 / np.sqrt(2 * n)
-    assert stats.kstest(z, "norm").pvalue > 1e-6
-    # symmetric: the sign comes from its own bit
-    assert abs((z > 0).mean() - 0.5) < 6 * 0.5 / np.sqrt(n)
-
-
-def test_gaussian_noise_has_the_study_sigma(study):
-    g = sampler.gaussian((100_000, study.d), study.sigma)
-    assert g.shape == (100_000, study.d)
-    n = g.size
-    assert abs(g.std() / study.sigma - 1) < 6 / np.sqrt(2 * n)
-    assert np.abs(g).max() <= NOISE_TAIL_SIGMAS * study.sigma
-    # coordinates are uncorrelated
-    corr = np.corrcoef(g.T)
-    assert np.abs(corr - np.eye(study.d)).max() < 6 / np.sqrt(len(g))
-
-
-def test_noise_comes_only_from_os_urandom(monkeypatch):
-    """All randomness enters through os.urandom: fixed bytes give fixed noise, numpy's RNG unused."""
-    calls = []
-    fixed = np.random.default_rng(1).bytes(8 * 1000)  # test-only stand-in for the OS
-
-    def fake_urandom(n):
-        calls.append(n)
-        return fixed[:n]
-
-    def forbidden(*a, **k):
-        raise AssertionError("numpy's statistical generator must not be used for noise")
-
-    monkeypatch.setattr(sampler.os, "urandom", fake_urandom)
-    monkeypatch.setattr(np.random, "default_rng", forbidden)
-    monkeypatch.setattr(np.random, "normal", forbidden)
-    monkeypatch.setattr(np.random, "standard_normal", forbidden)
-    a = sampler.gaussian(1000, 2.0)
-    b = sampler.gaussian(1000, 2.0)
-    assert calls == [8000, 8000]
-    assert np.array_equal(a, b)
-
-
-def test_noise_tail_reaches_beyond_the_cut_and_is_redrawn(monkeypatch):
-    """The refined uniform reaches past 20 sigma (a 53-bit grid alone stops at 8.3), and samples
-    beyond NOISE_TAIL_SIGMAS are redrawn while the others are kept."""
-    assert -ndtri(2.0 ** -54) < NOISE_TAIL_SIGMAS  # why the grid must be refined
-    # seven levels of k = 0 (the word and six refinements): u = 2^-371, |z| ~ 22.5 sigma
-    zero = np.zeros(1, dtype="<u8")
-    refined = sampler._unit_uniform(zero.copy(), level=_levels_left(6, monkeypatch, zero))
-    assert 0 < refined[0] <= 2.0 ** -371
-    assert -ndtri(0.5 * refined[0]) > NOISE_TAIL_SIGMAS
-    monkeypatch.undo()
-
-    first = np.zeros(4, dtype="<u8")
-    first[:] = np.uint64(1 << 63)  # sign bit, k = 0: refined with further (all-zero) words
-    first[1] = np.uint64((1 << 53) - 1)  # u = 1: exactly 0
-    queue_ = [first.tobytes()] + [bytes(8 * 3)] * 8  # the refinements of words 0, 2 and 3
-    real = os.urandom
-
-    def fake_urandom(n):
-        return queue_.pop(0) if queue_ and len(queue_[0]) == n else real(n)
-
-    monkeypatch.setattr(sampler.os, "urandom", fake_urandom)
-    g = sampler.gaussian(4, 1.0)
-    assert not queue_  # all eight refinement levels were drawn
-    assert np.all(np.abs(g) <= NOISE_TAIL_SIGMAS)
-    assert g[1] == 0.0  # kept: only the out-of-range coordinates were redrawn
-
-
-def _levels_left(levels: int, monkeypatch, zero: np.ndarray) -> int:
-    """Make the next ``levels`` refinement draws return k = 0 (then real randomness)."""
-    calls = []
-
-    def fake_u64(count):
-        calls.append(count)
-        return np.zeros(count, dtype="<u8") if len(calls) <= levels else np.full(count, (1 << 53) - 1, dtype="<u8")
-
-    monkeypatch.setattr(sampler, "_urandom_u64", fake_u64)
-    return 0
-
-
-def test_refined_sampler_is_standard_normal():
-    from scipy import stats
-
-    z = sampler.standard_normal(400_000)
-    assert stats.kstest(z, "norm").pvalue > 1e-4
-    assert abs(np.mean(z)) < 0.01 and abs(np.std(z) - 1) < 0.01
-    # the refinement is applied where it should be: |z| > 5.9 happens ~ 4e-9 of the time, so the
-    # bulk of the law is the plain 53-bit inverse CDF; a refined u differs from k + 1 only below 2^22
-    u = sampler._unit_uniform(np.array([(1 << 22) + 5, 7], dtype="<u8"))
-    assert u[0] == ((1 << 22) + 6) * 2.0 ** -53
-    assert 7 * 2.0 ** -53 < u[1] <= 8 * 2.0 ** -53
-
-
 def test_tail_delta_is_negligible_and_checked(monkeypatch):
     from dpsketch.protocol import privacy
 
@@ -151,7 +56,7 @@ def test_tail_delta_is_negligible_and_checked(monkeypatch):
     # and a study whose truncation could matter is refused
     from dpsketch.protocol import study as study_module
 
-    monkeypatch.setattr(study_module, "NOISE_TAIL_SIGMAS", 8.0)
+    monkeypatch.setattr(sampler, "NOISE_TAIL_SIGMAS", 8.0)
     with pytest.raises(ValueError, match="redrawing noise"):
         design(name="x", columns=["a", "b"], label=None, servers=["s1", "s2"], expected_reports=10**6,
                epsilon=1.0, delta=1e-6)
@@ -178,18 +83,24 @@ def test_clip_rows():
 
 
 def test_privatized_rows_always_encode(study, monkeypatch):
-    """Worst case: a row on the boundary plus noise at exactly 8 sigma still encodes."""
+    """Worst case: a row on the boundary plus noise at the cut (20 sigma less a grid step) still
+    encodes within the study's value bound."""
     B, d = study.row_bound, study.d
     rows = np.zeros((4, d))
     rows[0, 0] = B
     rows[1, 0] = -1e9
     rows[2] = 1e9
     rows[3, 1] = B * (1 + 1e-15)
-    monkeypatch.setattr(noise, "gaussian",
-                        lambda shape, sigma: np.sign(np.ones(shape) - 0.5 - (np.arange(shape[1]) % 2))
-                        * NOISE_TAIL_SIGMAS * sigma)
+    grid = study.noise_grid
+
+    def extreme(shape, std, grid_, stream=None):
+        signs = np.where(np.arange(shape[1]) % 2, -1, 1)
+        return np.broadcast_to(signs * (grid_.limit(std) << grid_.shift), shape).astype(np.int64)
+
+    monkeypatch.setattr(noise, "encoded_noise", extreme)
     noisy = noise.privatize(rows, study)
-    ring.encode(noisy, study.frac_bits, study.value_bound)  # must not raise
+    assert np.abs(noisy).max() <= study.value_bound
+    assert np.abs(noisy).max() > study.value_bound - 2 * grid.spacing - B  # the cut was reached
 
 
 # --- sharing ----------------------------------------------------------------------------------
@@ -198,11 +109,12 @@ def test_privatized_rows_always_encode(study, monkeypatch):
 def test_shares_reconstruct_exactly_to_the_encoded_noisy_rows(study, monkeypatch):
     rng = np.random.default_rng(2)  # test data and a known stand-in noise, not the SDK's
     rows = rng.normal(scale=8.0, size=(500, study.d))
-    known = rng.normal(scale=study.sigma, size=rows.shape).clip(-3 * study.sigma, 3 * study.sigma)
-    monkeypatch.setattr(noise, "gaussian", lambda shape, sigma: known)
+    grid = study.noise_grid
+    known = rng.integers(-3 * grid.scale(study.sigma), 3 * grid.scale(study.sigma), size=rows.shape) << grid.shift
+    monkeypatch.setattr(noise, "encoded_noise", lambda shape, std, grid_, stream=None: known)
     batch = prepare_batch(study, rows)
-    expected = ring.encode(noise.clip_rows(rows, study.row_bound) + known, study.frac_bits,
-                           study.value_bound)
+    expected = (ring.encode_on_grid(noise.clip_rows(rows, study.clip_bound), study.frac_bits, grid.shift,
+                                    study.row_bound) + known).view(np.uint64)
     assert len(batch.shares) == study.n_servers == 3
     assert np.array_equal(ring.reconstruct(batch.shares), expected)
     assert len(set(batch.report_ids)) == 500 and all(len(r) == 16 for r in batch.report_ids)

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .keystream import Keystream
+
 from .sketch import REPORT_ID_BYTES
 
 COMMIT_DOMAIN = b"dpsketch/commit/2"
@@ -92,15 +94,16 @@ def _prefixes(study_id: str, m: int, prefixes: Sequence[bytes] | None) -> Sequen
 
 
 def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray],
-         prefixes: Sequence[bytes] | None = None) -> tuple[list[bytes], list[np.ndarray]]:
+         prefixes: Sequence[bytes] | None = None,
+         stream: Keystream | None = None) -> tuple[list[bytes], list[np.ndarray]]:
     """Report ids and, per server j, the (m, 16 N) uint8 proofs for m reports whose payload for
     server j is row i of ``payloads[j]`` (a uint64 share matrix or a uint8 seed matrix) of kind
-    ``contents[j]``. Salts come from the OS CSPRNG. ``prefixes`` (one per record, from
+    ``contents[j]``. Salts come from the batch's keystream (a fresh one if none is given). ``prefixes`` (one per record, from
     :func:`block_prefixes`) makes block ids instead of report ids."""
     n = len(payloads)
     m = len(payloads[0])
     sha = hashlib.sha256
-    salts = os.urandom(SALT_BYTES * n * m)
+    salts = (stream or Keystream()).bytes(SALT_BYTES * n * m)
     commits: list[list[bytes]] = []
     for j in range(n):
         raw, step = payload_bytes(payloads[j])

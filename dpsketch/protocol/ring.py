@@ -1,17 +1,18 @@
 """Fixed-point encoding into Z_(2^64) and additive secret sharing (DESIGN.md, "Ring encoding").
 
 x -> round(x * 2^f) mod 2^64, little-endian uint64; a sum decodes as a signed int64 / 2^f.
-N-1 shares are uniform (from the OS's CSPRNG); the last is x minus their sum. numpy's uint64
+N-1 shares are uniform (from a ChaCha20 keystream keyed by the OS's CSPRNG, keystream.py); the last is x minus their sum. numpy's uint64
 addition and negation wrap mod 2^64 exactly, so servers and analyzer need nothing else.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from .keystream import Keystream
 
 RING_BITS = 64
 WIRE_DTYPE = np.dtype("<u8")
@@ -51,23 +52,37 @@ def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
     return fixed.view(np.uint64)
 
 
+def encode_on_grid(values: np.ndarray, frac_bits: int, shift: int, bound: float) -> np.ndarray:
+    """Encode floats with |x| <= bound, rounded to the noise grid: round(x 2^(f - shift)) 2^shift
+    (int64), so that a client's values lie on the same lattice as its noise (noise.py)."""
+    if not bound * 2.0**frac_bits < 2.0**63:
+        raise EncodingRangeError(f"bound {bound} with {frac_bits} fractional bits does not fit 64 bits")
+    x = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise EncodingRangeError("values must be finite")
+    if np.any(np.abs(x) > bound):
+        raise EncodingRangeError(f"a value exceeds the encoding bound {bound}")
+    return np.rint(np.ldexp(x, frac_bits - shift)).astype(np.int64) << np.int64(shift)
+
+
 def decode(ring: np.ndarray, frac_bits: int) -> np.ndarray:
     """Read ring elements as signed int64 and scale back to floats."""
     return np.ldexp(np.asarray(ring, dtype=np.uint64).view(np.int64).astype(np.float64), -frac_bits)
 
 
-def random_ring(shape: tuple[int, ...] | int) -> np.ndarray:
-    """Uniform elements of Z_(2^64) from the operating system's CSPRNG."""
+def random_ring(shape: tuple[int, ...] | int, stream: Keystream | None = None) -> np.ndarray:
+    """Uniform elements of Z_(2^64) from a CSPRNG keystream (a fresh one if none is given)."""
     count = int(np.prod(shape))
-    return np.frombuffer(os.urandom(8 * count), dtype=WIRE_DTYPE).reshape(shape).copy()
+    return (stream or Keystream()).words(count).reshape(shape)
 
 
-def share(encoded: np.ndarray, n_shares: int) -> list[np.ndarray]:
+def share(encoded: np.ndarray, n_shares: int, stream: Keystream | None = None) -> list[np.ndarray]:
     """Split ring elements into n additive shares: n-1 uniform, the last x minus their sum."""
     if n_shares < 2:
         raise ValueError("need at least two shares")
     x = np.asarray(encoded, dtype=np.uint64)
-    shares = [random_ring(x.shape) for _ in range(n_shares - 1)]
+    stream = stream or Keystream()
+    shares = [random_ring(x.shape, stream) for _ in range(n_shares - 1)]
     last = x.copy()
     for s in shares:
         last -= s
@@ -123,9 +138,10 @@ def expand_seeds(seeds: np.ndarray, d: int) -> np.ndarray:
     return np.frombuffer(out, dtype=WIRE_DTYPE).reshape(m, d).copy()
 
 
-def share_with_seeds(encoded: np.ndarray, n_shares: int) -> tuple[list[np.ndarray], np.ndarray]:
+def share_with_seeds(encoded: np.ndarray, n_shares: int,
+                     stream: Keystream | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """Seed-compressed sharing of an (m, d) matrix: n-1 arrays of (m, 32) uint8 seeds (from the
-    OS CSPRNG), one per server 0..n-2, and the last server's full (m, d) share
+    keystream), one per server 0..n-2, and the last server's full (m, d) share
     x - sum_j expand(seed_j) mod 2^64. With a secure PRG any n-1 of the n messages are
     indistinguishable from uniform, independent of x, exactly as with ``share``."""
     if n_shares < 2:
@@ -134,7 +150,8 @@ def share_with_seeds(encoded: np.ndarray, n_shares: int) -> tuple[list[np.ndarra
     if x.ndim != 2:
         raise ValueError("share_with_seeds takes an (m, d) matrix")
     m, d = x.shape
-    seeds = [np.frombuffer(os.urandom(SEED_BYTES * m), dtype=np.uint8).reshape(m, SEED_BYTES).copy()
+    stream = stream or Keystream()
+    seeds = [np.frombuffer(stream.bytes(SEED_BYTES * m), dtype=np.uint8).reshape(m, SEED_BYTES).copy()
              for _ in range(n_shares - 1)]
     last = x.copy()
     for s in seeds:
