@@ -56,12 +56,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--k", type=int, help="sketch rows (default: chosen from n and d)")
     c.add_argument("--s", type=int, default=4, help="sketch blocks (default: %(default)s)")
     c.add_argument("--min-reports", type=int)
+    c.add_argument("--population", metavar="ID",
+                   help="the population the study draws from: every share server charges it to that "
+                   "population's privacy ledger and refuses it past its budget (docs/ledger.md)")
 
     for name, text in [("show", "show a study"), ("progress", "report counts per server"),
                        ("finalize", "commit the common reports everywhere and release the sketch")]:
         sp = sub.add_parser(name, help=text)
         sp.add_argument("study_id")
     sub.add_parser("list", help="list studies")
+    lg_ = sub.add_parser("ledger", help="a population's privacy ledger at every share server: the "
+                         "studies charged, their composition and the budget (docs/ledger.md)")
+    lg_.add_argument("population", nargs="?", help="the population id")
+    lg_.add_argument("--study", dest="ledger_study", metavar="STUDY_ID",
+                     help="the ledger of this study's population instead")
 
     r = sub.add_parser("ridge", help="ridge regression on the released sketch")
     r.add_argument("study_id")
@@ -133,6 +141,25 @@ def parse_party(spec: str) -> dict:
     return out
 
 
+def ledger_summary(view: dict) -> str:
+    """One line per server: composed epsilon against the naive sum and the budget."""
+    if view.get("population") is None:
+        return "this study names no population: it is charged to no ledger"
+    lines = [f"population {view['population']}:"]
+    for s in view["servers"]:
+        book = s.get("ledger")
+        if book is None:
+            lines.append(f"  {s['server_id']}: unreadable ({s.get('error')})")
+            continue
+        eps = "unbounded" if book["epsilon"] is None else f"{book['epsilon']:.4g}"
+        naive = "unbounded" if book["naive_epsilon"] is None else f"{book['naive_epsilon']:.4g}"
+        budget = ("no budget" if book["budget_epsilon"] is None
+                  else f"budget {book['budget_epsilon']:g}")
+        lines.append(f"  {s['server_id']}: {len(book['studies'])} studies, epsilon = {eps} at delta = "
+                     f"{book['delta']:g} ({book['neighbouring']}; naive sum {naive}); {budget}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -149,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra["histogram"] = {"axes": [parse_axis(a).model_dump(exclude_none=True) for a in args.axis]}
                 if args.party:
                     extra["parties"] = [parse_party(spec) for spec in args.party]
+                if args.population:
+                    extra["population"] = args.population
                 out = client.create_study(
                     name=args.name, columns=[c for c in args.columns.split(",") if c], label=args.label,
                     expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,
@@ -157,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(out["explanation"]), file=sys.stderr)
             elif args.command == "list":
                 out = client.studies()
+            elif args.command == "ledger":
+                if (args.population is None) == (args.ledger_study is None):
+                    print("dpsketch study ledger: give a population id or --study STUDY_ID", file=sys.stderr)
+                    return 2
+                out = client.ledger(args.population, args.ledger_study)
+                print(ledger_summary(out), file=sys.stderr)
             elif args.command == "show":
                 out = client.study(args.study_id)
             elif args.command == "progress":

@@ -39,6 +39,14 @@ class AnalyzerClient:
     def study(self, study_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/studies/{study_id}")
 
+    def ledger(self, population: str | None = None, study_id: str | None = None) -> dict[str, Any]:
+        """A population's privacy ledger at every share server, by population or by study."""
+        if (population is None) == (study_id is None):
+            raise ValueError("give a population or a study id")
+        if study_id is not None:
+            return self._call("GET", f"/v1/studies/{study_id}/ledger")
+        return self._call("GET", f"/v1/populations/{population}/ledger")
+
     def progress(self, study_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/studies/{study_id}/progress")
 

@@ -16,13 +16,17 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from dpsketch.protocol import ProblemError, Study, design, messages, ring
-from dpsketch.protocol.messages import CommitResult, ServerInfo, StudyInfo
+from dpsketch.protocol import ProblemError, Study, design, ledger, messages, ring
+from dpsketch.protocol.messages import CommitResult, PopulationLedger, ServerInfo, StudyInfo
 
 from .config import ClusterConfig, ServerEndpoint
 from .store import AnalyzerStore, StudyRecord
 
 RETRY_STATUSES = {429, 502, 503, 504}
+
+
+def _finite(x: float) -> float | None:
+    return x if x == x and abs(x) != float("inf") else None
 
 
 class UpstreamError(Exception):
@@ -79,7 +83,12 @@ class ShareServerClient:
 
     def _problem(self, response: httpx.Response) -> UpstreamError:
         try:
-            problem = ProblemError.from_body(response.status_code, response.json())
+            body = response.json()
+            problem = ProblemError.from_body(response.status_code, body)
+            if problem.slug == "budget-exceeded" and isinstance(body, dict):
+                # keep the numbers (budget, spent, needed) for the analyst's answer
+                problem.extra = {k: v for k, v in body.items()
+                                 if k not in ("type", "title", "status", "detail", "instance")}
         except ValueError:
             problem = ProblemError(
                 "internal-error" if response.status_code >= 500 else "invalid-request",
@@ -97,6 +106,11 @@ class ShareServerClient:
 
     def server_info(self) -> ServerInfo:
         return ServerInfo.model_validate(self._request("GET", "/v1/info").json())
+
+    def ledger(self, population: str) -> PopulationLedger:
+        """The server's privacy ledger of a population (public; docs/ledger.md)."""
+        return PopulationLedger.model_validate(
+            self._request("GET", f"/v1/populations/{population}/ledger").json())
 
     def info(self, study_id: str) -> StudyInfo:
         """The study's info with the analyst token (so exact counts of add/remove studies too)."""
@@ -220,17 +234,60 @@ class Coordinator:
                     f"kind auto chose sketch: a gram study would claim {gram_bytes} bytes at each "
                     f"server (max_reports = {study.max_reports}), more than {who}'s max_study_bytes "
                     f"= {limit}; this sketch study claims {study.max_storage_bytes}.")
+        if study.population is not None:
+            self._check_budgets(study)
         self.store.add_study(study, explanation)
         try:
             for server in self.servers:
                 server.provision(study)
         except UpstreamError as exc:
-            if exc.problem is not None and exc.problem.slug == "invalid-study":
+            if exc.problem is not None and exc.problem.slug in ("invalid-study", "budget-exceeded"):
                 # a server's own policy refuses it: the study cannot run on this cluster, so the
-                # analyzer forgets it (servers that accepted it keep an empty study)
+                # analyzer forgets it (servers that accepted it keep an empty study, and charge it)
                 self.store.forget_unprovisioned(study.study_id)
+                if exc.problem.slug == "budget-exceeded":
+                    raise ProblemError("budget-exceeded", str(exc), extra=exc.problem.extra) from exc
             raise
         return study, explanation
+
+    def _check_budgets(self, study: Study) -> None:
+        """Refuse (409 budget-exceeded) before any server is asked when a server's published
+        ledger and budget say it would refuse: otherwise the servers before it in the list would
+        charge a study that can never run. The servers decide for themselves anyway; a server
+        that cannot be read is left to its own answer to the PUT."""
+        charge = ledger.Charge.of(study)
+        for server in self.servers:
+            try:
+                book = server.ledger(study.population)
+            except UpstreamError:
+                continue
+            if book.budget_epsilon is None:
+                continue
+            budget = ledger.Budget(book.budget_epsilon, book.budget_delta, book.neighbouring)
+            verdict = ledger.check([e.charge for e in book.studies], charge, budget)
+            if not verdict.fits:
+                sid = server.endpoint.server_id
+                raise ProblemError(
+                    "budget-exceeded",
+                    f"server {sid} would refuse this study (nothing was provisioned): "
+                    + verdict.explain(budget, f"population {study.population!r}"),
+                    extra={"server_id": sid, "population": study.population,
+                           "budget_epsilon": budget.epsilon, "budget_delta": budget.delta,
+                           "spent_epsilon": _finite(verdict.spent.epsilon),
+                           "needed_epsilon": _finite(verdict.needed.epsilon),
+                           "study_epsilon": _finite(verdict.study_epsilon)})
+
+    def ledgers(self, population: str) -> list[dict]:
+        """Every server's ledger of ``population`` (or why it could not be read)."""
+        out = []
+        for server in self.servers:
+            entry: dict = {"server_id": server.endpoint.server_id, "url": server.endpoint.url}
+            try:
+                entry["ledger"] = server.ledger(population).model_dump(mode="json")
+            except UpstreamError as exc:
+                entry["error"] = str(exc)
+            out.append(entry)
+        return out
 
     def storage_limit(self) -> tuple[int | None, str | None]:
         """The smallest max_study_bytes the servers publish in /v1/info, and whose it is

@@ -26,10 +26,13 @@ from .client import (
     StudyMismatch,
     SubmitResult,
 )
+from .budget import PrivacyLimit, PrivacyLimitExceeded
 from .prepare import PreparedBatch, prepare_batch
 from .data import InvalidDataError, read_csv
 
 __all__ = [
+    "PrivacyLimit",
+    "PrivacyLimitExceeded",
     "BatchFailure",
     "Client",
     "FloorTooWeak",

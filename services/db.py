@@ -83,6 +83,15 @@ CREATE TABLE IF NOT EXISTS hpke_keys (
     created_at    REAL NOT NULL,
     superseded_at REAL
 );
+-- The privacy ledger (docs/ledger.md): one row per study provisioned with a population, written
+-- in the transaction that stores the study and never deleted (a study may have released).
+CREATE TABLE IF NOT EXISTS ledger (
+    population TEXT NOT NULL,
+    study_id   TEXT NOT NULL REFERENCES studies(study_id),
+    charge     TEXT NOT NULL,               -- dpsketch.protocol.ledger.Charge JSON
+    charged_at REAL NOT NULL,
+    PRIMARY KEY (population, study_id)
+);
 -- Retention: when a committed study's individual shares were deleted (the ids, the commit and
 -- the released aggregate stay).
 CREATE TABLE IF NOT EXISTS retention (

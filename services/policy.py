@@ -8,10 +8,16 @@ per report) and keep in memory; a study outside the policy is refused at provisi
 ``invalid-study``, the detail names the rule). The batch rule (how much of what it holds an
 inclusion set may leave out) and upload authentication apply to every study. GET /v1/info
 publishes the policy, so a client can check it before it submits (docs/trust.md).
+
+The privacy budget per population (docs/ledger.md) is part of the policy too, but it depends on
+what the server has already provisioned, so the store checks it (:func:`check_population`)
+inside the transaction that charges the study: two studies of one population provisioned at
+once cannot both slip under the budget.
 """
 
 from __future__ import annotations
 
+from dpsketch.protocol import ledger
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
@@ -80,3 +86,33 @@ def check(study: Study, settings: Settings) -> None:
     for ok, policy, rule, detail in rules:
         if not ok:
             raise ProblemError("invalid-study", f"{policy} policy {rule}: {detail}", extra={"policy_rule": rule})
+
+
+def population_budget(settings: Settings) -> ledger.Budget | None:
+    """The budget every population is held to at this server (None: ledger kept, nothing refused)."""
+    if settings.population_epsilon is None:
+        return None
+    return ledger.Budget(settings.population_epsilon, settings.population_delta,
+                         settings.population_neighbouring)
+
+
+def check_population(charges: list[ledger.Charge], study: Study, settings: Settings) -> None:
+    """409 budget-exceeded if charging ``study`` would take its population past the budget; the
+    detail and the problem's members name the budget, what is spent and what the study needs."""
+    budget = population_budget(settings)
+    if budget is None or study.population is None:
+        return
+    verdict = ledger.check(charges, ledger.Charge.of(study), budget)
+    if verdict.fits:
+        return
+
+    def finite(x: float) -> float | None:
+        return x if x == x and abs(x) != float("inf") else None
+
+    raise ProblemError(
+        "budget-exceeded", verdict.explain(budget, f"population {study.population!r}"),
+        extra={"population": study.population, "neighbouring": budget.notion,
+               "budget_epsilon": budget.epsilon, "budget_delta": budget.delta,
+               "spent_epsilon": finite(verdict.spent.epsilon), "studies_charged": verdict.spent.studies,
+               "needed_epsilon": finite(verdict.needed.epsilon),
+               "study_epsilon": finite(verdict.study_epsilon)})

@@ -7,6 +7,7 @@ test process can run several independent servers side by side.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,17 @@ from pathlib import Path
 from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES, SERVER_ID_PATTERN
 
 MIB = 1 << 20
+
+
+def _env_float(name: str, default: float | None) -> float | None:
+    """A number from the environment ('none' or empty: ``default``); ValueError naming it."""
+    value = os.environ.get(name, "").strip()
+    if not value or value.lower() == "none":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"${name} = {value!r} is not a number") from None
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,17 @@ class Settings:
     #: The floor (docs/trust.md): refuse a study unless every report stays (this, delta)-DP with
     #: no other honest report and every other server colluding; None accepts any study.
     max_floor_epsilon: float | None = 4.0
+    #: Privacy budget per population (docs/ledger.md): provisioning refuses (409 budget-exceeded)
+    #: a study whose population's ledger would pass (population_epsilon, population_delta) under
+    #: population_neighbouring. None: no budget, nothing refused, the ledger is still kept.
+    #: Defaults from $DPSKETCH_POPULATION_EPSILON, $DPSKETCH_POPULATION_DELTA and
+    #: $DPSKETCH_POPULATION_NEIGHBOURING.
+    population_epsilon: float | None = field(
+        default_factory=lambda: _env_float("DPSKETCH_POPULATION_EPSILON", None))
+    population_delta: float = field(
+        default_factory=lambda: _env_float("DPSKETCH_POPULATION_DELTA", 1e-6))
+    population_neighbouring: str = field(
+        default_factory=lambda: os.environ.get("DPSKETCH_POPULATION_NEIGHBOURING", "").strip() or "replace-one")
     #: Batch rule: refuse a commit whose inclusion set leaves out more than this fraction of the
     #: reports this server acknowledged (an analyst cannot pick a victim and its own reports).
     max_excluded_fraction: float = 0.1
@@ -116,6 +139,12 @@ class Settings:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.max_floor_epsilon is not None and not 0 < self.max_floor_epsilon <= 100:
             raise ValueError("max_floor_epsilon must be in (0, 100] (or None: no floor required)")
+        if self.population_epsilon is not None and not 0 < self.population_epsilon <= 1e6:
+            raise ValueError("population_epsilon must be in (0, 1e6] (or None: no population budget)")
+        if not 0 < self.population_delta < 1:
+            raise ValueError("population_delta must be in (0, 1)")
+        if self.population_neighbouring not in ("replace-one", "add-remove"):
+            raise ValueError("population_neighbouring must be 'replace-one' or 'add-remove'")
         if not 0 <= self.max_excluded_fraction <= 1:
             raise ValueError("max_excluded_fraction must be in [0, 1]")
         if self.upload_auth not in ("tokens", "open"):

@@ -29,10 +29,12 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dpsketch.protocol import parties, privacy, sketch
+from dpsketch.protocol import ledger, parties, privacy, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
+    LedgerEntry,
+    PopulationLedger,
     StudyInfo,
     UploadTokenInfo,
     UploadTokenList,
@@ -46,7 +48,7 @@ from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
-from . import db, idsets
+from . import db, idsets, policy
 from .auth import digest_of, upload_token_id
 from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
@@ -108,6 +110,12 @@ class Store:
         self._readers_lock = threading.Lock()
         self._records: dict[str, StudyRecord] = {}
         self._load_records()
+        #: population -> [(charge, charged_at)] in charging order (the ledger table, in memory)
+        self._ledger: dict[str, list[tuple[ledger.Charge, float]]] = {}
+        for population, charge, charged_at in self._conn.execute(
+                "SELECT population, charge, charged_at FROM ledger ORDER BY charged_at, rowid"):
+            self._ledger.setdefault(population, []).append(
+                (ledger.Charge.model_validate_json(charge), float(charged_at)))
         self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use)
         self._closed = False
         self._sweep_wake = threading.Event()
@@ -261,13 +269,44 @@ class Store:
             record.aggregate = bytes(row[0])
         return record.aggregate, record.commit.inclusion_hash
 
+    def charges(self, population: str) -> list[ledger.Charge]:
+        return [c for c, _ in self._ledger.get(population, [])]
+
+    def ledger(self, population: str) -> PopulationLedger:
+        """The population's ledger as published (GET /v1/populations/{population}/ledger)."""
+        budget = policy.population_budget(self.settings)
+        notion = self.settings.population_neighbouring
+        delta = self.settings.population_delta
+        entries = list(self._ledger.get(population, []))
+        total = ledger.compose([c for c, _ in entries], notion, delta)
+
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return PopulationLedger(
+            population=population, server_id=self.settings.server_id, neighbouring=notion, delta=delta,
+            epsilon=finite(total.epsilon), naive_epsilon=finite(total.naive_epsilon),
+            naive_delta=total.naive_delta,
+            budget_epsilon=budget.epsilon if budget else None, budget_delta=delta,
+            remaining_epsilon=finite(budget.epsilon - total.epsilon) if budget else None,
+            studies=[LedgerEntry(charge=c, charged_epsilon=finite(c.epsilon_in(notion)), charged_at=at)
+                     for c, at in entries])
+
     # --- writes ------------------------------------------------------------------------------
     def provision(self, study: Study) -> tuple[StudyInfo, bool]:
-        """Store a study (idempotent). Returns its info and whether it was new."""
+        """Store a study (idempotent). Returns its info and whether it was new.
+
+        A study with a population is charged to its ledger in the same transaction, after the
+        budget check (policy.check_population; 409 budget-exceeded stores nothing). The charge is
+        never taken back: the server keeps no way to delete a study, and a study that may have
+        released has spent its privacy whatever happens to it later."""
         study_id = study.study_id
         existing = self._records.get(study_id)
         if existing is not None:
             return self.info(existing), False
+        population = study.population
+        if population is not None:  # outside the writer first: warms the PLD caches, refuses early
+            policy.check_population(self.charges(population), study, self.settings)
 
         def fn(conn: sqlite3.Connection):
             if study_id in self._records:  # a concurrent PUT of the same study won
@@ -281,13 +320,27 @@ class Store:
                     f"the open studies already use {in_use} of this server's memory_budget = "
                     f"{self.settings.memory_budget}; commit open studies first, or ask the operator",
                     extra={"policy_rule": "memory_budget"})
+            now = time.time()
+            charge = None
+            if population is not None:  # again, race-free: the writer orders every provisioning
+                policy.check_population(self.charges(population), study, self.settings)
+                charge = ledger.Charge.of(study)
             cur = conn.execute(
                 "INSERT INTO studies (study_id, canonical, created_at) VALUES (?, ?, ?)",
-                (study_id, study.canonical(), time.time()),
+                (study_id, study.canonical(), now),
             )
+            if charge is not None:
+                conn.execute("INSERT INTO ledger (population, study_id, charge, charged_at) VALUES (?, ?, ?, ?)",
+                             (population, study_id, charge.model_dump_json(), now))
             record = StudyRecord(int(cur.lastrowid), study, 0, state=new_state(study),
                                  upload_required=self.settings.upload_auth == "tokens")
-            return (record, True), lambda: self._records.__setitem__(study_id, record)
+
+            def apply() -> None:
+                self._records[study_id] = record
+                if charge is not None:
+                    self._ledger.setdefault(population, []).append((charge, now))
+
+            return (record, True), apply
 
         record, created = self.writer.submit(CallJob(fn)).result()
         return self.info(record), created

@@ -351,3 +351,84 @@ def _scale_until(start: Calibration, neighbouring, kind, row_bound, epsilon, del
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if ok(mid, LOSS_GRID) else (mid, hi)
     return Calibration(hi * start.sigma, hi * start.server_sigma)
+
+
+# --- privacy loss distributions for the ledger (docs/ledger.md) --------------------------------
+
+
+def study_pld(neighbouring: str, kind: str, row_bound: float, sigma: float, server_sigma: float,
+              honest_lambda: float, width: int, notion: str | None = None, grid: float = LOSS_GRID):
+    """The pessimistic dp-accounting PrivacyLossDistribution of one honest report under a study's
+    noise at ``honest_lambda`` (its certificate: lambda_star), for the neighbouring ``notion``
+    (default: the study's own), or None when that notion's loss is unbounded.
+
+    It is the distribution :func:`report_epsilon` reads its epsilon from, so a study's charge in
+    the ledger is what the study promises (within the grid): replace-one a Gaussian shift of
+    mu = Delta_replace / sqrt(sigma^2 max(1, lambda) + tau^2); add/remove the shift-and-scale
+    pair of the module docstring. The other notion, for the same noise (docs/ledger.md):
+
+    * replace-one of an add/remove study: replacing the row keeps the report, and its own noise,
+      in both worlds, so it is exactly the replace-one Gaussian of the same noise (tighter than
+      group privacy over its add/remove promise);
+    * add/remove of a replace-one study: None (unbounded). A replace-one study publishes its
+      exact report count, so whether a report is there shows.
+
+    The add/remove loss law may need a coarser grid than ``grid`` (:func:`pld_grid`); PLDs
+    compose only on a common grid, so pass the largest grid of the PLDs to be composed.
+    """
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    notion = notion or neighbouring
+    s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
+    if notion == "replace-one":
+        var = s2 * max(1.0, float(honest_lambda)) + t2
+        if var <= 0:
+            return None
+        mu = privacy.sensitivity(row_bound, "replace-one", kind) / math.sqrt(var)
+        return pld.from_gaussian_mechanism(1.0 / mu, value_discretization_interval=grid,
+                                           pessimistic_estimate=True)
+    if notion != "add-remove":
+        raise ValueError(f"unknown neighbouring notion {notion!r}")
+    if neighbouring != "add-remove":
+        return None
+    shift, ratio = _presence_pair(kind, row_bound, s2, t2, honest_lambda)
+    if shift is None:
+        return None
+    if ratio == 1.0 or width < 1:
+        return pld.from_gaussian_mechanism(1.0 / shift, value_discretization_interval=grid,
+                                           pessimistic_estimate=True)
+    grid = max(grid, _span(shift, ratio, int(width)) / MAX_GRID_POINTS)
+    remove = _loss_pmf(shift, ratio, int(width), upper=True, grid=grid)
+    add = _loss_pmf(shift, ratio, int(width), upper=False, grid=grid)
+    return pld.PrivacyLossDistribution(remove, add)
+
+
+def pld_grid(neighbouring: str, kind: str, row_bound: float, sigma: float, server_sigma: float,
+             honest_lambda: float, width: int, notion: str | None = None, grid: float = LOSS_GRID) -> float:
+    """The loss grid :func:`study_pld` would use with ``grid``: ``grid``, or coarser for an
+    add/remove loss law too wide for MAX_GRID_POINTS points."""
+    notion = notion or neighbouring
+    if notion != "add-remove" or neighbouring != "add-remove":
+        return grid
+    shift, ratio = _presence_pair(kind, row_bound, float(sigma) ** 2, float(server_sigma) ** 2, honest_lambda)
+    if shift is None or ratio == 1.0 or width < 1:
+        return grid
+    return max(grid, _span(shift, ratio, int(width)) / MAX_GRID_POINTS)
+
+
+def _presence_pair(kind: str, row_bound: float, s2: float, t2: float, honest_lambda: float):
+    """(shift, ratio) of the add/remove pair (module docstring), or (None, None) if unbounded."""
+    var = s2 * max(0.0, float(honest_lambda) - 1.0) + t2
+    if var <= 0:
+        return None, None
+    return privacy.sensitivity(row_bound, "add-remove", kind) / math.sqrt(var), 1.0 + s2 / var
+
+
+def _span(shift: float, ratio: float, width: int) -> float:
+    """The widest loss range of both directions (what :func:`_loss_pmf` sizes its grid by)."""
+    out = 0.0
+    for upper in (True, False):
+        one = _shift_scale_loss(shift, ratio, upper)
+        rest = _variance_loss(ratio, width - 1, upper) if width > 1 else None
+        out = max(out, (one[1] - one[0]) + ((rest[1] - rest[0]) if rest else 0.0))
+    return out

@@ -23,6 +23,7 @@ CATALOGUE: dict[str, tuple[int, str]] = {
     "study-open": (409, "The study is not committed yet; nothing is released"),
     "inclusion-conflict": (409, "The study is committed to a different inclusion set"),
     "capacity-exceeded": (409, "The study holds its maximum number of reports"),
+    "budget-exceeded": (409, "The study would take its population past this server's privacy budget"),
     "unknown-reports": (422, "The inclusion set names reports this server does not hold"),
     "certificate-refused": (422, "The release certificate is not met"),
     "invalid-study": (422, "The study parameters are invalid"),

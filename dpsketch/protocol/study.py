@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from . import accounting, features, l1sketch, parties as _parties, privacy, ring, sketch
+from . import accounting, features, l1sketch, noise as _noise, parties as _parties, privacy, ring, sketch, smoothing
 from .histogram import HistogramSpec
 from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
@@ -25,6 +25,8 @@ PROTOCOL = "dpsketch/2"
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
 SERVER_ID_PATTERN = r"^[a-z0-9][a-z0-9.\-]{0,62}$"
+#: A population id (docs/ledger.md): short printable ASCII that needs no escaping in a URL path.
+POPULATION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 
 
 class L1Params(BaseModel):
@@ -44,6 +46,10 @@ class Study(BaseModel):
 
     protocol: Literal["dpsketch/2"] = PROTOCOL
     name: str = Field(min_length=1, max_length=200)
+    #: the population the study draws from (a stable id chosen by whoever enrols the clients):
+    #: every server charges the study to that population's privacy ledger (docs/ledger.md);
+    #: absent: charged to nothing
+    population: str | None = Field(default=None, pattern=POPULATION_PATTERN)
     # schema
     columns: list[str] = Field(min_length=1, max_length=4096)
     label: str | None = None
@@ -151,8 +157,16 @@ class Study(BaseModel):
             raise ValueError("min_reports exceeds max_reports")
         if self.min_reports <= self.t:
             raise ValueError("min_reports must exceed t")
-        mechanism = self.mechanism
-        achieved = mechanism.epsilon(self.lambda_star, self.delta)
+        tail = self.tail_delta
+        if tail > 1e-6 * self.delta:
+            raise ValueError(
+                f"redrawing noise beyond {NOISE_TAIL_SIGMAS:g} sigma could cost up to {tail:.3g} "
+                f"of delta = {self.delta:g}; lower epsilon or max_reports"
+            )
+        argument = self.discrete_argument
+        if argument.covered and argument.delta_slack(self.delta, self.epsilon) > 1e-6 * self.delta:
+            raise ValueError(f"the discrete noise argument leaves too little of delta: {argument.describe()}")
+        achieved = self.report_epsilon(self.lambda_star)
         if not achieved <= self.epsilon * (1 + privacy.SIGMA_RTOL):
             raise ValueError(
                 f"sigma = {self.sigma} and server_sigma = {self.server_sigma} give epsilon = "
@@ -162,19 +176,11 @@ class Study(BaseModel):
             if self.epsilon_floor < self.epsilon:
                 raise ValueError("epsilon_floor must be at least epsilon: the floor holds with no "
                                  "other honest report, so it cannot be the stronger guarantee")
-            floor = mechanism.epsilon(1.0, self.delta)
+            floor = self.report_epsilon(1.0)
             if not floor <= self.epsilon_floor * (1 + privacy.SIGMA_RTOL):
                 raise ValueError(
                     f"server_sigma = {self.server_sigma} gives a floor of epsilon = {floor:.6g}, "
                     f"more than the study's epsilon_floor = {self.epsilon_floor}")
-        coordinates = (self.max_reports * self.width if self.sigma > 0 else 0) + (
-            self.n_servers * self.k * self.width if self.server_sigma > 0 else 0)
-        tail = privacy.tail_delta(self.epsilon, coordinates, NOISE_TAIL_SIGMAS)
-        if tail > 1e-6 * self.delta:
-            raise ValueError(
-                f"redrawing noise beyond {NOISE_TAIL_SIGMAS:g} sigma could cost up to {tail:.3g} "
-                f"of delta = {self.delta:g}; lower epsilon or max_reports"
-            )
         f_max = ring.max_frac_bits(self.max_reports, self.value_bound, self.server_noise_bound)
         if self.frac_bits > f_max:
             raise ValueError(
@@ -211,9 +217,75 @@ class Study(BaseModel):
 
     @property
     def mechanism(self) -> accounting.Mechanism:
-        """The noise that protects each honest report (client and server noise, release units)."""
-        return accounting.Mechanism(self.neighbouring, self.kind, self.row_bound, self.sigma,
-                                    self.server_sigma, self.width)
+        """The continuous Gaussian mechanism the release is a post-processing of (client and server
+        noise, release units): with the discrete noise the clients and servers really draw
+        (docs/protocol.md section 5a, ``smoothing.py``), the client noise is its grid parameter
+        sigma_c >= sigma and the server noise keeps tau_c^2 - r^2 of its variance; without server
+        noise in a replace-one study the clients' common noise gives up the r^2 instead. A study
+        the argument does not cover is accounted as the continuous mechanism it approximates."""
+        argument = self.discrete_argument
+        if not argument.covered:
+            return accounting.Mechanism(self.neighbouring, self.kind, self.row_bound, self.sigma,
+                                        self.server_sigma, self.width)
+        sigma = argument.client_std
+        server_sigma = 0.0
+        if argument.server_std > 0:
+            server_sigma = math.sqrt(argument.server_variance_kept) * self.server_sigma / self.server_noise_std
+        elif self.neighbouring == "replace-one" and sigma > 0:
+            sigma = math.sqrt(sigma ** 2 - argument.rounding_radius ** 2)
+        return accounting.Mechanism(self.neighbouring, self.kind, self.row_bound, sigma, server_sigma,
+                                    self.width)
+
+    @property
+    def noise_grid(self) -> _noise.Grid:
+        """The lattice every noise term and every client value of this study lies on: the ring's
+        2^-f grid, or a coarser 2^(shift - f) when the noise is wider than 2^24 steps."""
+        largest = max(self.sigma, self.server_noise_std)
+        return _noise.grid_for(largest, self.frac_bits) if largest > 0 else _noise.Grid(self.frac_bits, 0)
+
+    @property
+    def discrete_argument(self) -> smoothing.Argument:
+        """Whether and at what cost the discrete noise is as private as the continuous accounting."""
+        return smoothing.argument(nonzeros=self.s + 1 if self.kind == "l1" else self.s, k=self.k,
+                                  columns=self.width, max_reports=self.max_reports,
+                                  client_sigma=self.sigma, server_noise_std=self.server_noise_std,
+                                  grid=self.noise_grid)
+
+    def report_epsilon(self, honest_lambda: float) -> float:
+        """epsilon at the study's delta for one honest report when lambda_min(S_H S_H^T) >=
+        honest_lambda (1: no other honest report), for the noise really drawn: the continuous
+        accounting of :attr:`mechanism` at delta less the argument's and the tail's share, plus
+        the argument's epsilon slack."""
+        argument = self.discrete_argument
+        if not argument.covered:
+            return self.mechanism.epsilon(honest_lambda, self.delta)
+        delta = self.delta - argument.delta_slack(self.delta, self.epsilon) - self.tail_delta
+        lam = honest_lambda
+        if self.neighbouring == "add-remove":
+            lam = honest_lambda - argument.lambda_loss
+        return self.mechanism.epsilon(lam, delta) + argument.epsilon_slack()
+
+    @property
+    def tail_delta(self) -> float:
+        """What conditioning every noise value on the 20-sigma cut can cost of delta: with m_c
+        client and m_s server noise values and p their cut probabilities (``noise.tail_probability``),
+        (e^epsilon + 1) mp / (1 - mp), mp = m_c p_c + m_s p_s (``privacy.tail_delta``'s argument)."""
+        grid = self.noise_grid
+        mp = 0.0
+        for std, count in ((self.sigma, self.max_reports * self.width),
+                           (self.server_noise_std, self.n_servers * self.k * self.width)):
+            if std > 0:
+                mp += count * _noise.tail_probability(grid.scale(std), grid.limit(std))
+        if mp >= 1.0:
+            return math.inf
+        return (math.exp(min(self.epsilon, 700.0)) + 1.0) * mp / (1.0 - mp)
+
+    @property
+    def clip_bound(self) -> float:
+        """The norm clients clip to: a little under B, so that rounding the clipped vector to the
+        noise grid (at most h sqrt(w) / 2 in norm) keeps the sensitivity the study promises."""
+        slack = self.noise_grid.spacing * math.sqrt(self.width)
+        return _clip_bound(self.kind, self.row_bound, slack)
 
     @property
     def server_noise_std(self) -> float:
@@ -266,8 +338,7 @@ class Study(BaseModel):
 
         if self.server_sigma == 0:
             return np.zeros(self.aggregate_shape, dtype=np.uint64)
-        std = self.server_noise_std
-        return ring.encode(noise.gaussian(self.aggregate_shape, std), self.frac_bits, NOISE_TAIL_SIGMAS * std)
+        return noise.encoded_noise(self.aggregate_shape, self.server_noise_std, self.noise_grid).view(np.uint64)
 
     def guarantees(self) -> dict[str, float | str | None]:
         """What the study promises each honest report, both ways (docs/trust.md):
@@ -279,12 +350,12 @@ class Study(BaseModel):
           computed from the noise, so it is finite for replace-one even without server noise
           (then it is weak) and infinite for add/remove without server noise.
         """
-        mech = self.mechanism
         return {"neighbouring": self.neighbouring, "delta": self.delta,
-                "epsilon": mech.epsilon(self.lambda_star, self.delta),
+                "epsilon": self.report_epsilon(self.lambda_star),
                 "epsilon_target": self.epsilon, "lambda_star": self.lambda_star,
-                "floor_epsilon": mech.epsilon(1.0, self.delta),
-                "floor_epsilon_target": self.epsilon_floor}
+                "floor_epsilon": self.report_epsilon(1.0),
+                "floor_epsilon_target": self.epsilon_floor,
+                "discrete_noise": self.discrete_argument.covered}
 
     @property
     def share_bytes(self) -> int:
@@ -306,11 +377,12 @@ class Study(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_absent_bins(self, handler):
-        """``histogram``, ``l1`` and ``parties`` appear only in studies that have them: the JSON (and so the
-        canonical encoding and the id) of a sketch or gram study is what it was before them."""
+        """``histogram``, ``l1``, ``parties`` and ``population`` appear only in studies that have them:
+        the JSON (and so the canonical encoding and the id) of a sketch or gram study is what it was
+        before them."""
         data = handler(self)
         if isinstance(data, dict):
-            for member in ("histogram", "l1", "parties"):
+            for member in ("histogram", "l1", "parties", "population"):
                 if data.get(member) is None:
                     data.pop(member, None)
         return data
@@ -321,6 +393,24 @@ class Study(BaseModel):
     @property
     def study_id(self) -> str:
         return content_hash(self.model_dump(mode="json"))
+
+
+def _clip_bound(kind: features.Kind, row_bound: float, rounding: float) -> float:
+    """The largest B' <= B with sensitivity(B') + rounding <= sensitivity(B) under both notions
+    (rounding: the norm a vector may move when its coordinates are rounded, twice over for two
+    vectors). A histogram's one-hot vectors are on the grid already: B itself."""
+    if kind == "histogram" or rounding == 0:
+        return row_bound
+
+    def fits(b: float) -> bool:
+        return all(privacy.sensitivity(b, n, kind) + rounding <= privacy.sensitivity(row_bound, n, kind)
+                   for n in ("replace-one", "add-remove"))
+
+    lo, hi = 0.0, row_bound
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def value_bound(kind: features.Kind, row_bound: float, sigma: float) -> float:
@@ -444,6 +534,7 @@ def design(
     epsilon_floor: float | None | Literal["default"] = "default",
     histogram: HistogramSpec | dict | None = None,
     parties: Sequence[_parties.Party | dict] | None = None,
+    population: str | None = None,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
@@ -454,7 +545,8 @@ def design(
     which kind suits given d and n. ``parties`` (a sketch study only) splits the columns into
     blocks owned by parties (``[{"name", "columns", "row_bound"?}]``; ``columns`` may then be
     left empty; parties without a bound share what the others leave of B^2 by width: B sqrt(d_j / d)
-    when none is given; docs/vertical.md). ``epsilon_floor`` is the
+    when none is given; docs/vertical.md). ``population`` names the population the study draws
+    from: every server charges it to that population's privacy ledger (docs/ledger.md). ``epsilon_floor`` is the
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
     share server's default policy refuses such a study).
@@ -521,6 +613,7 @@ def design(
     frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)
     study = Study(
         name=name,
+        population=population,
         columns=columns,
         label=label,
         row_bound=row_bound,
@@ -589,6 +682,11 @@ def design(
         f"Ring: f = {frac_bits} fractional bits; {max_reports} reports of |x| <= "
         f"{bound:.4g} cannot overflow 2^63.",
     ]
+    if population is not None:
+        explanation.append(
+            f"Population {population!r}: every server charges this study's privacy loss (epsilon = "
+            f"{study.guarantees()['epsilon']:.4g} at delta = {delta:g}, {neighbouring}) to the population's "
+            f"ledger and refuses it if it would pass the population's budget (docs/ledger.md).")
     if parties is not None:
         explanation.append(
             f"Parties: {'; '.join(f'{p.name} holds {p.columns} (B_j = {p.row_bound:.4g})' for p in parties)}. "

@@ -1,0 +1,265 @@
+"""The privacy ledger of a population, enforced by the share servers (docs/ledger.md).
+
+* The composition is dp-accounting's PLD composition of each study's own mechanism: checked
+  against PLDs built here straight from dp-accounting and against the closed form of composed
+  Gaussians (mu = sqrt(sum mu_i^2)), and far below the naive sum of epsilons.
+* A real 3-server cluster with a population budget: studies are accepted until the budget, the
+  next is refused at every server (409 budget-exceeded naming budget, spent and needed) and
+  stored nowhere; the analyzer and ``dpsketch study ledger`` show the ledger.
+* A SIGKILLed server restarts with the same ledger and still enforces it.
+* The SDK's own limit refuses a study past it (nothing sent, its file untouched) and records one
+  within it, once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+
+import httpx
+import numpy as np
+import pytest
+from dp_accounting import get_epsilon_gaussian
+from dp_accounting.pld import privacy_loss_distribution as dp_pld
+from pydantic import ValidationError
+
+from analyzer.cli import main as study_cli
+from analyzer.client import AnalyzerClient
+from client_sdk import Client, ProblemError
+from client_sdk.budget import LedgerFileError, PrivacyLimit, PrivacyLimitExceeded
+from dpsketch.protocol import design, ledger
+from dpsketch.protocol.study import Study
+
+from conftest import Cluster
+
+SERVERS = ["s1", "s2", "s3"]
+POP = "clinic-2024.enrolled"
+
+
+def _study(i: int, epsilon: float = 1.0, population: str | None = POP, **kw) -> Study:
+    args = dict(name=f"study {i}", columns=["a", "b"], label=None, servers=SERVERS, expected_reports=200,
+                epsilon=epsilon, seed=f"{i + 1:064x}")
+    args.update(kw)
+    return design(population=population, **args)[0]
+
+
+def _mu(study: Study, notion: str) -> float:
+    """The Gaussian shift a study's report gets under ``notion``, from its public parameters
+    (docs/trust.md): replace-one keeps the report's own noise in both worlds."""
+    sens = {"sketch": 2.0 * study.row_bound, "histogram": math.sqrt(2.0)}[study.kind] if notion == "replace-one" \
+        else study.row_bound
+    lam = max(1.0, study.lambda_star) if notion == "replace-one" else study.lambda_star - 1.0
+    return sens / math.sqrt(study.sigma ** 2 * lam + study.server_sigma ** 2)
+
+
+# --- 1. composition -----------------------------------------------------------------------------
+
+
+def test_composition_matches_dp_accounting_and_beats_the_naive_sum():
+    epsilons = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5]
+    studies = [_study(i, e) for i, e in enumerate(epsilons)]
+    delta = 1e-6
+    got = ledger.compose([ledger.Charge.of(s) for s in studies], "replace-one", delta)
+
+    # the same PLDs built here from dp-accounting directly, composed
+    independent = None
+    for s in studies:
+        one = dp_pld.from_gaussian_mechanism(1.0 / _mu(s, "replace-one"), value_discretization_interval=1e-3)
+        independent = one if independent is None else independent.compose(one)
+    assert got.epsilon == pytest.approx(independent.get_epsilon_for_delta(delta), rel=1e-9)
+    # and the closed form: Gaussians compose to the Gaussian of mu = sqrt(sum mu_i^2); the
+    # pessimistic PLD is an upper bound, tight to its grid
+    exact = get_epsilon_gaussian(1.0 / math.sqrt(sum(_mu(s, "replace-one") ** 2 for s in studies)), delta)
+    assert exact <= got.epsilon <= exact + 0.02
+    # each study is charged what it promises
+    for s in studies:
+        assert ledger.compose([ledger.Charge.of(s)], "replace-one", s.delta).epsilon == pytest.approx(
+            s.guarantees()["epsilon"], abs=2e-3)
+    assert got.naive_epsilon == pytest.approx(sum(s.guarantees()["epsilon"] for s in studies), rel=1e-9)
+    assert got.naive_delta == pytest.approx(10 * delta)
+    assert got.epsilon < 0.45 * got.naive_epsilon  # tight composition, not a sum (about 3.5 vs 9.6)
+
+
+def test_neighbouring_notions_and_kinds_are_charged_what_they_promise():
+    # add/remove with the servers' noise only (epsilon_floor = epsilon: sigma = 0) is a Gaussian
+    ar = [_study(i, 1.0, neighbouring="add-remove", epsilon_floor=1.0) for i in range(3)]
+    assert all(s.sigma == 0 for s in ar)
+    got = ledger.compose([ledger.Charge.of(s) for s in ar], "add-remove", 1e-6)
+    exact = get_epsilon_gaussian(1.0 / math.sqrt(sum(_mu(s, "add-remove") ** 2 for s in ar)), 1e-6)
+    assert exact <= got.epsilon <= exact + 0.02
+    # an add/remove study with client noise in a replace-one ledger: the replace-one Gaussian of
+    # the same noise
+    mixed = _study(7, 1.0, neighbouring="add-remove")
+    assert mixed.sigma > 0
+    charge = ledger.Charge.of(mixed)
+    one = ledger.compose([charge], "replace-one", 1e-6).epsilon
+    assert get_epsilon_gaussian(1.0 / _mu(mixed, "replace-one"), 1e-6) == pytest.approx(one, abs=2e-3)
+    # its own notion: exactly its promise
+    assert ledger.compose([charge], "add-remove", mixed.delta).epsilon == pytest.approx(
+        mixed.guarantees()["epsilon"], abs=2e-3)
+    # a replace-one study publishes its exact count: unbounded under add/remove
+    ro = ledger.compose([ledger.Charge.of(_study(8)), charge], "add-remove", 1e-6)
+    assert math.isinf(ro.epsilon) and math.isinf(ro.naive_epsilon)
+    # gram and histogram studies: the charge is the study's own mechanism
+    gram = _study(9, 1.0, kind="gram")
+    hist = design(name="h", columns=[], label=None, servers=SERVERS, expected_reports=200, kind="histogram",
+                  histogram={"axes": [{"column": "age", "edges": [18, 30, 50]}]}, population=POP)[0]
+    for s in (gram, hist):
+        assert ledger.compose([ledger.Charge.of(s)], s.neighbouring, s.delta).epsilon == pytest.approx(
+            s.guarantees()["epsilon"], abs=2e-3)
+    assert get_epsilon_gaussian(1.0 / _mu(hist, "replace-one"), hist.delta) == pytest.approx(
+        ledger.compose([ledger.Charge.of(hist)], "replace-one", hist.delta).epsilon, abs=2e-3)
+
+
+def test_population_member_keeps_old_ids_and_is_validated():
+    plain = _study(1, population=None)
+    assert "population" not in plain.model_dump(mode="json")
+    assert b"population" not in plain.canonical()
+    same = Study.model_validate({**plain.model_dump(mode="json")})
+    assert same.study_id == plain.study_id
+    named = Study.model_validate({**plain.model_dump(mode="json"), "population": POP})
+    assert named.study_id != plain.study_id and named.population == POP
+    for bad in ("", "a b", "x/y", "é", "a" * 65, "-lead"):
+        with pytest.raises(ValidationError):
+            Study.model_validate({**plain.model_dump(mode="json"), "population": bad})
+
+
+def test_budget_check_is_idempotent_per_study():
+    charges = [ledger.Charge.of(_study(i)) for i in range(3)]
+    budget = ledger.Budget(2.0, 1e-6)
+    assert ledger.check(charges, charges[1], budget).fits  # already charged: costs nothing more
+    fourth = ledger.check(charges, ledger.Charge.of(_study(3)), budget)
+    assert not fourth.fits and fourth.spent.epsilon <= 2.0 < fourth.needed.epsilon
+
+
+# --- 2. enforced by every server ----------------------------------------------------------------
+
+BUDGET = {"DPSKETCH_POPULATION_EPSILON": "2.0", "DPSKETCH_POPULATION_DELTA": "1e-6"}
+
+
+def _put(cluster: Cluster, j: int, study: Study) -> httpx.Response:
+    return httpx.put(f"{cluster.procs[j].url}/v1/studies/{study.study_id}", json=study.model_dump(mode="json"),
+                     headers={"Authorization": f"Bearer {cluster.specs[j].analyst_token}"}, timeout=30)
+
+
+def _ledger(cluster: Cluster, j: int, population: str = POP) -> dict:
+    r = httpx.get(f"{cluster.procs[j].url}/v1/populations/{population}/ledger", timeout=30)  # public
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture
+def budget_cluster(servers) -> Cluster:
+    return Cluster(servers, 3, api_token="analyst-api-token", server_env={s: BUDGET for s in SERVERS})
+
+
+def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
+    c = budget_cluster
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = [an.create_study(name=f"q{i}", columns=["a", "b"], expected_reports=200, population=POP)
+                   for i in range(3)]
+        ids = [v["study_id"] for v in created]
+        view = an.ledger(study_id=ids[0])
+        assert view["population"] == POP and view["charged"] is True and len(view["servers"]) == 3
+        # a fourth would take the population past epsilon = 2: the analyzer asks no server
+        with pytest.raises(ProblemError) as refused:
+            an.create_study(name="q3", columns=["a", "b"], expected_reports=200, population=POP)
+        assert refused.value.slug == "budget-exceeded" and refused.value.status == 409
+        assert "nothing was provisioned" in refused.value.detail
+        # a study without a population is charged to nothing
+        free = an.create_study(name="free", columns=["a", "b"], expected_reports=200)
+        assert an.ledger(study_id=free["study_id"]) == {"population": None, "study_id": free["study_id"],
+                                                        "charged": False, "servers": []}
+        with pytest.raises(ProblemError) as bad:
+            an.create_study(name="bad", columns=["a"], expected_reports=200, population="no/slashes")
+        assert bad.value.status == 422
+    books = [_ledger(c, j) for j in range(3)]
+    for book in books:
+        assert [e["charge"]["study_id"] for e in book["studies"]] == ids
+        assert book["budget_epsilon"] == 2.0 and book["neighbouring"] == "replace-one"
+        assert 1.5 < book["epsilon"] <= 2.0 < book["naive_epsilon"]
+        assert book["remaining_epsilon"] == pytest.approx(2.0 - book["epsilon"])
+
+    # the next study, put to each server directly: every one refuses it and stores nothing
+    nxt = _study(10)
+    for j in range(3):
+        body = _put(c, j, nxt).json()
+        assert body["type"] == "urn:dpsketch:problem:budget-exceeded" and body["status"] == 409
+        assert body["budget_epsilon"] == 2.0 and body["spent_epsilon"] == pytest.approx(books[j]["epsilon"])
+        assert body["spent_epsilon"] <= 2.0 < body["needed_epsilon"]
+        for word in ("budget", "spent", f"{body['needed_epsilon']:.4g}", POP):
+            assert word in body["detail"]
+        assert httpx.get(f"{c.procs[j].url}/v1/studies/{nxt.study_id}").status_code == 404
+        assert _ledger(c, j) == books[j]
+    # the same study again is not charged twice; another population has its own budget
+    assert _put(c, 0, Study.model_validate(created[0]["study"])).status_code == 200
+    other = _study(11, population="other-pop")
+    assert all(_put(c, j, other).status_code == 201 for j in range(3))
+    assert _ledger(c, 0) == books[0] and len(_ledger(c, 0, "other-pop")["studies"]) == 1
+    assert httpx.get(f"{c.procs[0].url}/v1/populations/a%20b/ledger").status_code == 422
+    for url, headers in ((c.procs[0].url, {}), (c.analyzer.url, {"Authorization": f"Bearer {c.api_token}"})):
+        paths = httpx.get(f"{url}/openapi.json", headers=headers).json()["paths"]
+        assert "/v1/populations/{population}/ledger" in paths
+
+    assert study_cli(["--analyzer", c.analyzer.url, "--token", c.api_token, "ledger", POP]) == 0
+    out, err = capsys.readouterr()
+    assert len(json.loads(out)["servers"]) == 3 and "s3: 3 studies, epsilon = " in err
+
+
+# --- 3. the ledger survives a crash -------------------------------------------------------------
+
+
+def test_ledger_survives_sigkill_and_is_still_enforced(servers):
+    c = Cluster(servers, 3, api_token="analyst-api-token", server_env={"s1": BUDGET})
+    charged = [_study(20 + i) for i in range(3)]
+    for s in charged:
+        assert [_put(c, j, s).status_code for j in range(3)] == [201] * 3
+    before = _ledger(c, 0)
+    assert len(before["studies"]) == 3 and _ledger(c, 1)["budget_epsilon"] is None  # s2: no budget
+    c.procs[0].kill()
+    assert c.procs[0].proc.returncode == -9
+    c.procs[0].start()  # the same file and port
+    assert _ledger(c, 0) == before
+    r = _put(c, 0, _study(30))
+    assert r.status_code == 409 and r.json()["type"].endswith("budget-exceeded")
+    assert _put(c, 0, charged[1]).status_code == 200  # idempotent, not charged again
+    assert _ledger(c, 0) == before
+    assert _put(c, 1, _study(30)).status_code == 201  # s2 keeps its ledger but has no budget
+    assert len(_ledger(c, 1)["studies"]) == 4
+
+
+# --- 4. the data owner's own limit --------------------------------------------------------------
+
+
+def test_sdk_limit_refuses_past_it_and_records_within(servers, tmp_path):
+    c = Cluster(servers, 3, api_token="analyst-api-token")
+    first, second = _study(40), _study(41, population=None)  # the owner counts every study
+    for s in (first, second):
+        assert [_put(c, j, s).status_code for j in range(3)] == [201] * 3
+    path = tmp_path / "owner" / "ledger.json"
+    limit = PrivacyLimit(1.2, 1e-6, path)
+    rows = np.random.default_rng(0).uniform(-0.5, 0.5, (5, 2))
+    with Client(c.server_urls, privacy_limit=limit) as client:
+        client.submit_many(first.study_id, rows)
+        client.submit_many(first.study_id, rows[:2])  # the same study again: recorded once
+        assert [e["charge"]["study_id"] for e in limit.entries()] == [first.study_id]
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        saved = path.read_bytes()
+        with pytest.raises(PrivacyLimitExceeded) as refused:
+            client.submit_many(second.study_id, rows)
+        assert refused.value.verdict.needed.epsilon > 1.2 >= refused.value.verdict.spent.epsilon
+        assert path.read_bytes() == saved
+        assert set(client.report_counts(second.study_id).values()) == {0}  # nothing was sent
+    # a larger limit takes it, and records it
+    with Client(c.server_urls, privacy_limit=PrivacyLimit(2.0, 1e-6, path)) as client:
+        client.submit(second.study_id, rows[0])
+    assert [e["charge"]["study_id"] for e in limit.entries()] == [first.study_id, second.study_id]
+    assert limit.spent().epsilon == pytest.approx(
+        ledger.compose([ledger.Charge.of(first), ledger.Charge.of(second)], "replace-one", 1e-6).epsilon)
+    # a damaged file is refused, never overwritten
+    path.write_text("{not json")
+    with pytest.raises(LedgerFileError):
+        PrivacyLimit(2.0, 1e-6, path).check(first)
+    assert path.read_text() == "{not json"
