@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
                         "are issued by each server; default: $DPSKETCH_CLIENT_TOKEN)")
     p.add_argument("--encrypt", action="store_true",
                    help="seal each share to its server's HPKE public key (docs/protocol.md section 7a)")
+    p.add_argument("--sealing", choices=("classical", "post-quantum", "prefer-post-quantum"),
+                   help="the HPKE suite to seal with (implies --encrypt): classical X25519 (the "
+                        "default), post-quantum MLKEM768-X25519 at every server (refused unless "
+                        "every server publishes such a key), or post-quantum where published and "
+                        "classical elsewhere (docs/sealing.md)")
     p.add_argument("--compress", action="store_true",
                    help="seed-compressed shares: every server but the last gets a 32-byte seed "
                         "instead of a full-width share (much smaller uploads for wide studies, e.g. "
@@ -88,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
                         "the epsilon each row keeps when every other report is an adversary's and "
                         "all servers but one collude (docs/trust.md; default: "
                         "$DPSKETCH_MAX_FLOOR_EPSILON, else accept what the servers' policies allow)")
+    p.add_argument("--privacy-limit", metavar="EPSILON,DELTA",
+                   default=os.environ.get("DPSKETCH_PRIVACY_LIMIT") or None,
+                   help="this data owner's own limit over every study it submits to: refuse (before "
+                        "sending anything) a study that would take the running total kept in "
+                        "$DPSKETCH_PRIVACY_LEDGER (default ~/.dpsketch/privacy-ledger.json) past it, and "
+                        "record the study once every server holds the rows (docs/ledger.md; default: "
+                        "$DPSKETCH_PRIVACY_LIMIT, else no limit)")
     p.add_argument("--ignore-extra-columns", action="store_true",
                    help="skip CSV columns the study does not have instead of refusing the file")
     p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
@@ -160,11 +172,22 @@ def main(argv: list[str] | None = None) -> int:
         if len(token) != len(urls) or not all(token):
             return fail(f"--token lists {len(token)} tokens for {len(urls)} servers; give one, or "
                         f"one per server", EXIT_USAGE)
+    privacy_limit = None
+    if args.privacy_limit:
+        from .budget import PrivacyLimit
+
+        try:
+            eps, delta = (float(x) for x in args.privacy_limit.split(","))
+            privacy_limit = PrivacyLimit(eps, delta, os.environ.get("DPSKETCH_PRIVACY_LEDGER") or
+                                         os.path.expanduser("~/.dpsketch/privacy-ledger.json"))
+        except ValueError as exc:
+            return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
     started = time.monotonic()
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=token,
-                    verify=verify, encrypt=args.encrypt, compress=args.compress,
-                    max_floor_epsilon=args.max_floor_epsilon) as client:
+                    verify=verify, encrypt=args.encrypt or args.sealing is not None,
+                    sealing=args.sealing or "classical", compress=args.compress,
+                    max_floor_epsilon=args.max_floor_epsilon, privacy_limit=privacy_limit) as client:
             study = client.study(args.study)
             check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
                      if study.histogram is not None else None)

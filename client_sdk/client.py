@@ -44,6 +44,7 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import data as _data
+from . import sealing as _sealing
 from .prepare import PreparedBatch, count_records, prepare_batch, split_body  # noqa: F401 (re-exported)
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
@@ -207,11 +208,24 @@ class Client:
     shares pass through a party other than their server (a gateway, a queue, a log). It combines
     with ``compress`` (the seeds are sealed).
 
+    ``sealing`` (with ``encrypt=True``) chooses the HPKE suite per server (client_sdk/sealing.py,
+    docs/sealing.md): ``"classical"`` (the default, as above), ``"post-quantum"`` (the hybrid
+    MLKEM768-X25519 KEM at every server, refused with :class:`SDKError` before anything is sent
+    unless every server publishes such a key; about 1.15 KB more per report and server) or
+    ``"prefer-post-quantum"`` (post-quantum where published, classical elsewhere).
+    :meth:`sealing_suites` tells which suite each server gets.
+
     ``max_floor_epsilon``: the data owner's own limit on the study's floor, the epsilon each
     report keeps when every other report is an adversary's and all servers but one collude
     (docs/trust.md). A study whose floor is weaker is refused before anything is sent
     (:class:`FloorTooWeak`); None accepts the study as it is (its servers' policies already
     bound the floor, 4 by default).
+
+    ``privacy_limit`` (a :class:`client_sdk.budget.PrivacyLimit`): the data owner's own limit
+    over every study it contributes to, kept in a local file. A study that would take the
+    owner's running total past it is refused before anything is sent
+    (:class:`~client_sdk.budget.PrivacyLimitExceeded`); a study is recorded once every server
+    holds the owner's rows (docs/ledger.md).
     """
 
     def __init__(self, server_urls: Sequence[str], *, timeout: float = 30.0, max_retries: int = 5,
@@ -219,7 +233,9 @@ class Client:
                  http2: bool = False, verify: bool | str | ssl.SSLContext = True,
                  token: str | Sequence[str] | None = None, queue_depth: int = 2,
                  max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None,
-                 compress: bool = False, encrypt: bool = False, max_floor_epsilon: float | None = None):
+                 compress: bool = False, encrypt: bool = False, max_floor_epsilon: float | None = None,
+                 privacy_limit: Any = None,
+                 sealing: str = _sealing.CLASSICAL):
         urls = [u.strip().rstrip("/") for u in server_urls]
         if len(urls) < 2:
             raise ValueError("need the URLs of at least two share servers")
@@ -244,9 +260,14 @@ class Client:
         self.max_batch_bytes = max_batch_bytes
         self.compress = compress
         self.encrypt = encrypt
+        self.sealing = _sealing.check_policy(sealing)
+        if sealing != _sealing.CLASSICAL and not encrypt:
+            raise ValueError(f"sealing={sealing!r} chooses how shares are sealed: give encrypt=True too")
         if max_floor_epsilon is not None and not max_floor_epsilon > 0:
             raise ValueError("max_floor_epsilon must be positive (or None)")
         self.max_floor_epsilon = max_floor_epsilon
+        #: a client_sdk.budget.PrivacyLimit: the data owner's own running total (docs/ledger.md)
+        self.privacy_limit = privacy_limit
         self._recipients: dict[str, list[envelope.Recipient]] = {}
         self._http = []
         for url, tok in zip(urls, tokens):
@@ -424,48 +445,25 @@ class Client:
         return study
 
     def _recipients_of(self, study: Study, infos: list[messages.ServerInfo]) -> list[envelope.Recipient]:
-        """Each server's current HPKE key, checked: the suite this client seals with, a key id that
-        matches the key, and no public key published by two servers (two server ids behind one
-        key would be one organisation holding two shares of every report)."""
-        out: list[envelope.Recipient] = []
-        owner: dict[bytes, str] = {}
-        for j, info in enumerate(infos):
-            keys = info.hpke
-            if keys is None:
-                raise SDKError(f"{self.urls[j]} publishes no HPKE key in /v1/info: cannot seal shares to "
-                               f"it (use encrypt=False, or upgrade the server)")
-            if (keys.kem_id, keys.kdf_id, keys.aead_id) != (envelope.KEM_ID, envelope.KDF_ID, envelope.AEAD_ID):
-                raise ServerProtocolError(f"{self.urls[j]} offers HPKE suite ({keys.kem_id}, {keys.kdf_id}, "
-                                          f"{keys.aead_id}); this client seals with {envelope.SUITE_NAME}")
-            current = None
-            for key in keys.keys:
-                raw = bytes.fromhex(key.public_key)
-                if envelope.key_id(raw).hex() != key.key_id:
-                    raise ServerProtocolError(f"{self.urls[j]} publishes key id {key.key_id} for a public "
-                                              f"key that hashes to another id")
-                if raw in owner and owner[raw] != study.servers[j]:
-                    raise StudyMismatch(
-                        f"servers {owner[raw]!r} and {study.servers[j]!r} publish the same HPKE public key: "
-                        f"one party could open both shares of every report; refusing to submit")
-                owner[raw] = study.servers[j]
-                if key.key_id == keys.current:
-                    current = raw
-            if current is None:
-                raise ServerProtocolError(f"{self.urls[j]} names current key {keys.current}, which it "
-                                          f"does not list")
-            out.append(envelope.Recipient(study.servers[j], current))
-        return out
+        """Each server's current HPKE key of the suite ``self.sealing`` picks, checked (sealing.py)."""
+        return _sealing.recipients(self.urls, study, infos, self.sealing)
+
+    def sealing_suites(self, study_id: str) -> list[str]:
+        """The suite each server's shares are sealed with (study order): ``classical`` or
+        ``post-quantum``; empty without ``encrypt``."""
+        self.study(study_id)
+        return [r.suite.name for r in self._recipients.get(study_id, [])]
 
     def _wire(self, study: Study, study_id: str, j: int, body: bytes, media_type: str) -> tuple[bytes, str]:
         """Server j's request body and media type: as prepared, or sealed to server j."""
         if not self.encrypt:
             return body, media_type
-        sealed = envelope.seal_body(self._recipients[study_id][j], study_id, body, media_type, study.width,
-                                    study.n_servers)
-        return sealed, messages.SEALED_MEDIA_TYPE
+        return _sealing.wire(self._recipients[study_id][j], study, study_id, body, media_type)
 
     def _open_study(self, study_id: str, blocks: bool = False) -> Study:
         study = self.study(study_id)
+        if self.privacy_limit is not None:
+            self.privacy_limit.check(study)  # PrivacyLimitExceeded: nothing sent
         if study.parties is not None and not blocks:
             raise StudyMismatch(f"study {study_id[:12]}... has parties "
                                 f"({', '.join(p.name for p in study.parties)}): each submits its "
@@ -533,6 +531,7 @@ class Client:
             if len(failures) == study.n_servers:  # stored nowhere: a plain error
                 raise failures[0].error
             raise IncompleteUpload(failures, pending, [rid.hex()], 1)
+        self._spent(study)
         return rid.hex()
 
     def submit_many(self, study_id: str, rows: Any, batch_size: int = 10_000,
@@ -554,7 +553,7 @@ class Client:
         study = self._open_study(study_id)
         # keep request bodies modest (servers refuse large ones with 413) whatever d is
         record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width, study.n_servers)
-                  + (envelope.OVERHEAD_BYTES if self.encrypt else 0))
+                  + (_sealing.overhead_bytes(self._recipients[study_id]) if self.encrypt else 0))
         batch_size = max(1, min(batch_size, self.max_batch_bytes // record))
         chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns,
                                    raw=study.histogram is not None)
@@ -606,7 +605,14 @@ class Client:
             if run.stored_batches == 0:
                 raise run.failures[0].error
             raise run.incomplete(prepared)
+        if run.rows_done:
+            self._spent(study)
         return SubmitResult(run.ids(), run.rows_done, run.report_counts, run.duplicates)
+
+    def _spent(self, study: Study) -> None:
+        """Every server holds this owner's rows of the study: record it in the owner's ledger."""
+        if self.privacy_limit is not None:
+            self.privacy_limit.record(study)
 
     def submit_blocks(self, study_id: str, party: str, rows: Any, *, party_key: bytes,
                       keys: Sequence[str | bytes] | None = None, key_column: str | None = None,
@@ -661,6 +667,7 @@ class Client:
                 still.append(p)
         if failures:
             raise IncompleteUpload(failures, still, [], sum(p.n_rows for p in pending))
+        self._spent(study)
 
     def report_counts(self, study_id: str) -> dict[str, int | None]:
         """Each server's report count for the study (``GET /v1/studies/{id}``); None where the

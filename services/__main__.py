@@ -47,10 +47,11 @@ study's floor even among Sybil reports (--max-floor-epsilon, 4), refuses inclusi
 leave out more than a tenth of what it holds (--max-excluded-fraction), and stores a share only
 if the report id commits to it.
 
-Sealed shares: at first start the server generates an HPKE key pair (X25519, HKDF-SHA256,
-ChaCha20-Poly1305), stores it in --db (the file is made mode 0600) and publishes the public key
-in /v1/info; clients may then seal each share to it (docs/protocol.md section 7a). POST /v1/keys
-(operator token) rotates the key; older keys keep opening shares until DELETE /v1/keys/{key_id}.
+Sealed shares: at first start the server generates an HPKE key pair of each suite (X25519 and
+the post-quantum MLKEM768-X25519, HKDF-SHA256, ChaCha20-Poly1305), stores them in --db (the file
+is made mode 0600) and publishes the public keys in /v1/info; clients may then seal each share
+to one (docs/protocol.md section 7a, docs/sealing.md). POST /v1/keys (operator token) rotates
+the keys of both suites; older keys keep opening shares until DELETE /v1/keys/{key_id}.
 """
 
 EPILOG = """\

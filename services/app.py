@@ -37,6 +37,7 @@ from dpsketch.protocol.messages import (
     HpkeKeys,
     IssuedUploadTokens,
     IssueUploadTokens,
+    PopulationLedger,
     Report,
     ServerInfo,
     StudyInfo,
@@ -255,15 +256,17 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/keys", response_model=HpkeKeys, status_code=201, tags=["meta"],
               dependencies=[operator], responses=problem_responses(*auth_errors, 503))
     async def rotate_key() -> HpkeKeys:
-        """Rotate the HPKE key (operator): a new key becomes current (clients seal to it from
-        their next GET /v1/info on); every older key still opens shares until retired."""
+        """Rotate the HPKE keys (operator): a new key of each suite, classical and post-quantum,
+        becomes current (clients seal to it from their next GET /v1/info on); every older key
+        still opens shares until retired."""
         return await run_in_threadpool(store.rotate_key)
 
     @app.delete("/v1/keys/{key_id}", response_model=HpkeKeys, tags=["meta"], dependencies=[operator],
                 responses=problem_responses(*auth_errors, 404, 409, 503))
     async def retire_key(key_id: str) -> HpkeKeys:
-        """Retire (erase) a superseded HPKE key (operator). Refused with 409 key-in-use for the
-        current key and while any study provisioned before it was superseded is still open."""
+        """Retire (erase) a superseded HPKE key of either suite (operator). Refused with 409
+        key-in-use for a current key and while any study provisioned before it was superseded is
+        still open."""
         return await run_in_threadpool(store.retire_key, key_id)
 
     @app.put(
@@ -271,7 +274,7 @@ def create_app(settings: Settings) -> FastAPI:
         dependencies=[provisioner],
         responses={200: {"description": "already held", "model": StudyInfo},
                    201: {"description": "provisioned", "model": StudyInfo},
-                   **problem_responses(400, *auth_errors, 413, 422, 503)},
+                   **problem_responses(400, *auth_errors, 409, 413, 422, 503)},
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/json": {"schema": Study.model_json_schema()}}}},
     )
@@ -304,6 +307,22 @@ def create_app(settings: Settings) -> FastAPI:
         policy.check(study, settings)
         info, created = await run_in_threadpool(store.provision, study)
         return JSONResponse(info.model_dump(mode="json"), status_code=201 if created else 200)
+
+    @app.get("/v1/populations/{population}/ledger", response_model=PopulationLedger, tags=["studies"],
+             responses=problem_responses(422))
+    async def population_ledger(population: str) -> PopulationLedger:
+        """The privacy ledger of a population at this server (public: clients decide with it):
+        every study charged to it, their composition with dp-accounting at the budget's delta,
+        the naive sum of their epsilons and this server's budget (docs/ledger.md). A population
+        with no study yet has an empty ledger."""
+        import re
+
+        from dpsketch.protocol.study import POPULATION_PATTERN
+
+        if not re.match(POPULATION_PATTERN, population):
+            raise ProblemError("invalid-request", f"a population id matches {POPULATION_PATTERN}; got "
+                                                  f"{population[:80]!r}")
+        return await run_in_threadpool(store.ledger, population)
 
     @app.get("/v1/studies", response_model=list[StudyInfo], tags=["studies"])
     async def list_studies(is_trusted: bool = Depends(trusted)) -> list[StudyInfo]:
@@ -412,7 +431,9 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"{SEEDS_MEDIA_TYPE}: m records of id, proof and a 32-byte seed, "
                                  f"which the server expands to the share (ChaCha20, section 4); or "
                                  f"{SEALED_MEDIA_TYPE}: m records of a proof and a share or seed "
-                                 f"sealed to this server with HPKE (section 7a); or, for a study "
+                                 f"sealed to this server with HPKE (section 7a; record version "
+                                 f"1 classical, version 2 classical or post-quantum, "
+                                 f"docs/sealing.md); or, for a study "
                                  f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
                                  f"16-byte block id, 16-byte pseudonym, proof and the share of "
                                  f"the party's columns (section 2d)",

@@ -1,16 +1,25 @@
-"""The share server's HPKE key pairs for sealed shares (docs/protocol.md section 7a).
+"""The share server's HPKE key pairs for sealed shares (docs/protocol.md section 7a,
+docs/sealing.md), one ring per suite: classical X25519 and post-quantum MLKEM768-X25519.
 
-* At first start the server generates an X25519 key pair and stores it in its SQLite file (the
-  raw private key, next to the shares it protects: the file is made mode 0600 when the key is
-  created; protect it, and its backups, like the shares themselves).
-* ``GET /v1/info`` publishes every key the server still holds, marking the current one; clients
-  seal to the current key.
-* Rotation (``POST /v1/keys``, operator): a new key becomes current; the previous ones still open
-  shares, because clients that fetched them earlier may still be uploading.
-* Retirement (``DELETE /v1/keys/{key_id}``, operator) erases a superseded key, and is refused
-  (409 ``key-in-use``) while any study provisioned before the key was superseded is still open:
-  such a study may still receive shares sealed to it. Once every such study is committed no
-  upload can reach it anyway (409 ``study-closed``), so nothing is lost.
+* At first start (or the first start of a version that knows the suite) the server generates a
+  key pair of each suite and stores it in its SQLite file (the raw private key, next to the
+  shares it protects: the file is made mode 0600 when a key is created; protect it, and its
+  backups, like the shares themselves). Classical keys live in ``hpke_keys``, post-quantum keys
+  in ``hpke_pq_keys`` (created here, so a database made before the suite needs no migration).
+* ``GET /v1/info`` publishes every key the server still holds, marking the current one of each
+  suite (``hpke``: classical; ``hpke.post_quantum``); clients seal to a current key.
+* Rotation (``POST /v1/keys``, operator): a new key of every suite becomes current; the previous
+  ones still open shares, because clients that fetched them earlier may still be uploading. Both
+  suites rotate together: what prompts a rotation (a schedule, a suspected leak of the database
+  file) concerns every key the file holds.
+* Retirement (``DELETE /v1/keys/{key_id}``, operator) erases a superseded key of either suite,
+  and is refused (409 ``key-in-use``) while any study provisioned before the key was superseded
+  is still open: such a study may still receive shares sealed to it. Once every such study is
+  committed no upload can reach it anyway (409 ``study-closed``), so nothing is lost.
+
+Key ids are SHA-256 of the public key, and the two suites' public keys differ in length, so one
+id names one key across both rings; a record whose suite is not its key's is refused by
+``envelope.open_record``.
 """
 
 from __future__ import annotations
@@ -22,23 +31,37 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.hazmat.primitives.asymmetric import x25519
+from typing import Any
 
 from dpsketch.protocol import envelope
+from dpsketch.protocol.envelope import SealingSuite
 from dpsketch.protocol.messages import HpkeKey, HpkeKeys
 from dpsketch.protocol.problems import ProblemError
 
 log = logging.getLogger("dpsketch.server")
 
+#: Where each suite's keys are stored.
+TABLES = {envelope.CLASSICAL.name: "hpke_keys", envelope.POST_QUANTUM.name: "hpke_pq_keys"}
+
+#: The post-quantum ring's table (the classical one is in services/db.py's schema).
+PQ_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS hpke_pq_keys (
+    key_id        BLOB PRIMARY KEY CHECK (length(key_id) = 8),
+    private_key   BLOB NOT NULL CHECK (length(private_key) = {envelope.POST_QUANTUM.private_key_bytes}),
+    public_key    BLOB NOT NULL CHECK (length(public_key) = {envelope.POST_QUANTUM.public_key_bytes}),
+    created_at    REAL NOT NULL,
+    superseded_at REAL
+)"""
+
 
 @dataclass(frozen=True)
 class _Key:
     key_id: bytes
-    private: x25519.X25519PrivateKey
+    private: Any  # a loaded private key of ``suite``
     public: bytes
     created_at: float
     superseded_at: float | None
+    suite: SealingSuite
 
 
 def _restrict_permissions(db_path: Path) -> None:
@@ -56,95 +79,124 @@ def _restrict_permissions(db_path: Path) -> None:
             log.warning("could not make %s private (it holds the HPKE private key): %s", path, exc)
 
 
+def _select(conn: sqlite3.Connection, suite: SealingSuite):
+    return conn.execute(f"SELECT key_id, private_key, public_key, created_at, superseded_at "
+                        f"FROM {TABLES[suite.name]} ORDER BY created_at").fetchall()
+
+
 class KeyRing:
-    """The keys in memory (replaced as a whole on every change, so readers need no lock)."""
+    """The keys of both suites in memory (replaced as a whole on every change, so readers need
+    no lock)."""
 
     def __init__(self, conn: sqlite3.Connection, db_path: Path):
         self._keys: dict[bytes, _Key] = {}
-        self._current: bytes = b""
-        rows = conn.execute("SELECT key_id, private_key, public_key, created_at, superseded_at "
-                            "FROM hpke_keys ORDER BY created_at").fetchall()
-        if not rows:
-            row = self._new_row(time.time())
+        self._current: dict[str, bytes] = {}
+        conn.execute(PQ_SCHEMA)
+        rows = {}
+        for suite in envelope.SUITES.values():
+            rows[suite.name] = _select(conn, suite)
+            if rows[suite.name]:
+                continue
+            row = self._new_row(suite, time.time())
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("INSERT INTO hpke_keys (key_id, private_key, public_key, created_at, "
-                             "superseded_at) VALUES (?, ?, ?, ?, NULL)", row)
+                conn.execute(f"INSERT INTO {TABLES[suite.name]} (key_id, private_key, public_key, "
+                             f"created_at, superseded_at) VALUES (?, ?, ?, ?, NULL)", row)
                 conn.execute("COMMIT")
             except sqlite3.Error:
                 conn.execute("ROLLBACK")
                 raise
-            rows = [(*row, None)]
+            rows[suite.name] = [(*row, None)]
             _restrict_permissions(db_path)
-            log.info("generated this server's first HPKE key %s", row[0].hex())
+            log.info("generated this server's first %s HPKE key %s", suite.name, row[0].hex())
         self._set(rows)
 
     @staticmethod
-    def _new_row(now: float) -> tuple[bytes, bytes, bytes, float]:
-        private = envelope.generate_private_key()
-        public = envelope.public_key_of(private)
+    def _new_row(suite: SealingSuite, now: float) -> tuple[bytes, bytes, bytes, float]:
+        private = suite.generate_private_key()
+        public = suite.public_key_of(private)
         return envelope.key_id(public), private, public, now
 
-    def _set(self, rows) -> None:
-        keys = {}
-        current = b""
-        for kid, private, public, created, superseded in rows:
-            kid = bytes(kid)
-            keys[kid] = _Key(kid, x25519.X25519PrivateKey.from_private_bytes(bytes(private)),
-                             bytes(public), float(created), superseded)
-            if superseded is None:
-                current = kid
-        if not current:  # cannot happen (one row always has NULL); never publish no key
-            raise RuntimeError("hpke_keys has no current key")
+    def _set(self, rows_by_suite) -> None:
+        keys: dict[bytes, _Key] = {}
+        current: dict[str, bytes] = {}
+        for name, rows in rows_by_suite.items():
+            suite = envelope.SUITES[name]
+            for kid, private, public, created, superseded in rows:
+                kid = bytes(kid)
+                keys[kid] = _Key(kid, suite.load_private_key(bytes(private)), bytes(public),
+                                 float(created), superseded, suite)
+                if superseded is None:
+                    current[name] = kid
+            if name not in current:  # cannot happen (one row always has NULL); never publish no key
+                raise RuntimeError(f"{TABLES[name]} has no current key")
         self._keys, self._current = keys, current
 
     # --- reads -------------------------------------------------------------------------------
-    def private_key_for(self, key_id: bytes) -> x25519.X25519PrivateKey | None:
+    def private_key_for(self, key_id: bytes):
+        """The loaded private key (of either suite) a record's key id names, or None."""
         key = self._keys.get(bytes(key_id))
         return key.private if key is not None else None
 
     @property
     def current_public_key(self) -> bytes:
-        return self._keys[self._current].public
+        """The current classical public key."""
+        return self._keys[self._current[envelope.CLASSICAL.name]].public
 
-    def describe(self) -> HpkeKeys:
-        keys = sorted(self._keys.values(), key=lambda k: k.created_at)
+    def _describe(self, suite: SealingSuite) -> HpkeKeys:
+        keys = sorted((k for k in self._keys.values() if k.suite is suite), key=lambda k: k.created_at)
         return HpkeKeys(
-            kem_id=envelope.KEM_ID, kdf_id=envelope.KDF_ID, aead_id=envelope.AEAD_ID,
-            suite=envelope.SUITE_NAME, current=self._current.hex(),
+            kem_id=suite.kem_id, kdf_id=suite.kdf_id, aead_id=suite.aead_id, suite=suite.description,
+            current=self._current[suite.name].hex(), name=suite.name,
             keys=[HpkeKey(key_id=k.key_id.hex(), public_key=k.public.hex(), created_at=k.created_at,
                           superseded_at=k.superseded_at) for k in keys])
 
+    def describe(self) -> HpkeKeys:
+        """The classical keys, with the post-quantum ones under ``post_quantum``."""
+        out = self._describe(envelope.CLASSICAL)
+        if envelope.POST_QUANTUM.name in envelope.SUITES:  # else this backend has no ML-KEM
+            out.post_quantum = self._describe(envelope.POST_QUANTUM)
+        return out
+
     # --- writes (run by the store's writer thread, inside its transaction) -------------------
     def _reload(self, conn: sqlite3.Connection):
-        rows = conn.execute("SELECT key_id, private_key, public_key, created_at, superseded_at "
-                            "FROM hpke_keys ORDER BY created_at").fetchall()
+        rows = {suite.name: _select(conn, suite) for suite in envelope.SUITES.values()}
         return lambda: self._set(rows)
 
     def rotate(self, conn: sqlite3.Connection):
-        """A new current key; the previous current key is marked superseded (still opens)."""
+        """A new current key of every suite; the previous current keys are marked superseded
+        (they still open)."""
         now = time.time()
-        conn.execute("UPDATE hpke_keys SET superseded_at = ? WHERE superseded_at IS NULL", (now,))
-        row = self._new_row(now)
-        conn.execute("INSERT INTO hpke_keys (key_id, private_key, public_key, created_at, superseded_at) "
-                     "VALUES (?, ?, ?, ?, NULL)", row)
-        log.info("HPKE key rotated: %s is current", row[0].hex())
+        for suite in envelope.SUITES.values():
+            table = TABLES[suite.name]
+            conn.execute(f"UPDATE {table} SET superseded_at = ? WHERE superseded_at IS NULL", (now,))
+            row = self._new_row(suite, now)
+            conn.execute(f"INSERT INTO {table} (key_id, private_key, public_key, created_at, superseded_at) "
+                         f"VALUES (?, ?, ?, ?, NULL)", row)
+            log.info("HPKE key rotated: %s %s is current", suite.name, row[0].hex())
         apply = self._reload(conn)
         return None, apply
 
     def retire(self, conn: sqlite3.Connection, key_id_hex: str):
-        """Erase a superseded key, unless an open study may still hold shares sealed to it."""
+        """Erase a superseded key of either suite, unless an open study may still hold shares
+        sealed to it."""
         try:
             kid = bytes.fromhex(key_id_hex)
         except ValueError:
             kid = b""
-        row = conn.execute("SELECT superseded_at FROM hpke_keys WHERE key_id = ?", (kid,)).fetchone() \
-            if len(kid) == envelope.KEY_ID_BYTES else None
+        row, table, suite = None, "", envelope.CLASSICAL
+        if len(kid) == envelope.KEY_ID_BYTES:
+            for suite in envelope.SUITES.values():
+                table = TABLES[suite.name]
+                row = conn.execute(f"SELECT superseded_at FROM {table} WHERE key_id = ?", (kid,)).fetchone()
+                if row is not None:
+                    break
         if row is None:
             raise ProblemError("not-found", f"this server holds no HPKE key {key_id_hex[:40]!r}")
         superseded_at = row[0]
         if superseded_at is None:
-            raise ProblemError("key-in-use", "this is the current key; rotate (POST /v1/keys) first")
+            raise ProblemError("key-in-use", f"this is the current {suite.name} key; rotate "
+                                             f"(POST /v1/keys) first")
         still_open = conn.execute(
             "SELECT count(*), min(study_id) FROM studies s WHERE s.created_at < ? "
             "AND NOT EXISTS (SELECT 1 FROM commits c WHERE c.study = s.seq)", (superseded_at,)).fetchone()
@@ -156,10 +208,11 @@ class KeyRing:
                 f"retire it once they are committed", extra={"open_studies": int(still_open[0])})
         conn.execute("PRAGMA secure_delete = ON")
         try:
-            conn.execute("UPDATE hpke_keys SET private_key = zeroblob(32) WHERE key_id = ?", (kid,))
-            conn.execute("DELETE FROM hpke_keys WHERE key_id = ?", (kid,))
+            conn.execute(f"UPDATE {table} SET private_key = zeroblob(?) WHERE key_id = ?",
+                         (suite.private_key_bytes, kid))
+            conn.execute(f"DELETE FROM {table} WHERE key_id = ?", (kid,))
         finally:
             conn.execute("PRAGMA secure_delete = OFF")
-        log.info("HPKE key %s retired", kid.hex())
+        log.info("%s HPKE key %s retired", suite.name, kid.hex())
         apply = self._reload(conn)
         return None, apply

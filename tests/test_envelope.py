@@ -536,9 +536,9 @@ def test_bench_encryption_figures():
 
 
 def test_random_sealed_bodies_get_400_or_422_never_500(tmp_path: Path):
-    """In process: bodies shaped like sealed batches (the server's real key id, both kinds, all
-    sorts of lengths and bytes; some properly sealed to the server around random proofs and
-    payloads) are refused with problem JSON and store nothing."""
+    """In process: bodies shaped like sealed batches (the server's real key ids, both kinds, both
+    record versions and suites, all sorts of lengths and bytes; some properly sealed to the
+    server around random proofs and payloads) are refused with problem JSON and store nothing."""
     from fastapi.testclient import TestClient
 
     from dpsketch.protocol.study import design
@@ -558,14 +558,22 @@ def test_random_sealed_bodies_get_400_or_422_never_500(tmp_path: Path):
         kid = bytes.fromhex(hpke["current"])
         me = envelope.Recipient("s1", bytes.fromhex(next(k["public_key"] for k in hpke["keys"]
                                                          if k["key_id"] == hpke["current"])))
+        pq = hpke["post_quantum"]
+        me_pq = envelope.Recipient("s1", bytes.fromhex(pq["keys"][0]["public_key"]), envelope.POST_QUANTUM)
         rng = np.random.default_rng(12)
         statuses, slugs = set(), set()
         for i in range(150):
-            kind = int(rng.choice([1, 2, 0, 3, 255]))
+            kind = int(rng.choice([1, 2, 0, 3, 255, 0x80]))
             if i % 10 == 0:  # opens, but the random proof does not bind the payload to the id
                 kind = 1 + (i // 10) % 2
                 plain = envelope.plaintext_bytes(kind, st.width, st.n_servers)
-                rec = bytearray(envelope.seal(me, st.study_id, rng.bytes(16), kind, rng.bytes(plain)))
+                rec = bytearray(envelope.seal(me_pq if i % 20 else me, st.study_id, rng.bytes(16), kind,
+                                              rng.bytes(plain)))
+            elif kind == 0x80:  # version 2: the post-quantum suite's ids, or random ones
+                size = envelope.record_bytes(1, st.width, st.n_servers, envelope.POST_QUANTUM, 2)
+                rec = bytearray(rng.bytes(size + int(rng.choice([0, 0, -1, 1, -1088]))))
+                rec[16:24] = bytes.fromhex(pq["current"]) if i % 3 else rng.bytes(8)
+                rec[24:33] = bytes([0x80, 2]) + (envelope.POST_QUANTUM.ids if i % 4 else rng.bytes(6)) + b"\x01"
             else:
                 size = envelope.record_bytes(kind, st.width, st.n_servers) if kind in (1, 2) else 60
                 size += int(rng.choice([0, 0, 0, -1, 1, 40]))

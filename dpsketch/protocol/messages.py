@@ -371,10 +371,13 @@ class StudyInfo(BaseModel):
 
 
 class HpkeKey(BaseModel):
-    """One of a server's HPKE public keys (X25519, raw 32 bytes as hex)."""
+    """One of a server's HPKE public keys (raw bytes as hex: 32 bytes X25519, or 1216 bytes
+    ML-KEM-768 || X25519 for the post-quantum suite, docs/sealing.md)."""
 
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="hex SHA-256(public_key)[:8]")
-    public_key: str = Field(pattern=r"^[0-9a-f]{64}$", description="raw X25519 public key, hex")
+    public_key: str = Field(pattern=r"^([0-9a-f]{64}|[0-9a-f]{2432})$",
+                            description="raw public key, hex: X25519 (32 bytes) or MLKEM768-X25519 "
+                            "(1216 bytes: the ML-KEM-768 encapsulation key, then the X25519 key)")
     created_at: float
     superseded_at: float | None = Field(default=None, description="when a newer key became "
                                         "current; null for the current key")
@@ -382,7 +385,8 @@ class HpkeKey(BaseModel):
 
 class HpkeKeys(BaseModel):
     """A server's HPKE configuration: the suite (RFC 9180 ids), its current key (seal to this
-    one) and every key it still opens shares with."""
+    one) and every key it still opens shares with. The top level is the classical suite (what
+    every client seals with); ``post_quantum`` the opt-in hybrid suite (docs/sealing.md)."""
 
     kem_id: int
     kdf_id: int
@@ -390,6 +394,11 @@ class HpkeKeys(BaseModel):
     suite: str
     current: str = Field(pattern=r"^[0-9a-f]{16}$", description="key_id of the key to seal to")
     keys: list[HpkeKey]
+    name: str = Field(default="classical", description="the suite's name in the SDK's sealing "
+                      "policy: classical or post-quantum")
+    post_quantum: "HpkeKeys | None" = Field(
+        default=None, description="the server's keys of the post-quantum suite (MLKEM768-X25519, "
+        "sealed record version 2), the same shape; null: the server offers none")
 
 
 class ServerInfo(BaseModel):
@@ -460,4 +469,39 @@ class Problem(BaseModel):
     instance: str | None = None
 
 
+HpkeKeys.model_rebuild()
 StudyInfo.model_rebuild()
+
+
+# --- the privacy ledger of a population (docs/ledger.md) ---------------------------------------
+
+from .ledger import Charge  # noqa: E402  (kept apart from the upload messages above)
+
+
+class LedgerEntry(BaseModel):
+    """One study charged to a population's ledger."""
+
+    charge: Charge = Field(description="the noise the study's privacy loss distribution is built "
+                           "from, and its own (epsilon, delta) under its own neighbouring notion")
+    charged_epsilon: float | None = Field(description="the study's epsilon at its own delta in the "
+                                          "ledger's notion; null: unbounded there")
+    charged_at: float
+
+
+class PopulationLedger(BaseModel):
+    """GET /v1/populations/{population}/ledger: what a population's studies have spent at this
+    server, composed with dp-accounting, against this server's budget (public)."""
+
+    population: str
+    server_id: str
+    neighbouring: str = Field(description="the notion the ledger is kept in (the budget's)")
+    delta: float = Field(description="the delta the composed epsilon is read at (the budget's)")
+    epsilon: float | None = Field(description="composed epsilon of every study charged (PLD "
+                                  "composition); null: unbounded")
+    naive_epsilon: float | None = Field(description="the sum of the studies' epsilons, for comparison")
+    naive_delta: float = Field(description="... which holds at the sum of their deltas")
+    budget_epsilon: float | None = Field(description="this server's budget per population; null: "
+                                         "no budget (nothing refused, the ledger is still kept)")
+    budget_delta: float
+    remaining_epsilon: float | None = Field(description="budget_epsilon - epsilon (null without a budget)")
+    studies: list[LedgerEntry]

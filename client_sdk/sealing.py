@@ -1,0 +1,117 @@
+"""Sealing for ``Client(encrypt=True)``: which of a server's HPKE keys each share is sealed to,
+and the sealed request body (docs/protocol.md section 7a, docs/sealing.md).
+
+The policy (``Client(sealing=...)``, ``dpsketch submit --sealing``) picks the suite per server:
+
+* ``classical`` (the default): X25519 at every server, version 1 records, exactly what the
+  SDK sent before the post-quantum suite existed (any server that opens sealed shares opens
+  them);
+* ``post-quantum``: MLKEM768-X25519 at every server, version 2 records; refused before anything
+  is sent (:class:`~client_sdk.SDKError`) unless every server publishes a post-quantum key;
+* ``prefer-post-quantum``: post-quantum at each server that publishes a key of that suite,
+  classical at the others. A report's shares are information-theoretically secret as long as
+  one of them is, so one post-quantum share already keeps a recording of the upload closed to a
+  later quantum computer, unless every other server (holding its share anyway) helps; use
+  ``post-quantum`` when that is not enough.
+
+Every check the client made before the suites existed still holds for every key it seals to:
+the key id matches the key, the suite is the one this client seals with, and no public key (of
+either suite) is published by two servers, which would be one organisation holding two shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dpsketch.protocol import envelope, messages
+from dpsketch.protocol.study import Study
+
+CLASSICAL = "classical"
+POST_QUANTUM = "post-quantum"
+PREFER_POST_QUANTUM = "prefer-post-quantum"
+POLICIES = (CLASSICAL, POST_QUANTUM, PREFER_POST_QUANTUM)
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"sealing must be one of {', '.join(POLICIES)}; got {policy!r}")
+    return policy
+
+
+def _current(url: str, keys: messages.HpkeKeys, suite: envelope.SealingSuite, server_id: str,
+             owner: dict[bytes, str]) -> bytes:
+    """The current public key of one suite of one server, every listed key checked."""
+    from .client import ServerProtocolError, StudyMismatch
+
+    if (keys.kem_id, keys.kdf_id, keys.aead_id) != (suite.kem_id, suite.kdf_id, suite.aead_id):
+        raise ServerProtocolError(f"{url} offers HPKE suite ({keys.kem_id}, {keys.kdf_id}, "
+                                  f"{keys.aead_id}); this client seals with {suite.description}")
+    current = None
+    for key in keys.keys:
+        raw = bytes.fromhex(key.public_key)
+        if len(raw) != suite.public_key_bytes:
+            raise ServerProtocolError(f"{url} publishes a {len(raw)}-byte {suite.name} public key "
+                                      f"(a {suite.name} key is {suite.public_key_bytes} bytes)")
+        if envelope.key_id(raw).hex() != key.key_id:
+            raise ServerProtocolError(f"{url} publishes key id {key.key_id} for a public "
+                                      f"key that hashes to another id")
+        if raw in owner and owner[raw] != server_id:
+            raise StudyMismatch(
+                f"servers {owner[raw]!r} and {server_id!r} publish the same HPKE public key: "
+                f"one party could open both shares of every report; refusing to submit")
+        owner[raw] = server_id
+        if key.key_id == keys.current:
+            current = raw
+    if current is None:
+        raise ServerProtocolError(f"{url} names current key {keys.current}, which it does not list")
+    return current
+
+
+def recipients(urls: Sequence[str], study: Study, infos: Sequence[messages.ServerInfo],
+               policy: str = CLASSICAL) -> list[envelope.Recipient]:
+    """Server j's id, current public key and suite, for every j, chosen by ``policy``."""
+    from .client import SDKError
+
+    check_policy(policy)
+    if envelope.POST_QUANTUM.name not in envelope.SUITES:  # this machine's backend has no ML-KEM
+        if policy == POST_QUANTUM:
+            raise SDKError("sealing='post-quantum' needs ML-KEM, which this installation of the "
+                           "cryptography package lacks (install its official wheels, >= 47)")
+        policy = CLASSICAL
+    out: list[envelope.Recipient] = []
+    owner: dict[bytes, str] = {}
+    for j, info in enumerate(infos):
+        sid = study.servers[j]
+        keys = info.hpke
+        if keys is None:
+            raise SDKError(f"{urls[j]} publishes no HPKE key in /v1/info: cannot seal shares to "
+                           f"it (use encrypt=False, or upgrade the server)")
+        pq = keys.post_quantum
+        pq_known = pq is not None and (pq.kem_id, pq.kdf_id, pq.aead_id) == (
+            envelope.POST_QUANTUM.kem_id, envelope.POST_QUANTUM.kdf_id, envelope.POST_QUANTUM.aead_id)
+        if policy == POST_QUANTUM and pq is None:
+            raise SDKError(f"{urls[j]} publishes no post-quantum HPKE key in /v1/info: cannot seal "
+                           f"with sealing='post-quantum' (upgrade the server, or use "
+                           f"'prefer-post-quantum' to seal classically where no such key is published)")
+        # every published key is checked (ids, no key shared between servers), the used ones or not
+        classical = _current(urls[j], keys, envelope.CLASSICAL, sid, owner)
+        if policy == POST_QUANTUM or (policy == PREFER_POST_QUANTUM and pq_known):
+            out.append(envelope.Recipient(sid, _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner),
+                                          envelope.POST_QUANTUM))
+        else:
+            if pq_known:
+                _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)
+            out.append(envelope.Recipient(sid, classical))
+    return out
+
+
+def wire(recipient: envelope.Recipient, study: Study, study_id: str, body: bytes,
+         media_type: str) -> tuple[bytes, str]:
+    """A prepared plaintext body sealed to ``recipient`` in its suite's record version."""
+    sealed = envelope.seal_body(recipient, study_id, body, media_type, study.width, study.n_servers)
+    return sealed, messages.SEALED_MEDIA_TYPE
+
+
+def overhead_bytes(chosen: Sequence[envelope.Recipient]) -> int:
+    """The most bytes sealing adds to one report's record at any server (for batch sizing)."""
+    return max(envelope.overhead_bytes(r.suite) for r in chosen)

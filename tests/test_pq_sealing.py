@@ -1,0 +1,380 @@
+"""The opt-in post-quantum sealing suite (docs/sealing.md): MLKEM768-X25519 HPKE, version 2
+sealed records that name their suite, servers holding and publishing keys of both suites, and
+the SDK's sealing policy, against real share servers."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from client_sdk import Client, SDKError, sealing
+from client_sdk.cli import main as cli_main
+from dpsketch.protocol import envelope, messages, ring, sketch
+
+from studies import bind_at
+from test_e2e import COLUMNS, direct_sketch
+from test_envelope import (
+    STUDY_A,
+    STUDY_B,
+    _bound,
+    _Capture,
+    _count,
+    _info,
+    _plaintexts,
+    _post_sealed,
+    _released,
+    _study,
+    no_floor_cluster,  # noqa: F401 (a fixture)
+)
+
+PQ = envelope.POST_QUANTUM
+CL = envelope.CLASSICAL
+
+
+def _pair(suite: envelope.SealingSuite):
+    sk = suite.generate_private_key()
+    return sk, suite.public_key_of(sk)
+
+
+def _ring(*raw: tuple[envelope.SealingSuite, bytes]):
+    """A server's key lookup over raw private keys of either suite."""
+    keys = {envelope.key_id(s.public_key_of(sk)): s.load_private_key(sk) for s, sk in raw}
+    return lambda kid: keys.get(bytes(kid))
+
+
+def _pq_recipient(url: str, server_id: str) -> envelope.Recipient:
+    pq = _info(url)["hpke"]["post_quantum"]
+    current = next(k for k in pq["keys"] if k["key_id"] == pq["current"])
+    return envelope.Recipient(server_id, bytes.fromhex(current["public_key"]), PQ)
+
+
+# --- the envelope ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suite,version", [(CL, 1), (CL, 2), (PQ, 2)])
+def test_round_trip_sizes_and_layout_of_both_suites(suite, version):
+    sk, pk = _pair(suite)
+    assert (len(sk), len(pk)) == ((32, 32) if suite is CL else (96, 1216))
+    d, m, n = 5, 12, 3
+    me = envelope.Recipient("s1", pk, suite)
+    lookup = _ring((suite, sk))
+    for compress in (False, True):
+        ids, proofs, payloads, contents = _bound(STUDY_A, m, d, n, compress=compress)
+        content = contents[0]
+        body = envelope.seal_batch(me, STUDY_A, ids, content, _plaintexts(proofs[0], payloads[0]), version)
+        record = envelope.record_bytes(content, d, n, suite, version)
+        assert len(body) == m * record
+        overhead = {(CL, 1): 57, (CL, 2): 65, (PQ, 2): 1153}[(suite, version)]
+        assert envelope.overhead_bytes(suite, version) == overhead
+        assert record == 16 + 16 * n + (8 * d if content == envelope.CONTENT_SHARE else 32) + overhead
+        first = body[:record]
+        assert first[:16] == ids[0] and first[16:24] == envelope.key_id(pk)
+        if version == 1:
+            assert first[24] == content
+        else:  # 0x80, version 2, kem, kdf, aead (big-endian), content, then enc
+            assert first[24:33] == bytes([0x80, 2]) + suite.kem_id.to_bytes(2, "big") + b"\x00\x01\x00\x03" \
+                + bytes([content])
+        upload = envelope.open_batch(body, d, n, STUDY_A, "s1", lookup)
+        upload.verify(STUDY_A, n, 0)
+        assert upload.ids == ids
+        expected = ring.expand_seeds(payloads[0], d) if compress else payloads[0]
+        np.testing.assert_array_equal(upload.shares(d), expected)
+        assert envelope.count_records(body, d, n) == m
+        a, b = envelope.split_body(body, d, n)
+        assert a + b == body and len(a) == record * (m // 2)
+    if suite is PQ:  # version 1 has no room for another suite
+        with pytest.raises(ValueError, match="version 1 records are classical"):
+            envelope.seal(me, STUDY_A, ids[0], envelope.CONTENT_SHARE, b"x", version=1)
+
+
+def test_a_pq_record_tampered_or_misbound_is_refused_with_the_right_error():
+    sk, pk = _pair(PQ)
+    other_sk, other_pk = _pair(PQ)
+    csk, cpk = _pair(CL)
+    lookup = _ring((PQ, sk), (PQ, other_sk), (CL, csk))
+    d, n = 5, 3
+    ids, proofs, shares, _ = _bound(STUDY_A, 1, d, n)
+    me = envelope.Recipient("s1", pk, PQ)
+    rec = envelope.seal(me, STUDY_A, ids[0], envelope.CONTENT_SHARE, _plaintexts(proofs[0], shares[0])[0])
+    assert envelope.open_batch(rec, d, n, STUDY_A, "s1", lookup).ids == ids
+
+    def opened(body: bytes, study=STUDY_A, server="s1"):
+        return envelope.open_batch(body, d, n, study, server, lookup)
+
+    def flip(at: int, value: int | None = None, xor: int = 0) -> bytes:
+        bad = bytearray(rec)
+        bad[at] = value if value is not None else bad[at] ^ xor
+        return bytes(bad)
+
+    # the suite: an unknown KEM, KDF or AEAD id names no suite here
+    for at in (26, 27, 29, 31):
+        with pytest.raises(envelope.UnknownSuite, match="is not one this server opens"):
+            opened(flip(at, xor=0x01))
+    # the classical KEM id on a post-quantum record: the lengths no longer add up
+    with pytest.raises(envelope.MalformedSealedBatch):
+        opened(rec[:26] + b"\x00\x20" + rec[28:])
+    # the format version and the marker byte
+    with pytest.raises(envelope.MalformedSealedBatch, match="version 3"):
+        opened(flip(25, 3))
+    with pytest.raises(envelope.MalformedSealedBatch, match="unknown content kind"):
+        opened(flip(24, 0x81))
+    # the content kind inside the header (a share relabelled as a seed): lengths differ at d = 5
+    with pytest.raises(envelope.MalformedSealedBatch):
+        opened(flip(32, envelope.CONTENT_SEED))
+    # the key id: another post-quantum key of this server (it does not open: the key id is bound
+    # and the key is wrong), the server's classical key (another suite, never tried), unknown
+    for kid, match in ((envelope.key_id(other_pk), "does not open here"),
+                       (envelope.key_id(cpk), "another suite"),
+                       (b"\x00" * 8, "unknown key id")):
+        with pytest.raises(envelope.SealError, match=match):
+            opened(rec[:16] + kid + rec[24:])
+    # a bit of enc (the ML-KEM ciphertext, the X25519 share) or of the AEAD ciphertext or tag
+    for at in (33, 33 + 1088, 33 + 1119, 33 + 1120, len(rec) - 1):
+        with pytest.raises(envelope.SealError, match="does not open here"):
+            opened(flip(at, xor=0x04))
+    # the context: study, server and report id are bound
+    with pytest.raises(envelope.SealError, match="does not open here"):
+        opened(rec, study=STUDY_B)
+    with pytest.raises(envelope.SealError, match="does not open here"):
+        opened(rec, server="s2")
+    with pytest.raises(envelope.SealError, match="does not open here"):
+        opened(flip(0, xor=0x01))
+    # a version 1 record opened with a post-quantum key: another suite
+    v1 = envelope.seal(envelope.Recipient("s1", cpk), STUDY_A, ids[0], envelope.CONTENT_SHARE,
+                       _plaintexts(proofs[0], shares[0])[0])
+    with pytest.raises(envelope.SealError, match="another suite"):
+        envelope.open_batch(v1[:16] + envelope.key_id(pk) + v1[24:], d, n, STUDY_A, "s1", lookup)
+    # a body mixing suites (or versions) is malformed, even if each record would open
+    v2c = envelope.seal(envelope.Recipient("s1", cpk), STUDY_A, ids[0], envelope.CONTENT_SHARE,
+                        _plaintexts(proofs[0], shares[0])[0], version=2)
+    for mixed in (rec + v2c, v2c + v1, v1 + rec):
+        with pytest.raises(envelope.MalformedSealedBatch, match="one kind"):
+            opened(mixed)
+
+
+def test_documented_pq_vectors_open_to_their_plaintext():
+    """docs/sealing.md section 8: the stored key layout, the key id, info2 and the record."""
+    import json
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "sealing.md").read_text()
+    section = doc.split("## 8. Test vectors", 1)[1]
+    v = json.loads(re.search(r"```json\n(.*?)\n```", section, re.S).group(1))
+    assert (v["kem_id"], v["kdf_id"], v["aead_id"], v["version"]) == (PQ.kem_id, PQ.kdf_id, PQ.aead_id, 2)
+    sk = bytes.fromhex(v["private_key"])
+    pk = PQ.public_key_of(sk)
+    assert pk.hex() == v["public_key"] and envelope.key_id(pk).hex() == v["key_id"]
+    key = PQ.load_private_key(sk)
+    (rec,) = v["records"]
+    raw = bytes.fromhex(rec["record"])
+    rid = bytes.fromhex(rec["report_id"])
+    assert raw[:16] == rid and raw[16:24].hex() == v["key_id"]
+    assert raw[24:33] == bytes([0x80, 2, 0x64, 0x7A, 0, 1, 0, 3, rec["content"]])
+    assert envelope.info_v2(v["study_id"], v["server_id"], rid, rec["content"], bytes.fromhex(v["key_id"]),
+                            PQ).hex() == rec["info"]
+    assert bytes.fromhex(rec["plaintext"]) == bytes.fromhex(rec["proof"]) + bytes.fromhex(rec["payload"])
+    (parsed,) = envelope.parse(raw, v["width"], v["n_servers"])
+    assert envelope.open_record(key, v["study_id"], v["server_id"], parsed).hex() == rec["plaintext"]
+    # RFC 9180's single-shot Open, with the documented info and nothing of dpsketch's code
+    assert PQ.hpke_suite.decrypt(raw[33:], key, info=bytes.fromhex(rec["info"])).hex() == rec["plaintext"]
+    upload = envelope.open_batch(raw, v["width"], v["n_servers"], v["study_id"], v["server_id"], lambda _k: key)
+    upload.verify(v["study_id"], v["n_servers"], v["position"])
+    with pytest.raises(envelope.SealError):
+        envelope.open_record(key, v["study_id"], v["servers"][1], parsed)
+
+
+# --- the SDK's policy, without servers ------------------------------------------------------------
+
+
+def test_policy_is_checked_and_needs_encrypt():
+    with pytest.raises(ValueError, match="one of classical, post-quantum, prefer-post-quantum"):
+        Client(["http://a.test", "http://b.test"], encrypt=True, sealing="quantum")
+    with pytest.raises(ValueError, match="encrypt=True"):
+        Client(["http://a.test", "http://b.test"], sealing="post-quantum")
+    with Client(["http://a.test", "http://b.test"], encrypt=True) as c:
+        assert c.sealing == "classical"
+    assert sealing.POLICIES == ("classical", "post-quantum", "prefer-post-quantum")
+
+
+# --- real servers -----------------------------------------------------------------------------------
+
+
+def _without_pq(port: int, posts: list):
+    """A transport that hides the post-quantum keys of the server on ``port`` (a server of a
+    version before the suite) and records every POST."""
+
+    class Hide(httpx.HTTPTransport):
+        def handle_request(self, request):
+            if request.method == "POST":
+                posts.append((request.url.port, request.content[24:33]))
+            resp = super().handle_request(request)
+            if request.url.path == "/v1/info" and request.url.port == port:
+                resp.read()
+                body = resp.json()
+                body["hpke"].pop("post_quantum")
+                return httpx.Response(200, json=body)
+            return resp
+
+    return Hide()
+
+
+def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
+        no_floor_cluster, monkeypatch, tmp_path, capsys):  # noqa: F811
+    """Client(encrypt=True, sealing="post-quantum") through 3 real servers: every body is
+    version 2 MLKEM768-X25519 records, and the release equals S(A + G) of the prepared reports
+    exactly. The policy refuses a server without a post-quantum key before sending anything;
+    prefer-post-quantum falls back to classical there; the servers keep taking version 1; the
+    CLI's --sealing flag seals post-quantum."""
+    c = no_floor_cluster
+    n = 300
+    study = _study(c, n, "pq-sealed", epsilon_floor=None)
+    capture = _Capture(monkeypatch)
+    seen: list[tuple[str, bytes, int]] = []
+
+    class Watch(httpx.HTTPTransport):
+        def handle_request(self, request):
+            if request.method == "POST":
+                seen.append((request.headers["content-type"], request.content[24:33], len(request.content)))
+            return super().handle_request(request)
+
+    rows = np.random.default_rng(5).normal(0, 0.3, size=(n, len(COLUMNS)))
+    with Client(c.server_urls, encrypt=True, sealing="post-quantum", transport=Watch()) as client:
+        assert client.sealing_suites(study.study_id) == ["post-quantum"] * 3
+        client.submit(study.study_id, rows[0])
+        client.submit_many(study.study_id, rows[1:150], batch_size=64)
+    pq_head = bytes([0x80, 2, 0x64, 0x7A, 0, 1, 0, 3, envelope.CONTENT_SHARE])
+    assert seen and all(ct == messages.SEALED_MEDIA_TYPE and head == pq_head for ct, head, _ in seen)
+    record = envelope.record_bytes(envelope.CONTENT_SHARE, study.width, 3, PQ, 2)
+    assert sum(size for *_, size in seen) == 150 * 3 * record
+
+    # a server that publishes no post-quantum key: "post-quantum" refuses before any upload,
+    # "prefer-post-quantum" seals classically (version 1) to it and post-quantum to the others
+    posts: list = []
+    port2 = httpx.URL(c.server_urls[1]).port
+    with Client(c.server_urls, encrypt=True, sealing="post-quantum", transport=_without_pq(port2, posts)) as client:
+        with pytest.raises(SDKError, match="publishes no post-quantum HPKE key"):
+            client.submit_many(study.study_id, rows[150:160])
+    assert posts == []
+    with Client(c.server_urls, encrypt=True, sealing="prefer-post-quantum",
+                transport=_without_pq(port2, posts)) as client:
+        assert client.sealing_suites(study.study_id) == ["post-quantum", "classical", "post-quantum"]
+        client.submit_many(study.study_id, rows[150:225])
+    heads2 = [head for port, head in posts if port == port2]
+    assert heads2 and all(head[0] == envelope.CONTENT_SHARE for head in heads2)  # version 1 records
+    assert all(head == pq_head for port, head in posts if port != port2)
+    # ... classical clients (version 1 records, as before the suite) keep working
+    with Client(c.server_urls, encrypt=True) as client:
+        assert client.sealing_suites(study.study_id) == ["classical"] * 3
+        client.submit_many(study.study_id, rows[225:260])
+    # ... and so does dpsketch submit --sealing post-quantum (which implies --encrypt)
+    csv = tmp_path / "rows.csv"
+    csv.write_text(",".join(COLUMNS) + "\n" + "\n".join(",".join(f"{v:.6f}" for v in r) for r in rows[260:]))
+    code = cli_main(["--study", study.study_id, "--servers", ",".join(c.server_urls),
+                     "--sealing", "post-quantum", "--quiet", str(csv)])
+    assert code == 0, capsys.readouterr()
+    assert [_count(u, study.study_id) for u in c.server_urls] == [n] * 3
+    ids, encoded = capture.ids_and_encoded(3)
+    assert len(ids) == n
+    released = _released(c, study)
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+
+
+def test_servers_hold_both_suites_rotate_refuse_unknown_and_keep_keys_across_a_restart(no_floor_cluster):  # noqa: F811
+    c = no_floor_cluster
+    study = _study(c, 200, "pq-keys", epsilon_floor=None)
+    url1, spec1 = c.server_urls[0], c.specs[0]
+    op1 = {"Authorization": f"Bearer {spec1.operator_token}"}
+    before = _info(url1)["hpke"]
+    pq = before["post_quantum"]
+    assert (before["name"], before["kem_id"], pq["name"], pq["kem_id"], pq["kdf_id"], pq["aead_id"]) == (
+        "classical", 0x0020, "post-quantum", 0x647A, 1, 3)
+    assert [len(k["public_key"]) for k in pq["keys"]] == [2432]
+    # every server's post-quantum key is its own, and the study info carries the same keys
+    assert len({_info(u)["hpke"]["post_quantum"]["current"] for u in c.server_urls}) == 3
+    assert httpx.get(f"{url1}/v1/studies/{study.study_id}").json()["hpke"] == before
+
+    d, m = study.d, 3
+    share = ring.random_ring((m, d))
+    ids, proofs = bind_at(study, 0, share)
+    plain = _plaintexts(proofs, share)
+    to_pq = envelope.seal_batch(_pq_recipient(url1, "s1"), study.study_id, ids, envelope.CONTENT_SHARE, plain)
+    # unknown suite, unknown key id, sealed for another server's key: 422, nothing stored
+    unknown_suite = bytearray(to_pq)
+    unknown_suite[27] ^= 0x01  # the first record's KEM id: 0x647b
+    r = _post_sealed(url1, study.study_id, bytes(unknown_suite))
+    assert r.status_code == 422 and r.json()["type"] == "urn:dpsketch:problem:sealed-share-refused", r.text
+    assert "is not one this server opens" in r.json()["detail"]
+    r = _post_sealed(url1, study.study_id, envelope.seal_batch(
+        _pq_recipient(c.server_urls[1], "s1"), study.study_id, ids, envelope.CONTENT_SHARE, plain))
+    assert r.status_code == 422 and "unknown key id" in r.json()["detail"]
+    r = _post_sealed(url1, study.study_id, to_pq[:-1])
+    assert r.status_code == 400 and r.json()["type"].endswith("malformed-body")
+    assert _count(url1, study.study_id) == 0
+
+    # rotation makes a new key of each suite current; sealed to the old keys still opens
+    r = httpx.post(f"{url1}/v1/keys", headers=op1)
+    assert r.status_code == 201, r.text
+    after = r.json()
+    assert after == _info(url1)["hpke"]
+    assert after["current"] != before["current"] and after["post_quantum"]["current"] != pq["current"]
+    assert len(after["keys"]) == 2 and len(after["post_quantum"]["keys"]) == 2
+    old_pq = next(k for k in after["post_quantum"]["keys"] if k["key_id"] == pq["current"])
+    assert old_pq["superseded_at"] is not None
+    r = httpx.delete(f"{url1}/v1/keys/{pq['current']}", headers=op1)  # the open study may need it
+    assert r.status_code == 409 and r.json()["type"].endswith("key-in-use")
+    r = httpx.delete(f"{url1}/v1/keys/{after['post_quantum']['current']}", headers=op1)
+    assert r.status_code == 409 and "current post-quantum key" in r.json()["detail"]
+
+    # an old classical (version 1) record, sealed to the old classical key, and the version 2
+    # record sealed to the old post-quantum key, both sealed before a SIGKILL restart
+    old_cl = envelope.Recipient("s1", bytes.fromhex(before["keys"][0]["public_key"]))
+    more = ring.random_ring((2, d))
+    more_ids, more_proofs = bind_at(study, 0, more)
+    v1_body = envelope.seal_batch(old_cl, study.study_id, more_ids, envelope.CONTENT_SHARE,
+                                  _plaintexts(more_proofs, more))
+    assert v1_body[24] == envelope.CONTENT_SHARE  # the layout of every release before version 2
+    c.procs[0].kill()  # SIGKILL, then a start on the same database
+    c.procs[0].start()
+    assert _info(url1)["hpke"] == after  # both suites' keys, current and superseded, kept
+    assert oct(Path(spec1.db_path).stat().st_mode & 0o777) == "0o600"
+    assert _post_sealed(url1, study.study_id, to_pq).json() == {"accepted": 3, "duplicates": 0, "report_count": 3}
+    assert _post_sealed(url1, study.study_id, v1_body).json()["accepted"] == 2
+    # the same reports resealed to the new post-quantum key are duplicates
+    again = envelope.seal_batch(_pq_recipient(url1, "s1"), study.study_id, ids, envelope.CONTENT_SHARE, plain)
+    assert _post_sealed(url1, study.study_id, again).json() == {"accepted": 0, "duplicates": 3, "report_count": 5}
+    stored = messages.decode_report_ids(httpx.get(
+        f"{url1}/v1/studies/{study.study_id}/report-ids",
+        headers={"Authorization": f"Bearer {spec1.analyst_token}"}).content)
+    assert stored == sorted(ids + more_ids)
+
+
+def test_a_database_from_before_the_suite_gains_a_pq_key_and_keeps_its_classical_one(tmp_path: Path):
+    """In process: a server file without the post-quantum table (as made by an earlier release)
+    keeps its classical key and gets a post-quantum one at the next start; that one persists."""
+    from fastapi.testclient import TestClient
+
+    from services.app import create_app
+    from services.settings import Settings
+
+    settings = Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token="op-" + "1" * 16,
+                        analyst_token="an-" + "2" * 16, upload_auth="open")
+    with TestClient(create_app(settings)) as client:
+        first = client.get("/v1/info").json()["hpke"]
+    conn = sqlite3.connect(settings.db_path)
+    conn.execute("DROP TABLE hpke_pq_keys")  # the file as an earlier release left it
+    conn.commit()
+    conn.close()
+    with TestClient(create_app(settings)) as client:
+        second = client.get("/v1/info").json()["hpke"]
+    assert second["keys"] == first["keys"] and second["current"] == first["current"]
+    assert second["post_quantum"]["current"] != first["post_quantum"]["current"]
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/info").json()["hpke"] == second
+    rows = sqlite3.connect(settings.db_path).execute(
+        "SELECT length(private_key), length(public_key) FROM hpke_pq_keys").fetchall()
+    assert rows == [(96, 1216)]
