@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dpsketch import __version__, problem_http
 from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.histogram import HistogramSpec
-from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR
+from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, POPULATION_PATTERN
 
 from . import histogram_api, lad_api, logistic_api, recommend
 from .coordinator import Coordinator, UpstreamError
@@ -84,6 +84,11 @@ class CreateStudy(PrivacyTarget):
         default=None, description="a sketch study whose columns different parties hold for the same "
         "individuals: the parties' blocks in column order (columns may then be omitted); "
         "docs/vertical.md")
+    population: str | None = Field(
+        default=None, pattern=POPULATION_PATTERN, description="the population the study draws from "
+        "(a stable id chosen by whoever enrols the clients): every share server charges the study to "
+        "that population's privacy ledger and refuses it past its budget (409 budget-exceeded, "
+        "docs/ledger.md); omitted: charged to nothing")
 
 
 class RecommendRequest(PrivacyTarget):
@@ -104,6 +109,23 @@ class StudyView(BaseModel):
     explanation: list[str]
     n_reports: int | None = None
     inclusion_hash: str | None = None
+
+
+class ServerLedger(BaseModel):
+    server_id: str
+    url: str
+    ledger: dict[str, Any] | None = Field(None, description="the server's PopulationLedger "
+                                          "(GET /v1/populations/{population}/ledger)")
+    error: str | None = None
+
+
+class LedgerView(BaseModel):
+    """A population's privacy ledger as every share server keeps it (docs/ledger.md)."""
+
+    population: str | None = Field(description="null: the study names no population and is charged to nothing")
+    study_id: str | None = None
+    charged: bool | None = Field(None, description="for a study: whether every server lists it in the ledger")
+    servers: list[ServerLedger]
 
 
 class RidgeRequest(BaseModel):
@@ -131,6 +153,9 @@ class RegressionResult(BaseModel):
     features: list[str]
     coef: list[float]
     alpha: float
+    tau: float = Field(default=0.0, description="the eigenvalue floor: eigenvalues of G_xx + alpha I "
+                       "below tau were raised to tau (docs/protocol.md section 6c)")
+    n_floored: int = Field(default=0, description="how many eigenvalues were floored at tau")
     debias: bool
     n_reports: int
 
@@ -262,6 +287,30 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     def get_study(study_id: str) -> StudyView:
         return _view(coordinator.record(study_id))
 
+    @app.get("/v1/populations/{population}/ledger", dependencies=auth)
+    async def population_ledger(population: str) -> LedgerView:
+        """The population's ledger at every share server (each composes and enforces its own)."""
+        import re
+
+        if not re.match(POPULATION_PATTERN, population):
+            raise ProblemError("invalid-request", f"a population id matches {POPULATION_PATTERN}; "
+                                                  f"got {population[:80]!r}")
+        servers = await run_in_threadpool(coordinator.ledgers, population)
+        return LedgerView(population=population, servers=[ServerLedger(**s) for s in servers])
+
+    @app.get("/v1/studies/{study_id}/ledger", dependencies=auth)
+    async def study_ledger(study_id: str) -> LedgerView:
+        """The ledger of the study's population at every share server."""
+        study = coordinator.record(study_id).study
+        if study.population is None:
+            return LedgerView(population=None, study_id=study_id, charged=False, servers=[])
+        servers = await run_in_threadpool(coordinator.ledgers, study.population)
+        charged = all(any(e["charge"]["study_id"] == study_id for e in s["ledger"]["studies"])
+                      for s in servers if s.get("ledger") is not None) and all(
+                          s.get("ledger") is not None for s in servers)
+        return LedgerView(population=study.population, study_id=study_id, charged=charged,
+                          servers=[ServerLedger(**s) for s in servers])
+
     @app.get("/v1/studies/{study_id}/progress", dependencies=auth)
     async def progress(study_id: str) -> dict[str, Any]:
         rec = coordinator.record(study_id)
@@ -320,6 +369,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         model = RidgeRegression(label=label, alpha=body.alpha, debias=body.debias).fit(rel)
         return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
                                 coef=finite(model.coef_, "solution"), alpha=float(model.alpha_),
+                                tau=float(model.tau_), n_floored=int(model.n_floored_),
                                 debias=body.debias, n_reports=rel.n_reports)
 
     @app.post("/v1/studies/{study_id}/analyses/least-squares", dependencies=auth)
@@ -328,7 +378,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         label = _label(rel, body.label)
         model = LeastSquares(label=label, debias=body.debias).fit(rel)
         return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
-                                coef=finite(model.coef_, "solution"), alpha=0.0, debias=body.debias,
+                                coef=finite(model.coef_, "solution"), alpha=0.0, tau=float(model.tau_),
+                                n_floored=int(model.n_floored_), debias=body.debias,
                                 n_reports=rel.n_reports)
 
     @app.post("/v1/studies/{study_id}/analyses/pca", dependencies=auth)

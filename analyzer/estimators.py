@@ -105,8 +105,12 @@ class RidgeRegression:
     coef_: (p,) coefficients over ``feature_names_``.
     feature_names_: list of the p feature names.
     alpha_: the penalty actually used.
-    n_floored_: how many eigenvalues of G_xx + alpha I were floored at the noise scale.
-    noise_scale_: the release's gram_noise_scale tau (0 for noise-free releases).
+    n_floored_: how many eigenvalues of G_xx + alpha I were floored at tau (or, for tau = 0,
+        dropped by the pseudo-inverse).
+    tau_: the eigenvalue floor used, the release's public gram_noise_scale tau (0 for noise-free
+        releases; docs/protocol.md section 6c gives it for every release kind). It does not
+        depend on ``debias``.
+    noise_scale_: the same as ``tau_`` (the older name).
     """
 
     def __init__(
@@ -149,6 +153,7 @@ class RidgeRegression:
         self.feature_names_ = features
         self.alpha_ = alpha
         self.n_floored_ = floored
+        self.tau_ = tau
         self.noise_scale_ = tau
         self.n_reports_ = int(release.n_reports)
         return self

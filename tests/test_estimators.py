@@ -263,6 +263,31 @@ def test_default_alpha_is_adassp_and_deterministic():
     assert default_ridge_alpha(gxx, 0.0) == 0.0
 
 
+def test_tau_is_the_public_noise_scale_whatever_debias():
+    """tau_ (the eigenvalue floor, answered as `tau`, docs/protocol.md 6c) is the formula of the
+    public parameters alone, the same with and without debiasing, 0 for an exact release; and
+    n_floored_ counts the eigenvalues of G_xx + alpha I below it."""
+    rng = np.random.default_rng(9)
+    n = 5000
+    data = synthetic.regression_data(n, 4, seed=3)
+    study = make_study(data.columns, n, label="y")
+    rel = baselines.simulate_ltm(study, data.rows, rng)
+    k, d = study.k, study.d
+    bias = study.sigma ** 2 * n + k * study.n_servers * study.server_sigma ** 2
+    want = bias * (2 * np.sqrt(d / k) + d / k)
+    features = [i for i, c in enumerate(data.columns) if c != "y"]
+    for debias in (True, False):
+        for alpha in (0.0, 3.0 * want):
+            m = RidgeRegression("y", alpha=alpha, debias=debias).fit(rel)
+            assert m.tau_ == pytest.approx(want, rel=1e-12) and m.tau_ == m.noise_scale_
+            gxx = rel.gram(debias)[np.ix_(features, features)]
+            assert m.n_floored_ == int(np.sum(np.linalg.eigvalsh(gxx + alpha * np.eye(len(features))) < want))
+    assert RidgeRegression("y", alpha=3.0 * want).fit(rel).n_floored_ == 0
+    assert RidgeRegression("y", alpha=0.0).fit(rel).n_floored_ >= 1  # the noise dominates here
+    exact = baselines.exact_gram(data.rows, data.columns)
+    assert RidgeRegression("y").fit(exact).tau_ == 0.0
+
+
 def test_unknown_label_and_bad_parameters():
     rel = baselines.exact_gram(np.eye(3), ["a", "b", "c"])
     with pytest.raises(KeyError):

@@ -1,9 +1,16 @@
-"""Canonical JSON (RFC 8785 style) and the content hash that identifies a study.
+r"""Canonical JSON (RFC 8785-like) and the content hash that identifies a study.
 
 A study's id is the SHA-256 of its canonical encoding, so a client can check that all N servers
-hold the same study by comparing ids it recomputes itself. Keys are sorted, there is no
-whitespace, strings are ASCII-escaped JSON strings, and numbers follow ECMAScript's
-Number-to-string rule (as RFC 8785 requires), so any JCS library reproduces the bytes.
+hold the same study by comparing ids it recomputes itself. Members are sorted, there is no
+whitespace, and numbers follow ECMAScript's Number-to-string rule (as RFC 8785 requires). Strings
+differ from RFC 8785: the output is pure ASCII. Every UTF-16 code unit outside U+0020..U+007E
+(so U+007F DEL and all non-ASCII text too, a supplementary character as its surrogate pair) is
+written ``\uXXXX`` with lower-case hex, except the short escapes ``\b \t \n \f \r``; ``"``
+and ``\`` are ``\"`` and ``\\``. RFC 8785 writes DEL and non-ASCII text as raw UTF-8, so a
+JCS library reproduces these bytes only for strings of printable ASCII (docs/protocol.md,
+"Study id", states the rule and its differences; conformance/study_ids.json has vectors).
+Integers (Python ``int``) are written in full decimal: the same as RFC 8785 below 2^53, which
+every integer of a study is.
 """
 
 from __future__ import annotations
