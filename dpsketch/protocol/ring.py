@@ -39,8 +39,8 @@ def max_frac_bits(max_reports: int, value_bound: float, extra: float = 0.0) -> i
     return f
 
 
-def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
-    """Encode floats with |x| <= bound as uint64 ring elements; refuse anything outside."""
+def _in_range(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
+    """The values as float64, refused unless finite, within bound, and bound * 2^f fits 63 bits."""
     if not bound * 2.0**frac_bits < 2.0**63:
         raise EncodingRangeError(f"bound {bound} with {frac_bits} fractional bits does not fit 64 bits")
     x = np.asarray(values, dtype=np.float64)
@@ -48,20 +48,19 @@ def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
         raise EncodingRangeError("values must be finite")
     if np.any(np.abs(x) > bound):
         raise EncodingRangeError(f"a value exceeds the encoding bound {bound}")
-    fixed = np.rint(np.ldexp(x, frac_bits)).astype(np.int64)
+    return x
+
+
+def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
+    """Encode floats with |x| <= bound as uint64 ring elements; refuse anything outside."""
+    fixed = np.rint(np.ldexp(_in_range(values, frac_bits, bound), frac_bits)).astype(np.int64)
     return fixed.view(np.uint64)
 
 
 def encode_on_grid(values: np.ndarray, frac_bits: int, shift: int, bound: float) -> np.ndarray:
     """Encode floats with |x| <= bound, rounded to the noise grid: round(x 2^(f - shift)) 2^shift
     (int64), so that a client's values lie on the same lattice as its noise (noise.py)."""
-    if not bound * 2.0**frac_bits < 2.0**63:
-        raise EncodingRangeError(f"bound {bound} with {frac_bits} fractional bits does not fit 64 bits")
-    x = np.asarray(values, dtype=np.float64)
-    if not np.all(np.isfinite(x)):
-        raise EncodingRangeError("values must be finite")
-    if np.any(np.abs(x) > bound):
-        raise EncodingRangeError(f"a value exceeds the encoding bound {bound}")
+    x = _in_range(values, frac_bits, bound)
     return np.rint(np.ldexp(x, frac_bits - shift)).astype(np.int64) << np.int64(shift)
 
 
