@@ -580,10 +580,12 @@ class Client:
         prepared = 0
         try:
             for batch in batches:
-                if run.aborted.is_set():
-                    break
+                # a batch prepared while the run aborted is put too: it becomes pending at every
+                # server, so every prepared row is either stored or handed back to resend
                 run.put(batch, prepared)
                 prepared += len(batch)
+                if run.aborted.is_set():
+                    break
         except Exception as exc:
             # bad input (or a failing reader) part-way: let the batches already queued finish,
             # so every row prepared so far is held by all servers, then say what was sent

@@ -104,7 +104,7 @@ def test_a_keystream_key_fixes_the_noise_and_nothing_else_draws(monkeypatch):
 
 def test_rounding_to_a_coarse_grid_keeps_the_sensitivity():
     """Rows clipped to clip_bound and rounded to the grid never exceed B (sketch) and the gram
-    feature vectors keep their sensitivity, even on a grid as coarse as 0.05."""
+    feature vectors keep their sensitivity, even on a grid as coarse as 1/4."""
     rng = np.random.default_rng(3)  # test data
     rows = rng.normal(size=(2000, 5)) * 10
     for shift in (0, 30):
