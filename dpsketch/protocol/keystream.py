@@ -69,24 +69,6 @@ class Keystream:
         raw = np.frombuffer(self.bytes((count + 7) // 8), dtype=np.uint8)
         return np.unpackbits(raw, bitorder="little")[:count].astype(bool)
 
-    def uniform_below(self, bound: np.ndarray) -> np.ndarray:
-        """One exact uniform integer in [0, bound[i]) per entry of ``bound`` (uint64, each in
-        [1, 2^63]): a 64-bit word w is kept when w < 2^64 - (2^64 mod b), so w mod b is exactly
-        uniform; rejected words (probability b / 2^64 at most) are redrawn."""
-        b = np.asarray(bound, dtype=np.uint64)
-        out = np.empty(b.shape, dtype=np.uint64)
-        todo = np.arange(b.size)
-        flat_b = b.reshape(-1)
-        flat_out = out.reshape(-1)
-        while todo.size:
-            bb = flat_b[todo]
-            w = self.words(todo.size)
-            rem = (np.uint64(0) - bb) % bb  # 2^64 mod b
-            ok = (rem == 0) | (w < np.uint64(0) - rem)
-            flat_out[todo[ok]] = w[ok] % bb[ok]
-            todo = todo[~ok]
-        return out
-
 
 def random_bytes(n: int) -> bytes:
     """n bytes from a fresh keystream (a convenience for one-off draws)."""

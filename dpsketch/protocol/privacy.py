@@ -84,7 +84,12 @@ def tail_delta(epsilon: float, noise_coordinates: int, tail_sigmas: float) -> fl
     (epsilon, delta) Gaussian release becomes (epsilon, delta + (e^epsilon + delta) m p / (1 - m p))
     with truncation (at most (e^epsilon + 1) m p / (1 - m p), what this returns). Studies require this extra to be below 1e-6 delta (T = 20: p = 5.5e-89).
     """
-    mp = float(noise_coordinates) * math.erfc(tail_sigmas / math.sqrt(2.0))
+    return truncation_delta(epsilon, float(noise_coordinates) * math.erfc(tail_sigmas / math.sqrt(2.0)))
+
+
+def truncation_delta(epsilon: float, mp: float) -> float:
+    """(e^epsilon + 1) mp / (1 - mp): what conditioning noise on no cut adds to delta, for a total
+    cut probability mp over all noise values (:func:`tail_delta`'s argument)."""
     if mp >= 1.0:
         return math.inf
     return (math.exp(min(epsilon, 700.0)) + 1.0) * mp / (1.0 - mp)

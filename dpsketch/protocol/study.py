@@ -276,9 +276,7 @@ class Study(BaseModel):
                            (self.server_noise_std, self.n_servers * self.k * self.width)):
             if std > 0:
                 mp += count * _noise.tail_probability(grid.scale(std), grid.limit(std))
-        if mp >= 1.0:
-            return math.inf
-        return (math.exp(min(self.epsilon, 700.0)) + 1.0) * mp / (1.0 - mp)
+        return privacy.truncation_delta(self.epsilon, mp)
 
     @property
     def clip_bound(self) -> float:
@@ -329,16 +327,14 @@ class Study(BaseModel):
         return self.n_servers * NOISE_TAIL_SIGMAS * self.server_noise_std
 
     def server_noise(self) -> "np.ndarray":
-        """One server's noise for its aggregate share: N(0, server_noise_std^2) per cell from the
-        CSPRNG, encoded on the ring (what ``services/store.py`` adds before it releases; the
+        """One server's noise for its aggregate share: the discrete Gaussian of parameter
+        server_noise_std on the study's noise grid per cell (noise.py), encoded on the ring (what ``services/store.py`` adds before it releases; the
         simulations add it N times). Zeros when the study asks for no server noise."""
         import numpy as np
 
-        from . import noise
-
         if self.server_sigma == 0:
             return np.zeros(self.aggregate_shape, dtype=np.uint64)
-        return noise.encoded_noise(self.aggregate_shape, self.server_noise_std, self.noise_grid).view(np.uint64)
+        return _noise.encoded_noise(self.aggregate_shape, self.server_noise_std, self.noise_grid).view(np.uint64)
 
     def guarantees(self) -> dict[str, float | str | None]:
         """What the study promises each honest report, both ways (docs/trust.md):
