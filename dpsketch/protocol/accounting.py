@@ -88,18 +88,30 @@ def report_epsilon(neighbouring: str, kind: str, row_bound: float, sigma: float,
     ``grid``: the add/remove loss grid (a multiple of LOSS_GRID gives a larger upper bound)."""
     s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
     if neighbouring == "replace-one":
-        var = s2 * max(1.0, honest_lambda) + t2
-        if var <= 0:
-            return math.inf
-        mu = privacy.sensitivity(row_bound, "replace-one", kind) / math.sqrt(var)
-        return gaussian_epsilon(mu, delta)
+        mu = _replace_mu(kind, row_bound, s2, t2, honest_lambda)
+        return math.inf if mu is None else gaussian_epsilon(mu, delta)
     if neighbouring != "add-remove":
         raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
-    var = s2 * max(0.0, honest_lambda - 1.0) + t2
-    if var <= 0:
+    shift, ratio = _presence_pair(kind, row_bound, s2, t2, honest_lambda)
+    if shift is None:
         return math.inf  # nothing but the report's own noise: presence shows
-    shift = privacy.sensitivity(row_bound, "add-remove", kind) / math.sqrt(var)
-    return add_remove_epsilon(shift, 1.0 + s2 / var, int(width), delta, grid)
+    return add_remove_epsilon(shift, ratio, int(width), delta, grid)
+
+
+def _replace_mu(kind: str, row_bound: float, s2: float, t2: float, honest_lambda: float) -> float | None:
+    """mu = Delta_replace / sqrt(sigma^2 max(1, lambda) + tau^2), or None if there is no noise."""
+    var = s2 * max(1.0, float(honest_lambda)) + t2
+    if var <= 0:
+        return None
+    return privacy.sensitivity(row_bound, "replace-one", kind) / math.sqrt(var)
+
+
+def _presence_pair(kind: str, row_bound: float, s2: float, t2: float, honest_lambda: float):
+    """(shift, ratio) of the add/remove pair (module docstring), or (None, None) if unbounded."""
+    var = s2 * max(0.0, float(honest_lambda) - 1.0) + t2
+    if var <= 0:
+        return None, None
+    return privacy.sensitivity(row_bound, "add-remove", kind) / math.sqrt(var), 1.0 + s2 / var
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
@@ -134,12 +146,20 @@ def add_remove_epsilon(shift: float, ratio: float, width: int, delta: float,
 def _loss_pmf(shift: float, ratio: float, width: int, *, upper: bool, grid: float):
     """The pessimistic PLD pmf of ln p/q under P (``upper``: the report is there, the remove
     direction) or of ln q/p under Q (the add direction)."""
-    one = _shift_scale_loss(shift, ratio, upper)
-    rest = _variance_loss(ratio, width - 1, upper) if width > 1 else None
-    span = (one[1] - one[0]) + ((rest[1] - rest[0]) if rest else 0.0)
-    grid = max(grid, span / MAX_GRID_POINTS)
+    one, rest = _loss_parts(shift, ratio, width, upper)
+    grid = max(grid, _parts_span(one, rest) / MAX_GRID_POINTS)
     pmf = _discretise(*one, grid)
     return pmf.compose(_discretise(*rest, grid)) if rest else pmf
+
+
+def _loss_parts(shift: float, ratio: float, width: int, upper: bool):
+    """The two loss laws L1 (shift and scale) and L2 (variance change, None for width 1)."""
+    one = _shift_scale_loss(shift, ratio, upper)
+    return one, (_variance_loss(ratio, width - 1, upper) if width > 1 else None)
+
+
+def _parts_span(one, rest) -> float:
+    return (one[1] - one[0]) + ((rest[1] - rest[0]) if rest else 0.0)
 
 
 def _interval(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -381,10 +401,9 @@ def study_pld(neighbouring: str, kind: str, row_bound: float, sigma: float, serv
     notion = notion or neighbouring
     s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
     if notion == "replace-one":
-        var = s2 * max(1.0, float(honest_lambda)) + t2
-        if var <= 0:
+        mu = _replace_mu(kind, row_bound, s2, t2, honest_lambda)
+        if mu is None:
             return None
-        mu = privacy.sensitivity(row_bound, "replace-one", kind) / math.sqrt(var)
         return pld.from_gaussian_mechanism(1.0 / mu, value_discretization_interval=grid,
                                            pessimistic_estimate=True)
     if notion != "add-remove":
@@ -416,19 +435,6 @@ def pld_grid(neighbouring: str, kind: str, row_bound: float, sigma: float, serve
     return max(grid, _span(shift, ratio, int(width)) / MAX_GRID_POINTS)
 
 
-def _presence_pair(kind: str, row_bound: float, s2: float, t2: float, honest_lambda: float):
-    """(shift, ratio) of the add/remove pair (module docstring), or (None, None) if unbounded."""
-    var = s2 * max(0.0, float(honest_lambda) - 1.0) + t2
-    if var <= 0:
-        return None, None
-    return privacy.sensitivity(row_bound, "add-remove", kind) / math.sqrt(var), 1.0 + s2 / var
-
-
 def _span(shift: float, ratio: float, width: int) -> float:
     """The widest loss range of both directions (what :func:`_loss_pmf` sizes its grid by)."""
-    out = 0.0
-    for upper in (True, False):
-        one = _shift_scale_loss(shift, ratio, upper)
-        rest = _variance_loss(ratio, width - 1, upper) if width > 1 else None
-        out = max(out, (one[1] - one[0]) + ((rest[1] - rest[0]) if rest else 0.0))
-    return out
+    return max(_parts_span(*_loss_parts(shift, ratio, width, upper)) for upper in (True, False))
