@@ -201,6 +201,14 @@ class Store:
                 record.state = state
         return record.state
 
+    def ping(self) -> None:
+        """Raise if the database cannot answer a query now (readiness: a server whose store is
+        unreachable must not be sent traffic); return quickly otherwise."""
+        try:
+            self._reader().execute("SELECT 1").fetchone()
+        except sqlite3.Error as exc:
+            raise db.unavailable(exc) from exc
+
     # --- reads -------------------------------------------------------------------------------
     def record(self, study_id: str) -> StudyRecord:
         record = self._records.get(study_id)
