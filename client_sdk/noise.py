@@ -69,7 +69,7 @@ def noisy_encoded(vectors: np.ndarray, study: Study, stream: Keystream | None = 
     grid = study.noise_grid
     encoded = ring.encode_on_grid(vectors, study.frac_bits, grid.shift, study.value_bound)
     if study.sigma > 0:  # 0: the servers' noise carries the whole guarantee (DAP model)
-        encoded = encoded + encoded_noise(encoded.shape, study.sigma, grid, stream)
+        encoded += encoded_noise(encoded.shape, study.sigma, grid, stream)
     return encoded.view(np.uint64)
 
 

@@ -24,11 +24,13 @@ def _exact_pmf(t: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
     return x, rho / rho.sum()
 
 
-@pytest.mark.parametrize("t", [1, 3])
-def test_sampler_matches_the_exact_pmf_over_ten_million_draws(t):
+@pytest.mark.parametrize("t, limit", [(1, 19), (3, 59), (200, 3999), (5000, 99_999)])
+def test_sampler_matches_the_exact_pmf_over_ten_million_draws(t, limit):
     """10^7 draws of N_Z(t) against the exact pmf: a chi-square over every value with an
-    expected count of at least 20, and each tail beyond 3 t tested on its own (binomial)."""
-    limit = 20 * t - 1
+    expected count of at least 20, and each tail beyond 3 t tested on its own (binomial).
+    t = 1, 3 draw from the block table alone (blocks of one value); t = 200 and 5000 use blocks
+    of 2 and 49 values with the exact offset acceptance (the last block of t = 5000 is cut short
+    by the limit)."""
     draws = noise.discrete_gaussian(10_000_000, t, limit, Keystream())
     assert np.abs(draws).max() <= limit
     x, pmf = _exact_pmf(t, limit)
@@ -61,14 +63,50 @@ def test_large_parameter_is_the_gaussian_and_respects_the_cut():
     assert np.abs(cut).max() <= 100 and np.abs(cut).max() >= 95
 
 
-@pytest.mark.parametrize("gamma", [0.0, 0.25, 1.0, 2.5])
-def test_bernoulli_of_exp_minus_gamma_is_exact_in_law(gamma):
+@pytest.mark.parametrize("den", [1_000_003, 2 * (1 << 24) ** 2])  # 32- and 64-bit words
+@pytest.mark.parametrize("gamma", [0.0, 0.25, 0.6, 1.0])
+def test_bernoulli_of_exp_minus_gamma_is_exact_in_law(gamma, den):
     n = 400_000
-    den = 1_000_003
     num = np.full(n, round(gamma * den), dtype=np.uint64)
     p = math.exp(-int(num[0]) / den)
     hits = noise.bernoulli_exp(num, den, Keystream()).sum()
     assert abs(hits - n * p) <= 6 * math.sqrt(n * p * (1 - p)) + 1e-9
+
+
+def test_block_table_bounds_are_the_cumulatives_and_ties_take_more_bits():
+    """The table's 64-bit bounds are floor(2^64 F_j) (checked against a float computation to
+    2^-40), and a word equal to a bound is settled by the next word against floor(2^128 F_j):
+    below it U < F_j, above it U > F_j, exactly as the infinite-precision comparison says."""
+    t, limit = 5000, 12345
+    table = noise._block_table(t, limit)
+    j = np.arange(limit // table.block + 1)
+    rho = np.exp(-((table.block * j).astype(float) ** 2) / (2.0 * t * t))
+    cdf = np.cumsum(rho) / rho.sum()
+    assert table.bounds.size == j.size - 1
+    assert np.all(np.diff(table.bounds.astype(float)) >= 0)
+    assert np.allclose(table.bounds.astype(float) * 2.0 ** -64, cdf[:-1], rtol=0, atol=2.0 ** -40)
+
+    class Words:  # a stream that returns chosen words, in order
+        def __init__(self, words):
+            self.left = list(words)
+
+        def words(self, count):
+            taken, self.left = self.left[:count], self.left[count:]
+            return np.array(taken, dtype=np.uint64)
+
+    k = 40
+    fine = noise._cumulative_floor(t, limit, table.block, k, 128)
+    assert fine >> 64 == int(table.bounds[k])
+    low_half = fine & ((1 << 64) - 1)
+    tie = int(table.bounds[k])
+    assert table._resolve(tie, Words([low_half - 1])) == k  # U < F_k: J = k
+    assert table._resolve(tie, Words([low_half + 1])) == k + 1  # U > F_k: J = k + 1
+    # a word that equals the 128-bit prefix too reads a third word
+    finer = noise._cumulative_floor(t, limit, table.block, k, 192) & ((1 << 64) - 1)
+    assert table._resolve(tie, Words([low_half, finer + 1])) == k + 1
+    # through draw: the tied word is the second of three; the refinement reads the next word
+    below = int(table.bounds[k]) - 1
+    assert list(table.draw(3, Words([below, tie, 0, low_half + 1]))) == [k, k + 1, 0]
 
 
 def test_a_keystream_key_fixes_the_noise_and_nothing_else_draws(monkeypatch):

@@ -102,22 +102,44 @@ def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray],
     :func:`block_prefixes`) makes block ids instead of report ids."""
     n = len(payloads)
     m = len(payloads[0])
-    sha = hashlib.sha256
-    salts = (stream or Keystream()).bytes(SALT_BYTES * n * m)
-    commits: list[list[bytes]] = []
+    salts = (stream or Keystream()).array(SALT_BYTES * n * m).reshape(n, m, SALT_BYTES)
+    # each hash input is laid out as one row of a contiguous matrix (numpy fills the columns), so
+    # the per-report Python work is one slice, one hash and one digest
+    tables = []
     for j in range(n):
-        raw, step = payload_bytes(payloads[j])
         head = COMMIT_DOMAIN + bytes((j, contents[j]))
-        base = j * m * SALT_BYTES
-        commits.append([sha(head + salts[base + i * SALT_BYTES:base + (i + 1) * SALT_BYTES]
-                            + raw[i * step:(i + 1) * step]).digest()[:COMMITMENT_BYTES] for i in range(m)])
+        digests = _hash_rows(m, [head, salts[j], _payload_matrix(payloads[j])])
+        tables.append(digests[:, :COMMITMENT_BYTES])
+    commitments = np.concatenate(tables, axis=1)
     heads = _prefixes(study_id, m, prefixes)
-    ids = [sha(head + b"".join(cs)).digest()[:REPORT_ID_BYTES] for head, cs in zip(heads, zip(*commits))]
-    table = [np.frombuffer(b"".join(c), dtype=np.uint8).reshape(m, COMMITMENT_BYTES) for c in commits]
-    salt_rows = np.frombuffer(salts, dtype=np.uint8).reshape(n, m, SALT_BYTES)
-    proofs = [np.concatenate([salt_rows[j]] + [table[o] for o in range(n) if o != j], axis=1)
+    if prefixes is None:
+        head = heads[0] if m else b""
+    else:  # block ids: a 50-byte prefix per record (block_prefixes)
+        joined = b"".join(heads)
+        if len(joined) != m * len(heads[0]):
+            raise ValueError("id prefixes must all have the same length")
+        head = np.frombuffer(joined, dtype=np.uint8).reshape(m, len(heads[0]))
+    flat = _hash_rows(m, [head, commitments])[:, :REPORT_ID_BYTES].tobytes()
+    ids = [flat[i:i + REPORT_ID_BYTES] for i in range(0, m * REPORT_ID_BYTES, REPORT_ID_BYTES)]
+    proofs = [np.concatenate([salts[j]] + [tables[o] for o in range(n) if o != j], axis=1)
               for j in range(n)]
     return ids, proofs
+
+
+def _hash_rows(m: int, parts: list) -> np.ndarray:
+    """SHA-256 of each of m messages part_1[i] || part_2[i] || ..., as an (m, 32) uint8 matrix;
+    a ``bytes`` part is the same for every message, an (m, w) uint8 matrix gives row i."""
+    cols = [np.frombuffer(p, dtype=np.uint8) if isinstance(p, bytes) else p for p in parts]
+    width = sum(c.shape[-1] for c in cols)
+    buf = np.empty((m, width), dtype=np.uint8)
+    at = 0
+    for c in cols:
+        buf[:, at:at + c.shape[-1]] = c
+        at += c.shape[-1]
+    view = memoryview(buf).cast("B")
+    sha = hashlib.sha256
+    digests = b"".join([sha(view[i:i + width]).digest() for i in range(0, m * width, width)])
+    return np.frombuffer(digests, dtype=np.uint8).reshape(m, 32)
 
 
 def bind_for_server(study_id: str, n_servers: int, position: int, content: int,
@@ -166,6 +188,15 @@ def verify(study_id: str, n_servers: int, position: int, content: int, report_id
                 f"report {rid.hex()}: its share for this server is not the one its report id commits "
                 f"to (record {i}; substituted or corrupted in transit, or bound for another server "
                 f"or study); nothing of this request was stored")
+
+
+def _payload_matrix(payloads: np.ndarray) -> np.ndarray:
+    """The payload rows as an (m, row size) uint8 matrix of the bytes :func:`payload_bytes`
+    gives (little-endian uint64 for shares), without a copy where the layout allows."""
+    arr = np.ascontiguousarray(payloads)
+    if arr.dtype != np.uint8:
+        arr = np.ascontiguousarray(arr.astype("<u8", copy=False))
+    return arr.reshape(len(arr), -1).view(np.uint8)
 
 
 def payload_bytes(payloads: np.ndarray) -> tuple[bytes, int]:

@@ -28,6 +28,8 @@ KEY_BYTES = 32
 NONCE = b"dpsketch/rng"
 _CIPHER_NONCE = b"\x00" * 4 + NONCE
 MAX_BYTES = 64 << 32
+_CHUNK = 1 << 20
+_ZEROS = memoryview(bytes(_CHUNK))
 
 
 class Keystream:
@@ -51,23 +53,40 @@ class Keystream:
 
     def bytes(self, n: int) -> bytes:
         """The next n bytes of the stream."""
-        self._used += n
-        if self._used > MAX_BYTES:
-            raise OverflowError("a keystream is good for 256 GiB; start a new one")
-        return self._cipher.update(bytes(n))
+        if n <= _CHUNK:
+            self._count(n)
+            return self._cipher.update(_ZEROS[:n])
+        return self.array(n).tobytes()
+
+    def array(self, n: int) -> np.ndarray:
+        """The next n bytes of the stream as a fresh writable uint8 array. The cipher writes
+        straight into it from a shared read-only block of zeros: no zero buffer is allocated per
+        call and nothing is copied (each costs as much as the cipher itself)."""
+        self._count(n)
+        out = np.empty(n, dtype=np.uint8)
+        view = memoryview(out)
+        for start in range(0, n, _CHUNK):
+            size = min(_CHUNK, n - start)
+            self._cipher.update_into(_ZEROS[:size], view[start:start + size])
+        return out
 
     def words(self, count: int) -> np.ndarray:
         """The next ``count`` uniform 64-bit words (little-endian), as a writable uint64 array."""
-        return np.frombuffer(self.bytes(8 * count), dtype="<u8").astype(np.uint64)
+        return self.array(8 * count).view("<u8").view(np.uint64)
 
     def words32(self, count: int) -> np.ndarray:
         """The next ``count`` uniform 32-bit words, as a writable uint32 array."""
-        return np.frombuffer(self.bytes(4 * count), dtype="<u4").astype(np.uint32)
+        return self.array(4 * count).view("<u4").view(np.uint32)
 
     def bits(self, count: int) -> np.ndarray:
         """The next ``count`` uniform bits, as a bool array (8 per byte, least significant first)."""
-        raw = np.frombuffer(self.bytes((count + 7) // 8), dtype=np.uint8)
-        return np.unpackbits(raw, bitorder="little")[:count].astype(bool)
+        raw = self.array((count + 7) // 8)
+        return np.unpackbits(raw, bitorder="little", count=count).view(bool)
+
+    def _count(self, n: int) -> None:
+        self._used += n
+        if self._used > MAX_BYTES:
+            raise OverflowError("a keystream is good for 256 GiB; start a new one")
 
 
 def random_bytes(n: int) -> bytes:

@@ -7,11 +7,13 @@ noise is drawn directly on the fixed-point grid from the discrete Gaussian
 
     P(X = x) = exp(-x^2 / (2 t^2)) / sum_y exp(-y^2 / (2 t^2)),   x an integer,
 
-with the exact algorithm of Canonne, Kamath and Steinke (NeurIPS 2020): a discrete Laplace
-proposal and an exact Bernoulli(exp(-gamma)) acceptance, using only integer arithmetic on
-uniform random integers. No floating-point number enters a sample. The random integers come from
-one ChaCha20 keystream per batch (:mod:`keystream`), so the sampler is vectorised: numpy does
-each step for every sample still running.
+exactly, using only comparisons of uniform random integers with integers: the magnitude splits
+into a block and an offset, |X| = m J + R; the block index J comes from an inverse-CDF table
+whose entries are known to every bit the comparison needs (computed in decimal arithmetic with a
+proven error bound, a tie extended with more random bits), and the offset from a uniform R kept
+with the exact Bernoulli(exp(-gamma)) of Canonne, Kamath and Steinke (NeurIPS 2020, Algorithm
+1). No floating-point number enters a sample. The random integers come from one ChaCha20
+keystream per batch (:mod:`keystream`), and every step is a vectorised numpy pass.
 
 Where the noise lives. A value x is encoded as round(x 2^f); noise of standard deviation sigma is
 X 2^shift in those units, X ~ N_Z(t) with t = ceil(sigma 2^(f - shift)), so its parameter is
@@ -28,6 +30,8 @@ needs; the conditioning costs at most ``privacy.tail_delta`` of delta (a study c
 
 from __future__ import annotations
 
+import decimal
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,9 +41,8 @@ from .keystream import Keystream
 
 #: Noise is cut at this many sigmas (redrawn beyond): part of the overflow bound.
 NOISE_TAIL_SIGMAS = 20.0
-#: Largest sampler parameter t: with |X| <= 20 t, (|X| - t)^2 < 2^57 and 2 t^2 K < 2^56 for the
-#: Bernoulli loop's K <= 128, so every integer fits numpy's uint64, and the discrete Laplace's
-#: steps (denominators K t < 2^28) run on 32-bit words.
+#: Largest sampler parameter t: with |X| <= 20 t < 2^29, the offset's 2 m J R + R^2 < 2^50 and
+#: 2 t^2 K < 2^56 for the Bernoulli loop's K <= 128, so every integer fits numpy's uint64.
 MAX_SCALE = 1 << 24
 _MAX_LOOP = 128
 
@@ -89,128 +92,236 @@ def encoded_noise(shape: int | tuple[int, ...], std: float, grid: Grid,
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     count = int(np.prod(shape, dtype=np.int64))
     x = discrete_gaussian(count, grid.scale(std), grid.limit(std), stream or Keystream())
-    return (x << np.int64(grid.shift)).reshape(shape)
+    if grid.shift:
+        np.left_shift(x, grid.shift, out=x)
+    return x.reshape(shape)
 
 
 def discrete_gaussian(count: int, t: int, limit: int, stream: Keystream) -> np.ndarray:
     """``count`` independent draws of N_Z(t) conditioned on |X| <= limit, as int64.
 
-    Canonne-Kamath-Steinke, Algorithm 3 with sigma = t: propose Y from the discrete Laplace of
-    scale t, accept with probability exp(-(|Y| - t)^2 / (2 t^2)). Proposals beyond ``limit``
-    are rejected before the acceptance test (conditioning on the event, exactly)."""
+    Two exact stages, each a few vectorised numpy passes:
+
+    * the block: |X| = m J + R with blocks of m = ceil(limit / 2048) values; J is drawn from
+      P(J = j) proportional to rho(m j), j = 0 .. limit // m, by inverting its cumulative
+      distribution with one 64-bit word (:class:`_BlockTable`: the cumulatives are known to
+      enough bits that the comparison is exact, and a word that ties with one is extended);
+    * the offset: R uniform below m, kept with Bernoulli(rho(m J + R) / rho(m J)) =
+      Bernoulli(exp(-(2 m J R + R^2) / (2 t^2))) (CKS Algorithm 1, integer arithmetic only), and
+      m J + R > limit rejected.
+
+    A kept pair has probability proportional to rho(m J) (1/m) rho(m J + R) / rho(m J), that is
+    to rho(|X|) on 0 .. limit. A sign bit makes X = +-|X| with (negative, 0) rejected, so
+    P(X = x) is proportional to rho(x) on -limit .. limit: the discrete Gaussian conditioned on
+    the cut, exactly. The offset's gamma stays below 0.2, so about 97 % of proposals are kept."""
     if not 1 <= t <= MAX_SCALE:
         raise ValueError(f"the sampler's parameter must be in [1, {MAX_SCALE}], got {t}")
     if limit < 0:
         raise ValueError("limit must be >= 0")
+    table = _block_table(t, limit)
+    m = table.block
     out = np.empty(count, dtype=np.int64)
     filled = 0
     while filled < count:
         need = count - filled
-        y = discrete_laplace(need + need // 4 + 16, t, stream)  # ~80 % are accepted
-        y = y[np.abs(y) <= limit]
-        a = np.abs(y).astype(np.uint64) - np.uint64(t)  # wraps when |y| < t; squared it is right
-        keep = y[bernoulli_exp(a * a, 2 * t * t, stream)]  # (|y| - t)^2 fits 2^61
-        take = min(keep.size, need)
-        out[filled:filled + take] = keep[:take]
+        size = need + need // 16 + 16
+        x = table.draw(size, stream)  # J, becoming |X|
+        if m > 1:
+            r = uniform_below(size, m, stream)
+            gamma = x * np.uint64(2 * m)  # 2 m J R + R^2 < 2^50 (checked in the table)
+            gamma += r
+            gamma *= r
+            x *= np.uint64(m)
+            x += r
+            keep = bernoulli_exp(gamma, table.den, stream)
+            if table.partial_last:  # the last block reaches past the limit: cut there
+                keep &= x <= np.uint64(limit)
+            x = x[keep]
+        signed = x.view(np.int64)
+        negative = stream.bits(signed.size)
+        np.negative(signed, out=signed, where=negative)
+        rejected = negative & (signed == 0)  # -0: each sign of 0 would count it twice
+        if rejected.any():
+            signed = signed[~rejected]
+        take = min(signed.size, need)
+        out[filled:filled + take] = signed[:take]
         filled += take
     return out
 
 
-def discrete_laplace(count: int, t: int, stream: Keystream) -> np.ndarray:
-    """``count`` draws of the discrete Laplace P(Y = y) proportional to exp(-|y| / t) (CKS
-    Algorithm 2): U uniform in [0, t) kept with probability exp(-U / t), V geometric with
-    P(V >= v) = exp(-v), X = U + t V, a sign bit, and (sign -, X = 0) rejected."""
-    out = np.empty(count, dtype=np.int64)
-    filled = 0
-    while filled < count:
-        need = count - filled
-        u = uniform_below(need * 8 // 5 + 16, t, stream)  # 1 - 1/e = 63 % are kept
-        u = u[bernoulli_exp(u, t, stream)]
-        x = u.astype(np.int64) + np.int64(t) * geometric_exp(u.size, stream)
-        negative = stream.bits(u.size)
-        y = np.where(negative, -x, x)[~(negative & (x == 0))]
-        take = min(y.size, need)
-        out[filled:filled + take] = y[:take]
-        filled += take
-    return out
+#: The block stage's table has at most this many entries (a few kB: it stays in cache).
+_TABLE_BLOCKS = 2048
+_GUIDE_BITS = 16
 
 
-def geometric_exp(count: int, stream: Keystream) -> np.ndarray:
-    """``count`` draws of V with P(V >= v) = exp(-v): the number of Bernoulli(exp(-1)) successes
-    before the first failure."""
-    v = np.zeros(count, dtype=np.int64)
-    running = np.arange(count)
-    while running.size:
-        running = running[_bernoulli_exp_one(running.size, stream)]
-        v[running] += 1
-    return v
+@dataclass(frozen=True)
+class _BlockTable:
+    """The exact inverse-CDF table of the block index J (see :func:`discrete_gaussian`).
+
+    ``bounds[j] = floor(2^64 F_j)`` with F_j = P(J <= j), computed in decimal arithmetic with a
+    proven error bound (Python's ``Decimal.exp`` is correctly rounded). For a uniform U whose
+    first 64 bits are the word w, w > bounds[j] means U > F_j and w < bounds[j] means U < F_j
+    exactly; only w == bounds[j] (probability about 2^-53 per draw with 2048 entries) needs more
+    bits of U, which :meth:`_resolve` draws and compares against F_j to more bits."""
+
+    t: int
+    limit: int
+    block: int
+    bounds: np.ndarray  # uint64, non-decreasing, one per j = 0 .. J - 1 (F_J = 1 needs none)
+    guide: np.ndarray  # uint64 per 16-bit prefix p: the number of bounds below p 2^48
+    crowded: np.ndarray  # per prefix: whether a bound lies in [p 2^48, (p + 1) 2^48)
+
+    @property
+    def den(self) -> int:
+        return 2 * self.t * self.t
+
+    @property
+    def partial_last(self) -> bool:
+        """Whether the last block, J = limit // block, reaches past the limit."""
+        return (self.limit + 1) % self.block != 0
+
+    def draw(self, count: int, stream: Keystream) -> np.ndarray:
+        """J (uint64) for ``count`` uniform words: a 2^16-entry guide gives J at once for a word
+        whose top 16 bits name a slice of [0, 2^64) that holds no bound (at least 97 % of
+        words); the others are placed by binary search, and only they can tie with a bound."""
+        w = stream.words(count)
+        top = w >> np.uint64(64 - _GUIDE_BITS)
+        j = self.guide[top]
+        slow = np.flatnonzero(self.crowded[top])
+        if slow.size:
+            ws = w[slow]
+            js = np.searchsorted(self.bounds, ws, side="right").astype(np.uint64)
+            tied = (js > 0) & (self.bounds[np.maximum(js, 1) - 1] == ws)
+            for i in np.flatnonzero(tied).tolist():  # a word equal to a bound: more bits of U
+                js[i] = self._resolve(int(ws[i]), stream)
+            j[slow] = js
+        return j
+
+    def _resolve(self, word: int, stream: Keystream) -> int:
+        """The J of a U whose first 64 bits equal ``word``, one of the bounds: draw further
+        64-bit words of U until its place among the tied cumulatives is certain."""
+        tied = [j for j, b in enumerate(self.bounds.tolist()) if b == word]
+        below = tied[0]  # every bound before the tie is < word, so U > F_j for those
+        u, bits = word, 64
+        while tied:
+            u, bits = (u << 64) | int(stream.words(1)[0]), bits + 64
+            still = []
+            floors = _cumulative_floors(self.t, self.limit, self.block, tied, bits)
+            for j, f in zip(tied, floors):
+                if f < u:
+                    below = j + 1
+                elif f == u:
+                    still.append(j)
+                # f > u: U < F_j
+            tied = still
+        return below
 
 
-def bernoulli_exp(num: np.ndarray, den: int, stream: Keystream) -> np.ndarray:
-    """Exact Bernoulli(exp(-num / den)) per entry (uint64 num >= 0, one den in [1, 2^56)): for
-    the whole part of gamma = num / den, that many Bernoulli(exp(-1)) must all succeed; the
-    fraction is CKS Algorithm 1 (:func:`_bernoulli_exp_unit`)."""
-    num = np.asarray(num, dtype=np.uint64)
-    d = np.uint64(den)
-    whole = num // d
-    result = _bernoulli_exp_unit(num - whole * d, den, stream)
-    pending = np.flatnonzero(result & (whole > 0))
-    left = whole[pending]
-    while pending.size:
-        success = _bernoulli_exp_one(pending.size, stream)
-        result[pending[~success]] = False
-        left = left - np.uint64(1)
-        more = success & (left > 0)
-        pending, left = pending[more], left[more]
-    return result
+def _block_table(t: int, limit: int) -> _BlockTable:
+    return _block_table_cached(t, limit)
+
+
+@functools.lru_cache(maxsize=64)
+def _block_table_cached(t: int, limit: int) -> _BlockTable:
+    m = max(1, -(-(limit + 1) // _TABLE_BLOCKS))
+    last = limit // m
+    if m > 1 and (2 * m * last + m) * m >= 2 * t * t:  # the offset's gamma must stay < 1
+        raise ValueError("block too wide for the sampler's parameter")  # pragma: no cover
+    bounds = np.array(_cumulative_floors(t, limit, m, range(last), 64), dtype=np.uint64)
+    starts = np.arange(1 << _GUIDE_BITS, dtype=np.uint64) << np.uint64(64 - _GUIDE_BITS)
+    guide = np.searchsorted(bounds, starts, side="left").astype(np.uint64)
+    crowded = np.zeros(1 << _GUIDE_BITS, dtype=bool)
+    crowded[(bounds >> np.uint64(64 - _GUIDE_BITS)).astype(np.int64)] = True
+    return _BlockTable(t, limit, m, bounds, guide, crowded)
+
+
+def _cumulative_floor(t: int, limit: int, block: int, j: int, bits: int) -> int:
+    return _cumulative_floors(t, limit, block, [j], bits)[0]
+
+
+def _cumulative_floors(t: int, limit: int, block: int, js, bits: int) -> list[int]:
+    """floor(2^bits F_j) for each j < limit // block in ``js``, F_j = sum_{i <= j} rho(block i) / sum_{i <= limit //
+    block} rho(block i), exactly: computed in decimal at a precision whose proven error bound
+    leaves no doubt about each floor, raised until it does (Ziv's strategy).
+
+    The bound: each exp argument, each exp, each addition and the division round once, to half a
+    unit in the last place (relative 5 10^-digits); an argument is at most 200, so its rounding
+    moves exp by at most 200 such units. A partial sum of rounded terms then has relative error
+    below (last + 205) 10^(1 - digits), and F_j, a ratio of two, below twice that (taken 4x)."""
+    last = limit // block
+    order = js = list(js)
+    out: dict[int, int] = {}
+    digits = bits * 30103 // 100000 + 20
+    while js:
+        with decimal.localcontext() as ctx:
+            ctx.prec = digits
+            two_t2 = decimal.Decimal(2 * t * t)
+            partial, running = [], decimal.Decimal(0)
+            for i in range(last + 1):
+                running += (-decimal.Decimal((block * i) ** 2) / two_t2).exp()
+                partial.append(running)
+            scale = decimal.Decimal(1 << bits) / running
+            rel = decimal.Decimal(4 * (last + 205)) * decimal.Decimal(10) ** (1 - digits)
+            undecided = []
+            for j in js:
+                scaled = partial[j] * scale
+                err = scaled * rel
+                low = int((scaled - err).to_integral_value(decimal.ROUND_FLOOR))
+                # F_j < 1 for j < last, so its floor is below 2^bits even where the bound is not
+                high = min(int((scaled + err).to_integral_value(decimal.ROUND_FLOOR)), (1 << bits) - 1)
+                if low == high:
+                    out[j] = low
+                else:
+                    undecided.append(j)
+        js = undecided
+        digits += 20
+    return [out[j] for j in order]
 
 
 _ALL_ONES = (1 << 64) - 1
 
 
-def _bernoulli_exp_unit(num: np.ndarray, den: int, stream: Keystream) -> np.ndarray:
-    """Exact Bernoulli(exp(-gamma)) for gamma = num / den in [0, 1] (CKS Algorithm 1): K = 1;
-    while Bernoulli(gamma / K) succeeds, K += 1; the answer is whether K ends odd.
+def bernoulli_exp(num: np.ndarray, den: int, stream: Keystream) -> np.ndarray:
+    """Exact Bernoulli(exp(-gamma)) per entry for gamma = num / den in [0, 1] (uint64 num <= den,
+    one den in [1, 2^56)), CKS Algorithm 1: K = 1; while Bernoulli(gamma / K) succeeds, K += 1;
+    the answer is whether K ends odd.
 
     Bernoulli(num / M) with M = K den, exactly, from one 64-bit word w: with q = floor((2^64 - 1)
     / M), a word w < q M is uniform over q M values, and w < q num has probability num / M;
     words w >= q M (probability below M / 2^64) are redrawn. q is a Python integer per K, so no
-    vector division is needed."""
-    return _algorithm_1(num, den, 1, stream)
-
-
-def _bernoulli_exp_one(count: int, stream: Keystream) -> np.ndarray:
-    """``count`` exact Bernoulli(exp(-1)): Algorithm 1 with gamma = 1, whose first step
-    (Bernoulli(1)) always succeeds, so it starts at K = 2."""
-    return _algorithm_1(np.ones(count, dtype=np.uint64), 1, 2, stream)
-
-
-def _algorithm_1(num: np.ndarray, den: int, first_k: int, stream: Keystream) -> np.ndarray:
-    result = np.empty(num.shape, dtype=bool)
-    running = np.arange(num.size)
+    vector division is needed. The first step (K = 1) runs on every entry without index arrays;
+    only the entries whose step succeeded (probability gamma) go on."""
     small = den < 1 << 24
-    n_run = num.astype(np.uint32) if small else num  # num <= den
-    kk = first_k
+    n_run = num.astype(np.uint32) if small else np.asarray(num, dtype=np.uint64)
+    success = _bernoulli_step(n_run, den, 1, small, stream)
+    result = ~success  # stopped at K = 1: odd, so 1
+    running = np.flatnonzero(success)
+    n_run = n_run[running]
+    kk = 2
     while running.size:
         if kk > _MAX_LOOP:  # probability below 1 / 127!: exact, just slower
-            result[running] = _bernoulli_exp_unit_python(num[running], den, kk, stream)
+            result[running] = _bernoulli_exp_python(num[running], den, kk, stream)
             break
-        m = kk * den
-        if small and m < 1 << 28:  # 32-bit words suffice (half the keystream)
-            q = 0xFFFFFFFF // m
-            w = _words_below(running.size, q * m, stream, np.uint32)
-            success = w < np.uint32(q) * n_run
-        else:
-            q = _ALL_ONES // m
-            w = _words_below(running.size, q * m, stream, np.uint64)
-            success = w < np.uint64(q) * n_run.astype(np.uint64)
+        success = _bernoulli_step(n_run, den, kk, small, stream)
         result[running[~success]] = bool(kk & 1)  # K stops at kk: odd K means 1
         running, n_run = running[success], n_run[success]
         kk += 1
     return result
 
 
-def _bernoulli_exp_unit_python(num: np.ndarray, den: int, first_k: int, stream: Keystream) -> np.ndarray:
+def _bernoulli_step(n_run: np.ndarray, den: int, kk: int, small: bool, stream: Keystream) -> np.ndarray:
+    """Bernoulli(n / (kk den)) per entry, exactly (see :func:`bernoulli_exp`)."""
+    m = kk * den
+    if small and m < 1 << 28:  # 32-bit words suffice (half the keystream)
+        q = 0xFFFFFFFF // m
+        w = _words_below(n_run.size, q * m, stream, np.uint32)
+        return w < np.uint32(q) * n_run
+    q = _ALL_ONES // m
+    w = _words_below(n_run.size, q * m, stream, np.uint64)
+    return w < np.uint64(q) * n_run.astype(np.uint64, copy=False)
+
+
+def _bernoulli_exp_python(num: np.ndarray, den: int, first_k: int, stream: Keystream) -> np.ndarray:
     """The rare tail of Algorithm 1 with Python integers (no 64-bit limit on K den)."""
     out = np.empty(num.shape, dtype=bool)
     for i, n in enumerate(num.tolist()):
