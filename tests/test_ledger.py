@@ -51,7 +51,10 @@ def _mu(study: Study, notion: str) -> float:
     sens = {"sketch": 2.0 * study.row_bound, "histogram": math.sqrt(2.0)}[study.kind] if notion == "replace-one" \
         else study.row_bound
     lam = max(1.0, study.lambda_star) if notion == "replace-one" else study.lambda_star - 1.0
-    return sens / math.sqrt(study.sigma ** 2 * lam + study.server_sigma ** 2)
+    noise = study.mechanism  # the discrete noise as the study accounts it: within 1e-6 of nominal
+    assert noise.sigma == pytest.approx(study.sigma, rel=1e-6)
+    assert noise.server_sigma == pytest.approx(study.server_sigma, rel=1e-6)
+    return sens / math.sqrt(noise.sigma ** 2 * lam + noise.server_sigma ** 2)
 
 
 # --- 1. composition -----------------------------------------------------------------------------

@@ -72,11 +72,15 @@ class Charge(BaseModel):
 
     @classmethod
     def of(cls, study) -> "Charge":
-        """The charge of a :class:`~dpsketch.protocol.study.Study`: its Mechanism at lambda_star."""
+        """The charge of a :class:`~dpsketch.protocol.study.Study`: its Mechanism at lambda_star,
+        with the noise the release is accounted for (``Study.mechanism``: the discrete noise's
+        effective sigma and server sigma, within 1e-6 of the nominal ones), so a charge is what
+        the study's own guarantee is computed from."""
         g = study.guarantees()
+        mechanism = study.mechanism
         return cls(study_id=study.study_id, name=study.name, population=study.population,
                    neighbouring=study.neighbouring, kind=study.kind, row_bound=study.row_bound,
-                   sigma=study.sigma, server_sigma=study.server_sigma, width=study.width,
+                   sigma=mechanism.sigma, server_sigma=mechanism.server_sigma, width=study.width,
                    lambda_star=study.lambda_star, delta=study.delta, epsilon=float(g["epsilon"]))
 
     @property

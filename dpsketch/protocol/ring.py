@@ -44,9 +44,9 @@ def _in_range(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
     if not bound * 2.0**frac_bits < 2.0**63:
         raise EncodingRangeError(f"bound {bound} with {frac_bits} fractional bits does not fit 64 bits")
     x = np.asarray(values, dtype=np.float64)
-    if not np.all(np.isfinite(x)):
-        raise EncodingRangeError("values must be finite")
-    if np.any(np.abs(x) > bound):
+    if not (np.abs(x) <= bound).all():  # one pass: NaN and +-inf fail it too
+        if not np.all(np.isfinite(x)):
+            raise EncodingRangeError("values must be finite")
         raise EncodingRangeError(f"a value exceeds the encoding bound {bound}")
     return x
 
@@ -60,8 +60,11 @@ def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
 def encode_on_grid(values: np.ndarray, frac_bits: int, shift: int, bound: float) -> np.ndarray:
     """Encode floats with |x| <= bound, rounded to the noise grid: round(x 2^(f - shift)) 2^shift
     (int64), so that a client's values lie on the same lattice as its noise (noise.py)."""
-    x = _in_range(values, frac_bits, bound)
-    return np.rint(np.ldexp(x, frac_bits - shift)).astype(np.int64) << np.int64(shift)
+    scaled = np.ldexp(_in_range(values, frac_bits, bound), frac_bits - shift)
+    fixed = np.rint(scaled, out=scaled).astype(np.int64)
+    if shift:
+        np.left_shift(fixed, shift, out=fixed)
+    return fixed
 
 
 def decode(ring: np.ndarray, frac_bits: int) -> np.ndarray:
