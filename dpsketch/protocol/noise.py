@@ -137,9 +137,12 @@ def discrete_gaussian(count: int, t: int, limit: int, stream: Keystream) -> np.n
             if table.partial_last:  # the last block reaches past the limit: cut there
                 keep &= x <= np.uint64(limit)
             x = x[keep]
+        negative = stream.bits(x.size)
+        flip = negative.view(np.int8).astype(np.int64)
+        np.negative(flip, out=flip)  # 0 or -1 (all ones)
         signed = x.view(np.int64)
-        negative = stream.bits(signed.size)
-        np.negative(signed, out=signed, where=negative)
+        signed ^= flip
+        signed -= flip  # two's complement: (x ^ -1) + 1 = -x where the sign bit is set
         rejected = negative & (signed == 0)  # -0: each sign of 0 would count it twice
         if rejected.any():
             signed = signed[~rejected]
@@ -185,7 +188,7 @@ class _BlockTable:
         whose top 16 bits name a slice of [0, 2^64) that holds no bound (at least 97 % of
         words); the others are placed by binary search, and only they can tie with a bound."""
         w = stream.words(count)
-        top = w >> np.uint64(64 - _GUIDE_BITS)
+        top = (w >> np.uint64(64 - _GUIDE_BITS)).view(np.intp)  # below 2^16: a signed index gathers faster
         j = self.guide[top]
         slow = np.flatnonzero(self.crowded[top])
         if slow.size:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+import math
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -53,14 +55,16 @@ def _in_range(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
 
 def encode(values: np.ndarray, frac_bits: int, bound: float) -> np.ndarray:
     """Encode floats with |x| <= bound as uint64 ring elements; refuse anything outside."""
-    fixed = np.rint(np.ldexp(_in_range(values, frac_bits, bound), frac_bits)).astype(np.int64)
+    # times 2^f, exact in IEEE arithmetic (a power of two, no overflow after the range check),
+    # the same as np.ldexp and four times as fast
+    fixed = np.rint(_in_range(values, frac_bits, bound) * math.ldexp(1.0, frac_bits)).astype(np.int64)
     return fixed.view(np.uint64)
 
 
 def encode_on_grid(values: np.ndarray, frac_bits: int, shift: int, bound: float) -> np.ndarray:
     """Encode floats with |x| <= bound, rounded to the noise grid: round(x 2^(f - shift)) 2^shift
     (int64), so that a client's values lie on the same lattice as its noise (noise.py)."""
-    scaled = np.ldexp(_in_range(values, frac_bits, bound), frac_bits - shift)
+    scaled = _in_range(values, frac_bits, bound) * math.ldexp(1.0, frac_bits - shift)  # exact, as above
     fixed = np.rint(scaled, out=scaled).astype(np.int64)
     if shift:
         np.left_shift(fixed, shift, out=fixed)
@@ -69,7 +73,9 @@ def encode_on_grid(values: np.ndarray, frac_bits: int, shift: int, bound: float)
 
 def decode(ring: np.ndarray, frac_bits: int) -> np.ndarray:
     """Read ring elements as signed int64 and scale back to floats."""
-    return np.ldexp(np.asarray(ring, dtype=np.uint64).view(np.int64).astype(np.float64), -frac_bits)
+    values = np.asarray(ring, dtype=np.uint64).view(np.int64).astype(np.float64)
+    values *= math.ldexp(1.0, -frac_bits)  # exact: |values| >= 1 never reaches the subnormals
+    return values
 
 
 def random_ring(shape: tuple[int, ...] | int, stream: Keystream | None = None) -> np.ndarray:
