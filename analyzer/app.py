@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import sqlite3
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -10,7 +12,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpsketch import __version__, problem_http
+from dpsketch import __version__, observability, problem_http
 from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, POPULATION_PATTERN
@@ -214,6 +216,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     )
     problem_http.install(app)
     app.add_middleware(problem_http.BodyLimit, limit=1 << 20)
+    # per-app registry: request latency by route template, problems by type, process figures
+    registry = observability.CollectorRegistry()
+    http_metrics = observability.HttpMetrics(registry)
+    app.state.metrics = http_metrics
+    app.add_middleware(observability.MetricsMiddleware, metrics=http_metrics)  # outermost
     api_token = coordinator.config.api_token
 
     def require_token(request: Request) -> None:
@@ -257,6 +264,29 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz():
+        """Ready when it can serve its own API: its database file opens and answers within 2 s and
+        it is not shutting down. The share servers are not asked (each has its own /readyz; an
+        analyzer with one server down still serves released studies)."""
+        reasons = []
+        if observability.shutting_down(app):
+            reasons.append("shutting down")
+        try:
+            await asyncio.wait_for(run_in_threadpool(observability.sqlite_reachable, coordinator.store.path),
+                                   timeout=2.0)
+        except asyncio.TimeoutError:
+            reasons.append("the analyzer's database did not answer within 2 s")
+        except sqlite3.Error as exc:
+            reasons.append(f"the analyzer's database cannot be opened: {exc}")
+        return observability.ready_answer(reasons)
+
+    @app.get("/metrics", include_in_schema=False, dependencies=auth)
+    def prometheus_metrics():
+        """Prometheus metrics, behind the API token like the rest of the analyzer's API
+        (docs/operations.md)."""
+        return observability.metrics_response(registry)
 
     @app.post("/v1/studies", status_code=201, dependencies=auth)
     async def create_study(body: CreateStudy) -> StudyView:

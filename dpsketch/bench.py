@@ -11,6 +11,13 @@
                  test of tests/test_faults.py, one driver in dpsketch/loadtest.py): throughput,
                  p50/p99, errors, server RSS start/end, against the same driver on the server's
                  GET /healthz; ``--seconds``, ``--clients``; not part of ``all``;
+* ``overload`` - offered load at ``--factor`` (default 2) x capacity for ``--seconds`` (default
+                 10) against one durable server, with and without its in-flight upload limits
+                 (services/admission.py; the second run offered the first one's rate):
+                 capacity from closed-loop clients, then an open-loop flood of 500-row
+                 batches: accepted throughput, p99, refusals with Retry-After,
+                 server RSS, and every acknowledged report id checked in the store (lost = 0);
+                 not part of ``all``;
 * ``accuracy`` - the demo's error ratios (LTM, local, central) at n = 10^4, 10^5, 10^6 through
                  the real pipeline (real processes, SDK over HTTP, analyzer REST);
 * ``histogram`` - the whole path of a histogram study (10^6 clients, 10 bins x 3 classes, through
@@ -144,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dpsketch bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", nargs="?", default="all",
-                   choices=["commit", "upload", "sealed", "load", "accuracy", "histogram", "all"])
-    p.add_argument("--seconds", type=float, help="load: how long to drive uploads (default: 60; --quick: 5)")
+                   choices=["commit", "upload", "sealed", "load", "overload", "accuracy", "histogram", "all"])
+    p.add_argument("--seconds", type=float, help="load: how long to drive uploads (default: 60; --quick: 5); "
+                   "overload: how long to offer the overload (default: 10; --quick: 4)")
+    p.add_argument("--factor", type=float, default=2.0,
+                   help="overload: offered load as a multiple of the measured capacity (default: %(default)s)")
     p.add_argument("--clients", type=int, default=64, help="load: concurrent clients (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="small sizes: seconds, not minutes")
     p.add_argument("--out", help="also write the figures as JSON to this file")
@@ -179,6 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         figures["load"] = loadtest.bench_load(seconds=seconds, clients=args.clients)
         print(json.dumps({"load": figures["load"]}), flush=True)
         print(loadtest.summary(figures["load"]), flush=True)
+    if args.which == "overload":
+        from dpsketch import loadtest
+
+        seconds = args.seconds or (4.0 if args.quick else 10.0)
+        rate = None  # the second run is offered the first one's rate: one offered load, two servers
+        for admission in (True, False):
+            key = "overload" if admission else "overload_without_admission"
+            figures[key] = loadtest.bench_overload(seconds=seconds, factor=args.factor, admission=admission,
+                                                   capacity_seconds=3.0 if args.quick else 6.0, rate=rate)
+            rate = figures[key]["offered_batches_per_s"]
+            print(json.dumps({key: figures[key]}), flush=True)
+            print(loadtest.overload_summary(figures[key]), flush=True)
     if args.which == "histogram":
         figures["histogram"] = bench_histogram(n=20_000 if args.quick else 10**6)
         print(json.dumps({"histogram": figures["histogram"]}), flush=True)

@@ -419,6 +419,9 @@ def serve(app: Any, *, graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT,
     config["http"] = guarded_protocol(guard, config.get("http", "auto"))
     config.setdefault("limit_concurrency", guard.max_connections)
     server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=graceful_timeout, **config))
+    from dpsketch.observability import attach_server
+
+    attach_server(app, server, guard)  # readiness sees the shutdown, metrics the open connections
     guard.log_figures()  # after Config, which installs the uvicorn log handlers
     error_log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, _IdlePeersAtShutdown) for f in error_log.filters):

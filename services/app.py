@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response, Security
@@ -53,8 +54,11 @@ from dpsketch.protocol.study import PROTOCOL, Study
 
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
+from dpsketch import observability
 from . import policy
+from .admission import Admission, UploadAdmission
 from .auth import TokenRegistry, digest_of, matches, upload_token_id
+from .metrics import ServerMetrics
 from .settings import Settings
 from .store import Store
 
@@ -211,6 +215,20 @@ def _block_party(study: Study, content_type: str, token_party: str | None) -> in
     return index
 
 
+def _ping(store: Store, settings: Settings) -> None:
+    """The store's own check, and for a SQLite file a fresh connection too: an open connection
+    answers ``SELECT 1`` even after its file is gone (dpsketch.observability.sqlite_reachable)."""
+    import sqlite3
+
+    store.ping()
+    db_path = getattr(settings, "db_path", None)
+    if isinstance(db_path, Path):
+        try:
+            observability.sqlite_reachable(db_path)
+        except sqlite3.Error as exc:
+            raise ProblemError("unavailable", f"the SQLite file cannot be opened: {exc}") from None
+
+
 def create_app(settings: Settings) -> FastAPI:
     """Open the store and build the app; the store closes when the app shuts down."""
     store = Store(settings)
@@ -234,7 +252,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.store = store
     app.state.settings = settings
     errors.install(app)
+    admission = Admission.from_env()
+    # inside the body limit: it reads upload bodies through it, then admits or refuses (503)
+    app.add_middleware(UploadAdmission, admission=admission)
     app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
+    metrics = ServerMetrics(store, app, admission)
+    app.state.metrics = metrics
+    # outermost: times and counts every answer, the admission and body-limit refusals included
+    app.add_middleware(observability.MetricsMiddleware, metrics=metrics.http, on_complete=metrics.on_complete)
     roles = Roles(settings)
     if settings.tokens_file is not None:
         _install_sighup(roles.registry)
@@ -246,7 +271,38 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/healthz", tags=["meta"])
     async def healthz() -> dict[str, str]:
+        """Liveness: the process answers (restart it if not). Says nothing about its database."""
         return {"status": "ok"}
+
+    @app.get("/readyz", tags=["meta"], response_class=Response,
+             responses={200: {"description": "ready", "content": {"application/json": {"schema": {
+                 "type": "object", "properties": {"status": {"type": "string", "enum": ["ready"]}},
+                 "required": ["status"]}}}}, **problem_responses(503)})
+    async def readyz() -> Response:
+        """Readiness (send traffic here?): 503 while the database cannot answer within 2 s, while
+        the server is shutting down, or while uploads in flight are at their admission limit
+        (docs/operations.md). Public, like /healthz: it tells nothing about any study."""
+        reasons = []
+        if observability.shutting_down(app) or getattr(store.writer, "_stopping", False):
+            reasons.append("shutting down")
+        try:
+            await asyncio.wait_for(run_in_threadpool(_ping, store, settings), timeout=2.0)
+        except asyncio.TimeoutError:
+            reasons.append("the database did not answer within 2 s")
+        except ProblemError as exc:
+            reasons.append(f"the database cannot answer ({exc.detail})")
+        if admission.saturated():
+            reasons.append("saturated: uploads in flight are at the admission limit")
+        return observability.ready_answer(reasons)
+
+    @app.get("/metrics", tags=["meta"], dependencies=[operator], response_class=Response,
+             responses={200: {"description": "Prometheus text exposition format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                        **problem_responses(*auth_errors)})
+    async def prometheus_metrics() -> Response:
+        """Prometheus metrics (operator token: per-study counts of an add/remove study tell
+        membership, docs/trust.md); every metric is listed in docs/operations.md."""
+        return observability.metrics_response(metrics.registry)
 
     @app.get("/v1/info", response_model=ServerInfo, tags=["meta"])
     async def info() -> ServerInfo:
@@ -419,6 +475,7 @@ def create_app(settings: Settings) -> FastAPI:
         shares = verified_shares(upload, study, settings.server_id)
         # the writer hashes single reports in bulk
         result = await asyncio.wrap_future(store.submit_upload(record, upload.ids, shares, None, None, token))
+        metrics.uploaded(study_id, result)
         return _json(result)
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
@@ -457,15 +514,19 @@ def create_app(settings: Settings) -> FastAPI:
                                  granted.party if granted is not None else None)
             body = await request.body()
             upload = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id)
-            return _json(await asyncio.wrap_future(store.submit_upload(
-                record, upload.ids, upload.payloads, None, None, token, upload.pseudonyms, party)))
+            result = await asyncio.wrap_future(store.submit_upload(
+                record, upload.ids, upload.payloads, None, None, token, upload.pseudonyms, party))
+            metrics.uploaded(study_id, result)
+            return _json(result)
         if record.study.parties is not None:
             raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                                f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
         body = await request.body()
         ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study, media_type,
                                                            settings.server_id, store.keys)
-        return _json(await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token)))
+        result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token))
+        metrics.uploaded(study_id, result)
+        return _json(result)
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],
              response_class=Response,
@@ -497,7 +558,8 @@ def create_app(settings: Settings) -> FastAPI:
         require_media_type(request, REPORT_IDS_MEDIA_TYPE)
         store.record(study_id)
         body = await request.body()
-        return await run_in_threadpool(store.commit, study_id, body)
+        with metrics.timed(metrics.commit_seconds):
+            return await run_in_threadpool(store.commit, study_id, body)
 
     @app.get("/v1/studies/{study_id}/aggregate", tags=["finalization"], dependencies=[analyst],
              response_class=Response,
@@ -508,7 +570,8 @@ def create_app(settings: Settings) -> FastAPI:
                  **problem_responses(*auth_errors, 404, 409, 503)})
     async def aggregate(study_id: str) -> Response:
         """The released aggregate share: only after commit, identical on every call (analyst)."""
-        body, ihash = await run_in_threadpool(store.aggregate, study_id)
+        with metrics.timed(metrics.aggregate_seconds):
+            body, ihash = await run_in_threadpool(store.aggregate, study_id)
         return Response(body, media_type=AGGREGATE_MEDIA_TYPE, headers={INCLUSION_HASH_HEADER: ihash})
 
     return app

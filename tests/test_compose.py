@@ -319,6 +319,43 @@ def test_study_through_published_ports(compose_cluster):
     np.testing.assert_array_equal(np.array(released["sketch"]), expected)
 
 
+def test_prometheus_scrapes_the_compose_cluster(compose_cluster, tmp_path):
+    """A real Prometheus (Debian's, scripts/ensure-prometheus.sh) scrapes every service of the
+    compose cluster through its published port, over TLS with the generated CA and each
+    server's operator token, and sees exactly the reports of a known upload (docs/operations.md)."""
+    from prom import prometheus_binary, running_prometheus, scrape_job, wait_for
+
+    binary = prometheus_binary()
+    c = compose_cluster
+    n = 600
+    with c.analyzer() as an:
+        sid = an.create_study(name="scraped", columns=COLUMNS, label="y", expected_reports=n, k=8, s=2,
+                              min_reports=n)["study_id"]
+    with Client(c.server_urls, verify=c.verify, token=c.upload_tokens(sid, n)) as client:
+        assert client.submit_many(sid, _regression_rows(n, 5), batch_size=200).n_reports == n
+    ca = c.certs / "ca.pem" if c.scheme == "https" else None
+    jobs = [scrape_job(f"dpsketch-{sid_}", f"127.0.0.1:{port}", tok, labels={"server_id": sid_},
+                       scheme=c.scheme, ca_file=ca)
+            for sid_, port, tok in zip(SERVERS, c.ports[1:], c.operator_tokens)]
+    jobs.append(scrape_job("dpsketch-analyzer", f"127.0.0.1:{c.ports[0]}", c.api_token, scheme=c.scheme,
+                           ca_file=ca))
+    text = f'dpsketch_reports_total{{study_id="{sid}",outcome="accepted"}}'
+    seen: dict = {}
+
+    def done(query) -> bool:
+        seen["got"] = {r["metric"]["server_id"]: float(r["value"][1]) for r in query(text)}
+        seen["up"] = {r["metric"]["job"]: r["value"][1] for r in query("up")}
+        return len(seen["got"]) == 3 and len(seen["up"]) == 4
+
+    with running_prometheus(binary, jobs, tmp_path) as query:
+        wait_for(query, done, timeout=60)
+    assert seen.get("got") == {s: n for s in SERVERS}, seen
+    assert set(seen.get("up", {}).values()) == {"1"}, seen
+    # readiness is separate from liveness, and both answer without a token
+    for url in [c.analyzer_url, *c.server_urls]:
+        assert httpx.get(f"{url}/readyz", verify=c.verify).json() == {"status": "ready"}
+
+
 class _RecordingTransport(httpx.HTTPTransport):
     """Notes every batch upload a server acknowledged (200), and every failed attempt."""
 

@@ -1,0 +1,161 @@
+"""Admission control for uploads: refuse early (503 + Retry-After) rather than queue without bound.
+
+Why here and not only in the writer: the writer refuses once ``max_queued_jobs`` requests or
+``max_queued_bytes`` share bytes wait for it, but by then every request has been parsed, its
+bindings checked and its ids hashed, and everything read waits in memory. Under an offered load
+above capacity requests pile up *before* the writer (parse jobs waiting for a worker thread, the
+event loop and the worker threads competing for the GIL), so latency grows with the backlog and
+memory with the bodies. This pure ASGI middleware admits an upload once its body has arrived
+and refuses it, before any parsing, when either limit would be passed:
+
+* ``max_requests`` uploads being worked on (``$DPSKETCH_MAX_INFLIGHT_UPLOADS``, default 64:
+  measured at twice capacity, 16 left a third of the capacity unused and 128 let p99 reach
+  3 s, 64 kept accepted throughput at capacity with p99 under 1 s; docs/operations.md);
+* ``max_bytes`` of their bodies (``$DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES``, default 128 MiB: two
+  of the largest bodies). One upload is always admitted when none is being worked on, whatever
+  its size (the body limit bounds it).
+
+Why at the end of the body and not at the request head: a slot taken at the head would be held
+by a client that sends its body slowly (up to --body-timeout), so 64 slow connections could shut
+every other client out; slow and excess connections are the connection guard's business
+(dpsketch/serving.py). The body is read here, through the body limit (413 past it), and handed
+on to the app unchanged.
+
+0 disables a limit. A refused client gets ``503 unavailable`` problem JSON with ``Retry-After``
+(the SDK waits that long before retrying, client_sdk/client.py); nothing of the request was
+parsed or stored, and a retry is safe (uploads are idempotent by report id). Only uploads are
+limited: health, metrics, reads and the analyst's commit stay answerable under an upload flood.
+The limits are read from the environment so that the command line (owned by the server's
+settings) needs no change; docs/operations.md explains how to size them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE
+from dpsketch.protocol.problems import ProblemError
+
+DEFAULT_MAX_REQUESTS = 64
+DEFAULT_MAX_BYTES = 128 << 20
+RETRY_AFTER_S = 1
+#: Where a refusal leaves its route template (dpsketch.observability.route_template reads it).
+ROUTE_KEY = "dpsketch.route"
+
+_UPLOAD_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/(?P<kind>reports|batches)$")
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"${name} = {value!r} is not a whole number") from None
+    if n < 0:
+        raise ValueError(f"${name} must be >= 0 (0 disables the limit)")
+    return n
+
+
+class Admission:
+    """The limits and the live counts of uploads being worked on (one per app; the middleware
+    below updates it, readiness and the metrics read it)."""
+
+    def __init__(self, max_requests: int = DEFAULT_MAX_REQUESTS, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.requests = 0  # uploads admitted and not yet answered
+        self.bytes = 0  # their body bytes
+        self.refused = 0  # since start
+
+    @classmethod
+    def from_env(cls) -> "Admission":
+        return cls(_env_int("DPSKETCH_MAX_INFLIGHT_UPLOADS", DEFAULT_MAX_REQUESTS),
+                   _env_int("DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES", DEFAULT_MAX_BYTES))
+
+    def admits(self, size: int) -> bool:
+        if self.max_requests and self.requests >= self.max_requests:
+            return False
+        return not (self.max_bytes and self.requests and self.bytes + size > self.max_bytes)
+
+    def saturated(self) -> bool:
+        """At a limit now: the next upload would be refused (readiness says so)."""
+        return bool((self.max_requests and self.requests >= self.max_requests)
+                    or (self.max_bytes and self.requests and self.bytes >= self.max_bytes))
+
+
+class UploadAdmission:
+    """Pure ASGI middleware, inside the body limit: the upload limits (module docstring)."""
+
+    def __init__(self, app: ASGIApp, admission: Admission):
+        self.app = app
+        self.state = admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = _UPLOAD_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []  # handed on as they came: no copy of the body
+        size = 0
+        gone = False
+        try:
+            while True:
+                message = await receive()
+                messages.append(message)
+                if message["type"] != "http.request":  # the client went away: the app says so
+                    gone = True
+                    break
+                size += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+        except StarletteHTTPException as exc:  # the body limit, counting a streamed body
+            self._name_route(scope, match)
+            await self._answer(scope, send, ProblemError("payload-too-large", str(exc.detail)))
+            return
+        st = self.state
+        if not gone and not st.admits(size):
+            st.refused += 1
+            self._name_route(scope, match)
+            await self._answer(scope, send, ProblemError(
+                "unavailable", f"the server is at its limit of uploads being worked on ({st.max_requests} "
+                f"requests, {st.max_bytes} bytes); retry after {RETRY_AFTER_S} s (nothing of this request "
+                f"was parsed or stored)", headers={"Retry-After": str(RETRY_AFTER_S)}))
+            return
+        pending = iter(messages)
+
+        async def replay() -> Message:
+            message = next(pending, None)
+            return message if message is not None else await receive()
+
+        admitted = not gone
+        if admitted:
+            # one event loop runs every request: nothing runs between the check and the update
+            st.requests += 1
+            st.bytes += size
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            if admitted:
+                st.requests -= 1
+                st.bytes -= size
+
+    @staticmethod
+    def _name_route(scope: Scope, match: re.Match) -> None:
+        """Answered before routing: name the route for the metrics middleware outside."""
+        scope[ROUTE_KEY] = "/v1/studies/{study_id}/" + match["kind"]
+        scope.setdefault("path_params", {"study_id": match["study_id"]})
+
+    @staticmethod
+    async def _answer(scope: Scope, send: Send, err: ProblemError) -> None:
+        body = json.dumps(err.body(scope.get("path"))).encode()
+        headers = [(b"content-type", PROBLEM_MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+        headers += [(k.lower().encode(), str(v).encode()) for k, v in (err.headers or {}).items()]
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

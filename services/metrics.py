@@ -1,0 +1,173 @@
+"""Every Prometheus metric of the share server, in one place (docs/operations.md lists them).
+
+The app only calls :meth:`ServerMetrics.uploaded` after an acknowledged upload and times commit
+and aggregate with :meth:`ServerMetrics.timed`; the HTTP side (latency by route template,
+problems by type, bytes, in-flight) comes from dpsketch/observability.py's middleware, and
+everything that is a level rather than an event (store size, reports held, open connections,
+the writer's queue, uploads in flight) is read from the live objects at scrape time by
+:class:`_LiveCollector`, so no code path has to remember to update a gauge.
+
+Per-study labels carry only ids of studies this server holds (provisioned by its operator or
+analyst): a client sending random study ids creates no series. Counts per study of an
+add/remove study tell membership (docs/trust.md), which is why GET /metrics needs the operator
+token.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from starlette.types import Scope
+
+from dpsketch.observability import HttpMetrics, open_connections
+from dpsketch.protocol.messages import UploadResult
+
+#: The routes whose answers count as uploads of a study.
+UPLOAD_ROUTES = frozenset({"/v1/studies/{study_id}/reports", "/v1/studies/{study_id}/batches"})
+
+#: Commit over 10^6 reports takes seconds; aggregate after commit answers from memory.
+SLOW_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class ServerMetrics:
+    def __init__(self, store: Any, app: Any, admission: Any = None):
+        self.store = store
+        self.registry = CollectorRegistry()
+        self.http = HttpMetrics(self.registry)
+        r = self.registry
+        self.reports = Counter(
+            "dpsketch_reports_total", "Reports of acknowledged uploads, by study and outcome: accepted "
+            "(newly stored) or duplicate (already held with the same bytes, acknowledged again)",
+            ["study_id", "outcome"], registry=r)
+        self.upload_requests = Counter(
+            "dpsketch_upload_requests_total", "Upload requests (single reports and batches) to a held "
+            "study, by outcome: acknowledged, or the problem type that refused it (report-conflict: "
+            "a report id held with different bytes; nothing of a refused request is stored)",
+            ["study_id", "outcome"], registry=r)
+        self.upload_bytes = Counter(
+            "dpsketch_upload_bytes_total", "Request body bytes of acknowledged uploads, by study",
+            ["study_id"], registry=r)
+        self.commit_seconds = Histogram(
+            "dpsketch_commit_duration_seconds", "Time the store took to answer a commit (certificate, "
+            "batch rule, noise, durable write), by outcome (ok or the problem type)",
+            ["outcome"], buckets=SLOW_BUCKETS, registry=r)
+        self.aggregate_seconds = Histogram(
+            "dpsketch_aggregate_duration_seconds", "Time the store took to answer an aggregate request",
+            ["outcome"], buckets=SLOW_BUCKETS, registry=r)
+        r.register(_LiveCollector(store, app, admission))
+
+    def uploaded(self, study_id: str, result: UploadResult) -> None:
+        """After an acknowledged upload (the handler's only metrics call)."""
+        if result.accepted:
+            self.reports.labels(study_id, "accepted").inc(result.accepted)
+        if result.duplicates:
+            self.reports.labels(study_id, "duplicate").inc(result.duplicates)
+
+    @contextmanager
+    def timed(self, histogram: Histogram) -> Iterator[None]:
+        """Observe the block's duration under outcome "ok", or the problem slug it raised."""
+        from dpsketch.protocol.problems import ProblemError
+
+        start = time.perf_counter()
+        outcome = "ok"
+        try:
+            yield
+        except ProblemError as exc:
+            outcome = exc.slug
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            histogram.labels(outcome).observe(time.perf_counter() - start)
+
+    def on_complete(self, scope: Scope, route: str, status: int, received: int, problem: str | None) -> None:
+        """Per-study upload outcomes, from the middleware (it sees answers no handler made)."""
+        if route not in UPLOAD_ROUTES:
+            return
+        study_id = scope.get("path_params", {}).get("study_id")
+        if not isinstance(study_id, str) or not self._held(study_id):
+            return  # unknown ids get no series of their own (dpsketch_http_problems_total counts them)
+        if 200 <= status < 300:
+            self.upload_requests.labels(study_id, "acknowledged").inc()
+            self.upload_bytes.labels(study_id).inc(received)
+        else:
+            self.upload_requests.labels(study_id, problem or f"http-{status}").inc()
+
+    def _held(self, study_id: str) -> bool:
+        from dpsketch.protocol.problems import ProblemError
+
+        try:
+            self.store.record(study_id)
+        except ProblemError:
+            return False
+        return True
+
+
+def _file_bytes(db_path: Any) -> int | None:
+    """Bytes on disk of a SQLite store: the file, its write-ahead log and shared-memory index."""
+    if not isinstance(db_path, (str, Path)):
+        return None
+    total = 0
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            total += os.stat(f"{db_path}{suffix}").st_size
+        except OSError:
+            pass
+    return total
+
+
+class _LiveCollector:
+    """Levels read at scrape time from the store, the writer, the admission limits and uvicorn."""
+
+    def __init__(self, store: Any, app: Any, admission: Any):
+        self.store, self.app, self.admission = store, app, admission
+
+    def describe(self) -> list:
+        return []  # metrics are produced at collect time only (no registration-time scrape)
+
+    def collect(self):
+        store = self.store
+        records = list(getattr(store, "_records", {}).values())
+        held = GaugeMetricFamily("dpsketch_store_reports", "Reports (or blocks) the store holds, by study",
+                                 labels=["study_id", "status"])
+        for rec in records:
+            held.add_metric([rec.study_id, "committed" if rec.commit is not None else "open"],
+                            float(rec.report_count))
+        yield held
+        size = _file_bytes(getattr(store.settings, "db_path", None))
+        if size is not None:
+            yield GaugeMetricFamily("dpsketch_store_bytes", "Bytes on disk of the store (SQLite file, "
+                                    "WAL and shared-memory index)", value=float(size))
+        try:
+            in_use = float(store.memory_in_use())
+        except Exception:  # pragma: no cover - never fail a scrape
+            in_use = float("nan")
+        yield GaugeMetricFamily("dpsketch_store_memory_bytes", "Memory the open studies' running "
+                                "totals and report index take (what memory_budget limits)", value=in_use)
+        writer = getattr(store, "writer", None)
+        if writer is not None:
+            yield GaugeMetricFamily("dpsketch_writer_queued_jobs", "Write requests waiting for the "
+                                    "single writer (refused with 503 at max_queued_jobs)",
+                                    value=float(writer.queue.qsize()))
+            yield GaugeMetricFamily("dpsketch_writer_queued_bytes", "Share bytes waiting for the writer "
+                                    "(refused with 503 at max_queued_bytes)",
+                                    value=float(getattr(writer, "_queued_bytes", 0)))
+        if self.admission is not None:
+            yield GaugeMetricFamily("dpsketch_uploads_in_flight", "Uploads admitted (body received) and not "
+                                    "yet answered (more are refused with 503 at $DPSKETCH_MAX_INFLIGHT_UPLOADS)",
+                                    value=float(self.admission.requests))
+            yield GaugeMetricFamily("dpsketch_upload_bytes_in_flight", "Body bytes of the uploads in flight "
+                                    "(more are refused with 503 at $DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES)",
+                                    value=float(self.admission.bytes))
+        conns = open_connections(self.app)
+        if conns is not None:
+            yield GaugeMetricFamily("dpsketch_open_connections", "Client connections open now (capped "
+                                    "by --max-connections)", value=float(conns))
