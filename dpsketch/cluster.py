@@ -184,7 +184,7 @@ class ServerSpec:
     server_id: str
     operator_token: str
     analyst_token: str
-    db_path: Path
+    db_path: Path | str  # a SQLite file, or a postgresql:// URL (the server's --db)
     port: int = field(default_factory=free_port)
 
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install, then run the test suite (real servers on loopback ports, real SQLite files).
+# Install, then run the test suite (real servers on loopback ports, real SQLite files, and a real
+# PostgreSQL server that tests/pg.py starts through scripts/ensure-postgres.sh, installing
+# Debian's postgresql first when it is missing and we are root).
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,8 @@
-"""``dpsketch server``: run one share server (uvicorn, one worker, one SQLite file).
+"""``dpsketch server``: run one share server (uvicorn, one worker, one SQLite file or one
+PostgreSQL database).
 
 One worker on purpose: the store's single writer thread and in-memory running totals belong to
-one process (a second process would need its own file). Tokens come from the environment or
+one process (a second process would need its own file or database). Tokens come from the environment or
 from files, never from the command line, where other local users could read them in ``ps``.
 """
 
@@ -23,9 +24,11 @@ os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 MIB = 1 << 20
 
 DESCRIPTION = """\
-Run one dpsketch share server: an HTTP API (docs/protocol.md section 6) over one SQLite file.
+Run one dpsketch share server: an HTTP API (docs/protocol.md section 6) over one SQLite file
+(the default) or one PostgreSQL database (--db postgresql://...).
 
-The server stores the shares clients upload (durably: acknowledged only after fsync), keeps the
+The server stores the shares clients upload (durably: acknowledged only after the database
+synced the commit: SQLite's fsync, PostgreSQL's synchronous_commit), keeps the
 public sketch of them, and releases one aggregate share per study after checking the release
 certificate. It never talks to other share servers.
 
@@ -48,8 +51,8 @@ leave out more than a tenth of what it holds (--max-excluded-fraction), and stor
 if the report id commits to it.
 
 Sealed shares: at first start the server generates an HPKE key pair of each suite (X25519 and
-the post-quantum MLKEM768-X25519, HKDF-SHA256, ChaCha20-Poly1305), stores them in --db (the file
-is made mode 0600) and publishes the public keys in /v1/info; clients may then seal each share
+the post-quantum MLKEM768-X25519, HKDF-SHA256, ChaCha20-Poly1305), stores them in --db (a SQLite
+file is made mode 0600; a PostgreSQL database must be guarded like the shares it holds) and publishes the public keys in /v1/info; clients may then seal each share
 to one (docs/protocol.md section 7a, docs/sealing.md). POST /v1/keys (operator token) rotates
 the keys of both suites; older keys keep opening shares until DELETE /v1/keys/{key_id}.
 """
@@ -58,6 +61,8 @@ EPILOG = """\
 example:
   DPSKETCH_OPERATOR_TOKEN=... DPSKETCH_ANALYST_TOKEN=... \\
     dpsketch server --server-id s1 --db /var/lib/dpsketch/s1.sqlite3 --port 8101
+  PGPASSWORD=... DPSKETCH_OPERATOR_TOKEN=... DPSKETCH_ANALYST_TOKEN=... \\
+    dpsketch server --server-id s1 --db postgresql://dpsketch@db.internal:5432/s1 --port 8101
 
 SIGTERM or Ctrl-C stops the server cleanly: it stops accepting connections, in-flight requests
 finish, queued writes commit, and it exits with status 0. The wait for open connections (idle TLS
@@ -72,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server-id", required=True,
                    help="this server's id, as listed in the studies' 'servers' (e.g. s1)")
-    p.add_argument("--db", required=True, type=Path, help="SQLite file (created if missing)")
+    db_default = os.environ.get("DPSKETCH_DB", "").strip() or None
+    p.add_argument("--db", required=db_default is None, default=db_default, type=db_location,
+                   help="the store: a SQLite file (created if missing), or a PostgreSQL URL "
+                        "postgresql://user@host:port/dbname whose tables are created if missing "
+                        "(libpq's PGPASSWORD / ~/.pgpass supply a password, so none need appear "
+                        "in ps) ($DPSKETCH_DB)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8101, help="port to listen on (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=64 * MIB,
@@ -93,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_graceful_argument(p)
     add_connection_arguments(p)
     return p
+
+
+def db_location(text: str) -> Path | str:
+    """``--db``: a ``postgresql://`` URL stays a string, anything else is a SQLite file path."""
+    from .backend import is_url
+
+    return text if is_url(text) else Path(text)
+
+
+db_location.__name__ = "database"
 
 
 def _token(path: Path | None, env: str, role: str) -> str:
@@ -118,7 +138,8 @@ def settings_from_args(args: argparse.Namespace):
     from .settings import Settings
 
     try:
-        return Settings(server_id=args.server_id, db_path=args.db, operator_token=operator,
+        store = {"db_url": args.db} if isinstance(args.db, str) else {"db_path": args.db}
+        return Settings(server_id=args.server_id, **store, operator_token=operator,
                         analyst_token=analyst, max_body_bytes=args.max_body_bytes, **policy_kwargs(args))
     except ValueError as exc:
         raise SystemExit(f"dpsketch server: {exc}")
@@ -139,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app = create_app(settings)
     except Exception as exc:  # e.g. unreadable database: say so plainly, no traceback
-        print(f"dpsketch server: cannot open the store {settings.db_path}: {exc}", file=sys.stderr)
+        print(f"dpsketch server: cannot open the store {settings.store_location}: {exc}", file=sys.stderr)
         return 1
     # handles SIGTERM/SIGINT: stop accepting, finish requests (bounded), run the app's shutdown
     return serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,

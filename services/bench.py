@@ -207,11 +207,13 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
 # --- real server processes ---------------------------------------------------------------------
 
 
-def _start_server(wd: Path, server_id: str = "s1"):
+def _start_server(wd: Path, server_id: str = "s1", db: Path | str | None = None):
+    """A real server process on a SQLite file in ``wd`` or on ``db`` (a file or a
+    postgresql:// URL of an empty database)."""
     from dpsketch.cluster import ServerSpec, share_server
 
     spec = ServerSpec(server_id=server_id, operator_token=OPERATOR, analyst_token=ANALYST,
-                      db_path=wd / f"{server_id}.sqlite3")
+                      db_path=db if db is not None else wd / f"{server_id}.sqlite3")
     return share_server(spec, wd).start(timeout=60)
 
 
@@ -269,8 +271,10 @@ def _report_count(url: str, study: Study) -> int:
 
 
 def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, concurrency: int = 2,
-                      workdir: Path | None = None, seed: int = 2) -> dict[str, Any]:
-    """POST n random rows in batches of ``batch_rows`` to a real server over loopback."""
+                      workdir: Path | None = None, seed: int = 2, db: Path | str | None = None,
+                      baseline: bool = True) -> dict[str, Any]:
+    """POST n random rows in batches of ``batch_rows`` to a real server over loopback (its store:
+    ``db``, default a new SQLite file)."""
     rng = np.random.default_rng(seed)
     study = _study(n, d, 400, 4, ["s1", "s2"])
     batches = []
@@ -281,7 +285,7 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, c
                            "body_mib": round(len(batches[0][1]) / 2**20, 2), "n_servers": study.n_servers,
                            "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
-        proc = _start_server(wd)
+        proc = _start_server(wd, db=db)
         try:
             token = _provision(proc.url, study)
             elapsed, latencies, errors = _post_batches(
@@ -293,8 +297,10 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, c
         out.update(seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
                    **_percentiles(latencies))
-        raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, d, study.n_servers)
-        out.update(baseline_raw_sqlite_rows_per_s=round(raw), ratio_to_raw_sqlite=round(out["rows_per_s"] / raw, 3))
+        if baseline:
+            raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, d, study.n_servers)
+            out.update(baseline_raw_sqlite_rows_per_s=round(raw),
+                       ratio_to_raw_sqlite=round(out["rows_per_s"] / raw, 3))
     return out
 
 
@@ -470,8 +476,10 @@ def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
 
 
 def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
-                        workdir: Path | None = None) -> dict[str, Any]:
-    """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds``."""
+                        workdir: Path | None = None, db: Path | str | None = None,
+                        baseline: bool = True) -> dict[str, Any]:
+    """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds`` (the
+    server's store: ``db``, default a new SQLite file)."""
     out: dict[str, Any] = {"clients": clients, "seconds": seconds, "d": d, "upload_auth": "tokens"}
     study = _study(10**6, d, 400, 4, ["s1", "s2"])
 
@@ -483,7 +491,7 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
         return messages.Report.of(rid, proof[0], share[0]).model_dump_json().encode()
 
     with _Workdir(workdir) as wd:
-        proc = _start_server(wd)
+        proc = _start_server(wd, db=db)
         try:
             token = _provision(proc.url, study)
             res = _run(_drive(proc.port, f"/v1/studies/{study.study_id}/reports", report_body,
@@ -493,6 +501,8 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
             proc.stop()
         out.update(reports_per_s=round(res["per_s"]), acknowledged=res["ok"], server_report_count=held,
                    statuses=res["statuses"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"])
+        if not baseline:
+            return out
         port = free_port()
         echo = subprocess.Popen([sys.executable, "-c", _ECHO_APP, str(port)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import stat
 import time
 from dataclasses import dataclass
@@ -79,7 +78,7 @@ def _restrict_permissions(db_path: Path) -> None:
             log.warning("could not make %s private (it holds the HPKE private key): %s", path, exc)
 
 
-def _select(conn: sqlite3.Connection, suite: SealingSuite):
+def _select(conn: Any, suite: SealingSuite):
     return conn.execute(f"SELECT key_id, private_key, public_key, created_at, superseded_at "
                         f"FROM {TABLES[suite.name]} ORDER BY created_at").fetchall()
 
@@ -88,26 +87,35 @@ class KeyRing:
     """The keys of both suites in memory (replaced as a whole on every change, so readers need
     no lock)."""
 
-    def __init__(self, conn: sqlite3.Connection, db_path: Path):
+    def __init__(self, conn: Any, db_path: Path | None, backend: Any = None):
+        """``conn``: the writer's connection; ``db_path``: the SQLite file whose mode is made
+        private when a key is stored (None for PostgreSQL: its files are the server's own);
+        ``backend``: services/backend.py's (None: SQLite)."""
+        if backend is None:
+            from .backend import SqliteBackend
+
+            backend = SqliteBackend(db_path, 5.0)
+        self.backend = backend
         self._keys: dict[bytes, _Key] = {}
         self._current: dict[str, bytes] = {}
-        conn.execute(PQ_SCHEMA)
+        conn.execute(backend.ddl(PQ_SCHEMA))
         rows = {}
         for suite in envelope.SUITES.values():
             rows[suite.name] = _select(conn, suite)
             if rows[suite.name]:
                 continue
             row = self._new_row(suite, time.time())
-            conn.execute("BEGIN IMMEDIATE")
+            backend.begin(conn)
             try:
                 conn.execute(f"INSERT INTO {TABLES[suite.name]} (key_id, private_key, public_key, "
                              f"created_at, superseded_at) VALUES (?, ?, ?, ?, NULL)", row)
                 conn.execute("COMMIT")
-            except sqlite3.Error:
-                conn.execute("ROLLBACK")
+            except backend.errors:
+                backend.rollback_quietly(conn)
                 raise
             rows[suite.name] = [(*row, None)]
-            _restrict_permissions(db_path)
+            if db_path is not None:
+                _restrict_permissions(db_path)
             log.info("generated this server's first %s HPKE key %s", suite.name, row[0].hex())
         self._set(rows)
 
@@ -159,11 +167,11 @@ class KeyRing:
         return out
 
     # --- writes (run by the store's writer thread, inside its transaction) -------------------
-    def _reload(self, conn: sqlite3.Connection):
+    def _reload(self, conn: Any):
         rows = {suite.name: _select(conn, suite) for suite in envelope.SUITES.values()}
         return lambda: self._set(rows)
 
-    def rotate(self, conn: sqlite3.Connection):
+    def rotate(self, conn: Any):
         """A new current key of every suite; the previous current keys are marked superseded
         (they still open)."""
         now = time.time()
@@ -177,7 +185,7 @@ class KeyRing:
         apply = self._reload(conn)
         return None, apply
 
-    def retire(self, conn: sqlite3.Connection, key_id_hex: str):
+    def retire(self, conn: Any, key_id_hex: str):
         """Erase a superseded key of either suite, unless an open study may still hold shares
         sealed to it."""
         try:
@@ -206,13 +214,7 @@ class KeyRing:
                 f"{still_open[0]} open stud{'y' if still_open[0] == 1 else 'ies'} (e.g. {still_open[1]}) "
                 f"existed while this key was current and may still receive shares sealed to it; "
                 f"retire it once they are committed", extra={"open_studies": int(still_open[0])})
-        conn.execute("PRAGMA secure_delete = ON")
-        try:
-            conn.execute(f"UPDATE {table} SET private_key = zeroblob(?) WHERE key_id = ?",
-                         (suite.private_key_bytes, kid))
-            conn.execute(f"DELETE FROM {table} WHERE key_id = ?", (kid,))
-        finally:
-            conn.execute("PRAGMA secure_delete = OFF")
+        self.backend.erase_and_delete(conn, table, "private_key", suite.private_key_bytes, "key_id = ?", (kid,))
         log.info("%s HPKE key %s retired", suite.name, kid.hex())
         apply = self._reload(conn)
         return None, apply

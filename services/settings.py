@@ -31,7 +31,11 @@ def _env_float(name: str, default: float | None) -> float | None:
 @dataclass(frozen=True)
 class Settings:
     server_id: str
-    db_path: Path
+    #: The store: a SQLite file (``db_path``, the default) or a PostgreSQL database (``db_url``,
+    #: ``postgresql://user@host:port/dbname``; services/pg.py). Exactly one is given; the
+    #: command line's ``--db`` / $DPSKETCH_DB fills in whichever its value is.
+    db_path: Path | None = None
+    db_url: str | None = None
     #: The environment's tokens (DPSKETCH_OPERATOR_TOKEN / DPSKETCH_ANALYST_TOKEN). Only their
     #: SHA-256 digests are kept: ``__post_init__`` moves them to ``*_digests`` and blanks these.
     operator_token: str = ""
@@ -80,7 +84,8 @@ class Settings:
     retention_sweep_s: float = 60.0
     #: Largest request body accepted (413 beyond). A 10k-row batch at d = 100 is about 8 MiB.
     max_body_bytes: int = 64 * MIB
-    #: How long a write waits for a SQLite lock held by someone else before answering 503.
+    #: How long a write waits for a lock held by someone else before answering 503 (SQLite's busy
+    #: timeout; PostgreSQL's lock_timeout, and how long a read waits for a pooled connection).
     busy_timeout_s: float = 5.0
     #: Upper bounds on one group commit: more rows or requests wait for the next transaction.
     max_group_rows: int = 200_000
@@ -103,7 +108,18 @@ class Settings:
 
     def __post_init__(self) -> None:
         from .auth import digest_of, warn_if_short
+        from .backend import is_url
 
+        if self.db_url is None and is_url(self.db_path):  # a URL given where a path was expected
+            object.__setattr__(self, "db_url", self.db_path)
+            object.__setattr__(self, "db_path", None)
+        if (self.db_path is None) == (self.db_url is None):
+            raise ValueError("give the store as exactly one of db_path (a SQLite file) or db_url "
+                             "(postgresql://...)")
+        if self.db_url is not None and not is_url(self.db_url):
+            raise ValueError(f"db_url must start with postgresql:// (got {self.db_url[:20]!r}...)")
+        if self.db_path is not None:
+            object.__setattr__(self, "db_path", Path(self.db_path))
         if not re.match(SERVER_ID_PATTERN, self.server_id):
             raise ValueError(f"server id {self.server_id!r} must match {SERVER_ID_PATTERN}")
         if self.operator_token and self.operator_token == self.analyst_token:
@@ -151,3 +167,12 @@ class Settings:
             raise ValueError("upload_auth must be 'tokens' or 'open'")
         if self.max_study_memory < 1 or self.memory_budget < self.max_study_memory:
             raise ValueError("need max_study_memory >= 1 and memory_budget >= max_study_memory")
+
+    @property
+    def store_location(self) -> str:
+        """The store for logs and messages: the file, or the URL without its password."""
+        if self.db_url is not None:
+            from .backend import redact
+
+            return redact(self.db_url)
+        return str(self.db_path)

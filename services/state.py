@@ -13,9 +13,9 @@ crash nothing in memory matters: :func:`load_state` rebuilds it by streaming the
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -153,21 +153,24 @@ class UploadToken:
         return None if self.quota is None else max(0, self.quota - self.used)
 
 
-def load_state(conn: sqlite3.Connection, record: StudyRecord, chunk_rows: int) -> StudyState:
-    """Rebuild a study's running totals by streaming its stored reports in rowid order."""
+def _chunks(conn: Any, sql: str, params: tuple, chunk_rows: int, backend: Any):
+    """The rows of ``sql`` in chunks of ``chunk_rows``, streamed (never the whole table in memory)."""
+    if backend is None:  # a SQLite connection (callers from before the backend seam)
+        from .backend import SqliteBackend as backend
+    return backend.stream(conn, sql, params, chunk_rows)
+
+
+def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None) -> StudyState:
+    """Rebuild a study's running totals by streaming its stored reports in rowid order.
+    ``conn`` is a read connection of ``backend`` (services/backend.py; None: SQLite)."""
     study = record.study
     if study.parties is not None:
-        return _load_blocks(conn, record, chunk_rows)
+        return _load_blocks(conn, record, chunk_rows, backend)
     state = StudyState(k=study.k, d=study.width)
     width = 8 * study.width
-    cursor = conn.execute(
-        "SELECT id, report_id, share FROM reports WHERE study = ? ORDER BY id", (record.seq,)
-    )
     skipped = 0
-    while True:
-        chunk = cursor.fetchmany(chunk_rows)
-        if not chunk:
-            break
+    for chunk in _chunks(conn, "SELECT id, report_id, share FROM reports WHERE study = ? ORDER BY id",
+                         (record.seq,), chunk_rows, backend):
         rowids = [r[0] for r in chunk]
         ids = [bytes(r[1]) for r in chunk]
         blobs = [r[2] for r in chunk]
@@ -196,18 +199,14 @@ def new_state(study: Study) -> StudyState:
     return StudyState(k=study.k, d=study.width, n_parties=len(study.parties or ()))
 
 
-def _load_blocks(conn: sqlite3.Connection, record: StudyRecord, chunk_rows: int) -> StudyState:
+def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None) -> StudyState:
     """Rebuild the block index of a study with parties (it has no running totals)."""
     study = record.study
     state = new_state(study)
     widths = [8 * p.width for p in study.parties or ()]
-    cursor = conn.execute(
-        "SELECT id, report_id, share, pseudonym, party FROM reports WHERE study = ? ORDER BY id", (record.seq,))
     skipped = 0
-    while True:
-        chunk = cursor.fetchmany(chunk_rows)
-        if not chunk:
-            break
+    for chunk in _chunks(conn, "SELECT id, report_id, share, pseudonym, party FROM reports WHERE study = ? "
+                         "ORDER BY id", (record.seq,), chunk_rows, backend):
         by_party: dict[int, tuple[list, list, list]] = {}
         for rowid, bid, share, pseudonym, party in chunk:
             bid, pseudonym = bytes(bid), bytes(pseudonym or b"")

@@ -1,9 +1,11 @@
 """The durable store of one share server and the study logic on top of it.
 
 Everything a client can change goes through the single writer thread (``writer.py``) and is
-acknowledged only after its transaction committed (WAL + ``synchronous=FULL``). Reads use
-per-thread read-only connections. The in-memory running totals (``state.py``) make a commit
-over 10^6 reports cost a subtraction of the excluded reports and one k x k eigenvalue problem.
+acknowledged only after its transaction committed durably (SQLite: WAL + ``synchronous=FULL``;
+PostgreSQL: ``synchronous_commit = on``; the database sits behind ``backend.py``). Reads use
+read-only connections (SQLite: one per thread; PostgreSQL: a pool). The in-memory running totals
+(``state.py``) make a commit over 10^6 reports cost a subtraction of the excluded reports and one
+k x k eigenvalue problem.
 
 Privacy rules enforced here, not in the HTTP layer:
 * nothing about shares leaves the server before the study is committed, and afterwards only the
@@ -18,11 +20,9 @@ Privacy rules enforced here, not in the HTTP layer:
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import secrets
-import sqlite3
 import threading
 import time
 from concurrent.futures import Future
@@ -48,7 +48,8 @@ from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
-from . import db, idsets, policy
+from . import backend as backends
+from . import idsets, policy
 from .auth import digest_of, upload_token_id
 from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
@@ -61,16 +62,20 @@ log = logging.getLogger("dpsketch.server")
 _FETCH_CHUNK = 50_000
 
 
+_DB_ERRORS = backends.errors()
+
+
 def _unavailable_on_db_error(fn):
-    """Reads that fail in SQLite (busy during WAL recovery, I/O error) answer 503, not 500."""
+    """Reads that fail in the database (SQLite busy during WAL recovery, an I/O error, PostgreSQL
+    unreachable) answer 503, not 500."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(self, *args, **kwargs):
         try:
-            return fn(*args, **kwargs)
-        except sqlite3.Error as exc:
+            return fn(self, *args, **kwargs)
+        except _DB_ERRORS as exc:
             log.warning("read failed in %s: %s", fn.__name__, exc)
-            raise db.unavailable(exc) from None
+            raise self.backend.unavailable(exc) from None
 
     return wrapper
 
@@ -103,20 +108,20 @@ def _match(state: StudyState, ids: list[bytes], inclusion: bytes):
 class Store:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self._conn = db.initialise(settings.db_path, settings.busy_timeout_s)
-        self.keys = KeyRing(self._conn, settings.db_path)  # HPKE keys; the first one made here
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._readers_lock = threading.Lock()
+        #: SQLite file or PostgreSQL database (services/backend.py)
+        self.backend = backends.for_settings(settings)
+        self._conn = self.backend.initialise()
+        self.keys = KeyRing(self._conn, self.backend.file_path, self.backend)  # HPKE keys
         self._records: dict[str, StudyRecord] = {}
         self._load_records()
         #: population -> [(charge, charged_at)] in charging order (the ledger table, in memory)
         self._ledger: dict[str, list[tuple[ledger.Charge, float]]] = {}
         for population, charge, charged_at in self._conn.execute(
-                "SELECT population, charge, charged_at FROM ledger ORDER BY charged_at, rowid"):
+                f"SELECT population, charge, charged_at FROM ledger ORDER BY {self.backend.LEDGER_ORDER}"
+        ).fetchall():
             self._ledger.setdefault(population, []).append(
                 (ledger.Charge.model_validate_json(charge), float(charged_at)))
-        self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use)
+        self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use, self.backend)
         self._closed = False
         self._sweep_wake = threading.Event()
         if settings.warm_start:
@@ -132,27 +137,12 @@ class Store:
         self._closed = True
         self._sweep_wake.set()
         self.writer.stop()
-        with self._readers_lock:
-            for conn in self._readers:
-                try:
-                    conn.close()
-                except sqlite3.Error:
-                    pass
-            self._readers.clear()
-        try:
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            self._conn.close()
-        except sqlite3.Error:
-            pass
+        self.backend.close(self._conn)
 
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = db.connect(self.settings.db_path, self.settings.busy_timeout_s, readonly=True)
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return conn
+    def _reading(self):
+        """A read-only connection for the duration of a ``with`` block (SQLite: this thread's;
+        PostgreSQL: one from the pool)."""
+        return self.backend.reading()
 
     def _load_records(self) -> None:
         rows = self._conn.execute(
@@ -163,9 +153,9 @@ class Store:
         tokens: dict[int, dict[bytes, UploadToken]] = {}
         issued: set[int] = set()
         revoked = {(seq, bytes(digest)) for seq, digest in
-                   self._conn.execute("SELECT study, digest FROM upload_token_revocations")}
+                   self._conn.execute("SELECT study, digest FROM upload_token_revocations").fetchall()}
         for seq, digest, quota, used, party in self._conn.execute(
-                "SELECT study, digest, quota, used, party FROM upload_tokens ORDER BY created_at"):
+                "SELECT study, digest, quota, used, party FROM upload_tokens ORDER BY created_at").fetchall():
             issued.add(seq)
             if (seq, bytes(digest)) not in revoked:
                 tokens.setdefault(seq, {})[bytes(digest)] = UploadToken(quota, int(used), party)
@@ -196,7 +186,8 @@ class Store:
             return state
         with record.load_lock:
             if record.state is None and record.commit is None:
-                state = load_state(self._reader(), record, self.settings.load_chunk_rows)
+                with self._reading() as conn:
+                    state = load_state(conn, record, self.settings.load_chunk_rows, self.backend)
                 record.report_count = state.report_count
                 record.state = state
         return record.state
@@ -205,9 +196,10 @@ class Store:
         """Raise if the database cannot answer a query now (readiness: a server whose store is
         unreachable must not be sent traffic); return quickly otherwise."""
         try:
-            self._reader().execute("SELECT 1").fetchone()
-        except sqlite3.Error as exc:
-            raise db.unavailable(exc) from exc
+            with self._reading() as conn:
+                conn.execute("SELECT 1").fetchone()
+        except _DB_ERRORS as exc:
+            raise self.backend.unavailable(exc) from exc
 
     # --- reads -------------------------------------------------------------------------------
     def record(self, study_id: str) -> StudyRecord:
@@ -246,9 +238,8 @@ class Store:
     def report_ids(self, study_id: str) -> bytes:
         """The ids of every report held for the study, sorted (ids only, never shares)."""
         record = self.record(study_id)
-        rows = self._reader().execute(
-            "SELECT report_id FROM reports WHERE study = ?", (record.seq,)
-        ).fetchall()
+        with self._reading() as conn:
+            rows = conn.execute("SELECT report_id FROM reports WHERE study = ?", (record.seq,)).fetchall()
         return encode_report_ids([bytes(r[0]) for r in rows])
 
     @_unavailable_on_db_error
@@ -259,8 +250,9 @@ class Store:
         if record.study.parties is None:
             raise ProblemError("invalid-request", f"study {study_id} has no parties: list its "
                                f"report ids (GET .../report-ids) instead")
-        rows = self._reader().execute(
-            "SELECT report_id, pseudonym, party FROM reports WHERE study = ?", (record.seq,)).fetchall()
+        with self._reading() as conn:
+            rows = conn.execute(
+                "SELECT report_id, pseudonym, party FROM reports WHERE study = ?", (record.seq,)).fetchall()
         return encode_block_index([bytes(r[0]) for r in rows], [bytes(r[1]) for r in rows],
                                   [int(r[2]) for r in rows])
 
@@ -271,9 +263,8 @@ class Store:
         if record.commit is None:
             raise ProblemError("study-open", f"study {study_id} is not committed; nothing is released")
         if record.aggregate is None:
-            row = self._reader().execute(
-                "SELECT aggregate FROM commits WHERE study = ?", (record.seq,)
-            ).fetchone()
+            with self._reading() as conn:
+                row = conn.execute("SELECT aggregate FROM commits WHERE study = ?", (record.seq,)).fetchone()
             record.aggregate = bytes(row[0])
         return record.aggregate, record.commit.inclusion_hash
 
@@ -316,7 +307,7 @@ class Store:
         if population is not None:  # outside the writer first: warms the PLD caches, refuses early
             policy.check_population(self.charges(population), study, self.settings)
 
-        def fn(conn: sqlite3.Connection):
+        def fn(conn):
             if study_id in self._records:  # a concurrent PUT of the same study won
                 return (self._records[study_id], False), None
             in_use = self.memory_in_use()
@@ -333,14 +324,13 @@ class Store:
             if population is not None:  # again, race-free: the writer orders every provisioning
                 policy.check_population(self.charges(population), study, self.settings)
                 charge = ledger.Charge.of(study)
-            cur = conn.execute(
-                "INSERT INTO studies (study_id, canonical, created_at) VALUES (?, ?, ?)",
-                (study_id, study.canonical(), now),
-            )
+            seq = self.backend.insert_id(
+                conn, "INSERT INTO studies (study_id, canonical, created_at) VALUES (?, ?, ?)",
+                (study_id, study.canonical(), now))
             if charge is not None:
                 conn.execute("INSERT INTO ledger (population, study_id, charge, charged_at) VALUES (?, ?, ?, ?)",
                              (population, study_id, charge.model_dump_json(), now))
-            record = StudyRecord(int(cur.lastrowid), study, 0, state=new_state(study),
+            record = StudyRecord(seq, study, 0, state=new_state(study),
                                  upload_required=self.settings.upload_auth == "tokens")
 
             def apply() -> None:
@@ -410,7 +400,7 @@ class Store:
 
         now = time.time()
 
-        def fn(conn: sqlite3.Connection):
+        def fn(conn):
             if record.commit is not None:  # a concurrent commit won the race
                 return self._repeat(record, ihash), None
             conn.execute(
@@ -500,7 +490,7 @@ class Store:
         gram = np.zeros((study.k, study.k), dtype=np.int64)
         columns = parties.slices(study.parties or [])
         blocks_of: dict[bytes, int] = {}
-        for rows in self._fetch_rows(rowids, db.SELECT_BLOCKS_BY_ROWID):
+        for rows in self._fetch_rows(rowids, self.backend.SELECT_BLOCKS_BY_ROWID):
             for j, cols in enumerate(columns):
                 mine = [r for r in rows if r[4] == j]
                 if not mine:
@@ -549,7 +539,7 @@ class Store:
         digests = [digest_of(t) for t in tokens]
         now = time.time()
 
-        def fn(conn: sqlite3.Connection):
+        def fn(conn):
             conn.executemany("INSERT INTO upload_tokens (study, digest, created_at, quota, party) "
                              "VALUES (?, ?, ?, ?, ?)", [(record.seq, d, now, quota, party) for d in digests])
             active = dict(record.upload_tokens)
@@ -568,10 +558,11 @@ class Store:
         """The study's upload tokens by id (hex SHA-256(token)[:8]) with quota, reports added,
         issue and revocation times; never a token or a whole digest."""
         record = self.record(study_id)
-        rows = self._reader().execute(
-            "SELECT t.digest, t.created_at, r.revoked_at, t.quota, t.used, t.party FROM upload_tokens t LEFT JOIN "
-            "upload_token_revocations r ON r.study = t.study AND r.digest = t.digest "
-            "WHERE t.study = ? ORDER BY t.created_at", (record.seq,)).fetchall()
+        with self._reading() as conn:
+            rows = conn.execute(
+                "SELECT t.digest, t.created_at, r.revoked_at, t.quota, t.used, t.party FROM upload_tokens t "
+                "LEFT JOIN upload_token_revocations r ON r.study = t.study AND r.digest = t.digest "
+                "WHERE t.study = ? ORDER BY t.created_at", (record.seq,)).fetchall()
         tokens = []
         for d, c, r, quota, used, party in rows:
             live = record.upload_tokens.get(bytes(d))  # memory may be ahead of this read
@@ -585,13 +576,13 @@ class Store:
         keeps requiring an upload token even when none is left."""
         record = self.record(study_id)
 
-        def fn(conn: sqlite3.Connection):
+        def fn(conn):
             rows = conn.execute("SELECT digest FROM upload_tokens WHERE study = ?", (record.seq,)).fetchall()
             match = [bytes(d) for (d,) in rows if upload_token_id(bytes(d)) == token_id]
             if not match:
                 raise ProblemError("not-found", f"study {study_id} has no upload token {token_id[:40]!r}")
-            conn.execute("INSERT OR IGNORE INTO upload_token_revocations (study, digest, revoked_at) "
-                         "VALUES (?, ?, ?)", (record.seq, match[0], time.time()))
+            conn.execute("INSERT INTO upload_token_revocations (study, digest, revoked_at) "
+                         "VALUES (?, ?, ?) ON CONFLICT DO NOTHING", (record.seq, match[0], time.time()))
             active = {d: t for d, t in record.upload_tokens.items() if d != match[0]}
 
             def apply() -> None:
@@ -622,14 +613,15 @@ class Store:
         if record.commit is None:
             raise ProblemError("study-open", f"study {study_id} is not committed; its shares are still needed")
         if record.shares_deleted_at is None:
-            def fn(conn: sqlite3.Connection):
+            def fn(conn):
                 if record.shares_deleted_at is not None:
                     return record.shares_deleted_at, None
-                cur = conn.execute("UPDATE reports SET share = X'' WHERE study = ? AND length(share) > 0",
-                                   (record.seq,))
+                cur = conn.execute("UPDATE reports SET share = ? WHERE study = ? AND length(share) > 0",
+                                   (b"", record.seq))
                 now = time.time()
-                conn.execute("INSERT OR REPLACE INTO retention (study, shares_deleted_at, deleted) "
-                             "VALUES (?, ?, ?)", (record.seq, now, cur.rowcount))
+                conn.execute("INSERT INTO retention (study, shares_deleted_at, deleted) VALUES (?, ?, ?) "
+                             "ON CONFLICT (study) DO UPDATE SET shares_deleted_at = excluded.shares_deleted_at, "
+                             "deleted = excluded.deleted", (record.seq, now, cur.rowcount))
 
                 def apply() -> None:
                     record.shares_deleted_at = now
@@ -712,18 +704,19 @@ class Store:
         )
 
     def _fetch_rows(self, rowids: list[int], query: str):
-        """The stored rows of ``query`` (rowids as one JSON array) for the given rowids, in chunks."""
-        conn = self._reader()
+        """The stored rows of ``query`` (rowids as one parameter: the backend's id list) for the
+        given rowids, in chunks."""
         for start in range(0, len(rowids), _FETCH_CHUNK):
             part = rowids[start:start + _FETCH_CHUNK]
-            rows = conn.execute(query, (json.dumps(part),)).fetchall()
+            with self._reading() as conn:
+                rows = conn.execute(query, (self.backend.rowids(part),)).fetchall()
             if len(rows) != len(part):  # never: rowids come from the writer's own inserts
                 raise RuntimeError(f"store inconsistent: {len(part) - len(rows)} held reports missing")
             yield rows
 
     def _fetch(self, rowids: list[int], d: int):
         """Stored (ids, shares) for the given rowids, in chunks."""
-        for rows in self._fetch_rows(rowids, db.SELECT_SHARES_BY_ROWID):
+        for rows in self._fetch_rows(rowids, self.backend.SELECT_SHARES_BY_ROWID):
             ids = [bytes(r[1]) for r in rows]
             shares = np.frombuffer(b"".join(r[2] for r in rows), dtype="<u8").reshape(len(rows), d)
             yield ids, shares

@@ -1,21 +1,21 @@
 """The single writer thread: group commit of uploads, and every other write, in order.
 
 Why one thread: SQLite allows one writer at a time anyway, and a single owner of every write
-makes the in-memory checks (duplicate, conflict, capacity, study closed) race-free. Why group
+makes the in-memory checks (duplicate, conflict, capacity, study closed) race-free. PostgreSQL
+would take concurrent writers; the store keeps the one thread there too (same checks, same
+order), and the database's unique constraints back them (services/pg.py). Why group
 commit: an fsync per report caps a disk at a few hundred reports/s; instead the thread drains
 whatever requests queued up while the previous transaction was syncing, stores them all in one
 transaction (one fsync) and only then acknowledges each. A request is all-or-nothing: it is
 validated completely in memory before any of its rows is written, and refused requests in a
-group do not affect the others. If the transaction fails (locked, disk full) every request in
-it gets 503 and nothing in memory changes.
+group do not affect the others. If the transaction fails (locked, disk full, database down)
+every request in it gets 503 and nothing in memory changes.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -27,7 +27,7 @@ import numpy as np
 from dpsketch.protocol.messages import UploadResult
 from dpsketch.protocol.problems import ProblemError
 
-from . import db
+from . import backend as backends
 from .settings import Settings
 from .state import INDEX_BYTES_PER_REPORT, StudyRecord, StudyState
 
@@ -60,7 +60,7 @@ class CallJob:
     """Any other write: ``fn(conn)`` runs inside its own transaction and returns
     ``(result, apply)``; ``apply()`` (may be None) updates memory after COMMIT succeeded."""
 
-    fn: Callable[[sqlite3.Connection], tuple[Any, Callable[[], None] | None]]
+    fn: Callable[[Any], tuple[Any, Callable[[], None] | None]]  # a database connection
     future: Future = field(default_factory=Future)
 
 
@@ -102,10 +102,14 @@ class _Plan:
 
 
 class Writer:
-    def __init__(self, conn: sqlite3.Connection, settings: Settings,
+    def __init__(self, conn: Any, settings: Settings,
                  ensure_state: Callable[[StudyRecord], StudyState | None],
-                 memory_in_use: Callable[[], int] = lambda: 0):
+                 memory_in_use: Callable[[], int] = lambda: 0, backend: Any = None):
         self.conn = conn
+        #: SQLite or PostgreSQL (services/backend.py): how a transaction begins, which errors mean 503
+        self.backend = backend if backend is not None else backends.SqliteBackend(settings.db_path,
+                                                                                  settings.busy_timeout_s)
+        self.db_errors = self.backend.errors
         self.settings = settings
         self.ensure_state = ensure_state
         self.memory_in_use = memory_in_use
@@ -180,32 +184,32 @@ class Writer:
             fn(arg)
         except Exception as exc:  # pragma: no cover - defensive
             log.exception("writer: unexpected error")
-            db.rollback_quietly(self.conn)
+            self.backend.rollback_quietly(self.conn)
             jobs = arg if isinstance(arg, list) else [arg]
             for job in jobs:
                 if isinstance(job, UploadJob):
                     with job.record.load_lock:
                         job.record.state = None
                 if not job.future.done():
-                    job.future.set_exception(db.unavailable(exc))
+                    job.future.set_exception(self.backend.unavailable(exc))
             try:
                 self.next_rowid = int(self.conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
-            except sqlite3.Error:
+            except self.db_errors:
                 pass
 
     def _run_call(self, job: CallJob) -> None:
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.backend.begin(self.conn)
             result, apply = job.fn(self.conn)
             self.conn.execute("COMMIT")
         except ProblemError as exc:
-            db.rollback_quietly(self.conn)
+            self.backend.rollback_quietly(self.conn)
             job.future.set_exception(exc)
             return
-        except sqlite3.Error as exc:
-            db.rollback_quietly(self.conn)
+        except self.db_errors as exc:
+            self.backend.rollback_quietly(self.conn)
             log.warning("writer: transaction failed: %s", exc)
-            job.future.set_exception(db.unavailable(exc))
+            job.future.set_exception(self.backend.unavailable(exc))
             return
         if apply is not None:
             apply()
@@ -218,7 +222,7 @@ class Writer:
         charged: dict[tuple[int, bytes], int] = {}  # (study, token) -> new reports in this group
         budget = self.settings.memory_budget - self.memory_in_use()
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.backend.begin(self.conn)
             for job in group:
                 plan = self._plan(job, pending, charged, budget)
                 if plan is not None:
@@ -232,12 +236,12 @@ class Writer:
             self.conn.executemany("UPDATE upload_tokens SET used = used + ? WHERE study = ? AND digest = ?",
                                   [(n, seq, digest) for (seq, digest), n in charged.items()])
             self.conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            db.rollback_quietly(self.conn)
+        except self.db_errors as exc:
+            self.backend.rollback_quietly(self.conn)
             log.warning("writer: group of %d requests failed: %s", len(group), exc)
             for job in group:
                 if not job.future.done():
-                    job.future.set_exception(db.unavailable(exc))
+                    job.future.set_exception(self.backend.unavailable(exc))
             return
         for record, base, ids, joined, shares, rows, signs in inserted:
             self.next_rowid = max(self.next_rowid, base + len(ids))
@@ -362,7 +366,8 @@ class Writer:
             wanted = sorted(set(stored_rowids.values()))
             for start in range(0, len(wanted), 50_000):
                 part = wanted[start:start + 50_000]
-                for rowid, _rid, share in self.conn.execute(db.SELECT_SHARES_BY_ROWID, (json.dumps(part),)):
+                for rowid, _rid, share in self.conn.execute(self.backend.SELECT_SHARES_BY_ROWID,
+                                                            (self.backend.rowids(part),)).fetchall():
                     stored[rowid] = bytes(share)
             for i, rowid in stored_rowids.items():
                 if stored.get(rowid) == mine[i].tobytes():
@@ -422,7 +427,7 @@ class Writer:
             rows = cat([p.take(p.job.rows) for p in group])
             signs = cat([p.take(p.job.signs) for p in group])
             joined = b"".join(ids)
-            self.conn.execute(db.INSERT_REPORTS, {
+            self.conn.execute(self.backend.INSERT_REPORTS, {
                 "m": len(ids), "base": base, "study": seq, "ids": joined,
                 "shares": memoryview(shares).cast("B"), "width": 8 * record.study.width,
             })
@@ -438,7 +443,7 @@ class Writer:
             ids, pseudonyms = plan.take_ids(), plan.take_pseudonyms()
             shares = np.ascontiguousarray(plan.take(plan.job.shares), dtype="<u8")
             joined = b"".join(ids)
-            self.conn.execute(db.INSERT_BLOCKS, {
+            self.conn.execute(self.backend.INSERT_BLOCKS, {
                 "m": len(ids), "base": base, "study": record.seq, "ids": joined,
                 "shares": memoryview(shares).cast("B"), "width": shares.shape[1] * 8,
                 "pseudonyms": b"".join(pseudonyms), "party": plan.job.party,

@@ -1,4 +1,9 @@
-"""Shared fixtures: real share-server processes on loopback ports with real SQLite files.
+"""Shared fixtures: real share-server processes on loopback ports with real SQLite files, or
+databases on a real PostgreSQL server (tests/pg.py).
+
+Tests of the store's guarantees run against both stores: they take the ``store_kind`` fixture
+parametrised with ``@BOTH_STORES`` (``servers`` and ``store_location`` follow it); every other
+test runs SQLite only.
 
 The servers run their default policy except for upload authentication: tests of other features
 start them with ``DPSKETCH_UPLOAD_AUTH=open`` (``OPEN_UPLOADS``) so that every upload need not
@@ -18,12 +23,50 @@ from dpsketch.cluster import ManagedProcess, ServerSpec, share_server
 #: The environment that lets a test server take uploads without upload tokens.
 OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open"}
 
+STORES = ["sqlite", "postgres"]
+#: Run a test against both stores (it takes ``store_kind``, or fixtures that follow it).
+BOTH_STORES = pytest.mark.parametrize("store_kind", STORES, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One real PostgreSQL server for this pytest process (tests/pg.py), stopped at the end."""
+    import pg
+
+    server = pg.start()
+    try:
+        yield server
+    finally:
+        pg.stop(server)
+
+
+@pytest.fixture
+def store_kind(request) -> str:
+    """Which store the test's servers use: "sqlite" unless parametrised with BOTH_STORES."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def store_location(request, store_kind, tmp_path):
+    """``new(name)``: a fresh store location of the test's kind: a SQLite file under tmp_path,
+    or the URL of a new PostgreSQL database. Databases are dropped after the test."""
+    if store_kind == "sqlite":
+        yield lambda name: tmp_path / f"{name}.sqlite3"
+        return
+    server = request.getfixturevalue("postgres")
+    try:
+        yield lambda name: server.new_database(name)
+    finally:
+        server.drop_databases()
+
 
 class Servers:
     """Starts real share servers; stops (or has already killed) every one at teardown."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, new_store=None):
+        """``new_store(name)``: the store of a new server (default: a SQLite file in workdir)."""
         self.workdir = workdir
+        self.new_store = new_store or (lambda name: workdir / f"{name}.sqlite3")
         self.started: list[ManagedProcess] = []
 
     def spec(self, server_id: str) -> ServerSpec:
@@ -31,7 +74,7 @@ class Servers:
             server_id=server_id,
             operator_token="op-" + secrets.token_hex(8),
             analyst_token="an-" + secrets.token_hex(8),
-            db_path=self.workdir / f"{server_id}.sqlite3",
+            db_path=self.new_store(server_id),
         )
 
     def start(self, spec: ServerSpec, extra_env: dict[str, str] | None = None,
@@ -47,8 +90,8 @@ class Servers:
 
 
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Servers]:
-    pool = Servers(tmp_path)
+def servers(tmp_path: Path, store_location) -> Iterator[Servers]:
+    pool = Servers(tmp_path, store_location)
     try:
         yield pool
     finally:

@@ -4,7 +4,8 @@ For a study without server noise (designed with epsilon_floor=None, on servers w
 accepts that) the released sketch must equal S(A + G) computed directly from the clients' encoded
 rows, exactly in the ring; on the default design (a noise floor) it differs from that by the
 servers' own noise, of the study's server_sigma. Reports missing at one server are excluded
-everywhere; bad input to the analyzer gets the documented problem JSON.
+everywhere; bad input to the analyzer gets the documented problem JSON. The exact-release test
+runs with the servers on SQLite files and on PostgreSQL databases (``BOTH_STORES``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from analyzer.estimators import LeastSquares, RidgeRegression
 from analyzer.release import SketchRelease
 from client_sdk import Client
 from client_sdk.client import prepare_batch
-from conftest import Cluster
+from conftest import BOTH_STORES, Cluster
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
@@ -58,6 +59,7 @@ def upload(url: str, study: Study, body: bytes) -> None:
     assert r.status_code == 200, r.text
 
 
+@BOTH_STORES
 def test_release_is_exactly_the_sketch_of_the_included_reports(no_floor_cluster):
     c = no_floor_cluster
     n = 1200

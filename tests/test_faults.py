@@ -1,7 +1,10 @@
 """Fault injection against real processes: SIGKILLed servers and analyzer, a server down for part
 of an upload, a locked database, a full disk, and a bounded load test.
 
-Every test uses real server processes on loopback ports with real SQLite files. Where the test
+Every test uses real server processes on loopback ports with real SQLite files; the SIGKILL and
+load tests also run with each server on its own database of a real PostgreSQL server
+(``BOTH_STORES``, tests/pg.py). The locked-file and full-disk tests are SQLite's; PostgreSQL's
+lock and outage tests are in tests/test_server_unit.py. Where the test
 must know A + G exactly it captures the SDK's own ``prepare_batch`` output (the shares it sent)
 and computes S(A + G) independently of the servers' code. Such exact-release tests use studies
 without a floor (``epsilon_floor=None``: no server noise) on servers whose policy accepts them
@@ -33,7 +36,7 @@ from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 from dpsketch.protocol.study import design
 
 import studies
-from conftest import OPEN_UPLOADS, Cluster
+from conftest import BOTH_STORES, OPEN_UPLOADS, Cluster
 
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
 #: Server policy that accepts studies without a floor, whose release is exactly S(A + G).
@@ -151,6 +154,7 @@ def assert_unavailable(r: httpx.Response) -> None:
 # --- 1. a share server SIGKILLed in the middle of an SDK bulk upload ---------------------------
 
 
+@BOTH_STORES
 def test_share_server_sigkilled_mid_upload_loses_nothing_acknowledged(servers, monkeypatch):
     c = exact_cluster(servers)
     n, batch_size, kill_after = 40_000, 1_000, 8
@@ -680,6 +684,7 @@ def run_load(servers, seconds: float, clients: int = 64) -> None:
     assert flat, memory
 
 
+@BOTH_STORES
 def test_load_64_concurrent_clients(servers):
     run_load(servers, float(os.environ.get("DPSKETCH_LOAD_SECONDS", "10")))
 

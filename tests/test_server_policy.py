@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from services.app import create_app
 from services.auth import digest_text, parse_tokens
 from services.settings import Settings
+from conftest import BOTH_STORES
 from test_server_unit import (
     AN,
     OP,
@@ -444,13 +445,20 @@ def fill_and_commit(srv: Server, n: int = 200):
     return st, ids
 
 
-def share_lengths(db: Path) -> list[int]:
+def share_lengths(db: Path | str) -> list[int]:
+    """The stored length of every share, read from the database itself (SQLite or PostgreSQL)."""
+    if isinstance(db, str):
+        import psycopg
+
+        with psycopg.connect(db) as conn:
+            return [n for (n,) in conn.execute("SELECT length(share) FROM reports").fetchall()]
     with sqlite3.connect(db) as conn:
         return [n for (n,) in conn.execute("SELECT length(share) FROM reports")]
 
 
-def test_delete_shares_keeps_aggregate_commit_and_ids(tmp_path: Path):
-    db = tmp_path / "s1.sqlite3"
+@BOTH_STORES
+def test_delete_shares_keeps_aggregate_commit_and_ids(store_location):
+    db = store_location("s1")
     srv = Server(db)
     try:
         st = make_study()
@@ -458,8 +466,8 @@ def test_delete_shares_keeps_aggregate_commit_and_ids(tmp_path: Path):
         url = f"/v1/studies/{st.study_id}/shares"
         assert_problem(srv.client.delete(url, headers=bearer(OP)), 409, "study-open")
         srv.close()
-        srv = Server(tmp_path / "s2.sqlite3")
-        db = tmp_path / "s2.sqlite3"
+        db = store_location("s2")
+        srv = Server(db)
         st, ids = fill_and_commit(srv)
         url = f"/v1/studies/{st.study_id}/shares"
         before = srv.aggregate(st)
@@ -488,8 +496,9 @@ def test_delete_shares_keeps_aggregate_commit_and_ids(tmp_path: Path):
         srv.close()
 
 
-def test_retention_setting_deletes_shares_after_commit(tmp_path: Path):
-    db = tmp_path / "s1.sqlite3"
+@BOTH_STORES
+def test_retention_setting_deletes_shares_after_commit(store_location):
+    db = store_location("s1")
     srv = Server(db, retention_after_commit_s=0, retention_sweep_s=0.05)
     try:
         assert srv.client.get("/v1/info").json()["policy"]["retention_after_commit_seconds"] == 0

@@ -1,7 +1,8 @@
-"""The share server as a real process: real uvicorn, real SQLite file, real crashes.
+"""The share server as a real process: real uvicorn, a real SQLite file or PostgreSQL database
+(both, for the durability tests: ``BOTH_STORES``), real crashes.
 
 The durability promise is checked the hard way: reports are uploaded while the process is
-SIGKILLed; after a restart on the same file every acknowledged report is held exactly once, and
+SIGKILLed; after a restart on the same store every acknowledged report is held exactly once, and
 a commit releases exactly the sketch of the included shares (computed independently here).
 
 Records are bound to their report ids as a client binds them for server s1 (tests/studies.py);
@@ -28,6 +29,7 @@ from dpsketch.protocol.messages import (
     encode_batch,
 )
 from dpsketch.protocol.study import Study, design
+from conftest import BOTH_STORES
 from studies import bind_at
 
 D = 4
@@ -65,6 +67,7 @@ def held(url: str, token: str, study: Study) -> list[bytes]:
     return decode_report_ids(r.content)
 
 
+@BOTH_STORES
 def test_acknowledged_reports_survive_sigkill(servers):
     spec = servers.spec("s1")
     proc = servers.start(spec, NO_FLOOR)
@@ -142,6 +145,7 @@ def test_acknowledged_reports_survive_sigkill(servers):
     assert np.array_equal(got, expected_aggregate(study, included, shares[rows]))
 
 
+@BOTH_STORES
 def test_sigterm_stops_cleanly_and_keeps_everything(servers):
     spec = servers.spec("s1")
     proc = servers.start(spec, NO_FLOOR)

@@ -9,6 +9,10 @@ below make records the way a client does for this server (``tests/studies.py`` `
 position = this server's index in ``study.servers``). The studies here carry no server noise
 (``epsilon_floor=None``) and the servers run with ``max_floor_epsilon=None``, so a release is
 exactly the sum of the included shares; ``test_server_noise_...`` checks a study with noise.
+
+The tests of the store's guarantees (idempotence, conflicts, one atomic commit, the same bytes on
+every call and after a restart, 503 when the database cannot answer) run against SQLite and
+PostgreSQL (``BOTH_STORES``; conftest.py, tests/pg.py); the rest run on SQLite.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from dpsketch.protocol.messages import (
 from dpsketch.protocol.study import Study, design
 from services.app import create_app
 from services.settings import Settings
+from conftest import BOTH_STORES
 from studies import bind_at
 
 OP = "operator-token-0123456789"
@@ -152,7 +157,8 @@ class Server:
 
     server_id = "s1"
 
-    def __init__(self, db: Path, *, policy_defaults: bool = False, **kw):
+    def __init__(self, db: Path | str, *, policy_defaults: bool = False, **kw):
+        """``db``: a SQLite file or a PostgreSQL URL (Settings takes either as db_path)."""
         settings = (Settings(server_id=self.server_id, db_path=db, operator_token=OP, analyst_token=AN, **kw)
                     if policy_defaults else settings_for(db, **kw))
         self.app = create_app(settings)
@@ -212,8 +218,8 @@ class Server:
 
 
 @pytest.fixture
-def server(tmp_path: Path):
-    srv = Server(tmp_path / "s1.sqlite3")
+def server(store_location):
+    srv = Server(store_location("s1"))
     try:
         yield srv
     finally:
@@ -321,6 +327,7 @@ def test_provisioning_rules(server: Server):
 # --- uploads -----------------------------------------------------------------------------------
 
 
+@BOTH_STORES
 def test_single_upload_duplicate_and_substitution(server: Server, study: Study):
     """A retry is a duplicate; a share (or proof, or id) substituted under the id of a held report
     does not hash to that id: 422 binding-refused, nothing stored (formerly 409 report-conflict)."""
@@ -390,6 +397,7 @@ def test_upload_to_unknown_study(server: Server, study: Study):
     assert_problem(server.batch(x, bound(x, 1)), 404, "unknown-study")
 
 
+@BOTH_STORES
 def test_batch_upload_refusals_leave_store_unchanged(server: Server, study: Study):
     held = server.reports(study, 5)
     assert server.batch(study, held).json() == {"accepted": 5, "duplicates": 0, "report_count": 5}
@@ -426,6 +434,7 @@ def test_batch_upload_refusals_leave_store_unchanged(server: Server, study: Stud
     assert np.array_equal(totals, expected_aggregate(study, held.ids, held.shares))
 
 
+@BOTH_STORES
 def test_batch_duplicates_counted_once(server: Server, study: Study):
     rs = server.reports(study, 4)
     r = server.batch(study, rs + rs[0])
@@ -501,6 +510,7 @@ def test_analyst_endpoints_need_the_analyst_token(server: Server, study: Study):
 # --- commit and aggregate ----------------------------------------------------------------------
 
 
+@BOTH_STORES
 def test_commit_refusals(server: Server, study: Study):
     rs = server.reports(study, 120)
     ids = rs.ids
@@ -569,9 +579,10 @@ def test_certificate_refuses_a_bad_spectrum(server: Server, study: Study):
 # none, few (subtract the excluded), most (sum the included from scratch). Leaving out most of the
 # held reports is outside the default batch rule (at most 10%), so that case runs on a server
 # whose operator allows it (max_excluded_fraction = 0.6 >= 150 / 270).
+@BOTH_STORES
 @pytest.mark.parametrize("excluded,fraction", [(0, None), (10, None), (150, 0.6)])
-def test_commit_releases_the_exact_sketch_once(tmp_path: Path, excluded: int, fraction: float | None):
-    server = Server(tmp_path / "s1.sqlite3",
+def test_commit_releases_the_exact_sketch_once(store_location, excluded: int, fraction: float | None):
+    server = Server(store_location("s1"),
                     **({"max_excluded_fraction": fraction} if fraction is not None else {}))
     try:
         study = make_study()
@@ -619,12 +630,13 @@ def _commit_releases_the_exact_sketch_once(server: Server, study: Study, exclude
     assert server.aggregate(study).content == first.content
 
 
-def test_server_noise_is_added_once_at_commit(tmp_path: Path):
+@BOTH_STORES
+def test_server_noise_is_added_once_at_commit(store_location):
     """A study with a floor: the server's release is the exact sketch of the included shares plus
     its own noise, N(0, (server_sigma sqrt(s))^2) per cell of the unscaled k x width aggregate
     (the analyzer's 1/sqrt(s) makes it server_sigma), drawn once: the same bytes on every GET,
     after a repeated commit and after a restart."""
-    db = tmp_path / "noise.sqlite3"
+    db = store_location("noise")
     srv = Server(db, max_floor_epsilon=4.0)
     # replace-one, epsilon 1: the report's own noise alone gives a floor of ~1.8, so a floor of
     # 1.5 needs server noise (design() puts server_sigma ~ 3.7 here)
@@ -672,8 +684,9 @@ def test_server_noise_is_added_once_at_commit(tmp_path: Path):
         srv.close()
 
 
-def test_restart_rebuilds_totals(tmp_path: Path):
-    db = tmp_path / "restart.sqlite3"
+@BOTH_STORES
+def test_restart_rebuilds_totals(store_location):
+    db = store_location("restart")
     srv = Server(db)
     st = make_study()
     srv.provision(st)
@@ -749,6 +762,115 @@ def test_full_disk_answers_503_and_stores_nothing(tmp_path: Path):
         srv.close()
 
 
+def test_postgres_lock_held_elsewhere_answers_503_and_stores_nothing(postgres):
+    """As the locked SQLite file: another session holds a lock the writer needs; the write waits
+    busy_timeout_s (PostgreSQL's lock_timeout), answers 503 with Retry-After and stores nothing,
+    reads keep working, and the same bytes are accepted once the lock is gone."""
+    import psycopg
+
+    url = postgres.new_database("locked")
+    srv = Server(url, busy_timeout_s=0.2)
+    try:
+        st = make_study()
+        srv.provision(st)
+        srv.batch(st, srv.reports(st, 3))
+        other = psycopg.connect(url, autocommit=True)
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE reports IN EXCLUSIVE MODE")  # blocks writes, not reads
+        blocked = srv.reports(st, 4)
+        r = srv.batch(st, blocked)
+        body = assert_problem(r, 503, "unavailable")
+        assert r.headers["retry-after"] == "1" and "locked" in body["detail"]
+        assert_problem(srv.upload(st, srv.reports(st, 1)), 503, "unavailable")
+        assert srv.count(st) == 3
+        assert len(srv.held_ids(st)) == 3 * 16  # reads still work
+        other.execute("ROLLBACK")
+        other.close()
+        assert srv.batch(st, blocked).json() == {"accepted": 4, "duplicates": 0, "report_count": 7}
+        assert len(srv.held_ids(st)) == 7 * 16
+    finally:
+        srv.close()
+        postgres.drop_databases()
+
+
+def test_postgres_down_answers_503_then_recovers(postgres):
+    """The database server goes away (stopped) and comes back on the same port: while it is down
+    every write and read answers 503 unavailable with Retry-After, readiness (Store.ping) fails,
+    nothing is half-stored; afterwards the same server process reconnects by itself and the
+    refused reports are accepted as new."""
+    from dpsketch.protocol.problems import ProblemError
+
+    url = postgres.new_database("down")
+    srv = Server(url)
+    store = srv.app.state.store
+    try:
+        st = make_study()
+        srv.provision(st)
+        first = srv.reports(st, 5)
+        assert srv.batch(st, first).json()["report_count"] == 5
+        store.ping()
+        postgres.pg_ctl("stop")
+        try:
+            later = srv.reports(st, 6)
+            r = srv.batch(st, later)
+            assert_problem(r, 503, "unavailable")
+            assert int(r.headers["retry-after"]) >= 1
+            assert_problem(srv.upload(st, srv.reports(st, 1)), 503, "unavailable")
+            r = srv.client.get(f"/v1/studies/{st.study_id}/report-ids", headers=bearer(AN))
+            assert_problem(r, 503, "unavailable")
+            with pytest.raises(ProblemError) as info:
+                store.ping()
+            assert info.value.slug == "unavailable"
+        finally:
+            postgres.pg_ctl("start")
+        store.ping()
+        assert srv.batch(st, later).json() == {"accepted": 6, "duplicates": 0, "report_count": 11}
+        assert srv.batch(st, first).json()["duplicates"] == 5
+        assert len(srv.held_ids(st)) == 11 * 16
+        both = first + later  # the running totals hold each report once
+        assert np.array_equal(srv.totals(st), expected_aggregate(st, both.ids, both.shares))
+    finally:
+        srv.close()
+        postgres.drop_databases()
+
+
+def test_postgres_constraints_keep_two_writers_from_storing_or_committing_twice(postgres):
+    """Replicas sharing one database are a later step, but the schema already makes them safe:
+    two servers on one PostgreSQL database, each with its own in-memory view, cannot store a
+    report twice (unique report id per study, unique row id) or release a study twice (one
+    commits row per study): the second writer's transaction fails and is answered 503, and the
+    first release stays the only one, the same bytes on every call."""
+    import psycopg
+
+    url = postgres.new_database("two")
+    a = Server(url)
+    b = None
+    try:
+        st = make_study()
+        a.provision(st)
+        rs = a.reports(st, 120)
+        assert a.batch(st, rs).json()["report_count"] == 120
+        b = Server(url)  # a second process on the same database
+        assert b.count(st) == 120 and b.totals(st).any()  # it rebuilt its totals from the store
+        more = a.reports(st, 5)
+        assert a.batch(st, more).json()["report_count"] == 125
+        assert_problem(b.batch(st, more), 503, "unavailable")  # b does not know them: refused
+        r = a.commit(st, rs.ids + more.ids)
+        assert r.status_code == 200, r.text
+        released = a.aggregate(st).content
+        assert_problem(b.commit(st, rs.ids[:115]), 503, "unavailable")  # not a second release
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM commits").fetchone()[0] == 1
+            n, distinct = conn.execute("SELECT count(*), count(DISTINCT report_id) FROM reports").fetchone()
+            assert n == distinct == 125
+        assert a.aggregate(st).content == released
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+        postgres.drop_databases()
+
+
 # --- the fast sketch product -------------------------------------------------------------------
 
 
@@ -776,6 +898,7 @@ def test_fast_accumulate_matches_the_reference(m, d, k, s):
 # --- group commit: several requests in one transaction -------------------------------------------
 
 
+@BOTH_STORES
 def test_one_group_keeps_requests_independent(server: Server, study: Study):
     """Requests queued behind a busy writer run as one transaction; each is still judged on its
     own against what the requests before it stored (duplicate, conflict, capacity)."""
@@ -816,6 +939,7 @@ def test_one_group_keeps_requests_independent(server: Server, study: Study):
 # --- nothing a client sends gets a 500 ---------------------------------------------------------
 
 
+@BOTH_STORES
 def test_no_request_gets_a_server_error(server: Server, study: Study):
     """A small deterministic fuzz over every route: odd bodies, media types and tokens."""
     server.batch(study, server.reports(study, 3))

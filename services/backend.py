@@ -1,0 +1,229 @@
+"""The seam between the store's logic (store.py, writer.py, state.py, keys.py) and its database:
+SQLite (a file, the default) or PostgreSQL (a ``postgresql://`` URL, services/pg.py).
+
+Why a seam and not two stores: every guarantee (durable before acknowledgement, idempotence by
+report id, conflicts refused, one inclusion set per study committed atomically, the same
+aggregate bytes on every call, retention) lives in the study logic and the single writer, which
+both databases share unchanged. What differs is small and listed here: how to connect, how a
+write transaction begins, a few statements (bulk insert, rows by id list, a secure erase), how
+large results stream, and which exceptions mean "the database cannot answer now" (503).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dpsketch.protocol.problems import ProblemError
+
+from . import db
+
+
+def is_url(location: str | Path | None) -> bool:
+    """A PostgreSQL URL (``postgresql://`` or ``postgres://``), as opposed to a SQLite file."""
+    return isinstance(location, str) and location.split("://", 1)[0].lower() in ("postgresql", "postgres")
+
+
+def redact(url: str) -> str:
+    """A URL without its password, for logs and error messages."""
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+class SqliteBackend:
+    """The SQLite file (services/db.py): WAL, synchronous=FULL, one writer, per-thread readers."""
+
+    name = "sqlite"
+    INSERT_REPORTS = db.INSERT_REPORTS
+    INSERT_BLOCKS = db.INSERT_BLOCKS
+    SELECT_SHARES_BY_ROWID = db.SELECT_SHARES_BY_ROWID
+    SELECT_BLOCKS_BY_ROWID = db.SELECT_BLOCKS_BY_ROWID
+    LEDGER_ORDER = "charged_at, rowid"
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    def __init__(self, path: Path, busy_timeout_s: float):
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def file_path(self) -> Path | None:
+        """The database file (its mode is restricted when it gets a private key)."""
+        return self.path
+
+    def initialise(self) -> sqlite3.Connection:
+        return db.initialise(self.path, self.busy_timeout_s)
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """This thread's read-only connection (kept open: cheap to reuse, WAL readers never block)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = db.connect(self.path, self.busy_timeout_s, readonly=True)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        yield conn
+
+    @staticmethod
+    def begin(conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")  # take the write lock now, not at the first write
+
+    @staticmethod
+    def rowids(rowids: list[int]) -> Any:
+        return json.dumps(rowids)
+
+    @staticmethod
+    def insert_id(conn: sqlite3.Connection, sql: str, params: tuple) -> int:
+        return int(conn.execute(sql, params).lastrowid)
+
+    @staticmethod
+    def ddl(sql: str) -> str:
+        return sql
+
+    @staticmethod
+    def erase_and_delete(conn: sqlite3.Connection, table: str, column: str, size: int, where: str,
+                         params: tuple) -> None:
+        """Overwrite a secret with zeros, then delete its row, leaving no copy in free pages."""
+        conn.execute("PRAGMA secure_delete = ON")
+        try:
+            conn.execute(f"UPDATE {table} SET {column} = zeroblob(?) WHERE {where}", (size, *params))
+            conn.execute(f"DELETE FROM {table} WHERE {where}", params)
+        finally:
+            conn.execute("PRAGMA secure_delete = OFF")
+
+    @staticmethod
+    def stream(conn: sqlite3.Connection, sql: str, params: Any, chunk_rows: int) -> Iterator[list]:
+        cursor = conn.execute(sql, params)
+        while True:
+            chunk = cursor.fetchmany(chunk_rows)
+            if not chunk:
+                return
+            yield chunk
+
+    @staticmethod
+    def unavailable(exc: BaseException, retry_after_s: int = 1) -> ProblemError:
+        return db.unavailable(exc, retry_after_s)
+
+    @staticmethod
+    def rollback_quietly(conn: sqlite3.Connection) -> None:
+        db.rollback_quietly(conn)
+
+    def close(self, writer: sqlite3.Connection) -> None:
+        with self._readers_lock:
+            for conn in self._readers:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+            self._readers.clear()
+        try:
+            writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            writer.close()
+        except sqlite3.Error:
+            pass
+
+
+class PostgresBackend:
+    """A PostgreSQL database (services/pg.py): one writer connection, a pool of readers."""
+
+    name = "postgres"
+
+    def __init__(self, url: str, busy_timeout_s: float):
+        from . import pg
+
+        self.pg = pg
+        self.url = url
+        self.busy_timeout_s = busy_timeout_s
+        self.INSERT_REPORTS = pg.INSERT_REPORTS
+        self.INSERT_BLOCKS = pg.INSERT_BLOCKS
+        self.SELECT_SHARES_BY_ROWID = pg.SELECT_SHARES_BY_ROWID
+        self.SELECT_BLOCKS_BY_ROWID = pg.SELECT_BLOCKS_BY_ROWID
+        self.LEDGER_ORDER = "charged_at, n"
+        self.errors = pg.ERRORS
+        self._pool = None
+
+    @property
+    def location(self) -> str:
+        return redact(self.url)
+
+    @property
+    def file_path(self) -> Path | None:
+        return None
+
+    def initialise(self):
+        conn = self.pg.initialise(self.url, self.busy_timeout_s)
+        self._pool = self.pg.ReadPool(self.url, self.busy_timeout_s)
+        return conn
+
+    def reading(self):
+        return self._pool.connection()
+
+    @staticmethod
+    def begin(conn) -> None:
+        conn.execute("BEGIN")
+
+    @staticmethod
+    def rowids(rowids: list[int]) -> Any:
+        return rowids
+
+    @staticmethod
+    def insert_id(conn, sql: str, params: tuple) -> int:
+        return int(conn.execute(sql + " RETURNING seq", params).fetchone()[0])
+
+    @staticmethod
+    def ddl(sql: str) -> str:
+        """A table written in SQLite's types (services/keys.py) in PostgreSQL's."""
+        return sql.replace("BLOB", "BYTEA").replace("REAL", "DOUBLE PRECISION")
+
+    @staticmethod
+    def erase_and_delete(conn, table: str, column: str, size: int, where: str, params: tuple) -> None:
+        """Overwrite, then delete. PostgreSQL keeps dead row versions until VACUUM reclaims them,
+        so the overwrite narrows, but does not close, the window in which the old bytes are on
+        disk; a VACUUM of the table afterwards (an operator's job) finishes it."""
+        conn.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (bytes(size), *params))
+        conn.execute(f"DELETE FROM {table} WHERE {where}", params)
+
+    @staticmethod
+    def stream(conn, sql: str, params: Any, chunk_rows: int):
+        return conn.stream(sql, params, chunk_rows)
+
+    def unavailable(self, exc: BaseException, retry_after_s: int = 1) -> ProblemError:
+        return self.pg.unavailable(exc, retry_after_s)
+
+    def rollback_quietly(self, conn) -> None:
+        self.pg.rollback_quietly(conn)
+
+    def close(self, writer) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        try:
+            writer.close()
+        except self.pg.ERRORS:
+            pass
+
+
+def errors() -> tuple[type[BaseException], ...]:
+    """Every exception class that means "the database cannot answer now" (either backend)."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return (sqlite3.Error,)
+    return (sqlite3.Error, psycopg.Error)
+
+
+def for_settings(settings) -> SqliteBackend | PostgresBackend:
+    if settings.db_url is not None:
+        return PostgresBackend(settings.db_url, settings.busy_timeout_s)
+    return SqliteBackend(settings.db_path, settings.busy_timeout_s)
