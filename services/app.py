@@ -12,7 +12,6 @@ import logging
 import signal
 import threading
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response, Security
@@ -215,20 +214,6 @@ def _block_party(study: Study, content_type: str, token_party: str | None) -> in
     return index
 
 
-def _ping(store: Store, settings: Settings) -> None:
-    """The store's own check, and for a SQLite file a fresh connection too: an open connection
-    answers ``SELECT 1`` even after its file is gone (dpsketch.observability.sqlite_reachable)."""
-    import sqlite3
-
-    store.ping()
-    db_path = getattr(settings, "db_path", None)
-    if isinstance(db_path, Path):
-        try:
-            observability.sqlite_reachable(db_path)
-        except sqlite3.Error as exc:
-            raise ProblemError("unavailable", f"the SQLite file cannot be opened: {exc}") from None
-
-
 def create_app(settings: Settings) -> FastAPI:
     """Open the store and build the app; the store closes when the app shuts down."""
     store = Store(settings)
@@ -283,10 +268,10 @@ def create_app(settings: Settings) -> FastAPI:
         the server is shutting down, or while uploads in flight are at their admission limit
         (docs/operations.md). Public, like /healthz: it tells nothing about any study."""
         reasons = []
-        if observability.shutting_down(app) or getattr(store.writer, "_stopping", False):
+        if observability.shutting_down(app) or store.writer.stopping:
             reasons.append("shutting down")
         try:
-            await asyncio.wait_for(run_in_threadpool(_ping, store, settings), timeout=2.0)
+            await asyncio.wait_for(run_in_threadpool(store.ping), timeout=2.0)
         except asyncio.TimeoutError:
             reasons.append("the database did not answer within 2 s")
         except ProblemError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -64,6 +65,23 @@ class SqliteBackend:
 
     def initialise(self) -> sqlite3.Connection:
         return db.initialise(self.path, self.busy_timeout_s)
+
+    def ping(self) -> None:
+        """Raise ``sqlite3.Error`` unless a *new* read-only connection can read the file now (an
+        open one answers from its descriptor after the file is gone: observability.sqlite_reachable)."""
+        from dpsketch.observability import sqlite_reachable
+
+        sqlite_reachable(self.path)
+
+    def size_bytes(self) -> int | None:
+        """Bytes on disk: the file, its WAL and its shared-memory index."""
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                total += os.stat(f"{self.path}{suffix}").st_size
+            except OSError:
+                pass
+        return total
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
@@ -169,6 +187,16 @@ class PostgresBackend:
 
     def reading(self):
         return self._pool.connection()
+
+    def ping(self) -> None:
+        """One query on a pooled connection (the pool checks an idle connection before reuse)."""
+        with self.reading() as conn:
+            conn.execute("SELECT 1").fetchone()
+
+    def size_bytes(self) -> int | None:
+        """The database's size as PostgreSQL reports it (tables, indexes, TOAST)."""
+        with self.reading() as conn:
+            return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
 
     @staticmethod
     def begin(conn) -> None:

@@ -15,11 +15,9 @@ token.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -111,19 +109,6 @@ class ServerMetrics:
         return True
 
 
-def _file_bytes(db_path: Any) -> int | None:
-    """Bytes on disk of a SQLite store: the file, its write-ahead log and shared-memory index."""
-    if not isinstance(db_path, (str, Path)):
-        return None
-    total = 0
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            total += os.stat(f"{db_path}{suffix}").st_size
-        except OSError:
-            pass
-    return total
-
-
 class _LiveCollector:
     """Levels read at scrape time from the store, the writer, the admission limits and uvicorn."""
 
@@ -135,17 +120,18 @@ class _LiveCollector:
 
     def collect(self):
         store = self.store
-        records = list(getattr(store, "_records", {}).values())
+        records = store.records()
         held = GaugeMetricFamily("dpsketch_store_reports", "Reports (or blocks) the store holds, by study",
                                  labels=["study_id", "status"])
         for rec in records:
             held.add_metric([rec.study_id, "committed" if rec.commit is not None else "open"],
                             float(rec.report_count))
         yield held
-        size = _file_bytes(getattr(store.settings, "db_path", None))
+        size = store.size_bytes()
         if size is not None:
-            yield GaugeMetricFamily("dpsketch_store_bytes", "Bytes on disk of the store (SQLite file, "
-                                    "WAL and shared-memory index)", value=float(size))
+            yield GaugeMetricFamily("dpsketch_store_bytes", "Bytes on disk of the store (SQLite: the "
+                                    "file, WAL and shared-memory index; PostgreSQL: pg_database_size)",
+                                    value=float(size))
         try:
             in_use = float(store.memory_in_use())
         except Exception:  # pragma: no cover - never fail a scrape
@@ -159,7 +145,7 @@ class _LiveCollector:
                                     value=float(writer.queue.qsize()))
             yield GaugeMetricFamily("dpsketch_writer_queued_bytes", "Share bytes waiting for the writer "
                                     "(refused with 503 at max_queued_bytes)",
-                                    value=float(getattr(writer, "_queued_bytes", 0)))
+                                    value=float(writer.queued_bytes))
         if self.admission is not None:
             yield GaugeMetricFamily("dpsketch_uploads_in_flight", "Uploads admitted (body received) and not "
                                     "yet answered (more are refused with 503 at $DPSKETCH_MAX_INFLIGHT_UPLOADS)",

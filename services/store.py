@@ -196,10 +196,20 @@ class Store:
         """Raise if the database cannot answer a query now (readiness: a server whose store is
         unreachable must not be sent traffic); return quickly otherwise."""
         try:
-            with self._reading() as conn:
-                conn.execute("SELECT 1").fetchone()
+            self.backend.ping()
         except _DB_ERRORS as exc:
             raise self.backend.unavailable(exc) from exc
+
+    def size_bytes(self) -> int | None:
+        """The store's size on disk (None if it cannot be read now; metrics only)."""
+        try:
+            return self.backend.size_bytes()
+        except _DB_ERRORS:
+            return None
+
+    def records(self) -> list[StudyRecord]:
+        """Every study this server holds (a snapshot of the list; metrics and listings)."""
+        return list(self._records.values())
 
     # --- reads -------------------------------------------------------------------------------
     def record(self, study_id: str) -> StudyRecord:

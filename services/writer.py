@@ -141,6 +141,16 @@ class Writer:
         with self._lock:
             self._queued_bytes -= size
 
+    @property
+    def queued_bytes(self) -> int:
+        """Share bytes waiting for the writer (refused with 503 at max_queued_bytes)."""
+        return self._queued_bytes
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the writer takes no new work (the server is shutting down)."""
+        return self._stopping
+
     def stop(self, timeout: float = 30.0) -> None:
         """Finish every queued job, then end the thread; refuse anything submitted after."""
         with self._lock:

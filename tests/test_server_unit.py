@@ -809,6 +809,8 @@ def test_postgres_down_answers_503_then_recovers(postgres):
         first = srv.reports(st, 5)
         assert srv.batch(st, first).json()["report_count"] == 5
         store.ping()
+        up_size = store.size_bytes()  # pg_database_size: what the metrics' dpsketch_store_bytes shows
+        assert up_size is not None and up_size > 0
         postgres.pg_ctl("stop")
         try:
             later = srv.reports(st, 6)
@@ -821,6 +823,7 @@ def test_postgres_down_answers_503_then_recovers(postgres):
             with pytest.raises(ProblemError) as info:
                 store.ping()
             assert info.value.slug == "unavailable"
+            assert store.size_bytes() is None  # a scrape during the outage omits the size
         finally:
             postgres.pg_ctl("start")
         store.ping()
