@@ -196,11 +196,7 @@ def unavailable(exc: BaseException, retry_after_s: int = 1) -> ProblemError:
         reason = "the disk holding the database is full"
     else:
         reason = f"the database refused the write ({type(exc).__name__})"
-    return ProblemError(
-        "unavailable",
-        f"{reason}; nothing of this request was stored, retry later",
-        headers={"Retry-After": str(retry_after_s)},
-    )
+    return ProblemError.unavailable(reason, retry_after_s)
 
 
 def rollback_quietly(conn: sqlite3.Connection) -> None:

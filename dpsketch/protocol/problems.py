@@ -65,6 +65,13 @@ class ProblemError(Exception):
         self.extra = extra or {}
         super().__init__(f"{self.status} {slug}: {detail}")
 
+    @classmethod
+    def unavailable(cls, reason: str, retry_after_s: int = 1) -> "ProblemError":
+        """503 ``unavailable`` for a store that cannot take a request now: nothing was stored,
+        and ``Retry-After`` says when to try again."""
+        return cls("unavailable", f"{reason}; nothing of this request was stored, retry later",
+                   headers={"Retry-After": str(retry_after_s)})
+
     def body(self, instance: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
             "type": type_uri(self.slug),
