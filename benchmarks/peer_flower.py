@@ -1,0 +1,485 @@
+"""A peer side by side: Flower's SecAgg+ and dpsketch's plain sum over the same vectors.
+
+Each of n clients holds one vector of d values (row i comes from its own seeded generator, so
+both sides and every Ray worker rebuild exactly the same rows; every row has L2 norm below 1, so
+every value lies in [-1, 1]). Both systems must deliver the sum of the n vectors to one party:
+
+* Flower (``flwr``, the simulation runtime, in the optional extra ``peer``): one round of the
+  legacy ``DefaultWorkflow`` whose fit stage is ``SecAggPlusWorkflow``; every ClientApp carries
+  ``secaggplus_mod`` and returns its vector with weight 1 (``max_weight`` = 1, so the weights
+  quantize exactly), the server unmasks the mean and the sum is n times it. Values are clipped to
+  [-1, 1] (``clipping_range`` = 1, the same bound dpsketch's rows have) and the quantization
+  range is Flower's default 2^22 while n * 2^22 fits the 2^32 modulus, else floor((2^32 - 1) / n):
+  with the default the unmasked sum wraps from n = 1024 on.
+* dpsketch: a real local cluster (3 share servers and the analyzer, each its own uvicorn
+  process on a loopback port, temporary SQLite files), a plain-sum study (kind ``sketch`` with
+  k = s = 1: one output row, every sign +1) without server noise (``epsilon_floor`` None, on
+  servers started with ``DPSKETCH_MAX_FLOOR_EPSILON=none``). Two upload paths, each in a fresh
+  study and both timed from the first upload to the released sum at the analyzer:
+  ``single``: every client is its own ``client_sdk.Client`` with its own upload tokens and
+  calls ``submit`` once (it fetches and verifies the study at every server, then posts its share
+  to each: 3 N = 9 HTTP requests); ``bulk``: one ``Client.submit_many`` of all n rows.
+
+Correctness is checked on both sides: Flower's sum against the true sum (max abs error, from its
+stochastic quantization); dpsketch's release against the exact ring sum of what the clients sent
+(it must be equal bit for bit) and against the true sum in units of its noise sd sqrt(n) sigma
+(the clients' Gaussian noise at epsilon = 1, delta = 1e-6 is part of the protocol).
+
+Run it with Flower installed (``pip install -e '.[peer]'``, best in a venv of its own)::
+
+    python benchmarks/peer_flower.py --n 100,1000 --write-docs docs/peer.md
+
+``--skip-flower`` measures dpsketch alone with the product's own dependencies. Wall times are of
+one run each; the machine's other load moves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import secrets
+import shutil
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a file from a checkout
+    sys.path.insert(0, str(ROOT))
+
+#: the Flower masks live in Z_(2^32) (SecAggPlusWorkflow: modulus_range must stay below 2^32 + 1)
+FLOWER_MODULUS = 1 << 32
+#: Flower's default quantization range
+FLOWER_DEFAULT_QRANGE = 1 << 22
+TABLE_START = "<!-- peer-table:start -->"
+TABLE_END = "<!-- peer-table:end -->"
+MISSING_FLWR = ("Flower is not installed: the Flower side of this benchmark needs the optional extra "
+                "'peer' (pip install -e '.[peer]', best in a separate venv); "
+                "or run with --skip-flower to measure dpsketch alone")
+
+
+# --- the vectors --------------------------------------------------------------------------------
+
+
+def row(seed: int, i: int, d: int) -> np.ndarray:
+    """Client i's vector: a uniform direction times a radius uniform in [0, 0.999)."""
+    rng = np.random.default_rng([seed, i])
+    v = rng.standard_normal(d)
+    return v * (0.999 * rng.random() / np.linalg.norm(v))
+
+
+def rows(seed: int, n: int, d: int) -> np.ndarray:
+    return np.stack([row(seed, i, d) for i in range(n)])
+
+
+# --- Flower SecAgg+ ----------------------------------------------------------------------------
+
+
+def have_flwr() -> bool:
+    from importlib import import_module
+
+    try:
+        return all(hasattr(import_module(module), name) for module, name in (
+            ("flwr.server.workflow", "SecAggPlusWorkflow"), ("flwr.simulation", "run_simulation"),
+            ("flwr.client.mod", "secaggplus_mod")))
+    except ImportError:
+        return False
+
+
+def flower_quantization_range(n: int) -> int:
+    """Flower's default 2^22 while n * 2^22 fits the modulus; else the largest q with n q < 2^32.
+
+    Every client adds its weight factor q (and values in [0, q]) before masking, so the unmasked
+    sum is exact only while n q < 2^32: at the default, only below n = 1024."""
+    return min(FLOWER_DEFAULT_QRANGE, (FLOWER_MODULUS - 1) // n)
+
+
+def run_flower(n: int, d: int, seed: int, num_shares: int, threshold: int, cpus_per_client: float,
+               workdir: Path, verbose: bool = False) -> dict[str, Any]:
+    """One SecAgg+ round over n simulated clients; the sum, the times, the settings."""
+    from flwr.client import ClientApp, NumPyClient
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import Context, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server import LegacyContext, ServerApp, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+    from flwr.simulation import run_simulation
+
+    qrange = flower_quantization_range(n)
+    out: dict[str, Any] = {}
+
+    class VectorClient(NumPyClient):
+        def __init__(self, i: int):
+            self.i = i
+
+        def get_parameters(self, config):
+            return [np.zeros(d)]
+
+        def fit(self, parameters, config):
+            return [row(seed, self.i, d)], 1, {}  # weight 1: the unmasked mean times n is the sum
+
+    def client_fn(context: Context):
+        return VectorClient(int(context.node_config["partition-id"])).to_client()
+
+    class Capture(FedAvg):
+        """FedAvg that also keeps what SecAgg+ unmasked (every result carries the same mean)."""
+
+        def aggregate_fit(self, server_round, results, failures):
+            if results:
+                out["mean"] = parameters_to_ndarrays(results[0][1].parameters)[0]
+                out["n_results"] = len(results)
+            out["failures"] = len(failures)
+            return super().aggregate_fit(server_round, results, failures)
+
+    secagg = SecAggPlusWorkflow(num_shares=num_shares, reconstruction_threshold=threshold,
+                                max_weight=1.0, clipping_range=1.0, quantization_range=qrange,
+                                modulus_range=FLOWER_MODULUS)
+
+    def timed_fit(grid, context) -> None:
+        t0 = time.perf_counter()
+        secagg(grid, context)
+        out["secagg_seconds"] = time.perf_counter() - t0
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid, context: Context) -> None:
+        strategy = Capture(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=n,
+                           min_evaluate_clients=0, min_available_clients=n,
+                           initial_parameters=ndarrays_to_parameters([np.zeros(d)]))
+        legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1), strategy=strategy)
+        DefaultWorkflow(fit_workflow=timed_fit)(grid, legacy)
+
+    client_app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+    backend = {"client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
+               "init_args": {"logging_level": "error", "log_to_driver": False,
+                             "_temp_dir": str(workdir / "ray")}}
+    t0 = time.perf_counter()
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n,
+                   backend_config=backend, verbose_logging=verbose)
+    out["total_seconds"] = time.perf_counter() - t0
+    if "mean" not in out:
+        raise RuntimeError("Flower's SecAgg+ round returned no aggregate (see its log above)")
+    got = out.pop("mean") * n
+    truth = rows(seed, n, d).sum(axis=0)
+    step = 2.0 / qrange  # one quantization step of clipping range 1
+    return {
+        "system": "flower-secagg+",
+        "n": n, "d": d,
+        "seconds": out["secagg_seconds"],
+        "total_seconds": out["total_seconds"],
+        "clients_aggregated": out.get("n_results"),
+        "failures": out.get("failures"),
+        "num_shares": num_shares, "reconstruction_threshold": threshold,
+        "clipping_range": 1.0, "quantization_range": qrange, "modulus_range": FLOWER_MODULUS,
+        "max_abs_error": float(np.max(np.abs(got - truth))),
+        "quantization_step": step,
+        "flwr_version": __import__("flwr").__version__,
+    }
+
+
+# --- dpsketch ----------------------------------------------------------------------------------
+
+
+class LocalCluster:
+    """3 share servers (exact-release policy) and the analyzer on loopback ports."""
+
+    def __init__(self, workdir: Path, n_servers: int = 3):
+        self.workdir = workdir
+        self.n_servers = n_servers
+        self.stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "LocalCluster":
+        from dpsketch.cluster import ServerSpec, analyzer, share_server, start_all
+
+        self.specs = [ServerSpec(f"s{j + 1}", secrets.token_urlsafe(16), secrets.token_urlsafe(16),
+                                 self.workdir / f"s{j + 1}.sqlite3") for j in range(self.n_servers)]
+        # the servers' policy must accept a study without a noise floor: its release is exact
+        procs = [share_server(s, self.workdir, {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}) for s in self.specs]
+        for p in procs:
+            self.stack.callback(p.stop)
+        start_all(procs)
+        self.server_urls = [p.url for p in procs]
+        self.api_token = secrets.token_urlsafe(24)
+        config = {"servers": [{"server_id": s.server_id, "url": p.url, "analyst_token": s.analyst_token}
+                              for s, p in zip(self.specs, procs)],
+                  "api_token": self.api_token}
+        path = self.workdir / "cluster.json"
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        an = analyzer(path, self.workdir / "analyzer.sqlite3", self.workdir)
+        self.stack.callback(an.stop)
+        an.start()
+        self.analyzer_url = an.url
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def issue_tokens(self, study_id: str, count: int, quota: int) -> list[list[str]]:
+        """``count`` upload tokens from every server (what each organisation hands its enrolled
+        clients): tokens[j][i] is client i's token at server j."""
+        from services.admin import ServerAdmin
+
+        out = []
+        for url, spec in zip(self.server_urls, self.specs):
+            with ServerAdmin(url, spec.operator_token) as admin:
+                out.append(admin.issue_upload_tokens(study_id, count, quota).tokens)
+        return out
+
+
+def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: float, delta: float,
+                 workers: int = 1, progress: bool = True) -> dict[str, Any]:
+    """One plain-sum study over ``data`` through path ``single`` or ``bulk``; times and checks."""
+    import client_sdk.client as sdk
+    from analyzer.client import AnalyzerClient
+    from dpsketch.protocol import Study, ring
+
+    n, d = data.shape
+    with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
+        created = an.create_study(name=f"peer-{path}-{n}", columns=[f"x{c}" for c in range(d)],
+                                  label=None, expected_reports=n, min_reports=n, k=1, s=1,
+                                  epsilon=epsilon, delta=delta, row_bound=1.0, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    assert study.k == 1 and study.s == 1 and study.server_sigma == 0 and study.kind == "sketch"
+    study_id = study.study_id
+    # enrolment, not timed: one token per client and server (single), one per server (bulk)
+    tokens = cluster.issue_tokens(study_id, n if path == "single" else 1, 1 if path == "single" else n)
+
+    sent: list = []  # every PreparedBatch the SDK builds, to sum the clients' shares ourselves
+    real_prepare = sdk.prepare_batch
+    lock = threading.Lock()
+
+    def recording(study_, rows_, compress=False):
+        batch = real_prepare(study_, rows_, compress)
+        with lock:
+            sent.append(batch)
+        return batch
+
+    sdk.prepare_batch = recording
+    requests = 0
+    # One TLS context for every simulated client, built once as a device builds its own once:
+    # httpx builds a fresh one per connection pool otherwise (loading the CA bundle, about 60 ms
+    # here, three times per Client), which would time the simulation rather than the protocol.
+    tls = ssl.create_default_context()
+    try:
+        t0 = time.perf_counter()
+        if path == "single":
+            def one(i: int) -> None:
+                with sdk.Client(cluster.server_urls, token=[t[i] for t in tokens], verify=tls) as client:
+                    client.submit(study_id, data[i])
+
+            done = 0
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for _ in pool.map(one, range(n)):
+                    done += 1
+                    if progress and done % max(1, n // 10) == 0:
+                        print(f"  single: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)",
+                              file=sys.stderr, flush=True)
+            requests = n * 3 * study.n_servers  # per client: GET study + GET info + POST, per server
+        elif path == "bulk":
+            with sdk.Client(cluster.server_urls, token=[t[0] for t in tokens]) as client:
+                client.submit_many(study_id, data)
+        else:
+            raise ValueError(f"unknown path {path!r}")
+        upload_s = time.perf_counter() - t0
+        with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
+            fin = an.finalize(study_id)
+            released = np.asarray(an.sketch(study_id)["sketch"], dtype=np.float64).reshape(-1)
+        seconds = time.perf_counter() - t0
+    finally:
+        sdk.prepare_batch = real_prepare
+    assert fin["n_reports"] == n, fin
+
+    total = np.zeros(d, dtype=np.uint64)
+    for batch in sent:
+        total += ring.reconstruct([batch.share(j) for j in range(study.n_servers)]).sum(axis=0, dtype=np.uint64)
+    exact = ring.decode(total[None, :], study.frac_bits).reshape(-1)
+    truth = data.sum(axis=0)
+    noise_sd = math.sqrt(n) * study.sigma
+    err = released - truth
+    return {
+        "system": f"dpsketch-{path}",
+        "n": n, "d": d,
+        "seconds": seconds,
+        "upload_seconds": upload_s,
+        "finalize_seconds": seconds - upload_s,
+        "http_requests_per_client": 3 * study.n_servers if path == "single" else None,
+        "http_requests": requests or None,
+        "workers": workers if path == "single" else None,
+        "epsilon": epsilon, "delta": delta, "sigma": study.sigma, "frac_bits": study.frac_bits,
+        "release_equals_ring_sum": bool(np.array_equal(released, exact)),
+        "max_abs_error_vs_ring_sum": float(np.max(np.abs(released - exact))),
+        "noise_sd": noise_sd,
+        "max_abs_error": float(np.max(np.abs(err))),
+        "max_abs_error_in_sd": float(np.max(np.abs(err)) / noise_sd),
+        "rms_error_in_sd": float(np.sqrt(np.mean(err**2)) / noise_sd),
+        "fastapi_version": __import__("fastapi").__version__,
+        "uvicorn_version": __import__("uvicorn").__version__,
+    }
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+def exponent(results: list[dict[str, Any]], system: str, n0: int, n1: int) -> float | None:
+    """The slope of log(time) against log(n) from n0 to n1 (1 = linear), if both were measured."""
+    times = {r["n"]: r["seconds"] for r in results if r["system"] == system}
+    if n0 not in times or n1 not in times or n0 == n1:
+        return None
+    return math.log(times[n1] / times[n0]) / math.log(n1 / n0)
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    ns = sorted({r["n"] for r in results})
+    by = {(r["system"], r["n"]): r for r in results}
+    stacks = sorted({f"FastAPI {r['fastapi_version']}, uvicorn {r['uvicorn_version']}"
+                     for r in results if "fastapi_version" in r})
+    lines = [
+        f"d = {meta['d']}; one run each; {meta['machine']}; "
+        f"flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
+        f"{' / '.join(stacks) or '—'}; {meta['date']}",
+        "",
+        "| n | Flower SecAgg+ round (s) | Flower simulation total (s) | dpsketch single (s) | "
+        "dpsketch bulk (s) | Flower / single | Flower / bulk | Flower max abs error | "
+        "dpsketch release = ring sum | dpsketch max error / noise sd |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in ns:
+        f, s, b = by.get(("flower-secagg+", n)), by.get(("dpsketch-single", n)), by.get(("dpsketch-bulk", n))
+        exact = [r["release_equals_ring_sum"] for r in (s, b) if r]
+        errs = [r["max_abs_error_in_sd"] for r in (s, b) if r]
+        lines.append(
+            f"| {n:,} | {_fmt(f and f['seconds'], '.1f')} | {_fmt(f and f['total_seconds'], '.1f')} | "
+            f"{_fmt(s and s['seconds'], '.2f')} | {_fmt(b and b['seconds'], '.2f')} | "
+            f"{_fmt(f['seconds'] / s['seconds'] if f and s else None, '.1f')} | "
+            f"{_fmt(f['seconds'] / b['seconds'] if f and b else None, '.0f')} | "
+            f"{_fmt(f and f['max_abs_error'], '.1e')} | "
+            f"{('yes' if all(exact) else 'NO') if exact else '—'} | "
+            f"{_fmt(max(errs) if errs else None, '.2f')} |")
+    if len(ns) >= 2:
+        systems = [(label, name) for label, name in (("Flower SecAgg+ round", "flower-secagg+"),
+                                                     ("dpsketch single", "dpsketch-single"),
+                                                     ("dpsketch bulk", "dpsketch-bulk"))
+                   if any(r["system"] == name for r in results)]
+        lines += ["", "Scaling exponent of the time in n, log(t1 / t0) / log(n1 / n0) (1 = linear):", "",
+                  "| from n to n | " + " | ".join(label for label, _ in systems) + " |",
+                  "|---|" + "---|" * len(systems)]
+        for n0, n1 in zip(ns, ns[1:]):
+            lines.append(f"| {n0:,} to {n1:,} | " + " | ".join(
+                _fmt(exponent(results, name, n0, n1)) for _, name in systems) + " |")
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, table: str) -> None:
+    """Replace the text between the table markers of ``path`` (the rest of the page is prose)."""
+    text = path.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        raise SystemExit(f"{path} has no {TABLE_START} ... {TABLE_END} block to replace")
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    path.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", default="100,1000", help="client counts, comma-separated (default: %(default)s)")
+    p.add_argument("--d", type=int, default=100, help="values per client (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="vector seed (default: %(default)s)")
+    p.add_argument("--paths", default="single,bulk", help="dpsketch paths (default: %(default)s)")
+    p.add_argument("--skip-flower", action="store_true", help="measure dpsketch only (no flwr needed)")
+    p.add_argument("--skip-dpsketch", action="store_true", help="measure Flower only")
+    p.add_argument("--num-shares", type=int, default=3,
+                   help="SecAgg+ shares of each client's keys, i.e. its neighbours + 1 (default: %(default)s)")
+    p.add_argument("--threshold", type=int, default=2,
+                   help="SecAgg+ reconstruction threshold (default: %(default)s)")
+    p.add_argument("--cpus-per-client", type=float, default=1.0,
+                   help="Ray CPUs per simulated Flower client (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="dpsketch single path: clients uploading at once (default: %(default)s, one "
+                   "after another)")
+    p.add_argument("--epsilon", type=float, default=1.0, help="dpsketch study (default: %(default)s)")
+    p.add_argument("--delta", type=float, default=1e-6, help="dpsketch study (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write every result as JSON here")
+    p.add_argument("--merge", metavar="FILE", action="append", default=[],
+                   help="add the results of an earlier --json run to the table (e.g. the dpsketch side "
+                   "measured in the product's venv, the Flower side in the peer venv)")
+    p.add_argument("--write-docs", metavar="MD", help="replace the table block of this page (docs/peer.md)")
+    p.add_argument("--verbose", action="store_true", help="Flower's own log")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ns = [int(x) for x in args.n.split(",") if x.strip()]
+    paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    if any(x not in ("single", "bulk") for x in paths):
+        raise SystemExit("--paths takes single and/or bulk")
+    if not args.skip_dpsketch and min(ns, default=50) < 50:
+        raise SystemExit("the dpsketch side needs n >= 50: a share server's default policy refuses "
+                         "studies with min_reports below 50")
+    if not args.skip_flower and not have_flwr():
+        print(MISSING_FLWR, file=sys.stderr)
+        return 2
+    meta: dict[str, Any] = {
+        "d": args.d,
+        "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    results: list[dict[str, Any]] = []
+    for name in args.merge:
+        earlier = json.loads(Path(name).read_text())
+        results.extend(earlier["results"])
+        for key, value in earlier.get("meta", {}).items():
+            meta.setdefault(key, value)
+
+    def report(res: dict[str, Any]) -> None:
+        results.append(res)
+        print(json.dumps(res), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+    workdir = Path(tempfile.mkdtemp(prefix="dpsketch-peer-"))
+    try:
+        if not args.skip_dpsketch:
+            print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
+            with LocalCluster(workdir) as cluster:
+                for n in ns:
+                    data = rows(args.seed, n, args.d)
+                    for path in paths:
+                        print(f"dpsketch {path}, n = {n} ...", file=sys.stderr, flush=True)
+                        report(run_dpsketch(cluster, path, data, args.epsilon, args.delta, args.workers))
+        if not args.skip_flower:
+            meta["flwr_version"] = __import__("flwr").__version__
+            for n in ns:
+                print(f"Flower SecAgg+, n = {n} ...", file=sys.stderr, flush=True)
+                report(run_flower(n, args.d, args.seed, args.num_shares, args.threshold,
+                                  args.cpus_per_client, workdir, args.verbose))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    table = render(results, meta)
+    print("\n" + table)
+    if args.write_docs:
+        write_docs(Path(args.write_docs), table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
