@@ -37,6 +37,7 @@ from dpsketch.protocol.study import design
 
 import studies
 from conftest import BOTH_STORES, OPEN_UPLOADS, Cluster
+from envguard import unavailable
 
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
 #: Server policy that accepts studies without a floor, whose release is exactly S(A + G).
@@ -597,7 +598,7 @@ def test_locked_database_answers_503_then_recovers(servers):
 def _tmpfs_server(servers, spec, size_mib: int) -> tuple[ManagedProcess, Path]:
     """A share server whose SQLite file lives on a small private tmpfs (its own mount namespace)."""
     if os.geteuid() != 0 and shutil.which("unshare") is None:
-        pytest.skip("mounting a tmpfs needs root or unshare")
+        unavailable("mounting a tmpfs needs root or unshare")
     mnt = servers.workdir / "tmpfs"
     mnt.mkdir()
     spec.db_path = mnt / "s1.sqlite3"
@@ -608,7 +609,7 @@ def _tmpfs_server(servers, spec, size_mib: int) -> tuple[ManagedProcess, Path]:
     try:
         proc.start()
     except (RuntimeError, TimeoutError) as exc:
-        pytest.skip(f"cannot mount a private tmpfs here: {exc}")
+        unavailable(f"cannot mount a private tmpfs here: {exc}")
     servers.started.append(proc)
     inside = Path(f"/proc/{proc.proc.pid}/root") / str(mnt).lstrip("/")  # the process's view
     out = subprocess.run(["df", "-k", str(inside)], capture_output=True, text=True)
