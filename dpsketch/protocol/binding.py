@@ -111,19 +111,23 @@ def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray],
         digests = _hash_rows(m, [head, salts[j], _payload_matrix(payloads[j])])
         tables.append(digests[:, :COMMITMENT_BYTES])
     commitments = np.concatenate(tables, axis=1)
-    heads = _prefixes(study_id, m, prefixes)
-    if prefixes is None:
-        head = heads[0] if m else b""
-    else:  # block ids: a 50-byte prefix per record (block_prefixes)
-        joined = b"".join(heads)
-        if len(joined) != m * len(heads[0]):
-            raise ValueError("id prefixes must all have the same length")
-        head = np.frombuffer(joined, dtype=np.uint8).reshape(m, len(heads[0]))
-    flat = _hash_rows(m, [head, commitments])[:, :REPORT_ID_BYTES].tobytes()
+    flat = _hash_rows(m, [_id_head(study_id, m, prefixes), commitments])[:, :REPORT_ID_BYTES].tobytes()
     ids = [flat[i:i + REPORT_ID_BYTES] for i in range(0, m * REPORT_ID_BYTES, REPORT_ID_BYTES)]
     proofs = [np.concatenate([salts[j]] + [tables[o] for o in range(n) if o != j], axis=1)
               for j in range(n)]
     return ids, proofs
+
+
+def _id_head(study_id: str, m: int, prefixes: Sequence[bytes] | None):
+    """What each id hashes before the commitments, as a :func:`_hash_rows` part: the report
+    domain and study id (the same bytes for every record), or one block prefix per record."""
+    heads = _prefixes(study_id, m, prefixes)
+    if prefixes is None:
+        return heads[0] if m else b""
+    joined = b"".join(heads)  # block ids: a 50-byte prefix per record (block_prefixes)
+    if len(joined) != m * len(heads[0]):
+        raise ValueError("id prefixes must all have the same length")
+    return np.frombuffer(joined, dtype=np.uint8).reshape(m, len(heads[0]))
 
 
 def _hash_rows(m: int, parts: list) -> np.ndarray:
@@ -174,20 +178,25 @@ def verify(study_id: str, n_servers: int, position: int, content: int, report_id
     ``prefixes`` as for :func:`bind` (blocks)."""
     size = proof_bytes(n_servers)
     m = len(report_ids)
-    raw_proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size).tobytes()
-    raw, step = payload_bytes(payloads)
-    heads = _prefixes(study_id, m, prefixes)
-    head = COMMIT_DOMAIN + bytes((position, content))
+    proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size)
     cut = SALT_BYTES + position * COMMITMENT_BYTES
-    sha = hashlib.sha256
-    for i, rid in enumerate(report_ids):
-        proof = raw_proofs[i * size:(i + 1) * size]
-        own = sha(head + proof[:SALT_BYTES] + raw[i * step:(i + 1) * step]).digest()[:COMMITMENT_BYTES]
-        if sha(heads[i] + proof[SALT_BYTES:cut] + own + proof[cut:]).digest()[:REPORT_ID_BYTES] != rid:
-            raise BindingError(
-                f"report {rid.hex()}: its share for this server is not the one its report id commits "
-                f"to (record {i}; substituted or corrupted in transit, or bound for another server "
-                f"or study); nothing of this request was stored")
+    own = _hash_rows(m, [COMMIT_DOMAIN + bytes((position, content)), proofs[:, :SALT_BYTES],
+                         _payload_matrix(payloads)])[:, :COMMITMENT_BYTES]
+    ids = _hash_rows(m, [_id_head(study_id, m, prefixes), proofs[:, SALT_BYTES:cut], own,
+                         proofs[:, cut:]])[:, :REPORT_ID_BYTES]
+    joined = b"".join(report_ids)
+    if len(joined) == m * REPORT_ID_BYTES:
+        claimed = np.frombuffer(joined, dtype=np.uint8).reshape(m, REPORT_ID_BYTES)
+        wrong = np.flatnonzero((ids != claimed).any(axis=1))
+    else:  # an id of another length commits to nothing here
+        wrong = np.array([i for i, rid in enumerate(report_ids) if len(rid) != REPORT_ID_BYTES
+                          or bytes(ids[i]) != rid] or [0])
+    if wrong.size:
+        i = int(wrong[0])
+        raise BindingError(
+            f"report {report_ids[i].hex()}: its share for this server is not the one its report id "
+            f"commits to (record {i}; substituted or corrupted in transit, or bound for another "
+            f"server or study); nothing of this request was stored")
 
 
 def _payload_matrix(payloads: np.ndarray) -> np.ndarray:
