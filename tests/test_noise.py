@@ -95,14 +95,14 @@ def test_block_table_bounds_are_the_cumulatives_and_ties_take_more_bits():
             return np.array(taken, dtype=np.uint64)
 
     k = 40
-    fine = noise._cumulative_floor(t, limit, table.block, k, 128)
+    fine = noise._cumulative_floors(t, limit, table.block, [k], 128)[0]
     assert fine >> 64 == int(table.bounds[k])
     low_half = fine & ((1 << 64) - 1)
     tie = int(table.bounds[k])
     assert table._resolve(tie, Words([low_half - 1])) == k  # U < F_k: J = k
     assert table._resolve(tie, Words([low_half + 1])) == k + 1  # U > F_k: J = k + 1
     # a word that equals the 128-bit prefix too reads a third word
-    finer = noise._cumulative_floor(t, limit, table.block, k, 192) & ((1 << 64) - 1)
+    finer = noise._cumulative_floors(t, limit, table.block, [k], 192)[0] & ((1 << 64) - 1)
     assert table._resolve(tie, Words([low_half, finer + 1])) == k + 1
     # through draw: the tied word is the second of three; the refinement reads the next word
     below = int(table.bounds[k]) - 1
