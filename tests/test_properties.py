@@ -522,3 +522,14 @@ def test_canonical_json_round_trips_to_the_same_study_id(data):
     # any change of a parameter changes the id
     renamed = study.model_copy(update={"name": study.name + "x"})
     assert renamed.study_id != study.study_id
+
+
+def test_binding_of_an_empty_batch_is_empty_and_verifies():
+    """m = 0 records (a relay that keeps none of a batch): no ids, empty proofs, nothing refused
+    (the case hypothesis found when verify moved to one matrix of hash inputs)."""
+    from dpsketch.protocol import binding
+
+    empty = np.zeros((0, 5), dtype=np.uint64)
+    ids, proofs = binding.bind("ab" * 32, [binding.CONTENT_SHARE] * 2, [empty, empty])
+    assert ids == [] and [p.shape for p in proofs] == [(0, binding.proof_bytes(2))] * 2
+    binding.verify("ab" * 32, 2, 0, binding.CONTENT_SHARE, [], proofs[0], empty)

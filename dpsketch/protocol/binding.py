@@ -133,6 +133,8 @@ def _id_head(study_id: str, m: int, prefixes: Sequence[bytes] | None):
 def _hash_rows(m: int, parts: list) -> np.ndarray:
     """SHA-256 of each of m messages part_1[i] || part_2[i] || ..., as an (m, 32) uint8 matrix;
     a ``bytes`` part is the same for every message, an (m, w) uint8 matrix gives row i."""
+    if m == 0:
+        return np.empty((0, 32), dtype=np.uint8)
     cols = [np.frombuffer(p, dtype=np.uint8) if isinstance(p, bytes) else p for p in parts]
     width = sum(c.shape[-1] for c in cols)
     buf = np.empty((m, width), dtype=np.uint8)
@@ -205,7 +207,7 @@ def _payload_matrix(payloads: np.ndarray) -> np.ndarray:
     arr = np.ascontiguousarray(payloads)
     if arr.dtype != np.uint8:
         arr = np.ascontiguousarray(arr.astype("<u8", copy=False))
-    return arr.reshape(len(arr), -1).view(np.uint8)
+    return arr.reshape(len(arr), int(np.prod(arr.shape[1:], dtype=np.int64))).view(np.uint8)  # m = 0 too
 
 
 def payload_bytes(payloads: np.ndarray) -> tuple[bytes, int]:
