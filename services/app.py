@@ -375,7 +375,10 @@ def create_app(settings: Settings) -> FastAPI:
         """A study's parameters and progress (report_count); public, except the exact counts of an
         add/remove study (report_count and commit are null without an operator or analyst token:
         a count that moves by one tells membership)."""
-        return store.info(store.record(study_id), is_trusted)
+        record = store.record(study_id)
+        if store.shared:  # another replica may have taken reports or committed it
+            record = await run_in_threadpool(store.refresh, record)
+        return store.info(record, is_trusted)
 
     upload_scheme = HTTPBearer(auto_error=False, description="one of the study's upload tokens (issued "
                                "by this server's operator; required by default)")
@@ -386,6 +389,9 @@ def create_app(settings: Settings) -> FastAPI:
         uploads only with one of them (401 otherwise); returns the token's digest, whose quota
         the upload is charged to."""
         record = store.record(study_id)
+        if store.shared and creds is not None and creds.credentials \
+                and digest_of(creds.credentials) not in record.upload_tokens:
+            await run_in_threadpool(store.refresh_tokens, record)  # issued by another replica?
         if not record.upload_required:
             return None
         if creds is None or not creds.credentials:

@@ -40,6 +40,8 @@ class SqliteBackend:
     """The SQLite file (services/db.py): WAL, synchronous=FULL, one writer, per-thread readers."""
 
     name = "sqlite"
+    #: one server process owns the file (SQLite has one writer): nothing to catch up on
+    shared = False
     INSERT_REPORTS = db.INSERT_REPORTS
     INSERT_BLOCKS = db.INSERT_BLOCKS
     SELECT_SHARES_BY_ROWID = db.SELECT_SHARES_BY_ROWID
@@ -103,6 +105,20 @@ class SqliteBackend:
         return json.dumps(rowids)
 
     @staticmethod
+    def lock_study(conn: sqlite3.Connection, seq: int) -> tuple[int, str] | None:
+        """(report_count, status) of a study; BEGIN IMMEDIATE already holds the file's write lock."""
+        return conn.execute("SELECT report_count, status FROM studies WHERE seq = ?", (seq,)).fetchone()
+
+    @staticmethod
+    def rowid_base(conn: sqlite3.Connection, next_rowid: int) -> int:
+        """The first rowid of a transaction's inserts: the single writer counts them itself."""
+        return next_rowid
+
+    @staticmethod
+    def lock_provisioning(conn: sqlite3.Connection) -> None:
+        """Serialise study provisioning (and ledger charges): the single writer already does."""
+
+    @staticmethod
     def insert_id(conn: sqlite3.Connection, sql: str, params: tuple) -> int:
         return int(conn.execute(sql, params).lastrowid)
 
@@ -157,6 +173,8 @@ class PostgresBackend:
     """A PostgreSQL database (services/pg.py): one writer connection, a pool of readers."""
 
     name = "postgres"
+    #: several replicas of one organisation's server may share the database (docs/operations.md)
+    shared = True
 
     def __init__(self, url: str, busy_timeout_s: float):
         from . import pg
@@ -205,6 +223,23 @@ class PostgresBackend:
     @staticmethod
     def rowids(rowids: list[int]) -> Any:
         return rowids
+
+    @staticmethod
+    def lock_study(conn, seq: int) -> tuple[int, str] | None:
+        """(report_count, status) of a study, with its row locked until the transaction ends:
+        every write that changes what a study holds (uploads, tokens, the commit) takes this lock
+        first, so replicas sharing the database change a study one at a time."""
+        return conn.execute("SELECT report_count, status FROM studies WHERE seq = ? FOR UPDATE",
+                            (seq,)).fetchone()
+
+    def rowid_base(self, conn, next_rowid: int) -> int:
+        """The first of 2^32 rowids reserved for this transaction alone (services/pg.py, taken
+        after the study locks: a study's rowids then grow in commit order)."""
+        return int(conn.execute(f"SELECT nextval('{self.pg.ROWID_BLOCKS}')").fetchone()[0])
+
+    def lock_provisioning(self, conn) -> None:
+        """Serialise study provisioning and ledger charges across replicas, until COMMIT."""
+        conn.execute(f"SELECT pg_advisory_xact_lock({self.pg.PROVISION_LOCK_KEY})")
 
     @staticmethod
     def insert_id(conn, sql: str, params: tuple) -> int:

@@ -98,25 +98,29 @@ class KeyRing:
         self.backend = backend
         self._keys: dict[bytes, _Key] = {}
         self._current: dict[str, bytes] = {}
-        conn.execute(backend.ddl(PQ_SCHEMA))
         rows = {}
-        for suite in envelope.SUITES.values():
-            rows[suite.name] = _select(conn, suite)
-            if rows[suite.name]:
-                continue
-            row = self._new_row(suite, time.time())
-            backend.begin(conn)
-            try:
+        created = []
+        backend.begin(conn)
+        try:  # one transaction, under the provisioning lock: replicas starting at once make one key
+            backend.lock_provisioning(conn)
+            conn.execute(backend.ddl(PQ_SCHEMA))
+            for suite in envelope.SUITES.values():
+                rows[suite.name] = _select(conn, suite)
+                if rows[suite.name]:
+                    continue
+                row = self._new_row(suite, time.time())
                 conn.execute(f"INSERT INTO {TABLES[suite.name]} (key_id, private_key, public_key, "
                              f"created_at, superseded_at) VALUES (?, ?, ?, ?, NULL)", row)
-                conn.execute("COMMIT")
-            except backend.errors:
-                backend.rollback_quietly(conn)
-                raise
-            rows[suite.name] = [(*row, None)]
+                rows[suite.name] = [(*row, None)]
+                created.append((suite.name, row[0]))
+            conn.execute("COMMIT")
+        except backend.errors:
+            backend.rollback_quietly(conn)
+            raise
+        for name, kid in created:
             if db_path is not None:
                 _restrict_permissions(db_path)
-            log.info("generated this server's first %s HPKE key %s", suite.name, row[0].hex())
+            log.info("generated this server's first %s HPKE key %s", name, kid.hex())
         self._set(rows)
 
     @staticmethod
@@ -165,6 +169,10 @@ class KeyRing:
         if envelope.POST_QUANTUM.name in envelope.SUITES:  # else this backend has no ML-KEM
             out.post_quantum = self._describe(envelope.POST_QUANTUM)
         return out
+
+    def refresh(self, conn: Any) -> None:
+        """Re-read every key (replicas sharing a store: another one rotated or retired)."""
+        self._set({suite.name: _select(conn, suite) for suite in envelope.SUITES.values()})
 
     # --- writes (run by the store's writer thread, inside its transaction) -------------------
     def _reload(self, conn: Any):

@@ -12,12 +12,14 @@ Why these choices:
   cursor in binary format instead of ``fetchmany`` on a client-side result).
 * Durable before acknowledgement: the writer's session sets ``synchronous_commit = on``
   whatever the server's default is, so COMMIT returns only after the WAL is flushed.
+* Replicas: several server processes of one organisation may share the database. Each write
+  that changes a study locks the study's row first (``SELECT ... FOR UPDATE``), rowids come from
+  a sequence in per-transaction blocks (``ROWID_BLOCKS``), and a replica catches up on what the
+  others stored before it decides anything (services/store.py, ``Store._catch_up``).
 * Uniqueness is enforced by the database too: ``UNIQUE (study, report_id)`` and the commits
-  table's primary key on the study. The single writer already refuses duplicates in memory (as
-  with SQLite); the constraints are there so that two writers sharing one database (replicas,
-  a later step) could never store a report twice or commit a study twice: the second transaction
-  fails and is answered 503, nothing half-written. SQLite keeps no such index (see ``db.py``:
-  it measured 4x slower there).
+  table's primary key on the study, a last line behind the row locks: a second transaction that
+  would store a report twice or commit a study twice fails and is answered 503, nothing
+  half-written. SQLite keeps no such index (see ``db.py``: it measured 4x slower there).
 * ``reports.study`` has no FOREIGN KEY (SQLite does not enforce it either): the per-row
   referential check cost 17% of bulk-insert throughput, and only the writer inserts reports,
   for studies it holds.
@@ -60,6 +62,15 @@ READ_POOL_MAX = 8
 
 #: Serialises schema creation between processes starting at once on one database.
 _SCHEMA_LOCK_KEY = 0x64707368  # "dpsh"
+#: Serialises study provisioning and population ledger charges between replicas.
+PROVISION_LOCK_KEY = 0x64707370  # "dpsp"
+
+#: Rowids come from this sequence in blocks of 2^32, one block per write transaction, so replicas
+#: sharing the database never collide, and a study's rowids grow in the order its transactions
+#: committed (each takes its block after locking the study's row): a replica catches up on what
+#: the others stored by asking for rowids above the largest it knows (services/store.py).
+ROWID_BLOCKS = "report_rowid_blocks"
+ROWID_BLOCK = 1 << 32
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -251,6 +262,10 @@ def initialise(url: str, busy_timeout_s: float) -> PgConnection:
     try:
         conn.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK_KEY})")
         conn.execute(SCHEMA)
+        conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {ROWID_BLOCKS} INCREMENT BY {ROWID_BLOCK} MINVALUE 1")
+        called = conn.execute(f"SELECT is_called FROM {ROWID_BLOCKS}").fetchone()[0]
+        if not called:  # a database written before the sequence existed: start above its rows
+            conn.execute(f"SELECT setval('{ROWID_BLOCKS}', (SELECT coalesce(max(id), 0) + 1 FROM reports), false)")
         conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
                      (str(SCHEMA_VERSION),))
         version = int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])

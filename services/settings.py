@@ -102,6 +102,9 @@ class Settings:
     load_chunk_rows: int = 50_000
     #: Load every open study's running totals in a background thread at startup.
     warm_start: bool = True
+    #: Replicas sharing a PostgreSQL store: how often a replica re-reads the HPKE keys, so a
+    #: rotation or retirement done through another replica reaches it.
+    key_refresh_s: float = 2.0
     #: SHA-256 digests (32 bytes) of the environment's tokens; filled in by ``__post_init__``.
     operator_digests: tuple[bytes, ...] = field(default=(), repr=False)
     analyst_digests: tuple[bytes, ...] = field(default=(), repr=False)

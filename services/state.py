@@ -58,6 +58,11 @@ class StudyState:
         self.blocks_of: dict[bytes, int] = {}  # pseudonym -> blocks held
         self.complete = 0  # individuals with every party's block here
         self.party_counts = [0] * self.n_parties
+        #: the largest rowid folded in: a replica sharing its store catches up on rows above it
+        #: (services/store.py, ``Store._catch_up``)
+        self.last_rowid = 0
+        #: reports held at the last checkpoint of this state (services/checkpoint.py)
+        self.checkpointed = 0
 
     @property
     def report_count(self) -> int:
@@ -70,9 +75,7 @@ class StudyState:
         """Fold newly stored reports into the totals (caller holds ``lock``)."""
         if rows is None or signs is None:
             rows, signs = study.hash_report_ids(report_ids)
-        self.ids.update(zip(report_ids, rowids))
-        self._id_chunks.append(joined if joined is not None else b"".join(report_ids))
-        self._rowid_chunks.append(np.asarray(rowids, dtype=np.int64))
+        self._index(report_ids, rowids, joined)
         if len(self._id_chunks) > 1024:  # many small groups (single uploads): consolidate
             self._id_chunks = [b"".join(self._id_chunks)]
             self._rowid_chunks = [np.concatenate(self._rowid_chunks)]
@@ -83,9 +86,7 @@ class StudyState:
                    pseudonyms: list[bytes], joined: bytes | None = None) -> None:
         """Index newly stored blocks of one party (caller holds ``lock``; the writer has checked
         that no slot is taken)."""
-        self.ids.update(zip(block_ids, rowids))
-        self._id_chunks.append(joined if joined is not None else b"".join(block_ids))
-        self._rowid_chunks.append(np.asarray(rowids, dtype=np.int64))
+        self._index(block_ids, rowids, joined)
         tag = bytes((party,))
         for bid, p in zip(block_ids, pseudonyms):
             self.slots[p + tag] = bid
@@ -94,6 +95,20 @@ class StudyState:
             if held == self.n_parties:
                 self.complete += 1
         self.party_counts[party] += len(block_ids)
+
+    def _index(self, report_ids: list[bytes], rowids: range | list[int], joined: bytes | None) -> None:
+        self.ids.update(zip(report_ids, rowids))
+        self._id_chunks.append(joined if joined is not None else b"".join(report_ids))
+        as_array = np.asarray(rowids, dtype=np.int64)
+        self._rowid_chunks.append(as_array)
+        if len(as_array):
+            self.last_rowid = max(self.last_rowid, int(as_array.max()))
+
+    def restore_index(self, joined: bytes, rowids: np.ndarray, last_rowid: int) -> None:
+        """The contiguous index of a checkpoint (``ids`` already holds the same map)."""
+        self._id_chunks = [joined] if joined else []
+        self._rowid_chunks = [rowids] if len(rowids) else []
+        self.last_rowid = last_rowid
 
     def held(self) -> tuple[bytes, np.ndarray]:
         """All held ids concatenated, and their rowids, in one order (caller holds ``lock``)."""
@@ -160,17 +175,35 @@ def _chunks(conn: Any, sql: str, params: tuple, chunk_rows: int, backend: Any):
     return backend.stream(conn, sql, params, chunk_rows)
 
 
-def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None) -> StudyState:
+def _pages(conn: Any, columns: str, seq: int, after: int, chunk_rows: int):
+    """The study's rows above rowid ``after`` in rowid order, a page at a time (keyset paging: a
+    plain query per page, so it runs inside the writer's open transaction too)."""
+    while True:
+        page = conn.execute(f"SELECT {columns} FROM reports WHERE study = ? AND id > ? ORDER BY id LIMIT ?",
+                            (seq, after, chunk_rows)).fetchall()
+        if not page:
+            return
+        yield page
+        after = page[-1][0]
+
+
+def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None,
+               into: StudyState | None = None) -> StudyState:
     """Rebuild a study's running totals by streaming its stored reports in rowid order.
-    ``conn`` is a read connection of ``backend`` (services/backend.py; None: SQLite)."""
+    ``conn`` is a read connection of ``backend`` (services/backend.py; None: SQLite).
+    With ``into``: fold only the rows above ``into.last_rowid`` into it (a replica catching up on
+    what the others stored, in the writer's transaction) and return it."""
     study = record.study
     if study.parties is not None:
-        return _load_blocks(conn, record, chunk_rows, backend)
-    state = StudyState(k=study.k, d=study.width)
+        return _load_blocks(conn, record, chunk_rows, backend, into)
+    state = into if into is not None else StudyState(k=study.k, d=study.width)
     width = 8 * study.width
     skipped = 0
-    for chunk in _chunks(conn, "SELECT id, report_id, share FROM reports WHERE study = ? ORDER BY id",
-                         (record.seq,), chunk_rows, backend):
+    columns = "id, report_id, share"
+    chunks = (_pages(conn, columns, record.seq, into.last_rowid, chunk_rows) if into is not None else
+              _chunks(conn, f"SELECT {columns} FROM reports WHERE study = ? ORDER BY id",
+                      (record.seq,), chunk_rows, backend))
+    for chunk in chunks:
         rowids = [r[0] for r in chunk]
         ids = [bytes(r[1]) for r in chunk]
         blobs = [r[2] for r in chunk]
@@ -190,7 +223,8 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
             state.add(study, ids, rowids, shares)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored rows", record.study_id, skipped)
-    log.info("study %s: rebuilt totals over %d reports", record.study_id, len(state.ids))
+    if into is None:
+        log.info("study %s: rebuilt totals over %d reports", record.study_id, len(state.ids))
     return state
 
 
@@ -199,14 +233,19 @@ def new_state(study: Study) -> StudyState:
     return StudyState(k=study.k, d=study.width, n_parties=len(study.parties or ()))
 
 
-def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None) -> StudyState:
-    """Rebuild the block index of a study with parties (it has no running totals)."""
+def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None,
+                 into: StudyState | None = None) -> StudyState:
+    """Rebuild the block index of a study with parties (it has no running totals); ``into`` as
+    in :func:`load_state`."""
     study = record.study
-    state = new_state(study)
+    state = into if into is not None else new_state(study)
     widths = [8 * p.width for p in study.parties or ()]
     skipped = 0
-    for chunk in _chunks(conn, "SELECT id, report_id, share, pseudonym, party FROM reports WHERE study = ? "
-                         "ORDER BY id", (record.seq,), chunk_rows, backend):
+    columns = "id, report_id, share, pseudonym, party"
+    chunks = (_pages(conn, columns, record.seq, into.last_rowid, chunk_rows) if into is not None else
+              _chunks(conn, f"SELECT {columns} FROM reports WHERE study = ? ORDER BY id",
+                      (record.seq,), chunk_rows, backend))
+    for chunk in chunks:
         by_party: dict[int, tuple[list, list, list]] = {}
         for rowid, bid, share, pseudonym, party in chunk:
             bid, pseudonym = bytes(bid), bytes(pseudonym or b"")
@@ -227,6 +266,7 @@ def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any =
             state.add_blocks(party, ids, rows, pseudonyms)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored blocks", record.study_id, skipped)
-    log.info("study %s: rebuilt the index of %d blocks (%d complete individuals)", record.study_id,
-             len(state.ids), state.complete)
+    if into is None:
+        log.info("study %s: rebuilt the index of %d blocks (%d complete individuals)", record.study_id,
+                 len(state.ids), state.complete)
     return state

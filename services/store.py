@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import secrets
 import threading
 import time
@@ -49,7 +50,7 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import backend as backends
-from . import idsets, policy
+from . import checkpoint, idsets, policy
 from .auth import digest_of, upload_token_id
 from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
@@ -60,6 +61,7 @@ from .writer import CallJob, UploadJob, Writer
 log = logging.getLogger("dpsketch.server")
 
 _FETCH_CHUNK = 50_000
+_STUDY_ID = re.compile(r"[0-9a-f]{64}")
 
 
 _DB_ERRORS = backends.errors()
@@ -111,23 +113,27 @@ class Store:
         #: SQLite file or PostgreSQL database (services/backend.py)
         self.backend = backends.for_settings(settings)
         self._conn = self.backend.initialise()
+        self._conn.execute(self.backend.ddl(checkpoint.SCHEMA))
+        #: other replicas of this server may write to the same database (PostgreSQL): catch up
+        #: under the study's row lock before deciding anything (``_catch_up``)
+        self.shared = self.backend.shared
         self.keys = KeyRing(self._conn, self.backend.file_path, self.backend)  # HPKE keys
         self._records: dict[str, StudyRecord] = {}
         self._load_records()
         #: population -> [(charge, charged_at)] in charging order (the ledger table, in memory)
         self._ledger: dict[str, list[tuple[ledger.Charge, float]]] = {}
-        for population, charge, charged_at in self._conn.execute(
-                f"SELECT population, charge, charged_at FROM ledger ORDER BY {self.backend.LEDGER_ORDER}"
-        ).fetchall():
-            self._ledger.setdefault(population, []).append(
-                (ledger.Charge.model_validate_json(charge), float(charged_at)))
-        self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use, self.backend)
+        self._load_ledger(self._conn)
+        self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use, self.backend,
+                             catch_up=self._catch_up if self.shared else None)
         self._closed = False
+        self._closing = threading.Event()
         self._sweep_wake = threading.Event()
         if settings.warm_start:
             threading.Thread(target=self._warm, name="dpsketch-warm", daemon=True).start()
         if settings.retention_after_commit_s is not None:
             threading.Thread(target=self._sweeper, name="dpsketch-retention", daemon=True).start()
+        if self.shared:
+            threading.Thread(target=self._follow_keys, name="dpsketch-keys", daemon=True).start()
 
     # --- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -135,33 +141,77 @@ class Store:
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         self._sweep_wake.set()
         self.writer.stop()
+        self._checkpoint_all()
         self.backend.close(self._conn)
+
+    def _checkpoint_all(self) -> None:
+        """At a clean shutdown: a checkpoint of every open study that grew since its last one, so
+        the next start does not re-read its shares (services/checkpoint.py)."""
+        for record in list(self._records.values()):
+            state = record.state
+            if (state is None or record.commit is not None or record.study.parties is not None
+                    or len(state.ids) < checkpoint.CHECKPOINT_MIN_REPORTS or len(state.ids) == state.checkpointed):
+                continue
+            with state.lock:
+                snap = checkpoint.snapshot(state)
+            try:
+                self.backend.begin(self._conn)
+                checkpoint.write(self._conn, record.seq, snap)
+                self._conn.execute("COMMIT")
+            except _DB_ERRORS as exc:
+                self.backend.rollback_quietly(self._conn)
+                log.warning("study %s: no checkpoint at shutdown: %s", record.study_id, exc)
 
     def _reading(self):
         """A read-only connection for the duration of a ``with`` block (SQLite: this thread's;
         PostgreSQL: one from the pool)."""
         return self.backend.reading()
 
-    def _load_records(self) -> None:
-        rows = self._conn.execute(
+    def _load_ledger(self, conn, population: str | None = None) -> None:
+        """The ledger table in memory (one population's charges: re-read under the provisioning
+        lock when other replicas may have charged it)."""
+        where, params = ("WHERE population = ? ", (population,)) if population is not None else ("", ())
+        charges: dict[str, list[tuple[ledger.Charge, float]]] = {}
+        for name, charge, charged_at in conn.execute(
+                f"SELECT population, charge, charged_at FROM ledger {where}ORDER BY {self.backend.LEDGER_ORDER}",
+                params).fetchall():
+            charges.setdefault(name, []).append((ledger.Charge.model_validate_json(charge), float(charged_at)))
+        if population is None:
+            self._ledger = charges
+        else:
+            self._ledger[population] = charges.get(population, [])
+
+    def _load_records(self, conn=None, study_id: str | None = None) -> None:
+        """Every stored study into memory at start; or one study another replica provisioned."""
+        conn = conn if conn is not None else self._conn
+        where, params = ("WHERE s.study_id = ? ", (study_id,)) if study_id is not None else ("", ())
+        rows = conn.execute(
             "SELECT s.seq, s.canonical, s.report_count, c.result, c.committed_at, r.shares_deleted_at "
             "FROM studies s LEFT JOIN commits c ON c.study = s.seq "
-            "LEFT JOIN retention r ON r.study = s.seq ORDER BY s.seq"
+            f"LEFT JOIN retention r ON r.study = s.seq {where}ORDER BY s.seq", params
         ).fetchall()
+        if study_id is not None and not rows:
+            return
+        only = "WHERE study = ? " if study_id is not None else ""
+        seq_param = (rows[0][0],) if study_id is not None else ()
         tokens: dict[int, dict[bytes, UploadToken]] = {}
         issued: set[int] = set()
         revoked = {(seq, bytes(digest)) for seq, digest in
-                   self._conn.execute("SELECT study, digest FROM upload_token_revocations").fetchall()}
-        for seq, digest, quota, used, party in self._conn.execute(
-                "SELECT study, digest, quota, used, party FROM upload_tokens ORDER BY created_at").fetchall():
+                   conn.execute(f"SELECT study, digest FROM upload_token_revocations {only}", seq_param).fetchall()}
+        for seq, digest, quota, used, party in conn.execute(
+                f"SELECT study, digest, quota, used, party FROM upload_tokens {only}ORDER BY created_at",
+                seq_param).fetchall():
             issued.add(seq)
             if (seq, bytes(digest)) not in revoked:
                 tokens.setdefault(seq, {})[bytes(digest)] = UploadToken(quota, int(used), party)
         for seq, canonical, count, result, committed_at, deleted_at in rows:
-            study = Study.model_validate_json(canonical)
+            study = Study.model_validate_json(bytes(canonical))
             commit = CommitResult.model_validate_json(result) if result is not None else None
+            if study.study_id in self._records:  # a request of this replica loaded it meanwhile
+                continue
             self._records[study.study_id] = StudyRecord(
                 seq, study, int(count), commit, committed_at=committed_at,
                 upload_tokens=tokens.get(seq, {}),
@@ -187,7 +237,13 @@ class Store:
         with record.load_lock:
             if record.state is None and record.commit is None:
                 with self._reading() as conn:
-                    state = load_state(conn, record, self.settings.load_chunk_rows, self.backend)
+                    state = new_state(record.study)
+                    if checkpoint.load(conn, record, state):  # then only the reports stored after it
+                        load_state(conn, record, self.settings.load_chunk_rows, self.backend, into=state)
+                        log.info("study %s: %d reports from its checkpoint, %d stored after it",
+                                 record.study_id, state.checkpointed, len(state.ids) - state.checkpointed)
+                    else:
+                        state = load_state(conn, record, self.settings.load_chunk_rows, self.backend)
                 record.report_count = state.report_count
                 record.state = state
         return record.state
@@ -214,9 +270,111 @@ class Store:
     # --- reads -------------------------------------------------------------------------------
     def record(self, study_id: str) -> StudyRecord:
         record = self._records.get(study_id)
+        if record is None and self.shared:  # another replica may have provisioned it
+            record = self._find(study_id)
         if record is None:
             raise ProblemError("unknown-study", f"this server holds no study {study_id[:80]!r}")
         return record
+
+    @_unavailable_on_db_error
+    def _find(self, study_id: str) -> StudyRecord | None:
+        if not _STUDY_ID.fullmatch(study_id):  # not a study id (the SHA-256 of a canonical study)
+            return None
+        with self._reading() as conn:
+            self._load_records(conn, study_id)
+        return self._records.get(study_id)
+
+    # --- replicas sharing the store ------------------------------------------------------------
+    def _adopt_commit(self, conn, record: StudyRecord) -> None:
+        """Another replica committed the study: take its result, drop the totals."""
+        row = conn.execute("SELECT result, committed_at FROM commits WHERE study = ?", (record.seq,)).fetchone()
+        if row is None or record.commit is not None:
+            return
+        record.committed_at = float(row[1])
+        record.commit = CommitResult.model_validate_json(row[0])
+        record.state = None
+
+    @_unavailable_on_db_error
+    def refresh(self, record: StudyRecord) -> StudyRecord:
+        """A shared store: what other replicas changed in the study that this answer shows (its
+        commit and report count); one query. Without replicas: nothing to do."""
+        if not self.shared or record.commit is not None:
+            return record
+        with self._reading() as conn:
+            row = conn.execute("SELECT report_count, status FROM studies WHERE seq = ?", (record.seq,)).fetchone()
+            if row[1] == "committed":
+                self._adopt_commit(conn, record)
+            elif record.study.parties is None:  # blocks count differently (complete individuals)
+                record.report_count = int(row[0])
+        return record
+
+    @_unavailable_on_db_error
+    def refresh_tokens(self, record: StudyRecord) -> None:
+        """A shared store: upload tokens another replica issued or revoked."""
+        if not self.shared:
+            return
+        with self._reading() as conn:
+            self._tokens_from(conn, record, None)
+
+    def _tokens_from(self, conn, record: StudyRecord, digests: set[bytes] | None) -> None:
+        """Re-read the study's upload tokens (only ``digests``, when given) from the database."""
+        where, params = "t.study = ?", [record.seq]
+        if digests is not None:
+            where += " AND t.digest = ANY(?)"
+            params.append(list(digests))
+        rows = conn.execute(
+            "SELECT t.digest, t.quota, t.used, t.party, r.revoked_at FROM upload_tokens t "
+            "LEFT JOIN upload_token_revocations r ON r.study = t.study AND r.digest = t.digest "
+            f"WHERE {where}", tuple(params)).fetchall()
+        active = dict(record.upload_tokens) if digests is not None else {}
+        for digest in digests or ():
+            active.pop(digest, None)
+        for digest, quota, used, party, revoked_at in rows:
+            if revoked_at is None:
+                active[bytes(digest)] = UploadToken(quota, int(used), party)
+        issued = bool(rows) or (digests is not None and bool(conn.execute(
+            "SELECT 1 FROM upload_tokens WHERE study = ? LIMIT 1", (record.seq,)).fetchone()))
+        record.upload_tokens = active
+        if issued:
+            record.upload_required = True
+
+    def _catch_up(self, conn, record: StudyRecord, tokens: set[bytes]) -> None:
+        """Before the writer decides on uploads to a study in a store shared with other replicas:
+        lock the study's row (until this transaction ends), take a commit another replica made,
+        fold in the reports the others stored since this replica last looked (rowids above the
+        largest it knows: they grow in commit order, services/pg.py) and re-read the upload
+        tokens the uploads use (issued, revoked or charged elsewhere)."""
+        row = self.backend.lock_study(conn, record.seq)
+        if row is None:
+            return
+        count, status = int(row[0]), row[1]
+        if status == "committed":
+            self._adopt_commit(conn, record)
+            return
+        if record.upload_required or tokens:
+            self._tokens_from(conn, record, tokens)
+        elif conn.execute("SELECT 1 FROM upload_tokens WHERE study = ? LIMIT 1", (record.seq,)).fetchone():
+            record.upload_required = True
+        state = self.ensure_state(record)
+        if state is None:
+            return
+        with state.lock:
+            if count != len(state.ids):
+                before = len(state.ids)
+                load_state(conn, record, self.settings.load_chunk_rows, self.backend, into=state)
+                record.report_count = state.report_count
+                log.debug("study %s: caught up on %d reports stored by other replicas",
+                          record.study_id, len(state.ids) - before)
+
+    def _follow_keys(self) -> None:
+        """A shared store: keys rotated or retired by another replica reach this one within
+        ``key_refresh_s``."""
+        while not self._closing.wait(self.settings.key_refresh_s):
+            try:
+                with self._reading() as conn:
+                    self.keys.refresh(conn)
+            except _DB_ERRORS as exc:
+                log.warning("could not re-read the HPKE keys: %s", exc)
 
     def info(self, record: StudyRecord, trusted: bool = True) -> StudyInfo:
         """A study's info; ``trusted`` is False for a caller without an operator or analyst token,
@@ -269,7 +427,7 @@ class Store:
     @_unavailable_on_db_error
     def aggregate(self, study_id: str) -> tuple[bytes, str]:
         """The released aggregate share: only after commit, always the same bytes."""
-        record = self.record(study_id)
+        record = self.refresh(self.record(study_id))
         if record.commit is None:
             raise ProblemError("study-open", f"study {study_id} is not committed; nothing is released")
         if record.aggregate is None:
@@ -318,6 +476,11 @@ class Store:
             policy.check_population(self.charges(population), study, self.settings)
 
         def fn(conn):
+            if self.shared:  # another replica may have provisioned it, or charged the population
+                self.backend.lock_provisioning(conn)
+                self._load_records(conn, study_id)
+                if population is not None:
+                    self._load_ledger(conn, population)
             if study_id in self._records:  # a concurrent PUT of the same study won
                 return (self._records[study_id], False), None
             in_use = self.memory_in_use()
@@ -376,9 +539,25 @@ class Store:
         # The body is the concatenation of the sorted ids, so hashing it in one piece is the
         # inclusion hash (and 5x faster than feeding 10^6 ids one by one).
         ihash = inclusion_hash([inclusion])
+        if self.shared:
+            # replicas: decide under the study's row lock, over everything every replica stored,
+            # so the study commits once whichever replica is asked (and no upload slips in)
+            def locked(conn):
+                self._catch_up(conn, record, set())
+                if record.commit is not None:
+                    return self._repeat(record, ihash), None
+                return self._release(record, record.state, ids, inclusion, ihash)(conn)
+
+            return self.writer.submit(CallJob(locked)).result()
         state = self.ensure_state(record)
         if state is None:
             return self._repeat(record, ihash)
+        return self.writer.submit(CallJob(self._release(record, state, ids, inclusion, ihash))).result()
+
+    def _release(self, record: StudyRecord, state: StudyState, ids: list[bytes], inclusion: bytes,
+                 ihash: str):
+        """Sum the inclusion set, certify it, add this server's noise; returns the writer job
+        (``fn(conn)``) that stores the release, or raises the refusal."""
         study = record.study
         if study.parties is not None:
             aggregate, gram, ids = self._sum_blocks(record, state, ids, inclusion)
@@ -419,6 +598,7 @@ class Store:
                 (record.seq, ihash, result.model_dump_json(), released, now),
             )
             conn.execute("UPDATE studies SET status = 'committed' WHERE seq = ?", (record.seq,))
+            checkpoint.delete(conn, record.seq)
 
             def apply() -> None:
                 record.aggregate = released
@@ -430,7 +610,7 @@ class Store:
 
             return result, apply
 
-        return self.writer.submit(CallJob(fn)).result()
+        return fn
 
     def _sum_reports(self, record: StudyRecord, state: StudyState, ids: list[bytes],
                      inclusion: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -607,7 +787,11 @@ class Store:
     # --- HPKE keys ---------------------------------------------------------------------------
     def rotate_key(self) -> HpkeKeys:
         """A new current HPKE key; older keys keep opening shares until retired."""
-        self.writer.submit(CallJob(self.keys.rotate)).result()
+        def rotate(conn):
+            self.backend.lock_provisioning(conn)  # replicas: one rotation at a time, one current key
+            return self.keys.rotate(conn)
+
+        self.writer.submit(CallJob(rotate)).result()
         return self.keys.describe()
 
     def retire_key(self, key_id: str) -> HpkeKeys:

@@ -2,8 +2,11 @@
 
 Why one thread: SQLite allows one writer at a time anyway, and a single owner of every write
 makes the in-memory checks (duplicate, conflict, capacity, study closed) race-free. PostgreSQL
-would take concurrent writers; the store keeps the one thread there too (same checks, same
-order), and the database's unique constraints back them (services/pg.py). Why group
+would take concurrent writers; the store keeps the one thread per process there too (same
+checks, same order). Replicas of one server sharing a PostgreSQL database each have their own
+writer: a group first locks the rows of its studies (in study order, so two replicas cannot
+deadlock) and catches up on what the other replicas stored (``catch_up``, store.py), so the same
+checks hold across replicas; the database's unique constraints back them (services/pg.py). Why group
 commit: an fsync per report caps a disk at a few hundred reports/s; instead the thread drains
 whatever requests queued up while the previous transaction was syncing, stores them all in one
 transaction (one fsync) and only then acknowledges each. A request is all-or-nothing: it is
@@ -28,6 +31,7 @@ from dpsketch.protocol.messages import UploadResult
 from dpsketch.protocol.problems import ProblemError
 
 from . import backend as backends
+from . import checkpoint
 from .settings import Settings
 from .state import INDEX_BYTES_PER_REPORT, StudyRecord, StudyState
 
@@ -104,7 +108,10 @@ class _Plan:
 class Writer:
     def __init__(self, conn: Any, settings: Settings,
                  ensure_state: Callable[[StudyRecord], StudyState | None],
-                 memory_in_use: Callable[[], int] = lambda: 0, backend: Any = None):
+                 memory_in_use: Callable[[], int] = lambda: 0, backend: Any = None,
+                 catch_up: Callable[[Any, StudyRecord, set[bytes]], None] | None = None):
+        """``catch_up(conn, record, token_digests)``: a store shared with other replicas locks
+        the study's row and brings this process's view of it up to date (store.py)."""
         self.conn = conn
         #: SQLite or PostgreSQL (services/backend.py): how a transaction begins, which errors mean 503
         self.backend = backend if backend is not None else backends.SqliteBackend(settings.db_path,
@@ -113,6 +120,7 @@ class Writer:
         self.settings = settings
         self.ensure_state = ensure_state
         self.memory_in_use = memory_in_use
+        self.catch_up = catch_up
         self.queue: queue.Queue = queue.Queue()
         self.next_rowid = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
         self._lock = threading.Lock()
@@ -233,6 +241,11 @@ class Writer:
         budget = self.settings.memory_budget - self.memory_in_use()
         try:
             self.backend.begin(self.conn)
+            if self.catch_up is not None:  # lock the studies in one order: no deadlock between replicas
+                records = {job.record.seq: job.record for job in group}
+                for seq in sorted(records):
+                    self.catch_up(self.conn, records[seq],
+                                  {job.token for job in group if job.record.seq == seq and job.token is not None})
             for job in group:
                 plan = self._plan(job, pending, charged, budget)
                 if plan is not None:
@@ -273,6 +286,26 @@ class Writer:
                 accepted=plan.n_new, duplicates=plan.duplicates,
                 report_count=None if hide else plan.report_count,
             ))
+        for record, *_ in inserted:  # after the acknowledgements: a checkpoint delays no client
+            self._checkpoint_if_due(record)
+
+    def _checkpoint_if_due(self, record: StudyRecord) -> None:
+        """A checkpoint of the study's state once it grew enough (services/checkpoint.py), in its
+        own transaction after the uploads' one: a failure costs only restart time."""
+        state = record.state
+        if state is None or not checkpoint.due(record, state):
+            return
+        with state.lock:
+            snap = checkpoint.snapshot(state)
+        try:
+            self.backend.begin(self.conn)
+            checkpoint.write(self.conn, record.seq, snap)
+            self.conn.execute("COMMIT")
+        except self.db_errors as exc:
+            self.backend.rollback_quietly(self.conn)
+            log.warning("study %s: checkpoint failed (the next restart reads more): %s", record.study_id, exc)
+            return
+        state.checkpointed = snap[1]
 
     def _plan(self, job: UploadJob, pending: dict[int, list[_Plan]],
               charged: dict[tuple[int, bytes], int] | None = None, budget: int | None = None) -> _Plan | None:
@@ -282,6 +315,12 @@ class Writer:
         if record.commit is not None:
             job.future.set_exception(ProblemError(
                 "study-closed", f"study {record.study_id} is committed; it takes no more reports"))
+            return None
+        if self.catch_up is not None and record.upload_required and job.token is None:
+            # a replica: another one issued the study's first upload token since the HTTP check
+            job.future.set_exception(ProblemError(
+                "unauthorized", f"study {record.study_id} takes uploads only with one of its upload "
+                f"tokens, issued by this server's operator", headers={"WWW-Authenticate": "Bearer"}))
             return None
         state = self.ensure_state(record)
         assert state is not None
@@ -418,7 +457,7 @@ class Writer:
     def _insert(self, pending: dict[int, list[_Plan]]) -> list[tuple]:
         """Write the new rows of every accepted request, one INSERT per study."""
         out: list[tuple] = []
-        base = self.next_rowid
+        base = self.backend.rowid_base(self.conn, self.next_rowid)
         for seq, group in pending.items():
             group = [p for p in group if p.n_new]
             if not group:

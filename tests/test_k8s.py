@@ -5,8 +5,8 @@ same): every manifest parses, every kustomization names files that exist, every 
 config key a pod reads is one its overlay generates, the dpsketch containers' arguments parse
 with the real command-line parsers, every environment variable they set is one the code reads,
 the probes' paths answer on a real app (liveness 200, readiness 200 when the database answers),
-the pods run as the image's user, and a share server is one pod replaced by Recreate (its writer
-and running totals belong to one process)."""
+the pods run as the image's user, and a share server runs two replicas on its PostgreSQL store
+with a rolling update that keeps one serving."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def test_every_environment_variable_is_one_the_code_reads():
         assert used_in_args or f'"{name}"' in sources, f"{name} is read by nothing"
 
 
-def test_pods_run_as_the_images_user_and_a_share_server_is_one_recreated_pod():
+def test_pods_run_as_the_images_user_and_a_share_server_runs_replicas_on_postgres():
     uid = int(re.search(r"--uid (\d+)", (ROOT / "deploy" / "Dockerfile").read_text()).group(1))
     for base in ("share-server", "analyzer"):
         for w in _workloads(base):
@@ -152,8 +152,12 @@ def test_pods_run_as_the_images_user_and_a_share_server_is_one_recreated_pod():
                 assert spec["securityContext"]["runAsUser"] == uid
                 assert spec["securityContext"]["runAsNonRoot"] is True
     (deployment,) = [w for w in _workloads("share-server") if w["kind"] == "Deployment"]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    # replicas share one PostgreSQL store (tests/test_replicas.py); a rolling update keeps one serving
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    env = {e["name"]: e for c in deployment["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+    args = [a for c in deployment["spec"]["template"]["spec"]["containers"] for a in c.get("args", [])]
+    assert "DPSKETCH_DB" in env or any(a.startswith("postgresql://") for a in args)
 
 
 def test_probe_paths_answer_on_a_real_app(tmp_path):

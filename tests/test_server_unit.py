@@ -837,12 +837,12 @@ def test_postgres_down_answers_503_then_recovers(postgres):
         postgres.drop_databases()
 
 
-def test_postgres_constraints_keep_two_writers_from_storing_or_committing_twice(postgres):
-    """Replicas sharing one database are a later step, but the schema already makes them safe:
-    two servers on one PostgreSQL database, each with its own in-memory view, cannot store a
-    report twice (unique report id per study, unique row id) or release a study twice (one
-    commits row per study): the second writer's transaction fails and is answered 503, and the
-    first release stays the only one, the same bytes on every call."""
+def test_replicas_sharing_one_postgres_database_act_as_one_server(postgres):
+    """Two server processes of one organisation on one PostgreSQL database (replicas behind a
+    load balancer): a study provisioned through one is served by the other; each sees what the
+    other stored before it decides (duplicates, conflicts, the totals); a commit happens once,
+    whichever replica is asked, and both release the same bytes; uploads after it are refused by
+    both. Tokens issued or revoked through one hold at the other."""
     import psycopg
 
     url = postgres.new_database("two")
@@ -854,24 +854,128 @@ def test_postgres_constraints_keep_two_writers_from_storing_or_committing_twice(
         rs = a.reports(st, 120)
         assert a.batch(st, rs).json()["report_count"] == 120
         b = Server(url)  # a second process on the same database
-        assert b.count(st) == 120 and b.totals(st).any()  # it rebuilt its totals from the store
+        assert b.count(st) == 120 and np.array_equal(b.totals(st), a.totals(st))
         more = a.reports(st, 5)
         assert a.batch(st, more).json()["report_count"] == 125
-        assert_problem(b.batch(st, more), 503, "unavailable")  # b does not know them: refused
-        r = a.commit(st, rs.ids + more.ids)
+        again = b.batch(st, more).json()  # b catches up first: these are duplicates, not new
+        assert (again["accepted"], again["duplicates"], again["report_count"]) == (0, 5, 125)
+        extra = a.reports(st, 7)
+        assert b.batch(st, extra).json()["report_count"] == 132
+        assert a.count(st) == 132
+        assert a.batch(st, extra).json()["duplicates"] == 7  # a caught up before deciding
+        assert np.array_equal(a.totals(st), b.totals(st))
+
+        # a study provisioned through b is known to a; a late second PUT through a is idempotent
+        st2 = make_study()
+        assert b.provision(st2).status_code == 201
+        assert a.provision(st2).status_code == 200
+        assert a.count(st2) == 0
+
+        every = rs.ids + more.ids + extra.ids
+        r = b.commit(st, every)
         assert r.status_code == 200, r.text
-        released = a.aggregate(st).content
-        assert_problem(b.commit(st, rs.ids[:115]), 503, "unavailable")  # not a second release
+        released = b.aggregate(st).content
+        assert a.commit(st, every).json() == r.json()  # the same set: the same result, once
+        assert_problem(a.commit(st, every[:125]), 409, "inclusion-conflict")  # not a second release
+        assert a.aggregate(st).content == released
+        assert_problem(a.batch(st, a.reports(st, 3)), 409, "study-closed")
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT count(*) FROM commits").fetchone()[0] == 1
             n, distinct = conn.execute("SELECT count(*), count(DISTINCT report_id) FROM reports").fetchone()
-            assert n == distinct == 125
-        assert a.aggregate(st).content == released
+            assert n == distinct == 132
+
+        # upload tokens: issued through a, used through b (quota charged once across both)
+        r = a.client.post(f"/v1/studies/{st2.study_id}/upload-tokens", json={"count": 1, "quota": 10},
+                          headers=bearer(OP))
+        assert r.status_code == 201, r.text
+        token, token_id = r.json()["token"], r.json()["token_id"]
+        assert_problem(b.batch(st2, b.reports(st2, 2)), 401, "unauthorized")
+        assert b.batch(st2, b.reports(st2, 6), token=token).json()["accepted"] == 6
+        assert_problem(a.batch(st2, a.reports(st2, 5), token=token), 403, "upload-quota-exceeded")
+        assert a.batch(st2, a.reports(st2, 4), token=token).json()["accepted"] == 4
+        r = a.client.delete(f"/v1/studies/{st2.study_id}/upload-tokens/{token_id}", headers=bearer(OP))
+        assert r.status_code == 200, r.text
+        # b still had the token in memory; its writer re-reads it under the study's lock
+        assert_problem(b.batch(st2, b.reports(st2, 1), token=token), 403, "upload-quota-exceeded")
+        assert a.count(st2) == b.count(st2) == 10
     finally:
         a.close()
         if b is not None:
             b.close()
         postgres.drop_databases()
+
+
+@BOTH_STORES
+def test_restart_from_a_checkpoint_holds_what_a_full_rebuild_holds(store_location, monkeypatch):
+    """Checkpoints (services/checkpoint.py): after a crash, a study's state is its last
+    checkpoint plus the reports stored after it, and equals a rebuild from every stored share
+    (totals, s S S^T and the index); a checkpoint that does not fit the study is ignored; the
+    commit after such a restart releases exactly the sum of the shares."""
+    from services import checkpoint, state as state_module
+    from services.store import Store
+    from services.writer import CallJob
+
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_MIN_REPORTS", 100)
+    db = store_location("s1")
+    a = Server(db)
+    st = make_study()
+    a.provision(st)
+    batches = [a.reports(st, 120) for _ in range(3)]
+    for b in batches:
+        assert a.batch(st, b).status_code == 200
+    flush = CallJob(lambda conn: (None, None))  # the writer checkpoints after acknowledging
+    a.app.state.store.writer.submit(flush).result()
+    record = a.app.state.store.record(st.study_id)
+    assert record.state.checkpointed == 360  # at 120, 240 and 360: each >= 1.25 x the last
+    tail = a.reports(st, 20)
+    assert a.batch(st, tail).status_code == 200  # 380 < 1.25 x 360: no new checkpoint
+    a.app.state.store.writer.submit(CallJob(lambda conn: (None, None))).result()
+    assert record.state.checkpointed == 360 and len(record.state.ids) == 380
+    monkeypatch.setattr(Store, "_checkpoint_all", lambda self: None)  # a crash: no shutdown checkpoint
+    a.close()
+
+    def full_rebuild(store: Store):
+        with store._reading() as conn:
+            return state_module.load_state(conn, store.record(st.study_id), 1000, store.backend)
+
+    b = Server(db)
+    try:
+        store = b.app.state.store
+        restored = store.ensure_state(store.record(st.study_id))
+        assert (restored.checkpointed, len(restored.ids)) == (360, 380)  # checkpoint plus a tail
+        fresh = full_rebuild(store)
+        assert np.array_equal(restored.aggregate, fresh.aggregate)
+        assert np.array_equal(restored.gram, fresh.gram)
+        assert restored.ids == fresh.ids and restored.last_rowid == fresh.last_rowid
+        assert sorted(restored.held()[0][i:i + 16] for i in range(0, 380 * 16, 16)) == sorted(fresh.ids)
+        assert b.batch(st, tail).json()["duplicates"] == 20  # the index knows the tail
+    finally:
+        b.close()
+
+    # a checkpoint that does not fit is ignored: the state is rebuilt from the shares
+    c = Server(db)
+    try:
+        store = c.app.state.store
+        def corrupt(conn):
+            conn.execute("UPDATE checkpoints SET ids = ?", (b"\x00" * 16,))
+            return None, None
+
+        store.writer.submit(CallJob(corrupt)).result()
+        store.record(st.study_id).state = None
+        rebuilt = store.ensure_state(store.record(st.study_id))
+        assert rebuilt.checkpointed == 0 and len(rebuilt.ids) == 380
+        assert np.array_equal(rebuilt.aggregate, full_rebuild(store).aggregate)
+        every = [rid for bt in batches + [tail] for rid in bt.ids]
+        r = c.commit(st, every)
+        assert r.status_code == 200, r.text
+        released = decode_aggregate(c.aggregate(st).content, st.k, st.width)
+        expected = np.zeros_like(released)
+        shares = np.concatenate([bt.shares for bt in batches + [tail]])
+        rows, signs = st.hash_report_ids(every)
+        sketch.accumulate(expected, rows, signs, shares)
+        assert np.array_equal(released, expected)
+    finally:
+        c.close()
 
 
 # --- the fast sketch product -------------------------------------------------------------------
