@@ -905,6 +905,40 @@ def test_replicas_sharing_one_postgres_database_act_as_one_server(postgres):
         postgres.drop_databases()
 
 
+def test_replicas_racing_on_the_same_reports_and_commits_store_once_and_release_once(postgres):
+    """The races a load balancer creates: the same batch sent to both replicas at once (a client
+    retry that reached both) is stored once, acknowledged by both; two different inclusion sets
+    committed at once through the two replicas release exactly one of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = postgres.new_database("race")
+    a, b = Server(url), Server(url)
+    try:
+        st = make_study()
+        a.provision(st)
+        batches = [a.reports(st, 60) for _ in range(6)]
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda pair: pair[0].batch(st, pair[1]),
+                                    [(srv, bt) for bt in batches for srv in (a, b)]))
+        assert all(r.status_code == 200 for r in answers), [r.text for r in answers if r.status_code != 200]
+        for i in range(0, len(answers), 2):  # per batch: stored once, the other answer a duplicate
+            pair = sorted((answers[i].json()["accepted"], answers[i + 1].json()["accepted"]))
+            assert pair == [0, 60]
+        assert a.count(st) == b.count(st) == 360
+        every = [rid for bt in batches for rid in bt.ids]
+        with ThreadPoolExecutor(2) as pool:
+            ra, rb = pool.map(lambda pair: pair[0].commit(st, pair[1]), [(a, every), (b, every[:-30])])
+        assert sorted((ra.status_code, rb.status_code)) == [200, 409]
+        winner, loser = (ra, rb) if ra.status_code == 200 else (rb, ra)
+        assert winner.json()["n_reports"] in (360, 330)  # either set may win (30 of 360 left out is allowed)
+        assert loser.json()["type"].endswith(":inclusion-conflict")
+        assert a.aggregate(st).content == b.aggregate(st).content
+    finally:
+        a.close()
+        b.close()
+        postgres.drop_databases()
+
+
 @BOTH_STORES
 def test_restart_from_a_checkpoint_holds_what_a_full_rebuild_holds(store_location, monkeypatch):
     """Checkpoints (services/checkpoint.py): after a crash, a study's state is its last
