@@ -1,6 +1,7 @@
 """SQLite vs PostgreSQL store, in one run on this machine: bulk upload and single-upload
-throughput through a real server process, and the restart cost (rebuilding a study's running
-totals from the store), each as a Postgres/SQLite ratio.
+throughput through a real server process (and through two replicas on one PostgreSQL database
+behind haproxy), and the restart cost (rebuilding a study's running totals from the store), each
+as a ratio to SQLite.
 
     .venv/bin/python benchmarks/pg_store.py [--n 200000] [--d 32] [--seconds 5] [--rebuild-n 200000]
 
@@ -108,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                   d=args.d, db=new("single"), baseline=False)
                 out[f"rebuild_{kind}"] = rebuild(new("rebuild"), args.rebuild_n, args.d)
                 print(f"{kind}: done", file=sys.stderr)
+            # two replicas of the server on one PostgreSQL database behind haproxy
+            out["bulk_postgres_2_replicas"] = bench.bench_bulk_upload(
+                n=args.n, d=args.d, db=_new_database(admin), baseline=False, replicas=2)
+            out["single_postgres_2_replicas"] = bench.bench_single_upload(
+                clients=args.clients, seconds=args.seconds, d=args.d, db=_new_database(admin),
+                baseline=False, replicas=2)
     finally:
         subprocess.run(["bash", str(ROOT / "scripts" / "ensure-postgres.sh"), "--stop", str(directory)],
                        capture_output=True, timeout=120)
@@ -118,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         "rebuild_s": round(out["rebuild_postgres"]["rebuild_s"] / out["rebuild_sqlite"]["rebuild_s"], 3),
         "in_process_load_rows_per_s": round(out["rebuild_postgres"]["load_rows_per_s"]
                                             / out["rebuild_sqlite"]["load_rows_per_s"], 3),
+        "bulk_rows_per_s_2_replicas": round(out["bulk_postgres_2_replicas"]["rows_per_s"]
+                                            / out["bulk_sqlite"]["rows_per_s"], 3),
+        "single_reports_per_s_2_replicas": round(out["single_postgres_2_replicas"]["reports_per_s"]
+                                                 / out["single_sqlite"]["reports_per_s"], 3),
     }
     print(json.dumps(out, indent=1))
     return 0

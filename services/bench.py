@@ -19,6 +19,8 @@ checks (docs/protocol.md 4a) before storing; the records are bound as a client b
 
 from __future__ import annotations
 
+import contextlib
+
 import asyncio
 import json
 import os
@@ -217,6 +219,45 @@ def _start_server(wd: Path, server_id: str = "s1", db: Path | str | None = None)
     return share_server(spec, wd).start(timeout=60)
 
 
+@contextlib.contextmanager
+def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
+    """One server process, or ``replicas`` of one server on one PostgreSQL database behind an
+    haproxy (dpsketch/loadbalancer.py); yields the URL and port clients use."""
+    if replicas == 1:
+        proc = _start_server(wd, db=db)
+        try:
+            yield proc.url, proc.port
+        finally:
+            proc.stop()
+        return
+    from dpsketch import loadbalancer
+    from dpsketch.cluster import free_port
+
+    if db is None or not str(db).startswith("postgresql://"):
+        raise ValueError("replicas share a PostgreSQL database: give db as a postgresql:// URL")
+    procs = []
+    try:
+        for i in range(replicas):
+            proc = _start_server(wd, "s1", db=db) if i == 0 else _start_replica(wd, db, i)
+            procs.append(proc)
+        port = free_port()
+        with loadbalancer.running_haproxy(loadbalancer.ensure_haproxy(), port,
+                                          [(f"r{i}", p.port) for i, p in enumerate(procs)], wd) as url:
+            yield url, port
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def _start_replica(wd: Path, db: str, i: int):
+    from dpsketch.cluster import ServerSpec, share_server
+
+    spec = ServerSpec(server_id="s1", operator_token=OPERATOR, analyst_token=ANALYST, db_path=db)
+    proc = share_server(spec, wd)
+    proc.name, proc.log_path = f"s1-replica{i}", wd / f"s1-replica{i}.log"
+    return proc.start(timeout=60)
+
+
 def _provision(url: str, study: Study) -> str:
     """Provision the study and return an upload token for it (no quota), issued by the operator
     as the server's default policy requires."""
@@ -272,9 +313,10 @@ def _report_count(url: str, study: Study) -> int:
 
 def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, concurrency: int = 2,
                       workdir: Path | None = None, seed: int = 2, db: Path | str | None = None,
-                      baseline: bool = True) -> dict[str, Any]:
+                      baseline: bool = True, replicas: int = 1) -> dict[str, Any]:
     """POST n random rows in batches of ``batch_rows`` to a real server over loopback (its store:
-    ``db``, default a new SQLite file)."""
+    ``db``, default a new SQLite file; ``replicas`` > 1: that many on one PostgreSQL ``db``
+    behind haproxy)."""
     rng = np.random.default_rng(seed)
     study = _study(n, d, 400, 4, ["s1", "s2"])
     batches = []
@@ -285,16 +327,13 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, c
                            "body_mib": round(len(batches[0][1]) / 2**20, 2), "n_servers": study.n_servers,
                            "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
-        proc = _start_server(wd, db=db)
-        try:
-            token = _provision(proc.url, study)
+        with _serving(wd, db, replicas) as (url, _port):
+            token = _provision(url, study)
             elapsed, latencies, errors = _post_batches(
-                proc.url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
+                url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
                 SHARES_MEDIA_TYPE, concurrency, timeout=120, token=token)
-            held = _report_count(proc.url, study)
-        finally:
-            proc.stop()
-        out.update(seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
+            held = _report_count(url, study)
+        out.update(replicas=replicas, seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
                    **_percentiles(latencies))
         if baseline:
@@ -477,9 +516,9 @@ def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
 
 def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
                         workdir: Path | None = None, db: Path | str | None = None,
-                        baseline: bool = True) -> dict[str, Any]:
+                        baseline: bool = True, replicas: int = 1) -> dict[str, Any]:
     """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds`` (the
-    server's store: ``db``, default a new SQLite file)."""
+    server's store: ``db``, default a new SQLite file; ``replicas`` as in bench_bulk_upload)."""
     out: dict[str, Any] = {"clients": clients, "seconds": seconds, "d": d, "upload_auth": "tokens"}
     study = _study(10**6, d, 400, 4, ["s1", "s2"])
 
@@ -491,15 +530,12 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
         return messages.Report.of(rid, proof[0], share[0]).model_dump_json().encode()
 
     with _Workdir(workdir) as wd:
-        proc = _start_server(wd, db=db)
-        try:
-            token = _provision(proc.url, study)
-            res = _run(_drive(proc.port, f"/v1/studies/{study.study_id}/reports", report_body,
+        with _serving(wd, db, replicas) as (url, port):
+            token = _provision(url, study)
+            res = _run(_drive(port, f"/v1/studies/{study.study_id}/reports", report_body,
                               "application/json", clients, seconds, token))
-            held = _report_count(proc.url, study)
-        finally:
-            proc.stop()
-        out.update(reports_per_s=round(res["per_s"]), acknowledged=res["ok"], server_report_count=held,
+            held = _report_count(url, study)
+        out.update(replicas=replicas, reports_per_s=round(res["per_s"]), acknowledged=res["ok"], server_report_count=held,
                    statuses=res["statuses"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"])
         if not baseline:
             return out

@@ -527,7 +527,8 @@ class Store:
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token,
-                                            pseudonyms=pseudonyms, party=party))
+                                            pseudonyms=pseudonyms, party=party,
+                                            required=record.upload_required))
 
     @_unavailable_on_db_error
     def commit(self, study_id: str, inclusion: bytes) -> CommitResult:

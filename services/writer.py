@@ -51,6 +51,8 @@ class UploadJob:
     #: blocks of one party (a study with parties): each record's pseudonym, and the party index
     pseudonyms: list[bytes] | None = None
     party: int | None = None
+    #: whether the study required an upload token when the request was checked (HTTP layer)
+    required: bool = True
     future: Future = field(default_factory=Future)
 
     def slots(self) -> list[bytes]:
@@ -316,7 +318,7 @@ class Writer:
             job.future.set_exception(ProblemError(
                 "study-closed", f"study {record.study_id} is committed; it takes no more reports"))
             return None
-        if self.catch_up is not None and record.upload_required and job.token is None:
+        if self.catch_up is not None and record.upload_required and not job.required and job.token is None:
             # a replica: another one issued the study's first upload token since the HTTP check
             job.future.set_exception(ProblemError(
                 "unauthorized", f"study {record.study_id} takes uploads only with one of its upload "
