@@ -87,6 +87,8 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> Pre
             encoded = noise.privatize_encoded(rows, study, stream)
         except HistogramValueError as exc:
             raise _data.InvalidDataError(str(exc)) from None
+    elif study.secret_sign:
+        encoded = noise.noisy_encoded(signed_vectors(_data.check_rows(rows, study.d), study, stream), study, stream)
     else:
         encoded = noise.privatize_encoded(_data.check_rows(rows, study.d), study, stream)
     n = study.n_servers
@@ -98,6 +100,17 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> Pre
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares, stream=stream)
     return PreparedBatch(ids, proofs, shares)
+
+
+def signed_vectors(rows: np.ndarray, study: Study, stream: Keystream) -> np.ndarray:
+    """The clipped rows of a secret-sign study, each multiplied by its own secret sign t = +-1
+    (one keystream bit per row, drawn before the noise; docs/secret_sign.md). The sign never
+    leaves this function: only the noisy signed vector is shared, and the study's accounting
+    assumes the adversary does not know t."""
+    vectors = noise.client_vectors(rows, study)
+    flip = stream.bits(len(vectors))
+    vectors[flip] *= -1.0
+    return vectors
 
 
 def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray) -> PreparedBatch:

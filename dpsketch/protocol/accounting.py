@@ -63,6 +63,8 @@ class Mechanism:
     sigma: float  # each client's noise per coordinate
     server_sigma: float  # each server's noise per aggregate cell
     width: int  # coordinates per report
+    #: each client multiplies its row by a secret sign before its noise (secret_sign.py)
+    secret_sign: bool = False
 
     @property
     def replace_sensitivity(self) -> float:
@@ -78,14 +80,22 @@ class Mechanism:
         over the honest reports H (itself included); honest_lambda = 1 is the floor: no other
         honest report at all (every other report the adversary's)."""
         return report_epsilon(self.neighbouring, self.kind, self.row_bound, self.sigma,
-                              self.server_sigma, max(1.0, float(honest_lambda)), self.width, delta)
+                              self.server_sigma, max(1.0, float(honest_lambda)), self.width, delta,
+                              secret_sign=self.secret_sign)
 
 
 @lru_cache(maxsize=4096)
 def report_epsilon(neighbouring: str, kind: str, row_bound: float, sigma: float, server_sigma: float,
-                   honest_lambda: float, width: int, delta: float, grid: float = LOSS_GRID) -> float:
+                   honest_lambda: float, width: int, delta: float, grid: float = LOSS_GRID,
+                   secret_sign: bool = False) -> float:
     """See :meth:`Mechanism.epsilon` (cached: studies are validated wherever they are parsed).
-    ``grid``: the add/remove loss grid (a multiple of LOSS_GRID gives a larger upper bound)."""
+    ``grid``: the add/remove loss grid (a multiple of LOSS_GRID gives a larger upper bound).
+    ``secret_sign``: the mixture accounting of secret_sign.py (a sketch study only)."""
+    if secret_sign:
+        from . import secret_sign as _sign
+
+        return _sign.report_epsilon(neighbouring, row_bound, sigma, server_sigma, honest_lambda,
+                                    width, delta, grid)
     s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
     if neighbouring == "replace-one":
         mu = _replace_mu(kind, row_bound, s2, t2, honest_lambda)
@@ -277,7 +287,7 @@ class Calibration:
 
 def calibrate(neighbouring: privacy.Neighbouring, kind: features.Kind, row_bound: float, epsilon: float,
               delta: float, honest_lambda: float, width: int,
-              epsilon_floor: float | None = None) -> Calibration:
+              epsilon_floor: float | None = None, secret_sign: bool = False) -> Calibration:
     """Client and server noise for an (epsilon, delta) study whose certificate guarantees
     lambda_min(S_H S_H^T) >= honest_lambda, and, with ``epsilon_floor``, an (epsilon_floor, delta)
     guarantee for every report even when no other report is honest.
@@ -299,6 +309,10 @@ def calibrate(neighbouring: privacy.Neighbouring, kind: features.Kind, row_bound
     would give its presence away whatever the scale (few reports, many values per report), the
     clients' share is halved, and so on, the servers taking over, down to servers' noise alone,
     which always works (a plain Gaussian mechanism).
+
+    ``secret_sign`` (a sketch study whose clients sign their rows, secret_sign.py): replace-one
+    takes A = B^2 / r(epsilon, delta)^2, r the mixture's radius, instead of (Delta / mu_star)^2;
+    add/remove starts the same search from a sixteenth of that and uses the mixture's epsilon.
     """
     if epsilon_floor is not None and epsilon_floor < epsilon:
         raise ValueError(f"epsilon_floor = {epsilon_floor:g} is below epsilon = {epsilon:g}: the "
@@ -307,13 +321,22 @@ def calibrate(neighbouring: privacy.Neighbouring, kind: features.Kind, row_bound
     unit = privacy.unit_sigma(epsilon, delta) * (1.0 + CALIBRATION_MARGIN)
     unit_f = (privacy.unit_sigma(epsilon_floor, delta) * (1.0 + CALIBRATION_MARGIN)
               if epsilon_floor is not None else None)
-    if neighbouring == "replace-one":
+    if secret_sign:
+        from . import secret_sign as _sign
+
+        need = lambda e: _sign.variance_needed(row_bound, e, delta) * (1.0 + CALIBRATION_MARGIN) ** 2  # noqa: E731
+        a, a_f = need(epsilon), (None if epsilon_floor is None else need(epsilon_floor))
+        if neighbouring == "replace-one":
+            return _split(a, a_f, lam)
+        a, a_f = a / 16.0, (None if a_f is None else a_f / 16.0)
+    elif neighbouring == "replace-one":
         delta_ro = privacy.sensitivity(row_bound, "replace-one", kind)
         return _split(delta_ro ** 2 * unit ** 2, None if unit_f is None else delta_ro ** 2 * unit_f ** 2, lam)
     if neighbouring != "add-remove":
         raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
-    norm = privacy.sensitivity(row_bound, "add-remove", kind)
-    a, a_f = norm ** 2 * unit ** 2, (None if unit_f is None else norm ** 2 * unit_f ** 2)
+    if not secret_sign:
+        norm = privacy.sensitivity(row_bound, "add-remove", kind)
+        a, a_f = norm ** 2 * unit ** 2, (None if unit_f is None else norm ** 2 * unit_f ** 2)
     # client noise sigma0 as if the variance change were free; then less of it, the servers
     # taking over, until the report's own noise no longer gives its presence away
     s0 = math.sqrt(max(0.0, a - (a_f or 0.0)) / (lam - 1.0)) if lam > 1.0 else 0.0
@@ -321,7 +344,7 @@ def calibrate(neighbouring: privacy.Neighbouring, kind: features.Kind, row_bound
         s2 = (share * s0) ** 2
         tau2 = a_f or 0.0 if share == 1.0 else max(a_f or 0.0, a - s2 * (lam - 1.0))
         found = _scale_until(Calibration(math.sqrt(s2), math.sqrt(tau2)), neighbouring, kind,
-                             row_bound, epsilon, delta, lam, width, epsilon_floor)
+                             row_bound, epsilon, delta, lam, width, epsilon_floor, secret_sign)
         if found is not None:
             return found
     # The servers' noise alone is a Gaussian mechanism, feasible at some scale; only a scale
@@ -338,7 +361,7 @@ def _split(a: float, a_f: float | None, lam: float) -> Calibration:
 
 
 def _scale_until(start: Calibration, neighbouring, kind, row_bound, epsilon, delta, lam, width,
-                 epsilon_floor) -> Calibration | None:
+                 epsilon_floor, secret_sign: bool = False) -> Calibration | None:
     """The smallest gamma >= 1 (to 0.1 %) with gamma * start meeting both targets exactly, or None
     if no gamma does. Scaling both noises keeps the variance ratio r and shrinks the shift, so
     the loss falls monotonically towards that of the variance change alone."""
@@ -347,10 +370,12 @@ def _scale_until(start: Calibration, neighbouring, kind, row_bound, epsilon, del
 
     def ok(gamma: float, grid: float = SEARCH_GRID) -> bool:
         sigma, tau = gamma * start.sigma, gamma * start.server_sigma
-        if report_epsilon(neighbouring, kind, row_bound, sigma, tau, lam, width, delta, grid) > target:
+        if report_epsilon(neighbouring, kind, row_bound, sigma, tau, lam, width, delta, grid,
+                          secret_sign=secret_sign) > target:
             return False
         return floor_target is None or report_epsilon(
-            neighbouring, kind, row_bound, sigma, tau, 1.0, width, delta, grid) <= floor_target
+            neighbouring, kind, row_bound, sigma, tau, 1.0, width, delta, grid,
+            secret_sign=secret_sign) <= floor_target
 
     # search on a coarse grid (a coarser pessimistic rounding only overstates epsilon), then make
     # sure of the result on the grid the study is validated with
@@ -377,7 +402,8 @@ def _scale_until(start: Calibration, neighbouring, kind, row_bound, epsilon, del
 
 
 def study_pld(neighbouring: str, kind: str, row_bound: float, sigma: float, server_sigma: float,
-              honest_lambda: float, width: int, notion: str | None = None, grid: float = LOSS_GRID):
+              honest_lambda: float, width: int, notion: str | None = None, grid: float = LOSS_GRID,
+              secret_sign: bool = False):
     """The pessimistic dp-accounting PrivacyLossDistribution of one honest report under a study's
     noise at ``honest_lambda`` (its certificate: lambda_star), for the neighbouring ``notion``
     (default: the study's own), or None when that notion's loss is unbounded.
@@ -395,9 +421,15 @@ def study_pld(neighbouring: str, kind: str, row_bound: float, sigma: float, serv
 
     The add/remove loss law may need a coarser grid than ``grid`` (:func:`pld_grid`); PLDs
     compose only on a common grid, so pass the largest grid of the PLDs to be composed.
+    ``secret_sign``: the mixture's PLD (secret_sign.study_pld).
     """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
+    if secret_sign:
+        from . import secret_sign as _sign
+
+        return _sign.study_pld(neighbouring, row_bound, sigma, server_sigma, honest_lambda, width,
+                               notion, grid)
     notion = notion or neighbouring
     s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
     if notion == "replace-one":
@@ -423,9 +455,15 @@ def study_pld(neighbouring: str, kind: str, row_bound: float, sigma: float, serv
 
 
 def pld_grid(neighbouring: str, kind: str, row_bound: float, sigma: float, server_sigma: float,
-             honest_lambda: float, width: int, notion: str | None = None, grid: float = LOSS_GRID) -> float:
+             honest_lambda: float, width: int, notion: str | None = None, grid: float = LOSS_GRID,
+             secret_sign: bool = False) -> float:
     """The loss grid :func:`study_pld` would use with ``grid``: ``grid``, or coarser for an
     add/remove loss law too wide for MAX_GRID_POINTS points."""
+    if secret_sign:
+        from . import secret_sign as _sign
+
+        return _sign.pld_grid(neighbouring, row_bound, sigma, server_sigma, honest_lambda, width,
+                              notion, grid)
     notion = notion or neighbouring
     if notion != "add-remove" or neighbouring != "add-remove":
         return grid

@@ -87,6 +87,10 @@ class Study(BaseModel):
     max_reports: int = Field(ge=1, le=1 << 40)
     # ring
     frac_bits: int = Field(ge=0, le=62)
+    #: each client multiplies its clipped row by a secret sign t = +-1 from its CSPRNG before its
+    #: noise (a sketch study with k > 1 and no parties only; docs/secret_sign.md); the study's
+    #: epsilon is then accounted for the symmetric mixture (secret_sign.py). Omitted when false.
+    secret_sign: bool = False
 
     @field_validator("columns")
     @classmethod
@@ -153,6 +157,8 @@ class Study(BaseModel):
                     f"products of their own columns, and products of columns held by different "
                     f"parties need interaction (docs/vertical.md)")
             _parties.check(self.parties, self.columns, self.row_bound)
+        if self.secret_sign:
+            check_secret_sign(self.kind, self.k, self.parties is not None)
         if self.min_reports > self.max_reports:
             raise ValueError("min_reports exceeds max_reports")
         if self.min_reports <= self.t:
@@ -226,7 +232,7 @@ class Study(BaseModel):
         argument = self.discrete_argument
         if not argument.covered:
             return accounting.Mechanism(self.neighbouring, self.kind, self.row_bound, self.sigma,
-                                        self.server_sigma, self.width)
+                                        self.server_sigma, self.width, self.secret_sign)
         sigma = argument.client_std
         server_sigma = 0.0
         if argument.server_std > 0:
@@ -234,7 +240,7 @@ class Study(BaseModel):
         elif self.neighbouring == "replace-one" and sigma > 0:
             sigma = math.sqrt(sigma ** 2 - argument.rounding_radius ** 2)
         return accounting.Mechanism(self.neighbouring, self.kind, self.row_bound, sigma, server_sigma,
-                                    self.width)
+                                    self.width, self.secret_sign)
 
     @property
     def noise_grid(self) -> _noise.Grid:
@@ -351,7 +357,8 @@ class Study(BaseModel):
                 "epsilon_target": self.epsilon, "lambda_star": self.lambda_star,
                 "floor_epsilon": self.report_epsilon(1.0),
                 "floor_epsilon_target": self.epsilon_floor,
-                "discrete_noise": self.discrete_argument.covered}
+                "discrete_noise": self.discrete_argument.covered,
+                "secret_sign": self.secret_sign}
 
     @property
     def share_bytes(self) -> int:
@@ -373,14 +380,16 @@ class Study(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_absent_bins(self, handler):
-        """``histogram``, ``l1``, ``parties`` and ``population`` appear only in studies that have them:
-        the JSON (and so the canonical encoding and the id) of a sketch or gram study is what it was
-        before them."""
+        """``histogram``, ``l1``, ``parties`` and ``population`` appear only in studies that have them,
+        ``secret_sign`` only when true: the JSON (and so the canonical encoding and the id) of a
+        sketch or gram study is what it was before them."""
         data = handler(self)
         if isinstance(data, dict):
             for member in ("histogram", "l1", "parties", "population"):
                 if data.get(member) is None:
                     data.pop(member, None)
+            if data.get("secret_sign") is False:
+                data.pop("secret_sign")
         return data
 
     def canonical(self) -> bytes:
@@ -389,6 +398,27 @@ class Study(BaseModel):
     @property
     def study_id(self) -> str:
         return content_hash(self.model_dump(mode="json"))
+
+
+def check_secret_sign(kind: str, k: int, has_parties: bool) -> None:
+    """The secret sign is for a sketch study with k > 1 and no parties (ValueError otherwise).
+
+    Only second moments survive a sign: (t a)(t a)^T = a a^T, so the OSNAP sketch's Y^T Y keeps
+    its law (S diag(t) is again a block OSNAP). A gram study shares [a, u(a a^T), 1]: a sign
+    flips the first-moment block a and the constant 1 (their sums would be destroyed), and a
+    sign on the whole vector would flip the second-moment block too. A histogram sums one-hot
+    vectors (first moments), a sketch study with k = 1 is the plain sum of the rows, an l1
+    study's estimator reads first moments of its buckets, and with parties each party holds a
+    block of the same individual, so they would have to share the individual's sign."""
+    if kind != "sketch":
+        raise ValueError(f"secret_sign is only for a sketch study, not a {kind} study: a sign flip "
+                         f"corrupts the first moments (sums of a, the intercept) the {kind} kind releases")
+    if k == 1:
+        raise ValueError("secret_sign needs k > 1: a sketch study with k = 1 is the plain sum of the "
+                         "rows (first moments), which a sign flip corrupts")
+    if has_parties:
+        raise ValueError("secret_sign is not available with parties: every party's block of an "
+                         "individual would need the same secret sign")
 
 
 def _clip_bound(kind: features.Kind, row_bound: float, rounding: float) -> float:
@@ -438,7 +468,10 @@ def _noise_line(study: Study, own_local: float) -> str:
     return (f"{client}; {server}. Calibrated exactly for {study.neighbouring} (sensitivity "
             f"{sens:.4g}, row bound B = {study.row_bound})"
             + (", the report's own noise leaving with it included" if study.neighbouring == "add-remove"
-               else "") + ".")
+               else "") + "."
+            + (" Each client signs its row with a secret +-1 before its noise, so the noise is "
+               "calibrated for the symmetric Gaussian mixture (docs/secret_sign.md)." if study.secret_sign
+               else ""))
 
 
 def _guarantee_line(study: Study) -> str:
@@ -531,6 +564,7 @@ def design(
     histogram: HistogramSpec | dict | None = None,
     parties: Sequence[_parties.Party | dict] | None = None,
     population: str | None = None,
+    secret_sign: bool = False,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
@@ -542,7 +576,10 @@ def design(
     blocks owned by parties (``[{"name", "columns", "row_bound"?}]``; ``columns`` may then be
     left empty; parties without a bound share what the others leave of B^2 by width: B sqrt(d_j / d)
     when none is given; docs/vertical.md). ``population`` names the population the study draws
-    from: every server charges it to that population's privacy ledger (docs/ledger.md). ``epsilon_floor`` is the
+    from: every server charges it to that population's privacy ledger (docs/ledger.md).
+    ``secret_sign`` (a sketch study only, k > 1, no parties) has every client sign its row with a
+    secret +-1 and calibrates for it (docs/secret_sign.md): the same epsilon with less noise.
+    ``epsilon_floor`` is the
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
     share server's default policy refuses such a study).
@@ -601,8 +638,10 @@ def design(
     if epsilon_floor == "default":
         epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
     width = histogram.cells if histogram is not None else features.width(kind, d)
+    if secret_sign:
+        check_secret_sign(kind, k, parties is not None)
     noise = accounting.calibrate(neighbouring, kind, row_bound, epsilon, delta, lambda_star, width,
-                                 epsilon_floor)
+                                 epsilon_floor, secret_sign)
     sigma, server_sigma = noise.sigma, noise.server_sigma
     bound = value_bound(kind, row_bound, sigma)
     server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * math.sqrt(s + 1 if kind == "l1" else s)
@@ -632,6 +671,7 @@ def design(
         min_reports=min_reports,
         max_reports=max_reports,
         frac_bits=frac_bits,
+        secret_sign=secret_sign,
     )
     if kind == "histogram":
         transform = (
