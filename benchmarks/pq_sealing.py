@@ -1,12 +1,20 @@
-"""Bytes and time of the post-quantum sealing suite against the classical one (docs/sealing.md).
+"""Bytes and time of sealed shares (docs/sealing.md, docs/protocol.md section 7a): both suites,
+each in the layout of before (one HPKE seal per record: version 1 classical, version 2
+post-quantum) and in version 3 (one HPKE seal per batch, then ChaCha20-Poly1305 per record),
+and whether opening a batch on two threads pays.
 
-For each width d, one run seals the same 2,000 shares (one server's records of 2,000 reports of
-a 3-server study, as the SDK seals them) with the classical suite (X25519, version 1 records,
-what ``Client(encrypt=True)`` sends) and with the post-quantum suite (MLKEM768-X25519, version 2),
-and opens them as the server does (``envelope.open_batch``), and reports bytes per report per
-server and microseconds per share, with the ratios post-quantum / classical. Timings are the
-best of ``--repeat`` passes over the whole batch (the least disturbed by the machine); the
-ratios are within one run, so they are what to compare across machines.
+For each width d, one run seals the same shares (one server's records of ``--n`` reports of a
+3-server study, as the SDK seals them) in each (suite, layout), and opens them as the server does
+(``envelope.open_batch``); it reports bytes per report per server and microseconds per share,
+and the ratios post-quantum / classical and before / version 3. Timings are CPU seconds of this
+process (``time.process_time``), the best of ``--repeat`` passes over the whole batch, the
+(suite, layout) pairs alternating so that a busy machine slows them alike; the ratios are within
+one run, so they are what to compare across machines.
+
+The last table opens one version 3 batch of ``--n`` records (d = the first width) in one pass
+and split across a pool of 2 threads and of 2 processes (wall time, best of ``--repeat``):
+ChaCha20-Poly1305 in the ``cryptography`` package holds the GIL, so threads do not help, and a
+process pool pays for copying the records and plaintexts between processes.
 
     .venv/bin/python benchmarks/pq_sealing.py                 # d = 10 and 100, 2,000 shares
     .venv/bin/python benchmarks/pq_sealing.py --d 10 --n 500 --json
@@ -19,6 +27,7 @@ import json
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -31,54 +40,105 @@ from dpsketch.protocol import binding, envelope, messages, ring  # noqa: E402
 
 STUDY_ID = "ab" * 32
 N_SERVERS = 3
+LAYOUTS = ("before", "v3")
 
 
-def measure(d: int, n: int, repeat: int) -> dict:
+def _bodies(d: int, n: int):
     encoded = ring.random_ring((n, d))
     shares = ring.share(encoded, N_SERVERS)
     ids, proofs = binding.bind(STUDY_ID, [envelope.CONTENT_SHARE] * N_SERVERS, shares)
-    plain = messages.encode_batch(ids, proofs[0], shares[0])  # server s1's plaintext body
+    return shares[0], messages.encode_batch(ids, proofs[0], shares[0])  # server s1's plaintext body
+
+
+def measure(d: int, n: int, repeat: int) -> dict:
+    share, plain = _bodies(d, n)
     out = {"d": d, "shares": n, "plaintext_bytes_per_report": len(plain) // n}
     suites = (envelope.CLASSICAL, envelope.POST_QUANTUM)
     keys = {}
     for suite in suites:
         sk = suite.generate_private_key()
-        keys[suite.name] = (envelope.Recipient("s1", suite.public_key_of(sk), suite), suite.load_private_key(sk))
-    best = {(s.name, what): float("inf") for s in suites for what in ("seal", "open")}
+        keys[suite.name] = (suite.public_key_of(sk), suite.load_private_key(sk))
+    best = {(s.name, lay, what): float("inf") for s in suites for lay in LAYOUTS for what in ("seal", "open")}
     size = {}
-    for _ in range(repeat):  # the suites alternate, so a busy machine slows both alike
+    for _ in range(repeat):  # the pairs alternate, so a busy machine slows all alike
         for suite in suites:
-            me, key = keys[suite.name]
-            t0 = time.perf_counter()
-            body = envelope.seal_body(me, STUDY_ID, plain, messages.SHARES_MEDIA_TYPE, d, N_SERVERS)
-            t1 = time.perf_counter()
-            upload = envelope.open_batch(body, d, N_SERVERS, STUDY_ID, "s1", lambda _kid, key=key: key)
-            t2 = time.perf_counter()
-            best[suite.name, "seal"] = min(best[suite.name, "seal"], t1 - t0)
-            best[suite.name, "open"] = min(best[suite.name, "open"], t2 - t1)
-            size[suite.name] = len(body)
-            upload.verify(STUDY_ID, N_SERVERS, 0)
-            if not np.array_equal(upload.shares(d), shares[0]):  # pragma: no cover - a broken envelope
-                raise AssertionError("a sealed share did not open to itself")
+            for layout in LAYOUTS:
+                public, key = keys[suite.name]
+                version = envelope.legacy_version(suite) if layout == "before" else envelope.VERSION_3
+                me = envelope.Recipient("s1", public, suite, version)
+                t0 = time.process_time()
+                body = envelope.seal_body(me, STUDY_ID, plain, messages.SHARES_MEDIA_TYPE, d, N_SERVERS)
+                t1 = time.process_time()
+                upload = envelope.open_batch(body, d, N_SERVERS, STUDY_ID, "s1", lambda _kid, key=key: key)
+                t2 = time.process_time()
+                best[suite.name, layout, "seal"] = min(best[suite.name, layout, "seal"], t1 - t0)
+                best[suite.name, layout, "open"] = min(best[suite.name, layout, "open"], t2 - t1)
+                size[suite.name, layout] = len(body)
+                upload.verify(STUDY_ID, N_SERVERS, 0)
+                if not np.array_equal(upload.shares(d), share):  # pragma: no cover - a broken envelope
+                    raise AssertionError("a sealed share did not open to itself")
     for suite in suites:
-        out[suite.name] = {"bytes_per_report": size[suite.name] / n,
-                           "seal_us_per_share": best[suite.name, "seal"] / n * 1e6,
-                           "open_us_per_share": best[suite.name, "open"] / n * 1e6}
-    c, p = out["classical"], out["post-quantum"]
-    out["ratio"] = {k: p[k] / c[k] for k in c}
+        for layout in LAYOUTS:
+            out[f"{suite.name} {layout}"] = {
+                "version": envelope.legacy_version(suite) if layout == "before" else envelope.VERSION_3,
+                "bytes_per_report": size[suite.name, layout] / n,
+                "seal_us_per_share": best[suite.name, layout, "seal"] / n * 1e6,
+                "open_us_per_share": best[suite.name, layout, "open"] / n * 1e6}
     return out
 
 
+def _open_part(args) -> bytes:
+    return envelope.open_records(*args)[1]
+
+
+def measure_parallel(d: int, n: int, repeat: int, workers: int = 2) -> dict:
+    """Opening the records of one version 3 batch: one pass, a thread pool, a process pool (each
+    worker opens a contiguous part, its records' indices as nonces)."""
+    _, plain = _bodies(d, n)
+    sk = envelope.CLASSICAL.generate_private_key()
+    key = envelope.CLASSICAL.load_private_key(sk)
+    me = envelope.Recipient("s1", envelope.public_key_of(sk))
+    body = envelope.seal_body(me, STUDY_ID, plain, messages.SHARES_MEDIA_TYPE, d, N_SERVERS)
+    header = envelope.parse_batch(body, d, N_SERVERS)
+    head = envelope.batch_header_bytes(header.suite)
+    secret = envelope.open_secret(key, STUDY_ID, "s1", header)
+    transcript = envelope.transcript_v3(STUDY_ID, "s1", body[:head])
+    plen = envelope.plaintext_bytes(header.content, d, N_SERVERS)
+    size = envelope.record_bytes(header.content, d, N_SERVERS, version=3)
+    cut = [k * n // workers for k in range(workers + 1)]
+    parts = [(secret, transcript, body[head + lo * size:head + hi * size], hi - lo, plen, b"", lo)
+             for lo, hi in zip(cut, cut[1:])]
+    whole = (secret, transcript, body[head:], n, plen)
+    best = {"one pass": float("inf"), f"{workers} threads": float("inf"), f"{workers} processes": float("inf")}
+    with ThreadPoolExecutor(workers) as threads, ProcessPoolExecutor(workers) as procs:
+        list(procs.map(_open_part, parts))  # start the workers
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            expected = _open_part(whole)
+            t1 = time.perf_counter()
+            by_threads = b"".join(threads.map(_open_part, parts))
+            t2 = time.perf_counter()
+            by_procs = b"".join(procs.map(_open_part, parts))
+            t3 = time.perf_counter()
+            if not expected == by_threads == by_procs:  # pragma: no cover - a broken opener
+                raise AssertionError("the parts opened to other plaintexts")
+            for name, took in zip(best, (t1 - t0, t2 - t1, t3 - t2)):
+                best[name] = min(best[name], took)
+    return {"d": d, "records": n, **{k: v / n * 1e6 for k, v in best.items()}}
+
+
 def table(results: list[dict]) -> str:
-    lines = ["| d | plaintext B/report/server | classical B | post-quantum B | ratio | classical seal us/share "
-             "| PQ seal us/share | ratio | classical open us/share | PQ open us/share | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| d | plaintext B | suite | layout | B/report/server | seal us/share | open us/share "
+             "| seal: before / v3 | open: before / v3 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        c, p, q = r["classical"], r["post-quantum"], r["ratio"]
-        lines.append(f"| {r['d']} | {r['plaintext_bytes_per_report']} | {c['bytes_per_report']:.0f} | "
-                     f"{p['bytes_per_report']:.0f} | {q['bytes_per_report']:.2f} | "
-                     f"{c['seal_us_per_share']:.1f} | {p['seal_us_per_share']:.1f} | {q['seal_us_per_share']:.2f} | "
-                     f"{c['open_us_per_share']:.1f} | {p['open_us_per_share']:.1f} | {q['open_us_per_share']:.2f} |")
+        for suite in ("classical", "post-quantum"):
+            b, v = r[f"{suite} before"], r[f"{suite} v3"]
+            for layout, f in (("before", b), ("v3", v)):
+                ratio = (f"{b['seal_us_per_share'] / v['seal_us_per_share']:.0f}x | "
+                         f"{b['open_us_per_share'] / v['open_us_per_share']:.0f}x") if layout == "v3" else "- | -"
+                lines.append(f"| {r['d']} | {r['plaintext_bytes_per_report']} | {suite} | version {f['version']} | "
+                             f"{f['bytes_per_report']:.1f} | {f['seal_us_per_share']:.1f} | "
+                             f"{f['open_us_per_share']:.1f} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -90,11 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = ap.parse_args(argv)
     results = [measure(d, args.n, args.repeat) for d in args.d]
-    print(f"# {N_SERVERS} servers, {args.n} shares per width, best of {args.repeat}; cryptography "
+    parallel = measure_parallel(args.d[0], max(args.n, 20_000), args.repeat)
+    print(f"# {N_SERVERS} servers, {args.n} shares per width, best of {args.repeat} (CPU time); cryptography "
           f"{cryptography.__version__}, Python {platform.python_version()}, {platform.machine()}")
     print(table(results))
+    print(f"\n# opening one version 3 batch of {parallel['records']} records, d = {parallel['d']} "
+          f"(wall time, us per record, best of {args.repeat})")
+    print("| " + " | ".join(k for k in parallel if k not in ("d", "records")) + " |")
+    print("|" + "---|" * (len(parallel) - 2))
+    print("| " + " | ".join(f"{v:.2f}" for k, v in parallel.items() if k not in ("d", "records")) + " |")
     if args.json:
-        print(json.dumps(results, indent=1))
+        print(json.dumps({"layouts": results, "parallel_open": parallel}, indent=1))
     return 0
 
 

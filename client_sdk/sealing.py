@@ -3,11 +3,9 @@ and the sealed request body (docs/protocol.md section 7a, docs/sealing.md).
 
 The policy (``Client(sealing=...)``, ``dpsketch submit --sealing``) picks the suite per server:
 
-* ``classical`` (the default): X25519 at every server, version 1 records, exactly what the
-  SDK sent before the post-quantum suite existed (any server that opens sealed shares opens
-  them);
-* ``post-quantum``: MLKEM768-X25519 at every server, version 2 records; refused before anything
-  is sent (:class:`~client_sdk.SDKError`) unless every server publishes a post-quantum key;
+* ``classical`` (the default): X25519 at every server;
+* ``post-quantum``: MLKEM768-X25519 at every server; refused before anything is sent
+  (:class:`~client_sdk.SDKError`) unless every server publishes a post-quantum key;
 * ``prefer-post-quantum``: post-quantum at each server that publishes a key of that suite,
   classical at the others. A report's shares are information-theoretically secret as long as
   one of them is, so one post-quantum share already keeps a recording of the upload closed to a
@@ -17,6 +15,13 @@ The policy (``Client(sealing=...)``, ``dpsketch submit --sealing``) picks the su
 Every check the client made before the suites existed still holds for every key it seals to:
 the key id matches the key, the suite is the one this client seals with, and no public key (of
 either suite) is published by two servers, which would be one organisation holding two shares.
+
+Layout: each request body is one version 3 batch (one KEM per batch and server, then an AEAD
+per record) to every server that lists version 3 in ``hpke.versions``; to a server that does
+not (a release before it), version 1 records (classical) or version 2 (post-quantum), one KEM
+per record, as before. A version 3 batch cannot be cut at a record boundary (its count and
+order are sealed), so a body the server refuses as too large (413) is cut in its plaintext and
+each half sealed again (:class:`SealedBody`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from collections.abc import Sequence
 
 from dpsketch.protocol import envelope, messages
 from dpsketch.protocol.study import Study
+
+from . import prepare
 
 CLASSICAL = "classical"
 POST_QUANTUM = "post-quantum"
@@ -95,23 +102,53 @@ def recipients(urls: Sequence[str], study: Study, infos: Sequence[messages.Serve
                            f"'prefer-post-quantum' to seal classically where no such key is published)")
         # every published key is checked (ids, no key shared between servers), the used ones or not
         classical = _current(urls[j], keys, envelope.CLASSICAL, sid, owner)
+        batches = envelope.VERSION_3 in (keys.versions or ())
         if policy == POST_QUANTUM or (policy == PREFER_POST_QUANTUM and pq_known):
-            out.append(envelope.Recipient(sid, _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner),
-                                          envelope.POST_QUANTUM))
+            suite, public = envelope.POST_QUANTUM, _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)
         else:
             if pq_known:
                 _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)
-            out.append(envelope.Recipient(sid, classical))
+            suite, public = envelope.CLASSICAL, classical
+        version = envelope.VERSION_3 if batches else envelope.legacy_version(suite)
+        out.append(envelope.Recipient(sid, public, suite, version))
     return out
 
 
+class SealedBody(bytes):
+    """A sealed request body that keeps the plaintext body it seals, so that it can be cut in
+    two and each half sealed again (a version 3 batch does not cut at record boundaries)."""
+
+    recipient: envelope.Recipient
+    study: Study
+    study_id: str
+    plain: bytes
+    plain_media_type: str
+
+    def split(self) -> tuple["SealedBody", "SealedBody"]:
+        first, second = prepare.split_body(self.plain, self.plain_media_type, self.study)
+        return (wire(self.recipient, self.study, self.study_id, first, self.plain_media_type)[0],
+                wire(self.recipient, self.study, self.study_id, second, self.plain_media_type)[0])
+
+
 def wire(recipient: envelope.Recipient, study: Study, study_id: str, body: bytes,
-         media_type: str) -> tuple[bytes, str]:
-    """A prepared plaintext body sealed to ``recipient`` in its suite's record version."""
-    sealed = envelope.seal_body(recipient, study_id, body, media_type, study.width, study.n_servers)
+         media_type: str) -> tuple[SealedBody, str]:
+    """A prepared plaintext body sealed to ``recipient`` in its layout (``recipient.version``)."""
+    sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type, study.width,
+                                           study.n_servers))
+    sealed.recipient, sealed.study, sealed.study_id = recipient, study, study_id
+    sealed.plain, sealed.plain_media_type = body, media_type
     return sealed, messages.SEALED_MEDIA_TYPE
 
 
+def split_body(body: bytes, media_type: str, study: Study) -> tuple[bytes, bytes]:
+    """Cut an upload body in two (on 413): a sealed body the SDK made is cut in its plaintext and
+    each half sealed again; any other body at the record boundary nearest its middle."""
+    if isinstance(body, SealedBody):
+        return body.split()
+    return prepare.split_body(body, media_type, study)
+
+
 def overhead_bytes(chosen: Sequence[envelope.Recipient]) -> int:
-    """The most bytes sealing adds to one report's record at any server (for batch sizing)."""
-    return max(envelope.overhead_bytes(r.suite) for r in chosen)
+    """The most bytes sealing adds to one report's record at any server (for batch sizing; a
+    version 3 batch adds its header once)."""
+    return max(envelope.overhead_bytes(r.suite, r.version) for r in chosen)

@@ -265,7 +265,7 @@ def _provision(url: str, study: Study) -> str:
 
     from services.admin import ServerAdmin
 
-    r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
+    r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(), timeout=60,
                   headers={"Authorization": f"Bearer {OPERATOR}", "Content-Type": "application/json"})
     r.raise_for_status()
     with ServerAdmin(url, OPERATOR) as admin:
@@ -370,63 +370,98 @@ def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int,
 
 
 def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, concurrency: int = 2,
-                        workdir: Path | None = None, seed: int = 3) -> dict[str, Any]:
-    """The same n random shares uploaded to one real server over loopback twice: as plaintext
-    batches and as HPKE-sealed batches (docs/protocol.md section 7a), into two studies. Reports
-    bytes per report, the client's sealing time per report and each mode's rows/s (the server
-    opens every sealed record before storing it)."""
+                        workdir: Path | None = None, seed: int = 3, n_v1: int | None = None,
+                        rounds: int = 4) -> dict[str, Any]:
+    """The same n random shares uploaded to one real server over loopback, each mode into its own
+    study: as plaintext batches, as sealed version 3 batches (docs/protocol.md section 7a: one
+    HPKE seal per batch, then ChaCha20-Poly1305 per record) with the classical and with the
+    post-quantum suite, and the first ``n_v1`` of them (default min(n, 20,000)) as version 1
+    records (one HPKE seal per record, what clients sent before version 3). The modes take turns
+    over ``rounds`` rounds. Reports bytes per report, the client's sealing time per report (CPU)
+    and each mode's rows/s and ratio to plaintext (the server opens every sealed record before
+    storing it)."""
     import httpx
 
     from dpsketch.protocol import envelope
     from dpsketch.protocol.messages import SEALED_MEDIA_TYPE
 
+    n_v1 = min(n, 20_000) if n_v1 is None else n_v1
+    modes = {"plaintext": (None, None, n), "sealed": (envelope.CLASSICAL, 3, n),
+             "sealed_pq": (envelope.POST_QUANTUM, 3, n), "sealed_v1": (envelope.CLASSICAL, 1, n_v1)}
     rng = np.random.default_rng(seed)
     studies = {mode: design(name=f"bench-{mode}", columns=[f"x{i}" for i in range(d)], label=None,
                             servers=["s1", "s2"], expected_reports=n, k=400, s=4,
                             min_reports=max(1, int(0.9 * n)), max_reports=max(2 * n, 1000))[0]
-               for mode in ("plaintext", "sealed")}
-    # the same shares in both modes; each study's report ids bind them to that study
+               for mode in modes}
+    # the same shares in every mode; each study's report ids bind them to that study
     rows = []
     for start in range(0, n, batch_rows):
         m = min(batch_rows, n - start)
         rows.append(rng.integers(0, np.iinfo(np.uint64).max, size=(m, d), dtype=np.uint64, endpoint=True))
     plain_of = {}
     for mode, study in studies.items():
-        bodies = []
+        bodies, left = [], modes[mode][2]
         for shares in rows:
+            if left <= 0:
+                break
+            shares = shares[:left]
+            left -= len(shares)
             ids, proofs = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SHARE,
                                                   shares)
             bodies.append((len(shares), encode_batch(ids, proofs, shares)))
         plain_of[mode] = bodies
-    plain = plain_of["plaintext"]
-    out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
-                           "n_servers": 2, "upload_auth": "tokens"}
+    out: dict[str, Any] = {"n": n, "n_v1": n_v1, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
+                           "rounds": rounds, "n_servers": 2, "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
         proc = _start_server(wd)
         try:
             hpke = httpx.get(f"{proc.url}/v1/info").json()["hpke"]
-            public = next(k["public_key"] for k in hpke["keys"] if k["key_id"] == hpke["current"])
-            recipient = envelope.Recipient("s1", bytes.fromhex(public))
-            t0 = time.perf_counter()
-            sealed = [(m, envelope.seal_body(recipient, studies["sealed"].study_id, body, SHARES_MEDIA_TYPE, d,
-                                             studies["sealed"].n_servers))
-                      for m, body in plain_of["sealed"]]
-            seal_s = time.perf_counter() - t0
-            for mode, batches, media_type in (("plaintext", plain, SHARES_MEDIA_TYPE),
-                                              ("sealed", sealed, SEALED_MEDIA_TYPE)):
-                study = studies[mode]
-                token = _provision(proc.url, study)
-                elapsed, latencies, errors = _post_batches(
-                    proc.url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
-                    media_type, concurrency, timeout=300, token=token)
-                out[mode] = {"bytes_per_report": sum(len(b) for _, b in batches) / n,
-                             "rows_per_s": round(n / elapsed), "seconds": round(elapsed, 3),
-                             "errors": errors, "server_report_count": _report_count(proc.url, study),
+            bodies_of: dict[str, tuple[list[tuple[int, bytes]], str]] = {
+                "plaintext": (plain_of["plaintext"], SHARES_MEDIA_TYPE)}
+            seal_cpu: dict[str, float] = {}
+            for mode, (suite, version, _) in modes.items():
+                if suite is None:
+                    continue
+                keys = hpke["post_quantum"] if suite.post_quantum else hpke
+                public = next(k["public_key"] for k in keys["keys"] if k["key_id"] == keys["current"])
+                recipient = envelope.Recipient("s1", bytes.fromhex(public), suite, version)
+                t0 = time.process_time()
+                bodies_of[mode] = ([(m, envelope.seal_body(recipient, studies[mode].study_id, body,
+                                                           SHARES_MEDIA_TYPE, d, studies[mode].n_servers))
+                                    for m, body in plain_of[mode]], SEALED_MEDIA_TYPE)
+                seal_cpu[mode] = time.process_time() - t0
+            tokens = {mode: _provision(proc.url, study) for mode, study in studies.items()}
+            # the modes take turns, a slice of each mode's batches per round (in a rotating
+            # order), so that a machine whose load drifts slows them alike
+            spent = {mode: [0.0, [], 0] for mode in modes}  # seconds, latencies, errors
+            for r in range(rounds):
+                order = list(bodies_of)[r % len(modes):] + list(bodies_of)[:r % len(modes)]
+                for mode in order:
+                    batches, media_type = bodies_of[mode]
+                    part = batches[r * len(batches) // rounds:(r + 1) * len(batches) // rounds]
+                    if not part:
+                        continue
+                    elapsed, latencies, errors = _post_batches(
+                        proc.url, f"/v1/studies/{studies[mode].study_id}/batches", [b for _, b in part],
+                        media_type, concurrency, timeout=300, token=tokens[mode])
+                    spent[mode][0] += elapsed
+                    spent[mode][1] += latencies
+                    spent[mode][2] += errors
+            for mode, (batches, _) in bodies_of.items():
+                count = sum(m for m, _ in batches)
+                elapsed, latencies, errors = spent[mode]
+                out[mode] = {"rows": count, "bytes_per_report": round(sum(len(b) for _, b in batches) / count, 1),
+                             "rows_per_s": round(count / elapsed), "seconds": round(elapsed, 3),
+                             "errors": errors, "server_report_count": _report_count(proc.url, studies[mode]),
                              **_percentiles(latencies)}
+                if mode in seal_cpu:
+                    out[mode]["client_seal_us_per_report"] = round(seal_cpu[mode] / count * 1e6, 2)
         finally:
             proc.stop()
-    out["sealed"]["client_seal_us_per_report"] = round(seal_s / n * 1e6, 1)
-    out["ratio_sealed_to_plaintext_rows_per_s"] = round(out["sealed"]["rows_per_s"] / out["plaintext"]["rows_per_s"], 3)
+    for mode in modes:
+        if mode != "plaintext":
+            out[f"ratio_{mode}_to_plaintext_rows_per_s"] = round(
+                out[mode]["rows_per_s"] / out["plaintext"]["rows_per_s"], 3)
     return out
 
 

@@ -7,7 +7,8 @@ docs/sealing.md), one ring per suite: classical X25519 and post-quantum MLKEM768
   backups, like the shares themselves). Classical keys live in ``hpke_keys``, post-quantum keys
   in ``hpke_pq_keys`` (created here, so a database made before the suite needs no migration).
 * ``GET /v1/info`` publishes every key the server still holds, marking the current one of each
-  suite (``hpke``: classical; ``hpke.post_quantum``); clients seal to a current key.
+  suite (``hpke``: classical; ``hpke.post_quantum``), and the sealed layouts it opens
+  (``hpke.versions``: 1, 2 and 3); clients seal to a current key.
 * Rotation (``POST /v1/keys``, operator): a new key of every suite becomes current; the previous
   ones still open shares, because clients that fetched them earlier may still be uploading. Both
   suites rotate together: what prompts a rotation (a schedule, a suspected leak of the database
@@ -164,8 +165,10 @@ class KeyRing:
                           superseded_at=k.superseded_at) for k in keys])
 
     def describe(self) -> HpkeKeys:
-        """The classical keys, with the post-quantum ones under ``post_quantum``."""
+        """The classical keys, with the post-quantum ones under ``post_quantum`` and the sealed
+        layouts this server opens under ``versions``."""
         out = self._describe(envelope.CLASSICAL)
+        out.versions = list(envelope.VERSIONS)
         if envelope.POST_QUANTUM.name in envelope.SUITES:  # else this backend has no ML-KEM
             out.post_quantum = self._describe(envelope.POST_QUANTUM)
         return out

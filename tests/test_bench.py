@@ -29,7 +29,12 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         assert single["server_report_count"] == single["acknowledged"] > 0
     else:
         up = figures["sealed_upload"]
-        for mode in ("plaintext", "sealed"):
-            assert up[mode]["errors"] == 0 and up[mode]["server_report_count"] == up["n"]
-        # a sealed record is the plaintext one plus 57 bytes of HPKE header and tag
-        assert up["sealed"]["bytes_per_report"] == pytest.approx(up["plaintext"]["bytes_per_report"] + 57)
+        for mode in ("plaintext", "sealed", "sealed_pq", "sealed_v1"):
+            assert up[mode]["errors"] == 0 and up[mode]["server_report_count"] == up[mode]["rows"] > 0
+        plain = up["plaintext"]["bytes_per_report"]
+        # a version 1 record is the plaintext one plus 57 bytes of HPKE header and tag; a version 3
+        # record plus its 16-byte tag, and each batch (of batch_rows) has one header
+        assert up["sealed_v1"]["bytes_per_report"] == pytest.approx(plain + 57)
+        rows = up["batch_rows"]
+        assert up["sealed"]["bytes_per_report"] == pytest.approx(plain + 16 + 117 / rows, abs=0.06)
+        assert up["sealed_pq"]["bytes_per_report"] == pytest.approx(plain + 16 + 1205 / rows, abs=0.06)

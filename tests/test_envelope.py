@@ -1,9 +1,12 @@
 """Sealed shares (docs/protocol.md section 7a): HPKE seal/open with the study, server and report
-bound in, the documented test vectors, and real share servers that open sealed batches, refuse
-misrouted or altered ones, rotate keys mid-study and keep them across a restart."""
+bound in, version 3 batches (one HPKE seal per batch; records moved, reordered, dropped, spliced
+or replayed under another id are refused), the documented test vectors, and real share servers
+that open sealed batches, refuse misrouted or altered ones without changing anything, rotate
+keys mid-study and keep them across a restart."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -127,7 +130,7 @@ def test_seal_open_round_trip_sizes_and_seeds():
     sk, pk = _keypair()
     d, m, n = 5, 40, 3
     keys = {envelope.key_id(pk): sk}
-    s1 = envelope.Recipient("s1", pk)
+    s1 = envelope.Recipient("s1", pk, version=1)  # version 1 records (one HPKE seal each)
     ids, proofs, shares, _ = _bound(STUDY_A, m, d, n)
     body = envelope.seal_batch(s1, STUDY_A, ids, envelope.CONTENT_SHARE, _plaintexts(proofs[0], shares[0]))
     # a sealed record: 16-byte id, 8-byte key id, kind, 32-byte enc, then the proof (16 N bytes)
@@ -172,7 +175,7 @@ def test_wrong_context_wrong_key_and_tampering_are_refused():
     d, n = 3, 2
     ids, proofs, shares, _ = _bound(STUDY_A, 1, d, n)
     rid = ids[0]
-    rec = envelope.seal_batch(envelope.Recipient("s1", pk), STUDY_A, [rid], envelope.CONTENT_SHARE,
+    rec = envelope.seal_batch(envelope.Recipient("s1", pk, version=1), STUDY_A, [rid], envelope.CONTENT_SHARE,
                               _plaintexts(proofs[0], shares[0]))
     keys = {envelope.key_id(pk): sk}
     assert _open(rec, d, STUDY_A, "s1", keys, n)[0] == [rid]
@@ -196,7 +199,7 @@ def test_wrong_context_wrong_key_and_tampering_are_refused():
     # sealed correctly under the report id, but a share other than the one the id commits to
     # (with the genuine proof, or another salt): it opens, and the binding refuses it
     for proof in (proofs[0], np.zeros_like(proofs[0])):
-        subst = envelope.seal_batch(envelope.Recipient("s1", pk), STUDY_A, [rid], envelope.CONTENT_SHARE,
+        subst = envelope.seal_batch(envelope.Recipient("s1", pk, version=1), STUDY_A, [rid], envelope.CONTENT_SHARE,
                                     _plaintexts(proof, shares[0] + np.uint64(1)))
         upload = envelope.open_batch(subst, d, n, STUDY_A, "s1", lambda kid: _private(sk))
         assert upload.ids == [rid]
@@ -211,6 +214,211 @@ def test_wrong_context_wrong_key_and_tampering_are_refused():
     for bad in (b"", rec[:-1], rec + rec[:10], rec[:24] + b"\x07" + rec[25:]):
         with pytest.raises(envelope.MalformedSealedBatch):
             _open(bad, d, STUDY_A, "s1", keys, n)
+
+
+# --- version 3: one batch, one KEM per batch and server ------------------------------------------
+
+CL, PQ = envelope.CLASSICAL, envelope.POST_QUANTUM
+
+
+def _suite_keys(suite: envelope.SealingSuite):
+    sk = suite.generate_private_key()
+    pk = suite.public_key_of(sk)
+    return pk, suite.load_private_key(sk)
+
+
+def _spec_open(body: bytes, key, suite, study_id: str, server_id: str, plaintext_len: int) -> list[bytes]:
+    """A version 3 batch opened from the text of section 7a alone (hashlib, HPKE single-shot open,
+    HKDF, ChaCha20-Poly1305), not with the envelope module."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    sid = server_id.encode()
+    prefix = bytes.fromhex(study_id) + bytes([len(sid)]) + sid
+    head = 37 + suite.enc_bytes + 48
+    info3 = b"dpsketch/sealed/3" + hashlib.sha256(prefix + body[:37]).digest()
+    secret = suite.hpke_suite.decrypt(body[37:head], key, info=info3)
+    transcript = hashlib.sha256(prefix + body[:head]).digest()
+    aead = ChaCha20Poly1305(HKDF(hashes.SHA256(), 32, None, b"dpsketch/sealed/3/records" + transcript).derive(secret))
+    size = 16 + plaintext_len + 16
+    count = int.from_bytes(body[33:37], "big")
+    assert len(body) == head + count * size
+    out = []
+    for i in range(count):
+        rec = body[head + i * size:head + (i + 1) * size]
+        out.append(aead.decrypt(i.to_bytes(12, "big"), rec[16:], transcript + rec[:16]))
+    return out
+
+
+@pytest.mark.parametrize("suite", [CL, PQ], ids=["classical", "post-quantum"])
+def test_v3_batch_layout_sizes_and_round_trip(suite):
+    pk, key = _suite_keys(suite)
+    d, m, n = 5, 12, 3
+    me = envelope.Recipient("s1", pk, suite)  # version 3 unless told otherwise
+    head = envelope.batch_header_bytes(suite)
+    assert head == 37 + suite.enc_bytes + 48 == (117 if suite is CL else 1205)
+    assert envelope.overhead_bytes(suite) == envelope.overhead_bytes(suite, 3) == 16
+    for compress in (False, True):
+        ids, proofs, payloads, contents = _bound(STUDY_A, m, d, n, compress=compress)
+        content = contents[0]
+        plaintexts = _plaintexts(proofs[0], payloads[0])
+        body = envelope.seal_batch(me, STUDY_A, ids, content, plaintexts)
+        record = 16 + len(plaintexts[0]) + 16
+        assert record == envelope.record_bytes(content, d, n, suite, 3)
+        assert len(body) == head + m * record == envelope.body_bytes(content, d, n, m, suite)
+        # the header: batch id, key id, 0x80, version 3, suite ids, content, count; the records:
+        # each report id in clear, in order
+        assert body[16:24] == envelope.key_id(pk)
+        assert body[24:33] == bytes([0x80, 3]) + suite.ids + bytes([content])
+        assert int.from_bytes(body[33:37], "big") == m
+        assert [body[head + i * record:head + i * record + 16] for i in range(m)] == ids
+        assert envelope.is_batch(body) and envelope.count_records(body, d, n) == m
+        # opened from the specification's text, and by the server's code, to the same plaintexts
+        assert _spec_open(body, key, suite, STUDY_A, "s1", len(plaintexts[0])) == [bytes(p) for p in plaintexts]
+        upload = envelope.open_batch(body, d, n, STUDY_A, "s1", lambda kid: key if kid == envelope.key_id(pk) else None)
+        upload.verify(STUDY_A, n, 0)
+        assert upload.ids == ids
+        expected = ring.expand_seeds(payloads[0], d) if compress else payloads[0]
+        np.testing.assert_array_equal(upload.shares(d), expected)
+        # a batch does not cut at record boundaries (its count and order are sealed)
+        with pytest.raises(ValueError, match="cannot be cut"):
+            envelope.split_body(body, d, n)
+        # a fresh batch id and secret each time: other bytes everywhere, the same plaintexts
+        again = envelope.seal_batch(me, STUDY_A, ids, content, plaintexts)
+        assert again[:16] != body[:16] and again[head:head + record] != body[head:head + record]
+        assert envelope.open_batch(again, d, n, STUDY_A, "s1", lambda kid: key).ids == ids
+    # the seal of one report is a one-record batch
+    one = envelope.seal(me, STUDY_A, ids[0], content, plaintexts[0])
+    assert len(one) == head + record and envelope.count_records(one, d, n) == 1
+    # a body of version 1 or 2 records is still what version 1 or 2 was (the old layouts remain)
+    v1_or_v2 = envelope.seal_batch(me, STUDY_A, ids, content, plaintexts, version=envelope.legacy_version(suite))
+    assert not envelope.is_batch(v1_or_v2) and envelope.count_records(v1_or_v2, d, n) == m
+
+
+def _v3_pair(suite=CL, d: int = 5, m: int = 6, n: int = 3, content: int = envelope.CONTENT_SHARE):
+    """Two version 3 batches of m reports each, sealed by one client to one server (s1) of one study."""
+    pk, key = _suite_keys(suite)
+    me = envelope.Recipient("s1", pk, suite)
+    ids, proofs, payloads, _ = _bound(STUDY_A, 2 * m, d, n, compress=content == envelope.CONTENT_SEED)
+    plaintexts = _plaintexts(proofs[0], payloads[0])
+    a = envelope.seal_batch(me, STUDY_A, ids[:m], content, plaintexts[:m])
+    b = envelope.seal_batch(me, STUDY_A, ids[m:], content, plaintexts[m:])
+    return me, key, ids, a, b
+
+
+def _cut(body: bytes, suite, d: int, n: int, content: int = envelope.CONTENT_SHARE):
+    """(header, [records]) of a version 3 body."""
+    head = envelope.batch_header_bytes(suite)
+    size = envelope.record_bytes(content, d, n, suite, 3)
+    return body[:head], [body[p:p + size] for p in range(head, len(body), size)]
+
+
+def _with_count(header: bytes, count: int) -> bytes:
+    return header[:33] + count.to_bytes(4, "big") + header[37:]
+
+
+@pytest.mark.parametrize("suite", [CL, PQ], ids=["classical", "post-quantum"])
+def test_v3_substitution_reordering_truncation_splicing_and_replays_are_refused(suite):
+    """Every way a relay could rearrange what it saw of a client's batches is refused: nothing of
+    a refused body opens (open_batch is all or nothing)."""
+    d, m, n = 5, 6, 3
+    me, key, ids, a, b = _v3_pair(suite, d, m, n)
+    ha, ra = _cut(a, suite, d, n)
+    hb, rb = _cut(b, suite, d, n)
+
+    def refused(body: bytes, error=envelope.SealError, match: str | None = None, study=STUDY_A, server="s1"):
+        with pytest.raises(error, match=match):
+            envelope.open_batch(body, d, n, study, server, lambda kid: key if kid == me.key_id else None)
+
+    assert envelope.open_batch(a, d, n, STUDY_A, "s1", lambda kid: key).ids == ids[:m]
+    # substitution: one record replaced by the record at the same place of the other batch, by
+    # another record of the same batch, or by a duplicate of its neighbour
+    refused(ha + b"".join(ra[:2] + [rb[2]] + ra[3:]), match=f"report {ids[m + 2].hex()}: record 2 ")
+    refused(ha + b"".join(ra[:2] + [ra[4]] + ra[3:]), match="record 2 ")
+    refused(ha + b"".join([ra[0], ra[0]] + ra[2:]), match="record 1 ")
+    # reordering: two records swapped, or the whole batch reversed
+    refused(ha + b"".join([ra[0], ra[2], ra[1]] + ra[3:]), match="record 1 ")
+    refused(ha + b"".join(reversed(ra)), match="record 0 ")
+    # a record relabelled under another report id (in clear in the record): its AAD fails
+    refused(ha + b"".join(ra[:3] + [ids[m + 3] + ra[3][16:]] + ra[4:]), match=f"report {ids[m + 3].hex()}: record 3 ")
+    # truncation: the last record (or all but one) dropped; the count in the header is sealed,
+    # so dropping records and rewriting the count fails too
+    refused(ha + b"".join(ra[:-1]), envelope.MalformedSealedBatch, "truncated, padded or spliced")
+    refused(ha + ra[0], envelope.MalformedSealedBatch, "truncated, padded or spliced")
+    refused(_with_count(ha, m - 1) + b"".join(ra[:-1]), match="its key does not open here")
+    refused(_with_count(ha, 1) + ra[0], match="its key does not open here")
+    refused(ha, envelope.MalformedSealedBatch)  # the header alone
+    # extension: a record of the other batch appended, with or without the count raised
+    refused(a + rb[0], envelope.MalformedSealedBatch, "truncated, padded or spliced")
+    refused(_with_count(ha, m + 1) + b"".join(ra + [rb[0]]), match="its key does not open here")
+    # splicing two batches: a's header with b's records, a's first half with b's second half,
+    # and the two batches back to back in one body
+    refused(ha + b"".join(rb), match=f"report {ids[m].hex()}: record 0 ")
+    refused(ha + b"".join(ra[:3] + rb[3:]), match="record 3 ")
+    refused(hb + b"".join(rb[:3] + ra[3:]), match="record 3 ")
+    refused(a + b, envelope.MalformedSealedBatch, "truncated, padded or spliced")
+    # a relay replaying a's header with records it made itself under a secret of its own (it
+    # has the plaintexts, as a colluding client would): the secret is a's, not the relay's
+    _, own_proofs, own_shares, _ = _bound(STUDY_A, m, d, n)
+    relay = envelope.seal_batch(me, STUDY_A, ids[:m], envelope.CONTENT_SHARE, _plaintexts(own_proofs[0], own_shares[0]))
+    refused(ha + _cut(relay, suite, d, n)[1][0] + b"".join(ra[1:]), match="record 0 ")
+    refused(ha + relay[len(ha):], match="record 0 ")
+    # the whole batch at another server or study
+    refused(a, match="its key does not open here", server="s2")
+    refused(a, match="its key does not open here", study=STUDY_B)
+    # a version 1 record after the batch, or a batch after a version 1 record
+    v1 = envelope.seal(envelope.Recipient("s1", envelope.public_key_of(envelope.generate_private_key()), version=1),
+                       STUDY_A, ids[0], envelope.CONTENT_SHARE, b"\x00" * envelope.plaintext_bytes(1, d, n))
+    refused(a + v1, envelope.MalformedSealedBatch)
+    refused(v1 + a, envelope.MalformedSealedBatch, "cannot follow other records")
+    # every byte of the header, and bytes all over the records, altered one bit at a time
+    for at in range(len(ha)):
+        bad = bytearray(a)
+        bad[at] ^= 0x01 << (at % 8)
+        with pytest.raises((envelope.SealError, envelope.MalformedSealedBatch)):
+            envelope.open_batch(bytes(bad), d, n, STUDY_A, "s1", lambda kid: key if kid == me.key_id else None)
+    for at in range(len(ha), len(a), 7):
+        bad = bytearray(a)
+        bad[at] ^= 0x80
+        refused(bytes(bad), match=f"record {(at - len(ha)) // len(ra[0])} ")
+
+
+def test_v3_header_fields_are_bound():
+    """The kind (at a width where a share and a seed are both 32 bytes), the key id, the suite
+    and the version of a batch header cannot change without the batch failing."""
+    d, m, n = 4, 3, 2  # 8 d = 32: share and seed records have the same length
+    pk, key = _suite_keys(CL)
+    other_pk, other_key = _suite_keys(CL)
+    pq_pk, pq_key = _suite_keys(PQ)
+    lookup = {envelope.key_id(pk): key, envelope.key_id(other_pk): other_key, envelope.key_id(pq_pk): pq_key}
+    ids, proofs, shares, _ = _bound(STUDY_A, m, d, n)
+    a = envelope.seal_batch(envelope.Recipient("s1", pk), STUDY_A, ids, envelope.CONTENT_SHARE,
+                            _plaintexts(proofs[0], shares[0]))
+
+    def opened(body):
+        return envelope.open_batch(body, d, n, STUDY_A, "s1", lookup.get)
+
+    assert opened(a).ids == ids
+    with pytest.raises(envelope.SealError, match="its key does not open here"):  # share relabelled as seed
+        opened(a[:32] + bytes([envelope.CONTENT_SEED]) + a[33:])
+    with pytest.raises(envelope.SealError, match="its key does not open here"):  # another key of the server
+        opened(a[:16] + envelope.key_id(other_pk) + a[24:])
+    with pytest.raises(envelope.SealError, match="another suite"):  # the server's post-quantum key
+        opened(a[:16] + envelope.key_id(pq_pk) + a[24:])
+    with pytest.raises(envelope.SealError, match="unknown key id"):
+        opened(a[:16] + bytes(8) + a[24:])
+    with pytest.raises(envelope.UnknownSuite, match="is not one this server opens"):
+        opened(a[:27] + b"\x21" + a[28:])
+    with pytest.raises(envelope.MalformedSealedBatch, match="version 4"):
+        opened(a[:25] + b"\x04" + a[26:])
+    with pytest.raises(envelope.MalformedSealedBatch, match="count is 0"):
+        opened(_with_count(a[:117], 0))
+    with pytest.raises(envelope.MalformedSealedBatch, match="unknown content kind"):
+        opened(a[:32] + b"\x07" + a[33:])
+    # the batch id is bound too (it is in the sealed header and in every record's key and AAD)
+    with pytest.raises(envelope.SealError, match="its key does not open here"):
+        opened(bytes(16) + a[16:])
 
 
 # --- real servers ------------------------------------------------------------------------------
@@ -235,10 +443,13 @@ def _info(url: str) -> dict:
     return r.json()
 
 
-def _recipient(url: str, server_id: str) -> envelope.Recipient:
+def _recipient(url: str, server_id: str, version: int = 3) -> envelope.Recipient:
     hpke = _info(url)["hpke"]
     current = next(k for k in hpke["keys"] if k["key_id"] == hpke["current"])
-    return envelope.Recipient(server_id, bytes.fromhex(current["public_key"]))
+    return envelope.Recipient(server_id, bytes.fromhex(current["public_key"]), version=version)
+
+
+_recipient_of = _recipient
 
 
 def _post_sealed(url: str, study_id: str, body: bytes, token: str | None = None) -> httpx.Response:
@@ -281,19 +492,21 @@ class _Capture:
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_cluster, monkeypatch, compress):
-    """Client(encrypt=True) through 3 real servers: every request body is sealed, and the
-    release equals S(A + G) of the reports the SDK prepared, exactly in the ring (a study
-    without server noise)."""
+    """Client(encrypt=True) through 3 real servers: every request body is one version 3 sealed
+    batch (bodies the server refuses as too large are cut in their plaintext and sealed again),
+    and the release equals S(A + G) of the reports the SDK prepared, exactly in the ring (a
+    study without server noise)."""
     c = no_floor_cluster
     n = 500
     study = _study(c, n, f"sealed-{compress}", epsilon_floor=None)
+    assert all(_info(u)["hpke"]["versions"] == [1, 2, 3] for u in c.server_urls)
     capture = _Capture(monkeypatch)
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[str, int, bytes]] = []
     too_large = []
 
     class Watch(httpx.HTTPTransport):
         """Records every stored request body; answers 413 (as a server with a 6000-byte limit
-        would) to larger batches, so the SDK must cut sealed bodies at record boundaries."""
+        would) to larger batches, so the SDK must cut sealed bodies (and seal them again)."""
 
         def handle_request(self, request):
             if request.method == "POST":
@@ -301,7 +514,7 @@ def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_cluste
                     too_large.append(len(request.content))
                     return httpx.Response(413, json={"type": "urn:dpsketch:problem:payload-too-large",
                                                       "title": "too large", "status": 413, "detail": "x"})
-                seen.append((request.headers["content-type"], len(request.content)))
+                seen.append((request.headers["content-type"], request.url.port, request.content))
             return super().handle_request(request)
 
     rows = np.random.default_rng(3).normal(0, 0.3, size=(n, len(COLUMNS)))
@@ -309,13 +522,24 @@ def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_cluste
         client.submit(study.study_id, rows[0])  # a single report: a one-record sealed batch
         result = client.submit_many(study.study_id, rows[1:], batch_size=200)
     assert result.n_reports == n - 1
-    assert seen and all(ct == messages.SEALED_MEDIA_TYPE for ct, _ in seen)
-    d, proof = study.d, 16 * study.n_servers  # every sealed plaintext starts with its 16 N-byte proof
-    bulk = [size for _, size in seen[3:]]
-    assert [size for _, size in seen[:3]] == [73 + proof + 8 * d] * 3  # the single report
-    per_report = (2 * (105 + proof) if compress else 2 * (73 + proof + 8 * d)) + (73 + proof + 8 * d)
-    assert sum(bulk) == (n - 1) * per_report
-    assert too_large  # bodies were split (the counts above prove nothing was lost or doubled)
+    assert seen and all(ct == messages.SEALED_MEDIA_TYPE for ct, _, _ in seen)
+    d, nn = study.width, study.n_servers
+    share = 16 + 16 * nn + 8 * d + 16  # a version 3 record: report id, proof, share, tag
+    assert [len(body) for _, _, body in seen[:3]] == [117 + share] * 3  # the single report
+    ports = [httpx.URL(u).port for u in c.server_urls]
+    for j, port in enumerate(ports):
+        bodies = [body for _, p, body in seen if p == port]
+        counts = [envelope.count_records(body, d, nn) for body in bodies]
+        assert sum(counts) == n  # every report once at every server, none lost or doubled
+        for k, (body, m) in enumerate(zip(bodies, counts)):
+            if k == 0:  # the single report goes as a full share
+                content = envelope.CONTENT_SHARE
+            elif compress and j < nn - 1:
+                content = envelope.CONTENT_SEED
+            assert envelope.is_batch(body) and body[32] == content
+            assert len(body) == envelope.body_bytes(content, d, nn, m) == 117 + m * envelope.record_bytes(
+                content, d, nn, version=3)
+    assert too_large  # bodies were cut (and each half sealed again: it opened, counts above)
     ids, encoded = capture.ids_and_encoded(3)
     assert len(ids) == n
     released = _released(c, study)
@@ -323,11 +547,13 @@ def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_cluste
     np.testing.assert_array_equal(released, expected)
 
 
-def test_misrouted_wrong_study_and_tampered_shares_are_refused_and_change_nothing(live_cluster):
+@pytest.mark.parametrize("version", [1, 3])
+def test_misrouted_wrong_study_and_tampered_shares_are_refused_and_change_nothing(live_cluster, version):
     c = live_cluster
-    study = _study(c, 200, "misroute")
-    other = _study(c, 200, "other")
+    study = _study(c, 200, f"misroute-{version}")
+    other = _study(c, 200, f"other-{version}")
     s1, s2, _ = c.server_urls
+    _recipient = functools.partial(_recipient_of, version=version)
     # the study info carries the same keys as /v1/info, and each server's are its own
     study_hpke = httpx.get(f"{s1}/v1/studies/{study.study_id}").json()["hpke"]
     assert study_hpke == _info(s1)["hpke"] and study_hpke["current"] != _info(s2)["hpke"]["current"]
@@ -341,7 +567,7 @@ def test_misrouted_wrong_study_and_tampered_shares_are_refused_and_change_nothin
     assert r.status_code == 422 and r.json()["type"] == "urn:dpsketch:problem:sealed-share-refused", r.text
     assert "unknown key id" in r.json()["detail"]
     # s2's key but s1's server id in the context: refused by the context binding alone
-    cross = envelope.seal_batch(envelope.Recipient("s1", keys_s2.public_key), study.study_id, ids,
+    cross = envelope.seal_batch(envelope.Recipient("s1", keys_s2.public_key, version=version), study.study_id, ids,
                                 envelope.CONTENT_SHARE, _plaintexts(proofs[0], shares[0]))
     r = _post_sealed(s2, study.study_id, cross)
     assert r.status_code == 422 and r.json()["type"].endswith("sealed-share-refused")
@@ -395,6 +621,67 @@ def test_misrouted_wrong_study_and_tampered_shares_are_refused_and_change_nothin
     assert messages.decode_report_ids(held.content) == sorted(ids)
     # the victim's genuine share is still what s1 holds: resending it is a duplicate
     assert _post_sealed(s1, study.study_id, to_s1).json() == {"accepted": 0, "duplicates": 4, "report_count": 4}
+
+
+def test_v3_attacks_at_real_servers_are_refused_and_change_nothing(no_floor_cluster):
+    """Rearranged version 3 batches posted to a real server: each is refused with a 4xx problem
+    and stores nothing (counts stay put); the genuine batches are then accepted, a replay of a
+    whole batch is only duplicates, and the release is exactly S(A + G) of the genuine reports
+    (no study noise), so no refused body left anything in the running totals."""
+    c = no_floor_cluster
+    m = 200
+    study = _study(c, m, "v3-attacks", epsilon_floor=None)
+    d, n = study.width, study.n_servers
+    encoded = ring.random_ring((m, d))
+    shares = ring.share(encoded, n)
+    ids, proofs = binding.bind(study.study_id, [envelope.CONTENT_SHARE] * n, shares)
+    s1 = c.server_urls[0]
+    to = [_recipient(u, f"s{j + 1}") for j, u in enumerate(c.server_urls)]
+    half = m // 2
+    a = envelope.seal_batch(to[0], study.study_id, ids[:half], envelope.CONTENT_SHARE,
+                            _plaintexts(proofs[0][:half], shares[0][:half]))
+    b = envelope.seal_batch(to[0], study.study_id, ids[half:], envelope.CONTENT_SHARE,
+                            _plaintexts(proofs[0][half:], shares[0][half:]))
+    ha, ra = _cut(a, CL, d, n)
+    hb, rb = _cut(b, CL, d, n)
+    attacks = {
+        "one record substituted": (ha + b"".join(ra[:5] + [rb[5]] + ra[6:]), 422, "sealed-share-refused"),
+        "two records swapped": (ha + b"".join([ra[1], ra[0]] + ra[2:]), 422, "sealed-share-refused"),
+        "a record under another report id": (ha + b"".join([ids[half] + ra[0][16:]] + ra[1:]), 422,
+                                             "sealed-share-refused"),
+        "truncated": (ha + b"".join(ra[:-1]), 400, "malformed-body"),
+        "truncated, count rewritten": (_with_count(ha, half - 1) + b"".join(ra[:-1]), 422, "sealed-share-refused"),
+        "a's header, b's records": (ha + b"".join(rb), 422, "sealed-share-refused"),
+        "a's first half, b's second": (ha + b"".join(ra[:half // 2] + rb[half // 2:]), 422, "sealed-share-refused"),
+        "two batches in one body": (a + b, 400, "malformed-body"),
+        "a tag altered": (a[:-1] + bytes([a[-1] ^ 1]), 422, "sealed-share-refused"),
+    }
+    for name, (body, status, slug) in attacks.items():
+        r = _post_sealed(s1, study.study_id, body)
+        assert (r.status_code, r.json()["type"]) == (status, f"urn:dpsketch:problem:{slug}"), (name, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+    r = _post_sealed(c.server_urls[1], study.study_id, a)  # s1's batch at s2
+    assert r.status_code == 422 and "unknown key id" in r.json()["detail"]
+    assert [_count(u, study.study_id) for u in c.server_urls] == [0, 0, 0]
+    # the genuine batch; then the same attacks against a server that holds its reports
+    assert _post_sealed(s1, study.study_id, a).json() == {"accepted": half, "duplicates": 0, "report_count": half}
+    for name, (body, status, slug) in attacks.items():
+        r = _post_sealed(s1, study.study_id, body)
+        assert (r.status_code, r.json()["type"]) == (status, f"urn:dpsketch:problem:{slug}"), (name, r.text)
+    # a replayed batch: nothing new (idempotent by report id)
+    assert _post_sealed(s1, study.study_id, a).json() == {"accepted": 0, "duplicates": half, "report_count": half}
+    assert _count(s1, study.study_id) == half
+    assert _post_sealed(s1, study.study_id, b).json()["accepted"] == m - half
+    for j in (1, 2):
+        body = envelope.seal_batch(to[j], study.study_id, ids, envelope.CONTENT_SHARE,
+                                   _plaintexts(proofs[j], shares[j]))
+        assert _post_sealed(c.server_urls[j], study.study_id, body).json()["accepted"] == m
+    held = httpx.get(f"{s1}/v1/studies/{study.study_id}/report-ids",
+                     headers={"Authorization": f"Bearer {c.specs[0].analyst_token}"})
+    assert messages.decode_report_ids(held.content) == sorted(ids)
+    released = _released(c, study)
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
 
 
 def test_sdk_refuses_servers_that_share_a_key(live_cluster):
@@ -529,16 +816,19 @@ def test_client_without_published_keys_refuses_to_encrypt():
 
 def test_bench_encryption_figures():
     figures = bench_encryption(2000, d=6, n_servers=3)
-    plain, sealed = figures["plaintext"], figures["sealed"]
-    assert sealed["bytes_per_row"] - plain["bytes_per_row"] == 3 * 57
-    assert sealed["seal_us_per_row"] > 0 and sealed["open_us_per_row"] > 0
+    plain, sealed, v1 = figures["plaintext"], figures["sealed"], figures["sealed_v1"]
+    assert v1["bytes_per_row"] - plain["bytes_per_row"] == 3 * 57
+    # version 3: a 117-byte header per batch and server, 16 bytes per record
+    assert sealed["bytes_per_row"] - plain["bytes_per_row"] == pytest.approx(3 * (16 + 117 / 2000))
+    assert sealed["seal_us_per_row"] > 0 and sealed["open_us_per_row"] > 0 and v1["open_us_per_row"] > 0
     print(f"\nbench_encryption(2000, d=6, N=3): {json.dumps(figures)}")
 
 
 def test_random_sealed_bodies_get_400_or_422_never_500(tmp_path: Path):
-    """In process: bodies shaped like sealed batches (the server's real key ids, both kinds, both
-    record versions and suites, all sorts of lengths and bytes; some properly sealed to the
-    server around random proofs and payloads) are refused with problem JSON and store nothing."""
+    """In process: bodies shaped like sealed batches (the server's real key ids, both kinds, all
+    three layouts and both suites, all sorts of lengths, counts and bytes; some properly sealed to
+    the server around random proofs and payloads, a few of those then altered) are refused with
+    problem JSON and store nothing."""
     from fastapi.testclient import TestClient
 
     from dpsketch.protocol.study import design
@@ -562,13 +852,28 @@ def test_random_sealed_bodies_get_400_or_422_never_500(tmp_path: Path):
         me_pq = envelope.Recipient("s1", bytes.fromhex(pq["keys"][0]["public_key"]), envelope.POST_QUANTUM)
         rng = np.random.default_rng(12)
         statuses, slugs = set(), set()
-        for i in range(150):
-            kind = int(rng.choice([1, 2, 0, 3, 255, 0x80]))
-            if i % 10 == 0:  # opens, but the random proof does not bind the payload to the id
+        for i in range(240):
+            kind = int(rng.choice([1, 2, 0, 3, 255, 0x80, 0x83, 0x83]))
+            if i % 10 == 0:  # opens, but the random proofs do not bind the payloads to the ids
                 kind = 1 + (i // 10) % 2
                 plain = envelope.plaintext_bytes(kind, st.width, st.n_servers)
-                rec = bytearray(envelope.seal(me_pq if i % 20 else me, st.study_id, rng.bytes(16), kind,
-                                              rng.bytes(plain)))
+                m = int(rng.integers(1, 4))
+                to = [(me, 1), (me_pq, 2), (me, 3), (me_pq, 3)][(i // 10) % 4]
+                rec = bytearray(envelope.seal_batch(to[0], st.study_id, [rng.bytes(16) for _ in range(m)], kind,
+                                                    [rng.bytes(plain) for _ in range(m)], version=to[1]))
+                if i % 30 == 0 and to[1] == 3:  # ... or one byte of a good batch altered
+                    rec[int(rng.integers(0, len(rec)))] ^= 1 << int(rng.integers(0, 8))
+                body = bytes(rec)
+            elif kind == 0x83:  # version 3: a header of either suite (or random ids), random rest
+                suite = envelope.POST_QUANTUM if i % 2 else envelope.CLASSICAL
+                count = int(rng.choice([0, 1, 2, 3, 2**32 - 1]))
+                size = envelope.body_bytes(1, st.width, st.n_servers, min(max(count, 1), 3), suite)
+                rec = bytearray(rng.bytes(max(0, size + int(rng.choice([0, 0, -1, 1, -48, 200])))))
+                if len(rec) >= 37:
+                    rec[16:24] = (bytes.fromhex(pq["current"]) if suite.post_quantum else kid) if i % 3 else rng.bytes(8)
+                    rec[24:37] = (bytes([0x80, 3]) + (suite.ids if i % 4 else rng.bytes(6))
+                                  + bytes([int(rng.choice([1, 2, 7]))]) + count.to_bytes(4, "big"))
+                body = bytes(rec)
             elif kind == 0x80:  # version 2: the post-quantum suite's ids, or random ones
                 size = envelope.record_bytes(1, st.width, st.n_servers, envelope.POST_QUANTUM, 2)
                 rec = bytearray(rng.bytes(size + int(rng.choice([0, 0, -1, 1, -1088]))))
@@ -583,7 +888,8 @@ def test_random_sealed_bodies_get_400_or_422_never_500(tmp_path: Path):
                     rec[24] = kind
                     if i % 5 == 0:
                         rec[25:57] = bytes(32)  # the all-zero (low-order) X25519 point
-            body = bytes(rec) * int(rng.integers(1, 3))
+            if kind != 0x83 and i % 10:  # one or two records of version 1 or 2
+                body = bytes(rec) * int(rng.integers(1, 3))
             r = client.post(f"/v1/studies/{st.study_id}/batches", content=body,
                             headers={"Content-Type": messages.SEALED_MEDIA_TYPE})
             assert r.status_code in (400, 422), (i, r.status_code, r.text)

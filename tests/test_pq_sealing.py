@@ -98,7 +98,7 @@ def test_a_pq_record_tampered_or_misbound_is_refused_with_the_right_error():
     lookup = _ring((PQ, sk), (PQ, other_sk), (CL, csk))
     d, n = 5, 3
     ids, proofs, shares, _ = _bound(STUDY_A, 1, d, n)
-    me = envelope.Recipient("s1", pk, PQ)
+    me = envelope.Recipient("s1", pk, PQ, version=2)
     rec = envelope.seal(me, STUDY_A, ids[0], envelope.CONTENT_SHARE, _plaintexts(proofs[0], shares[0])[0])
     assert envelope.open_batch(rec, d, n, STUDY_A, "s1", lookup).ids == ids
 
@@ -118,8 +118,8 @@ def test_a_pq_record_tampered_or_misbound_is_refused_with_the_right_error():
     with pytest.raises(envelope.MalformedSealedBatch):
         opened(rec[:26] + b"\x00\x20" + rec[28:])
     # the format version and the marker byte
-    with pytest.raises(envelope.MalformedSealedBatch, match="version 3"):
-        opened(flip(25, 3))
+    with pytest.raises(envelope.MalformedSealedBatch, match="version 4"):
+        opened(flip(25, 4))
     with pytest.raises(envelope.MalformedSealedBatch, match="unknown content kind"):
         opened(flip(24, 0x81))
     # the content kind inside the header (a share relabelled as a seed): lengths differ at d = 5
@@ -144,12 +144,12 @@ def test_a_pq_record_tampered_or_misbound_is_refused_with_the_right_error():
     with pytest.raises(envelope.SealError, match="does not open here"):
         opened(flip(0, xor=0x01))
     # a version 1 record opened with a post-quantum key: another suite
-    v1 = envelope.seal(envelope.Recipient("s1", cpk), STUDY_A, ids[0], envelope.CONTENT_SHARE,
+    v1 = envelope.seal(envelope.Recipient("s1", cpk, version=1), STUDY_A, ids[0], envelope.CONTENT_SHARE,
                        _plaintexts(proofs[0], shares[0])[0])
     with pytest.raises(envelope.SealError, match="another suite"):
         envelope.open_batch(v1[:16] + envelope.key_id(pk) + v1[24:], d, n, STUDY_A, "s1", lookup)
     # a body mixing suites (or versions) is malformed, even if each record would open
-    v2c = envelope.seal(envelope.Recipient("s1", cpk), STUDY_A, ids[0], envelope.CONTENT_SHARE,
+    v2c = envelope.seal(envelope.Recipient("s1", cpk, version=2), STUDY_A, ids[0], envelope.CONTENT_SHARE,
                         _plaintexts(proofs[0], shares[0])[0], version=2)
     for mixed in (rec + v2c, v2c + v1, v1 + rec):
         with pytest.raises(envelope.MalformedSealedBatch, match="one kind"):
@@ -203,9 +203,11 @@ def test_policy_is_checked_and_needs_encrypt():
 # --- real servers -----------------------------------------------------------------------------------
 
 
-def _without_pq(port: int, posts: list):
-    """A transport that hides the post-quantum keys of the server on ``port`` (a server of a
-    version before the suite) and records every POST."""
+def _without_pq(port: int, posts: list, pq: bool = False, batches: bool = True):
+    """A transport that hides the post-quantum keys (unless ``pq``) and the sealed layouts it
+    opens (unless ``batches``: a server from before version 3) of the server on ``port``, and
+    records every POST's port and bytes 24..32 (the layout: version 1 content, or 0x80, version,
+    suite and content)."""
 
     class Hide(httpx.HTTPTransport):
         def handle_request(self, request):
@@ -215,7 +217,10 @@ def _without_pq(port: int, posts: list):
             if request.url.path == "/v1/info" and request.url.port == port:
                 resp.read()
                 body = resp.json()
-                body["hpke"].pop("post_quantum")
+                if not pq:
+                    body["hpke"].pop("post_quantum")
+                if not batches:
+                    body["hpke"].pop("versions")
                 return httpx.Response(200, json=body)
             return resp
 
@@ -233,12 +238,12 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
     n = 300
     study = _study(c, n, "pq-sealed", epsilon_floor=None)
     capture = _Capture(monkeypatch)
-    seen: list[tuple[str, bytes, int]] = []
+    seen: list[tuple[str, bytes]] = []
 
     class Watch(httpx.HTTPTransport):
         def handle_request(self, request):
             if request.method == "POST":
-                seen.append((request.headers["content-type"], request.content[24:33], len(request.content)))
+                seen.append((request.headers["content-type"], request.content))
             return super().handle_request(request)
 
     rows = np.random.default_rng(5).normal(0, 0.3, size=(n, len(COLUMNS)))
@@ -246,10 +251,12 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
         assert client.sealing_suites(study.study_id) == ["post-quantum"] * 3
         client.submit(study.study_id, rows[0])
         client.submit_many(study.study_id, rows[1:150], batch_size=64)
-    pq_head = bytes([0x80, 2, 0x64, 0x7A, 0, 1, 0, 3, envelope.CONTENT_SHARE])
-    assert seen and all(ct == messages.SEALED_MEDIA_TYPE and head == pq_head for ct, head, _ in seen)
-    record = envelope.record_bytes(envelope.CONTENT_SHARE, study.width, 3, PQ, 2)
-    assert sum(size for *_, size in seen) == 150 * 3 * record
+    pq_head = bytes([0x80, 3, 0x64, 0x7A, 0, 1, 0, 3, envelope.CONTENT_SHARE])  # version 3 batches
+    assert seen and all(ct == messages.SEALED_MEDIA_TYPE and body[24:33] == pq_head for ct, body in seen)
+    counts = [envelope.count_records(body, study.width, 3) for _, body in seen]
+    assert sum(counts) == 150 * 3
+    assert [len(body) for _, body in seen] == [
+        envelope.body_bytes(envelope.CONTENT_SHARE, study.width, 3, m, PQ) for m in counts]
 
     # a server that publishes no post-quantum key: "post-quantum" refuses before any upload,
     # "prefer-post-quantum" seals classically (version 1) to it and post-quantum to the others
@@ -264,12 +271,23 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
         assert client.sealing_suites(study.study_id) == ["post-quantum", "classical", "post-quantum"]
         client.submit_many(study.study_id, rows[150:225])
     heads2 = [head for port, head in posts if port == port2]
-    assert heads2 and all(head[0] == envelope.CONTENT_SHARE for head in heads2)  # version 1 records
+    assert heads2 and all(head == bytes([0x80, 3]) + CL.ids + b"\x01" for head in heads2)  # classical
     assert all(head == pq_head for port, head in posts if port != port2)
-    # ... classical clients (version 1 records, as before the suite) keep working
+    # a server from before version 3 (it lists no sealed layouts): version 1 records classically,
+    # version 2 post-quantum, one HPKE seal each; the others still get version 3 batches
+    for policy, legacy, chunk in (("classical", bytes([envelope.CONTENT_SHARE]), rows[225:230]),
+                                  ("post-quantum", bytes([0x80, 2]) + PQ.ids + b"\x01", rows[230:235])):
+        posts.clear()
+        with Client(c.server_urls, encrypt=True, sealing=policy,
+                    transport=_without_pq(port2, posts, pq=True, batches=False)) as client:
+            client.submit_many(study.study_id, chunk, batch_size=2)
+        heads2 = [head for port, head in posts if port == port2]
+        assert heads2 and all(head[:len(legacy)] == legacy for head in heads2)
+        assert all(head[:2] == bytes([0x80, 3]) for port, head in posts if port != port2)
+    # ... classical clients keep working
     with Client(c.server_urls, encrypt=True) as client:
         assert client.sealing_suites(study.study_id) == ["classical"] * 3
-        client.submit_many(study.study_id, rows[225:260])
+        client.submit_many(study.study_id, rows[235:260])
     # ... and so does dpsketch submit --sealing post-quantum (which implies --encrypt)
     csv = tmp_path / "rows.csv"
     csv.write_text(",".join(COLUMNS) + "\n" + "\n".join(",".join(f"{v:.6f}" for v in r) for r in rows[260:]))
@@ -332,7 +350,7 @@ def test_servers_hold_both_suites_rotate_refuse_unknown_and_keep_keys_across_a_r
 
     # an old classical (version 1) record, sealed to the old classical key, and the version 2
     # record sealed to the old post-quantum key, both sealed before a SIGKILL restart
-    old_cl = envelope.Recipient("s1", bytes.fromhex(before["keys"][0]["public_key"]))
+    old_cl = envelope.Recipient("s1", bytes.fromhex(before["keys"][0]["public_key"]), version=1)
     more = ring.random_ring((2, d))
     more_ids, more_proofs = bind_at(study, 0, more)
     v1_body = envelope.seal_batch(old_cl, study.study_id, more_ids, envelope.CONTENT_SHARE,

@@ -148,3 +148,86 @@ def test_binding_vectors():
         with pytest.raises(binding.BindingError):  # the same proof at another server's position
             binding.verify(vec["study_id"], n, (j + 1) % n, srv["content"], [rid],
                            np.frombuffer(proof, np.uint8)[None, :], payload[None, :])
+
+
+# --- sealed batches (section 7a, version 3) -------------------------------------------------------
+
+
+def _hkdf_sha256(ikm: bytes, info: bytes, length: int = 32) -> bytes:
+    """RFC 5869 with no salt (HashLen zero bytes), from hmac alone."""
+    import hmac
+
+    prk = hmac.new(bytes(32), ikm, hashlib.sha256).digest()
+    out, block, counter = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        out += block
+        counter += 1
+    return out[:length]
+
+
+@pytest.mark.parametrize("vec", VECTORS["sealed_v3"], ids=lambda v: v["suite"])
+def test_sealed_v3_vectors(vec):
+    """Every deterministic byte of a version 3 batch recomputed from section 7a's definitions
+    (hashlib, hmac and the RFC 8439 AEAD of the cryptography package), the randomized HPKE part
+    opened, and the reference implementation checked against both."""
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    from dpsketch.protocol import envelope
+
+    suite = envelope.SUITES[vec["suite"]]
+    assert (suite.kem_id, suite.kdf_id, suite.aead_id) == (vec["kem_id"], vec["kdf_id"], vec["aead_id"])
+    sk = bytes.fromhex(vec["private_key"])
+    pk = bytes.fromhex(vec["public_key"])
+    assert suite.public_key_of(sk) == pk and hashlib.sha256(pk).digest()[:8].hex() == vec["key_id"]
+    study, sid = bytes.fromhex(vec["study_id"]), vec["server_id"].encode()
+    prefix = study + bytes([len(sid)]) + sid
+    records = vec["records"]
+    n, width, content = vec["n_servers"], vec["width"], vec["content"]
+    # the records' plaintexts are real reports for this server (section 4a)
+    for rec in records:
+        salt, payload = bytes.fromhex(rec["salt"]), bytes.fromhex(rec["payload"])
+        commits = [bytes.fromhex(c) for c in rec["commitments"]]
+        assert hashlib.sha256(b"dpsketch/commit/2" + bytes([vec["position"], content]) + salt
+                              + payload).digest()[:16] == commits[vec["position"]]
+        assert hashlib.sha256(b"dpsketch/report/2" + study + b"".join(commits)).digest()[:16].hex() == rec["report_id"]
+        proof = salt + b"".join(c for j, c in enumerate(commits) if j != vec["position"])
+        assert rec["plaintext"] == (proof + payload).hex()
+    # the header, info and transcript
+    fixed = (bytes.fromhex(vec["batch_id"]) + bytes.fromhex(vec["key_id"]) + bytes([0x80, 3])
+             + vec["kem_id"].to_bytes(2, "big") + vec["kdf_id"].to_bytes(2, "big") + vec["aead_id"].to_bytes(2, "big")
+             + bytes([content]) + vec["count"].to_bytes(4, "big"))
+    assert fixed.hex() == vec["fixed"] and vec["count"] == len(records)
+    info3 = b"dpsketch/sealed/3" + hashlib.sha256(prefix + fixed).digest()
+    assert info3.hex() == vec["info"] and len(info3) == 49
+    sealed_secret = bytes.fromhex(vec["sealed_secret"])
+    assert len(sealed_secret) == suite.enc_bytes + 48
+    assert suite.hpke_suite.decrypt(sealed_secret, suite.load_private_key(sk), info=info3).hex() == vec["secret"]
+    header = fixed + sealed_secret
+    transcript = hashlib.sha256(prefix + header).digest()
+    assert transcript.hex() == vec["transcript"]
+    key = _hkdf_sha256(bytes.fromhex(vec["secret"]), b"dpsketch/sealed/3/records" + transcript)
+    assert key.hex() == vec["record_key"]
+    aead = ChaCha20Poly1305(key)
+    body = header
+    for i, rec in enumerate(records):
+        rid = bytes.fromhex(rec["report_id"])
+        nonce, aad = i.to_bytes(12, "big"), transcript + rid
+        assert (nonce.hex(), aad.hex()) == (rec["nonce"], rec["aad"])
+        sealed = rid + aead.encrypt(nonce, bytes.fromhex(rec["plaintext"]), aad)
+        assert sealed.hex() == rec["record"]
+        body += sealed
+    assert body.hex() == vec["body"]
+    assert len(body) == 37 + suite.enc_bytes + 48 + len(records) * (16 + 16 * n + 8 * width + 16)
+    # the reference implementation: the same derivations, the same records, and it opens the body
+    secret = bytes.fromhex(vec["secret"])
+    assert envelope.info_v3(vec["study_id"], vec["server_id"], fixed) == info3
+    assert envelope.transcript_v3(vec["study_id"], vec["server_id"], header) == transcript
+    assert envelope.record_key(secret, transcript) == key
+    ids = [bytes.fromhex(r["report_id"]) for r in records]
+    assert envelope.seal_records(secret, transcript, ids, [bytes.fromhex(r["plaintext"]) for r in records]) \
+        == body[len(header):]
+    upload = envelope.open_batch(body, width, n, vec["study_id"], vec["server_id"],
+                                 lambda kid: suite.load_private_key(sk) if kid.hex() == vec["key_id"] else None)
+    assert upload.ids == ids
+    upload.verify(vec["study_id"], n, vec["position"])

@@ -1,66 +1,91 @@
 """Sealed shares: each share encrypted to its server with HPKE (docs/protocol.md section 7a,
 docs/sealing.md).
 
-A client seals the plaintext of one report for one server (its d-value share, or the 32-byte
-seed of a seed-compressed share) with HPKE base mode (RFC 9180) to that server's current public
-key of one of two suites:
+A client seals the plaintext of each report for one server (its d-value share, or the 32-byte
+seed of a seed-compressed share, after the report's proof) to that server's current public key
+of one of two HPKE (RFC 9180, base mode) suites:
 
 * ``classical``: DHKEM(X25519, HKDF-SHA256) / HKDF-SHA256 / ChaCha20-Poly1305 (KEM 0x0020), the
-  suite since the start, and the default;
+  suite since the start;
 * ``post-quantum`` (opt-in): the hybrid KEM MLKEM768-X25519 (KEM 0x647a, X-Wing,
   draft-ietf-hpke-pq) / HKDF-SHA256 / ChaCha20-Poly1305. A recording of today's sealed shares
   stays closed to a future quantum computer as long as ML-KEM-768 holds, and to a classical one
   as long as either ML-KEM-768 or X25519 holds. Only the KEM differs: HKDF-SHA256 and
   ChaCha20-Poly1305 (256-bit keys) keep a 128-bit margin against Grover's search.
 
-The study id, the server id, the report id and the kind of plaintext are bound into the HPKE
-``info`` (the key schedule), so a sealed share opens only at the server it was sealed for, only
-for that study and only under that report id: a misrouted, replayed-elsewhere or tampered share
-is useless. Version 2 records also bind their key id, their format version and their suite.
-This lets shares travel through one untrusted gateway, or be stored by one.
+Three layouts share the media type ``application/x-dpsketch-sealed``; a body is one of them:
 
-Why ``info`` and not the AEAD's associated data: the single-shot API of the ``cryptography``
-package (``hpke.Suite.encrypt``) takes no AAD, only ``info``; ``info`` enters the key schedule,
-so a different context derives a different key and nonce and the AEAD tag fails exactly as a
-wrong AAD would. The context is hashed to keep ``info`` at 49 bytes, under the 64 bytes every
-RFC 9180 implementation must accept.
+* **Version 3** (``seal_batch``'s default, what the SDK sends to servers that list it): one
+  *batch*. Its header seals a fresh 32-byte batch secret with HPKE single-shot, once per batch
+  and server, with ``info`` binding the study, the server, the batch id, the key id, the version,
+  the suite, the record kind and the record count; every record is then the report id and its
+  plaintext sealed with ChaCha20-Poly1305 under a key derived (HKDF-SHA256) from the secret and
+  the whole header, with the record's index as its nonce and the header's transcript and the
+  report id as its associated data. So a record opens only in its own batch, at its own place,
+  under its own report id, at the server and study it was sealed for; a batch opens only whole
+  (its record count is sealed). One KEM per batch instead of one per record::
 
-Records (``application/x-dpsketch-sealed``, a body is m >= 1 of them back to back, all of one
-kind, version and suite). Version 1 (classical suite only; what clients sealing classically
-send, unchanged since the first release)::
+      batch_id (16) | key_id (8) | 0x80 (1) | version (1) = 0x03 | kem_id (2) | kdf_id (2)
+        | aead_id (2) | content (1) | count (4) | enc (Nenc) | wrapped secret (48)
+      then count records:  report_id (16) | ciphertext (len(plaintext) + 16)
 
-    report_id (16) | key_id (8) | content (1) | enc (32) | ciphertext (len(plaintext) + 16)
+      context3   = study_id (32) || len(server_id) (1) || server_id || header[0:37]
+      info3      = "dpsketch/sealed/3" || SHA-256(context3)                            (49 bytes)
+      enc || wrapped = HPKE.Seal(pk, info3, secret)                     (single shot, empty aad)
+      transcript = SHA-256(study_id || len(server_id) || server_id || header)     (the whole header)
+      key        = HKDF-SHA256(salt = none, ikm = secret, info = "dpsketch/sealed/3/records" || transcript, 32)
+      record i   = report_id_i || ChaCha20-Poly1305(key, nonce = i as 12 bytes big-endian,
+                                                    aad = transcript || report_id_i, plaintext_i)
 
-Version 2 (any suite; byte 24 has bit 7 set, which no version 1 record has, so both versions
-share the media type and a server before version 2 refuses it as an unknown kind)::
+* **Version 1** (classical only; the first release's layout), m >= 1 records back to back, each
+  sealed with its own HPKE single shot::
 
-    report_id (16) | key_id (8) | 0x80 (1) | version (1) = 0x02 | kem_id (2) | kdf_id (2)
-      | aead_id (2) | content (1) | enc (Nenc: 32 classical, 1120 post-quantum) | ciphertext
+      report_id (16) | key_id (8) | content (1) | enc (32) | ciphertext (len(plaintext) + 16)
 
-(the ids big-endian, as in RFC 9180). The plaintext is the report's proof for this server (16 N
-bytes: its salt and the other servers' commitments, ``binding``) followed by the payload:
-``content`` is 0x01 for a share (8 * width bytes, the share's little-endian uint64) or 0x02 for
-a seed (32 bytes, expanded as in section 4). The salt is inside the ciphertext on purpose: a
-relay that saw it could test guesses of the row against the commitment together with colluding
-servers. ``key_id`` is the first 8 bytes of SHA-256 of the server's raw public key (32 bytes
-X25519; 1216 bytes ML-KEM-768 || X25519 for the hybrid). ``info`` of version 1 is the 17 ASCII
-bytes ``dpsketch/sealed/1`` followed by SHA-256 of
-``study_id (32 raw bytes) || report_id (16) || content (1) || len(server_id) (1) || server_id``;
-of version 2 it is ``dpsketch/sealed/2`` followed by SHA-256 of the same bytes then
-``key_id (8) || version (1) || kem_id (2) || kdf_id (2) || aead_id (2)``.
+* **Version 2** (any suite), the same with the suite named (byte 24 has bit 7 set, which no
+  version 1 record has, so a server before version 2 refuses it as an unknown kind; version 3
+  shares this prefix, so a server before version 3 refuses it as an unknown version)::
+
+      report_id (16) | key_id (8) | 0x80 (1) | version (1) = 0x02 | kem_id (2) | kdf_id (2)
+        | aead_id (2) | content (1) | enc (Nenc: 32 classical, 1120 post-quantum) | ciphertext
+
+  Versions 1 and 2 bind the study id, the server id, the report id and the kind through the HPKE
+  ``info`` of each record (version 2 also its key id, version and suite): ``info`` of version 1
+  is ``dpsketch/sealed/1`` followed by SHA-256 of ``study_id (32 raw bytes) || report_id (16) ||
+  content (1) || len(server_id) (1) || server_id``; of version 2 ``dpsketch/sealed/2`` followed
+  by SHA-256 of the same bytes then ``key_id (8) || version (1) || kem_id (2) || kdf_id (2) ||
+  aead_id (2)``.
+
+Why ``info`` and not HPKE's associated data: the single-shot API of the ``cryptography`` package
+(``hpke.Suite.encrypt``) takes no AAD, only ``info``; ``info`` enters the key schedule, so a
+different context derives a different key and the AEAD tag fails exactly as a wrong AAD would.
+Contexts are hashed to keep ``info`` at 49 bytes, under the 64 bytes every RFC 9180
+implementation must accept. (Version 3's records are sealed with the ``cryptography`` package's
+ChaCha20-Poly1305, which does take associated data.)
+
+The plaintext of a record is the report's proof for this server (16 N bytes: its salt and the
+other servers' commitments, ``binding``) followed by the payload: ``content`` 0x01 for a share
+(8 * width bytes, the share's little-endian uint64) or 0x02 for a seed (32 bytes, expanded as in
+section 4). The salt is inside the ciphertext on purpose: a relay that saw it could test guesses
+of the row against the commitment together with colluding servers. ``key_id`` is the first 8
+bytes of SHA-256 of the server's raw public key (32 bytes X25519; 1216 bytes ML-KEM-768 ||
+X25519 for the hybrid). Integers are big-endian, as in RFC 9180.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hpke, serialization
+from cryptography.hazmat.primitives import hashes, hpke, serialization
 from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from . import binding
 from .binding import CONTENT_SEED, CONTENT_SHARE
@@ -76,7 +101,12 @@ PQ_SUITE_NAME = "MLKEM768-X25519, HKDF-SHA256, ChaCha20-Poly1305"
 
 INFO_LABEL = b"dpsketch/sealed/1"
 INFO_LABEL_V2 = b"dpsketch/sealed/2"
-VERSION_1, VERSION_2 = 1, 2
+INFO_LABEL_V3 = b"dpsketch/sealed/3"
+#: HKDF ``info`` label of a version 3 batch's record key (followed by the batch's transcript).
+RECORD_KEY_LABEL = b"dpsketch/sealed/3/records"
+VERSION_1, VERSION_2, VERSION_3 = 1, 2, 3
+#: Every sealed layout this code seals and opens (published in ``/v1/info`` as ``hpke.versions``).
+VERSIONS = (VERSION_1, VERSION_2, VERSION_3)
 #: Bit 7 of byte 24 marks a record with a version and a suite in its header (version >= 2).
 EXTENDED = 0x80
 KEY_ID_BYTES = 8
@@ -88,6 +118,15 @@ HEADER_BYTES = REPORT_ID_BYTES + KEY_ID_BYTES + 1 + ENC_BYTES  # 57
 OVERHEAD_BYTES = HEADER_BYTES - REPORT_ID_BYTES + TAG_BYTES
 #: A version 2 record's header before ``enc``: id, key id, 0x80, version, 3 suite ids, content.
 V2_FIXED_BYTES = REPORT_ID_BYTES + KEY_ID_BYTES + 1 + 1 + 1 + 6  # 33
+#: A version 3 batch header before ``enc``: batch id, key id, 0x80, version, suite ids, content, count.
+BATCH_ID_BYTES = 16
+COUNT_BYTES = 4
+V3_FIXED_BYTES = BATCH_ID_BYTES + KEY_ID_BYTES + 1 + 1 + 6 + 1 + COUNT_BYTES  # 37
+#: The batch secret a version 3 header seals, and its HPKE ciphertext (the secret and a tag).
+SECRET_BYTES = 32
+WRAPPED_BYTES = SECRET_BYTES + TAG_BYTES
+NONCE_BYTES = 12
+MAX_BATCH_RECORDS = 2**32 - 1
 
 SEED_BYTES = 32
 MLKEM_SEED_BYTES = 64
@@ -242,16 +281,25 @@ def load_public_key(raw: bytes) -> x25519.X25519PublicKey:
 # --- context ---------------------------------------------------------------------------------
 
 
-def _context(study_id: str, server_id: str, report_id: bytes, content: int) -> bytes:
+def _study_bytes(study_id: str) -> bytes:
     study = bytes.fromhex(study_id)
     if len(study) != 32:
         raise ValueError("a study id is 64 hex characters")
-    if len(report_id) != REPORT_ID_BYTES:
-        raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes")
+    return study
+
+
+def _server_bytes(server_id: str) -> bytes:
+    """len(server_id) (1) || server_id (ASCII)."""
     sid = server_id.encode("ascii")
     if not 0 < len(sid) < 256:
         raise ValueError("a server id is 1..255 ASCII characters")
-    return study + report_id + bytes([content, len(sid)]) + sid
+    return bytes([len(sid)]) + sid
+
+
+def _context(study_id: str, server_id: str, report_id: bytes, content: int) -> bytes:
+    if len(report_id) != REPORT_ID_BYTES:
+        raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes")
+    return _study_bytes(study_id) + report_id + bytes([content]) + _server_bytes(server_id)
 
 
 def info(study_id: str, server_id: str, report_id: bytes, content: int) -> bytes:
@@ -269,6 +317,42 @@ def info_v2(study_id: str, server_id: str, report_id: bytes, content: int, kid: 
     return INFO_LABEL_V2 + hashlib.sha256(context).digest()
 
 
+def info_v3(study_id: str, server_id: str, fixed: bytes) -> bytes:
+    """The HPKE ``info`` of a version 3 batch header: ``"dpsketch/sealed/3" || SHA-256(study_id
+    || len(server_id) || server_id || fixed)``, ``fixed`` the header's first 37 bytes (batch id,
+    key id, 0x80, version, suite ids, content, count)."""
+    if len(fixed) != V3_FIXED_BYTES:
+        raise ValueError(f"a version 3 header has {V3_FIXED_BYTES} bytes before enc")
+    return INFO_LABEL_V3 + hashlib.sha256(_study_bytes(study_id) + _server_bytes(server_id) + fixed).digest()
+
+
+def transcript_v3(study_id: str, server_id: str, header: bytes) -> bytes:
+    """SHA-256 of ``study_id || len(server_id) || server_id || header``, the whole batch header
+    (``enc`` and the wrapped secret included): what every record's key and associated data bind."""
+    return hashlib.sha256(_study_bytes(study_id) + _server_bytes(server_id) + bytes(header)).digest()
+
+
+def record_key(secret: bytes, transcript: bytes) -> bytes:
+    """The ChaCha20-Poly1305 key of a version 3 batch's records: HKDF-SHA256 (RFC 5869) of the
+    batch secret, no salt, ``info`` = "dpsketch/sealed/3/records" || transcript, 32 bytes."""
+    if len(secret) != SECRET_BYTES or len(transcript) != 32:
+        raise ValueError(f"a batch secret and a transcript are {SECRET_BYTES} and 32 bytes")
+    return HKDF(hashes.SHA256(), SECRET_BYTES, None, RECORD_KEY_LABEL + transcript).derive(secret)
+
+
+def record_nonce(index: int) -> bytes:
+    """Record ``index``'s nonce (0-based): the index as 12 bytes, big-endian."""
+    return index.to_bytes(NONCE_BYTES, "big")
+
+
+def record_aad(transcript: bytes, report_id: bytes) -> bytes:
+    """A version 3 record's associated data: the batch transcript, then its report id."""
+    return transcript + report_id
+
+
+# --- sizes -----------------------------------------------------------------------------------
+
+
 def payload_bytes(content: int, width: int) -> int:
     if content == CONTENT_SHARE:
         return 8 * width
@@ -284,19 +368,28 @@ def plaintext_bytes(content: int, width: int, n_servers: int) -> int:
 
 
 def header_bytes(suite: SealingSuite = CLASSICAL, version: int = VERSION_1) -> int:
-    """Bytes of a record before its AEAD ciphertext (the report id and ``enc`` included)."""
+    """Bytes of a record before its AEAD ciphertext (the report id, and in versions 1 and 2
+    ``enc``); a version 3 batch has its own header, ``batch_header_bytes``."""
     if version == VERSION_1:
         if suite is not CLASSICAL:
-            raise ValueError("version 1 records are classical; seal other suites as version 2")
+            raise ValueError("version 1 records are classical; seal other suites as version 2 or 3")
         return HEADER_BYTES
     if version == VERSION_2:
         return V2_FIXED_BYTES + suite.enc_bytes
+    if version == VERSION_3:
+        return REPORT_ID_BYTES
     raise ValueError(f"unknown sealed record version {version}")
+
+
+def batch_header_bytes(suite: SealingSuite = CLASSICAL) -> int:
+    """A version 3 batch's header: 117 bytes classical, 1205 post-quantum."""
+    return V3_FIXED_BYTES + suite.enc_bytes + WRAPPED_BYTES
 
 
 def overhead_bytes(suite: SealingSuite = CLASSICAL, version: int | None = None) -> int:
     """Bytes a sealed record adds to the plaintext record: 57 (classical, version 1), 65
-    (classical, version 2), 1153 (post-quantum)."""
+    (classical, version 2), 1153 (post-quantum, version 2), 16 (version 3, whose batch adds its
+    header, ``batch_header_bytes``, once)."""
     version = default_version(suite) if version is None else version
     return header_bytes(suite, version) - REPORT_ID_BYTES + TAG_BYTES
 
@@ -306,8 +399,21 @@ def record_bytes(content: int, width: int, n_servers: int, suite: SealingSuite =
     return header_bytes(suite, version) + plaintext_bytes(content, width, n_servers) + TAG_BYTES
 
 
+def body_bytes(content: int, width: int, n_servers: int, m: int, suite: SealingSuite = CLASSICAL,
+               version: int = VERSION_3) -> int:
+    """The size of a sealed body of ``m`` records."""
+    size = m * record_bytes(content, width, n_servers, suite, version)
+    return size + (batch_header_bytes(suite) if version == VERSION_3 else 0)
+
+
 def default_version(suite: SealingSuite) -> int:
-    """Classical shares keep the version 1 layout (any server opens them); other suites need 2."""
+    """The layout ``seal_batch`` uses unless told otherwise: version 3, for either suite."""
+    return VERSION_3
+
+
+def legacy_version(suite: SealingSuite) -> int:
+    """The layout for a server that does not list version 3: classical shares in version 1
+    (any server that opens sealed shares opens them), other suites in version 2."""
     return VERSION_1 if suite is CLASSICAL else VERSION_2
 
 
@@ -316,22 +422,23 @@ def default_version(suite: SealingSuite) -> int:
 
 @dataclass(frozen=True)
 class Recipient:
-    """Where a share is sealed to: a server's id and its current public key (raw bytes) of
-    ``suite``."""
+    """Where a share is sealed to: a server's id, its current public key (raw bytes) of
+    ``suite``, and the layout (``version``) to seal in."""
 
     server_id: str
     public_key: bytes
     suite: SealingSuite = CLASSICAL
+    version: int = VERSION_3
 
     @property
     def key_id(self) -> bytes:
         return key_id(self.public_key)
 
 
-def _sealer(recipient: Recipient, study_id: str, content: int, version: int | None):
-    """A function report_id, plaintext -> sealed record, for one recipient, kind and version."""
+def _sealer(recipient: Recipient, study_id: str, content: int, version: int):
+    """A function report_id, plaintext -> sealed record, for one recipient, kind and version
+    1 or 2."""
     suite = recipient.suite
-    version = default_version(suite) if version is None else version
     header_bytes(suite, version)  # refuses a version 1 post-quantum record
     pk = suite.load_public_key(recipient.public_key)
     kid = recipient.key_id
@@ -345,18 +452,70 @@ def _sealer(recipient: Recipient, study_id: str, content: int, version: int | No
         bytes(pt), pk, info=info_v2(study_id, sid, rid, content, kid, suite))
 
 
+@dataclass(frozen=True)
+class BatchHeader:
+    """A version 3 batch header. ``sealed_secret`` is ``enc || wrapped``, what HPKE's single-shot
+    seal of the 32-byte batch secret returns."""
+
+    batch_id: bytes
+    key_id: bytes
+    suite: SealingSuite
+    content: int
+    count: int
+    sealed_secret: bytes
+
+    def fixed(self) -> bytes:
+        """The 37 bytes before ``enc`` (what ``info_v3`` binds)."""
+        return (self.batch_id + self.key_id + bytes([EXTENDED, VERSION_3]) + self.suite.ids
+                + bytes([self.content]) + self.count.to_bytes(COUNT_BYTES, "big"))
+
+
+def seal_records(secret: bytes, transcript: bytes, report_ids: Sequence[bytes],
+                 plaintexts: Sequence[bytes]) -> bytes:
+    """A version 3 batch's records (deterministic given the secret and the transcript)."""
+    if any(len(rid) != REPORT_ID_BYTES for rid in report_ids):
+        raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes")
+    encrypt = ChaCha20Poly1305(record_key(secret, transcript)).encrypt
+    out = [rid + encrypt(record_nonce(i), pt, record_aad(transcript, rid))
+           for i, (rid, pt) in enumerate(zip(report_ids, plaintexts))]
+    return b"".join(out)
+
+
+def _seal_v3(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
+             plaintexts: Sequence[bytes]) -> bytes:
+    """One version 3 batch: a fresh batch id and secret, one HPKE seal of the secret, then the
+    records."""
+    m = len(report_ids)
+    if not 1 <= m <= MAX_BATCH_RECORDS:
+        raise ValueError(f"a sealed batch holds 1 to {MAX_BATCH_RECORDS} records, not {m}")
+    payload_bytes(content, 1)  # a known kind
+    if len({len(pt) for pt in plaintexts}) != 1:
+        raise ValueError("the records of a batch have plaintexts of one length")
+    suite = recipient.suite
+    pk = suite.load_public_key(recipient.public_key)
+    secret = os.urandom(SECRET_BYTES)
+    head = BatchHeader(os.urandom(BATCH_ID_BYTES), recipient.key_id, suite, content, m, b"")
+    fixed = head.fixed()
+    header = fixed + suite.hpke_suite.encrypt(secret, pk, info=info_v3(study_id, recipient.server_id, fixed))
+    transcript = transcript_v3(study_id, recipient.server_id, header)
+    return header + seal_records(secret, transcript, report_ids, plaintexts)
+
+
 def seal(recipient: Recipient, study_id: str, report_id: bytes, content: int, plaintext: bytes,
          version: int | None = None) -> bytes:
-    """One sealed record (version 1 for the classical suite unless ``version`` says 2)."""
-    return _sealer(recipient, study_id, content, version)(report_id, plaintext)
+    """One report sealed: a one-record body (in ``version``, default ``recipient.version``)."""
+    return seal_batch(recipient, study_id, [report_id], content, [plaintext], version)
 
 
 def seal_batch(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
                plaintexts: Sequence[bytes], version: int | None = None) -> bytes:
     """A sealed body: one record per report id, ``plaintexts[i]`` (its proof and payload) sealed
-    under ``report_ids[i]``."""
+    under ``report_ids[i]``, in ``version`` (default ``recipient.version``: 3, one batch)."""
     if len(report_ids) != len(plaintexts):
         raise ValueError("one plaintext per report id")
+    version = recipient.version if version is None else version
+    if version == VERSION_3:
+        return _seal_v3(recipient, study_id, report_ids, content, plaintexts)
     one = _sealer(recipient, study_id, content, version)
     out = bytearray()
     for rid, pt in zip(report_ids, plaintexts):
@@ -366,8 +525,8 @@ def seal_batch(recipient: Recipient, study_id: str, report_ids: Sequence[bytes],
 
 def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str, width: int,
               n_servers: int, version: int | None = None) -> bytes:
-    """Seal a plaintext batch body (``application/x-dpsketch-shares`` or ``-seeds``) record by
-    record: the sealed body holds the same reports with the same proofs and payloads."""
+    """Seal a plaintext batch body (``application/x-dpsketch-shares`` or ``-seeds``): the sealed
+    body holds the same reports, in the same order, with the same proofs and payloads."""
     from .messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, record_bytes as plain_record_bytes
 
     if media_type == SHARES_MEDIA_TYPE:
@@ -379,8 +538,10 @@ def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str,
     record = plain_record_bytes(media_type, width, n_servers)
     if not body or len(body) % record:
         raise ValueError(f"not a whole number of {record}-byte records")
-    ids = [body[i:i + REPORT_ID_BYTES] for i in range(0, len(body), record)]
-    plaintexts = [body[i + REPORT_ID_BYTES:i + record] for i in range(0, len(body), record)]
+    view = memoryview(body)
+    starts = range(0, len(body), record)
+    ids = [bytes(view[i:i + REPORT_ID_BYTES]) for i in starts]
+    plaintexts = [view[i + REPORT_ID_BYTES:i + record] for i in starts]
     return seal_batch(recipient, study_id, ids, content, plaintexts, version)
 
 
@@ -389,6 +550,8 @@ def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str,
 
 @dataclass
 class SealedRecord:
+    """One record of a version 1 or 2 body."""
+
     report_id: bytes
     key_id: bytes
     content: int
@@ -397,8 +560,31 @@ class SealedRecord:
     suite: SealingSuite = CLASSICAL
 
 
+def is_batch(body: bytes) -> bool:
+    """Whether a sealed body is a version 3 batch (byte 24 is 0x80 and byte 25 is 3)."""
+    at = REPORT_ID_BYTES + KEY_ID_BYTES
+    return len(body) > at + 1 and body[at] == EXTENDED and body[at + 1] == VERSION_3
+
+
+def _suite_of(ids: bytes, where: str) -> SealingSuite:
+    suite = _BY_IDS.get(bytes(ids))
+    if suite is None:
+        kem, kdf, aead = (int.from_bytes(ids[i:i + 2], "big") for i in (0, 2, 4))
+        known = "; ".join(f"{s.name}: kem 0x{s.kem_id:04x}, kdf 0x{s.kdf_id:04x}, aead 0x{s.aead_id:04x}"
+                          for s in SUITES.values())
+        raise UnknownSuite(f"{where}: HPKE suite (kem 0x{kem:04x}, kdf 0x{kdf:04x}, aead "
+                           f"0x{aead:04x}) is not one this server opens ({known})")
+    return suite
+
+
+def _check_content(content: int, where: str) -> None:
+    if content not in (CONTENT_SHARE, CONTENT_SEED):
+        raise MalformedSealedBatch(f"{where}: unknown content kind 0x{content:02x} (0x01 share, "
+                                   f"0x02 seed)")
+
+
 def _header(body: bytes, pos: int, index: int) -> tuple[int, int, SealingSuite]:
-    """(content, version, suite) of the record at ``pos``."""
+    """(content, version, suite) of the version 1 or 2 record at ``pos``."""
     kind = body[pos + REPORT_ID_BYTES + KEY_ID_BYTES]
     if not kind & EXTENDED:
         return kind, VERSION_1, CLASSICAL
@@ -410,28 +596,25 @@ def _header(body: bytes, pos: int, index: int) -> tuple[int, int, SealingSuite]:
     if kind != EXTENDED:
         raise MalformedSealedBatch(f"record {index}: unknown content kind 0x{kind:02x} (0x01 share, "
                                    f"0x02 seed; 0x80 marks a versioned record)")
+    if version == VERSION_3:
+        raise MalformedSealedBatch(f"record {index}: a version 3 sealed batch is a whole body, it "
+                                   f"cannot follow other records")
     if version != VERSION_2:
         raise MalformedSealedBatch(f"record {index}: sealed record version {version} is unknown here "
-                                   f"(this server reads versions 1 and 2)")
-    if content not in (CONTENT_SHARE, CONTENT_SEED):
-        raise MalformedSealedBatch(f"record {index}: unknown content kind 0x{content:02x} (0x01 share, "
-                                   f"0x02 seed)")
-    suite = _BY_IDS.get(ids)
-    if suite is None:
-        kem, kdf, aead = (int.from_bytes(ids[i:i + 2], "big") for i in (0, 2, 4))
-        known = "; ".join(f"{s.name}: kem 0x{s.kem_id:04x}, kdf 0x{s.kdf_id:04x}, aead 0x{s.aead_id:04x}"
-                          for s in SUITES.values())
-        raise UnknownSuite(f"record {index}: HPKE suite (kem 0x{kem:04x}, kdf 0x{kdf:04x}, aead "
-                           f"0x{aead:04x}) is not one this server opens ({known})")
-    return content, version, suite
+                                   f"(this server reads versions 1, 2 and 3)")
+    _check_content(content, f"record {index}")
+    return content, version, _suite_of(ids, f"record {index}")
 
 
 def parse(body: bytes, width: int, n_servers: int) -> list[SealedRecord]:
-    """Split a sealed body into records (no decryption); MalformedSealedBatch if it is empty,
-    names an unknown content kind or version, mixes kinds, versions or suites, or does not end on
-    a record boundary; UnknownSuite for a version 2 record of a suite not known here."""
+    """Split a version 1 or 2 body into records (no decryption); MalformedSealedBatch if it is
+    empty, names an unknown content kind or version, mixes kinds, versions or suites, or does not
+    end on a record boundary; UnknownSuite for a version 2 record of a suite not known here. (A
+    version 3 body is one batch: ``parse_batch``.)"""
     if not body:
         raise MalformedSealedBatch("a sealed batch holds at least one record")
+    if is_batch(body):
+        raise MalformedSealedBatch("a version 3 sealed batch is not a sequence of records (parse_batch)")
     out: list[SealedRecord] = []
     pos, n = 0, len(body)
     while pos < n:
@@ -455,25 +638,70 @@ def parse(body: bytes, width: int, n_servers: int) -> list[SealedRecord]:
     return out
 
 
+def parse_batch(body: bytes, width: int, n_servers: int) -> BatchHeader:
+    """The header of a version 3 body, checked against the body's length (no decryption):
+    MalformedSealedBatch if it is short, names an unknown kind or no records, or the body is not
+    exactly its header and ``count`` records (truncated, padded or spliced); UnknownSuite for a
+    suite not known here."""
+    if len(body) < V3_FIXED_BYTES:
+        raise MalformedSealedBatch(f"{len(body)} bytes: a version 3 sealed batch has a header of at "
+                                   f"least {V3_FIXED_BYTES} bytes")
+    at = BATCH_ID_BYTES + KEY_ID_BYTES + 2
+    content = body[at + 6]
+    _check_content(content, "sealed batch")
+    suite = _suite_of(body[at:at + 6], "sealed batch")
+    count = int.from_bytes(body[at + 7:V3_FIXED_BYTES], "big")
+    if count == 0:
+        raise MalformedSealedBatch("a sealed batch holds at least one record (its count is 0)")
+    head = batch_header_bytes(suite)
+    expected = head + count * record_bytes(content, width, n_servers, suite, VERSION_3)
+    if len(body) != expected:
+        raise MalformedSealedBatch(
+            f"a version 3 {suite.name} sealed batch of {count} records of kind 0x{content:02x} at "
+            f"width {width} is {expected} bytes, this body is {len(body)} (truncated, padded or spliced)")
+    return BatchHeader(bytes(body[:BATCH_ID_BYTES]), bytes(body[BATCH_ID_BYTES:BATCH_ID_BYTES + KEY_ID_BYTES]),
+                       suite, content, count, bytes(body[V3_FIXED_BYTES:head]))
+
+
 def count_records(body: bytes, width: int, n_servers: int) -> int:
+    if is_batch(body):
+        return parse_batch(body, width, n_servers).count
     return len(parse(body, width, n_servers))
 
 
 def split_body(body: bytes, width: int, n_servers: int) -> tuple[bytes, bytes]:
-    """Cut a sealed body into two at the record boundary nearest its middle record."""
+    """Cut a version 1 or 2 body into two at the record boundary nearest its middle record. A
+    version 3 batch does not cut (its count and order are sealed): seal each half again."""
+    if is_batch(body):
+        raise ValueError("a version 3 sealed batch cannot be cut in two: seal each half of its "
+                         "plaintext again")
     records = parse(body, width, n_servers)
     half = len(records) // 2
     cut = sum(record_bytes(r.content, width, n_servers, r.suite, r.version) for r in records[:half])
     return body[:cut], body[cut:]
 
 
+def _check_suite(key, kid: bytes, suite: SealingSuite, what: str):
+    """``key`` if it is of ``suite``: a key of another suite is refused, never tried."""
+    if not suite.owns(key):
+        raise SealError(f"{what}: key id {kid.hex()} names a key of another suite, not "
+                        f"{suite.name}; fetch /v1/info and seal again")
+    return key
+
+
+def _key_of(private_key_for: Callable[[bytes], Any], kid: bytes, suite: SealingSuite, what: str):
+    key = private_key_for(kid)
+    if key is None:
+        raise SealError(f"{what}: unknown key id {kid.hex()} (not a key of this server, or retired); "
+                        f"fetch /v1/info and seal again")
+    return _check_suite(key, kid, suite, what)
+
+
 def open_record(private_key, study_id: str, server_id: str, record: SealedRecord) -> bytes:
-    """The plaintext of one record, opened with the private key its key id names (a loaded key
-    of the record's suite; a key of another suite is refused, never tried)."""
+    """The plaintext of one version 1 or 2 record, opened with the private key its key id names
+    (a loaded key of the record's suite; a key of another suite is refused, never tried)."""
     suite = record.suite
-    if not suite.owns(private_key):
-        raise SealError(f"report {record.report_id.hex()}: key id {record.key_id.hex()} names a key "
-                        f"of another suite than the record's ({suite.name}); fetch /v1/info and seal again")
+    _check_suite(private_key, record.key_id, suite, f"report {record.report_id.hex()}")
     if record.version == VERSION_1:
         context = info(study_id, server_id, record.report_id, record.content)
     else:
@@ -486,30 +714,79 @@ def open_record(private_key, study_id: str, server_id: str, record: SealedRecord
             f"another server, study or report id, or altered in transit)") from None
 
 
-def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id: str,
-               private_key_for: Callable[[bytes], Any]):
-    """Open every record of a sealed body into a ``messages.Upload`` (ids, proofs, payloads of
-    one kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private key
-    of either suite, or None. All or nothing: the first record that does not parse raises
-    MalformedSealedBatch (UnknownSuite for a suite not known here), the first that does not open
-    raises SealError."""
+def open_secret(private_key, study_id: str, server_id: str, header: BatchHeader) -> bytes:
+    """A version 3 batch's secret (HPKE single-shot open of its header under ``info_v3``)."""
+    try:
+        secret = header.suite.hpke_suite.decrypt(header.sealed_secret, private_key,
+                                                 info=info_v3(study_id, server_id, header.fixed()))
+    except InvalidTag:
+        raise SealError(f"sealed batch {header.batch_id.hex()}: its key does not open here (sealed "
+                        f"for another server or study, or its header altered in transit)") from None
+    if len(secret) != SECRET_BYTES:  # cannot happen: WRAPPED_BYTES fixes the length
+        raise SealError(f"sealed batch {header.batch_id.hex()}: a batch secret is {SECRET_BYTES} bytes")
+    return secret
+
+
+def open_records(secret: bytes, transcript: bytes, records: bytes, count: int, plaintext_len: int,
+                 batch_id: bytes = b"", first: int = 0) -> tuple[list[bytes], bytes]:
+    """The report ids and the concatenated plaintexts of ``count`` records of a version 3 batch,
+    its records ``first`` to ``first + count - 1`` (``records``: those records' bytes; by default
+    the whole body after the header). SealError naming the first record that does not open:
+    moved from another batch, to another place or report id, or altered."""
+    decrypt = ChaCha20Poly1305(record_key(secret, transcript)).decrypt
+    size = REPORT_ID_BYTES + plaintext_len + TAG_BYTES
+    view = memoryview(records)
+    starts = range(0, count * size, size)
+    ids = [bytes(view[p:p + REPORT_ID_BYTES]) for p in starts]
+    try:
+        out = [decrypt(record_nonce(i), view[p + REPORT_ID_BYTES:p + size], record_aad(transcript, rid))
+               for i, p, rid in zip(range(first, first + count), starts, ids)]
+    except InvalidTag:
+        for i, p, rid in zip(range(first, first + count), starts, ids):  # which one (refusals only)
+            try:
+                decrypt(record_nonce(i), view[p + REPORT_ID_BYTES:p + size], record_aad(transcript, rid))
+            except InvalidTag:
+                raise SealError(f"report {rid.hex()}: record {i} of sealed batch {batch_id.hex()} does "
+                                f"not open here (moved from another batch or place, under another "
+                                f"report id, or altered in transit)") from None
+        raise  # pragma: no cover - every record opened the second time
+    return ids, b"".join(out)
+
+
+def _upload(ids: list[bytes], plain: bytes, content: int, width: int, n_servers: int):
     from .messages import Upload
 
-    records = parse(body, width, n_servers)
-    content = records[0].content
+    rows = np.frombuffer(plain, dtype=np.uint8).reshape(len(ids), -1)
     proof_len = binding.proof_bytes(n_servers)
-    ids: list[bytes] = []
-    plain = bytearray()
-    for rec in records:
-        key = private_key_for(rec.key_id)
-        if key is None:
-            raise SealError(f"report {rec.report_id.hex()}: unknown key id {rec.key_id.hex()} (not a "
-                            f"key of this server, or retired); fetch /v1/info and seal again")
-        plain += open_record(key, study_id, server_id, rec)
-        ids.append(rec.report_id)
-    rows = np.frombuffer(bytes(plain), dtype=np.uint8).reshape(len(records), -1)
     proofs = np.ascontiguousarray(rows[:, :proof_len])
     payload = np.ascontiguousarray(rows[:, proof_len:])
     if content == CONTENT_SHARE:
-        payload = payload.view("<u8").reshape(len(records), width).astype(np.uint64)
+        payload = payload.view("<u8").reshape(len(ids), width).astype(np.uint64)
     return Upload(ids, proofs, payload, content)
+
+
+def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id: str,
+               private_key_for: Callable[[bytes], Any]):
+    """Open a sealed body of any version into a ``messages.Upload`` (ids, proofs, payloads of one
+    kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private key of
+    either suite, or None. All or nothing: a body that does not parse raises
+    MalformedSealedBatch (UnknownSuite for a suite not known here), the first record (or batch
+    header) that does not open raises SealError."""
+    if is_batch(body):
+        header = parse_batch(body, width, n_servers)
+        where = f"sealed batch {header.batch_id.hex()}"
+        key = _key_of(private_key_for, header.key_id, header.suite, where)
+        secret = open_secret(key, study_id, server_id, header)
+        head = batch_header_bytes(header.suite)
+        transcript = transcript_v3(study_id, server_id, body[:head])
+        ids, plain = open_records(secret, transcript, memoryview(body)[head:], header.count,
+                                  plaintext_bytes(header.content, width, n_servers), header.batch_id)
+        return _upload(ids, plain, header.content, width, n_servers)
+    records = parse(body, width, n_servers)
+    ids: list[bytes] = []
+    plain = bytearray()
+    for rec in records:
+        key = _key_of(private_key_for, rec.key_id, rec.suite, f"report {rec.report_id.hex()}")
+        plain += open_record(key, study_id, server_id, rec)
+        ids.append(rec.report_id)
+    return _upload(ids, bytes(plain), records[0].content, width, n_servers)
