@@ -14,7 +14,7 @@ background and stopped again at the end if this test started it) and deploy/base
 python:3.11-slim stand-in when no registry can be reached). Skipped, with the reason, when neither
 a running engine nor root with apt-get is available, or with DPSKETCH_SKIP_DOCKER=1.
 
-Everything runs under compose project ``dpsketch-test`` on free loopback ports, with fresh random
+Everything runs under compose project ``dpsketch-test-<pid>`` on free loopback ports, with fresh random
 tokens, and is removed with ``down -v`` afterwards. The image build is cached by the engine, so
 only the first run on a machine pays for it.
 """
@@ -46,7 +46,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-PROJECT = "dpsketch-test"
+#: one project per test process: two runs on one engine (two checkouts) never share containers
+PROJECT = f"dpsketch-test-{os.getpid()}"
 PLAIN = ["-f", "docker-compose.yml"]
 TLS = [*PLAIN, "-f", "deploy/compose.tls.yml"]
 SERVERS = ["s1", "s2", "s3"]
@@ -534,3 +535,132 @@ def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
         assert set(result.report_counts.values()) == {2000}
         assert an.finalize(created["study_id"])["state"] == "released"
     assert c.container("s1").exec_run(["ls", "/run/dpsketch"]).exit_code != 0  # no certificates
+
+
+# --- the replicated layout as a Docker Swarm stack ---------------------------------------------
+
+STACK = f"dpsketch-swarm-{os.getpid()}"
+
+
+def _stack_tasks(service: str) -> list[dict]:
+    out = _run(["docker", "service", "ps", f"{STACK}_{service}", "--no-trunc", "--format", "{{json .}}",
+                "--filter", "desired-state=running"], timeout=60, check=False).stdout
+    import json
+
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _wait_http(url: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url} did not answer 200 within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def test_swarm_stack_with_replicas(compose_cluster):
+    """deploy/stack.yml on a one-node swarm (the engine's swarm mode): s1 as two replicas on its
+    own PostgreSQL behind haproxy, built from the same base image. A study goes through the
+    published ports while one s1 replica container is killed mid-upload: swarm replaces it,
+    every report s1 acknowledged is held once, and the study releases over all of them."""
+    c = compose_cluster
+    images = [("dpsketch-postgres:local", "deploy/replicated/postgres.Dockerfile"),
+              ("dpsketch-lb:local", "deploy/replicated/lb.Dockerfile")]
+    for tag, dockerfile in images:
+        _run(["docker", "build", "-q", "-t", tag, "-f", dockerfile, "deploy/replicated"], timeout=900)
+    state = _run(["docker", "info", "--format", "{{.Swarm.LocalNodeState}}"], timeout=30).stdout.strip()
+    joined = state != "active"
+    if joined:
+        _run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], timeout=120)
+    ports = free_ports(4)
+    env = {k: v for k, v in c.env.items() if not k.endswith("_PORT")}
+    env.update(ANALYZER_PORT=str(ports[0]), S1_PORT=str(ports[1]), S2_PORT=str(ports[2]),
+               S3_PORT=str(ports[3]), S1_DB_PASSWORD=secrets.token_hex(16))
+    urls = [f"http://127.0.0.1:{p}" for p in ports[1:]]
+    analyzer_url = f"http://127.0.0.1:{ports[0]}"
+    try:
+        _run(["docker", "stack", "deploy", "-c", "deploy/stack.yml", STACK], env=env, timeout=300)
+        for url in urls + [analyzer_url]:
+            _wait_http(url + "/healthz")
+        _wait_http(urls[0] + "/readyz")
+        deadline = time.monotonic() + 180
+        while len([t for t in _stack_tasks("s1-replica") if t["CurrentState"].startswith("Running")]) < 2:
+            assert time.monotonic() < deadline, _stack_tasks("s1-replica")
+            time.sleep(1)
+
+        n, batch = 30_000, 1000
+        with AnalyzerClient(analyzer_url, c.api_token) as an:
+            created = an.create_study(name="swarm", columns=COLUMNS, label="y", expected_reports=n,
+                                      k=8, s=2, min_reports=n)
+        sid = created["study_id"]
+        study = Study.model_validate(created["study"])
+        from services.admin import issue_for_data_owner
+
+        tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n)
+        s1_port = ports[1]
+        transport = _RecordingTransport()
+        killed: dict[str, object] = {}
+
+        def chaos() -> None:
+            try:
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    with transport.lock:
+                        if len(transport.acked.get(s1_port, [])) >= 6:
+                            break
+                    time.sleep(0.01)
+                killed["acked_before"] = transport.acked_ids(s1_port, study.d)
+                boxes = c.docker.containers.list(filters={"label": f"com.docker.swarm.service.name={STACK}_s1-replica"})
+                killed["replicas_seen"] = len(boxes)
+                boxes[0].kill()
+                killed["id"] = boxes[0].id
+            except BaseException as exc:
+                killed["error"] = exc
+
+        killer = threading.Thread(target=chaos, daemon=True)
+        with Client(urls, transport=transport, max_retries=12, backoff=0.25, max_backoff=4.0,
+                    token=tokens) as client:
+            killer.start()
+            result = client.submit_many(sid, _regression_rows(n, 11), batch_size=batch)
+        killer.join(timeout=180)
+        assert "error" not in killed, killed.get("error")
+        assert killed.get("replicas_seen") == 2 and "id" in killed, killed
+        assert result.n_reports == n and set(result.report_counts.values()) == {n}
+        ids = {bytes.fromhex(h) for h in result}
+        held = [_report_ids(url, sid, tok, True) for url, tok in zip(urls, c.analyst_tokens)]
+        acked_before: set[bytes] = killed["acked_before"]  # type: ignore[assignment]
+        assert len(acked_before) >= 6 * batch and acked_before <= held[0]
+        assert all(h == ids for h in held)
+        with AnalyzerClient(analyzer_url, c.api_token) as an:
+            fin = an.finalize(sid)
+            assert fin["state"] == "released" and fin["n_reports"] == n
+        deadline = time.monotonic() + 180  # swarm replaced the killed replica
+        while True:
+            running = [t for t in _stack_tasks("s1-replica") if t["CurrentState"].startswith("Running")]
+            if len(running) == 2:
+                break
+            assert time.monotonic() < deadline, _stack_tasks("s1-replica")
+            time.sleep(1)
+        bodies = {httpx.get(f"{urls[0]}/v1/studies/{sid}/aggregate", timeout=30,
+                            headers={"Authorization": f"Bearer {c.analyst_tokens[0]}"}).content
+                  for _ in range(4)}  # round robin over both replicas: one release
+        assert len(bodies) == 1
+    finally:
+        _run(["docker", "stack", "rm", STACK], timeout=120, check=False)
+        deadline = time.monotonic() + 120
+        while c.docker.containers.list(all=True, filters={"label": f"com.docker.stack.namespace={STACK}"}):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        for volume in c.docker.volumes.list(filters={"label": f"com.docker.stack.namespace={STACK}"}):
+            try:
+                volume.remove(force=True)
+            except Exception:  # noqa: BLE001 - a volume still in use is reported by the next run
+                pass
+        if joined:
+            _run(["docker", "swarm", "leave", "--force"], timeout=120, check=False)

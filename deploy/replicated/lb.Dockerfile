@@ -1,0 +1,13 @@
+# The load balancer in front of one organisation's share-server replicas (deploy/stack.yml):
+# Debian's haproxy on the same base image as dpsketch, with deploy/replicated/haproxy.cfg.
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy \
+ && rm -rf /var/lib/apt/lists/*
+COPY haproxy.cfg /etc/dpsketch/haproxy.cfg
+USER haproxy
+EXPOSE 8101
+HEALTHCHECK --interval=2s --timeout=3s --start-period=5s --retries=10 \
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8101/healthz', timeout=2).status == 200 else 1)"]
+ENTRYPOINT ["haproxy", "-db", "-f", "/etc/dpsketch/haproxy.cfg"]
