@@ -61,12 +61,31 @@ WHERE excluded.last_rowid > checkpoints.last_rowid
 """
 
 
-def due(record: StudyRecord, state: StudyState) -> bool:
-    """Whether the writer should checkpoint this study now."""
+def due(record: StudyRecord, state: StudyState, growth: float = CHECKPOINT_GROWTH) -> bool:
+    """Whether the study should be checkpointed now: it grew by ``growth`` since the last one
+    (0 at a clean shutdown: any growth)."""
     if record.study.parties is not None or record.commit is not None:
         return False
     held = len(state.ids)
-    return held >= CHECKPOINT_MIN_REPORTS and held >= (1 + CHECKPOINT_GROWTH) * state.checkpointed
+    return (held >= CHECKPOINT_MIN_REPORTS and held > state.checkpointed
+            and held >= (1 + growth) * state.checkpointed)
+
+
+def save(conn: Any, backend: Any, record: StudyRecord, state: StudyState) -> bool:
+    """Take a checkpoint of the study in its own transaction on the writer's connection; False
+    (logged) if the database refused: a missing checkpoint costs only restart time."""
+    with state.lock:
+        snap = snapshot(state)
+    try:
+        backend.begin(conn)
+        write(conn, record.seq, snap)
+        conn.execute("COMMIT")
+    except backend.errors as exc:
+        backend.rollback_quietly(conn)
+        log.warning("study %s: no checkpoint (the next restart reads more): %s", record.study_id, exc)
+        return False
+    state.checkpointed = snap[1]
+    return True
 
 
 def snapshot(state: StudyState) -> tuple:

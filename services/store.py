@@ -152,18 +152,8 @@ class Store:
         the next start does not re-read its shares (services/checkpoint.py)."""
         for record in list(self._records.values()):
             state = record.state
-            if (state is None or record.commit is not None or record.study.parties is not None
-                    or len(state.ids) < checkpoint.CHECKPOINT_MIN_REPORTS or len(state.ids) == state.checkpointed):
-                continue
-            with state.lock:
-                snap = checkpoint.snapshot(state)
-            try:
-                self.backend.begin(self._conn)
-                checkpoint.write(self._conn, record.seq, snap)
-                self._conn.execute("COMMIT")
-            except _DB_ERRORS as exc:
-                self.backend.rollback_quietly(self._conn)
-                log.warning("study %s: no checkpoint at shutdown: %s", record.study_id, exc)
+            if state is not None and checkpoint.due(record, state, growth=0.0):
+                checkpoint.save(self._conn, self.backend, record, state)
 
     def _reading(self):
         """A read-only connection for the duration of a ``with`` block (SQLite: this thread's;

@@ -295,19 +295,8 @@ class Writer:
         """A checkpoint of the study's state once it grew enough (services/checkpoint.py), in its
         own transaction after the uploads' one: a failure costs only restart time."""
         state = record.state
-        if state is None or not checkpoint.due(record, state):
-            return
-        with state.lock:
-            snap = checkpoint.snapshot(state)
-        try:
-            self.backend.begin(self.conn)
-            checkpoint.write(self.conn, record.seq, snap)
-            self.conn.execute("COMMIT")
-        except self.db_errors as exc:
-            self.backend.rollback_quietly(self.conn)
-            log.warning("study %s: checkpoint failed (the next restart reads more): %s", record.study_id, exc)
-            return
-        state.checkpointed = snap[1]
+        if state is not None and checkpoint.due(record, state):
+            checkpoint.save(self.conn, self.backend, record, state)
 
     def _plan(self, job: UploadJob, pending: dict[int, list[_Plan]],
               charged: dict[tuple[int, bytes], int] | None = None, budget: int | None = None) -> _Plan | None:
