@@ -82,10 +82,13 @@ def _parser() -> argparse.ArgumentParser:
                         "default), post-quantum MLKEM768-X25519 at every server (refused unless "
                         "every server publishes such a key), or post-quantum where published and "
                         "classical elsewhere (docs/sealing.md)")
-    p.add_argument("--compress", action="store_true",
-                   help="seed-compressed shares: every server but the last gets a 32-byte seed "
-                        "instead of a full-width share (much smaller uploads for wide studies, e.g. "
-                        "histograms with many cells; docs/protocol.md section 4)")
+    p.add_argument("--compress", action=argparse.BooleanOptionalAction, default=True,
+                   help="seed-compressed shares (the default): every server but the last gets a "
+                        "32-byte seed instead of a full-width share: with N servers a row uploads "
+                        "8d + 32(N-1) bytes of share data instead of 8dN, plus 16 + 16N of id and "
+                        "proof per server (docs/protocol.md section 4); "
+                        "--no-compress sends every server its full share; --party blocks always go "
+                        "as full shares")
     p.add_argument("--max-floor-epsilon", type=float, metavar="EPS",
                    default=float(os.environ["DPSKETCH_MAX_FLOOR_EPSILON"]) if os.environ.get(
                        "DPSKETCH_MAX_FLOOR_EPSILON") else None,

@@ -38,7 +38,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from dpsketch import __version__
-from dpsketch.protocol import envelope, messages
+from dpsketch.protocol import chacha, envelope, messages
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
@@ -192,11 +192,15 @@ class Client:
     ``backoff * 2^attempt`` seconds (capped at ``max_backoff``, with jitter), or the server's
     ``Retry-After`` if longer (capped at ``max_retry_after``). Batches are cut to at most
     ``max_batch_bytes`` per request body; ``queue_depth`` batches per server may wait in memory.
-    ``transport`` is passed to httpx (tests use it to inject faults). With ``compress=True``
-    ``submit_many`` sends servers 1..N-1 a 32-byte seed per report instead of their 8d-byte
-    share (``application/x-dpsketch-seeds``): it pays from d of about 8 up in bytes, but the
-    per-row ChaCha20 expansion (about 4 us per row and seed, client and server) costs time, so
-    full shares stay the default. Single reports (``submit``) always go as full shares.
+    ``transport`` is passed to httpx (tests use it to inject faults). ``compress`` (the default)
+    sends servers 1..N-1 a 32-byte seed per report from ``submit_many`` instead of their 8d-byte
+    share (``application/x-dpsketch-seeds``; docs/protocol.md section 4): besides the N records'
+    ids and proofs (16 + 16N bytes each) a report uploads 8d + 32(N-1) bytes instead of 8dN
+    (with N = 3: 256 + 8d bytes in all instead of 192 + 24d), and preparing a batch takes about
+    as long as with full shares (the seeds expand through one compiled ChaCha20 loop,
+    dpsketch/protocol/chacha.py; ``dpsketch bench seeds``).
+    ``compress=False`` sends every server its full share. Single reports (``submit``) and
+    blocks (``submit_blocks``) always go as full shares.
 
     With ``encrypt=True`` every share (or seed) is sealed to its server with HPKE (X25519,
     HKDF-SHA256, ChaCha20-Poly1305; docs/protocol.md section 7a) under the server's current
@@ -235,7 +239,7 @@ class Client:
                  http2: bool = False, verify: bool | str | ssl.SSLContext = True,
                  token: str | Sequence[str] | None = None, queue_depth: int = 2,
                  max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None,
-                 compress: bool = False, encrypt: bool = False, max_floor_epsilon: float | None = None,
+                 compress: bool = True, encrypt: bool = False, max_floor_epsilon: float | None = None,
                  privacy_limit: Any = None,
                  sealing: str = _sealing.CLASSICAL):
         urls = [u.strip().rstrip("/") for u in server_urls]
@@ -261,6 +265,8 @@ class Client:
         self.queue_depth = queue_depth
         self.max_batch_bytes = max_batch_bytes
         self.compress = compress
+        if compress:  # load the seed expansion's compiled loop while the study is fetched
+            threading.Thread(target=chacha.warm_up, name="chacha20-warm-up", daemon=True).start()
         self.encrypt = encrypt
         self.sealing = _sealing.check_policy(sealing)
         if sealing != _sealing.CLASSICAL and not encrypt:
@@ -628,7 +634,8 @@ class Client:
         ignored); each row's individual is named by ``keys`` (one per row) or by the CSV's
         ``key_column``. ``party_key`` is the 32-byte key the parties share (never a server):
         it turns each key into the pseudonym the servers see (``client_sdk.parties``). The
-        client's token must be one of the party's upload tokens. Returns the block ids.
+        client's token must be one of the party's upload tokens. Returns the block ids. Blocks
+        go as full shares to every server (``compress`` does not apply to them).
 
         A block is one per individual and party: sending the same bytes again is harmless
         (:meth:`resend` after an :class:`IncompleteUpload`), but preparing an individual's block
@@ -638,9 +645,9 @@ class Client:
 
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        if self.encrypt or self.compress:
-            raise SDKError("block uploads travel as plaintext full shares (over TLS); sealed or "
-                           "seed-compressed blocks are not supported yet")
+        if self.encrypt:
+            raise SDKError("block uploads travel as plaintext full shares (over TLS); sealed "
+                           "blocks are not supported yet")
         study = self._open_study(study_id, blocks=True)
         try:
             _index, declared = study.party(party)

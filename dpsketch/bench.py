@@ -20,6 +20,12 @@
                  batches: accepted throughput, p99, refusals with Retry-After,
                  server RSS, and every acknowledged report id checked in the store (lost = 0);
                  not part of ``all``;
+* ``seeds``    - seed-compressed shares against full shares at d = 10 and d = 100 (N = 3, 10^5
+                 rows): a client's prepare time (noise, encode, share, bind) and bytes per row;
+                 a server's decode + binding check + expansion of a seed body against the same
+                 reports' full-share body, expansion rows/s, and the speed-up over one
+                 ``cryptography`` cipher per seed; seconds until a fresh process can expand
+                 seeds (compiled, then from numba's cache); not part of ``all``;
 * ``accuracy`` - the demo's error ratios (LTM, local, central) at n = 10^4, 10^5, 10^6 through
                  the real pipeline (real processes, SDK over HTTP, analyzer REST);
 * ``histogram`` - the whole path of a histogram study (10^6 clients, 10 bins x 3 classes, through
@@ -153,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dpsketch bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", nargs="?", default="all",
-                   choices=["commit", "upload", "sealed", "load", "overload", "accuracy", "histogram", "all"])
+                   choices=["commit", "upload", "sealed", "seeds", "load", "overload", "accuracy", "histogram",
+                            "all"])
     p.add_argument("--seconds", type=float, help="load: how long to drive uploads (default: 60; --quick: 5); "
                    "overload: how long to offer the overload (default: 10; --quick: 4)")
     p.add_argument("--factor", type=float, default=2.0,
@@ -185,6 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         figures["sealed_upload"] = server_bench.bench_sealed_upload(n=20_000 if args.quick else 100_000, d=32,
                                                                     n_v1=5_000 if args.quick else None)
         print(json.dumps({"sealed_upload": figures["sealed_upload"]}), flush=True)
+    if args.which == "seeds":
+        from client_sdk import bench_compression
+
+        n = 10_000 if args.quick else 100_000
+        figures["seeds_warm_up"] = server_bench.bench_seed_warm_up()
+        print(json.dumps({"seeds_warm_up": figures["seeds_warm_up"]}), flush=True)
+        for d in (10, 100):
+            for key, fig in ((f"seeds_client_d{d}", bench_compression(n=n, d=d, n_servers=3)),
+                             (f"seeds_server_d{d}", server_bench.bench_seed_expansion(n=n, d=d, n_servers=3))):
+                figures[key] = fig
+                print(json.dumps({key: fig}), flush=True)
     if args.which == "load":
         from dpsketch import loadtest
 

@@ -10,7 +10,9 @@ is to what the hardware allows:
 * bulk upload: raw SQLite inserts of the same rows with the same durability (WAL, fsync per
   transaction), no HTTP and no hashing;
 * single upload: a do-nothing HTTP endpoint on the same stack, driven by the same load generator
-  (the loopback request rate), and the rate of one fsync per report (no group commit).
+  (the loopback request rate), and the rate of one fsync per report (no group commit);
+* seed-compressed upload: the same reports' full-share body (decode, binding check, shares), and
+  the seed expansion as it was before (one ``cryptography`` cipher per seed).
 
 The upload benches run the server's default policy: every upload carries an upload token (one
 without a quota, issued by the operator) and every record its binding proof, which the server
@@ -40,7 +42,7 @@ import numpy as np
 
 from dpsketch.cluster import free_port
 from dpsketch.loadtest import status_kib
-from dpsketch.protocol import binding, messages, sketch
+from dpsketch.protocol import binding, chacha, messages, ring, sketch
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
 
@@ -595,6 +597,87 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
         out.update(baseline_fsync_per_report_per_s=round(fsync_rate),
                    group_commit_gain=round(res["per_s"] / fsync_rate, 2))
     return out
+
+
+
+# --- (d) seed-compressed uploads ------------------------------------------------------------------
+
+
+def _one_cipher_per_seed(seeds: np.ndarray, d: int) -> np.ndarray:
+    """Seed expansion as it was before chacha.py (the baseline): one ``cryptography`` ChaCha20
+    cipher per seed, its 16-byte nonce the little-endian counter 0 and then ring.SEED_NONCE."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    nonce, zeros = b"\x00" * 4 + ring.SEED_NONCE, bytes(8 * d)
+    raw = b"".join(Cipher(algorithms.ChaCha20(seed.tobytes(), nonce), mode=None).encryptor().update(zeros)
+                   for seed in seeds)
+    return np.frombuffer(raw, dtype=ring.WIRE_DTYPE).reshape(len(seeds), d)
+
+
+def bench_seed_expansion(n: int = 100_000, d: int = 10, n_servers: int = 3, repeats: int = 3,
+                         reference_rows: int = 20_000, seed: int = 4) -> dict[str, Any]:
+    """What a server pays for a seed-compressed upload: decoding a body of n seeds, checking
+    their binding and expanding them to the (n, d) shares (the CPU work of an upload before the
+    ids are hashed), against the same for the full-share body of the same n reports; the
+    expansion alone in rows/s and MB/s of keystream; and the expansion as it was before
+    (``_one_cipher_per_seed``, on ``reference_rows`` rows) for the speed-up. Medians of
+    ``repeats``, alternating."""
+    rng = np.random.default_rng(seed)
+    study_id = rng.bytes(32).hex()
+    encoded = rng.integers(0, np.iinfo(np.uint64).max, size=(n, d), dtype=np.uint64, endpoint=True)
+    seeds, last = ring.share_with_seeds(encoded, n_servers)
+    contents = [binding.CONTENT_SEED] * (n_servers - 1) + [binding.CONTENT_SHARE]
+    ids, proofs = binding.bind(study_id, contents, [*seeds, last])
+    bodies = {"seeds": (messages.encode_seed_batch(ids, proofs[0], seeds[0]), messages.SEEDS_MEDIA_TYPE, 0),
+              "full": (encode_batch(ids, proofs[-1], last), SHARES_MEDIA_TYPE, n_servers - 1)}
+    ring.expand_seeds(seeds[0][:10], d)  # the compiled loop, loaded
+    times: dict[str, list[float]] = {"seeds": [], "full": [], "expand": []}
+    for _ in range(repeats):
+        for mode, (body, media_type, position) in bodies.items():
+            t0 = time.perf_counter()
+            upload = messages.decode_upload(body, media_type, d, n_servers)
+            upload.verify(study_id, n_servers, position)
+            shares = upload.shares(d)
+            times[mode].append(time.perf_counter() - t0)
+            assert len(shares) == n
+        t0 = time.perf_counter()
+        ring.expand_seeds(seeds[0], d)
+        times["expand"].append(time.perf_counter() - t0)
+    m = min(reference_rows, n)
+    t0 = time.perf_counter()
+    before = _one_cipher_per_seed(seeds[0][:m], d)
+    before_per_row = (time.perf_counter() - t0) / m
+    if not np.array_equal(before, ring.expand_seeds(seeds[0][:m], d)):  # pragma: no cover
+        raise AssertionError("the compiled ChaCha20 differs from cryptography's")
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {
+        "n": n, "d": d, "n_servers": n_servers, "repeats": repeats, "threads": chacha.THREADS,
+        "seed_body_seconds": round(med["seeds"], 4), "full_body_seconds": round(med["full"], 4),
+        "seed_to_full_ratio": round(med["seeds"] / med["full"], 3),
+        "expand_rows_per_s": round(n / med["expand"]),
+        "expand_keystream_mb_per_s": round(n * 8 * d / med["expand"] / 1e6),
+        "baseline_one_cipher_per_seed_rows_per_s": round(1 / before_per_row),
+        "speedup_over_one_cipher_per_seed": round(before_per_row * n / med["expand"], 1),
+    }
+
+
+def bench_seed_warm_up() -> dict[str, Any]:
+    """Seconds until a fresh process can expand seeds (``chacha.warm_up``, numba included): with
+    an empty cache (the loop is compiled) and again with the cache that run left; against the
+    seconds to import the client SDK's CLI in a fresh process (what every CLI run pays)."""
+    def fresh(code: str, env: dict[str, str]) -> float:
+        out = subprocess.run([sys.executable, "-c", "import time; t = time.perf_counter(); " + code +
+                              "; print(time.perf_counter() - t)"], env=env, check=True,
+                             capture_output=True, text=True)
+        return round(float(out.stdout.split()[-1]), 3)
+
+    with tempfile.TemporaryDirectory(prefix="dpsketch-numba-") as cache:
+        env = os.environ | {"NUMBA_CACHE_DIR": cache}
+        warm = "from dpsketch.protocol import chacha; chacha.warm_up()"
+        cold_s = fresh(warm, env)
+        cached_s = fresh(warm, env)
+    return {"compile_seconds": cold_s, "cached_seconds": cached_s,
+            "baseline_import_client_cli_seconds": fresh("import client_sdk.cli", dict(os.environ))}
 
 
 def main(argv: list[str] | None = None) -> int:

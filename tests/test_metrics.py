@@ -122,7 +122,8 @@ def test_counters_move_by_exactly_the_known_upload(cluster: Cluster):
     assert delta(before, after, "dpsketch_upload_requests_total", study_id=sid, outcome="acknowledged") == 3 + 2
     assert delta(before, after, "dpsketch_upload_requests_total", study_id=sid, outcome="binding-refused") == 1
     assert delta(before, after, "dpsketch_upload_requests_total", study_id=sid, outcome="malformed-body") == 1
-    sdk_bytes = 3 * messages.record_bytes(SHARES_MEDIA_TYPE, study.width, study.n_servers) * 100
+    # the SDK's default sends s1 (not the last server) a seed per report, not its share
+    sdk_bytes = 3 * messages.record_bytes(messages.SEEDS_MEDIA_TYPE, study.width, study.n_servers) * 100
     assert delta(before, after, "dpsketch_upload_bytes_total", study_id=sid) == sdk_bytes + 2 * len(body)
     assert value(after, "dpsketch_store_reports", study_id=sid, status="open") == n + m
     route = "/v1/studies/{study_id}/batches"

@@ -247,7 +247,8 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
             return super().handle_request(request)
 
     rows = np.random.default_rng(5).normal(0, 0.3, size=(n, len(COLUMNS)))
-    with Client(c.server_urls, encrypt=True, sealing="post-quantum", transport=Watch()) as client:
+    # full shares (compress=False): every record sealed here carries a share, none a seed
+    with Client(c.server_urls, encrypt=True, sealing="post-quantum", compress=False, transport=Watch()) as client:
         assert client.sealing_suites(study.study_id) == ["post-quantum"] * 3
         client.submit(study.study_id, rows[0])
         client.submit_many(study.study_id, rows[1:150], batch_size=64)
@@ -266,7 +267,7 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
         with pytest.raises(SDKError, match="publishes no post-quantum HPKE key"):
             client.submit_many(study.study_id, rows[150:160])
     assert posts == []
-    with Client(c.server_urls, encrypt=True, sealing="prefer-post-quantum",
+    with Client(c.server_urls, encrypt=True, sealing="prefer-post-quantum", compress=False,
                 transport=_without_pq(port2, posts)) as client:
         assert client.sealing_suites(study.study_id) == ["post-quantum", "classical", "post-quantum"]
         client.submit_many(study.study_id, rows[150:225])

@@ -117,40 +117,68 @@ def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(
 
 def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_cluster):
     """The same reports uploaded through the SDK both ways: servers' aggregates sum to the same
-    sketch. Also prints bytes/row and the prepare+upload times of both modes."""
+    sketch. Seed-compressed is the default (servers 1..N-1 get seeds, the last its share);
+    ``compress=False`` sends full shares. Also prints bytes/row and the prepare+upload times."""
     c = no_floor_cluster
     n = 20_000
     rows = np.random.default_rng(8).normal(0, 0.3, size=(n, len(COLUMNS)))
     figures = {}
     releases = {}
-    for compress in (False, True):
+    for compress in (False, None):  # None: the default
         study = _study(c, n, f"sdk-compress-{compress}")
         sizes: list[int] = []
+        media: dict[int, set[str]] = {}
 
         class Count(httpx.HTTPTransport):
             def handle_request(self, request):
                 if request.url.path.endswith("/batches"):
                     sizes.append(len(request.content))
+                    server = c.server_urls.index(f"{request.url.scheme}://{request.url.netloc.decode()}")
+                    media.setdefault(server, set()).add(request.headers["content-type"])
                 return super().handle_request(request)
 
-        with Client(c.server_urls, compress=compress, transport=Count()) as client:
+        kw = {} if compress is None else {"compress": compress}
+        with Client(c.server_urls, transport=Count(), **kw) as client:
+            assert client.compress is (compress is None)
             client.study(study.study_id)
             t0 = time.perf_counter()
             result = client.submit_many(study.study_id, rows, batch_size=5000)
             elapsed = time.perf_counter() - t0
         assert result.n_reports == n
+        seeded = compress is None
+        assert media == ({0: {messages.SEEDS_MEDIA_TYPE}, 1: {messages.SEEDS_MEDIA_TYPE},
+                          2: {messages.SHARES_MEDIA_TYPE}} if seeded else
+                         {j: {messages.SHARES_MEDIA_TYPE} for j in range(3)})
         per_row = sum(sizes) / n
         proof = 16 * study.n_servers  # every record carries its 16 N-byte binding proof
-        assert per_row == (16 + proof + 8 * study.d) + (2 * (48 + proof) if compress else 2 * (16 + proof + 8 * study.d))
-        figures["compressed" if compress else "full"] = (per_row, elapsed)
+        full = 16 + proof + 8 * study.d
+        assert per_row == full + (2 * (48 + proof) if seeded else 2 * full)
+        # the share data: 8d + 32(N-1) bytes with seeds, 8dN without; ids and proofs besides
+        assert per_row - 3 * (16 + proof) == (8 * study.d + 32 * 2 if seeded else 8 * study.d * 3)
+        figures["compressed" if seeded else "full"] = (per_row, elapsed)
         with AnalyzerClient(c.analyzer.url, c.api_token) as an:
             assert an.finalize(study.study_id)["n_reports"] == n
-            releases[compress] = np.array(an.sketch(study.study_id)["sketch"])
+            releases[seeded] = np.array(an.sketch(study.study_id)["sketch"])
     # different noise draws, so compare shapes and scale only; exactness is the mixed test's job
     assert releases[True].shape == releases[False].shape
-    bench = bench_compression(100_000, len(COLUMNS))
     print(f"\nupload of {n} rows, d={len(COLUMNS)}, N=3 over loopback: " + "; ".join(
         f"{k}: {b:.0f} bytes/row, {t:.2f} s" for k, (b, t) in figures.items()))
-    print("bench_compression(100000, d): " + "; ".join(
-        f"{k}: {v['bytes_per_row']:.0f} bytes/row, share {v['share_seconds']:.3f} s, "
-        f"bodies {v['encode_seconds']:.3f} s" for k, v in bench.items()))
+
+
+def test_bench_compression_figures():
+    """The client bench (``dpsketch bench seeds``) at a small size: both modes prepare real
+    batches of the bytes per row the protocol says (times are printed, never asserted)."""
+    bench = bench_compression(2_000, d=10, n_servers=3, repeats=1)
+    assert bench["full"]["bytes_per_row"] == 3 * (16 + 48 + 80)
+    assert bench["compressed"]["bytes_per_row"] == (16 + 48 + 80) + 2 * (48 + 48)
+    assert bench["prepare_ratio"] > 0 and bench["share_ratio"] > 0
+    print(f"\nbench_compression(2000, d=10): {bench}")
+
+
+def test_cli_sends_seeds_by_default_and_full_shares_with_no_compress():
+    from client_sdk.cli import _parser
+
+    base = ["--study", "ab" * 32, "--servers", "http://a,http://b", "x.csv"]
+    assert _parser().parse_args(base).compress is True
+    assert _parser().parse_args(base + ["--compress"]).compress is True
+    assert _parser().parse_args(base + ["--no-compress"]).compress is False

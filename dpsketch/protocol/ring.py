@@ -12,8 +12,8 @@ import hashlib
 import math
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
+from . import chacha
 from .keystream import Keystream
 
 RING_BITS = 64
@@ -111,10 +111,8 @@ SEED_BYTES = 32
 #: Domain string of the seed expansion; the ChaCha20 nonce is derived from it.
 SEED_DOMAIN = b"dpsketch/seed-share/1"
 #: RFC 8439 ChaCha20 with a 32-bit block counter starting at 0 and the 96-bit nonce
-#: SHA-256(SEED_DOMAIN)[:12]. The `cryptography` package takes both as one 16-byte value:
-#: the little-endian counter (4 zero bytes) followed by the nonce.
+#: SHA-256(SEED_DOMAIN)[:12] (chacha.py computes the keystreams of a whole batch at once).
 SEED_NONCE = hashlib.sha256(SEED_DOMAIN).digest()[:12]
-_CIPHER_NONCE = b"\x00" * 4 + SEED_NONCE
 
 
 def expand_seed(seed: bytes, d: int) -> np.ndarray:
@@ -123,27 +121,19 @@ def expand_seed(seed: bytes, d: int) -> np.ndarray:
     little-endian uint64."""
     if len(seed) != SEED_BYTES:
         raise ValueError(f"a seed is {SEED_BYTES} bytes, got {len(seed)}")
-    return np.frombuffer(_keystream(bytes(seed), 8 * d), dtype=WIRE_DTYPE).copy()
+    return expand_seeds(bytes(seed), d)[0]
 
 
-def _keystream(seed: bytes, nbytes: int) -> bytes:
-    enc = Cipher(algorithms.ChaCha20(seed, _CIPHER_NONCE), mode=None).encryptor()
-    return enc.update(bytes(nbytes))
-
-
-def expand_seeds(seeds: np.ndarray, d: int) -> np.ndarray:
-    """Expand an (m, 32) uint8 array (or m concatenated seeds as bytes) into an (m, d) share."""
-    raw = seeds.tobytes() if isinstance(seeds, np.ndarray) else bytes(seeds)
-    if len(raw) % SEED_BYTES:
-        raise ValueError(f"seeds are a whole number of {SEED_BYTES}-byte values")
-    m = len(raw) // SEED_BYTES
-    zeros = bytes(8 * d)
-    out = b"".join(
-        Cipher(algorithms.ChaCha20(raw[i : i + SEED_BYTES], _CIPHER_NONCE), mode=None)
-        .encryptor().update(zeros)
-        for i in range(0, len(raw), SEED_BYTES)
-    )
-    return np.frombuffer(out, dtype=WIRE_DTYPE).reshape(m, d).copy()
+def expand_seeds(seeds: np.ndarray | bytes, d: int) -> np.ndarray:
+    """Expand an (m, 32) uint8 array (or m concatenated seeds as bytes) into an (m, d) share:
+    row i is ``expand_seed(seeds[i], d)``."""
+    if isinstance(seeds, np.ndarray) and (seeds.dtype != np.uint8 or seeds.ndim != 2):
+        seeds = np.ascontiguousarray(seeds).view(np.uint8).reshape(-1, SEED_BYTES)
+    try:
+        stream = chacha.keystream(seeds, SEED_NONCE, 8 * d)
+    except ValueError:
+        raise ValueError(f"seeds are a whole number of {SEED_BYTES}-byte values") from None
+    return stream.view(WIRE_DTYPE)
 
 
 def share_with_seeds(encoded: np.ndarray, n_shares: int,
@@ -159,8 +149,7 @@ def share_with_seeds(encoded: np.ndarray, n_shares: int,
         raise ValueError("share_with_seeds takes an (m, d) matrix")
     m, d = x.shape
     stream = stream or Keystream()
-    seeds = [np.frombuffer(stream.bytes(SEED_BYTES * m), dtype=np.uint8).reshape(m, SEED_BYTES).copy()
-             for _ in range(n_shares - 1)]
+    seeds = [stream.array(SEED_BYTES * m).reshape(m, SEED_BYTES) for _ in range(n_shares - 1)]
     last = x.copy()
     for s in seeds:
         last -= expand_seeds(s, d)
