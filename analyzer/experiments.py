@@ -4,8 +4,13 @@ Reproduce everything in ``docs/experiments/`` (plots, ``results.md``, ``results.
 command from the repository root (needs the ``experiments`` extra: matplotlib, scikit-learn and,
 for the larger real data sets, statsmodels)::
 
-    .venv/bin/dpsketch experiments --jobs 2        # n = 10^3 .. 10^6, epsilon 0.5 / 1 / 4, 3 seeds
+    # what docs/accuracy.md shows: 20 runs per cell, LTM releases drawn in law (86 min, shared 2 cores)
+    nice -n 10 .venv/bin/dpsketch experiments --ltm simulate --seeds 20 --real-seeds 20 --jobs 2
+    .venv/bin/dpsketch experiments --jobs 2        # the real client/server code, 3 seeds
     .venv/bin/dpsketch experiments --quick --out /tmp/x   # bounded form (< 60 s), used by the tests
+
+Tables give mean ± sample sd (median) over the runs; ``--from-json results.json`` re-draws them
+(``--refresh-predicted`` recomputes the predicted sketch floor with this checkout's formula).
 
 What runs, for every (task, n, epsilon, seed) and both study kinds (``sketch``, ``gram``):
 
@@ -14,8 +19,10 @@ What runs, for every (task, n, epsilon, seed) and both study kinds (``sketch``, 
    max(4, epsilon): client noise sigma and server noise server_sigma) and the ring encoding;
 2. **client path**: :func:`client_sdk.client.prepare_batch` on chunks of ``--chunk`` rows: clip,
    the study kind's feature map, CSPRNG Gaussian noise, fixed-point ring encoding, additive shares
-   and fresh random report ids. It cannot be seeded (it must not be), so LTM figures are mean +- std
-   over repeated runs;
+   and fresh random report ids. It cannot be seeded (it must not be), so LTM figures are mean +- sd
+   over repeated runs (with ``--ltm simulate`` steps 2-3 are drawn in law instead:
+   :func:`simulate_pipeline`, the same study, the protocol hash, numpy noise and the certificate
+   on the same S, seeded);
 3. **server path**, once per server on its own share only: :func:`sketch.hash_report_ids`,
    :func:`sketch.accumulate` into a ``study.aggregate_shape`` uint64 aggregate and
    :func:`sketch.accumulate_gram` into s * S S^T, then the release certificate
@@ -62,8 +69,8 @@ import numpy as np
 from dpsketch.protocol import privacy, sketch
 from dpsketch.protocol.study import Study, design
 
-from . import baselines, evaluation, synthetic
-from .release import release_from_ring_sum
+from . import baselines, evaluation, sketch_floor, synthetic
+from .release import SketchRelease, release_from_ring_sum
 
 SERVERS = ["s1", "s2"]
 DELTA = 1e-6
@@ -171,22 +178,55 @@ def design_study(columns: list[str], label: str | None, n: int, epsilon: float, 
 # one case: a data set at one epsilon and seed, every mechanism on the same rows
 
 
+def simulate_pipeline(study: Study, rows: np.ndarray, rng: np.random.Generator) -> PipelineRun:
+    """The release :func:`run_pipeline` makes, drawn in law instead of computed through the SDK
+    and the ring: :func:`baselines.simulate_ltm` (the study as designed, the protocol hash over
+    random report ids, numpy Gaussian noise at the study's sigma and the N servers' noise), plus
+    the servers' certificate on S S^T of the same ids (a refusal raises :class:`Refused`). The
+    SDK's fixed-point rounding (2^-f) and 20-sigma redraw are left out; they change no figure at
+    the precision shown. About 10x faster at n = 10^6, which is what makes 20 runs per cell
+    affordable; ``--ltm pipeline`` keeps the real code path."""
+    t0 = time.perf_counter()
+    n = rows.shape[0]
+    if n < study.min_reports:
+        raise Refused(f"{n} reports < min_reports {study.min_reports}")
+    if study.kind == "gram":  # the plain sum: S S^T = n exactly
+        return PipelineRun(baselines.simulate_ltm(study, rows, rng), study, time.perf_counter() - t0, 0.0,
+                           float(n))
+    ids = baselines.random_report_ids(n, rng)
+    s_mat = baselines.sketch_matrix(study, ids)
+    noisy = rows + baselines._truncated_normal(rng, study.sigma, rows.shape) if study.sigma > 0 else rows
+    y = np.asarray(s_mat @ noisy)
+    if study.server_sigma > 0:
+        y = y + rng.normal(0.0, math.sqrt(baselines.server_noise_variance(study)), size=y.shape)
+    release = SketchRelease(study=study, sketch=y, n_reports=n)
+    lam = float(np.linalg.eigvalsh((s_mat @ s_mat.T).toarray())[0])
+    if lam - study.t < study.lambda_star:
+        raise Refused(f"certificate refused (lambda_min {lam:.4g} < lambda_star {study.lambda_star:.4g})")
+    return PipelineRun(release, study, time.perf_counter() - t0, 0.0, lam)
+
+
 def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None, epsilon: float,
              seed: int, tag: str, *, rank: int = PCA_RANK, extras: Sequence[str] = (),
-             chunk_rows: int = CHUNK_ROWS) -> dict[str, Any]:
-    """Ratios of every mechanism for one task on (already scaled and clipped) rows."""
+             chunk_rows: int = CHUNK_ROWS, simulate: bool = False) -> dict[str, Any]:
+    """Ratios of every mechanism for one task on (already scaled and clipped) rows; with
+    ``simulate`` the LTM releases come from :func:`simulate_pipeline` (seeded) instead of the
+    real client and server code."""
     n = rows.shape[0]
     releases: dict[str, Any] = {}
     notes: dict[str, str] = {}
     info: dict[str, Any] = {}
     gram_study = None
+    rng = np.random.default_rng(np.random.SeedSequence(
+        [0xE7, int(hashlib.sha256(f"{tag}/{task}".encode()).hexdigest()[:8], 16), n, seed,
+         int(round(epsilon * 1000))]))
     for kind in KINDS:
         key = f"ltm_{kind}"
         try:
             study = design_study(columns, label, n, epsilon, kind, (tag, task, n, epsilon, seed))
             if kind == "gram":
                 gram_study = study
-            run = run_pipeline(study, rows, chunk_rows)
+            run = simulate_pipeline(study, rows, rng) if simulate else run_pipeline(study, rows, chunk_rows)
         except Refused as exc:
             notes[key] = str(exc)
             continue
@@ -197,9 +237,6 @@ def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None,
                      "client_s": round(run.client_s, 3), "server_s": round(run.server_s, 3)}
     if gram_study is None:  # the plain sum exists for any n >= 2; needed for the baselines' study
         gram_study = design_study(columns, label, n, epsilon, "gram", (tag, task, n, epsilon, seed))
-    rng = np.random.default_rng(np.random.SeedSequence(
-        [0xE7, int(hashlib.sha256(f"{tag}/{task}".encode()).hexdigest()[:8], 16), n, seed,
-         int(round(epsilon * 1000))]))
     releases["local"] = baselines.simulate_local(gram_study, rows, rng)
     releases["central"] = baselines.simulate_central(gram_study, rows, rng)
     alpha = evaluation.default_alpha(n, ROW_BOUND)
@@ -213,7 +250,8 @@ def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None,
             label=label, alpha=alpha, rng=rng, tasks=("ridge",), mechanisms=list(extras),
         )["ridge"]
         ratios.update(more)
-    return {"ratios": {k: float(v) for k, v in ratios.items()}, "notes": notes, "info": info}
+    return {"ratios": {k: float(v) for k, v in ratios.items()}, "notes": notes, "info": info,
+            "ltm": "simulated" if simulate else "pipeline"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +259,7 @@ def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None,
 
 
 def synthetic_case(task: str, n: int, epsilon: float, seed: int, extras: Sequence[str],
-                   chunk_rows: int) -> dict[str, Any]:
+                   chunk_rows: int, simulate: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     if task == "ridge":
         data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
@@ -229,7 +267,8 @@ def synthetic_case(task: str, n: int, epsilon: float, seed: int, extras: Sequenc
         data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
                                       row_bound=ROW_BOUND)
     out = run_case(task, data.rows, list(data.columns), data.label, epsilon, seed, "synthetic",
-                   rank=PCA_RANK, extras=extras if task == "ridge" else (), chunk_rows=chunk_rows)
+                   rank=PCA_RANK, extras=extras if task == "ridge" else (), chunk_rows=chunk_rows,
+                   simulate=simulate)
     if task == "ridge":
         out["predicted_sketch_excess"] = predicted_sketch_excess(data, epsilon, out["info"].get("ltm_sketch"))
     out.update(task=task, dataset="synthetic", n=n, epsilon=epsilon, seed=seed,
@@ -238,30 +277,27 @@ def synthetic_case(task: str, n: int, epsilon: float, seed: int, extras: Sequenc
 
 
 def predicted_sketch_excess(data: synthetic.Dataset, epsilon: float, info: dict | None) -> float | None:
-    """The sketch kind's ridge floor:
-
-        d/k + d lambda_star (sigma^2 + N server_sigma^2 k / n) (1 + ||theta||^2) / (0.9 n c^2 sigma_e^2).
-
-    The first term is the sketch's own distortion; the second the noise-by-data cross term
-    (S A)^T (S G + E) of Y^T Y, relative to the optimal residual n c^2 sigma_e^2 (c the row
-    scaling, 0.9 the default lambda_star safety). Without server noise sigma^2 lambda_star =
-    sigma_local^2 and it is the local model's cross term d sigma_local^2 (1 + ||theta||^2) /
-    (0.9 n c^2 sigma_e^2), whose size does not depend on k; the N servers' noise E adds
-    N server_sigma^2 to the noise variance sigma^2 n / k of a released cell, so it enters in the
-    ratio N server_sigma^2 k / (sigma^2 n) to the clients' part."""
+    """The sketch kind's predicted ridge excess (ratio - 1) for the study in ``info``:
+    :func:`sketch_floor.ridge_floor` (sketch p/(k - p - 1) + noise x data + noise x noise), with
+    the cell variance v = sigma^2 n / k + N server_sigma^2 of the study as designed and the
+    evaluation's penalty."""
     if not info:
         return None
-    d = data.d - 1
-    sigma2 = info.get("sigma")
-    if sigma2 is None:  # a record without the study's noise: the floor-less design's
-        sigma2 = privacy.local_sigma(epsilon, DELTA, ROW_BOUND, "replace-one") ** 2 / info["lambda_star"]
-    else:
-        sigma2 = float(sigma2) ** 2
-    servers = info.get("n_servers", len(SERVERS)) * float(info.get("server_sigma", 0.0)) ** 2
-    noise = info["lambda_star"] * (sigma2 + servers * info["k"] / data.n)
-    theta2 = float(np.sum(data.truth["theta"] ** 2))
-    c, se = data.scale, data.truth["label_noise"]
-    return d / info["k"] + d * noise * (1 + theta2) / (privacy.LAMBDA_SAFETY * data.n * c**2 * se**2)
+    li = data.columns.index(data.label)
+    X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
+    v = sketch_floor.cell_variance(info["sigma"], data.n, info["k"],
+                                   info.get("n_servers", len(SERVERS)) * float(info.get("server_sigma", 0.0)) ** 2)
+    return sketch_floor.ridge_floor(X, y, evaluation.default_alpha(data.n, ROW_BOUND), info["k"], v).excess
+
+
+def refresh_predicted(records: list[dict[str, Any]]) -> None:
+    """Recompute ``predicted_sketch_excess`` of saved synthetic ridge records (the data are
+    regenerated from their seeds)."""
+    for r in records:
+        if r["dataset"] == "synthetic" and r["task"] == "ridge":
+            data = synthetic.regression_data(r["n"], D, seed=r["seed"], clip_quantile=CLIP_QUANTILE,
+                                             row_bound=ROW_BOUND)
+            r["predicted_sketch_excess"] = predicted_sketch_excess(data, r["epsilon"], r["info"].get("ltm_sketch"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,10 +366,12 @@ def real_datasets(quick: bool = False) -> list[RealData]:
     return out
 
 
-def real_case(ds: RealData, epsilon: float, seed: int, extras: Sequence[str], chunk_rows: int) -> dict[str, Any]:
+def real_case(ds: RealData, epsilon: float, seed: int, extras: Sequence[str], chunk_rows: int,
+              simulate: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     out = run_case(ds.task, ds.rows, ds.columns, ds.label, epsilon, seed, f"real/{ds.name}",
-                   rank=PCA_RANK, extras=extras if ds.task == "ridge" else (), chunk_rows=chunk_rows)
+                   rank=PCA_RANK, extras=extras if ds.task == "ridge" else (), chunk_rows=chunk_rows,
+                   simulate=simulate)
     out.update(task=ds.task, dataset=ds.name, source=ds.source, n=int(ds.rows.shape[0]),
                d=int(ds.rows.shape[1]), epsilon=epsilon, seed=seed,
                seconds=round(time.perf_counter() - t0, 2))
@@ -352,7 +390,9 @@ def mechanisms_for(task: str, extras: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    """(dataset, task, n, epsilon) -> {mechanism: (mean, std, count) or note, "k": ...}."""
+    """(dataset, task, n, epsilon) -> {mechanism: (mean, sd, count, median) or note, "k": ...}.
+
+    sd is the sample standard deviation (ddof = 1) over the runs."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["dataset"], r["task"], r["n"], r["epsilon"]), []).append(r)
@@ -363,7 +403,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
         for m in mechs:
             vals = np.array([r["ratios"][m] for r in recs if m in r["ratios"]], dtype=np.float64)
             if vals.size:
-                cell["ratios"][m] = (float(vals.mean()), float(vals.std()), int(vals.size))
+                sd = float(vals.std(ddof=1)) if vals.size > 1 else 0.0
+                cell["ratios"][m] = (float(vals.mean()), sd, int(vals.size), float(np.median(vals)))
             else:
                 cell["notes"][m] = next(r["notes"][m] for r in recs if m in r["notes"])
         ks = [r["info"]["ltm_sketch"]["k"] for r in recs if "ltm_sketch" in r["info"]]
@@ -374,17 +415,20 @@ def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     return out
 
 
-def fmt(mean: float, std: float) -> str:
+def fmt(mean: float, std: float, count: int | None = None, median: float | None = None) -> str:
+    """"mean ± sd (median)"; ratios within 1 % of optimal as 1 + excess."""
     def f(v: float) -> str:
         if v >= 100:
             return f"{v:.0f}"
         if v >= 10:
             return f"{v:.1f}"
-        return f"{v:.2f}"
+        return f"{v:.3g}" if v < 1.1 else f"{v:.2f}"
 
     if mean < 1.01:  # close to optimal: show the excess, 1 + (ratio - 1)
-        return f"1 + {mean - 1:.1e} ± {std:.1e}"
-    return f"{f(mean)} ± {std:.2g}"
+        out = f"1 + {mean - 1:.1e} ± {std:.1e}"
+        return out if median is None else out + f" ({median - 1:.1e})"
+    out = f"{f(mean)} ± {std:.2g}"
+    return out if median is None else out + f" ({f(median)})"
 
 
 def short_note(note: str) -> str:
@@ -412,13 +456,14 @@ def table(summary: dict, dataset_filter: Callable[[str], bool], task: str, extra
         row.append(f"{eps:g}")
         for m, _ in mechs:
             if m in cell["ratios"]:
-                row.append(fmt(*cell["ratios"][m][:2]))
+                row.append(fmt(*cell["ratios"][m]))
             elif m in cell["notes"]:
                 row.append(short_note(cell["notes"][m]))
             else:
                 row.append("-")
         if task == "ridge" and not real:
-            row.append("-" if cell["predicted"] is None else f"{1 + cell['predicted']:.3g}")
+            pred = cell["predicted"]
+            row.append("-" if pred is None else "- (k <= p + 1)" if not math.isfinite(pred) else f"{1 + pred:.3g}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -480,8 +525,8 @@ def plot(summary: dict, task: str, epsilons: Sequence[float], extras: Sequence[s
         ax.grid(True, which="major", alpha=0.4)
         ax.grid(True, which="minor", alpha=0.1)
     axes[0][0].set_ylabel("excess error ratio  (ratio - 1, log scale)")
-    fig.suptitle(f"{title}\nexcess error ratio vs n; LTM = real client/server/analyzer code, "
-                 f"error bars = std over seeds (main mechanisms)", fontsize=12)
+    fig.suptitle(f"{title}\nexcess error ratio vs n (mean over runs); error bars = sd over runs "
+                 f"(main mechanisms)", fontsize=12)
     ncol = len(handles) if len(epsilons) >= 3 else 4
     fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=ncol, frameon=False)
     rows = math.ceil(len(handles) / ncol)
@@ -497,7 +542,8 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         cell["d"] = d if d is not None else ""
     cmd = "dpsketch experiments " + " ".join(args.argv_echo)
     lines = [
-        "# Experiments: error ratios on the real code paths",
+        "# Experiments: error ratios on the real code paths" if ltm_mode(records) == "pipeline"
+        else "# Experiments: error ratios (LTM releases drawn in law by simulate_pipeline)",
         "",
         f"Generated by `{cmd.strip()}` in {seconds / 60:.1f} min on {os.cpu_count()} cores "
         f"({platform.machine()}, Python {platform.python_version()}). See `docs/accuracy.md` for how to "
@@ -505,15 +551,21 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         "",
         "Error ratio to the non-private optimum (1 is optimal): ridge F(theta)/F(theta*) with "
         "F = ||X theta - y||^2 + alpha ||theta||^2, alpha = 1e-3 n B^2 for every mechanism; PCA "
-        f"||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 at rank {PCA_RANK}. Mean ± std over seeds. "
+        f"||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 at rank {PCA_RANK}. Each cell: mean ± sample sd "
+        f"(median) over {runs_text(summary)}. "
         "delta = 1e-6, replace-one, B = 1 (0.99 quantile of row norms, rest clipped), servers s1, s2; "
         "LTM studies have design()'s default floor epsilon_floor = max(4, epsilon) (each server adds "
         "N(0, server_sigma^2) per released cell, docs/trust.md).",
         "",
-        "* **LTM sketch**, **LTM Gram**: the real pipeline (SDK `prepare_batch` with CSPRNG noise, "
-        "ring shares; per-server `hash_report_ids` + `accumulate` + certificate; "
-        "each server's own noise `study.server_noise()` (the floor, as `services/store.py` adds it); "
-        "`release_from_ring_sum`; estimators). Not seedable: the std is over independent runs.",
+        ("* **LTM sketch**, **LTM Gram**: drawn in law by `simulate_pipeline` (the study as designed, "
+         "the protocol hash over random report ids, the client noise at sigma and each server's noise, "
+         "the servers' certificate on the same S S^T; numpy-seeded), then `release` and the estimators; "
+         "`--ltm pipeline` runs the SDK's `prepare_batch`, ring shares and per-server accumulation instead."
+         if ltm_mode(records) == "simulated" else
+         "* **LTM sketch**, **LTM Gram**: the real pipeline (SDK `prepare_batch` with CSPRNG noise, "
+         "ring shares; per-server `hash_report_ids` + `accumulate` + certificate; "
+         "each server's own noise `study.server_noise()` (the floor, as `services/store.py` adds it); "
+         "`release_from_ring_sum`; estimators). Not seedable: the sd is over independent runs."),
         "* **local**, **central**: `baselines.simulate_local` / `simulate_central` (numpy-seeded "
         "simulations; central = SSP for ridge, Analyze Gauss for PCA).",
     ]
@@ -521,9 +573,10 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         lines.append("* **AdaSSP**, **DGM-OLS**, **RMGM-OLS**: `evaluation.central_baselines` "
                      "(numpy-seeded simulations, same alpha).")
     lines += [
-        "* *predicted sketch floor*: 1 + d/k + d lambda_star (sigma^2 + N server_sigma^2 k / n) "
-        "(1 + ||theta||^2) / (0.9 n c^2 sigma_e^2), which is 1 + d/k + d sigma_local^2 "
-        "(1 + ||theta||^2) / (0.9 n c^2 sigma_e^2) without server noise (see docs/accuracy.md).",
+        "* *predicted sketch floor*: 1 + p/(k - p - 1) + noise x data + noise x noise "
+        "(`analyzer/sketch_floor.py`, docs/accuracy.md), on each run's data, averaged; a first-order "
+        "prediction (infinite when k <= p + 1, and not meaningful where the sketch kind saturates "
+        "near predicting zero).",
         "",
         "## Ridge regression, synthetic (d = 10 features + label)",
         "",
@@ -554,7 +607,7 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
             table(summary, lambda ds: ds != "synthetic", "pca", extras, real=True),
             "",
         ]
-    if timing:
+    if timing and ltm_mode(records) == "pipeline":
         lines += ["## Pipeline cost (per run, both servers, in process)", "",
                   "| kind | task | n | client path (s) | both servers incl. certificate (s) |",
                   "|---|---|---|---|---|"]
@@ -562,6 +615,18 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
             lines.append(f"| {kind} | {task} | {n:,} | {c:.2f} | {s:.2f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def ltm_mode(records: list[dict]) -> str:
+    modes = {r.get("ltm", "pipeline") for r in records}
+    return modes.pop() if len(modes) == 1 else "mixed"
+
+
+def runs_text(summary: dict) -> str:
+    counts = sorted({cell["seeds"] for cell in summary.values()})
+    if len(counts) == 1:
+        return f"{counts[0]} runs"
+    return f"{counts[-1]} runs (at least {counts[0]} in every cell)"
 
 
 def pipeline_timing(records: list[dict]) -> dict[tuple, tuple[float, float]]:
@@ -612,10 +677,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=CHUNK_ROWS,
                    help="rows per prepare_batch call, bounds memory (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="worker processes (default: %(default)s; the full run took 13 min "
-                   "with --jobs 2 on 2 cores)")
+                   help="worker processes (default: %(default)s; the docs' run, --ltm simulate --seeds 20 "
+                   "--real-seeds 20, took 86 min with --jobs 2 on a shared 2-core machine)")
     p.add_argument("--from-json", metavar="FILE",
                    help="re-draw the plots and results.md from a previous run's results.json, run nothing")
+    p.add_argument("--ltm", choices=["pipeline", "simulate"], default="pipeline",
+                   help="LTM releases from the real client and server code (pipeline, default) or drawn "
+                   "in law by simulate_pipeline (seeded, ~10x faster at 10^6; what makes 20 runs per "
+                   "cell affordable)")
+    p.add_argument("--refresh-predicted", action="store_true",
+                   help="with --from-json: recompute the predicted sketch floor with this checkout's formula")
     p.add_argument("--quick", action="store_true",
                    help="bounded form (< 60 s): n up to 1e5, epsilon 1, one seed, diabetes only")
     for flag, (module, what) in OTHER_HARNESSES.items():
@@ -639,23 +710,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     real_seeds = args.real_seeds if args.real_seeds is not None else (2 if args.quick else 5)
     extras = [] if args.no_extra_baselines else [k for k, _ in extra_ridge_available()]
     os.makedirs(args.out, exist_ok=True)
+    simulate = args.ltm == "simulate"
 
     jobs: list[tuple[Callable, tuple]] = []
     for n in sorted(ns, reverse=True):  # biggest first: better packing over the workers
         for eps in epsilons:
             for seed in range(seeds_big if n >= 1_000_000 else seeds):
                 for task in ("ridge", "pca"):
-                    jobs.append((synthetic_case, (task, n, eps, seed, extras, args.chunk)))
+                    jobs.append((synthetic_case, (task, n, eps, seed, extras, args.chunk, simulate)))
     if not args.no_real_data:
         for ds in real_datasets(quick=args.quick):
             for eps in epsilons:
                 for seed in range(real_seeds):
-                    jobs.append((real_case, (ds, eps, seed, extras, args.chunk)))
+                    jobs.append((real_case, (ds, eps, seed, extras, args.chunk, simulate)))
 
     if args.from_json:
         with open(args.from_json) as fh:
             saved = json.load(fh)
         args.argv_echo = saved["argv"]
+        if args.refresh_predicted:
+            refresh_predicted(saved["records"])
+            with open(os.path.join(args.out, "results.json"), "w") as fh:
+                json.dump(saved, fh, indent=1, default=float)
         return write_outputs(saved["records"], args, saved["epsilons"], saved["extras"], saved["seconds"])
 
     t0 = time.perf_counter()

@@ -387,3 +387,32 @@ def test_gram_release_debias_subtracts_bias():
     np.testing.assert_allclose(g.gram(False), np.eye(2) * 5)
     with pytest.raises(ValueError):
         GramRelease(columns=["a"], n_reports=1, gram_matrix=np.eye(2))
+
+
+def test_fuller_option_is_fullers_modification_and_only_for_sketch_releases():
+    """``fuller=a`` adds (1 - h) k v + a k v / (k - 1) to the debiased feature Gram (h = 1 when the
+    smallest eigenvalue of the undebiased feature Gram exceeds (1 + 1/(k-1)) k v), so with a
+    well-resolved Gram it is ridge with a k v / (k - 1) more penalty; it leaves Gram releases alone."""
+    from analyzer.estimators import fuller_adjustment
+
+    rng = np.random.default_rng(5)
+    data = synthetic.regression_data(20_000, 5, seed=5, clip_quantile=0.99)
+    study = make_study(data.columns, data.n, label="y", k=40, epsilon=4.0, epsilon_floor=None)
+    release = baselines.simulate_ltm(study, data.rows, rng)
+    k, kv = study.k, study.k * release.cell_noise_variance
+    fi = list(range(5))
+    raw = release.gram(False)[np.ix_(fi, fi)]
+    assert np.linalg.eigvalsh(raw)[0] > (1 + 1 / (k - 1)) * kv  # the resolved case at this n
+    assert fuller_adjustment(release, fi, 4.0) == pytest.approx(4.0 * kv / (k - 1))
+    plain = RidgeRegression("y", alpha=10.0).fit(release).coef_
+    more = RidgeRegression("y", alpha=10.0 + 4.0 * kv / (k - 1)).fit(release).coef_
+    fuller = RidgeRegression("y", alpha=10.0, fuller=4.0).fit(release).coef_
+    np.testing.assert_allclose(fuller, more, rtol=1e-10)
+    assert not np.allclose(fuller, plain)
+    # an unresolved Gram (lambda_hat < 1 + 1/(k-1)) subtracts less than k v
+    weak = SketchRelease(study=study, sketch=release.sketch * 0.01, n_reports=release.n_reports)
+    lam_hat = np.linalg.eigvalsh(weak.gram(False)[np.ix_(fi, fi)])[0] / kv
+    assert fuller_adjustment(weak, fi, 0.0) == pytest.approx((1 - (lam_hat - 1 / (k - 1))) * kv)
+    gram = GramRelease(columns=list(data.columns), n_reports=data.n, gram_matrix=data.rows.T @ data.rows)
+    np.testing.assert_array_equal(RidgeRegression("y", fuller=4.0).fit(gram).coef_,
+                                  RidgeRegression("y").fit(gram).coef_)

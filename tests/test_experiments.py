@@ -106,3 +106,35 @@ def test_cli_registers_the_subcommand(capsys):
         cli.main(["experiments", "--help"])
     assert exc.value.code == 0
     assert "--quick" in capsys.readouterr().out
+
+
+def test_simulated_pipeline_has_the_pipelines_noise_law_and_certificate():
+    """``--ltm simulate`` draws the release in law: on all-zero rows a sketch release is its noise
+    alone, whose cells have the release's public variance sigma^2 n / k + N server_sigma^2 in both
+    modes; and the servers' certificate is checked on the drawn S (a lambda_star no S reaches is
+    refused, as the real servers would)."""
+    import numpy as np
+
+    n = 4000
+    rows = np.zeros((n, 4))
+    study = experiments.design_study(["a", "b", "c", "y"], "y", n, 1.0, "sketch", ("sim-law",))
+    rng = np.random.default_rng(3)
+    sim = [experiments.simulate_pipeline(study, rows, rng).release for _ in range(30)]
+    real = [experiments.run_pipeline(study, rows).release for _ in range(6)]
+    expected = sim[0].cell_noise_variance
+    for releases in (sim, real):
+        cells = np.concatenate([r.sketch.ravel() for r in releases])
+        assert cells.var() == pytest.approx(expected, rel=0.2), len(cells)
+    assert abs(np.mean([r.sketch.mean() for r in sim])) < 5 * math.sqrt(expected / (30 * sim[0].sketch.size))
+    with pytest.raises(experiments.Refused, match="certificate"):
+        experiments.simulate_pipeline(study.model_copy(update={"lambda_star": 10.0 * n}), rows, rng)
+
+
+def test_summary_reports_mean_sample_sd_median_and_runs():
+    recs = [{"dataset": "synthetic", "task": "ridge", "n": 10, "epsilon": 1.0, "ratios": {"x": v},
+             "notes": {}, "info": {}} for v in (1.0, 2.0, 6.0)]
+    (cell,) = experiments.summarize(recs).values()
+    mean, sd, runs, median = cell["ratios"]["x"]
+    assert (mean, runs, median) == (3.0, 3, 2.0)
+    assert sd == pytest.approx(math.sqrt(7.0))  # ddof = 1
+    assert experiments.fmt(mean, sd, runs, median) == "3.00 ± 2.6 (2.00)"

@@ -1,0 +1,499 @@
+"""Repeated runs of the sketch and gram kinds with summary statistics, and the design variants of
+issue 15, measured side by side on the same draws (``python -m analyzer.accuracy_runs``).
+
+Every run draws one data set, one set of report ids (hence one sketch S, from the protocol hash)
+and one set of standard normals; each *variant* turns them into a release with its own noise
+scale and estimator, so differences between variants are paired (common random numbers) and
+much more precise than the spread of either. S is drawn by :func:`random_osnap` (the protocol
+hash's law, faster). Variants:
+
+sketch kind (``design()``'s study: k, lambda_star, sigma, server_sigma)
+  * ``today``: the study as designed; ridge with the evaluation's penalty alpha = 1e-3 n B^2
+    and the debiased Gram (what ``dpsketch experiments`` reports), PCA on the debiased Gram;
+  * ``lambda97``: lambda_star = 0.97 x the Bai-Yin estimate at n = min_reports, minus t, instead
+    of 0.9 x (a proposed ``privacy.LAMBDA_SAFETY``; the client and server noise recalibrated by
+    ``accounting.calibrate``; the certificate is checked on the same S, refusals are counted);
+  * ``fuller1`` / ``fuller4`` (ridge): Fuller's (1987, section 2.5) modification of the
+    errors-in-variables estimator, :func:`fuller_ridge`, with alpha_F = 1 or 4;
+  * ``sign``: PROVISIONAL. Each row multiplied by a secret sign t_i = +-1 before its noise, and
+    the client noise variance sigma^2 multiplied by ``--sign-factor`` (default: the unproven
+    factors 0.059 / 0.101 / 0.209 at epsilon 0.5 / 1 / 4 quoted in issue 15; the servers' noise
+    is left as designed). Use it to re-run the figures once the calibration is proven;
+  * ``two_round`` (ridge): a pilot study on the first half of the clients gives theta0; the
+    second half shares [x, b (y - x . theta0)] in a second study (b from the pilot's release),
+    theta = theta0 + delta / b. Disjoint clients: each is in one study at (epsilon, delta).
+    ``two_round_sign`` adds the provisional secret sign to both rounds;
+
+gram kind
+  * ``gram``: the study as designed ([a, u(a a^T), 1], sensitivity sqrt(2 B^4 + 2 B^2 + 1/2));
+  * ``gram_moments``: u(a a^T) only, sensitivity sqrt(2) B^2 (replace-one) or B^2 (add/remove),
+    the central Gram's (:func:`baselines.gram_sensitivity`): client and server noise scaled by
+    the ratio of the sensitivities (exact for replace-one, where the calibration is linear in
+    Delta^2);
+  * ``central``: :func:`baselines.simulate_central` (SSP / Analyze Gauss).
+
+Ratios are those of :mod:`analyzer.evaluation` (1 = the non-private optimum). Tables give mean,
+sample sd, median and the number of runs, and for variants the paired mean difference to
+``today`` (or ``gram``) with its standard error. Simulation: numpy noise (never for real data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from dpsketch.protocol import accounting, features, privacy
+from dpsketch.protocol.study import Study
+
+from . import baselines, evaluation, synthetic
+from .estimators import PCA, RidgeRegression
+from .experiments import CLIP_QUANTILE, D, PCA_RANK, ROW_BOUND, design_study
+from .release import GramRelease, SketchRelease
+from .sketch_floor import cell_variance, ridge_floor
+
+#: PROVISIONAL (issue 15, a numerical study, not proven): sigma^2 factor a secret sign per
+#: client would allow at the same (epsilon, delta). Only for labelled provisional figures.
+PROVISIONAL_SIGN_FACTORS = {0.5: 0.059, 1.0: 0.101, 4.0: 0.209}
+#: The fraction of the Bai-Yin estimate the ``lambda97`` variant asks for.
+PROPOSED_SAFETY = 0.97
+
+SKETCH_RIDGE = ("today", "lambda97", "fuller1", "fuller4", "sign", "two_round", "two_round_sign")
+SKETCH_PCA = ("today", "lambda97", "sign")
+GRAM = ("gram", "gram_moments", "central")
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    """mean, sample sd (ddof 1), median and number of runs."""
+    v = np.asarray(values, dtype=np.float64)
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+            "median": float(np.median(v)), "runs": int(v.size)}
+
+
+# ---------------------------------------------------------------------------------------------
+# releases from shared draws
+
+
+def _copy(study: Study, **update: Any) -> Study:
+    return study.model_copy(update=update)
+
+
+def recalibrated(study: Study, lambda_star: float) -> Study:
+    """The study with lambda_star replaced and the noise recalibrated for it (simulation only)."""
+    noise = accounting.calibrate(study.neighbouring, study.kind, study.row_bound, study.epsilon,
+                                 study.delta, lambda_star, study.width, study.epsilon_floor)
+    return _copy(study, lambda_star=lambda_star, sigma=noise.sigma, server_sigma=noise.server_sigma)
+
+
+def proposed_lambda_star(study: Study, safety: float = PROPOSED_SAFETY) -> float:
+    return safety * privacy.expected_lambda_min(study.min_reports, study.k) - study.t
+
+
+def random_osnap(k: int, s: int, n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """A block OSNAP S (k x n, s blocks of k/s rows, one +-1/sqrt(s) per block and column) with
+    numpy's buckets and signs: the law of the protocol hash (a PRF) over fresh report ids, about
+    10x faster than hashing 10^6 ids in Python."""
+    b = k // s
+    rows = (rng.integers(0, b, size=(n, s)) + np.arange(s) * b).ravel()
+    signs = rng.choice(np.array([-1.0, 1.0]), size=n * s) / math.sqrt(s)
+    return sp.csr_matrix((signs, (rows, np.repeat(np.arange(n), s))), shape=(k, n))
+
+
+class SketchDraw:
+    """One run's randomness for a sketch study over n rows: S (:func:`random_osnap`), standard
+    normals for the clients (n x d) and the servers (k x d), and secret signs."""
+
+    def __init__(self, study: Study, n: int, rng: np.random.Generator):
+        self.S = random_osnap(study.k, study.s, n, rng)
+        self.lambda_min = float(np.linalg.eigvalsh((self.S @ self.S.T).toarray())[0])
+        self.z = rng.standard_normal((n, study.d))
+        self.e = rng.standard_normal((study.k, study.d))
+        self.t = rng.choice(np.array([-1.0, 1.0]), size=n)
+
+    def release(self, study: Study, rows: np.ndarray, *, secret_sign: bool = False) -> SketchRelease:
+        a = rows * self.t[:, None] if secret_sign else rows
+        y = np.asarray(self.S @ (a + study.sigma * self.z))
+        y = y + math.sqrt(baselines.server_noise_variance(study)) * self.e
+        return SketchRelease(study=study, sketch=y, n_reports=rows.shape[0])
+
+
+def sign_study(study: Study, factor: float) -> Study:
+    """PROVISIONAL: client noise variance times ``factor`` (servers' noise unchanged)."""
+    return _copy(study, sigma=study.sigma * math.sqrt(factor))
+
+
+# ---------------------------------------------------------------------------------------------
+# estimators under test
+
+
+def fuller_ridge(release: SketchRelease, label: str, alpha: float, fuller_alpha: float) -> np.ndarray:
+    """Ridge with Fuller's modification (:class:`RidgeRegression` ``fuller``) and the evaluation's
+    penalty."""
+    return RidgeRegression(label, alpha=alpha, debias=True, fuller=fuller_alpha).fit(release).coef_
+
+
+def ridge_coef(release, label: str, alpha: float) -> np.ndarray:
+    return RidgeRegression(label, alpha=alpha, debias=True).fit(release).coef_
+
+
+def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generator, *, alpha: float,
+              sign_factor: float | None, tag: Sequence[Any]) -> tuple[np.ndarray, dict]:
+    """theta from the two-round protocol (see the module docstring); returns it with details."""
+    n = data.n
+    half = n // 2
+    li = data.columns.index(data.label)
+    pilot_rows, rest = data.rows[:half], data.rows[half:]
+    st1 = design_study(list(data.columns), data.label, half, study_full.epsilon, "sketch", (*tag, "pilot"))
+    if sign_factor is not None:
+        st1 = sign_study(st1, sign_factor)
+    d1 = SketchDraw(st1, half, rng)
+    rel1 = d1.release(st1, pilot_rows, secret_sign=sign_factor is not None)
+    a1 = evaluation.default_alpha(half, ROW_BOUND)
+    theta0 = ridge_coef(rel1, data.label, a1)
+    g = rel1.gram(debias=True)
+    fi = [i for i in range(data.d) if i != li]
+    gyy, gxy, gxx = g[li, li], g[fi, li], g[np.ix_(fi, fi)]
+    resid = gyy - 2 * theta0 @ gxy + theta0 @ gxx @ theta0
+    # b rescales the residual towards the label's size; the noisy energies can be <= 0 at small n
+    b = float(np.clip(math.sqrt(gyy / max(resid, gyy / 100.0)), 1.0, 10.0)) if gyy > 0 else 1.0
+    x = np.delete(rest, li, axis=1)
+    second = rest.copy()
+    second[:, li] = b * (rest[:, li] - x @ theta0)
+    second = baselines.clip_rows(second, ROW_BOUND)
+    m = n - half
+    st2 = design_study(list(data.columns), data.label, m, study_full.epsilon, "sketch", (*tag, "second"))
+    if sign_factor is not None:
+        st2 = sign_study(st2, sign_factor)
+    d2 = SketchDraw(st2, m, rng)
+    rel2 = d2.release(st2, second, secret_sign=sign_factor is not None)
+    delta = ridge_coef(rel2, data.label, evaluation.default_alpha(m, ROW_BOUND))
+    return theta0 + delta / b, {"b": b, "k1": st1.k, "k2": st2.k}
+
+
+# ---------------------------------------------------------------------------------------------
+# one run
+
+
+def sketch_run(task: str, n: int, epsilon: float, seed: int, variants: Sequence[str],
+               sign_factor: float | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(np.random.SeedSequence([0xACC, n, seed, int(round(epsilon * 1000)),
+                                                        task == "ridge"]))
+    if task == "ridge":
+        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+    else:
+        data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
+                                      row_bound=ROW_BOUND)
+    tag = ("accuracy-runs", task, n, epsilon, seed)
+    study = design_study(list(data.columns), data.label, n, epsilon, "sketch", tag)
+    draw = SketchDraw(study, n, rng)
+    factor = sign_factor if sign_factor is not None else PROVISIONAL_SIGN_FACTORS.get(epsilon)
+    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    out: dict[str, Any] = {"task": task, "n": n, "epsilon": epsilon, "seed": seed, "k": study.k,
+                           "lambda_star": study.lambda_star, "lambda_min": draw.lambda_min,
+                           "ratios": {}, "notes": {}}
+    if task == "ridge":
+        li = data.columns.index(data.label)
+        X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
+        best = evaluation.ridge_objective(X, y, evaluation.ridge_optimum(X, y, alpha), alpha)
+
+        def ratio(theta: np.ndarray) -> float:
+            return evaluation.ridge_objective(X, y, theta, alpha) / best
+
+        floor = ridge_floor(X, y, alpha, study.k,
+                            cell_variance(study.sigma, n, study.k, baselines.server_noise_variance(study)))
+        out["predicted"] = {"sketch": floor.sketch, "cross": floor.cross, "noise": floor.noise}
+    else:
+        best = evaluation.pca_error(data.rows, evaluation.pca_optimum(data.rows, PCA_RANK))
+
+        def fit_pca(rel) -> float:
+            return evaluation.pca_error(data.rows, PCA(PCA_RANK).fit(rel).components_) / best
+
+    for v in variants:
+        if v == "today":
+            rel = draw.release(study, data.rows)
+        elif v == "lambda97":
+            lam = proposed_lambda_star(study)
+            out["lambda97"] = lam
+            if draw.lambda_min - study.t < lam:
+                out["notes"][v] = "certificate refused"
+                continue
+            rel = draw.release(recalibrated(study, lam), data.rows)
+        elif v == "sign":
+            if factor is None:
+                continue
+            rel = draw.release(sign_study(study, factor), data.rows, secret_sign=True)
+        elif v in ("fuller1", "fuller4"):
+            rel = draw.release(study, data.rows)
+            out["ratios"][v] = ratio(fuller_ridge(rel, data.label, alpha, float(v[-1])))
+            continue
+        elif v in ("two_round", "two_round_sign"):
+            if v == "two_round_sign" and factor is None:
+                continue
+            theta, info = two_round(study, data, rng, alpha=alpha,
+                                    sign_factor=factor if v == "two_round_sign" else None, tag=(*tag, v))
+            out["ratios"][v] = ratio(theta)
+            out[v] = info
+            continue
+        else:
+            raise ValueError(f"unknown sketch variant {v!r}")
+        out["ratios"][v] = ratio(ridge_coef(rel, data.label, alpha)) if task == "ridge" else fit_pca(rel)
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def gram_run(task: str, n: int, epsilon: float, seed: int) -> dict[str, Any]:
+    """``gram``, ``gram_moments`` and ``central`` on the same data and the same standard normals."""
+    rng = np.random.default_rng(np.random.SeedSequence([0x6A, n, seed, int(round(epsilon * 1000)),
+                                                        task == "ridge"]))
+    if task == "ridge":
+        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+    else:
+        data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
+                                      row_bound=ROW_BOUND)
+    study = design_study(list(data.columns), data.label, n, epsilon, "gram", ("accuracy-runs", task, n, epsilon, seed))
+    d = study.d
+    exact = data.rows.T @ data.rows
+    z = rng.standard_normal(d * (d + 1) // 2)
+    std = math.sqrt(study.sigma ** 2 * n + baselines.server_noise_variance(study))
+    ratio_m = (baselines.gram_sensitivity(study.row_bound, study.neighbouring)
+               / privacy.sensitivity(study.row_bound, study.neighbouring, "gram"))
+    releases = {}
+    for name, s in (("gram", std), ("gram_moments", std * ratio_m)):
+        g = features.symmetric_from_upper(features.upper_triangle(exact) + s * z, d)
+        releases[name] = GramRelease(columns=list(data.columns), n_reports=n, gram_matrix=g,
+                                     gram_noise_scale=s * math.sqrt(2.0 * d))
+    releases["central"] = baselines.simulate_central(study, data.rows, rng)
+    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    ratios = evaluation._fit_ratios(releases, data.rows, list(data.columns),
+                                    label=data.label if task == "ridge" else None,
+                                    rank=PCA_RANK if task == "pca" else None, alpha=alpha, debias=True)[task]
+    return {"task": task, "n": n, "epsilon": epsilon, "seed": seed, "kind": "gram",
+            "sensitivity_ratio": ratio_m, "ratios": ratios, "notes": {}}
+
+
+def lambda_min_spread(n: int, k: int, draws: int, s: int = 4, seed: int = 7) -> dict[str, float]:
+    """lambda_min(S S^T) / the Bai-Yin estimate over ``draws`` block OSNAP sketches (k x n), and
+    the fraction below the ``lambda97`` variant's 0.97: how often it would refuse at n reports."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, n, k, s]))
+    est = privacy.expected_lambda_min(n, k)
+    r = np.array([np.linalg.eigvalsh((m @ m.T).toarray())[0] / est
+                  for m in (random_osnap(k, s, n, rng) for _ in range(draws))])
+    return {**stats(r), "min": float(r.min()), "below_0.97": float(np.mean(r < PROPOSED_SAFETY))}
+
+
+def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
+    """The ratios of estimates that learn nothing, on the benchmark's data: ridge with theta = 0
+    and PCA with a random 3-dimensional subspace (the yardstick for "no better than predicting
+    zero")."""
+    ridge, pca = [], []
+    for seed in range(runs):
+        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+        ridge.append(evaluation.ridge_ratio(data.features(), data.target(), np.zeros(D),
+                                            evaluation.default_alpha(n, ROW_BOUND)))
+        low = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
+                                     row_bound=ROW_BOUND)
+        q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((D, PCA_RANK)))
+        pca.append(evaluation.pca_ratio(low.rows, q.T))
+    return {"ridge_theta_zero": stats(ridge), "pca_random_subspace": stats(pca)}
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+
+
+def summarize(records: list[dict[str, Any]], kind: str) -> dict[tuple, dict[str, Any]]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("kind", "sketch") == kind:
+            groups.setdefault((r["task"], r["n"], r["epsilon"]), []).append(r)
+    out = {}
+    base = "today" if kind == "sketch" else "gram"
+    for key, recs in sorted(groups.items()):
+        names = list(dict.fromkeys(m for r in recs for m in r["ratios"]))
+        cell: dict[str, Any] = {"k": recs[0].get("k"), "runs": len(recs), "variants": {}}
+        for m in names:
+            vals = [r["ratios"][m] for r in recs if m in r["ratios"]]
+            entry = stats(vals)
+            paired = [r["ratios"][m] - r["ratios"][base] for r in recs if m in r["ratios"] and base in r["ratios"]]
+            if m != base and len(paired) > 1:
+                entry["diff"] = float(np.mean(paired))
+                entry["diff_se"] = float(np.std(paired, ddof=1) / math.sqrt(len(paired)))
+            entry["refused"] = sum(1 for r in recs if m in r.get("notes", {}))
+            cell["variants"][m] = entry
+        preds = [r["predicted"] for r in recs if "predicted" in r]
+        if preds:
+            cell["predicted"] = {t: float(np.mean([p[t] for p in preds])) for t in preds[0]}
+            cell["today_only"] = None
+        out[key] = cell
+    return out
+
+
+def _f(v: float) -> str:
+    if abs(v - 1.0) < 0.01:
+        return f"1 + {v - 1.0:.2g}"
+    return f"{v:.4g}" if v < 1.1 else f"{v:.3g}"
+
+
+def markdown(records: list[dict[str, Any]], argv: Sequence[str], seconds: float) -> str:
+    lines = ["# Design variants, repeated runs (issue 15)", "",
+             f"Generated by `python -m analyzer.accuracy_runs {' '.join(argv)}` in {seconds / 60:.1f} min "
+             "(simulation: numpy block OSNAP and noise; see the module docstring for every variant). "
+             "Cells: mean ± sd (median) over the runs; Δ: paired mean difference to the first "
+             "column ± its standard error. d = 10, delta = 1e-6, replace-one, B = 1, 0.99-quantile "
+             "scaling. **sign** and **two_round_sign** use the PROVISIONAL, unproven sigma^2 "
+             "factors of issue 15.", ""]
+    for kind in ("sketch", "gram"):
+        summ = summarize(records, kind)
+        if not summ:
+            continue
+        for task in ("ridge", "pca"):
+            keys = [k for k in summ if k[0] == task]
+            if not keys:
+                continue
+            names = list(dict.fromkeys(m for k in keys for m in summ[k]["variants"]))
+            lines += [f"## {kind} kind, {task}", ""]
+            head = ["n", "epsilon", "runs"] + (["k"] if kind == "sketch" else []) + names
+            if kind == "sketch" and task == "ridge":
+                head.append("predicted (sketch + cross + noise)")
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for key in keys:
+                cell = summ[key]
+                row = [f"{key[1]:,}", f"{key[2]:g}", str(cell["runs"])]
+                if kind == "sketch":
+                    row.append(str(cell["k"]))
+                for m in names:
+                    e = cell["variants"].get(m)
+                    if e is None:
+                        row.append("-")
+                        continue
+                    txt = f"{_f(e['mean'])} ± {e['sd']:.2g} ({_f(e['median'])})"
+                    if "diff" in e:
+                        txt += f"; Δ {e['diff']:+.3g} ± {e['diff_se']:.2g}"
+                    if e["runs"] != cell["runs"]:
+                        txt += f" [{e['runs']} runs]"
+                    if e.get("refused"):
+                        txt += f" [{e['refused']} refused]"
+                    row.append(txt)
+                if kind == "sketch" and task == "ridge":
+                    p = cell.get("predicted")
+                    row.append("-" if p is None else
+                               f"{1 + sum(p.values()):.3g} = 1 + {p['sketch']:.3f} + {p['cross']:.3f} + {p['noise']:.3f}")
+                lines.append("| " + " | ".join(row) + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m analyzer.accuracy_runs", description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=float, nargs="+", default=[1e4, 1e5, 1e6])
+    ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--runs", type=int, default=20, help="runs per cell (default %(default)s)")
+    ap.add_argument("--tasks", nargs="+", default=["ridge", "pca"], choices=["ridge", "pca"])
+    ap.add_argument("--kinds", nargs="+", default=["sketch", "gram"], choices=["sketch", "gram"])
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help=f"sketch variants (default: ridge {' '.join(SKETCH_RIDGE)}; pca {' '.join(SKETCH_PCA)})")
+    ap.add_argument("--sign-factor", type=float, default=None,
+                    help="sigma^2 factor of the secret-sign variants (default: the PROVISIONAL "
+                    "factors of issue 15 by epsilon); set it to the proven calibration's to re-run")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--out", default=None, help="write OUT.md and OUT.json (default: print only)")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE",
+                    help="re-draw the tables from earlier runs' OUT.json files (merged), run nothing")
+    ap.add_argument("--trivial", action="store_true",
+                    help="instead: ratios of theta = 0 (ridge) and a random subspace (PCA) per n")
+    ap.add_argument("--lambda-spread", nargs=2, type=int, metavar=("N", "K"), action="append",
+                    help="instead: lambda_min(S S^T) / Bai-Yin over --runs sketches of N reports and K rows "
+                    "(repeatable)")
+    args = ap.parse_args(argv)
+    if args.lambda_spread:
+        for n, k in args.lambda_spread:
+            res = lambda_min_spread(n, k, args.runs)
+            print(f"n = {n:,}, k = {k} (n/k = {n // k}): lambda_min / Bai-Yin {res['mean']:.4f} ± {res['sd']:.4f} "
+                  f"(median {res['median']:.4f}, min {res['min']:.4f}), below 0.97 in {res['below_0.97']:.2%} "
+                  f"of {res['runs']}")
+        return 0
+    if args.trivial:
+        for n in (int(x) for x in args.n):
+            res = trivial_ratios(n, args.runs)
+            print(f"n = {n:,}: " + "; ".join(
+                f"{k} {v['mean']:.3g} ± {v['sd']:.2g} ({v['median']:.3g}), {v['runs']} runs" for k, v in res.items()))
+        return 0
+    if args.from_json:
+        records, seconds, echo, notes = [], 0.0, [], []
+        for path in args.from_json:
+            with open(path) as fh:
+                saved = json.load(fh)
+            records += saved["records"]
+            for part in saved.get("runs", [saved]):  # a merged file lists the runs it holds
+                seconds += part["seconds"]
+                echo.append(" ".join(part["argv"]))
+                if part.get("note"):
+                    notes.append(f"Note ({' '.join(part['argv'])}): {part['note']}.")
+        md = markdown(records, ["; ".join(echo)], seconds) + "".join("\n" + n + "\n" for n in notes)
+        print(md)
+        if args.out:
+            with open(args.out + ".md", "w") as fh:
+                fh.write(md + "\n")
+        return 0
+    jobs = []
+    for n in sorted((int(x) for x in args.n), reverse=True):
+        for eps in args.epsilons:
+            for task in args.tasks:
+                for seed in range(args.runs):
+                    if "sketch" in args.kinds:
+                        vs = args.variants or (SKETCH_RIDGE if task == "ridge" else SKETCH_PCA)
+                        if task == "pca":
+                            vs = [v for v in vs if v in SKETCH_PCA]
+                        jobs.append((sketch_run, (task, n, eps, seed, tuple(vs), args.sign_factor)))
+                    if "gram" in args.kinds:
+                        jobs.append((gram_run, (task, n, eps, seed)))
+    t0 = time.perf_counter()
+    records = []
+    print(f"accuracy_runs: {len(jobs)} runs", file=sys.stderr)
+
+    partial = open(args.out + ".partial.jsonl", "a") if args.out else None
+
+    def done(r):
+        records.append(r)
+        if partial is not None:  # every record as it comes: a crash keeps the runs done so far
+            partial.write(json.dumps(r, default=float) + "\n")
+            partial.flush()
+        print(f"[{time.perf_counter() - t0:6.0f}s] {r.get('kind', 'sketch')} {r['task']} n={r['n']} "
+              f"eps={r['epsilon']:g} seed={r['seed']}: "
+              + ", ".join(f"{m} {v:.4g}" for m, v in r["ratios"].items()), file=sys.stderr, flush=True)
+
+    if args.jobs > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for f in [pool.submit(fn, *a) for fn, a in jobs]:
+                done(f.result())
+    else:
+        for fn, a in jobs:
+            done(fn(*a))
+    seconds = time.perf_counter() - t0
+    md = markdown(records, argv, seconds)
+    print(md)
+    if args.out:
+        with open(args.out + ".md", "w") as fh:
+            fh.write(md + "\n")
+        with open(args.out + ".json", "w") as fh:
+            json.dump({"argv": argv, "seconds": round(seconds, 1), "records": records}, fh, indent=1,
+                      default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

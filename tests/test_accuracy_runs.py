@@ -1,0 +1,53 @@
+"""The repeated-runs harness of issue 15 (analyzer/accuracy_runs.py) on small n: every variant
+runs on shared draws, the design variants change what they say they change."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analyzer import accuracy_runs as ar
+from analyzer.experiments import design_study
+
+
+def test_sketch_variants_run_on_shared_draws():
+    out = ar.sketch_run("ridge", 20_000, 1.0, 0, ar.SKETCH_RIDGE, None)
+    assert set(out["ratios"]) == set(ar.SKETCH_RIDGE)
+    assert all(math.isfinite(v) and v >= 1.0 - 1e-9 for v in out["ratios"].values()), out["ratios"]
+    assert out["two_round"]["b"] >= 1.0
+    assert out["predicted"]["sketch"] == pytest.approx(10 / (out["k"] - 11))
+    pca = ar.sketch_run("pca", 20_000, 1.0, 0, ar.SKETCH_PCA, None)
+    assert set(pca["ratios"]) == set(ar.SKETCH_PCA)
+
+
+def test_lambda97_and_sign_change_only_the_noise():
+    study = design_study([f"x{i}" for i in range(10)] + ["y"], "y", 100_000, 1.0, "sketch", ("t",))
+    lam = ar.proposed_lambda_star(study)
+    assert lam == pytest.approx(study.lambda_star * ar.PROPOSED_SAFETY / 0.9, rel=1e-9)
+    new = ar.recalibrated(study, lam)
+    assert new.sigma < study.sigma and (new.k, new.s, new.seed) == (study.k, study.s, study.seed)
+    signed = ar.sign_study(study, 0.101)
+    assert signed.sigma ** 2 == pytest.approx(0.101 * study.sigma ** 2)
+    assert signed.server_sigma == study.server_sigma
+    # the secret sign leaves S diag(t) an OSNAP: on sign-symmetric noise only the data term flips
+    rng = np.random.default_rng(1)
+    draw = ar.SketchDraw(study, 1000, rng)
+    rows = np.zeros((1000, 11))
+    rows[:, 0] = 0.5
+    a = draw.release(study, rows).sketch
+    b = draw.release(study, rows, secret_sign=True).sketch
+    np.testing.assert_allclose(a - b, np.asarray(draw.S @ (rows * (1 - draw.t[:, None]))), atol=1e-9)
+
+
+def test_gram_moments_has_the_gram_sensitivity_of_a_at():
+    out = ar.gram_run("ridge", 10_000, 1.0, 0)
+    assert out["sensitivity_ratio"] == pytest.approx(math.sqrt(2.0) / math.sqrt(4.5))
+    assert set(out["ratios"]) == {"gram", "gram_moments", "central"}
+
+
+def test_trivial_ratios_are_what_learning_nothing_scores():
+    res = ar.trivial_ratios(2_000, 3)
+    assert res["ridge_theta_zero"]["mean"] > 3 and res["pca_random_subspace"]["mean"] > 5
+    assert res["ridge_theta_zero"]["runs"] == 3
