@@ -91,6 +91,11 @@ class CreateStudy(PrivacyTarget):
         "(a stable id chosen by whoever enrols the clients): every share server charges the study to "
         "that population's privacy ledger and refuses it past its budget (409 budget-exceeded, "
         "docs/ledger.md); omitted: charged to nothing")
+    secret_sign: bool = Field(
+        default=False, description="a sketch study whose clients multiply their clipped rows by a "
+        "secret sign before the noise, calibrated for it: the same epsilon with much less noise "
+        "(docs/secret_sign.md); only for kind sketch with k > 1 and no parties (422 invalid-study "
+        "otherwise)")
 
 
 class RecommendRequest(PrivacyTarget):

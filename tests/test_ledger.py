@@ -116,6 +116,79 @@ def test_neighbouring_notions_and_kinds_are_charged_what_they_promise():
         ledger.compose([ledger.Charge.of(hist)], "replace-one", hist.delta).epsilon, abs=2e-3)
 
 
+#: A charge as the ledger stored it before the secret_sign member existed (a server's SQLite row,
+#: an SDK ledger file): it must parse and re-serialise to the same bytes.
+OLD_CHARGE = ('{"study_id":"adc1493353d157f0e5cb835264d8f0bcced1ad8c12bebe576eff491d40f73820","name":"study 1",'
+              '"population":"clinic-2024.enrolled","neighbouring":"replace-one","kind":"sketch","row_bound":1.0,'
+              '"sigma":1.5229146480560303,"server_sigma":1.838121056555668,"width":2,'
+              '"lambda_star":29.325232921501144,"delta":1e-6,"epsilon":0.9999988939298807}')
+
+
+def test_charges_without_the_sign_serialise_as_before():
+    old = ledger.Charge.model_validate_json(OLD_CHARGE)
+    assert not old.secret_sign
+    assert old.model_dump_json() == OLD_CHARGE
+    assert old.model_dump(mode="json") == json.loads(OLD_CHARGE)  # as the SDK's ledger file holds it
+    plain = ledger.Charge.of(_study(1, secret_sign=False))
+    assert "secret_sign" not in plain.model_dump(mode="json") and "secret_sign" not in plain.model_dump_json()
+    signed = ledger.Charge.of(_study(1, secret_sign=True, expected_reports=2000))
+    assert signed.model_dump(mode="json")["secret_sign"] is True
+    assert ledger.Charge.model_validate_json(signed.model_dump_json()) == signed
+
+
+def test_a_signed_study_is_charged_its_promise_and_composes_with_unsigned_ones():
+    """A secret-sign study (docs/secret_sign.md) is charged the mixture's PLD, so its charge is
+    its promise (not the plain Gaussian loss of its smaller noise, several times more), and it
+    composes with Gaussian charges on a common grid."""
+    from dpsketch.protocol import secret_sign
+
+    delta = 1e-6
+    signed = _study(50, secret_sign=True, expected_reports=20_000, columns=[f"c{j}" for j in range(6)])
+    plain = _study(51, secret_sign=False, expected_reports=20_000, columns=[f"c{j}" for j in range(6)])
+    assert signed.secret_sign and not plain.secret_sign and signed.sigma < 0.5 * plain.sigma
+    cs, cp = ledger.Charge.of(signed), ledger.Charge.of(plain)
+    assert cs.secret_sign and not cp.secret_sign
+    promise = signed.guarantees()["epsilon"]
+    alone = ledger.compose([cs], "replace-one", delta).epsilon
+    print(f"signed study: promise {promise:.5f}, charged {alone:.5f}")
+    assert promise - 1e-3 <= alone <= promise + 2.5e-3  # the PLD's grid and coarser cells
+    # what the ledger charged before it knew the flag: the Gaussian shift of the smaller noise
+    as_gaussian = ledger.compose([cs.model_copy(update={"secret_sign": False})], "replace-one", delta).epsilon
+    assert as_gaussian > 2.5 * alone
+    # the charge is the mixture's PLD of the study's noise, built here from secret_sign directly
+    r = secret_sign.replace_radius_of(signed.row_bound, cs.sigma, cs.server_sigma, signed.lambda_star)
+    direct = secret_sign.replace_pld(r)
+    assert alone == pytest.approx(direct.get_epsilon_for_delta(delta), rel=1e-12)
+    # with an unsigned study: one grid, composed by dp-accounting, tighter than the naive sum
+    both = ledger.compose([cs, cp], "replace-one", delta)
+    gauss = dp_pld.from_gaussian_mechanism(1.0 / _mu(plain, "replace-one"), value_discretization_interval=1e-3)
+    assert both.epsilon == pytest.approx(direct.compose(gauss).get_epsilon_for_delta(delta), rel=1e-9)
+    assert max(alone, plain.guarantees()["epsilon"]) < both.epsilon < 0.8 * both.naive_epsilon
+    assert both.naive_epsilon == pytest.approx(promise + plain.guarantees()["epsilon"], rel=1e-9)
+    # a budget check sees the signed study's own cost
+    verdict = ledger.check([cp], cs, ledger.Budget(1.6, delta))
+    assert verdict.fits and verdict.study_epsilon == pytest.approx(alone)
+
+
+def test_signed_add_remove_studies_in_both_notions():
+    """An add/remove study with the sign: charged its own promise in an add/remove ledger (with
+    an unsigned one: the grids differ, the coarser is taken); in a replace-one ledger the
+    replace-one mixture of the same noise, about half the unsigned study's 2B Gaussian."""
+    delta = 1e-6
+    kw = dict(neighbouring="add-remove", expected_reports=20_000, columns=[f"c{j}" for j in range(6)])
+    signed, plain = _study(60, secret_sign=True, **kw), _study(61, secret_sign=False, **kw)
+    cs, cp = ledger.Charge.of(signed), ledger.Charge.of(plain)
+    own = ledger.compose([cs], "add-remove", delta).epsilon
+    assert own == pytest.approx(signed.guarantees()["epsilon"], abs=2e-3)
+    both = ledger.compose([cs, cp], "add-remove", delta)
+    assert max(own, ledger.compose([cp], "add-remove", delta).epsilon) < both.epsilon < both.naive_epsilon
+    replace = ledger.compose([cs], "replace-one", delta).epsilon
+    assert replace == pytest.approx(cs.epsilon_in("replace-one"), abs=2e-3)
+    assert replace < 0.7 * ledger.compose([cp], "replace-one", delta).epsilon
+    assert math.isinf(ledger.compose([ledger.Charge.of(_study(62, secret_sign=True, expected_reports=20_000)), cs],
+                                     "add-remove", delta).epsilon)  # replace-one: unbounded there
+
+
 def test_population_member_keeps_old_ids_and_is_validated():
     plain = _study(1, population=None)
     assert "population" not in plain.model_dump(mode="json")

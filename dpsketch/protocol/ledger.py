@@ -13,7 +13,10 @@ charge is the privacy loss distribution that promise is read from: the study's o
 width) at lambda_star, built by :func:`accounting.study_pld`. So the charge equals the study's
 promise whatever its kind: a sketch, gram, histogram or l1 study's sensitivity and width are
 those of its Mechanism (privacy.sensitivity per kind; the gram row [a, u(a a^T), 1] has norm
-sqrt(B^4/2 + B^2 + 1), a histogram's one-hot row norm 1).
+sqrt(B^4/2 + B^2 + 1), a histogram's one-hot row norm 1). A sketch study whose clients sign their
+rows (``Study.secret_sign``, docs/secret_sign.md) is charged the symmetric Gaussian mixture's PLD
+(``secret_sign.study_pld``), not the Gaussian shift of its smaller noise; the charge records the
+flag (``Charge.secret_sign``, omitted from the JSON when false).
 
 Composition. The PLDs of a population's studies are composed with dp-accounting
 (``PrivacyLossDistribution.compose``; pessimistic, so the result is an upper bound) and epsilon
@@ -39,7 +42,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from . import accounting, privacy
 
@@ -69,6 +72,17 @@ class Charge(BaseModel):
     #: the study's delta, and the epsilon it promises there (under its own notion)
     delta: float = Field(gt=0, lt=1)
     epsilon: float = Field(ge=0)
+    #: the study's clients sign their rows with a secret +-1 (docs/secret_sign.md): its PLD is the
+    #: symmetric mixture's, not the Gaussian shift's. Omitted from the JSON when false, so a charge
+    #: of a study without it serialises exactly as before the member existed.
+    secret_sign: bool = False
+
+    @model_serializer(mode="wrap")
+    def _omit_unsigned(self, handler):
+        data = handler(self)
+        if isinstance(data, dict) and data.get("secret_sign") is False:
+            data.pop("secret_sign")
+        return data
 
     @classmethod
     def of(cls, study) -> "Charge":
@@ -81,12 +95,13 @@ class Charge(BaseModel):
         return cls(study_id=study.study_id, name=study.name, population=study.population,
                    neighbouring=study.neighbouring, kind=study.kind, row_bound=study.row_bound,
                    sigma=mechanism.sigma, server_sigma=mechanism.server_sigma, width=study.width,
-                   lambda_star=study.lambda_star, delta=study.delta, epsilon=float(g["epsilon"]))
+                   lambda_star=study.lambda_star, delta=study.delta, epsilon=float(g["epsilon"]),
+                   secret_sign=mechanism.secret_sign)
 
     @property
     def _key(self) -> tuple:
         return (self.neighbouring, self.kind, self.row_bound, self.sigma, self.server_sigma,
-                self.lambda_star, self.width)
+                self.lambda_star, self.width, self.secret_sign)
 
     def epsilon_in(self, notion: str) -> float:
         """This study's epsilon at its own delta under ``notion`` (inf if unbounded there)."""
@@ -95,21 +110,23 @@ class Charge(BaseModel):
         if notion == "add-remove":  # a replace-one study under add/remove
             return math.inf
         return accounting.report_epsilon("replace-one", self.kind, self.row_bound, self.sigma,
-                                         self.server_sigma, self.lambda_star, self.width, self.delta)
+                                         self.server_sigma, self.lambda_star, self.width, self.delta,
+                                         secret_sign=self.secret_sign)
 
     def pld(self, notion: str, grid: float = accounting.LOSS_GRID):
         """The PLD charged under ``notion`` (None: unbounded)."""
         return _pld(*self._key, notion, grid)
 
     def grid(self, notion: str) -> float:
-        return accounting.pld_grid(*self._key, notion)
+        *key, signed = self._key
+        return accounting.pld_grid(*key, notion, secret_sign=signed)
 
 
 @lru_cache(maxsize=1024)
-def _pld(neighbouring, kind, row_bound, sigma, server_sigma, lambda_star, width, notion, grid):
+def _pld(neighbouring, kind, row_bound, sigma, server_sigma, lambda_star, width, secret_sign, notion, grid):
     """Cached: a server composes the same studies' PLDs on every provisioning of the population."""
     return accounting.study_pld(neighbouring, kind, row_bound, sigma, server_sigma, lambda_star, width,
-                                notion, grid)
+                                notion, grid, secret_sign=secret_sign)
 
 
 @dataclass(frozen=True)
