@@ -363,7 +363,7 @@ class _RecordingTransport(httpx.HTTPTransport):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.lock = threading.Lock()
-        self.acked: dict[int, list[bytes]] = {}   # port -> request bodies acknowledged
+        self.acked: dict[int, list[tuple[bytes, str]]] = {}  # port -> (body, media type) acknowledged
         self.errors: dict[int, int] = {}          # port -> transport errors / 5xx seen
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -379,13 +379,15 @@ class _RecordingTransport(httpx.HTTPTransport):
                 self.errors[port] = self.errors.get(port, 0) + 1
             elif (resp.status_code == 200 and request.method == "POST"
                   and request.url.path.endswith("/batches")):
-                self.acked.setdefault(port, []).append(request.content)
+                self.acked.setdefault(port, []).append((request.content, request.headers["content-type"]))
         return resp
 
     def acked_ids(self, port: int, d: int) -> set[bytes]:
+        """The report ids of the acknowledged batches (full shares or seeds, the SDK's default)."""
         with self.lock:
             bodies = list(self.acked.get(port, []))
-        return {rid for body in bodies for rid in messages.decode_batch(body, d, len(SERVERS)).ids}
+        return {rid for body, media_type in bodies
+                for rid in messages.decode_upload(body, media_type, d, len(SERVERS)).ids}
 
 
 def _report_ids(url: str, sid: str, token: str, verify: ssl.SSLContext | bool) -> set[bytes]:

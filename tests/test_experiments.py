@@ -124,7 +124,9 @@ def test_simulated_pipeline_has_the_pipelines_noise_law_and_certificate():
     expected = sim[0].cell_noise_variance
     for releases in (sim, real):
         cells = np.concatenate([r.sketch.ravel() for r in releases])
-        assert cells.var() == pytest.approx(expected, rel=0.2), len(cells)
+        # the sample variance of m normal cells has relative sd sqrt(2 / (m - 1)): 4 sd of slack
+        # (0.41 for the 6 real releases' 192 cells, 0.18 for the 30 simulated ones)
+        assert cells.var() == pytest.approx(expected, rel=4 * math.sqrt(2 / (len(cells) - 1))), len(cells)
     assert abs(np.mean([r.sketch.mean() for r in sim])) < 5 * math.sqrt(expected / (30 * sim[0].sketch.size))
     with pytest.raises(experiments.Refused, match="certificate"):
         experiments.simulate_pipeline(study.model_copy(update={"lambda_star": 10.0 * n}), rows, rng)
