@@ -617,7 +617,8 @@ def test_swarm_stack_with_replicas(compose_cluster):
                             break
                     time.sleep(0.01)
                 killed["acked_before"] = transport.acked_ids(s1_port, study.d)
-                boxes = c.docker.containers.list(filters={"label": f"com.docker.swarm.service.name={STACK}_s1-replica"})
+                boxes = c.docker.containers.list(sparse=True, filters={
+                    "label": f"com.docker.swarm.service.name={STACK}_s1-replica", "status": "running"})
                 killed["replicas_seen"] = len(boxes)
                 boxes[0].kill()
                 killed["id"] = boxes[0].id
@@ -655,7 +656,9 @@ def test_swarm_stack_with_replicas(compose_cluster):
     finally:
         _run(["docker", "stack", "rm", STACK], timeout=120, check=False)
         deadline = time.monotonic() + 120
-        while c.docker.containers.list(all=True, filters={"label": f"com.docker.stack.namespace={STACK}"}):
+        # sparse: no inspect of each container, which races with swarm removing them (404)
+        while c.docker.containers.list(all=True, sparse=True,
+                                       filters={"label": f"com.docker.stack.namespace={STACK}"}):
             if time.monotonic() > deadline:
                 break
             time.sleep(1)
