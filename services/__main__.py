@@ -94,6 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     from .options import add_policy_arguments
 
     add_policy_arguments(p)  # --max-epsilon, --max-delta, --min-reports, --tokens-file, ...
+    p.add_argument("--max-inflight-uploads", type=_whole, metavar="N",
+                   default=os.environ.get("DPSKETCH_MAX_INFLIGHT_UPLOADS", "").strip() or None,
+                   help="uploads worked on at once; more get 503 + Retry-After before any parsing "
+                        "(0: no limit; default: $DPSKETCH_MAX_INFLIGHT_UPLOADS or 64; docs/operations.md, "
+                        "Backpressure)")
+    p.add_argument("--max-inflight-upload-bytes", type=_whole, metavar="BYTES",
+                   default=os.environ.get("DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES", "").strip() or None,
+                   help="body bytes of the uploads worked on at once (0: no limit; default: "
+                        "$DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES or 128 MiB)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="log verbosity (default: %(default)s)")
     p.add_argument("--access-log", action="store_true", help="log every request (off by default: it "
@@ -103,6 +112,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_graceful_argument(p)
     add_connection_arguments(p)
     return p
+
+
+def _whole(text: str) -> int:
+    """An admission limit: a whole number, 0 or more."""
+    n = int(text)
+    if n < 0:
+        raise ValueError(text)
+    return n
+
+
+_whole.__name__ = "whole number >= 0"
+
+
+def _export_admission_limits(args: argparse.Namespace) -> None:
+    """The admission middleware (services/admission.py) reads its limits from the environment
+    when the app is built; the flags win over what the environment said."""
+    for name, value in (("DPSKETCH_MAX_INFLIGHT_UPLOADS", args.max_inflight_uploads),
+                        ("DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES", args.max_inflight_upload_bytes)):
+        if value is not None:
+            os.environ[name] = str(value)
 
 
 def db_location(text: str) -> Path | str:
@@ -152,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check_graceful_timeout(parser, args.graceful_timeout)
     settings = settings_from_args(args)
+    _export_admission_limits(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # (short tokens are warned about by Settings, which keeps only their SHA-256 digests)
 

@@ -175,3 +175,27 @@ def test_refuses_to_start_without_tokens(tmp_path):
     assert not (tmp_path / "x.db").exists()
     helptext = subprocess.run(argv[:4] + ["--help"], capture_output=True, text=True, timeout=60)
     assert helptext.returncode == 0 and "--operator-token-file" in helptext.stdout
+
+
+def test_admission_flags_override_the_environment(tmp_path, monkeypatch):
+    """--max-inflight-uploads / --max-inflight-upload-bytes reach the admission middleware (which
+    reads the environment when the app is built); a bad value stops the command with usage."""
+    from services import __main__ as server_main
+    from services.admission import DEFAULT_MAX_BYTES, Admission
+
+    monkeypatch.setenv("DPSKETCH_MAX_INFLIGHT_UPLOADS", "7")
+    monkeypatch.setenv("DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES", "")  # empty: the default (restored after)
+    base = ["--server-id", "s1", "--db", str(tmp_path / "x.db")]
+    args = server_main.build_parser().parse_args(base)
+    server_main._export_admission_limits(args)
+    limits = Admission.from_env()
+    assert (limits.max_requests, limits.max_bytes) == (7, DEFAULT_MAX_BYTES)  # environment kept
+    args = server_main.build_parser().parse_args(base + ["--max-inflight-uploads", "3",
+                                                         "--max-inflight-upload-bytes", "0"])
+    server_main._export_admission_limits(args)
+    limits = Admission.from_env()
+    assert (limits.max_requests, limits.max_bytes) == (3, 0)  # the flags win
+    argv = [sys.executable, "-m", "dpsketch.cli", "server", *base, "--max-inflight-uploads", "-1"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--max-inflight-uploads" in out.stderr
+    assert not (tmp_path / "x.db").exists()
