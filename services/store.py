@@ -165,6 +165,8 @@ class Store:
         self._closed = False
         self._closing = threading.Event()
         self._sweep_wake = threading.Event()
+        # the compiled sketch hash (dpsketch/protocol/sketch.py), loaded before the first upload
+        threading.Thread(target=sketch.warm_up, name="dpsketch-hash-warm", daemon=True).start()
         if settings.warm_start:
             threading.Thread(target=self._warm, name="dpsketch-warm", daemon=True).start()
         if settings.retention_after_commit_s is not None:

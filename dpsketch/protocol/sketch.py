@@ -11,6 +11,9 @@ The hash (docs/protocol.md, "Sketch hash", with test vectors):
     h_l(r) = floor(u_l * b / 2^64)        (the high bits: a multiply-shift, no modulo bias)
     g_l(r) = +1 if u_l is even else -1    (the low bit), except g = +1 when k = 1
 
+Many ids are hashed by the same BLAKE2b compiled with numba (``_blake2b_kernel.py``: no Python
+object per id), few by hashlib; the bits are the same.
+
 With k = 1 (hence s = 1) the sketch is the plain sum of the rows: secure aggregation, the basis of
 sufficient-statistics study kinds; a random sign there would only scramble the sum.
 """
@@ -38,13 +41,17 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     b = k // s
     m = len(report_ids)
     width = 8 * s
-    keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
-    buf = bytearray(m * width)
-    for i, rid in enumerate(report_ids):
-        h = keyed.copy()
-        h.update(rid)
-        buf[i * width : (i + 1) * width] = h.digest()
-    u = np.frombuffer(bytes(buf), dtype="<u8").reshape(m, s)
+    joined = b"".join(report_ids) if m >= _KERNEL_MIN_IDS or (_kernel is not None and m >= _KERNEL_WARM_IDS) else b""
+    if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loop
+        u = _digest_words(seed, joined, s)
+    else:
+        keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
+        digests = []
+        for rid in report_ids:
+            h = keyed.copy()
+            h.update(rid)
+            digests.append(h.digest())
+        u = np.frombuffer(b"".join(digests), dtype="<u8").reshape(m, s)
     # floor(u * b / 2^64) without 128-bit integers: split u into 32-bit halves.
     hi = u >> np.uint64(32)
     lo = u & np.uint64(0xFFFFFFFF)
@@ -55,6 +62,37 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     if k == 1:
         signs[:] = 1
     return rows, signs
+
+
+#: ids from which the compiled BLAKE2b loop (``_blake2b_kernel.py``) hashes them: always from
+#: this many (loading it once costs about a second) ...
+_KERNEL_MIN_IDS = 4096
+#: ... and from this many once it is loaded (``warm_up``; a server does at start)
+_KERNEL_WARM_IDS = 32
+_kernel = None
+
+
+def _digest_words(seed: bytes, joined: bytes, s: int) -> np.ndarray:
+    """The (m, s) little-endian digest words of the sketch hash of concatenated 16-byte ids, from
+    the compiled loop: the same bits as hashlib's BLAKE2b (tests compare them), without a Python
+    object per id, and with the GIL released."""
+    global _kernel
+    if _kernel is None:
+        from . import _blake2b_kernel  # numba: imported (and the loop loaded) on first use
+
+        _kernel = _blake2b_kernel
+    key = np.frombuffer(seed.ljust(128, b"\0"), dtype="<u8").astype(np.uint64)
+    prefix = np.frombuffer(DOMAIN, dtype="<u8").astype(np.uint64)
+    ids = np.frombuffer(joined, dtype="<u8").astype(np.uint64).reshape(-1, 2)
+    out = np.empty((len(ids), s), dtype=np.uint64)
+    _kernel.keyed_words(key, len(seed), 8 * s, prefix, ids, out, _kernel.SIGMA, _kernel.COLUMNS, _kernel.IV)
+    return out
+
+
+def warm_up() -> None:
+    """Load the compiled hash loop now (from numba's cache: about a second, numba's import
+    included), so that no upload waits for it; a server does it in a thread at start."""
+    _digest_words(bytes(SEED_BYTES), bytes(REPORT_ID_BYTES), 1)
 
 
 def bucket_and_sign(seed: bytes, report_id: bytes, k: int, s: int, block: int) -> tuple[int, int]:

@@ -1,0 +1,102 @@
+"""The compiled BLAKE2b loop behind ``sketch.hash_report_ids`` for many report ids (RFC 7693).
+
+The sketch hash of a report id r is keyed BLAKE2b(key = seed, digest_size = 8 s) of the 32-byte
+message ``DOMAIN || r``: a key block, then one final block holding the message. The key block's
+compression is the same for every id, so it is done once per call; per id, one compression of a
+block whose only non-zero words are the two domain words and the id's two words, and the digest
+words are the state's first s words (little-endian, exactly the u_l of docs/protocol.md). The
+result is bit for bit hashlib's (tests compare them on random seeds, ids and every s); this only
+removes the per-id Python overhead (a hashlib object, a copy and a digest per id), and releases
+the GIL.
+
+Imported only on first use (numba itself takes a third of a second to import); compiled with
+``cache=True`` as ``_chacha_kernel.py`` is, else in memory once per process.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._chacha_kernel import _jit
+
+IV = np.array([0x6A09E667F3BCC908, 0xBB67AE8584CAA73B, 0x3C6EF372FE94F82B, 0xA54FF53A5F1D36F1,
+               0x510E527FADE682D1, 0x9B05688C2B3E6C1F, 0x1F83D9ABFB41BD6B, 0x5BE0CD19137E2179],
+              dtype=np.uint64)
+SIGMA = np.array([
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+    [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3],
+    [11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4],
+    [7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8],
+    [9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13],
+    [2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9],
+    [12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11],
+    [13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10],
+    [6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5],
+    [10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0],
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+    [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3],
+], dtype=np.int64)
+#: the (a, b, c, d) state words of the eight G calls of a round
+COLUMNS = np.array([[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15],
+                     [0, 5, 10, 15], [1, 6, 11, 12], [2, 7, 8, 13], [3, 4, 9, 14]], dtype=np.int64)
+
+_OPTIONS = dict(nogil=True, boundscheck=False, error_model="numpy")
+
+
+@numba.njit(inline="always")
+def _rotr(x, n):
+    return (x >> np.uint64(n)) | (x << np.uint64(64 - n))
+
+
+@numba.njit(inline="always")
+def _compress(h, m, v, t, last, sigma, columns, iv):
+    """h ^= the BLAKE2b compression of block ``m`` at byte offset ``t`` (RFC 7693, 3.2)."""
+    for i in range(8):
+        v[i] = h[i]
+        v[i + 8] = iv[i]
+    v[12] ^= np.uint64(t)
+    if last:
+        v[14] = ~v[14]
+    for r in range(12):
+        for g in range(8):
+            a, b, c, d = columns[g, 0], columns[g, 1], columns[g, 2], columns[g, 3]
+            x, y = m[sigma[r, 2 * g]], m[sigma[r, 2 * g + 1]]
+            va = v[a] + v[b] + x
+            vd = _rotr(v[d] ^ va, 32)
+            vc = v[c] + vd
+            vb = _rotr(v[b] ^ vc, 24)
+            va = va + vb + y
+            vd = _rotr(vd ^ va, 16)
+            vc = vc + vd
+            vb = _rotr(vb ^ vc, 63)
+            v[a], v[b], v[c], v[d] = va, vb, vc, vd
+    for i in range(8):
+        h[i] ^= v[i] ^ v[i + 8]
+
+
+@_jit(**_OPTIONS)
+def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
+    """out[i, :] = the first out.shape[1] little-endian words of BLAKE2b(key, digest_bytes)
+    over prefix || id i, for a 16-byte prefix (two words) and 16-byte ids (id_words (m, 2));
+    key_words: the key zero-padded to 16 words."""
+    h0 = iv.copy()
+    h0[0] ^= np.uint64(0x01010000) ^ (np.uint64(key_bytes) << np.uint64(8)) ^ np.uint64(digest_bytes)
+    v = np.empty(16, dtype=np.uint64)
+    m = np.zeros(16, dtype=np.uint64)
+    for j in range(16):
+        m[j] = key_words[j]
+    _compress(h0, m, v, 128, False, sigma, columns, iv)  # the key block
+    m[:] = 0
+    m[0] = prefix_words[0]
+    m[1] = prefix_words[1]
+    h = np.empty(8, dtype=np.uint64)
+    width = out.shape[1]
+    for i in range(id_words.shape[0]):
+        for j in range(8):
+            h[j] = h0[j]
+        m[2] = id_words[i, 0]
+        m[3] = id_words[i, 1]
+        _compress(h, m, v, 160, True, sigma, columns, iv)  # key block + 32 message bytes
+        for j in range(width):
+            out[i, j] = h[j]
