@@ -60,7 +60,12 @@ class _Run:
 
     def __init__(self, hi: np.ndarray, lo: np.ndarray, rowid: np.ndarray, presorted: bool = False):
         if not presorted and len(hi) > 1:
-            order = np.lexsort((lo, hi))
+            # by the high half: a stable sort merges already sorted runs in O(n log runs); where
+            # two ids share it (crafted), by both halves (lexsort: 15x slower at 10^6)
+            order = np.argsort(hi, kind="stable")
+            first = hi[order]
+            if np.any(first[1:] == first[:-1]):
+                order = np.lexsort((lo, hi))
             hi, lo, rowid = hi[order], lo[order], rowid[order]
         self.hi, self.lo, self.rowid = hi, lo, rowid
         # whether two ids share a high half (crafted): then lookups resolve those ranges exactly

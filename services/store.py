@@ -150,7 +150,7 @@ class Store:
         #: SQLite file or PostgreSQL database (services/backend.py)
         self.backend = backends.for_settings(settings)
         self._conn = self.backend.initialise()
-        self._conn.execute(self.backend.ddl(checkpoint.SCHEMA))
+        self.backend.create_table(self._conn, checkpoint.SCHEMA)
         #: other replicas of this server may write to the same database (PostgreSQL): catch up
         #: under the study's row lock before deciding anything (``_catch_up``)
         self.shared = self.backend.shared
