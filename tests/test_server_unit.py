@@ -993,6 +993,8 @@ def test_restart_from_a_checkpoint_holds_what_a_full_rebuild_holds(store_locatio
     c = Server(db)
     try:
         store = c.app.state.store
+        store.ensure_state(store.record(st.study_id))  # the warm start's load is over, not racing ours
+
         def corrupt(conn):
             conn.execute("UPDATE checkpoints SET ids = ?", (b"\x00" * 16,))
             return None, None
