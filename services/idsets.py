@@ -29,7 +29,7 @@ REPORT_ID_BYTES = 16
 #: small additions (single uploads) stay in a dict until it holds this many ids
 _RECENT_LIMIT = 4096
 #: merge the runs into the main run when there are more than this many ...
-_MAX_RUNS = 8
+_MAX_RUNS = 4
 
 
 def halves(blob: bytes | bytearray | memoryview) -> tuple[np.ndarray, np.ndarray]:
@@ -96,6 +96,21 @@ class _Run:
             if j < b and self.lo[j] == lo[i]:
                 out[i] = j
         return out
+
+    def find_one(self, hi: int, lo: int) -> int:
+        """:meth:`find` for one id (a single upload: scalar searches, no arrays)."""
+        n = len(self.hi)
+        if n == 0:
+            return -1
+        key = np.uint64(hi)
+        a = int(self.hi.searchsorted(key, side="left"))
+        if a == n or int(self.hi[a]) != hi:
+            return -1
+        if self.ties:
+            b = int(self.hi.searchsorted(key, side="right"))
+            a += int(self.lo[a:b].searchsorted(np.uint64(lo)))
+            return a if a < b and int(self.lo[a]) == lo else -1
+        return a if int(self.lo[a]) == lo else -1
 
 
 def _merge(runs: Sequence[_Run]) -> _Run:
@@ -168,7 +183,7 @@ class ReportIndex:
 
     def _maybe_merge(self) -> None:
         pending = sum(len(r) for r in self._runs)
-        if len(self._runs) > _MAX_RUNS or pending > max(65_536, len(self._main) // 4):
+        if len(self._runs) > _MAX_RUNS or pending > len(self._main) // 4:
             self._main = _merge([self._main, *self._runs])
             self._runs = []
 
@@ -188,6 +203,9 @@ class ReportIndex:
     # --- lookups ------------------------------------------------------------------------------
     def lookup(self, joined: bytes, report_ids: Sequence[bytes] | None = None) -> np.ndarray:
         """The rowid of each of the concatenated ids, -1 where it is not held."""
+        if len(joined) <= 8 * REPORT_ID_BYTES:  # a few ids (single uploads): scalar searches
+            return np.array([self._one(joined[i:i + REPORT_ID_BYTES])
+                             for i in range(0, len(joined), REPORT_ID_BYTES)], dtype=np.int64)
         hi, lo = halves(joined)
         out = np.full(len(hi), -1, dtype=np.int64)
         for run in (self._main, *self._runs):
@@ -205,16 +223,24 @@ class ReportIndex:
                     out[i] = rowid
         return out
 
+    def _one(self, rid: bytes) -> int:
+        rowid = self._recent.get(rid)
+        if rowid is not None:
+            return rowid
+        hi, lo = int.from_bytes(rid[:8], "big"), int.from_bytes(rid[8:], "big")
+        for run in (self._main, *self._runs):
+            at = run.find_one(hi, lo)
+            if at >= 0:
+                return int(run.rowid[at])
+        return -1
+
     def any_held(self, joined: bytes, report_ids: Sequence[bytes] | None = None) -> bool:
         """Whether any of the concatenated ids is held."""
         return self._n > 0 and bool(np.any(self.lookup(joined, report_ids) >= 0))
 
     def get(self, rid: bytes) -> int | None:
         """The rowid of one id, None if not held."""
-        rowid = self._recent.get(rid)
-        if rowid is not None:
-            return rowid
-        found = int(self.lookup(rid)[0]) if len(rid) == REPORT_ID_BYTES else -1
+        found = self._one(rid) if len(rid) == REPORT_ID_BYTES else -1
         return found if found >= 0 else None
 
     def __contains__(self, rid: object) -> bool:

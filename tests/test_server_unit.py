@@ -1159,6 +1159,10 @@ def test_report_index_is_exact_against_a_dict():
     probe = held[::7] + pool[at:]
     assert index.lookup(b"".join(probe)).tolist() == [reference.get(r, -1) for r in probe]
     assert all(index.get(r) == reference[r] for r in held[:500]) and pool[-1] not in index
+    # one id at a time (the scalar path of single uploads), crafted ones included
+    for rid in crafted + near + [prefix + b"\x00" * 8, prefix + b"\xff" * 8]:
+        assert index.get(rid) == reference.get(rid)
+        assert index.lookup(rid + held[0]).tolist() == [reference.get(rid, -1), reference[held[0]]]
     # a commit's match: exactly the included ones found, the others excluded (ascending by id)
     included = sorted(held[100:] + pool[at:at + 3])
     hi, lo = idsets.halves(b"".join(included))
