@@ -131,7 +131,8 @@ def _merge(runs: Sequence[_Run]) -> _Run:
 
 class ReportIndex:
     """Report id -> rowid of the reports (or blocks) a study holds; see the module docstring.
-    Ids are unique (the writer never adds a held id); not thread-safe (the study's lock)."""
+    Ids are unique (the writer never adds a held id). Not thread-safe: lookups reorganise it
+    too (``match``, ``sorted``), so every use holds the study's lock (``StudyState.lock``)."""
 
     def __init__(self) -> None:
         self._main = _merge(())

@@ -328,7 +328,9 @@ class Writer:
         as_set = set(ids)
         slots = job.slots()
         slot_set = set(slots)
-        if (len(as_set) == len(ids) and not state.ids.any_held(job.joined, ids)
+        with state.lock:  # a commit's match may be merging the index's runs meanwhile
+            held_any = state.ids.any_held(job.joined, ids)
+        if (len(as_set) == len(ids) and not held_any
                 and all(p.new_ids.isdisjoint(as_set) for p in earlier)
                 and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)
                 and all(p.new_slots.isdisjoint(slot_set) for p in earlier)):
@@ -391,7 +393,8 @@ class Writer:
             else:
                 conflicts.append(i)
 
-        held = state.ids.lookup(job.joined, ids).tolist()
+        with state.lock:
+            held = state.ids.lookup(job.joined, ids).tolist()
         for i, rid in enumerate(ids):
             if held[i] >= 0:
                 stored_rowids[i] = held[i]
