@@ -80,11 +80,14 @@ class _Run:
         if n == 0 or len(hi) == 0:
             return np.full(len(hi), -1, dtype=np.int64)
         if len(hi) > 64 and not self.ties:  # sorted needles: each search starts where the last ended
-            order = np.argsort(hi)
-            at = np.empty(len(hi), dtype=np.int64)
-            at[order] = np.minimum(np.searchsorted(self.hi, hi[order], side="left"), n - 1)
+            if bool(np.all(hi[1:] >= hi[:-1])):  # already (a commit's inclusion set)
+                at = np.minimum(np.searchsorted(self.hi, hi, side="left"), n - 1)
+            else:
+                order = np.argsort(hi)
+                at = np.empty(len(hi), dtype=np.int64)
+                at[order] = np.minimum(np.searchsorted(self.hi, hi[order], side="left"), n - 1)
             hit = (self.hi[at] == hi) & (self.lo[at] == lo)
-            return np.where(hit, at, -1).astype(np.int64)
+            return np.where(hit, at, -1)
         left = np.searchsorted(self.hi, hi, side="left")
         if not self.ties:
             at = np.minimum(left, n - 1)
