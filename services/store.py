@@ -576,16 +576,15 @@ class Store:
                 self._catch_up(conn, record, set())
                 if record.commit is not None:
                     return self._repeat(record, ihash), None
-                return self._release(record, record.state, ids, inclusion, ihash)(conn)
+                return self._release(record, record.state, ids, ihash)(conn)
 
             return self.writer.submit(CallJob(locked)).result()
         state = self.ensure_state(record)
         if state is None:
             return self._repeat(record, ihash)
-        return self.writer.submit(CallJob(self._release(record, state, ids, inclusion, ihash))).result()
+        return self.writer.submit(CallJob(self._release(record, state, ids, ihash))).result()
 
-    def _release(self, record: StudyRecord, state: StudyState, ids: InclusionSet, inclusion: bytes,
-                 ihash: str):
+    def _release(self, record: StudyRecord, state: StudyState, ids: InclusionSet, ihash: str):
         """Sum the inclusion set, certify it, add this server's noise; returns the writer job
         (``fn(conn)``) that stores the release, or raises the refusal."""
         study = record.study
