@@ -1,4 +1,7 @@
-"""The compiled BLAKE2b loop behind ``sketch.hash_report_ids`` for many report ids (RFC 7693).
+"""The compiled loops behind ``sketch.py`` for many reports: the sketch hash (BLAKE2b, RFC 7693)
+and the signed sum S' X into a running aggregate.
+
+The hash.
 
 The sketch hash of a report id r is keyed BLAKE2b(key = seed, digest_size = 8 s) of the 32-byte
 message ``DOMAIN || r``: a key block, then one final block holding the message. The key block's
@@ -8,6 +11,10 @@ words are the state's first s words (little-endian, exactly the u_l of docs/prot
 result is bit for bit hashlib's (tests compare them on random seeds, ids and every s); this only
 removes the per-id Python overhead (a hashlib object, a copy and a digest per id), and releases
 the GIL.
+
+The signed sum: acc[rows[i, l]] += sign * signs[i, l] * shares[i] (mod 2^64), a plain loop over
+the reports in order (numba's uint64 arithmetic wraps as numpy's does): about 15x faster than
+the sparse product of ``sketch.signed_sum`` for a 10^4 x 32 batch, without a dense k x d delta.
 
 Imported only on first use (numba itself takes a third of a second to import); compiled with
 ``cache=True`` as ``_chacha_kernel.py`` is, else in memory once per process.
@@ -100,3 +107,23 @@ def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out,
         _compress(h, m, v, 160, True, sigma, columns, iv)  # key block + 32 message bytes
         for j in range(width):
             out[i, j] = h[j]
+
+
+@_jit(**_OPTIONS)
+def accumulate(acc, rows, signs, shares, sign):
+    """acc[rows[i, l]] += sign * signs[i, l] * shares[i]  (mod 2^64) for every report i and
+    block l; a sign of 0 adds nothing (the l1 sketch's empty slot)."""
+    m, s = rows.shape
+    d = shares.shape[1]
+    for i in range(m):
+        for b in range(s):
+            g = signs[i, b] * sign
+            if g == 0:
+                continue
+            r = rows[i, b]
+            if g > 0:
+                for j in range(d):
+                    acc[r, j] += shares[i, j]
+            else:
+                for j in range(d):
+                    acc[r, j] -= shares[i, j]

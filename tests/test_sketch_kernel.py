@@ -1,6 +1,8 @@
-"""The compiled BLAKE2b loop behind the sketch hash (dpsketch/protocol/_blake2b_kernel.py) gives
-hashlib's bits: rows and signs from it equal the hashlib path and the reference form for random
-seeds, ids and every block count s (the conformance vectors check the hashlib path)."""
+"""The compiled loops behind sketch.py (dpsketch/protocol/_sketch_kernel.py): the BLAKE2b loop
+gives hashlib's bits (rows and signs equal the hashlib path and the reference form for random
+seeds, ids and every block count s; the conformance vectors check the hashlib path), and the
+compiled accumulate equals the sparse product mod 2^64 (signs +1, -1 and 0, adding and
+subtracting)."""
 
 from __future__ import annotations
 
@@ -33,3 +35,21 @@ def test_compiled_hash_equals_hashlib(s, k):
         for block in range(s):
             bucket, sign = sketch.bucket_and_sign(seed, many[i], k, s, block)
             assert rows[i, block] == block * (k // s) + bucket and signs[i, block] == sign
+
+
+@pytest.mark.parametrize("s, k, d", [(1, 1, 5), (2, 10, 3), (4, 400, 32), (8, 64, 7)])
+def test_compiled_accumulate_equals_the_sparse_product(s, k, d):
+    rng = np.random.default_rng(s + k + d)
+    sketch.warm_up()
+    m = 3000
+    rows = rng.integers(0, k // s, (m, s)) + np.arange(s) * (k // s)
+    signs = rng.choice(np.array([-1, 0, 1], dtype=np.int8), (m, s))
+    shares = rng.integers(0, 2**64, (m, d), dtype=np.uint64, endpoint=False)
+    start = rng.integers(0, 2**64, (k, d), dtype=np.uint64, endpoint=False)
+    for sign in (1, -1):
+        acc = start.copy()
+        sketch.accumulate(acc, rows, signs, shares, sign)  # m * s * 4 >= k: the compiled loop
+        delta = sketch.signed_sum(rows, signs, shares, k)
+        assert np.array_equal(acc, start + delta if sign > 0 else start - delta)
+    with pytest.raises(ValueError):
+        sketch.accumulate(start.copy(), rows + k, signs, shares)  # never writes outside
