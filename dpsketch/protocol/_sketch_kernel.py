@@ -82,6 +82,20 @@ def _compress(h, m, v, t, last, sigma, columns, iv):
         h[i] ^= v[i] ^ v[i + 8]
 
 
+@numba.njit(inline="always")
+def _g(a, b, c, d, x, y):
+    """The mixing function G (RFC 7693, 3.1)."""
+    a = a + b + x
+    d = _rotr(d ^ a, 32)
+    c = c + d
+    b = _rotr(b ^ c, 24)
+    a = a + b + y
+    d = _rotr(d ^ a, 16)
+    c = c + d
+    b = _rotr(b ^ c, 63)
+    return a, b, c, d
+
+
 @_jit(**_OPTIONS)
 def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
     """out[i, :] = the first out.shape[1] little-endian words of BLAKE2b(key, digest_bytes)
@@ -97,16 +111,29 @@ def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out,
     m[:] = 0
     m[0] = prefix_words[0]
     m[1] = prefix_words[1]
-    h = np.empty(8, dtype=np.uint64)
     width = out.shape[1]
     for i in range(id_words.shape[0]):
-        for j in range(8):
-            h[j] = h0[j]
+        # the message block (key block + 32 bytes, the last): the 16 state words as scalars,
+        # so they stay in registers through the 12 rounds
         m[2] = id_words[i, 0]
         m[3] = id_words[i, 1]
-        _compress(h, m, v, 160, True, sigma, columns, iv)  # key block + 32 message bytes
+        v0, v1, v2, v3, v4, v5, v6, v7 = h0[0], h0[1], h0[2], h0[3], h0[4], h0[5], h0[6], h0[7]
+        v8, v9, v10, v11 = iv[0], iv[1], iv[2], iv[3]
+        v12, v13, v14, v15 = iv[4] ^ np.uint64(160), iv[5], ~iv[6], iv[7]
+        for r in range(12):
+            v0, v4, v8, v12 = _g(v0, v4, v8, v12, m[sigma[r, 0]], m[sigma[r, 1]])
+            v1, v5, v9, v13 = _g(v1, v5, v9, v13, m[sigma[r, 2]], m[sigma[r, 3]])
+            v2, v6, v10, v14 = _g(v2, v6, v10, v14, m[sigma[r, 4]], m[sigma[r, 5]])
+            v3, v7, v11, v15 = _g(v3, v7, v11, v15, m[sigma[r, 6]], m[sigma[r, 7]])
+            v0, v5, v10, v15 = _g(v0, v5, v10, v15, m[sigma[r, 8]], m[sigma[r, 9]])
+            v1, v6, v11, v12 = _g(v1, v6, v11, v12, m[sigma[r, 10]], m[sigma[r, 11]])
+            v2, v7, v8, v13 = _g(v2, v7, v8, v13, m[sigma[r, 12]], m[sigma[r, 13]])
+            v3, v4, v9, v14 = _g(v3, v4, v9, v14, m[sigma[r, 14]], m[sigma[r, 15]])
+        v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7] = (
+            h0[0] ^ v0 ^ v8, h0[1] ^ v1 ^ v9, h0[2] ^ v2 ^ v10, h0[3] ^ v3 ^ v11,
+            h0[4] ^ v4 ^ v12, h0[5] ^ v5 ^ v13, h0[6] ^ v6 ^ v14, h0[7] ^ v7 ^ v15)
         for j in range(width):
-            out[i, j] = h[j]
+            out[i, j] = v[j]
 
 
 @_jit(**_OPTIONS)
