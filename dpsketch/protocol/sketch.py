@@ -41,7 +41,8 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     b = k // s
     m = len(report_ids)
     width = 8 * s
-    joined = b"".join(report_ids) if m >= _KERNEL_MIN_IDS or (_kernel is not None and m >= _KERNEL_WARM_IDS) else b""
+    compiled = m >= _KERNEL_WARM_IDS if _ready else (m >= _KERNEL_MIN_IDS and not _warming)
+    joined = b"".join(report_ids) if compiled else b""
     if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loop
         u = _digest_words(seed, joined, s)
     else:
@@ -64,12 +65,15 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     return rows, signs
 
 
-#: ids from which the compiled BLAKE2b loop (``_sketch_kernel.py``) hashes them: always from
-#: this many (loading it once costs about a second) ...
+#: ids from which the compiled BLAKE2b loop (``_sketch_kernel.py``) hashes them: from this many
+#: (loading it once costs about a second from numba's cache, several to compile it) ...
 _KERNEL_MIN_IDS = 4096
-#: ... and from this many once it is loaded (``warm_up``; a server does at start)
+#: ... and from this many once the loops are loaded (``warm_up``; a server does at start). While
+#: ``warm_up`` loads them in another thread, callers keep to hashlib and scipy: none waits.
 _KERNEL_WARM_IDS = 32
 _kernel = None
+_ready = False
+_warming = False
 
 
 def _digest_words(seed: bytes, joined: bytes, s: int) -> np.ndarray:
@@ -96,10 +100,19 @@ def _compiled():
 
 def warm_up() -> None:
     """Load the compiled loops now (from numba's cache: about a second, numba's import
-    included), so that no upload waits for them; a server does it in a thread at start."""
-    _digest_words(bytes(SEED_BYTES), bytes(REPORT_ID_BYTES), 1)
-    _compiled().accumulate(np.zeros((1, 1), np.uint64), np.zeros((1, 1), np.int64), np.ones((1, 1), np.int8),
-                           np.zeros((1, 1), np.uint64), 1)
+    included), so that no upload waits for them; a server does it in a thread at start. Until
+    it returns, other threads use hashlib and scipy."""
+    global _ready, _warming
+    if _ready:
+        return
+    _warming = True
+    try:
+        _digest_words(bytes(SEED_BYTES), bytes(REPORT_ID_BYTES), 1)
+        _compiled().accumulate(np.zeros((1, 1), np.uint64), np.zeros((1, 1), np.int64),
+                               np.ones((1, 1), np.int8), np.zeros((1, 1), np.uint64), 1)
+        _ready = True
+    finally:
+        _warming = False
 
 
 def bucket_and_sign(seed: bytes, report_id: bytes, k: int, s: int, block: int) -> tuple[int, int]:
@@ -151,7 +164,7 @@ def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.
         values[signs.ravel() == 0] = 0  # an empty slot (the l1 sketch's unsampled level)
         np.add.at(acc, rows.ravel(), values)
         return
-    if _kernel is not None and acc.flags.c_contiguous and acc.dtype == np.uint64:  # loaded: in place
+    if _ready and acc.flags.c_contiguous and acc.dtype == np.uint64:  # loaded: in place
         if m and (int(rows.min()) < 0 or int(rows.max()) >= acc.shape[0]):
             raise ValueError("sketch rows outside the aggregate")
         _kernel.accumulate(acc, np.ascontiguousarray(rows, dtype=np.int64),
