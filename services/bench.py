@@ -8,7 +8,8 @@ is to what the hardware allows:
 * commit: an exact S @ X with scipy.sparse over all included shares already in memory (what a
   server without running totals would at least have to do, before even reading the shares);
 * bulk upload: raw SQLite inserts of the same rows with the same durability (WAL, fsync per
-  transaction), no HTTP and no hashing;
+  transaction), no HTTP and no hashing; and the exact sketch of the same rows in memory (the
+  sketch hash of every id and one sparse product), no HTTP, no binding check, no store;
 * single upload: a do-nothing HTTP endpoint on the same stack, driven by the same load generator
   (the loopback request rate), and the rate of one fsync per report (no group commit);
 * seed-compressed upload: the same reports' full-share body (decode, binding check, shares), and
