@@ -126,6 +126,10 @@ class SqliteBackend:
     def ddl(sql: str) -> str:
         return sql
 
+    def create_table(self, conn: sqlite3.Connection, sql: str) -> None:
+        """``CREATE TABLE IF NOT EXISTS`` (one writer: nothing can race it)."""
+        conn.execute(self.ddl(sql))
+
     @staticmethod
     def erase_and_delete(conn: sqlite3.Connection, table: str, column: str, size: int, where: str,
                          params: tuple) -> None:
@@ -249,6 +253,18 @@ class PostgresBackend:
     def ddl(sql: str) -> str:
         """A table written in SQLite's types (services/keys.py) in PostgreSQL's."""
         return sql.replace("BLOB", "BYTEA").replace("REAL", "DOUBLE PRECISION")
+
+    def create_table(self, conn, sql: str) -> None:
+        """``CREATE TABLE IF NOT EXISTS`` under the schema lock: replicas starting together would
+        otherwise race on PostgreSQL's catalog (a unique violation in pg_type for the loser)."""
+        conn.execute("BEGIN")
+        try:
+            conn.execute(f"SELECT pg_advisory_xact_lock({self.pg.SCHEMA_LOCK_KEY})")
+            conn.execute(self.ddl(sql))
+            conn.execute("COMMIT")
+        except BaseException:
+            self.rollback_quietly(conn)
+            raise
 
     @staticmethod
     def erase_and_delete(conn, table: str, column: str, size: int, where: str, params: tuple) -> None:

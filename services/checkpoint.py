@@ -2,10 +2,11 @@
 
 A restart used to rebuild each open study's running totals by streaming all its stored shares
 through the sketch (about 6 s per 10^6 reports at d = 100, more on a busy disk). A checkpoint is
-that state as of one rowid: the running aggregate and s S S^T, and the report-id index (ids and
-rowids as two contiguous blobs). Loading one costs reading those blobs and rebuilding the id map;
-the reports stored after it (rowids above ``last_rowid``) are then folded in from the store as
-before.
+that state as of one rowid: the running aggregate and s S S^T, and the report index (the ids in
+ascending order and their rowids, as two contiguous blobs). Loading one costs reading those
+blobs, which become the index's sorted arrays as they are (services/idsets.py; about 0.1 s per
+10^6 reports), after checking they are strictly ascending; the reports stored after it (rowids
+above ``last_rowid``) are then folded in from the store as before.
 
 Why it is sound: a study's rowids grow in the order its transactions committed (SQLite: the single
 writer counts them; PostgreSQL: per-transaction blocks taken under the study's row lock,
@@ -29,6 +30,7 @@ import numpy as np
 
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
+from . import idsets
 from .state import StudyRecord, StudyState
 
 log = logging.getLogger("dpsketch.server")
@@ -91,9 +93,9 @@ def save(conn: Any, backend: Any, record: StudyRecord, state: StudyState) -> boo
 def snapshot(state: StudyState) -> tuple:
     """The parameters of a checkpoint of ``state`` (caller holds ``state.lock``; copies, so the
     write can happen after the lock is released)."""
-    ids, rowids = state.held()
+    hi, lo, rowids = state.ids.sorted()
     return (state.last_rowid, len(state.ids), state.aggregate.astype("<u8").tobytes(),
-            state.gram.astype("<i8").tobytes(), bytes(ids), rowids.astype("<i8").tobytes())
+            state.gram.astype("<i8").tobytes(), idsets.join_halves(hi, lo), rowids.astype("<i8").tobytes())
 
 
 def write(conn: Any, seq: int, snap: tuple) -> None:
@@ -122,16 +124,13 @@ def load(conn: Any, record: StudyRecord, state: StudyState) -> bool:
             or len(rowids) != 8 * count):
         log.error("study %s: its checkpoint does not fit the study; rebuilding from the store", record.study_id)
         return False
+    hi, lo = idsets.halves(ids)
     rowid_array = np.frombuffer(rowids, dtype="<i8").astype(np.int64)
-    # numpy cuts the ids (a void dtype keeps trailing zero bytes), 2.5x faster than slicing
-    id_list = np.frombuffer(ids, dtype=f"V{REPORT_ID_BYTES}").tolist()
-    index = dict(zip(id_list, rowid_array.tolist()))
-    if len(index) != count:
+    if not state.ids.restore(hi, lo, rowid_array):
         log.error("study %s: its checkpoint repeats a report id; rebuilding from the store", record.study_id)
         return False
     state.aggregate[:] = np.frombuffer(bytes(aggregate), dtype="<u8").reshape(k, d)
     state.gram[:] = np.frombuffer(bytes(gram), dtype="<i8").reshape(k, k)
-    state.ids = index
-    state.restore_index(ids, rowid_array, int(last_rowid))
+    state.last_rowid = int(last_rowid)
     state.checkpointed = count
     return True

@@ -61,7 +61,7 @@ SCHEMA_VERSION = 2  # the same protocol generation as the SQLite schema (db.SCHE
 READ_POOL_MAX = 8
 
 #: Serialises schema creation between processes starting at once on one database.
-_SCHEMA_LOCK_KEY = 0x64707368  # "dpsh"
+SCHEMA_LOCK_KEY = 0x64707368  # "dpsh"
 #: Serialises study provisioning and population ledger charges between replicas.
 PROVISION_LOCK_KEY = 0x64707370  # "dpsp"
 
@@ -260,7 +260,7 @@ def initialise(url: str, busy_timeout_s: float) -> PgConnection:
     conn = PgConnection(None, url, writer_setup(busy_timeout_s))
     conn.execute("BEGIN")
     try:
-        conn.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK_KEY})")
+        conn.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY})")
         conn.execute(SCHEMA)
         conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {ROWID_BLOCKS} INCREMENT BY {ROWID_BLOCK} MINVALUE 1")
         called = conn.execute(f"SELECT is_called FROM {ROWID_BLOCKS}").fetchone()[0]

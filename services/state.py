@@ -1,7 +1,8 @@
 """What a server keeps in memory per study, and how it is rebuilt from the database.
 
 For an open study the server holds the running aggregate Z = S X (k x d uint64) and the integer
-matrix s * S S^T (k x k int64) over every report it stores, plus the map report id -> rowid.
+matrix s * S S^T (k x k int64) over every report it stores, plus the map report id -> rowid
+(``idsets.ReportIndex``: sorted numpy arrays, no Python object per report).
 Then a commit over an inclusion set only subtracts the (usually few) held reports outside the
 set instead of re-reading every share, and duplicate/conflict checks need no index lookups.
 
@@ -23,14 +24,20 @@ from dpsketch.protocol import sketch
 from dpsketch.protocol.messages import CommitResult
 from dpsketch.protocol.study import Study
 
+from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.sketch import accumulate as add_into
+
+from .idsets import ReportIndex
 
 log = logging.getLogger("dpsketch.server")
 
-#: Memory the report index of an open study takes per held report: the id -> rowid map and the
-#: contiguous id and rowid copies (109 bytes, tracemalloc over 2 x 10^5 reports) plus the 49-byte
-#: id objects the map keeps. The memory budget counts it.
-INDEX_BYTES_PER_REPORT = 160
+#: Memory the report index of an open study takes per held report (services/idsets.py): the
+#: sorted id halves and rowids hold 24 bytes; while a merge of recent additions builds the new
+#: arrays it peaks at 80 (tracemalloc over 2 x 10^5 reports). The memory budget counts the peak.
+INDEX_BYTES_PER_REPORT = 80
+#: A study with parties also keeps, per block, its (pseudonym, party) slot and per-individual
+#: block count in Python dicts (about 240 bytes a block).
+SLOT_BYTES_PER_BLOCK = 240
 
 
 @dataclass
@@ -39,7 +46,7 @@ class StudyState:
 
     k: int
     d: int
-    ids: dict[bytes, int] = field(default_factory=dict)  # report id (a block's id) -> rowid
+    ids: ReportIndex = field(default_factory=ReportIndex)  # report id (a block's id) -> rowid
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: a study with parties: how many parties; 0 for any other study
     n_parties: int = 0
@@ -47,10 +54,6 @@ class StudyState:
     def __post_init__(self) -> None:
         self.aggregate = np.zeros((self.k, self.d), dtype=np.uint64)
         self.gram = np.zeros((self.k, self.k), dtype=np.int64)  # s * S S^T
-        # The same ids and rowids as ``ids``, in the same order, as contiguous chunks: a commit
-        # over 10^6 reports joins ~100 chunks instead of 10^6 scattered bytes objects.
-        self._id_chunks: list[bytes] = []
-        self._rowid_chunks: list[np.ndarray] = []
         # A study with parties keeps no running totals (a commit sums its blocks from the store)
         # but knows which block holds each (pseudonym, party) slot, for conflicts, and how many
         # blocks each individual has here, for completeness.
@@ -76,9 +79,6 @@ class StudyState:
         if rows is None or signs is None:
             rows, signs = study.hash_report_ids(report_ids)
         self._index(report_ids, rowids, joined)
-        if len(self._id_chunks) > 1024:  # many small groups (single uploads): consolidate
-            self._id_chunks = [b"".join(self._id_chunks)]
-            self._rowid_chunks = [np.concatenate(self._rowid_chunks)]
         add_into(self.aggregate, rows, signs, shares)
         sketch.accumulate_gram(self.gram, rows, signs, +1)
 
@@ -97,27 +97,10 @@ class StudyState:
         self.party_counts[party] += len(block_ids)
 
     def _index(self, report_ids: list[bytes], rowids: range | list[int], joined: bytes | None) -> None:
-        self.ids.update(zip(report_ids, rowids))
-        self._id_chunks.append(joined if joined is not None else b"".join(report_ids))
         as_array = np.asarray(rowids, dtype=np.int64)
-        self._rowid_chunks.append(as_array)
+        self.ids.add(joined if joined is not None else b"".join(report_ids), as_array, report_ids)
         if len(as_array):
             self.last_rowid = max(self.last_rowid, int(as_array.max()))
-
-    def restore_index(self, joined: bytes, rowids: np.ndarray, last_rowid: int) -> None:
-        """The contiguous index of a checkpoint (``ids`` already holds the same map)."""
-        self._id_chunks = [joined] if joined else []
-        self._rowid_chunks = [rowids] if len(rowids) else []
-        self.last_rowid = last_rowid
-
-    def held(self) -> tuple[bytes, np.ndarray]:
-        """All held ids concatenated, and their rowids, in one order (caller holds ``lock``)."""
-        if len(self._id_chunks) > 1:
-            self._id_chunks = [b"".join(self._id_chunks)]
-            self._rowid_chunks = [np.concatenate(self._rowid_chunks)]
-        if not self._id_chunks:
-            return b"", np.zeros(0, dtype=np.int64)
-        return self._id_chunks[0], self._rowid_chunks[0]
 
 
 @dataclass
@@ -151,7 +134,7 @@ class StudyRecord:
             return 0
         blocks = 0
         if self.study.parties is not None and self.state is not None:
-            blocks = len(self.state.ids) * INDEX_BYTES_PER_REPORT * 3 // 2
+            blocks = len(self.state.ids) * (INDEX_BYTES_PER_REPORT + SLOT_BYTES_PER_BLOCK)
         return (8 * self.study.k * (self.study.width + self.study.k) + self.report_count * INDEX_BYTES_PER_REPORT
                 + blocks)
 
@@ -207,20 +190,23 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
         rowids = [r[0] for r in chunk]
         ids = [bytes(r[1]) for r in chunk]
         blobs = [r[2] for r in chunk]
-        sound = (all(len(b) == width for b in blobs) and len(set(ids)) == len(ids)
-                 and state.ids.keys().isdisjoint(ids))
+        joined = b"".join(ids)
+        sound = (len(joined) == REPORT_ID_BYTES * len(ids) and all(len(b) == width for b in blobs)
+                 and len(set(ids)) == len(ids) and not state.ids.any_held(joined, ids))
         if not sound:  # cannot happen with a single writer; never count a row twice
             keep = {}
             for i, (rid, blob) in enumerate(zip(ids, blobs)):
-                if len(blob) == width and rid not in state.ids and rid not in keep:
+                if (len(blob) == width and len(rid) == REPORT_ID_BYTES and rid not in state.ids
+                        and rid not in keep):
                     keep[rid] = i
             skipped += len(ids) - len(keep)
             rowids = [rowids[i] for i in keep.values()]
             ids = list(keep)
             blobs = [blobs[i] for i in keep.values()]
+            joined = b"".join(ids)
         if ids:
             shares = np.frombuffer(b"".join(blobs), dtype="<u8").reshape(len(ids), study.width)
-            state.add(study, ids, rowids, shares)
+            state.add(study, ids, rowids, shares, joined=joined)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored rows", record.study_id, skipped)
     if into is None:
@@ -247,14 +233,21 @@ def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any =
                       (record.seq,), chunk_rows, backend))
     for chunk in chunks:
         by_party: dict[int, tuple[list, list, list]] = {}
-        for rowid, bid, share, pseudonym, party in chunk:
-            bid, pseudonym = bytes(bid), bytes(pseudonym or b"")
+        bids = [bytes(r[1]) for r in chunk]
+        if all(len(b) == REPORT_ID_BYTES for b in bids):
+            held = (state.ids.lookup(b"".join(bids), bids) >= 0).tolist()
+        else:
+            held = [b in state.ids for b in bids]
+        seen: set[bytes] = set()
+        for (rowid, _, share, pseudonym, party), bid, is_held in zip(chunk, bids, held):
+            pseudonym = bytes(pseudonym or b"")
             sound = (party is not None and 0 <= party < len(widths) and len(share) == widths[party]
-                     and len(pseudonym) == 16 and bid not in state.ids
-                     and pseudonym + bytes((party,)) not in state.slots)
+                     and len(pseudonym) == 16 and len(bid) == REPORT_ID_BYTES and not is_held
+                     and bid not in seen and pseudonym + bytes((party,)) not in state.slots)
             if not sound:  # cannot happen with a single writer; never count a block twice
                 skipped += 1
                 continue
+            seen.add(bid)
             rows, ids, pseudonyms = by_party.setdefault(party, ([], [], []))
             rows.append(rowid)
             ids.append(bid)

@@ -26,9 +26,11 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import numpy as np
+import threadpoolctl
 
 from dpsketch.protocol import ledger, parties, privacy, sketch
 from dpsketch.protocol.messages import (
@@ -39,7 +41,6 @@ from dpsketch.protocol.messages import (
     StudyInfo,
     UploadTokenInfo,
     UploadTokenList,
-    decode_report_ids,
     encode_aggregate,
     encode_block_index,
     encode_report_ids,
@@ -82,29 +83,65 @@ def _unavailable_on_db_error(fn):
     return wrapper
 
 
-def parse_inclusion(body: bytes) -> list[bytes]:
-    """The inclusion set of a commit body: 400 if not whole ids, 422 if not strictly ascending."""
+class InclusionSet(Sequence):
+    """A commit's inclusion set: the body's strictly ascending 16-byte ids as their uint64
+    halves (``hi``, ``lo``), never 10^6 Python objects; still a sequence of ``bytes`` (cut from
+    the body on access) for the few callers that want ids one by one."""
+
+    def __init__(self, body: bytes, hi: np.ndarray, lo: np.ndarray):
+        self.body, self.hi, self.lo = body, hi, lo
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.body[i * REPORT_ID_BYTES:(i + 1) * REPORT_ID_BYTES]
+
+    def __iter__(self):
+        body = self.body
+        return (body[i:i + REPORT_ID_BYTES] for i in range(0, len(body), REPORT_ID_BYTES))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, InclusionSet):
+            return self.body == other.body
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and all(isinstance(x, bytes) for x in other) and \
+                b"".join(other) == self.body
+        return NotImplemented
+
+
+def parse_inclusion(body: bytes) -> InclusionSet:
+    """The inclusion set of a commit body: 400 if not whole ids, 422 if not strictly ascending
+    (the checks of ``messages.decode_report_ids``, on arrays)."""
     if len(body) % REPORT_ID_BYTES:
         raise ProblemError("malformed-body",
                            f"a report-id list is a whole number of {REPORT_ID_BYTES}-byte ids; got {len(body)} bytes")
-    try:
-        return decode_report_ids(body)
-    except ValueError as exc:
-        raise ProblemError("invalid-request", str(exc)) from None
+    hi, lo = idsets.halves(body)
+    if not idsets.strictly_ascending(hi, lo):
+        raise ProblemError("invalid-request", "report ids must be in strictly ascending bytewise order")
+    return InclusionSet(bytes(body), hi, lo)
 
 
-def _match(state: StudyState, ids: list[bytes], inclusion: bytes):
-    """The held ids against an inclusion set (caller holds ``state.lock``): ``idsets.compare``'s
-    answer (None when held ids share a 64-bit prefix), the held rowids, and how many included ids
-    are not held, with the first of them."""
-    held_blob, held_rowids = state.held()
-    matched = idsets.compare(held_blob, inclusion)
-    if matched is not None:
-        found = matched[0]
-        first = [ids[i] for i in np.flatnonzero(~found)[:1].tolist()]
-        return matched, held_rowids, int(len(found) - np.count_nonzero(found)), first
-    not_held = [rid for rid in ids if rid not in state.ids]  # exact, slower
-    return None, held_rowids, len(not_held), not_held[:1]
+def _match(state: StudyState, ids: InclusionSet):
+    """The held ids against an inclusion set (caller holds ``state.lock``): the rowid of each
+    included id (-1: not held), the rowids of the held ids outside it, how many included ids
+    are not held, and the first of those (or None)."""
+    rowid_of, excluded = state.ids.match(ids.hi, ids.lo)
+    missing = np.flatnonzero(rowid_of < 0)
+    first = ids[int(missing[0])] if missing.size else None
+    return rowid_of, excluded, int(missing.size), first
+
+
+@functools.cache
+def _blas() -> threadpoolctl.ThreadpoolController:
+    """The BLAS libraries loaded (at the first commit: numpy's, whatever else by then)."""
+    return threadpoolctl.ThreadpoolController()
 
 
 class Store:
@@ -113,7 +150,7 @@ class Store:
         #: SQLite file or PostgreSQL database (services/backend.py)
         self.backend = backends.for_settings(settings)
         self._conn = self.backend.initialise()
-        self._conn.execute(self.backend.ddl(checkpoint.SCHEMA))
+        self.backend.create_table(self._conn, checkpoint.SCHEMA)
         #: other replicas of this server may write to the same database (PostgreSQL): catch up
         #: under the study's row lock before deciding anything (``_catch_up``)
         self.shared = self.backend.shared
@@ -128,6 +165,8 @@ class Store:
         self._closed = False
         self._closing = threading.Event()
         self._sweep_wake = threading.Event()
+        # the compiled sketch hash (dpsketch/protocol/sketch.py), loaded before the first upload
+        threading.Thread(target=sketch.warm_up, name="dpsketch-hash-warm", daemon=True).start()
         if settings.warm_start:
             threading.Thread(target=self._warm, name="dpsketch-warm", daemon=True).start()
         if settings.retention_after_commit_s is not None:
@@ -537,25 +576,28 @@ class Store:
                 self._catch_up(conn, record, set())
                 if record.commit is not None:
                     return self._repeat(record, ihash), None
-                return self._release(record, record.state, ids, inclusion, ihash)(conn)
+                return self._release(record, record.state, ids, ihash)(conn)
 
             return self.writer.submit(CallJob(locked)).result()
         state = self.ensure_state(record)
         if state is None:
             return self._repeat(record, ihash)
-        return self.writer.submit(CallJob(self._release(record, state, ids, inclusion, ihash))).result()
+        return self.writer.submit(CallJob(self._release(record, state, ids, ihash))).result()
 
-    def _release(self, record: StudyRecord, state: StudyState, ids: list[bytes], inclusion: bytes,
-                 ihash: str):
+    def _release(self, record: StudyRecord, state: StudyState, ids: InclusionSet, ihash: str):
         """Sum the inclusion set, certify it, add this server's noise; returns the writer job
         (``fn(conn)``) that stores the release, or raises the refusal."""
         study = record.study
         if study.parties is not None:
-            aggregate, gram, ids = self._sum_blocks(record, state, ids, inclusion)
+            aggregate, gram, ids = self._sum_blocks(record, state, ids)
         else:
-            aggregate, gram = self._sum_reports(record, state, ids, inclusion)
+            aggregate, gram = self._sum_reports(record, state, ids)
         n = len(ids)
-        cert = privacy.certify_study(study, gram, ids)
+        # one BLAS thread for the k x k eigenvalue problem: threads fighting on a busy 2-core
+        # machine made it 100x slower (1.6-3.3 s against 0.012 s at k = 400), and it gains
+        # nothing from them at that size
+        with _blas().limit(limits=1, user_api="blas"):
+            cert = privacy.certify_study(study, gram, ids)
         if not cert.ok:
             what = (f"the largest leverage of a report is {1 / cert.lambda_min if cert.lambda_min else math.inf:.6g} "
                     f"over {n} reports (t = {study.t} included), above 1 / lambda_star = "
@@ -603,37 +645,26 @@ class Store:
 
         return fn
 
-    def _sum_reports(self, record: StudyRecord, state: StudyState, ids: list[bytes],
-                     inclusion: bytes) -> tuple[np.ndarray, np.ndarray]:
+    def _sum_reports(self, record: StudyRecord, state: StudyState,
+                     ids: InclusionSet) -> tuple[np.ndarray, np.ndarray]:
         """The aggregate share and s S S^T over an inclusion set of reports: the running totals
         minus the excluded reports (or, when most are excluded, the included ones from scratch)."""
         study = record.study
         n = len(ids)
         with state.lock:
-            held = state.ids
-            n_held = len(held)
-            matched, held_rowids, n_missing, missing = _match(state, ids, inclusion)
-            if matched is not None:
-                found, position, excluded = matched
+            n_held = len(state.ids)
+            rowid_of, excluded, n_missing, missing = _match(state, ids)
             if n_missing:
                 raise ProblemError(
                     "unknown-reports",
                     f"{n_missing} of the {n} report ids are not held by this server "
-                    f"(first: {missing[0].hex()}); commit the intersection of what every server holds",
+                    f"(first: {missing.hex()}); commit the intersection of what every server holds",
                     extra={"unknown_count": n_missing},
                 )
             self._check_count(study, n)
             self._check_exclusion(study, n, n_held)
             from_scratch = n_held - n > n
-            if n_held == n:
-                wanted: list[int] = []
-            elif matched is not None:
-                wanted = (held_rowids[position] if from_scratch else held_rowids[excluded]).tolist()
-            elif from_scratch:
-                wanted = [held[rid] for rid in ids]
-            else:
-                included = set(ids)
-                wanted = [rowid for rid, rowid in held.items() if rid not in included]
+            wanted = np.sort(rowid_of if from_scratch else excluded).tolist() if n_held != n else []
             aggregate = state.aggregate.copy()
             gram = state.gram.copy()
         sign = +1 if from_scratch else -1
@@ -646,8 +677,8 @@ class Store:
             sketch.accumulate_gram(gram, rows, signs, sign)
         return aggregate, gram
 
-    def _sum_blocks(self, record: StudyRecord, state: StudyState, block_ids: list[bytes],
-                    inclusion: bytes) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+    def _sum_blocks(self, record: StudyRecord, state: StudyState,
+                    block_ids: InclusionSet) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
         """A study with parties: the aggregate share and s S S^T over an inclusion set of blocks,
         summed from the store, and the pseudonyms of the individuals it includes. Refused unless
         every included individual has every party's block in the set (``incomplete-individuals``):
@@ -655,18 +686,14 @@ class Store:
         study = record.study
         n_parties = len(study.parties or ())
         with state.lock:
-            matched, held_rowids, n_missing, missing = _match(state, block_ids, inclusion)
-            if matched is not None:
-                found, position, _excluded = matched
-                rowids = np.sort(held_rowids[position[found]]).tolist()
-            else:
-                rowids = sorted(state.ids[b] for b in block_ids if b in state.ids)
+            rowid_of, _excluded, n_missing, missing = _match(state, block_ids)
+            rowids = np.sort(rowid_of[rowid_of >= 0]).tolist()
             complete_here = state.complete
         if n_missing:
             raise ProblemError(
                 "unknown-reports",
                 f"{n_missing} of the {len(block_ids)} block ids are not held by this server (first: "
-                f"{missing[0].hex()}); commit the blocks every server holds", extra={"unknown_count": n_missing})
+                f"{missing.hex()}); commit the blocks every server holds", extra={"unknown_count": n_missing})
         aggregate = np.zeros(study.aggregate_shape, dtype=np.uint64)
         gram = np.zeros((study.k, study.k), dtype=np.int64)
         columns = parties.slices(study.parties or [])

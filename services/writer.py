@@ -54,6 +54,14 @@ class UploadJob:
     #: whether the study required an upload token when the request was checked (HTTP layer)
     required: bool = True
     future: Future = field(default_factory=Future)
+    _joined: bytes | None = field(default=None, repr=False)
+
+    @property
+    def joined(self) -> bytes:
+        """The ids concatenated (for the report index and the INSERT), built once."""
+        if self._joined is None:
+            self._joined = b"".join(self.ids)
+        return self._joined
 
     def slots(self) -> list[bytes]:
         """The (pseudonym, party) slot of each block: one block per individual and party."""
@@ -320,7 +328,9 @@ class Writer:
         as_set = set(ids)
         slots = job.slots()
         slot_set = set(slots)
-        if (len(as_set) == len(ids) and state.ids.keys().isdisjoint(as_set)
+        with state.lock:  # a commit's match may be merging the index's runs meanwhile
+            held_any = state.ids.any_held(job.joined, ids)
+        if (len(as_set) == len(ids) and not held_any
                 and all(p.new_ids.isdisjoint(as_set) for p in earlier)
                 and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)
                 and all(p.new_slots.isdisjoint(slot_set) for p in earlier)):
@@ -383,10 +393,11 @@ class Writer:
             else:
                 conflicts.append(i)
 
+        with state.lock:
+            held = state.ids.lookup(job.joined, ids).tolist()
         for i, rid in enumerate(ids):
-            rowid = state.ids.get(rid)
-            if rowid is not None:
-                stored_rowids[i] = rowid
+            if held[i] >= 0:
+                stored_rowids[i] = held[i]
                 continue
             plan = next((p for p in earlier if rid in p.new_ids), None)
             if plan is not None:
@@ -466,7 +477,7 @@ class Writer:
             shares = np.ascontiguousarray(cat([p.take(p.job.shares) for p in group]), dtype="<u8")
             rows = cat([p.take(p.job.rows) for p in group])
             signs = cat([p.take(p.job.signs) for p in group])
-            joined = b"".join(ids)
+            joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
             self.conn.execute(self.backend.INSERT_REPORTS, {
                 "m": len(ids), "base": base, "study": seq, "ids": joined,
                 "shares": memoryview(shares).cast("B"), "width": 8 * record.study.width,

@@ -946,6 +946,7 @@ def test_restart_from_a_checkpoint_holds_what_a_full_rebuild_holds(store_locatio
     (totals, s S S^T and the index); a checkpoint that does not fit the study is ignored; the
     commit after such a restart releases exactly the sum of the shares."""
     from services import checkpoint, state as state_module
+    from services.idsets import join_halves
     from services.store import Store
     from services.writer import CallJob
 
@@ -981,7 +982,9 @@ def test_restart_from_a_checkpoint_holds_what_a_full_rebuild_holds(store_locatio
         assert np.array_equal(restored.aggregate, fresh.aggregate)
         assert np.array_equal(restored.gram, fresh.gram)
         assert restored.ids == fresh.ids and restored.last_rowid == fresh.last_rowid
-        assert sorted(restored.held()[0][i:i + 16] for i in range(0, 380 * 16, 16)) == sorted(fresh.ids)
+        every = sorted(rid for bt in batches + [tail] for rid in bt.ids)
+        hi, lo, rowids = restored.ids.sorted()
+        assert join_halves(hi, lo) == b"".join(every) and len(set(rowids.tolist())) == 380
         assert b.batch(st, tail).json()["duplicates"] == 20  # the index knows the tail
     finally:
         b.close()
@@ -990,6 +993,8 @@ def test_restart_from_a_checkpoint_holds_what_a_full_rebuild_holds(store_locatio
     c = Server(db)
     try:
         store = c.app.state.store
+        store.ensure_state(store.record(st.study_id))  # the warm start's load is over, not racing ours
+
         def corrupt(conn):
             conn.execute("UPDATE checkpoints SET ids = ?", (b"\x00" * 16,))
             return None, None
@@ -1125,23 +1130,60 @@ def test_no_request_gets_a_server_error(server: Server, study: Study):
 # --- id set algebra used by commit -------------------------------------------------------------
 
 
-def test_idsets_compare_is_exact():
-    from services.idsets import compare
+def test_report_index_is_exact_against_a_dict():
+    """services/idsets.ReportIndex answers as a dict would through single additions (its recent
+    buffer), bulk runs, merges and a restore, also where crafted ids share a 64-bit prefix."""
+    from services import idsets
+    from services.idsets import ReportIndex, join_halves
 
-    held = new_ids(500)
-    included = sorted(held[100:] + new_ids(3))
-    found, position, excluded = compare(b"".join(held), b"".join(included))
-    held_set = set(held)
-    assert found.tolist() == [rid in held_set for rid in included]
-    assert all(held[p] == rid for p, rid, f in zip(position.tolist(), included, found.tolist()) if f)
-    assert sorted(held[i] for i in excluded.tolist()) == sorted(held[:100])
-    # same first 8 bytes, different last 8: never confused; shared prefixes in held -> exact path
+    rng = np.random.default_rng(7)
+    prefix = os.urandom(8)
+    crafted = [prefix + os.urandom(8) for _ in range(300)]  # one shared high half
+    near = [prefix[:7] + bytes([prefix[7] ^ 1]) + os.urandom(8)]  # the next high half
+    pool = new_ids(20_000) + crafted + near
+    order = rng.permutation(len(pool)).tolist()
+    pool = [pool[i] for i in order]
+    index, reference, rowid, at = ReportIndex(), {}, 1, 0
+    sizes = [1, 1, 3, 70, 1500, 1, 64, 65, 600] * 5  # 11525 of the 20301 ids
+    for m in sizes:
+        part = pool[at:at + m]
+        at += m
+        index.add(b"".join(part), list(range(rowid, rowid + len(part))), part)
+        reference.update(zip(part, range(rowid, rowid + len(part))))
+        rowid += len(part)
+        probe = part + pool[at:at + 50] + [prefix + os.urandom(8), prefix + b"\x00" * 8]
+        assert index.lookup(b"".join(probe)).tolist() == [reference.get(r, -1) for r in probe]
+        assert len(index) == len(reference)
+    assert index._runs or index._recent, "the test must exercise unmerged runs"
+    held = list(reference)
+    probe = held[::7] + pool[at:]
+    assert index.lookup(b"".join(probe)).tolist() == [reference.get(r, -1) for r in probe]
+    assert all(index.get(r) == reference[r] for r in held[:500]) and pool[-1] not in index
+    # one id at a time (the scalar path of single uploads), crafted ones included
+    for rid in crafted + near + [prefix + b"\x00" * 8, prefix + b"\xff" * 8]:
+        assert index.get(rid) == reference.get(rid)
+        assert index.lookup(rid + held[0]).tolist() == [reference.get(rid, -1), reference[held[0]]]
+    # a commit's match: exactly the included ones found, the others excluded (ascending by id)
+    included = sorted(held[100:] + pool[at:at + 3])
+    hi, lo = idsets.halves(b"".join(included))
+    rowid_of, excluded = index.match(hi, lo)
+    assert rowid_of.tolist() == [reference.get(r, -1) for r in included]
+    assert excluded.tolist() == [reference[r] for r in sorted(held[:100])]
+    # sorted() is every id ascending; restore() round-trips it and refuses repeats
+    s_hi, s_lo, s_rowid = index.sorted()
+    assert join_halves(s_hi, s_lo) == b"".join(sorted(held))
+    assert s_rowid.tolist() == [reference[r] for r in sorted(held)]
+    again = ReportIndex()
+    shuffled = rng.permutation(len(s_hi))
+    assert again.restore(s_hi[shuffled], s_lo[shuffled], s_rowid[shuffled]) and again == index
+    twice = np.concatenate([s_hi[:5], s_hi[:1]]), np.concatenate([s_lo[:5], s_lo[:1]])
+    assert not again.restore(*twice, np.arange(6)) and again == index
+    # same first 8 bytes, different last 8: never confused
     a, b = b"\x01" * 8 + b"\x00" * 8, b"\x01" * 8 + b"\xff" * 8
-    found, _, excluded = compare(a, b)
-    assert found.tolist() == [False] and excluded.tolist() == [0]
-    assert compare(a + b, a) is None
-    found, _, excluded = compare(b"", a)
-    assert found.tolist() == [False] and excluded.tolist() == []
+    small = ReportIndex()
+    small.add(a, [1], [a])
+    assert small.lookup(a + b).tolist() == [1, -1]
+    assert ReportIndex().lookup(a).tolist() == [-1]
 
 
 def test_commit_with_ids_sharing_a_prefix(server: Server, study: Study):

@@ -11,6 +11,9 @@ The hash (docs/protocol.md, "Sketch hash", with test vectors):
     h_l(r) = floor(u_l * b / 2^64)        (the high bits: a multiply-shift, no modulo bias)
     g_l(r) = +1 if u_l is even else -1    (the low bit), except g = +1 when k = 1
 
+Many ids are hashed by the same BLAKE2b compiled with numba (``_sketch_kernel.py``: no Python
+object per id), few by hashlib; the bits are the same.
+
 With k = 1 (hence s = 1) the sketch is the plain sum of the rows: secure aggregation, the basis of
 sufficient-statistics study kinds; a random sign there would only scramble the sum.
 """
@@ -38,13 +41,18 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     b = k // s
     m = len(report_ids)
     width = 8 * s
-    keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
-    buf = bytearray(m * width)
-    for i, rid in enumerate(report_ids):
-        h = keyed.copy()
-        h.update(rid)
-        buf[i * width : (i + 1) * width] = h.digest()
-    u = np.frombuffer(bytes(buf), dtype="<u8").reshape(m, s)
+    compiled = m >= _KERNEL_WARM_IDS if _ready else (m >= _KERNEL_MIN_IDS and not _warming)
+    joined = b"".join(report_ids) if compiled else b""
+    if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loop
+        u = _digest_words(seed, joined, s)
+    else:
+        keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
+        digests = []
+        for rid in report_ids:
+            h = keyed.copy()
+            h.update(rid)
+            digests.append(h.digest())
+        u = np.frombuffer(b"".join(digests), dtype="<u8").reshape(m, s)
     # floor(u * b / 2^64) without 128-bit integers: split u into 32-bit halves.
     hi = u >> np.uint64(32)
     lo = u & np.uint64(0xFFFFFFFF)
@@ -55,6 +63,56 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     if k == 1:
         signs[:] = 1
     return rows, signs
+
+
+#: ids from which the compiled BLAKE2b loop (``_sketch_kernel.py``) hashes them: from this many
+#: (loading it once costs about a second from numba's cache, several to compile it) ...
+_KERNEL_MIN_IDS = 4096
+#: ... and from this many once the loops are loaded (``warm_up``; a server does at start). While
+#: ``warm_up`` loads them in another thread, callers keep to hashlib and scipy: none waits.
+_KERNEL_WARM_IDS = 32
+_kernel = None
+_ready = False
+_warming = False
+
+
+def _digest_words(seed: bytes, joined: bytes, s: int) -> np.ndarray:
+    """The (m, s) little-endian digest words of the sketch hash of concatenated 16-byte ids, from
+    the compiled loop: the same bits as hashlib's BLAKE2b (tests compare them), without a Python
+    object per id, and with the GIL released."""
+    kernel = _compiled()
+    key = np.frombuffer(seed.ljust(128, b"\0"), dtype="<u8").astype(np.uint64)
+    prefix = np.frombuffer(DOMAIN, dtype="<u8").astype(np.uint64)
+    ids = np.frombuffer(joined, dtype="<u8").astype(np.uint64).reshape(-1, 2)
+    out = np.empty((len(ids), s), dtype=np.uint64)
+    kernel.keyed_words(key, len(seed), 8 * s, prefix, ids, out, kernel.SIGMA, kernel.COLUMNS, kernel.IV)
+    return out
+
+
+def _compiled():
+    global _kernel
+    if _kernel is None:
+        from . import _sketch_kernel  # numba: imported (and the loops loaded) on first use
+
+        _kernel = _sketch_kernel
+    return _kernel
+
+
+def warm_up() -> None:
+    """Load the compiled loops now (from numba's cache: about a second, numba's import
+    included), so that no upload waits for them; a server does it in a thread at start. Until
+    it returns, other threads use hashlib and scipy."""
+    global _ready, _warming
+    if _ready:
+        return
+    _warming = True
+    try:
+        _digest_words(bytes(SEED_BYTES), bytes(REPORT_ID_BYTES), 1)
+        _compiled().accumulate(np.zeros((1, 1), np.uint64), np.zeros((1, 1), np.int64),
+                               np.ones((1, 1), np.int8), np.zeros((1, 1), np.uint64), 1)
+        _ready = True
+    finally:
+        _warming = False
 
 
 def bucket_and_sign(seed: bytes, report_id: bytes, k: int, s: int, block: int) -> tuple[int, int]:
@@ -105,6 +163,13 @@ def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.
         values[flip.ravel()] = np.uint64(0) - values[flip.ravel()]
         values[signs.ravel() == 0] = 0  # an empty slot (the l1 sketch's unsampled level)
         np.add.at(acc, rows.ravel(), values)
+        return
+    if _ready and acc.flags.c_contiguous and acc.dtype == np.uint64:  # loaded: in place
+        if m and (int(rows.min()) < 0 or int(rows.max()) >= acc.shape[0]):
+            raise ValueError("sketch rows outside the aggregate")
+        _kernel.accumulate(acc, np.ascontiguousarray(rows, dtype=np.int64),
+                           np.ascontiguousarray(signs, dtype=np.int8),
+                           np.ascontiguousarray(shares, dtype=np.uint64), int(sign))
         return
     delta = signed_sum(rows, signs, shares, acc.shape[0])
     if sign >= 0:

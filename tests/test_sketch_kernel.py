@@ -1,0 +1,55 @@
+"""The compiled loops behind sketch.py (dpsketch/protocol/_sketch_kernel.py): the BLAKE2b loop
+gives hashlib's bits (rows and signs equal the hashlib path and the reference form for random
+seeds, ids and every block count s; the conformance vectors check the hashlib path), and the
+compiled accumulate equals the sparse product mod 2^64 (signs +1, -1 and 0, adding and
+subtracting)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from dpsketch.protocol import sketch
+
+
+@pytest.mark.parametrize("s, k", [(1, 1), (1, 7), (2, 10), (3, 9), (4, 400), (5, 40), (8, 64)])
+def test_compiled_hash_equals_hashlib(s, k):
+    rng = np.random.default_rng(s * 1000 + k)
+    for _ in range(3):
+        seed = rng.bytes(32)
+        ids = [rng.bytes(16) for _ in range(300)] + [bytes(16), b"\xff" * 16]
+        words = sketch._digest_words(seed, b"".join(ids), s)
+        expected = np.frombuffer(b"".join(
+            hashlib.blake2b(sketch.DOMAIN + rid, digest_size=8 * s, key=seed).digest() for rid in ids),
+            dtype="<u8").reshape(len(ids), s)
+        assert np.array_equal(words, expected)
+    # the public function takes the compiled path for many ids and hashlib for few: same answer
+    many = [os.urandom(16) for _ in range(sketch._KERNEL_MIN_IDS + 5)]
+    rows, signs = sketch.hash_report_ids(seed, many, k, s)
+    few_rows, few_signs = zip(*(sketch.hash_report_ids(seed, many[i:i + 3], k, s) for i in range(0, 60, 3)))
+    assert np.array_equal(np.concatenate(few_rows), rows[:60]) and np.array_equal(np.concatenate(few_signs), signs[:60])
+    for i in (0, 17, len(many) - 1):
+        for block in range(s):
+            bucket, sign = sketch.bucket_and_sign(seed, many[i], k, s, block)
+            assert rows[i, block] == block * (k // s) + bucket and signs[i, block] == sign
+
+
+@pytest.mark.parametrize("s, k, d", [(1, 1, 5), (2, 10, 3), (4, 400, 32), (8, 64, 7)])
+def test_compiled_accumulate_equals_the_sparse_product(s, k, d):
+    rng = np.random.default_rng(s + k + d)
+    sketch.warm_up()
+    m = 3000
+    rows = rng.integers(0, k // s, (m, s)) + np.arange(s) * (k // s)
+    signs = rng.choice(np.array([-1, 0, 1], dtype=np.int8), (m, s))
+    shares = rng.integers(0, 2**64, (m, d), dtype=np.uint64, endpoint=False)
+    start = rng.integers(0, 2**64, (k, d), dtype=np.uint64, endpoint=False)
+    for sign in (1, -1):
+        acc = start.copy()
+        sketch.accumulate(acc, rows, signs, shares, sign)  # m * s * 4 >= k: the compiled loop
+        delta = sketch.signed_sum(rows, signs, shares, k)
+        assert np.array_equal(acc, start + delta if sign > 0 else start - delta)
+    with pytest.raises(ValueError):
+        sketch.accumulate(start.copy(), rows + k, signs, shares)  # never writes outside
