@@ -9,8 +9,9 @@ is to what the hardware allows:
   server without running totals would at least have to do, before even reading the shares);
 * bulk upload: raw SQLite inserts of the same rows with the same durability (WAL, fsync per
   transaction), no HTTP and no hashing;
-* single upload: a do-nothing HTTP endpoint on the same stack, driven by the same load generator
-  (the loopback request rate), and the rate of one fsync per report (no group commit);
+* single upload: a do-nothing HTTP endpoint served as the server is (dpsketch.serving.serve),
+  driven by the same load generator with the same bodies before and after the server (the
+  loopback request rate), and the rate of one fsync per report (no group commit);
 * seed-compressed upload: the same reports' full-share body (decode, binding check, shares), and
   the seed expansion as it was before (one ``cryptography`` cipher per seed).
 

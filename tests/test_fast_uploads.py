@@ -51,6 +51,8 @@ def server(servers):
         yield http, spec, study, r.json()["token"]
     finally:
         http.close()
+        log = proc.log_path.read_text(errors="replace")
+        assert "Traceback" not in log, log[-3000:]  # nothing unforeseen on either path
 
 
 def post(http: httpx.Client, path: str, body: bytes, content_type: str, token: str | None,
