@@ -61,6 +61,24 @@ def problem_slug(body: bytes) -> str:
     return t[len(PREFIX):] if t.startswith(PREFIX) else "other"
 
 
+class Children:
+    """A labelled metric's children by their label values, each made once: prometheus_client's
+    ``labels()`` checks and locks on every call, which cost a tenth of the server's work for a
+    single upload (the series are the same objects ``labels()`` returns)."""
+
+    __slots__ = ("metric", "made")
+
+    def __init__(self, metric: Any):
+        self.metric = metric
+        self.made: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self.made.get(values)
+        if child is None:
+            child = self.made[values] = self.metric.labels(*values)
+        return child
+
+
 class HttpMetrics:
     """The HTTP metrics every dpsketch service exports (same names in both jobs)."""
 
@@ -85,6 +103,8 @@ class HttpMetrics:
             "dpsketch_http_request_body_bytes_total", "Request body bytes received, by route template",
             ["route"], registry=registry)
         ProcessCollector(registry=registry)  # process_resident_memory_bytes, open fds, CPU seconds
+        self.duration_of, self.requests_of = Children(self.duration), Children(self.requests)
+        self.problems_of, self.received_of = Children(self.problems), Children(self.received)
 
 
 #: Called after each answer: (scope, route template, status, body bytes received, problem slug or None).
@@ -143,13 +163,13 @@ class MetricsMiddleware:
             route = route_template(scope)
             method = scope.get("method", "")
             method = method if method in _METHODS else "other"  # h11 takes any token as a method
-            m.duration.labels(route, method).observe(time.perf_counter() - start)
-            m.requests.labels(route, method, str(status)).inc()
+            m.duration_of(route, method).observe(time.perf_counter() - start)
+            m.requests_of(route, method, str(status)).inc()
             if received:
-                m.received.labels(route).inc(received)
+                m.received_of(route).inc(received)
             slug = problem_slug(bytes(problem)) if problem is not None else "internal-error" if failed else None
             if slug is not None:
-                m.problems.labels(route, slug).inc()
+                m.problems_of(route, slug).inc()
             if self.on_complete is not None:
                 self.on_complete(scope, route, status, received, slug)
 

@@ -28,12 +28,22 @@ connections has further ones closed as soon as they are accepted, before anythin
 ``--max-connections`` caps all of them (uvicorn's ``limit_concurrency`` answers 503 at the same
 figure). At startup the soft RLIMIT_NOFILE is raised to the hard limit, and the global cap is
 kept 64 below it for the database, logs and outgoing connections.
+
+Garbage collection: once the app is built (modules, the framework's routes and models, the
+store's studies), :func:`serve` collects, then freezes what is left (``gc.freeze``: it lives as
+long as the process, so the collector stops scanning it) and makes young collections rarer
+(:data:`GC_THRESHOLDS`). With the defaults, each full collection walked the 140,000 objects of
+a started share server: under 64 clients uploading single reports the collector took a tenth of
+the server's time and its pauses were the slowest answers (p99 about 150 ms, 60 ms with these
+settings; docs/operations.md). Requests allocate and free their objects by reference counting;
+only reference cycles wait for the collector.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import logging
 import math
 import os
@@ -51,6 +61,9 @@ DEFAULT_MIN_RATE = 500.0  # bytes per second
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_IP = 256
 FD_HEADROOM = 64  # descriptors kept free below RLIMIT_NOFILE: SQLite files, logs, outgoing calls
+#: gc thresholds while serving (Python's default: 700, 10, 10): a young collection every 7,000
+#: net allocations of container objects rather than every 700 (module docstring).
+GC_THRESHOLDS = (7000, 10, 10)
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's --log-level and handler apply
 
@@ -430,12 +443,20 @@ def serve(app: Any, *, graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT,
     # the signal it caught. With uvicorn's own handler as the one it finds, that re-raise only
     # sets a flag again, so run() returns; a signal before run() starts still stops the server.
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGTERM, signal.SIGINT)}
+    settle_garbage_collector()
     try:
         server.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0 if server.started else STARTUP_FAILURE
+
+
+def settle_garbage_collector() -> None:
+    """Collect, freeze what the started app holds, and set :data:`GC_THRESHOLDS` (module docstring)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class _IdlePeersAtShutdown(logging.Filter):

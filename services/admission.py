@@ -63,6 +63,40 @@ def _env_int(name: str, default: int) -> int:
     return n
 
 
+async def read_size(receive: Receive) -> tuple[list[Message], int, bool]:
+    """Receive a request's whole body: (the messages as they came, body bytes, whether the
+    client went away first). The messages are kept, not joined: :func:`replaying` hands them on
+    without a copy of the body."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":  # the client went away: the app says so
+            return messages, size, True
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return messages, size, False
+
+
+async def read_body(receive: Receive) -> tuple[list[Message], bytes, bool]:
+    """As :func:`read_size`, with the body's bytes (one chunk is not copied)."""
+    messages, _, gone = await read_size(receive)
+    chunks = [m.get("body", b"") for m in messages if m["type"] == "http.request"]
+    return messages, chunks[0] if len(chunks) == 1 else b"".join(chunks), gone
+
+
+def replaying(messages: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that hands on ``messages`` first, then whatever ``receive`` brings."""
+    pending = iter(messages)
+
+    async def replay() -> Message:
+        message = next(pending, None)
+        return message if message is not None else await receive()
+
+    return replay
+
+
 class Admission:
     """The limits and the live counts of uploads being worked on (one per app; the middleware
     below updates it, readiness and the metrics read it)."""
@@ -102,19 +136,8 @@ class UploadAdmission:
         if match is None or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
-        messages: list[Message] = []  # handed on as they came: no copy of the body
-        size = 0
-        gone = False
         try:
-            while True:
-                message = await receive()
-                messages.append(message)
-                if message["type"] != "http.request":  # the client went away: the app says so
-                    gone = True
-                    break
-                size += len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    break
+            messages, size, gone = await read_size(receive)
         except StarletteHTTPException as exc:  # the body limit, counting a streamed body
             self._name_route(scope, match)
             await self._answer(scope, send, ProblemError("payload-too-large", str(exc.detail)))
@@ -128,19 +151,13 @@ class UploadAdmission:
                 f"requests, {st.max_bytes} bytes); retry after {RETRY_AFTER_S} s (nothing of this request "
                 f"was parsed or stored)", headers={"Retry-After": str(RETRY_AFTER_S)}))
             return
-        pending = iter(messages)
-
-        async def replay() -> Message:
-            message = next(pending, None)
-            return message if message is not None else await receive()
-
         admitted = not gone
         if admitted:
             # one event loop runs every request: nothing runs between the check and the update
             st.requests += 1
             st.bytes += size
         try:
-            await self.app(scope, replay, send)
+            await self.app(scope, replaying(messages, receive), send)
         finally:
             if admitted:
                 st.requests -= 1

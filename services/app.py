@@ -21,9 +21,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 import dpsketch
-import numpy as np
 
-from dpsketch.protocol import binding, envelope
+from dpsketch.protocol import envelope
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
@@ -60,6 +59,7 @@ from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .metrics import ServerMetrics
 from .settings import Settings
 from .store import Store
+from .uploads import FastReports, checked_report, json_response, store_report, upload_token, verified_shares
 
 log = logging.getLogger("dpsketch.server")
 
@@ -149,21 +149,6 @@ def _install_sighup(registry: TokenRegistry) -> None:
     signal.signal(signal.SIGHUP, on_hup)
 
 
-def _json(model) -> Response:
-    """Serialize a response model directly (the hot upload paths skip FastAPI's re-validation)."""
-    return Response(model.model_dump_json(), media_type="application/json")
-
-
-def verified_shares(upload: Upload, study: Study, server_id: str) -> np.ndarray:
-    """The shares of an upload whose every record is bound to its report id at this server
-    (422 binding-refused otherwise: a substituted, corrupted or misdirected share is never stored)."""
-    try:
-        upload.verify(study.study_id, study.n_servers, study.servers.index(server_id))
-    except binding.BindingError as exc:
-        raise ProblemError("binding-refused", str(exc)) from None
-    return upload.shares(study.width)
-
-
 def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys):
     """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
     opened with this server's key ring ``keys``), check every record's binding and hash its ids
@@ -214,6 +199,41 @@ def _block_party(study: Study, content_type: str, token_party: str | None) -> in
     return index
 
 
+class ShareServerAPI(FastAPI):
+    """FastAPI with the server's own pure ASGI middlewares *outside* the framework's stack.
+
+    FastAPI puts middlewares added with ``add_middleware`` inside its own outer layers (the
+    server-error handler, its telemetry check and body-limit wrapper); a request pays for those
+    layers before reaching ours. The middlewares given to :meth:`add_outer_middleware` wrap the
+    whole app instead, so the single-upload fast path (services/uploads.py) answers without
+    entering FastAPI at all, while every other request passes through them into FastAPI's
+    stack as before. They still see every answer: the error handler's 500 problem JSON is sent
+    through them (and its exception re-raised to uvicorn, as it always was)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._outer_specs: list[tuple[type, dict[str, Any]]] = []
+        self._outer: Any = None
+
+    def add_outer_middleware(self, cls: type, **options: Any) -> None:
+        """As ``add_middleware``: the last one added is the outermost."""
+        if self._outer is not None:
+            raise RuntimeError("cannot add middleware after the app has started")
+        self._outer_specs.insert(0, (cls, options))
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":  # lifespan (and websockets, which no route takes)
+            await super().__call__(scope, receive, send)
+            return
+        outer = self._outer
+        if outer is None:
+            outer = super().__call__
+            for cls, options in reversed(self._outer_specs):
+                outer = cls(outer, **options)
+            self._outer = outer
+        await outer(scope, receive, send)
+
+
 def create_app(settings: Settings) -> FastAPI:
     """Open the store and build the app; the store closes when the app shuts down."""
     store = Store(settings)
@@ -225,7 +245,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await run_in_threadpool(store.close)
 
-    app = FastAPI(
+    app = ShareServerAPI(
         title=f"dpsketch share server {settings.server_id}",
         version=dpsketch.__version__,
         description="One of the N share servers of dpsketch (docs/protocol.md section 6). Errors are "
@@ -238,13 +258,18 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     admission = Admission.from_env()
-    # inside the body limit: it reads upload bodies through it, then admits or refuses (503)
-    app.add_middleware(UploadAdmission, admission=admission)
-    app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
     metrics = ServerMetrics(store, app, admission)
     app.state.metrics = metrics
+    # Outside FastAPI's own layers (ShareServerAPI), outermost last:
+    # well-formed single uploads answered without FastAPI's routing and dependency solving;
+    # everything else goes on to FastAPI and the routes below (services/uploads.py)
+    app.add_outer_middleware(FastReports, store=store, metrics=metrics, server_id=settings.server_id)
+    # inside the body limit: it reads upload bodies through it, then admits or refuses (503)
+    app.add_outer_middleware(UploadAdmission, admission=admission)
+    app.add_outer_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
     # outermost: times and counts every answer, the admission and body-limit refusals included
-    app.add_middleware(observability.MetricsMiddleware, metrics=metrics.http, on_complete=metrics.on_complete)
+    app.add_outer_middleware(observability.MetricsMiddleware, metrics=metrics.http,
+                             on_complete=metrics.on_complete)
     roles = Roles(settings)
     if settings.tokens_file is not None:
         _install_sighup(roles.registry)
@@ -385,27 +410,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     async def upload_allowed(study_id: str,
                              creds: HTTPAuthorizationCredentials | None = Security(upload_scheme)) -> bytes | None:
-        """A study that requires upload tokens (the server's policy, or one was issued) takes
-        uploads only with one of them (401 otherwise); returns the token's digest, whose quota
-        the upload is charged to."""
-        record = store.record(study_id)
-        if store.shared and creds is not None and creds.credentials \
-                and digest_of(creds.credentials) not in record.upload_tokens:
-            await run_in_threadpool(store.refresh_tokens, record)  # issued by another replica?
-        if not record.upload_required:
-            return None
-        if creds is None or not creds.credentials:
-            raise ProblemError("unauthorized", f"study {study_id} takes uploads only with one of its upload "
-                               f"tokens, issued by this server's operator",
-                               headers={"WWW-Authenticate": "Bearer"})
-        given = digest_of(creds.credentials)
-        # a dict lookup, not a constant-time scan: the keys are SHA-256 digests of 256-bit random
-        # tokens, so lookup timing says nothing usable about a token, and a study may hold 10^6
-        if given not in record.upload_tokens:
-            raise ProblemError("unauthorized", "the bearer token is not a valid upload token of this "
-                               "study (unknown, or revoked)",
-                               headers={"WWW-Authenticate": "Bearer"})
-        return given
+        """The upload token's digest, if the study requires one (services/uploads.py)."""
+        return await upload_token(store, study_id, creds.credentials if creds is not None else None)
 
     @app.post("/v1/studies/{study_id}/upload-tokens", status_code=201, tags=["studies"],
               dependencies=[operator], response_model=IssuedUploadTokens,
@@ -453,21 +459,11 @@ def create_app(settings: Settings) -> FastAPI:
               responses=problem_responses(400, 401, 403, 404, 409, 413, 422, 503))
     async def upload_report(study_id: str, report: Report,
                             token: bytes | None = Depends(upload_allowed)) -> Response:
-        """Upload one report's share with its proof; acknowledged once it is durable."""
-        record = store.record(study_id)
-        study = record.study
-        if study.parties is not None:
-            raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
-                               f"blocks as {BLOCKS_MEDIA_TYPE} batches")
-        try:
-            upload = report.upload(study.width, study.n_servers)
-        except ValueError as exc:
-            raise ProblemError("invalid-request", str(exc)) from None
-        shares = verified_shares(upload, study, settings.server_id)
-        # the writer hashes single reports in bulk
-        result = await asyncio.wrap_future(store.submit_upload(record, upload.ids, shares, None, None, token))
-        metrics.uploaded(study_id, result)
-        return _json(result)
+        """Upload one report's share with its proof; acknowledged once it is durable.
+        (A well-formed upload is answered by the same functions before it reaches this route:
+        services/uploads.py.)"""
+        record, ids, shares = checked_report(store, settings.server_id, study_id, report)
+        return await store_report(store, metrics, study_id, record, ids, shares, token)
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
               responses=problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
@@ -509,7 +505,7 @@ def create_app(settings: Settings) -> FastAPI:
             result = await asyncio.wrap_future(store.submit_upload(
                 record, upload.ids, upload.payloads, None, None, token, upload.pseudonyms, party))
             metrics.uploaded(study_id, result)
-            return _json(result)
+            return json_response(result)
         if record.study.parties is not None:
             raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                                f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
@@ -518,7 +514,7 @@ def create_app(settings: Settings) -> FastAPI:
                                                            settings.server_id, store.keys)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token))
         metrics.uploaded(study_id, result)
-        return _json(result)
+        return json_response(result)
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],
              response_class=Response,

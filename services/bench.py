@@ -10,8 +10,9 @@ is to what the hardware allows:
 * bulk upload: raw SQLite inserts of the same rows with the same durability (WAL, fsync per
   transaction), no HTTP and no hashing; and the exact sketch of the same rows in memory (the
   sketch hash of every id and one sparse product), no HTTP, no binding check, no store;
-* single upload: a do-nothing HTTP endpoint on the same stack, driven by the same load generator
-  (the loopback request rate), and the rate of one fsync per report (no group commit);
+* single upload: a do-nothing HTTP endpoint served as the server is (dpsketch.serving.serve),
+  driven by the same load generator with the same bodies before and after the server (the
+  loopback request rate), and the rate of one fsync per report (no group commit);
 * seed-compressed upload: the same reports' full-share body (decode, binding check, shares), and
   the seed expansion as it was before (one ``cryptography`` cipher per seed).
 
@@ -486,8 +487,12 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
 
 # --- (c) single uploads ------------------------------------------------------------------------
 
+# The do-nothing app, served as ``dpsketch server`` serves its app (dpsketch.serving.serve: the
+# same uvicorn options, protocol class, connection guard and one worker) or, with "bare" as the
+# second argument, by plain uvicorn.run (no guard): the stack's own cost, for reference.
 _ECHO_APP = """
 import sys, uvicorn
+from dpsketch.serving import serve
 async def app(scope, receive, send):
     if scope["type"] != "http":
         return
@@ -499,8 +504,34 @@ async def app(scope, receive, send):
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+if sys.argv[2:] == ["bare"]:
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+else:
+    sys.exit(serve(app, host="127.0.0.1", port=int(sys.argv[1]), workers=1, log_level="warning",
+                   access_log=False, proxy_headers=False, server_header=False))
 """
+
+
+@contextlib.contextmanager
+def _echo(bare: bool = False):
+    """The do-nothing app in its own process; yields its port."""
+    port = free_port()
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO_APP, str(port), *(["bare"] if bare else [])],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if echo.poll() is not None:
+                    raise RuntimeError("the echo app did not start") from None
+                time.sleep(0.05)
+        yield port
+    finally:
+        echo.terminate()
+        echo.wait(10)
 
 
 async def _drive(port: int, path: str, make_body, content_type: str, clients: int, seconds: float,
@@ -572,44 +603,59 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
                         workdir: Path | None = None, db: Path | str | None = None,
                         baseline: bool = True, replicas: int = 1) -> dict[str, Any]:
     """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds`` (the
-    server's store: ``db``, default a new SQLite file; ``replicas`` as in bench_bulk_upload)."""
+    server's store: ``db``, default a new SQLite file; ``replicas`` as in bench_bulk_upload).
+
+    The baseline is the do-nothing app on the same stack (``_ECHO_APP``: served like the
+    server, one worker), driven by the same driver with the same bodies for ``min(seconds, 3)``
+    seconds just before and again just after the server (a load that drifts meanwhile moves
+    both); the ratio is against their mean. The same app under plain ``uvicorn.run`` (no
+    connection guard) is measured too, for reference."""
     out: dict[str, Any] = {"clients": clients, "seconds": seconds, "d": d, "upload_auth": "tokens"}
     study = _study(10**6, d, 400, 4, ["s1", "s2"])
 
+    pending: list[bytes] = []
+
     def report_body() -> bytes:
         """A fresh random share for s1 with its id and proof (the other server's commitment
-        random: s1 cannot tell), as JSON; a few microseconds, like the random bytes themselves."""
-        share = np.frombuffer(os.urandom(8 * d), dtype="<u8").reshape(1, d)
-        (rid,), proof = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SHARE, share)
-        return messages.Report.of(rid, proof[0], share[0]).model_dump_json().encode()
+        random: s1 cannot tell), as JSON. Made 512 at a time (about 10 us each, against 45 us
+        one by one), so that the driver, which makes them for the echo app too, stays light."""
+        if not pending:
+            shares = np.frombuffer(os.urandom(8 * d * 512), dtype="<u8").reshape(512, d)
+            ids, proofs = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SHARE,
+                                                  shares)
+            pending.extend(messages.Report.of(rid, proof, share).model_dump_json().encode()
+                           for rid, proof, share in zip(ids, proofs, shares))
+        return pending.pop()
 
-    with _Workdir(workdir) as wd:
+    echo_seconds = min(seconds, 3.0)
+
+    def drive_echo(port: int) -> dict:
+        return _run(_drive(port, "/", report_body, "application/json", clients, echo_seconds))
+
+    with _Workdir(workdir) as wd, contextlib.ExitStack() as stack:
+        echo_port = stack.enter_context(_echo()) if baseline else None
         with _serving(wd, db, replicas) as (url, port):
             token = _provision(url, study)
+            load_before = os.getloadavg()[0]
+            before = drive_echo(echo_port) if echo_port else None
             res = _run(_drive(port, f"/v1/studies/{study.study_id}/reports", report_body,
                               "application/json", clients, seconds, token))
+            after = drive_echo(echo_port) if echo_port else None
             held = _report_count(url, study)
         out.update(replicas=replicas, reports_per_s=round(res["per_s"]), acknowledged=res["ok"], server_report_count=held,
-                   statuses=res["statuses"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"])
+                   statuses=res["statuses"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"],
+                   load_average_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)])
         if not baseline:
             return out
-        port = free_port()
-        echo = subprocess.Popen([sys.executable, "-c", _ECHO_APP, str(port)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-            base = _run(_drive(port, "/", report_body, "application/json", clients, min(seconds, 3.0), token))
-        finally:
-            echo.terminate()
-            echo.wait(10)
-        out.update(baseline_loopback_echo_per_s=round(base["per_s"]),
-                   ratio_to_echo=round(res["per_s"] / base["per_s"], 3))
+        stack.close()  # the echo
+        echo_rate = (before["per_s"] + after["per_s"]) / 2
+        with _echo(bare=True) as bare_port:
+            bare = drive_echo(bare_port)
+        out.update(baseline_loopback_echo_per_s=round(echo_rate),
+                   baseline_echo_before_after_per_s=[round(before["per_s"]), round(after["per_s"])],
+                   baseline_echo_p99_ms=max(before["p99_ms"], after["p99_ms"]),
+                   ratio_to_echo=round(res["per_s"] / echo_rate, 3),
+                   reference_bare_uvicorn_echo_per_s=round(bare["per_s"]))
         fsync_rate = _fsync_per_report_rate(wd / "fsync.sqlite3", d)
         out.update(baseline_fsync_per_report_per_s=round(fsync_rate),
                    group_commit_gain=round(res["per_s"] / fsync_rate, 2))

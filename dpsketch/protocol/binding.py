@@ -180,8 +180,19 @@ def verify(study_id: str, n_servers: int, position: int, content: int, report_id
     ``prefixes`` as for :func:`bind` (blocks)."""
     size = proof_bytes(n_servers)
     m = len(report_ids)
-    proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size)
     cut = SALT_BYTES + position * COMMITMENT_BYTES
+    if m == 1 and prefixes is None:  # a single upload: the same two hashes over bytes, 10x faster
+        proof = np.ascontiguousarray(proofs, dtype=np.uint8).tobytes()
+        if len(proof) == size:
+            sha = hashlib.sha256
+            own = sha(COMMIT_DOMAIN + bytes((position, content)) + proof[:SALT_BYTES]
+                      + payload_bytes(payloads)[0]).digest()[:COMMITMENT_BYTES]
+            rid = sha(REPORT_DOMAIN + bytes.fromhex(study_id) + proof[SALT_BYTES:cut] + own
+                      + proof[cut:]).digest()[:REPORT_ID_BYTES]
+            if rid != report_ids[0]:
+                _refuse(report_ids, 0)
+            return
+    proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size)
     own = _hash_rows(m, [COMMIT_DOMAIN + bytes((position, content)), proofs[:, :SALT_BYTES],
                          _payload_matrix(payloads)])[:, :COMMITMENT_BYTES]
     ids = _hash_rows(m, [_id_head(study_id, m, prefixes), proofs[:, SALT_BYTES:cut], own,
@@ -194,11 +205,14 @@ def verify(study_id: str, n_servers: int, position: int, content: int, report_id
         wrong = np.array([i for i, rid in enumerate(report_ids) if len(rid) != REPORT_ID_BYTES
                           or bytes(ids[i]) != rid] or [0])
     if wrong.size:
-        i = int(wrong[0])
-        raise BindingError(
-            f"report {report_ids[i].hex()}: its share for this server is not the one its report id "
-            f"commits to (record {i}; substituted or corrupted in transit, or bound for another "
-            f"server or study); nothing of this request was stored")
+        _refuse(report_ids, int(wrong[0]))
+
+
+def _refuse(report_ids: Sequence[bytes], i: int) -> None:
+    raise BindingError(
+        f"report {report_ids[i].hex()}: its share for this server is not the one its report id "
+        f"commits to (record {i}; substituted or corrupted in transit, or bound for another "
+        f"server or study); nothing of this request was stored")
 
 
 def _payload_matrix(payloads: np.ndarray) -> np.ndarray:

@@ -1,0 +1,200 @@
+"""What the upload routes share, and the fast path of the hot one (POST /v1/studies/{study_id}/reports).
+
+Both upload routes (services/app.py) check the study's upload token with :func:`upload_token`
+and every record's binding with :func:`verified_shares`; a single report is then stored and
+answered by :func:`store_report`, whichever way the request came.
+
+Why a fast path: a single report is a few hundred bytes, so per request the framework costs more
+than the work. Under 64 concurrent clients FastAPI's routing, dependency solving and request
+validation took about half of the server's CPU per upload, and the event loop's thread was the
+limit (docs/operations.md, "Single uploads"). :class:`FastReports`, a pure ASGI middleware inside
+every other one (metrics, body limit, admission), answers a *well-formed* single upload itself:
+it parses the body with the same pydantic model (:class:`Report`), checks the token and the
+binding with the same functions, hands the report to the same writer and answers the same bytes.
+
+Anything it does not accept as it stands goes, untouched, to the FastAPI route: a refusal before
+the writer (bad JSON, a body the model refuses, an unknown study, a missing or wrong token, a
+study with parties, a wrong length, a binding that does not hold), another Content-Type, a body
+cut short. That route then answers it exactly as it always did: the same checks in the same
+order, the same problem JSON, so nothing about a refusal depends on which path saw the request
+first (nothing is stored before the writer, so checking twice changes nothing). Refusals by the
+writer (study-closed, quota-exceeded, report-conflict, unavailable) and its acknowledgement are
+answered here, rendered by the same functions the route uses. The route stays in the OpenAPI
+document, which describes the endpoint either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security.utils import get_authorization_scheme_param
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dpsketch.problem_http import problem_response
+from dpsketch.protocol import binding
+from dpsketch.protocol.messages import Report, Upload
+from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.study import Study
+
+from .admission import ROUTE_KEY, read_body, replaying
+from .auth import digest_of
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
+    from .store import Store
+
+log = logging.getLogger("dpsketch")
+
+#: The single-upload route, as FastAPI declares it (services/app.py) and labels its metrics.
+REPORTS_ROUTE = "/v1/studies/{study_id}/reports"
+#: Starlette's match for that template: a ``str`` path parameter is ``[^/]+``.
+_REPORTS_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/reports$")
+_JSON = b"application/json"
+
+
+def json_response(model) -> Response:
+    """Serialize a response model directly (the upload paths skip FastAPI's re-validation)."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str | None = None) -> np.ndarray:
+    """The shares of an upload whose every record is bound to its report id at this server
+    (422 binding-refused otherwise: a substituted, corrupted or misdirected share is never stored).
+    ``study_id``: the study's id if the caller has it (the store's key of the study), which
+    spares hashing the study's canonical form again."""
+    try:
+        upload.verify(study_id or study.study_id, study.n_servers, study.servers.index(server_id))
+    except binding.BindingError as exc:
+        raise ProblemError("binding-refused", str(exc)) from None
+    return upload.shares(study.width)
+
+
+async def upload_token(store: "Store", study_id: str, credentials: str | None) -> bytes | None:
+    """A study that requires upload tokens (the server's policy, or one was issued) takes
+    uploads only with one of them (401 otherwise); returns the token's digest, whose quota
+    the upload is charged to. ``credentials``: the bearer token presented, if any."""
+    record = store.record(study_id)
+    if store.shared and credentials and digest_of(credentials) not in record.upload_tokens:
+        await run_in_threadpool(store.refresh_tokens, record)  # issued by another replica?
+    if not record.upload_required:
+        return None
+    if not credentials:
+        raise ProblemError("unauthorized", f"study {study_id} takes uploads only with one of its upload "
+                           f"tokens, issued by this server's operator",
+                           headers={"WWW-Authenticate": "Bearer"})
+    given = digest_of(credentials)
+    # a dict lookup, not a constant-time scan: the keys are SHA-256 digests of 256-bit random
+    # tokens, so lookup timing says nothing usable about a token, and a study may hold 10^6
+    if given not in record.upload_tokens:
+        raise ProblemError("unauthorized", "the bearer token is not a valid upload token of this "
+                           "study (unknown, or revoked)",
+                           headers={"WWW-Authenticate": "Bearer"})
+    return given
+
+
+def checked_report(store: "Store", server_id: str, study_id: str, report: Report):
+    """The record and the verified one-record upload of a single report (the route's checks
+    after the token, in its order); raises the route's ProblemError otherwise."""
+    from dpsketch.protocol.messages import BLOCKS_MEDIA_TYPE
+
+    record = store.record(study_id)
+    study = record.study
+    if study.parties is not None:
+        raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
+                           f"blocks as {BLOCKS_MEDIA_TYPE} batches")
+    try:
+        upload = report.upload(study.width, study.n_servers)
+    except ValueError as exc:
+        raise ProblemError("invalid-request", str(exc)) from None
+    shares = verified_shares(upload, study, server_id, study_id)
+    return record, upload.ids, shares
+
+
+async def store_report(store: "Store", metrics: "ServerMetrics", study_id: str, record, ids: list[bytes],
+                       shares: np.ndarray, token: bytes | None) -> Response:
+    """Hand a checked report to the writer (which hashes single reports in bulk) and answer
+    once it is durable; the writer's refusals are raised as ProblemError."""
+    result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, None, None, token))
+    metrics.uploaded(study_id, result)
+    return json_response(result)
+
+
+def bearer_credentials(scope: Scope) -> str | None:
+    """The bearer token of the request's first Authorization header, as FastAPI's HTTPBearer
+    (auto_error off) reads it: None when absent, empty or of another scheme."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+            scheme, credentials = get_authorization_scheme_param(authorization)
+            if not (authorization and scheme and credentials) or scheme.lower() != "bearer":
+                return None
+            return credentials
+    return None
+
+
+def _content_type(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value
+    return None
+
+
+class _Refer(Exception):
+    """The request is for the FastAPI route to answer (see the module docstring)."""
+
+
+class FastReports:
+    """Pure ASGI middleware, innermost: the single-upload fast path (module docstring)."""
+
+    def __init__(self, app: ASGIApp, store: "Store", metrics: "ServerMetrics", server_id: str):
+        self.app = app
+        self.store = store
+        self.metrics = metrics
+        self.server_id = server_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = None
+        if scope["type"] == "http" and scope.get("method") == "POST" and not scope.get("root_path"):
+            match = _REPORTS_PATH.match(scope["path"])
+        if match is None or _content_type(scope) != _JSON:
+            await self.app(scope, receive, send)
+            return
+        messages, body, gone = await read_body(receive)
+        study_id = match["study_id"]
+        try:
+            if gone or not body:
+                raise _Refer
+            record, ids, shares, token = await self._checked(scope, study_id, body)
+        except Exception:  # _Refer, a ProblemError, pydantic's ValidationError, bad JSON, ...
+            # the route answers it, from the same bytes (a refusal: nothing was stored), as it
+            # answers every request: a refusal of its own, or its 500 for what nobody foresaw
+            await self.app(scope, replaying(messages, receive), send)
+            return
+        scope[ROUTE_KEY] = REPORTS_ROUTE  # for the metrics middleware (no route matched)
+        scope["path_params"] = {"study_id": study_id}
+        try:
+            response = await store_report(self.store, self.metrics, study_id, record, ids, shares, token)
+        except ProblemError as exc:  # the writer's refusal, rendered as the route's handler does
+            response = problem_response(exc, Request(scope))
+        except Exception:  # as FastAPI's server-error layer (dpsketch/problem_http.py): 500, re-raised
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            await problem_response(ProblemError("internal-error", "unexpected server error"),
+                                   Request(scope))(scope, receive, send)
+            raise
+        await response(scope, receive, send)
+
+    async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, list[bytes], np.ndarray,
+                                                                                   bytes | None]:
+        # What this accepts FastAPI accepts as the same report (json.loads, then the model: the same
+        # fields and validators; a repeated key: the last one, both ways); the rest goes to the route
+        report = Report.model_validate_json(body)
+        token = await upload_token(self.store, study_id, bearer_credentials(scope))
+        record, ids, shares = checked_report(self.store, self.server_id, study_id, report)
+        return record, ids, shares, token
