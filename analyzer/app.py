@@ -91,11 +91,12 @@ class CreateStudy(PrivacyTarget):
         "(a stable id chosen by whoever enrols the clients): every share server charges the study to "
         "that population's privacy ledger and refuses it past its budget (409 budget-exceeded, "
         "docs/ledger.md); omitted: charged to nothing")
-    secret_sign: bool = Field(
-        default=False, description="a sketch study whose clients multiply their clipped rows by a "
-        "secret sign before the noise, calibrated for it: the same epsilon with much less noise "
-        "(docs/secret_sign.md); only for kind sketch with k > 1 and no parties (422 invalid-study "
-        "otherwise)")
+    secret_sign: bool | None = Field(
+        default=None, description="clients multiply their clipped rows by a secret sign before the "
+        "noise, and the noise is calibrated for it: the same epsilon with much less noise "
+        "(docs/secret_sign.md). Omitted or null: on for a sketch study with k > 1 and no parties, "
+        "off for every other study; false: opt out; true on a study that cannot take it: 422 "
+        "invalid-study")
 
 
 class RecommendRequest(PrivacyTarget):

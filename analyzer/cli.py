@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--k", type=int, help="sketch rows (default: chosen from n and d)")
     c.add_argument("--s", type=int, default=4, help="sketch blocks (default: %(default)s)")
     c.add_argument("--min-reports", type=int)
+    c.add_argument("--secret-sign", action=argparse.BooleanOptionalAction, default=None,
+                   help="every client multiplies its clipped row by a secret +-1 before its noise, and "
+                   "the noise is calibrated for it: the same epsilon with much less noise "
+                   "(docs/secret_sign.md). Default: on for a sketch study with k > 1 and no parties, "
+                   "off otherwise; --no-secret-sign opts out")
     c.add_argument("--population", metavar="ID",
                    help="the population the study draws from: every share server charges it to that "
                    "population's privacy ledger and refuses it past its budget (docs/ledger.md)")
@@ -178,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra["parties"] = [parse_party(spec) for spec in args.party]
                 if args.population:
                     extra["population"] = args.population
+                if args.secret_sign is not None:
+                    extra["secret_sign"] = args.secret_sign
                 out = client.create_study(
                     name=args.name, columns=[c for c in args.columns.split(",") if c], label=args.label,
                     expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,

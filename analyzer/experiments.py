@@ -86,8 +86,8 @@ CHUNK_ROWS = 100_000
 
 KINDS = ("sketch", "gram")
 #: Mechanisms in plots and tables: (key, label). ``ltm_*`` are the real pipeline.
-LTM_MECHANISMS = [("local", "local"), ("ltm_sketch", "LTM sketch"), ("ltm_gram", "LTM Gram"),
-                  ("central", "central")]
+LTM_MECHANISMS = [("local", "local"), ("local_sign", "local (secret sign)"), ("ltm_sketch", "LTM sketch"),
+                  ("ltm_gram", "LTM Gram"), ("central", "central")]
 #: Central-model regression baselines of ``evaluation.central_baselines``, added to ridge when
 #: available (hook: any name of ``evaluation.RIDGE_BASELINES`` can be listed here).
 EXTRA_RIDGE = [("adassp", "AdaSSP"), ("dgm_ols", "DGM-OLS"), ("rmgm_ols", "RMGM-OLS")]
@@ -162,12 +162,13 @@ def study_seed(*parts: Any) -> str:
 
 
 def design_study(columns: list[str], label: str | None, n: int, epsilon: float, kind: str,
-                 seed_parts: Sequence[Any]) -> Study:
+                 seed_parts: Sequence[Any], secret_sign: bool | None = None) -> Study:
+    """design()'s study for these columns and n (its defaults: a sketch study is signed)."""
     try:
         study, _ = design(
             name="experiments", columns=columns, label=label, servers=SERVERS, expected_reports=n,
             epsilon=epsilon, delta=DELTA, row_bound=ROW_BOUND, kind=kind,
-            seed=study_seed(*seed_parts, kind),
+            seed=study_seed(*seed_parts, kind), secret_sign=secret_sign,
         )
     except ValueError as exc:
         raise Refused(f"n too small: {exc}") from exc
@@ -195,6 +196,8 @@ def simulate_pipeline(study: Study, rows: np.ndarray, rng: np.random.Generator) 
                            float(n))
     ids = baselines.random_report_ids(n, rng)
     s_mat = baselines.sketch_matrix(study, ids)
+    if study.secret_sign:  # each client signs its clipped row before its noise (client_sdk/prepare.py)
+        rows = rows * baselines.secret_signs(rng, n)[:, None]
     noisy = rows + baselines._truncated_normal(rng, study.sigma, rows.shape) if study.sigma > 0 else rows
     y = np.asarray(s_mat @ noisy)
     if study.server_sigma > 0:
@@ -238,6 +241,8 @@ def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None,
     if gram_study is None:  # the plain sum exists for any n >= 2; needed for the baselines' study
         gram_study = design_study(columns, label, n, epsilon, "gram", (tag, task, n, epsilon, seed))
     releases["local"] = baselines.simulate_local(gram_study, rows, rng)
+    if gram_study.neighbouring == "replace-one":
+        releases["local_sign"] = baselines.simulate_local(gram_study, rows, rng, secret_sign=True)
     releases["central"] = baselines.simulate_central(gram_study, rows, rng)
     alpha = evaluation.default_alpha(n, ROW_BOUND)
     ratios = evaluation._fit_ratios(
@@ -471,6 +476,7 @@ def table(summary: dict, dataset_filter: Callable[[str], bool], task: str, extra
 #: Lines of the plots: mechanism -> (colour, marker, line style).
 STYLE = {
     "local": ("tab:red", "v", "-"),
+    "local_sign": ("tab:pink", "<", "--"),
     "ltm_sketch": ("tab:blue", "o", "-"),
     "ltm_gram": ("tab:green", "s", "-"),
     "central": ("black", "D", "-"),

@@ -62,6 +62,11 @@ COVER_LAST = 1e-4
 PLD_SLACK = 0.05
 #: Calibrated noise meets its target with this much to spare (relative, as accounting does).
 CALIBRATION_MARGIN = 1e-6
+#: The largest epsilon the mixture is calibrated for. Beyond it tanh(epsilon / 2) is within 1e-13
+#: of 1, the stop-loss differences are lost to rounding (the bound stays an upper bound, but a
+#: useless and erratic one), and a secret-sign study is calibrated with the plain Gaussian's noise
+#: instead, which is valid for it (docs/secret_sign.md section 2, Lemma 0).
+MAX_EPSILON = 30.0
 
 
 # --- one factor A_a = tanh(a |X|), X ~ N(a, 1) -------------------------------------------------

@@ -421,6 +421,12 @@ def check_secret_sign(kind: str, k: int, has_parties: bool) -> None:
                          "individual would need the same secret sign")
 
 
+def signs_by_default(kind: str, k: int, has_parties: bool) -> bool:
+    """Whether :func:`design` signs a study's rows when not told (``secret_sign=None``): wherever
+    :func:`check_secret_sign` allows it, i.e. a sketch study with k > 1 and no parties."""
+    return kind == "sketch" and k > 1 and not has_parties
+
+
 def _clip_bound(kind: features.Kind, row_bound: float, rounding: float) -> float:
     """The largest B' <= B with sensitivity(B') + rounding <= sensitivity(B) under both notions
     (rounding: the norm a vector may move when its coordinates are rounded, twice over for two
@@ -564,7 +570,7 @@ def design(
     histogram: HistogramSpec | dict | None = None,
     parties: Sequence[_parties.Party | dict] | None = None,
     population: str | None = None,
-    secret_sign: bool = False,
+    secret_sign: bool | None = None,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
@@ -577,8 +583,10 @@ def design(
     left empty; parties without a bound share what the others leave of B^2 by width: B sqrt(d_j / d)
     when none is given; docs/vertical.md). ``population`` names the population the study draws
     from: every server charges it to that population's privacy ledger (docs/ledger.md).
-    ``secret_sign`` (a sketch study only, k > 1, no parties) has every client sign its row with a
-    secret +-1 and calibrates for it (docs/secret_sign.md): the same epsilon with less noise.
+    ``secret_sign`` has every client sign its row with a secret +-1 and calibrates for it
+    (docs/secret_sign.md): the same epsilon with much less noise. None (the default) turns it on
+    wherever a study can take it (:func:`signs_by_default`: a sketch study with k > 1 and no
+    parties) and off elsewhere; False opts out; True on a study that cannot take it is an error.
     ``epsilon_floor`` is the
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
@@ -638,7 +646,9 @@ def design(
     if epsilon_floor == "default":
         epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
     width = histogram.cells if histogram is not None else features.width(kind, d)
-    if secret_sign:
+    if secret_sign is None:
+        secret_sign = signs_by_default(kind, k, parties is not None)
+    elif secret_sign:
         check_secret_sign(kind, k, parties is not None)
     noise = accounting.calibrate(neighbouring, kind, row_bound, epsilon, delta, lambda_star, width,
                                  epsilon_floor, secret_sign)
