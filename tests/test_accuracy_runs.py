@@ -23,11 +23,13 @@ def test_sketch_variants_run_on_shared_draws():
 
 
 def test_lambda97_and_sign_change_only_the_noise():
-    study = design_study([f"x{i}" for i in range(10)] + ["y"], "y", 100_000, 1.0, "sketch", ("t",))
+    study = design_study([f"x{i}" for i in range(10)] + ["y"], "y", 100_000, 1.0, "sketch", ("t",),
+                         secret_sign=False)
     lam = ar.proposed_lambda_star(study)
-    assert lam == pytest.approx(study.lambda_star * ar.PROPOSED_SAFETY / 0.9, rel=1e-9)
-    new = ar.recalibrated(study, lam)
-    assert new.sigma < study.sigma and (new.k, new.s, new.seed) == (study.k, study.s, study.seed)
+    # privacy.LAMBDA_SAFETY is 0.97 now (n/k >= 90 at min_reports): the variant is today's design
+    assert lam == pytest.approx(study.lambda_star, rel=1e-9)
+    new = ar.recalibrated(study, 0.9 / 0.97 * lam)  # the design before: more noise
+    assert new.sigma > study.sigma and (new.k, new.s, new.seed) == (study.k, study.s, study.seed)
     signed = ar.sign_study(study, 0.101)
     assert signed.sigma ** 2 == pytest.approx(0.101 * study.sigma ** 2)
     assert signed.server_sigma == study.server_sigma

@@ -120,3 +120,19 @@ def test_design_turns_arithmetic_failures_into_a_clear_value_error(row_bound):
         design(name="tiny", columns=["a", "b"], label="b", servers=["s1", "s2"],
                expected_reports=1000, row_bound=row_bound)
 
+
+def test_lambda_star_asks_for_097_of_bai_yin_with_enough_reports_per_row(monkeypatch):
+    """privacy.LAMBDA_SAFETY = 0.97 of the Bai-Yin estimate at n = min_reports when n/k >= 90 (every
+    default design), 0.9 below (a k chosen by hand); the certificate, not this choice, is what
+    makes a release private (test_certificate_* and the servers' refusal tests)."""
+    st = make()  # 10^4 reports, default k = 100 // ... : min_reports / k >= 90
+    assert st.min_reports >= 90 * st.k
+    est = privacy.expected_lambda_min(st.min_reports, st.k)
+    assert st.lambda_star == pytest.approx(0.97 * est - st.t)
+    small = make(k=200)  # 9000 / 200 = 45 reports per row
+    assert small.lambda_star == pytest.approx(0.9 * privacy.expected_lambda_min(small.min_reports, 200))
+    # less client noise for the same epsilon than the earlier 0.9 gave (same seed, same S)
+    monkeypatch.setattr(privacy, "LAMBDA_SAFETY", 0.9)
+    before = make(seed=st.seed)
+    assert before.lambda_star == pytest.approx(0.9 * est) and before.k == st.k
+    assert st.sigma < before.sigma and st.guarantees()["epsilon"] <= 1.0 + 1e-9

@@ -720,7 +720,7 @@ def design(
             f"a report at n = min_reports; servers check every report's exact leverage <= "
             f"1 / lambda_star before they release."
             if kind == "l1"
-            else f"lambda_star = {lambda_star:.1f}: {privacy.LAMBDA_SAFETY} x the expected "
+            else f"lambda_star = {lambda_star:.1f}: {privacy.lambda_safety(min_reports, k)} x the expected "
             f"lambda_min(S S^T) ~ (n/k)(1 - sqrt(k/n))^2 at n = min_reports, minus t = {t}."
         ),
         _noise_line(study, own_local),
