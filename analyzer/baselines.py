@@ -327,23 +327,23 @@ def simulate_ltm(
 
     With ``return_inputs=True`` returns ``(release, report_ids, noise)``.
 
-    A gram study (k = 1) gives a :class:`GramSumRelease`: the clients' feature vectors
-    [a, u(a a^T), 1] are summed and the sum of their n noise vectors is drawn at once as
+    A gram or moments study (k = 1) gives a :class:`GramSumRelease`: the clients' feature vectors
+    ([a, u(a a^T), 1], or u(a a^T)) are summed and the sum of their n noise vectors is drawn at once as
     N(0, n sigma^2) per coordinate (the same law, without the 20 sigma cut; ``via_ring`` and
     ``return_inputs`` then draw per-client noise instead).
     """
     a = _check_rows(study, rows)
     n = a.shape[0]
-    if study.kind == "gram":
+    if study.kind in features.GRAM_KINDS:
         if not (via_ring or return_inputs):
             total = np.zeros(study.width)
             step = max(1, 4_000_000 // study.width)  # bounded memory for wide feature vectors
             for start in range(0, n, step):
-                total += features.gram_features(a[start : start + step]).sum(axis=0)
+                total += features.client_vectors(study.kind, a[start : start + step]).sum(axis=0)
             total += rng.normal(0.0, np.sqrt(study.sigma ** 2 * n + server_noise_variance(study)),
                                 size=study.width)
             return GramSumRelease(study=study, values=total, n_reports=n)
-        phi = features.gram_features(a)
+        phi = features.client_vectors(study.kind, a)
         ids = random_report_ids(n, rng)
         g = _truncated_normal(rng, study.sigma, phi.shape) if study.sigma > 0 else np.zeros(phi.shape)
         release = release_from_ring_sum(study, ltm_ring_sum(study, ids, phi + g, rng), n)

@@ -35,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--row-bound", type=float, default=1.0)
     c.add_argument("--neighbouring", choices=["replace-one", "add-remove"], default="replace-one")
     c.add_argument("--t", type=int, default=0, help="tolerated colluding clients")
-    c.add_argument("--kind", choices=["sketch", "gram", "histogram", "l1", "auto"], default="sketch",
+    c.add_argument("--kind", choices=["sketch", "gram", "moments", "histogram", "l1", "auto"], default="sketch",
                    help="sketch (default): OSNAP sketch of the rows; gram: plain sum of "
-                   "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; "
+                   "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; moments: "
+                   "plain sum of u(a a^T) alone, less noise for ridge, least squares and PCA (no row "
+                   "sum or count); "
                    "histogram: counts over the bins of --axis (one or two); l1: the multi-level l1 "
                    "sketch, for least absolute deviations (study lad); auto: gram when it fits "
                    "the upload budget and every server's storage policy (see: dpsketch recommend)")

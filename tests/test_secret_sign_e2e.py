@@ -1,8 +1,9 @@
 """The secret sign end to end (docs/secret_sign.md): real share servers, the real analyzer, the SDK
 over HTTP.
 
-* The analyzer's API designs a signed study on request (``"secret_sign": true``) and answers a
-  request for it on a kind that cannot have it with 422 invalid-study, provisioning nothing.
+* The analyzer's API signs a sketch study by default (and on request, ``"secret_sign": true``),
+  leaves it out on ``false`` and for the kinds that cannot take it, and answers a request for it
+  on such a kind with 422 invalid-study, provisioning nothing.
 * At epsilon = 1 a signed sketch study asks for much less client and server noise than an
   unsigned one, and on the same synthetic data the analyzer's ridge and PCA answers are closer
   to the truth with the sign, over several data sets and independent noise draws (not one
@@ -134,8 +135,14 @@ def test_create_refuses_the_sign_where_it_does_not_apply(shared_cluster):
             an.create_study(name="x", columns=COLUMNS, expected_reports=5000, secret_sign="maybe")
         assert bad.value.status == 422 and bad.value.slug == "invalid-request"
         assert an.studies() == before  # nothing was kept
-        # the default: no sign, the study JSON without the member (ids as before it existed)
-        view = an.create_study(name="plain", columns=COLUMNS, label="y", expected_reports=5000)
+        # the default: a sketch study is signed; the opt-out leaves the member out of the study JSON
+        # (ids as before it existed); the kinds that cannot take it are unsigned without asking
+        view = an.create_study(name="default", columns=COLUMNS, label="y", expected_reports=5000)
+        assert view["study"]["secret_sign"] is True and view["guarantees"]["secret_sign"] is True
+        view = an.create_study(name="plain", columns=COLUMNS, label="y", expected_reports=5000,
+                               secret_sign=False)
+        assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
+        view = an.create_study(name="gram", columns=COLUMNS, label="y", expected_reports=5000, kind="gram")
         assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
 
 

@@ -33,6 +33,7 @@ def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kin
     sketch, l1: the clipped row; replacing it moves the data by up to 2B, removing it by B (the
     map's own scale is the leverage in the certificate, not part of Delta).
     gram: the feature vector [a, u(a a^T), 1] (:func:`features.gram_feature_sensitivity`).
+    moments: u(a a^T) alone (:func:`features.moments_sensitivity`): sqrt(2) B^2 and B^2.
     histogram: a one-hot vector (norm 1, whatever the row bound): sqrt(2) and 1.
     """
     if neighbouring not in ("replace-one", "add-remove"):
@@ -42,6 +43,8 @@ def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kin
         return 2.0 * row_bound if replace_one else row_bound
     if kind == "gram":
         return features.gram_feature_sensitivity(row_bound, replace_one)
+    if kind == "moments":
+        return features.moments_sensitivity(row_bound, replace_one)
     if kind == "histogram":
         return math.sqrt(2.0) if replace_one else 1.0
     raise ValueError(f"unknown study kind {kind!r}")

@@ -55,8 +55,8 @@ class Study(BaseModel):
     label: str | None = None
     row_bound: float = Field(gt=0, le=1e6)
     # transform: "sketch" shares the row and applies OSNAP; "gram" shares [a, u(a a^T), 1] and
-    # sums (k = s = 1), see features.py; "histogram" shares the one-hot vector of the row's cell
-    # and sums (k = s = 1), see histogram.py
+    # sums (k = s = 1), see features.py; "moments" shares u(a a^T) alone and sums (k = s = 1);
+    # "histogram" shares the one-hot vector of the row's cell and sums (k = s = 1), see histogram.py
     kind: features.Kind = "sketch"
     #: the bins of a histogram study (its axes are the study's columns); null for other kinds
     histogram: HistogramSpec | None = None
@@ -131,12 +131,12 @@ class Study(BaseModel):
             raise ValueError(f"only an l1 study has an l1 sketch shape, not a {self.kind} study")
         elif self.k % self.s:
             raise ValueError("s must divide k (k rows in s blocks of k/s buckets)")
-        if self.kind == "gram":
+        if self.kind in features.GRAM_KINDS:
             if (self.k, self.s) != (1, 1):
-                raise ValueError("a gram study is the plain sum: k = 1 and s = 1")
+                raise ValueError(f"a {self.kind} study is the plain sum: k = 1 and s = 1")
             if self.d > features.GRAM_MAX_COLUMNS:
                 raise ValueError(
-                    f"a gram study shares d(d+1)/2 values per client; use a sketch study beyond "
+                    f"a {self.kind} study shares d(d+1)/2 values per client; use a sketch study beyond "
                     f"{features.GRAM_MAX_COLUMNS} columns"
                 )
         if self.kind == "histogram":
@@ -575,7 +575,9 @@ def design(
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
 
-    ``kind="gram"`` makes the plain-sum study of the Gram matrix (k = s = 1, see features.py);
+    ``kind="gram"`` makes the plain-sum study of the Gram matrix (k = s = 1, see features.py),
+    ``kind="moments"`` the same without the row sum and count (less noise for fits that only
+    read A^T A);
     ``kind="histogram"`` the plain-sum study of one-hot cells of ``histogram``'s bins (its axes
     are the columns; ``columns`` and ``label`` may be left empty); ``dpsketch.recommend`` says
     which kind suits given d and n. ``parties`` (a sketch study only) splits the columns into
@@ -612,11 +614,11 @@ def design(
     if expected_reports < 2:
         raise ValueError("expected_reports must be at least 2")
     sigma_local = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
-    if kind == "gram":
+    if kind in features.GRAM_KINDS:
         if k not in (None, 1):
-            raise ValueError("a gram study is the plain sum: k must be 1")
+            raise ValueError(f"a {kind} study is the plain sum: k must be 1")
         if d > features.GRAM_MAX_COLUMNS:
-            raise ValueError(f"a gram study of {d} columns would share {features.width('gram', d)} "
+            raise ValueError(f"a {kind} study of {d} columns would share {features.width(kind, d)} "
                              f"values per client; use a sketch study beyond "
                              f"{features.GRAM_MAX_COLUMNS} columns")
         k = 1
@@ -694,6 +696,12 @@ def design(
             f"Gram: each client shares [a, u(a a^T), 1], {study.width} values, and the servers "
             f"sum them (k = s = 1): the release is the noisy A^T A, row sum and count, "
             f"the central model's sufficient statistics."
+        )
+    elif kind == "moments":
+        transform = (
+            f"Moments: each client shares u(a a^T), {study.width} values, and the servers sum them "
+            f"(k = s = 1): the release is the noisy A^T A alone (no row sum, no count), with the "
+            f"sensitivity of A^T A, for ridge, least squares and PCA on the uncentered Gram."
         )
     elif kind == "l1":
         spec = study.l1_spec
