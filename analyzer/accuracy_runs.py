@@ -301,6 +301,39 @@ def lambda_min_spread(n: int, k: int, draws: int, s: int = 4, seed: int = 7) -> 
     return {**stats(r), "min": float(r.min()), "below_0.97": float(np.mean(r < PROPOSED_SAFETY))}
 
 
+def k_sweep(n: int, ks: Sequence[int], runs: int) -> list[dict[str, Any]]:
+    """The signed sketch study (design()'s defaults) at each k: ridge and PCA ratios over ``runs``
+    data sets (seeds 0..runs-1; the study's seed fixed, so S varies only with the report ids),
+    with the first-order prediction of :func:`ridge_floor` on the first data set."""
+    from dpsketch.protocol import design
+
+    out = []
+    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    for k in ks:
+        ridge, pca, pred = [], [], None
+        for seed in range(runs):
+            data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+            cols = list(data.columns)
+            study, _ = design(name="k", columns=cols, label=data.label, servers=["s1", "s2"],
+                              expected_reports=n, k=k, seed="ab" * 32)
+            li = cols.index(data.label)
+            X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
+            if pred is None:
+                pred = ridge_floor(X, y, alpha, k, cell_variance(study.sigma, n, k,
+                                                                 baselines.server_noise_variance(study))).ratio
+            rel = baselines.simulate_ltm(study, data.rows, np.random.default_rng(seed))
+            ridge.append(evaluation.ridge_ratio(X, y, RidgeRegression(data.label, alpha=alpha).fit(rel).coef_, alpha))
+            low = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
+                                         row_bound=ROW_BOUND)
+            st_p, _ = design(name="k", columns=list(low.columns), label=None, servers=["s1", "s2"],
+                             expected_reports=n, k=k, seed="ab" * 32)
+            rel_p = baselines.simulate_ltm(st_p, low.rows, np.random.default_rng(seed + 100))
+            pca.append(evaluation.pca_ratio(low.rows, PCA(PCA_RANK).fit(rel_p).components_))
+        out.append({"k": k, "secret_sign": study.secret_sign, "lambda_star": study.lambda_star,
+                    "predicted_ridge": pred, "ridge": stats(ridge), "pca": stats(pca)})
+    return out
+
+
 def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
     """The ratios of estimates that learn nothing, on the benchmark's data: ridge with theta = 0
     and PCA with a random 3-dimensional subspace (the yardstick for "no better than predicting
@@ -430,7 +463,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lambda-spread", nargs=2, type=int, metavar=("N", "K"), action="append",
                     help="instead: lambda_min(S S^T) / Bai-Yin over --runs sketches of N reports and K rows "
                     "(repeatable)")
+    ap.add_argument("--k-sweep", nargs="+", type=int, metavar="K",
+                    help="instead: the signed sketch study at each of these k, --runs data sets, first --n")
     args = ap.parse_args(argv)
+    if args.k_sweep:
+        for row in k_sweep(int(args.n[0]), args.k_sweep, args.runs):
+            r, p = row["ridge"], row["pca"]
+            print(f"n = {int(args.n[0]):,}, k = {row['k']}: predicted ridge {row['predicted_ridge']:.3g}; ridge "
+                  f"{r['mean']:.3g} ± {r['sd']:.2g} ({r['median']:.3g}), PCA {p['mean']:.3g} ± {p['sd']:.2g} "
+                  f"({p['median']:.3g}), {r['runs']} runs")
+        return 0
     if args.lambda_spread:
         for n, k in args.lambda_spread:
             res = lambda_min_spread(n, k, args.runs)

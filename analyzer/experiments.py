@@ -4,7 +4,7 @@ Reproduce everything in ``docs/experiments/`` (plots, ``results.md``, ``results.
 command from the repository root (needs the ``experiments`` extra: matplotlib, scikit-learn and,
 for the larger real data sets, statsmodels)::
 
-    # what docs/accuracy.md shows: 20 runs per cell, LTM releases drawn in law (86 min, shared 2 cores)
+    # what docs/accuracy.md shows: 20 runs per cell, LTM releases drawn in law (see results.md for the time)
     nice -n 10 .venv/bin/dpsketch experiments --ltm simulate --seeds 20 --real-seeds 20 --jobs 2
     .venv/bin/dpsketch experiments --jobs 2        # the real client/server code, 3 seeds
     .venv/bin/dpsketch experiments --quick --out /tmp/x   # bounded form (< 60 s), used by the tests
@@ -560,8 +560,10 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         f"||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 at rank {PCA_RANK}. Each cell: mean ± sample sd "
         f"(median) over {runs_text(summary)}. "
         "delta = 1e-6, replace-one, B = 1 (0.99 quantile of row norms, rest clipped), servers s1, s2; "
-        "LTM studies have design()'s default floor epsilon_floor = max(4, epsilon) (each server adds "
-        "N(0, server_sigma^2) per released cell, docs/trust.md).",
+        "LTM studies have design()'s defaults: the floor epsilon_floor = max(4, epsilon) (each server adds "
+        "N(0, server_sigma^2) per released cell, docs/trust.md), lambda_star at 0.97 of the Bai-Yin "
+        "estimate, and the sketch study signed with the secret sign (each row times a secret +-1 before "
+        "its noise, docs/secret_sign.md).",
         "",
         ("* **LTM sketch**, **LTM Gram**: drawn in law by `simulate_pipeline` (the study as designed, "
          "the protocol hash over random report ids, the client noise at sigma and each server's noise, "
@@ -573,7 +575,9 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
          "each server's own noise `study.server_noise()` (the floor, as `services/store.py` adds it); "
          "`release_from_ring_sum`; estimators). Not seedable: the sd is over independent runs."),
         "* **local**, **central**: `baselines.simulate_local` / `simulate_central` (numpy-seeded "
-        "simulations; central = SSP for ridge, Analyze Gauss for PCA).",
+        "simulations; central = SSP for ridge, Analyze Gauss for PCA). **local (secret sign)**: the "
+        "local model with each row signed before its noise, calibrated by the secret sign's "
+        "certified bound at lambda = 1 (`baselines.signed_local_sigma`, docs/secret_sign.md section 7a).",
     ]
     if extras:
         lines.append("* **AdaSSP**, **DGM-OLS**, **RMGM-OLS**: `evaluation.central_baselines` "

@@ -53,3 +53,12 @@ def test_trivial_ratios_are_what_learning_nothing_scores():
     res = ar.trivial_ratios(2_000, 3)
     assert res["ridge_theta_zero"]["mean"] > 3 and res["pca_random_subspace"]["mean"] > 5
     assert res["ridge_theta_zero"]["runs"] == 3
+
+
+def test_k_sweep_runs_the_signed_design_at_each_k():
+    rows = ar.k_sweep(20_000, [20, 40], 1)
+    assert [r["k"] for r in rows] == [20, 40] and all(r["secret_sign"] for r in rows)
+    assert rows[0]["lambda_star"] > rows[1]["lambda_star"]  # more rows, fewer reports per row
+    for r in rows:
+        assert math.isfinite(r["predicted_ridge"]) and r["ridge"]["runs"] == 1
+        assert r["ridge"]["mean"] >= 1.0 - 1e-9 and r["pca"]["mean"] >= 1.0 - 1e-9

@@ -146,6 +146,30 @@ def test_create_refuses_the_sign_where_it_does_not_apply(shared_cluster):
         assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
 
 
+def test_study_cli_signs_by_default_and_opts_out(shared_cluster, capsys):
+    """``dpsketch study create``: a sketch study is signed unless --no-secret-sign; --secret-sign on
+    a gram study is refused (exit 1, the problem on stderr) and provisions nothing."""
+    import json
+
+    from analyzer.cli import main as study_cli
+
+    c = shared_cluster
+    base = ["--analyzer", c.analyzer.url, "--token", c.api_token, "create", "--columns", "x0,x1,y",
+            "--label", "y", "--expected-reports", "5000"]
+    assert study_cli(base + ["--name", "cli-default"]) == 0
+    assert json.loads(capsys.readouterr().out)["study"]["secret_sign"] is True
+    assert study_cli(base + ["--name", "cli-plain", "--no-secret-sign"]) == 0
+    assert "secret_sign" not in json.loads(capsys.readouterr().out)["study"]
+    assert study_cli(base + ["--name", "cli-on", "--secret-sign"]) == 0
+    assert json.loads(capsys.readouterr().out)["study"]["secret_sign"] is True
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        before = an.studies()
+    assert study_cli(base + ["--name", "cli-gram", "--kind", "gram", "--secret-sign"]) != 0
+    assert "secret_sign" in capsys.readouterr().err
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        assert an.studies() == before
+
+
 def test_release_of_a_signed_study_is_the_sketch_of_the_signed_rows(servers, monkeypatch):
     """No server noise (a policy that allows it), so the release is exactly S(TA + G): the servers
     treat a signed study like any other; every client row went out multiplied by one +-1, about
