@@ -341,6 +341,26 @@ def test_signed_studies_never_need_more_noise_than_plain_ones(eps, neighbouring)
     assert accounting.report_epsilon(*args, secret_sign=True) <= accounting.report_epsilon(*args)
 
 
+def test_a_radius_beyond_the_evaluated_range_falls_back_to_the_plain_gaussian():
+    """A signed study with little noise and no floor has an enormous radius at lambda = 1 (its
+    floor): r = B / sigma ~ 1200 here. The mixture is not evaluated beyond secret_sign.MAX_RADIUS
+    (its arrays grow like r: such a study once took an analyzer to 7 GB); the floor's epsilon is
+    the plain Gaussian's of the same noise (Lemma 0), and the ledger charges the plain PLD there."""
+    from dpsketch.protocol import ledger
+
+    st = _design(expected_reports=10 ** 9, epsilon_floor=None, columns=["a", "b"], label=None)
+    assert st.secret_sign and st.server_sigma == 0
+    m = st.mechanism
+    r = ss.replace_radius_of(st.row_bound, m.sigma, m.server_sigma, 1.0)
+    assert r > 50 * ss.MAX_RADIUS
+    assert math.isinf(ss.report_epsilon("replace-one", st.row_bound, m.sigma, m.server_sigma, 1.0, st.width, 1e-6))
+    args = ("replace-one", "sketch", st.row_bound, m.sigma, m.server_sigma, 1.0, st.width, 1e-6)
+    assert accounting.report_epsilon(*args, secret_sign=True) == accounting.report_epsilon(*args)
+    assert st.guarantees()["epsilon"] <= 1.0 + 1e-9  # at lambda_star the mixture still applies
+    charged = ledger.compose([ledger.Charge.of(st)], "replace-one", 1e-6).epsilon
+    assert charged == pytest.approx(st.guarantees()["epsilon"], abs=2.5e-3)
+
+
 def test_a_signed_studys_noise_is_not_enough_without_the_sign():
     signed = _design(secret_sign=True)
     fields = signed.model_dump()

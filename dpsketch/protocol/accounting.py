@@ -337,7 +337,8 @@ def calibrate(neighbouring: privacy.Neighbouring, kind: features.Kind, row_bound
 
         def need(e: float) -> float:
             plain = (delta_ro * privacy.unit_sigma(e, delta)) ** 2
-            if e > _sign.MAX_EPSILON:  # beyond the mixture's computed range: the plain Gaussian's
+            # beyond the mixture's computed range (MAX_EPSILON, MAX_RADIUS): the plain Gaussian's
+            if e > _sign.MAX_EPSILON or _sign.replace_radius(e, delta) >= _sign.MAX_RADIUS:
                 return plain * (1.0 + CALIBRATION_MARGIN) ** 2
             return min(_sign.variance_needed(row_bound, e, delta), plain) * (1.0 + CALIBRATION_MARGIN) ** 2
 
@@ -441,12 +442,16 @@ def study_pld(neighbouring: str, kind: str, row_bound: float, sigma: float, serv
     """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
+    notion = notion or neighbouring
     if secret_sign:
         from . import secret_sign as _sign
 
-        return _sign.study_pld(neighbouring, row_bound, sigma, server_sigma, honest_lambda, width,
-                               notion, grid)
-    notion = notion or neighbouring
+        # beyond the mixture's evaluated radius the plain Gaussian's PLD (Lemma 0 of
+        # docs/secret_sign.md: it dominates the signed experiment too)
+        if not (notion == "replace-one" and _sign.replace_radius_of(
+                row_bound, sigma, server_sigma, honest_lambda) > _sign.MAX_RADIUS):
+            return _sign.study_pld(neighbouring, row_bound, sigma, server_sigma, honest_lambda, width,
+                                   notion, grid)
     s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
     if notion == "replace-one":
         mu = _replace_mu(kind, row_bound, s2, t2, honest_lambda)

@@ -476,7 +476,8 @@ def _noise_line(study: Study, own_local: float) -> str:
             + (", the report's own noise leaving with it included" if study.neighbouring == "add-remove"
                else "") + "."
             + (" Each client signs its row with a secret +-1 before its noise, so the noise is "
-               "calibrated for the symmetric Gaussian mixture (docs/secret_sign.md)." if study.secret_sign
+               "calibrated for the symmetric Gaussian mixture (docs/secret_sign.md; the default for a "
+               "sketch study, secret_sign=false opts out)." if study.secret_sign
                else ""))
 
 
