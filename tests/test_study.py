@@ -131,6 +131,9 @@ def test_lambda_star_asks_for_097_of_bai_yin_with_enough_reports_per_row(monkeyp
     assert st.lambda_star == pytest.approx(0.97 * est - st.t)
     small = make(k=200)  # 9000 / 200 = 45 reports per row
     assert small.lambda_star == pytest.approx(0.9 * privacy.expected_lambda_min(small.min_reports, 200))
+    # min_reports at the expected count: committed at about min_reports, so 0.9 (no margin)
+    full = make(min_reports=10_000)
+    assert full.lambda_star == pytest.approx(0.9 * privacy.expected_lambda_min(10_000, full.k))
     # less client noise for the same epsilon than the earlier 0.9 gave (same seed, same S)
     monkeypatch.setattr(privacy, "LAMBDA_SAFETY", 0.9)
     before = make(seed=st.seed)

@@ -109,7 +109,8 @@ def expected_lambda_min(n: int, k: int) -> float:
 
 
 #: Fraction of the Bai-Yin estimate that a study asks for as lambda_star when it has at least
-#: LAMBDA_SAFETY_MIN_RATIO reports per sketch row at min_reports (every default design does:
+#: LAMBDA_SAFETY_MIN_RATIO reports per sketch row at min_reports and min_reports is at most 0.9 of
+#: the expected count (every default design does:
 #: ``study.default_k`` keeps k <= n/100 and min_reports = 0.9 n). Measured lambda_min / Bai-Yin
 #: for block OSNAP (s = 4, 400 draws each; docs/accuracy.md): mean 0.99-1.06, sd 0.7-2.6 %, below
 #: 0.97 in 0 / 0.25 / 1.25 / 1.0 / 0 % of draws at n/k = 90 / 112 / 112 / 225 / 450. A draw below
@@ -124,18 +125,26 @@ LAMBDA_SAFETY_SMALL = 0.9
 LAMBDA_SAFETY_MIN_RATIO = 90
 
 
-def lambda_safety(min_reports: int, k: int) -> float:
-    """The fraction of the Bai-Yin estimate :func:`choose_lambda_star` asks for."""
-    return LAMBDA_SAFETY if min_reports >= LAMBDA_SAFETY_MIN_RATIO * k else LAMBDA_SAFETY_SMALL
+def lambda_safety(min_reports: int, k: int, expected_reports: int | None = None) -> float:
+    """The fraction of the Bai-Yin estimate :func:`choose_lambda_star` asks for: LAMBDA_SAFETY
+    with at least LAMBDA_SAFETY_MIN_RATIO reports per row at min_reports and min_reports at most
+    0.9 of the expected count (design()'s default: the count that arrives is then about 10 % above
+    min_reports, and lambda_min with it), else LAMBDA_SAFETY_SMALL. A study whose min_reports is
+    the expected count is committed at about min_reports, where 0.97 would refuse 1-2 % of them."""
+    if min_reports < LAMBDA_SAFETY_MIN_RATIO * k:
+        return LAMBDA_SAFETY_SMALL
+    if expected_reports is not None and min_reports > 0.9 * expected_reports:
+        return LAMBDA_SAFETY_SMALL
+    return LAMBDA_SAFETY
 
 
-def choose_lambda_star(min_reports: int, k: int, t: int) -> float:
+def choose_lambda_star(min_reports: int, k: int, t: int, expected_reports: int | None = None) -> float:
     """A lambda_star that a study with at least ``min_reports`` reports will certify (with high
     probability; the servers' certificate decides, and refuses otherwise)."""
     if k == 1:
         # The plain sum: S S^T = n exactly, the certificate is n - t.
         return float(max(1, min_reports - t))
-    estimate = lambda_safety(min_reports, k) * expected_lambda_min(min_reports, k) - t
+    estimate = lambda_safety(min_reports, k, expected_reports) * expected_lambda_min(min_reports, k) - t
     if estimate < 1.0:
         raise ValueError(
             f"min_reports={min_reports} is too small for k={k}: lambda_min(S S^T) would not "

@@ -645,7 +645,7 @@ def design(
         l1 = L1Params(level0_buckets=spec.level0_buckets, levels=spec.levels, buckets=spec.buckets,
                       branching=spec.branching)
     else:
-        lambda_star = privacy.choose_lambda_star(min_reports, k, t)
+        lambda_star = privacy.choose_lambda_star(min_reports, k, t, expected_reports)
     if epsilon_floor == "default":
         epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
     width = histogram.cells if histogram is not None else features.width(kind, d)
@@ -729,7 +729,7 @@ def design(
             f"a report at n = min_reports; servers check every report's exact leverage <= "
             f"1 / lambda_star before they release."
             if kind == "l1"
-            else f"lambda_star = {lambda_star:.1f}: {privacy.lambda_safety(min_reports, k)} x the expected "
+            else f"lambda_star = {lambda_star:.1f}: {privacy.lambda_safety(min_reports, k, expected_reports)} x the expected "
             f"lambda_min(S S^T) ~ (n/k)(1 - sqrt(k/n))^2 at n = min_reports, minus t = {t}."
         ),
         _noise_line(study, own_local),
