@@ -688,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per prepare_batch call, bounds memory (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (default: %(default)s; the docs' run, --ltm simulate --seeds 20 "
-                   "--real-seeds 20, took 86 min with --jobs 2 on a shared 2-core machine)")
+                   "--real-seeds 20, took 52 min with --jobs 2 on a shared, loaded 2-core machine)")
     p.add_argument("--from-json", metavar="FILE",
                    help="re-draw the plots and results.md from a previous run's results.json, run nothing")
     p.add_argument("--ltm", choices=["pipeline", "simulate"], default="pipeline",
