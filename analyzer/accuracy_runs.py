@@ -8,21 +8,24 @@ much more precise than the spread of either. S is drawn by :func:`random_osnap` 
 hash's law, faster). Variants:
 
 sketch kind (``design()``'s study: k, lambda_star, sigma, server_sigma)
-  * ``today``: the study as designed; ridge with the evaluation's penalty alpha = 1e-3 n B^2
-    and the debiased Gram (what ``dpsketch experiments`` reports), PCA on the debiased Gram;
-  * ``lambda97``: lambda_star = 0.97 x the Bai-Yin estimate at n = min_reports, minus t, instead
-    of 0.9 x (a proposed ``privacy.LAMBDA_SAFETY``; the client and server noise recalibrated by
-    ``accounting.calibrate``; the certificate is checked on the same S, refusals are counted);
+  * ``today``: the study as designed *without* the secret sign (``secret_sign=False``, the
+    baseline of issue 15); ridge with the evaluation's penalty alpha = 1e-3 n B^2 and the debiased
+    Gram (what ``dpsketch experiments`` reports), PCA on the debiased Gram;
+  * ``lambda97``: lambda_star = 0.97 x the Bai-Yin estimate at n = min_reports, minus t (the
+    client and server noise recalibrated by ``accounting.calibrate``; the certificate is checked
+    on the same S, refusals are counted). Since ``privacy.LAMBDA_SAFETY`` became 0.97 (for
+    n/k >= 90 at min_reports, every default design) this is today's design: the variant is kept to
+    reproduce the measurement that led to it (docs/experiments/design_results.md, made at 0.9);
   * ``fuller1`` / ``fuller4`` (ridge): Fuller's (1987, section 2.5) modification of the
     errors-in-variables estimator, :func:`fuller_ridge`, with alpha_F = 1 or 4;
-  * ``sign``: PROVISIONAL. Each row multiplied by a secret sign t_i = +-1 before its noise, and
-    the client noise variance sigma^2 multiplied by ``--sign-factor`` (default: the unproven
-    factors 0.059 / 0.101 / 0.209 at epsilon 0.5 / 1 / 4 quoted in issue 15; the servers' noise
-    is left as designed). Use it to re-run the figures once the calibration is proven;
+  * ``sign``: the secret sign as ``design()`` makes it by default (docs/secret_sign.md): each row
+    multiplied by its own t_i = +-1 before its noise, client and server noise from the proven
+    calibration (same k, lambda_star and S). ``--sign-factor F`` instead keeps today's server
+    noise and scales the client noise variance by F (the provisional form of issue 15);
   * ``two_round`` (ridge): a pilot study on the first half of the clients gives theta0; the
     second half shares [x, b (y - x . theta0)] in a second study (b from the pilot's release),
     theta = theta0 + delta / b. Disjoint clients: each is in one study at (epsilon, delta).
-    ``two_round_sign`` adds the provisional secret sign to both rounds;
+    ``two_round_sign`` adds the secret sign to both rounds;
 
 gram kind
   * ``gram``: the study as designed ([a, u(a a^T), 1], sensitivity sqrt(2 B^4 + 2 B^2 + 1/2));
@@ -60,9 +63,6 @@ from .experiments import CLIP_QUANTILE, D, PCA_RANK, ROW_BOUND, design_study
 from .release import GramRelease, SketchRelease
 from .sketch_floor import cell_variance, ridge_floor
 
-#: PROVISIONAL (issue 15, a numerical study, not proven): sigma^2 factor a secret sign per
-#: client would allow at the same (epsilon, delta). Only for labelled provisional figures.
-PROVISIONAL_SIGN_FACTORS = {0.5: 0.059, 1.0: 0.101, 4.0: 0.209}
 #: The fraction of the Bai-Yin estimate the ``lambda97`` variant asks for.
 PROPOSED_SAFETY = 0.97
 
@@ -126,8 +126,18 @@ class SketchDraw:
 
 
 def sign_study(study: Study, factor: float) -> Study:
-    """PROVISIONAL: client noise variance times ``factor`` (servers' noise unchanged)."""
+    """The ``--sign-factor`` form: client noise variance times ``factor`` (servers' noise unchanged)."""
     return _copy(study, sigma=study.sigma * math.sqrt(factor))
+
+
+def signed_design(columns, label, n: int, epsilon: float, tag, factor: float | None,
+                  unsigned: Study | None = None) -> Study:
+    """The signed study: design()'s secret-sign calibration, or with ``factor`` the unsigned
+    study's client noise variance times it."""
+    if factor is not None:
+        base = unsigned or design_study(columns, label, n, epsilon, "sketch", tag, secret_sign=False)
+        return sign_study(base, factor)
+    return design_study(columns, label, n, epsilon, "sketch", tag, secret_sign=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,17 +155,18 @@ def ridge_coef(release, label: str, alpha: float) -> np.ndarray:
 
 
 def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generator, *, alpha: float,
-              sign_factor: float | None, tag: Sequence[Any]) -> tuple[np.ndarray, dict]:
+              signed: bool, sign_factor: float | None, tag: Sequence[Any]) -> tuple[np.ndarray, dict]:
     """theta from the two-round protocol (see the module docstring); returns it with details."""
     n = data.n
     half = n // 2
     li = data.columns.index(data.label)
     pilot_rows, rest = data.rows[:half], data.rows[half:]
-    st1 = design_study(list(data.columns), data.label, half, study_full.epsilon, "sketch", (*tag, "pilot"))
-    if sign_factor is not None:
-        st1 = sign_study(st1, sign_factor)
+    tag1 = (*tag, "pilot")
+    st1 = (signed_design(list(data.columns), data.label, half, study_full.epsilon, tag1, sign_factor)
+           if signed else design_study(list(data.columns), data.label, half, study_full.epsilon, "sketch",
+                                       tag1, secret_sign=False))
     d1 = SketchDraw(st1, half, rng)
-    rel1 = d1.release(st1, pilot_rows, secret_sign=sign_factor is not None)
+    rel1 = d1.release(st1, pilot_rows, secret_sign=signed)
     a1 = evaluation.default_alpha(half, ROW_BOUND)
     theta0 = ridge_coef(rel1, data.label, a1)
     g = rel1.gram(debias=True)
@@ -169,11 +180,12 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
     second[:, li] = b * (rest[:, li] - x @ theta0)
     second = baselines.clip_rows(second, ROW_BOUND)
     m = n - half
-    st2 = design_study(list(data.columns), data.label, m, study_full.epsilon, "sketch", (*tag, "second"))
-    if sign_factor is not None:
-        st2 = sign_study(st2, sign_factor)
+    tag2 = (*tag, "second")
+    st2 = (signed_design(list(data.columns), data.label, m, study_full.epsilon, tag2, sign_factor)
+           if signed else design_study(list(data.columns), data.label, m, study_full.epsilon, "sketch",
+                                       tag2, secret_sign=False))
     d2 = SketchDraw(st2, m, rng)
-    rel2 = d2.release(st2, second, secret_sign=sign_factor is not None)
+    rel2 = d2.release(st2, second, secret_sign=signed)
     delta = ridge_coef(rel2, data.label, evaluation.default_alpha(m, ROW_BOUND))
     return theta0 + delta / b, {"b": b, "k1": st1.k, "k2": st2.k}
 
@@ -193,9 +205,9 @@ def sketch_run(task: str, n: int, epsilon: float, seed: int, variants: Sequence[
         data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
                                       row_bound=ROW_BOUND)
     tag = ("accuracy-runs", task, n, epsilon, seed)
-    study = design_study(list(data.columns), data.label, n, epsilon, "sketch", tag)
+    study = design_study(list(data.columns), data.label, n, epsilon, "sketch", tag, secret_sign=False)
     draw = SketchDraw(study, n, rng)
-    factor = sign_factor if sign_factor is not None else PROVISIONAL_SIGN_FACTORS.get(epsilon)
+    factor = sign_factor
     alpha = evaluation.default_alpha(n, ROW_BOUND)
     out: dict[str, Any] = {"task": task, "n": n, "epsilon": epsilon, "seed": seed, "k": study.k,
                            "lambda_star": study.lambda_star, "lambda_min": draw.lambda_min,
@@ -228,18 +240,17 @@ def sketch_run(task: str, n: int, epsilon: float, seed: int, variants: Sequence[
                 continue
             rel = draw.release(recalibrated(study, lam), data.rows)
         elif v == "sign":
-            if factor is None:
-                continue
-            rel = draw.release(sign_study(study, factor), data.rows, secret_sign=True)
+            signed = signed_design(list(data.columns), data.label, n, epsilon, tag, factor, study)
+            assert (signed.k, signed.s, signed.seed) == (study.k, study.s, study.seed)  # the same S
+            out["sign_noise"] = {"sigma": signed.sigma, "server_sigma": signed.server_sigma}
+            rel = draw.release(signed, data.rows, secret_sign=True)
         elif v in ("fuller1", "fuller4"):
             rel = draw.release(study, data.rows)
             out["ratios"][v] = ratio(fuller_ridge(rel, data.label, alpha, float(v[-1])))
             continue
         elif v in ("two_round", "two_round_sign"):
-            if v == "two_round_sign" and factor is None:
-                continue
-            theta, info = two_round(study, data, rng, alpha=alpha,
-                                    sign_factor=factor if v == "two_round_sign" else None, tag=(*tag, v))
+            theta, info = two_round(study, data, rng, alpha=alpha, signed=v == "two_round_sign",
+                                    sign_factor=factor, tag=(*tag, v))
             out["ratios"][v] = ratio(theta)
             out[v] = info
             continue
@@ -288,6 +299,39 @@ def lambda_min_spread(n: int, k: int, draws: int, s: int = 4, seed: int = 7) -> 
     r = np.array([np.linalg.eigvalsh((m @ m.T).toarray())[0] / est
                   for m in (random_osnap(k, s, n, rng) for _ in range(draws))])
     return {**stats(r), "min": float(r.min()), "below_0.97": float(np.mean(r < PROPOSED_SAFETY))}
+
+
+def k_sweep(n: int, ks: Sequence[int], runs: int) -> list[dict[str, Any]]:
+    """The signed sketch study (design()'s defaults) at each k: ridge and PCA ratios over ``runs``
+    data sets (seeds 0..runs-1; the study's seed fixed, so S varies only with the report ids),
+    with the first-order prediction of :func:`ridge_floor` on the first data set."""
+    from dpsketch.protocol import design
+
+    out = []
+    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    for k in ks:
+        ridge, pca, pred = [], [], None
+        for seed in range(runs):
+            data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+            cols = list(data.columns)
+            study, _ = design(name="k", columns=cols, label=data.label, servers=["s1", "s2"],
+                              expected_reports=n, k=k, seed="ab" * 32)
+            li = cols.index(data.label)
+            X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
+            if pred is None:
+                pred = ridge_floor(X, y, alpha, k, cell_variance(study.sigma, n, k,
+                                                                 baselines.server_noise_variance(study))).ratio
+            rel = baselines.simulate_ltm(study, data.rows, np.random.default_rng(seed))
+            ridge.append(evaluation.ridge_ratio(X, y, RidgeRegression(data.label, alpha=alpha).fit(rel).coef_, alpha))
+            low = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
+                                         row_bound=ROW_BOUND)
+            st_p, _ = design(name="k", columns=list(low.columns), label=None, servers=["s1", "s2"],
+                             expected_reports=n, k=k, seed="ab" * 32)
+            rel_p = baselines.simulate_ltm(st_p, low.rows, np.random.default_rng(seed + 100))
+            pca.append(evaluation.pca_ratio(low.rows, PCA(PCA_RANK).fit(rel_p).components_))
+        out.append({"k": k, "secret_sign": study.secret_sign, "lambda_star": study.lambda_star,
+                    "predicted_ridge": pred, "ridge": stats(ridge), "pca": stats(pca)})
+    return out
 
 
 def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
@@ -349,8 +393,9 @@ def markdown(records: list[dict[str, Any]], argv: Sequence[str], seconds: float)
              "(simulation: numpy block OSNAP and noise; see the module docstring for every variant). "
              "Cells: mean ± sd (median) over the runs; Δ: paired mean difference to the first "
              "column ± its standard error. d = 10, delta = 1e-6, replace-one, B = 1, 0.99-quantile "
-             "scaling. **sign** and **two_round_sign** use the PROVISIONAL, unproven sigma^2 "
-             "factors of issue 15.", ""]
+             "scaling. *today* is design()'s study without the secret sign; **sign** and "
+             "**two_round_sign** are design()'s secret-sign studies (the proven calibration, "
+             "docs/secret_sign.md) unless the command gives --sign-factor.", ""]
     for kind in ("sketch", "gram"):
         summ = summarize(records, kind)
         if not summ:
@@ -407,8 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=None,
                     help=f"sketch variants (default: ridge {' '.join(SKETCH_RIDGE)}; pca {' '.join(SKETCH_PCA)})")
     ap.add_argument("--sign-factor", type=float, default=None,
-                    help="sigma^2 factor of the secret-sign variants (default: the PROVISIONAL "
-                    "factors of issue 15 by epsilon); set it to the proven calibration's to re-run")
+                    help="instead of design()'s secret-sign calibration: today's study with the client "
+                    "noise variance times this factor (servers' noise unchanged)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json (default: print only)")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
@@ -418,7 +463,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lambda-spread", nargs=2, type=int, metavar=("N", "K"), action="append",
                     help="instead: lambda_min(S S^T) / Bai-Yin over --runs sketches of N reports and K rows "
                     "(repeatable)")
+    ap.add_argument("--k-sweep", nargs="+", type=int, metavar="K",
+                    help="instead: the signed sketch study at each of these k, --runs data sets, first --n")
     args = ap.parse_args(argv)
+    if args.k_sweep:
+        for row in k_sweep(int(args.n[0]), args.k_sweep, args.runs):
+            r, p = row["ridge"], row["pca"]
+            print(f"n = {int(args.n[0]):,}, k = {row['k']}: predicted ridge {row['predicted_ridge']:.3g}; ridge "
+                  f"{r['mean']:.3g} ± {r['sd']:.2g} ({r['median']:.3g}), PCA {p['mean']:.3g} ± {p['sd']:.2g} "
+                  f"({p['median']:.3g}), {r['runs']} runs")
+        return 0
     if args.lambda_spread:
         for n, k in args.lambda_spread:
             res = lambda_min_spread(n, k, args.runs)

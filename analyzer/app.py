@@ -65,10 +65,12 @@ class CreateStudy(PrivacyTarget):
     columns: list[str] = Field(default_factory=list, max_length=4096,
                                description="the columns (a histogram study's are its axes: omit them)")
     label: str | None = None
-    kind: Literal["sketch", "gram", "histogram", "l1", "auto"] = Field(
+    kind: Literal["sketch", "gram", "moments", "histogram", "l1", "auto"] = Field(
         default="sketch",
         description="sketch: OSNAP sketch of the rows; gram: plain sum of [a, u(a a^T), 1] "
-        "(central-model accuracy, about d^2/2 values per client); histogram: plain sum of the "
+        "(central-model accuracy, about d^2/2 values per client); moments: plain sum of u(a a^T) "
+        "alone (no row sum or count: 0.44 of the gram kind's noise variance, for ridge, least "
+        "squares and PCA on the uncentered Gram); histogram: plain sum of the "
         "one-hot cell of each client's value(s) in `histogram`'s bins; l1: the multi-level l1 "
         "sketch of the rows, for least absolute deviations (analyses/lad); auto: gram when its upload "
         "fits the analyzer's budget and no server's published max_study_bytes refuses it, else "
@@ -91,11 +93,12 @@ class CreateStudy(PrivacyTarget):
         "(a stable id chosen by whoever enrols the clients): every share server charges the study to "
         "that population's privacy ledger and refuses it past its budget (409 budget-exceeded, "
         "docs/ledger.md); omitted: charged to nothing")
-    secret_sign: bool = Field(
-        default=False, description="a sketch study whose clients multiply their clipped rows by a "
-        "secret sign before the noise, calibrated for it: the same epsilon with much less noise "
-        "(docs/secret_sign.md); only for kind sketch with k > 1 and no parties (422 invalid-study "
-        "otherwise)")
+    secret_sign: bool | None = Field(
+        default=None, description="clients multiply their clipped rows by a secret sign before the "
+        "noise, and the noise is calibrated for it: the same epsilon with much less noise "
+        "(docs/secret_sign.md). Omitted or null: on for a sketch study with k > 1 and no parties, "
+        "off for every other study; false: opt out; true on a study that cannot take it: 422 "
+        "invalid-study")
 
 
 class RecommendRequest(PrivacyTarget):
@@ -179,7 +182,7 @@ class PCAResult(BaseModel):
 class SketchView(BaseModel):
     study_id: str
     columns: list[str]
-    kind: str = Field(description="the study kind: sketch or gram")
+    kind: str = Field(description="the study kind: sketch, gram, moments, histogram or l1")
     k: int
     n_reports: int
     sigma: float

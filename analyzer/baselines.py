@@ -7,7 +7,9 @@ like:
 * **non-private** (:func:`exact_gram`): A^T A of the clipped rows;
 * **local model** (:func:`simulate_local`): each client adds N(0, sigma_local^2) per coordinate
   to its clipped row, sigma_local = Delta / mu_star (:func:`privacy.local_sigma`), no sketch;
-  estimators run on the noisy rows' Gram;
+  estimators run on the noisy rows' Gram. With ``secret_sign`` each client first multiplies its
+  row by a secret +-1 and sigma_local is the secret sign's calibration at lambda = 1 and no
+  server noise (:func:`signed_local_sigma`, docs/secret_sign.md section 7a);
 * **central model** (:func:`central_gram`): a trusted curator releases A^T A plus symmetric
   Gaussian noise calibrated to the sensitivity of the Gram (:func:`gram_sensitivity`). For
   regression on [X, y] this is sufficient statistics perturbation (SSP, Vu and Slavkovic 2009);
@@ -199,6 +201,24 @@ class LocalRelease(SecondMomentsBase):
         return g
 
 
+def signed_local_sigma(epsilon: float, delta: float, row_bound: float,
+                       neighbouring: privacy.Neighbouring) -> float:
+    """The local model's noise when each client signs its row with a secret +-1 first.
+
+    What the adversary sees of client i is z = t x + g, g ~ N(0, sigma^2 I), and it knows every
+    other client's row: whitened, z / sigma = t x / sigma + N(0, I), which is the secret sign's
+    replace-one experiment of docs/secret_sign.md section 1 with l = 1 / sigma^2 (lambda = 1: no
+    other report shares its cells; tau = 0: no server noise). So its certified calibration
+    applies unchanged: sigma^2 = B^2 / r(epsilon, delta)^2 (``secret_sign.variance_needed``).
+    Replace-one only: the add/remove counterpart (the mixture against the row's absence) is not
+    calibrated here."""
+    if neighbouring != "replace-one":
+        raise ValueError("the signed local model is calibrated for replace-one only")
+    from dpsketch.protocol import secret_sign
+
+    return math.sqrt(secret_sign.variance_needed(row_bound, epsilon, delta))
+
+
 def local_release(
     clipped_rows: np.ndarray,
     columns: Sequence[str],
@@ -208,19 +228,33 @@ def local_release(
     row_bound: float,
     neighbouring: privacy.Neighbouring,
     rng: np.random.Generator,
+    secret_sign: bool = False,
 ) -> LocalRelease:
     """Each client adds N(0, sigma_local^2), sigma_local = privacy.local_sigma(...), to its
-    (already clipped) row and publishes it."""
-    sigma_l = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
-    noisy = clipped_rows + rng.normal(0.0, sigma_l, size=clipped_rows.shape)
+    (already clipped) row and publishes it; with ``secret_sign`` it first multiplies the row by a
+    secret +-1 and sigma_local is :func:`signed_local_sigma`. The Gram of the published rows has
+    the same law either way ((t a)(t a)^T = a a^T), so the estimators are unchanged."""
+    rows = np.asarray(clipped_rows, dtype=np.float64)
+    if secret_sign:
+        sigma_l = signed_local_sigma(epsilon, delta, row_bound, neighbouring)
+        rows = rows * secret_signs(rng, rows.shape[0])[:, None]
+    else:
+        sigma_l = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
+    noisy = rows + rng.normal(0.0, sigma_l, size=rows.shape)
     return LocalRelease(columns=list(columns), noisy_rows=noisy, sigma=sigma_l)
 
 
-def simulate_local(study: Study, rows: np.ndarray, rng: np.random.Generator) -> LocalRelease:
+def simulate_local(study: Study, rows: np.ndarray, rng: np.random.Generator, *,
+                   secret_sign: bool = False) -> LocalRelease:
     """:func:`local_release` of the rows clipped to the study's B, at its privacy target."""
     return local_release(_check_rows(study, rows), study.columns, epsilon=study.epsilon,
                          delta=study.delta, row_bound=study.row_bound,
-                         neighbouring=study.neighbouring, rng=rng)
+                         neighbouring=study.neighbouring, rng=rng, secret_sign=secret_sign)
+
+
+def secret_signs(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n secret signs +-1 for a simulation (numpy; the SDK draws them from its CSPRNG)."""
+    return rng.choice(np.array([-1.0, 1.0]), size=n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,28 +327,30 @@ def simulate_ltm(
 
     With ``return_inputs=True`` returns ``(release, report_ids, noise)``.
 
-    A gram study (k = 1) gives a :class:`GramSumRelease`: the clients' feature vectors
-    [a, u(a a^T), 1] are summed and the sum of their n noise vectors is drawn at once as
+    A gram or moments study (k = 1) gives a :class:`GramSumRelease`: the clients' feature vectors
+    ([a, u(a a^T), 1], or u(a a^T)) are summed and the sum of their n noise vectors is drawn at once as
     N(0, n sigma^2) per coordinate (the same law, without the 20 sigma cut; ``via_ring`` and
     ``return_inputs`` then draw per-client noise instead).
     """
     a = _check_rows(study, rows)
     n = a.shape[0]
-    if study.kind == "gram":
+    if study.kind in features.GRAM_KINDS:
         if not (via_ring or return_inputs):
             total = np.zeros(study.width)
             step = max(1, 4_000_000 // study.width)  # bounded memory for wide feature vectors
             for start in range(0, n, step):
-                total += features.gram_features(a[start : start + step]).sum(axis=0)
+                total += features.client_vectors(study.kind, a[start : start + step]).sum(axis=0)
             total += rng.normal(0.0, np.sqrt(study.sigma ** 2 * n + server_noise_variance(study)),
                                 size=study.width)
             return GramSumRelease(study=study, values=total, n_reports=n)
-        phi = features.gram_features(a)
+        phi = features.client_vectors(study.kind, a)
         ids = random_report_ids(n, rng)
         g = _truncated_normal(rng, study.sigma, phi.shape) if study.sigma > 0 else np.zeros(phi.shape)
         release = release_from_ring_sum(study, ltm_ring_sum(study, ids, phi + g, rng), n)
         return (release, ids, g) if return_inputs else release
     ids = random_report_ids(n, rng)
+    if study.secret_sign:  # each client signs its clipped row before its noise (prepare.py)
+        a = a * secret_signs(rng, n)[:, None]
     g = _truncated_normal(rng, study.sigma, a.shape) if study.sigma > 0 else np.zeros(a.shape)
     if via_ring:
         release = SketchRelease.from_ring_sum(study, ltm_ring_sum(study, ids, a + g, rng), n)

@@ -35,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--row-bound", type=float, default=1.0)
     c.add_argument("--neighbouring", choices=["replace-one", "add-remove"], default="replace-one")
     c.add_argument("--t", type=int, default=0, help="tolerated colluding clients")
-    c.add_argument("--kind", choices=["sketch", "gram", "histogram", "l1", "auto"], default="sketch",
+    c.add_argument("--kind", choices=["sketch", "gram", "moments", "histogram", "l1", "auto"], default="sketch",
                    help="sketch (default): OSNAP sketch of the rows; gram: plain sum of "
-                   "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; "
+                   "[a, u(a a^T), 1], central-model accuracy at ~d^2/2 values per client; moments: "
+                   "plain sum of u(a a^T) alone, less noise for ridge, least squares and PCA (no row "
+                   "sum or count); "
                    "histogram: counts over the bins of --axis (one or two); l1: the multi-level l1 "
                    "sketch, for least absolute deviations (study lad); auto: gram when it fits "
                    "the upload budget and every server's storage policy (see: dpsketch recommend)")
@@ -56,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--k", type=int, help="sketch rows (default: chosen from n and d)")
     c.add_argument("--s", type=int, default=4, help="sketch blocks (default: %(default)s)")
     c.add_argument("--min-reports", type=int)
+    c.add_argument("--secret-sign", action=argparse.BooleanOptionalAction, default=None,
+                   help="every client multiplies its clipped row by a secret +-1 before its noise, and "
+                   "the noise is calibrated for it: the same epsilon with much less noise "
+                   "(docs/secret_sign.md). Default: on for a sketch study with k > 1 and no parties, "
+                   "off otherwise; --no-secret-sign opts out")
     c.add_argument("--population", metavar="ID",
                    help="the population the study draws from: every share server charges it to that "
                    "population's privacy ledger and refuses it past its budget (docs/ledger.md)")
@@ -178,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra["parties"] = [parse_party(spec) for spec in args.party]
                 if args.population:
                     extra["population"] = args.population
+                if args.secret_sign is not None:
+                    extra["secret_sign"] = args.secret_sign
                 out = client.create_study(
                     name=args.name, columns=[c for c in args.columns.split(",") if c], label=args.label,
                     expected_reports=args.expected_reports, epsilon=args.epsilon, delta=args.delta,

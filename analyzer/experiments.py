@@ -4,7 +4,7 @@ Reproduce everything in ``docs/experiments/`` (plots, ``results.md``, ``results.
 command from the repository root (needs the ``experiments`` extra: matplotlib, scikit-learn and,
 for the larger real data sets, statsmodels)::
 
-    # what docs/accuracy.md shows: 20 runs per cell, LTM releases drawn in law (86 min, shared 2 cores)
+    # what docs/accuracy.md shows: 20 runs per cell, LTM releases drawn in law (see results.md for the time)
     nice -n 10 .venv/bin/dpsketch experiments --ltm simulate --seeds 20 --real-seeds 20 --jobs 2
     .venv/bin/dpsketch experiments --jobs 2        # the real client/server code, 3 seeds
     .venv/bin/dpsketch experiments --quick --out /tmp/x   # bounded form (< 60 s), used by the tests
@@ -86,8 +86,8 @@ CHUNK_ROWS = 100_000
 
 KINDS = ("sketch", "gram")
 #: Mechanisms in plots and tables: (key, label). ``ltm_*`` are the real pipeline.
-LTM_MECHANISMS = [("local", "local"), ("ltm_sketch", "LTM sketch"), ("ltm_gram", "LTM Gram"),
-                  ("central", "central")]
+LTM_MECHANISMS = [("local", "local"), ("local_sign", "local (secret sign)"), ("ltm_sketch", "LTM sketch"),
+                  ("ltm_gram", "LTM Gram"), ("central", "central")]
 #: Central-model regression baselines of ``evaluation.central_baselines``, added to ridge when
 #: available (hook: any name of ``evaluation.RIDGE_BASELINES`` can be listed here).
 EXTRA_RIDGE = [("adassp", "AdaSSP"), ("dgm_ols", "DGM-OLS"), ("rmgm_ols", "RMGM-OLS")]
@@ -162,12 +162,13 @@ def study_seed(*parts: Any) -> str:
 
 
 def design_study(columns: list[str], label: str | None, n: int, epsilon: float, kind: str,
-                 seed_parts: Sequence[Any]) -> Study:
+                 seed_parts: Sequence[Any], secret_sign: bool | None = None) -> Study:
+    """design()'s study for these columns and n (its defaults: a sketch study is signed)."""
     try:
         study, _ = design(
             name="experiments", columns=columns, label=label, servers=SERVERS, expected_reports=n,
             epsilon=epsilon, delta=DELTA, row_bound=ROW_BOUND, kind=kind,
-            seed=study_seed(*seed_parts, kind),
+            seed=study_seed(*seed_parts, kind), secret_sign=secret_sign,
         )
     except ValueError as exc:
         raise Refused(f"n too small: {exc}") from exc
@@ -195,6 +196,8 @@ def simulate_pipeline(study: Study, rows: np.ndarray, rng: np.random.Generator) 
                            float(n))
     ids = baselines.random_report_ids(n, rng)
     s_mat = baselines.sketch_matrix(study, ids)
+    if study.secret_sign:  # each client signs its clipped row before its noise (client_sdk/prepare.py)
+        rows = rows * baselines.secret_signs(rng, n)[:, None]
     noisy = rows + baselines._truncated_normal(rng, study.sigma, rows.shape) if study.sigma > 0 else rows
     y = np.asarray(s_mat @ noisy)
     if study.server_sigma > 0:
@@ -238,6 +241,8 @@ def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None,
     if gram_study is None:  # the plain sum exists for any n >= 2; needed for the baselines' study
         gram_study = design_study(columns, label, n, epsilon, "gram", (tag, task, n, epsilon, seed))
     releases["local"] = baselines.simulate_local(gram_study, rows, rng)
+    if gram_study.neighbouring == "replace-one":
+        releases["local_sign"] = baselines.simulate_local(gram_study, rows, rng, secret_sign=True)
     releases["central"] = baselines.simulate_central(gram_study, rows, rng)
     alpha = evaluation.default_alpha(n, ROW_BOUND)
     ratios = evaluation._fit_ratios(
@@ -471,6 +476,7 @@ def table(summary: dict, dataset_filter: Callable[[str], bool], task: str, extra
 #: Lines of the plots: mechanism -> (colour, marker, line style).
 STYLE = {
     "local": ("tab:red", "v", "-"),
+    "local_sign": ("tab:pink", "<", "--"),
     "ltm_sketch": ("tab:blue", "o", "-"),
     "ltm_gram": ("tab:green", "s", "-"),
     "central": ("black", "D", "-"),
@@ -554,8 +560,10 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         f"||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 at rank {PCA_RANK}. Each cell: mean ± sample sd "
         f"(median) over {runs_text(summary)}. "
         "delta = 1e-6, replace-one, B = 1 (0.99 quantile of row norms, rest clipped), servers s1, s2; "
-        "LTM studies have design()'s default floor epsilon_floor = max(4, epsilon) (each server adds "
-        "N(0, server_sigma^2) per released cell, docs/trust.md).",
+        "LTM studies have design()'s defaults: the floor epsilon_floor = max(4, epsilon) (each server adds "
+        "N(0, server_sigma^2) per released cell, docs/trust.md), lambda_star at 0.97 of the Bai-Yin "
+        "estimate, and the sketch study signed with the secret sign (each row times a secret +-1 before "
+        "its noise, docs/secret_sign.md).",
         "",
         ("* **LTM sketch**, **LTM Gram**: drawn in law by `simulate_pipeline` (the study as designed, "
          "the protocol hash over random report ids, the client noise at sigma and each server's noise, "
@@ -567,7 +575,9 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
          "each server's own noise `study.server_noise()` (the floor, as `services/store.py` adds it); "
          "`release_from_ring_sum`; estimators). Not seedable: the sd is over independent runs."),
         "* **local**, **central**: `baselines.simulate_local` / `simulate_central` (numpy-seeded "
-        "simulations; central = SSP for ridge, Analyze Gauss for PCA).",
+        "simulations; central = SSP for ridge, Analyze Gauss for PCA). **local (secret sign)**: the "
+        "local model with each row signed before its noise, calibrated by the secret sign's "
+        "certified bound at lambda = 1 (`baselines.signed_local_sigma`, docs/secret_sign.md section 7a).",
     ]
     if extras:
         lines.append("* **AdaSSP**, **DGM-OLS**, **RMGM-OLS**: `evaluation.central_baselines` "
@@ -678,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per prepare_batch call, bounds memory (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (default: %(default)s; the docs' run, --ltm simulate --seeds 20 "
-                   "--real-seeds 20, took 86 min with --jobs 2 on a shared 2-core machine)")
+                   "--real-seeds 20, took 52 min with --jobs 2 on a shared, loaded 2-core machine)")
     p.add_argument("--from-json", metavar="FILE",
                    help="re-draw the plots and results.md from a previous run's results.json, run nothing")
     p.add_argument("--ltm", choices=["pipeline", "simulate"], default="pipeline",

@@ -242,7 +242,9 @@ class SketchRelease(StudyRelease):
 
 @dataclass(frozen=True, eq=False)
 class GramSumRelease(StudyRelease):
-    """The release of a gram study: the noisy sum of phi(a) = [a, u(a a^T), 1] over the reports.
+    """The release of a gram study: the noisy sum of phi(a) = [a, u(a a^T), 1] over the reports;
+    or of a moments study: the noisy sum of u(a a^T) alone (no row sum, no count: ``row_sum`` and
+    ``noisy_count`` raise AttributeError, so analyses that need them refuse it).
 
     Each client added N(0, sigma^2) to every coordinate of phi(a) and each server N(0,
     server_sigma^2), so the sum carries N(0, n sigma^2 + N server_sigma^2) per coordinate: the
@@ -257,8 +259,8 @@ class GramSumRelease(StudyRelease):
     n_reports: int
 
     def __post_init__(self) -> None:
-        if self.study.kind != "gram":
-            raise ValueError(f"a GramSumRelease needs a gram study, not {self.study.kind!r}")
+        if self.study.kind not in features.GRAM_KINDS:
+            raise ValueError(f"a GramSumRelease needs a gram or moments study, not {self.study.kind!r}")
         object.__setattr__(self, "values", np.asarray(self.values, dtype=np.float64).reshape(-1))
         self._check("values", (self.study.width,), "a gram release")
 
@@ -274,17 +276,24 @@ class GramSumRelease(StudyRelease):
         return self.coordinate_noise_std * math.sqrt(2.0 * self.d)
 
     def gram(self, debias: bool = True) -> np.ndarray:
+        if self.study.kind == "moments":
+            return features.symmetric_from_upper(self.values, self.d)
         return features.split_gram_sum(self.values, self.d)[1]
+
+    def _first_moments(self) -> tuple[np.ndarray, np.ndarray, float]:
+        if self.study.kind == "moments":
+            raise AttributeError("a moments study releases no row sum and no count (use a gram study)")
+        return features.split_gram_sum(self.values, self.d)
 
     @property
     def row_sum(self) -> np.ndarray:
         """The noisy sum of the clipped rows (for means and centering)."""
-        return features.split_gram_sum(self.values, self.d)[0]
+        return self._first_moments()[0]
 
     @property
     def noisy_count(self) -> float:
         """The noisy count; ``n_reports`` is the exact, public size of the inclusion set."""
-        return features.split_gram_sum(self.values, self.d)[2]
+        return self._first_moments()[2]
 
     def noise_info(self) -> dict[str, float]:
         return {
@@ -385,7 +394,7 @@ def release_from_values(study: Study, values: np.ndarray, n_reports: int) -> Rel
     """The release object of a study from its decoded, scaled k x width values."""
     if study.kind == "histogram":
         return HistogramRelease(study=study, values=np.asarray(values).reshape(-1), n_reports=n_reports)
-    if study.kind == "gram":
+    if study.kind in features.GRAM_KINDS:
         return GramSumRelease(study=study, values=np.asarray(values).reshape(-1), n_reports=n_reports)
     if study.kind == "l1":
         return L1Release(study=study, sketch=values, n_reports=n_reports)

@@ -8,9 +8,10 @@ ridge and PCA error ratios to the non-private optimum on the synthetic data of p
 section 5 (``analyzer.synthetic``), the same data for every setting so that only the noise
 differs. The local and central models of the same rows are the yardsticks.
 
-    .venv/bin/python -m analyzer.trust_cost --n 1e4 1e5 1e6 --seeds 3
+    .venv/bin/python -m analyzer.trust_cost --n 1e4 1e5 1e6 --seeds 20
 
-The figures in docs/trust.md come from that command.
+The figures in docs/trust.md come from that command (design()'s defaults: a sketch study is
+signed, docs/secret_sign.md). Cells: mean ± sample sd (median) over the seeds.
 """
 
 from __future__ import annotations
@@ -76,11 +77,14 @@ def run(ns: Sequence[int], seeds: Sequence[int], *, d: int = 10, epsilon: float 
 
 
 def _mean(values: list[float]) -> str:
+    """mean ± sample sd (median) over the runs."""
     if not values:
         return "-"
     m = float(np.mean(values))
     digits = 4 if m > 1.1 else 6  # ratios near 1 differ in the later digits
-    return f"{m:.{digits}g}" if len(values) < 2 else f"{m:.{digits}g} ± {float(np.std(values)):.2g}"
+    if len(values) < 2:
+        return f"{m:.{digits}g}"
+    return f"{m:.{digits}g} ± {float(np.std(values, ddof=1)):.2g} ({float(np.median(values)):.{digits}g})"
 
 
 def format_table(result: dict, epsilon: float) -> str:

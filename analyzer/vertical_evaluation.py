@@ -151,7 +151,10 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
     B = experiments.ROW_BOUND
     alpha = evaluation.default_alpha(n, B)
     kw = dict(epsilon=epsilon, delta=experiments.DELTA, row_bound=B, neighbouring=NEIGHBOURING)
-    study = experiments.design_study(cols, label, n, epsilon, "sketch", ("vertical", n, epsilon, seed))
+    # unsigned: a study with parties cannot take the secret sign (the parties would need a common
+    # sign per individual, docs/secret_sign.md section 7), and the joint reference shares its noise
+    study = experiments.design_study(cols, label, n, epsilon, "sketch", ("vertical", n, epsilon, seed),
+                                     secret_sign=False)
     rng = _rng("shared", n, epsilon, seed)
     # common random numbers: the per-party and joint LTM releases draw the same report ids, client
     # noise and server noise, so their difference is the clipping's alone

@@ -43,7 +43,7 @@ from dpsketch.protocol.study import Study, design  # noqa: E402
 OUT = ROOT / "conformance"
 FORMAT = "dpsketch-conformance/1"
 #: The version of docs/protocol.md these vectors belong to (its first line).
-SPEC_VERSION = "2.2"
+SPEC_VERSION = "2.3"
 PROTOCOL = "dpsketch/2"
 #: How a float is compared: |got - want| <= atol + rtol * |want| (per vector or per analysis).
 TOLERANCE_RULE = "|got - want| <= atol + rtol * |want|, element by element; null stands for a non-finite value"
@@ -120,8 +120,12 @@ def _study_inputs() -> list[tuple[str, str, Study]]:
     base = dict(columns=["x1", "x2", "y"], label="y", servers=["s1", "s2"], expected_reports=10_000,
                 seed="00" * 31 + "2a", epsilon=1.0)
     sketch_study, _ = design(name="conformance sketch study", **base)
+    unsigned, _ = design(name="conformance sketch study", secret_sign=False, **base)
     out = [
-        ("study-ascii", "an ordinary sketch study (ASCII name): RFC 8785 gives the same bytes", sketch_study),
+        ("study-ascii", "an ordinary sketch study (ASCII name; secret_sign true, the default for a sketch "
+         "study): RFC 8785 gives the same bytes", sketch_study),
+        ("study-unsigned", "the same study without the secret sign (secret_sign false: the member is omitted, "
+         "and the noise is the plain Gaussian calibration's)", unsigned),
         ("study-del", "the same study named with a DEL (U+007F): its id differs from a raw-UTF-8 encoder's",
          sketch_study.model_copy(update={"name": "rates\x7f2026"})),
         ("study-non-ascii", "the same study with a non-ASCII name (\\u escapes, a surrogate pair)",
@@ -143,6 +147,8 @@ def _study_inputs() -> list[tuple[str, str, Study]]:
                         expected_reports=10_000, seed="33" * 32,
                         parties=[{"name": "bank", "columns": ["x1", "x2"]}, {"name": "shop", "columns": ["y"]}])
     out.append(("study-parties", "a sketch study with parties (member parties)", parties))
+    moments, _ = design(name="conformance moments study", kind="moments", **{**base, "seed": "99" * 32})
+    out.append(("study-moments", "a moments study (k = s = 1, width d(d+1)/2 = 6 for d = 3)", moments))
     return out
 
 
@@ -368,13 +374,16 @@ TIGHT = {"rtol": 1e-7, "atol": 1e-9}
 def analysis_vectors() -> dict[str, Any]:
     releases = []
     rng = np.random.default_rng(1124)
-    # sketch study: d = 4 (x1, x2, x3, y), k = 40, s = 4, three servers
+    # sketch study: d = 4 (x1, x2, x3, y), k = 40, s = 4, three servers, signed (the default); x3 small
+    # so that the default ridge alpha exceeds tau and the eigenvalue floor is reached (alpha = 50)
     n = 6000
-    x = rng.normal(0, 0.4, (n, 3)) * np.array([1.0, 0.7, 0.4])
+    x = rng.normal(0, 0.4, (n, 3)) * np.array([1.0, 0.7, 0.15])
     y = x @ np.array([0.8, -0.5, 0.3]) + rng.normal(0, 0.1, n)
     a = _clip(np.column_stack([x, y]), 1.0)
     study, _ = design(name="conformance sketch release", columns=["x1", "x2", "x3", "y"], label="y",
                       servers=["s1", "s2", "s3"], expected_reports=n, epsilon=2.0, k=40, s=4, seed="44" * 32)
+    if study.secret_sign:  # the default for a sketch study: each row signed whole before its noise
+        a = a * rng.choice(np.array([-1.0, 1.0]), size=n)[:, None]
     noisy = a + rng.normal(0, study.sigma, a.shape)
     releases.append(_release_case(
         "sketch-ridge-pca", "a sketch study (k = 40, s = 4, three servers): views, ridge with the default and an "
@@ -447,6 +456,22 @@ def analysis_vectors() -> dict[str, Any]:
         [("sketch-view", "/v1/studies/{id}/sketch", None, TIGHT),
          ("lad", "/v1/studies/{id}/analyses/lad", {}, lad_tol),
          ("lad-alpha", "/v1/studies/{id}/analyses/lad", {"alpha": 20.0}, lad_tol)]))
+    # moments study: d = 4 (x1, x2, x3, y), u(a a^T) alone (width 10), two servers
+    n = 5000
+    x = rng.normal(0, 0.4, (n, 3)) * np.array([1.0, 0.7, 0.4])
+    a = _clip(np.column_stack([x, x @ np.array([0.8, -0.5, 0.3]) + rng.normal(0, 0.1, n)]), 1.0)
+    study, _ = design(name="conformance moments release", columns=["x1", "x2", "x3", "y"], label="y",
+                      servers=["s1", "s2"], expected_reports=n, epsilon=2.0, kind="moments", seed="88" * 32)
+    phi = features.moment_features(a)
+    noisy = phi + rng.normal(0, study.sigma, phi.shape)
+    releases.append(_release_case(
+        "moments-ridge-pca", "a moments study (k = s = 1, width d(d+1)/2 = 10: A^T A without the row sum and "
+        "count): views, ridge, least squares, PCA", study, noisy, rng,
+        [("sketch-view", "/v1/studies/{id}/sketch", None, TIGHT),
+         ("gram-view", "/v1/studies/{id}/gram", None, TIGHT),
+         ("ridge-default-alpha", "/v1/studies/{id}/analyses/ridge", {}, TIGHT),
+         ("least-squares", "/v1/studies/{id}/analyses/least-squares", {}, TIGHT),
+         ("pca-2", "/v1/studies/{id}/analyses/pca", {"n_components": 2}, TIGHT)]))
     return {**header("analyses", "Releases and the analyzer's answers (docs/protocol.md sections 6a, 6b, 6c). Each "
                      "vector is a finalized study: the N aggregate_shares (application/x-dpsketch-aggregate bodies, "
                      "hex) -> ring_sum (their sum mod 2^64, decimal strings) -> release (decoded, times "

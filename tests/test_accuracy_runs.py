@@ -23,11 +23,13 @@ def test_sketch_variants_run_on_shared_draws():
 
 
 def test_lambda97_and_sign_change_only_the_noise():
-    study = design_study([f"x{i}" for i in range(10)] + ["y"], "y", 100_000, 1.0, "sketch", ("t",))
+    study = design_study([f"x{i}" for i in range(10)] + ["y"], "y", 100_000, 1.0, "sketch", ("t",),
+                         secret_sign=False)
     lam = ar.proposed_lambda_star(study)
-    assert lam == pytest.approx(study.lambda_star * ar.PROPOSED_SAFETY / 0.9, rel=1e-9)
-    new = ar.recalibrated(study, lam)
-    assert new.sigma < study.sigma and (new.k, new.s, new.seed) == (study.k, study.s, study.seed)
+    # privacy.LAMBDA_SAFETY is 0.97 now (n/k >= 90 at min_reports): the variant is today's design
+    assert lam == pytest.approx(study.lambda_star, rel=1e-9)
+    new = ar.recalibrated(study, 0.9 / 0.97 * lam)  # the design before: more noise
+    assert new.sigma > study.sigma and (new.k, new.s, new.seed) == (study.k, study.s, study.seed)
     signed = ar.sign_study(study, 0.101)
     assert signed.sigma ** 2 == pytest.approx(0.101 * study.sigma ** 2)
     assert signed.server_sigma == study.server_sigma
@@ -51,3 +53,12 @@ def test_trivial_ratios_are_what_learning_nothing_scores():
     res = ar.trivial_ratios(2_000, 3)
     assert res["ridge_theta_zero"]["mean"] > 3 and res["pca_random_subspace"]["mean"] > 5
     assert res["ridge_theta_zero"]["runs"] == 3
+
+
+def test_k_sweep_runs_the_signed_design_at_each_k():
+    rows = ar.k_sweep(20_000, [20, 40], 1)
+    assert [r["k"] for r in rows] == [20, 40] and all(r["secret_sign"] for r in rows)
+    assert rows[0]["lambda_star"] > rows[1]["lambda_star"]  # more rows, fewer reports per row
+    for r in rows:
+        assert math.isfinite(r["predicted_ridge"]) and r["ridge"]["runs"] == 1
+        assert r["ridge"]["mean"] >= 1.0 - 1e-9 and r["pca"]["mean"] >= 1.0 - 1e-9

@@ -251,7 +251,7 @@ def test_study_id_vectors(vec):
     if kind == "histogram":
         width = math.prod(len(a["edges"] or a["categories"]) + 1 for a in vec["input"]["histogram"]["axes"])
     else:
-        width = d * (d + 3) // 2 + 1 if kind == "gram" else d
+        width = {"gram": d * (d + 3) // 2 + 1, "moments": d * (d + 1) // 2}.get(kind, d)
     derived = vec["derived"]
     assert derived == {"d": d, "width": width, "k": vec["input"]["k"], "s": vec["input"]["s"],
                        "aggregate_cells": vec["input"]["k"] * width, "share_bytes": 8 * width}
@@ -263,7 +263,7 @@ def test_study_id_vectors_cover_the_issue_cases():
     assert any("\x7f" in n for n in names) and any(any(ord(c) > 0xFFFF for c in n) for n in names)
     assert any("\t" in n and '"' in n and "\\" in n for n in names)
     kinds = {v["input"]["kind"] for v in DOCS["study_ids.json"]["vectors"] if v["type"] == "study"}
-    assert kinds == {"sketch", "gram", "histogram", "l1"}
+    assert kinds == {"sketch", "gram", "moments", "histogram", "l1"}
     del_vec = next(v for v in DOCS["study_ids.json"]["vectors"] if v["id"] == "study-del")
     assert "\\u007f" in del_vec["canonical"] and del_vec["same_as_rfc8785"] is False
 
@@ -534,7 +534,7 @@ def test_ridge_least_squares_pca_follow_the_specification(vec):
 
 def test_analysis_vectors_cover_every_kind_and_exercise_the_floor():
     kinds = {v["study"]["kind"] for v in RELEASES}
-    assert kinds == {"sketch", "gram", "histogram", "l1"}
+    assert kinds == {"sketch", "gram", "moments", "histogram", "l1"}
     paths = {response_kind(a["path"]) for v in RELEASES for a in v["analyses"]}
     assert {"ridge", "least-squares", "pca", "logistic", "lad", "histogram", "quantiles", "statistic"} <= paths
     ridge = [a["response"] for v in RELEASES for a in v["analyses"] if response_kind(a["path"]) == "ridge"]

@@ -15,10 +15,12 @@ from dpsketch.protocol import ring, sketch
 import studies
 
 
-def make_study(columns, n, label=None, epsilon=1.0, k=None, seed="s", epsilon_floor="default"):
-    """design()'s study; ``epsilon_floor=None`` for one without server noise (sigma as before)."""
+def make_study(columns, n, label=None, epsilon=1.0, k=None, seed="s", epsilon_floor="default",
+               secret_sign=None):
+    """design()'s study; ``epsilon_floor=None`` for one without server noise (sigma as before);
+    ``secret_sign=False`` for the unsigned calibration (design()'s default signs sketch studies)."""
     return studies.make_study(columns, n, label, seed=seed, epsilon=epsilon, k=k,
-                              epsilon_floor=epsilon_floor)
+                              epsilon_floor=epsilon_floor, secret_sign=secret_sign)
 
 
 def servers_noise(study):
@@ -146,7 +148,9 @@ def test_debiased_gram_is_unbiased_for_fixed_sketch(epsilon, floor):
     the k N server_sigma^2 term alone."""
     rng = np.random.default_rng(5)
     n, d = 2000, 3
-    study = make_study(["a", "b", "c"], n, k=20, epsilon=epsilon, epsilon_floor=floor)
+    # the unsigned calibration: its noise sizes are what the bounds below were set for (the sign
+    # changes sigma, not the law of Y^T Y given sigma)
+    study = make_study(["a", "b", "c"], n, k=20, epsilon=epsilon, epsilon_floor=floor, secret_sign=False)
     server_part = study.k * study.n_servers * study.server_sigma**2
     if floor is None:
         assert study.server_sigma == 0
@@ -191,7 +195,7 @@ def test_debiasing_reduces_ridge_bias_over_seeds(floor):
     cols = ["a", "b", "c", "y"]
     # epsilon = 10: noise energy is ~15% (no floor; ~22% with the servers' noise) of the data's,
     # a regime where debiasing matters but the debiased Gram stays positive definite
-    study = make_study(cols, n, label="y", k=40, epsilon=10.0, epsilon_floor=floor)
+    study = make_study(cols, n, label="y", k=40, epsilon=10.0, epsilon_floor=floor, secret_sign=False)
     assert (study.server_sigma > 0 and study.sigma == 0) if floor else study.server_sigma == 0
     server_std = np.sqrt(study.n_servers) * study.server_sigma  # the N servers' noise per cell
     # fix the sketch and vary only the noise, so the target is the noise-free sketched solution

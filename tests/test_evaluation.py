@@ -24,10 +24,12 @@ import studies
 
 
 def make_study(columns, n, label=None, epsilon=1.0, k=None, neighbouring="replace-one",
-               epsilon_floor="default", kind="sketch"):
-    """design()'s study; ``epsilon_floor=None`` for one without server noise (sigma as before)."""
+               epsilon_floor="default", kind="sketch", secret_sign=None):
+    """design()'s study; ``epsilon_floor=None`` for one without server noise (sigma as before);
+    ``secret_sign`` as design() takes it (None: signed when the study can be)."""
     return studies.make_study(columns, n, label, seed="evaluation-tests", epsilon=epsilon, k=k,
-                              neighbouring=neighbouring, epsilon_floor=epsilon_floor, kind=kind)
+                              neighbouring=neighbouring, epsilon_floor=epsilon_floor, kind=kind,
+                              secret_sign=secret_sign)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +114,8 @@ def test_local_noise_scale():
 def test_simulated_ltm_equals_dense_sketch_of_noisy_rows():
     n = 300
     data = synthetic.regression_data(n, 4, seed=1)
-    study = make_study(data.columns, 2000, label="y", k=12, epsilon_floor=None)  # no servers' noise
+    # no servers' noise, no secret sign (test_simulated_ltm_signs_each_row_whole)
+    study = make_study(data.columns, 2000, label="y", k=12, epsilon_floor=None, secret_sign=False)
     rel, ids, noise = baselines.simulate_ltm(study, data.rows, np.random.default_rng(3), return_inputs=True)
     assert len(ids) == n and all(len(r) == 16 for r in ids)
     assert len(set(ids)) == n
@@ -134,13 +137,32 @@ def test_simulated_ltm_via_ring_matches_float_path():
     np.testing.assert_allclose(a.sketch, b.sketch, atol=n * 2.0 ** -study.frac_bits)
 
 
+def test_simulated_ltm_signs_each_row_whole():
+    """A secret-sign study (the default for a sketch study): the simulated release is
+    S(diag(t) A + G) for signs t = +-1, each row signed whole, about half of them flipped. With
+    fewer rows than sketch rows S has full column rank, so diag(t) A is recovered exactly."""
+    n = 40
+    data = synthetic.regression_data(n, 4, seed=1)
+    study = make_study(data.columns, 2000, label="y", k=48, epsilon_floor=None)
+    assert study.secret_sign
+    rel, ids, noise = baselines.simulate_ltm(study, data.rows, np.random.default_rng(3), return_inputs=True)
+    dense = sketch.dense_matrix(study.seed_bytes, ids, study.k, study.s)
+    signed = np.linalg.lstsq(dense, rel.sketch - dense @ noise, rcond=None)[0]
+    flipped = np.all(np.abs(signed + data.rows) < 1e-9, axis=1)
+    kept = np.all(np.abs(signed - data.rows) < 1e-9, axis=1)
+    assert np.all(flipped ^ kept)
+    assert 10 <= flipped.sum() <= 30
+    # second moments are the data's
+    np.testing.assert_allclose(signed.T @ signed, data.rows.T @ data.rows, atol=1e-9)
+
+
 @pytest.mark.parametrize("via_ring", [False, True])
 def test_simulated_ltm_adds_the_servers_noise(via_ring):
     """With a floor the simulated release is S(A + G) plus the N servers' noise, i.e.
     N(0, N server_sigma^2) per released cell, on both paths; the release's noise law counts it."""
     n = 300
     data = synthetic.regression_data(n, 4, seed=1)
-    study = make_study(data.columns, 2000, label="y", k=12)
+    study = make_study(data.columns, 2000, label="y", k=12, secret_sign=False)  # residual = servers' noise
     assert study.server_sigma > 0 and study.n_servers == 2
     residuals = []
     for seed in range(30):  # 30 x 12 x 5 = 1800 cells

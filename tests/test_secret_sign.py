@@ -277,7 +277,7 @@ def _design(**kw):
 
 
 def test_study_records_the_option_and_its_id_changes_only_when_on():
-    plain = _design()
+    plain = _design(secret_sign=False)
     assert "secret_sign" not in plain.canonical().decode()
     signed = _design(secret_sign=True)
     assert b'"secret_sign":true' in signed.canonical()
@@ -289,6 +289,76 @@ def test_study_records_the_option_and_its_id_changes_only_when_on():
     assert signed.sigma < 0.5 * plain.sigma and signed.server_sigma < plain.server_sigma
     print(f"sigma {plain.sigma:.4g} -> {signed.sigma:.4g}, server_sigma {plain.server_sigma:.4g} -> "
           f"{signed.server_sigma:.4g}")
+
+
+@pytest.mark.parametrize("kw,signed", [
+    (dict(), True),                                      # a sketch study: signed by default
+    (dict(neighbouring="add-remove"), True),
+    (dict(secret_sign=False), False),                    # the opt-out
+    (dict(kind="gram"), False),                          # kinds that cannot take it: never
+    (dict(kind="l1"), False),
+    (dict(k=1), False),
+    (dict(kind="histogram", histogram={"axes": [{"column": "c0", "edges": [0.0, 1.0, 2.0]}]},
+          columns=[], label=None), False),
+    (dict(parties=[{"name": "p", "columns": ["c0", "c1"]}, {"name": "q", "columns": ["c2"]}],
+          columns=["c0", "c1", "c2"], label=None), False),
+])
+def test_design_signs_exactly_the_studies_that_can_take_it_by_default(kw, signed):
+    study = _design(**kw)
+    assert study.secret_sign is signed
+    assert study.guarantees()["epsilon"] <= 1.0 + 1e-9
+
+
+def test_signed_split_is_the_plain_split_with_the_mixtures_variance():
+    """sigma^2 + tau^2 = B^2 / r(eps_floor)^2 (the floor) and sigma^2 lambda + tau^2 = B^2 / r(eps)^2
+    (the target), r the mixture's certified radius: the unsigned split (tests/test_study.py) with
+    (2 B / mu_star)^2 replaced by B^2 / r^2."""
+    st = _design()
+    big_a = (st.row_bound / ss.replace_radius(1.0, 1e-6)) ** 2
+    big_af = (st.row_bound / ss.replace_radius(4.0, 1e-6)) ** 2
+    assert st.secret_sign and st.epsilon_floor == 4.0
+    assert st.sigma ** 2 + st.server_sigma ** 2 == pytest.approx(big_af, rel=1e-5)
+    assert st.sigma ** 2 * st.lambda_star + st.server_sigma ** 2 == pytest.approx(big_a, rel=1e-5)
+    # no floor: the clients alone, sigma^2 = A / lambda_star
+    bare = _design(epsilon_floor=None)
+    assert bare.server_sigma == 0 and bare.sigma ** 2 * bare.lambda_star == pytest.approx(big_a, rel=1e-5)
+
+
+@pytest.mark.parametrize("eps", [0.5, 4.0, 30.0, 40.0, 100.0])
+@pytest.mark.parametrize("neighbouring", ["replace-one", "add-remove"])
+def test_signed_studies_never_need_more_noise_than_plain_ones(eps, neighbouring):
+    """Lemma 0 (docs/secret_sign.md): the signed experiment is a post-processing of the unsigned
+    one, so a signed study takes the plain calibration where the mixture's is not smaller (large
+    epsilon, and beyond secret_sign.MAX_EPSILON where the mixture is not computed) and still meets
+    its epsilon; design() then succeeds at every epsilon a plain study does."""
+    kw = dict(epsilon=eps, neighbouring=neighbouring, expected_reports=20_000)
+    signed, plain = _design(secret_sign=True, **kw), _design(secret_sign=False, **kw)
+    assert signed.guarantees()["epsilon"] <= eps * (1 + 1e-9)
+    release_var = lambda st: st.sigma ** 2 * st.lambda_star + st.server_sigma ** 2  # noqa: E731
+    assert release_var(signed) <= release_var(plain) * (1 + 1e-6)
+    # the signed accounting of any noise is at most the plain one's
+    args = (neighbouring, "sketch", 1.0, plain.sigma, plain.server_sigma, plain.lambda_star, plain.width, 1e-6)
+    assert accounting.report_epsilon(*args, secret_sign=True) <= accounting.report_epsilon(*args)
+
+
+def test_a_radius_beyond_the_evaluated_range_falls_back_to_the_plain_gaussian():
+    """A signed study with little noise and no floor has an enormous radius at lambda = 1 (its
+    floor): r = B / sigma ~ 1200 here. The mixture is not evaluated beyond secret_sign.MAX_RADIUS
+    (its arrays grow like r: such a study once took an analyzer to 7 GB); the floor's epsilon is
+    the plain Gaussian's of the same noise (Lemma 0), and the ledger charges the plain PLD there."""
+    from dpsketch.protocol import ledger
+
+    st = _design(expected_reports=10 ** 9, epsilon_floor=None, columns=["a", "b"], label=None)
+    assert st.secret_sign and st.server_sigma == 0
+    m = st.mechanism
+    r = ss.replace_radius_of(st.row_bound, m.sigma, m.server_sigma, 1.0)
+    assert r > 50 * ss.MAX_RADIUS
+    assert math.isinf(ss.report_epsilon("replace-one", st.row_bound, m.sigma, m.server_sigma, 1.0, st.width, 1e-6))
+    args = ("replace-one", "sketch", st.row_bound, m.sigma, m.server_sigma, 1.0, st.width, 1e-6)
+    assert accounting.report_epsilon(*args, secret_sign=True) == accounting.report_epsilon(*args)
+    assert st.guarantees()["epsilon"] <= 1.0 + 1e-9  # at lambda_star the mixture still applies
+    charged = ledger.compose([ledger.Charge.of(st)], "replace-one", 1e-6).epsilon
+    assert charged == pytest.approx(st.guarantees()["epsilon"], abs=2.5e-3)
 
 
 def test_a_signed_studys_noise_is_not_enough_without_the_sign():
@@ -345,7 +415,7 @@ def test_client_prep_signs_each_row_before_its_noise():
 
 def test_add_remove_study_calibrates_and_validates():
     signed = _design(secret_sign=True, neighbouring="add-remove")
-    plain = _design(neighbouring="add-remove")
+    plain = _design(neighbouring="add-remove", secret_sign=False)
     assert signed.guarantees()["epsilon"] <= 1.0 + 1e-9
     assert signed.sigma < plain.sigma
     assert accounting.report_epsilon("add-remove", "sketch", 1.0, plain.sigma, plain.server_sigma,

@@ -1,8 +1,9 @@
 """The secret sign end to end (docs/secret_sign.md): real share servers, the real analyzer, the SDK
 over HTTP.
 
-* The analyzer's API designs a signed study on request (``"secret_sign": true``) and answers a
-  request for it on a kind that cannot have it with 422 invalid-study, provisioning nothing.
+* The analyzer's API signs a sketch study by default (and on request, ``"secret_sign": true``),
+  leaves it out on ``false`` and for the kinds that cannot take it, and answers a request for it
+  on such a kind with 422 invalid-study, provisioning nothing.
 * At epsilon = 1 a signed sketch study asks for much less client and server noise than an
   unsigned one, and on the same synthetic data the analyzer's ridge and PCA answers are closer
   to the truth with the sign, over several data sets and independent noise draws (not one
@@ -134,9 +135,39 @@ def test_create_refuses_the_sign_where_it_does_not_apply(shared_cluster):
             an.create_study(name="x", columns=COLUMNS, expected_reports=5000, secret_sign="maybe")
         assert bad.value.status == 422 and bad.value.slug == "invalid-request"
         assert an.studies() == before  # nothing was kept
-        # the default: no sign, the study JSON without the member (ids as before it existed)
-        view = an.create_study(name="plain", columns=COLUMNS, label="y", expected_reports=5000)
+        # the default: a sketch study is signed; the opt-out leaves the member out of the study JSON
+        # (ids as before it existed); the kinds that cannot take it are unsigned without asking
+        view = an.create_study(name="default", columns=COLUMNS, label="y", expected_reports=5000)
+        assert view["study"]["secret_sign"] is True and view["guarantees"]["secret_sign"] is True
+        view = an.create_study(name="plain", columns=COLUMNS, label="y", expected_reports=5000,
+                               secret_sign=False)
         assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
+        view = an.create_study(name="gram", columns=COLUMNS, label="y", expected_reports=5000, kind="gram")
+        assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
+
+
+def test_study_cli_signs_by_default_and_opts_out(shared_cluster, capsys):
+    """``dpsketch study create``: a sketch study is signed unless --no-secret-sign; --secret-sign on
+    a gram study is refused (exit 1, the problem on stderr) and provisions nothing."""
+    import json
+
+    from analyzer.cli import main as study_cli
+
+    c = shared_cluster
+    base = ["--analyzer", c.analyzer.url, "--token", c.api_token, "create", "--columns", "x0,x1,y",
+            "--label", "y", "--expected-reports", "5000"]
+    assert study_cli(base + ["--name", "cli-default"]) == 0
+    assert json.loads(capsys.readouterr().out)["study"]["secret_sign"] is True
+    assert study_cli(base + ["--name", "cli-plain", "--no-secret-sign"]) == 0
+    assert "secret_sign" not in json.loads(capsys.readouterr().out)["study"]
+    assert study_cli(base + ["--name", "cli-on", "--secret-sign"]) == 0
+    assert json.loads(capsys.readouterr().out)["study"]["secret_sign"] is True
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        before = an.studies()
+    assert study_cli(base + ["--name", "cli-gram", "--kind", "gram", "--secret-sign"]) != 0
+    assert "secret_sign" in capsys.readouterr().err
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        assert an.studies() == before
 
 
 def test_release_of_a_signed_study_is_the_sketch_of_the_signed_rows(servers, monkeypatch):

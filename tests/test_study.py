@@ -28,7 +28,8 @@ def test_mu_star_satisfies_the_gdp_delta_formula(eps, delta):
 
 
 def test_client_sigma_is_local_over_sqrt_lambda_star():
-    st = make(epsilon_floor=None)  # no floor: the clients carry the whole guarantee
+    # the unsigned Gaussian mechanism (the secret sign's calibration: tests/test_secret_sign.py)
+    st = make(epsilon_floor=None, secret_sign=False)  # no floor: the clients carry the whole guarantee
     local = privacy.local_sigma(st.epsilon, st.delta, st.row_bound, st.neighbouring)
     assert local == pytest.approx(2 * st.row_bound * privacy.unit_sigma(st.epsilon, st.delta))
     assert st.sigma == pytest.approx(local / math.sqrt(st.lambda_star), rel=1e-5)
@@ -38,8 +39,9 @@ def test_client_sigma_is_local_over_sqrt_lambda_star():
 
 def test_floor_split_puts_the_floor_on_the_servers_and_the_rest_on_the_clients():
     """sigma^2 + tau^2 = A_f (the floor, with the report's own noise) and
-    sigma^2 lambda + tau^2 = A (the LTM target), A = (Delta sigma_unit(eps))^2."""
-    st = make(epsilon_floor=4.0)
+    sigma^2 lambda + tau^2 = A (the LTM target), A = (Delta sigma_unit(eps))^2 (without the
+    secret sign; with it A = B^2 / r^2, tests/test_secret_sign.py)."""
+    st = make(epsilon_floor=4.0, secret_sign=False)
     big_a = (2 * st.row_bound * privacy.unit_sigma(st.epsilon, st.delta)) ** 2
     big_af = (2 * st.row_bound * privacy.unit_sigma(4.0, st.delta)) ** 2
     assert st.sigma ** 2 + st.server_sigma ** 2 == pytest.approx(big_af, rel=1e-5)
@@ -47,7 +49,7 @@ def test_floor_split_puts_the_floor_on_the_servers_and_the_rest_on_the_clients()
     g = st.guarantees()
     assert g["epsilon"] == pytest.approx(1.0, rel=1e-5) and g["floor_epsilon"] == pytest.approx(4.0, rel=1e-5)
     # the floor at epsilon itself is the DAP model: no client noise at all
-    dap = make(epsilon_floor=1.0)
+    dap = make(epsilon_floor=1.0, secret_sign=False)
     assert dap.sigma == 0 and dap.server_sigma ** 2 == pytest.approx(big_a, rel=1e-5)
     # the default floor is max(4, epsilon)
     assert make().epsilon_floor == 4.0 and make(epsilon=6.0).epsilon_floor == 6.0
@@ -117,3 +119,23 @@ def test_design_turns_arithmetic_failures_into_a_clear_value_error(row_bound):
     with pytest.raises(ValueError, match="cannot be designed into a study"):
         design(name="tiny", columns=["a", "b"], label="b", servers=["s1", "s2"],
                expected_reports=1000, row_bound=row_bound)
+
+
+def test_lambda_star_asks_for_097_of_bai_yin_with_enough_reports_per_row(monkeypatch):
+    """privacy.LAMBDA_SAFETY = 0.97 of the Bai-Yin estimate at n = min_reports when n/k >= 90 (every
+    default design), 0.9 below (a k chosen by hand); the certificate, not this choice, is what
+    makes a release private (test_certificate_* and the servers' refusal tests)."""
+    st = make()  # 10^4 reports, default k = 100 // ... : min_reports / k >= 90
+    assert st.min_reports >= 90 * st.k
+    est = privacy.expected_lambda_min(st.min_reports, st.k)
+    assert st.lambda_star == pytest.approx(0.97 * est - st.t)
+    small = make(k=200)  # 9000 / 200 = 45 reports per row
+    assert small.lambda_star == pytest.approx(0.9 * privacy.expected_lambda_min(small.min_reports, 200))
+    # min_reports at the expected count: committed at about min_reports, so 0.9 (no margin)
+    full = make(min_reports=10_000)
+    assert full.lambda_star == pytest.approx(0.9 * privacy.expected_lambda_min(10_000, full.k))
+    # less client noise for the same epsilon than the earlier 0.9 gave (same seed, same S)
+    monkeypatch.setattr(privacy, "LAMBDA_SAFETY", 0.9)
+    before = make(seed=st.seed)
+    assert before.lambda_star == pytest.approx(0.9 * est) and before.k == st.k
+    assert st.sigma < before.sigma and st.guarantees()["epsilon"] <= 1.0 + 1e-9

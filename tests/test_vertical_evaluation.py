@@ -48,7 +48,7 @@ def test_party_release_has_the_sketch_studys_noise_law():
     data = synthetic.regression_data(n, 9, seed=3, clip_quantile=0.99)
     study, _ = design(name="v", columns=list(data.columns), label="y", servers=["s1", "s2"],
                       expected_reports=n, epsilon=1.0, delta=1e-6, kind="sketch", epsilon_floor=None,
-                      seed="ab" * 32)
+                      seed="ab" * 32, secret_sign=False)  # parties cannot sign (docs/secret_sign.md)
     assert study.server_sigma == 0
     rel, ids, g = ve.simulate_party_ltm(study, data.rows, 3, np.random.default_rng(7), return_inputs=True)
     assert g.shape == (n, 10)
@@ -90,7 +90,8 @@ def test_per_party_and_joint_releases_differ_by_the_clipping_only():
     n = 30_000
     data = synthetic.regression_data(n, 9, seed=4, clip_quantile=0.99)
     study, _ = design(name="v", columns=list(data.columns), label="y", servers=["s1", "s2"],
-                      expected_reports=n, epsilon=1.0, delta=1e-6, kind="sketch", seed="cd" * 32)
+                      expected_reports=n, epsilon=1.0, delta=1e-6, kind="sketch", seed="cd" * 32,
+                      secret_sign=False)  # the party path has no sign: compare like with like
     assert study.server_sigma > 0  # the default floor: server noise included
     joint, ids, _ = baselines.simulate_ltm(study, data.rows, np.random.default_rng(5), return_inputs=True)
     party = ve.simulate_party_ltm(study, data.rows, 2, np.random.default_rng(5))

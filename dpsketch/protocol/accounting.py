@@ -90,12 +90,19 @@ def report_epsilon(neighbouring: str, kind: str, row_bound: float, sigma: float,
                    secret_sign: bool = False) -> float:
     """See :meth:`Mechanism.epsilon` (cached: studies are validated wherever they are parsed).
     ``grid``: the add/remove loss grid (a multiple of LOSS_GRID gives a larger upper bound).
-    ``secret_sign``: the mixture accounting of secret_sign.py (a sketch study only)."""
+    ``secret_sign``: the mixture accounting of secret_sign.py (a sketch study only), or the
+    plain Gaussian accounting of the same noise where that is smaller: the signed experiment is a
+    post-processing of the unsigned one (docs/secret_sign.md section 2, Lemma 0), and the mixture's
+    certified bound loses its edge at large epsilon (above about 30, where tanh(epsilon / 2)
+    rounds to 1 in floating point)."""
     if secret_sign:
         from . import secret_sign as _sign
 
-        return _sign.report_epsilon(neighbouring, row_bound, sigma, server_sigma, honest_lambda,
-                                    width, delta, grid)
+        signed = _sign.report_epsilon(neighbouring, row_bound, sigma, server_sigma, honest_lambda,
+                                      width, delta, grid)
+        plain = report_epsilon(neighbouring, kind, row_bound, sigma, server_sigma, honest_lambda, width,
+                               delta, grid)
+        return min(signed, plain)
     s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
     if neighbouring == "replace-one":
         mu = _replace_mu(kind, row_bound, s2, t2, honest_lambda)
@@ -324,7 +331,17 @@ def calibrate(neighbouring: privacy.Neighbouring, kind: features.Kind, row_bound
     if secret_sign:
         from . import secret_sign as _sign
 
-        need = lambda e: _sign.variance_needed(row_bound, e, delta) * (1.0 + CALIBRATION_MARGIN) ** 2  # noqa: E731
+        # the mixture's need, or the plain Gaussian's where smaller (Lemma 0 of docs/secret_sign.md:
+        # the signed experiment is a post-processing of the unsigned one)
+        delta_ro = privacy.sensitivity(row_bound, "replace-one", kind)
+
+        def need(e: float) -> float:
+            plain = (delta_ro * privacy.unit_sigma(e, delta)) ** 2
+            # beyond the mixture's computed range (MAX_EPSILON, MAX_RADIUS): the plain Gaussian's
+            if e > _sign.MAX_EPSILON or _sign.replace_radius(e, delta) >= _sign.MAX_RADIUS:
+                return plain * (1.0 + CALIBRATION_MARGIN) ** 2
+            return min(_sign.variance_needed(row_bound, e, delta), plain) * (1.0 + CALIBRATION_MARGIN) ** 2
+
         a, a_f = need(epsilon), (None if epsilon_floor is None else need(epsilon_floor))
         if neighbouring == "replace-one":
             return _split(a, a_f, lam)
@@ -425,12 +442,16 @@ def study_pld(neighbouring: str, kind: str, row_bound: float, sigma: float, serv
     """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
+    notion = notion or neighbouring
     if secret_sign:
         from . import secret_sign as _sign
 
-        return _sign.study_pld(neighbouring, row_bound, sigma, server_sigma, honest_lambda, width,
-                               notion, grid)
-    notion = notion or neighbouring
+        # beyond the mixture's evaluated radius the plain Gaussian's PLD (Lemma 0 of
+        # docs/secret_sign.md: it dominates the signed experiment too)
+        if not (notion == "replace-one" and _sign.replace_radius_of(
+                row_bound, sigma, server_sigma, honest_lambda) > _sign.MAX_RADIUS):
+            return _sign.study_pld(neighbouring, row_bound, sigma, server_sigma, honest_lambda, width,
+                                   notion, grid)
     s2, t2 = float(sigma) ** 2, float(server_sigma) ** 2
     if notion == "replace-one":
         mu = _replace_mu(kind, row_bound, s2, t2, honest_lambda)

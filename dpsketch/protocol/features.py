@@ -7,7 +7,11 @@ OSNAP sketch. A study of kind ``gram`` shares the feature vector
 
 and the servers only add (k = 1, s = 1: the plain sum), so the release is the noisy sum of a, the
 noisy Gram A^T A and the noisy count: sufficient statistics perturbation inside the LTM
-(DESIGN.md, "Noise calibration", last paragraph). ``u`` lists the diagonal and then sqrt(2) times
+(DESIGN.md, "Noise calibration", last paragraph). A study of kind ``moments`` shares u(a a^T)
+alone (width d(d+1)/2), for fits that read only the Gram (ridge, least squares, PCA on the
+uncentered Gram): its sensitivity is that of A^T A, sqrt(2) B^2 replace-one and B^2 add/remove,
+against sqrt(2 B^4 + 2 B^2 + 1/2) = 2.12 B^2 at B = 1 for the gram kind, so the same epsilon needs
+0.44 of the gram kind's noise variance (:func:`moments_sensitivity`). ``u`` lists the diagonal and then sqrt(2) times
 the strict upper triangle (row-major), so that ||u(M)||_2 = ||M||_F and every degree of freedom of
 a symmetric matrix is counted once.
 
@@ -22,8 +26,10 @@ from typing import Literal
 
 import numpy as np
 
-Kind = Literal["sketch", "gram", "histogram", "l1"]
-KINDS: tuple[str, ...] = ("sketch", "gram", "histogram", "l1")
+Kind = Literal["sketch", "gram", "histogram", "l1", "moments"]
+KINDS: tuple[str, ...] = ("sketch", "gram", "histogram", "l1", "moments")
+#: The plain-sum kinds of second moments (k = s = 1, at most GRAM_MAX_COLUMNS columns).
+GRAM_KINDS: tuple[str, ...] = ("gram", "moments")
 
 #: A gram study shares about d^2/2 values per client; beyond this many columns a sketch study is
 #: the better tool (and the aggregate would be tens of thousands of cells per server).
@@ -37,6 +43,8 @@ def width(kind: Kind, d: int) -> int:
         return d
     if kind == "gram":
         return d + d * (d + 1) // 2 + 1
+    if kind == "moments":
+        return d * (d + 1) // 2
     if kind == "histogram":
         raise ValueError("a histogram study's width is its number of cells (Study.width)")
     raise ValueError(f"unknown study kind {kind!r}")
@@ -51,6 +59,8 @@ def coordinate_bound(kind: Kind, row_bound: float) -> float:
         return float(row_bound)
     if kind == "gram":
         return max(float(row_bound), float(row_bound) ** 2, 1.0)
+    if kind == "moments":  # a_i^2 <= B^2, sqrt(2) |a_i a_j| <= B^2 / sqrt(2)
+        return float(row_bound) ** 2
     if kind == "histogram":
         return 1.0  # a one-hot vector
     raise ValueError(f"unknown study kind {kind!r}")
@@ -93,12 +103,25 @@ def gram_features(rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def moment_features(rows: np.ndarray) -> np.ndarray:
+    """u(a a^T) for every (already clipped) row: (m, d) -> (m, d(d+1)/2), the middle block of
+    :func:`gram_features`."""
+    a = np.asarray(rows, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError("rows must be a 2-D array")
+    d = a.shape[1]
+    iu = np.triu_indices(d, k=1)
+    return np.concatenate([a * a, math.sqrt(2.0) * a[:, iu[0]] * a[:, iu[1]]], axis=1)
+
+
 def client_vectors(kind: Kind, clipped_rows: np.ndarray) -> np.ndarray:
     """What a client of this study kind adds noise to and shares."""
     if kind in ("sketch", "l1"):
         return np.asarray(clipped_rows, dtype=np.float64)
     if kind == "gram":
         return gram_features(clipped_rows)
+    if kind == "moments":
+        return moment_features(clipped_rows)
     raise ValueError(f"unknown study kind {kind!r}")
 
 
@@ -108,6 +131,15 @@ def split_gram_sum(vector: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray, 
     if v.shape[0] != width("gram", d):
         raise ValueError(f"a gram release for d = {d} has {width('gram', d)} values, got {v.shape[0]}")
     return v[:d].copy(), symmetric_from_upper(v[d:-1], d), float(v[-1])
+
+
+def moments_sensitivity(row_bound: float, replace_one: bool) -> float:
+    """L2 sensitivity of u(a a^T) over rows with ||a|| <= B: replace-one
+    ||a a^T - b b^T||_F^2 = r^4 + q^4 - 2 c^2 <= 2 B^4 (c = a . b = 0, r = q = B), so sqrt(2) B^2;
+    add/remove ||a a^T||_F = ||a||^2 <= B^2. The count is not released, so a replace-one study
+    hides presence only up to the count, as every replace-one study."""
+    b2 = float(row_bound) ** 2
+    return math.sqrt(2.0) * b2 if replace_one else b2
 
 
 def gram_feature_sensitivity(row_bound: float, replace_one: bool) -> float:

@@ -62,6 +62,17 @@ COVER_LAST = 1e-4
 PLD_SLACK = 0.05
 #: Calibrated noise meets its target with this much to spare (relative, as accounting does).
 CALIBRATION_MARGIN = 1e-6
+#: The largest epsilon the mixture is calibrated for. Beyond it tanh(epsilon / 2) is within 1e-13
+#: of 1, the stop-loss differences are lost to rounding (the bound stays an upper bound, but a
+#: useless and erratic one), and a secret-sign study is calibrated with the plain Gaussian's noise
+#: instead, which is valid for it (docs/secret_sign.md section 2, Lemma 0).
+MAX_EPSILON = 30.0
+#: The largest radius r = B / sqrt(sigma^2 max(1, lambda) + tau^2) at which the mixture is
+#: evaluated. A corner's arrays grow like r (cells of width CELL up to r + TAIL_SIGMAS), and a
+#: study with little noise and no floor has an enormous r at lambda = 1 (its floor): evaluating it
+#: took gigabytes. Beyond this the replace-one accounting is the plain Gaussian's (valid by
+#: Lemma 0; the mixture's epsilon there is far above MAX_EPSILON for any delta the studies use).
+MAX_RADIUS = 20.0
 
 
 # --- one factor A_a = tanh(a |X|), X ~ N(a, 1) -------------------------------------------------
@@ -287,6 +298,11 @@ def replace_radius(epsilon: float, delta: float) -> float:
     lo, hi = 1e-3, 1e-3
     while ok(hi, False):
         lo, hi = hi, hi * 2.0
+        if hi >= MAX_RADIUS:  # no larger radius is evaluated (MAX_RADIUS)
+            hi = MAX_RADIUS
+            if ok(hi, False):
+                lo = hi
+            break
     while not ok(lo, False):
         lo /= 2.0
     while hi / lo > 1.0 + 1e-7:
@@ -460,7 +476,10 @@ def report_epsilon(neighbouring: str, row_bound: float, sigma: float, server_sig
     """epsilon at delta of one honest report of a secret-sign sketch study (the secret-sign
     counterpart of accounting.report_epsilon)."""
     if neighbouring == "replace-one":
-        return replace_epsilon(replace_radius_of(row_bound, sigma, server_sigma, honest_lambda), delta)
+        r = replace_radius_of(row_bound, sigma, server_sigma, honest_lambda)
+        if r > MAX_RADIUS:
+            return math.inf  # not evaluated: accounting.report_epsilon takes the plain Gaussian's
+        return replace_epsilon(r, delta)
     if neighbouring != "add-remove":
         raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
     shift, ratio = presence_pair(row_bound, sigma, server_sigma, honest_lambda)

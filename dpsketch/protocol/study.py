@@ -55,8 +55,8 @@ class Study(BaseModel):
     label: str | None = None
     row_bound: float = Field(gt=0, le=1e6)
     # transform: "sketch" shares the row and applies OSNAP; "gram" shares [a, u(a a^T), 1] and
-    # sums (k = s = 1), see features.py; "histogram" shares the one-hot vector of the row's cell
-    # and sums (k = s = 1), see histogram.py
+    # sums (k = s = 1), see features.py; "moments" shares u(a a^T) alone and sums (k = s = 1);
+    # "histogram" shares the one-hot vector of the row's cell and sums (k = s = 1), see histogram.py
     kind: features.Kind = "sketch"
     #: the bins of a histogram study (its axes are the study's columns); null for other kinds
     histogram: HistogramSpec | None = None
@@ -131,12 +131,12 @@ class Study(BaseModel):
             raise ValueError(f"only an l1 study has an l1 sketch shape, not a {self.kind} study")
         elif self.k % self.s:
             raise ValueError("s must divide k (k rows in s blocks of k/s buckets)")
-        if self.kind == "gram":
+        if self.kind in features.GRAM_KINDS:
             if (self.k, self.s) != (1, 1):
-                raise ValueError("a gram study is the plain sum: k = 1 and s = 1")
+                raise ValueError(f"a {self.kind} study is the plain sum: k = 1 and s = 1")
             if self.d > features.GRAM_MAX_COLUMNS:
                 raise ValueError(
-                    f"a gram study shares d(d+1)/2 values per client; use a sketch study beyond "
+                    f"a {self.kind} study shares d(d+1)/2 values per client; use a sketch study beyond "
                     f"{features.GRAM_MAX_COLUMNS} columns"
                 )
         if self.kind == "histogram":
@@ -421,6 +421,12 @@ def check_secret_sign(kind: str, k: int, has_parties: bool) -> None:
                          "individual would need the same secret sign")
 
 
+def signs_by_default(kind: str, k: int, has_parties: bool) -> bool:
+    """Whether :func:`design` signs a study's rows when not told (``secret_sign=None``): wherever
+    :func:`check_secret_sign` allows it, i.e. a sketch study with k > 1 and no parties."""
+    return kind == "sketch" and k > 1 and not has_parties
+
+
 def _clip_bound(kind: features.Kind, row_bound: float, rounding: float) -> float:
     """The largest B' <= B with sensitivity(B') + rounding <= sensitivity(B) under both notions
     (rounding: the norm a vector may move when its coordinates are rounded, twice over for two
@@ -470,7 +476,8 @@ def _noise_line(study: Study, own_local: float) -> str:
             + (", the report's own noise leaving with it included" if study.neighbouring == "add-remove"
                else "") + "."
             + (" Each client signs its row with a secret +-1 before its noise, so the noise is "
-               "calibrated for the symmetric Gaussian mixture (docs/secret_sign.md)." if study.secret_sign
+               "calibrated for the symmetric Gaussian mixture (docs/secret_sign.md; the default for a "
+               "sketch study, secret_sign=false opts out)." if study.secret_sign
                else ""))
 
 
@@ -564,12 +571,14 @@ def design(
     histogram: HistogramSpec | dict | None = None,
     parties: Sequence[_parties.Party | dict] | None = None,
     population: str | None = None,
-    secret_sign: bool = False,
+    secret_sign: bool | None = None,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
 
-    ``kind="gram"`` makes the plain-sum study of the Gram matrix (k = s = 1, see features.py);
+    ``kind="gram"`` makes the plain-sum study of the Gram matrix (k = s = 1, see features.py),
+    ``kind="moments"`` the same without the row sum and count (less noise for fits that only
+    read A^T A);
     ``kind="histogram"`` the plain-sum study of one-hot cells of ``histogram``'s bins (its axes
     are the columns; ``columns`` and ``label`` may be left empty); ``dpsketch.recommend`` says
     which kind suits given d and n. ``parties`` (a sketch study only) splits the columns into
@@ -577,8 +586,10 @@ def design(
     left empty; parties without a bound share what the others leave of B^2 by width: B sqrt(d_j / d)
     when none is given; docs/vertical.md). ``population`` names the population the study draws
     from: every server charges it to that population's privacy ledger (docs/ledger.md).
-    ``secret_sign`` (a sketch study only, k > 1, no parties) has every client sign its row with a
-    secret +-1 and calibrates for it (docs/secret_sign.md): the same epsilon with less noise.
+    ``secret_sign`` has every client sign its row with a secret +-1 and calibrates for it
+    (docs/secret_sign.md): the same epsilon with much less noise. None (the default) turns it on
+    wherever a study can take it (:func:`signs_by_default`: a sketch study with k > 1 and no
+    parties) and off elsewhere; False opts out; True on a study that cannot take it is an error.
     ``epsilon_floor`` is the
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
@@ -604,11 +615,11 @@ def design(
     if expected_reports < 2:
         raise ValueError("expected_reports must be at least 2")
     sigma_local = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
-    if kind == "gram":
+    if kind in features.GRAM_KINDS:
         if k not in (None, 1):
-            raise ValueError("a gram study is the plain sum: k must be 1")
+            raise ValueError(f"a {kind} study is the plain sum: k must be 1")
         if d > features.GRAM_MAX_COLUMNS:
-            raise ValueError(f"a gram study of {d} columns would share {features.width('gram', d)} "
+            raise ValueError(f"a {kind} study of {d} columns would share {features.width(kind, d)} "
                              f"values per client; use a sketch study beyond "
                              f"{features.GRAM_MAX_COLUMNS} columns")
         k = 1
@@ -634,11 +645,13 @@ def design(
         l1 = L1Params(level0_buckets=spec.level0_buckets, levels=spec.levels, buckets=spec.buckets,
                       branching=spec.branching)
     else:
-        lambda_star = privacy.choose_lambda_star(min_reports, k, t)
+        lambda_star = privacy.choose_lambda_star(min_reports, k, t, expected_reports)
     if epsilon_floor == "default":
         epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
     width = histogram.cells if histogram is not None else features.width(kind, d)
-    if secret_sign:
+    if secret_sign is None:
+        secret_sign = signs_by_default(kind, k, parties is not None)
+    elif secret_sign:
         check_secret_sign(kind, k, parties is not None)
     noise = accounting.calibrate(neighbouring, kind, row_bound, epsilon, delta, lambda_star, width,
                                  epsilon_floor, secret_sign)
@@ -685,6 +698,12 @@ def design(
             f"sum them (k = s = 1): the release is the noisy A^T A, row sum and count, "
             f"the central model's sufficient statistics."
         )
+    elif kind == "moments":
+        transform = (
+            f"Moments: each client shares u(a a^T), {study.width} values, and the servers sum them "
+            f"(k = s = 1): the release is the noisy A^T A alone (no row sum, no count), with the "
+            f"sensitivity of A^T A, for ridge, least squares and PCA on the uncentered Gram."
+        )
     elif kind == "l1":
         spec = study.l1_spec
         transform = (
@@ -710,7 +729,7 @@ def design(
             f"a report at n = min_reports; servers check every report's exact leverage <= "
             f"1 / lambda_star before they release."
             if kind == "l1"
-            else f"lambda_star = {lambda_star:.1f}: {privacy.LAMBDA_SAFETY} x the expected "
+            else f"lambda_star = {lambda_star:.1f}: {privacy.lambda_safety(min_reports, k, expected_reports)} x the expected "
             f"lambda_min(S S^T) ~ (n/k)(1 - sqrt(k/n))^2 at n = min_reports, minus t = {t}."
         ),
         _noise_line(study, own_local),

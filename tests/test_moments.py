@@ -1,0 +1,162 @@
+"""The moments study kind (issue 15): u(a a^T) alone, without the gram kind's [a, 1] features.
+
+* Its feature map is the gram kind's middle block, its exact sensitivity is that of A^T A
+  (sqrt(2) B^2 replace-one, B^2 add/remove; checked on random and extremal pairs), and the
+  same epsilon needs 0.44 of the gram kind's noise variance at B = 1.
+* Over real share servers, the analyzer and the SDK over HTTP: the release is exactly the ring sum
+  of the clients' encoded u(a a^T) (no server noise on servers that allow it), the analyzer
+  answers ridge and PCA from it and refuses what needs first moments; and at epsilon = 1 with
+  the default floor its ridge fits are closer to the optimum than the gram kind's on the same
+  data, numerically, over several data sets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from analyzer import evaluation, synthetic
+from analyzer.client import AnalyzerClient
+from client_sdk import Client
+from client_sdk.client import prepare_batch
+from dpsketch.protocol import ProblemError, Study, design, features, privacy, ring
+from dpsketch.protocol.noise import NOISE_TAIL_SIGMAS
+
+COLUMNS = ["x0", "x1", "x2", "y"]
+
+
+def moments_study(n: int, columns=COLUMNS, **kw) -> Study:
+    study, _ = design(name="moments", columns=list(columns), label=columns[-1], servers=["s1", "s2", "s3"],
+                      expected_reports=n, kind="moments", seed="cd" * 32, **kw)
+    return study
+
+
+def test_features_are_the_gram_kinds_middle_block():
+    a = np.random.default_rng(1).normal(size=(300, 5))
+    m = features.moment_features(a)
+    assert m.shape == (300, features.width("moments", 5)) == (300, 15)
+    np.testing.assert_array_equal(m, features.gram_features(a)[:, 5:-1])
+    np.testing.assert_allclose(features.symmetric_from_upper(m.sum(axis=0), 5), a.T @ a, rtol=1e-10, atol=1e-9)
+    np.testing.assert_array_equal(features.client_vectors("moments", a), m)
+
+
+@pytest.mark.parametrize("bound", [0.3, 1.0, 2.5])
+def test_sensitivity_is_that_of_a_at_and_is_reached(bound):
+    rng = np.random.default_rng(2)
+    delta = privacy.sensitivity(bound, "replace-one", "moments")
+    assert delta == pytest.approx(math.sqrt(2.0) * bound ** 2)
+    a = rng.normal(size=(20_000, 4))
+    b = rng.normal(size=(20_000, 4))
+    a *= bound * rng.uniform(0, 1, (20_000, 1)) ** 0.25 / np.linalg.norm(a, axis=1, keepdims=True)
+    b *= bound * rng.uniform(0, 1, (20_000, 1)) ** 0.25 / np.linalg.norm(b, axis=1, keepdims=True)
+    diff = np.linalg.norm(features.moment_features(a) - features.moment_features(b), axis=1)
+    assert diff.max() <= delta * (1 + 1e-12)
+    # reached by two orthogonal rows of norm B
+    e1, e2 = np.eye(4)[:1] * bound, np.eye(4)[1:2] * bound
+    reached = np.linalg.norm(features.moment_features(e1) - features.moment_features(e2))
+    assert reached == pytest.approx(delta)
+    assert privacy.sensitivity(bound, "add-remove", "moments") == pytest.approx(
+        np.linalg.norm(features.moment_features(e1)))
+
+
+def test_design_validation_and_the_noise_it_saves():
+    st = moments_study(10_000)
+    assert (st.k, st.s, st.width, st.secret_sign) == (1, 1, 10, False)
+    assert st.value_bound == pytest.approx(1.0 + NOISE_TAIL_SIGMAS * st.sigma)
+    assert st.guarantees()["epsilon"] <= 1.0 + 1e-9
+    gram, _ = design(name="g", columns=COLUMNS, label="y", servers=["s1", "s2", "s3"], expected_reports=10_000,
+                     kind="gram", seed="cd" * 32)
+    # noise variance per released coordinate, clients and servers: 2 B^4 / (2 B^4 + 2 B^2 + 1/2)
+    var = lambda s: s.sigma ** 2 * 10_000 + s.n_servers * s.server_sigma ** 2  # noqa: E731
+    assert var(st) / var(gram) == pytest.approx(2.0 / 4.5, rel=1e-4)
+    fields = st.model_dump()
+    with pytest.raises(ValueError, match="plain sum"):
+        Study(**{**fields, "k": 4, "s": 4})
+    with pytest.raises(ValueError, match="more than the study's epsilon"):
+        Study(**{**fields, "sigma": st.sigma * 0.99})
+    with pytest.raises(ValueError, match="secret_sign"):  # nothing to hide a sign in: u(a a^T) keeps it
+        moments_study(1000, secret_sign=True)
+    with pytest.raises(ValueError, match="k must be 1"):
+        moments_study(1000, k=8)
+
+
+# --- over real HTTP ---------------------------------------------------------------------------
+
+
+def test_moments_release_over_http_is_the_sum_of_the_clients_second_moments(servers):
+    """No server noise (servers that allow it): the released A^T A is exactly the ring sum of the
+    clients' encoded u(a a^T) + noise, the analyzer fits ridge and PCA on it, shows no row sum or
+    count, and refuses an analysis that needs first moments."""
+    from test_e2e import exact_cluster
+
+    c = exact_cluster(servers)
+    n = 3000
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="moments-e2e", columns=COLUMNS, label="y", expected_reports=n,
+                                  kind="moments", min_reports=n, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    assert study.kind == "moments" and study.width == 10 and study.k == 1 and study.server_sigma == 0
+    assert "secret_sign" not in created["study"]
+
+    rng = np.random.default_rng(5)
+    rows = rng.normal(0, 0.4, size=(n, 4))
+    batch = prepare_batch(study, rows)
+    encoded = ring.reconstruct(batch.shares)
+    assert encoded.shape == (n, 10)
+    for j, url in enumerate(c.server_urls):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j)})
+        assert r.status_code == 200, r.text
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        assert an.finalize(study.study_id)["n_reports"] == n
+        released = np.array(an.sketch(study.study_id)["sketch"])
+        gram = an.gram(study.study_id)
+        ridge = an.ridge(study.study_id)
+        pca = an.pca(study.study_id, n_components=2)
+        with pytest.raises(ProblemError) as bad:  # logistic needs the row sum for its intercept
+            an.logistic(study.study_id, label="y")
+    assert bad.value.status == 422 and "row sum" in bad.value.detail
+    expected = ring.decode(encoded.sum(axis=0, dtype=np.uint64), study.frac_bits)
+    np.testing.assert_array_equal(released.reshape(-1), expected)
+    g = np.array(gram["gram"])
+    assert gram["kind"] == "moments" and gram.get("row_sum") is None and gram.get("noisy_count") is None
+    np.testing.assert_allclose(g, features.symmetric_from_upper(expected, 4), rtol=1e-12, atol=1e-9)
+    # the noise added is the study's: A^T A of the clipped rows within its law
+    clipped = rows * np.minimum(1.0, study.clip_bound / np.linalg.norm(rows, axis=1))[:, None]
+    err = features.upper_triangle(g - clipped.T @ clipped)
+    assert 0.7 < np.sqrt(np.mean(err ** 2)) / (study.sigma * math.sqrt(n)) < 1.3
+    assert len(ridge["coef"]) == 3 and len(pca["components"]) == 2
+
+
+def test_moments_fit_better_than_gram_on_the_same_data(live_cluster):
+    """epsilon = 1, the default floor, three servers, d = 10 + label, n = 10^4 through the SDK and
+    the analyzer: per data set one gram and one moments study. The moments study's noise variance
+    is 0.44 of the gram study's, and the ridge excess (ratio - 1 with the benchmark's penalty
+    1e-3 n) falls accordingly: simulated at these parameters (baselines.simulate_ltm, 160 data
+    sets) mean 0.056 -> 0.023, the moments study better in 92.5 % of single runs; the ratio of
+    the mean excess of 6 runs (moments / gram) has median 0.41 and stays below 1 in 99.9 % of
+    2,000 resampled groups of 6."""
+    n, seeds = 10_000, [11, 12, 13, 14, 15, 16]
+    excess = {"gram": [], "moments": []}
+    with AnalyzerClient(live_cluster.analyzer.url, live_cluster.api_token) as an, \
+            Client(live_cluster.server_urls) as client:
+        for seed in seeds:
+            data = synthetic.regression_data(n, 10, seed=seed, clip_quantile=0.99, row_bound=1.0)
+            x, y = data.features(), data.target()
+            alpha = evaluation.default_alpha(n, 1.0)
+            for kind in excess:
+                view = an.create_study(name=f"{kind}-{seed}", columns=list(data.columns), label=data.label,
+                                       expected_reports=n, min_reports=n, kind=kind)
+                study = Study.model_validate(view["study"])
+                assert study.kind == kind and view["guarantees"]["epsilon"] <= 1.0 + 1e-9
+                client.submit_many(study.study_id, data.rows, batch_size=n)
+                assert an.finalize(study.study_id)["n_reports"] == n
+                coef = np.array(an.ridge(study.study_id, label=data.label, alpha=alpha)["coef"])
+                excess[kind].append(evaluation.ridge_ratio(x, y, coef, alpha) - 1.0)
+    g, m = np.array(excess["gram"]), np.array(excess["moments"])
+    print(f"ridge excess over {len(seeds)} data sets: gram {g.mean():.4f} ({g.round(4)}), "
+          f"moments {m.mean():.4f} ({m.round(4)}); ratio {m.mean() / g.mean():.3f}")
+    assert m.mean() < g.mean()
