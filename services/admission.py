@@ -25,8 +25,9 @@ on to the app unchanged.
 (the SDK waits that long before retrying, client_sdk/client.py); nothing of the request was
 parsed or stored, and a retry is safe (uploads are idempotent by report id). Only uploads are
 limited: health, metrics, reads and the analyst's commit stay answerable under an upload flood.
-The limits are read from the environment so that the command line (owned by the server's
-settings) needs no change; docs/operations.md explains how to size them.
+The limits come from the environment; `dpsketch server --max-inflight-uploads` and
+`--max-inflight-upload-bytes` set the same variables before the app starts (a flag wins over the
+environment). docs/operations.md explains how to size them.
 """
 
 from __future__ import annotations
