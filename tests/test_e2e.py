@@ -99,9 +99,16 @@ def test_release_is_exactly_the_sketch_of_the_included_reports(no_floor_cluster)
         assert info["status"] == "committed" and info["commit"]["inclusion_hash"] == incl
         assert info["commit"]["server_sigma"] == 0.0
 
-    # the noise is real and of the calibrated size: decoded A+G minus the clipped rows
-    noise = ring.decode(encoded, study.frac_bits) - rows
-    assert noise.std() == pytest.approx(study.sigma, rel=0.1)
+    # the noise is real and of the calibrated size. The study is signed (the default for a sketch
+    # study): each client encoded t_i a_i + g_i with a secret t_i = +-1, so measure the noise by
+    # what does not depend on the sign, E||t a + g||^2 = ||a||^2 + d sigma^2
+    assert study.secret_sign
+    decoded = ring.decode(encoded, study.frac_bits)
+    noise_var = (np.sum(decoded**2) - np.sum(rows**2)) / rows.size
+    assert np.sqrt(noise_var) == pytest.approx(study.sigma, rel=0.1)
+    # and the signs are secret coin flips: about half the rows were flipped
+    flipped = np.linalg.norm(decoded + rows, axis=1) < np.linalg.norm(decoded - rows, axis=1)
+    assert 0.4 < flipped.mean() < 0.6
 
 
 def test_default_design_release_carries_the_servers_noise(live_cluster):
