@@ -156,6 +156,7 @@ class Store:
         self.shared = self.backend.shared
         self.keys = KeyRing(self._conn, self.backend.file_path, self.backend)  # HPKE keys
         self._records: dict[str, StudyRecord] = {}
+        self._sketch_warming = False
         self._load_records()
         #: population -> [(charge, charged_at)] in charging order (the ledger table, in memory)
         self._ledger: dict[str, list[tuple[ledger.Charge, float]]] = {}
@@ -165,8 +166,6 @@ class Store:
         self._closed = False
         self._closing = threading.Event()
         self._sweep_wake = threading.Event()
-        # the compiled sketch hash (dpsketch/protocol/sketch.py), loaded before the first upload
-        threading.Thread(target=sketch.warm_up, name="dpsketch-hash-warm", daemon=True).start()
         if settings.warm_start:
             threading.Thread(target=self._warm, name="dpsketch-warm", daemon=True).start()
         if settings.retention_after_commit_s is not None:
@@ -246,6 +245,20 @@ class Store:
                 upload_tokens=tokens.get(seq, {}),
                 upload_required=seq in issued or self.settings.upload_auth == "tokens",
                 shares_deleted_at=deleted_at)
+            if commit is None:
+                self._warm_sketch_for(study)
+
+    def _warm_sketch_for(self, study: Study) -> None:
+        """Load the compiled sketch loops (dpsketch/protocol/sketch.py) in the background, once,
+        when this server opens a study that cannot release before it holds thousands of reports:
+        from ``sketch.KERNEL_MIN_IDS`` ids they hash and add several times faster than hashlib
+        and scipy, and loading them costs about 0.7 s of CPU (numba's import), which a server that
+        holds only small studies never needs. Until they are loaded, uploads use hashlib and
+        scipy (a batch of KERNEL_MIN_IDS ids or more loads them itself): none waits."""
+        if self._sketch_warming or study.min_reports < sketch.KERNEL_MIN_IDS:
+            return
+        self._sketch_warming = True
+        threading.Thread(target=sketch.warm_up, name="dpsketch-hash-warm", daemon=True).start()
 
     def _warm(self) -> None:
         for record in list(self._records.values()):
@@ -543,6 +556,8 @@ class Store:
             return (record, True), apply
 
         record, created = self.writer.submit(CallJob(fn)).result()
+        if created:
+            self._warm_sketch_for(study)
         return self.info(record), created
 
     def submit_upload(self, record: StudyRecord, ids: list[bytes], shares: np.ndarray,

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -199,3 +200,38 @@ def test_admission_flags_override_the_environment(tmp_path, monkeypatch):
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--max-inflight-uploads" in out.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def _compiled_loops_loaded(pid: int) -> bool:
+    """Whether the process has mapped llvmlite's shared library (numba's import loads it)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return "llvmlite" in maps.read()
+
+
+def test_compiled_sketch_loops_load_only_for_a_large_study(servers):
+    """A server loads numba's compiled sketch loops (about 0.7 s of CPU) in the background when it
+    opens a study that needs thousands of reports, and not before: small studies use hashlib and
+    scipy. The check reads the real process's memory maps."""
+    spec = servers.spec("s1")
+    proc = servers.start(spec, NO_FLOOR)
+    small = make_study()
+    provision(proc.url, spec.operator_token, small)
+    ids, proofs, shares = bound_reports(small, 50)
+    r = httpx.post(f"{proc.url}/v1/studies/{small.study_id}/batches", content=encode_batch(ids, proofs, shares),
+                   headers={"Content-Type": SHARES_MEDIA_TYPE})
+    assert r.status_code == 200
+    assert not _compiled_loops_loaded(proc.proc.pid)
+    large = design(name="process, large", columns=[f"x{i}" for i in range(D)], label=None, servers=["s1", "s2"],
+                   expected_reports=20_000, k=8, s=2, min_reports=sketch.KERNEL_MIN_IDS, epsilon_floor=None)[0]
+    provision(proc.url, spec.operator_token, large)
+    deadline = time.monotonic() + 60
+    while not _compiled_loops_loaded(proc.proc.pid):
+        assert time.monotonic() < deadline, "the compiled loops were not loaded for a large study"
+        time.sleep(0.1)
+    # after a restart, holding the open large study is enough
+    proc.stop()
+    proc = servers.start(spec, NO_FLOOR)
+    deadline = time.monotonic() + 60
+    while not _compiled_loops_loaded(proc.proc.pid):
+        assert time.monotonic() < deadline, "a restart holding a large open study did not load them"
+        time.sleep(0.1)

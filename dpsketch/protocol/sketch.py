@@ -41,7 +41,7 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     b = k // s
     m = len(report_ids)
     width = 8 * s
-    compiled = m >= _KERNEL_WARM_IDS if _ready else (m >= _KERNEL_MIN_IDS and not _warming)
+    compiled = m >= _KERNEL_WARM_IDS if _ready else (m >= KERNEL_MIN_IDS and not _warming)
     joined = b"".join(report_ids) if compiled else b""
     if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loop
         u = _digest_words(seed, joined, s)
@@ -67,8 +67,9 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
 
 #: ids from which the compiled BLAKE2b loop (``_sketch_kernel.py``) hashes them: from this many
 #: (loading it once costs about a second from numba's cache, several to compile it) ...
-_KERNEL_MIN_IDS = 4096
-#: ... and from this many once the loops are loaded (``warm_up``; a server does at start). While
+KERNEL_MIN_IDS = 4096
+#: ... and from this many once the loops are loaded (``warm_up``; a server does when it opens a
+#: study of at least KERNEL_MIN_IDS reports, services/store.py). While
 #: ``warm_up`` loads them in another thread, callers keep to hashlib and scipy: none waits.
 _KERNEL_WARM_IDS = 32
 _kernel = None
@@ -100,8 +101,8 @@ def _compiled():
 
 def warm_up() -> None:
     """Load the compiled loops now (from numba's cache: about a second, numba's import
-    included), so that no upload waits for them; a server does it in a thread at start. Until
-    it returns, other threads use hashlib and scipy."""
+    included), so that no upload waits for them; a server does it in a thread when it opens a
+    large study. Until it returns, other threads use hashlib and scipy."""
     global _ready, _warming
     if _ready:
         return
