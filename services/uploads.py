@@ -121,7 +121,13 @@ async def store_report(store: "Store", metrics: "ServerMetrics", study_id: str, 
                        shares: np.ndarray, token: bytes | None) -> Response:
     """Hand a checked report to the writer (which hashes single reports in bulk) and answer
     once it is durable; the writer's refusals are raised as ProblemError."""
-    result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, None, None, token))
+    waiter = asyncio.get_running_loop().create_future()
+    future = store.submit_upload(record, ids, shares, None, None, token, waiter=waiter)
+    try:
+        result = await waiter
+    except asyncio.CancelledError:  # the client went away: not stored if the writer has not begun
+        future.cancel()
+        raise
     metrics.uploaded(study_id, result)
     return json_response(result)
 

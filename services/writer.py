@@ -54,6 +54,9 @@ class UploadJob:
     #: whether the study required an upload token when the request was checked (HTTP layer)
     required: bool = True
     future: Future = field(default_factory=Future)
+    #: an asyncio future of the event loop waiting for this job (None: the caller waits on
+    #: ``future``); the writer settles the waiters of a whole group with one loop callback
+    waiter: Any = None
     _joined: bytes | None = field(default=None, repr=False)
 
     @property
@@ -203,6 +206,7 @@ class Writer:
                     group.append(nxt)
                     rows += len(nxt.ids)
             self._guarded(self._run_uploads, group)
+            self._wake(group)  # the failure paths' waiters (the acknowledged ones are woken already)
 
     def _guarded(self, fn: Callable, arg: Any) -> None:
         """Never let the writer thread die: an unexpected error fails the affected requests, and
@@ -223,6 +227,22 @@ class Writer:
             try:
                 self.next_rowid = int(self.conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
             except self.db_errors:
+                pass
+
+    @staticmethod
+    def _wake(jobs: list[UploadJob]) -> None:
+        """Settle the asyncio waiters of finished jobs: one callback per event loop for the whole
+        group, not one per job (a cross-thread wake-up costs the loop more than the answer)."""
+        by_loop: dict[Any, list[tuple[Any, Future]]] = {}
+        for job in jobs:
+            waiter = job.waiter
+            if waiter is not None and job.future.done():
+                job.waiter = None
+                by_loop.setdefault(waiter.get_loop(), []).append((waiter, job.future))
+        for loop, pairs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, pairs)
+            except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
 
     def _run_call(self, job: CallJob) -> None:
@@ -296,6 +316,7 @@ class Writer:
                 accepted=plan.n_new, duplicates=plan.duplicates,
                 report_count=None if hide else plan.report_count,
             ))
+        self._wake(group)
         for record, *_ in inserted:  # after the acknowledgements: a checkpoint delays no client
             self._checkpoint_if_due(record)
 
@@ -504,6 +525,22 @@ class Writer:
         held = len(record.state.ids) + sum(plan.n_new for plan in group)
         self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, record.seq))
         return base
+
+
+def _settle(pairs: list[tuple[Any, Future]]) -> None:
+    """On the event loop: copy each finished job's outcome to its waiter (unless the waiting
+    request was cancelled meanwhile)."""
+    for waiter, future in pairs:
+        if waiter.done():
+            continue
+        if future.cancelled():
+            waiter.cancel()
+            continue
+        exc = future.exception()
+        if exc is not None:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result(future.result())
 
 
 @dataclass
