@@ -134,7 +134,7 @@ class Writer:
         self.ensure_state = ensure_state
         self.memory_in_use = memory_in_use
         self.catch_up = catch_up
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()  # C put and get: no Condition per job
         self.next_rowid = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
         self._lock = threading.Lock()
         self._queued_bytes = 0
