@@ -82,6 +82,7 @@ class CallJob:
 
 
 _STOP = object()
+_NONE: frozenset[bytes] = frozenset()
 
 
 @dataclass
@@ -268,6 +269,7 @@ class Writer:
         plans: list[_Plan] = []
         pending: dict[int, list[_Plan]] = {}  # per study: accepted requests of this group
         charged: dict[tuple[int, bytes], int] = {}  # (study, token) -> new reports in this group
+        taken: dict[int, tuple[set[bytes], set[bytes]]] = {}  # per study: the new ids and slots so far
         budget = self.settings.memory_budget - self.memory_in_use()
         try:
             self.backend.begin(self.conn)
@@ -277,10 +279,13 @@ class Writer:
                     self.catch_up(self.conn, records[seq],
                                   {job.token for job in group if job.record.seq == seq and job.token is not None})
             for job in group:
-                plan = self._plan(job, pending, charged, budget)
+                plan = self._plan(job, pending, charged, budget, taken)
                 if plan is not None:
                     plans.append(plan)
                     pending.setdefault(job.record.seq, []).append(plan)
+                    ids_so_far, slots_so_far = taken.setdefault(job.record.seq, (set(), set()))
+                    ids_so_far.update(plan.new_ids)
+                    slots_so_far.update(plan.new_slots)
                     budget -= plan.n_new * INDEX_BYTES_PER_REPORT
                     if job.token is not None and plan.n_new:
                         key = (job.record.seq, job.token)
@@ -328,9 +333,12 @@ class Writer:
             checkpoint.save(self.conn, self.backend, record, state)
 
     def _plan(self, job: UploadJob, pending: dict[int, list[_Plan]],
-              charged: dict[tuple[int, bytes], int] | None = None, budget: int | None = None) -> _Plan | None:
+              charged: dict[tuple[int, bytes], int] | None = None, budget: int | None = None,
+              taken: dict[int, tuple[set[bytes], set[bytes]]] | None = None) -> _Plan | None:
         """Validate one request against what is stored and what this group stores before it.
-        Refusals resolve the job's future and return None; nothing of it is written."""
+        Refusals resolve the job's future and return None; nothing of it is written.
+        ``taken``: per study, the union of the new ids and slots of ``pending`` (one set lookup
+        per id rather than one per earlier request of the group)."""
         record = job.record
         if record.commit is not None:
             job.future.set_exception(ProblemError(
@@ -351,10 +359,14 @@ class Writer:
         slot_set = set(slots)
         with state.lock:  # a commit's match may be merging the index's runs meanwhile
             held_any = state.ids.any_held(job.joined, ids)
-        if (len(as_set) == len(ids) and not held_any
-                and all(p.new_ids.isdisjoint(as_set) for p in earlier)
-                and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)
-                and all(p.new_slots.isdisjoint(slot_set) for p in earlier)):
+        if taken is not None:
+            group_ids, group_slots = taken.get(record.seq, (_NONE, _NONE))
+            new_in_group = group_ids.isdisjoint(as_set) and group_slots.isdisjoint(slot_set)
+        else:
+            new_in_group = (all(p.new_ids.isdisjoint(as_set) for p in earlier)
+                            and all(p.new_slots.isdisjoint(slot_set) for p in earlier))
+        if (len(as_set) == len(ids) and not held_any and new_in_group
+                and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)):
             new, duplicates, new_ids, new_slots = None, 0, as_set, slot_set
         else:
             outcome = self._classify(job, state, earlier)
