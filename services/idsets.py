@@ -246,7 +246,12 @@ class ReportIndex:
 
     def any_held(self, joined: bytes, report_ids: Sequence[bytes] | None = None) -> bool:
         """Whether any of the concatenated ids is held."""
-        return self._n > 0 and bool(np.any(self.lookup(joined, report_ids) >= 0))
+        if self._n == 0:
+            return False
+        if len(joined) <= 8 * REPORT_ID_BYTES:  # a few ids (single uploads): no arrays at all
+            return any(self._one(joined[i:i + REPORT_ID_BYTES]) >= 0
+                       for i in range(0, len(joined), REPORT_ID_BYTES))
+        return bool(np.any(self.lookup(joined, report_ids) >= 0))
 
     def get(self, rid: bytes) -> int | None:
         """The rowid of one id, None if not held."""

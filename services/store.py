@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 import threadpoolctl
@@ -563,16 +564,18 @@ class Store:
     def submit_upload(self, record: StudyRecord, ids: list[bytes], shares: np.ndarray,
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
                       token: bytes | None = None, pseudonyms: list[bytes] | None = None,
-                      party: int | None = None) -> Future:
+                      party: int | None = None, waiter: Any = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
         future resolves to an UploadResult once they are durable (or to a ProblemError).
         ``token`` is the digest of the upload token they came with (its quota is charged).
-        Blocks of a study with parties come with their ``pseudonyms`` and ``party`` index."""
+        Blocks of a study with parties come with their ``pseudonyms`` and ``party`` index.
+        ``waiter``: an asyncio future of the calling event loop, given the same outcome (the
+        writer wakes the loop once per group of uploads rather than once per future)."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token,
                                             pseudonyms=pseudonyms, party=party,
-                                            required=record.upload_required))
+                                            required=record.upload_required, waiter=waiter))
 
     @_unavailable_on_db_error
     def commit(self, study_id: str, inclusion: bytes) -> CommitResult:

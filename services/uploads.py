@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpsketch.problem_http import problem_response
 from dpsketch.protocol import binding
-from dpsketch.protocol.messages import Report, Upload
+from dpsketch.protocol.messages import Report, Upload, UploadResult
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
@@ -117,13 +117,25 @@ def checked_report(store: "Store", server_id: str, study_id: str, report: Report
     return record, upload.ids, shares
 
 
+async def stored_report(store: "Store", metrics: "ServerMetrics", study_id: str, record, ids: list[bytes],
+                        shares: np.ndarray, token: bytes | None) -> UploadResult:
+    """Hand a checked report to the writer (which hashes single reports in bulk) and return its
+    acknowledgement once it is durable; the writer's refusals are raised as ProblemError."""
+    waiter = asyncio.get_running_loop().create_future()
+    future = store.submit_upload(record, ids, shares, None, None, token, waiter=waiter)
+    try:
+        result = await waiter
+    except asyncio.CancelledError:  # the client went away: not stored if the writer has not begun
+        future.cancel()
+        raise
+    metrics.uploaded(study_id, result)
+    return result
+
+
 async def store_report(store: "Store", metrics: "ServerMetrics", study_id: str, record, ids: list[bytes],
                        shares: np.ndarray, token: bytes | None) -> Response:
-    """Hand a checked report to the writer (which hashes single reports in bulk) and answer
-    once it is durable; the writer's refusals are raised as ProblemError."""
-    result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, None, None, token))
-    metrics.uploaded(study_id, result)
-    return json_response(result)
+    """:func:`stored_report`, answered as JSON."""
+    return json_response(await stored_report(store, metrics, study_id, record, ids, shares, token))
 
 
 def bearer_credentials(scope: Scope) -> str | None:
@@ -180,15 +192,20 @@ class FastReports:
         scope[ROUTE_KEY] = REPORTS_ROUTE  # for the metrics middleware (no route matched)
         scope["path_params"] = {"study_id": study_id}
         try:
-            response = await store_report(self.store, self.metrics, study_id, record, ids, shares, token)
+            result = await stored_report(self.store, self.metrics, study_id, record, ids, shares, token)
         except ProblemError as exc:  # the writer's refusal, rendered as the route's handler does
-            response = problem_response(exc, Request(scope))
+            await problem_response(exc, Request(scope))(scope, receive, send)
+            return
         except Exception:  # as FastAPI's server-error layer (dpsketch/problem_http.py): 500, re-raised
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             await problem_response(ProblemError("internal-error", "unexpected server error"),
                                    Request(scope))(scope, receive, send)
             raise
-        await response(scope, receive, send)
+        # what json_response(result) sends (starlette's Response: the same headers, in its order)
+        body = result.model_dump_json().encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)]})
+        await send({"type": "http.response.body", "body": body})
 
     async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, list[bytes], np.ndarray,
                                                                                    bytes | None]:

@@ -54,6 +54,9 @@ class UploadJob:
     #: whether the study required an upload token when the request was checked (HTTP layer)
     required: bool = True
     future: Future = field(default_factory=Future)
+    #: an asyncio future of the event loop waiting for this job (None: the caller waits on
+    #: ``future``); the writer settles the waiters of a whole group with one loop callback
+    waiter: Any = None
     _joined: bytes | None = field(default=None, repr=False)
 
     @property
@@ -79,6 +82,7 @@ class CallJob:
 
 
 _STOP = object()
+_NONE: frozenset[bytes] = frozenset()
 
 
 @dataclass
@@ -131,7 +135,7 @@ class Writer:
         self.ensure_state = ensure_state
         self.memory_in_use = memory_in_use
         self.catch_up = catch_up
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()  # C put and get: no Condition per job
         self.next_rowid = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
         self._lock = threading.Lock()
         self._queued_bytes = 0
@@ -203,6 +207,7 @@ class Writer:
                     group.append(nxt)
                     rows += len(nxt.ids)
             self._guarded(self._run_uploads, group)
+            self._wake(group)  # the failure paths' waiters (the acknowledged ones are woken already)
 
     def _guarded(self, fn: Callable, arg: Any) -> None:
         """Never let the writer thread die: an unexpected error fails the affected requests, and
@@ -223,6 +228,22 @@ class Writer:
             try:
                 self.next_rowid = int(self.conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
             except self.db_errors:
+                pass
+
+    @staticmethod
+    def _wake(jobs: list[UploadJob]) -> None:
+        """Settle the asyncio waiters of finished jobs: one callback per event loop for the whole
+        group, not one per job (a cross-thread wake-up costs the loop more than the answer)."""
+        by_loop: dict[Any, list[tuple[Any, Future]]] = {}
+        for job in jobs:
+            waiter = job.waiter
+            if waiter is not None and job.future.done():
+                job.waiter = None
+                by_loop.setdefault(waiter.get_loop(), []).append((waiter, job.future))
+        for loop, pairs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, pairs)
+            except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
 
     def _run_call(self, job: CallJob) -> None:
@@ -248,6 +269,7 @@ class Writer:
         plans: list[_Plan] = []
         pending: dict[int, list[_Plan]] = {}  # per study: accepted requests of this group
         charged: dict[tuple[int, bytes], int] = {}  # (study, token) -> new reports in this group
+        taken: dict[int, tuple[set[bytes], set[bytes]]] = {}  # per study: the new ids and slots so far
         budget = self.settings.memory_budget - self.memory_in_use()
         try:
             self.backend.begin(self.conn)
@@ -257,10 +279,13 @@ class Writer:
                     self.catch_up(self.conn, records[seq],
                                   {job.token for job in group if job.record.seq == seq and job.token is not None})
             for job in group:
-                plan = self._plan(job, pending, charged, budget)
+                plan = self._plan(job, pending, charged, budget, taken)
                 if plan is not None:
                     plans.append(plan)
                     pending.setdefault(job.record.seq, []).append(plan)
+                    ids_so_far, slots_so_far = taken.setdefault(job.record.seq, (set(), set()))
+                    ids_so_far.update(plan.new_ids)
+                    slots_so_far.update(plan.new_slots)
                     budget -= plan.n_new * INDEX_BYTES_PER_REPORT
                     if job.token is not None and plan.n_new:
                         key = (job.record.seq, job.token)
@@ -296,6 +321,7 @@ class Writer:
                 accepted=plan.n_new, duplicates=plan.duplicates,
                 report_count=None if hide else plan.report_count,
             ))
+        self._wake(group)
         for record, *_ in inserted:  # after the acknowledgements: a checkpoint delays no client
             self._checkpoint_if_due(record)
 
@@ -307,9 +333,12 @@ class Writer:
             checkpoint.save(self.conn, self.backend, record, state)
 
     def _plan(self, job: UploadJob, pending: dict[int, list[_Plan]],
-              charged: dict[tuple[int, bytes], int] | None = None, budget: int | None = None) -> _Plan | None:
+              charged: dict[tuple[int, bytes], int] | None = None, budget: int | None = None,
+              taken: dict[int, tuple[set[bytes], set[bytes]]] | None = None) -> _Plan | None:
         """Validate one request against what is stored and what this group stores before it.
-        Refusals resolve the job's future and return None; nothing of it is written."""
+        Refusals resolve the job's future and return None; nothing of it is written.
+        ``taken``: per study, the union of the new ids and slots of ``pending`` (one set lookup
+        per id rather than one per earlier request of the group)."""
         record = job.record
         if record.commit is not None:
             job.future.set_exception(ProblemError(
@@ -330,10 +359,14 @@ class Writer:
         slot_set = set(slots)
         with state.lock:  # a commit's match may be merging the index's runs meanwhile
             held_any = state.ids.any_held(job.joined, ids)
-        if (len(as_set) == len(ids) and not held_any
-                and all(p.new_ids.isdisjoint(as_set) for p in earlier)
-                and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)
-                and all(p.new_slots.isdisjoint(slot_set) for p in earlier)):
+        if taken is not None:
+            group_ids, group_slots = taken.get(record.seq, (_NONE, _NONE))
+            new_in_group = group_ids.isdisjoint(as_set) and group_slots.isdisjoint(slot_set)
+        else:
+            new_in_group = (all(p.new_ids.isdisjoint(as_set) for p in earlier)
+                            and all(p.new_slots.isdisjoint(slot_set) for p in earlier))
+        if (len(as_set) == len(ids) and not held_any and new_in_group
+                and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)):
             new, duplicates, new_ids, new_slots = None, 0, as_set, slot_set
         else:
             outcome = self._classify(job, state, earlier)
@@ -504,6 +537,22 @@ class Writer:
         held = len(record.state.ids) + sum(plan.n_new for plan in group)
         self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, record.seq))
         return base
+
+
+def _settle(pairs: list[tuple[Any, Future]]) -> None:
+    """On the event loop: copy each finished job's outcome to its waiter (unless the waiting
+    request was cancelled meanwhile)."""
+    for waiter, future in pairs:
+        if waiter.done():
+            continue
+        if future.cancelled():
+            waiter.cancel()
+            continue
+        exc = future.exception()
+        if exc is not None:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result(future.result())
 
 
 @dataclass

@@ -538,6 +538,33 @@ def test_canonical_json_round_trips_to_the_same_study_id(data):
     assert renamed.study_id != study.study_id
 
 
+def test_study_id_is_cached_per_object_and_never_copied_with_other_fields():
+    """Study.study_id is computed once per object (dpsketch/protocol/study.py): a copy with any
+    field changed gets its own id, a copy with the same fields the same id, and the cache entry
+    leaves with its study."""
+    import gc
+
+    from dpsketch.protocol import study as study_module
+    from dpsketch.protocol.canonical import content_hash
+    from test_server_unit import make_study
+
+    study = make_study()
+    first = study.study_id
+    assert study.study_id == first == content_hash(study.model_dump(mode="json"))
+    for copy in (study.model_copy(update={"name": study.name + "x"}),
+                 study.model_copy(update={"name": study.name + "x"}, deep=True),
+                 study.model_copy(update={"columns": [*study.columns[:-1], "other"]})):
+        assert copy.study_id != first
+        assert copy.study_id == content_hash(copy.model_dump(mode="json"))
+    for same in (study.model_copy(), study.model_copy(deep=True), Study.model_validate_json(study.canonical())):
+        assert same.study_id == first and same == study
+    assert study.study_id == first
+    held = len(study_module._STUDY_IDS)
+    del copy, same
+    gc.collect()
+    assert len(study_module._STUDY_IDS) < held
+
+
 def test_binding_of_an_empty_batch_is_empty_and_verifies():
     """m = 0 records (a relay that keeps none of a batch): no ids, empty proofs, nothing refused
     (the case hypothesis found when verify moved to one matrix of hash inputs)."""
