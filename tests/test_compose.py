@@ -571,14 +571,21 @@ def test_swarm_stack_with_replicas(compose_cluster):
     published ports while one s1 replica container is killed mid-upload: swarm replaces it,
     every report s1 acknowledged is held once, and the study releases over all of them."""
     c = compose_cluster
+    t0 = time.monotonic()
+
+    def phase(name: str) -> None:  # shown with the failure's captured output: where the time went
+        print(f"[swarm] {name}: {time.monotonic() - t0:.1f} s", flush=True)
+
     images = [("dpsketch-postgres:local", "deploy/replicated/postgres.Dockerfile"),
               ("dpsketch-lb:local", "deploy/replicated/lb.Dockerfile")]
     for tag, dockerfile in images:
         _run(["docker", "build", "-q", "-t", tag, "-f", dockerfile, "deploy/replicated"], timeout=900)
     state = _run(["docker", "info", "--format", "{{.Swarm.LocalNodeState}}"], timeout=30).stdout.strip()
     joined = state != "active"
+    phase("images built")
     if joined:
         _run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"], timeout=120)
+    phase("swarm ready")
     ports = free_ports(4)
     env = {k: v for k, v in c.env.items() if not k.endswith("_PORT")}
     env.update(ANALYZER_PORT=str(ports[0]), S1_PORT=str(ports[1]), S2_PORT=str(ports[2]),
@@ -587,6 +594,7 @@ def test_swarm_stack_with_replicas(compose_cluster):
     analyzer_url = f"http://127.0.0.1:{ports[0]}"
     try:
         _run(["docker", "stack", "deploy", "-c", "deploy/stack.yml", STACK], env=env, timeout=300)
+        phase("stack deployed")
         for url in urls + [analyzer_url]:
             _wait_http(url + "/healthz")
         _wait_http(urls[0] + "/readyz")
@@ -595,6 +603,7 @@ def test_swarm_stack_with_replicas(compose_cluster):
             assert time.monotonic() < deadline, _stack_tasks("s1-replica")
             time.sleep(1)
 
+        phase("services healthy")
         n, batch = 30_000, 1000
         with AnalyzerClient(analyzer_url, c.api_token) as an:
             created = an.create_study(name="swarm", columns=COLUMNS, label="y", expected_reports=n,
@@ -631,6 +640,7 @@ def test_swarm_stack_with_replicas(compose_cluster):
             killer.start()
             result = client.submit_many(sid, _regression_rows(n, 11), batch_size=batch)
         killer.join(timeout=180)
+        phase("uploaded")
         assert "error" not in killed, killed.get("error")
         assert killed.get("replicas_seen") == 2 and "id" in killed, killed
         assert result.n_reports == n and set(result.report_counts.values()) == {n}
@@ -642,6 +652,7 @@ def test_swarm_stack_with_replicas(compose_cluster):
         with AnalyzerClient(analyzer_url, c.api_token) as an:
             fin = an.finalize(sid)
             assert fin["state"] == "released" and fin["n_reports"] == n
+        phase("finalized")
         deadline = time.monotonic() + 180  # swarm replaced the killed replica
         while True:
             running = [t for t in _stack_tasks("s1-replica") if t["CurrentState"].startswith("Running")]
@@ -653,6 +664,7 @@ def test_swarm_stack_with_replicas(compose_cluster):
                             headers={"Authorization": f"Bearer {c.analyst_tokens[0]}"}).content
                   for _ in range(4)}  # round robin over both replicas: one release
         assert len(bodies) == 1
+        phase("replica replaced, one release")
     finally:
         _run(["docker", "stack", "rm", STACK], timeout=120, check=False)
         deadline = time.monotonic() + 120
@@ -667,5 +679,7 @@ def test_swarm_stack_with_replicas(compose_cluster):
                 volume.remove(force=True)
             except Exception:  # noqa: BLE001 - a volume still in use is reported by the next run
                 pass
+        phase("stack removed")
         if joined:
             _run(["docker", "swarm", "leave", "--force"], timeout=120, check=False)
+        phase("done")
