@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from dpsketch.protocol import ledger, parties, privacy, sketch
+from dpsketch.protocol import chacha, ledger, parties, privacy, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
@@ -250,16 +250,22 @@ class Store:
                 self._warm_sketch_for(study)
 
     def _warm_sketch_for(self, study: Study) -> None:
-        """Load the compiled sketch loops (dpsketch/protocol/sketch.py) in the background, once,
-        when this server opens a study that cannot release before it holds thousands of reports:
-        from ``sketch.KERNEL_MIN_IDS`` ids they hash and add several times faster than hashlib
-        and scipy, and loading them costs about 0.7 s of CPU (numba's import), which a server that
-        holds only small studies never needs. Until they are loaded, uploads use hashlib and
-        scipy (a batch of KERNEL_MIN_IDS ids or more loads them itself): none waits."""
+        """Load the compiled sketch and seed-expansion loops (dpsketch/protocol/sketch.py,
+        chacha.py) in the background, once, when this server opens a study that cannot release
+        before it holds thousands of reports: from ``sketch.KERNEL_MIN_IDS`` ids they run
+        several times faster than hashlib, scipy and a ``cryptography`` cipher per seed, and
+        loading them costs about a second of CPU (numba's import), which a server that holds
+        only small studies never needs. Until they are loaded, uploads take the other paths (a
+        batch of KERNEL_MIN_IDS ids or more loads them itself): none waits."""
         if self._sketch_warming or study.min_reports < sketch.KERNEL_MIN_IDS:
             return
         self._sketch_warming = True
-        threading.Thread(target=sketch.warm_up, name="dpsketch-hash-warm", daemon=True).start()
+
+        def warm() -> None:
+            sketch.warm_up()
+            chacha.warm_up()  # seed expansion (ring.expand_seeds): the same numba import
+
+        threading.Thread(target=warm, name="dpsketch-hash-warm", daemon=True).start()
 
     def _warm(self) -> None:
         for record in list(self._records.values()):

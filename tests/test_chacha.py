@@ -20,15 +20,20 @@ def reference(key: bytes, nonce: bytes, nbytes: int, counter: int = 0) -> bytes:
     return cipher.encryptor().update(bytes(nbytes))
 
 
-def test_rfc8439_section_2_3_2_block_function():
+ENGINES = pytest.mark.parametrize("compiled", [True, False], ids=["numba", "cryptography"])
+
+
+@ENGINES
+def test_rfc8439_section_2_3_2_block_function(compiled):
     want = bytes.fromhex(
         "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
         "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e")
-    got = chacha.keystream(RFC_KEY, bytes.fromhex("000000090000004a00000000"), 64, counter=1)
+    got = chacha.keystream(RFC_KEY, bytes.fromhex("000000090000004a00000000"), 64, counter=1, compiled=compiled)
     assert got.shape == (1, 64) and got[0].tobytes() == want
 
 
-def test_rfc8439_section_2_4_2_encryption_over_two_blocks():
+@ENGINES
+def test_rfc8439_section_2_4_2_encryption_over_two_blocks(compiled):
     plaintext = (b"Ladies and Gentlemen of the class of '99: If I could offer you only one tip for "
                  b"the future, sunscreen would be it.")
     want = bytes.fromhex(
@@ -37,19 +42,22 @@ def test_rfc8439_section_2_4_2_encryption_over_two_blocks():
         "07ca0dbf500d6a6156a38e088a22b65e52bc514d16ccf806818ce91ab7793736"
         "5af90bbf74a35be6b40b8eedf2785e42874d")
     assert len(plaintext) == 114  # not a whole number of blocks, nor of 32-bit words
-    stream = chacha.keystream(RFC_KEY, bytes.fromhex("000000000000004a00000000"), len(plaintext), counter=1)
+    stream = chacha.keystream(RFC_KEY, bytes.fromhex("000000000000004a00000000"), len(plaintext), counter=1,
+                              compiled=compiled)
     assert bytes(a ^ b for a, b in zip(plaintext, stream[0].tobytes())) == want
 
 
-def test_rfc8439_appendix_a1_first_block_with_counter_zero():
+@ENGINES
+def test_rfc8439_appendix_a1_first_block_with_counter_zero(compiled):
     """Counter 0, as the seed expansion uses: the all-zero key and nonce (test vector #1)."""
     want = bytes.fromhex(
         "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
         "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586")
-    assert chacha.keystream(bytes(32), bytes(12), 64)[0].tobytes() == want
+    assert chacha.keystream(bytes(32), bytes(12), 64, compiled=compiled)[0].tobytes() == want
 
 
-def test_many_keys_match_cryptography_on_random_keys_nonces_counters_and_lengths():
+@ENGINES
+def test_many_keys_match_cryptography_on_random_keys_nonces_counters_and_lengths(compiled):
     rng = np.random.default_rng(20260)
     lengths = [0, 1, 4, 7, 63, 64, 65, 80, 127, 128, 129, 200, 800, 1000]
     for trial, nbytes in enumerate(lengths * 2):
@@ -58,7 +66,7 @@ def test_many_keys_match_cryptography_on_random_keys_nonces_counters_and_lengths
         nonce = rng.bytes(12)
         counter = int(rng.integers(0, 1 << 32)) if trial % 2 else 0
         counter = min(counter, (1 << 32) - -(-nbytes // 64))  # never wraps
-        got = chacha.keystream(keys, nonce, nbytes, counter=counter)
+        got = chacha.keystream(keys, nonce, nbytes, counter=counter, compiled=compiled)
         assert got.shape == (m, nbytes) and got.dtype == np.uint8
         for i in range(m):
             assert got[i].tobytes() == reference(keys[i].tobytes(), nonce, nbytes, counter), (trial, i)
@@ -149,3 +157,27 @@ def test_a_forked_child_expands_large_batches_with_threads_of_its_own():
     with multiprocessing.get_context("fork").Pool(1) as pool:
         child = pool.apply_async(chacha.keystream, (keys, ring.SEED_NONCE, 80), {"threads": 2}).get(timeout=120)
     np.testing.assert_array_equal(child, parent)
+
+
+def test_small_batches_do_not_load_numba_until_a_large_one_comes():
+    """A fresh process (a share server's first seed batches): fewer than KERNEL_MIN_KEYS keys take
+    ``cryptography`` and leave numba unimported (about a second of CPU saved); a batch of
+    KERNEL_MIN_KEYS keys loads the loop, and from then on every batch uses it. The rows agree."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, numpy as np
+from dpsketch.protocol import chacha
+rng = np.random.default_rng(7)
+keys = rng.integers(0, 256, size=(chacha.KERNEL_MIN_KEYS, 32), dtype=np.uint8)
+small = chacha.keystream(keys[:100], bytes(12), 80)
+assert "numba" not in sys.modules and not chacha._loaded
+large = chacha.keystream(keys, bytes(12), 80)
+assert "numba" in sys.modules and chacha._loaded
+again = chacha.keystream(keys[:100], bytes(12), 80)
+assert (large[:100] == small).all() and (again == small).all()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr

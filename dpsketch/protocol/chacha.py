@@ -8,7 +8,10 @@ function for every (row, block) of a batch. Its output is RFC 8439's byte for by
 check the RFC's vectors, and ``cryptography`` on random keys, nonces, counters and lengths).
 
 The loop is compiled on first use, or loaded from numba's on-disk cache (see
-``_chacha_kernel``); ``warm_up`` does that ahead of the first batch. It releases the GIL, and a
+``_chacha_kernel``); ``warm_up`` does that ahead of the first batch. Loading it costs about a
+second of CPU (numba's import), so until it is loaded a batch of fewer than ``KERNEL_MIN_KEYS``
+keys takes ``cryptography``'s ChaCha20, one cipher per key (a few microseconds each): a server
+that only ever sees small batches never loads numba. The loop releases the GIL, and a
 batch of at least ``PARALLEL_WORDS`` output words is cut into row ranges run on ``THREADS``
 threads. I/O-free apart from numba's cache files.
 """
@@ -30,21 +33,44 @@ PARALLEL_WORDS = 1 << 20
 #: threads for such a batch: the machine's cores, at most 4
 THREADS = max(1, min(4, os.cpu_count() or 1))
 
+#: keys from which a batch loads the compiled loop when it is not loaded yet (below: one
+#: ``cryptography`` cipher per key, about 10 ms for a thousand keys)
+KERNEL_MIN_KEYS = 4096
+
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_loaded = False
 
 
 def _blocks():
+    global _loaded
     from ._chacha_kernel import blocks  # numba: imported (and the loop loaded) on first use
 
+    _loaded = True
     return blocks
+
+
+def _per_key(key_words: np.ndarray, nonce: bytes, nbytes: int, counter: int) -> np.ndarray:
+    """The same keystreams from ``cryptography``: one ChaCha20 cipher per key (its 16-byte nonce
+    is RFC 8439's 32-bit little-endian block counter followed by the 96-bit nonce)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    full_nonce = counter.to_bytes(4, "little") + nonce
+    keys = key_words.astype("<u4").tobytes()
+    zeros = bytes(nbytes)
+    out = np.empty((len(key_words), nbytes), np.uint8)
+    for i in range(len(key_words)):
+        cipher = Cipher(algorithms.ChaCha20(keys[KEY_BYTES * i:KEY_BYTES * (i + 1)], full_nonce), mode=None)
+        out[i] = np.frombuffer(cipher.encryptor().update(zeros), np.uint8)
+    return out
 
 
 def warm_up() -> None:
     """Compile the block loop, or load it from the cache, now (about a second from the cache,
     numba's import included): the SDK's Client does it in a background thread while it fetches
-    the study. A server loads it when its first seed batch arrives."""
-    keystream(np.zeros((1, KEY_BYTES), np.uint8), bytes(NONCE_BYTES), BLOCK_BYTES)
+    the study. A server loads it when it opens a large study (services/store.py) or when a batch
+    of ``KERNEL_MIN_KEYS`` seeds arrives first."""
+    keystream(np.zeros((1, KEY_BYTES), np.uint8), bytes(NONCE_BYTES), BLOCK_BYTES, compiled=True)
 
 
 def _as_words(raw: bytes | np.ndarray, size: int, what: str) -> np.ndarray:
@@ -62,11 +88,13 @@ def _as_words(raw: bytes | np.ndarray, size: int, what: str) -> np.ndarray:
 
 
 def keystream(keys: bytes | np.ndarray, nonce: bytes, nbytes: int, counter: int = 0,
-              threads: int | None = None) -> np.ndarray:
+              threads: int | None = None, compiled: bool | None = None) -> np.ndarray:
     """The first ``nbytes`` bytes of the ChaCha20 keystream under each key (RFC 8439: 96-bit
     ``nonce``, 32-bit block counter starting at ``counter``): an (m, nbytes) uint8 array for an
     (m, 32) uint8 array of keys, or m keys concatenated as bytes. ``threads``: split the rows
-    among this many threads (default: ``THREADS`` from ``PARALLEL_WORDS`` words on, else one)."""
+    among this many threads (default: ``THREADS`` from ``PARALLEL_WORDS`` words on, else one).
+    ``compiled``: the numba loop (True) or ``cryptography`` per key (False); by default the loop
+    once it is loaded or from ``KERNEL_MIN_KEYS`` keys, else ``cryptography``."""
     key_words = _as_words(keys, KEY_BYTES, "key")
     nonce_words = _as_words(nonce, NONCE_BYTES, "nonce")
     if len(nonce_words) != 1:
@@ -76,6 +104,10 @@ def keystream(keys: bytes | np.ndarray, nonce: bytes, nbytes: int, counter: int 
     if counter + -(-nbytes // BLOCK_BYTES) > 1 << 32:
         raise ValueError("the 32-bit block counter would wrap")
     m, width = len(key_words), -(-nbytes // 4)
+    if compiled is None:
+        compiled = _loaded or m >= KERNEL_MIN_KEYS
+    if not compiled:
+        return _per_key(key_words, bytes(nonce), nbytes, counter)
     out = np.empty((m, width), np.uint32)
     if m and width:
         blocks = _blocks()
