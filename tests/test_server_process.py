@@ -62,6 +62,15 @@ def provision(url: str, token: str, study: Study) -> None:
     assert r.status_code in (200, 201), r.text
 
 
+def upload_bound(url: str, study: Study, n: int) -> list[bytes]:
+    """Upload n fresh bound reports in one batch; their ids, once acknowledged."""
+    ids, proofs, shares = bound_reports(study, n)
+    r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, proofs, shares),
+                   headers={"Content-Type": SHARES_MEDIA_TYPE})
+    assert r.status_code == 200, r.text
+    return ids
+
+
 def held(url: str, token: str, study: Study) -> list[bytes]:
     r = httpx.get(f"{url}/v1/studies/{study.study_id}/report-ids", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200
@@ -152,10 +161,7 @@ def test_sigterm_stops_cleanly_and_keeps_everything(servers):
     proc = servers.start(spec, NO_FLOOR)
     study = make_study()
     provision(proc.url, spec.operator_token, study)
-    ids, proofs, shares = bound_reports(study, 50)
-    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, proofs, shares),
-                   headers={"Content-Type": SHARES_MEDIA_TYPE})
-    assert r.status_code == 200
+    ids = upload_bound(proc.url, study, 50)
     proc.stop()
     # uvicorn finishes the shutdown, then re-raises SIGTERM so the exit status says why it ended
     assert proc.proc.returncode in (0, -15)
@@ -216,10 +222,7 @@ def test_compiled_sketch_loops_load_only_for_a_large_study(servers):
     proc = servers.start(spec, NO_FLOOR)
     small = make_study()
     provision(proc.url, spec.operator_token, small)
-    ids, proofs, shares = bound_reports(small, 50)
-    r = httpx.post(f"{proc.url}/v1/studies/{small.study_id}/batches", content=encode_batch(ids, proofs, shares),
-                   headers={"Content-Type": SHARES_MEDIA_TYPE})
-    assert r.status_code == 200
+    upload_bound(proc.url, small, 50)
     assert not _compiled_loops_loaded(proc.proc.pid)
     large = design(name="process, large", columns=[f"x{i}" for i in range(D)], label=None, servers=["s1", "s2"],
                    expected_reports=20_000, k=8, s=2, min_reports=sketch.KERNEL_MIN_IDS, epsilon_floor=None)[0]
