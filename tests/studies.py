@@ -53,3 +53,17 @@ def record_batches(monkeypatch) -> list:
 
     monkeypatch.setattr(sdk, "prepare_batch", recording)
     return sent
+
+
+def provision_with_token(url: str, operator_token: str, study: Study) -> str:
+    """PUT the study on one server as its operator, then issue one upload token without a quota:
+    the token (what a data owner would be handed)."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {operator_token}"}
+    r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
+                  headers={**auth, "Content-Type": "application/json"})
+    assert r.status_code == 201, r.text
+    r = httpx.post(f"{url}/v1/studies/{study.study_id}/upload-tokens", json={"quota": None}, headers=auth)
+    assert r.status_code == 201, r.text
+    return r.json()["token"]

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from dpsketch.protocol.messages import Report
 from services.app import create_app
 from services.uploads import FastReports
+from studies import provision_with_token
 from test_server_unit import bound, make_study, settings_for
 
 FAST = "application/json"
@@ -40,15 +41,10 @@ def server(servers):
     spec = servers.spec("s1")
     proc = servers.start(spec, extra_env=FLOORLESS, open_uploads=False)
     study = make_study()
+    token = provision_with_token(proc.url, spec.operator_token, study)
     http = httpx.Client(base_url=proc.url, timeout=30)
-    r = http.put(f"/v1/studies/{study.study_id}", content=study.canonical(),
-                 headers={"Authorization": f"Bearer {spec.operator_token}", "Content-Type": "application/json"})
-    assert r.status_code == 201, r.text
-    r = http.post(f"/v1/studies/{study.study_id}/upload-tokens", json={"count": 1, "quota": None},
-                  headers={"Authorization": f"Bearer {spec.operator_token}"})
-    assert r.status_code == 201, r.text
     try:
-        yield http, spec, study, r.json()["token"]
+        yield http, spec, study, token
     finally:
         http.close()
         log = proc.log_path.read_text(errors="replace")
