@@ -41,6 +41,7 @@ from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from dpsketch.cluster import free_ports
 from dpsketch.protocol import Study, messages, ring, sketch
+from envguard import unavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
 
@@ -136,13 +137,13 @@ class ComposeCluster:
 @pytest.fixture(scope="module")
 def compose_cluster(tmp_path_factory):
     if os.environ.get("DPSKETCH_SKIP_DOCKER") == "1":
-        pytest.skip("DPSKETCH_SKIP_DOCKER=1")
+        unavailable("DPSKETCH_SKIP_DOCKER=1")
     was_up = _engine_up()
     if not was_up:
         if os.geteuid() != 0:
-            pytest.skip("no running Docker engine, and not root: cannot install or start one")
+            unavailable("no running Docker engine, and not root: cannot install or start one")
         if shutil.which("dockerd") is None and shutil.which("apt-get") is None:
-            pytest.skip("no Docker engine and no apt-get to install Debian's docker.io")
+            unavailable("no Docker engine and no apt-get to install Debian's docker.io")
     docker = pytest.importorskip("docker", reason="the 'docker' Python package (test extra) is missing")
 
     timings: dict[str, float] = {}

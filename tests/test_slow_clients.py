@@ -31,6 +31,7 @@ import pytest
 
 from conftest import Servers
 from dpsketch.cluster import ManagedProcess, share_server
+from envguard import unavailable
 
 FLOOD = 1100
 NOFILE = 1024  # the server's soft and hard RLIMIT_NOFILE in the flood test
@@ -129,7 +130,7 @@ def many_fds() -> Iterator[None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = FLOOD + 512
     if hard != resource.RLIM_INFINITY and hard < need:
-        pytest.skip(f"needs RLIMIT_NOFILE >= {need} for the client side (hard limit {hard})")
+        unavailable(f"needs RLIMIT_NOFILE >= {need} for the client side (hard limit {hard})")
     if soft != resource.RLIM_INFINITY and soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
     try:
