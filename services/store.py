@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from dpsketch.protocol import chacha, ledger, parties, privacy, sketch
+from dpsketch.protocol import binding, chacha, ledger, parties, privacy, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
@@ -53,6 +53,7 @@ from dpsketch.protocol.study import Study
 
 from . import backend as backends
 from . import checkpoint, idsets, policy
+from .idsets import SortedIds
 from .auth import digest_of, upload_token_id
 from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
@@ -152,6 +153,7 @@ class Store:
         self.backend = backends.for_settings(settings)
         self._conn = self.backend.initialise()
         self.backend.create_table(self._conn, checkpoint.SCHEMA)
+        self.backend.create_table(self._conn, checkpoint.SEGMENTS_SCHEMA)
         #: other replicas of this server may write to the same database (PostgreSQL): catch up
         #: under the study's row lock before deciding anything (``_catch_up``)
         self.shared = self.backend.shared
@@ -250,8 +252,8 @@ class Store:
                 self._warm_sketch_for(study)
 
     def _warm_sketch_for(self, study: Study) -> None:
-        """Load the compiled sketch and seed-expansion loops (dpsketch/protocol/sketch.py,
-        chacha.py) in the background, once, when this server opens a study that cannot release
+        """Load the compiled sketch, seed-expansion and binding-hash loops
+        (dpsketch/protocol/sketch.py, chacha.py, binding.py) in the background, once, when this server opens a study that cannot release
         before it holds thousands of reports: from ``sketch.KERNEL_MIN_IDS`` ids they run
         several times faster than hashlib, scipy and a ``cryptography`` cipher per seed, and
         loading them costs about a second of CPU (numba's import), which a server that holds
@@ -264,6 +266,7 @@ class Store:
         def warm() -> None:
             sketch.warm_up()
             chacha.warm_up()  # seed expansion (ring.expand_seeds): the same numba import
+            binding.warm_up()  # the binding check's SHA-256 rows (uploads.verified_shares)
 
         threading.Thread(target=warm, name="dpsketch-hash-warm", daemon=True).start()
 
@@ -570,18 +573,20 @@ class Store:
     def submit_upload(self, record: StudyRecord, ids: list[bytes], shares: np.ndarray,
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
                       token: bytes | None = None, pseudonyms: list[bytes] | None = None,
-                      party: int | None = None, waiter: Any = None) -> Future:
+                      party: int | None = None, waiter: Any = None, sorted_ids: SortedIds | None = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
         future resolves to an UploadResult once they are durable (or to a ProblemError).
         ``token`` is the digest of the upload token they came with (its quota is charged).
         Blocks of a study with parties come with their ``pseudonyms`` and ``party`` index.
         ``waiter``: an asyncio future of the calling event loop, given the same outcome (the
-        writer wakes the loop once per group of uploads rather than once per future)."""
+        writer wakes the loop once per group of uploads rather than once per future).
+        ``sorted_ids``: the ids sorted (idsets.SortedIds), which spares the writer sorting them."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token,
                                             pseudonyms=pseudonyms, party=party,
-                                            required=record.upload_required, waiter=waiter))
+                                            required=record.upload_required, waiter=waiter,
+                                            sorted_ids=sorted_ids))
 
     @_unavailable_on_db_error
     def commit(self, study_id: str, inclusion: bytes) -> CommitResult:

@@ -1,0 +1,95 @@
+"""The binding check's SHA-256 rows (binding._hash_rows): the compiled loop over OpenSSL's
+SHA-256 (dpsketch/protocol/_sha256_kernel.py) gives hashlib's digests, a binding check through it
+refuses exactly what it refused before, and a process without it keeps hashlib."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dpsketch.protocol import _sha256_kernel, binding
+
+
+@pytest.fixture(scope="module")
+def rows_loop():
+    loop = _sha256_kernel.load()
+    assert loop is not None, "libcrypto's SHA256_Init/Update/Final should load on this machine"
+    return loop
+
+
+@pytest.mark.parametrize("width", [0, 1, 55, 56, 63, 64, 65, 119, 291, 1000])
+def test_the_loop_gives_hashlibs_digest_at_every_block_boundary(rows_loop, width):
+    rng = np.random.default_rng(width)
+    buf = rng.integers(0, 256, size=(37, width), dtype=np.uint8)
+    out = np.zeros((37, 32), np.uint8)
+    assert rows_loop(buf, out) == 0
+    for i in range(37):
+        assert out[i].tobytes() == hashlib.sha256(buf[i].tobytes()).digest()
+
+
+def _bound(m: int, d: int = 8, n: int = 3):
+    rng = np.random.default_rng(m)
+    study_id = rng.bytes(32).hex()
+    shares = [rng.integers(0, 2**64, size=(m, d), dtype=np.uint64) for _ in range(n)]
+    ids, proofs = binding.bind(study_id, [binding.CONTENT_SHARE] * n, shares)
+    return study_id, shares, ids, proofs
+
+
+@pytest.mark.parametrize("engine", ["compiled", "hashlib"])
+def test_a_large_batch_is_checked_alike_by_both_engines(monkeypatch, engine):
+    """Every server accepts the genuine batch, and a share changed in one bit in any record is
+    refused with that record's id, by either engine."""
+    monkeypatch.setattr(binding, "_kernel", None if engine == "compiled" else False)
+    m = binding.KERNEL_MIN_IDS + 3
+    study_id, shares, ids, proofs = _bound(m)
+    for j in range(3):
+        binding.verify(study_id, 3, j, binding.CONTENT_SHARE, ids, proofs[j], shares[j])
+    assert bool(binding._kernel) == (engine == "compiled")
+    for victim in (0, 1234, m - 1):
+        forged = shares[1].copy()
+        forged[victim, 5] ^= np.uint64(1 << 17)
+        with pytest.raises(binding.BindingError, match=ids[victim].hex()):
+            binding.verify(study_id, 3, 1, binding.CONTENT_SHARE, ids, proofs[1], forged)
+    # the ids the compiled loop makes are the ones hashlib makes: a client on either verifies
+    monkeypatch.setattr(binding, "_kernel", False)
+    for j in range(3):
+        binding.verify(study_id, 3, j, binding.CONTENT_SHARE, ids, proofs[j], shares[j])
+
+
+def test_without_libcrypto_the_check_keeps_hashlib(monkeypatch):
+    """No libcrypto with the SHA-256 functions: the loop does not load, and the check works."""
+    monkeypatch.setattr(_sha256_kernel, "_functions", lambda: None)
+    monkeypatch.setattr(binding, "_kernel", None)
+    assert binding.warm_up() is False and binding._kernel is False
+    study_id, shares, ids, proofs = _bound(binding.KERNEL_MIN_IDS)
+    binding.verify(study_id, 3, 2, binding.CONTENT_SHARE, ids, proofs[2], shares[2])
+    with pytest.raises(binding.BindingError):
+        binding.verify(study_id, 3, 2, binding.CONTENT_SHARE, ids, proofs[1], shares[2])
+
+
+def test_small_batches_do_not_load_numba():
+    """A fresh process that checks only batches under KERNEL_MIN_IDS records (a server taking
+    single uploads) never imports numba; the first large batch loads the loop."""
+    code = """
+import sys, numpy as np
+from dpsketch.protocol import binding
+rng = np.random.default_rng(3)
+sid = rng.bytes(32).hex()
+for m in (1, 50, binding.KERNEL_MIN_IDS - 1):
+    shares = [rng.integers(0, 2**64, size=(m, 4), dtype=np.uint64) for _ in range(2)]
+    ids, proofs = binding.bind(sid, [1, 1], shares)
+    binding.verify(sid, 2, 0, 1, ids, proofs[0], shares[0])
+assert "numba" not in sys.modules and binding._kernel is None
+m = binding.KERNEL_MIN_IDS
+shares = [rng.integers(0, 2**64, size=(m, 4), dtype=np.uint64) for _ in range(2)]
+ids, proofs = binding.bind(sid, [1, 1], shares)
+assert "numba" in sys.modules and binding._kernel
+binding.verify(sid, 2, 1, 1, ids, proofs[1], shares[1])
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
