@@ -53,7 +53,7 @@ from dpsketch.protocol.study import PROTOCOL, Study
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
 from dpsketch import observability
-from . import policy
+from . import idsets, policy
 from .admission import Admission, UploadAdmission
 from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .metrics import ServerMetrics
@@ -152,7 +152,7 @@ def _install_sighup(registry: TokenRegistry) -> None:
 def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys):
     """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
     opened with this server's key ring ``keys``), check every record's binding and hash its ids
-    (CPU work, run in a worker thread)."""
+    (CPU work, run in a worker thread), and sort them for the writer's report index."""
     try:
         if media_type == SEALED_MEDIA_TYPE:
             upload = envelope.open_batch(body, study.width, study.n_servers, study.study_id, server_id,
@@ -165,7 +165,7 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
         raise ProblemError("malformed-body", str(exc)) from None
     shares = verified_shares(upload, study, server_id)
     rows, signs = study.hash_report_ids(upload.ids)
-    return upload.ids, shares, rows, signs
+    return upload.ids, shares, rows, signs, idsets.SortedIds(b"".join(upload.ids))
 
 
 def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Upload:
@@ -510,9 +510,10 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                                f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
         body = await request.body()
-        ids, shares, rows, signs = await run_in_threadpool(_parse_batch, body, record.study, media_type,
-                                                           settings.server_id, store.keys)
-        result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token))
+        ids, shares, rows, signs, sorted_ids = await run_in_threadpool(
+            _parse_batch, body, record.study, media_type, settings.server_id, store.keys)
+        result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,
+                                                               sorted_ids=sorted_ids))
         metrics.uploaded(study_id, result)
         return json_response(result)
 

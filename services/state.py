@@ -27,7 +27,7 @@ from dpsketch.protocol.study import Study
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.sketch import accumulate as add_into
 
-from .idsets import ReportIndex
+from .idsets import ReportIndex, SortedIds
 
 log = logging.getLogger("dpsketch.server")
 
@@ -64,8 +64,12 @@ class StudyState:
         #: the largest rowid folded in: a replica sharing its store catches up on rows above it
         #: (services/store.py, ``Store._catch_up``)
         self.last_rowid = 0
-        #: reports held at the last checkpoint of this state (services/checkpoint.py)
+        #: reports held at the last checkpoint of this state (services/checkpoint.py) ...
         self.checkpointed = 0
+        #: ... its last_rowid (0: none known), the reports in its base, and in each of its segments
+        self.checkpoint_rowid = 0
+        self.checkpoint_base = 0
+        self.checkpoint_segments: list[int] = []
 
     @property
     def report_count(self) -> int:
@@ -74,11 +78,12 @@ class StudyState:
 
     def add(self, study: Study, report_ids: list[bytes], rowids: range | list[int],
             shares: np.ndarray, rows: np.ndarray | None = None, signs: np.ndarray | None = None,
-            joined: bytes | None = None) -> None:
-        """Fold newly stored reports into the totals (caller holds ``lock``)."""
+            joined: bytes | None = None, sorted_parts: list[SortedIds] | None = None) -> None:
+        """Fold newly stored reports into the totals (caller holds ``lock``); ``sorted_parts``:
+        the ids as consecutive requests, each sorted (idsets.SortedIds), if the caller has them."""
         if rows is None or signs is None:
             rows, signs = study.hash_report_ids(report_ids)
-        self._index(report_ids, rowids, joined)
+        self._index(report_ids, rowids, joined, sorted_parts)
         add_into(self.aggregate, rows, signs, shares)
         sketch.accumulate_gram(self.gram, rows, signs, +1)
 
@@ -96,9 +101,19 @@ class StudyState:
                 self.complete += 1
         self.party_counts[party] += len(block_ids)
 
-    def _index(self, report_ids: list[bytes], rowids: range | list[int], joined: bytes | None) -> None:
+    def _index(self, report_ids: list[bytes], rowids: range | list[int], joined: bytes | None,
+               sorted_parts: list[SortedIds] | None = None) -> None:
         as_array = np.asarray(rowids, dtype=np.int64)
-        self.ids.add(joined if joined is not None else b"".join(report_ids), as_array, report_ids)
+        joined = joined if joined is not None else b"".join(report_ids)
+        if sorted_parts and sum(len(p) for p in sorted_parts) == len(as_array):
+            at = 0
+            for part in sorted_parts:
+                n = len(part)
+                self.ids.add(joined[at * REPORT_ID_BYTES:(at + n) * REPORT_ID_BYTES], as_array[at:at + n],
+                             report_ids[at:at + n], part)
+                at += n
+        else:
+            self.ids.add(joined, as_array, report_ids)
         if len(as_array):
             self.last_rowid = max(self.last_rowid, int(as_array.max()))
 

@@ -32,6 +32,7 @@ from dpsketch.protocol.problems import ProblemError
 
 from . import backend as backends
 from . import checkpoint
+from .idsets import SortedIds
 from .settings import Settings
 from .state import INDEX_BYTES_PER_REPORT, StudyRecord, StudyState
 
@@ -57,6 +58,8 @@ class UploadJob:
     #: an asyncio future of the event loop waiting for this job (None: the caller waits on
     #: ``future``); the writer settles the waiters of a whole group with one loop callback
     waiter: Any = None
+    #: the ids sorted, by the worker thread that checked a batch (None: the writer sorts)
+    sorted_ids: SortedIds | None = None
     _joined: bytes | None = field(default=None, repr=False)
 
     @property
@@ -301,7 +304,7 @@ class Writer:
                 if not job.future.done():
                     job.future.set_exception(self.backend.unavailable(exc))
             return
-        for record, base, ids, joined, shares, rows, signs in inserted:
+        for record, base, ids, joined, shares, rows, signs, parts in inserted:
             self.next_rowid = max(self.next_rowid, base + len(ids))
             state = record.state
             assert state is not None
@@ -309,7 +312,7 @@ class Writer:
                 if isinstance(shares, _Blocks):
                     state.add_blocks(shares.party, ids, range(base, base + len(ids)), shares.pseudonyms, joined)
                 else:
-                    state.add(record.study, ids, range(base, base + len(ids)), shares, rows, signs, joined)
+                    state.add(record.study, ids, range(base, base + len(ids)), shares, rows, signs, joined, parts)
                 record.report_count = state.report_count
         for plan in plans:
             token = plan.job.record.upload_tokens.get(plan.job.token) if plan.job.token else None
@@ -358,7 +361,7 @@ class Writer:
         slots = job.slots()
         slot_set = set(slots)
         with state.lock:  # a commit's match may be merging the index's runs meanwhile
-            held_any = state.ids.any_held(job.joined, ids)
+            held_any = state.ids.any_held(job.joined, ids, job.sorted_ids)
         if taken is not None:
             group_ids, group_slots = taken.get(record.seq, (_NONE, _NONE))
             new_in_group = group_ids.isdisjoint(as_set) and group_slots.isdisjoint(slot_set)
@@ -511,13 +514,16 @@ class Writer:
             rows = cat([p.take(p.job.rows) for p in group])
             signs = cat([p.take(p.job.signs) for p in group])
             joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
+            # each request's ids as the worker sorted them, when every one is stored whole
+            parts = ([p.job.sorted_ids for p in group]
+                     if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
             self.conn.execute(self.backend.INSERT_REPORTS, {
                 "m": len(ids), "base": base, "study": seq, "ids": joined,
                 "shares": memoryview(shares).cast("B"), "width": 8 * record.study.width,
             })
             held = len(record.state.ids) + len(ids)
             self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, seq))
-            out.append((record, base, ids, joined, shares, rows, signs))
+            out.append((record, base, ids, joined, shares, rows, signs, parts))
             base += len(ids)
         return out
 
@@ -532,7 +538,7 @@ class Writer:
                 "shares": memoryview(shares).cast("B"), "width": shares.shape[1] * 8,
                 "pseudonyms": b"".join(pseudonyms), "party": plan.job.party,
             })
-            out.append((record, base, ids, joined, _Blocks(plan.job.party, pseudonyms), None, None))
+            out.append((record, base, ids, joined, _Blocks(plan.job.party, pseudonyms), None, None, None))
             base += len(ids)
         held = len(record.state.ids) + sum(plan.n_new for plan in group)
         self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, record.seq))
