@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpsketch.problem_http import problem_response
 from dpsketch.protocol import binding
-from dpsketch.protocol.messages import Report, Upload, UploadResult
+from dpsketch.protocol.messages import Report, Upload, UploadResult, report_fields, report_upload
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
@@ -99,9 +99,10 @@ async def upload_token(store: "Store", study_id: str, credentials: str | None) -
     return given
 
 
-def checked_report(store: "Store", server_id: str, study_id: str, report: Report):
+def checked_report(store: "Store", server_id: str, study_id: str, report: Report | tuple[bytes, bytes, bytes]):
     """The record and the verified one-record upload of a single report (the route's checks
-    after the token, in its order); raises the route's ProblemError otherwise."""
+    after the token, in its order); raises the route's ProblemError otherwise. ``report``: the
+    model, or its decoded fields (messages.report_fields)."""
     from dpsketch.protocol.messages import BLOCKS_MEDIA_TYPE
 
     record = store.record(study_id)
@@ -110,7 +111,8 @@ def checked_report(store: "Store", server_id: str, study_id: str, report: Report
         raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                            f"blocks as {BLOCKS_MEDIA_TYPE} batches")
     try:
-        upload = report.upload(study.width, study.n_servers)
+        upload = (report.upload(study.width, study.n_servers) if isinstance(report, Report)
+                  else report_upload(*report, study.width, study.n_servers))
     except ValueError as exc:
         raise ProblemError("invalid-request", str(exc)) from None
     shares = verified_shares(upload, study, server_id, study_id)
@@ -210,8 +212,9 @@ class FastReports:
     async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, list[bytes], np.ndarray,
                                                                                    bytes | None]:
         # What this accepts FastAPI accepts as the same report (json.loads, then the model: the same
-        # fields and validators; a repeated key: the last one, both ways); the rest goes to the route
-        report = Report.model_validate_json(body)
+        # fields and validators; a repeated key: the last one, both ways); the rest goes to the route.
+        # The SDK's plain JSON is read without pydantic, each field decoded once (report_fields)
+        report = report_fields(body) or Report.model_validate_json(body)
         token = await upload_token(self.store, study_id, bearer_credentials(scope))
         record, ids, shares = checked_report(self.store, self.server_id, study_id, report)
         return record, ids, shares, token

@@ -254,3 +254,53 @@ def test_report_json_of_the_sdk_is_what_the_fast_path_parses():
     rs = bound(study, 1)
     body = Report.of(rs.ids[0], rs.proofs[0], rs.shares[0]).model_dump_json().encode()
     assert Report.model_validate_json(body) == Report.model_validate(json.loads(body))
+
+
+def test_plain_report_json_reads_as_the_model_reads_it():
+    """messages.report_fields (the fast path's parser of the SDK's JSON) accepts only bodies
+    the model accepts, with the same decoded values; any other body it leaves to the model."""
+    import random
+
+    from dpsketch.protocol.messages import report_fields
+
+    study = make_study()
+    rs = bound(study, 1)
+    sdk = Report.of(rs.ids[0], rs.proofs[0], rs.shares[0])
+    plain = sdk.model_dump_json().encode()
+
+    def model_fields(body: bytes):
+        try:
+            r = Report.model_validate_json(body)
+        except ValueError:
+            return None
+        return bytes.fromhex(r.report_id), base64.b64decode(r.proof), base64.b64decode(r.share)
+
+    want = (rs.ids[0], bytes(rs.proofs[0]), rs.shares[0].astype("<u8").tobytes())
+    assert report_fields(plain) == model_fields(plain) == want
+    spaced = json.dumps(sdk.model_dump(), indent=2).encode()
+    assert report_fields(spaced) == want and report_fields(b" \r\n" + spaced + b"\t") == want
+    d = sdk.model_dump()
+    others = [
+        json.dumps({k: d[k] for k in ("share", "proof", "report_id")}).encode(),  # another order
+        json.dumps({**d, "extra": 1}).encode(), plain.replace(b'"proof"', b'"pro\\u006ff"'),
+        json.dumps({**d, "report_id": d["report_id"].upper()}).encode(),
+        json.dumps({**d, "share": d["share"][:-1]}).encode(), json.dumps({**d, "proof": "A===" + d["proof"]}).encode(),
+        json.dumps({**d, "share": d["share"] + "\n"}).encode(), plain + b"x", b"\x0c" + plain, plain[:-1],
+        json.dumps({**d, "share": ""}).encode(),  # taken, then refused for its length by both paths
+    ]
+    rng = random.Random(7)
+    for _ in range(3000):  # random edits of the plain body: never accepted other than the model does
+        b = bytearray(plain)
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(b))
+            op = rng.randrange(3)
+            if op == 0:
+                b[i] = rng.choice(b' \t\n\r"\\,:{}=+/Aa0f\x00\xff')
+            elif op == 1:
+                del b[i]
+            else:
+                b.insert(i, rng.choice(b' \t\n\r"=Aa0'))
+        others.append(bytes(b))
+    for body in others:
+        got = report_fields(body)
+        assert got is None or got == model_fields(body), body
