@@ -98,10 +98,14 @@ class ServerMetrics:
         if not isinstance(study_id, str) or not self._held(study_id):
             return  # unknown ids get no series of their own (dpsketch_http_problems_total counts them)
         if 200 <= status < 300:
-            self.upload_requests_of(study_id, "acknowledged").inc()
-            self.upload_bytes_of(study_id).inc(received)
+            self.acknowledged(study_id, received)
         else:
             self.upload_requests_of(study_id, problem or f"http-{status}").inc()
+
+    def acknowledged(self, study_id: str, received: int) -> None:
+        """An upload to a held study was acknowledged (its body: ``received`` bytes)."""
+        self.upload_requests_of(study_id, "acknowledged").inc()
+        self.upload_bytes_of(study_id).inc(received)
 
     def _held(self, study_id: str) -> bool:
         from dpsketch.protocol.problems import ProblemError

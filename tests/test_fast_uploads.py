@@ -304,3 +304,50 @@ def test_plain_report_json_reads_as_the_model_reads_it():
     for body in others:
         got = report_fields(body)
         assert got is None or got == model_fields(body), body
+
+
+def test_the_fast_path_keeps_the_admission_limit_and_counts(servers):
+    """Single uploads answered by the fast path are admitted as every upload is: with room for
+    one upload at a time, a flood of them gets 503 + Retry-After (the admission's answer), every
+    acknowledged report is held and nothing else, the metrics count every answer once, and the
+    counts of uploads in flight go back to zero. A bad report the fast path hands on to the route
+    keeps its own admission (the route refuses it; it is not refused as a second upload)."""
+    import asyncio
+
+    spec = servers.spec("s1")
+    proc = servers.start(spec, extra_env={**FLOORLESS, "DPSKETCH_MAX_INFLIGHT_UPLOADS": "1"}, open_uploads=False)
+    study = make_study()
+    token = provision_with_token(proc.url, spec.operator_token, study)
+    path = f"/v1/studies/{study.study_id}/reports"
+    rs = bound(study, 200)
+    with httpx.Client(base_url=proc.url, timeout=30) as http:
+        bad = json.dumps(rs.substituted(1, "share").report(0)).encode()
+        r = both(http, path, bad, token)
+        assert r.status_code == 422 and r.json()["type"].endswith(":binding-refused"), r.text
+
+    async def flood() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30,
+                                     limits=httpx.Limits(max_connections=40)) as client:
+            async def one(i: int) -> httpx.Response:
+                return await client.post(path, content=as_json(rs, i),
+                                         headers={"Content-Type": FAST, "Authorization": f"Bearer {token}"})
+            return await asyncio.gather(*(one(i) for i in range(200)))
+
+    answers = asyncio.run(flood())
+    statuses = [r.status_code for r in answers]
+    assert set(statuses) <= {200, 503}, statuses
+    refused = [r for r in answers if r.status_code == 503]
+    assert refused and all(r.headers["retry-after"] == "1" and r.json()["type"].endswith(":unavailable")
+                           for r in refused)
+    with httpx.Client(base_url=proc.url, timeout=30) as http:
+        assert http.get(f"/v1/studies/{study.study_id}").json()["report_count"] == statuses.count(200)
+        text = http.get("/metrics", headers={"Authorization": f"Bearer {spec.operator_token}"}).text
+    route = "/v1/studies/{study_id}/reports"
+    assert _metric(text, "dpsketch_http_requests_total", route=route, status="200") == statuses.count(200)
+    assert _metric(text, "dpsketch_http_requests_total", route=route, status="503") == len(refused)
+    assert _metric(text, "dpsketch_http_requests_total", route=route, status="422") == 2  # bad, both ways
+    assert _metric(text, "dpsketch_http_request_duration_seconds_count", route=route) == 202
+    assert _metric(text, "dpsketch_http_problems_total", route=route, type="unavailable") == len(refused)
+    assert _metric(text, "dpsketch_upload_requests_total", outcome="acknowledged") == statuses.count(200)
+    assert "\ndpsketch_uploads_in_flight 0.0\n" in text and "\ndpsketch_upload_bytes_in_flight 0.0\n" in text
+    assert "\ndpsketch_http_requests_in_flight 1.0\n" in text  # the scrape itself
