@@ -75,6 +75,14 @@ def json_response(model) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
+def result_json(result: UploadResult) -> bytes:
+    """``result.model_dump_json()``'s bytes, written directly (three integers, the last one
+    maybe null: pydantic's compact JSON of them, in field order)."""
+    count = result.report_count
+    return b'{"accepted":%d,"duplicates":%d,"report_count":%s}' % (
+        result.accepted, result.duplicates, b"null" if count is None else b"%d" % count)
+
+
 def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str | None = None) -> np.ndarray:
     """The shares of an upload whose every record is bound to its report id at this server
     (422 binding-refused otherwise: a substituted, corrupted or misdirected share is never stored).
@@ -272,20 +280,22 @@ class FastReports:
                 await response(scope, receive, send)
                 raise
             # what json_response(result) sends (starlette's Response: the same headers, in its order)
-            body = result.model_dump_json().encode()
+            body = result_json(result)
             status = 200
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)]})
             await send({"type": "http.response.body", "body": body})
             acknowledged = True
         finally:
-            metrics.http.in_flight_now -= 1
-            # the study is held (checked_report found it): what ServerMetrics.on_complete counts
-            count_answer(metrics.http, None, scope, start, status, size, slug)
-            if acknowledged:
+            http = metrics.http
+            http.in_flight_now -= 1
+            if acknowledged:  # what count_answer and ServerMetrics.on_complete count (the study is held)
+                http.duration_of(REPORTS_ROUTE, "POST").observe(perf_counter() - start)
+                http.requests_of(REPORTS_ROUTE, "POST", "200").inc()
+                http.received_of(REPORTS_ROUTE).inc(size)
                 metrics.acknowledged(study_id, size)
             else:
-                metrics.on_complete(scope, REPORTS_ROUTE, status, size, slug)
+                count_answer(http, metrics.on_complete, scope, start, status, size, slug)
 
     async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, list[bytes], np.ndarray,
                                                                                    bytes | None]:

@@ -351,3 +351,12 @@ def test_the_fast_path_keeps_the_admission_limit_and_counts(servers):
     assert _metric(text, "dpsketch_upload_requests_total", outcome="acknowledged") == statuses.count(200)
     assert "\ndpsketch_uploads_in_flight 0.0\n" in text and "\ndpsketch_upload_bytes_in_flight 0.0\n" in text
     assert "\ndpsketch_http_requests_in_flight 1.0\n" in text  # the scrape itself
+
+
+def test_the_acknowledgement_is_the_models_json():
+    from dpsketch.protocol.messages import UploadResult
+    from services.uploads import result_json
+
+    for accepted, duplicates, count in [(1, 0, 1), (0, 1, None), (1, 0, 10**12), (0, 0, 0), (7, 3, None)]:
+        result = UploadResult(accepted=accepted, duplicates=duplicates, report_count=count)
+        assert result_json(result) == result.model_dump_json().encode()
