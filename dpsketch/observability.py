@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,11 +81,127 @@ class Children:
         return child
 
 
+class _Count:
+    """A counter child's increments made on one thread, not yet added to it."""
+
+    __slots__ = ("child", "total", "flushed")
+
+    def __init__(self, child: Any):
+        self.child, self.total, self.flushed = child, 0, 0
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:  # as prometheus_client refuses it, at once
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.total += amount
+
+    def flush(self) -> None:
+        total = self.total  # the owning thread may add meanwhile: that goes in the next flush
+        if total != self.flushed:
+            self.child.inc(total - self.flushed)
+            self.flushed = total
+
+
+class _Observations:
+    """A histogram child's observations made on one thread, not yet added to it: per bucket
+    (the first upper bound >= the value, as prometheus_client counts) and their sum."""
+
+    __slots__ = ("child", "bounds", "counts", "flushed", "sum", "sum_flushed")
+
+    def __init__(self, child: Any):
+        self.child = child
+        self.bounds = list(child._upper_bounds)  # ends with +Inf
+        self.counts = [0] * len(self.bounds)
+        self.flushed = [0] * len(self.bounds)
+        self.sum = self.sum_flushed = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.sum += amount
+        self.counts[bisect_left(self.bounds, amount)] += 1
+
+    def flush(self) -> None:
+        for i, count in enumerate(self.counts):
+            if count != self.flushed[i]:
+                self.child._buckets[i].inc(count - self.flushed[i])
+                self.flushed[i] = count
+        total = self.sum
+        if total != self.sum_flushed:
+            self.child._sum.inc(total - self.sum_flushed)
+            self.sum_flushed = total
+
+
+class Tally:
+    """Counter increments and histogram observations kept as plain numbers, one cell per
+    thread and series, and added to the prometheus series when the registry is collected.
+
+    Why: each update of a prometheus_client series takes a lock, and a single upload made
+    about nine of them on the event loop's thread, the server's limit (docs/operations.md,
+    "Single uploads"). Here an update is an addition to a cell only its own thread writes;
+    :meth:`collect` (registered in the registry before any series it feeds, so every scrape
+    and ``get_sample_value`` runs it first) adds what each cell gained since the last
+    collection to its series, under a lock of its own. A scrape therefore sees every update
+    made before it began, as before; an update racing with a scrape shows in the next one.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        self._local = threading.local()
+        self._cells: list[Any] = []
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def describe(self) -> list:
+        return []  # no series of its own
+
+    def collect(self) -> list:
+        self.flush()
+        return []
+
+    def flush(self) -> None:
+        with self._lock:
+            for cell in self._cells:
+                cell.flush()
+
+    def counter(self, metric: Any) -> Callable[..., _Count]:
+        """``f(*label_values)``: the calling thread's cell of that child of ``metric`` (a
+        labelled Counter), with ``inc(amount=1)``."""
+        return self._children(metric, _Count)
+
+    def histogram(self, metric: Any) -> Callable[..., Any]:
+        """As :meth:`counter`, for a labelled Histogram: cells with ``observe(amount)`` (the
+        child itself, should prometheus_client not keep buckets the way _Observations adds to)."""
+        return self._children(metric, _Observations)
+
+    def _children(self, metric: Any, kind: type) -> Callable[..., Any]:
+        children = Children(metric)
+        local = self._local
+        key = id(metric)
+
+        def cell(*values: str) -> Any:
+            try:
+                mine = local.cells
+            except AttributeError:
+                mine = local.cells = {}
+            found = mine.get((key, values))
+            if found is None:
+                found = mine[(key, values)] = self._new(kind, children(*values))
+            return found
+
+        return cell
+
+    def _new(self, kind: type, child: Any) -> Any:
+        if kind is _Observations and not all(hasattr(child, a) for a in ("_upper_bounds", "_buckets", "_sum")):
+            return child  # pragma: no cover - another prometheus_client: update the child directly
+        made = kind(child)
+        with self._lock:
+            self._cells.append(made)
+        return made
+
+
 class HttpMetrics:
     """The HTTP metrics every dpsketch service exports (same names in both jobs)."""
 
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry
+        self.tally = Tally(registry)  # first in the registry: flushed before the series it feeds
         self.duration = Histogram(
             "dpsketch_http_request_duration_seconds",
             "Time from the request head to the end of the answer, by route template and method",
@@ -99,16 +217,41 @@ class HttpMetrics:
         self.in_flight = Gauge(
             "dpsketch_http_requests_in_flight", "Requests being worked on now (head received, answer "
             "not yet complete)", registry=registry)
+        self.in_flight_now = 0  # updated on the event loop only; the gauge reads it when scraped
+        self.in_flight.set_function(lambda: self.in_flight_now)
         self.received = Counter(
             "dpsketch_http_request_body_bytes_total", "Request body bytes received, by route template",
             ["route"], registry=registry)
         ProcessCollector(registry=registry)  # process_resident_memory_bytes, open fds, CPU seconds
-        self.duration_of, self.requests_of = Children(self.duration), Children(self.requests)
-        self.problems_of, self.received_of = Children(self.problems), Children(self.received)
+        t = self.tally
+        self.duration_of, self.requests_of = t.histogram(self.duration), t.counter(self.requests)
+        self.problems_of, self.received_of = t.counter(self.problems), t.counter(self.received)
 
 
 #: Called after each answer: (scope, route template, status, body bytes received, problem slug or None).
 Completion = Callable[[Scope, str, int, int, "str | None"], None]
+
+#: A layer outside the metrics middleware that timed a request first and then hands it on
+#: (services/uploads.py FastReports) puts its start (time.perf_counter) here: the request's
+#: latency still runs from its head.
+START_KEY = "dpsketch.start"
+
+
+def count_answer(m: HttpMetrics, on_complete: Completion | None, scope: Scope, start: float, status: int,
+                 received: int, slug: str | None) -> None:
+    """Count one answered request (what :class:`MetricsMiddleware` does after each answer; a
+    layer that answers before it, outside, counts with the same function)."""
+    route = route_template(scope)
+    method = scope.get("method", "")
+    method = method if method in _METHODS else "other"  # h11 takes any token as a method
+    m.duration_of(route, method).observe(time.perf_counter() - start)
+    m.requests_of(route, method, str(status)).inc()
+    if received:
+        m.received_of(route).inc(received)
+    if slug is not None:
+        m.problems_of(route, slug).inc()
+    if on_complete is not None:
+        on_complete(scope, route, status, received, slug)
 
 
 class MetricsMiddleware:
@@ -127,7 +270,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         m = self.metrics
-        start = time.perf_counter()
+        start = scope.get(START_KEY) or time.perf_counter()
         status = 500  # if the app raises before answering, the server answers 500
         received = 0
         problem: bytearray | None = None
@@ -151,7 +294,7 @@ class MetricsMiddleware:
                     problem += message.get("body", b"")[:_MAX_PROBLEM_BYTES]
             await send(message)
 
-        m.in_flight.inc()
+        m.in_flight_now += 1
         failed = False
         try:
             await self.app(scope, counting_receive, watching_send)
@@ -159,19 +302,9 @@ class MetricsMiddleware:
             failed = True  # the server error middleware outside answers 500 internal-error
             raise
         finally:
-            m.in_flight.dec()
-            route = route_template(scope)
-            method = scope.get("method", "")
-            method = method if method in _METHODS else "other"  # h11 takes any token as a method
-            m.duration_of(route, method).observe(time.perf_counter() - start)
-            m.requests_of(route, method, str(status)).inc()
-            if received:
-                m.received_of(route).inc(received)
+            m.in_flight_now -= 1
             slug = problem_slug(bytes(problem)) if problem is not None else "internal-error" if failed else None
-            if slug is not None:
-                m.problems_of(route, slug).inc()
-            if self.on_complete is not None:
-                self.on_complete(scope, route, status, received, slug)
+            count_answer(m, self.on_complete, scope, start, status, received, slug)
 
 
 def metrics_response(registry: CollectorRegistry) -> Response:

@@ -47,6 +47,9 @@ DEFAULT_MAX_BYTES = 128 << 20
 RETRY_AFTER_S = 1
 #: Where a refusal leaves its route template (dpsketch.observability.route_template reads it).
 ROUTE_KEY = "dpsketch.route"
+#: Set by a layer outside that admitted the upload itself and hands it on (services/uploads.py
+#: FastReports: it holds the upload's place in the counts until the answer): not counted again.
+ADMITTED_KEY = "dpsketch.admitted"
 
 _UPLOAD_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/(?P<kind>reports|batches)$")
 
@@ -134,7 +137,7 @@ class UploadAdmission:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = _UPLOAD_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
-        if match is None or scope.get("method") != "POST":
+        if match is None or scope.get("method") != "POST" or scope.get(ADMITTED_KEY):
             await self.app(scope, receive, send)
             return
         try:

@@ -261,15 +261,17 @@ def create_app(settings: Settings) -> FastAPI:
     metrics = ServerMetrics(store, app, admission)
     app.state.metrics = metrics
     # Outside FastAPI's own layers (ShareServerAPI), outermost last:
-    # well-formed single uploads answered without FastAPI's routing and dependency solving;
-    # everything else goes on to FastAPI and the routes below (services/uploads.py)
-    app.add_outer_middleware(FastReports, store=store, metrics=metrics, server_id=settings.server_id)
     # inside the body limit: it reads upload bodies through it, then admits or refuses (503)
     app.add_outer_middleware(UploadAdmission, admission=admission)
     app.add_outer_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
-    # outermost: times and counts every answer, the admission and body-limit refusals included
+    # times and counts every answer, the admission and body-limit refusals included
     app.add_outer_middleware(observability.MetricsMiddleware, metrics=metrics.http,
                              on_complete=metrics.on_complete)
+    # outermost: well-formed single uploads answered without the layers above and FastAPI's
+    # routing and dependency solving, passing the same checks and counted the same way;
+    # everything else goes on to them and the routes below (services/uploads.py)
+    app.add_outer_middleware(FastReports, store=store, metrics=metrics, server_id=settings.server_id,
+                             admission=admission, max_body_bytes=settings.max_body_bytes)
     roles = Roles(settings)
     if settings.tokens_file is not None:
         _install_sighup(roles.registry)

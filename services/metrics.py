@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from starlette.types import Scope
 
-from dpsketch.observability import Children, HttpMetrics, open_connections
+from dpsketch.observability import HttpMetrics, open_connections
 from dpsketch.protocol.messages import UploadResult
 
 #: The routes whose answers count as uploads of a study.
@@ -60,9 +60,10 @@ class ServerMetrics:
             "dpsketch_aggregate_duration_seconds", "Time the store took to answer an aggregate request",
             ["outcome"], buckets=SLOW_BUCKETS, registry=r)
         r.register(_LiveCollector(store, app, admission))
-        self.reports_of = Children(self.reports)
-        self.upload_requests_of = Children(self.upload_requests)
-        self.upload_bytes_of = Children(self.upload_bytes)
+        tally = self.http.tally  # updates per upload, added to the series when scraped
+        self.reports_of = tally.counter(self.reports)
+        self.upload_requests_of = tally.counter(self.upload_requests)
+        self.upload_bytes_of = tally.counter(self.upload_bytes)
 
     def uploaded(self, study_id: str, result: UploadResult) -> None:
         """After an acknowledged upload (the handler's only metrics call)."""
@@ -97,10 +98,14 @@ class ServerMetrics:
         if not isinstance(study_id, str) or not self._held(study_id):
             return  # unknown ids get no series of their own (dpsketch_http_problems_total counts them)
         if 200 <= status < 300:
-            self.upload_requests_of(study_id, "acknowledged").inc()
-            self.upload_bytes_of(study_id).inc(received)
+            self.acknowledged(study_id, received)
         else:
             self.upload_requests_of(study_id, problem or f"http-{status}").inc()
+
+    def acknowledged(self, study_id: str, received: int) -> None:
+        """An upload to a held study was acknowledged (its body: ``received`` bytes)."""
+        self.upload_requests_of(study_id, "acknowledged").inc()
+        self.upload_bytes_of(study_id).inc(received)
 
     def _held(self, study_id: str) -> bool:
         from dpsketch.protocol.problems import ProblemError

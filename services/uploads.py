@@ -7,20 +7,29 @@ answered by :func:`store_report`, whichever way the request came.
 Why a fast path: a single report is a few hundred bytes, so per request the framework costs more
 than the work. Under 64 concurrent clients FastAPI's routing, dependency solving and request
 validation took about half of the server's CPU per upload, and the event loop's thread was the
-limit (docs/operations.md, "Single uploads"). :class:`FastReports`, a pure ASGI middleware inside
-every other one (metrics, body limit, admission), answers a *well-formed* single upload itself:
-it parses the body with the same pydantic model (:class:`Report`), checks the token and the
-binding with the same functions, hands the report to the same writer and answers the same bytes.
+limit (docs/operations.md, "Single uploads"). :class:`FastReports`, a pure ASGI middleware
+outside every other one, answers a *well-formed* single upload itself: it parses the body (the
+SDK's plain JSON directly, messages.report_fields, anything else with the same pydantic model,
+:class:`Report`), checks the token and the binding with the same functions, hands the report to
+the same writer and answers the same bytes. Being outermost, it also does for such an upload
+what the layers it skips do, with their objects: the body limit (a Content-Length or body over
+it), upload admission (the same :class:`~services.admission.Admission` counts, held until the
+answer) and the HTTP and upload metrics (observability.count_answer, as the metrics middleware
+counts); a layer per request, each with its own wrappers of receive and send, cost the event
+loop more than the work.
 
-Anything it does not accept as it stands goes, untouched, to the FastAPI route: a refusal before
-the writer (bad JSON, a body the model refuses, an unknown study, a missing or wrong token, a
-study with parties, a wrong length, a binding that does not hold), another Content-Type, a body
-cut short. That route then answers it exactly as it always did: the same checks in the same
-order, the same problem JSON, so nothing about a refusal depends on which path saw the request
-first (nothing is stored before the writer, so checking twice changes nothing). Refusals by the
-writer (study-closed, quota-exceeded, report-conflict, unavailable) and its acknowledgement are
-answered here, rendered by the same functions the route uses. The route stays in the OpenAPI
-document, which describes the endpoint either way.
+Anything it does not accept as it stands goes, untouched, to those layers and the FastAPI route:
+a body past the limit or one the admission refuses (they answer 413 or 503, as always), a
+refusal before the writer (bad JSON, a body the model refuses, an unknown study, a missing or
+wrong token, a study with parties, a wrong length, a binding that does not hold), another
+Content-Type, a body cut short. The route then answers it exactly as it always did: the same
+checks in the same order, the same problem JSON, so nothing about a refusal depends on which
+path saw the request first (nothing is stored before the writer, so checking twice changes
+nothing). A request handed on after this layer admitted it keeps that admission (the admission
+layer lets it pass: ADMITTED_KEY), and its latency is measured from its head (START_KEY).
+Refusals by the writer (study-closed, quota-exceeded, report-conflict, unavailable) and its
+acknowledgement are answered here, rendered by the same functions the route uses. The route
+stays in the OpenAPI document, which describes the endpoint either way.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,13 +47,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dpsketch.observability import START_KEY, count_answer, problem_slug
 from dpsketch.problem_http import problem_response
 from dpsketch.protocol import binding
-from dpsketch.protocol.messages import Report, Upload, UploadResult
+from dpsketch.protocol.messages import Report, Upload, UploadResult, report_fields, report_upload
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
-from .admission import ROUTE_KEY, read_body, replaying
+from .admission import ADMITTED_KEY, ROUTE_KEY, Admission, read_body, replaying
 from .auth import digest_of
 
 if TYPE_CHECKING:
@@ -62,6 +73,14 @@ _JSON = b"application/json"
 def json_response(model) -> Response:
     """Serialize a response model directly (the upload paths skip FastAPI's re-validation)."""
     return Response(model.model_dump_json(), media_type="application/json")
+
+
+def result_json(result: UploadResult) -> bytes:
+    """``result.model_dump_json()``'s bytes, written directly (three integers, the last one
+    maybe null: pydantic's compact JSON of them, in field order)."""
+    count = result.report_count
+    return b'{"accepted":%d,"duplicates":%d,"report_count":%s}' % (
+        result.accepted, result.duplicates, b"null" if count is None else b"%d" % count)
 
 
 def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str | None = None) -> np.ndarray:
@@ -99,9 +118,10 @@ async def upload_token(store: "Store", study_id: str, credentials: str | None) -
     return given
 
 
-def checked_report(store: "Store", server_id: str, study_id: str, report: Report):
+def checked_report(store: "Store", server_id: str, study_id: str, report: Report | tuple[bytes, bytes, bytes]):
     """The record and the verified one-record upload of a single report (the route's checks
-    after the token, in its order); raises the route's ProblemError otherwise."""
+    after the token, in its order); raises the route's ProblemError otherwise. ``report``: the
+    model, or its decoded fields (messages.report_fields)."""
     from dpsketch.protocol.messages import BLOCKS_MEDIA_TYPE
 
     record = store.record(study_id)
@@ -110,7 +130,8 @@ def checked_report(store: "Store", server_id: str, study_id: str, report: Report
         raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                            f"blocks as {BLOCKS_MEDIA_TYPE} batches")
     try:
-        upload = report.upload(study.width, study.n_servers)
+        upload = (report.upload(study.width, study.n_servers) if isinstance(report, Report)
+                  else report_upload(*report, study.width, study.n_servers))
     except ValueError as exc:
         raise ProblemError("invalid-request", str(exc)) from None
     shares = verified_shares(upload, study, server_id, study_id)
@@ -151,67 +172,137 @@ def bearer_credentials(scope: Scope) -> str | None:
     return None
 
 
-def _content_type(scope: Scope) -> bytes | None:
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            return value
-    return None
-
-
 class _Refer(Exception):
     """The request is for the FastAPI route to answer (see the module docstring)."""
 
 
 class FastReports:
-    """Pure ASGI middleware, innermost: the single-upload fast path (module docstring)."""
+    """Pure ASGI middleware, outermost: the single-upload fast path (module docstring).
 
-    def __init__(self, app: ASGIApp, store: "Store", metrics: "ServerMetrics", server_id: str):
+    ``app`` is the rest of the server (the metrics middleware, the body limit, upload
+    admission, FastAPI), which answers everything this hands on; ``admission`` and
+    ``max_body_bytes`` are the objects and the limit of those layers, whose checks a request
+    answered here passes as it would there."""
+
+    def __init__(self, app: ASGIApp, store: "Store", metrics: "ServerMetrics", server_id: str,
+                 admission: Admission, max_body_bytes: int):
         self.app = app
         self.store = store
         self.metrics = metrics
         self.server_id = server_id
+        self.admission = admission
+        self.limit = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = perf_counter()
         match = None
         if scope["type"] == "http" and scope.get("method") == "POST" and not scope.get("root_path"):
             match = _REPORTS_PATH.match(scope["path"])
-        if match is None or _content_type(scope) != _JSON:
+        if match is None or not self._takes(scope):
             await self.app(scope, receive, send)
             return
-        messages, body, gone = await read_body(receive)
-        study_id = match["study_id"]
+        http = self.metrics.http
+        http.in_flight_now += 1  # as the metrics middleware counts it, from the head on
         try:
-            if gone or not body:
-                raise _Refer
-            record, ids, shares, token = await self._checked(scope, study_id, body)
-        except Exception:  # _Refer, a ProblemError, pydantic's ValidationError, bad JSON, ...
-            # the route answers it, from the same bytes (a refusal: nothing was stored), as it
-            # answers every request: a refusal of its own, or its 500 for what nobody foresaw
-            await self.app(scope, replaying(messages, receive), send)
-            return
-        scope[ROUTE_KEY] = REPORTS_ROUTE  # for the metrics middleware (no route matched)
-        scope["path_params"] = {"study_id": study_id}
-        try:
-            result = await stored_report(self.store, self.metrics, study_id, record, ids, shares, token)
-        except ProblemError as exc:  # the writer's refusal, rendered as the route's handler does
-            await problem_response(exc, Request(scope))(scope, receive, send)
-            return
-        except Exception:  # as FastAPI's server-error layer (dpsketch/problem_http.py): 500, re-raised
-            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-            await problem_response(ProblemError("internal-error", "unexpected server error"),
-                                   Request(scope))(scope, receive, send)
+            messages, body, gone = await read_body(receive)
+        except BaseException:
+            http.in_flight_now -= 1
             raise
-        # what json_response(result) sends (starlette's Response: the same headers, in its order)
-        body = result.model_dump_json().encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)]})
-        await send({"type": "http.response.body", "body": body})
+        size = len(body)
+        admission = self.admission
+        if gone or not body or size > self.limit or not admission.admits(size):
+            # the layers inside answer it as they always did, from the same messages (nothing
+            # ran in between: the admission check there sees what this one saw)
+            await self._hand_on(scope, start, replaying(messages, receive), send)
+            return
+        # admitted, as UploadAdmission admits (one event loop: nothing runs between check and update)
+        admission.requests += 1
+        admission.bytes += size
+        try:
+            study_id = match["study_id"]
+            try:
+                record, ids, shares, token = await self._checked(scope, study_id, body)
+            except Exception:  # _Refer, a ProblemError, pydantic's ValidationError, bad JSON, ...
+                # the route answers it, from the same bytes (a refusal: nothing was stored), as it
+                # answers every request: a refusal of its own, or its 500 for what nobody foresaw.
+                # It keeps this admission: the admission layer lets it pass (ADMITTED_KEY).
+                scope[ADMITTED_KEY] = True
+                await self._hand_on(scope, start, replaying(messages, receive), send)
+                return
+            await self._store(scope, receive, send, start, study_id, record, ids, shares, token, size)
+        finally:
+            admission.requests -= 1
+            admission.bytes -= size
+
+    def _takes(self, scope: Scope) -> bool:
+        """Content-Type exactly application/json (the first such header, as the route reads
+        it), and no Content-Length over the body limit (the body limit answers that, as
+        problem_http.BodyLimit reads them: every such header, a non-number as no length)."""
+        content_type = None
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                if content_type is None:
+                    content_type = value
+            elif name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    continue
+                if declared > self.limit:
+                    return False
+        return content_type == _JSON
+
+    async def _hand_on(self, scope: Scope, start: float, receive: Receive, send: Send) -> None:
+        self.metrics.http.in_flight_now -= 1  # the metrics middleware counts it from here
+        scope[START_KEY] = start
+        await self.app(scope, receive, send)
+
+    async def _store(self, scope: Scope, receive: Receive, send: Send, start: float, study_id: str, record,
+                     ids: list[bytes], shares: np.ndarray, token: bytes | None, size: int) -> None:
+        """Hand the checked report to the writer and answer, counted as the metrics middleware counts."""
+        scope[ROUTE_KEY] = REPORTS_ROUTE  # for the metrics (no route matched)
+        scope["path_params"] = {"study_id": study_id}
+        metrics = self.metrics
+        status, slug, acknowledged = 500, None, False
+        try:
+            try:
+                result = await stored_report(self.store, metrics, study_id, record, ids, shares, token)
+            except ProblemError as exc:  # the writer's refusal, rendered as the route's handler does
+                response = problem_response(exc, Request(scope))
+                status, slug = response.status_code, problem_slug(response.body)
+                await response(scope, receive, send)
+                return
+            except Exception:  # as FastAPI's server-error layer (dpsketch/problem_http.py): 500, re-raised
+                log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+                response = problem_response(ProblemError("internal-error", "unexpected server error"),
+                                            Request(scope))
+                status, slug = response.status_code, problem_slug(response.body)
+                await response(scope, receive, send)
+                raise
+            # what json_response(result) sends (starlette's Response: the same headers, in its order)
+            body = result_json(result)
+            status = 200
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)]})
+            await send({"type": "http.response.body", "body": body})
+            acknowledged = True
+        finally:
+            http = metrics.http
+            http.in_flight_now -= 1
+            if acknowledged:  # what count_answer and ServerMetrics.on_complete count (the study is held)
+                http.duration_of(REPORTS_ROUTE, "POST").observe(perf_counter() - start)
+                http.requests_of(REPORTS_ROUTE, "POST", "200").inc()
+                http.received_of(REPORTS_ROUTE).inc(size)
+                metrics.acknowledged(study_id, size)
+            else:
+                count_answer(http, metrics.on_complete, scope, start, status, size, slug)
 
     async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, list[bytes], np.ndarray,
                                                                                    bytes | None]:
         # What this accepts FastAPI accepts as the same report (json.loads, then the model: the same
-        # fields and validators; a repeated key: the last one, both ways); the rest goes to the route
-        report = Report.model_validate_json(body)
+        # fields and validators; a repeated key: the last one, both ways); the rest goes to the route.
+        # The SDK's plain JSON is read without pydantic, each field decoded once (report_fields)
+        report = report_fields(body) or Report.model_validate_json(body)
         token = await upload_token(self.store, study_id, bearer_credentials(scope))
         record, ids, shares = checked_report(self.store, self.server_id, study_id, report)
         return record, ids, shares, token

@@ -254,3 +254,109 @@ def test_report_json_of_the_sdk_is_what_the_fast_path_parses():
     rs = bound(study, 1)
     body = Report.of(rs.ids[0], rs.proofs[0], rs.shares[0]).model_dump_json().encode()
     assert Report.model_validate_json(body) == Report.model_validate(json.loads(body))
+
+
+def test_plain_report_json_reads_as_the_model_reads_it():
+    """messages.report_fields (the fast path's parser of the SDK's JSON) accepts only bodies
+    the model accepts, with the same decoded values; any other body it leaves to the model."""
+    import random
+
+    from dpsketch.protocol.messages import report_fields
+
+    study = make_study()
+    rs = bound(study, 1)
+    sdk = Report.of(rs.ids[0], rs.proofs[0], rs.shares[0])
+    plain = sdk.model_dump_json().encode()
+
+    def model_fields(body: bytes):
+        try:
+            r = Report.model_validate_json(body)
+        except ValueError:
+            return None
+        return bytes.fromhex(r.report_id), base64.b64decode(r.proof), base64.b64decode(r.share)
+
+    want = (rs.ids[0], bytes(rs.proofs[0]), rs.shares[0].astype("<u8").tobytes())
+    assert report_fields(plain) == model_fields(plain) == want
+    spaced = json.dumps(sdk.model_dump(), indent=2).encode()
+    assert report_fields(spaced) == want and report_fields(b" \r\n" + spaced + b"\t") == want
+    d = sdk.model_dump()
+    others = [
+        json.dumps({k: d[k] for k in ("share", "proof", "report_id")}).encode(),  # another order
+        json.dumps({**d, "extra": 1}).encode(), plain.replace(b'"proof"', b'"pro\\u006ff"'),
+        json.dumps({**d, "report_id": d["report_id"].upper()}).encode(),
+        json.dumps({**d, "share": d["share"][:-1]}).encode(), json.dumps({**d, "proof": "A===" + d["proof"]}).encode(),
+        json.dumps({**d, "share": d["share"] + "\n"}).encode(), plain + b"x", b"\x0c" + plain, plain[:-1],
+        json.dumps({**d, "share": ""}).encode(),  # taken, then refused for its length by both paths
+    ]
+    rng = random.Random(7)
+    for _ in range(3000):  # random edits of the plain body: never accepted other than the model does
+        b = bytearray(plain)
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(b))
+            op = rng.randrange(3)
+            if op == 0:
+                b[i] = rng.choice(b' \t\n\r"\\,:{}=+/Aa0f\x00\xff')
+            elif op == 1:
+                del b[i]
+            else:
+                b.insert(i, rng.choice(b' \t\n\r"=Aa0'))
+        others.append(bytes(b))
+    for body in others:
+        got = report_fields(body)
+        assert got is None or got == model_fields(body), body
+
+
+def test_the_fast_path_keeps_the_admission_limit_and_counts(servers):
+    """Single uploads answered by the fast path are admitted as every upload is: with room for
+    one upload at a time, a flood of them gets 503 + Retry-After (the admission's answer), every
+    acknowledged report is held and nothing else, the metrics count every answer once, and the
+    counts of uploads in flight go back to zero. A bad report the fast path hands on to the route
+    keeps its own admission (the route refuses it; it is not refused as a second upload)."""
+    import asyncio
+
+    spec = servers.spec("s1")
+    proc = servers.start(spec, extra_env={**FLOORLESS, "DPSKETCH_MAX_INFLIGHT_UPLOADS": "1"}, open_uploads=False)
+    study = make_study()
+    token = provision_with_token(proc.url, spec.operator_token, study)
+    path = f"/v1/studies/{study.study_id}/reports"
+    rs = bound(study, 200)
+    with httpx.Client(base_url=proc.url, timeout=30) as http:
+        bad = json.dumps(rs.substituted(1, "share").report(0)).encode()
+        r = both(http, path, bad, token)
+        assert r.status_code == 422 and r.json()["type"].endswith(":binding-refused"), r.text
+
+    async def flood() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30,
+                                     limits=httpx.Limits(max_connections=40)) as client:
+            async def one(i: int) -> httpx.Response:
+                return await client.post(path, content=as_json(rs, i),
+                                         headers={"Content-Type": FAST, "Authorization": f"Bearer {token}"})
+            return await asyncio.gather(*(one(i) for i in range(200)))
+
+    answers = asyncio.run(flood())
+    statuses = [r.status_code for r in answers]
+    assert set(statuses) <= {200, 503}, statuses
+    refused = [r for r in answers if r.status_code == 503]
+    assert refused and all(r.headers["retry-after"] == "1" and r.json()["type"].endswith(":unavailable")
+                           for r in refused)
+    with httpx.Client(base_url=proc.url, timeout=30) as http:
+        assert http.get(f"/v1/studies/{study.study_id}").json()["report_count"] == statuses.count(200)
+        text = http.get("/metrics", headers={"Authorization": f"Bearer {spec.operator_token}"}).text
+    route = "/v1/studies/{study_id}/reports"
+    assert _metric(text, "dpsketch_http_requests_total", route=route, status="200") == statuses.count(200)
+    assert _metric(text, "dpsketch_http_requests_total", route=route, status="503") == len(refused)
+    assert _metric(text, "dpsketch_http_requests_total", route=route, status="422") == 2  # bad, both ways
+    assert _metric(text, "dpsketch_http_request_duration_seconds_count", route=route) == 202
+    assert _metric(text, "dpsketch_http_problems_total", route=route, type="unavailable") == len(refused)
+    assert _metric(text, "dpsketch_upload_requests_total", outcome="acknowledged") == statuses.count(200)
+    assert "\ndpsketch_uploads_in_flight 0.0\n" in text and "\ndpsketch_upload_bytes_in_flight 0.0\n" in text
+    assert "\ndpsketch_http_requests_in_flight 1.0\n" in text  # the scrape itself
+
+
+def test_the_acknowledgement_is_the_models_json():
+    from dpsketch.protocol.messages import UploadResult
+    from services.uploads import result_json
+
+    for accepted, duplicates, count in [(1, 0, 1), (0, 1, None), (1, 0, 10**12), (0, 0, 0), (7, 3, None)]:
+        result = UploadResult(accepted=accepted, duplicates=duplicates, report_count=count)
+        assert result_json(result) == result.model_dump_json().encode()

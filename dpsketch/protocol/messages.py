@@ -22,6 +22,7 @@ JSON bodies are pydantic models; bulk data travels as little-endian binary:
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import re
 from dataclasses import dataclass
@@ -309,15 +310,8 @@ class Report(BaseModel):
 
     def upload(self, width: int, n_servers: int) -> Upload:
         """The report as a one-record upload; ValueError if a length is wrong."""
-        raw = base64.b64decode(self.share)
-        if len(raw) != 8 * width:
-            raise ValueError(f"share must be {8 * width} bytes ({width} uint64 values), got {len(raw)}")
-        proof = base64.b64decode(self.proof)
-        if len(proof) != binding.proof_bytes(n_servers):
-            raise ValueError(f"proof must be {binding.proof_bytes(n_servers)} bytes for a study of "
-                             f"{n_servers} servers, got {len(proof)}")
-        return Upload([bytes.fromhex(self.report_id)], np.frombuffer(proof, dtype=np.uint8).reshape(1, -1).copy(),
-                      np.frombuffer(raw, dtype="<u8").reshape(1, width).copy(), binding.CONTENT_SHARE)
+        return report_upload(bytes.fromhex(self.report_id), base64.b64decode(self.proof),
+                             base64.b64decode(self.share), width, n_servers)
 
     @classmethod
     def of(cls, report_id: bytes, proof: np.ndarray | bytes, share: np.ndarray) -> "Report":
@@ -327,6 +321,47 @@ class Report(BaseModel):
                                          if isinstance(proof, np.ndarray) else proof)).decode(),
             share=base64.b64encode(np.asarray(share, dtype="<u8").tobytes()).decode(),
         )
+
+
+def report_upload(report_id: bytes, proof: bytes, share: bytes, width: int, n_servers: int) -> Upload:
+    """A single report's decoded fields as a one-record upload (what :meth:`Report.upload`
+    returns); ValueError if a length is wrong."""
+    if len(share) != 8 * width:
+        raise ValueError(f"share must be {8 * width} bytes ({width} uint64 values), got {len(share)}")
+    if len(proof) != binding.proof_bytes(n_servers):
+        raise ValueError(f"proof must be {binding.proof_bytes(n_servers)} bytes for a study of "
+                         f"{n_servers} servers, got {len(proof)}")
+    return Upload([report_id], np.frombuffer(proof, dtype=np.uint8).reshape(1, -1).copy(),
+                  np.frombuffer(share, dtype="<u8").reshape(1, width).copy(), binding.CONTENT_SHARE)
+
+
+_WS = rb"[ \t\n\r]*"  # JSON's whitespace (RFC 8259), nothing else
+#: A Report body in the field order the SDK writes it (Report.model_dump_json), with any JSON
+#: whitespace between the tokens; every string only of characters that JSON takes literally.
+_REPORT_JSON = re.compile(
+    _WS + rb"\{" + _WS + rb'"report_id"' + _WS + rb":" + _WS + rb'"([0-9a-f]{32})"' + _WS + rb"," + _WS
+    + rb'"proof"' + _WS + rb":" + _WS + rb'"([A-Za-z0-9+/=]*)"' + _WS + rb"," + _WS
+    + rb'"share"' + _WS + rb":" + _WS + rb'"([A-Za-z0-9+/=]*)"' + _WS + rb"\}" + _WS)
+
+
+def report_fields(body: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """The decoded (report id, proof, share) of a single-report JSON body, parsed without
+    pydantic, or None when the body is not in the plain form the SDK sends.
+
+    Whatever this accepts, :class:`Report` accepts with the same values (JSON with exactly the
+    three fields, in that order, a 32-character lower-case hex report id and two strings of
+    standard base64: base64.b64decode(validate=True) is binascii's strict mode), so a server
+    may take it instead of ``Report.model_validate_json(body)`` and decode each field once; for
+    None it asks the model, which answers every other body, accepted or refused, as always."""
+    m = _REPORT_JSON.fullmatch(body)
+    if m is None:
+        return None
+    try:
+        proof = binascii.a2b_base64(m[2], strict_mode=True)
+        share = binascii.a2b_base64(m[3], strict_mode=True)
+    except binascii.Error:
+        return None
+    return bytes.fromhex(m[1].decode()), proof, share
 
 
 class UploadResult(BaseModel):
