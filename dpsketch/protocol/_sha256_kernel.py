@@ -9,11 +9,12 @@ Python's ``_hashlib`` is linked to) once per row, without Python objects and wit
 released, so two batches are checked on two cores at once. The digests are OpenSSL's, so they
 are hashlib's; :func:`load` also checks that on a test message before anything uses the loop.
 
-Imported only on first use (numba's import costs a third of a second). The loop embeds the
-addresses of the C functions, which differ from process to process, so numba cannot cache it on
-disk: each process compiles it once (about 0.1-0.3 s). Anything that stops it from loading (no
-libcrypto of OpenSSL 1.1 or 3 with those symbols, no numba) makes :func:`load` return None and
-callers keep hashlib.
+Imported only on first use (numba's import costs a third of a second). The loop calls the C
+functions by names registered with LLVM for this process (``dpsketch_SHA256_*``, each pointing at
+this process's libcrypto), so numba can keep its machine code on disk like the other kernels'
+(``cache=True``; where no cache directory is writable it compiles in memory, about 0.3-0.7 s, once
+per process). Anything that stops it from loading (no libcrypto of OpenSSL 1.1 or 3 with those
+symbols, no numba) makes :func:`load` return None and callers keep hashlib.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import ctypes.util
 import hashlib
 import logging
 
+import numba
 import numpy as np
+from numba import types
 
 log = logging.getLogger("dpsketch")
 
@@ -64,33 +67,56 @@ def _functions():
     return None
 
 
-def _compile(init, update, final):
-    import numba
+_SYMBOLS = ("SHA256_Init", "SHA256_Update", "SHA256_Final")
 
-    @numba.njit(nogil=True, boundscheck=False)
-    def rows(buf, out):
-        """out[i] = SHA-256(buf[i]) for a C-contiguous (m, w) uint8 buf and (m, 32) uint8 out;
-        the number of rows OpenSSL refused (0: all hashed)."""
-        m, width = buf.shape
-        ctx = np.empty(_CTX_BYTES, np.uint8)
-        c = ctx.ctypes.data
-        failed = 0
-        for i in range(m):
-            ok = init(c) + update(c, buf[i].ctypes.data, width) + final(out[i].ctypes.data, c)
-            failed += ok != 3
-        return failed
 
-    return rows
+def _register() -> bool:
+    """Point LLVM's ``dpsketch_SHA256_*`` symbols at this process's libcrypto; whether it could."""
+    functions = _functions()
+    if functions is None:
+        return False
+    import llvmlite.binding
+
+    for name, function in zip(_SYMBOLS, functions):
+        llvmlite.binding.add_symbol("dpsketch_" + name, ctypes.cast(function, ctypes.c_void_p).value)
+    return True
+
+
+_init = types.ExternalFunction("dpsketch_SHA256_Init", types.int32(types.voidptr))
+_update = types.ExternalFunction("dpsketch_SHA256_Update", types.int32(types.voidptr, types.voidptr, types.uintp))
+_final = types.ExternalFunction("dpsketch_SHA256_Final", types.int32(types.voidptr, types.voidptr))
+
+
+def _rows(buf, out):
+    """out[i] = SHA-256(buf[i]) for a C-contiguous (m, w) uint8 buf and (m, 32) uint8 out; the
+    number of rows OpenSSL refused (0: all hashed)."""
+    m, width = buf.shape
+    ctx = np.empty(_CTX_BYTES, np.uint8)
+    c = ctx.ctypes.data
+    failed = 0
+    for i in range(m):
+        ok = _init(c) + _update(c, buf[i].ctypes.data, width) + _final(out[i].ctypes.data, c)
+        failed += ok != 3
+    return failed
+
+
+def _compile():
+    """The loop, from numba's on-disk cache where it can keep one (the symbols must be registered
+    first: the cached code calls them by name)."""
+    options = dict(nogil=True, boundscheck=False)
+    try:
+        return numba.njit(cache=True, **options)(_rows)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, **options)(_rows)
 
 
 def load():
     """The compiled loop, checked against hashlib, or None if it cannot be had here."""
     try:
-        functions = _functions()
-        if functions is None:
+        if not _register():
             log.info("no libcrypto with SHA256_Init found: the binding check keeps hashlib")
             return None
-        rows = _compile(*functions)
+        rows = _compile()
         probe = np.frombuffer(bytes(range(256)) * 3, np.uint8).reshape(3, 256).copy()
         probe[1, :7] = np.frombuffer(b"dpsketc", np.uint8)
         out = np.zeros((3, 32), np.uint8)

@@ -175,9 +175,12 @@ def warm_up() -> bool:
     if _kernel is None:
         with _kernel_lock:
             if _kernel is None:
-                from . import _sha256_kernel
-
-                _kernel = _sha256_kernel.load() or False
+                try:
+                    from . import _sha256_kernel
+                except ImportError:  # no numba here: hashlib it is
+                    _kernel = False
+                else:
+                    _kernel = _sha256_kernel.load() or False
     return bool(_kernel)
 
 
