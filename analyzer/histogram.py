@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
-from scipy.optimize import isotonic_regression
 
 from dpsketch.protocol.histogram import OTHER, Axis, HistogramSpec
 
@@ -454,6 +453,8 @@ class Quantiles(_Estimator):
         counts = hist.marginal(self.column).counts
         edges = np.asarray(axis.edges, dtype=np.float64)
         raw = np.cumsum(counts)[:-1] / n                # P(X < e_j), j = 0 .. m-2
+        from scipy.optimize import isotonic_regression  # here: scipy.optimize is a third of the
+        # analyzer's start-up imports, and only histogram quantiles need it
         cdf = np.clip(isotonic_regression(raw).x, 0.0, 1.0)
         q = np.empty(p.size)
         clipped = np.zeros(p.size, dtype=bool)

@@ -59,7 +59,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import linprog
 
 from .estimators import robust_solve
 
@@ -82,6 +81,8 @@ def _lp(X: np.ndarray, y: np.ndarray, w: np.ndarray, alpha: float = 0.0,
         linear: np.ndarray | None = None) -> np.ndarray:
     """argmin_beta sum_i w_i |y_i - x_i beta| (+ alpha ||beta||_1, or + linear . beta) through the
     dual LP (HiGHS): max y^T mu s.t. X^T mu = linear (|X^T mu| <= alpha), -w <= mu <= w."""
+    from scipy.optimize import linprog  # here: the analyzer starts without scipy.optimize
+
     n, p = X.shape
     bounds = np.column_stack([-w, w])
     method = "highs-ipm" if n > 20_000 else "highs"

@@ -80,7 +80,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import expit
 
 from .estimators import _as_matrix, default_ridge_alpha, robust_solve
 from .release import column_indices, noise_scale_of
@@ -311,6 +310,8 @@ class LogisticRegression:
 
     def predict_proba(self, X) -> np.ndarray:
         """(n, 2): probabilities of classes_[0] and classes_[1]."""
+        from scipy.special import expit  # here: the analyzer starts without scipy.special
+
         p1 = expit(self.decision_function(X))
         return np.column_stack([1.0 - p1, p1])
 

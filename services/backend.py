@@ -293,15 +293,6 @@ class PostgresBackend:
             pass
 
 
-def errors() -> tuple[type[BaseException], ...]:
-    """Every exception class that means "the database cannot answer now" (either backend)."""
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        return (sqlite3.Error,)
-    return (sqlite3.Error, psycopg.Error)
-
-
 def for_settings(settings) -> SqliteBackend | PostgresBackend:
     if settings.db_url is not None:
         return PostgresBackend(settings.db_url, settings.busy_timeout_s)

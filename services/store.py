@@ -67,8 +67,6 @@ _FETCH_CHUNK = 50_000
 _STUDY_ID = re.compile(r"[0-9a-f]{64}")
 
 
-_DB_ERRORS = backends.errors()
-
 
 def _unavailable_on_db_error(fn):
     """Reads that fail in the database (SQLite busy during WAL recovery, an I/O error, PostgreSQL
@@ -78,7 +76,7 @@ def _unavailable_on_db_error(fn):
     def wrapper(self, *args, **kwargs):
         try:
             return fn(self, *args, **kwargs)
-        except _DB_ERRORS as exc:
+        except self.backend.errors as exc:
             log.warning("read failed in %s: %s", fn.__name__, exc)
             raise self.backend.unavailable(exc) from None
 
@@ -305,14 +303,14 @@ class Store:
         unreachable must not be sent traffic); return quickly otherwise."""
         try:
             self.backend.ping()
-        except _DB_ERRORS as exc:
+        except self.backend.errors as exc:
             raise self.backend.unavailable(exc) from exc
 
     def size_bytes(self) -> int | None:
         """The store's size on disk (None if it cannot be read now; metrics only)."""
         try:
             return self.backend.size_bytes()
-        except _DB_ERRORS:
+        except self.backend.errors:
             return None
 
     def records(self) -> list[StudyRecord]:
@@ -425,7 +423,7 @@ class Store:
             try:
                 with self._reading() as conn:
                     self.keys.refresh(conn)
-            except _DB_ERRORS as exc:
+            except self.backend.errors as exc:
                 log.warning("could not re-read the HPKE keys: %s", exc)
 
     def info(self, record: StudyRecord, trusted: bool = True) -> StudyInfo:
