@@ -12,6 +12,7 @@ carry a token; tests/test_trust.py and tests/test_upload_tokens.py run the defau
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,11 +145,23 @@ def live_cluster(servers: Servers) -> Cluster:
     return Cluster(servers, 3, api_token="analyst-api-token")
 
 
+@contextlib.contextmanager
+def cluster_for_module(tmp_path_factory, name: str = "cluster", n: int = 3,
+                       api_token: str | None = "analyst-api-token", **kwargs) -> Iterator[Cluster]:
+    """A cluster in its own directory, for a module-scoped fixture: every test of the module
+    that leaves nothing behind the others could see (each makes its own study) shares it, so
+    the suite pays a cluster's start-up (about 3 s of CPU per process, most of it imports and
+    the first study's calibration) once per module instead of once per test. ``kwargs`` as
+    :class:`Cluster` (``server_env``, ``open_uploads``)."""
+    pool = Servers(tmp_path_factory.mktemp(name))
+    try:
+        yield Cluster(pool, n, api_token=api_token, **kwargs)
+    finally:
+        pool.stop_all()
+
+
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory) -> Iterator[Cluster]:
     """One cluster for a whole module of tests that leave no state behind (bad-input checks)."""
-    pool = Servers(tmp_path_factory.mktemp("cluster"))
-    try:
-        yield Cluster(pool, 3, api_token="analyst-api-token")
-    finally:
-        pool.stop_all()
+    with cluster_for_module(tmp_path_factory) as cluster:
+        yield cluster
