@@ -19,7 +19,7 @@ from analyzer.estimators import LeastSquares, RidgeRegression
 from analyzer.release import SketchRelease
 from client_sdk import Client
 from client_sdk.client import prepare_batch
-from conftest import BOTH_STORES, Cluster
+from conftest import BOTH_STORES, Cluster, cluster_for_module
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
@@ -38,6 +38,16 @@ def exact_cluster(servers, n: int = 3) -> Cluster:
 @pytest.fixture
 def no_floor_cluster(servers) -> Cluster:
     return exact_cluster(servers)
+
+
+@pytest.fixture(scope="module")
+def no_floor_module_cluster(tmp_path_factory):
+    """exact_cluster's configuration (NO_FLOOR_POLICY at every server), one for a whole module: for
+    the tests that make their own study and neither restart, rotate, nor count what the servers
+    hold beyond it. A module that imports this fixture gets its own instance."""
+    with cluster_for_module(tmp_path_factory, "no-floor",
+                            server_env={f"s{j + 1}": NO_FLOOR_POLICY for j in range(3)}) as c:
+        yield c
 
 
 def direct_sketch(study: Study, report_ids: list[bytes], encoded: np.ndarray) -> np.ndarray:
@@ -111,12 +121,12 @@ def test_release_is_exactly_the_sketch_of_the_included_reports(no_floor_cluster)
     assert 0.4 < flipped.mean() < 0.6
 
 
-def test_default_design_release_carries_the_servers_noise(live_cluster):
+def test_default_design_release_carries_the_servers_noise(shared_cluster):
     """The default design (a noise floor) on servers with their default policy: each server adds
     N(0, server_sigma^2) (release units) to every cell of its aggregate share at commit, so the
     release minus the exact sketch of the clients' noisy rows is not zero but i.i.d. noise of
     variance N server_sigma^2 over all k x width cells."""
-    c = live_cluster
+    c = shared_cluster
     n = 4000  # with k = 64 the clients' noise alone does not reach the floor: the servers add some
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="e2e-floor", columns=COLUMNS, label="y", expected_reports=n,
@@ -152,10 +162,10 @@ def test_default_design_release_carries_the_servers_noise(live_cluster):
     assert abs(diff.mean()) < 5 * np.sqrt(variance / cells)
 
 
-def test_sdk_upload_and_analyses_over_rest(no_floor_cluster):
+def test_sdk_upload_and_analyses_over_rest(no_floor_module_cluster):
     # epsilon 8 without a floor (the default floor, max(4, epsilon) = 8, is above the servers'
     # default limit of 4 anyway): the noise, and so the accuracy simulated below, is the clients'
-    c = no_floor_cluster
+    c = no_floor_module_cluster
     rng = np.random.default_rng(5)
     n = 20_000
     X = rng.normal(size=(n, 4))
@@ -191,8 +201,8 @@ def test_sdk_upload_and_analyses_over_rest(no_floor_cluster):
     np.testing.assert_allclose(comps @ comps.T, np.eye(2), atol=1e-8)
 
 
-def test_finalize_refuses_too_few_reports_and_changes_nothing(live_cluster):
-    c = live_cluster
+def test_finalize_refuses_too_few_reports_and_changes_nothing(shared_cluster):
+    c = shared_cluster
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="few", columns=COLUMNS, label="y", expected_reports=500,
                                   k=4, s=2, min_reports=400)
@@ -225,7 +235,7 @@ def test_analyzer_bad_input_gets_problem_json(shared_cluster, method, path, kwar
     c = shared_cluster
     before = httpx.get(f"{c.analyzer.url}/v1/studies", headers={"Authorization": f"Bearer {c.api_token}"}).json()
     headers = {"Authorization": f"Bearer {c.api_token}", **kwargs.pop("headers", {})}
-    r = httpx.request(method, c.analyzer.url + path, headers=headers, **kwargs)
+    r = httpx.request(method, c.analyzer.url + path, headers=headers, timeout=60, **kwargs)
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/problem+json")
     body = r.json()

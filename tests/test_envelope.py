@@ -22,7 +22,7 @@ from client_sdk import Client, StudyMismatch, bench_encryption
 from dpsketch.protocol import Study, binding, envelope, messages, ring, sketch
 
 from studies import bind_at
-from test_e2e import COLUMNS, direct_sketch, exact_cluster
+from test_e2e import COLUMNS, direct_sketch, exact_cluster, no_floor_module_cluster  # noqa: F401 (a fixture)
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 STUDY_A = "ab" * 32
@@ -426,7 +426,11 @@ def test_v3_header_fields_are_bound():
 
 @pytest.fixture
 def no_floor_cluster(servers):
-    """Servers that accept studies without server noise: a release exactly the shares' sum."""
+    """Servers that accept studies without server noise: a release exactly the shares' sum. A
+    cluster of the test's own, for the tests that rotate keys or restart servers; the others share
+    ``no_floor_module_cluster`` (the same configuration, one per module): each makes its own study
+    and counts only what that study holds. Its policy only widens which studies the servers accept
+    (no noise floor required), so the tests of default designs run on it unchanged."""
     return exact_cluster(servers)
 
 
@@ -491,12 +495,12 @@ class _Capture:
 
 
 @pytest.mark.parametrize("compress", [False, True])
-def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_cluster, monkeypatch, compress):
+def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_module_cluster, monkeypatch, compress):
     """Client(encrypt=True) through 3 real servers: every request body is one version 3 sealed
     batch (bodies the server refuses as too large are cut in their plaintext and sealed again),
     and the release equals S(A + G) of the reports the SDK prepared, exactly in the ring (a
     study without server noise)."""
-    c = no_floor_cluster
+    c = no_floor_module_cluster
     n = 500
     study = _study(c, n, f"sealed-{compress}", epsilon_floor=None)
     assert all(_info(u)["hpke"]["versions"] == [1, 2, 3] for u in c.server_urls)
@@ -548,8 +552,8 @@ def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_cluste
 
 
 @pytest.mark.parametrize("version", [1, 3])
-def test_misrouted_wrong_study_and_tampered_shares_are_refused_and_change_nothing(live_cluster, version):
-    c = live_cluster
+def test_misrouted_wrong_study_and_tampered_shares_are_refused_and_change_nothing(no_floor_module_cluster, version):
+    c = no_floor_module_cluster
     study = _study(c, 200, f"misroute-{version}")
     other = _study(c, 200, f"other-{version}")
     s1, s2, _ = c.server_urls
@@ -623,12 +627,12 @@ def test_misrouted_wrong_study_and_tampered_shares_are_refused_and_change_nothin
     assert _post_sealed(s1, study.study_id, to_s1).json() == {"accepted": 0, "duplicates": 4, "report_count": 4}
 
 
-def test_v3_attacks_at_real_servers_are_refused_and_change_nothing(no_floor_cluster):
+def test_v3_attacks_at_real_servers_are_refused_and_change_nothing(no_floor_module_cluster):
     """Rearranged version 3 batches posted to a real server: each is refused with a 4xx problem
     and stores nothing (counts stay put); the genuine batches are then accepted, a replay of a
     whole batch is only duplicates, and the release is exactly S(A + G) of the genuine reports
     (no study noise), so no refused body left anything in the running totals."""
-    c = no_floor_cluster
+    c = no_floor_module_cluster
     m = 200
     study = _study(c, m, "v3-attacks", epsilon_floor=None)
     d, n = study.width, study.n_servers
@@ -684,9 +688,9 @@ def test_v3_attacks_at_real_servers_are_refused_and_change_nothing(no_floor_clus
     np.testing.assert_array_equal(released, expected)
 
 
-def test_sdk_refuses_servers_that_share_a_key(live_cluster):
+def test_sdk_refuses_servers_that_share_a_key(no_floor_module_cluster):
     """Two server ids publishing one public key: the SDK refuses before sending anything."""
-    c = live_cluster
+    c = no_floor_module_cluster
     study = _study(c, 200, "same-key")
     s1_hpke = _info(c.server_urls[0])["hpke"]
     posts = []

@@ -22,6 +22,8 @@ from client_sdk.client import prepare_batch
 from dpsketch.protocol import ProblemError, Study, features, privacy, ring, sketch
 from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, design
 
+from test_e2e import no_floor_module_cluster  # noqa: F401 (a fixture)
+
 COLUMNS = ["x0", "x1", "x2", "y"]
 
 
@@ -213,12 +215,10 @@ def test_recommend_prefers_gram_when_it_fits_and_sketch_when_not():
 # --- over real HTTP ---------------------------------------------------------------------------
 
 
-def test_gram_study_end_to_end_over_http(servers):
+def test_gram_study_end_to_end_over_http(no_floor_module_cluster):
     """A study without server noise (epsilon_floor=None, on servers that accept it): the release
     is exactly the ring sum of the clients' encoded rows."""
-    from test_e2e import exact_cluster
-
-    c = exact_cluster(servers)
+    c = no_floor_module_cluster
     n = 3000
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="gram-e2e", columns=COLUMNS, label="y", expected_reports=n,
@@ -271,8 +271,8 @@ def test_gram_study_end_to_end_over_http(servers):
     assert PCA(2).fit(GramSumRelease(study, expected, n)).components_.shape == (2, 4)
 
 
-def test_sdk_submits_to_a_gram_study(live_cluster):
-    c = live_cluster
+def test_sdk_submits_to_a_gram_study(no_floor_module_cluster):
+    c = no_floor_module_cluster  # its policy also takes studies with the default floor
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="gram-sdk", columns=COLUMNS, label="y", expected_reports=400,
                                   kind="auto", min_reports=400)

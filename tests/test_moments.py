@@ -25,6 +25,8 @@ from client_sdk.client import prepare_batch
 from dpsketch.protocol import ProblemError, Study, design, features, privacy, ring
 from dpsketch.protocol.noise import NOISE_TAIL_SIGMAS
 
+from test_e2e import no_floor_module_cluster  # noqa: F401 (a fixture)
+
 COLUMNS = ["x0", "x1", "x2", "y"]
 
 
@@ -86,13 +88,11 @@ def test_design_validation_and_the_noise_it_saves():
 # --- over real HTTP ---------------------------------------------------------------------------
 
 
-def test_moments_release_over_http_is_the_sum_of_the_clients_second_moments(servers):
+def test_moments_release_over_http_is_the_sum_of_the_clients_second_moments(no_floor_module_cluster):
     """No server noise (servers that allow it): the released A^T A is exactly the ring sum of the
     clients' encoded u(a a^T) + noise, the analyzer fits ridge and PCA on it, shows no row sum or
     count, and refuses an analysis that needs first moments."""
-    from test_e2e import exact_cluster
-
-    c = exact_cluster(servers)
+    c = no_floor_module_cluster
     n = 3000
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="moments-e2e", columns=COLUMNS, label="y", expected_reports=n,
@@ -135,7 +135,7 @@ def test_moments_release_over_http_is_the_sum_of_the_clients_second_moments(serv
     assert len(ridge["coef"]) == 3 and len(pca["components"]) == 2
 
 
-def test_moments_fit_better_than_gram_on_the_same_data(live_cluster):
+def test_moments_fit_better_than_gram_on_the_same_data(no_floor_module_cluster):
     """epsilon = 1, the default floor, three servers, d = 10 + label, n = 10^4 through the SDK and
     the analyzer: per data set one gram and one moments study. The moments study's noise variance
     is 0.44 of the gram study's, and the ridge excess (ratio - 1 with the benchmark's penalty
@@ -145,8 +145,8 @@ def test_moments_fit_better_than_gram_on_the_same_data(live_cluster):
     2,000 resampled groups of 6."""
     n, seeds = 10_000, [11, 12, 13, 14, 15, 16]
     excess = {"gram": [], "moments": []}
-    with AnalyzerClient(live_cluster.analyzer.url, live_cluster.api_token) as an, \
-            Client(live_cluster.server_urls) as client:
+    cluster = no_floor_module_cluster  # its policy also takes studies with the default floor
+    with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an, Client(cluster.server_urls) as client:
         for seed in seeds:
             data = synthetic.regression_data(n, 10, seed=seed, clip_quantile=0.99, row_bound=1.0)
             x, y = data.features(), data.target()

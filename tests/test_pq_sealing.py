@@ -16,7 +16,7 @@ from client_sdk.cli import main as cli_main
 from dpsketch.protocol import envelope, messages, ring, sketch
 
 from studies import bind_at
-from test_e2e import COLUMNS, direct_sketch
+from test_e2e import COLUMNS, direct_sketch, no_floor_module_cluster  # noqa: F401 (a fixture)
 from test_envelope import (
     STUDY_A,
     STUDY_B,
@@ -228,13 +228,13 @@ def _without_pq(port: int, posts: list, pq: bool = False, batches: bool = True):
 
 
 def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
-        no_floor_cluster, monkeypatch, tmp_path, capsys):  # noqa: F811
+        no_floor_module_cluster, monkeypatch, tmp_path, capsys):  # noqa: F811
     """Client(encrypt=True, sealing="post-quantum") through 3 real servers: every body is
     version 2 MLKEM768-X25519 records, and the release equals S(A + G) of the prepared reports
     exactly. The policy refuses a server without a post-quantum key before sending anything;
     prefer-post-quantum falls back to classical there; the servers keep taking version 1; the
     CLI's --sealing flag seals post-quantum."""
-    c = no_floor_cluster
+    c = no_floor_module_cluster
     n = 300
     study = _study(c, n, "pq-sealed", epsilon_floor=None)
     capture = _Capture(monkeypatch)

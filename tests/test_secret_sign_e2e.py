@@ -29,7 +29,7 @@ from analyzer.release import SketchRelease
 from client_sdk import Client
 from client_sdk.client import prepare_batch
 from dpsketch.protocol import ProblemError, Study, ring, sketch
-from test_e2e import direct_sketch, exact_cluster, upload
+from test_e2e import direct_sketch, no_floor_module_cluster, upload  # noqa: F401 (a fixture)
 
 COLUMNS = ["x0", "x1", "y"]
 THETA = np.array([1.0, -0.6])
@@ -113,8 +113,8 @@ def _off_diagonal_ratio(release: SketchRelease, data: np.ndarray) -> float:
     return float(np.sum(release.gram(debias=True)[mask] * truth[mask]) / np.sum(truth[mask] ** 2))
 
 
-def test_create_refuses_the_sign_where_it_does_not_apply(shared_cluster):
-    c = shared_cluster
+def test_create_refuses_the_sign_where_it_does_not_apply(no_floor_module_cluster):
+    c = no_floor_module_cluster
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         before = an.studies()
         for extra in ({"kind": "gram"}, {"kind": "l1", "expected_reports": 100_000}, {"k": 1},
@@ -146,14 +146,14 @@ def test_create_refuses_the_sign_where_it_does_not_apply(shared_cluster):
         assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
 
 
-def test_study_cli_signs_by_default_and_opts_out(shared_cluster, capsys):
+def test_study_cli_signs_by_default_and_opts_out(no_floor_module_cluster, capsys):
     """``dpsketch study create``: a sketch study is signed unless --no-secret-sign; --secret-sign on
     a gram study is refused (exit 1, the problem on stderr) and provisions nothing."""
     import json
 
     from analyzer.cli import main as study_cli
 
-    c = shared_cluster
+    c = no_floor_module_cluster
     base = ["--analyzer", c.analyzer.url, "--token", c.api_token, "create", "--columns", "x0,x1,y",
             "--label", "y", "--expected-reports", "5000"]
     assert study_cli(base + ["--name", "cli-default"]) == 0
@@ -170,7 +170,7 @@ def test_study_cli_signs_by_default_and_opts_out(shared_cluster, capsys):
         assert an.studies() == before
 
 
-def test_release_of_a_signed_study_is_the_sketch_of_the_signed_rows(servers, monkeypatch):
+def test_release_of_a_signed_study_is_the_sketch_of_the_signed_rows(no_floor_module_cluster, monkeypatch):
     """No server noise (a policy that allows it), so the release is exactly S(TA + G): the servers
     treat a signed study like any other; every client row went out multiplied by one +-1, about
     half of them by -1, with the study's noise added after; and the release's Gram is within the
@@ -187,7 +187,7 @@ def test_release_of_a_signed_study_is_the_sketch_of_the_signed_rows(servers, mon
         return out
 
     monkeypatch.setattr(prep, "signed_vectors", recording)
-    c = exact_cluster(servers)
+    c = no_floor_module_cluster
     n = 4000
     data = strong_signal_data(n, 99)
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
@@ -244,7 +244,7 @@ def _check_advantage(errors, studies, runs: int) -> np.ndarray:
     return ratio, wins
 
 
-def test_signed_studies_release_less_noise_and_estimate_better(live_cluster):
+def test_signed_studies_release_less_noise_and_estimate_better(no_floor_module_cluster):
     """epsilon = 1, the default floor, n = 3000, k = 20, on the same data: per seed one signed and
     one unsigned study through the SDK and the analyzer. Simulated at these parameters (60 runs
     of the same pipeline in memory): ridge coefficient error 0.84 -> 0.33, the signed study
@@ -252,17 +252,18 @@ def test_signed_studies_release_less_noise_and_estimate_better(live_cluster):
     runs the ratio of mean errors (signed / unsigned) is above 0.65 (ridge) and 0.66 (PCA) in 1 %
     of draws, above 0.75 and 1.0 in 0.1 %; fewer than 3 ridge wins in 0.2 %."""
     seeds = [1, 2, 3, 4]
-    errors, studies = _compare(live_cluster, COLUMNS, 3000, 20, seeds, strong_signal_data)
+    errors, studies = _compare(no_floor_module_cluster, COLUMNS, 3000, 20, seeds, strong_signal_data)
     ratio, wins = _check_advantage(errors, studies, len(seeds))
     assert ratio[0] < 0.8 and ratio[1] < 1.0 and wins[0] >= len(seeds) - 1
 
 
 @pytest.mark.slow
-def test_signed_studies_estimate_better_over_more_runs(live_cluster):
+def test_signed_studies_estimate_better_over_more_runs(no_floor_module_cluster):
     """The heavier version: DPSKETCH_SIGN_E2E_RUNS seeds (default 8, the fewest the thresholds
     are set for). Simulated (60 runs, resampled 8 at a time): the ratio of mean errors is above
     0.57 (ridge) and 0.43 (PCA) in 1 % of draws, above 0.62 and 0.60 in 0.1 %."""
     runs = max(8, int(os.environ.get("DPSKETCH_SIGN_E2E_RUNS", "8")))
-    errors, studies = _compare(live_cluster, COLUMNS, 3000, 20, list(range(100, 100 + runs)), strong_signal_data)
+    errors, studies = _compare(no_floor_module_cluster, COLUMNS, 3000, 20, list(range(100, 100 + runs)),
+                               strong_signal_data)
     ratio, wins = _check_advantage(errors, studies, runs)
     assert ratio[0] < 0.7 and ratio[1] < 0.7

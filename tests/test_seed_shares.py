@@ -11,18 +11,11 @@ import httpx
 import numpy as np
 
 from analyzer.client import AnalyzerClient
-import pytest
-
 from client_sdk import Client, bench_compression
 from client_sdk.client import prepare_batch
 from dpsketch.protocol import Study, binding, messages, ring, sketch
 
-from test_e2e import COLUMNS, direct_sketch, exact_cluster
-
-
-@pytest.fixture
-def no_floor_cluster(servers):
-    return exact_cluster(servers)
+from test_e2e import COLUMNS, direct_sketch, no_floor_module_cluster  # noqa: F401 (a fixture)
 
 
 def test_expanded_seed_shares_plus_last_reconstruct_exactly():
@@ -72,8 +65,8 @@ def _post(url, study, body, media_type):
                       headers={"Content-Type": media_type})
 
 
-def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(no_floor_cluster):
-    c = no_floor_cluster
+def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(no_floor_module_cluster):
+    c = no_floor_module_cluster
     n = 600
     study = _study(c, n, "seeds")
     rows = np.random.default_rng(4).normal(0, 0.3, size=(n, len(COLUMNS)))
@@ -115,11 +108,11 @@ def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(
     np.testing.assert_array_equal(released, expected)
 
 
-def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_cluster):
+def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_module_cluster):
     """The same reports uploaded through the SDK both ways: servers' aggregates sum to the same
     sketch. Seed-compressed is the default (servers 1..N-1 get seeds, the last its share);
     ``compress=False`` sends full shares. Also prints bytes/row and the prepare+upload times."""
-    c = no_floor_cluster
+    c = no_floor_module_cluster
     n = 20_000
     rows = np.random.default_rng(8).normal(0, 0.3, size=(n, len(COLUMNS)))
     figures = {}
