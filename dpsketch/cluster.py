@@ -148,12 +148,20 @@ class ManagedProcess:
             self.proc.wait()
 
     def stop(self, timeout: float = 10.0) -> None:
+        stop_all([self], timeout)
+
+    def _ask_to_stop(self) -> bool:
+        """SIGTERM (once: a second one makes uvicorn skip its graceful shutdown); whether sent."""
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            return True
+        return False
+
+    def _wait_stopped(self, deadline: float) -> None:
+        try:
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 def start_all(procs: list[ManagedProcess], timeout: float = 30.0) -> list[ManagedProcess]:
@@ -163,6 +171,15 @@ def start_all(procs: list[ManagedProcess], timeout: float = 30.0) -> list[Manage
     for proc in procs:
         proc.wait_healthy(timeout)
     return procs
+
+
+def stop_all(procs: list[ManagedProcess], timeout: float = 10.0) -> None:
+    """SIGTERM every process, then wait for each (SIGKILL after ``timeout``): N processes shut
+    down gracefully in the time of the slowest, not of all of them one after another."""
+    asked = [proc for proc in procs if proc._ask_to_stop()]
+    deadline = time.monotonic() + timeout
+    for proc in asked:
+        proc._wait_stopped(deadline)
 
 
 def _cli(*args: str) -> list[str]:

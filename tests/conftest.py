@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsketch.cluster import ManagedProcess, ServerSpec, share_server
+from dpsketch.cluster import ManagedProcess, ServerSpec, share_server, stop_all
 
 #: The environment that lets a test server take uploads without upload tokens.
 OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open"}
@@ -86,8 +86,7 @@ class Servers:
         return proc
 
     def stop_all(self) -> None:
-        for proc in self.started:
-            proc.stop()
+        stop_all(self.started)
 
 
 @pytest.fixture
