@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -17,7 +18,7 @@ from client_sdk import Client, InvalidDataError
 from dpsketch.protocol import ProblemError, Study, ring
 from dpsketch.protocol.histogram import Axis, HistogramSpec, HistogramValueError
 
-from conftest import Cluster
+from conftest import Cluster, cluster_for_module
 from studies import record_batches
 
 AGE = {"column": "age", "edges": [18, 30, 50, 70]}  # cells: <18, [18,30), [30,50), [50,70), >=70
@@ -46,13 +47,17 @@ def test_bins_put_every_value_in_one_cell():
         Axis(column="a", edges=[1], categories=["x"])
 
 
-def _exact_cluster(servers, **kw) -> Cluster:
-    return Cluster(servers, 3, api_token="tok-" + "h" * 16,
-                   server_env={s: NO_FLOOR for s in ("s1", "s2", "s3")}, **kw)
+@pytest.fixture(scope="module")
+def exact_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """Servers that accept studies without server noise (exact releases), shared by the module's
+    tests that use them: each creates a study of its own and looks only at it."""
+    with cluster_for_module(tmp_path_factory, "hist-exact", api_token="tok-" + "h" * 16,
+                            server_env={s: NO_FLOOR for s in ("s1", "s2", "s3")}) as c:
+        yield c
 
 
-def test_histogram_study_end_to_end_is_exact_and_keeps_out_of_range_values(servers, monkeypatch):
-    c = _exact_cluster(servers)
+def test_histogram_study_end_to_end_is_exact_and_keeps_out_of_range_values(exact_cluster, monkeypatch):
+    c = exact_cluster
     sent = record_batches(monkeypatch)
     rng = np.random.default_rng(4)
     n = 3000
@@ -93,8 +98,8 @@ def test_histogram_study_end_to_end_is_exact_and_keeps_out_of_range_values(serve
     assert np.all(ci[:, 0] <= counts) and np.all(counts <= ci[:, 1])
 
 
-def test_malformed_values_are_refused_before_anything_is_sent(servers, tmp_path):
-    c = _exact_cluster(servers)
+def test_malformed_values_are_refused_before_anything_is_sent(exact_cluster, tmp_path):
+    c = exact_cluster
     study_cli = [sys.executable, "-m", "dpsketch.cli", "study", "--analyzer", c.analyzer.url, "--token", c.api_token]
     out = subprocess.run(study_cli + ["create", "--name", "hist-bad", "--kind", "histogram", "--axis",
                                       "age:18,30,50,70", "--expected-reports", "200", "--min-reports", "100",

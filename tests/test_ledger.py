@@ -17,6 +17,7 @@ import json
 import math
 import os
 import stat
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -32,7 +33,7 @@ from client_sdk.budget import LedgerFileError, PrivacyLimit, PrivacyLimitExceede
 from dpsketch.protocol import design, ledger
 from dpsketch.protocol.study import Study
 
-from conftest import Cluster
+from conftest import Cluster, cluster_for_module
 
 SERVERS = ["s1", "s2", "s3"]
 POP = "clinic-2024.enrolled"
@@ -229,9 +230,13 @@ def _ledger(cluster: Cluster, j: int, population: str = POP) -> dict:
     return r.json()
 
 
-@pytest.fixture
-def budget_cluster(servers) -> Cluster:
-    return Cluster(servers, 3, api_token="analyst-api-token", server_env={s: BUDGET for s in SERVERS})
+@pytest.fixture(scope="module")
+def budget_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """Servers with a budget for every population, shared by the tests that charge populations
+    no other test of the module charges (POP and "other-pop": test_servers_refuse_the_study_past_the_budget;
+    OWNER_POP: test_sdk_limit_refuses_past_it_and_records_within)."""
+    with cluster_for_module(tmp_path_factory, "budget", server_env={s: BUDGET for s in SERVERS}) as c:
+        yield c
 
 
 def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
@@ -317,9 +322,14 @@ def test_ledger_survives_sigkill_and_is_still_enforced(servers):
 # --- 4. the data owner's own limit --------------------------------------------------------------
 
 
-def test_sdk_limit_refuses_past_it_and_records_within(servers, tmp_path):
-    c = Cluster(servers, 3, api_token="analyst-api-token")
-    first, second = _study(40), _study(41, population=None)  # the owner counts every study
+#: The population of the SDK-limit test's first study: the budgeted servers it shares charge it
+#: alone (a study of about epsilon 1 within a budget of 2), never POP, whose budget another test spends.
+OWNER_POP = "sdk-owner.enrolled"
+
+
+def test_sdk_limit_refuses_past_it_and_records_within(budget_cluster, tmp_path):
+    c = budget_cluster
+    first, second = _study(40, population=OWNER_POP), _study(41, population=None)  # the owner counts every study
     for s in (first, second):
         assert [_put(c, j, s).status_code for j in range(3)] == [201] * 3
     path = tmp_path / "owner" / "ledger.json"

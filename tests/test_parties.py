@@ -12,6 +12,7 @@ individual; a restart keeps the block index; an analyst cannot commit an incompl
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -20,7 +21,7 @@ import pytest
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from client_sdk.prepare import prepare_blocks
-from conftest import Cluster
+from conftest import Cluster, cluster_for_module
 from test_e2e import direct_sketch  # S(A + G) with Python ints, hashed by the ids given (here: pseudonyms)
 from dpsketch.protocol import Study, messages, parties, ring, sketch
 from dpsketch.protocol.study import design
@@ -40,8 +41,18 @@ def post_blocks(url: str, study: Study, party: str, body: bytes, token: str | No
 
 @pytest.fixture
 def party_cluster(servers) -> Cluster:
+    """A cluster of the test's own: for the test that SIGKILLs and restarts a server."""
     return Cluster(servers, 3, api_token="analyst-api-token", server_env={f"s{j}": NO_FLOOR for j in (1, 2, 3)},
                    open_uploads=False)
+
+
+@pytest.fixture(scope="module")
+def shared_party_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """The same configuration as ``party_cluster``, shared by the module's tests that neither stop a
+    process nor look beyond studies of their own (each creates its own: random seeds, distinct ids)."""
+    with cluster_for_module(tmp_path_factory, "party", server_env={f"s{j}": NO_FLOOR for j in (1, 2, 3)},
+                            open_uploads=False) as c:
+        yield c
 
 
 def _create(c: Cluster, n: int, **kw) -> Study:
@@ -51,8 +62,8 @@ def _create(c: Cluster, n: int, **kw) -> Study:
     return Study.model_validate(created["study"])
 
 
-def test_three_parties_release_the_sketch_of_the_joined_rows_of_complete_individuals(party_cluster, monkeypatch):
-    c = party_cluster
+def test_three_parties_release_the_sketch_of_the_joined_rows_of_complete_individuals(shared_party_cluster, monkeypatch):
+    c = shared_party_cluster
     n = 900
     study = _create(c, n, min_reports=800)
     assert [p.name for p in study.parties] == ["bank", "shop", "clinic"]
@@ -138,8 +149,8 @@ def _clip(rows: np.ndarray, bound: float) -> np.ndarray:
     return rows * np.minimum(1.0, bound / np.maximum(norms, 1e-300))
 
 
-def test_wrong_party_conflict_duplicate_and_relay_are_refused(party_cluster):
-    c = party_cluster
+def test_wrong_party_conflict_duplicate_and_relay_are_refused(shared_party_cluster):
+    c = shared_party_cluster
     study = _create(c, 900, min_reports=800)
     key = parties.new_key()
     url = c.server_urls[0]
@@ -256,14 +267,14 @@ def test_the_joined_row_meets_the_study_epsilon():
     assert "parties" not in plain.model_dump(mode="json")
 
 
-def test_dpsketch_submit_party_uploads_each_party_from_its_own_csv(party_cluster, tmp_path, capsys):
+def test_dpsketch_submit_party_uploads_each_party_from_its_own_csv(shared_party_cluster, tmp_path, capsys):
     from client_sdk.cli import main
 
     import json
 
     from analyzer.cli import main as study_cli
 
-    c = party_cluster
+    c = shared_party_cluster
     n = 400
     assert study_cli(["--analyzer", c.analyzer.url, "--token", c.api_token, "create", "--name", "v",
                       "--label", "y", "--expected-reports", str(n), "--min-reports", "380", "--k", "8",

@@ -22,17 +22,26 @@ from client_sdk.noise import clip_rows
 from dpsketch.protocol import messages, ring, sketch
 from dpsketch.protocol.study import design
 
+from conftest import Servers
+
 SERVER_IDS = ["s1", "s2", "s3"]
 COLUMNS = ["x1", "x2", "y"]
 
 
-@pytest.fixture
-def cluster(servers):
-    """Three share servers s1, s2, s3 (started in parallel); returns [(spec, process)] in order."""
-    specs = [servers.spec(sid) for sid in SERVER_IDS]
-    with ThreadPoolExecutor(len(specs)) as pool:
-        procs = list(pool.map(servers.start, specs))
-    return list(zip(specs, procs))
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three share servers s1, s2, s3 (started in parallel); returns [(spec, process)] in order.
+
+    Shared by the module's tests: each provisions studies of its own (random seeds, so distinct
+    ids) and looks only at those, never at a server's global state."""
+    servers = Servers(tmp_path_factory.mktemp("sdk-http"))
+    try:
+        specs = [servers.spec(sid) for sid in SERVER_IDS]
+        with ThreadPoolExecutor(len(specs)) as pool:
+            procs = list(pool.map(servers.start, specs))
+        yield list(zip(specs, procs))
+    finally:
+        servers.stop_all()
 
 
 def urls(cluster, order=(0, 1, 2)):

@@ -48,8 +48,10 @@ def _start(servers: Servers, n: int = 3, **policy: str):
 
 def _provision(study: Study, specs, procs) -> None:
     for spec, proc in zip(specs, procs):
+        # a server's first study pays its privacy calibration (seconds of CPU): more than httpx's
+        # default 5 s timeout on a loaded machine
         r = httpx.put(f"{proc.url}/v1/studies/{study.study_id}", json=study.model_dump(mode="json"),
-                      headers={"Authorization": f"Bearer {spec.analyst_token}"})
+                      headers={"Authorization": f"Bearer {spec.analyst_token}"}, timeout=60)
         assert r.status_code == 201, r.text
 
 
@@ -91,13 +93,37 @@ def _aggregates(study: Study, specs, procs) -> list[np.ndarray]:
     return out
 
 
-def _sybil_attack(servers: Servers, floor: float | None, batch_rule: str, honest: int = HONEST):
+#: The default policy but for open uploads, every variable spelled out (the defaults: floor
+#: epsilon 4, max_excluded_fraction 0.1). The servers of ``default_open_servers`` run it.
+DEFAULT_OPEN = {"DPSKETCH_MAX_FLOOR_EPSILON": "4.0", "DPSKETCH_MAX_EXCLUDED_FRACTION": "0.1",
+                "DPSKETCH_UPLOAD_AUTH": "open"}
+
+
+@pytest.fixture(scope="module")
+def default_open_servers(tmp_path_factory):
+    """Three servers of policy DEFAULT_OPEN, shared by the module's tests that run that policy:
+    each provisions a study of its own (random seed, distinct id) and reads only that study (or a
+    listing it compares before and after within the test)."""
+    pool = Servers(tmp_path_factory.mktemp("trust-default-open"))
+    try:
+        yield _start(pool, **DEFAULT_OPEN)
+    finally:
+        pool.stop_all()
+
+
+def _sybil_attack(servers: Servers | None, floor: float | None, batch_rule: str, honest: int = HONEST,
+                  shared=None):
     """The attack of the trust issue on a k = 1 study: returns the study, the servers, the commit
     responses and, if the servers released, the victim's reconstruction error with servers s2
-    and s3 colluding (their noise removed, as they can) and with none colluding."""
+    and s3 colluding (their noise removed, as they can) and with none colluding. ``shared``:
+    the (specs, procs) of ``default_open_servers``, whose policy must be this attack's."""
     policy = {"DPSKETCH_MAX_FLOOR_EPSILON": "none" if floor is None else str(floor),
               "DPSKETCH_MAX_EXCLUDED_FRACTION": batch_rule, "DPSKETCH_UPLOAD_AUTH": "open"}
-    specs, procs = _start(servers, **policy)
+    if shared is not None:
+        assert policy == DEFAULT_OPEN
+        specs, procs = shared
+    else:
+        specs, procs = _start(servers, **policy)
     columns = [f"c{i}" for i in range(D)]
     study, _ = design(name="victim", columns=columns, label=None, servers=[s.server_id for s in specs],
                       expected_reports=SYBILS, min_reports=SYBILS, k=1, epsilon_floor=floor)
@@ -179,13 +205,13 @@ def test_sybil_isolation_with_the_floor_keeps_the_floor(servers):
     assert eps_all < eps  # without collusion all three servers' noise protects
 
 
-def test_the_batch_rule_refuses_the_crafted_inclusion_set(servers):
+def test_the_batch_rule_refuses_the_crafted_inclusion_set(default_open_servers):
     # default policy except open uploads: max_excluded_fraction 0.1. 1800 Sybils, 60 honest:
     # with 60 honest reports the crafted set would leave out 59 of 1860 held (3.2 %) and pass:
     # the rule makes Sybils outnumber the honest reports ten to one, it does not stop them (the
     # floor does). With 400 honest reports the set leaves out 399 of 2200 (18 %): refused.
-    study, (specs, procs), commits, released = _sybil_attack(servers, floor=4.0, batch_rule="0.1",
-                                                             honest=400)
+    study, (specs, procs), commits, released = _sybil_attack(None, floor=4.0, batch_rule="0.1",
+                                                             honest=400, shared=default_open_servers)
     assert released is None
     assert [r.status_code for r in commits] == [422, 422, 422]
     assert {r.json()["type"] for r in commits} == {"urn:dpsketch:problem:inclusion-refused"}
@@ -225,8 +251,8 @@ def test_upload_tokens_stop_sybils_and_the_analyst_cannot_mint_them(servers):
     assert counts == [1, 1, 1]  # of 102 Sybil attempts, the one report a token allowed
 
 
-def test_membership_by_count_is_not_public_for_add_remove(servers):
-    specs, procs = _start(servers, DPSKETCH_UPLOAD_AUTH="open")
+def test_membership_by_count_is_not_public_for_add_remove(default_open_servers):
+    specs, procs = default_open_servers  # open uploads, the default policy otherwise
     study, _ = design(name="members", columns=["a", "b"], label=None, servers=[s.server_id for s in specs],
                       expected_reports=1000, min_reports=60, neighbouring="add-remove")
     _provision(study, specs, procs)
