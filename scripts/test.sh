@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 # Heavy checks run in a bounded form unless asked for more (e.g. DPSKETCH_SOAK_SECONDS=600).
-export DPSKETCH_SOAK_SECONDS=${DPSKETCH_SOAK_SECONDS:-10}
-export DPSKETCH_LOAD_SECONDS=${DPSKETCH_LOAD_SECONDS:-10}
+export DPSKETCH_SOAK_SECONDS=${DPSKETCH_SOAK_SECONDS:-6}
+export DPSKETCH_LOAD_SECONDS=${DPSKETCH_LOAD_SECONDS:-6}
+export DPSKETCH_FUZZ_EXAMPLES=${DPSKETCH_FUZZ_EXAMPLES:-15}
 # Two workers (DPSKETCH_TEST_WORKERS; 0 runs in one process): most tests wait on server processes,
 # so two files at a time take about 0.6 of the time on 2 cores; a file stays in one worker.
 workers=${DPSKETCH_TEST_WORKERS:-2}

@@ -10,8 +10,8 @@ them get a well-formed body bound to its report ids (docs/protocol.md section 4a
 one byte changed, so the handlers behind the binding check are reached too (random bytes are
 nearly never whole records). Checks: no 5xx, and every response's
 status code, content type, headers and body conform to the document. Cases per operation are
-bounded by DPSKETCH_FUZZ_EXAMPLES (default 25 per operation and mode), so the module runs in
-well under a minute.
+bounded by DPSKETCH_FUZZ_EXAMPLES (default 25 per operation and mode; scripts/test.sh, which CI
+runs, asks for 15), so the module runs in well under a minute.
 
 (The operations are driven with hypothesis directly: schemathesis' pytest plugin fails under
 pytest 9.2 with ``'Function' object has no attribute '_nodeid'``.)
