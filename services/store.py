@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from dpsketch.protocol import binding, chacha, ledger, parties, privacy, sketch
+from dpsketch.protocol import kernels, ledger, parties, privacy, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
@@ -251,7 +251,7 @@ class Store:
 
     def _warm_sketch_for(self, study: Study) -> None:
         """Load the compiled sketch, seed-expansion and binding-hash loops
-        (dpsketch/protocol/sketch.py, chacha.py, binding.py) in the background, once, when this server opens a study that cannot release
+        (dpsketch/protocol/kernels.py) in the background, once, when this server opens a study that cannot release
         before it holds thousands of reports: from ``sketch.KERNEL_MIN_IDS`` ids they run
         several times faster than hashlib, scipy and a ``cryptography`` cipher per seed, and
         loading them costs about a second of CPU (numba's import), which a server that holds
@@ -261,12 +261,9 @@ class Store:
             return
         self._sketch_warming = True
 
-        def warm() -> None:
-            sketch.warm_up()
-            chacha.warm_up()  # seed expansion (ring.expand_seeds): the same numba import
-            binding.warm_up()  # the binding check's SHA-256 rows (uploads.verified_shares)
-
-        threading.Thread(target=warm, name="dpsketch-hash-warm", daemon=True).start()
+        # the sketch's, seed expansion's (ring.expand_seeds) and the binding check's
+        # (uploads.verified_shares) loops: one numba import
+        threading.Thread(target=kernels.warm_up_all, name="dpsketch-hash-warm", daemon=True).start()
 
     def _warm(self) -> None:
         for record in list(self._records.values()):

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from dpsketch.protocol import _sha256_kernel, binding
+from dpsketch.protocol import _sha256_kernel, binding, kernels
 
 
 @pytest.fixture(scope="module")
@@ -43,19 +43,22 @@ def _bound(m: int, d: int = 8, n: int = 3):
 def test_a_large_batch_is_checked_alike_by_both_engines(monkeypatch, engine):
     """Every server accepts the genuine batch, and a share changed in one bit in any record is
     refused with that record's id, by either engine."""
-    monkeypatch.setattr(binding, "_kernel", None if engine == "compiled" else False)
+    fresh = kernels.Kernel("._sha256_kernel", "the binding check")
+    if engine == "hashlib":
+        fresh.disable()
+    monkeypatch.setattr(kernels, "SHA256", fresh)
     m = binding.KERNEL_MIN_IDS + 3
     study_id, shares, ids, proofs = _bound(m)
     for j in range(3):
         binding.verify(study_id, 3, j, binding.CONTENT_SHARE, ids, proofs[j], shares[j])
-    assert bool(binding._kernel) == (engine == "compiled")
+    assert fresh.ready == (engine == "compiled")
     for victim in (0, 1234, m - 1):
         forged = shares[1].copy()
         forged[victim, 5] ^= np.uint64(1 << 17)
         with pytest.raises(binding.BindingError, match=ids[victim].hex()):
             binding.verify(study_id, 3, 1, binding.CONTENT_SHARE, ids, proofs[1], forged)
     # the ids the compiled loop makes are the ones hashlib makes: a client on either verifies
-    monkeypatch.setattr(binding, "_kernel", False)
+    fresh.disable()
     for j in range(3):
         binding.verify(study_id, 3, j, binding.CONTENT_SHARE, ids, proofs[j], shares[j])
 
@@ -63,8 +66,8 @@ def test_a_large_batch_is_checked_alike_by_both_engines(monkeypatch, engine):
 def test_without_libcrypto_the_check_keeps_hashlib(monkeypatch):
     """No libcrypto with the SHA-256 functions: the loop does not load, and the check works."""
     monkeypatch.setattr(_sha256_kernel, "_functions", lambda: None)
-    monkeypatch.setattr(binding, "_kernel", None)
-    assert binding.warm_up() is False and binding._kernel is False
+    monkeypatch.setattr(kernels, "SHA256", kernels.Kernel("._sha256_kernel", "the binding check"))
+    assert binding.warm_up() is False and kernels.SHA256.state == "unavailable"
     study_id, shares, ids, proofs = _bound(binding.KERNEL_MIN_IDS)
     binding.verify(study_id, 3, 2, binding.CONTENT_SHARE, ids, proofs[2], shares[2])
     with pytest.raises(binding.BindingError):
@@ -76,18 +79,18 @@ def test_small_batches_do_not_load_numba():
     single uploads) never imports numba; the first large batch loads the loop."""
     code = """
 import sys, numpy as np
-from dpsketch.protocol import binding
+from dpsketch.protocol import binding, kernels
 rng = np.random.default_rng(3)
 sid = rng.bytes(32).hex()
 for m in (1, 50, binding.KERNEL_MIN_IDS - 1):
     shares = [rng.integers(0, 2**64, size=(m, 4), dtype=np.uint64) for _ in range(2)]
     ids, proofs = binding.bind(sid, [1, 1], shares)
     binding.verify(sid, 2, 0, 1, ids, proofs[0], shares[0])
-assert "numba" not in sys.modules and binding._kernel is None
+assert "numba" not in sys.modules and kernels.SHA256.state == "untried"
 m = binding.KERNEL_MIN_IDS
 shares = [rng.integers(0, 2**64, size=(m, 4), dtype=np.uint64) for _ in range(2)]
 ids, proofs = binding.bind(sid, [1, 1], shares)
-assert "numba" in sys.modules and binding._kernel
+assert "numba" in sys.modules and kernels.SHA256.ready
 binding.verify(sid, 2, 1, 1, ids, proofs[1], shares[1])
 print("ok")
 """

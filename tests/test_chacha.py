@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from dpsketch.protocol import _chacha_kernel, chacha, ring
+from dpsketch.protocol import _chacha_kernel, chacha, kernels, ring
 
 RFC_KEY = bytes(range(32))  # 00:01:02:...:1f
 
@@ -142,7 +142,7 @@ def test_without_a_writable_cache_directory_the_loop_compiles_in_memory(monkeypa
     def add(a, b):
         return a + b
 
-    compiled = _chacha_kernel._jit(nogil=True)(add)
+    compiled = kernels.njit_cached(nogil=True)(add)
     assert calls == [True, False] and compiled(2, 3) == 5
 
 
@@ -168,13 +168,13 @@ def test_small_batches_do_not_load_numba_until_a_large_one_comes():
 
     code = """
 import sys, numpy as np
-from dpsketch.protocol import chacha
+from dpsketch.protocol import chacha, kernels
 rng = np.random.default_rng(7)
 keys = rng.integers(0, 256, size=(chacha.KERNEL_MIN_KEYS, 32), dtype=np.uint8)
 small = chacha.keystream(keys[:100], bytes(12), 80)
-assert "numba" not in sys.modules and not chacha._loaded
+assert "numba" not in sys.modules and kernels.CHACHA.state == "untried"
 large = chacha.keystream(keys, bytes(12), 80)
-assert "numba" in sys.modules and chacha._loaded
+assert "numba" in sys.modules and kernels.CHACHA.ready
 again = chacha.keystream(keys[:100], bytes(12), 80)
 assert (large[:100] == small).all() and (again == small).all()
 print("ok")

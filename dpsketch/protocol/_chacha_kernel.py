@@ -1,17 +1,20 @@
 """The compiled ChaCha20 block loop behind ``chacha.py`` (RFC 8439, section 2.3).
 
-Imported only on first use (numba itself takes a third of a second to import). ``blocks`` runs
+Loaded on first use by kernels.py (its rule: when, and the reference while it is not loaded),
+through :func:`load`. ``blocks`` runs
 the block function for every (row, block) of a batch, ``LANES`` blocks side by side: the 20 rounds
 work on a (16, LANES) state whose inner loop over lanes the compiler turns into SIMD
 instructions. Compiled with ``cache=True``: numba keeps the machine code in ``__pycache__`` beside
 this file, else in ``$NUMBA_CACHE_DIR`` or the user's cache directory; where none is writable it
-compiles in memory instead (once per process).
+compiles in memory instead (once per process: kernels.njit_cached).
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+
+from .kernels import njit_cached
 
 #: RFC 8439 section 2.3: "expand 32-byte k" as four little-endian words
 CONSTANTS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)
@@ -20,16 +23,6 @@ LANES = 32
 
 _C0, _C1, _C2, _C3 = (np.uint32(c) for c in CONSTANTS)
 _OPTIONS = dict(nogil=True, boundscheck=False, error_model="numpy")
-
-
-def _jit(**options):
-    """numba.njit with an on-disk cache, or without one where no cache directory is writable."""
-    def wrap(fn):
-        try:
-            return numba.njit(cache=True, **options)(fn)
-        except RuntimeError:  # "cannot cache function ...: no locator available"
-            return numba.njit(cache=False, **options)(fn)
-    return wrap
 
 
 @numba.njit(inline="always")
@@ -50,7 +43,7 @@ def _quarter(a, b, c, d):
     return a, b, c, d
 
 
-@_jit(**_OPTIONS)
+@njit_cached(**_OPTIONS)
 def blocks(keys, counter, nonce, out):
     """out[r] = the first out.shape[1] keystream words under keys[r] (8 words), block counter
     starting at ``counter``, nonce ``nonce`` (3 words); all uint32 in machine order."""
@@ -110,3 +103,20 @@ def blocks(keys, counter, nonce, out):
             base = first[lane]
             for w in range(min(16, width - base)):
                 out[row, base + w] = x[w, lane]
+
+
+#: RFC 8439 section 2.3.2: key 00..1f, nonce 000000090000004a00000000, block counter 1
+_RFC_KEY = np.arange(32, dtype=np.uint8).view("<u4").astype(np.uint32).reshape(1, 8)
+_RFC_NONCE = np.frombuffer(bytes.fromhex("000000090000004a00000000"), "<u4").astype(np.uint32)
+_RFC_BLOCK = bytes.fromhex(
+    "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
+    "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e")
+
+
+def load():
+    """``blocks``, once it gives RFC 8439's test block (section 2.3.2), else None."""
+    import sys
+
+    out = np.empty((1, 16), np.uint32)
+    blocks(_RFC_KEY, 1, _RFC_NONCE, out)
+    return blocks if sys.byteorder == "little" and out.tobytes() == _RFC_BLOCK else None

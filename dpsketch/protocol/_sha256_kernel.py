@@ -9,7 +9,7 @@ Python's ``_hashlib`` is linked to) once per row, without Python objects and wit
 released, so two batches are checked on two cores at once. The digests are OpenSSL's, so they
 are hashlib's; :func:`load` also checks that on a test message before anything uses the loop.
 
-Imported only on first use (numba's import costs a third of a second). The loop calls the C
+Loaded on first use by kernels.py (its rule: when, and hashlib while it is not loaded). The loop calls the C
 functions by names registered with LLVM for this process (``dpsketch_SHA256_*``, each pointing at
 this process's libcrypto), so numba can keep its machine code on disk like the other kernels'
 (``cache=True``; where no cache directory is writable it compiles in memory, about 0.3-0.7 s, once
@@ -27,6 +27,8 @@ import logging
 import numba
 import numpy as np
 from numba import types
+
+from .kernels import njit_cached
 
 log = logging.getLogger("dpsketch")
 
@@ -103,11 +105,7 @@ def _rows(buf, out):
 def _compile():
     """The loop, from numba's on-disk cache where it can keep one (the symbols must be registered
     first: the cached code calls them by name)."""
-    options = dict(nogil=True, boundscheck=False)
-    try:
-        return numba.njit(cache=True, **options)(_rows)
-    except RuntimeError:  # "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, **options)(_rows)
+    return njit_cached(nogil=True, boundscheck=False)(_rows)
 
 
 def load():

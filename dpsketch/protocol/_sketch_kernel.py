@@ -16,16 +16,18 @@ The signed sum: acc[rows[i, l]] += sign * signs[i, l] * shares[i] (mod 2^64), a 
 the reports in order (numba's uint64 arithmetic wraps as numpy's does): about 15x faster than
 the sparse product of ``sketch.signed_sum`` for a 10^4 x 32 batch, without a dense k x d delta.
 
-Imported only on first use (numba itself takes a third of a second to import); compiled with
-``cache=True`` as ``_chacha_kernel.py`` is, else in memory once per process.
+Loaded on first use by kernels.py (its rule: when, and the reference while it is not loaded),
+through :func:`load`; compiled with numba's on-disk cache where one is writable.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import numba
 import numpy as np
 
-from ._chacha_kernel import _jit
+from .kernels import njit_cached
 
 IV = np.array([0x6A09E667F3BCC908, 0xBB67AE8584CAA73B, 0x3C6EF372FE94F82B, 0xA54FF53A5F1D36F1,
                0x510E527FADE682D1, 0x9B05688C2B3E6C1F, 0x1F83D9ABFB41BD6B, 0x5BE0CD19137E2179],
@@ -96,7 +98,7 @@ def _g(a, b, c, d, x, y):
     return a, b, c, d
 
 
-@_jit(**_OPTIONS)
+@njit_cached(**_OPTIONS)
 def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
     """out[i, :] = the first out.shape[1] little-endian words of BLAKE2b(key, digest_bytes)
     over prefix || id i, for a 16-byte prefix (two words) and 16-byte ids (id_words (m, 2));
@@ -136,7 +138,7 @@ def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out,
             out[i, j] = v[j]
 
 
-@_jit(**_OPTIONS)
+@njit_cached(**_OPTIONS)
 def accumulate(acc, rows, signs, shares, sign):
     """acc[rows[i, l]] += sign * signs[i, l] * shares[i]  (mod 2^64) for every report i and
     block l; a sign of 0 adds nothing (the l1 sketch's empty slot)."""
@@ -154,3 +156,26 @@ def accumulate(acc, rows, signs, shares, sign):
             else:
                 for j in range(d):
                     acc[r, j] -= shares[i, j]
+
+
+def load():
+    """This module, once both loops give the reference's bits on a probe (hashlib's BLAKE2b for
+    the hash, numpy's wrapping sum for the signed sum), else None."""
+    import sys
+
+    seed, ids = bytes(range(32)), bytes(range(100, 132))
+    key = np.frombuffer(seed.ljust(128, b"\0"), dtype="<u8").astype(np.uint64)
+    prefix = np.frombuffer(b"dpsketch/osnap/1", dtype="<u8").astype(np.uint64)
+    out = np.empty((2, 8), dtype=np.uint64)
+    keyed_words(key, 32, 64, prefix, np.frombuffer(ids, dtype="<u8").astype(np.uint64).reshape(2, 2),
+                out, SIGMA, COLUMNS, IV)
+    expected = [hashlib.blake2b(b"dpsketch/osnap/1" + ids[16 * i:16 * i + 16], digest_size=64, key=seed).digest()
+                for i in range(2)]
+    acc = np.zeros((3, 2), np.uint64)
+    shares = np.array([[1, 2], [5, 7]], np.uint64)
+    accumulate(acc, np.array([[0, 2], [2, 1]], np.int64), np.array([[1, -1], [1, 1]], np.int8), shares, 1)
+    minus = np.uint64(0) - shares[0]
+    if (sys.byteorder != "little" or out.astype("<u8").tobytes() != b"".join(expected)
+            or acc.tolist() != [[1, 2], [5, 7], (shares[1] + minus).tolist()]):
+        return None
+    return sys.modules[__name__]

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 
+from . import kernels
 from .keystream import Keystream
 
-from .sketch import KERNEL_MIN_IDS, REPORT_ID_BYTES
+from .sketch import KERNEL_MIN_IDS, REPORT_ID_BYTES  # noqa: F401  (KERNEL_MIN_IDS: binding's threshold too)
 
 COMMIT_DOMAIN = b"dpsketch/commit/2"
 REPORT_DOMAIN = b"dpsketch/report/2"
@@ -154,34 +154,18 @@ def _hash_rows(m: int, parts: list) -> np.ndarray:
     return np.frombuffer(digests, dtype=np.uint8).reshape(m, 32)
 
 
-_kernel_lock = threading.Lock()
-_kernel = None  # the compiled row loop (_sha256_kernel.py) once loaded; False: tried, unavailable
-
-
 def _compiled_rows(m: int):
-    """The compiled SHA-256 row loop if it is loaded, or if a batch of ``m`` rows is worth
-    loading it for (from sketch.KERNEL_MIN_IDS rows, as the sketch's own loops: a process that
-    only ever hashes small batches never imports numba); else None (hashlib)."""
-    if _kernel is None and m >= KERNEL_MIN_IDS:
-        warm_up()
-    return _kernel or None
+    """The compiled SHA-256 row loop for a batch of ``m`` records, or None for hashlib (kernels.py:
+    loaded from sketch.KERNEL_MIN_IDS records, as the sketch's own loops, so a process that only
+    ever checks small batches never imports numba)."""
+    return kernels.SHA256.for_rows(m)
 
 
 def warm_up() -> bool:
     """Load the compiled SHA-256 row loop now (numba's import and a compile, about a second);
     whether it is available. A server does it with the sketch's loops when it opens a large
     study; until it is loaded, batches under sketch.KERNEL_MIN_IDS rows hash with hashlib."""
-    global _kernel
-    if _kernel is None:
-        with _kernel_lock:
-            if _kernel is None:
-                try:
-                    from . import _sha256_kernel
-                except ImportError:  # no numba here: hashlib it is
-                    _kernel = False
-                else:
-                    _kernel = _sha256_kernel.load() or False
-    return bool(_kernel)
+    return kernels.SHA256.warm_up()
 
 
 def bind_for_server(study_id: str, n_servers: int, position: int, content: int,

@@ -7,11 +7,11 @@ the keystream itself; here a loop compiled with numba (``_chacha_kernel.py``) ru
 function for every (row, block) of a batch. Its output is RFC 8439's byte for byte (the tests
 check the RFC's vectors, and ``cryptography`` on random keys, nonces, counters and lengths).
 
-The loop is compiled on first use, or loaded from numba's on-disk cache (see
-``_chacha_kernel``); ``warm_up`` does that ahead of the first batch. Loading it costs about a
-second of CPU (numba's import), so until it is loaded a batch of fewer than ``KERNEL_MIN_KEYS``
-keys takes ``cryptography``'s ChaCha20, one cipher per key (a few microseconds each): a server
-that only ever sees small batches never loads numba. The loop releases the GIL, and a
+The loop is compiled on first use, or loaded from numba's on-disk cache, by kernels.py's rule;
+``warm_up`` does that ahead of the first batch. Loading it costs about a second of CPU (numba's
+import), so until it is loaded a batch of fewer than ``KERNEL_MIN_KEYS`` keys takes
+``cryptography``'s ChaCha20, one cipher per key (a few microseconds each): a server that only
+ever sees small batches never loads numba. The loop releases the GIL, and a
 batch of at least ``PARALLEL_WORDS`` output words is cut into row ranges run on ``THREADS``
 threads. I/O-free apart from numba's cache files.
 """
@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import kernels
+
 KEY_BYTES = 32
 NONCE_BYTES = 12
 BLOCK_BYTES = 64
@@ -35,19 +37,10 @@ THREADS = max(1, min(4, os.cpu_count() or 1))
 
 #: keys from which a batch loads the compiled loop when it is not loaded yet (below: one
 #: ``cryptography`` cipher per key, about 10 ms for a thousand keys)
-KERNEL_MIN_KEYS = 4096
+KERNEL_MIN_KEYS = kernels.MIN_ROWS
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_loaded = False
-
-
-def _blocks():
-    global _loaded
-    from ._chacha_kernel import blocks  # numba: imported (and the loop loaded) on first use
-
-    _loaded = True
-    return blocks
 
 
 def _per_key(key_words: np.ndarray, nonce: bytes, nbytes: int, counter: int) -> np.ndarray:
@@ -65,12 +58,12 @@ def _per_key(key_words: np.ndarray, nonce: bytes, nbytes: int, counter: int) -> 
     return out
 
 
-def warm_up() -> None:
+def warm_up() -> bool:
     """Compile the block loop, or load it from the cache, now (about a second from the cache,
-    numba's import included): the SDK's Client does it in a background thread while it fetches
-    the study. A server loads it when it opens a large study (services/store.py) or when a batch
-    of ``KERNEL_MIN_KEYS`` seeds arrives first."""
-    keystream(np.zeros((1, KEY_BYTES), np.uint8), bytes(NONCE_BYTES), BLOCK_BYTES, compiled=True)
+    numba's import included); whether it is available. The SDK's Client does it in a background
+    thread while it fetches the study. A server loads it when it opens a large study
+    (services/store.py) or when a batch of ``KERNEL_MIN_KEYS`` seeds arrives first."""
+    return kernels.CHACHA.warm_up()
 
 
 def _as_words(raw: bytes | np.ndarray, size: int, what: str) -> np.ndarray:
@@ -93,8 +86,9 @@ def keystream(keys: bytes | np.ndarray, nonce: bytes, nbytes: int, counter: int 
     ``nonce``, 32-bit block counter starting at ``counter``): an (m, nbytes) uint8 array for an
     (m, 32) uint8 array of keys, or m keys concatenated as bytes. ``threads``: split the rows
     among this many threads (default: ``THREADS`` from ``PARALLEL_WORDS`` words on, else one).
-    ``compiled``: the numba loop (True) or ``cryptography`` per key (False); by default the loop
-    once it is loaded or from ``KERNEL_MIN_KEYS`` keys, else ``cryptography``."""
+    ``compiled``: the numba loop (True; RuntimeError where it cannot be had) or ``cryptography``
+    per key (False); by default the loop by kernels.py's rule (once it is loaded, or from
+    ``KERNEL_MIN_KEYS`` keys), else ``cryptography``."""
     key_words = _as_words(keys, KEY_BYTES, "key")
     nonce_words = _as_words(nonce, NONCE_BYTES, "nonce")
     if len(nonce_words) != 1:
@@ -104,13 +98,11 @@ def keystream(keys: bytes | np.ndarray, nonce: bytes, nbytes: int, counter: int 
     if counter + -(-nbytes // BLOCK_BYTES) > 1 << 32:
         raise ValueError("the 32-bit block counter would wrap")
     m, width = len(key_words), -(-nbytes // 4)
-    if compiled is None:
-        compiled = _loaded or m >= KERNEL_MIN_KEYS
-    if not compiled:
+    blocks = kernels.CHACHA.for_rows(m) if compiled is None else kernels.CHACHA.require() if compiled else None
+    if blocks is None:
         return _per_key(key_words, bytes(nonce), nbytes, counter)
     out = np.empty((m, width), np.uint32)
     if m and width:
-        blocks = _blocks()
         if threads is None:
             threads = THREADS if m * width >= PARALLEL_WORDS else 1
         threads = max(1, min(int(threads), m))

@@ -12,7 +12,7 @@ The hash (docs/protocol.md, "Sketch hash", with test vectors):
     g_l(r) = +1 if u_l is even else -1    (the low bit), except g = +1 when k = 1
 
 Many ids are hashed by the same BLAKE2b compiled with numba (``_sketch_kernel.py``: no Python
-object per id), few by hashlib; the bits are the same.
+object per id), few by hashlib; the bits are the same (kernels.py: which, when).
 
 With k = 1 (hence s = 1) the sketch is the plain sum of the rows: secure aggregation, the basis of
 sufficient-statistics study kinds; a random sign there would only scramble the sum.
@@ -25,6 +25,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from . import kernels
 
 DOMAIN = b"dpsketch/osnap/1"
 SEED_BYTES = 32
@@ -41,10 +43,10 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     b = k // s
     m = len(report_ids)
     width = 8 * s
-    compiled = m >= _KERNEL_WARM_IDS if _ready else (m >= KERNEL_MIN_IDS and not _warming)
-    joined = b"".join(report_ids) if compiled else b""
+    loop = kernels.SKETCH.for_rows(m)
+    joined = b"".join(report_ids) if loop is not None else b""
     if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loop
-        u = _digest_words(seed, joined, s)
+        u = _digest_words(loop, seed, joined, s)
     else:
         keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
         digests = []
@@ -65,23 +67,14 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     return rows, signs
 
 
-#: ids from which the compiled BLAKE2b loop (``_sketch_kernel.py``) hashes them: from this many
-#: (loading it once costs about a second from numba's cache, several to compile it) ...
-KERNEL_MIN_IDS = 4096
-#: ... and from this many once the loops are loaded (``warm_up``; a server does when it opens a
-#: study of at least KERNEL_MIN_IDS reports, services/store.py). While
-#: ``warm_up`` loads them in another thread, callers keep to hashlib and scipy: none waits.
-_KERNEL_WARM_IDS = 32
-_kernel = None
-_ready = False
-_warming = False
+#: ids from which a batch loads the compiled loops when they are not loaded yet (kernels.py)
+KERNEL_MIN_IDS = kernels.MIN_ROWS
 
 
-def _digest_words(seed: bytes, joined: bytes, s: int) -> np.ndarray:
+def _digest_words(kernel, seed: bytes, joined: bytes, s: int) -> np.ndarray:
     """The (m, s) little-endian digest words of the sketch hash of concatenated 16-byte ids, from
     the compiled loop: the same bits as hashlib's BLAKE2b (tests compare them), without a Python
     object per id, and with the GIL released."""
-    kernel = _compiled()
     key = np.frombuffer(seed.ljust(128, b"\0"), dtype="<u8").astype(np.uint64)
     prefix = np.frombuffer(DOMAIN, dtype="<u8").astype(np.uint64)
     ids = np.frombuffer(joined, dtype="<u8").astype(np.uint64).reshape(-1, 2)
@@ -90,30 +83,11 @@ def _digest_words(seed: bytes, joined: bytes, s: int) -> np.ndarray:
     return out
 
 
-def _compiled():
-    global _kernel
-    if _kernel is None:
-        from . import _sketch_kernel  # numba: imported (and the loops loaded) on first use
-
-        _kernel = _sketch_kernel
-    return _kernel
-
-
-def warm_up() -> None:
+def warm_up() -> bool:
     """Load the compiled loops now (from numba's cache: about a second, numba's import
-    included), so that no upload waits for them; a server does it in a thread when it opens a
-    large study. Until it returns, other threads use hashlib and scipy."""
-    global _ready, _warming
-    if _ready:
-        return
-    _warming = True
-    try:
-        _digest_words(bytes(SEED_BYTES), bytes(REPORT_ID_BYTES), 1)
-        _compiled().accumulate(np.zeros((1, 1), np.uint64), np.zeros((1, 1), np.int64),
-                               np.ones((1, 1), np.int8), np.zeros((1, 1), np.uint64), 1)
-        _ready = True
-    finally:
-        _warming = False
+    included), so that no upload waits for them; whether they are available. A server does it in
+    a thread when it opens a large study; until it returns, other threads use hashlib and scipy."""
+    return kernels.SKETCH.warm_up()
 
 
 def bucket_and_sign(seed: bytes, report_id: bytes, k: int, s: int, block: int) -> tuple[int, int]:
@@ -165,10 +139,11 @@ def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.
         values[signs.ravel() == 0] = 0  # an empty slot (the l1 sketch's unsampled level)
         np.add.at(acc, rows.ravel(), values)
         return
-    if _ready and acc.flags.c_contiguous and acc.dtype == np.uint64:  # loaded: in place
+    kernel = kernels.SKETCH.loaded()
+    if kernel is not None and acc.flags.c_contiguous and acc.dtype == np.uint64:  # loaded: in place
         if m and (int(rows.min()) < 0 or int(rows.max()) >= acc.shape[0]):
             raise ValueError("sketch rows outside the aggregate")
-        _kernel.accumulate(acc, np.ascontiguousarray(rows, dtype=np.int64),
+        kernel.accumulate(acc, np.ascontiguousarray(rows, dtype=np.int64),
                            np.ascontiguousarray(signs, dtype=np.int8),
                            np.ascontiguousarray(shares, dtype=np.uint64), int(sign))
         return

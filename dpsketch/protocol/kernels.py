@@ -1,0 +1,132 @@
+"""The compiled loops (numba) beside their reference code, and one rule for when they run.
+
+Three hot loops have a compiled form that gives the same bits as a reference that needs no
+compiler: the sketch hash and signed sum (``_sketch_kernel.py``; hashlib's BLAKE2b and
+scipy), the binding check's SHA-256 rows (``_sha256_kernel.py``; hashlib) and the ChaCha20
+keystream of seed-compressed shares (``_chacha_kernel.py``; ``cryptography``). A compiled loop
+is several to a hundred times faster on a large batch, but loading it costs about a second of
+CPU (numba's import and its on-disk cache; compiling, once per machine, several seconds). So:
+
+* a loop is loaded the first time a batch of at least :data:`MIN_ROWS` rows wants it, in that
+  caller's thread, or ahead of time by :meth:`Kernel.warm_up` (a share server, in a background
+  thread, when it opens a large study; the SDK's client before its first batch); a process that
+  only ever sees small batches never imports numba;
+* once loaded it serves every batch of at least ``warm_rows`` rows (below that a Python call of
+  the reference is cheaper than the loop's set-up);
+* while another thread is loading it, callers take the reference: nobody waits for a load;
+* a loop that cannot be had here (no numba, no writable cache and no compiler, a libcrypto
+  without the SHA-256 symbols), or whose probe in its module's ``load`` disagrees with the
+  reference, is never used: the reference serves, only slower, and one warning says why.
+
+Each ``_*_kernel`` module imports numba at its top and offers ``load()``: the object callers
+use, checked on a probe against the reference, or None. This module imports numba only inside
+:func:`njit_cached`, which those modules call. I/O-free apart from numba's cache files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from typing import Any
+
+log = logging.getLogger("dpsketch")
+
+#: rows (ids, records, keys) from which a batch loads a compiled loop that is not loaded yet
+MIN_ROWS = 4096
+
+
+def njit_cached(**options):
+    """numba.njit with its on-disk cache, or without one where no cache directory is writable
+    (a read-only install: numba refuses ``cache=True`` with a RuntimeError when the function is
+    compiled; the loop is then compiled in memory, once per process)."""
+    import numba
+
+    def wrap(fn):
+        try:
+            return numba.njit(cache=True, **options)(fn)
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            return numba.njit(cache=False, **options)(fn)
+    return wrap
+
+
+class Kernel:
+    """One compiled loop: loaded at most once per process, by the module docstring's rule."""
+
+    def __init__(self, module: str, what: str, warm_rows: int = 1):
+        self.module = module  # e.g. "._sketch_kernel", relative to this package
+        self.what = what  # for the log: what takes the reference when the loop is unavailable
+        self.warm_rows = warm_rows
+        self._lock = threading.Lock()
+        self._loop: Any = None
+        self.state = "untried"  # then "ready" or "unavailable"
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def loaded(self) -> Any:
+        """The loop if it is loaded, else None (never loads it)."""
+        return self._loop if self.state == "ready" else None
+
+    def for_rows(self, m: int) -> Any:
+        """The loop for a batch of ``m`` rows, or None for the reference: loaded and ``m`` at
+        least ``warm_rows``; not tried yet and ``m`` at least MIN_ROWS: loaded now, unless
+        another thread is loading it."""
+        if self.state == "ready":
+            return self._loop if m >= self.warm_rows else None
+        if self.state == "untried" and m >= MIN_ROWS and self._load(wait=False):
+            return self._loop
+        return None
+
+    def warm_up(self) -> bool:
+        """Load the loop now (waiting for another thread that is loading it); whether it is
+        available."""
+        return self._load(wait=True)
+
+    def require(self) -> Any:
+        """The loop, loaded now if need be; RuntimeError where it cannot be had (a caller that
+        asked for the compiled loop by name)."""
+        if not self.warm_up():
+            raise RuntimeError(f"the compiled loop {self.module[1:]} is not available here")
+        return self._loop
+
+    def disable(self) -> None:
+        """Take the reference from now on (tests compare the two paths with it)."""
+        with self._lock:
+            self._loop, self.state = None, "unavailable"
+
+    def _load(self, wait: bool) -> bool:
+        if self.state == "untried":
+            if not self._lock.acquire(blocking=wait):
+                return False  # another thread is loading it: the caller takes the reference
+            try:
+                if self.state == "untried":
+                    try:
+                        loop = importlib.import_module(self.module, __package__).load()
+                    except Exception:  # numba missing or refusing
+                        log.warning("could not load the compiled loop %s", self.module[1:], exc_info=True)
+                        loop = None
+                    if loop is None:
+                        log.warning("the compiled loop %s is unavailable: %s keeps its reference code "
+                                    "(slower, the same results)", self.module[1:], self.what)
+                    self._loop = loop
+                    self.state = "ready" if loop is not None else "unavailable"
+            finally:
+                self._lock.release()
+        return self.state == "ready"
+
+
+#: the sketch hash of many ids and the signed sum into a running aggregate (sketch.py): from 32
+#: ids once loaded (below, hashlib's BLAKE2b per id is cheaper than the loop's set-up)
+SKETCH = Kernel("._sketch_kernel", "the sketch hash", warm_rows=32)
+#: the binding check's SHA-256 of many records (binding.py)
+SHA256 = Kernel("._sha256_kernel", "the binding check's SHA-256")
+#: ChaCha20 keystreams under many keys: seed expansion (chacha.py, ring.py)
+CHACHA = Kernel("._chacha_kernel", "seed expansion (ChaCha20)")
+
+
+def warm_up_all() -> None:
+    """Load every compiled loop now (a share server opening a large study, in a thread)."""
+    for kernel in (SKETCH, CHACHA, SHA256):
+        kernel.warm_up()

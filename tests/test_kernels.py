@@ -1,0 +1,88 @@
+"""The one rule for the compiled loops (dpsketch/protocol/kernels.py): loaded only for a large
+batch or a warm-up, nobody waits for another thread's load, and a loop that cannot be had or
+disagrees with its reference on the probe is never used (the reference gives the results)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from dpsketch.protocol import _chacha_kernel, chacha, kernels, ring
+
+
+def _fake_module(monkeypatch, name: str, load) -> kernels.Kernel:
+    module = types.ModuleType(name)
+    module.load = load
+    monkeypatch.setitem(sys.modules, name, module)
+    return kernels.Kernel(name, "a test", warm_rows=8)
+
+
+def test_a_loop_loads_only_for_a_large_batch_and_then_serves_from_warm_rows(monkeypatch):
+    calls = []
+    kernel = _fake_module(monkeypatch, "dpsketch_test_fake_kernel", lambda: calls.append(1) or "loop")
+    assert kernel.for_rows(kernels.MIN_ROWS - 1) is None and kernel.state == "untried" and not calls
+    assert kernel.for_rows(kernels.MIN_ROWS) == "loop" and kernel.ready and calls == [1]
+    assert kernel.for_rows(8) == "loop" and kernel.for_rows(7) is None  # warm_rows
+    assert kernel.warm_up() and kernel.for_rows(10**6) == "loop" and calls == [1]  # loaded once
+
+
+def test_nobody_waits_for_another_threads_load(monkeypatch):
+    """While a warm-up thread is still loading, a large batch takes the reference at once."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_load():
+        started.set()
+        release.wait(30)
+        return "loop"
+
+    kernel = _fake_module(monkeypatch, "dpsketch_test_slow_kernel", slow_load)
+    warm = threading.Thread(target=kernel.warm_up)
+    warm.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    assert kernel.for_rows(10 * kernels.MIN_ROWS) is None  # the reference, now
+    waited = time.monotonic() - t0
+    release.set()
+    warm.join(30)
+    assert waited < 1.0, f"a batch waited {waited:.2f} s for another thread's load"
+    assert kernel.ready and kernel.for_rows(kernels.MIN_ROWS) == "loop"
+
+
+@pytest.mark.parametrize("outcome", ["none", "raises"])
+def test_a_loop_that_cannot_be_had_is_never_used(monkeypatch, outcome):
+    calls = []
+
+    def load():
+        calls.append(1)
+        if outcome == "raises":
+            raise ImportError("no numba here")
+        return None
+
+    kernel = _fake_module(monkeypatch, f"dpsketch_test_{outcome}_kernel", load)
+    assert kernel.for_rows(kernels.MIN_ROWS) is None and kernel.state == "unavailable"
+    assert kernel.warm_up() is False and kernel.for_rows(10**6) is None and calls == [1]  # tried once
+    with pytest.raises(RuntimeError, match="not available"):
+        kernel.require()
+
+
+def test_a_chacha_loop_that_disagrees_with_rfc_8439_is_not_used(monkeypatch):
+    """The probe catches a wrong loop (here: the expected block altered), and seed expansion then
+    gives cryptography's keystream, which is RFC 8439's."""
+    monkeypatch.setattr(_chacha_kernel, "_RFC_BLOCK", bytes(64))
+    monkeypatch.setattr(kernels, "CHACHA", kernels.Kernel("._chacha_kernel", "seed expansion"))
+    assert chacha.warm_up() is False and kernels.CHACHA.state == "unavailable"
+    keys = np.random.default_rng(5).integers(0, 256, size=(kernels.MIN_ROWS, 32), dtype=np.uint8)
+    got = chacha.keystream(keys, ring.SEED_NONCE, 80)
+    assert np.array_equal(got, chacha.keystream(keys, ring.SEED_NONCE, 80, compiled=False))
+    with pytest.raises(RuntimeError):
+        chacha.keystream(keys[:2], ring.SEED_NONCE, 80, compiled=True)
+
+
+def test_every_real_loop_passes_its_probe():
+    for kernel in (kernels.SKETCH, kernels.SHA256, kernels.CHACHA):
+        assert kernel.warm_up(), f"{kernel.module} should load on this machine"
