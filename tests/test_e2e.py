@@ -234,6 +234,7 @@ def test_finalize_refuses_too_few_reports_and_changes_nothing(shared_cluster):
 def test_analyzer_bad_input_gets_problem_json(shared_cluster, method, path, kwargs, status, slug):
     c = shared_cluster
     before = httpx.get(f"{c.analyzer.url}/v1/studies", headers={"Authorization": f"Bearer {c.api_token}"}).json()
+    kwargs = dict(kwargs)  # the parametrize dict is shared: a rerun must see it whole
     headers = {"Authorization": f"Bearer {c.api_token}", **kwargs.pop("headers", {})}
     r = httpx.request(method, c.analyzer.url + path, headers=headers, timeout=60, **kwargs)
     assert r.status_code == status, r.text
