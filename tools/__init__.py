@@ -6,5 +6,5 @@ They live here, outside ``dpsketch/``, because they start and drive the share se
 from ``tools`` to those three, and from those three to ``dpsketch``, whose ``protocol/`` is the
 I/O-free core all three import (with the shared service infrastructure beside it: serving.py,
 observability.py, problem_http.py). Nothing in ``dpsketch``, ``services``, ``client_sdk`` or
-``analyzer`` imports ``tools``.
+``analyzer`` imports ``tools``; tests/test_layering.py checks it.
 """
