@@ -201,7 +201,7 @@ class LocalCluster:
         self.stack = contextlib.ExitStack()
 
     def __enter__(self) -> "LocalCluster":
-        from dpsketch.cluster import ServerSpec, analyzer, share_server, start_all
+        from tools.cluster import ServerSpec, analyzer, share_server, start_all
 
         self.specs = [ServerSpec(f"s{j + 1}", secrets.token_urlsafe(16), secrets.token_urlsafe(16),
                                  self.workdir / f"s{j + 1}.sqlite3") for j in range(self.n_servers)]

@@ -52,7 +52,7 @@ def _new_database(admin_url: str) -> str:
 def rebuild(db, n: int, d: int, chunk_rows: int = 20_000) -> dict:
     """Load n reports through the store's writer (in-process), close, reopen as a restart does
     and time rebuilding the study's totals (Store.ensure_state streams every report back)."""
-    from services import bench
+    from tools import server_bench as bench
     from services.settings import Settings
     from services.store import Store
 
@@ -87,7 +87,7 @@ def rebuild(db, n: int, d: int, chunk_rows: int = 20_000) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from services import bench
+    from tools import server_bench as bench
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=200_000, help="bulk-upload rows (default: %(default)s)")

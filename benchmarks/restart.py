@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                    "instead of a SQLite file")
     args = p.parse_args(argv)
 
-    from services import bench
+    from tools import server_bench as bench
     from services.settings import Settings
     from services.store import Store
     from services.writer import CallJob

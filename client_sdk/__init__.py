@@ -13,7 +13,6 @@ learns anything about the row. See docs/protocol.md.
 
 from dpsketch.protocol.problems import ProblemError
 
-from .bench import bench_compression, bench_encryption
 from .client import (
     BatchFailure,
     Client,
@@ -46,8 +45,6 @@ __all__ = [
     "ServerUnreachable",
     "StudyMismatch",
     "SubmitResult",
-    "bench_compression",
-    "bench_encryption",
     "prepare_batch",
     "read_csv",
 ]

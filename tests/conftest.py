@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsketch.cluster import ManagedProcess, ServerSpec, share_server, stop_all
+from tools.cluster import ManagedProcess, ServerSpec, share_server, stop_all
 
 #: The environment that lets a test server take uploads without upload tokens.
 OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open"}
@@ -106,7 +106,7 @@ class Cluster:
         """``server_env`` maps a server id to extra environment (e.g. its policy variables)."""
         import json
 
-        from dpsketch.cluster import analyzer, start_all
+        from tools.cluster import analyzer, start_all
 
         self.specs = [pool.spec(f"s{j + 1}") for j in range(n)]
         base = OPEN_UPLOADS if open_uploads else {}

@@ -1,5 +1,5 @@
 """A real haproxy in front of replicas of one share server (tests/test_replicas.py), from
-dpsketch/loadbalancer.py. Debian's ``haproxy``, installed when missing by
+tools/loadbalancer.py. Debian's ``haproxy``, installed when missing by
 scripts/ensure-haproxy.sh (root and apt-get); skipped with the reason otherwise, failed under CI.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpsketch import loadbalancer
+from tools import loadbalancer
 from envguard import unavailable
 
 

@@ -17,7 +17,7 @@ import pytest
 @pytest.mark.parametrize("which", ["upload", "sealed"])
 def test_quick_upload_benches_store_every_row(which, tmp_path):
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, "-m", "dpsketch.cli", "bench", which, "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "bench", which, "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     figures = json.loads(out.read_text())

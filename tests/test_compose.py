@@ -39,8 +39,8 @@ import pytest
 
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
-from dpsketch.cluster import free_ports
 from dpsketch.protocol import Study, messages, ring, sketch
+from tools.cluster import free_ports
 from envguard import unavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
@@ -218,7 +218,7 @@ def test_build_context_holds_only_what_the_image_copies():
     included = exclude_paths(str(ROOT), patterns, dockerfile="deploy/Dockerfile")
     tops = {path.split("/")[0] for path in included}
     assert tops <= {".dockerignore", "deploy", "pyproject.toml", "README.md", "dpsketch",
-                    "client_sdk", "services", "analyzer"}, tops
+                    "client_sdk", "services", "analyzer", "tools"}, tops
     assert not [p for p in included if p.endswith((".pem", ".sqlite3", ".pyc")) or "/." in p
                 or p.startswith("deploy/") and p != "deploy/Dockerfile"]
     # every source the Dockerfile COPYs from the context is still in it
@@ -313,7 +313,7 @@ def test_study_through_published_ports(compose_cluster):
         hashes.add(r.headers[messages.INCLUSION_HASH_HEADER])
     assert hashes == {fin["inclusion_hash"]}
     # the README's host command: the study CLI with the CA file
-    listed = _run([sys.executable, "-m", "dpsketch.cli", "study", "--analyzer", c.analyzer_url,
+    listed = _run([sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer_url,
                    "--ca-file", str(c.certs / "ca.pem"), "--token", c.api_token, "list"], timeout=60).stdout
     assert sid in listed
     assert not any(np.array_equal(s, np.zeros_like(s)) for s in shares)

@@ -11,13 +11,13 @@ import sys
 def _demo_cluster_processes() -> set[str]:
     """Servers and analyzers started by a demo (their databases live in a dpsketch-demo- dir)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if "dpsketch-demo-" in line and "dpsketch.cli" in line}
+    return {line.split()[0] for line in out.splitlines() if "dpsketch-demo-" in line and "tools.cli" in line}
 
 
 def test_demo_json_reports_both_kinds_and_the_baselines_and_stops_its_processes():
     before = _demo_cluster_processes()
     proc = subprocess.run(
-        [sys.executable, "-m", "dpsketch.cli", "demo", "--clients", "4000", "--d", "6", "--rank", "2",
+        [sys.executable, "-m", "tools.cli", "demo", "--clients", "4000", "--d", "6", "--rank", "2",
          "--epsilon", "2", "--json"],
         capture_output=True, text=True, timeout=300,
     )

@@ -18,8 +18,9 @@ import pytest
 
 import client_sdk.client as sdk_client
 from analyzer.client import AnalyzerClient
-from client_sdk import Client, StudyMismatch, bench_encryption
+from client_sdk import Client, StudyMismatch
 from dpsketch.protocol import Study, binding, envelope, messages, ring, sketch
+from tools.client_bench import bench_encryption
 
 from studies import bind_at
 from test_e2e import COLUMNS, direct_sketch, exact_cluster, no_floor_module_cluster  # noqa: F401 (a fixture)

@@ -98,7 +98,7 @@ def test_pipeline_adds_each_servers_noise():
 
 
 def test_cli_registers_the_subcommand(capsys):
-    from dpsketch import cli
+    from tools import cli
 
     assert cli.main(["--help"]) == 0
     assert "experiments" in capsys.readouterr().out

@@ -30,10 +30,10 @@ import pytest
 import client_sdk.client as sdk
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
-from dpsketch import loadtest
-from dpsketch.cluster import ManagedProcess, analyzer as analyzer_process, share_server
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 from dpsketch.protocol.study import design
+from tools import loadtest
+from tools.cluster import ManagedProcess, analyzer as analyzer_process, share_server
 
 import studies
 from conftest import BOTH_STORES, OPEN_UPLOADS, Cluster
@@ -338,7 +338,7 @@ class CommitBlackhole:
     after committing at the servers before this one."""
 
     def __init__(self, upstream_port: int):
-        from dpsketch.cluster import free_port
+        from tools.cluster import free_port
 
         self.upstream_port = upstream_port
         self.port = free_port()
@@ -413,7 +413,7 @@ class CommitBlackhole:
 
 
 def test_analyzer_sigkilled_mid_finalize_resumes_with_the_recorded_set(servers):
-    from dpsketch.cluster import start_all
+    from tools.cluster import start_all
 
     specs = [servers.spec(f"s{j + 1}") for j in range(3)]
     procs = [share_server(spec, servers.workdir, {**OPEN_UPLOADS, **NO_FLOOR}) for spec in specs]
@@ -667,7 +667,7 @@ def test_full_disk_answers_503_then_recovers(servers):
 
 
 def run_load(servers, seconds: float, clients: int = 64) -> None:
-    """The driver of ``dpsketch bench load`` (dpsketch/loadtest.py), here with assertions."""
+    """The driver of ``dpsketch bench load`` (tools/loadtest.py), here with assertions."""
     spec = servers.spec("s1")
     proc = servers.start(spec)
     study = small_study(max_reports=10**8)

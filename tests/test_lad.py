@@ -105,7 +105,7 @@ def test_recommend_points_to_the_l1_kind():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "dpsketch.cli", "recommend", "--d", "6", "-n", "100000",
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "recommend", "--d", "6", "-n", "100000",
                           "--no-predict"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--kind l1" in out.stdout and "docs/lad.md" in out.stdout and "docs/logistic.md" in out.stdout

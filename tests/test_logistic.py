@@ -229,12 +229,12 @@ def test_logistic_over_rest_matches_sklearn_on_held_out_rows(servers):
     acc = np.mean(((xt @ np.asarray(out["coef"]) + out["intercept"]) > 0) == (yt > 0.5))
     assert acc > np.mean(sk.predict(xt) == yt) - 0.03
     # and the CLI says the same
-    cli = subprocess.run([sys.executable, "-m", "dpsketch.cli", "study", "--analyzer", c.analyzer.url, "--token",
+    cli = subprocess.run([sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
                           c.api_token, "logistic", sid, "--classes", "0,0.5"], capture_output=True, text=True,
                          timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["coef"] == out["coef"]
-    bad = subprocess.run([sys.executable, "-m", "dpsketch.cli", "study", "--analyzer", c.analyzer.url, "--token",
+    bad = subprocess.run([sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
                           c.api_token, "logistic", sid, "--classes", "0,x"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "--classes" in bad.stderr

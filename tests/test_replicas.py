@@ -23,8 +23,8 @@ import pytest
 import client_sdk.client as sdk
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
-from dpsketch.cluster import analyzer as analyzer_process, free_ports, share_server, start_all
 from dpsketch.protocol import Study
+from tools.cluster import analyzer as analyzer_process, free_ports, share_server, start_all
 
 from conftest import OPEN_UPLOADS
 from lb import running_haproxy

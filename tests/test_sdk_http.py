@@ -249,6 +249,6 @@ def test_command_line_submit(cluster, tmp_path: Path, capsys):
 
 
 def test_dpsketch_submit_entry_point_help():
-    r = subprocess.run([sys.executable, "-m", "dpsketch.cli", "submit", "--help"],
+    r = subprocess.run([sys.executable, "-m", "tools.cli", "submit", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--servers" in r.stdout

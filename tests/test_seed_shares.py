@@ -11,9 +11,10 @@ import httpx
 import numpy as np
 
 from analyzer.client import AnalyzerClient
-from client_sdk import Client, bench_compression
+from client_sdk import Client
 from client_sdk.client import prepare_batch
 from dpsketch.protocol import Study, binding, messages, ring, sketch
+from tools.client_bench import bench_compression
 
 from test_e2e import COLUMNS, direct_sketch, no_floor_module_cluster  # noqa: F401 (a fixture)
 

@@ -172,7 +172,7 @@ def test_sigterm_stops_cleanly_and_keeps_everything(servers):
 
 def test_refuses_to_start_without_tokens(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPSKETCH_")}
-    argv = [sys.executable, "-m", "dpsketch.cli", "server", "--server-id", "s1", "--db", str(tmp_path / "x.db")]
+    argv = [sys.executable, "-m", "tools.cli", "server", "--server-id", "s1", "--db", str(tmp_path / "x.db")]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "DPSKETCH_OPERATOR_TOKEN" in out.stderr and "DPSKETCH_ANALYST_TOKEN" in out.stderr
@@ -202,7 +202,7 @@ def test_admission_flags_override_the_environment(tmp_path, monkeypatch):
     server_main._export_admission_limits(args)
     limits = Admission.from_env()
     assert (limits.max_requests, limits.max_bytes) == (3, 0)  # the flags win
-    argv = [sys.executable, "-m", "dpsketch.cli", "server", *base, "--max-inflight-uploads", "-1"]
+    argv = [sys.executable, "-m", "tools.cli", "server", *base, "--max-inflight-uploads", "-1"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--max-inflight-uploads" in out.stderr
     assert not (tmp_path / "x.db").exists()

@@ -1,7 +1,8 @@
 """The ``dpsketch`` command: one entry point, one subcommand per program.
 
-Each subcommand lives with the part it runs (``services``, ``analyzer``, ``client_sdk``) and has
-its own ``--help``; this module only dispatches, importing nothing heavy until a command runs.
+Each subcommand lives with the part it runs (``services``, ``analyzer``, ``client_sdk``; the demo
+and the benchmarks here in ``tools``) and has its own ``--help``; this module only dispatches,
+importing nothing heavy until a command runs.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokens": ("services.admin", "a share server operator's upload tokens: issue, list, revoke"),
     "submit": ("client_sdk.cli", "submit rows from a CSV file to the share servers"),
     "study": ("analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse"),
-    "demo": ("dpsketch.demo", "run a local cluster end to end and print the error ratios"),
-    "bench": ("dpsketch.bench", "measure commit, upload and accuracy figures on this machine"),
+    "demo": ("tools.demo", "run a local cluster end to end and print the error ratios"),
+    "bench": ("tools.bench", "measure commit, upload and accuracy figures on this machine"),
     "experiments": ("analyzer.experiments", "paper 000 section 5 figures and tables on the real code paths"),
     "recommend": ("analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost"),
 }

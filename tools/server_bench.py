@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from dpsketch.cluster import free_port
-from dpsketch.loadtest import status_kib
 from dpsketch.protocol import binding, chacha, messages, ring, sketch
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
+from tools.cluster import free_port
+from tools.loadtest import status_kib
 
 OPERATOR = "bench-operator-token-0123456789"
 ANALYST = "bench-analyst-token-0123456789"
@@ -217,7 +217,7 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
 def _start_server(wd: Path, server_id: str = "s1", db: Path | str | None = None):
     """A real server process on a SQLite file in ``wd`` or on ``db`` (a file or a
     postgresql:// URL of an empty database)."""
-    from dpsketch.cluster import ServerSpec, share_server
+    from tools.cluster import ServerSpec, share_server
 
     spec = ServerSpec(server_id=server_id, operator_token=OPERATOR, analyst_token=ANALYST,
                       db_path=db if db is not None else wd / f"{server_id}.sqlite3")
@@ -227,7 +227,7 @@ def _start_server(wd: Path, server_id: str = "s1", db: Path | str | None = None)
 @contextlib.contextmanager
 def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
     """One server process, or ``replicas`` of one server on one PostgreSQL database behind an
-    haproxy (dpsketch/loadbalancer.py); yields the URL and port clients use."""
+    haproxy (tools/loadbalancer.py); yields the URL and port clients use."""
     if replicas == 1:
         proc = _start_server(wd, db=db)
         try:
@@ -235,8 +235,8 @@ def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
         finally:
             proc.stop()
         return
-    from dpsketch import loadbalancer
-    from dpsketch.cluster import free_port
+    from tools import loadbalancer
+    from tools.cluster import free_port
 
     if db is None or not str(db).startswith("postgresql://"):
         raise ValueError("replicas share a PostgreSQL database: give db as a postgresql:// URL")
@@ -255,7 +255,7 @@ def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
 
 
 def _start_replica(wd: Path, db: str, i: int):
-    from dpsketch.cluster import ServerSpec, share_server
+    from tools.cluster import ServerSpec, share_server
 
     spec = ServerSpec(server_id="s1", operator_token=OPERATOR, analyst_token=ANALYST, db_path=db)
     proc = share_server(spec, wd)
@@ -757,10 +757,10 @@ def bench_seed_warm_up() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m services.bench [commit|bulk|single] [--n N] ...``: print the figures as JSON."""
+    """``python -m tools.server_bench [commit|bulk|single] [--n N] ...``: print the figures as JSON."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m services.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.server_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["commit", "bulk", "single", "all"])
     p.add_argument("--n", type=int, help="reports (commit, bulk)")

@@ -89,7 +89,7 @@ def _log(quiet: bool, msg: str) -> None:
 
 
 def start_local_cluster(n_servers: int, workdir: Path, stack: ExitStack) -> Cluster:
-    from dpsketch.cluster import ServerSpec, analyzer, share_server, start_all
+    from tools.cluster import ServerSpec, analyzer, share_server, start_all
 
     specs = [
         ServerSpec(f"s{j + 1}", secrets.token_urlsafe(16), secrets.token_urlsafe(16),

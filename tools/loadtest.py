@@ -195,7 +195,7 @@ def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float
     import shutil
     import tempfile
 
-    from dpsketch.cluster import ServerSpec, share_server
+    from tools.cluster import ServerSpec, share_server
     from dpsketch.protocol.study import design
 
     wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="dpsketch-load-"))
@@ -478,7 +478,7 @@ def bench_overload(seconds: float = 10.0, factor: float = 2.0, batch_rows: int =
     import shutil
     import tempfile
 
-    from dpsketch.cluster import ServerSpec, share_server
+    from tools.cluster import ServerSpec, share_server
     from dpsketch.protocol.messages import SHARES_MEDIA_TYPE
     from dpsketch.protocol.study import design
 

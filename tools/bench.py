@@ -10,7 +10,7 @@
                  (d = 32) of plaintext, version 3 classical and post-quantum, and version 1
                  batches, with each one's ratio to plaintext; not part of ``all``;
 * ``load``     - 64 concurrent clients uploading single reports to one server for 60 s (the load
-                 test of tests/test_faults.py, one driver in dpsketch/loadtest.py): throughput,
+                 test of tests/test_faults.py, one driver in tools/loadtest.py): throughput,
                  p50/p99, errors, server RSS start/end, against the same driver on the server's
                  GET /healthz; ``--seconds``, ``--clients``; not part of ``all``;
 * ``overload`` - offered load at ``--factor`` (default 2) x capacity for ``--seconds`` (default
@@ -47,7 +47,7 @@ from typing import Any
 
 def bench_accuracy(ns: list[int], d: int = 10, epsilon: float = 1.0, delta: float = 1e-6,
                    seed: int = 0) -> list[dict[str, Any]]:
-    from dpsketch import demo
+    from tools import demo
 
     rows = []
     for n in ns:
@@ -81,7 +81,7 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
 
     from analyzer.client import AnalyzerClient
     from client_sdk import Client
-    from dpsketch import demo
+    from tools import demo
     from client_sdk.prepare import prepare_batch
     from dpsketch.protocol import Study
     from dpsketch.protocol.histogram import HistogramSpec
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="also write the figures as JSON to this file")
     args = p.parse_args(argv)
 
-    from services import bench as server_bench
+    from tools import server_bench
 
     figures: dict[str, Any] = {}
     if args.which in ("commit", "all"):
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             clients=64, seconds=3.0 if args.quick else 20.0, d=32)
         print(json.dumps({"single_upload": figures["single_upload"]}), flush=True)
     if args.which == "sealed":
-        from client_sdk import bench_encryption
+        from tools.client_bench import bench_encryption
 
         figures["sealed_envelope"] = bench_encryption(n=2_000 if args.quick else 20_000, d=32, n_servers=3)
         print(json.dumps({"sealed_envelope": figures["sealed_envelope"]}), flush=True)
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                     n_v1=5_000 if args.quick else None)
         print(json.dumps({"sealed_upload": figures["sealed_upload"]}), flush=True)
     if args.which == "seeds":
-        from client_sdk import bench_compression
+        from tools.client_bench import bench_compression
 
         n = 10_000 if args.quick else 100_000
         figures["seeds_warm_up"] = server_bench.bench_seed_warm_up()
@@ -204,14 +204,14 @@ def main(argv: list[str] | None = None) -> int:
                 figures[key] = fig
                 print(json.dumps({key: fig}), flush=True)
     if args.which == "load":
-        from dpsketch import loadtest
+        from tools import loadtest
 
         seconds = args.seconds or (5.0 if args.quick else 60.0)
         figures["load"] = loadtest.bench_load(seconds=seconds, clients=args.clients)
         print(json.dumps({"load": figures["load"]}), flush=True)
         print(loadtest.summary(figures["load"]), flush=True)
     if args.which == "overload":
-        from dpsketch import loadtest
+        from tools import loadtest
 
         seconds = args.seconds or (4.0 if args.quick else 10.0)
         rate = None  # the second run is offered the first one's rate: one offered load, two servers
