@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from tools.cluster import terminate
+
 from envguard import unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,11 +77,7 @@ def running_prometheus(binary: str, jobs: list[str], workdir: Path) -> Iterator[
     try:
         yield query
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        terminate(proc)
         log.close()
 
 

@@ -182,6 +182,17 @@ def stop_all(procs: list[ManagedProcess], timeout: float = 10.0) -> None:
         proc._wait_stopped(deadline)
 
 
+def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop a helper process we started (haproxy, prometheus, an echo server): SIGTERM, then
+    SIGKILL if it is still running after ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tools.cli", *args]
 

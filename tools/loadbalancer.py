@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from tools.cluster import terminate
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,8 +87,4 @@ def running_haproxy(binary: str, port: int, backends: list[tuple[str, int]], wor
             time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        terminate(proc)

@@ -46,7 +46,7 @@ import numpy as np
 from dpsketch.protocol import binding, chacha, messages, ring, sketch
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
-from tools.cluster import free_port
+from tools.cluster import free_port, terminate
 from tools.loadtest import status_kib
 
 OPERATOR = "bench-operator-token-0123456789"
@@ -236,7 +236,7 @@ def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
             proc.stop()
         return
     from tools import loadbalancer
-    from tools.cluster import free_port
+    from tools.cluster import free_port, terminate
 
     if db is None or not str(db).startswith("postgresql://"):
         raise ValueError("replicas share a PostgreSQL database: give db as a postgresql:// URL")
@@ -543,8 +543,7 @@ def _echo(bare: bool = False):
                 time.sleep(0.05)
         yield port
     finally:
-        echo.terminate()
-        echo.wait(10)
+        terminate(echo)
 
 
 async def _drive(port: int, path: str, make_body, content_type: str, clients: int, seconds: float,
