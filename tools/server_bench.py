@@ -12,8 +12,9 @@ is to what the hardware allows:
   store's limit) and as a plain ``executemany`` of a row per report (issue 16's baseline); and the exact sketch of the same rows in memory (the
   sketch hash of every id and one sparse product), no HTTP, no binding check, no store;
 * single upload: a do-nothing HTTP endpoint served as the server is (dpsketch.serving.serve),
-  driven by the same load generator with the same bodies before and after the server (the
-  loopback request rate), and the rate of one fsync per report (no group commit);
+  driven by the same load generator with the same bodies between the server's intervals (the
+  loopback request rate; each interval against the echo just before and after it, median of
+  ``--rounds``), and the rate of one fsync per report (no group commit);
 * seed-compressed upload: the same reports' full-share body (decode, binding check, shares), and
   the seed expansion as it was before (one ``cryptography`` cipher per seed).
 
@@ -32,6 +33,7 @@ import os
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -613,17 +615,21 @@ def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
 
 def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
                         workdir: Path | None = None, db: Path | str | None = None,
-                        baseline: bool = True, replicas: int = 1) -> dict[str, Any]:
-    """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds`` (the
-    server's store: ``db``, default a new SQLite file; ``replicas`` as in bench_bulk_upload).
+                        baseline: bool = True, replicas: int = 1, rounds: int = 3) -> dict[str, Any]:
+    """``clients`` concurrent clients each uploading single reports (JSON) for ``seconds`` in
+    all (the server's store: ``db``, default a new SQLite file; ``replicas`` as in
+    bench_bulk_upload).
 
     The baseline is the do-nothing app on the same stack (``_ECHO_APP``: served like the
-    server, one worker), driven by the same driver with the same bodies for ``min(seconds, 3)``
-    seconds just before and again just after the server (a load that drifts meanwhile moves
-    both); the ratio is against their mean. The same app under plain ``uvicorn.run`` (no
-    connection guard) is measured too, for reference."""
+    server, one worker), driven by the same driver with the same bodies, interleaved with the
+    server: ``rounds`` intervals of ``seconds / rounds`` on the server, each between two echo
+    intervals (``min(seconds / rounds, 3)`` seconds). On a shared machine the echo alone moves
+    by up to 2x within one run, so each server interval is compared with the echo just before
+    and just after it, and ``ratio_to_echo`` is the median of those per-round ratios. The same
+    app under plain ``uvicorn.run`` (no connection guard) is measured too, for reference."""
     out: dict[str, Any] = {"clients": clients, "seconds": seconds, "d": d, "upload_auth": "tokens"}
     study = _study(10**6, d, 400, 4, ["s1", "s2"])
+    rounds = max(1, int(rounds))
 
     pending: list[bytes] = []
 
@@ -639,7 +645,8 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
                            for rid, proof, share in zip(ids, proofs, shares))
         return pending.pop()
 
-    echo_seconds = min(seconds, 3.0)
+    interval = seconds / rounds
+    echo_seconds = min(interval, 3.0)
 
     def drive_echo(port: int) -> dict:
         return _run(_drive(port, "/", report_body, "application/json", clients, echo_seconds))
@@ -649,28 +656,42 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
         with _serving(wd, db, replicas) as (url, port):
             token = _provision(url, study)
             load_before = os.getloadavg()[0]
-            before = drive_echo(echo_port) if echo_port else None
-            res = _run(_drive(port, f"/v1/studies/{study.study_id}/reports", report_body,
-                              "application/json", clients, seconds, token))
-            after = drive_echo(echo_port) if echo_port else None
+            echoes = [drive_echo(echo_port)] if echo_port else []
+            runs = []
+            for _ in range(rounds):
+                runs.append(_run(_drive(port, f"/v1/studies/{study.study_id}/reports", report_body,
+                                        "application/json", clients, interval, token)))
+                if echo_port:
+                    echoes.append(drive_echo(echo_port))
             held = _report_count(url, study)
-        out.update(replicas=replicas, reports_per_s=round(res["per_s"]), acknowledged=res["ok"], server_report_count=held,
-                   statuses=res["statuses"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"],
+        statuses: dict[int, int] = {}
+        for res in runs:
+            for code, count in res["statuses"].items():
+                statuses[code] = statuses.get(code, 0) + count
+        acknowledged = sum(res["ok"] for res in runs)
+        per_s = [res["per_s"] for res in runs]
+        out.update(replicas=replicas, rounds=rounds, reports_per_s=round(statistics.fmean(per_s)),
+                   reports_per_s_by_round=[round(x) for x in per_s], acknowledged=acknowledged,
+                   server_report_count=held, statuses=statuses,
+                   p50_ms=statistics.median(res["p50_ms"] for res in runs),
+                   p99_ms=max(res["p99_ms"] for res in runs),
                    load_average_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)])
         if not baseline:
             return out
         stack.close()  # the echo
-        echo_rate = (before["per_s"] + after["per_s"]) / 2
+        echo_rates = [e["per_s"] for e in echoes]
+        ratios = [per_s[i] / ((echo_rates[i] + echo_rates[i + 1]) / 2) for i in range(rounds)]
         with _echo(bare=True) as bare_port:
             bare = drive_echo(bare_port)
-        out.update(baseline_loopback_echo_per_s=round(echo_rate),
-                   baseline_echo_before_after_per_s=[round(before["per_s"]), round(after["per_s"])],
-                   baseline_echo_p99_ms=max(before["p99_ms"], after["p99_ms"]),
-                   ratio_to_echo=round(res["per_s"] / echo_rate, 3),
+        out.update(baseline_loopback_echo_per_s=round(statistics.fmean(echo_rates)),
+                   baseline_echo_per_s_by_interval=[round(x) for x in echo_rates],
+                   baseline_echo_p99_ms=max(e["p99_ms"] for e in echoes),
+                   ratio_to_echo=round(statistics.median(ratios), 3),
+                   ratio_to_echo_by_round=[round(x, 3) for x in ratios],
                    reference_bare_uvicorn_echo_per_s=round(bare["per_s"]))
         fsync_rate = _fsync_per_report_rate(wd / "fsync.sqlite3", d)
         out.update(baseline_fsync_per_report_per_s=round(fsync_rate),
-                   group_commit_gain=round(res["per_s"] / fsync_rate, 2))
+                   group_commit_gain=round(out["reports_per_s"] / fsync_rate, 2))
     return out
 
 
@@ -764,7 +785,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("which", choices=["commit", "bulk", "single", "all"])
     p.add_argument("--n", type=int, help="reports (commit, bulk)")
     p.add_argument("--d", type=int)
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=5.0, help="single: seconds on the server in all (default 5)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="single: server intervals, each between two echo intervals (default 3)")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--workdir", type=Path)
@@ -778,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, **kw)}))
     if args.which in ("single", "all"):
         kw = extra | ({"d": args.d} if args.d else {})
-        print(json.dumps({"single": bench_single_upload(clients=args.clients, seconds=args.seconds, **kw)}))
+        print(json.dumps({"single": bench_single_upload(clients=args.clients, seconds=args.seconds,
+                                                        rounds=args.rounds, **kw)}))
     return 0
 
 
