@@ -135,3 +135,21 @@ def test_the_parts_import_each_other_only_where_allowed():
 def test_every_allowed_edge_is_still_there(edge):
     assert edge in {(module, target) for _, _, module, target in edges()}, (
         f"{edge[0]} no longer imports {edge[1]}: drop the edge from ALLOWED")
+
+
+#: What the protocol core must not reach for: transport, servers and storage belong to the thin
+#: layers above it (a new study kind is a module in dpsketch/protocol/ plus service code).
+IO_MODULES = ("httpx", "fastapi", "starlette", "uvicorn", "asyncio", "socket", "sqlite3", "psycopg",
+              "dpsketch.serving", "dpsketch.observability", "dpsketch.problem_http")
+
+
+def test_the_protocol_core_does_no_io():
+    found = []
+    for path in sorted((ROOT / CORE / "protocol").rglob("*.py")):
+        module = module_name(path)
+        for line, target in imports_of(path.read_text(encoding="utf-8"), module,
+                                       is_package=path.name == "__init__.py"):
+            if any(target == name or target.startswith(name + ".") for name in IO_MODULES):
+                found.append((str(path.relative_to(ROOT)), line, module, target))
+    assert not found, ("dpsketch/protocol/ is the I/O-free core: messages, formats and arithmetic; "
+                       "HTTP, servers and stores live in the layers above it:\n" + _where(found))
