@@ -566,11 +566,13 @@ def _wait_http(url: str, timeout: float = 240) -> None:
         time.sleep(0.5)
 
 
-def test_swarm_stack_with_replicas(compose_cluster):
+def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
     """deploy/stack.yml on a one-node swarm (the engine's swarm mode): s1 as two replicas on its
     own PostgreSQL behind haproxy, built from the same base image. A study goes through the
     published ports while one s1 replica container is killed mid-upload: swarm replaces it,
-    every report s1 acknowledged is held once, and the study releases over all of them."""
+    every report s1 acknowledged is held once, and the study releases over all of them. The
+    tokens and the database password travel as swarm secrets (deploy/make-secrets.sh): what
+    `docker service inspect` and `docker inspect` show of every service and task holds none."""
     c = compose_cluster
     t0 = time.monotonic()
 
@@ -589,8 +591,16 @@ def test_swarm_stack_with_replicas(compose_cluster):
     phase("swarm ready")
     ports = free_ports(4)
     env = {k: v for k, v in c.env.items() if not k.endswith("_PORT")}
+    db_password = secrets.token_hex(16)
+    secrets_dir = tmp_path / "secrets"
+    _run(["bash", "deploy/make-secrets.sh", str(secrets_dir)], env={**env, "S1_DB_PASSWORD": db_password}, timeout=60)
+    assert oct(secrets_dir.stat().st_mode & 0o777) == "0o700"
+    assert all(oct(f.stat().st_mode & 0o777) == "0o600" for f in secrets_dir.iterdir())
+    # the stack is deployed without a token or password in its environment: only the files
+    env = {k: v for k, v in env.items() if not (k.endswith("_TOKEN") or k.endswith("_PASSWORD"))}
     env.update(ANALYZER_PORT=str(ports[0]), S1_PORT=str(ports[1]), S2_PORT=str(ports[2]),
-               S3_PORT=str(ports[3]), S1_DB_PASSWORD=secrets.token_hex(16))
+               S3_PORT=str(ports[3]), DPSKETCH_SECRETS_DIR=str(secrets_dir))
+    hidden = [db_password, c.api_token, *c.operator_tokens, *c.analyst_tokens]
     urls = [f"http://127.0.0.1:{p}" for p in ports[1:]]
     analyzer_url = f"http://127.0.0.1:{ports[0]}"
     try:
@@ -605,6 +615,16 @@ def test_swarm_stack_with_replicas(compose_cluster):
             time.sleep(1)
 
         phase("services healthy")
+        # nothing a reader of the swarm's API sees holds a secret: the services' specs, and the
+        # running containers' configuration (environment, command line)
+        services = _run(["docker", "service", "ls", "-q", "--filter", f"name={STACK}_"], timeout=60).stdout.split()
+        assert len(services) == 6, services  # s1-db, s1-replica, s1 (haproxy), s2, s3, analyzer
+        seen = _run(["docker", "service", "inspect", *services], timeout=60).stdout
+        seen += "".join(_run(["docker", "inspect", box.id], timeout=60).stdout for box in c.docker.containers.list(
+            sparse=True, filters={"label": f"com.docker.stack.namespace={STACK}"}))
+        assert "/run/secrets/s1_pgpass" in seen and "--operator-token-file" in seen
+        leaked = [i for i, value in enumerate(hidden) if value in seen]
+        assert not leaked, f"secrets {leaked} of {len(hidden)} readable through docker inspect"
         # 30 batches as before, of half the rows: the kill still lands mid-upload (after 6
         # acknowledged batches), and the upload through the swarm takes half the time
         n, batch = 15_000, 500
@@ -677,6 +697,10 @@ def test_swarm_stack_with_replicas(compose_cluster):
             if time.monotonic() > deadline:
                 break
             time.sleep(1)
+        left = _run(["docker", "secret", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={STACK}"],
+                    timeout=60, check=False).stdout.split()
+        if left:  # stack rm removes them; a failed deploy may leave some
+            _run(["docker", "secret", "rm", *left], timeout=60, check=False)
         for volume in c.docker.volumes.list(filters={"label": f"com.docker.stack.namespace={STACK}"}):
             try:
                 volume.remove(force=True)
