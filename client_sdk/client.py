@@ -22,7 +22,6 @@ where, with their bytes, so :meth:`Client.resend` can finish the job; nothing is
 from __future__ import annotations
 
 import email.utils
-import queue
 import random
 import re
 import ssl
@@ -30,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -40,122 +38,26 @@ from pydantic import ValidationError
 from dpsketch import __version__
 from dpsketch.protocol import chacha, envelope, messages
 from dpsketch.protocol.problems import ProblemError
-from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import data as _data
 from . import sealing as _sealing
+from .errors import (  # noqa: F401 (re-exported: client_sdk.client.IncompleteUpload and the rest)
+    BatchFailure,
+    FloorTooWeak,
+    IncompleteUpload,
+    PendingUpload,
+    SDKError,
+    ServerProtocolError,
+    ServerUnreachable,
+    StudyMismatch,
+    UploadCancelled,
+    cert_error,
+)
 from .prepare import PreparedBatch, count_records, prepare_batch, split_body  # noqa: F401 (re-exported)
+from .upload import Progress, UploadRun
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
-Progress = Callable[[int], Any]
-
-
-# --- errors ----------------------------------------------------------------------------------
-
-
-class SDKError(Exception):
-    """Base class of the SDK's own errors (protocol errors are ``ProblemError``)."""
-
-
-class StudyMismatch(SDKError):
-    """The servers do not agree on the study, or the URL list does not match its servers.
-
-    Raised before any share is sent: submitting would break the privacy promise.
-    """
-
-
-class ServerUnreachable(SDKError):
-    """A server could not be reached (or kept failing) after all retries."""
-
-    def __init__(self, url: str, message: str):
-        self.url = url
-        super().__init__(f"{url}: {message}")
-
-
-def _cert_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The certificate verification failure behind a transport error, if that is its cause."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return None
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-class FloorTooWeak(SDKError):
-    """The study's floor (its guarantee with no other honest report) is weaker than the data
-    owner's own limit (``Client(max_floor_epsilon=...)``); nothing was sent."""
-
-
-class ServerProtocolError(SDKError):
-    """A server answered 2xx with a body that does not follow docs/protocol.md."""
-
-
-@dataclass
-class PendingUpload:
-    """One batch that server ``server_index`` does not hold yet, with the exact bytes to resend."""
-
-    server_index: int
-    server_id: str
-    batch_index: int
-    first_row: int
-    n_rows: int
-    body: bytes = field(repr=False)
-    #: ``application/x-dpsketch-shares`` or, for a seed-compressed batch, ``-seeds``; with
-    #: ``Client(encrypt=True)`` ``-sealed`` (the bytes are then the sealed records)
-    media_type: str = messages.SHARES_MEDIA_TYPE
-
-
-@dataclass
-class BatchFailure:
-    """Why server ``server_index`` does not hold batch ``batch_index`` (rows first_row..)."""
-
-    server_index: int
-    server_id: str
-    url: str
-    batch_index: int
-    first_row: int
-    n_rows: int
-    error: BaseException
-
-    def __str__(self) -> str:
-        return (f"batch {self.batch_index} (rows {self.first_row}..{self.first_row + self.n_rows - 1}) "
-                f"at server {self.server_id} ({self.url}): {self.error}")
-
-
-class IncompleteUpload(SDKError):
-    """Some reports are held by some servers but not all: they will not count until resent.
-
-    * ``failures``: what went wrong, per batch and server;
-    * ``pending``: every (server, batch) not stored, with its bytes: pass to ``Client.resend``
-      (resending is idempotent: already-held reports are acknowledged as duplicates);
-    * ``report_ids``: hex ids of every report this call created (if ids were kept);
-    * ``rows_prepared``: input rows consumed; rows from this index on were sent nowhere.
-    """
-
-    def __init__(self, failures: list[BatchFailure], pending: list[PendingUpload],
-                 report_ids: list[str], rows_prepared: int):
-        self.failures = failures
-        self.pending = pending
-        self.report_ids = report_ids
-        self.rows_prepared = rows_prepared
-        batches = {p.batch_index: p.n_rows for p in pending}
-        servers = sorted({p.server_id for p in pending})
-        first = failures[0] if failures else None
-        super().__init__(
-            f"upload incomplete: {sum(batches.values())} rows in {len(batches)} batch(es) are "
-            f"missing at server(s) {', '.join(servers) or '-'} and will not count until resent; "
-            f"input rows from index {rows_prepared} on were not sent"
-            + (f"; first failure: {first}" if first else "")
-        )
-
-    @property
-    def problem(self) -> ProblemError | None:
-        """The first protocol error a server returned, if any."""
-        return next((f.error for f in self.failures if isinstance(f.error, ProblemError)), None)
 
 
 class SubmitResult(list):
@@ -171,13 +73,6 @@ class SubmitResult(list):
         self.n_reports = n_reports
         self.report_counts = report_counts
         self.duplicates = duplicates
-
-
-class _Cancelled(SDKError):
-    """Another server failed (so this upload run stops retrying), or the client was closed."""
-
-    def __init__(self) -> None:
-        super().__init__("cancelled: the upload run was aborted or the client closed")
 
 
 # --- the client ------------------------------------------------------------------------------
@@ -344,11 +239,11 @@ class Client:
         attempt = 0
         while True:
             if cancel is not None and cancel.is_set():
-                raise _Cancelled()
+                raise UploadCancelled()
             try:
                 resp = self._http[j].request(method, path, **kwargs)
             except httpx.TransportError as exc:
-                bad_cert = _cert_error(exc)
+                bad_cert = cert_error(exc)
                 if bad_cert is not None:  # not transient: retrying cannot help
                     raise ServerUnreachable(
                         self.urls[j], f"TLS certificate verification failed: "
@@ -368,7 +263,7 @@ class Client:
                 delay = self._delay(attempt, resp.headers.get("Retry-After"))
             attempt += 1
             if (cancel if cancel is not None else self._closing).wait(delay):
-                raise _Cancelled()
+                raise UploadCancelled()
 
     def _json(self, j: int, resp: httpx.Response, model: type) -> Any:
         try:
@@ -583,8 +478,8 @@ class Client:
     def _run_upload(self, study: Study, study_id: str, batches: Any, progress: Progress | None,
                     keep_ids: bool) -> SubmitResult:
         """Upload prepared batches (a lazy iterable: preparing overlaps sending) through one
-        :class:`_UploadRun`; errors as :meth:`submit_many` documents."""
-        run = _UploadRun(self, study, study_id, progress, keep_ids)
+        :class:`~client_sdk.upload.UploadRun`; errors as :meth:`submit_many` documents."""
+        run = UploadRun(self, study, study_id, progress, keep_ids)
         prepared = 0
         try:
             for batch in batches:
@@ -691,123 +586,3 @@ class Client:
             return None if value is None else int(value)
 
         return dict(zip(study.servers, self._each_server(count)))
-
-
-@dataclass
-class _Batch:
-    first_row: int
-    n_rows: int
-    ids: list[bytes]
-    remaining: int
-
-
-class _UploadRun:
-    """One ``submit_many``: a worker thread per server, each draining a bounded queue.
-
-    The producer (caller's thread) prepares batches and puts server j's body in queue j. On a
-    permanent failure at any server the run aborts: no new batches are prepared and every body
-    not yet stored somewhere is recorded as pending, so the caller learns exactly what is missing.
-    """
-
-    def __init__(self, client: Client, study: Study, study_id: str, progress: Progress | None,
-                 keep_ids: bool):
-        self.client, self.study, self.study_id = client, study, study_id
-        self.progress, self.keep_ids = progress, keep_ids
-        n = study.n_servers
-        self.queues: list[queue.Queue] = [queue.Queue(maxsize=client.queue_depth) for _ in range(n)]
-        self.aborted = threading.Event()
-        self.lock = threading.Lock()
-        self.batches: dict[int, _Batch] = {}
-        self.done_ids: dict[int, list[bytes]] = {}
-        self.failures: list[BatchFailure] = []
-        self.pending: list[PendingUpload] = []
-        self.rows_done = 0
-        self.stored_batches = 0
-        self.report_counts: dict[str, int] = {}
-        self.duplicates: dict[str, int] = {sid: 0 for sid in study.servers}
-        self.next_index = 0
-        self.threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
-                                         name=f"dpsketch-upload-{study.servers[j]}") for j in range(n)]
-        for t in self.threads:
-            t.start()
-
-    def put(self, batch: PreparedBatch, first_row: int) -> None:
-        index = self.next_index
-        self.next_index += 1
-        with self.lock:
-            self.batches[index] = _Batch(first_row, len(batch), batch.report_ids, self.study.n_servers)
-        for j, q in enumerate(self.queues):
-            item = (index, *self.client._wire(self.study, self.study_id, j, batch.body(j),
-                                              batch.media_type(j)))
-            while True:
-                try:
-                    q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    if self.aborted.is_set():
-                        self._mark_pending(j, index, item[1], item[2])
-                        break
-
-    def _mark_pending(self, j: int, index: int, body: bytes,
-                      media_type: str = messages.SHARES_MEDIA_TYPE) -> None:
-        with self.lock:
-            b = self.batches[index]
-            self.pending.append(PendingUpload(j, self.study.servers[j], index, b.first_row,
-                                              b.n_rows, body, media_type))
-
-    def _worker(self, j: int) -> None:
-        sid = self.study.servers[j]
-        while True:
-            item = self.queues[j].get()
-            if item is None:
-                return
-            index, body, media_type = item
-            if self.aborted.is_set():
-                self._mark_pending(j, index, body, media_type)
-                continue
-            try:
-                result = self.client._upload_batch(j, self.study, self.study_id, body, self.aborted,
-                                                   media_type)
-            except _Cancelled:
-                self._mark_pending(j, index, body, media_type)
-                continue
-            except Exception as exc:  # noqa: BLE001 - recorded, surfaced by submit_many
-                with self.lock:
-                    b = self.batches[index]
-                    self.failures.append(BatchFailure(j, sid, self.client.urls[j], index,
-                                                      b.first_row, b.n_rows, exc))
-                self._mark_pending(j, index, body, media_type)
-                self.aborted.set()
-                continue
-            with self.lock:
-                self.stored_batches += 1
-                if result.report_count is not None:
-                    self.report_counts[sid] = max(self.report_counts.get(sid, 0), result.report_count)
-                self.duplicates[sid] += result.duplicates
-                b = self.batches[index]
-                b.remaining -= 1
-                if b.remaining == 0:
-                    self.rows_done += b.n_rows
-                    if self.keep_ids:
-                        self.done_ids[index] = b.ids
-                    del self.batches[index]
-                    if self.progress is not None:
-                        self.progress(b.n_rows)
-
-    def finish(self) -> None:
-        for q in self.queues:
-            q.put(None)
-        for t in self.threads:
-            t.join()
-        self.failures.sort(key=lambda f: (f.batch_index, f.server_index))
-
-    def ids(self) -> list[str]:
-        with self.lock:
-            out = {i: ids for i, ids in self.done_ids.items()}
-            if self.keep_ids:
-                out.update({i: b.ids for i, b in self.batches.items()})
-            return [rid.hex() for i in sorted(out) for rid in out[i]]
-
-    def incomplete(self, prepared: int) -> IncompleteUpload:
-        pending = sorted(self.pending, key=lambda p: (p.batch_index, p.server_index))
-        return IncompleteUpload(list(self.failures), pending, self.ids(), prepared)

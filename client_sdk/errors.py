@@ -1,0 +1,127 @@
+"""The SDK's errors, and what an incomplete upload hands back to resend.
+
+A protocol refusal from a server is a ``ProblemError`` (dpsketch/protocol/problems.py); these are
+what the client itself concludes: the servers disagree on the study, one stays unreachable, an
+answer breaks the protocol, the study's floor is weaker than the owner allows, or a bulk upload
+ended with some batches missing somewhere (:class:`IncompleteUpload`, with the exact bytes).
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+
+from dpsketch.protocol import messages
+from dpsketch.protocol.problems import ProblemError
+
+
+
+class SDKError(Exception):
+    """Base class of the SDK's own errors (protocol errors are ``ProblemError``)."""
+
+
+class StudyMismatch(SDKError):
+    """The servers do not agree on the study, or the URL list does not match its servers.
+
+    Raised before any share is sent: submitting would break the privacy promise.
+    """
+
+
+class ServerUnreachable(SDKError):
+    """A server could not be reached (or kept failing) after all retries."""
+
+    def __init__(self, url: str, message: str):
+        self.url = url
+        super().__init__(f"{url}: {message}")
+
+
+def cert_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification failure behind a transport error, if that is its cause."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class FloorTooWeak(SDKError):
+    """The study's floor (its guarantee with no other honest report) is weaker than the data
+    owner's own limit (``Client(max_floor_epsilon=...)``); nothing was sent."""
+
+
+class ServerProtocolError(SDKError):
+    """A server answered 2xx with a body that does not follow docs/protocol.md."""
+
+
+@dataclass
+class PendingUpload:
+    """One batch that server ``server_index`` does not hold yet, with the exact bytes to resend."""
+
+    server_index: int
+    server_id: str
+    batch_index: int
+    first_row: int
+    n_rows: int
+    body: bytes = field(repr=False)
+    #: ``application/x-dpsketch-shares`` or, for a seed-compressed batch, ``-seeds``; with
+    #: ``Client(encrypt=True)`` ``-sealed`` (the bytes are then the sealed records)
+    media_type: str = messages.SHARES_MEDIA_TYPE
+
+
+@dataclass
+class BatchFailure:
+    """Why server ``server_index`` does not hold batch ``batch_index`` (rows first_row..)."""
+
+    server_index: int
+    server_id: str
+    url: str
+    batch_index: int
+    first_row: int
+    n_rows: int
+    error: BaseException
+
+    def __str__(self) -> str:
+        return (f"batch {self.batch_index} (rows {self.first_row}..{self.first_row + self.n_rows - 1}) "
+                f"at server {self.server_id} ({self.url}): {self.error}")
+
+
+class IncompleteUpload(SDKError):
+    """Some reports are held by some servers but not all: they will not count until resent.
+
+    * ``failures``: what went wrong, per batch and server;
+    * ``pending``: every (server, batch) not stored, with its bytes: pass to ``Client.resend``
+      (resending is idempotent: already-held reports are acknowledged as duplicates);
+    * ``report_ids``: hex ids of every report this call created (if ids were kept);
+    * ``rows_prepared``: input rows consumed; rows from this index on were sent nowhere.
+    """
+
+    def __init__(self, failures: list[BatchFailure], pending: list[PendingUpload],
+                 report_ids: list[str], rows_prepared: int):
+        self.failures = failures
+        self.pending = pending
+        self.report_ids = report_ids
+        self.rows_prepared = rows_prepared
+        batches = {p.batch_index: p.n_rows for p in pending}
+        servers = sorted({p.server_id for p in pending})
+        first = failures[0] if failures else None
+        super().__init__(
+            f"upload incomplete: {sum(batches.values())} rows in {len(batches)} batch(es) are "
+            f"missing at server(s) {', '.join(servers) or '-'} and will not count until resent; "
+            f"input rows from index {rows_prepared} on were not sent"
+            + (f"; first failure: {first}" if first else "")
+        )
+
+    @property
+    def problem(self) -> ProblemError | None:
+        """The first protocol error a server returned, if any."""
+        return next((f.error for f in self.failures if isinstance(f.error, ProblemError)), None)
+
+
+class UploadCancelled(SDKError):
+    """Another server failed (so this upload run stops retrying), or the client was closed."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled: the upload run was aborted or the client closed")

@@ -1,0 +1,144 @@
+"""One bulk upload run: a worker thread per server, each draining a bounded queue.
+
+``Client.submit_many`` prepares batches in the caller's thread (preparing overlaps sending) and
+puts server j's body in queue j; each server's worker uploads in order, retrying through the
+client's transport. Queues are bounded, so memory stays flat however long the input is. On a
+permanent failure at any server the run aborts: no new batches are prepared, and every body not
+yet stored somewhere is recorded as pending with its bytes, so the caller learns exactly what is
+missing where (:class:`~client_sdk.errors.IncompleteUpload`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dpsketch.protocol import messages
+from dpsketch.protocol.study import Study
+
+from .errors import BatchFailure, IncompleteUpload, PendingUpload, UploadCancelled
+from .prepare import PreparedBatch
+
+if TYPE_CHECKING:
+    from .client import Client
+
+#: called with the number of rows every server now holds, after each batch
+Progress = Callable[[int], Any]
+
+
+@dataclass
+class _Batch:
+    first_row: int
+    n_rows: int
+    ids: list[bytes]
+    remaining: int
+
+
+class UploadRun:
+    """One ``submit_many`` (module docstring)."""
+
+    def __init__(self, client: "Client", study: Study, study_id: str, progress: Progress | None,
+                 keep_ids: bool):
+        self.client, self.study, self.study_id = client, study, study_id
+        self.progress, self.keep_ids = progress, keep_ids
+        n = study.n_servers
+        self.queues: list[queue.Queue] = [queue.Queue(maxsize=client.queue_depth) for _ in range(n)]
+        self.aborted = threading.Event()
+        self.lock = threading.Lock()
+        self.batches: dict[int, _Batch] = {}
+        self.done_ids: dict[int, list[bytes]] = {}
+        self.failures: list[BatchFailure] = []
+        self.pending: list[PendingUpload] = []
+        self.rows_done = 0
+        self.stored_batches = 0
+        self.report_counts: dict[str, int] = {}
+        self.duplicates: dict[str, int] = {sid: 0 for sid in study.servers}
+        self.next_index = 0
+        self.threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
+                                         name=f"dpsketch-upload-{study.servers[j]}") for j in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def put(self, batch: PreparedBatch, first_row: int) -> None:
+        index = self.next_index
+        self.next_index += 1
+        with self.lock:
+            self.batches[index] = _Batch(first_row, len(batch), batch.report_ids, self.study.n_servers)
+        for j, q in enumerate(self.queues):
+            item = (index, *self.client._wire(self.study, self.study_id, j, batch.body(j),
+                                              batch.media_type(j)))
+            while True:
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    if self.aborted.is_set():
+                        self._mark_pending(j, index, item[1], item[2])
+                        break
+
+    def _mark_pending(self, j: int, index: int, body: bytes,
+                      media_type: str = messages.SHARES_MEDIA_TYPE) -> None:
+        with self.lock:
+            b = self.batches[index]
+            self.pending.append(PendingUpload(j, self.study.servers[j], index, b.first_row,
+                                              b.n_rows, body, media_type))
+
+    def _worker(self, j: int) -> None:
+        sid = self.study.servers[j]
+        while True:
+            item = self.queues[j].get()
+            if item is None:
+                return
+            index, body, media_type = item
+            if self.aborted.is_set():
+                self._mark_pending(j, index, body, media_type)
+                continue
+            try:
+                result = self.client._upload_batch(j, self.study, self.study_id, body, self.aborted,
+                                                   media_type)
+            except UploadCancelled:
+                self._mark_pending(j, index, body, media_type)
+                continue
+            except Exception as exc:  # noqa: BLE001 - recorded, surfaced by submit_many
+                with self.lock:
+                    b = self.batches[index]
+                    self.failures.append(BatchFailure(j, sid, self.client.urls[j], index,
+                                                      b.first_row, b.n_rows, exc))
+                self._mark_pending(j, index, body, media_type)
+                self.aborted.set()
+                continue
+            with self.lock:
+                self.stored_batches += 1
+                if result.report_count is not None:
+                    self.report_counts[sid] = max(self.report_counts.get(sid, 0), result.report_count)
+                self.duplicates[sid] += result.duplicates
+                b = self.batches[index]
+                b.remaining -= 1
+                if b.remaining == 0:
+                    self.rows_done += b.n_rows
+                    if self.keep_ids:
+                        self.done_ids[index] = b.ids
+                    del self.batches[index]
+                    if self.progress is not None:
+                        self.progress(b.n_rows)
+
+    def finish(self) -> None:
+        for q in self.queues:
+            q.put(None)
+        for t in self.threads:
+            t.join()
+        self.failures.sort(key=lambda f: (f.batch_index, f.server_index))
+
+    def ids(self) -> list[str]:
+        with self.lock:
+            out = {i: ids for i, ids in self.done_ids.items()}
+            if self.keep_ids:
+                out.update({i: b.ids for i, b in self.batches.items()})
+            return [rid.hex() for i in sorted(out) for rid in out[i]]
+
+    def incomplete(self, prepared: int) -> IncompleteUpload:
+        pending = sorted(self.pending, key=lambda p: (p.batch_index, p.server_index))
+        return IncompleteUpload(list(self.failures), pending, self.ids(), prepared)
