@@ -42,7 +42,7 @@ from dpsketch.protocol.study import Study
 
 from . import data as _data
 from . import sealing as _sealing
-from .errors import (  # noqa: F401 (re-exported: client_sdk.client.IncompleteUpload and the rest)
+from .errors import (
     BatchFailure,
     FloorTooWeak,
     IncompleteUpload,
