@@ -1,6 +1,7 @@
 """The one rule for the compiled loops (dpsketch/protocol/kernels.py): loaded only for a large
-batch or a warm-up, nobody waits for another thread's load, and a loop that cannot be had or
-disagrees with its reference on the probe is never used (the reference gives the results)."""
+batch or a warm-up, no caller waits for another thread's load unless the reference is slow
+(ChaCha20), and a loop that cannot be had or disagrees with its reference on the probe is never
+used (the reference gives the results)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,34 @@ def test_nobody_waits_for_another_threads_load(monkeypatch):
     warm.join(30)
     assert waited < 1.0, f"a batch waited {waited:.2f} s for another thread's load"
     assert kernel.ready and kernel.for_rows(kernels.MIN_ROWS) == "loop"
+
+
+def test_a_kernel_with_a_slow_reference_waits_for_the_load_in_progress(monkeypatch):
+    """ChaCha20's reference is a cipher per key: a large batch waits for the warm-up's load and
+    gets the loop; a small one still takes the reference at once."""
+    assert kernels.CHACHA.wait_for_load and not kernels.SKETCH.wait_for_load and not kernels.SHA256.wait_for_load
+    started, release = threading.Event(), threading.Event()
+
+    def slow_load():
+        started.set()
+        release.wait(30)
+        return "loop"
+
+    kernel = _fake_module(monkeypatch, "dpsketch_test_waited_kernel", slow_load)
+    kernel.wait_for_load = True
+    warm = threading.Thread(target=kernel.warm_up)
+    warm.start()
+    assert started.wait(30)
+    assert kernel.for_rows(kernels.MIN_ROWS - 1) is None  # small: the reference, now
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(kernel.for_rows(kernels.MIN_ROWS)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not got  # waiting for the load
+    release.set()
+    waiter.join(30)
+    warm.join(30)
+    assert got == ["loop"]
 
 
 @pytest.mark.parametrize("outcome", ["none", "raises"])

@@ -13,7 +13,10 @@ CPU (numba's import and its on-disk cache; compiling, once per machine, several 
   only ever sees small batches never imports numba;
 * once loaded it serves every batch of at least ``warm_rows`` rows (below that a Python call of
   the reference is cheaper than the loop's set-up);
-* while another thread is loading it, callers take the reference: nobody waits for a load;
+* while another thread is loading it, callers take the reference and do not wait for the load,
+  except where the reference is slow enough that a large batch loses more than the wait: the
+  ChaCha20 reference is a ``cryptography`` cipher per key (about 10 us each, so 10^5 keys take
+  about a second, as long as the load), and a batch of ``MIN_ROWS`` keys or more waits for it;
 * a loop that cannot be had here (no numba, no writable cache and no compiler, a libcrypto
   without the SHA-256 symbols), or whose probe in its module's ``load`` disagrees with the
   reference, is never used: the reference serves, only slower, and one warning says why.
@@ -53,10 +56,12 @@ def njit_cached(**options):
 class Kernel:
     """One compiled loop: loaded at most once per process, by the module docstring's rule."""
 
-    def __init__(self, module: str, what: str, warm_rows: int = 1):
+    def __init__(self, module: str, what: str, warm_rows: int = 1, wait_for_load: bool = False):
         self.module = module  # e.g. "._sketch_kernel", relative to this package
         self.what = what  # for the log: what takes the reference when the loop is unavailable
         self.warm_rows = warm_rows
+        #: a batch of MIN_ROWS rows or more waits for another thread's load (a slow reference)
+        self.wait_for_load = wait_for_load
         self._lock = threading.Lock()
         self._loop: Any = None
         self.state = "untried"  # then "ready" or "unavailable"
@@ -72,10 +77,11 @@ class Kernel:
     def for_rows(self, m: int) -> Any:
         """The loop for a batch of ``m`` rows, or None for the reference: loaded and ``m`` at
         least ``warm_rows``; not tried yet and ``m`` at least MIN_ROWS: loaded now, unless
-        another thread is loading it."""
+        another thread is loading it (then None, or with ``wait_for_load`` the loop once that
+        load is done)."""
         if self.state == "ready":
             return self._loop if m >= self.warm_rows else None
-        if self.state == "untried" and m >= MIN_ROWS and self._load(wait=False):
+        if self.state == "untried" and m >= MIN_ROWS and self._load(wait=self.wait_for_load):
             return self._loop
         return None
 
@@ -122,8 +128,9 @@ class Kernel:
 SKETCH = Kernel("._sketch_kernel", "the sketch hash", warm_rows=32)
 #: the binding check's SHA-256 of many records (binding.py)
 SHA256 = Kernel("._sha256_kernel", "the binding check's SHA-256")
-#: ChaCha20 keystreams under many keys: seed expansion (chacha.py, ring.py)
-CHACHA = Kernel("._chacha_kernel", "seed expansion (ChaCha20)")
+#: ChaCha20 keystreams under many keys: seed expansion (chacha.py, ring.py); its reference is a
+#: cipher per key, so a large batch waits for a load in progress
+CHACHA = Kernel("._chacha_kernel", "seed expansion (ChaCha20)", wait_for_load=True)
 
 
 def warm_up_all() -> None:
