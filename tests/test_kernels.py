@@ -23,6 +23,24 @@ def _fake_module(monkeypatch, name: str, load) -> kernels.Kernel:
     return kernels.Kernel(name, "a test", warm_rows=8)
 
 
+def _loading(monkeypatch, name: str, wait_for_load: bool = False):
+    """A kernel whose load a warm-up thread has begun and is held in until ``release`` is set:
+    (kernel, the warm-up thread, release)."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_load():
+        started.set()
+        release.wait(30)
+        return "loop"
+
+    kernel = _fake_module(monkeypatch, name, slow_load)
+    kernel.wait_for_load = wait_for_load
+    warm = threading.Thread(target=kernel.warm_up)
+    warm.start()
+    assert started.wait(30)
+    return kernel, warm, release
+
+
 def test_a_loop_loads_only_for_a_large_batch_and_then_serves_from_warm_rows(monkeypatch):
     calls = []
     kernel = _fake_module(monkeypatch, "dpsketch_test_fake_kernel", lambda: calls.append(1) or "loop")
@@ -34,17 +52,7 @@ def test_a_loop_loads_only_for_a_large_batch_and_then_serves_from_warm_rows(monk
 
 def test_nobody_waits_for_another_threads_load(monkeypatch):
     """While a warm-up thread is still loading, a large batch takes the reference at once."""
-    started, release = threading.Event(), threading.Event()
-
-    def slow_load():
-        started.set()
-        release.wait(30)
-        return "loop"
-
-    kernel = _fake_module(monkeypatch, "dpsketch_test_slow_kernel", slow_load)
-    warm = threading.Thread(target=kernel.warm_up)
-    warm.start()
-    assert started.wait(30)
+    kernel, warm, release = _loading(monkeypatch, "dpsketch_test_slow_kernel")
     t0 = time.monotonic()
     assert kernel.for_rows(10 * kernels.MIN_ROWS) is None  # the reference, now
     waited = time.monotonic() - t0
@@ -58,18 +66,7 @@ def test_a_kernel_with_a_slow_reference_waits_for_the_load_in_progress(monkeypat
     """ChaCha20's reference is a cipher per key: a large batch waits for the warm-up's load and
     gets the loop; a small one still takes the reference at once."""
     assert kernels.CHACHA.wait_for_load and not kernels.SKETCH.wait_for_load and not kernels.SHA256.wait_for_load
-    started, release = threading.Event(), threading.Event()
-
-    def slow_load():
-        started.set()
-        release.wait(30)
-        return "loop"
-
-    kernel = _fake_module(monkeypatch, "dpsketch_test_waited_kernel", slow_load)
-    kernel.wait_for_load = True
-    warm = threading.Thread(target=kernel.warm_up)
-    warm.start()
-    assert started.wait(30)
+    kernel, warm, release = _loading(monkeypatch, "dpsketch_test_waited_kernel", wait_for_load=True)
     assert kernel.for_rows(kernels.MIN_ROWS - 1) is None  # small: the reference, now
     got: list = []
     waiter = threading.Thread(target=lambda: got.append(kernel.for_rows(kernels.MIN_ROWS)))
