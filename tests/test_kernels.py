@@ -112,3 +112,22 @@ def test_a_chacha_loop_that_disagrees_with_rfc_8439_is_not_used(monkeypatch):
 def test_every_real_loop_passes_its_probe():
     for kernel in (kernels.SKETCH, kernels.SHA256, kernels.CHACHA):
         assert kernel.warm_up(), f"{kernel.module} should load on this machine"
+
+
+def test_a_sketch_loop_that_disagrees_with_hashlib_is_not_used(monkeypatch):
+    """A BLAKE2b loop giving other bits (here: one IV word altered) fails its probe, and the
+    sketch hash then comes from hashlib: the same rows and signs as the reference form."""
+    from dpsketch.protocol import _sketch_kernel, sketch
+
+    iv = _sketch_kernel.IV.copy()
+    iv[0] ^= np.uint64(1)
+    monkeypatch.setattr(_sketch_kernel, "IV", iv)
+    monkeypatch.setattr(kernels, "SKETCH", kernels.Kernel("._sketch_kernel", "the sketch hash", warm_rows=32))
+    assert sketch.warm_up() is False and kernels.SKETCH.state == "unavailable"
+    seed = bytes(range(32))
+    ids = [bytes([i % 256, i // 256]) * 8 for i in range(kernels.MIN_ROWS)]
+    rows, signs = sketch.hash_report_ids(seed, ids, 40, 4)
+    for i in (0, 1234, kernels.MIN_ROWS - 1):
+        for block in range(4):
+            bucket, sign = sketch.bucket_and_sign(seed, ids[i], 40, 4, block)
+            assert rows[i, block] == block * 10 + bucket and signs[i, block] == sign
