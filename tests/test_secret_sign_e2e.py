@@ -245,25 +245,63 @@ def _check_advantage(errors, studies, runs: int) -> np.ndarray:
 
 
 def test_signed_studies_release_less_noise_and_estimate_better(no_floor_module_cluster):
-    """epsilon = 1, the default floor, n = 3000, k = 20, on the same data: per seed one signed and
-    one unsigned study through the SDK and the analyzer. Simulated at these parameters (60 runs
-    of the same pipeline in memory): ridge coefficient error 0.84 -> 0.33, the signed study
-    better in 59 of 60; PCA 80 -> 12 times the optimal rank-2 error, better in 56 of 60. Over 4
-    runs the ratio of mean errors (signed / unsigned) is above 0.65 (ridge) and 0.66 (PCA) in 1 %
-    of draws, above 0.75 and 1.0 in 0.1 %; fewer than 3 ridge wins in 0.2 %."""
-    seeds = [1, 2, 3, 4]
-    errors, studies = _compare(no_floor_module_cluster, COLUMNS, 3000, 20, seeds, strong_signal_data)
-    ratio, wins = _check_advantage(errors, studies, len(seeds))
-    assert ratio[0] < 0.8 and ratio[1] < 1.0 and wins[0] >= len(seeds) - 1
-
-
-@pytest.mark.slow
-def test_signed_studies_estimate_better_over_more_runs(no_floor_module_cluster):
-    """The heavier version: DPSKETCH_SIGN_E2E_RUNS seeds (default 8, the fewest the thresholds
-    are set for). Simulated (60 runs, resampled 8 at a time): the ratio of mean errors is above
-    0.57 (ridge) and 0.43 (PCA) in 1 % of draws, above 0.62 and 0.60 in 0.1 %."""
+    """epsilon = 1, the default floor, n = 3000, k = 20: per data set one signed and one unsigned
+    study through the SDK and the analyzer, over DPSKETCH_SIGN_E2E_RUNS data sets (default 8, the
+    fewest the thresholds are set for). The per-run errors are heavy-tailed (PCA's most: a run
+    whose noise swaps the 2nd and 3rd eigenvectors), so the thresholds come from the law of the
+    whole pipeline simulated in memory (``python tests/test_secret_sign_e2e.py``, 3000 runs per
+    data set and variant, resampled 8 at a time): ridge coefficient error 0.86 -> 0.33, PCA 86 ->
+    12 times the optimal rank-2 error (medians 75 -> 7); the ratio of mean errors (signed /
+    unsigned) is at or above 0.8 (ridge) or 1.0 (PCA) in 0.6-1.6e-4 of draws (two simulations),
+    while a sign that changed nothing would pass both in 1-2 %. (With 4 runs a PCA ratio above 1.0 had 0.3 %:
+    too often for CI.)"""
     runs = max(8, int(os.environ.get("DPSKETCH_SIGN_E2E_RUNS", "8")))
-    errors, studies = _compare(no_floor_module_cluster, COLUMNS, 3000, 20, list(range(100, 100 + runs)),
+    errors, studies = _compare(no_floor_module_cluster, COLUMNS, 3000, 20, list(range(1, 1 + runs)),
                                strong_signal_data)
-    ratio, wins = _check_advantage(errors, studies, runs)
-    assert ratio[0] < 0.7 and ratio[1] < 0.7
+    ratio, _ = _check_advantage(errors, studies, runs)
+    assert ratio[0] < 0.8 and ratio[1] < 1.0
+
+
+def _simulate(runs_per_set: int, sets: int = 4, draws: int = 200_000, seed: int = 0) -> None:
+    """The thresholds' law: the test's pipeline in memory (the analyzer's design, a fresh block
+    OSNAP, the clients' signs and noise, the servers' noise, the analyzer's ridge and PCA), then
+    the ratio of mean errors over 8 runs resampled from it, and the same for a sign that changed
+    nothing (both sides unsigned)."""
+    from analyzer.accuracy_runs import SketchDraw
+    from analyzer.estimators import PCA, RidgeRegression
+    from dpsketch.protocol.study import design
+
+    n, rng = 3000, np.random.default_rng(seed)
+    studies = {signed: design(name="law", columns=COLUMNS, label="y", servers=["s1", "s2", "s3"],
+                              expected_reports=n, epsilon=1.0, k=20, min_reports=n,
+                              secret_sign=signed)[0] for signed in (True, False)}
+    errors = np.zeros((sets, 2, runs_per_set, 2))  # data set, (signed, unsigned), run, (ridge, PCA)
+    for i in range(sets):
+        data = strong_signal_data(n, i + 1)
+        truth = np.linalg.lstsq(data[:, :-1], data[:, -1], rcond=None)[0]
+        for v, signed in enumerate((True, False)):
+            study = studies[signed]
+            for r in range(runs_per_set):
+                release = SketchDraw(study, n, rng).release(study, data, secret_sign=signed)
+                coef = RidgeRegression(label="y").fit(release).coef_
+                components = PCA(n_components=2).fit(release).components_
+                errors[i, v, r] = (np.linalg.norm(coef - truth) / np.linalg.norm(truth),
+                                   pca_ratio(data, components))
+    for v, name in enumerate(("signed", "unsigned")):
+        e = errors[:, v].reshape(-1, 2)
+        print(f"{name}: ridge error mean {e[:, 0].mean():.3f}, PCA ratio mean {e[:, 1].mean():.2f} "
+              f"median {np.median(e[:, 1]):.2f}")
+    pick = lambda v: errors[rng.integers(0, sets, (draws, 8)), v, rng.integers(0, runs_per_set, (draws, 8))]
+    signed, unsigned, unsigned2 = pick(0), pick(1), pick(1)
+    ratio = signed.mean(1) / unsigned.mean(1)
+    null = unsigned2.mean(1) / unsigned.mean(1)
+    fail = (ratio[:, 0] >= 0.8) | (ratio[:, 1] >= 1.0)
+    print(f"8 runs: ratio quantiles 50/99/99.9/99.99 % {np.quantile(ratio, [.5, .99, .999, .9999], 0).round(3).tolist()}; "
+          f"P(test fails) {fail.mean():.1e}; P(a useless sign passes) "
+          f"{((null[:, 0] < 0.8) & (null[:, 1] < 1.0)).mean():.1e}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    _simulate(int(sys.argv[1]) if len(sys.argv) > 1 else 3000)
