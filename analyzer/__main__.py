@@ -19,8 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
         "in-flight requests finish (at most --graceful-timeout seconds; a finalization cut short "
         "resumes where it stopped when asked again) and exits with status 0.",
     )
-    p.add_argument("--config", help="cluster JSON (servers with urls and tokens); default: the "
-                   "DPSKETCH_CLUSTER environment variable holding the same JSON")
+    p.add_argument("--config", help="cluster JSON (servers with urls and tokens, each token inline or "
+                   "as a file: analyst_token_file, api_token_file); default: the DPSKETCH_CLUSTER "
+                   "environment variable holding the same JSON")
     p.add_argument("--db", default="analyzer.sqlite3", help="SQLite file for studies and releases "
                    "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")

@@ -9,6 +9,13 @@ the same JSON, so docker compose can pass it without a file:
 
 ``ca_file`` (optional) is a PEM CA bundle used to verify ``https://`` server URLs.
 
+Any token can come from a file instead (``"analyst_token_file"`` for a server's
+``"analyst_token"``, ``"api_token_file"`` for ``"api_token"``; one or the other, not both): then
+the JSON itself holds no secret, and docker compose or Kubernetes can hand the tokens over as
+secret files rather than through the environment, where ``docker inspect`` shows them. A file
+is read once, when the analyzer starts; surrounding whitespace is dropped, as the servers' own
+``--*-token-file`` options do.
+
 Order matters: server j of this list receives share j of every report.
 """
 
@@ -31,7 +38,31 @@ class ServerEndpoint(BaseModel):
         "study. Leave it out: whoever holds a server's operator token can issue upload tokens, "
         "hence Sybil reports (docs/trust.md)"
     )
-    analyst_token: str
+    analyst_token: str | None = None
+    analyst_token_file: str | None = Field(
+        default=None, description="file holding analyst_token (instead of the token itself)")
+
+    @model_validator(mode="after")
+    def _read_token(self) -> "ServerEndpoint":
+        self.analyst_token = _one_token(self.analyst_token, self.analyst_token_file,
+                                        f"server {self.server_id}'s analyst_token", required=True)
+        return self
+
+
+def _one_token(value: str | None, path: str | None, what: str, required: bool) -> str | None:
+    """The token given inline or in the file at ``path`` (exactly one of them when ``required``)."""
+    if value is not None and path is not None:
+        raise ValueError(f"{what}: give the token or a file holding it (_file), not both")
+    if path is not None:
+        try:
+            value = Path(path).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{what}: cannot read the token file {path}: {exc}") from None
+        if not value:
+            raise ValueError(f"{what}: the token file {path} is empty")
+    if required and not value:
+        raise ValueError(f"{what} is missing (give it, or a file holding it: _file)")
+    return value
 
 
 class ClusterConfig(BaseModel):
@@ -41,6 +72,8 @@ class ClusterConfig(BaseModel):
         default=None, description="bearer token analysts must present to this analyzer; the "
         "analyzer refuses to start without one unless run with --insecure-no-api-token"
     )
+    api_token_file: str | None = Field(
+        default=None, description="file holding api_token (instead of the token itself)")
     ca_file: str | None = Field(
         default=None, description="CA bundle (PEM) to verify the share servers' HTTPS certificates "
         "with, instead of the system's trust store (e.g. ca.pem from deploy/make-certs.py)"
@@ -48,6 +81,7 @@ class ClusterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _distinct(self) -> "ClusterConfig":
+        self.api_token = _one_token(self.api_token, self.api_token_file, "api_token", required=False)
         ids = [s.server_id for s in self.servers]
         if len(set(ids)) != len(ids):
             raise ValueError("server ids must be distinct")

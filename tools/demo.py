@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "server order, to issue the demo's upload tokens as each organisation would "
                    "(default: $DPSKETCH_OPERATOR_TOKENS; without them the servers must run with "
                    "--upload-auth open)")
+    p.add_argument("--analyzer-token-file", type=Path,
+                   help="file holding the analyzer's API token (wins over --analyzer-token)")
+    p.add_argument("--operator-token-files",
+                   help="files holding the servers' operator tokens, comma-separated in server "
+                   "order (wins over --operator-tokens; docker compose hands them over so)")
     p.add_argument("--d", type=int, default=10, help="feature columns (default: %(default)s)")
     p.add_argument("--rank", type=int, default=3, help="PCA rank r (default: %(default)s)")
     p.add_argument("--kind", choices=["both", "sketch", "gram"], default="both",
@@ -176,6 +181,16 @@ def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.
         return result
 
 
+def _read_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"dpsketch demo: cannot read the token file {path}: {exc}") from None
+    if not token:
+        raise SystemExit(f"dpsketch demo: the token file {path} is empty")
+    return token
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from analyzer import synthetic
 
@@ -186,9 +201,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if len(urls) < 2:
                 raise SystemExit("with --analyzer, --servers must list the share servers' URLs")
             operators = [t.strip() for t in (args.operator_tokens or "").split(",") if t.strip()]
+            if args.operator_token_files:
+                operators = [_read_token(Path(f.strip())) for f in args.operator_token_files.split(",") if f.strip()]
             if operators and len(operators) != len(urls):
-                raise SystemExit("--operator-tokens needs one token per server URL")
-            cluster = Cluster(args.analyzer, urls, args.analyzer_token, operators)
+                raise SystemExit("--operator-tokens (or --operator-token-files) needs one token per server URL")
+            analyzer_token = (_read_token(args.analyzer_token_file) if args.analyzer_token_file
+                              else args.analyzer_token)
+            cluster = Cluster(args.analyzer, urls, analyzer_token, operators)
         else:
             if not args.servers.isdigit() or int(args.servers) < 2:
                 raise SystemExit("--servers must be a number >= 2 (or URLs together with --analyzer)")
