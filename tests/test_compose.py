@@ -493,6 +493,37 @@ def test_compose_refuses_to_start_without_tokens(compose_cluster):
     assert not c.docker.containers.list(all=True, filters={"label": "com.docker.compose.project=dpsketch-no-tokens"})
 
 
+def _leaked_tokens(c: ComposeCluster) -> tuple[list[int], str]:
+    """Which of the cluster's tokens ``docker inspect`` of its containers shows (environment,
+    command line, labels: what anyone who can reach the engine's API reads), and that text."""
+    boxes = c.docker.containers.list(all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})
+    assert len(boxes) >= 4, boxes
+    seen = "".join(_run(["docker", "inspect", box.id], timeout=60).stdout for box in boxes)
+    hidden = [c.api_token, *c.operator_tokens, *c.analyst_tokens]
+    return [i for i, value in enumerate(hidden) if value in seen], seen
+
+
+def test_tokens_are_secret_files_not_container_config(compose_cluster):
+    """Compose hands each token over as a file under /run/secrets: none of the 7 is in any
+    container's configuration, and each container holds only its own (a server its two, the
+    analyzer the analyst tokens and its API token, no operator token)."""
+    c = compose_cluster
+    leaked, seen = _leaked_tokens(c)
+    assert "--operator-token-file" in seen and "analyst_token_file" in seen  # the text is the config
+    assert not leaked, f"tokens {leaked} of 7 readable through docker inspect"
+    for j, service in enumerate(SERVERS):
+        code, out = c.container(service).exec_run(["sh", "-c", "ls /run/secrets; cat /run/secrets/*"])
+        assert code == 0, out
+        text = out.decode()
+        assert text.split()[:2] == ["analyst_token", "operator_token"], text
+        assert c.operator_tokens[j] in text and c.analyst_tokens[j] in text
+        others = [t for i, t in enumerate(c.operator_tokens + c.analyst_tokens) if i % 3 != j]
+        assert not [t for t in others + [c.api_token] if t in text]
+    code, out = c.container("analyzer").exec_run(["sh", "-c", "cat /run/secrets/*"])
+    assert code == 0 and all(t in out.decode() for t in [*c.analyst_tokens, c.api_token])
+    assert not [t for t in c.operator_tokens if t in out.decode()]
+
+
 def test_demo_service_prints_its_table(compose_cluster):
     c = compose_cluster
     t0 = time.monotonic()
@@ -538,6 +569,7 @@ def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
         assert set(result.report_counts.values()) == {2000}
         assert an.finalize(created["study_id"])["state"] == "released"
     assert c.container("s1").exec_run(["ls", "/run/dpsketch"]).exit_code != 0  # no certificates
+    assert _leaked_tokens(c)[0] == []  # the plain file hands the tokens over as files too
 
 
 # --- the replicated layout as a Docker Swarm stack ---------------------------------------------
