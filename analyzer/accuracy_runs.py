@@ -443,7 +443,8 @@ def markdown(records: list[dict[str, Any]], argv: Sequence[str], seconds: float)
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m analyzer.accuracy_runs", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m analyzer.accuracy_runs",
+                                 description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     ap.add_argument("--n", type=float, nargs="+", default=[1e4, 1e5, 1e6])
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0])
     ap.add_argument("--runs", type=int, default=20, help="runs per cell (default %(default)s)")

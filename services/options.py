@@ -10,6 +10,8 @@ from typing import Any
 
 from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES
 
+from .state import INDEX_BYTES_PER_REPORT
+
 
 def _env(name: str, default: Any, kind):
     value = os.environ.get(name)
@@ -104,8 +106,9 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                         "($DPSKETCH_MAX_STUDY_MEMORY; default: 256M)")
     g.add_argument("--memory-budget", type=byte_size,
                    default=_env("DPSKETCH_MEMORY_BUDGET", 4 << 30, byte_size),
-                   help="memory for all open studies: their running totals plus about 160 bytes per "
-                        "held report; new studies and uploads beyond it are refused "
+                   help="memory for all open studies: their running totals plus about "
+                        f"{INDEX_BYTES_PER_REPORT} bytes per held report; new studies and uploads "
+                        "beyond it are refused "
                         "($DPSKETCH_MEMORY_BUDGET; default: 4G)")
     g.add_argument("--tokens-file", type=Path, default=_env("DPSKETCH_TOKENS_FILE", None, Path),
                    help='JSON {"operator": [...], "analyst": [...]} of more tokens ("sha256:<hex>" digests or '

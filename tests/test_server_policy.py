@@ -136,6 +136,16 @@ def test_memory_budget_counts_every_open_study(tmp_path: Path):
         srv.close()
 
 
+def test_memory_budget_help_names_the_bytes_counted_per_report():
+    """``dpsketch server --help`` says what the budget counts per held report: the figure the
+    store charges (it said 160, the former dict index's cost, while the store charged 80)."""
+    from services.__main__ import build_parser
+    from services.state import INDEX_BYTES_PER_REPORT
+
+    action = next(a for a in build_parser()._actions if "--memory-budget" in a.option_strings)
+    assert f"about {INDEX_BYTES_PER_REPORT} bytes per held report" in action.help
+
+
 def test_storage_policy_counts_max_reports_shares_and_ids(tmp_path: Path):
     st = make_study()
     need = st.max_reports * (16 + 8 * st.width)

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "server": ("services.__main__", "run one share server (FastAPI + SQLite)"),
+    "server": ("services.__main__", "run one share server (FastAPI + SQLite or PostgreSQL)"),
     "analyzer": ("analyzer.__main__", "run the analyzer service (create, finalize, analyse)"),
     "tokens": ("services.admin", "a share server operator's upload tokens: issue, list, revoke"),
     "submit": ("client_sdk.cli", "submit rows from a CSV file to the share servers"),
