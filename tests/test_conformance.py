@@ -542,3 +542,18 @@ def test_analysis_vectors_cover_every_kind_and_exercise_the_floor():
     ridge = [a["response"] for v in RELEASES for a in v["analyses"] if response_kind(a["path"]) == "ridge"]
     assert any(r["n_floored"] > 0 for r in ridge) and any(r["n_floored"] == 0 for r in ridge)
     assert any(r["tau"] > 0 and r["alpha"] > r["tau"] for r in ridge)  # the default alpha on a sketch study
+
+
+def test_error_table_lists_every_problem_slug_with_its_status():
+    """docs/protocol.md section 8's table is the catalogue (dpsketch.protocol.problems): the same
+    slugs, each with its default status, so a client written from the document knows every
+    problem a service can answer."""
+    import re
+
+    from dpsketch.protocol.problems import CATALOGUE
+
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    section = text[text.index("\n## 8. Errors"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| (\d{3}) \|", section, re.M))
+    assert rows == {slug: str(status) for slug, (status, _title) in CATALOGUE.items()}
