@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="default: %(default)s")
     p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--ssl-keyfile", help="private key for --ssl-certfile (PEM)")
     p.add_argument("--insecure-no-api-token", action="store_true",

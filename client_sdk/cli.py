@@ -23,9 +23,10 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3,
 DESCRIPTION = """\
 Submit the rows of a CSV file to a dpsketch study, privately.
 
-Each row is clipped to the study's norm bound, given Gaussian noise drawn from the operating
-system's secure random generator, and split into one additive share per server: no server, nor
-any group of all but one of them, learns anything about the row.
+Each row is clipped to the study's norm bound, given exact discrete Gaussian noise drawn from a
+ChaCha20 keystream keyed from the operating system's secure random generator (os.urandom), and
+split into one additive share per server: no server, nor any group of all but one of them,
+learns anything about the row.
 
 Before sending anything the command fetches the study from every server, checks that all of
 them hold exactly the study ID given (it recomputes the content hash) and that the URLs are the

@@ -783,13 +783,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.server_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["commit", "bulk", "single", "all"])
-    p.add_argument("--n", type=int, help="reports (commit, bulk)")
-    p.add_argument("--d", type=int)
+    p.add_argument("--n", type=int, help="reports (default: commit 10^6, bulk 200,000)")
+    p.add_argument("--d", type=int, help="row width (default: commit 100, bulk and single 32)")
     p.add_argument("--seconds", type=float, default=5.0, help="single: seconds on the server in all (default 5)")
     p.add_argument("--rounds", type=int, default=3,
                    help="single: server intervals, each between two echo intervals (default 3)")
-    p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--clients", type=int, default=64,
+                   help="single: concurrent keep-alive connections (default 64)")
+    p.add_argument("--concurrency", type=int, default=2, help="bulk: batches in flight (default 2)")
     p.add_argument("--workdir", type=Path)
     args = p.parse_args(argv)
     extra = {"workdir": args.workdir}
