@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -98,14 +99,16 @@ def install(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: 413 for bodies over ``limit`` bytes, checked before reading."""
+    """Pure ASGI middleware: 413 for bodies over ``limit`` bytes, checked before reading.
+    ``exempt(scope)``: requests whose route applies a limit of its own (read_within) instead."""
 
-    def __init__(self, app: ASGIApp, limit: int):
+    def __init__(self, app: ASGIApp, limit: int, exempt: Callable[[Scope], bool] | None = None):
         self.app = app
         self.limit = limit
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.exempt is not None and self.exempt(scope)):
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", ()):
@@ -144,6 +147,22 @@ class BodyLimit:
                         (b"connection", b"close")],
         })
         await send({"type": "http.response.body", "body": body})
+
+
+async def read_within(request: Request, limit: int, what: str) -> bytes:
+    """The request's body, refused with 413 ``payload-too-large`` once it is over ``limit`` bytes:
+    by its Content-Length before anything is read, else while it streams in (for a route that
+    :class:`BodyLimit` exempts, whose limit depends on what the request is for)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProblemError("payload-too-large", f"the request body ({declared} bytes) exceeds {what}: {limit} bytes")
+    chunks, received = [], 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            raise ProblemError("payload-too-large", f"the request body exceeds {what}: {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 PROBLEM_SCHEMA = Problem.model_json_schema()

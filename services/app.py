@@ -8,6 +8,7 @@ Handlers parse and check requests, hash uploaded report ids off the event loop, 
 from __future__ import annotations
 
 import asyncio
+import re
 import logging
 import signal
 import threading
@@ -48,6 +49,7 @@ from dpsketch.protocol.messages import (
     party_of_media_type,
 )
 from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import PROTOCOL, Study
 
 from dpsketch import problem_http as errors
@@ -76,6 +78,23 @@ def _binary_response(media_type: str, description: str, headers: dict | None = N
     if headers:
         out["headers"] = headers
     return out
+
+
+_COMMIT_PATH = re.compile(r"^/v1/studies/[^/]+/commit$")
+
+
+def _is_commit(scope) -> bool:
+    return scope.get("method") == "POST" and _COMMIT_PATH.match(scope.get("path", "")) is not None
+
+
+def commit_body_limit(study, settings: Settings) -> int:
+    """The largest commit body this server reads for ``study``: an inclusion set lists distinct
+    held ids, at most max_reports per party (16 bytes each), so the general --max-body-bytes
+    (64 MiB, about 4 x 10^6 ids) must not cap it; the memory budget does, since the set is
+    read into memory (the study's own report index takes 24-80 bytes per id already). The
+    analyst's token is checked before a byte of it is read."""
+    ids = study.max_reports * max(1, len(study.parties or ()))
+    return max(settings.max_body_bytes, min(REPORT_ID_BYTES * ids, settings.memory_budget))
 
 
 def require_media_type(request: Request, expected: str, *also: str) -> str:
@@ -263,7 +282,8 @@ def create_app(settings: Settings) -> FastAPI:
     # Outside FastAPI's own layers (ShareServerAPI), outermost last:
     # inside the body limit: it reads upload bodies through it, then admits or refuses (503)
     app.add_outer_middleware(UploadAdmission, admission=admission)
-    app.add_outer_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
+    # the commit's body is bounded by what the study can hold instead (commit_body_limit)
+    app.add_outer_middleware(errors.BodyLimit, limit=settings.max_body_bytes, exempt=_is_commit)
     # times and counts every answer, the admission and body-limit refusals included
     app.add_outer_middleware(observability.MetricsMiddleware, metrics=metrics.http,
                              on_complete=metrics.on_complete)
@@ -547,8 +567,9 @@ def create_app(settings: Settings) -> FastAPI:
     async def commit(study_id: str, request: Request) -> CommitResult:
         """Commit the study to one inclusion set, after the certificate (analyst)."""
         require_media_type(request, REPORT_IDS_MEDIA_TYPE)
-        store.record(study_id)
-        body = await request.body()
+        record = store.record(study_id)
+        body = await errors.read_within(request, commit_body_limit(record.study, settings),
+                                        "the largest inclusion set this study can have")
         with metrics.timed(metrics.commit_seconds):
             return await run_in_threadpool(store.commit, study_id, body)
 

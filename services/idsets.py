@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-REPORT_ID_BYTES = 16
+from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
 #: small additions (single uploads) stay in a dict until it holds this many ids
 _RECENT_LIMIT = 4096

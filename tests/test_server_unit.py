@@ -469,6 +469,38 @@ def test_oversized_bodies_are_refused_before_reading(tmp_path: Path):
         srv.close()
 
 
+def test_commit_body_is_bounded_by_the_study_not_the_body_limit(tmp_path: Path):
+    """An inclusion set may be as long as the study's capacity (16 bytes per id, max_reports
+    ids), whatever --max-body-bytes says: with a 4,096-byte limit, 300 reports commit with a
+    4,800-byte set; a body over 16 x max_reports is refused (413, by Content-Length and while
+    streaming) and changes nothing; uploads keep the general limit."""
+    srv = Server(tmp_path / "small.sqlite3", max_body_bytes=4096)
+    try:
+        st = make_study(max_reports=400)
+        assert srv.provision(st).status_code == 201
+        rs = srv.reports(st, 300)
+        for start in range(0, 300, 50):  # 50 * 72 bytes per batch: under the limit
+            assert srv.batch(st, rs[start:start + 50]).status_code == 200
+        assert_problem(srv.batch(st, srv.reports(st, 60)), 413, "payload-too-large")
+        path = f"/v1/studies/{st.study_id}/commit"
+        headers = {**bearer(AN), "Content-Type": REPORT_IDS_MEDIA_TYPE}
+        too_long = b"".join(sorted(rs.ids + new_ids(101)))  # 401 ids > max_reports
+        body = assert_problem(srv.client.post(path, content=too_long, headers=headers), 413, "payload-too-large")
+        assert "6400 bytes" in body["detail"]
+
+        def chunks():  # no Content-Length: counted as it streams in
+            for i in range(0, len(too_long), 1000):
+                yield too_long[i:i + 1000]
+
+        assert_problem(srv.client.post(path, content=chunks(), headers=headers), 413, "payload-too-large")
+        assert srv.client.get(f"/v1/studies/{st.study_id}").json()["status"] == "open"
+        r = srv.commit(st, rs.ids)  # 4,800 bytes
+        assert r.status_code == 200, r.text
+        assert r.json()["n_reports"] == 300
+    finally:
+        srv.close()
+
+
 def test_capacity_exceeded(tmp_path: Path):
     srv = Server(tmp_path / "cap.sqlite3")
     try:

@@ -59,7 +59,6 @@ import numpy as np
 
 DOMAIN = b"dpsketch/l1/1"
 SEED_BYTES = 32
-REPORT_ID_BYTES = 16
 MAX_BLOCKS = 6  # BLAKE2b digests are at most 64 bytes: s + 2 words of 8 bytes
 _TWO64 = 1 << 64
 
