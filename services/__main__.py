@@ -87,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "in ps) ($DPSKETCH_DB)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8101, help="port to listen on (default: %(default)s)")
-    p.add_argument("--max-body-bytes", type=int, default=64 * MIB,
-                   help="largest request body accepted; larger ones get 413 (default: %(default)s = 64 MiB; "
-                        "a commit's inclusion set may reach 16 bytes x the study's max_reports instead)")
+    p.add_argument("--max-body-bytes", type=_whole, metavar="BYTES",
+                   default=os.environ.get("DPSKETCH_MAX_BODY_BYTES", "").strip() or 64 * MIB,
+                   help="largest request body accepted; larger ones get 413 (default: $DPSKETCH_MAX_BODY_BYTES "
+                        "or 67108864 = 64 MiB; a commit's inclusion set may reach 16 bytes x the study's "
+                        "max_reports instead)")
     p.add_argument("--operator-token-file", type=Path,
                    help="file holding the operator token (default: $DPSKETCH_OPERATOR_TOKEN)")
     p.add_argument("--analyst-token-file", type=Path,

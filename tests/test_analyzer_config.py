@@ -102,3 +102,4 @@ def test_analyzer_refuses_to_start_on_an_unreadable_token_file(tmp_path):
     assert out.returncode == 2
     assert "cannot load the cluster configuration" in out.stderr and str(tmp_path / "gone") in out.stderr
     assert not (tmp_path / "a.sqlite3").exists()
+
