@@ -18,6 +18,7 @@ import numpy as np
 
 from dpsketch.protocol import ProblemError, Study, design, ledger, messages, ring
 from dpsketch.protocol.messages import CommitResult, PopulationLedger, ServerInfo, StudyInfo
+from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
 from .config import ClusterConfig, ServerEndpoint
 from .store import AnalyzerStore, StudyRecord
@@ -117,19 +118,25 @@ class ShareServerClient:
         return StudyInfo.model_validate(self._request("GET", f"/v1/studies/{study_id}",
                                                       token=self.endpoint.analyst_token).json())
 
-    def report_ids(self, study_id: str) -> list[bytes]:
+    def report_ids(self, study_id: str) -> bytes:
+        """The ids the server holds for the study: a sorted id list (16 bytes an id), checked."""
         r = self._request("GET", f"/v1/studies/{study_id}/report-ids", token=self.endpoint.analyst_token)
-        return messages.decode_report_ids(r.content)
+        try:
+            messages.report_id_halves(r.content)
+        except ValueError as exc:
+            raise UpstreamError(self.endpoint.server_id, f"a malformed report-id list: {exc}") from None
+        return r.content
 
     def blocks(self, study_id: str) -> list[tuple[bytes, bytes, int]]:
         """A study with parties: (block id, pseudonym, party index) of every block held."""
         r = self._request("GET", f"/v1/studies/{study_id}/blocks", token=self.endpoint.analyst_token)
         return messages.decode_block_index(r.content)
 
-    def commit(self, study_id: str, sorted_ids: list[bytes]) -> CommitResult:
+    def commit(self, study_id: str, sorted_ids: bytes) -> CommitResult:
+        """Commit the study to the inclusion set (a sorted id list)."""
         r = self._request(
             "POST", f"/v1/studies/{study_id}/commit", token=self.endpoint.analyst_token,
-            content=b"".join(sorted_ids),
+            content=sorted_ids,
             headers={"Content-Type": messages.REPORT_IDS_MEDIA_TYPE},
         )
         return CommitResult.model_validate(r.json())
@@ -330,26 +337,26 @@ class Coordinator:
         return completeness(study, held, [s.endpoint.server_id for s in self.servers])
 
     # finalize ----------------------------------------------------------------------------
-    def _check_batch_rule(self, held: list[set[bytes]], common: int) -> None:
+    def _check_batch_rule(self, held: list[int], common: int) -> None:
         """Refuse before any server commits when the intersection leaves out more of some server's
         reports than that server's published max_excluded_fraction allows: it would refuse its
         commit after the others had committed, and the study could never be released. The usual
         cause is a server that was down for part of the upload; the SDK's resend fixes it."""
-        for server, ids in zip(self.servers, held):
+        for server, count in zip(self.servers, held):
             policy = server.server_info().policy or {}
             fraction = policy.get("max_excluded_fraction")
             if fraction is None:
                 continue
-            excluded = len(ids) - common
-            if excluded > int(float(fraction) * len(ids)):
+            excluded = count - common
+            if excluded > int(float(fraction) * count):
                 raise ProblemError(
                     "inclusion-refused",
-                    f"server {server.endpoint.server_id} holds {excluded} of its {len(ids)} reports "
+                    f"server {server.endpoint.server_id} holds {excluded} of its {count} reports "
                     f"that some other server lacks; its policy lets a release leave out at most "
                     f"{float(fraction):g} of them. Nothing was committed. Have the data owners resend "
                     f"what is missing (Client.resend / dpsketch submit again), then finalize again",
                     extra={"server_id": server.endpoint.server_id, "excluded": excluded,
-                           "held": len(ids)})
+                           "held": count})
 
     def finalize(self, study_id: str) -> StudyRecord:
         """Choose (or resume) the inclusion set, commit it everywhere, reconstruct the sketch."""
@@ -361,21 +368,24 @@ class Coordinator:
         if included is None and study.parties is not None:
             included = self._party_inclusion(study_id)
         if included is None:
-            held = [set(server.report_ids(study_id)) for server in self.servers]
-            common = set.intersection(*held)
-            dropped = sum(len(h) for h in held) - len(held) * len(common)
-            self.log(f"{len(common)} reports held by all {len(held)} servers "
+            lists = [server.report_ids(study_id) for server in self.servers]
+            held = [len(ids) // REPORT_ID_BYTES for ids in lists]
+            common = messages.common_report_ids(lists)
+            del lists  # 16 bytes an id per server: 1.6 GB each at 10^8
+            n_common = len(common) // REPORT_ID_BYTES
+            dropped = sum(held) - len(held) * n_common
+            self.log(f"{n_common} reports held by all {len(held)} servers "
                      f"({dropped} server copies of partial reports excluded)")
-            if len(common) < study.min_reports:
+            if n_common < study.min_reports:
                 raise ProblemError(
                     "certificate-refused",
-                    f"only {len(common)} reports are held by every server; the study needs "
+                    f"only {n_common} reports are held by every server; the study needs "
                     f"min_reports = {study.min_reports}. Wait for more uploads.",
                 )
-            self._check_batch_rule(held, len(common))
-            included = self.store.fix_inclusion(study_id, sorted(common))
+            self._check_batch_rule(held, n_common)
+            included = self.store.fix_inclusion(study_id, common)
         expected_hash = messages.inclusion_hash(included)
-        n_reports = len(included)
+        n_reports = len(included) // REPORT_ID_BYTES
         for position, server in enumerate(self.servers):
             try:
                 result = server.commit(study_id, included)
@@ -429,4 +439,4 @@ class Coordinator:
                     f"the parties resend what is missing, then finalize again",
                     extra={"server_id": server.endpoint.server_id, "excluded": here - state.complete,
                            "held": here, "missing_by_party": state.missing_by_party})
-        return self.store.fix_inclusion(study_id, state.included)
+        return self.store.fix_inclusion(study_id, b"".join(state.included))

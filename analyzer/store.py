@@ -103,8 +103,9 @@ class AnalyzerStore:
             ).fetchall()
         return [self._record(r) for r in rows]
 
-    def fix_inclusion(self, study_id: str, sorted_ids: list[bytes]) -> list[bytes]:
-        """Record the inclusion set once; return the set on record (an earlier one wins)."""
+    def fix_inclusion(self, study_id: str, sorted_ids: bytes) -> bytes:
+        """Record the inclusion set (a sorted id list) once; return the set on record (an
+        earlier one wins)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -116,12 +117,12 @@ class AnalyzerStore:
                 if row[0] is None:
                     self._db.execute(
                         "UPDATE studies SET inclusion = ?, inclusion_hash = ? WHERE study_id = ?",
-                        (b"".join(sorted_ids), messages.inclusion_hash(sorted_ids), study_id),
+                        (sorted_ids, messages.inclusion_hash(sorted_ids), study_id),
                     )
                     self._db.execute("COMMIT")
                     return sorted_ids
                 self._db.execute("COMMIT")
-                return messages.decode_report_ids(row[0])
+                return bytes(row[0])
             except BaseException:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
@@ -136,14 +137,15 @@ class AnalyzerStore:
                 (study_id,),
             )
 
-    def inclusion(self, study_id: str) -> list[bytes] | None:
+    def inclusion(self, study_id: str) -> bytes | None:
+        """The inclusion set on record (a sorted id list), if one was fixed."""
         with self._lock:
             row = self._db.execute(
                 "SELECT inclusion FROM studies WHERE study_id = ?", (study_id,)
             ).fetchone()
         if row is None or row[0] is None:
             return None
-        return messages.decode_report_ids(row[0])
+        return bytes(row[0])
 
     def release(self, study_id: str, ring_sum: np.ndarray, n_reports: int) -> None:
         with self._lock:

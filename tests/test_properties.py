@@ -317,6 +317,19 @@ near_ids = st.builds(lambda hi, lo: hi.to_bytes(8, "big") + lo.to_bytes(8, "big"
 
 
 @PROPS
+@given(lists=st.lists(st.lists(ids16 | near_ids, max_size=40), min_size=1, max_size=4))
+def test_common_report_ids_is_the_sorted_intersection(lists):
+    """The analyzer's intersection of the servers' id lists, on arrays, is the sorted set
+    intersection, ids sharing a high half (near_ids) included."""
+    bodies = [messages.encode_report_ids(ids) for ids in lists]
+    common = messages.common_report_ids(bodies)
+    assert common == b"".join(sorted(set.intersection(*(set(ids) for ids in lists))))
+    assert messages.decode_report_ids(common) is not None  # a valid, sorted id list
+    with pytest.raises(ValueError):  # a malformed list is refused, not intersected
+        messages.common_report_ids([*bodies, b"\x01" * 17])
+
+
+@PROPS
 @given(ids=st.lists(ids16 | near_ids, min_size=2, max_size=30))
 def test_report_id_list_accepts_exactly_strictly_ascending_orders(ids):
     body = b"".join(ids)

