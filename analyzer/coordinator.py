@@ -368,10 +368,12 @@ class Coordinator:
         if included is None and study.parties is not None:
             included = self._party_inclusion(study_id)
         if included is None:
-            lists = [server.report_ids(study_id) for server in self.servers]
-            held = [len(ids) // REPORT_ID_BYTES for ids in lists]
-            common = messages.common_report_ids(lists)
-            del lists  # 16 bytes an id per server: 1.6 GB each at 10^8
+            held, common = [], None
+            for server in self.servers:  # one list at a time: 16 bytes an id, 1.6 GB at 10^8
+                ids = server.report_ids(study_id)
+                held.append(len(ids) // REPORT_ID_BYTES)
+                common = ids if common is None else messages.common_report_ids([common, ids])
+                del ids
             n_common = len(common) // REPORT_ID_BYTES
             dropped = sum(held) - len(held) * n_common
             self.log(f"{n_common} reports held by all {len(held)} servers "
