@@ -11,6 +11,7 @@ import math
 import httpx
 import numpy as np
 import pytest
+from scipy import stats
 
 from analyzer import baselines, evaluation, synthetic
 from analyzer.client import AnalyzerClient
@@ -174,9 +175,13 @@ def test_gram_kind_reaches_central_accuracy_at_1e5():
     err = release.gram() - rows.T @ rows
     scale = study.sigma * math.sqrt(n)
     assert np.abs(np.diag(err)).max() < 6 * scale
-    # every coordinate of u(err) (diagonal and sqrt(2) x off-diagonal) is N(0, n sigma^2)
+    # every coordinate of u(err) (diagonal and sqrt(2) x off-diagonal) is N(0, n sigma^2): the
+    # 66 of them have a sum of squares chi-square with 66 degrees of freedom, so rms / scale lies
+    # in 0.61 .. 1.43 (its 1e-6 quantiles) but for 2e-6 of runs (the SDK's noise is fresh each
+    # run; the former 0.7 .. 1.3 failed 5.5e-4 of them). Half or double the noise still fails.
     rms = np.sqrt(np.mean(features.upper_triangle(err) ** 2))
-    assert 0.7 < rms / scale < 1.3
+    cells = features.upper_triangle(err).size
+    assert math.sqrt(stats.chi2.ppf(1e-6, cells) / cells) < rms / scale < math.sqrt(stats.chi2.isf(1e-6, cells) / cells)
     assert abs(release.noisy_count - n) < 6 * scale
     ratios = evaluation.compare(data, study, release, rng=np.random.default_rng(0), tasks=("ridge",))
     assert ratios["ridge"]["ltm"] <= 1.01

@@ -32,17 +32,29 @@ def test_gram_simulation_has_the_pipelines_noise_law():
     sims = [baselines.simulate_ltm(study, rows, np.random.default_rng(s)) for s in range(3)]
     std = piped.coordinate_noise_std
     assert all(s.coordinate_noise_std == std for s in sims)
+    # the pipeline's noise is fresh CSPRNG noise each run: its 78 z-scores' mean within 5 of its
+    # standard errors and sum of squares (chi-square, 78 degrees of freedom) within its 1e-6
+    # quantiles, rms 0.64-1.39: a correct pipeline fails in 3e-6 of runs (the former |mean| < 0.45
+    # and 0.7 < sd < 1.3 failed 2.3e-4 of them); the seeded simulations are checked the same way
+    from scipy import stats
+
     for rel in [piped] + sims:
         z = (rel.values - exact) / std
         assert z.shape == (study.width,) == (78,)
-        assert abs(z.mean()) < 0.45 and 0.7 < z.std() < 1.3, (z.mean(), z.std())
+        energy = float(np.sum(z**2))
+        assert abs(z.mean()) < 5 / np.sqrt(z.size), (z.mean(), z.std())
+        assert stats.chi2.ppf(1e-6, z.size) < energy < stats.chi2.isf(1e-6, z.size), (z.mean(), z.std())
     # and the fitted models agree in quality: the pipeline's AUC is near the simulations' mean.
     # (Not max - min of all four < 0.02: that failed 4 runs in 25 before the discrete sampler and
-    # 3 in 20 after it, because one seeded simulation sits at 0.808 and the pipeline's own AUC
-    # ranges 0.804-0.831 over runs; its distance to the mean stayed below 0.015 in all 45.)
+    # 3 in 20 after it, because one seeded simulation sits at 0.808.) The pipeline's AUC, drawn
+    # 20,000 times from this law (simulate_ltm, unseeded draws): mean 0.823, sd 0.0047, skewed
+    # low (0.801 at the 0.1 % quantile, 0.794 at 0.01 %, 0.793 at worst) against the seeded mean
+    # 0.818: a distance of 0.02 was reached in 5.5e-4 of runs, 0.025 in 1e-4, 0.035 in none (the
+    # tail extrapolates to ~1e-5). The bound catches a broken fit, not a subtly wrong noise law
+    # (4x the noise variance still averages 0.811): the z-scores above test the law.
     aucs = [le.metrics(data["y"], le.LogisticRegression("y", classes=(0, le.LAYOUTS["gram"][1])).fit(r)
                        .decision_function(rows[:, :10]))["auc"] for r in [piped] + sims]
-    assert abs(aucs[0] - float(np.mean(aucs[1:]))) < 0.02, aucs
+    assert abs(aucs[0] - float(np.mean(aucs[1:]))) < 0.035, aucs
 
 
 def test_every_mechanism_runs_and_the_ltm_beats_local_at_moderate_n():

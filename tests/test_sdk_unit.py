@@ -146,6 +146,10 @@ def _top_bits(x: np.ndarray, bits: int) -> np.ndarray:
 
 
 def test_any_n_minus_1_shares_look_uniform_and_independent_of_the_row(study):
+    """The shares come from the SDK's CSPRNG, so every p-value below is a fresh draw: 14
+    chi-square tests at p > 1e-7 fail correct shares in 1.4e-6 of runs (at 1e-5: 1.4e-4), and the
+    384 bit frequencies at 6 standard errors in 8e-7; non-uniform or row-dependent shares give
+    p-values near 0 over 80,000 values."""
     m = 20_000
     same = np.tile([[9.0, -3.0, 0.5, 1.0]], (m, 1))
     different = np.random.default_rng(3).normal(scale=5, size=(m, study.d))
@@ -155,18 +159,18 @@ def test_any_n_minus_1_shares_look_uniform_and_independent_of_the_row(study):
             s = batch.shares[j]
             # chi-square on the top 4 bits
             counts = np.bincount(_top_bits(s, 4), minlength=16)
-            assert stats.chisquare(counts).pvalue > 1e-5
+            assert stats.chisquare(counts).pvalue > 1e-7
             # every bit position is 1 about half of the time
             bits = np.unpackbits(s.view(np.uint8)).reshape(-1, 64).mean(axis=0)
             assert np.all(np.abs(bits - 0.5) < 6 * 0.5 / np.sqrt(s.size))
         for i, j in ((0, 1), (0, 2), (1, 2)):  # any two of three shares jointly uniform
             joint = _top_bits(batch.shares[i], 2) * 4 + _top_bits(batch.shares[j], 2)
-            assert stats.chisquare(np.bincount(joint, minlength=16)).pvalue > 1e-5
+            assert stats.chisquare(np.bincount(joint, minlength=16)).pvalue > 1e-7
     # the same row repeated vs different rows: N-1 shares indistinguishable (incl. the last one)
     for j in (0, 2):
         table = np.vstack([np.bincount(_top_bits(b.shares[j], 5), minlength=32)
                            for b in (b_same, b_diff)])
-        assert stats.chi2_contingency(table).pvalue > 1e-5
+        assert stats.chi2_contingency(table).pvalue > 1e-7
 
 
 # --- data -------------------------------------------------------------------------------------
