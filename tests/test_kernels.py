@@ -58,7 +58,8 @@ def test_nobody_waits_for_another_threads_load(monkeypatch):
     waited = time.monotonic() - t0
     release.set()
     warm.join(30)
-    assert waited < 1.0, f"a batch waited {waited:.2f} s for another thread's load"
+    # a batch that waited would wait for release (set below, after this measure): 30 s
+    assert waited < 10.0, f"a batch waited {waited:.2f} s for another thread's load"
     assert kernel.ready and kernel.for_rows(kernels.MIN_ROWS) == "loop"
 
 
