@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpsketch.protocol.messages import strictly_ascending
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
 #: small additions (single uploads) stay in a dict until it holds this many ids
@@ -47,13 +48,6 @@ def join_halves(hi: np.ndarray, lo: np.ndarray) -> bytes:
     out = np.empty((len(hi), 2), dtype=">u8")
     out[:, 0], out[:, 1] = hi, lo
     return out.tobytes()
-
-
-def strictly_ascending(hi: np.ndarray, lo: np.ndarray) -> bool:
-    """Whether the ids are in strictly ascending bytewise order (hence also repeat-free)."""
-    if len(hi) < 2:
-        return True
-    return bool(np.all((hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))))
 
 
 def _ascending(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:

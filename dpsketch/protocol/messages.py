@@ -253,6 +253,14 @@ def encode_report_ids(report_ids: list[bytes]) -> bytes:
     return b"".join(sorted(set(report_ids)))
 
 
+def strictly_ascending(hi: np.ndarray, lo: np.ndarray) -> bool:
+    """Whether ids given by their high and low 64-bit halves are in strictly ascending bytewise
+    order (hence also repeat-free): the order rule of a report-id list."""
+    if len(hi) < 2:
+        return True
+    return bool(np.all((hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))))
+
+
 def report_id_halves(body: bytes) -> np.ndarray:
     """A sorted, repeat-free id list as an (n, 2) array of its ids' big-endian 64-bit halves
     (bytewise order of 16-byte ids = lexicographic order of the halves; no copy of the body);
@@ -260,11 +268,8 @@ def report_id_halves(body: bytes) -> np.ndarray:
     if len(body) % REPORT_ID_BYTES:
         raise ValueError(f"a report-id list is a whole number of {REPORT_ID_BYTES}-byte ids")
     halves = np.frombuffer(body, dtype=">u8").reshape(-1, 2)
-    if len(halves) > 1:
-        hi, lo = halves[:, 0], halves[:, 1]
-        ascending = (hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))
-        if not ascending.all():
-            raise ValueError("report ids must be in strictly ascending bytewise order")
+    if not strictly_ascending(halves[:, 0], halves[:, 1]):
+        raise ValueError("report ids must be in strictly ascending bytewise order")
     return halves
 
 
