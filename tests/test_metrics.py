@@ -241,9 +241,10 @@ def test_sdk_waits_for_retry_after_when_a_server_is_saturated(cluster: Cluster):
     assert elapsed >= 1.5  # it waited for the slots, and did not fail
     after = scrape(s2, op2)
     refused = delta(before, after, "dpsketch_upload_requests_total", study_id=sid, outcome="unavailable")
-    # one refusal by hand, then one per Retry-After second while the slots were held (~2 s);
-    # without honouring Retry-After it would have been ~20 (every retry refused, then given up)
-    assert 2 <= refused <= 5, refused
+    # one refusal by hand, then one per Retry-After second while the slots were held (~2 s, more
+    # on a loaded machine while the writer drains them); without honouring Retry-After it would
+    # have been ~20 (every retry refused, then given up)
+    assert 2 <= refused <= 8, refused
     assert delta(before, after, "dpsketch_reports_total", study_id=sid, outcome="accepted") == n + 5 * S2_LIMIT
     assert httpx.get(f"{s2}/readyz").status_code == 200
 
