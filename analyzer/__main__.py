@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         log.warning("INSECURE: --insecure-no-api-token: the analyzer API needs no token; anyone who "
                     "reaches %s:%s can create, finalize and read studies", args.host, args.port)
+    import threading
+
+    from dpsketch.protocol import accounting
+
+    # the first study's calibration then waits for no import (about 1 s of dp-accounting and scipy)
+    threading.Thread(target=accounting.warm_up, name="dpsketch-accounting-warm", daemon=True).start()
     coordinator = Coordinator(config, AnalyzerStore(args.db), log=log.info)
     app = create_app(coordinator)
     try:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from dpsketch.protocol import kernels, ledger, parties, privacy, sketch
+from dpsketch.protocol import accounting, kernels, ledger, parties, privacy, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
@@ -266,6 +266,8 @@ class Store:
         threading.Thread(target=kernels.warm_up_all, name="dpsketch-hash-warm", daemon=True).start()
 
     def _warm(self) -> None:
+        """At startup: rebuild every open study's totals, then import what checking a study's
+        privacy needs (accounting.warm_up: the first provisioning then waits for no import)."""
         for record in list(self._records.values()):
             if self._closed:
                 return
@@ -273,6 +275,7 @@ class Store:
                 self.ensure_state(record)
             except Exception:  # pragma: no cover - logged; the first request retries the load
                 log.exception("could not rebuild study %s", record.study_id)
+        accounting.warm_up()
 
     def ensure_state(self, record: StudyRecord) -> StudyState | None:
         """The running totals of an open study, rebuilt from the database on first use."""
