@@ -252,12 +252,12 @@ class Store:
     def _warm_sketch_for(self, study: Study) -> None:
         """Load the compiled sketch, seed-expansion and binding-hash loops
         (dpsketch/protocol/kernels.py) in the background, once, when this server opens a study that cannot release
-        before it holds thousands of reports: from ``sketch.KERNEL_MIN_IDS`` ids they run
+        before it holds thousands of reports: from ``kernels.MIN_ROWS`` ids they run
         several times faster than hashlib, scipy and a ``cryptography`` cipher per seed, and
         loading them costs about a second of CPU (numba's import), which a server that holds
         only small studies never needs. Until they are loaded, uploads take the other paths (a
-        batch of KERNEL_MIN_IDS ids or more loads them itself): none waits."""
-        if self._sketch_warming or study.min_reports < sketch.KERNEL_MIN_IDS:
+        batch of kernels.MIN_ROWS ids or more loads them itself): none waits."""
+        if self._sketch_warming or study.min_reports < kernels.MIN_ROWS:
             return
         self._sketch_warming = True
 

@@ -47,7 +47,7 @@ def test_a_large_batch_is_checked_alike_by_both_engines(monkeypatch, engine):
     if engine == "hashlib":
         fresh.disable()
     monkeypatch.setattr(kernels, "SHA256", fresh)
-    m = binding.KERNEL_MIN_IDS + 3
+    m = kernels.MIN_ROWS + 3
     study_id, shares, ids, proofs = _bound(m)
     for j in range(3):
         binding.verify(study_id, 3, j, binding.CONTENT_SHARE, ids, proofs[j], shares[j])
@@ -68,26 +68,26 @@ def test_without_libcrypto_the_check_keeps_hashlib(monkeypatch):
     monkeypatch.setattr(_sha256_kernel, "_functions", lambda: None)
     monkeypatch.setattr(kernels, "SHA256", kernels.Kernel("._sha256_kernel", "the binding check"))
     assert binding.warm_up() is False and kernels.SHA256.state == "unavailable"
-    study_id, shares, ids, proofs = _bound(binding.KERNEL_MIN_IDS)
+    study_id, shares, ids, proofs = _bound(kernels.MIN_ROWS)
     binding.verify(study_id, 3, 2, binding.CONTENT_SHARE, ids, proofs[2], shares[2])
     with pytest.raises(binding.BindingError):
         binding.verify(study_id, 3, 2, binding.CONTENT_SHARE, ids, proofs[1], shares[2])
 
 
 def test_small_batches_do_not_load_numba():
-    """A fresh process that checks only batches under KERNEL_MIN_IDS records (a server taking
+    """A fresh process that checks only batches under kernels.MIN_ROWS records (a server taking
     single uploads) never imports numba; the first large batch loads the loop."""
     code = """
 import sys, numpy as np
 from dpsketch.protocol import binding, kernels
 rng = np.random.default_rng(3)
 sid = rng.bytes(32).hex()
-for m in (1, 50, binding.KERNEL_MIN_IDS - 1):
+for m in (1, 50, kernels.MIN_ROWS - 1):
     shares = [rng.integers(0, 2**64, size=(m, 4), dtype=np.uint64) for _ in range(2)]
     ids, proofs = binding.bind(sid, [1, 1], shares)
     binding.verify(sid, 2, 0, 1, ids, proofs[0], shares[0])
 assert "numba" not in sys.modules and kernels.SHA256.state == "untried"
-m = binding.KERNEL_MIN_IDS
+m = kernels.MIN_ROWS
 shares = [rng.integers(0, 2**64, size=(m, 4), dtype=np.uint64) for _ in range(2)]
 ids, proofs = binding.bind(sid, [1, 1], shares)
 assert "numba" in sys.modules and kernels.SHA256.ready

@@ -160,9 +160,9 @@ def test_a_forked_child_expands_large_batches_with_threads_of_its_own():
 
 
 def test_small_batches_do_not_load_numba_until_a_large_one_comes():
-    """A fresh process (a share server's first seed batches): fewer than KERNEL_MIN_KEYS keys take
+    """A fresh process (a share server's first seed batches): fewer than kernels.MIN_ROWS keys take
     ``cryptography`` and leave numba unimported (about a second of CPU saved); a batch of
-    KERNEL_MIN_KEYS keys loads the loop, and from then on every batch uses it. The rows agree."""
+    kernels.MIN_ROWS keys loads the loop, and from then on every batch uses it. The rows agree."""
     import subprocess
     import sys
 
@@ -170,7 +170,7 @@ def test_small_batches_do_not_load_numba_until_a_large_one_comes():
 import sys, numpy as np
 from dpsketch.protocol import chacha, kernels
 rng = np.random.default_rng(7)
-keys = rng.integers(0, 256, size=(chacha.KERNEL_MIN_KEYS, 32), dtype=np.uint8)
+keys = rng.integers(0, 256, size=(kernels.MIN_ROWS, 32), dtype=np.uint8)
 small = chacha.keystream(keys[:100], bytes(12), 80)
 assert "numba" not in sys.modules and kernels.CHACHA.state == "untried"
 large = chacha.keystream(keys, bytes(12), 80)

@@ -20,7 +20,7 @@ import time
 import httpx
 import numpy as np
 
-from dpsketch.protocol import sketch
+from dpsketch.protocol import kernels, sketch
 from dpsketch.protocol.messages import (
     REPORT_IDS_MEDIA_TYPE,
     SHARES_MEDIA_TYPE,
@@ -225,7 +225,7 @@ def test_compiled_sketch_loops_load_only_for_a_large_study(servers):
     upload_bound(proc.url, small, 50)
     assert not _compiled_loops_loaded(proc.proc.pid)
     large = design(name="process, large", columns=[f"x{i}" for i in range(D)], label=None, servers=["s1", "s2"],
-                   expected_reports=20_000, k=8, s=2, min_reports=sketch.KERNEL_MIN_IDS, epsilon_floor=None)[0]
+                   expected_reports=20_000, k=8, s=2, min_reports=kernels.MIN_ROWS, epsilon_floor=None)[0]
     provision(proc.url, spec.operator_token, large)
     deadline = time.monotonic() + 60
     while not _compiled_loops_loaded(proc.proc.pid):

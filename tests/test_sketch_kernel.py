@@ -27,7 +27,7 @@ def test_compiled_hash_equals_hashlib(s, k):
             dtype="<u8").reshape(len(ids), s)
         assert np.array_equal(words, expected)
     # the public function takes the compiled path for many ids and hashlib for few: same answer
-    many = [os.urandom(16) for _ in range(sketch.KERNEL_MIN_IDS + 5)]
+    many = [os.urandom(16) for _ in range(kernels.MIN_ROWS + 5)]
     rows, signs = sketch.hash_report_ids(seed, many, k, s)
     few_rows, few_signs = zip(*(sketch.hash_report_ids(seed, many[i:i + 3], k, s) for i in range(0, 60, 3)))
     assert np.array_equal(np.concatenate(few_rows), rows[:60]) and np.array_equal(np.concatenate(few_signs), signs[:60])

@@ -34,7 +34,7 @@ import numpy as np
 from . import kernels
 from .keystream import Keystream
 
-from .sketch import KERNEL_MIN_IDS, REPORT_ID_BYTES  # noqa: F401  (KERNEL_MIN_IDS: binding's threshold too)
+from .sketch import REPORT_ID_BYTES
 
 COMMIT_DOMAIN = b"dpsketch/commit/2"
 REPORT_DOMAIN = b"dpsketch/report/2"
@@ -156,7 +156,7 @@ def _hash_rows(m: int, parts: list) -> np.ndarray:
 
 def _compiled_rows(m: int):
     """The compiled SHA-256 row loop for a batch of ``m`` records, or None for hashlib (kernels.py:
-    loaded from sketch.KERNEL_MIN_IDS records, as the sketch's own loops, so a process that only
+    loaded from kernels.MIN_ROWS records, as the sketch's own loops, so a process that only
     ever checks small batches never imports numba)."""
     return kernels.SHA256.for_rows(m)
 
@@ -164,7 +164,7 @@ def _compiled_rows(m: int):
 def warm_up() -> bool:
     """Load the compiled SHA-256 row loop now (numba's import and a compile, about a second);
     whether it is available. A server does it with the sketch's loops when it opens a large
-    study; until it is loaded, batches under sketch.KERNEL_MIN_IDS rows hash with hashlib."""
+    study; until it is loaded, batches under kernels.MIN_ROWS rows hash with hashlib."""
     return kernels.SHA256.warm_up()
 
 

@@ -9,7 +9,7 @@ check the RFC's vectors, and ``cryptography`` on random keys, nonces, counters a
 
 The loop is compiled on first use, or loaded from numba's on-disk cache, by kernels.py's rule;
 ``warm_up`` does that ahead of the first batch. Loading it costs about a second of CPU (numba's
-import), so until it is loaded a batch of fewer than ``KERNEL_MIN_KEYS`` keys takes
+import), so until it is loaded a batch of fewer than ``kernels.MIN_ROWS`` keys takes
 ``cryptography``'s ChaCha20, one cipher per key (a few microseconds each): a server that only
 ever sees small batches never loads numba. The loop releases the GIL, and a
 batch of at least ``PARALLEL_WORDS`` output words is cut into row ranges run on ``THREADS``
@@ -35,10 +35,6 @@ PARALLEL_WORDS = 1 << 20
 #: threads for such a batch: the machine's cores, at most 4
 THREADS = max(1, min(4, os.cpu_count() or 1))
 
-#: keys from which a batch loads the compiled loop when it is not loaded yet (below: one
-#: ``cryptography`` cipher per key, about 10 ms for a thousand keys)
-KERNEL_MIN_KEYS = kernels.MIN_ROWS
-
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
@@ -62,7 +58,7 @@ def warm_up() -> bool:
     """Compile the block loop, or load it from the cache, now (about a second from the cache,
     numba's import included); whether it is available. The SDK's Client does it in a background
     thread while it fetches the study. A server loads it when it opens a large study
-    (services/store.py) or when a batch of ``KERNEL_MIN_KEYS`` seeds arrives first."""
+    (services/store.py) or when a batch of ``kernels.MIN_ROWS`` seeds arrives first."""
     return kernels.CHACHA.warm_up()
 
 
@@ -88,7 +84,7 @@ def keystream(keys: bytes | np.ndarray, nonce: bytes, nbytes: int, counter: int 
     among this many threads (default: ``THREADS`` from ``PARALLEL_WORDS`` words on, else one).
     ``compiled``: the numba loop (True; RuntimeError where it cannot be had) or ``cryptography``
     per key (False); by default the loop by kernels.py's rule (once it is loaded, or from
-    ``KERNEL_MIN_KEYS`` keys), else ``cryptography``."""
+    ``kernels.MIN_ROWS`` keys), else ``cryptography``."""
     key_words = _as_words(keys, KEY_BYTES, "key")
     nonce_words = _as_words(nonce, NONCE_BYTES, "nonce")
     if len(nonce_words) != 1:

@@ -67,9 +67,6 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     return rows, signs
 
 
-#: ids from which a batch loads the compiled loops when they are not loaded yet (kernels.py)
-KERNEL_MIN_IDS = kernels.MIN_ROWS
-
 
 def _digest_words(kernel, seed: bytes, joined: bytes, s: int) -> np.ndarray:
     """The (m, s) little-endian digest words of the sketch hash of concatenated 16-byte ids, from
