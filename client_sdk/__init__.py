@@ -1,8 +1,8 @@
 """dpsketch client SDK: submit rows to a study's share servers, privately.
 
-Each row is clipped to the study's norm bound, given Gaussian noise from the OS CSPRNG, encoded
-in Z_(2^64) and split into N additive shares, one per server; no server (nor any N-1 of them)
-learns anything about the row. See docs/protocol.md.
+Each row is clipped to the study's norm bound, given exact discrete Gaussian noise from a ChaCha20
+keystream keyed from os.urandom, encoded in Z_(2^64) and split into N additive shares, one per
+server; no server (nor any N-1 of them) learns anything about the row. See docs/protocol.md.
 
     from client_sdk import Client
     with Client(["https://a.example", "https://b.example", "https://c.example"]) as c:
@@ -13,9 +13,9 @@ learns anything about the row. See docs/protocol.md.
 
 from dpsketch.protocol.problems import ProblemError
 
-from .client import (
+from .client import Client, SubmitResult
+from .errors import (
     BatchFailure,
-    Client,
     FloorTooWeak,
     IncompleteUpload,
     PendingUpload,
@@ -23,7 +23,6 @@ from .client import (
     ServerProtocolError,
     ServerUnreachable,
     StudyMismatch,
-    SubmitResult,
 )
 from .budget import PrivacyLimit, PrivacyLimitExceeded
 from .prepare import PreparedBatch, prepare_batch
