@@ -1202,6 +1202,92 @@ def test_one_group_keeps_requests_independent(server: Server, study: Study):
     assert np.array_equal(state.aggregate, expected_aggregate(study, [x, y, z], np.vstack([sx, sy, sz])))
 
 
+def test_a_group_of_single_uploads_is_judged_as_request_by_request(tmp_path, monkeypatch):
+    """The writer checks a group of small requests to one study at once when all of them are
+    accepted whole (Writer._plan_singles); whatever the group holds, every request gets the
+    answer, and the store the reports, that judging them one by one (Writer._plan) gives. Two
+    stores take the same groups, one of them with the group check switched off; the groups
+    probe each limit: a held id, an id twice in the group, a conflict, the study's capacity
+    and an upload token's quota, just inside and just past each."""
+    import threading
+
+    from services.writer import CallJob, Writer
+    from services.auth import digest_of
+
+    st = make_study(max_reports=110)
+    taken = []
+    plan_singles = Writer._plan_singles
+
+    def spy(self, group, budget):
+        plans = plan_singles(self, group, budget)
+        taken.append(plans is not None)
+        return plans
+
+    monkeypatch.setattr(Writer, "_plan_singles", spy)
+    servers = [Server(tmp_path / "grouped.sqlite3"), Server(tmp_path / "one-by-one.sqlite3")]
+    try:
+        tokens = []
+        for srv in servers:
+            assert srv.provision(st).status_code == 201
+            r = srv.client.post(f"/v1/studies/{st.study_id}/upload-tokens", json={"count": 1, "quota": 12},
+                                headers=bearer(OP))
+            assert r.status_code == 201, r.text
+            tokens.append(digest_of(r.json()["token"]))
+        servers[1].app.state.store.writer._plan_singles = lambda group, budget: None
+
+        def run(group: list[tuple[list[bytes], np.ndarray, bool]]) -> list[list]:
+            """The same group through both stores, each behind a blocked writer: the answers."""
+            answers = []
+            for srv, token in zip(servers, tokens):
+                store = srv.app.state.store
+                record = store.record(st.study_id)
+                gate = threading.Event()
+                blocker = store.writer.submit(CallJob(lambda conn: (gate.wait(10), None)))
+                futures = [store.submit_upload(record, ids, shares, token=token if tokened else None)
+                           for ids, shares, tokened in group]
+                gate.set()
+                blocker.result(10)
+                out = []
+                for future in futures:
+                    try:
+                        out.append(future.result(10).model_dump())
+                    except Exception as exc:  # noqa: BLE001 - the refusal's slug is the answer
+                        out.append(getattr(exc, "slug", repr(exc)))
+                answers.append(out)
+            return answers
+
+        def singles(m: int, tokened: bool = False) -> list[tuple[list[bytes], np.ndarray, bool]]:
+            return [([rid], share[None, :], tokened) for rid, share in zip(new_ids(m), random_shares(m))]
+
+        held = singles(20)
+        groups = {
+            "all new": held,
+            "a held id, same bytes": singles(3) + [held[4]] + singles(2),
+            "a held id, other bytes": singles(2) + [(held[5][0], held[5][1] ^ np.uint64(1), False)],
+            "an id twice": (lambda g: g + [g[1]])(singles(4)),
+            "two ids a request": [(ids + more, np.vstack([s, t]), False)
+                                  for (ids, s, _), (more, t, _) in zip(singles(3), singles(3))],
+            "the token's quota exactly": singles(12, tokened=True),
+            "past the token's quota": singles(2, tokened=True),
+        }
+        for name, group in groups.items():
+            grouped, one_by_one = run(group)
+            assert grouped == one_by_one, name
+        room = st.max_reports - servers[0].count(st)
+        assert room > 2
+        grouped, one_by_one = run(singles(room + 2))  # the study's capacity within the group
+        assert grouped == one_by_one
+        assert [a if isinstance(a, str) else "ok" for a in grouped] == ["ok"] * room + ["capacity-exceeded"] * 2
+        assert servers[0].held_ids(st) == servers[1].held_ids(st)
+        assert np.array_equal(servers[0].totals(st), servers[1].totals(st))
+        assert servers[0].count(st) == st.max_reports
+    finally:
+        for srv in servers:
+            srv.close()
+    # the group check took the clean groups and handed on every other one
+    assert taken == [True, False, False, False, True, True, False, False], taken
+
+
 # --- nothing a client sends gets a 500 ---------------------------------------------------------
 
 
