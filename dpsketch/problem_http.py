@@ -136,17 +136,22 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
     async def _refuse(self, scope: Scope, send: Send, declared: int) -> None:
-        err = ProblemError("payload-too-large",
-                           f"the request body ({declared} bytes) exceeds this server's limit of {self.limit} bytes")
-        body = json.dumps(err.body(scope.get("path"))).encode()
-        await send({
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close")],
-        })
-        await send({"type": "http.response.body", "body": body})
+        await send_problem(scope, send, ProblemError(
+            "payload-too-large",
+            f"the request body ({declared} bytes) exceeds this server's limit of {self.limit} bytes"), close=True)
+
+
+async def send_problem(scope: Scope, send: Send, err: ProblemError, close: bool = False) -> None:
+    """Answer ``err`` as problem JSON with plain ASGI messages, for the layers that answer before
+    FastAPI (and its exception handlers) sees the request. ``close``: ask the server to close the
+    connection afterwards (the request's body was not read, so the connection cannot be reused)."""
+    body = json.dumps(err.body(scope.get("path"))).encode()
+    headers = [(b"content-type", PROBLEM_MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), str(v).encode()) for k, v in (err.headers or {}).items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def read_within(request: Request, limit: int, what: str) -> bytes:

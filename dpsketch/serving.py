@@ -21,12 +21,14 @@ request headers open forever, so 1,100 such connections made a server unreachabl
 Apache's mod_reqtimeout, a connection must complete a request's headers within
 ``--header-timeout`` seconds of opening or of its previous response, and the body within
 ``--body-timeout`` seconds of the headers; each deadline moves 1 s later per ``--min-rate`` bytes
-received, so slow but steady clients finish. On expiry the connection is closed (after a 408 if
-part of a request head had arrived; a stalled body's response belongs to the application, which
-sees the client disconnect). A client address holding ``--max-connections-per-ip``
-connections has further ones closed as soon as they are accepted, before anything is read;
-``--max-connections`` caps all of them (uvicorn's ``limit_concurrency`` answers 503 at the same
-figure). At startup the soft RLIMIT_NOFILE is raised to the hard limit, and the global cap is
+received, so slow but steady clients finish. On expiry the connection is closed (after a 408
+``request-timeout`` if part of a request head had arrived; a stalled body's response belongs to
+the application, which sees the client disconnect). A client address holding
+``--max-connections-per-ip`` connections has further ones closed as soon as they are accepted,
+before anything is read; ``--max-connections`` caps all of them, and the requests in the
+application at once (:class:`InFlightLimit`, 503 ``unavailable``). Every answer of this layer is
+problem JSON, as the services' own are: so is uvicorn's 400 to bytes that are not HTTP
+(``malformed-request``). At startup the soft RLIMIT_NOFILE is raised to the hard limit, and the global cap is
 kept 64 below it for the database, logs and outgoing connections.
 
 Garbage collection: once the app is built (modules, the framework's routes and models, the
@@ -44,13 +46,18 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import json
 import logging
 import math
 import os
 import signal
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+
+from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE
+from dpsketch.protocol.problems import ProblemError
 
 DEFAULT_GRACEFUL_TIMEOUT = 5.0
 STARTUP_FAILURE = 3  # uvicorn's own exit status when the application fails to start
@@ -126,7 +133,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-connections", type=_non_negative(int, "a count", 1), metavar="N",
                    default=_env("DPSKETCH_MAX_CONNECTIONS", None),
                    help="most connections open at once; more are closed as soon as they are "
-                        "accepted, and requests get 503 once this many are open. Always kept "
+                        "accepted, and a request gets 503 once this many are in progress. Always kept "
                         f"{FD_HEADROOM} below the open-files limit (whose soft value is raised to "
                         f"the hard one at startup) ($DPSKETCH_MAX_CONNECTIONS; default: "
                         f"{DEFAULT_MAX_CONNECTIONS}, or that limit minus {FD_HEADROOM} if smaller)")
@@ -354,9 +361,57 @@ class _GuardedConnection:
         if self._phase == "headers" and self._phase_bytes:
             # Part of a request came and no response is under way (headers phase): say why.
             # An idle keep-alive connection is closed silently, as uvicorn's keep-alive does.
-            self.transport.write(
-                b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            self.transport.write(closing_problem(ProblemError(
+                "request-timeout", f"the request head did not arrive within {self.guard.header_timeout:g} s "
+                f"(+1 s per {self.guard.min_rate:g} bytes received); reconnect and send it again")))
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to bytes that are not an HTTP/1.1 request (its text/plain 400), as
+        # problem JSON like every other error of the services.
+        self.transport.write(closing_problem(ProblemError("malformed-request", msg)))
+        self.transport.close()
+
+
+def closing_problem(err: ProblemError) -> bytes:
+    """A whole HTTP/1.1 answer with ``err`` as problem JSON that closes the connection, for the
+    connection layer's own answers (written to the transport: no request reached the app)."""
+    body = json.dumps(err.body()).encode()
+    reason = HTTPStatus(err.status).phrase.encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (err.status, reason, PROBLEM_MEDIA_TYPE.encode(), len(body), body))
+
+
+class InFlightLimit:
+    """Pure ASGI wrapper: at most ``limit`` requests in the application at once; one more is
+    answered 503 ``unavailable`` with Retry-After and the connection closed. It takes the place
+    of uvicorn's ``limit_concurrency``, whose answer is a text/plain 503: the connection guard
+    caps the connections, this the requests that outlive theirs (an application still working
+    on a request whose client went away)."""
+
+    def __init__(self, app: Any, limit: int, retry_after_s: int = 1):
+        self.app = app
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.in_flight = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            from dpsketch.problem_http import send_problem
+
+            log.warning("refused a request: %d requests in flight, the limit", self.in_flight)
+            await send_problem(scope, send, ProblemError(
+                "unavailable", f"the server is working on {self.in_flight} requests, its limit; retry "
+                f"after {self.retry_after_s} s", headers={"Retry-After": str(self.retry_after_s)}), close=True)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
 
 class _HttpToolsHooks(_GuardedConnection):
@@ -430,8 +485,8 @@ def serve(app: Any, *, graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT,
                              max_connections=max_connections,
                              max_connections_per_ip=max_connections_per_ip)
     config["http"] = guarded_protocol(guard, config.get("http", "auto"))
-    config.setdefault("limit_concurrency", guard.max_connections)
-    server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=graceful_timeout, **config))
+    limited = InFlightLimit(app, config.pop("limit_concurrency", None) or guard.max_connections)
+    server = uvicorn.Server(uvicorn.Config(limited, timeout_graceful_shutdown=graceful_timeout, **config))
     from dpsketch.observability import attach_server
 
     attach_server(app, server, guard)  # readiness sees the shutdown, metrics the open connections

@@ -32,14 +32,13 @@ environment). docs/operations.md explains how to size them.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE
+from dpsketch.problem_http import send_problem
 from dpsketch.protocol.problems import ProblemError
 
 DEFAULT_MAX_REQUESTS = 64
@@ -144,13 +143,13 @@ class UploadAdmission:
             messages, size, gone = await read_size(receive)
         except StarletteHTTPException as exc:  # the body limit, counting a streamed body
             self._name_route(scope, match)
-            await self._answer(scope, send, ProblemError("payload-too-large", str(exc.detail)))
+            await send_problem(scope, send, ProblemError("payload-too-large", str(exc.detail)))
             return
         st = self.state
         if not gone and not st.admits(size):
             st.refused += 1
             self._name_route(scope, match)
-            await self._answer(scope, send, ProblemError(
+            await send_problem(scope, send, ProblemError(
                 "unavailable", f"the server is at its limit of uploads being worked on ({st.max_requests} "
                 f"requests, {st.max_bytes} bytes); retry after {RETRY_AFTER_S} s (nothing of this request "
                 f"was parsed or stored)", headers={"Retry-After": str(RETRY_AFTER_S)}))
@@ -173,10 +172,4 @@ class UploadAdmission:
         scope[ROUTE_KEY] = "/v1/studies/{study_id}/" + match["kind"]
         scope.setdefault("path_params", {"study_id": match["study_id"]})
 
-    @staticmethod
-    async def _answer(scope: Scope, send: Send, err: ProblemError) -> None:
-        body = json.dumps(err.body(scope.get("path"))).encode()
-        headers = [(b"content-type", PROBLEM_MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())]
-        headers += [(k.lower().encode(), str(v).encode()) for k, v in (err.headers or {}).items()]
-        await send({"type": "http.response.start", "status": err.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+

@@ -303,7 +303,96 @@ def test_a_slow_client_that_keeps_pace_is_served_and_one_that_stops_is_cut(slow_
         assert steady_result["response"].startswith(b"HTTP/1.1 200 ")
         assert steady_result["took"] > 3 * SLOW_HEADER  # outlived the bare header timeout
         assert expected - EARLY <= took <= expected + LATE
-        assert got[stopper].startswith(b"HTTP/1.1 408 ")
+        assert_closing_problem(got[stopper], 408, "request-timeout")
     finally:
         steady.close()
         stopper.close()
+
+
+def assert_closing_problem(answer: bytes, status: int, slug: str) -> dict:
+    """``answer`` (the raw bytes a connection got before it closed) is one HTTP answer with
+    ``status`` and a problem JSON body of ``slug``, announcing the close; returns the body."""
+    import json
+
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith(f"HTTP/1.1 {status} "), lines[0]
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    assert headers["content-type"] == "application/problem+json", headers
+    assert headers["connection"] == "close" and int(headers["content-length"]) == len(body), headers
+    problem = json.loads(body)
+    assert problem["type"] == f"urn:dpsketch:problem:{slug}" and problem["status"] == status, problem
+    assert problem["title"] and problem["detail"], problem
+    return problem
+
+
+@pytest.mark.parametrize("garbage", [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40),  # TLS to plain HTTP
+                                     b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n",  # a header without a colon
+                                     b"POST /v1/info HTTP/1.1\r\nContent-Length: -5\r\n\r\n"])
+def test_bytes_that_are_not_http_get_problem_json(slow_server, garbage):
+    """uvicorn answers a request it cannot parse itself, before any application code: that
+    answer too is problem JSON (``malformed-request``), and the server goes on serving."""
+    proc, _ = slow_server
+    sock = connect(proc.port)
+    try:
+        sock.sendall(garbage)
+        closed, got = wait_closed([sock], until=time.monotonic() + 5)
+        assert sock in closed
+        assert_closing_problem(got[sock], 400, "malformed-request")
+    finally:
+        sock.close()
+    assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_requests_past_the_in_flight_limit_get_problem_json():
+    """serving.InFlightLimit (in place of uvicorn's text/plain 503): the requests inside the
+    application at once are capped; one more gets 503 ``unavailable`` with Retry-After and the
+    connection closed, and once one finishes the next is served. Unit level: the ASGI wrapper
+    driven directly, with requests held inside the application."""
+    import asyncio
+    import json
+
+    from dpsketch.serving import InFlightLimit
+
+    async def main() -> list:
+        release = asyncio.Event()
+        entered = []
+
+        async def app(scope, receive, send):
+            entered.append(scope["path"])
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        limited = InFlightLimit(app, limit=3, retry_after_s=2)
+        answers: dict[str, list] = {}
+
+        def call(path: str):
+            sent = answers.setdefault(path, [])
+
+            async def send(message):
+                sent.append(message)
+
+            async def receive():
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            return asyncio.create_task(limited({"type": "http", "path": path, "headers": []}, receive, send))
+
+        held = [call(f"/held/{i}") for i in range(3)]
+        await asyncio.sleep(0.01)
+        await call("/one-more")
+        assert limited.in_flight == 3 and entered == ["/held/0", "/held/1", "/held/2"]
+        release.set()
+        await asyncio.gather(*held)
+        await call("/after")
+        assert limited.in_flight == 0
+        return [answers["/one-more"], answers["/after"], entered]
+
+    refused, after, entered = asyncio.run(main())
+    start, body = refused
+    headers = dict(start["headers"])
+    assert start["status"] == 503 and headers[b"retry-after"] == b"2" and headers[b"connection"] == b"close"
+    assert headers[b"content-type"] == b"application/problem+json"
+    problem = json.loads(body["body"])
+    assert problem["type"] == "urn:dpsketch:problem:unavailable" and problem["status"] == 503
+    assert after[0]["status"] == 200 and entered[-1] == "/after"

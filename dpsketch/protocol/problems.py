@@ -12,6 +12,7 @@ from typing import Any
 #: slug -> (HTTP status, title)
 CATALOGUE: dict[str, tuple[int, str]] = {
     "malformed-body": (400, "The request body could not be parsed"),
+    "malformed-request": (400, "The request is not valid HTTP/1.1"),
     "unauthorized": (401, "A valid bearer token is required"),
     "forbidden": (403, "This token may not do that"),
     "not-found": (404, "No such resource"),
@@ -35,6 +36,7 @@ CATALOGUE: dict[str, tuple[int, str]] = {
     "wrong-party": (403, "The upload token belongs to another party of the study"),
     "incomplete-individuals": (422, "The inclusion set holds an individual without every party's block"),
     "key-in-use": (409, "The key may still be needed to open shares of an open study"),
+    "request-timeout": (408, "The request did not arrive in time"),
     "payload-too-large": (413, "The request body is too large"),
     "unsupported-media-type": (415, "Unsupported content type"),
     "unavailable": (503, "The service cannot take this request now; retry later"),
