@@ -127,10 +127,13 @@ class ShareServerClient:
             raise UpstreamError(self.endpoint.server_id, f"a malformed report-id list: {exc}") from None
         return r.content
 
-    def blocks(self, study_id: str) -> list[tuple[bytes, bytes, int]]:
-        """A study with parties: (block id, pseudonym, party index) of every block held."""
+    def blocks(self, study_id: str) -> np.ndarray:
+        """A study with parties: the block index of every block held (messages.decode_block_index), checked."""
         r = self._request("GET", f"/v1/studies/{study_id}/blocks", token=self.endpoint.analyst_token)
-        return messages.decode_block_index(r.content)
+        try:
+            return messages.decode_block_index(r.content)
+        except ValueError as exc:
+            raise UpstreamError(self.endpoint.server_id, f"a malformed block index: {exc}") from None
 
     def commit(self, study_id: str, sorted_ids: bytes) -> CommitResult:
         """Commit the study to the inclusion set (a sorted id list)."""
@@ -153,8 +156,9 @@ class Completeness:
     """Where the individuals of a study with parties stand across the servers."""
 
     #: individuals with every party's block at every server, and the sorted ids of their blocks
+    #: (concatenated: the inclusion set's report-id list)
     complete: int
-    included: list[bytes]
+    included: bytes
     #: per party: individuals seen (some block at some server) whose block of that party is not
     #: at every server
     missing_by_party: dict[str, int]
@@ -167,26 +171,76 @@ class Completeness:
                 "missing_by_party": self.missing_by_party, "complete_by_server": self.complete_by_server}
 
 
-def completeness(study: Study, held: list[list[tuple[bytes, bytes, int]]], server_ids: list[str]) -> Completeness:
+def completeness(study: Study, held: list[np.ndarray], server_ids: list[str]) -> Completeness:
     """Which individuals count: those whose every party's block is held by every server (a block's
-    id commits to its shares, its party and its pseudonym, so equal ids mean equal blocks)."""
+    id commits to its shares, its party and its pseudonym, so equal ids mean equal blocks; a
+    record that some server lists with another pseudonym or party is not held everywhere).
+    ``held``: each server's block index (messages.decode_block_index). On arrays: at 10^6
+    individuals the Python sets of tuples this replaces took about 25 s and several GB."""
     names = [p.name for p in study.parties or ()]
-    everywhere = set.intersection(*(set(h) for h in held))
-    parts: dict[bytes, list[bytes]] = {}
-    for bid, pseudonym, _party in everywhere:
-        parts.setdefault(pseudonym, []).append(bid)
-    complete = {p for p, bids in parts.items() if len(bids) == len(names)}
-    seen = {pseudonym for h in held for _bid, pseudonym, _party in h}
-    have = {(pseudonym, party) for _bid, pseudonym, party in everywhere}
-    missing = {name: sum(1 for p in seen if (p, j) not in have) for j, name in enumerate(names)}
-    by_server = {}
-    for sid, h in zip(server_ids, held):
-        count: dict[bytes, int] = {}
-        for _bid, pseudonym, _party in h:
-            count[pseudonym] = count.get(pseudonym, 0) + 1
-        by_server[sid] = sum(1 for c in count.values() if c == len(names))
-    included = sorted(bid for p in complete for bid in parts[p])
-    return Completeness(len(complete), included, missing, by_server, len(seen))
+    n_parties = len(names)
+    first = min(held, key=len)
+    everywhere = np.ones(len(first), dtype=bool)
+    for other in held:
+        if other is first:
+            continue
+        at = messages.locate(other["id_hi"], other["id_lo"], first["id_hi"], first["id_lo"])
+        found = at >= 0
+        same = other[np.where(found, at, 0)]
+        everywhere &= (found & (same["pseudonym_hi"] == first["pseudonym_hi"])
+                       & (same["pseudonym_lo"] == first["pseudonym_lo"]) & (same["party"] == first["party"]))
+    common = first[everywhere]  # ascending by block id
+    blocks_of = _blocks_per_pseudonym(common["pseudonym_hi"], common["pseudonym_lo"])
+    complete = blocks_of == n_parties
+    seen = _distinct(np.concatenate([h["pseudonym_hi"] for h in held]),
+                     np.concatenate([h["pseudonym_lo"] for h in held]))
+    missing = {}
+    for j, name in enumerate(names):
+        of_party = common[common["party"] == j]
+        missing[name] = seen - _distinct(of_party["pseudonym_hi"], of_party["pseudonym_lo"])
+    by_server = {sid: int(np.count_nonzero(_blocks_per_pseudonym(h["pseudonym_hi"], h["pseudonym_lo"],
+                                                                 per_record=False) == n_parties))
+                 for sid, h in zip(server_ids, held)}
+    included = common[complete]
+    ids = np.empty((len(included), 2), dtype=">u8")
+    ids[:, 0], ids[:, 1] = included["id_hi"], included["id_lo"]
+    individuals = int(np.count_nonzero(complete)) // max(n_parties, 1)
+    return Completeness(individuals, ids.tobytes(), missing, by_server, seen)
+
+
+def _by_id(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """The order that sorts 128-bit keys given by their halves: by the high half, and by both
+    only where two different keys share it (crafted: a lexsort is several times slower)."""
+    order = np.argsort(hi)
+    h, l = hi[order], lo[order]
+    if len(order) > 1 and bool(np.any((h[1:] == h[:-1]) & (l[1:] != l[:-1]))):
+        order = np.lexsort((lo, hi))
+    return order
+
+
+def _runs(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): the sorting order of the keys and where each run of equal keys begins in it."""
+    hi, lo = hi.astype(np.uint64), lo.astype(np.uint64)  # native and contiguous: sorts 2-3x faster
+    order = _by_id(hi, lo)
+    h, l = hi[order], lo[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (h[1:] != h[:-1]) | (l[1:] != l[:-1])
+    return order, np.flatnonzero(new)
+
+
+def _distinct(hi: np.ndarray, lo: np.ndarray) -> int:
+    return len(_runs(hi, lo)[1])
+
+
+def _blocks_per_pseudonym(hi: np.ndarray, lo: np.ndarray, per_record: bool = True) -> np.ndarray:
+    """How many records share each record's pseudonym (per_record), or each distinct pseudonym's count."""
+    order, starts = _runs(hi, lo)
+    counts = np.diff(np.append(starts, len(order)))
+    if not per_record:
+        return counts
+    out = np.empty(len(order), dtype=np.int64)
+    out[order] = np.repeat(counts, counts)
+    return out
 
 
 @dataclass(frozen=True)
@@ -414,7 +468,7 @@ class Coordinator:
         self.store.release(study_id, ring.reconstruct(shares), n_reports)
         return self.record(study_id)
 
-    def _party_inclusion(self, study_id: str) -> list[bytes]:
+    def _party_inclusion(self, study_id: str) -> bytes:
         """Fix the inclusion set of a study with parties: the blocks of every individual complete
         at every server; refused (nothing committed) below min_reports or when a server's batch
         rule would refuse it."""
@@ -441,4 +495,4 @@ class Coordinator:
                     f"the parties resend what is missing, then finalize again",
                     extra={"server_id": server.endpoint.server_id, "excluded": here - state.complete,
                            "held": here, "missing_by_party": state.missing_by_party})
-        return self.store.fix_inclusion(study_id, b"".join(state.included))
+        return self.store.fix_inclusion(study_id, state.included)

@@ -330,6 +330,47 @@ def test_common_report_ids_is_the_sorted_intersection(lists):
 
 
 @PROPS
+@given(n_parties=st.integers(1, 3), n_servers=st.integers(1, 3), data=st.data())
+def test_completeness_on_arrays_is_the_set_computation(n_parties, n_servers, data):
+    """The analyzer's completeness of a study with parties (analyzer/coordinator.py), on the
+    servers' block indexes as arrays, gives what the set computation gives: individuals whose
+    every block is on every server with the same pseudonym and party; servers missing blocks,
+    listing a block under another pseudonym or party, and pseudonyms and block ids that share
+    a high half (near_ids) included."""
+    from types import SimpleNamespace
+
+    from analyzer.coordinator import completeness
+    from benchmarks.finalize_ids import completeness_by_sets
+
+    names = [f"p{j}" for j in range(n_parties)]
+    pseudonyms = data.draw(st.lists(ids16 | near_ids, min_size=1, max_size=12, unique=True))
+    blocks = {(p, j): data.draw(ids16 | near_ids) for p in pseudonyms for j in range(n_parties)}
+    assume(len(set(blocks.values())) == len(blocks))  # a block id names one block
+    held = []
+    for _ in range(n_servers):
+        records = []
+        for (p, j), bid in blocks.items():
+            fate = data.draw(st.sampled_from(["held", "held", "held", "missing", "other pseudonym", "other party"]))
+            if fate == "held":
+                records.append((bid, p, j))
+            elif fate == "other pseudonym":
+                records.append((bid, data.draw(st.sampled_from(pseudonyms)), j))
+            elif fate == "other party":
+                records.append((bid, p, (j + 1) % (n_parties + 1)))
+        held.append(records)
+    server_ids = [f"s{i}" for i in range(n_servers)]
+    study = SimpleNamespace(parties=[SimpleNamespace(name=name) for name in names])
+    bodies = [messages.encode_block_index([r[0] for r in h], [r[1] for r in h], [r[2] for r in h]) for h in held]
+    got = completeness(study, [messages.decode_block_index(b) for b in bodies], server_ids)
+    assert (got.complete, got.included, got.missing_by_party, got.complete_by_server, got.individuals_seen) \
+        == completeness_by_sets(names, held, server_ids)
+    if any(len(h) > 1 for h in held):  # an index out of block-id order is refused, not counted
+        body = next(b for b in bodies if len(b) > 33)
+        with pytest.raises(ValueError):
+            messages.decode_block_index(body[33:66] + body[:33] + body[66:])
+
+
+@PROPS
 @given(ids=st.lists(ids16 | near_ids, min_size=2, max_size=30))
 def test_report_id_list_accepts_exactly_strictly_ascending_orders(ids):
     body = b"".join(ids)

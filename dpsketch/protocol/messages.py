@@ -166,12 +166,21 @@ def encode_block_index(block_ids: list[bytes], pseudonyms: list[bytes], parties:
     return records[order].tobytes()
 
 
-def decode_block_index(body: bytes) -> list[tuple[bytes, bytes, int]]:
-    """(block id, pseudonym, party index) per record; ValueError if malformed."""
-    if len(body) % BLOCK_INDEX_DTYPE.itemsize:
-        raise ValueError(f"a block index is a whole number of {BLOCK_INDEX_DTYPE.itemsize}-byte records")
-    size = BLOCK_INDEX_DTYPE.itemsize
-    return [(body[i:i + 16], body[i + 16:i + 32], body[i + 32]) for i in range(0, len(body), size)]
+#: the same records as BLOCK_INDEX_DTYPE, each id read as its big-endian 64-bit halves
+BLOCK_INDEX_HALVES_DTYPE = np.dtype([("id_hi", ">u8"), ("id_lo", ">u8"), ("pseudonym_hi", ">u8"),
+                                     ("pseudonym_lo", ">u8"), ("party", np.uint8)])
+
+
+def decode_block_index(body: bytes) -> np.ndarray:
+    """The records of a block index (BLOCK_INDEX_HALVES_DTYPE: the block id's and the
+    pseudonym's halves and the party index; no copy of the body); ValueError if malformed: not
+    a whole number of records, or the block ids not strictly ascending."""
+    if len(body) % BLOCK_INDEX_HALVES_DTYPE.itemsize:
+        raise ValueError(f"a block index is a whole number of {BLOCK_INDEX_HALVES_DTYPE.itemsize}-byte records")
+    records = np.frombuffer(body, dtype=BLOCK_INDEX_HALVES_DTYPE)
+    if not strictly_ascending(records["id_hi"], records["id_lo"]):
+        raise ValueError("a block index lists its block ids in strictly ascending order")
+    return records
 
 
 def record_bytes(media_type: str, width: int, n_servers: int) -> int:
@@ -290,16 +299,25 @@ def common_report_ids(bodies: Sequence[bytes]) -> bytes:
         return b""
     common = lists[0]
     for other in lists[1:]:
-        hi, lo = other[:, 0], other[:, 1]
-        left = np.searchsorted(hi, common[:, 0], side="left")
-        right = np.searchsorted(hi, common[:, 0], side="right")
-        keep = np.zeros(len(common), dtype=bool)
-        single = np.flatnonzero(right - left == 1)
-        keep[single] = lo[left[single]] == common[single, 1]
-        for i in np.flatnonzero(right - left > 1).tolist():  # a shared high half (rare): scan its run
-            keep[i] = bool(np.any(lo[left[i]:right[i]] == common[i, 1]))
-        common = common[keep]
+        common = common[locate(other[:, 0], other[:, 1], common[:, 0], common[:, 1]) >= 0]
     return np.ascontiguousarray(common, dtype=">u8").tobytes()
+
+
+def locate(hi: np.ndarray, lo: np.ndarray, query_hi: np.ndarray, query_lo: np.ndarray) -> np.ndarray:
+    """The position of each queried id in a strictly ascending id list (both given by their
+    halves), -1 where it is not on it: a binary search of the high half, then the low half
+    (ids sharing a high half, which only crafted ones do, are scanned exactly)."""
+    left = np.searchsorted(hi, query_hi, side="left")
+    right = np.searchsorted(hi, query_hi, side="right")
+    at = np.full(len(query_hi), -1, dtype=np.int64)
+    single = np.flatnonzero(right - left == 1)
+    hit = lo[left[single]] == query_lo[single]
+    at[single[hit]] = left[single[hit]]
+    for i in np.flatnonzero(right - left > 1).tolist():  # a shared high half (rare): scan its run
+        run = np.flatnonzero(lo[left[i]:right[i]] == query_lo[i])
+        if len(run):
+            at[i] = left[i] + int(run[0])
+    return at
 
 
 def inclusion_hash(sorted_ids: bytes | Sequence[bytes]) -> str:
