@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import signal
+import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -389,11 +390,14 @@ class InFlightLimit:
     caps the connections, this the requests that outlive theirs (an application still working
     on a request whose client went away)."""
 
-    def __init__(self, app: Any, limit: int, retry_after_s: int = 1):
+    def __init__(self, app: Any, limit: int, retry_after_s: int = 1, report_every_s: float = 10.0):
         self.app = app
         self.limit = limit
         self.retry_after_s = retry_after_s
         self.in_flight = 0
+        self.refused = 0  # since the last log line: one per report_every_s while refusals last
+        self.report_every_s = report_every_s
+        self._logged_at = -math.inf
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -402,7 +406,12 @@ class InFlightLimit:
         if self.in_flight >= self.limit:
             from dpsketch.problem_http import send_problem
 
-            log.warning("refused a request: %d requests in flight, the limit", self.in_flight)
+            self.refused += 1
+            now = time.monotonic()
+            if now - self._logged_at >= self.report_every_s:
+                log.warning("refused %d request(s) with 503: %d requests in progress, the limit "
+                            "(--max-connections)", self.refused, self.in_flight)
+                self.refused, self._logged_at = 0, now
             await send_problem(scope, send, ProblemError(
                 "unavailable", f"the server is working on {self.in_flight} requests, its limit; retry "
                 f"after {self.retry_after_s} s", headers={"Retry-After": str(self.retry_after_s)}), close=True)
