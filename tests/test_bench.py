@@ -25,6 +25,7 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         bulk = figures["bulk_upload"]
         assert bulk["errors"] == 0 and bulk["server_report_count"] == bulk["n"]
         assert bulk["rows_per_s"] > 0 and 0 < bulk["ratio_to_raw_sqlite"] and 0 < bulk["ratio_to_executemany"]
+        assert 0 < bulk["ratio_to_exact_sketch"] and 0 < bulk["ratio_to_reference_sketch"]
         single = figures["single_upload"]
         assert single["server_report_count"] == single["acknowledged"] > 0
     else:

@@ -50,6 +50,18 @@ def test_a_loop_loads_only_for_a_large_batch_and_then_serves_from_warm_rows(monk
     assert kernel.warm_up() and kernel.for_rows(10**6) == "loop" and calls == [1]  # loaded once
 
 
+def test_reference_takes_the_reference_inside_the_block_only(monkeypatch):
+    """Kernel.reference (the benchmarks' "code it replaces" baseline): inside, every batch
+    takes the reference; afterwards the loop serves again, even after an error inside."""
+    kernel = _fake_module(monkeypatch, "dpsketch_test_reference_kernel", lambda: "loop")
+    assert kernel.warm_up() and kernel.for_rows(10**6) == "loop"
+    with pytest.raises(RuntimeError):
+        with kernel.reference():
+            assert kernel.for_rows(10**6) is None and kernel.loaded() is None
+            raise RuntimeError("inside")
+    assert kernel.ready and kernel.for_rows(10**6) == "loop"
+
+
 def test_nobody_waits_for_another_threads_load(monkeypatch):
     """While a warm-up thread is still loading, a large batch takes the reference at once."""
     kernel, warm, release = _loading(monkeypatch, "dpsketch_test_slow_kernel")

@@ -28,9 +28,11 @@ use, checked on a probe against the reference, or None. This module imports numb
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("dpsketch")
@@ -96,6 +98,18 @@ class Kernel:
         if not self.warm_up():
             raise RuntimeError(f"the compiled loop {self.module[1:]} is not available here")
         return self._loop
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """Take the reference inside the block, then what was there before (benchmarks measure
+        the compiled loop against the code it replaces, in one run)."""
+        with self._lock:
+            saved, self._loop, self.state = (self._loop, self.state), None, "unavailable"
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._loop, self.state = saved
 
     def disable(self) -> None:
         """Take the reference from now on (tests compare the two paths with it)."""
