@@ -1,11 +1,13 @@
 """Write the conformance vectors of docs/protocol.md section 10 into conformance/.
 
     .venv/bin/python scripts/make_conformance.py            # (re)write conformance/*.json
-    .venv/bin/python scripts/make_conformance.py --check    # exit 1 if the files would change
+    .venv/bin/python scripts/make_conformance.py --check    # exit 1 if a vector would change
     .venv/bin/python scripts/make_conformance.py --out DIR  # write elsewhere
 
 Deterministic: every input comes from fixed seeds (numpy's PCG64, never a CSPRNG: these are test
-data, not noise anyone relies on), so running it twice gives the same bytes. The expected outputs
+data, not noise anyone relies on), so running it twice gives the same bytes on one machine; on
+another, the analyses' floats may differ in their last bits (BLAS), so ``--check`` compares
+floats within the tolerance each vector states (everything else exactly). The expected outputs
 are computed with the product's code (``dpsketch.protocol`` and the analyzer's HTTP routes);
 ``tests/test_conformance.py`` recomputes every one of them from the inputs and compares. Another
 implementation reads the same files (each is self-describing: see its ``description`` and every
@@ -486,6 +488,24 @@ FILES = {"study_ids.json": study_id_vectors, "ring.json": ring_vectors, "sketch.
          "analyses.json": analysis_vectors}
 
 
+def matches(got: Any, want: Any, tolerance: dict | None = None) -> bool:
+    """Whether a regenerated file says what the stored one says: the same members and values,
+    floats within the nearest enclosing ``tolerance`` (``release_tolerance`` for a release),
+    exactly where none is stated."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or got.keys() != want.keys():
+            return False
+        tolerance = want.get("tolerance", tolerance)
+        return all(matches(got[key], value, want.get("release_tolerance", tolerance) if key == "release"
+                           else tolerance) for key, value in want.items())
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(
+            matches(g, w, tolerance) for g, w in zip(got, want))
+    if isinstance(want, float) and isinstance(got, float) and tolerance:
+        return abs(got - want) <= tolerance["atol"] + tolerance["rtol"] * abs(want)
+    return type(got) is type(want) and got == want
+
+
 def render(make) -> str:
     return json.dumps(make(), indent=1, sort_keys=False, ensure_ascii=True) + "\n"
 
@@ -502,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render(make)
         path = out / name
         if args.check:
-            if not path.exists() or path.read_text() != text:
+            if not path.exists() or not matches(json.loads(text), json.loads(path.read_text())):
                 stale.append(name)
         else:
             path.write_text(text)

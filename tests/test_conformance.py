@@ -162,6 +162,32 @@ def test_generator_is_deterministic(tmp_path):
     assert sorted(p.name for p in DIR.glob("*.json")) == sorted(FILES)
 
 
+def test_check_compares_floats_within_each_vectors_tolerance():
+    """``make_conformance.py --check`` (scripts/make_conformance.py ``matches``): another
+    machine's last-bit differences in a float pass within the tolerance its vector states, a
+    larger change or any change of a string, integer or member, or of a float without a stated
+    tolerance, is reported."""
+    import copy
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_conformance", ROOT / "scripts" / "make_conformance.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    doc = DOCS["sketch.json"]
+    assert script.matches(copy.deepcopy(doc), doc)
+    index, vector = next((i, v) for i, v in enumerate(doc["vectors"])
+                         if isinstance(v.get("lambda_min"), float) and "tolerance" in v)
+    tol = vector["tolerance"]
+    for factor, same in ((1 + 1e-15, True), (1 + 100 * tol["rtol"], False)):
+        got = copy.deepcopy(doc)
+        got["vectors"][index]["lambda_min"] = vector["lambda_min"] * factor
+        assert script.matches(got, doc) is same, factor
+    got = copy.deepcopy(doc)
+    got["vectors"][index]["id"] += "x"
+    assert not script.matches(got, doc)
+    assert script.matches({"a": 0.1 + 0.2}, {"a": 0.1 + 0.2}) and not script.matches({"a": 0.3}, {"a": 0.1 + 0.2})
+
+
 # --- study ids ----------------------------------------------------------------------------------
 
 def spec_string(s: str) -> str:
