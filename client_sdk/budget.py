@@ -28,7 +28,7 @@ from pathlib import Path
 from dpsketch.protocol import ledger
 from dpsketch.protocol.study import Study
 
-from .client import SDKError
+from .errors import SDKError
 
 FORMAT = "dpsketch-privacy-ledger/1"
 

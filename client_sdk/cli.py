@@ -126,7 +126,8 @@ def _describe(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from . import data
-    from .client import Client, IncompleteUpload, SDKError
+    from .client import Client
+    from .errors import IncompleteUpload, SDKError
 
     def fail(message: str, code: int = EXIT_ERROR) -> int:
         one_line = " ".join(message.split())

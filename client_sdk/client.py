@@ -54,7 +54,7 @@ from .errors import (
     UploadCancelled,
     cert_error,
 )
-from .prepare import PreparedBatch, count_records, prepare_batch, split_body  # noqa: F401 (re-exported)
+from .prepare import count_records, prepare_batch
 from .upload import Progress, UploadRun
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")

@@ -32,6 +32,7 @@ from dpsketch.protocol import envelope, messages
 from dpsketch.protocol.study import Study
 
 from . import prepare
+from .errors import SDKError, ServerProtocolError, StudyMismatch
 
 CLASSICAL = "classical"
 POST_QUANTUM = "post-quantum"
@@ -48,8 +49,6 @@ def check_policy(policy: str) -> str:
 def _current(url: str, keys: messages.HpkeKeys, suite: envelope.SealingSuite, server_id: str,
              owner: dict[bytes, str]) -> bytes:
     """The current public key of one suite of one server, every listed key checked."""
-    from .client import ServerProtocolError, StudyMismatch
-
     if (keys.kem_id, keys.kdf_id, keys.aead_id) != (suite.kem_id, suite.kdf_id, suite.aead_id):
         raise ServerProtocolError(f"{url} offers HPKE suite ({keys.kem_id}, {keys.kdf_id}, "
                                   f"{keys.aead_id}); this client seals with {suite.description}")
@@ -77,8 +76,6 @@ def _current(url: str, keys: messages.HpkeKeys, suite: envelope.SealingSuite, se
 def recipients(urls: Sequence[str], study: Study, infos: Sequence[messages.ServerInfo],
                policy: str = CLASSICAL) -> list[envelope.Recipient]:
     """Server j's id, current public key and suite, for every j, chosen by ``policy``."""
-    from .client import SDKError
-
     check_policy(policy)
     if envelope.POST_QUANTUM.name not in envelope.SUITES:  # this machine's backend has no ML-KEM
         if policy == POST_QUANTUM:

@@ -18,7 +18,7 @@ from analyzer.client import AnalyzerClient
 from analyzer.estimators import LeastSquares, RidgeRegression
 from analyzer.release import SketchRelease
 from client_sdk import Client
-from client_sdk.client import prepare_batch
+from client_sdk.prepare import prepare_batch
 from conftest import BOTH_STORES, Cluster, cluster_for_module
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 

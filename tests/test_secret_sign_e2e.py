@@ -27,7 +27,7 @@ from analyzer.client import AnalyzerClient
 from analyzer.evaluation import pca_ratio
 from analyzer.release import SketchRelease
 from client_sdk import Client
-from client_sdk.client import prepare_batch
+from client_sdk.prepare import prepare_batch
 from dpsketch.protocol import ProblemError, Study, ring, sketch
 from test_e2e import direct_sketch, no_floor_module_cluster, upload  # noqa: F401 (a fixture)
 

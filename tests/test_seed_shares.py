@@ -12,7 +12,7 @@ import numpy as np
 
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
-from client_sdk.client import prepare_batch
+from client_sdk.prepare import prepare_batch
 from dpsketch.protocol import Study, binding, messages, ring, sketch
 from tools.client_bench import bench_compression
 
