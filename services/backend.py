@@ -5,13 +5,12 @@ Why a seam and not two stores: every guarantee (durable before acknowledgement, 
 report id, conflicts refused, one inclusion set per study committed atomically, the same
 aggregate bytes on every call, retention) lives in the study logic and the single writer, which
 both databases share unchanged. What differs is small and listed here: how to connect, how a
-write transaction begins, a few statements (bulk insert, rows by id list, a secure erase), how
-large results stream, and which exceptions mean "the database cannot answer now" (503).
+write transaction begins, a few statements (storing a batch, reading slices of one, a secure
+erase), and which exceptions mean "the database cannot answer now" (503).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import os
 import sqlite3
@@ -19,7 +18,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from dpsketch.protocol.problems import ProblemError
 
@@ -42,10 +40,6 @@ class SqliteBackend:
     name = "sqlite"
     #: one server process owns the file (SQLite has one writer): nothing to catch up on
     shared = False
-    INSERT_REPORTS = db.INSERT_REPORTS
-    INSERT_BLOCKS = db.INSERT_BLOCKS
-    SELECT_SHARES_BY_ROWID = db.SELECT_SHARES_BY_ROWID
-    SELECT_BLOCKS_BY_ROWID = db.SELECT_BLOCKS_BY_ROWID
     LEDGER_ORDER = "charged_at, rowid"
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
@@ -101,8 +95,28 @@ class SqliteBackend:
         conn.execute("BEGIN IMMEDIATE")  # take the write lock now, not at the first write
 
     @staticmethod
-    def rowids(rowids: list[int]) -> Any:
-        return json.dumps(rowids)
+    def insert_batch(conn: sqlite3.Connection, params: dict) -> None:
+        conn.execute(db.INSERT_BATCH, params)
+
+    @staticmethod
+    def read_slices(conn: sqlite3.Connection, first: int, m: int,
+                    offsets: list[int]) -> tuple[bytes, bytes, bytes | None, int | None]:
+        """(ids, shares, pseudonyms, party) of the reports at ``offsets`` of the batch stored
+        under ``first``, read by incremental blob I/O: only the pages holding them."""
+        has_pseudonyms, party = conn.execute("SELECT pseudonyms IS NOT NULL, party FROM batches WHERE first = ?",
+                                             (first,)).fetchone()
+
+        def take(column: str, width: int | None) -> bytes:
+            with conn.blobopen("batches", column, first, readonly=True) as blob:
+                width = len(blob) // m if width is None else width
+                out = bytearray()
+                for o in offsets:
+                    blob.seek(o * width)
+                    out += blob.read(width)
+            return bytes(out)
+
+        return (take("ids", 16), take("shares", None), take("pseudonyms", 16) if has_pseudonyms else None,
+                None if party is None else int(party))
 
     @staticmethod
     def lock_study(conn: sqlite3.Connection, seq: int) -> tuple[int, str] | None:
@@ -142,15 +156,6 @@ class SqliteBackend:
             conn.execute("PRAGMA secure_delete = OFF")
 
     @staticmethod
-    def stream(conn: sqlite3.Connection, sql: str, params: Any, chunk_rows: int) -> Iterator[list]:
-        cursor = conn.execute(sql, params)
-        while True:
-            chunk = cursor.fetchmany(chunk_rows)
-            if not chunk:
-                return
-            yield chunk
-
-    @staticmethod
     def unavailable(exc: BaseException, retry_after_s: int = 1) -> ProblemError:
         return db.unavailable(exc, retry_after_s)
 
@@ -186,10 +191,6 @@ class PostgresBackend:
         self.pg = pg
         self.url = url
         self.busy_timeout_s = busy_timeout_s
-        self.INSERT_REPORTS = pg.INSERT_REPORTS
-        self.INSERT_BLOCKS = pg.INSERT_BLOCKS
-        self.SELECT_SHARES_BY_ROWID = pg.SELECT_SHARES_BY_ROWID
-        self.SELECT_BLOCKS_BY_ROWID = pg.SELECT_BLOCKS_BY_ROWID
         self.LEDGER_ORDER = "charged_at, n"
         self.errors = pg.ERRORS
         self._pool = None
@@ -224,9 +225,25 @@ class PostgresBackend:
     def begin(conn) -> None:
         conn.execute("BEGIN")
 
+    def insert_batch(self, conn, params: dict) -> None:
+        """The batch, and its report keys in ``reports`` (the database's own uniqueness check)."""
+        conn.execute(self.pg.INSERT_BATCH, params)
+        conn.execute(self.pg.INSERT_REPORT_KEYS, params)
+
     @staticmethod
-    def rowids(rowids: list[int]) -> Any:
-        return rowids
+    def read_slices(conn, first: int, m: int, offsets: list[int]) -> tuple[bytes, bytes, bytes | None, int | None]:
+        """As SqliteBackend.read_slices: ``substring`` of uncompressed values (STORAGE EXTERNAL)
+        reads only the TOAST chunks holding the slice."""
+        rows = conn.execute(
+            "SELECT substring(ids FROM o * 16 + 1 FOR 16), "
+            "substring(shares FROM o * (length(shares) / m) + 1 FOR length(shares) / m), "
+            "substring(pseudonyms FROM o * 16 + 1 FOR 16), party "
+            "FROM batches, unnest(CAST(? AS integer[])) AS o WHERE first = ? ORDER BY o", (offsets, first),
+            binary=True).fetchall()
+        party = rows[0][3] if rows else None
+        return (b"".join(bytes(r[0]) for r in rows), b"".join(bytes(r[1]) for r in rows),
+                None if not rows or rows[0][2] is None else b"".join(bytes(r[2]) for r in rows),
+                None if party is None else int(party))
 
     @staticmethod
     def lock_study(conn, seq: int) -> tuple[int, str] | None:
@@ -273,10 +290,6 @@ class PostgresBackend:
         disk; a VACUUM of the table afterwards (an operator's job) finishes it."""
         conn.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (bytes(size), *params))
         conn.execute(f"DELETE FROM {table} WHERE {where}", params)
-
-    @staticmethod
-    def stream(conn, sql: str, params: Any, chunk_rows: int):
-        return conn.stream(sql, params, chunk_rows)
 
     def unavailable(self, exc: BaseException, retry_after_s: int = 1) -> ProblemError:
         return self.pg.unavailable(exc, retry_after_s)

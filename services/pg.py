@@ -7,22 +7,25 @@ Why these choices:
   :class:`PgConnection` is a small sqlite3-like facade over a psycopg 3 connection that rewrites
   them to psycopg's ``%s`` / ``%(name)s`` (cached per statement). Only what genuinely differs is
   PostgreSQL-specific here: the schema types (BYTEA, DOUBLE PRECISION, identity columns), the
-  bulk insert (``generate_series`` over two bytea parameters, as SQLite's recursive CTE), the
-  row-id lists (a bigint array instead of a JSON array) and the streaming rebuild (a server-side
-  cursor in binary format instead of ``fetchmany`` on a client-side result).
+  report keys cut from a batch's ids (``generate_series`` over the bytea parameters), slices of
+  stored batches (``substring`` where SQLite has incremental blob I/O) and binary-format reads
+  of stored batches (bytea as bytes, not hex text).
 * Durable before acknowledgement: the writer's session sets ``synchronous_commit = on``
   whatever the server's default is, so COMMIT returns only after the WAL is flushed.
 * Replicas: several server processes of one organisation may share the database. Each write
   that changes a study locks the study's row first (``SELECT ... FOR UPDATE``), rowids come from
   a sequence in per-transaction blocks (``ROWID_BLOCKS``), and a replica catches up on what the
   others stored before it decides anything (services/store.py, ``Store._catch_up``).
-* Uniqueness is enforced by the database too: ``UNIQUE (study, report_id)`` and the commits
-  table's primary key on the study, a last line behind the row locks: a second transaction that
-  would store a report twice or commit a study twice fails and is answered 503, nothing
-  half-written. SQLite keeps no such index (see ``db.py``: it measured 4x slower there).
-* ``reports.study`` has no FOREIGN KEY (SQLite does not enforce it either): the per-row
-  referential check cost 17% of bulk-insert throughput, and only the writer inserts reports,
-  for studies it holds.
+* Reports are stored a batch to a row (``batches``, as in SQLite: services/batches.py), and
+  uniqueness is enforced by the database too: each stored report's key goes to ``reports``
+  (id, study, report id, pseudonym, party; no share) with ``UNIQUE (study, report_id)``, and
+  the commits table's primary key is the study, a last line behind the row locks: a second
+  transaction that would store a report twice or commit a study twice fails and is answered
+  503, nothing half-written. SQLite keeps no such index (see ``db.py``: it measured 4x slower
+  there).
+* ``batches.study`` and ``reports.study`` have no FOREIGN KEY (SQLite does not enforce it
+  either): the per-row referential check cost 17% of bulk-insert throughput, and only the
+  writer inserts reports, for studies it holds.
 * Reads take a read-only autocommit connection from a small pool (:class:`ReadPool`, at most
   READ_POOL_MAX open; an idle one is pinged before reuse); the writer owns one connection and
   reconnects between transactions when it was broken. Not psycopg_pool: its background
@@ -85,11 +88,25 @@ CREATE TABLE IF NOT EXISTS studies (
     status       TEXT NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'committed')),
     created_at   DOUBLE PRECISION NOT NULL
 );
+CREATE TABLE IF NOT EXISTS batches (
+    first      BIGINT PRIMARY KEY,          -- rowid of its first report (services/batches.py)
+    study      BIGINT NOT NULL,             -- studies(seq); no FOREIGN KEY (module docstring)
+    m          INTEGER NOT NULL CHECK (m >= 1),
+    ids        BYTEA NOT NULL,
+    shares     BYTEA NOT NULL,
+    pseudonyms BYTEA,
+    party      INTEGER
+);
+CREATE INDEX IF NOT EXISTS batches_by_study ON batches (study);
+-- stored uncompressed (random bytes do not compress): a slice is read without the whole value
+ALTER TABLE batches ALTER COLUMN ids SET STORAGE EXTERNAL;
+ALTER TABLE batches ALTER COLUMN shares SET STORAGE EXTERNAL;
+ALTER TABLE batches ALTER COLUMN pseudonyms SET STORAGE EXTERNAL;
+-- every stored report's key, for the database's own uniqueness check (module docstring)
 CREATE TABLE IF NOT EXISTS reports (
     id        BIGINT PRIMARY KEY,
-    study     BIGINT NOT NULL,              -- studies(seq); no FOREIGN KEY (module docstring)
+    study     BIGINT NOT NULL,
     report_id BYTEA NOT NULL CHECK (length(report_id) = 16),
-    share     BYTEA NOT NULL,
     pseudonym BYTEA,
     party     INTEGER,
     UNIQUE (study, report_id)
@@ -141,26 +158,19 @@ CREATE TABLE IF NOT EXISTS retention (
 );
 """
 
-#: As db.INSERT_REPORTS: the ids and shares travel as two bytea parameters and the server cuts
-#: them up, one statement for a whole group (no per-row round trip or per-row Python binding).
-INSERT_REPORTS = """
-INSERT INTO reports (id, study, report_id, share)
-SELECT :base + n, :study, substring(:ids FROM n * 16 + 1 FOR 16),
-       substring(:shares FROM n * :width + 1 FOR :width)
-FROM generate_series(0, :m - 1) AS n
+#: As db.INSERT_BATCH.
+INSERT_BATCH = """
+INSERT INTO batches (first, study, m, ids, shares, pseudonyms, party)
+VALUES (:first, :study, :m, :ids, :shares, :pseudonyms, :party)
 """
 
-INSERT_BLOCKS = """
-INSERT INTO reports (id, study, report_id, share, pseudonym, party)
-SELECT :base + n, :study, substring(:ids FROM n * 16 + 1 FOR 16),
-       substring(:shares FROM n * :width + 1 FOR :width), substring(:pseudonyms FROM n * 16 + 1 FOR 16), :party
+#: The batch's report keys (no shares), cut from the same parameters by the server.
+INSERT_REPORT_KEYS = """
+INSERT INTO reports (id, study, report_id, pseudonym, party)
+SELECT :first + n, :study, substring(CAST(:ids AS bytea) FROM n * 16 + 1 FOR 16),
+       substring(CAST(:pseudonyms AS bytea) FROM n * 16 + 1 FOR 16), CAST(:party AS integer)
 FROM generate_series(0, :m - 1) AS n
 """
-
-#: Rows by id for a list of ids passed as one bigint array (SQLite: a JSON array).
-SELECT_SHARES_BY_ROWID = "SELECT id, report_id, share FROM reports WHERE id = ANY(?) ORDER BY id"
-SELECT_BLOCKS_BY_ROWID = ("SELECT id, report_id, share, pseudonym, party FROM reports "
-                          "WHERE id = ANY(?) ORDER BY id")
 
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -229,20 +239,6 @@ class PgConnection:
             return False
         return raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
-    def stream(self, sql: str, params: Any, chunk_rows: int) -> Iterator[list[tuple]]:
-        """The rows of a large query in chunks, without holding the whole result in memory: a
-        server-side cursor (it needs a transaction), binary format (bytea arrives as bytes, not
-        hex text)."""
-        with self.raw.transaction():
-            with self.raw.cursor(name="dpsketch_stream", binary=True) as cur:
-                cur.itersize = chunk_rows
-                cur.execute(self._sql(sql), params)
-                while True:
-                    rows = cur.fetchmany(chunk_rows)
-                    if not rows:
-                        return
-                    yield rows
-
     def close(self) -> None:
         if self._raw is not None:
             self._raw.close()
@@ -266,6 +262,7 @@ def initialise(url: str, busy_timeout_s: float) -> PgConnection:
         called = conn.execute(f"SELECT is_called FROM {ROWID_BLOCKS}").fetchone()[0]
         if not called:  # a database written before the sequence existed: start above its rows
             conn.execute(f"SELECT setval('{ROWID_BLOCKS}', (SELECT coalesce(max(id), 0) + 1 FROM reports), false)")
+        _convert_reports(conn)
         conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
                      (str(SCHEMA_VERSION),))
         version = int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
@@ -278,6 +275,20 @@ def initialise(url: str, busy_timeout_s: float) -> PgConnection:
         conn.close()
         raise RuntimeError(f"{redact(url)} has schema version {version}; this server reads {SCHEMA_VERSION}")
     return conn
+
+
+def _convert_reports(conn: PgConnection) -> None:
+    """A database written with a row per report (``reports`` with its ``share`` column, before
+    batches): every report becomes a batch of one under its rowid and ``reports`` keeps only the
+    keys, in the schema transaction (all or nothing)."""
+    has_share = conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                             "AND table_name = 'reports' AND column_name = 'share'").fetchone()
+    if has_share is None:
+        return
+    n = conn.execute("INSERT INTO batches (first, study, m, ids, shares, pseudonyms, party) "
+                     "SELECT id, study, 1, report_id, share, pseudonym, party FROM reports").rowcount
+    conn.execute("ALTER TABLE reports DROP COLUMN share")
+    log.info("converted %d stored reports to batches of one", n)
 
 
 #: An idle read connection unused for longer than this is pinged before it is handed out (a

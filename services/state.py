@@ -8,7 +8,7 @@ set instead of re-reading every share, and duplicate/conflict checks need no ind
 
 The totals are changed only after the database transaction that stored the reports committed,
 under ``StudyState.lock``; a commit computation snapshots them under the same lock. After a
-crash nothing in memory matters: :func:`load_state` rebuilds it by streaming the reports table.
+crash nothing in memory matters: :func:`load_state` rebuilds it by streaming the stored batches (services/batches.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dpsketch.protocol.study import Study
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.sketch import accumulate as add_into
 
+from . import batches
 from .idsets import ReportIndex, SortedIds
 
 log = logging.getLogger("dpsketch.server")
@@ -166,29 +167,10 @@ class UploadToken:
         return None if self.quota is None else max(0, self.quota - self.used)
 
 
-def _chunks(conn: Any, sql: str, params: tuple, chunk_rows: int, backend: Any):
-    """The rows of ``sql`` in chunks of ``chunk_rows``, streamed (never the whole table in memory)."""
-    if backend is None:  # a SQLite connection (callers from before the backend seam)
-        from .backend import SqliteBackend as backend
-    return backend.stream(conn, sql, params, chunk_rows)
-
-
-def _pages(conn: Any, columns: str, seq: int, after: int, chunk_rows: int):
-    """The study's rows above rowid ``after`` in rowid order, a page at a time (keyset paging: a
-    plain query per page, so it runs inside the writer's open transaction too)."""
-    while True:
-        page = conn.execute(f"SELECT {columns} FROM reports WHERE study = ? AND id > ? ORDER BY id LIMIT ?",
-                            (seq, after, chunk_rows)).fetchall()
-        if not page:
-            return
-        yield page
-        after = page[-1][0]
-
-
 def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None,
                into: StudyState | None = None) -> StudyState:
-    """Rebuild a study's running totals by streaming its stored reports in rowid order.
-    ``conn`` is a read connection of ``backend`` (services/backend.py; None: SQLite).
+    """Rebuild a study's running totals by streaming its stored reports in rowid order
+    (services/batches.py). ``conn`` is a read connection of ``backend`` (services/backend.py).
     With ``into``: fold only the rows above ``into.last_rowid`` into it (a replica catching up on
     what the others stored, in the writer's transaction) and return it."""
     study = record.study
@@ -197,18 +179,14 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
     state = into if into is not None else StudyState(k=study.k, d=study.width)
     width = 8 * study.width
     skipped = 0
-    columns = "id, report_id, share"
-    chunks = (_pages(conn, columns, record.seq, into.last_rowid, chunk_rows) if into is not None else
-              _chunks(conn, f"SELECT {columns} FROM reports WHERE study = ? ORDER BY id",
-                      (record.seq,), chunk_rows, backend))
-    for chunk in chunks:
-        rowids = [r[0] for r in chunk]
-        ids = [bytes(r[1]) for r in chunk]
-        blobs = [r[2] for r in chunk]
-        joined = b"".join(ids)
-        sound = (len(joined) == REPORT_ID_BYTES * len(ids) and all(len(b) == width for b in blobs)
+    for chunk in batches.scan(conn, record.seq, into.last_rowid if into is not None else 0, chunk_rows):
+        rowids = chunk.rowids.tolist()
+        ids = chunk.id_list()
+        joined = chunk.ids
+        sound = (len(joined) == REPORT_ID_BYTES * len(ids) and len(chunk.shares) == width * len(ids)
                  and len(set(ids)) == len(ids) and not state.ids.any_held(joined, ids))
         if not sound:  # cannot happen with a single writer; never count a row twice
+            blobs = [chunk.shares[i * width:(i + 1) * width] for i in range(len(ids))]
             keep = {}
             for i, (rid, blob) in enumerate(zip(ids, blobs)):
                 if (len(blob) == width and len(rid) == REPORT_ID_BYTES and rid not in state.ids
@@ -220,7 +198,8 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
             blobs = [blobs[i] for i in keep.values()]
             joined = b"".join(ids)
         if ids:
-            shares = np.frombuffer(b"".join(blobs), dtype="<u8").reshape(len(ids), study.width)
+            shares = (chunk.share_matrix(study.width) if sound else
+                      np.frombuffer(b"".join(blobs), dtype="<u8").reshape(len(ids), study.width))
             state.add(study, ids, rowids, shares, joined=joined)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored rows", record.study_id, skipped)
@@ -242,21 +221,20 @@ def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any =
     state = into if into is not None else new_state(study)
     widths = [8 * p.width for p in study.parties or ()]
     skipped = 0
-    columns = "id, report_id, share, pseudonym, party"
-    chunks = (_pages(conn, columns, record.seq, into.last_rowid, chunk_rows) if into is not None else
-              _chunks(conn, f"SELECT {columns} FROM reports WHERE study = ? ORDER BY id",
-                      (record.seq,), chunk_rows, backend))
-    for chunk in chunks:
+    for chunk in batches.scan(conn, record.seq, into.last_rowid if into is not None else 0, chunk_rows):
         by_party: dict[int, tuple[list, list, list]] = {}
-        bids = [bytes(r[1]) for r in chunk]
-        if all(len(b) == REPORT_ID_BYTES for b in bids):
-            held = (state.ids.lookup(b"".join(bids), bids) >= 0).tolist()
+        bids = chunk.id_list()
+        if len(chunk.ids) == REPORT_ID_BYTES * len(chunk):
+            held = (state.ids.lookup(chunk.ids, bids) >= 0).tolist()
         else:
             held = [b in state.ids for b in bids]
+        party = chunk.party
+        width = widths[party] if party is not None and 0 <= party < len(widths) else -1
+        pseudonyms_of = chunk.pseudonym_list()
         seen: set[bytes] = set()
-        for (rowid, _, share, pseudonym, party), bid, is_held in zip(chunk, bids, held):
-            pseudonym = bytes(pseudonym or b"")
-            sound = (party is not None and 0 <= party < len(widths) and len(share) == widths[party]
+        for i, (rowid, bid, is_held) in enumerate(zip(chunk.rowids.tolist(), bids, held)):
+            pseudonym = pseudonyms_of[i] if i < len(pseudonyms_of) else b""
+            sound = (width >= 0 and len(chunk.shares) == width * len(chunk)
                      and len(pseudonym) == 16 and len(bid) == REPORT_ID_BYTES and not is_held
                      and bid not in seen and pseudonym + bytes((party,)) not in state.slots)
             if not sound:  # cannot happen with a single writer; never count a block twice

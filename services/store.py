@@ -26,7 +26,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -52,7 +52,7 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import backend as backends
-from . import checkpoint, idsets, policy
+from . import batches, checkpoint, idsets, policy
 from .idsets import SortedIds
 from .auth import digest_of, upload_token_id
 from .keys import KeyRing
@@ -457,8 +457,8 @@ class Store:
         """The ids of every report held for the study, sorted (ids only, never shares)."""
         record = self.record(study_id)
         with self._reading() as conn:
-            rows = conn.execute("SELECT report_id FROM reports WHERE study = ?", (record.seq,)).fetchall()
-        return encode_report_ids([bytes(r[0]) for r in rows])
+            ids = batches.ids(conn, record.seq)
+        return encode_report_ids(ids)
 
     @_unavailable_on_db_error
     def block_index(self, study_id: str) -> bytes:
@@ -469,10 +469,8 @@ class Store:
             raise ProblemError("invalid-request", f"study {study_id} has no parties: list its "
                                f"report ids (GET .../report-ids) instead")
         with self._reading() as conn:
-            rows = conn.execute(
-                "SELECT report_id, pseudonym, party FROM reports WHERE study = ?", (record.seq,)).fetchall()
-        return encode_block_index([bytes(r[0]) for r in rows], [bytes(r[1]) for r in rows],
-                                  [int(r[2]) for r in rows])
+            bids, pseudonyms, parties = batches.blocks(conn, record.seq)
+        return encode_block_index(bids, pseudonyms, parties)
 
     @_unavailable_on_db_error
     def aggregate(self, study_id: str) -> tuple[bytes, str]:
@@ -698,7 +696,8 @@ class Store:
         if from_scratch:
             aggregate[:] = 0
             gram[:] = 0
-        for rids, shares in self._fetch(wanted, study.width):
+        for got in self._fetch(record.seq, wanted):
+            rids, shares = got.id_list(), got.share_matrix(study.width)
             rows, signs = study.hash_report_ids(rids)
             add_into(aggregate, rows, signs, shares, sign)
             sketch.accumulate_gram(gram, rows, signs, sign)
@@ -725,19 +724,16 @@ class Store:
         gram = np.zeros((study.k, study.k), dtype=np.int64)
         columns = parties.slices(study.parties or [])
         blocks_of: dict[bytes, int] = {}
-        for rows in self._fetch_rows(rowids, self.backend.SELECT_BLOCKS_BY_ROWID):
-            for j, cols in enumerate(columns):
-                mine = [r for r in rows if r[4] == j]
-                if not mine:
-                    continue
-                pseudonyms = [bytes(r[3]) for r in mine]
-                for p in pseudonyms:
-                    blocks_of[p] = blocks_of.get(p, 0) + 1
-                shares = np.frombuffer(b"".join(r[2] for r in mine), dtype="<u8").reshape(len(mine), -1)
-                hashed, signs = study.hash_report_ids(pseudonyms)
-                add_into(aggregate[:, cols], hashed, signs, shares)
-                if j == 0:  # one block per individual: S S^T counts each individual once
-                    sketch.accumulate_gram(gram, hashed, signs, +1)
+        for got in self._fetch(record.seq, rowids):  # a batch holds one party's blocks
+            j = got.party
+            pseudonyms = got.pseudonym_list()
+            for p in pseudonyms:
+                blocks_of[p] = blocks_of.get(p, 0) + 1
+            shares = np.frombuffer(got.shares, dtype="<u8").reshape(len(got), -1)
+            hashed, signs = study.hash_report_ids(pseudonyms)
+            add_into(aggregate[:, columns[j]], hashed, signs, shares)
+            if j == 0:  # one block per individual: S S^T counts each individual once
+                sketch.accumulate_gram(gram, hashed, signs, +1)
         partial = sum(1 for count in blocks_of.values() if count != n_parties)
         if partial:
             raise ProblemError(
@@ -855,17 +851,16 @@ class Store:
             def fn(conn):
                 if record.shares_deleted_at is not None:
                     return record.shares_deleted_at, None
-                cur = conn.execute("UPDATE reports SET share = ? WHERE study = ? AND length(share) > 0",
-                                   (b"", record.seq))
+                deleted = batches.delete_shares(conn, record.seq)
                 now = time.time()
                 conn.execute("INSERT INTO retention (study, shares_deleted_at, deleted) VALUES (?, ?, ?) "
                              "ON CONFLICT (study) DO UPDATE SET shares_deleted_at = excluded.shares_deleted_at, "
-                             "deleted = excluded.deleted", (record.seq, now, cur.rowcount))
+                             "deleted = excluded.deleted", (record.seq, now, deleted))
 
                 def apply() -> None:
                     record.shares_deleted_at = now
 
-                log.info("study %s: deleted %d individual shares (retention)", study_id, cur.rowcount)
+                log.info("study %s: deleted %d individual shares (retention)", study_id, deleted)
                 return now, apply
 
             self.writer.submit(CallJob(fn)).result()
@@ -942,20 +937,13 @@ class Store:
             f"a second release over a different set is refused",
         )
 
-    def _fetch_rows(self, rowids: list[int], query: str):
-        """The stored rows of ``query`` (rowids as one parameter: the backend's id list) for the
-        given rowids, in chunks."""
+    def _fetch(self, seq: int, rowids: list[int]) -> Iterator[batches.Stored]:
+        """The stored reports with these rowids (ascending), a few batches at a time, each chunk
+        of ``_FETCH_CHUNK`` rowids on one read connection."""
         for start in range(0, len(rowids), _FETCH_CHUNK):
             part = rowids[start:start + _FETCH_CHUNK]
             with self._reading() as conn:
-                rows = conn.execute(query, (self.backend.rowids(part),)).fetchall()
-            if len(rows) != len(part):  # never: rowids come from the writer's own inserts
-                raise RuntimeError(f"store inconsistent: {len(part) - len(rows)} held reports missing")
-            yield rows
-
-    def _fetch(self, rowids: list[int], d: int):
-        """Stored (ids, shares) for the given rowids, in chunks."""
-        for rows in self._fetch_rows(rowids, self.backend.SELECT_SHARES_BY_ROWID):
-            ids = [bytes(r[1]) for r in rows]
-            shares = np.frombuffer(b"".join(r[2] for r in rows), dtype="<u8").reshape(len(rows), d)
-            yield ids, shares
+                got = list(batches.read(conn, self.backend, seq, part))
+            if sum(len(g) for g in got) != len(part):  # never: rowids come from the writer's own inserts
+                raise RuntimeError(f"store inconsistent: {len(part) - sum(len(g) for g in got)} held reports missing")
+            yield from got

@@ -31,7 +31,7 @@ from dpsketch.protocol.messages import UploadResult
 from dpsketch.protocol.problems import ProblemError
 
 from . import backend as backends
-from . import checkpoint
+from . import batches, checkpoint
 from .idsets import SortedIds
 from .settings import Settings
 from .state import INDEX_BYTES_PER_REPORT, StudyRecord, StudyState
@@ -141,7 +141,7 @@ class Writer:
         self.memory_in_use = memory_in_use
         self.catch_up = catch_up
         self.queue: queue.SimpleQueue = queue.SimpleQueue()  # C put and get: no Condition per job
-        self.next_rowid = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
+        self.next_rowid = batches.next_rowid(conn)
         self._lock = threading.Lock()
         self._queued_bytes = 0
         self._stopping = False
@@ -231,7 +231,7 @@ class Writer:
                 if not job.future.done():
                     job.future.set_exception(self.backend.unavailable(exc))
             try:
-                self.next_rowid = int(self.conn.execute("SELECT coalesce(max(id), 0) + 1 FROM reports").fetchone()[0])
+                self.next_rowid = batches.next_rowid(self.conn)
             except self.db_errors:
                 pass
 
@@ -503,11 +503,10 @@ class Writer:
         if stored_rowids:
             stored: dict[int, bytes] = {}
             wanted = sorted(set(stored_rowids.values()))
-            for start in range(0, len(wanted), 50_000):
-                part = wanted[start:start + 50_000]
-                for rowid, _rid, share in self.conn.execute(self.backend.SELECT_SHARES_BY_ROWID,
-                                                            (self.backend.rowids(part),)).fetchall():
-                    stored[rowid] = bytes(share)
+            for got in batches.read(self.conn, self.backend, job.record.seq, wanted):
+                width = len(got.shares) // len(got)
+                for j, rowid in enumerate(got.rowids.tolist()):
+                    stored[rowid] = got.shares[j * width:(j + 1) * width]
             for i, rowid in stored_rowids.items():
                 if stored.get(rowid) == mine[i].tobytes():
                     duplicates += 1
@@ -569,10 +568,7 @@ class Writer:
             # each request's ids as the worker sorted them, when every one is stored whole
             parts = ([p.job.sorted_ids for p in group]
                      if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
-            self.conn.execute(self.backend.INSERT_REPORTS, {
-                "m": len(ids), "base": base, "study": seq, "ids": joined,
-                "shares": memoryview(shares).cast("B"), "width": 8 * record.study.width,
-            })
+            batches.insert(self.conn, self.backend, base, seq, joined, memoryview(shares).cast("B"))
             held = len(record.state.ids) + len(ids)
             self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, seq))
             out.append((record, base, ids, joined, shares, rows, signs, parts))
@@ -585,11 +581,8 @@ class Writer:
             ids, pseudonyms = plan.take_ids(), plan.take_pseudonyms()
             shares = np.ascontiguousarray(plan.take(plan.job.shares), dtype="<u8")
             joined = b"".join(ids)
-            self.conn.execute(self.backend.INSERT_BLOCKS, {
-                "m": len(ids), "base": base, "study": record.seq, "ids": joined,
-                "shares": memoryview(shares).cast("B"), "width": shares.shape[1] * 8,
-                "pseudonyms": b"".join(pseudonyms), "party": plan.job.party,
-            })
+            batches.insert(self.conn, self.backend, base, record.seq, joined, memoryview(shares).cast("B"),
+                           b"".join(pseudonyms), plan.job.party)
             out.append((record, base, ids, joined, _Blocks(plan.job.party, pseudonyms), None, None, None))
             base += len(ids)
         held = len(record.state.ids) + sum(plan.n_new for plan in group)

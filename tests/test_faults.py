@@ -535,9 +535,9 @@ def check_store(db_path: str, study: Study, expected_ids: set[bytes]) -> None:
     conn = sqlite3.connect(db_path, timeout=10)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        rows = conn.execute("SELECT r.report_id FROM reports r JOIN studies s ON r.study = s.seq "
+        rows = conn.execute("SELECT b.ids FROM batches b JOIN studies s ON b.study = s.seq "
                             "WHERE s.study_id = ?", (study.study_id,)).fetchall()
-        ids = [bytes(r[0]) for r in rows]
+        ids = [bytes(r[0][i:i + 16]) for r in rows for i in range(0, len(r[0]), 16)]
         assert len(ids) == len(set(ids)) and set(ids) == expected_ids
         count = conn.execute("SELECT report_count FROM studies WHERE study_id = ?", (study.study_id,)).fetchone()[0]
         assert count == len(ids)

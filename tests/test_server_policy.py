@@ -464,9 +464,11 @@ def share_lengths(db: Path | str) -> list[int]:
         import psycopg
 
         with psycopg.connect(db) as conn:
-            return [n for (n,) in conn.execute("SELECT length(share) FROM reports").fetchall()]
-    with sqlite3.connect(db) as conn:
-        return [n for (n,) in conn.execute("SELECT length(share) FROM reports")]
+            rows = conn.execute("SELECT m, length(shares) FROM batches").fetchall()
+    else:
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute("SELECT m, length(shares) FROM batches").fetchall()
+    return [n // m for m, n in rows for _ in range(m)]  # a batch's shares are of one width
 
 
 @BOTH_STORES

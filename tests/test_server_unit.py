@@ -746,6 +746,79 @@ def test_restart_rebuilds_totals(store_location):
         srv.close()
 
 
+def _to_a_row_per_report(db: Path | str) -> None:
+    """Rewrite a store as servers before batches stored it: a row of ``reports`` per report with
+    its share (SQLite: the old table; PostgreSQL: the share column back on ``reports``)."""
+    if isinstance(db, str):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("ALTER TABLE reports ADD COLUMN share BYTEA")
+            conn.execute("UPDATE reports r SET share = substring(b.shares FROM CAST(r.id - b.first AS integer) * "
+                         "(length(b.shares) / b.m) + 1 FOR length(b.shares) / b.m) FROM batches b "
+                         "WHERE r.id >= b.first AND r.id < b.first + b.m")
+            conn.execute("ALTER TABLE reports ALTER COLUMN share SET NOT NULL")
+            conn.execute("DROP TABLE batches")
+        return
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE reports (id INTEGER PRIMARY KEY, study INTEGER NOT NULL REFERENCES studies(seq), "
+                     "report_id BLOB NOT NULL CHECK (length(report_id) = 16), share BLOB NOT NULL, "
+                     "pseudonym BLOB, party INTEGER)")
+        for first, seq, m, ids, shares, pseudonyms, party in conn.execute("SELECT * FROM batches").fetchall():
+            w = len(shares) // m
+            conn.executemany("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?)", [
+                (first + i, seq, ids[16 * i:16 * (i + 1)], shares[w * i:w * (i + 1)],
+                 None if pseudonyms is None else pseudonyms[16 * i:16 * (i + 1)], party) for i in range(m)])
+        conn.execute("DROP TABLE batches")
+
+
+def _stored_batches(db: Path | str) -> tuple[int, int]:
+    """(batches, reports in them) as the database holds them."""
+    if isinstance(db, str):
+        import psycopg
+
+        with psycopg.connect(db) as conn:
+            n, m = conn.execute("SELECT count(*), coalesce(sum(m), 0) FROM batches").fetchone()
+    else:
+        with sqlite3.connect(db) as conn:
+            n, m = conn.execute("SELECT count(*), coalesce(sum(m), 0) FROM batches").fetchone()
+    return int(n), int(m)
+
+
+@BOTH_STORES
+def test_a_store_written_a_row_per_report_is_converted_in_place(store_location):
+    db = store_location("rows")
+    srv = Server(db)
+    st = make_study()
+    srv.provision(st)
+    rs = srv.reports(st, 140)
+    try:
+        assert srv.batch(st, rs[:100]).status_code == 200
+        for i in range(100, 103):
+            assert srv.upload(st, rs[i:i + 1]).status_code == 200
+        before = srv.held_ids(st)
+    finally:
+        srv.close()
+    assert _stored_batches(db)[1] == 103
+    _to_a_row_per_report(db)
+    srv = Server(db, warm_start=False)
+    try:
+        assert _stored_batches(db) == (103, 103)  # every report a batch of one, none lost
+        assert srv.count(st) == 103 and srv.held_ids(st) == before
+        # held ids again: duplicates only if the converted shares read back byte for byte
+        assert srv.batch(st, rs[95:]).json() == {"accepted": 37, "duplicates": 8, "report_count": 140}
+        keep = rs.ids[7:]
+        r = srv.commit(st, keep)
+        assert r.status_code == 200, r.text
+        got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
+        assert np.array_equal(got, expected_aggregate(st, keep, rs.shares[7:]))
+    finally:
+        srv.close()
+    if not isinstance(db, str):
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'reports'").fetchone() is None
+
+
 # --- an unavailable store ----------------------------------------------------------------------
 
 

@@ -8,8 +8,9 @@ is to what the hardware allows:
 * commit: an exact S @ X with scipy.sparse over all included shares already in memory (what a
   server without running totals would at least have to do, before even reading the shares);
 * bulk upload: raw SQLite inserts of the same rows with the same durability (WAL, fsync per
-  transaction), no HTTP and no hashing, both with the server's one-statement batch INSERT (the
-  store's limit) and as a plain ``executemany`` of a row per report (issue 16's baseline); and the
+  transaction), no HTTP and no hashing, both as the server stores them (one row per upload batch,
+  services/batches.py: the store's limit) and as a plain ``executemany`` of a row per report
+  (issue 16's baseline); and the
   exact sketch of the same rows in memory (the sketch hash of every id and one sparse product;
   median of three passes), no HTTP, no binding check, no store, with the compiled hash and with
   its reference code (hashlib's BLAKE2b per id: issue 16's "BLAKE2b of the ids + exact scipy
@@ -408,27 +409,29 @@ def _reference_sketch_rows_per_s(study: Study, batches: list[tuple[int, bytes]])
 
 def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int, n_servers: int,
                            one_statement: bool = True) -> float:
-    """The same rows (report id and share; the server does not store the proof) into the same
-    schema with the same durability, straight from Python: with the server's own one-statement
-    INSERT of a whole batch (the limit of this store), or (``one_statement`` False) as a plain
-    ``executemany`` of one row per report, one transaction per batch (what issue 16 measured as
-    "raw SQLite inserts")."""
+    """The same rows (report id and share; the server does not store the proof) with the same
+    durability, straight from Python: into the server's own schema as one batch row per upload
+    (``db.INSERT_BATCH``, the limit of this store), or (``one_statement`` False) as a plain
+    ``executemany`` of one row per report into a table of (rowid, study, id, share), one
+    transaction per batch (what issue 16 measured as "raw SQLite inserts")."""
     from services import db
 
     conn = db.initialise(path, 5.0)
     conn.execute("INSERT INTO studies (study_id, canonical, created_at) VALUES ('x', x'', 0)")
+    conn.execute("CREATE TABLE reports (id INTEGER PRIMARY KEY, study INTEGER NOT NULL, report_id BLOB NOT NULL, "
+                 "share BLOB NOT NULL)")
     base = 1
     share_at = 16 + binding.proof_bytes(n_servers)  # a record: id, proof, share
     width = share_at + 8 * d
     t0 = time.perf_counter()
     rows = 0
     for m, body in batches:
-        ids = b"".join(body[i * width:i * width + 16] for i in range(m))
-        shares = b"".join(body[i * width + share_at:(i + 1) * width] for i in range(m))
+        records = np.frombuffer(body, dtype=np.uint8).reshape(m, width)
+        ids, shares = records[:, :16].tobytes(), records[:, share_at:].tobytes()
         conn.execute("BEGIN IMMEDIATE")
         if one_statement:
-            conn.execute(db.INSERT_REPORTS, {"m": m, "base": base, "study": 1, "ids": ids, "shares": shares,
-                                             "width": 8 * d})
+            conn.execute(db.INSERT_BATCH, {"first": base, "study": 1, "m": m, "ids": ids, "shares": shares,
+                                           "pseudonyms": None, "party": None})
         else:
             conn.executemany("INSERT INTO reports (id, study, report_id, share) VALUES (?, 1, ?, ?)",
                              [(base + i, ids[16 * i:16 * (i + 1)], shares[8 * d * i:8 * d * (i + 1)])
@@ -643,8 +646,8 @@ def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
     t0 = time.perf_counter()
     for i in range(reports):
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO reports (id, study, report_id, share) VALUES (?, 1, ?, ?)",
-                     (i + 1, os.urandom(16), os.urandom(8 * d)))
+        conn.execute(db.INSERT_BATCH, {"first": i + 1, "study": 1, "m": 1, "ids": os.urandom(16),
+                                       "shares": os.urandom(8 * d), "pseudonyms": None, "party": None})
         conn.execute("COMMIT")
     rate = reports / (time.perf_counter() - t0)
     conn.close()

@@ -1,0 +1,189 @@
+"""Stored reports: one row of ``batches`` per upload batch, for both databases.
+
+Why a row per batch, and not per report: see services/db.py. Everything that reads or writes
+stored reports goes through this module, so the rest of the store thinks in report rowids
+(report ``first + i`` is the i-th of the batch stored under ``first``) and never in rows.
+
+Reads come in two shapes. A rebuild walks a study's batches in rowid order, a page of whole
+batches at a time (:func:`scan`). A commit needs the shares of a few reports spread over every
+batch (the excluded 1 %): :func:`read` takes only their slices (SQLite's incremental blob I/O,
+PostgreSQL's ``substring`` of an uncompressed value), so it reads about what it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpsketch.protocol.sketch import REPORT_ID_BYTES
+
+#: A rebuild pages through batches holding about this many reports at a time (at least one batch).
+SCAN_REPORTS = 65536
+#: :func:`read` takes a whole batch instead of slices when it wants at least this share of it.
+WHOLE_FRACTION = 0.25
+
+
+@dataclass
+class Stored:
+    """Consecutive stored reports of one batch (or whole batches of one party, in a scan):
+    rowids ascending, ids and shares (and pseudonyms) concatenated in the same order."""
+
+    rowids: np.ndarray  # int64
+    ids: bytes
+    shares: bytes  # empty once retention deleted them
+    pseudonyms: bytes | None = None
+    party: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.rowids)
+
+    def id_list(self) -> list[bytes]:
+        ids = self.ids
+        return [ids[i:i + REPORT_ID_BYTES] for i in range(0, len(ids), REPORT_ID_BYTES)]
+
+    def pseudonym_list(self) -> list[bytes]:
+        p = self.pseudonyms or b""
+        return [p[i:i + REPORT_ID_BYTES] for i in range(0, len(p), REPORT_ID_BYTES)]
+
+    def share_matrix(self, width: int) -> np.ndarray:
+        return np.frombuffer(self.shares, dtype="<u8").reshape(len(self), width)
+
+
+def insert(conn: Any, backend: Any, first: int, seq: int, ids: bytes, shares: Any,
+           pseudonyms: bytes | None = None, party: int | None = None) -> None:
+    """Store reports ``first`` .. ``first + m - 1`` of study ``seq`` as one batch."""
+    backend.insert_batch(conn, {"first": first, "study": seq, "m": len(ids) // REPORT_ID_BYTES, "ids": ids,
+                                "shares": shares, "pseudonyms": pseudonyms, "party": party})
+
+
+def next_rowid(conn: Any) -> int:
+    """The rowid after the last stored report (1 on an empty store)."""
+    row = conn.execute("SELECT first + m FROM batches ORDER BY first DESC LIMIT 1").fetchone()
+    return 1 if row is None else int(row[0])
+
+
+def _query(conn: Any, sql: str, params: tuple) -> list[tuple]:
+    """All rows of a query; on PostgreSQL in binary format (bytea as bytes, not hex text)."""
+    if getattr(conn, "dialect", None) == "postgres":
+        return conn.execute(sql, params, binary=True).fetchall()
+    return conn.execute(sql, params).fetchall()
+
+
+def _headers(conn: Any, seq: int, after: int, limit: int | None = None) -> list[tuple[int, int]]:
+    sql = "SELECT first, m FROM batches WHERE study = ? AND first > ? ORDER BY first"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    return [(int(f), int(m)) for f, m in _query(conn, sql, (seq, after))]
+
+
+def _stored(row: tuple) -> Stored:
+    first, m, ids, shares, pseudonyms, party = row
+    return Stored(np.arange(int(first), int(first) + int(m), dtype=np.int64), bytes(ids), bytes(shares),
+                  None if pseudonyms is None else bytes(pseudonyms), None if party is None else int(party))
+
+
+def scan(conn: Any, seq: int, after: int = 0, page_reports: int = SCAN_REPORTS) -> Iterator[Stored]:
+    """Every stored report of study ``seq`` above rowid ``after``, in rowid order, a page of
+    whole batches (about ``page_reports`` reports, at least one batch) at a time, consecutive
+    batches of one party joined (keyset paging, plain queries: it runs inside the writer's open
+    transaction as well as on a reader)."""
+    while True:
+        heads = _headers(conn, seq, after, page_reports)
+        if not heads:
+            return
+        while heads:
+            take, reports = 0, 0
+            while take < len(heads) and (take == 0 or reports + heads[take][1] <= page_reports):
+                reports += heads[take][1]
+                take += 1
+            lo, hi = heads[0][0], heads[take - 1][0]
+            rows = _query(conn, "SELECT first, m, ids, shares, pseudonyms, party FROM batches "
+                                "WHERE study = ? AND first >= ? AND first <= ? ORDER BY first", (seq, lo, hi))
+            yield from _joined([_stored(row) for row in rows])
+            after = hi
+            heads = heads[take:]
+
+
+def _joined(parts: list[Stored]) -> Iterator[Stored]:
+    """Runs of consecutive batches of one party (and with or without pseudonyms) as one each."""
+    start = 0
+    for end in range(1, len(parts) + 1):
+        if end == len(parts) or (parts[end].party, parts[end].pseudonyms is None) != (
+                parts[start].party, parts[start].pseudonyms is None):
+            run = parts[start:end]
+            yield run[0] if len(run) == 1 else Stored(
+                np.concatenate([p.rowids for p in run]), b"".join(p.ids for p in run),
+                b"".join(p.shares for p in run),
+                None if run[0].pseudonyms is None else b"".join(p.pseudonyms or b"" for p in run), run[0].party)
+            start = end
+
+
+def read(conn: Any, backend: Any, seq: int, rowids: np.ndarray | list[int]) -> Iterator[Stored]:
+    """The stored reports of study ``seq`` with these rowids (ascending), batch by batch.
+    LookupError if one is not stored (never: rowids come from the writer's own inserts)."""
+    rowids = np.asarray(rowids, dtype=np.int64)
+    if len(rowids) == 0:
+        return
+    heads = np.array(_headers(conn, seq, 0) or np.zeros((0, 2)), dtype=np.int64).reshape(-1, 2)
+    at = np.searchsorted(heads[:, 0], rowids, side="right") - 1
+    if len(heads) == 0 or at.min() < 0 or np.any(rowids - heads[np.maximum(at, 0), 0] >= heads[np.maximum(at, 0), 1]):
+        raise LookupError(f"store inconsistent: held reports of study {seq} are not stored")
+    bounds = np.flatnonzero(np.diff(at)) + 1
+    for part in np.split(np.arange(len(rowids)), bounds):
+        b = int(at[part[0]])
+        first, m = int(heads[b, 0]), int(heads[b, 1])
+        offsets = rowids[part] - first
+        if len(offsets) >= WHOLE_FRACTION * m:
+            row = _query(conn, "SELECT first, m, ids, shares, pseudonyms, party FROM batches WHERE first = ?",
+                         (first,))[0]
+            whole = _stored(row)
+            width = len(whole.shares) // m if m else 0
+            yield Stored(rowids[part], _pick(whole.ids, offsets, REPORT_ID_BYTES),
+                         _pick(whole.shares, offsets, width),
+                         None if whole.pseudonyms is None else _pick(whole.pseudonyms, offsets, REPORT_ID_BYTES),
+                         whole.party)
+        else:
+            ids, shares, pseudonyms, party = backend.read_slices(conn, first, m, offsets.tolist())
+            yield Stored(rowids[part], ids, shares, pseudonyms, party)
+
+
+def _pick(blob: bytes, offsets: np.ndarray, width: int) -> bytes:
+    """The ``width``-byte records at ``offsets`` of a blob of such records, concatenated."""
+    if width == 0:
+        return b""
+    records = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
+    return records[offsets].tobytes()
+
+
+def ids(conn: Any, seq: int) -> list[bytes]:
+    """The ids of every report of study ``seq`` (any order)."""
+    out: list[bytes] = []
+    for (joined,) in _query(conn, "SELECT ids FROM batches WHERE study = ?", (seq,)):
+        joined = bytes(joined)
+        out.extend(joined[i:i + REPORT_ID_BYTES] for i in range(0, len(joined), REPORT_ID_BYTES))
+    return out
+
+
+def blocks(conn: Any, seq: int) -> tuple[list[bytes], list[bytes], list[int]]:
+    """(block ids, pseudonyms, parties) of every block of study ``seq`` (a study with parties)."""
+    bids: list[bytes] = []
+    pseudonyms: list[bytes] = []
+    parties: list[int] = []
+    for joined, joined_p, party, m in _query(conn, "SELECT ids, pseudonyms, party, m FROM batches WHERE study = ?",
+                                             (seq,)):
+        stored = Stored(np.zeros(int(m), np.int64), bytes(joined), b"", bytes(joined_p or b""), int(party))
+        bids.extend(stored.id_list())
+        pseudonyms.extend(stored.pseudonym_list())
+        parties.extend([int(party)] * int(m))
+    return bids, pseudonyms, parties
+
+
+def delete_shares(conn: Any, seq: int) -> int:
+    """Empty the shares of every batch of study ``seq``; how many reports lost theirs."""
+    n = conn.execute("SELECT coalesce(sum(m), 0) FROM batches WHERE study = ? AND length(shares) > 0",
+                     (seq,)).fetchone()[0]
+    conn.execute("UPDATE batches SET shares = ? WHERE study = ? AND length(shares) > 0", (b"", seq))
+    return int(n)
