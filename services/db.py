@@ -9,7 +9,7 @@ Why these choices:
   pseudonyms) as one blob each, under the rowid of its first report; report ``first + i`` is the
   batch's i-th. A row per report cost a SQLite row and B-tree cell per report and measured 2.3x
   slower to write durably (0.70 vs 1.6 x 10^6 reports/s at d = 32 alone; the whole bulk upload
-  +31 %, docs/operations.md); the commit reads the few shares it needs by slice
+  gained 8-38 %, a rebuild 1.9x: docs/operations.md); the commit reads the few shares it needs by slice
   (``Connection.blobopen``), never a whole batch. Report-id uniqueness per study is enforced by
   the single writer (it holds every open study's ids in memory, see ``state.py``), not by an
   index: a unique B-tree on random 16-byte keys measured 4x slower than appends. A rebuild
