@@ -22,6 +22,7 @@ from pathlib import Path
 from dpsketch.protocol.problems import ProblemError
 
 from . import db
+from .wal import Checkpointer
 
 
 def is_url(location: str | Path | None) -> bool:
@@ -49,6 +50,8 @@ class SqliteBackend:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        #: runs the WAL's checkpoints beside the writer (services/wal.py), once initialised
+        self.checkpointer: Checkpointer | None = None
 
     @property
     def location(self) -> str:
@@ -60,7 +63,15 @@ class SqliteBackend:
         return self.path
 
     def initialise(self) -> sqlite3.Connection:
-        return db.initialise(self.path, self.busy_timeout_s)
+        conn = db.initialise(self.path, self.busy_timeout_s)
+        Checkpointer.attach(conn)
+        self.checkpointer = Checkpointer(self.path, self.busy_timeout_s)
+        return conn
+
+    def after_writes(self, writer: sqlite3.Connection) -> None:
+        """The writer thread, between transactions: let the WAL be checkpointed (services/wal.py)."""
+        if self.checkpointer is not None:
+            self.checkpointer.committed(writer)
 
     def ping(self) -> None:
         """Raise ``sqlite3.Error`` unless a *new* read-only connection can read the file now (an
@@ -171,6 +182,8 @@ class SqliteBackend:
                 except sqlite3.Error:
                     pass
             self._readers.clear()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
         try:
             writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
             writer.close()
@@ -207,6 +220,10 @@ class PostgresBackend:
         conn = self.pg.initialise(self.url, self.busy_timeout_s)
         self._pool = self.pg.ReadPool(self.url, self.busy_timeout_s)
         return conn
+
+    @staticmethod
+    def after_writes(writer) -> None:
+        """Nothing: PostgreSQL checkpoints in its own processes."""
 
     def reading(self):
         return self._pool.connection()

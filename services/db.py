@@ -4,6 +4,8 @@ Why these choices:
 
 * WAL mode with ``synchronous=FULL``: every COMMIT fsyncs the log, so an acknowledged report
   survives a crash or power loss; readers (listing, commit computation) never block the writer.
+  The log is copied back into the file by a thread beside the writer, not inside its commits
+  (services/wal.py).
 * Reports are stored as they arrive, one row of ``batches`` per upload batch (a single upload's
   group of reports makes one too): the batch's ids, shares (and, for a study with parties, the
   pseudonyms) as one blob each, under the rowid of its first report; report ``first + i`` is the

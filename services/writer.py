@@ -197,6 +197,7 @@ class Writer:
                 continue  # the client went away before we started: nothing stored, nothing owed
             if isinstance(job, CallJob):
                 self._guarded(self._run_call, job)
+                self.backend.after_writes(self.conn)
                 continue
             group = [job]
             rows = len(job.ids)
@@ -213,6 +214,7 @@ class Writer:
                     rows += len(nxt.ids)
             self._guarded(self._run_uploads, group)
             self._wake(group)  # the failure paths' waiters (the acknowledged ones are woken already)
+            self.backend.after_writes(self.conn)  # the WAL's checkpoints (services/wal.py)
 
     def _guarded(self, fn: Callable, arg: Any) -> None:
         """Never let the writer thread die: an unexpected error fails the affected requests, and
