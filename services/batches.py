@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsketch.protocol.messages import split_ids
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
 #: A rebuild pages through batches holding about this many reports at a time (at least one batch).
@@ -41,12 +42,10 @@ class Stored:
         return len(self.rowids)
 
     def id_list(self) -> list[bytes]:
-        ids = self.ids
-        return [ids[i:i + REPORT_ID_BYTES] for i in range(0, len(ids), REPORT_ID_BYTES)]
+        return split_ids(self.ids)
 
     def pseudonym_list(self) -> list[bytes]:
-        p = self.pseudonyms or b""
-        return [p[i:i + REPORT_ID_BYTES] for i in range(0, len(p), REPORT_ID_BYTES)]
+        return split_ids(self.pseudonyms or b"")
 
     def share_matrix(self, width: int) -> np.ndarray:
         return np.frombuffer(self.shares, dtype="<u8").reshape(len(self), width)
@@ -121,13 +120,22 @@ def _joined(parts: list[Stored]) -> Iterator[Stored]:
             start = end
 
 
-def read(conn: Any, backend: Any, seq: int, rowids: np.ndarray | list[int]) -> Iterator[Stored]:
-    """The stored reports of study ``seq`` with these rowids (ascending), batch by batch.
-    LookupError if one is not stored (never: rowids come from the writer's own inserts)."""
+def headers(conn: Any, seq: int) -> np.ndarray:
+    """(first, m) of every batch of study ``seq``, ascending: what :func:`read` locates rowids in
+    (a batch's header never changes, so a caller reading in chunks fetches them once)."""
+    return np.array(_headers(conn, seq, 0) or np.zeros((0, 2)), dtype=np.int64).reshape(-1, 2)
+
+
+def read(conn: Any, backend: Any, seq: int, rowids: np.ndarray | list[int],
+         heads: np.ndarray | None = None) -> Iterator[Stored]:
+    """The stored reports of study ``seq`` with these rowids (ascending), batch by batch
+    (``heads``: the study's :func:`headers`, if the caller has them). LookupError if one is not
+    stored (never: rowids come from the writer's own inserts)."""
     rowids = np.asarray(rowids, dtype=np.int64)
     if len(rowids) == 0:
         return
-    heads = np.array(_headers(conn, seq, 0) or np.zeros((0, 2)), dtype=np.int64).reshape(-1, 2)
+    if heads is None:
+        heads = headers(conn, seq)
     at = np.searchsorted(heads[:, 0], rowids, side="right") - 1
     if len(heads) == 0 or at.min() < 0 or np.any(rowids - heads[np.maximum(at, 0), 0] >= heads[np.maximum(at, 0), 1]):
         raise LookupError(f"store inconsistent: held reports of study {seq} are not stored")
@@ -162,8 +170,7 @@ def ids(conn: Any, seq: int) -> list[bytes]:
     """The ids of every report of study ``seq`` (any order)."""
     out: list[bytes] = []
     for (joined,) in _query(conn, "SELECT ids FROM batches WHERE study = ?", (seq,)):
-        joined = bytes(joined)
-        out.extend(joined[i:i + REPORT_ID_BYTES] for i in range(0, len(joined), REPORT_ID_BYTES))
+        out.extend(split_ids(bytes(joined)))
     return out
 
 
@@ -174,9 +181,8 @@ def blocks(conn: Any, seq: int) -> tuple[list[bytes], list[bytes], list[int]]:
     parties: list[int] = []
     for joined, joined_p, party, m in _query(conn, "SELECT ids, pseudonyms, party, m FROM batches WHERE study = ?",
                                              (seq,)):
-        stored = Stored(np.zeros(int(m), np.int64), bytes(joined), b"", bytes(joined_p or b""), int(party))
-        bids.extend(stored.id_list())
-        pseudonyms.extend(stored.pseudonym_list())
+        bids.extend(split_ids(bytes(joined)))
+        pseudonyms.extend(split_ids(bytes(joined_p or b"")))
         parties.extend([int(party)] * int(m))
     return bids, pseudonyms, parties
 

@@ -940,10 +940,13 @@ class Store:
     def _fetch(self, seq: int, rowids: list[int]) -> Iterator[batches.Stored]:
         """The stored reports with these rowids (ascending), a few batches at a time, each chunk
         of ``_FETCH_CHUNK`` rowids on one read connection."""
+        heads = None
         for start in range(0, len(rowids), _FETCH_CHUNK):
             part = rowids[start:start + _FETCH_CHUNK]
             with self._reading() as conn:
-                got = list(batches.read(conn, self.backend, seq, part))
+                if heads is None:  # once: a stored batch's header never changes
+                    heads = batches.headers(conn, seq)
+                got = list(batches.read(conn, self.backend, seq, part, heads))
             if sum(len(g) for g in got) != len(part):  # never: rowids come from the writer's own inserts
                 raise RuntimeError(f"store inconsistent: {len(part) - sum(len(g) for g in got)} held reports missing")
             yield from got

@@ -87,7 +87,8 @@ class Upload:
         return self.payloads
 
 
-def _split_ids(raw: bytes) -> list[bytes]:
+def split_ids(raw: bytes) -> list[bytes]:
+    """Concatenated 16-byte ids (or pseudonyms) as a list."""
     return [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
 
 
@@ -151,9 +152,9 @@ def decode_blocks(body: bytes, party: int, width: int, n_servers: int) -> Upload
             f"(16-byte block id, 16-byte pseudonym, {binding.proof_bytes(n_servers)}-byte proof, "
             f"{width} x 8-byte share); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
-    return Upload(_split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+    return Upload(split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
                   np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE,
-                  _split_ids(records["pseudonym"].tobytes()), party)
+                  split_ids(records["pseudonym"].tobytes()), party)
 
 
 def encode_block_index(block_ids: list[bytes], pseudonyms: list[bytes], parties: list[int]) -> bytes:
@@ -226,7 +227,7 @@ def decode_batch(body: bytes, width: int, n_servers: int) -> Upload:
             f"a share batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
             f"{binding.proof_bytes(n_servers)}-byte proof, {width} x 8-byte share); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
-    return Upload(_split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+    return Upload(split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
                   np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE)
 
 
@@ -244,7 +245,7 @@ def decode_seed_batch(body: bytes, n_servers: int) -> Upload:
             f"a seed batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
             f"{binding.proof_bytes(n_servers)}-byte proof, 32-byte seed); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
-    return Upload(_split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+    return Upload(split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
                   np.ascontiguousarray(records["seed"]), binding.CONTENT_SEED)
 
 
@@ -285,7 +286,7 @@ def report_id_halves(body: bytes) -> np.ndarray:
 def decode_report_ids(body: bytes) -> list[bytes]:
     """Parse a sorted, repeat-free id list; ValueError if malformed."""
     report_id_halves(body)
-    return [body[i : i + REPORT_ID_BYTES] for i in range(0, len(body), REPORT_ID_BYTES)]
+    return split_ids(body)
 
 
 def common_report_ids(bodies: Sequence[bytes]) -> bytes:
