@@ -777,11 +777,11 @@ def _stored_batches(db: Path | str) -> tuple[int, int]:
     if isinstance(db, str):
         import psycopg
 
-        with psycopg.connect(db) as conn:
-            n, m = conn.execute("SELECT count(*), coalesce(sum(m), 0) FROM batches").fetchone()
+        connect = psycopg.connect
     else:
-        with sqlite3.connect(db) as conn:
-            n, m = conn.execute("SELECT count(*), coalesce(sum(m), 0) FROM batches").fetchone()
+        connect = sqlite3.connect
+    with connect(db) as conn:
+        n, m = conn.execute("SELECT count(*), coalesce(sum(m), 0) FROM batches").fetchone()
     return int(n), int(m)
 
 
