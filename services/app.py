@@ -91,7 +91,7 @@ def commit_body_limit(study, settings: Settings) -> int:
     """The largest commit body this server reads for ``study``: an inclusion set lists distinct
     held ids, at most max_reports per party (16 bytes each), so the general --max-body-bytes
     (64 MiB, about 4 x 10^6 ids) must not cap it; the memory budget does, since the set is
-    read into memory (the study's own report index takes 24-80 bytes per id already). The
+    read into memory (the study's own report index takes 26-90 bytes per id already). The
     analyst's token is checked before a byte of it is read."""
     ids = study.max_reports * max(1, len(study.parties or ()))
     return max(settings.max_body_bytes, min(REPORT_ID_BYTES * ids, settings.memory_budget))

@@ -15,6 +15,15 @@ the main run once they hold a quarter of it, so each id is merged into the main 
 in all and a lookup costs a few binary searches. (Merging every few batches into the main run, as
 before, made the index a sixth of a bulk upload's writer time at 10^6 reports.)
 
+In front of them all, a bit per prefix of the high half (:class:`_Filter`): a clear bit means no
+held id has that prefix, so most new ids are known to be new from one bit, without a binary
+search in each run. Upload batches consist of new ids (a repeated one is a retry), so a batch's
+duplicate check searches the runs only for the few ids whose bit is set: at 2-3 x 10^6 held ids
+the searches took a fifth of a bulk upload's writer time before. The filter holds 16 to 64 bits
+per held id (2-8 bytes a report: it grows in powers of two), so a new id's bit is set with
+probability 1/64 to 1/16. Crafted ids whose prefixes are set cost the searches, never a wrong
+answer: the bit only ever says "not held".
+
 Exactness: ids are 128-bit and equality is always decided on both halves. Clients choose ids
 (SHA-256 commitments, so 64-bit prefix collisions take ~2^32 work to craft): where two held ids
 share their high half, the lookups resolve that range exactly on the low half (a slower
@@ -140,6 +149,46 @@ class _Run:
         return a if int(self.lo[a]) == lo else -1
 
 
+class _Filter:
+    """One bit per prefix of the high half, set for every held id's prefix (the module
+    docstring). Ids are only ever added to an index, so no bit is ever cleared. Sized as a power
+    of two of at least 32 bits per id, and built anew, twice or four times as large, once it
+    holds an id per 16 bits: a new id's bit is set with probability at most 1/16, and the filter
+    takes 2 to 8 bytes per held id."""
+
+    __slots__ = ("bits", "shift", "capacity")
+
+    #: the smallest filter: 2^16 bits (8 KiB)
+    MIN_BITS_LOG2 = 16
+
+    def __init__(self, n: int = 0) -> None:
+        log2 = max(self.MIN_BITS_LOG2, int(32 * max(n, 1) - 1).bit_length())  # >= 32 bits per id
+        self.bits = np.zeros(1 << (log2 - 3), dtype=np.uint8)
+        self.shift = np.uint64(64 - log2)
+        self.capacity = (1 << log2) // 16  # ids it takes before it is rebuilt larger
+
+    def add(self, hi: np.ndarray) -> None:
+        """Set the bits of these high halves (any order, repeats allowed)."""
+        if len(hi) == 0:
+            return
+        slot = np.sort(hi >> self.shift)
+        byte = (slot >> np.uint64(3)).astype(np.intp)
+        mask = np.left_shift(np.uint8(1), (slot & np.uint64(7)).astype(np.uint8))
+        starts = np.flatnonzero(np.concatenate(([True], byte[1:] != byte[:-1])))
+        self.bits[byte[starts]] |= np.bitwise_or.reduceat(mask, starts)
+
+    def maybe(self, hi: np.ndarray) -> np.ndarray:
+        """False where no held id has this high half's prefix (so the id is not held)."""
+        slot = hi >> self.shift
+        return ((self.bits[(slot >> np.uint64(3)).astype(np.intp)] >> (slot & np.uint64(7)).astype(np.uint8))
+                & np.uint8(1)).astype(bool)
+
+    def maybe_one(self, hi: int) -> bool:
+        """:meth:`maybe` for one high half (a Python int)."""
+        slot = hi >> int(self.shift)
+        return bool((int(self.bits[slot >> 3]) >> (slot & 7)) & 1)
+
+
 def _merge(runs: Sequence[_Run]) -> _Run:
     runs = [r for r in runs if len(r)]
     if not runs:
@@ -160,6 +209,7 @@ class ReportIndex:
         self._runs: list[_Run] = []
         self._recent: dict[bytes, int] = {}
         self._n = 0
+        self._filter = _Filter()
 
     # --- size and equality ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -182,18 +232,33 @@ class ReportIndex:
             return
         rowids = np.asarray(rowids, dtype=np.int64)
         if presorted is not None and len(presorted) == m and m > 64:
+            hi = presorted.hi
             self._runs.append(_Run(presorted.hi, presorted.lo, rowids[presorted.order], presorted=True))
         elif m <= 64:
             ids = report_ids if report_ids is not None else [
                 bytes(joined[i:i + REPORT_ID_BYTES]) for i in range(0, len(joined), REPORT_ID_BYTES)]
             self._recent.update(zip(ids, rowids.tolist()))
+            hi = np.frombuffer(joined, dtype=">u8")[::2].astype(np.uint64)
             if len(self._recent) >= _RECENT_LIMIT:
                 self._flush_recent()
         else:
             hi, lo = halves(joined)
             self._runs.append(_Run(hi, lo, rowids.copy()))
         self._n += m
+        if self._n > self._filter.capacity:
+            self._refilter()
+        else:
+            self._filter.add(hi)
         self._maybe_merge()
+
+    def _refilter(self) -> None:
+        """A filter sized for the ids held now, built from every one of them."""
+        fresh = _Filter(self._n)
+        for run in (self._main, *self._runs):
+            fresh.add(run.hi)
+        if self._recent:
+            fresh.add(np.frombuffer(b"".join(self._recent), dtype=">u8")[::2].astype(np.uint64))
+        self._filter = fresh
 
     def restore(self, hi: np.ndarray, lo: np.ndarray, rowids: np.ndarray) -> bool:
         """Replace the index by these ids (a checkpoint's: ascending, else sorted here); False,
@@ -204,6 +269,7 @@ class ReportIndex:
             return False
         self._main = run
         self._runs, self._recent, self._n = [], {}, len(hi)
+        self._refilter()
         return True
 
     def _flush_recent(self) -> None:
@@ -252,31 +318,38 @@ class ReportIndex:
                 order = np.argsort(hi)
                 hi, lo = hi[order], lo[order]
         found = np.full(len(hi), -1, dtype=np.int64)
+        maybe = np.flatnonzero(self._filter.maybe(hi))  # ascending: the needles stay sorted
+        if len(maybe) == 0:
+            return found  # none held (the recent ones' bits are set too)
+        few_hi, few_lo = hi[maybe], lo[maybe]
         for run in (self._main, *self._runs):
             if len(run):
-                at = run.find(hi, lo)
+                at = run.find(few_hi, few_lo)
                 hit = at >= 0
-                found[hit] = run.rowid[at[hit]]
+                found[maybe[hit]] = run.rowid[at[hit]]
         if order is None:
             out = found
         else:
             out = np.empty_like(found)
             out[order] = found
+            maybe = order[maybe]
         if self._recent:
-            ids = report_ids if report_ids is not None else [
-                bytes(joined[i:i + REPORT_ID_BYTES]) for i in range(0, len(joined), REPORT_ID_BYTES)]
             get = self._recent.get
-            for i in np.flatnonzero(out < 0).tolist():
-                rowid = get(ids[i])
+            for i in maybe[out[maybe] < 0].tolist():
+                rowid = get(report_ids[i] if report_ids is not None
+                            else bytes(joined[i * REPORT_ID_BYTES:(i + 1) * REPORT_ID_BYTES]))
                 if rowid is not None:
                     out[i] = rowid
         return out
 
     def _one(self, rid: bytes) -> int:
+        hi = int.from_bytes(rid[:8], "big")
+        if not self._filter.maybe_one(hi):
+            return -1
         rowid = self._recent.get(rid)
         if rowid is not None:
             return rowid
-        hi, lo = int.from_bytes(rid[:8], "big"), int.from_bytes(rid[8:], "big")
+        lo = int.from_bytes(rid[8:], "big")
         for run in (self._main, *self._runs):
             at = run.find_one(hi, lo)
             if at >= 0:
