@@ -43,6 +43,9 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 _RECENT_LIMIT = 4096
 #: merge the runs into the main run when there are more than this many ...
 _MAX_RUNS = 12
+#: ids from which two runs are merged by insertion rather than by a sort (measured: the sort is
+#: faster at 1.6 x 10^5 ids, insertion 1.8x faster at 1.6 x 10^6 and 2.8x at 3.75 x 10^6)
+_INSERT_FROM = 1 << 19
 
 
 def halves(blob: bytes | bytearray | memoryview) -> tuple[np.ndarray, np.ndarray]:
@@ -90,13 +93,14 @@ class _Run:
 
     __slots__ = ("hi", "lo", "rowid", "ties")
 
-    def __init__(self, hi: np.ndarray, lo: np.ndarray, rowid: np.ndarray, presorted: bool = False):
+    def __init__(self, hi: np.ndarray, lo: np.ndarray, rowid: np.ndarray, presorted: bool = False,
+                 ties: bool | None = None):
         if not presorted and len(hi) > 1:
             order = _ascending(hi, lo)
             hi, lo, rowid = hi[order], lo[order], rowid[order]
         self.hi, self.lo, self.rowid = hi, lo, rowid
         # whether two ids share a high half (crafted): then lookups resolve those ranges exactly
-        self.ties = bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1]))
+        self.ties = bool(len(hi) > 1 and np.any(hi[1:] == hi[:-1])) if ties is None else ties
 
     def __len__(self) -> int:
         return len(self.hi)
@@ -167,11 +171,11 @@ class _Filter:
         self.shift = np.uint64(64 - log2)
         self.capacity = (1 << log2) // 16  # ids it takes before it is rebuilt larger
 
-    def add(self, hi: np.ndarray) -> None:
-        """Set the bits of these high halves (any order, repeats allowed)."""
+    def add(self, hi: np.ndarray, ascending: bool = False) -> None:
+        """Set the bits of these high halves (repeats allowed; ``ascending``: they are sorted)."""
         if len(hi) == 0:
             return
-        slot = np.sort(hi >> self.shift)
+        slot = hi >> self.shift if ascending else np.sort(hi >> self.shift)
         byte = (slot >> np.uint64(3)).astype(np.intp)
         mask = np.left_shift(np.uint8(1), (slot & np.uint64(7)).astype(np.uint8))
         starts = np.flatnonzero(np.concatenate(([True], byte[1:] != byte[:-1])))
@@ -190,13 +194,43 @@ class _Filter:
 
 
 def _merge(runs: Sequence[_Run]) -> _Run:
-    runs = [r for r in runs if len(r)]
+    """One run of these runs' ids: the smaller ones sorted together, then inserted into the
+    largest (:func:`_insert`)."""
+    runs = sorted((r for r in runs if len(r)), key=len)
     if not runs:
         return _Run(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.int64), presorted=True)
     if len(runs) == 1:
         return runs[0]
+    big = runs.pop()
+    return _insert(big, runs[0] if len(runs) == 1 else _concatenated(runs))
+
+
+def _concatenated(runs: Sequence[_Run]) -> _Run:
     return _Run(np.concatenate([r.hi for r in runs]), np.concatenate([r.lo for r in runs]),
                 np.concatenate([r.rowid for r in runs]))
+
+
+def _insert(big: _Run, small: _Run) -> _Run:
+    """The ids of both runs in one, by placing the smaller run's ids at their positions among
+    the larger one's: a binary search per small id and one pass of copies (no permutation array;
+    faster than a stable sort of both from :data:`_INSERT_FROM` ids). A high half in both runs
+    (crafted ids) takes the sort, which orders such ids by their low half."""
+    n, m = len(big), len(small)
+    if n + m < _INSERT_FROM:  # cache-sized: the stable sort of two sorted runs is faster
+        return _concatenated([big, small])
+    at = np.searchsorted(big.hi, small.hi)
+    if bool(np.any(big.hi[np.minimum(at, n - 1)] == small.hi)):
+        return _concatenated([big, small])
+    at += np.arange(m)
+    theirs = np.ones(n + m, dtype=bool)
+    theirs[at] = False
+    merged = []
+    for mine, other in ((big.hi, small.hi), (big.lo, small.lo), (big.rowid, small.rowid)):
+        out = np.empty(n + m, dtype=mine.dtype)
+        out[at] = other
+        out[theirs] = mine
+        merged.append(out)
+    return _Run(*merged, presorted=True, ties=big.ties or small.ties)
 
 
 class ReportIndex:
@@ -232,30 +266,31 @@ class ReportIndex:
             return
         rowids = np.asarray(rowids, dtype=np.int64)
         if presorted is not None and len(presorted) == m and m > 64:
-            hi = presorted.hi
             self._runs.append(_Run(presorted.hi, presorted.lo, rowids[presorted.order], presorted=True))
+            hi, ascending = presorted.hi, True
         elif m <= 64:
             ids = report_ids if report_ids is not None else [
                 bytes(joined[i:i + REPORT_ID_BYTES]) for i in range(0, len(joined), REPORT_ID_BYTES)]
             self._recent.update(zip(ids, rowids.tolist()))
-            hi = np.frombuffer(joined, dtype=">u8")[::2].astype(np.uint64)
+            hi, ascending = np.frombuffer(joined, dtype=">u8")[::2].astype(np.uint64), False
             if len(self._recent) >= _RECENT_LIMIT:
                 self._flush_recent()
         else:
             hi, lo = halves(joined)
             self._runs.append(_Run(hi, lo, rowids.copy()))
+            hi, ascending = self._runs[-1].hi, True
         self._n += m
         if self._n > self._filter.capacity:
             self._refilter()
         else:
-            self._filter.add(hi)
+            self._filter.add(hi, ascending)
         self._maybe_merge()
 
     def _refilter(self) -> None:
         """A filter sized for the ids held now, built from every one of them."""
         fresh = _Filter(self._n)
         for run in (self._main, *self._runs):
-            fresh.add(run.hi)
+            fresh.add(run.hi, ascending=True)
         if self._recent:
             fresh.add(np.frombuffer(b"".join(self._recent), dtype=">u8")[::2].astype(np.uint64))
         self._filter = fresh

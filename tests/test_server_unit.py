@@ -1511,6 +1511,40 @@ def test_report_index_filter_answers_most_new_ids_from_one_bit(monkeypatch):
     assert index.lookup(again).tolist() == list(range(1, 501))
 
 
+def test_report_index_merge_by_insertion_equals_the_sort(monkeypatch):
+    """Runs past idsets._INSERT_FROM ids are merged by insertion: the same run as the stable
+    sort of both gives, ids, rowids and the crafted-ties flag; a high half held by both runs
+    (crafted) takes the sort and still orders those ids by their low half."""
+    from services import idsets
+
+    rng = np.random.default_rng(5)
+
+    def run(n: int, hi=None) -> idsets._Run:
+        hi = rng.integers(0, 2**64, n, dtype=np.uint64) if hi is None else hi
+        return idsets._Run(hi, rng.integers(0, 2**64, len(hi), dtype=np.uint64), rng.permutation(10**7)[:len(hi)])
+
+    big, small = run(450_000), run(150_000)
+    assert len(big) + len(small) >= idsets._INSERT_FROM
+    sorted_ = idsets._concatenated([big, small])
+    sorts = []
+    concatenated = idsets._concatenated
+    monkeypatch.setattr(idsets, "_concatenated", lambda runs: sorts.append(len(runs)) or concatenated(runs))
+    merged = idsets._merge([small, big])
+    assert sorts == [] and not merged.ties  # inserted, not sorted
+    for a, b in ((merged.hi, sorted_.hi), (merged.lo, sorted_.lo), (merged.rowid, sorted_.rowid)):
+        assert np.array_equal(a, b)
+    assert bool(np.all(merged.hi[1:] >= merged.hi[:-1]))
+    # crafted: one high half in both runs, different low halves
+    shared = small.hi.copy()
+    shared[7] = big.hi[1234]
+    crafted = run(0, hi=np.sort(shared))
+    both = idsets._merge([big, crafted])
+    assert sorts == [2] and both.ties and len(both) == len(big) + len(crafted)
+    at = np.flatnonzero(both.hi == big.hi[1234])
+    assert len(at) == 2 and both.lo[at[0]] < both.lo[at[1]]
+    assert idsets.strictly_ascending(both.hi, both.lo)
+
+
 def test_commit_with_ids_sharing_a_prefix(server: Server, study: Study):
     """Crafted ids with a common 64-bit prefix take the exact path and give the same answers.
 
