@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.types import Scope
 
 from dpsketch.observability import HttpMetrics, open_connections
@@ -154,6 +154,16 @@ class _LiveCollector:
             yield GaugeMetricFamily("dpsketch_writer_queued_bytes", "Share bytes waiting for the writer "
                                     "(refused with 503 at max_queued_bytes)",
                                     value=float(writer.queued_bytes))
+        wal = getattr(getattr(store, "backend", None), "checkpointer", None)  # SQLite only
+        if wal is not None:
+            runs = CounterMetricFamily("dpsketch_wal_checkpoints", "SQLite WAL checkpoints (services/wal.py), "
+                                       "by who ran them: the checkpoint thread after commits, or the writer "
+                                       "to start the log over", labels=["by"])
+            runs.add_metric(["checkpointer"], float(wal.runs))
+            runs.add_metric(["writer"], float(wal.rewinds))
+            yield runs
+            yield GaugeMetricFamily("dpsketch_wal_log_pages", "Pages in the SQLite WAL when it was last "
+                                    "checkpointed (the writer starts it over at 4,000)", value=float(wal.log_pages))
         if self.admission is not None:
             yield GaugeMetricFamily("dpsketch_uploads_in_flight", "Uploads admitted (body received) and not "
                                     "yet answered (more are refused with 503 at $DPSKETCH_MAX_INFLIGHT_UPLOADS)",

@@ -136,6 +136,14 @@ def test_counters_move_by_exactly_the_known_upload(cluster: Cluster):
     assert delta(before, after, "dpsketch_http_request_duration_seconds_count", route=route, method="POST") == 8
     assert not any(dict(labels).get("study_id") == unknown for _, labels in after)
     assert value(after, "dpsketch_store_bytes") > 0
+    # the WAL's checkpoint thread ran after those commits (0.25 s after the writer's last one)
+    ran = lambda samples: value(samples, "dpsketch_wal_checkpoints_total", by="checkpointer")  # noqa: E731
+    deadline = time.monotonic() + 10
+    while ran(latest := scrape(s1, op1)) <= ran(before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ran(latest) > ran(before)
+    assert ("dpsketch_wal_checkpoints_total", frozenset({("by", "writer")})) in latest
+    assert ("dpsketch_wal_log_pages", frozenset()) in latest
     assert value(after, "dpsketch_open_connections") >= 1  # this scrape's own
     assert value(after, "dpsketch_http_requests_in_flight") == 1  # the scrape itself
     assert value(after, "process_resident_memory_bytes") > 10e6
