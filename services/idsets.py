@@ -44,7 +44,7 @@ _RECENT_LIMIT = 4096
 #: merge the runs into the main run when there are more than this many ...
 _MAX_RUNS = 12
 #: lookups of at most this many ids take them one at a time (a bit, then searches for the few
-#: whose bit is set): cheaper than the numpy calls of a batch lookup
+#: whose bit is set): a group of 30 single uploads costs about 21 us either way, fewer ids less
 _FEW = 64
 #: ids from which two runs are merged by insertion rather than by a sort (measured: the sort is
 #: faster at 1.6 x 10^5 ids, insertion 1.8x faster at 1.6 x 10^6 and 2.8x at 3.75 x 10^6)
