@@ -59,7 +59,7 @@ from .keys import KeyRing
 from dpsketch.protocol.sketch import accumulate as add_into
 from .settings import Settings
 from .state import StudyRecord, StudyState, UploadToken, load_state, new_state
-from .writer import CallJob, UploadJob, Writer
+from .writer import CallJob, SingleUpload, UploadJob, Writer
 
 log = logging.getLogger("dpsketch.server")
 
@@ -583,6 +583,18 @@ class Store:
                                             pseudonyms=pseudonyms, party=party,
                                             required=record.upload_required, waiter=waiter,
                                             sorted_ids=sorted_ids))
+
+    def submit_single(self, record: StudyRecord, report_id: bytes, proof: bytes, share: bytes,
+                      token: bytes | None, waiter: Any) -> SingleUpload:
+        """Queue one single report of the fast path (services/uploads.py), its fields decoded and
+        their lengths checked, its binding not yet: the writer checks a group's bindings at
+        once and refuses an unbound one with writer.Unbound. ``waiter`` (an asyncio future of
+        the calling loop) gets the outcome: an UploadResult, or the refusal as an exception."""
+        if record.commit is not None:
+            raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
+        job = SingleUpload(record, report_id, proof, share, token, waiter)
+        self.writer.submit(job)
+        return job
 
     @_unavailable_on_db_error
     def commit(self, study_id: str, inclusion: bytes) -> CommitResult:

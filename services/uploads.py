@@ -10,8 +10,11 @@ validation took about half of the server's CPU per upload, and the event loop's 
 limit (docs/operations.md, "Single uploads"). :class:`FastReports`, a pure ASGI middleware
 outside every other one, answers a *well-formed* single upload itself: it parses the body (the
 SDK's plain JSON directly, messages.report_fields, anything else with the same pydantic model,
-:class:`Report`), checks the token and the binding with the same functions, hands the report to
-the same writer and answers the same bytes. Being outermost, it also does for such an upload
+:class:`Report`), checks the token with the same function and the lengths, and hands the
+report's bytes to the same writer, which checks the bindings of a whole group of single reports
+at once (services/writer.py, ``Writer._bind_singles``: one vectorised check instead of two
+hashlib calls and two numpy arrays per request on the event loop, the server's busiest
+thread); then it answers the same bytes. Being outermost, it also does for such an upload
 what the layers it skips do, with their objects: the body limit (a Content-Length or body over
 it), upload admission (the same :class:`~services.admission.Admission` counts, held until the
 answer) and the HTTP and upload metrics (observability.count_answer, as the metrics middleware
@@ -21,14 +24,17 @@ loop more than the work.
 Anything it does not accept as it stands goes, untouched, to those layers and the FastAPI route:
 a body past the limit or one the admission refuses (they answer 413 or 503, as always), a
 refusal before the writer (bad JSON, a body the model refuses, an unknown study, a missing or
-wrong token, a study with parties, a wrong length, a binding that does not hold), another
-Content-Type, a body cut short. The route then answers it exactly as it always did: the same
+wrong token, a study with parties or one already committed, a wrong length), another
+Content-Type, a body cut short, and a report whose binding the writer found not to hold (it
+stored nothing of it: writer.Unbound). The route then answers it exactly as it always did: the same
 checks in the same order, the same problem JSON, so nothing about a refusal depends on which
 path saw the request first (nothing is stored before the writer, so checking twice changes
 nothing). A request handed on after this layer admitted it keeps that admission (the admission
 layer lets it pass: ADMITTED_KEY), and its latency is measured from its head (START_KEY).
 Refusals by the writer (study-closed, quota-exceeded, report-conflict, unavailable) and its
-acknowledgement are answered here, rendered by the same functions the route uses. The route
+acknowledgement are answered here, rendered by the same functions the route uses; a writer too
+busy to queue the report (503 unavailable) answers before its binding is checked, as upload
+admission does. The route
 stays in the OpenAPI document, which describes the endpoint either way.
 """
 
@@ -56,6 +62,7 @@ from dpsketch.protocol.study import Study
 
 from .admission import ADMITTED_KEY, ROUTE_KEY, Admission, read_body, replaying
 from .auth import digest_of
+from .writer import Unbound
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -102,6 +109,13 @@ async def upload_token(store: "Store", study_id: str, credentials: str | None) -
     record = store.record(study_id)
     if store.shared and credentials and digest_of(credentials) not in record.upload_tokens:
         await run_in_threadpool(store.refresh_tokens, record)  # issued by another replica?
+    return held_token(record, credentials)
+
+
+def held_token(record, credentials: str | None) -> bytes | None:
+    """:func:`upload_token` against the tokens this process knows of the study (all of them,
+    unless replicas share the store)."""
+    study_id = record.study_id
     if not record.upload_required:
         return None
     if not credentials:
@@ -221,7 +235,7 @@ class FastReports:
         try:
             study_id = match["study_id"]
             try:
-                record, ids, shares, token = await self._checked(scope, study_id, body)
+                record, fields, token = await self._checked(scope, study_id, body)
             except Exception:  # _Refer, a ProblemError, pydantic's ValidationError, bad JSON, ...
                 # the route answers it, from the same bytes (a refusal: nothing was stored), as it
                 # answers every request: a refusal of its own, or its 500 for what nobody foresaw.
@@ -229,7 +243,7 @@ class FastReports:
                 scope[ADMITTED_KEY] = True
                 await self._hand_on(scope, start, replaying(messages, receive), send)
                 return
-            await self._store(scope, receive, send, start, study_id, record, ids, shares, token, size)
+            await self._store(scope, receive, send, start, messages, study_id, record, fields, token, size)
         finally:
             admission.requests -= 1
             admission.bytes -= size
@@ -257,33 +271,29 @@ class FastReports:
         scope[START_KEY] = start
         await self.app(scope, receive, send)
 
-    async def _store(self, scope: Scope, receive: Receive, send: Send, start: float, study_id: str, record,
-                     ids: list[bytes], shares: np.ndarray, token: bytes | None, size: int) -> None:
-        """Hand the checked report to the writer and answer, counted as the metrics middleware counts."""
-        scope[ROUTE_KEY] = REPORTS_ROUTE  # for the metrics (no route matched)
-        scope["path_params"] = {"study_id": study_id}
+    async def _store(self, scope: Scope, receive: Receive, send: Send, start: float, messages: list,
+                     study_id: str, record, fields: tuple[bytes, bytes, bytes], token: bytes | None,
+                     size: int) -> None:
+        """Hand the report to the writer, which checks its binding with the others of its group,
+        and answer, counted as the metrics middleware counts; an unbound report goes to the
+        route instead (it answers 422 binding-refused, or an earlier refusal of its order)."""
         metrics = self.metrics
-        status, slug, acknowledged = 500, None, False
         try:
-            try:
-                result = await stored_report(self.store, metrics, study_id, record, ids, shares, token)
-            except ProblemError as exc:  # the writer's refusal, rendered as the route's handler does
-                response = problem_response(exc, Request(scope))
-                status, slug = response.status_code, problem_slug(response.body)
-                await response(scope, receive, send)
-                return
-            except Exception:  # as FastAPI's server-error layer (dpsketch/problem_http.py): 500, re-raised
-                log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-                response = problem_response(ProblemError("internal-error", "unexpected server error"),
-                                            Request(scope))
-                status, slug = response.status_code, problem_slug(response.body)
-                await response(scope, receive, send)
-                raise
+            result = await self._stored(record, fields, token)
+        except Unbound:  # nothing was stored: the route answers it, keeping this admission
+            scope[ADMITTED_KEY] = True
+            await self._hand_on(scope, start, replaying(messages, receive), send)
+            return
+        except BaseException as exc:
+            await self._refused(scope, receive, send, start, study_id, size, exc)
+            return
+        metrics.uploaded(study_id, result)
+        acknowledged = False
+        try:
             # what json_response(result) sends (starlette's Response: the same headers, in its order)
             body = result_json(result)
-            status = 200
             await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)]})
+                        "headers": [(b"content-length", b"%d" % len(body)), (b"content-type", _JSON)]})
             await send({"type": "http.response.body", "body": body})
             acknowledged = True
         finally:
@@ -295,14 +305,69 @@ class FastReports:
                 http.received_of(REPORTS_ROUTE).inc(size)
                 metrics.acknowledged(study_id, size)
             else:
-                count_answer(http, metrics.on_complete, scope, start, status, size, slug)
+                self._count_as_route(scope, study_id)
+                count_answer(http, metrics.on_complete, scope, start, 200, size, None)
 
-    async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, list[bytes], np.ndarray,
+    async def _refused(self, scope: Scope, receive: Receive, send: Send, start: float, study_id: str, size: int,
+                       exc: BaseException) -> None:
+        """Answer the writer's refusal as the route's error handler renders it; anything else as
+        FastAPI's server-error layer does (dpsketch/problem_http.py: 500, then re-raised);
+        counted as the metrics middleware counts."""
+        metrics = self.metrics
+        self._count_as_route(scope, study_id)
+        status, slug = 500, None
+        try:
+            if isinstance(exc, ProblemError):
+                response = problem_response(exc, Request(scope))
+            elif isinstance(exc, Exception):
+                log.exception("unexpected error on %s %s", scope["method"], scope["path"], exc_info=exc)
+                response = problem_response(ProblemError("internal-error", "unexpected server error"),
+                                            Request(scope))
+            else:  # cancelled, or the loop stopping: nobody to answer
+                raise exc
+            status, slug = response.status_code, problem_slug(response.body)
+            await response(scope, receive, send)
+        finally:
+            metrics.http.in_flight_now -= 1
+            count_answer(metrics.http, metrics.on_complete, scope, start, status, size, slug)
+        if not isinstance(exc, ProblemError):
+            raise exc
+
+    @staticmethod
+    def _count_as_route(scope: Scope, study_id: str) -> None:
+        """Label an answer made here as the route's (no route matched, for the metrics)."""
+        scope[ROUTE_KEY] = REPORTS_ROUTE
+        scope["path_params"] = {"study_id": study_id}
+
+    async def _stored(self, record, fields: tuple[bytes, bytes, bytes], token: bytes | None) -> UploadResult:
+        """The writer's acknowledgement of a checked report once it is durable; its refusals
+        (and writer.Unbound) raised."""
+        waiter = asyncio.get_running_loop().create_future()
+        job = self.store.submit_single(record, *fields, token, waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:  # the client went away: not stored if the writer has not begun
+            job.future.cancel()
+            raise
+
+    async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, tuple[bytes, bytes, bytes],
                                                                                    bytes | None]:
-        # What this accepts FastAPI accepts as the same report (json.loads, then the model: the same
-        # fields and validators; a repeated key: the last one, both ways); the rest goes to the route.
-        # The SDK's plain JSON is read without pydantic, each field decoded once (report_fields)
-        report = report_fields(body) or Report.model_validate_json(body)
-        token = await upload_token(self.store, study_id, bearer_credentials(scope))
-        record, ids, shares = checked_report(self.store, self.server_id, study_id, report)
-        return record, ids, shares, token
+        """The study's record, the report's decoded fields and the upload token's digest, for a
+        report that passes every check of the route before its binding; raises otherwise (the
+        route then answers). What this accepts FastAPI accepts as the same report (json.loads,
+        then the model: the same fields and validators; a repeated key: the last one, both
+        ways). The SDK's plain JSON is read without pydantic, each field decoded once."""
+        fields = report_fields(body) or Report.model_validate_json(body).fields()
+        store = self.store
+        credentials = bearer_credentials(scope)
+        if store.shared:
+            token = await upload_token(store, study_id, credentials)
+            record = store.record(study_id)
+        else:
+            record = store.record(study_id)
+            token = held_token(record, credentials)
+        study = record.study
+        if (record.commit is not None or study.parties is not None or len(fields[2]) != 8 * study.width
+                or len(fields[1]) != binding.proof_bytes(study.n_servers)):
+            raise _Refer  # the route's study-closed or invalid-request, in its order
+        return record, fields, token

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsketch.protocol import binding
 from dpsketch.protocol.messages import UploadResult
 from dpsketch.protocol.problems import ProblemError
 
@@ -73,6 +74,103 @@ class UploadJob:
         """The (pseudonym, party) slot of each block: one block per individual and party."""
         tag = bytes((self.party or 0,))
         return [p + tag for p in self.pseudonyms or ()]
+
+
+class Outcome:
+    """What the writer answers one single upload: the part of a ``concurrent.futures.Future``'s
+    API that the writer and the event loop use, without its Condition. Why: a Future per single
+    upload (a Condition and a lock made, notified and called back) cost more than the upload's
+    share of a group commit. Only the writer thread settles it, and the event loop reads it
+    after the writer's wake-up (Writer._wake); starting and cancelling, which race between the
+    two threads, take one lock shared by every Outcome."""
+
+    __slots__ = ("_state", "_result", "_exception", "_callback")
+    _transition = threading.Lock()
+
+    def __init__(self) -> None:
+        self._state = _PENDING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._callback: Callable[[Any], None] | None = None
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """One callback (the writer's queue accounting), called when settled or cancelled."""
+        self._callback = fn
+
+    def _settled(self) -> None:
+        fn, self._callback = self._callback, None
+        if fn is not None:
+            fn(self)
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with Outcome._transition:
+            if self._state == _CANCELLED:
+                return False
+            self._state = _RUNNING
+            return True
+
+    def cancel(self) -> bool:
+        with Outcome._transition:
+            if self._state != _PENDING:
+                return False
+            self._state = _CANCELLED
+        self._settled()
+        return True
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def done(self) -> bool:
+        return self._state == _FINISHED or self._state == _CANCELLED
+
+    def set_result(self, result: Any) -> None:
+        self._result, self._state = result, _FINISHED
+        self._settled()
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._exception, self._state = exception, _FINISHED
+        self._settled()
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    def result(self) -> Any:
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+
+_PENDING, _RUNNING, _FINISHED, _CANCELLED = range(4)
+
+
+class Unbound(Exception):
+    """A single upload whose share is not the one its report id commits to: nothing of it is
+    stored, and the fast path hands it to the route, which answers it in its own order."""
+
+
+class SingleUpload(UploadJob):
+    """One single report from the fast path (services/uploads.py), its binding not yet checked:
+    the writer checks the bindings of a group's single reports at once
+    (:meth:`Writer._bind_singles`; vectorised, not two hashlib calls and two numpy arrays per
+    request on the event loop). Made field by field, without the dataclass's __init__ and
+    without a ``concurrent.futures.Future`` (an :class:`Outcome` instead)."""
+
+    def __init__(self, record: StudyRecord, report_id: bytes, proof: bytes, share: bytes,
+                 token: bytes | None, waiter: Any) -> None:
+        self.record = record
+        self.ids = [report_id]
+        self._joined = report_id
+        self.proof = proof
+        self.share = share
+        self.shares = None  # type: ignore[assignment]  # a (1, width) row once bound
+        self.rows = self.signs = None
+        self.token = token
+        self.pseudonyms = None
+        self.party = None
+        self.required = record.upload_required
+        self.future = Outcome()  # type: ignore[assignment]
+        self.waiter = waiter
+        self.sorted_ids = None
 
 
 @dataclass
@@ -151,7 +249,8 @@ class Writer:
     # --- API ---------------------------------------------------------------------------------
     def submit(self, job: UploadJob | CallJob) -> Future:
         """Queue a job, or refuse with 503 when saturated (bounded memory) or stopping."""
-        size = job.shares.nbytes if isinstance(job, UploadJob) else 0
+        size = (len(job.share) if type(job) is SingleUpload
+                else job.shares.nbytes if isinstance(job, UploadJob) else 0)
         with self._lock:
             if self._stopping or not self.thread.is_alive():
                 raise ProblemError("unavailable", "the server is shutting down", headers={"Retry-After": "5"})
@@ -272,7 +371,35 @@ class Writer:
         job.future.set_result(result)
 
     # --- uploads -----------------------------------------------------------------------------
+    def _bind_singles(self, group: list[UploadJob]) -> list[UploadJob]:
+        """Check the bindings of the group's single uploads, per study at once (binding.unbound),
+        and give each bound one its share row; the unbound are refused with :class:`Unbound`
+        and left out of what the group stores. Returns the group without them."""
+        by_study: dict[int, list[SingleUpload]] = {}
+        for job in group:
+            if type(job) is SingleUpload:
+                by_study.setdefault(job.record.seq, []).append(job)
+        if not by_study:
+            return group
+        refused: set[int] = set()
+        for jobs in by_study.values():
+            study = jobs[0].record.study
+            m, width = len(jobs), study.width
+            proofs = np.frombuffer(b"".join([job.proof for job in jobs]), dtype=np.uint8).reshape(m, -1)
+            shares = np.frombuffer(b"".join([job.share for job in jobs]), dtype="<u8").reshape(m, width).copy()
+            wrong = binding.unbound(study.study_id, study.n_servers, study.servers.index(self.settings.server_id),
+                                    binding.CONTENT_SHARE, [job.ids[0] for job in jobs], proofs, shares)
+            for i, job in enumerate(jobs):
+                job.shares = shares[i:i + 1]
+            for i in wrong.tolist():
+                jobs[i].future.set_exception(Unbound())
+                refused.add(id(jobs[i]))
+        return [job for job in group if id(job) not in refused] if refused else group
+
     def _run_uploads(self, group: list[UploadJob]) -> None:
+        group = self._bind_singles(group)
+        if not group:
+            return
         plans: list[_Plan] = []
         pending: dict[int, list[_Plan]] = {}  # per study: accepted requests of this group
         charged: dict[tuple[int, bytes], int] = {}  # (study, token) -> new reports in this group

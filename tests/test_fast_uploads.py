@@ -16,6 +16,7 @@ import base64
 import json
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -360,3 +361,56 @@ def test_the_acknowledgement_is_the_models_json():
     for accepted, duplicates, count in [(1, 0, 1), (0, 1, None), (1, 0, 10**12), (0, 0, 0), (7, 3, None)]:
         result = UploadResult(accepted=accepted, duplicates=duplicates, report_count=count)
         assert result_json(result) == result.model_dump_json().encode()
+
+
+def test_forged_reports_among_concurrent_singles_are_refused_alone(server):
+    """The writer checks the bindings of a group of fast-path uploads at once; an attacker's
+    forged reports (a substituted share or proof, another record's id, a held id with a new
+    share) sent among honest clients' reports, 32 requests at a time over loopback, each get
+    the route's 422 binding-refused and store nothing, while every honest report is stored
+    exactly once and acknowledged: held ids are exactly the honest ones and the metrics count the
+    answers (tests/test_server_unit.py checks the running totals of such a group)."""
+    import asyncio
+
+    http, spec, study, token = server
+    path = f"/v1/studies/{study.study_id}/reports"
+    honest = bound(study, 120)
+    forged_rs = bound(study, 40)
+    forged = []
+    for i in range(40):
+        kind = i % 4
+        if kind == 0:
+            forged.append(json.dumps(forged_rs.substituted(i, "share", i % 8).report(0)).encode())
+        elif kind == 1:
+            forged.append(json.dumps(forged_rs.substituted(i, "proof", i % 16).report(0)).encode())
+        elif kind == 2:
+            forged.append(as_json(forged_rs, i, report_id=honest.ids[i].hex()))  # an honest report's id
+        else:
+            forged.append(as_json(forged_rs, i, report_id=honest.ids[0].hex(), share=honest.report(1)["share"]))
+    bodies = [(as_json(honest, i), True) for i in range(120)] + [(b, False) for b in forged]
+    np.random.default_rng(5).shuffle(bodies)
+
+    async def send_all() -> list[tuple[httpx.Response, bool]]:
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=30,
+                                     limits=httpx.Limits(max_connections=32)) as client:
+            async def one(body: bytes, good: bool) -> tuple[httpx.Response, bool]:
+                r = await client.post(path, content=body,
+                                      headers={"Content-Type": FAST, "Authorization": f"Bearer {token}"})
+                return r, good
+            return await asyncio.gather(*(one(b, g) for b, g in bodies))
+
+    answers = asyncio.run(send_all())
+    for r, good in answers:
+        if good:
+            assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
+        else:
+            assert r.status_code == 422 and r.json()["type"].endswith(":binding-refused"), r.text
+            assert r.json()["instance"] == path
+    held = http.get(f"/v1/studies/{study.study_id}/report-ids",
+                    headers={"Authorization": f"Bearer {spec.analyst_token}"}).content
+    assert held == b"".join(sorted(honest.ids))
+    text = http.get("/metrics", headers={"Authorization": f"Bearer {spec.operator_token}"}).text
+    route = "/v1/studies/{study_id}/reports"
+    assert _metric(text, "dpsketch_http_requests_total", route=route, status="200") == 120
+    assert _metric(text, "dpsketch_http_problems_total", route=route, type="binding-refused") == 40
+    assert _metric(text, "dpsketch_reports_total", outcome="accepted") == 120

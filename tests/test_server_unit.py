@@ -1361,6 +1361,57 @@ def test_a_group_of_single_uploads_is_judged_as_request_by_request(tmp_path, mon
     assert taken == [True, False, False, False, True, True, False, False], taken
 
 
+def test_fast_path_singles_are_bound_as_a_group_and_only_the_unbound_refused(server: Server, study: Study):
+    """The fast path hands single reports to the writer before their binding is checked; the
+    writer checks a group's at once (Writer._bind_singles). An adversary's records in the group
+    (a substituted share, a substituted proof, a held report's id with a forged share) are
+    refused alone with writer.Unbound and store nothing; every bound one is stored exactly once
+    and the totals are those of the bound ones; a request cancelled before the writer began is
+    not stored."""
+    import asyncio
+    import threading
+
+    from services.writer import CallJob, Unbound
+
+    store = server.app.state.store
+    record = store.record(study.study_id)
+    held = server.reports(study, 2)
+    assert server.batch(study, held).status_code == 200
+    good = server.reports(study, 6)
+    forged_share = server.reports(study, 1).substituted(0, "share", 5)
+    forged_proof = server.reports(study, 1).substituted(0, "proof", 3)
+    replay = held[0]
+    replay.shares = replay.shares ^ np.uint64(7)  # a held id under another share, proof unchanged
+    cancelled = server.reports(study, 1)
+
+    def fields(r: Reports, i: int = 0) -> tuple[bytes, bytes, bytes]:
+        return r.ids[i], r.proofs[i].tobytes(), r.shares[i].astype("<u8").tobytes()
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        gate = threading.Event()
+        blocker = store.writer.submit(CallJob(lambda conn: (gate.wait(10), None)))
+        order = ([fields(good, 0), fields(forged_share), fields(good, 1), fields(forged_proof)]
+                 + [fields(good, i) for i in range(2, 6)] + [fields(replay), fields(held, 1)])
+        waiters = [loop.create_future() for _ in order]
+        for f, waiter in zip(order, waiters):
+            store.submit_single(record, *f, None, waiter)
+        gone = store.submit_single(record, *fields(cancelled), None, loop.create_future())
+        assert gone.future.cancel()
+        gate.set()
+        await asyncio.wrap_future(blocker)
+        return await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 10)
+
+    outcomes = asyncio.run(run())
+    kinds = ["unbound" if isinstance(o, Unbound) else (o.accepted, o.duplicates) for o in outcomes]
+    assert kinds == [(1, 0), "unbound", (1, 0), "unbound", (1, 0), (1, 0), (1, 0), (1, 0), "unbound", (0, 1)]
+    assert server.count(study) == 8
+    stored = held.ids + good.ids
+    assert server.held_ids(study) == b"".join(sorted(stored))
+    assert np.array_equal(record.state.aggregate,
+                          expected_aggregate(study, stored, np.vstack([held.shares, good.shares])))
+
+
 # --- nothing a client sends gets a 500 ---------------------------------------------------------
 
 

@@ -53,3 +53,25 @@ def test_compiled_accumulate_equals_the_sparse_product(s, k, d):
         assert np.array_equal(acc, start + delta if sign > 0 else start - delta)
     with pytest.raises(ValueError):
         sketch.accumulate(start.copy(), rows + k, signs, shares)  # never writes outside
+
+
+@pytest.mark.parametrize("s, k", [(1, 1), (2, 10), (4, 400), (8, 64)])
+def test_compiled_gram_equals_numpys(s, k):
+    """The compiled s * S S^T running total equals numpy's (np.add.at per block pair), adding and
+    subtracting, signs +1, -1 and 0 included; rows outside the matrix are refused either way."""
+    rng = np.random.default_rng(7 * s + k)
+    sketch.warm_up()
+    m = 2000
+    rows = rng.integers(0, k // s, (m, s)) + np.arange(s) * (k // s)
+    signs = rng.choice(np.array([-1, 0, 1], dtype=np.int8), (m, s))
+    start = rng.integers(-1000, 1000, (k, k), dtype=np.int64)
+    for sign in (1, -1):
+        compiled = start.copy()
+        sketch.accumulate_gram(compiled, rows, signs, sign)
+        reference = start.copy()
+        with kernels.SKETCH.reference():
+            sketch.accumulate_gram(reference, rows, signs, sign)
+        assert np.array_equal(compiled, reference)
+        assert not np.array_equal(compiled, start) or not signs.any()
+    with pytest.raises((ValueError, IndexError)):
+        sketch.accumulate_gram(start.copy(), rows + k, signs)

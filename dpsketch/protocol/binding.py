@@ -212,6 +212,20 @@ def verify(study_id: str, n_servers: int, position: int, content: int, report_id
             if rid != report_ids[0]:
                 _refuse(report_ids, 0)
             return
+    wrong = unbound(study_id, n_servers, position, content, report_ids, proofs, payloads, prefixes)
+    if wrong.size:
+        _refuse(report_ids, int(wrong[0]))
+
+
+def unbound(study_id: str, n_servers: int, position: int, content: int, report_ids: Sequence[bytes],
+            proofs: np.ndarray, payloads: np.ndarray, prefixes: Sequence[bytes] | None = None) -> np.ndarray:
+    """The indices (ascending) of the records whose payload is not the one their report id commits
+    to at server ``position``; empty when every record is bound. Arguments as for :func:`verify`,
+    which refuses a whole upload for the first of them; a server checking many single reports at
+    once (services/writer.py) refuses only those."""
+    size = proof_bytes(n_servers)
+    m = len(report_ids)
+    cut = SALT_BYTES + position * COMMITMENT_BYTES
     proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size)
     own = _hash_rows(m, [COMMIT_DOMAIN + bytes((position, content)), proofs[:, :SALT_BYTES],
                          _payload_matrix(payloads)])[:, :COMMITMENT_BYTES]
@@ -220,12 +234,10 @@ def verify(study_id: str, n_servers: int, position: int, content: int, report_id
     joined = b"".join(report_ids)
     if len(joined) == m * REPORT_ID_BYTES:
         claimed = np.frombuffer(joined, dtype=np.uint8).reshape(m, REPORT_ID_BYTES)
-        wrong = np.flatnonzero((ids != claimed).any(axis=1))
-    else:  # an id of another length commits to nothing here
-        wrong = np.array([i for i, rid in enumerate(report_ids) if len(rid) != REPORT_ID_BYTES
-                          or bytes(ids[i]) != rid] or [0])
-    if wrong.size:
-        _refuse(report_ids, int(wrong[0]))
+        return np.flatnonzero((ids != claimed).any(axis=1))
+    # an id of another length commits to nothing here
+    return np.array([i for i, rid in enumerate(report_ids) if len(rid) != REPORT_ID_BYTES
+                     or bytes(ids[i]) != rid] or [0], dtype=np.int64)
 
 
 def _refuse(report_ids: Sequence[bytes], i: int) -> None:

@@ -366,10 +366,13 @@ class Report(BaseModel):
             raise ValueError("must be standard base64") from exc
         return v
 
+    def fields(self) -> tuple[bytes, bytes, bytes]:
+        """The decoded (report id, proof, share), as :func:`report_fields` gives them."""
+        return bytes.fromhex(self.report_id), base64.b64decode(self.proof), base64.b64decode(self.share)
+
     def upload(self, width: int, n_servers: int) -> Upload:
         """The report as a one-record upload; ValueError if a length is wrong."""
-        return report_upload(bytes.fromhex(self.report_id), base64.b64decode(self.proof),
-                             base64.b64decode(self.share), width, n_servers)
+        return report_upload(*self.fields(), width, n_servers)
 
     @classmethod
     def of(cls, report_id: bytes, proof: np.ndarray | bytes, share: np.ndarray) -> "Report":

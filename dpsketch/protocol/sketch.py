@@ -166,6 +166,13 @@ def accumulate_gram(sst: np.ndarray, rows: np.ndarray, signs: np.ndarray, sign: 
         return
     k = sst.shape[0]
     s = rows.shape[1]
+    kernel = kernels.SKETCH.loaded()
+    if kernel is not None and sst.flags.c_contiguous and sst.dtype == np.int64:  # loaded: in place
+        if int(rows.min()) < 0 or int(rows.max()) >= k:
+            raise ValueError("sketch rows outside the Gram matrix")
+        kernel.accumulate_gram(sst, np.ascontiguousarray(rows, dtype=np.int64),
+                               np.ascontiguousarray(signs, dtype=np.int8), int(sign))
+        return
     for a in range(s):
         for c in range(s):
             prod = signs[:, a].astype(np.int64) * signs[:, c].astype(np.int64) * sign
