@@ -16,6 +16,7 @@ token.
 from __future__ import annotations
 
 import time
+from threading import get_ident
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -64,6 +65,8 @@ class ServerMetrics:
         self.reports_of = tally.counter(self.reports)
         self.upload_requests_of = tally.counter(self.upload_requests)
         self.upload_bytes_of = tally.counter(self.upload_bytes)
+        #: (thread, study) -> that thread's cells of the series a single upload's answer counts
+        self._single_cells: dict[tuple[int, str], tuple] = {}
 
     def uploaded(self, study_id: str, result: UploadResult) -> None:
         """After an acknowledged upload (the handler's only metrics call)."""
@@ -101,6 +104,32 @@ class ServerMetrics:
             self.acknowledged(study_id, received)
         else:
             self.upload_requests_of(study_id, problem or f"http-{status}").inc()
+
+    def single_acknowledged(self, study_id: str, route: str, received: int, seconds: float, accepted: int,
+                            duplicates: int) -> None:
+        """Everything an acknowledged single upload counts, as the metrics middleware
+        (count_answer), :meth:`on_complete` and :meth:`uploaded` count it (services/uploads.py,
+        the fast path): the latency, the 200, the body bytes, the upload and its reports. One
+        call with the calling thread's cells of the study found once, not one per series
+        (nine cell lookups and updates were a tenth of the fast path's work)."""
+        key = (get_ident(), study_id)
+        cells = self._single_cells.get(key)
+        if cells is None:
+            http = self.http
+            cells = self._single_cells[key] = (
+                http.duration_of(route, "POST"), http.requests_of(route, "POST", "200"), http.received_of(route),
+                self.upload_requests_of(study_id, "acknowledged"), self.upload_bytes_of(study_id),
+                self.reports_of(study_id, "accepted"), self.reports_of(study_id, "duplicate"))
+        duration, requests, body_bytes, uploads, upload_bytes, reports, duplicate = cells
+        duration.observe(seconds)
+        requests.total += 1
+        body_bytes.total += received
+        uploads.total += 1
+        upload_bytes.total += received
+        if accepted:
+            reports.total += accepted
+        if duplicates:
+            duplicate.total += duplicates
 
     def acknowledged(self, study_id: str, received: int) -> None:
         """An upload to a held study was acknowledged (its body: ``received`` bytes)."""

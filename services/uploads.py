@@ -75,6 +75,8 @@ REPORTS_ROUTE = "/v1/studies/{study_id}/reports"
 #: Starlette's match for that template: a ``str`` path parameter is ``[^/]+``.
 _REPORTS_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/reports$")
 _JSON = b"application/json"
+#: Authorization headers whose token digest FastReports keeps (a few hundred bytes each)
+_DIGESTS_KEPT = 4096
 
 
 def json_response(model) -> Response:
@@ -109,13 +111,6 @@ async def upload_token(store: "Store", study_id: str, credentials: str | None) -
     record = store.record(study_id)
     if store.shared and credentials and digest_of(credentials) not in record.upload_tokens:
         await run_in_threadpool(store.refresh_tokens, record)  # issued by another replica?
-    return held_token(record, credentials)
-
-
-def held_token(record, credentials: str | None) -> bytes | None:
-    """:func:`upload_token` against the tokens this process knows of the study (all of them,
-    unless replicas share the store)."""
-    study_id = record.study_id
     if not record.upload_required:
         return None
     if not credentials:
@@ -206,6 +201,7 @@ class FastReports:
         self.server_id = server_id
         self.admission = admission
         self.limit = max_body_bytes
+        self._digests: dict[bytes, bytes | None] = {}  # Authorization header -> digest (_digest)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = perf_counter()
@@ -277,9 +273,14 @@ class FastReports:
         """Hand the report to the writer, which checks its binding with the others of its group,
         and answer, counted as the metrics middleware counts; an unbound report goes to the
         route instead (it answers 422 binding-refused, or an earlier refusal of its order)."""
-        metrics = self.metrics
         try:
-            result = await self._stored(record, fields, token)
+            waiter = asyncio.get_running_loop().create_future()
+            job = self.store.submit_single(record, *fields, token, waiter)
+            try:
+                result = await waiter
+            except asyncio.CancelledError:  # the client went away: not stored if the writer has not begun
+                job.future.cancel()
+                raise
         except Unbound:  # nothing was stored: the route answers it, keeping this admission
             scope[ADMITTED_KEY] = True
             await self._hand_on(scope, start, replaying(messages, receive), send)
@@ -287,7 +288,6 @@ class FastReports:
         except BaseException as exc:
             await self._refused(scope, receive, send, start, study_id, size, exc)
             return
-        metrics.uploaded(study_id, result)
         acknowledged = False
         try:
             # what json_response(result) sends (starlette's Response: the same headers, in its order)
@@ -297,16 +297,14 @@ class FastReports:
             await send({"type": "http.response.body", "body": body})
             acknowledged = True
         finally:
-            http = metrics.http
-            http.in_flight_now -= 1
-            if acknowledged:  # what count_answer and ServerMetrics.on_complete count (the study is held)
-                http.duration_of(REPORTS_ROUTE, "POST").observe(perf_counter() - start)
-                http.requests_of(REPORTS_ROUTE, "POST", "200").inc()
-                http.received_of(REPORTS_ROUTE).inc(size)
-                metrics.acknowledged(study_id, size)
+            metrics = self.metrics
+            metrics.http.in_flight_now -= 1
+            if acknowledged:  # what count_answer, ServerMetrics.on_complete and .uploaded count
+                metrics.single_acknowledged(study_id, REPORTS_ROUTE, size, perf_counter() - start,
+                                            result.accepted, result.duplicates)
             else:
                 self._count_as_route(scope, study_id)
-                count_answer(http, metrics.on_complete, scope, start, 200, size, None)
+                count_answer(metrics.http, metrics.on_complete, scope, start, 200, size, None)
 
     async def _refused(self, scope: Scope, receive: Receive, send: Send, start: float, study_id: str, size: int,
                        exc: BaseException) -> None:
@@ -339,17 +337,6 @@ class FastReports:
         scope[ROUTE_KEY] = REPORTS_ROUTE
         scope["path_params"] = {"study_id": study_id}
 
-    async def _stored(self, record, fields: tuple[bytes, bytes, bytes], token: bytes | None) -> UploadResult:
-        """The writer's acknowledgement of a checked report once it is durable; its refusals
-        (and writer.Unbound) raised."""
-        waiter = asyncio.get_running_loop().create_future()
-        job = self.store.submit_single(record, *fields, token, waiter)
-        try:
-            return await waiter
-        except asyncio.CancelledError:  # the client went away: not stored if the writer has not begun
-            job.future.cancel()
-            raise
-
     async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, tuple[bytes, bytes, bytes],
                                                                                    bytes | None]:
         """The study's record, the report's decoded fields and the upload token's digest, for a
@@ -359,15 +346,42 @@ class FastReports:
         ways). The SDK's plain JSON is read without pydantic, each field decoded once."""
         fields = report_fields(body) or Report.model_validate_json(body).fields()
         store = self.store
-        credentials = bearer_credentials(scope)
         if store.shared:
-            token = await upload_token(store, study_id, credentials)
+            token = await upload_token(store, study_id, bearer_credentials(scope))
             record = store.record(study_id)
         else:
             record = store.record(study_id)
-            token = held_token(record, credentials)
+            token = None
+            if record.upload_required:  # as upload_token decides; any refusal: the route says which
+                token = self._digest(scope)
+                if token is None or token not in record.upload_tokens:
+                    raise _Refer
         study = record.study
         if (record.commit is not None or study.parties is not None or len(fields[2]) != 8 * study.width
                 or len(fields[1]) != binding.proof_bytes(study.n_servers)):
             raise _Refer  # the route's study-closed or invalid-request, in its order
         return record, fields, token
+
+    def _digest(self, scope: Scope) -> bytes | None:
+        """digest_of the request's bearer credentials (bearer_credentials; None without any),
+        remembered per Authorization header: a client sends the same token with every upload,
+        and reading the header and hashing the token were a tenth of this path's work. The
+        memory holds at most _DIGESTS_KEPT headers and is emptied when full."""
+        header = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header = value
+                break
+        if header is None:
+            return None
+        digests = self._digests
+        try:
+            return digests[header]
+        except KeyError:
+            pass
+        credentials = bearer_credentials(scope)
+        digest = None if credentials is None else digest_of(credentials)
+        if len(digests) >= _DIGESTS_KEPT:
+            digests.clear()
+        digests[header] = digest
+        return digest

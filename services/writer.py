@@ -78,29 +78,19 @@ class UploadJob:
 
 class Outcome:
     """What the writer answers one single upload: the part of a ``concurrent.futures.Future``'s
-    API that the writer and the event loop use, without its Condition. Why: a Future per single
-    upload (a Condition and a lock made, notified and called back) cost more than the upload's
-    share of a group commit. Only the writer thread settles it, and the event loop reads it
-    after the writer's wake-up (Writer._wake); starting and cancelling, which race between the
-    two threads, take one lock shared by every Outcome."""
+    API that the writer and the event loop use, without its Condition and callbacks. Why: a
+    Future per single upload (a Condition and a lock made, notified and called back) cost more
+    than the upload's share of a group commit. Only the writer thread settles it, and the event
+    loop reads it after the writer's wake-up (Writer._wake); starting and cancelling, which race
+    between the two threads, take one lock shared by every Outcome."""
 
-    __slots__ = ("_state", "_result", "_exception", "_callback")
+    __slots__ = ("_state", "_result", "_exception")
     _transition = threading.Lock()
 
     def __init__(self) -> None:
         self._state = _PENDING
         self._result: Any = None
         self._exception: BaseException | None = None
-        self._callback: Callable[[Any], None] | None = None
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        """One callback (the writer's queue accounting), called when settled or cancelled."""
-        self._callback = fn
-
-    def _settled(self) -> None:
-        fn, self._callback = self._callback, None
-        if fn is not None:
-            fn(self)
 
     def set_running_or_notify_cancel(self) -> bool:
         with Outcome._transition:
@@ -114,8 +104,7 @@ class Outcome:
             if self._state != _PENDING:
                 return False
             self._state = _CANCELLED
-        self._settled()
-        return True
+            return True
 
     def cancelled(self) -> bool:
         return self._state == _CANCELLED
@@ -125,11 +114,9 @@ class Outcome:
 
     def set_result(self, result: Any) -> None:
         self._result, self._state = result, _FINISHED
-        self._settled()
 
     def set_exception(self, exception: BaseException) -> None:
         self._exception, self._state = exception, _FINISHED
-        self._settled()
 
     def exception(self) -> BaseException | None:
         return self._exception
@@ -243,16 +230,17 @@ class Writer:
         self._lock = threading.Lock()
         self._queued_bytes = 0
         self._stopping = False
+        self._running = True  # until _loop returns (a flag: Thread.is_alive costs a lock per upload)
         self.thread = threading.Thread(target=self._loop, name="dpsketch-writer", daemon=True)
         self.thread.start()
 
     # --- API ---------------------------------------------------------------------------------
     def submit(self, job: UploadJob | CallJob) -> Future:
         """Queue a job, or refuse with 503 when saturated (bounded memory) or stopping."""
-        size = (len(job.share) if type(job) is SingleUpload
-                else job.shares.nbytes if isinstance(job, UploadJob) else 0)
+        single = type(job) is SingleUpload
+        size = len(job.share) if single else job.shares.nbytes if isinstance(job, UploadJob) else 0
         with self._lock:
-            if self._stopping or not self.thread.is_alive():
+            if self._stopping or not self._running:
                 raise ProblemError("unavailable", "the server is shutting down", headers={"Retry-After": "5"})
             if (self.queue.qsize() >= self.settings.max_queued_jobs
                     or (self._queued_bytes and self._queued_bytes + size > self.settings.max_queued_bytes)):
@@ -260,7 +248,8 @@ class Writer:
                                    headers={"Retry-After": "1"})
             self._queued_bytes += size
             self.queue.put(job)
-        job.future.add_done_callback(lambda _f: self._release(size))
+        if not single:  # a single upload's bytes are released when the writer takes it (_loop)
+            job.future.add_done_callback(lambda _f: self._release(size))
         return job.future
 
     def _release(self, size: int) -> None:
@@ -286,12 +275,20 @@ class Writer:
 
     # --- loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._running = False
+
+    def _serve(self) -> None:
         held: Any = None
         while True:
             job = held if held is not None else self.queue.get()
             held = None
             if job is _STOP:
                 return
+            if type(job) is SingleUpload:
+                self._release(len(job.share))
             if not job.future.set_running_or_notify_cancel():
                 continue  # the client went away before we started: nothing stored, nothing owed
             if isinstance(job, CallJob):
@@ -300,6 +297,7 @@ class Writer:
                 continue
             group = [job]
             rows = len(job.ids)
+            freed = 0  # the bytes of the single uploads taken from the queue below
             while rows < self.settings.max_group_rows and len(group) < self.settings.max_group_jobs:
                 try:
                     nxt = self.queue.get_nowait()
@@ -308,9 +306,13 @@ class Writer:
                 if not isinstance(nxt, UploadJob):
                     held = nxt  # keep the order: finish this group first
                     break
+                if type(nxt) is SingleUpload:
+                    freed += len(nxt.share)
                 if nxt.future.set_running_or_notify_cancel():
                     group.append(nxt)
                     rows += len(nxt.ids)
+            if freed:
+                self._release(freed)
             self._guarded(self._run_uploads, group)
             self._wake(group)  # the failure paths' waiters (the acknowledged ones are woken already)
             self.backend.after_writes(self.conn)  # the WAL's checkpoints (services/wal.py)

@@ -414,3 +414,26 @@ def test_forged_reports_among_concurrent_singles_are_refused_alone(server):
     assert _metric(text, "dpsketch_http_requests_total", route=route, status="200") == 120
     assert _metric(text, "dpsketch_http_problems_total", route=route, type="binding-refused") == 40
     assert _metric(text, "dpsketch_reports_total", outcome="accepted") == 120
+
+
+def test_a_revoked_token_is_refused_though_its_digest_is_remembered(server):
+    """The fast path remembers each Authorization header's token digest (FastReports._digest),
+    never whether the token is valid: after the operator revokes a token its next upload is
+    refused (the route's 401, both ways) and nothing is stored; a new token works at once."""
+    http, spec, study, token = server
+    path = f"/v1/studies/{study.study_id}/reports"
+    operator = {"Authorization": f"Bearer {spec.operator_token}"}
+    rs = bound(study, 4)
+    assert post(http, path, as_json(rs, 0), FAST, token).status_code == 200
+    assert post(http, path, as_json(rs, 1), FAST, token).status_code == 200  # the digest remembered
+    listing = http.get(f"/v1/studies/{study.study_id}/upload-tokens", headers=operator).json()
+    for t in listing["tokens"]:
+        r = http.delete(f"/v1/studies/{study.study_id}/upload-tokens/{t['token_id']}", headers=operator)
+        assert r.status_code == 200, r.text
+    r = both(http, path, as_json(rs, 2), token)
+    assert r.status_code == 401 and r.json()["type"].endswith(":unauthorized"), r.text
+    fresh = http.post(f"/v1/studies/{study.study_id}/upload-tokens", json={"count": 1, "quota": None},
+                      headers=operator).json()["token"]
+    assert post(http, path, as_json(rs, 3), FAST, fresh).json() == {"accepted": 1, "duplicates": 0,
+                                                                    "report_count": 3}
+    assert http.get(f"/v1/studies/{study.study_id}").json()["report_count"] == 3
