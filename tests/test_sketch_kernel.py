@@ -37,11 +37,11 @@ def test_compiled_hash_equals_hashlib(s, k):
             assert rows[i, block] == block * (k // s) + bucket and signs[i, block] == sign
 
 
+@pytest.mark.parametrize("m", [300, 3000])  # below and above kernels.RELEASE_FROM: both entry points
 @pytest.mark.parametrize("s, k, d", [(1, 1, 5), (2, 10, 3), (4, 400, 32), (8, 64, 7)])
-def test_compiled_accumulate_equals_the_sparse_product(s, k, d):
+def test_compiled_accumulate_equals_the_sparse_product(s, k, d, m):
     rng = np.random.default_rng(s + k + d)
     sketch.warm_up()
-    m = 3000
     rows = rng.integers(0, k // s, (m, s)) + np.arange(s) * (k // s)
     signs = rng.choice(np.array([-1, 0, 1], dtype=np.int8), (m, s))
     shares = rng.integers(0, 2**64, (m, d), dtype=np.uint64, endpoint=False)
@@ -55,13 +55,13 @@ def test_compiled_accumulate_equals_the_sparse_product(s, k, d):
         sketch.accumulate(start.copy(), rows + k, signs, shares)  # never writes outside
 
 
+@pytest.mark.parametrize("m", [60, 2000])  # below and above kernels.RELEASE_FROM: both entry points
 @pytest.mark.parametrize("s, k", [(1, 1), (2, 10), (4, 400), (8, 64)])
-def test_compiled_gram_equals_numpys(s, k):
+def test_compiled_gram_equals_numpys(s, k, m):
     """The compiled s * S S^T running total equals numpy's (np.add.at per block pair), adding and
     subtracting, signs +1, -1 and 0 included; rows outside the matrix are refused either way."""
     rng = np.random.default_rng(7 * s + k)
     sketch.warm_up()
-    m = 2000
     rows = rng.integers(0, k // s, (m, s)) + np.arange(s) * (k // s)
     signs = rng.choice(np.array([-1, 0, 1], dtype=np.int8), (m, s))
     start = rng.integers(-1000, 1000, (k, k), dtype=np.int64)

@@ -28,7 +28,7 @@ import numba
 import numpy as np
 from numba import types
 
-from .kernels import njit_cached
+from .kernels import RELEASE_FROM, njit_cached
 
 log = logging.getLogger("dpsketch")
 
@@ -89,6 +89,7 @@ _update = types.ExternalFunction("dpsketch_SHA256_Update", types.int32(types.voi
 _final = types.ExternalFunction("dpsketch_SHA256_Final", types.int32(types.voidptr, types.voidptr))
 
 
+@numba.njit
 def _rows(buf, out):
     """out[i] = SHA-256(buf[i]) for a C-contiguous (m, w) uint8 buf and (m, 32) uint8 out; the
     number of rows OpenSSL refused (0: all hashed)."""
@@ -102,10 +103,19 @@ def _rows(buf, out):
     return failed
 
 
+def _rows_released(buf, out):
+    return _rows(buf, out)
+
+
+def _rows_held(buf, out):
+    return _rows(buf, out)
+
+
 def _compile():
     """The loop, from numba's on-disk cache where it can keep one (the symbols must be registered
-    first: the cached code calls them by name)."""
-    return njit_cached(nogil=True, boundscheck=False)(_rows)
+    first: the cached code calls them by name): an entry point that releases the GIL and one
+    that keeps it, chosen by the number of rows (kernels.RELEASE_FROM)."""
+    return njit_cached(nogil=True, boundscheck=False)(_rows_released), njit_cached(boundscheck=False)(_rows_held)
 
 
 def load():
@@ -114,14 +124,19 @@ def load():
         if not _register():
             log.info("no libcrypto with SHA256_Init found: the binding check keeps hashlib")
             return None
-        rows = _compile()
+        released, held = _compile()
         probe = np.frombuffer(bytes(range(256)) * 3, np.uint8).reshape(3, 256).copy()
         probe[1, :7] = np.frombuffer(b"dpsketc", np.uint8)
-        out = np.zeros((3, 32), np.uint8)
-        if rows(probe, out) != 0 or any(out[i].tobytes() != hashlib.sha256(probe[i].tobytes()).digest()
-                                        for i in range(3)):
-            log.warning("libcrypto's SHA256 disagrees with hashlib: the binding check keeps hashlib")
-            return None
+        for loop in (released, held):
+            out = np.zeros((3, 32), np.uint8)
+            if loop(probe, out) != 0 or any(out[i].tobytes() != hashlib.sha256(probe[i].tobytes()).digest()
+                                            for i in range(3)):
+                log.warning("libcrypto's SHA256 disagrees with hashlib: the binding check keeps hashlib")
+                return None
+
+        def rows(buf, out):
+            return (released if len(buf) >= RELEASE_FROM else held)(buf, out)
+
         return rows
     except Exception:  # numba missing or refusing: hashlib stays, only slower
         log.warning("could not compile the SHA-256 row loop: the binding check keeps hashlib", exc_info=True)

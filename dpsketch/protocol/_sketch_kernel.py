@@ -30,7 +30,7 @@ import hashlib
 import numba
 import numpy as np
 
-from .kernels import njit_cached
+from .kernels import RELEASE_FROM, njit_cached
 
 IV = np.array([0x6A09E667F3BCC908, 0xBB67AE8584CAA73B, 0x3C6EF372FE94F82B, 0xA54FF53A5F1D36F1,
                0x510E527FADE682D1, 0x9B05688C2B3E6C1F, 0x1F83D9ABFB41BD6B, 0x5BE0CD19137E2179],
@@ -53,7 +53,7 @@ SIGMA = np.array([
 COLUMNS = np.array([[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15],
                      [0, 5, 10, 15], [1, 6, 11, 12], [2, 7, 8, 13], [3, 4, 9, 14]], dtype=np.int64)
 
-_OPTIONS = dict(nogil=True, boundscheck=False, error_model="numpy")
+_OPTIONS = dict(boundscheck=False, error_model="numpy")
 
 
 @numba.njit(inline="always")
@@ -101,8 +101,8 @@ def _g(a, b, c, d, x, y):
     return a, b, c, d
 
 
-@njit_cached(**_OPTIONS)
-def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
+@numba.njit(**_OPTIONS)
+def _keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
     """out[i, :] = the first out.shape[1] little-endian words of BLAKE2b(key, digest_bytes)
     over prefix || id i, for a 16-byte prefix (two words) and 16-byte ids (id_words (m, 2));
     key_words: the key zero-padded to 16 words."""
@@ -141,8 +141,8 @@ def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out,
             out[i, j] = v[j]
 
 
-@njit_cached(**_OPTIONS)
-def accumulate(acc, rows, signs, shares, sign):
+@numba.njit(**_OPTIONS)
+def _accumulate(acc, rows, signs, shares, sign):
     """acc[rows[i, l]] += sign * signs[i, l] * shares[i]  (mod 2^64) for every report i and
     block l; a sign of 0 adds nothing (the l1 sketch's empty slot)."""
     m, s = rows.shape
@@ -161,8 +161,8 @@ def accumulate(acc, rows, signs, shares, sign):
                     acc[r, j] -= shares[i, j]
 
 
-@njit_cached(**_OPTIONS)
-def accumulate_gram(sst, rows, signs, sign):
+@numba.njit(**_OPTIONS)
+def _accumulate_gram(sst, rows, signs, sign):
     """sst[rows[i, a], rows[i, c]] += sign * signs[i, a] * signs[i, c] for every report i and
     blocks a, c (sketch.accumulate_gram's s * S S^T)."""
     m, s = rows.shape
@@ -176,10 +176,75 @@ def accumulate_gram(sst, rows, signs, sign):
                 sst[ra, rows[i, c]] += ga * np.int64(signs[i, c])
 
 
+# Each loop has two entry points: one that releases the GIL while it runs (a large batch: the
+# server's other threads go on meanwhile) and one that keeps it (kernels.RELEASE_FROM says when;
+# load() checks both).
+_release_from = RELEASE_FROM
+
+
+@njit_cached(nogil=True, **_OPTIONS)
+def _keyed_words_released(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
+    _keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv)
+
+
+@njit_cached(**_OPTIONS)
+def _keyed_words_held(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
+    _keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv)
+
+
+@njit_cached(nogil=True, **_OPTIONS)
+def _accumulate_released(acc, rows, signs, shares, sign):
+    _accumulate(acc, rows, signs, shares, sign)
+
+
+@njit_cached(**_OPTIONS)
+def _accumulate_held(acc, rows, signs, shares, sign):
+    _accumulate(acc, rows, signs, shares, sign)
+
+
+@njit_cached(nogil=True, **_OPTIONS)
+def _accumulate_gram_released(sst, rows, signs, sign):
+    _accumulate_gram(sst, rows, signs, sign)
+
+
+@njit_cached(**_OPTIONS)
+def _accumulate_gram_held(sst, rows, signs, sign):
+    _accumulate_gram(sst, rows, signs, sign)
+
+
+def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv):
+    """:func:`_keyed_words` (the sketch hash of m ids), the GIL kept below kernels.RELEASE_FROM ids."""
+    loop = _keyed_words_released if len(id_words) >= _release_from else _keyed_words_held
+    loop(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv)
+
+
+def accumulate(acc, rows, signs, shares, sign):
+    """:func:`_accumulate` (the signed sum into a running aggregate), as :func:`keyed_words`."""
+    (_accumulate_released if len(rows) >= _release_from else _accumulate_held)(acc, rows, signs, shares, sign)
+
+
+def accumulate_gram(sst, rows, signs, sign):
+    """:func:`_accumulate_gram` (s S S^T), as :func:`keyed_words`."""
+    (_accumulate_gram_released if len(rows) >= _release_from else _accumulate_gram_held)(sst, rows, signs, sign)
+
+
 def load():
-    """This module, once both loops give the reference's bits on a probe (hashlib's BLAKE2b for
-    the hash, through sketch.py's own call of it; numpy's wrapping sum for the signed sum), else
-    None."""
+    """This module, once its loops give the reference's bits on a probe (hashlib's BLAKE2b for
+    the hash, through sketch.py's own call of it; numpy's wrapping sums for the signed sum and
+    s S S^T), through both entry points of each, else None."""
+    global _release_from
+    try:
+        for _release_from in (0, RELEASE_FROM):  # the releasing entry points, then the others
+            if not _probe():
+                return None
+    finally:
+        _release_from = RELEASE_FROM
+    import sys
+
+    return sys.modules[__name__]
+
+
+def _probe() -> bool:
     import sys
 
     from . import sketch
@@ -194,9 +259,7 @@ def load():
     accumulate(acc, np.array([[0, 2], [2, 1]], np.int64), np.array([[1, -1], [1, 1]], np.int8), shares, 1)
     minus = np.uint64(0) - shares[0]
     if words.astype("<u8").tobytes() != expected or acc.tolist() != [[1, 2], [5, 7], (shares[1] + minus).tolist()]:
-        return None
+        return False
     sst = np.zeros((3, 3), np.int64)
     accumulate_gram(sst, np.array([[0, 2], [2, 1]], np.int64), np.array([[1, -1], [1, -1]], np.int8), 1)
-    if sst.tolist() != [[1, 0, -1], [0, 1, -1], [-1, -1, 2]]:
-        return None
-    return this
+    return sst.tolist() == [[1, 0, -1], [0, 1, -1], [-1, -1, 2]]

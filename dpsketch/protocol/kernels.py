@@ -22,8 +22,10 @@ CPU (numba's import and its on-disk cache; compiling, once per machine, several 
   reference, is never used: the reference serves, only slower, and one warning says why.
 
 Each ``_*_kernel`` module imports numba at its top and offers ``load()``: the object callers
-use, checked on a probe against the reference, or None. This module imports numba only inside
-:func:`njit_cached`, which those modules call. I/O-free apart from numba's cache files.
+use, checked on a probe against the reference, or None. Its loops release the GIL from
+:data:`RELEASE_FROM` rows and keep it below (each has two compiled entry points). This module
+imports numba only inside :func:`njit_cached`, which those modules call. I/O-free apart from
+numba's cache files.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ log = logging.getLogger("dpsketch")
 
 #: rows (ids, records, keys) from which a batch loads a compiled loop that is not loaded yet
 MIN_ROWS = 4096
+#: rows from which a compiled loop releases the GIL while it runs. A bulk upload's batch runs
+#: long enough for the server's other threads to use the time; a group of single uploads (tens
+#: of rows, microseconds) does not, and giving the GIL up there cost the writer a wait for the
+#: event loop to hand it back (up to the switch interval) and both threads a switch each time.
+RELEASE_FROM = 1024
 
 
 def njit_cached(**options):
