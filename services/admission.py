@@ -66,14 +66,14 @@ def _env_int(name: str, default: int) -> int:
     return n
 
 
-async def read_size(receive: Receive) -> tuple[list[Message], int, bool]:
+async def read_size(receive: Receive, first: Message | None = None) -> tuple[list[Message], int, bool]:
     """Receive a request's whole body: (the messages as they came, body bytes, whether the
     client went away first). The messages are kept, not joined: :func:`replaying` hands them on
-    without a copy of the body."""
+    without a copy of the body. ``first``: a message the caller received already."""
     messages: list[Message] = []
     size = 0
     while True:
-        message = await receive()
+        message, first = (await receive() if first is None else first), None
         messages.append(message)
         if message["type"] != "http.request":  # the client went away: the app says so
             return messages, size, True
@@ -84,7 +84,10 @@ async def read_size(receive: Receive) -> tuple[list[Message], int, bool]:
 
 async def read_body(receive: Receive) -> tuple[list[Message], bytes, bool]:
     """As :func:`read_size`, with the body's bytes (one chunk is not copied)."""
-    messages, _, gone = await read_size(receive)
+    first = await receive()
+    if first["type"] == "http.request" and not first.get("more_body", False):  # the whole body at once
+        return [first], first.get("body", b""), False
+    messages, _, gone = await read_size(receive, first)
     chunks = [m.get("body", b"") for m in messages if m["type"] == "http.request"]
     return messages, chunks[0] if len(chunks) == 1 else b"".join(chunks), gone
 

@@ -202,13 +202,16 @@ class FastReports:
         self.admission = admission
         self.limit = max_body_bytes
         self._digests: dict[bytes, bytes | None] = {}  # Authorization header -> digest (_digest)
+        #: study id -> (no parties, share bytes, proof bytes): a study's parameters never change
+        self._shapes: dict[str, tuple[bool, int, int]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = perf_counter()
         match = None
         if scope["type"] == "http" and scope.get("method") == "POST" and not scope.get("root_path"):
             match = _REPORTS_PATH.match(scope["path"])
-        if match is None or not self._takes(scope):
+        authorization = None if match is None else self._head(scope)
+        if authorization is None:
             await self.app(scope, receive, send)
             return
         http = self.metrics.http
@@ -231,7 +234,10 @@ class FastReports:
         try:
             study_id = match["study_id"]
             try:
-                record, fields, token = await self._checked(scope, study_id, body)
+                if self.store.shared:
+                    record, fields, token = await self._checked_shared(scope, study_id, body)
+                else:
+                    record, fields, token = self._checked(study_id, body, authorization)
             except Exception:  # _Refer, a ProblemError, pydantic's ValidationError, bad JSON, ...
                 # the route answers it, from the same bytes (a refusal: nothing was stored), as it
                 # answers every request: a refusal of its own, or its 500 for what nobody foresaw.
@@ -244,11 +250,13 @@ class FastReports:
             admission.requests -= 1
             admission.bytes -= size
 
-    def _takes(self, scope: Scope) -> bool:
-        """Content-Type exactly application/json (the first such header, as the route reads
-        it), and no Content-Length over the body limit (the body limit answers that, as
-        problem_http.BodyLimit reads them: every such header, a non-number as no length)."""
-        content_type = None
+    def _head(self, scope: Scope) -> bytes | None:
+        """None unless this path takes the request: Content-Type exactly application/json (the
+        first such header, as the route reads it), and no Content-Length over the body limit
+        (the body limit answers that, as problem_http.BodyLimit reads them: every such header,
+        a non-number as no length). Else the first Authorization header's value (b"" without
+        one), read in the same pass."""
+        content_type = authorization = None
         for name, value in scope["headers"]:
             if name == b"content-type":
                 if content_type is None:
@@ -259,8 +267,12 @@ class FastReports:
                 except ValueError:
                     continue
                 if declared > self.limit:
-                    return False
-        return content_type == _JSON
+                    return None
+            elif name == b"authorization" and authorization is None:
+                authorization = value
+        if content_type != _JSON:
+            return None
+        return b"" if authorization is None else authorization
 
     async def _hand_on(self, scope: Scope, start: float, receive: Receive, send: Send) -> None:
         self.metrics.http.in_flight_now -= 1  # the metrics middleware counts it from here
@@ -337,51 +349,56 @@ class FastReports:
         scope[ROUTE_KEY] = REPORTS_ROUTE
         scope["path_params"] = {"study_id": study_id}
 
-    async def _checked(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, tuple[bytes, bytes, bytes],
-                                                                                   bytes | None]:
+    def _checked(self, study_id: str, body: bytes, authorization: bytes) -> tuple[Any, tuple[bytes, bytes, bytes],
+                                                                                  bytes | None]:
         """The study's record, the report's decoded fields and the upload token's digest, for a
         report that passes every check of the route before its binding; raises otherwise (the
-        route then answers). What this accepts FastAPI accepts as the same report (json.loads,
-        then the model: the same fields and validators; a repeated key: the last one, both
-        ways). The SDK's plain JSON is read without pydantic, each field decoded once."""
+        route then answers; any refusal here: the route says which). What this accepts FastAPI
+        accepts as the same report (json.loads, then the model: the same fields and validators;
+        a repeated key: the last one, both ways). The SDK's plain JSON is read without
+        pydantic, each field decoded once. ``authorization``: the header's value (b"": none)."""
         fields = report_fields(body) or Report.model_validate_json(body).fields()
-        store = self.store
-        if store.shared:
-            token = await upload_token(store, study_id, bearer_credentials(scope))
-            record = store.record(study_id)
-        else:
-            record = store.record(study_id)
-            token = None
-            if record.upload_required:  # as upload_token decides; any refusal: the route says which
-                token = self._digest(scope)
-                if token is None or token not in record.upload_tokens:
-                    raise _Refer
-        study = record.study
-        if (record.commit is not None or study.parties is not None or len(fields[2]) != 8 * study.width
-                or len(fields[1]) != binding.proof_bytes(study.n_servers)):
+        record = self.store.record(study_id)
+        token = None
+        if record.upload_required:  # as upload_token decides
+            token = self._digest(authorization)
+            if token is None or token not in record.upload_tokens:
+                raise _Refer
+        shape = self._shapes.get(study_id)
+        if shape is None:
+            study = record.study
+            shape = self._shapes[study_id] = (study.parties is None, 8 * study.width,
+                                              binding.proof_bytes(study.n_servers))
+        if record.commit is not None or not shape[0] or len(fields[2]) != shape[1] or len(fields[1]) != shape[2]:
             raise _Refer  # the route's study-closed or invalid-request, in its order
         return record, fields, token
 
-    def _digest(self, scope: Scope) -> bytes | None:
-        """digest_of the request's bearer credentials (bearer_credentials; None without any),
-        remembered per Authorization header: a client sends the same token with every upload,
-        and reading the header and hashing the token were a tenth of this path's work. The
-        memory holds at most _DIGESTS_KEPT headers and is emptied when full."""
-        header = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                header = value
-                break
-        if header is None:
-            return None
+    async def _checked_shared(self, scope: Scope, study_id: str, body: bytes) -> tuple[Any, tuple, bytes | None]:
+        """:meth:`_checked` when replicas share the store: a token this process does not know
+        yet may have been issued by another replica (upload_token refreshes them)."""
+        fields = report_fields(body) or Report.model_validate_json(body).fields()
+        token = await upload_token(self.store, study_id, bearer_credentials(scope))
+        record = self.store.record(study_id)
+        study = record.study
+        if (record.commit is not None or study.parties is not None or len(fields[2]) != 8 * study.width
+                or len(fields[1]) != binding.proof_bytes(study.n_servers)):
+            raise _Refer
+        return record, fields, token
+
+    def _digest(self, authorization: bytes) -> bytes | None:
+        """digest_of the bearer credentials in this Authorization header value (as
+        bearer_credentials reads them; None without any), remembered per header: a client
+        sends the same token with every upload, and reading the header and hashing the token
+        were a tenth of this path's work. The memory holds at most _DIGESTS_KEPT headers and is
+        emptied when full; it never says whether a token is valid (the record does)."""
         digests = self._digests
         try:
-            return digests[header]
+            return digests[authorization]
         except KeyError:
             pass
-        credentials = bearer_credentials(scope)
+        credentials = bearer_credentials({"headers": [(b"authorization", authorization)]}) if authorization else None
         digest = None if credentials is None else digest_of(credentials)
         if len(digests) >= _DIGESTS_KEPT:
             digests.clear()
-        digests[header] = digest
+        digests[authorization] = digest
         return digest
