@@ -183,8 +183,8 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     except ValueError as exc:
         raise ProblemError("malformed-body", str(exc)) from None
     shares = verified_shares(upload, study, server_id)
-    rows, signs = study.hash_report_ids(upload.ids)
-    return upload.ids, shares, rows, signs, idsets.SortedIds(b"".join(upload.ids))
+    rows, signs = study.hash_report_ids(upload.ids, upload.joined)
+    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined)
 
 
 def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Upload:

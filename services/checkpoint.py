@@ -10,12 +10,14 @@ reports), after checking there is no repeated id; the reports stored after it (r
 
 Incremental: a checkpoint's ids are a *base* (the ``checkpoints`` row, which also holds the
 totals) and *segments* (``checkpoint_segments``): a later checkpoint rewrites only the totals and
-appends the ids stored since the previous one, as one sorted segment. Rewriting the whole index
+appends the ids stored since the previous one, as one segment in the order they were stored (the
+state keeps them as they come, ``StudyState.since_checkpoint``: taking them from the sorted index
+meant sorting the whole index and scanning it, each time). Rewriting the whole index
 each time wrote about five times the final index over a study's life (one checkpoint per 25% of
 growth) and was a sixth of the writer's time in a bulk upload. A checkpoint is written whole again
 (base replaced, segments deleted) when the segments would hold more than ``COMPACT_AFTER`` times
 the base, or number more than ``MAX_SEGMENTS``: about 2.3 times the final index in all, and a load
-merges a few sorted parts (a stable sort of runs).
+sorts the parts together (a stable radix sort, about 0.1 s per 10^6 ids).
 
 Why it is sound: a study's rowids grow in the order its transactions committed (SQLite: the single
 writer counts them; PostgreSQL: per-transaction blocks taken under the study's row lock,
@@ -115,6 +117,7 @@ def save(conn: Any, backend: Any, record: StudyRecord, state: StudyState) -> boo
     database refused: a missing checkpoint costs only restart time."""
     with state.lock:
         snap = snapshot(state)
+        taken = len(state.since_checkpoint)  # the writer is the only thread that adds: none since
     try:
         backend.begin(conn)
         written = write(conn, record.seq, snap)
@@ -124,6 +127,7 @@ def save(conn: Any, backend: Any, record: StudyRecord, state: StudyState) -> boo
         log.warning("study %s: no checkpoint (the next restart reads more): %s", record.study_id, exc)
         return False
     state.checkpointed = snap.count
+    del state.since_checkpoint[:taken]
     if written == "segment":
         state.checkpoint_rowid = snap.last_rowid
         state.checkpoint_segments.append(snap.n_ids)
@@ -155,19 +159,22 @@ class Snapshot:
 
 def snapshot(state: StudyState, incremental: bool = True) -> Snapshot:
     """A checkpoint of ``state`` (caller holds ``state.lock``; copies, so the write can happen
-    after the lock is released): a segment of the ids above the last checkpoint's rowid when
+    after the lock is released): a segment of the ids stored since the last checkpoint when
     there is one and the segments stay small enough, else the whole index."""
-    hi, lo, rowids = state.ids.sorted()
     totals = (state.last_rowid, len(state.ids), state.aggregate.astype("<u8").tobytes(),
               state.gram.astype("<i8").tobytes())
     if incremental and state.checkpoint_rowid and state.checkpointed:
-        new = rowids > state.checkpoint_rowid
-        n_new = int(np.count_nonzero(new))
+        n_new = sum(len(rowids) for _, rowids in state.since_checkpoint)
         if (len(state.checkpoint_segments) < MAX_SEGMENTS
                 and sum(state.checkpoint_segments) + n_new <= COMPACT_AFTER * state.checkpoint_base
                 and state.checkpointed + n_new == len(state.ids)):
-            return Snapshot(*totals, idsets.join_halves(hi[new], lo[new]), rowids[new].astype("<i8").tobytes(),
-                            previous=state.checkpoint_rowid, previous_count=state.checkpointed)
+            ids = b"".join(joined for joined, _ in state.since_checkpoint)
+            rowids = (np.concatenate([r for _, r in state.since_checkpoint]) if state.since_checkpoint
+                      else np.zeros(0, np.int64))
+            if bool(np.all(rowids > state.checkpoint_rowid)):  # as they must be: else write it whole
+                return Snapshot(*totals, ids, rowids.astype("<i8").tobytes(),
+                                previous=state.checkpoint_rowid, previous_count=state.checkpointed)
+    hi, lo, rowids = state.ids.sorted()
     return Snapshot(*totals, idsets.join_halves(hi, lo), rowids.astype("<i8").tobytes())
 
 
@@ -227,4 +234,5 @@ def load(conn: Any, record: StudyRecord, state: StudyState) -> bool:
     state.last_rowid = int(last_rowid)
     state.checkpointed = count
     state.checkpoint_rowid, state.checkpoint_base, state.checkpoint_segments = int(last_rowid), sizes[0], sizes[1:]
+    state.since_checkpoint = []
     return True

@@ -35,8 +35,10 @@ log = logging.getLogger("dpsketch.server")
 #: Memory the report index of an open study takes per held report (services/idsets.py): the
 #: sorted id halves and rowids hold 24 bytes and its prefix filter 2-8; while a merge of recent
 #: additions builds the new arrays it peaks at 89 (tracemalloc over 6 x 10^5 reports added in
-#: batches of 1 to 10^4). The memory budget counts the peak.
-INDEX_BYTES_PER_REPORT = 90
+#: batches of 1 to 10^4). The ids stored since the last checkpoint are kept for the next one
+#: (``StudyState.since_checkpoint``: 24 bytes each, at most a fifth of the reports, so up to 5
+#: bytes a report). The memory budget counts the peak.
+INDEX_BYTES_PER_REPORT = 95
 #: A study with parties also keeps, per block, its (pseudonym, party) slot and per-individual
 #: block count in Python dicts (about 240 bytes a block).
 SLOT_BYTES_PER_BLOCK = 240
@@ -72,6 +74,10 @@ class StudyState:
         self.checkpoint_rowid = 0
         self.checkpoint_base = 0
         self.checkpoint_segments: list[int] = []
+        #: the ids (concatenated) and rowids folded in since the last checkpoint, in that order:
+        #: the next checkpoint's segment, without searching the index for them
+        #: (services/checkpoint.py; at most the last CHECKPOINT_GROWTH of the reports)
+        self.since_checkpoint: list[tuple[bytes, np.ndarray]] = []
 
     @property
     def report_count(self) -> int:
@@ -84,8 +90,10 @@ class StudyState:
         """Fold newly stored reports into the totals (caller holds ``lock``); ``sorted_parts``:
         the ids as consecutive requests, each sorted (idsets.SortedIds), if the caller has them."""
         if rows is None or signs is None:
-            rows, signs = study.hash_report_ids(report_ids)
-        self._index(report_ids, rowids, joined, sorted_parts)
+            rows, signs = study.hash_report_ids(report_ids, joined)
+        as_array = self._index(report_ids, rowids, joined, sorted_parts)
+        if self.checkpoint_rowid:  # a checkpoint to add a segment to (else the next one is whole)
+            self.since_checkpoint.append((joined if joined is not None else b"".join(report_ids), as_array))
         add_into(self.aggregate, rows, signs, shares)
         sketch.accumulate_gram(self.gram, rows, signs, +1)
 
@@ -104,7 +112,8 @@ class StudyState:
         self.party_counts[party] += len(block_ids)
 
     def _index(self, report_ids: list[bytes], rowids: range | list[int], joined: bytes | None,
-               sorted_parts: list[SortedIds] | None = None) -> None:
+               sorted_parts: list[SortedIds] | None = None) -> np.ndarray:
+        """Add the ids to the report index; returns their rowids as an array."""
         as_array = np.asarray(rowids, dtype=np.int64)
         joined = joined if joined is not None else b"".join(report_ids)
         if sorted_parts and sum(len(p) for p in sorted_parts) == len(as_array):
@@ -118,6 +127,7 @@ class StudyState:
             self.ids.add(joined, as_array, report_ids)
         if len(as_array):
             self.last_rowid = max(self.last_rowid, int(as_array.max()))
+        return as_array
 
 
 @dataclass

@@ -96,3 +96,42 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("m", [40, kernels.MIN_ROWS + 7])  # both of the loop's entry points
+def test_the_compiled_check_finds_exactly_the_forged_records(monkeypatch, m):
+    """binding.unbound through the compiled check over the records' parts (no hash inputs
+    built) names exactly the records hashlib's check names, at every server position (the
+    first and last leave one side of the cut empty), for forgeries in the share, the salt, the
+    other servers' commitments and the id, and for a proof that is a strided view of a body."""
+    loaded = kernels.Kernel("._sha256_kernel", "the binding check")
+    assert loaded.warm_up()
+    reference = kernels.Kernel("._sha256_kernel", "the binding check")
+    reference.disable()
+    n = 4
+    study_id, shares, ids, proofs = _bound(m, d=5, n=n)
+    rng = np.random.default_rng(m)
+    for j in range(n):
+        forged_shares, forged_proofs, forged_ids = shares[j].copy(), proofs[j].copy(), list(ids)
+        victims = sorted(rng.choice(m, size=8, replace=False).tolist())
+        for k, v in enumerate(victims):
+            kind = k % 4
+            if kind == 0:
+                forged_shares[v, k % 5] ^= np.uint64(1 << (k * 7 % 64))
+            elif kind == 1:
+                forged_proofs[v, k % 16] ^= 1  # the salt
+            elif kind == 2:
+                forged_proofs[v, 16 + k % (16 * (n - 1))] ^= 0x80  # another server's commitment
+            else:
+                forged_ids[v] = bytes([forged_ids[v][0] ^ 1]) + forged_ids[v][1:]
+        # the proofs as a decoded body hands them over: a strided view of the records
+        body = np.zeros((m, 7 + forged_proofs.shape[1]), np.uint8)
+        body[:, 7:] = forged_proofs
+        found = {}
+        for name, kernel in (("compiled", loaded), ("hashlib", reference)):
+            monkeypatch.setattr(kernels, "SHA256", kernel)
+            found[name] = binding.unbound(study_id, n, j, binding.CONTENT_SHARE, forged_ids, body[:, 7:],
+                                          forged_shares).tolist()
+        assert found["compiled"] == found["hashlib"] == victims, (j, found)
+        monkeypatch.setattr(kernels, "SHA256", loaded)
+        assert binding.unbound(study_id, n, j, binding.CONTENT_SHARE, ids, proofs[j], shares[j]).size == 0

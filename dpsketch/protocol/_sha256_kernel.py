@@ -103,8 +103,49 @@ def _rows(buf, out):
     return failed
 
 
+@numba.njit
+def _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
+    """The binding check of m records (binding.unbound) over their parts as they lie, without
+    building the two hash inputs: per record, own = SHA-256(commit_head || salt || payload)[:16]
+    and id = SHA-256(id_head || proof[16:cut] || own || proof[cut:])[:16]; ``wrong[i]`` = 1
+    where that id is not ``claimed[i]``. proofs (m, 16 N), payloads (m, w) and claimed (m, 16)
+    are uint8 with contiguous rows; the number of records OpenSSL refused to hash (0: all)."""
+    m, width = proofs.shape
+    payload_bytes = payloads.shape[1]
+    ctx = np.empty(_CTX_BYTES, np.uint8)
+    c = ctx.ctypes.data
+    own = np.empty(32, np.uint8)
+    digest = np.empty(32, np.uint8)
+    commit = commit_head.ctypes.data
+    head = id_head.ctypes.data
+    failed = 0
+    for i in range(m):
+        proof = proofs[i].ctypes.data
+        ok = (_init(c) + _update(c, commit, commit_head.size) + _update(c, proof, 16)
+              + _update(c, payloads[i].ctypes.data, payload_bytes) + _final(own.ctypes.data, c))
+        ok += (_init(c) + _update(c, head, id_head.size) + _update(c, proof + 16, cut - 16)
+               + _update(c, own.ctypes.data, 16) + _update(c, proof + cut, width - cut)
+               + _final(digest.ctypes.data, c))
+        failed += ok != 11  # eleven calls, each 1 on success
+        same = True
+        for j in range(16):
+            if digest[j] != claimed[i, j]:
+                same = False
+                break
+        wrong[i] = 0 if same else 1
+    return failed
+
+
 def _rows_released(buf, out):
     return _rows(buf, out)
+
+
+def _bound_released(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
+    return _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong)
+
+
+def _bound_held(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
+    return _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong)
 
 
 def _rows_held(buf, out):
@@ -115,7 +156,28 @@ def _compile():
     """The loop, from numba's on-disk cache where it can keep one (the symbols must be registered
     first: the cached code calls them by name): an entry point that releases the GIL and one
     that keeps it, chosen by the number of rows (kernels.RELEASE_FROM)."""
-    return njit_cached(nogil=True, boundscheck=False)(_rows_released), njit_cached(boundscheck=False)(_rows_held)
+    return tuple(njit_cached(nogil=nogil, boundscheck=False)(fn) for fn, nogil in (
+        (_rows_released, True), (_rows_held, False), (_bound_released, True), (_bound_held, False)))
+
+
+def _bound_probe(loop) -> bool:
+    """Whether ``loop`` (a compiled _bound) finds exactly the forged records of a probe bound
+    with hashlib (three servers, the middle one's view; the second record's share altered)."""
+    rng = np.random.default_rng(7)
+    proofs = rng.integers(0, 256, (3, 48), dtype=np.uint8)
+    payloads = rng.integers(0, 256, (3, 24), dtype=np.uint8)
+    commit_head, id_head, cut = b"commit" + bytes((1, 1)), b"report" + bytes(range(32)), 32
+    ids = b""
+    for i in range(3):
+        own = hashlib.sha256(commit_head + proofs[i, :16].tobytes() + payloads[i].tobytes()).digest()[:16]
+        ids += hashlib.sha256(id_head + proofs[i, 16:cut].tobytes() + own + proofs[i, cut:].tobytes()).digest()[:16]
+    # the argument types binding.unbound passes (numba compiles one loop per array type): the
+    # claimed ids and the heads read-only views of bytes, the rest writable C arrays
+    claimed = np.frombuffer(ids, np.uint8).reshape(3, 16)
+    payloads[1, 5] ^= 1
+    wrong = np.zeros(3, np.uint8)
+    heads = (np.frombuffer(commit_head, np.uint8), np.frombuffer(id_head, np.uint8))
+    return loop(proofs, payloads, claimed, *heads, cut, wrong) == 0 and wrong.tolist() == [0, 1, 0]
 
 
 def load():
@@ -124,7 +186,7 @@ def load():
         if not _register():
             log.info("no libcrypto with SHA256_Init found: the binding check keeps hashlib")
             return None
-        released, held = _compile()
+        released, held, bound_released, bound_held = _compile()
         probe = np.frombuffer(bytes(range(256)) * 3, np.uint8).reshape(3, 256).copy()
         probe[1, :7] = np.frombuffer(b"dpsketc", np.uint8)
         for loop in (released, held):
@@ -133,10 +195,19 @@ def load():
                                             for i in range(3)):
                 log.warning("libcrypto's SHA256 disagrees with hashlib: the binding check keeps hashlib")
                 return None
+        for loop in (bound_released, bound_held):
+            if not _bound_probe(loop):
+                log.warning("the compiled binding check disagrees with hashlib's: the binding check keeps hashlib")
+                return None
 
         def rows(buf, out):
             return (released if len(buf) >= RELEASE_FROM else held)(buf, out)
 
+        def bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
+            loop = bound_released if len(proofs) >= RELEASE_FROM else bound_held
+            return loop(proofs, payloads, claimed, commit_head, id_head, cut, wrong)
+
+        rows.bound = bound  # the whole check of m records (binding.unbound)
         return rows
     except Exception:  # numba missing or refusing: hashlib stays, only slower
         log.warning("could not compile the SHA-256 row loop: the binding check keeps hashlib", exc_info=True)

@@ -194,10 +194,12 @@ def bind_for_server(study_id: str, n_servers: int, position: int, content: int,
 
 
 def verify(study_id: str, n_servers: int, position: int, content: int, report_ids: Sequence[bytes],
-           proofs: np.ndarray, payloads: np.ndarray, prefixes: Sequence[bytes] | None = None) -> None:
+           proofs: np.ndarray, payloads: np.ndarray, prefixes: Sequence[bytes] | None = None,
+           joined: bytes | None = None) -> None:
     """Raise BindingError unless every record's payload is the one its report id commits to at
     server ``position``; ``proofs`` is (m, 16 N) uint8, ``payloads`` the (m, ...) payload rows,
-    ``prefixes`` as for :func:`bind` (blocks)."""
+    ``prefixes`` as for :func:`bind` (blocks); ``joined``: the ids concatenated, if the caller
+    has them so."""
     size = proof_bytes(n_servers)
     m = len(report_ids)
     cut = SALT_BYTES + position * COMMITMENT_BYTES
@@ -212,13 +214,14 @@ def verify(study_id: str, n_servers: int, position: int, content: int, report_id
             if rid != report_ids[0]:
                 _refuse(report_ids, 0)
             return
-    wrong = unbound(study_id, n_servers, position, content, report_ids, proofs, payloads, prefixes)
+    wrong = unbound(study_id, n_servers, position, content, report_ids, proofs, payloads, prefixes, joined)
     if wrong.size:
         _refuse(report_ids, int(wrong[0]))
 
 
 def unbound(study_id: str, n_servers: int, position: int, content: int, report_ids: Sequence[bytes],
-            proofs: np.ndarray, payloads: np.ndarray, prefixes: Sequence[bytes] | None = None) -> np.ndarray:
+            proofs: np.ndarray, payloads: np.ndarray, prefixes: Sequence[bytes] | None = None,
+            joined: bytes | None = None) -> np.ndarray:
     """The indices (ascending) of the records whose payload is not the one their report id commits
     to at server ``position``; empty when every record is bound. Arguments as for :func:`verify`,
     which refuses a whole upload for the first of them; a server checking many single reports at
@@ -226,12 +229,27 @@ def unbound(study_id: str, n_servers: int, position: int, content: int, report_i
     size = proof_bytes(n_servers)
     m = len(report_ids)
     cut = SALT_BYTES + position * COMMITMENT_BYTES
-    proofs = np.ascontiguousarray(proofs, dtype=np.uint8).reshape(m, size)
+    proofs = np.asarray(proofs, dtype=np.uint8).reshape(m, size)
+    compiled = _compiled_rows(m)
+    if joined is None:
+        joined = b"".join(report_ids)
+    if compiled is not None and prefixes is None and len(joined) == m * REPORT_ID_BYTES and m:
+        # the compiled check over the records' parts where they lie (no hash inputs built)
+        # writable C arrays, read-only views of bytes: the argument types the loop was compiled
+        # for when it loaded (_sha256_kernel._bound_probe), so no call compiles another
+        matrix = np.require(_payload_matrix(payloads), requirements=["C", "W"])
+        proofs = np.require(proofs, requirements=["C", "W"])
+        claimed = np.frombuffer(joined, dtype=np.uint8).reshape(m, REPORT_ID_BYTES)
+        wrong = np.zeros(m, dtype=np.uint8)
+        heads = (np.frombuffer(COMMIT_DOMAIN + bytes((position, content)), np.uint8),
+                 np.frombuffer(REPORT_DOMAIN + bytes.fromhex(study_id), np.uint8))
+        if compiled.bound(proofs, matrix, claimed, *heads, cut, wrong) == 0:
+            return np.flatnonzero(wrong)
+    proofs = np.ascontiguousarray(proofs)
     own = _hash_rows(m, [COMMIT_DOMAIN + bytes((position, content)), proofs[:, :SALT_BYTES],
                          _payload_matrix(payloads)])[:, :COMMITMENT_BYTES]
     ids = _hash_rows(m, [_id_head(study_id, m, prefixes), proofs[:, SALT_BYTES:cut], own,
                          proofs[:, cut:]])[:, :REPORT_ID_BYTES]
-    joined = b"".join(report_ids)
     if len(joined) == m * REPORT_ID_BYTES:
         claimed = np.frombuffer(joined, dtype=np.uint8).reshape(m, REPORT_ID_BYTES)
         return np.flatnonzero((ids != claimed).any(axis=1))

@@ -26,7 +26,7 @@ import binascii
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -72,13 +72,21 @@ class Upload:
     #: blocks of a study with parties: each record's pseudonym, and the party's index
     pseudonyms: list[bytes] | None = None
     party: int | None = None
+    _joined: bytes | None = field(default=None, repr=False)
+
+    @property
+    def joined(self) -> bytes:
+        """The ids concatenated (as a batch body holds them; made once otherwise)."""
+        if self._joined is None:
+            self._joined = b"".join(self.ids)
+        return self._joined
 
     def verify(self, study_id: str, n_servers: int, position: int) -> None:
         """BindingError unless every payload is the one its report id commits to (binding.py)."""
         prefixes = (None if self.pseudonyms is None
                     else binding.block_prefixes(study_id, self.party or 0, self.pseudonyms))
         binding.verify(study_id, n_servers, position, self.content, self.ids, self.proofs, self.payloads,
-                       prefixes)
+                       prefixes, self.joined)
 
     def shares(self, width: int) -> np.ndarray:
         """The (m, width) uint64 shares (seeds expanded, section 4)."""
@@ -227,8 +235,9 @@ def decode_batch(body: bytes, width: int, n_servers: int) -> Upload:
             f"a share batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
             f"{binding.proof_bytes(n_servers)}-byte proof, {width} x 8-byte share); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
-    return Upload(split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
-                  np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE)
+    joined = records["id"].tobytes()
+    return Upload(split_ids(joined), np.ascontiguousarray(records["proof"]),
+                  np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE, _joined=joined)
 
 
 def encode_seed_batch(report_ids: np.ndarray | list[bytes], proofs: np.ndarray, seeds: np.ndarray) -> bytes:
@@ -245,8 +254,9 @@ def decode_seed_batch(body: bytes, n_servers: int) -> Upload:
             f"a seed batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
             f"{binding.proof_bytes(n_servers)}-byte proof, 32-byte seed); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
-    return Upload(split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
-                  np.ascontiguousarray(records["seed"]), binding.CONTENT_SEED)
+    joined = records["id"].tobytes()
+    return Upload(split_ids(joined), np.ascontiguousarray(records["proof"]),
+                  np.ascontiguousarray(records["seed"]), binding.CONTENT_SEED, _joined=joined)
 
 
 def decode_upload(body: bytes, media_type: str, width: int, n_servers: int) -> Upload:

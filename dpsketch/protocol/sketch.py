@@ -34,8 +34,10 @@ REPORT_ID_BYTES = 16
 MAX_BLOCKS = 8  # BLAKE2b digests are at most 64 bytes = 8 blocks of 8 bytes
 
 
-def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows (absolute, in [0, k)) and signs (+1/-1, int8) of S for each report: two (m, s) arrays."""
+def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int,
+                    joined: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (absolute, in [0, k)) and signs (+1/-1, int8) of S for each report: two (m, s) arrays.
+    ``joined``: the same ids concatenated, if the caller has them so."""
     if len(seed) != SEED_BYTES:
         raise ValueError("sketch seed must be 32 bytes")
     if not 1 <= s <= MAX_BLOCKS or k % s:
@@ -44,7 +46,10 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int) ->
     m = len(report_ids)
     width = 8 * s
     loop = kernels.SKETCH.for_rows(m)
-    joined = b"".join(report_ids) if loop is not None else b""
+    if loop is None:
+        joined = b""
+    elif joined is None:
+        joined = b"".join(report_ids)
     if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loop
         u = _digest_words(loop, seed, joined, s)
     else:

@@ -313,12 +313,13 @@ class Study(BaseModel):
             raise ValueError(f"a {self.kind} study has no l1 sketch")
         return l1sketch.L1Spec(s=self.s, **self.l1.model_dump())
 
-    def hash_report_ids(self, report_ids) -> tuple:
+    def hash_report_ids(self, report_ids, joined: bytes | None = None) -> tuple:
         """Rows and signs of this study's public map for these reports: the one place a server,
-        the analyzer and the tools ask which rows a report goes to (OSNAP or the l1 sketch)."""
+        the analyzer and the tools ask which rows a report goes to (OSNAP or the l1 sketch).
+        ``joined``: the same ids concatenated, if the caller has them so."""
         if self.kind == "l1":
             return l1sketch.hash_report_ids(self.seed_bytes, report_ids, self.l1_spec)
-        return sketch.hash_report_ids(self.seed_bytes, report_ids, self.k, self.s)
+        return sketch.hash_report_ids(self.seed_bytes, report_ids, self.k, self.s, joined)
 
     def party(self, name: str) -> tuple[int, "_parties.Party"]:
         """A party of this study by name: its index and declaration (ValueError if none)."""
