@@ -15,9 +15,9 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test]"
-# Compile numba's loops (sketch hash, running totals, ChaCha20, the binding's SHA-256) once into
-# their on-disk cache, about 10 s: the servers, clients and tests started afterwards load them in
-# about a second instead of each compiling them at the same time. Not fatal: without numba's
-# cache the processes compile or fall back as they would anyway.
-.venv/bin/python -c "from dpsketch.protocol import binding, chacha, sketch; sketch.warm_up(); chacha.warm_up(); binding.warm_up()" \
+# Compile numba's loops (sketch hash, running totals, ChaCha20, the binding's SHA-256, the report
+# index's merges) once into their on-disk cache, about 15 s: the servers, clients and tests started
+# afterwards load them in about a second instead of each compiling them at the same time. Not
+# fatal: without numba's cache the processes compile or fall back as they would anyway.
+.venv/bin/python -c "from dpsketch.protocol import binding, chacha, sketch; from services import idsets; sketch.warm_up(); chacha.warm_up(); binding.warm_up(); idsets.MERGE.warm_up()" \
   || echo "install: could not compile numba's loops ahead (each process will compile them)" >&2

@@ -36,8 +36,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpsketch.protocol import kernels
 from dpsketch.protocol.messages import strictly_ascending
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
+
+#: the compiled merge of two sorted runs (services/_index_kernel.py; the numpy merges below are
+#: its reference)
+MERGE = kernels.Kernel("services._index_kernel", "the report index's merges")
 
 #: small additions (single uploads) stay in a dict until it holds this many ids
 _RECENT_LIMIT = 4096
@@ -207,12 +212,22 @@ class _Filter:
 
 
 def _merge(runs: Sequence[_Run]) -> _Run:
-    """One run of these runs' ids: the smaller ones sorted together, then inserted into the
-    largest (:func:`_insert`)."""
+    """One run of these runs' ids: merged two at a time, the smallest first, by the compiled
+    loop where it is loaded (one sequential pass each); else the smaller ones sorted together,
+    then inserted into the largest (:func:`_insert`)."""
     runs = sorted((r for r in runs if len(r)), key=len)
     if not runs:
         return _Run(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.int64), presorted=True)
     if len(runs) == 1:
+        return runs[0]
+    loop = MERGE.for_rows(sum(len(r) for r in runs))
+    if loop is not None:
+        while len(runs) > 1:
+            a, b = runs.pop(0), runs.pop(0)
+            hi, lo, rowid, ties = loop.merge((a.hi, a.lo, a.rowid), (b.hi, b.lo, b.rowid))
+            merged = _Run(hi, lo, rowid, presorted=True, ties=ties)
+            at = next((i for i, r in enumerate(runs) if len(r) >= len(merged)), len(runs))
+            runs.insert(at, merged)
         return runs[0]
     big = runs.pop()
     return _insert(big, runs[0] if len(runs) == 1 else _concatenated(runs))

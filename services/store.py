@@ -138,6 +138,12 @@ def _match(state: StudyState, ids: InclusionSet):
     return rowid_of, excluded, int(missing.size), first
 
 
+def _warm_kernels() -> None:
+    """Load every compiled loop a server uses (Store._warm_sketch_for)."""
+    kernels.warm_up_all()
+    idsets.MERGE.warm_up()
+
+
 @functools.cache
 def _blas() -> threadpoolctl.ThreadpoolController:
     """The BLAS libraries loaded (at the first commit: numpy's, whatever else by then)."""
@@ -261,9 +267,9 @@ class Store:
             return
         self._sketch_warming = True
 
-        # the sketch's, seed expansion's (ring.expand_seeds) and the binding check's
-        # (uploads.verified_shares) loops: one numba import
-        threading.Thread(target=kernels.warm_up_all, name="dpsketch-hash-warm", daemon=True).start()
+        # the sketch's, seed expansion's (ring.expand_seeds), the binding check's
+        # (uploads.verified_shares) and the report index's (idsets.MERGE) loops: one numba import
+        threading.Thread(target=_warm_kernels, name="dpsketch-hash-warm", daemon=True).start()
 
     def _warm(self) -> None:
         """At startup: rebuild every open study's totals, then import what checking a study's

@@ -1460,13 +1460,29 @@ def test_no_request_gets_a_server_error(server: Server, study: Study):
 # --- id set algebra used by commit -------------------------------------------------------------
 
 
+def kernels_reference(kernel):
+    """A stand-in for a kernels.Kernel that is never available (its reference code serves)."""
+    from dpsketch.protocol import kernels
+
+    off = kernels.Kernel(kernel.module, kernel.what)
+    off.disable()
+    return off
+
+
+@pytest.mark.parametrize("engine", ["reference", "compiled"])
 @pytest.mark.parametrize("presorted", [False, True], ids=["writer-sorts", "worker-sorted"])
-def test_report_index_is_exact_against_a_dict(presorted):
+def test_report_index_is_exact_against_a_dict(presorted, engine, monkeypatch):
     """services/idsets.ReportIndex answers as a dict would through single additions (its recent
-    buffer), bulk runs, merges and a restore, also where crafted ids share a 64-bit prefix; and
-    so it does with batches sorted beforehand (idsets.SortedIds, as a server's worker sorts them)."""
+    buffer), bulk runs, merges (numpy's or the compiled loop's) and a restore, also where crafted
+    ids share a 64-bit prefix; and so it does with batches sorted beforehand (idsets.SortedIds,
+    as a server's worker sorts them)."""
     from services import idsets
     from services.idsets import ReportIndex, join_halves
+
+    if engine == "reference":
+        monkeypatch.setattr(idsets, "MERGE", kernels_reference(idsets.MERGE))
+    else:
+        assert idsets.MERGE.warm_up()
 
     rng = np.random.default_rng(7)
     prefix = os.urandom(8)
@@ -1562,12 +1578,19 @@ def test_report_index_filter_answers_most_new_ids_from_one_bit(monkeypatch):
     assert index.lookup(again).tolist() == list(range(1, 501))
 
 
-def test_report_index_merge_by_insertion_equals_the_sort(monkeypatch):
-    """Runs past idsets._INSERT_FROM ids are merged by insertion: the same run as the stable
-    sort of both gives, ids, rowids and the crafted-ties flag; a high half held by both runs
-    (crafted) takes the sort and still orders those ids by their low half."""
+@pytest.mark.parametrize("engine", ["reference", "compiled"])
+def test_report_index_merge_by_insertion_equals_the_sort(monkeypatch, engine):
+    """Runs merge into the same run the stable sort of both gives (ids, rowids and the
+    crafted-ties flag): by the compiled merge (services/_index_kernel.py) where it is loaded;
+    by numpy otherwise, runs past idsets._INSERT_FROM ids by insertion and a high half held by
+    both runs (crafted) by the sort, which still orders those ids by their low half."""
     from services import idsets
 
+    merge = idsets.MERGE
+    if engine == "reference":
+        monkeypatch.setattr(idsets, "MERGE", kernels_reference(merge))
+    else:
+        assert merge.warm_up(), "numba should compile the index's merge here"
     rng = np.random.default_rng(5)
 
     def run(n: int, hi=None) -> idsets._Run:
@@ -1581,7 +1604,7 @@ def test_report_index_merge_by_insertion_equals_the_sort(monkeypatch):
     concatenated = idsets._concatenated
     monkeypatch.setattr(idsets, "_concatenated", lambda runs: sorts.append(len(runs)) or concatenated(runs))
     merged = idsets._merge([small, big])
-    assert sorts == [] and not merged.ties  # inserted, not sorted
+    assert sorts == [] and not merged.ties  # inserted (or merged by the loop), not sorted
     for a, b in ((merged.hi, sorted_.hi), (merged.lo, sorted_.lo), (merged.rowid, sorted_.rowid)):
         assert np.array_equal(a, b)
     assert bool(np.all(merged.hi[1:] >= merged.hi[:-1]))
@@ -1590,7 +1613,7 @@ def test_report_index_merge_by_insertion_equals_the_sort(monkeypatch):
     shared[7] = big.hi[1234]
     crafted = run(0, hi=np.sort(shared))
     both = idsets._merge([big, crafted])
-    assert sorts == [2] and both.ties and len(both) == len(big) + len(crafted)
+    assert sorts == ([2] if engine == "reference" else []) and both.ties and len(both) == len(big) + len(crafted)
     at = np.flatnonzero(both.hi == big.hi[1234])
     assert len(at) == 2 and both.lo[at[0]] < both.lo[at[1]]
     assert idsets.strictly_ascending(both.hi, both.lo)
