@@ -86,7 +86,8 @@ def json_response(model) -> Response:
 
 def result_json(result: UploadResult) -> bytes:
     """``result.model_dump_json()``'s bytes, written directly (three integers, the last one
-    maybe null: pydantic's compact JSON of them, in field order)."""
+    maybe null: pydantic's compact JSON of them, in field order); ``result`` may be the
+    writer's Acknowledgement, which has the same fields."""
     count = result.report_count
     return b'{"accepted":%d,"duplicates":%d,"report_count":%s}' % (
         result.accepted, result.duplicates, b"null" if count is None else b"%d" % count)

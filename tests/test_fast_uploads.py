@@ -357,10 +357,12 @@ def test_the_fast_path_keeps_the_admission_limit_and_counts(servers):
 def test_the_acknowledgement_is_the_models_json():
     from dpsketch.protocol.messages import UploadResult
     from services.uploads import result_json
+    from services.writer import Acknowledgement
 
     for accepted, duplicates, count in [(1, 0, 1), (0, 1, None), (1, 0, 10**12), (0, 0, 0), (7, 3, None)]:
         result = UploadResult(accepted=accepted, duplicates=duplicates, report_count=count)
         assert result_json(result) == result.model_dump_json().encode()
+        assert result_json(Acknowledgement(accepted, duplicates, count)) == result.model_dump_json().encode()
 
 
 def test_forged_reports_among_concurrent_singles_are_refused_alone(server):
