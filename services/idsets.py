@@ -83,7 +83,8 @@ def _ascending(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
 
 class SortedIds:
     """A batch's ids in ascending order and the permutation that sorts them: computed by the
-    worker thread that checked the batch, so the writer's lookup and addition sort nothing."""
+    worker thread that checked the batch, so the writer's repeat check, lookup and addition sort
+    nothing (and build no set of the ids)."""
 
     __slots__ = ("hi", "lo", "order")
 
@@ -94,6 +95,11 @@ class SortedIds:
 
     def __len__(self) -> int:
         return len(self.hi)
+
+    def repeats(self) -> bool:
+        """Whether an id occurs twice in the batch (adjacent once sorted)."""
+        hi, lo = self.hi, self.lo
+        return len(hi) > 1 and bool(np.any((hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1])))
 
 
 class _Run:

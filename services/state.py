@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,7 @@ class StudyState:
         """Reports held; for a study with parties, individuals whose every block is here."""
         return self.complete if self.n_parties else len(self.ids)
 
-    def add(self, study: Study, report_ids: list[bytes], rowids: range | list[int],
+    def add(self, study: Study, report_ids: Sequence[bytes], rowids: range | list[int],
             shares: np.ndarray, rows: np.ndarray | None = None, signs: np.ndarray | None = None,
             joined: bytes | None = None, sorted_parts: list[SortedIds] | None = None) -> None:
         """Fold newly stored reports into the totals (caller holds ``lock``); ``sorted_parts``:
@@ -111,7 +112,7 @@ class StudyState:
                 self.complete += 1
         self.party_counts[party] += len(block_ids)
 
-    def _index(self, report_ids: list[bytes], rowids: range | list[int], joined: bytes | None,
+    def _index(self, report_ids: Sequence[bytes], rowids: range | list[int], joined: bytes | None,
                sorted_parts: list[SortedIds] | None = None) -> np.ndarray:
         """Add the ids to the report index; returns their rowids as an array."""
         as_array = np.asarray(rowids, dtype=np.int64)

@@ -37,6 +37,7 @@ from dpsketch.protocol import accounting, kernels, ledger, parties, privacy, ske
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
+    IdList,
     LedgerEntry,
     PopulationLedger,
     StudyInfo,
@@ -83,37 +84,16 @@ def _unavailable_on_db_error(fn):
     return wrapper
 
 
-class InclusionSet(Sequence):
+class InclusionSet(IdList):
     """A commit's inclusion set: the body's strictly ascending 16-byte ids as their uint64
     halves (``hi``, ``lo``), never 10^6 Python objects; still a sequence of ``bytes`` (cut from
-    the body on access) for the few callers that want ids one by one."""
+    the body on access, messages.IdList) for the few callers that want ids one by one."""
+
+    __slots__ = ("hi", "lo")
 
     def __init__(self, body: bytes, hi: np.ndarray, lo: np.ndarray):
-        self.body, self.hi, self.lo = body, hi, lo
-
-    def __len__(self) -> int:
-        return len(self.hi)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        return self.body[i * REPORT_ID_BYTES:(i + 1) * REPORT_ID_BYTES]
-
-    def __iter__(self):
-        body = self.body
-        return (body[i:i + REPORT_ID_BYTES] for i in range(0, len(body), REPORT_ID_BYTES))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, InclusionSet):
-            return self.body == other.body
-        if isinstance(other, (list, tuple)):
-            return len(other) == len(self) and all(isinstance(x, bytes) for x in other) and \
-                b"".join(other) == self.body
-        return NotImplemented
+        super().__init__(body)
+        self.hi, self.lo = hi, lo
 
 
 def parse_inclusion(body: bytes) -> InclusionSet:
@@ -572,7 +552,7 @@ class Store:
             self._warm_sketch_for(study)
         return self.info(record), created
 
-    def submit_upload(self, record: StudyRecord, ids: list[bytes], shares: np.ndarray,
+    def submit_upload(self, record: StudyRecord, ids: Sequence[bytes], shares: np.ndarray,
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
                       token: bytes | None = None, pseudonyms: list[bytes] | None = None,
                       party: int | None = None, waiter: Any = None, sorted_ids: SortedIds | None = None) -> Future:

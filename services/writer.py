@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -28,11 +28,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpsketch.protocol import binding
-from dpsketch.protocol.messages import UploadResult
+from dpsketch.protocol.messages import IdList, UploadResult
 from dpsketch.protocol.problems import ProblemError
 
 from . import backend as backends
-from . import batches, checkpoint
+from . import batches, checkpoint, idsets
 from .idsets import SortedIds
 from .settings import Settings
 from .state import INDEX_BYTES_PER_REPORT, StudyRecord, StudyState
@@ -45,7 +45,7 @@ class UploadJob:
     """One upload request: m reports of one study, already parsed and hashed."""
 
     record: StudyRecord
-    ids: list[bytes]
+    ids: Sequence[bytes]  # a list, or an IdList over a batch body's ids
     shares: np.ndarray  # (m, d) uint64
     rows: np.ndarray | None  # from Study.hash_report_ids; None: the writer hashes
     signs: np.ndarray | None
@@ -67,7 +67,7 @@ class UploadJob:
     def joined(self) -> bytes:
         """The ids concatenated (for the report index and the INSERT), built once."""
         if self._joined is None:
-            self._joined = b"".join(self.ids)
+            self._joined = self.ids.joined if isinstance(self.ids, IdList) else b"".join(self.ids)
         return self._joined
 
     def slots(self) -> list[bytes]:
@@ -192,13 +192,26 @@ class _Plan:
     new: np.ndarray | None
     duplicates: int
     report_count: int
-    new_ids: set[bytes]
+    _new_ids: set[bytes] | None  # None: made when asked for (a large request accepted whole)
     new_slots: set[bytes] = field(default_factory=set)  # blocks: the slots this request fills
     _rows_by_id: dict[bytes, int] | None = None
 
     @property
     def n_new(self) -> int:
         return len(self.job.ids) if self.new is None else len(self.new)
+
+    @property
+    def new_ids(self) -> set[bytes]:
+        """The ids this request adds (a set, made on first use)."""
+        if self._new_ids is None:
+            self._new_ids = set(self.take_ids())
+        return self._new_ids
+
+    @property
+    def sorted_whole(self) -> SortedIds | None:
+        """The request's ids sorted, when it is accepted whole and has them (a large request):
+        the group's later requests are checked against these arrays, not a set."""
+        return self.job.sorted_ids if self.new is None else None
 
     def row_of(self, rid: bytes) -> int:
         """Row of a new id in this request (built only when a later request repeats one)."""
@@ -437,7 +450,8 @@ class Writer:
                     plans.append(plan)
                     pending.setdefault(job.record.seq, []).append(plan)
                     ids_so_far, slots_so_far = taken.setdefault(job.record.seq, (set(), set()))
-                    ids_so_far.update(plan.new_ids)
+                    if plan.sorted_whole is None:  # a large request whole: checked by its arrays
+                        ids_so_far.update(plan.new_ids)
                     slots_so_far.update(plan.new_slots)
                     budget -= plan.n_new * INDEX_BYTES_PER_REPORT
                     if job.token is not None and plan.n_new:
@@ -507,18 +521,25 @@ class Writer:
         assert state is not None
         earlier = pending.get(record.seq, [])
         ids = job.ids
-        as_set = set(ids)
+        mine = job.sorted_ids if not job.pseudonyms else None  # a large request: arrays, no set
+        as_set = None if mine is not None else set(ids)
+        repeats = mine.repeats() if mine is not None else len(as_set) != len(ids)
         slots = job.slots()
         slot_set = set(slots)
         with state.lock:  # a commit's match may be merging the index's runs meanwhile
             held_any = state.ids.any_held(job.joined, ids, job.sorted_ids)
+        # the earlier requests of the group: large ones accepted whole by their sorted ids, the
+        # rest by the union of their new ids (``taken``)
+        large = [p.sorted_whole for p in earlier if p.sorted_whole is not None]
         if taken is not None:
             group_ids, group_slots = taken.get(record.seq, (_NONE, _NONE))
-            new_in_group = group_ids.isdisjoint(as_set) and group_slots.isdisjoint(slot_set)
+            new_in_group = ((group_ids.isdisjoint(as_set) if as_set is not None else not _any_of(group_ids, mine))
+                            and group_slots.isdisjoint(slot_set)
+                            and not any(_overlap(other, mine, job.joined) for other in large))
         else:
-            new_in_group = (all(p.new_ids.isdisjoint(as_set) for p in earlier)
+            new_in_group = (all(p.new_ids.isdisjoint(ids) for p in earlier)
                             and all(p.new_slots.isdisjoint(slot_set) for p in earlier))
-        if (len(as_set) == len(ids) and not held_any and new_in_group
+        if (not repeats and not held_any and new_in_group
                 and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)):
             new, duplicates, new_ids, new_slots = None, 0, as_set, slot_set
         else:
@@ -700,11 +721,13 @@ class Writer:
             def cat(parts: list):
                 return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-            ids = [rid for p in group for rid in p.take_ids()] if len(group) > 1 else group[0].take_ids()
             shares = np.ascontiguousarray(cat([p.take(p.job.shares) for p in group]), dtype="<u8")
             rows = cat([p.take(p.job.rows) for p in group])
             signs = cat([p.take(p.job.signs) for p in group])
             joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
+            # the ids one by one only for a small group (the index keeps few ids in a dict)
+            ids = (group[0].take_ids() if len(group) == 1 else IdList(joined) if len(joined) > 1024
+                   else [rid for p in group for rid in p.take_ids()])
             # each request's ids as the worker sorted them, when every one is stored whole
             parts = ([p.job.sorted_ids for p in group]
                      if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
@@ -728,6 +751,29 @@ class Writer:
         held = len(record.state.ids) + sum(plan.n_new for plan in group)
         self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, record.seq))
         return base
+
+
+def _any_of(ids: set[bytes], sorted_ids: SortedIds) -> bool:
+    """Whether any of ``ids`` (a few) is among ``sorted_ids``."""
+    return bool(ids) and _overlap(sorted_ids, None, b"".join(ids))
+
+
+def _overlap(sorted_ids: SortedIds, other: SortedIds | None, joined: bytes) -> bool:
+    """Whether any of ``other``'s ids (or, without it, of the concatenated ``joined``) is among
+    ``sorted_ids``: a binary search of each in the sorted high halves, then both halves."""
+    if other is not None:
+        hi, lo = other.hi, other.lo
+    else:
+        hi, lo = idsets.halves(joined)
+    n = len(sorted_ids.hi)
+    if n == 0 or len(hi) == 0:
+        return False
+    left = np.searchsorted(sorted_ids.hi, hi, side="left")
+    right = np.searchsorted(sorted_ids.hi, hi, side="right")
+    for i in np.flatnonzero(right > left).tolist():  # a shared high half: compare the low halves
+        if bool(np.any(sorted_ids.lo[left[i]:right[i]] == lo[i])):
+            return True
+    return False
 
 
 def _settle(pairs: list[tuple[Any, Future]]) -> None:

@@ -61,7 +61,7 @@ class Upload:
     payloads of one kind (``content``: an (m, width) uint64 share matrix, or (m, 32) uint8 seeds
     that expand to the shares)."""
 
-    ids: list[bytes]
+    ids: Sequence[bytes]  # a list, or an IdList over the body's ids
     proofs: np.ndarray
     payloads: np.ndarray
     content: int
@@ -78,7 +78,7 @@ class Upload:
     def joined(self) -> bytes:
         """The ids concatenated (as a batch body holds them; made once otherwise)."""
         if self._joined is None:
-            self._joined = b"".join(self.ids)
+            self._joined = self.ids.joined if isinstance(self.ids, IdList) else b"".join(self.ids)
         return self._joined
 
     def verify(self, study_id: str, n_servers: int, position: int) -> None:
@@ -98,6 +98,43 @@ class Upload:
 def split_ids(raw: bytes) -> list[bytes]:
     """Concatenated 16-byte ids (or pseudonyms) as a list."""
     return [raw[i : i + REPORT_ID_BYTES] for i in range(0, len(raw), REPORT_ID_BYTES)]
+
+
+class IdList(Sequence):
+    """Concatenated 16-byte ids as a sequence of ``bytes``, each cut from ``joined`` only when
+    asked for: a batch of 10^4 reports then carries no Python object per report through a
+    server's checks (what needs them one by one, a repeat or a conflict, takes them)."""
+
+    __slots__ = ("joined",)
+
+    def __init__(self, joined: bytes):
+        self.joined = joined
+
+    def __len__(self) -> int:
+        return len(self.joined) // REPORT_ID_BYTES
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step == 1:
+                return IdList(self.joined[start * REPORT_ID_BYTES:max(start, stop) * REPORT_ID_BYTES])
+            return [self[j] for j in range(start, stop, step)]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.joined[i * REPORT_ID_BYTES:(i + 1) * REPORT_ID_BYTES]
+
+    def __iter__(self):
+        joined = self.joined
+        return (joined[i:i + REPORT_ID_BYTES] for i in range(0, len(joined), REPORT_ID_BYTES))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IdList):
+            return self.joined == other.joined
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
 
 
 def batch_dtype(width: int, n_servers: int) -> np.dtype:
@@ -236,7 +273,7 @@ def decode_batch(body: bytes, width: int, n_servers: int) -> Upload:
             f"{binding.proof_bytes(n_servers)}-byte proof, {width} x 8-byte share); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
     joined = records["id"].tobytes()
-    return Upload(split_ids(joined), np.ascontiguousarray(records["proof"]),
+    return Upload(IdList(joined), np.ascontiguousarray(records["proof"]),
                   np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE, _joined=joined)
 
 
@@ -255,7 +292,7 @@ def decode_seed_batch(body: bytes, n_servers: int) -> Upload:
             f"{binding.proof_bytes(n_servers)}-byte proof, 32-byte seed); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
     joined = records["id"].tobytes()
-    return Upload(split_ids(joined), np.ascontiguousarray(records["proof"]),
+    return Upload(IdList(joined), np.ascontiguousarray(records["proof"]),
                   np.ascontiguousarray(records["seed"]), binding.CONTENT_SEED, _joined=joined)
 
 
