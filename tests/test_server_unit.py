@@ -1275,6 +1275,55 @@ def test_one_group_keeps_requests_independent(server: Server, study: Study):
     assert np.array_equal(state.aggregate, expected_aggregate(study, [x, y, z], np.vstack([sx, sy, sz])))
 
 
+def test_large_requests_in_one_group_are_checked_on_their_sorted_ids(server: Server, study: Study):
+    """Large requests (a worker sorted their ids: idsets.SortedIds) queued in one group are
+    checked against each other on those arrays, not on sets (writer._overlap): a request that
+    repeats another's ids with the same bytes is acknowledged as duplicates and stores nothing
+    twice, one that repeats an id with other bytes is refused whole, one with an id twice in
+    itself counts it once, and the rest are stored whole; the totals are the exact sketch of
+    what is held."""
+    import threading
+
+    from services import idsets
+    from services.writer import CallJob
+
+    store = server.app.state.store
+    record = store.record(study.study_id)
+    m = 300
+    a_ids, b_ids, c_ids = new_ids(m), new_ids(m), new_ids(m)
+    a, b, c = random_shares(m), random_shares(m), random_shares(m)
+    # d: half of a's reports again, same bytes, and half new
+    d_ids, d = a_ids[:150] + new_ids(150), np.vstack([a[:150], random_shares(150)])
+    # e: one of b's ids with other bytes (refused whole)
+    e_ids, e = new_ids(m - 1) + [b_ids[7]], np.vstack([random_shares(m - 1), b[7:8] ^ np.uint64(1)])
+    # f: an id twice in itself, same bytes (counted once)
+    f_base = new_ids(m - 1)
+    f_ids, f = f_base + [f_base[3]], np.vstack([(fb := random_shares(m - 1)), fb[3:4]])
+    jobs = [(a_ids, a), (b_ids, b), (d_ids, d), (e_ids, e), (f_ids, f), (c_ids, c)]
+
+    def sorted_of(ids):
+        return idsets.SortedIds(b"".join(ids))
+
+    gate = threading.Event()
+    blocker = store.writer.submit(CallJob(lambda conn: (gate.wait(10), None)))
+    futures = [store.submit_upload(record, ids, shares, sorted_ids=sorted_of(ids)) for ids, shares in jobs]
+    gate.set()
+    blocker.result(10)
+    got = []
+    for future in futures:
+        try:
+            r = future.result(10)
+            got.append((r.accepted, r.duplicates))
+        except Exception as exc:  # noqa: BLE001 - the refusal's slug is the answer
+            got.append(getattr(exc, "slug", repr(exc)))
+    assert got == [(m, 0), (m, 0), (150, 150), "report-conflict", (m - 1, 1), (m, 0)]
+    held_ids = a_ids + b_ids + d_ids[150:] + f_base + c_ids
+    held_shares = np.vstack([a, b, d[150:], fb, c])
+    assert server.count(study) == len(held_ids)
+    assert server.held_ids(study) == b"".join(sorted(held_ids))
+    assert np.array_equal(record.state.aggregate, expected_aggregate(study, held_ids, held_shares))
+
+
 def test_a_group_of_single_uploads_is_judged_as_request_by_request(tmp_path, monkeypatch):
     """The writer checks a group of small requests to one study at once when all of them are
     accepted whole (Writer._plan_singles); whatever the group holds, every request gets the
