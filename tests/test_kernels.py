@@ -144,3 +144,56 @@ def test_a_sketch_loop_that_disagrees_with_hashlib_is_not_used(monkeypatch):
         for block in range(4):
             bucket, sign = sketch.bucket_and_sign(seed, ids[i], 40, 4, block)
             assert rows[i, block] == block * 10 + bucket and signs[i, block] == sign
+
+
+def _pointer_sources(path) -> list[tuple[str, int, str]]:
+    """(function, line, name) for every ``X.ctypes.data`` in a compiled loop's module whose X is
+    not an argument of the function that takes it (nor an element or slice of one)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found = []
+    for fn in (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)):
+        arguments = {a.arg for a in fn.args.args}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and node.attr == "data" and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "ctypes":
+                base = node.value.value
+                while isinstance(base, ast.Subscript):
+                    base = base.value
+                name = base.id if isinstance(base, ast.Name) else ast.unparse(base)
+                if name not in arguments:
+                    found.append((fn.name, node.lineno, name))
+    return found
+
+
+def test_compiled_loops_take_pointers_only_into_memory_their_caller_owns():
+    """numba frees an array after its last use by name, and ``a.ctypes.data`` is such a use: a
+    loop that allocates its scratch memory and passes its address to C (OpenSSL's SHA256_Init)
+    has C write into freed heap memory, which corrupted a share server's heap under load
+    (``free(): corrupted unsorted chunks``). So every pointer a loop takes is into an argument."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    modules = sorted(root.glob("dpsketch/protocol/_*_kernel.py")) + sorted(root.glob("services/_*_kernel.py"))
+    assert len(modules) >= 4
+    assert {m.name: _pointer_sources(m) for m in modules} == {m.name: [] for m in modules}
+
+
+def test_numba_frees_an_array_after_the_last_use_of_its_name():
+    """The fact the rule above rests on, checked on this numba: an array whose only later use is
+    through a pointer is freed before the loop that writes through it, so a second array of
+    the same size can take its memory."""
+    import numba
+
+    @numba.njit
+    def same_memory(n):
+        first = np.empty(256, np.uint8)
+        pointer = first.ctypes.data
+        reused = 0
+        for _ in range(n):
+            second = np.empty(256, np.uint8)
+            reused += second.ctypes.data == pointer
+        return reused
+
+    assert same_memory(64) > 0

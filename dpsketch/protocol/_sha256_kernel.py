@@ -34,6 +34,16 @@ log = logging.getLogger("dpsketch")
 
 #: bytes reserved for OpenSSL's SHA256_CTX (112 in OpenSSL 1.1 and 3)
 _CTX_BYTES = 256
+#: the loops' scratch memory: the context, then two 32-byte digests
+_SCRATCH_BYTES = _CTX_BYTES + 64
+
+
+def _scratch() -> np.ndarray:
+    """Scratch memory for one call of a loop, owned by the caller. Why not ``np.empty`` inside the
+    loop: numba frees an array after its last use *by name*, and taking ``.ctypes.data`` is a last
+    use, so OpenSSL would write its context into freed heap memory (another thread's, once the GIL
+    is released). A pointer in these loops is only ever taken into an argument."""
+    return np.empty(_SCRATCH_BYTES, np.uint8)
 
 
 def _libcrypto_candidates() -> list[str]:
@@ -90,12 +100,11 @@ _final = types.ExternalFunction("dpsketch_SHA256_Final", types.int32(types.voidp
 
 
 @numba.njit
-def _rows(buf, out):
+def _rows(buf, out, scratch):
     """out[i] = SHA-256(buf[i]) for a C-contiguous (m, w) uint8 buf and (m, 32) uint8 out; the
-    number of rows OpenSSL refused (0: all hashed)."""
+    number of rows OpenSSL refused (0: all hashed). ``scratch``: see :func:`_scratch`."""
     m, width = buf.shape
-    ctx = np.empty(_CTX_BYTES, np.uint8)
-    c = ctx.ctypes.data
+    c = scratch.ctypes.data
     failed = 0
     for i in range(m):
         ok = _init(c) + _update(c, buf[i].ctypes.data, width) + _final(out[i].ctypes.data, c)
@@ -104,52 +113,52 @@ def _rows(buf, out):
 
 
 @numba.njit
-def _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
+def _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong, scratch):
     """The binding check of m records (binding.unbound) over their parts as they lie, without
     building the two hash inputs: per record, own = SHA-256(commit_head || salt || payload)[:16]
     and id = SHA-256(id_head || proof[16:cut] || own || proof[cut:])[:16]; ``wrong[i]`` = 1
     where that id is not ``claimed[i]``. proofs (m, 16 N), payloads (m, w) and claimed (m, 16)
-    are uint8 with contiguous rows; the number of records OpenSSL refused to hash (0: all)."""
+    are uint8 with contiguous rows; the number of records OpenSSL refused to hash (0: all).
+    ``scratch``: see :func:`_scratch`."""
     m, width = proofs.shape
     payload_bytes = payloads.shape[1]
-    ctx = np.empty(_CTX_BYTES, np.uint8)
-    c = ctx.ctypes.data
-    own = np.empty(32, np.uint8)
-    digest = np.empty(32, np.uint8)
+    c = scratch.ctypes.data
+    own = c + _CTX_BYTES
+    digest = own + 32
     commit = commit_head.ctypes.data
     head = id_head.ctypes.data
     failed = 0
     for i in range(m):
         proof = proofs[i].ctypes.data
         ok = (_init(c) + _update(c, commit, commit_head.size) + _update(c, proof, 16)
-              + _update(c, payloads[i].ctypes.data, payload_bytes) + _final(own.ctypes.data, c))
+              + _update(c, payloads[i].ctypes.data, payload_bytes) + _final(own, c))
         ok += (_init(c) + _update(c, head, id_head.size) + _update(c, proof + 16, cut - 16)
-               + _update(c, own.ctypes.data, 16) + _update(c, proof + cut, width - cut)
-               + _final(digest.ctypes.data, c))
+               + _update(c, own, 16) + _update(c, proof + cut, width - cut)
+               + _final(digest, c))
         failed += ok != 11  # eleven calls, each 1 on success
         same = True
         for j in range(16):
-            if digest[j] != claimed[i, j]:
+            if scratch[_CTX_BYTES + 32 + j] != claimed[i, j]:
                 same = False
                 break
         wrong[i] = 0 if same else 1
     return failed
 
 
-def _rows_released(buf, out):
-    return _rows(buf, out)
+def _rows_released(buf, out, scratch):
+    return _rows(buf, out, scratch)
 
 
-def _bound_released(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
-    return _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong)
+def _bound_released(proofs, payloads, claimed, commit_head, id_head, cut, wrong, scratch):
+    return _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong, scratch)
 
 
-def _bound_held(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
-    return _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong)
+def _bound_held(proofs, payloads, claimed, commit_head, id_head, cut, wrong, scratch):
+    return _bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong, scratch)
 
 
-def _rows_held(buf, out):
-    return _rows(buf, out)
+def _rows_held(buf, out, scratch):
+    return _rows(buf, out, scratch)
 
 
 def _compile():
@@ -177,7 +186,7 @@ def _bound_probe(loop) -> bool:
     payloads[1, 5] ^= 1
     wrong = np.zeros(3, np.uint8)
     heads = (np.frombuffer(commit_head, np.uint8), np.frombuffer(id_head, np.uint8))
-    return loop(proofs, payloads, claimed, *heads, cut, wrong) == 0 and wrong.tolist() == [0, 1, 0]
+    return loop(proofs, payloads, claimed, *heads, cut, wrong, _scratch()) == 0 and wrong.tolist() == [0, 1, 0]
 
 
 def load():
@@ -191,7 +200,7 @@ def load():
         probe[1, :7] = np.frombuffer(b"dpsketc", np.uint8)
         for loop in (released, held):
             out = np.zeros((3, 32), np.uint8)
-            if loop(probe, out) != 0 or any(out[i].tobytes() != hashlib.sha256(probe[i].tobytes()).digest()
+            if loop(probe, out, _scratch()) != 0 or any(out[i].tobytes() != hashlib.sha256(probe[i].tobytes()).digest()
                                             for i in range(3)):
                 log.warning("libcrypto's SHA256 disagrees with hashlib: the binding check keeps hashlib")
                 return None
@@ -201,11 +210,11 @@ def load():
                 return None
 
         def rows(buf, out):
-            return (released if len(buf) >= RELEASE_FROM else held)(buf, out)
+            return (released if len(buf) >= RELEASE_FROM else held)(buf, out, _scratch())
 
         def bound(proofs, payloads, claimed, commit_head, id_head, cut, wrong):
             loop = bound_released if len(proofs) >= RELEASE_FROM else bound_held
-            return loop(proofs, payloads, claimed, commit_head, id_head, cut, wrong)
+            return loop(proofs, payloads, claimed, commit_head, id_head, cut, wrong, _scratch())
 
         rows.bound = bound  # the whole check of m records (binding.unbound)
         return rows
