@@ -115,18 +115,18 @@ def test_provisioning_refuses_studies_outside_the_policy(tmp_path: Path, overrid
 
 def test_memory_budget_counts_every_open_study(tmp_path: Path):
     """Each open study's running totals take 8 k (width + k) bytes (704 here) and its report index
-    90 bytes a report (services/state.py INDEX_BYTES_PER_REPORT); the budget refuses a study, or
+    95 bytes a report (services/state.py INDEX_BYTES_PER_REPORT); the budget refuses a study, or
     reports, that would take the open studies beyond it."""
     from services.state import INDEX_BYTES_PER_REPORT
 
-    assert INDEX_BYTES_PER_REPORT == 90
+    assert INDEX_BYTES_PER_REPORT == 95
     srv = Server(tmp_path / "s1.sqlite3", max_study_memory=704, memory_budget=900)
     try:
         first, second = make_study(name="first"), make_study(name="second")
         assert srv.provision(first).status_code == 201
         rs = srv.reports(first, 3)
-        assert srv.batch(first, rs[:2]).json()["report_count"] == 2  # 704 + 2 * 90 = 884
-        assert_problem(srv.batch(first, rs[2:]), 409, "capacity-exceeded")  # 974 > 900
+        assert srv.batch(first, rs[:2]).json()["report_count"] == 2  # 704 + 2 * 95 = 894
+        assert_problem(srv.batch(first, rs[2:]), 409, "capacity-exceeded")  # 989 > 900
         assert srv.batch(first, rs[:2]).json()["duplicates"] == 2  # retries cost nothing
         body = assert_problem(srv.provision(second), 422, "invalid-study")
         assert body["policy_rule"] == "memory_budget"
