@@ -13,6 +13,13 @@ transaction (one fsync) and only then acknowledges each. A request is all-or-not
 validated completely in memory before any of its rows is written, and refused requests in a
 group do not affect the others. If the transaction fails (locked, disk full, database down)
 every request in it gets 503 and nothing in memory changes.
+
+Single uploads from the ASGI fast path (uploads.py, FastReports) come as ``SingleUpload``
+jobs: the raw report, not yet bound. The writer checks a group's bindings in one call
+(``_bind_singles``: one compiled loop instead of two hashlib calls per request on the event
+loop), leaves out a report whose binding fails (its ``Outcome`` gets ``Unbound``, so the route
+answers 422 as it always did, nothing of it stored) and answers the others with an
+``Acknowledgement`` tuple.
 """
 
 from __future__ import annotations
