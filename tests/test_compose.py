@@ -598,6 +598,42 @@ def _wait_http(url: str, timeout: float = 240) -> None:
         time.sleep(0.5)
 
 
+REPLICATED_IMAGES = [("dpsketch-postgres:local", "deploy/replicated/postgres.Dockerfile"),
+                     ("dpsketch-lb:local", "deploy/replicated/lb.Dockerfile")]
+
+
+def test_replicated_images_stop_on_their_stop_signal(compose_cluster):
+    """docker stop (and stack rm, and a rolling update) sends an image's stop signal and kills
+    what is still running after the grace period. haproxy as PID 1 has no SIGTERM handler, and
+    SIGTERM is PostgreSQL's smart shutdown, which waits for every client: both used to be killed
+    (exit 137; the database then recovers from a crash at its next start). Each stops by itself
+    now, the database with a client still in a query."""
+    for tag, dockerfile in REPLICATED_IMAGES:
+        _run(["docker", "build", "-q", "-t", tag, "-f", dockerfile, "deploy/replicated"], timeout=900)
+    name = f"dpsketch-stop-{os.getpid()}"
+    try:
+        _run(["docker", "run", "-d", "--name", f"{name}-db", "-e", "POSTGRES_PASSWORD=x", REPLICATED_IMAGES[0][0]],
+             timeout=120)
+        _run(["docker", "run", "-d", "--name", f"{name}-lb", "--add-host", "s1-replica:127.0.0.1",
+              REPLICATED_IMAGES[1][0]], timeout=120)
+        deadline = time.monotonic() + 120
+        while _run(["docker", "exec", f"{name}-db", "pg_isready", "-h", "127.0.0.1", "-q"], timeout=60,
+                   check=False).returncode != 0:
+            assert time.monotonic() < deadline, "PostgreSQL did not start"
+            time.sleep(0.5)
+        _run(["docker", "exec", "-d", f"{name}-db", "psql", "-U", "postgres", "-c", "SELECT pg_sleep(600)"], timeout=60)
+        time.sleep(1)  # the session is in its query
+        for box in (f"{name}-db", f"{name}-lb"):
+            _run(["docker", "stop", "-t", "20", box], timeout=120)
+            state = _run(["docker", "inspect", "-f", "{{.State.ExitCode}}", box], timeout=60).stdout.strip()
+            assert state == "0", f"{box} exited {state} (137: killed after the grace period)"
+        logs = _run(["docker", "logs", f"{name}-db"], timeout=60).stdout + _run(
+            ["docker", "logs", f"{name}-db"], timeout=60).stderr
+        assert "fast shutdown request" in logs and "database system is shut down" in logs, logs[-2000:]
+    finally:
+        _run(["docker", "rm", "-f", f"{name}-db", f"{name}-lb"], timeout=120, check=False)
+
+
 def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
     """deploy/stack.yml on a one-node swarm (the engine's swarm mode): s1 as two replicas on its
     own PostgreSQL behind haproxy, built from the same base image. A study goes through the
@@ -611,9 +647,7 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
     def phase(name: str) -> None:  # shown with the failure's captured output: where the time went
         print(f"[swarm] {name}: {time.monotonic() - t0:.1f} s", flush=True)
 
-    images = [("dpsketch-postgres:local", "deploy/replicated/postgres.Dockerfile"),
-              ("dpsketch-lb:local", "deploy/replicated/lb.Dockerfile")]
-    for tag, dockerfile in images:
+    for tag, dockerfile in REPLICATED_IMAGES:
         _run(["docker", "build", "-q", "-t", tag, "-f", dockerfile, "deploy/replicated"], timeout=900)
     state = _run(["docker", "info", "--format", "{{.Swarm.LocalNodeState}}"], timeout=30).stdout.strip()
     joined = state != "active"

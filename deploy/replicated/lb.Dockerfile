@@ -10,4 +10,8 @@ USER haproxy
 EXPOSE 8101
 HEALTHCHECK --interval=2s --timeout=3s --start-period=5s --retries=10 \
   CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8101/healthz', timeout=2).status == 200 else 1)"]
+# haproxy as PID 1 has no SIGTERM handler here, so docker stop / stack rm waited out the grace
+# period and killed it; SIGUSR1 is its soft stop (stop listening, finish the requests in flight,
+# bounded by hard-stop-after in haproxy.cfg).
+STOPSIGNAL SIGUSR1
 ENTRYPOINT ["haproxy", "-db", "-f", "/etc/dpsketch/haproxy.cfg"]

@@ -16,4 +16,8 @@ VOLUME ["/var/lib/postgresql/data"]
 EXPOSE 5432
 HEALTHCHECK --interval=2s --timeout=3s --start-period=20s --retries=30 \
   CMD ["sh", "-c", "pg_isready -h 127.0.0.1 -q"]
+# SIGTERM is PostgreSQL's "smart" shutdown, which waits for every client (the replicas' pools)
+# to leave: docker stop would wait out its grace period and SIGKILL it, and the next start
+# would run crash recovery. SIGINT is the fast shutdown: sessions end, a clean checkpoint.
+STOPSIGNAL SIGINT
 ENTRYPOINT ["/usr/local/bin/postgres-entrypoint.sh"]
