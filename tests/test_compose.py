@@ -402,7 +402,7 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
     """docker kill s2 during a bulk upload, start it again: nothing it acknowledged is lost, and
     the SDK's retries finish the upload at all three servers."""
     c = compose_cluster
-    n, batch = 150_000, 2000
+    n, batch = 60_000, 2000  # 30 batches: the kill lands after 8, mid-upload
     victim = 1  # s2
     victim_port = int(c.server_urls[victim].rsplit(":", 1)[1])
     with c.analyzer() as an:
@@ -691,9 +691,9 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
         assert "/run/secrets/s1_pgpass" in seen and "--operator-token-file" in seen
         leaked = [i for i, value in enumerate(hidden) if value in seen]
         assert not leaked, f"secrets {leaked} of {len(hidden)} readable through docker inspect"
-        # 30 batches as before, of half the rows: the kill still lands mid-upload (after 6
-        # acknowledged batches), and the upload through the swarm takes half the time
-        n, batch = 15_000, 500
+        # 30 batches of 200 rows: the kill lands mid-upload (after 6 acknowledged batches), and
+        # the upload through the swarm (PostgreSQL behind haproxy) stays short
+        n, batch = 6_000, 200
         with AnalyzerClient(analyzer_url, c.api_token) as an:
             created = an.create_study(name="swarm", columns=COLUMNS, label="y", expected_reports=n,
                                       k=8, s=2, min_reports=n)
