@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpsketch.protocol import binding
-from dpsketch.protocol.messages import IdList, UploadResult
+from dpsketch.protocol.messages import IdList, UploadResult, joined_ids
 from dpsketch.protocol.problems import ProblemError
 
 from . import backend as backends
@@ -74,7 +74,7 @@ class UploadJob:
     def joined(self) -> bytes:
         """The ids concatenated (for the report index and the INSERT), built once."""
         if self._joined is None:
-            self._joined = self.ids.joined if isinstance(self.ids, IdList) else b"".join(self.ids)
+            self._joined = joined_ids(self.ids)
         return self._joined
 
     def slots(self) -> list[bytes]:

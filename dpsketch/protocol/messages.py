@@ -78,7 +78,7 @@ class Upload:
     def joined(self) -> bytes:
         """The ids concatenated (as a batch body holds them; made once otherwise)."""
         if self._joined is None:
-            self._joined = self.ids.joined if isinstance(self.ids, IdList) else b"".join(self.ids)
+            self._joined = joined_ids(self.ids)
         return self._joined
 
     def verify(self, study_id: str, n_servers: int, position: int) -> None:
@@ -135,6 +135,11 @@ class IdList(Sequence):
         if isinstance(other, (list, tuple)):
             return len(other) == len(self) and all(a == b for a, b in zip(self, other))
         return NotImplemented
+
+
+def joined_ids(ids: Sequence[bytes]) -> bytes:
+    """The ids concatenated, as a batch body holds them (an IdList's own bytes, not a copy)."""
+    return ids.joined if isinstance(ids, IdList) else b"".join(ids)
 
 
 def batch_dtype(width: int, n_servers: int) -> np.dtype:
