@@ -11,10 +11,9 @@ export DPSKETCH_SOAK_SECONDS=${DPSKETCH_SOAK_SECONDS:-6}
 export DPSKETCH_LOAD_SECONDS=${DPSKETCH_LOAD_SECONDS:-6}
 export DPSKETCH_FUZZ_EXAMPLES=${DPSKETCH_FUZZ_EXAMPLES:-15}
 # Two workers (DPSKETCH_TEST_WORKERS; 0 runs in one process): most tests wait on server processes,
-# so two files at a time take about 0.6 of the time on 2 cores; a file stays in one worker, and
-# the longest files start first (tests/conftest.py LONGEST_FIRST; xdist keeps that order).
+# so two files at a time take about 0.6 of the time on 2 cores; a file stays in one worker.
 workers=${DPSKETCH_TEST_WORKERS:-2}
 if [ "$workers" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+  exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

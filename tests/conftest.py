@@ -21,19 +21,6 @@ import pytest
 
 from tools.cluster import ManagedProcess, ServerSpec, share_server, stop_all
 
-#: The files that take longest in the suite (pytest --durations, on the 2-core VM), started first:
-#: with the longest first, the two workers of scripts/test.sh finish close together instead of
-#: one running the compose tests alone at the end. scripts/test.sh passes
-#: --no-loadscope-reorder so that pytest-xdist keeps this order; the other files keep theirs.
-LONGEST_FIRST = ["test_compose.py", "test_faults.py", "test_fuzz.py", "test_bench.py", "test_shutdown.py",
-                 "test_trust.py", "test_histogram.py", "test_e2e.py"]
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
-
-
 #: The environment that lets a test server take uploads without upload tokens.
 OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open"}
 
