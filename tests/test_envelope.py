@@ -436,9 +436,13 @@ def no_floor_cluster(servers):
 
 
 def _study(c, n, name, **kw) -> Study:
+    """A study these tests upload all n reports to. lambda_star is chosen for 3/4 of them: with
+    k = 16 and n = 200 (12.5 reports a row), lambda_min falls below the one chosen for all n in
+    about 0.4 % of draws and the servers refuse to release (a simulation of 3,000 sketches; the
+    suite failed so twice), for 3/4 of them in none."""
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name=name, columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n, **kw)
+                                  k=16, s=4, min_reports=n * 3 // 4, **kw)
     return Study.model_validate(created["study"])
 
 
