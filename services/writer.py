@@ -24,6 +24,7 @@ answers 422 as it always did, nothing of it stored) and answers the others with 
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -68,14 +69,10 @@ class UploadJob:
     waiter: Any = None
     #: the ids sorted, by the worker thread that checked a batch (None: the writer sorts)
     sorted_ids: SortedIds | None = None
-    _joined: bytes | None = field(default=None, repr=False)
-
-    @property
+    @functools.cached_property
     def joined(self) -> bytes:
         """The ids concatenated (for the report index and the INSERT), built once."""
-        if self._joined is None:
-            self._joined = joined_ids(self.ids)
-        return self._joined
+        return joined_ids(self.ids)
 
     def slots(self) -> list[bytes]:
         """The (pseudonym, party) slot of each block: one block per individual and party."""
@@ -162,7 +159,7 @@ class SingleUpload(UploadJob):
                  token: bytes | None, waiter: Any) -> None:
         self.record = record
         self.ids = [report_id]
-        self._joined = report_id
+        self.joined = report_id  # the cached_property's value, set at once
         self.proof = proof
         self.share = share
         self.shares = None  # type: ignore[assignment]  # a (1, width) row once bound

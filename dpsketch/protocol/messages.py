@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -72,14 +73,10 @@ class Upload:
     #: blocks of a study with parties: each record's pseudonym, and the party's index
     pseudonyms: list[bytes] | None = None
     party: int | None = None
-    _joined: bytes | None = field(default=None, repr=False)
-
-    @property
+    @functools.cached_property
     def joined(self) -> bytes:
         """The ids concatenated (as a batch body holds them; made once otherwise)."""
-        if self._joined is None:
-            self._joined = joined_ids(self.ids)
-        return self._joined
+        return joined_ids(self.ids)
 
     def verify(self, study_id: str, n_servers: int, position: int) -> None:
         """BindingError unless every payload is the one its report id commits to (binding.py)."""
@@ -277,9 +274,8 @@ def decode_batch(body: bytes, width: int, n_servers: int) -> Upload:
             f"a share batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
             f"{binding.proof_bytes(n_servers)}-byte proof, {width} x 8-byte share); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
-    joined = records["id"].tobytes()
-    return Upload(IdList(joined), np.ascontiguousarray(records["proof"]),
-                  np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE, _joined=joined)
+    return Upload(IdList(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+                  np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE)
 
 
 def encode_seed_batch(report_ids: np.ndarray | list[bytes], proofs: np.ndarray, seeds: np.ndarray) -> bytes:
@@ -296,9 +292,8 @@ def decode_seed_batch(body: bytes, n_servers: int) -> Upload:
             f"a seed batch is a whole number of {dtype.itemsize}-byte records (16-byte id, "
             f"{binding.proof_bytes(n_servers)}-byte proof, 32-byte seed); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
-    joined = records["id"].tobytes()
-    return Upload(IdList(joined), np.ascontiguousarray(records["proof"]),
-                  np.ascontiguousarray(records["seed"]), binding.CONTENT_SEED, _joined=joined)
+    return Upload(IdList(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
+                  np.ascontiguousarray(records["seed"]), binding.CONTENT_SEED)
 
 
 def decode_upload(body: bytes, media_type: str, width: int, n_servers: int) -> Upload:
