@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 import dpsketch
 
-from dpsketch.protocol import envelope
+from dpsketch.protocol import binding, envelope
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
@@ -171,7 +171,8 @@ def _install_sighup(registry: TokenRegistry) -> None:
 def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys):
     """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
     opened with this server's key ring ``keys``), check every record's binding and hash its ids
-    (CPU work, run in a worker thread), and sort them for the writer's report index."""
+    (CPU work, run in a worker thread), and sort them for the writer's report index; the seeds
+    too, which the writer stores instead of the shares where they are smaller (services/batches.py)."""
     try:
         if media_type == SEALED_MEDIA_TYPE:
             upload = envelope.open_batch(body, study.width, study.n_servers, study.study_id, server_id,
@@ -184,7 +185,8 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
         raise ProblemError("malformed-body", str(exc)) from None
     shares = verified_shares(upload, study, server_id)
     rows, signs = study.hash_report_ids(upload.ids, upload.joined)
-    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined)
+    seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
+    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds
 
 
 def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Upload:
@@ -532,10 +534,10 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                                f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
         body = await request.body()
-        ids, shares, rows, signs, sorted_ids = await run_in_threadpool(
+        ids, shares, rows, signs, sorted_ids, seeds = await run_in_threadpool(
             _parse_batch, body, record.study, media_type, settings.server_id, store.keys)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,
-                                                               sorted_ids=sorted_ids))
+                                                               sorted_ids=sorted_ids, seeds=seeds))
         metrics.uploaded(study_id, result)
         return json_response(result)
 

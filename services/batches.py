@@ -8,6 +8,14 @@ Reads come in two shapes. A rebuild walks a study's batches in rowid order, a pa
 batches at a time (:func:`scan`). A commit needs the shares of a few reports spread over every
 batch (the excluded 1 %): :func:`read` takes only their slices (SQLite's incremental blob I/O,
 PostgreSQL's ``substring`` of an uncompressed value), so it reads about what it returns.
+
+What a batch row's ``shares`` hold: each report's share (8 x width bytes), or, for a batch that
+came as seeds (docs/protocol.md section 4: every server but the last receives a 32-byte seed by
+default), each report's seed, whenever that is smaller (:func:`stores_seeds`: width > 4). The
+seed is the share: it expands to it (``ring.expand_seeds``) whenever a share is read back, so a
+seed server stores 32 bytes a report instead of 8 x width (a 25th at d = 100) and writes that
+much less through the WAL. A record's length then says which it is (32 bytes is never a share's
+length where seeds are stored), and :meth:`Stored.share_matrix` is the one reader of either.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsketch.protocol import ring
 from dpsketch.protocol.messages import split_ids
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
@@ -47,13 +56,42 @@ class Stored:
     def pseudonym_list(self) -> list[bytes]:
         return split_ids(self.pseudonyms or b"")
 
+    def record_bytes(self) -> int:
+        """Bytes stored per report: 8 x width (shares), SEED_BYTES (seeds), 0 (deleted)."""
+        return len(self.shares) // len(self) if len(self) else 0
+
+    def holds_shares_of(self, width: int) -> bool:
+        """Whether every report's share (or seed) of this width is here, whole."""
+        return len(self.shares) == len(self) * payload_bytes(width, self.record_bytes() == ring.SEED_BYTES)
+
     def share_matrix(self, width: int) -> np.ndarray:
-        return np.frombuffer(self.shares, dtype="<u8").reshape(len(self), width)
+        """The (m, width) uint64 shares, seeds expanded (ValueError if they are not here)."""
+        return share_matrix(self.shares, len(self), width)
+
+
+def stores_seeds(width: int) -> bool:
+    """Whether a seed upload of this share width is stored as its seeds (module docstring)."""
+    return 8 * width > ring.SEED_BYTES
+
+
+def payload_bytes(width: int, seeds: bool) -> int:
+    """Bytes a stored report takes: its seed if seeds are stored at this width, else its share."""
+    return ring.SEED_BYTES if seeds and stores_seeds(width) else 8 * width
+
+
+def share_matrix(blob: bytes, m: int, width: int) -> np.ndarray:
+    """The (m, width) uint64 shares of m stored records (shares, or seeds: expanded)."""
+    if stores_seeds(width) and len(blob) == m * ring.SEED_BYTES:
+        return ring.expand_seeds(np.frombuffer(blob, dtype=np.uint8).reshape(m, ring.SEED_BYTES), width)
+    if len(blob) != m * 8 * width:
+        raise ValueError(f"{len(blob)} stored bytes are not {m} shares of width {width}")
+    return np.frombuffer(blob, dtype="<u8").reshape(m, width)
 
 
 def insert(conn: Any, backend: Any, first: int, seq: int, ids: bytes, shares: Any,
            pseudonyms: bytes | None = None, party: int | None = None) -> None:
-    """Store reports ``first`` .. ``first + m - 1`` of study ``seq`` as one batch."""
+    """Store reports ``first`` .. ``first + m - 1`` of study ``seq`` as one batch; ``shares``:
+    their shares, or their seeds (module docstring), concatenated."""
     backend.insert_batch(conn, {"first": first, "study": seq, "m": len(ids) // REPORT_ID_BYTES, "ids": ids,
                                 "shares": shares, "pseudonyms": pseudonyms, "party": party})
 
@@ -107,11 +145,12 @@ def scan(conn: Any, seq: int, after: int = 0, page_reports: int = SCAN_REPORTS) 
 
 
 def _joined(parts: list[Stored]) -> Iterator[Stored]:
-    """Runs of consecutive batches of one party (and with or without pseudonyms) as one each."""
+    """Runs of consecutive batches of one party (with or without pseudonyms, and of one record
+    length: seeds and shares are never joined) as one each."""
     start = 0
     for end in range(1, len(parts) + 1):
-        if end == len(parts) or (parts[end].party, parts[end].pseudonyms is None) != (
-                parts[start].party, parts[start].pseudonyms is None):
+        if end == len(parts) or (parts[end].party, parts[end].pseudonyms is None, parts[end].record_bytes()) != (
+                parts[start].party, parts[start].pseudonyms is None, parts[start].record_bytes()):
             run = parts[start:end]
             yield run[0] if len(run) == 1 else Stored(
                 np.concatenate([p.rowids for p in run]), b"".join(p.ids for p in run),

@@ -34,7 +34,12 @@ from dpsketch.protocol.problems import ProblemError
 log = logging.getLogger("dpsketch.server")
 
 PAGE_SIZE = 32768
-SCHEMA_VERSION = 2  # 2: protocol dpsketch/2 studies; upload tokens with quotas
+#: 2: protocol dpsketch/2 studies; upload tokens with quotas. 3: a batch of seeds may store the
+#: seeds instead of the shares (services/batches.py). A version 2 file is marked 3 when opened
+#: (nothing in it changes); a server that reads only 2 then refuses it rather than misreading seeds.
+SCHEMA_VERSION = 3
+#: the versions this server opens, and marks SCHEMA_VERSION
+UPGRADES_FROM = (2,)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -168,10 +173,12 @@ def initialise(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
     )
     version = int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
-    if version != SCHEMA_VERSION:
-        raise RuntimeError(f"{path} has schema version {version} (protocol dpsketch/{version}); this "
-                           f"server reads {SCHEMA_VERSION}: finish its studies with the server version "
-                           f"that made it, then start this one on a new file")
+    if version in UPGRADES_FROM:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+    elif version != SCHEMA_VERSION:
+        raise RuntimeError(f"{path} has schema version {version}; this server reads {SCHEMA_VERSION} "
+                           f"(and {', '.join(map(str, UPGRADES_FROM))}): finish its studies with the server "
+                           f"version that made it, then start this one on a new file")
     return conn
 
 

@@ -57,7 +57,9 @@ from .backend import redact
 
 log = logging.getLogger("dpsketch.server")
 
-SCHEMA_VERSION = 2  # the same protocol generation as the SQLite schema (db.SCHEMA_VERSION)
+#: the same versions as the SQLite schema (db.SCHEMA_VERSION, db.UPGRADES_FROM)
+SCHEMA_VERSION = 3
+UPGRADES_FROM = (2,)
 
 #: Readers in the pool: requests that read (report ids, aggregate, commit sums, rebuild) each
 #: hold one for the query's duration; more wait up to busy_timeout_s, then answer 503.
@@ -266,6 +268,9 @@ def initialise(url: str, busy_timeout_s: float) -> PgConnection:
         conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
                      (str(SCHEMA_VERSION),))
         version = int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+        if version in UPGRADES_FROM:  # nothing in it changes (db.SCHEMA_VERSION)
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            version = SCHEMA_VERSION
         conn.execute("COMMIT")
     except BaseException:
         rollback_quietly(conn)

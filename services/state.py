@@ -189,15 +189,16 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
     if study.parties is not None:
         return _load_blocks(conn, record, chunk_rows, backend, into)
     state = into if into is not None else StudyState(k=study.k, d=study.width)
-    width = 8 * study.width
     skipped = 0
     for chunk in batches.scan(conn, record.seq, into.last_rowid if into is not None else 0, chunk_rows):
         rowids = chunk.rowids.tolist()
         ids = chunk.id_list()
         joined = chunk.ids
-        sound = (len(joined) == REPORT_ID_BYTES * len(ids) and len(chunk.shares) == width * len(ids)
+        whole = chunk.holds_shares_of(study.width)
+        sound = (len(joined) == REPORT_ID_BYTES * len(ids) and whole
                  and len(set(ids)) == len(ids) and not state.ids.any_held(joined, ids))
         if not sound:  # cannot happen with a single writer; never count a row twice
+            width = chunk.record_bytes() if whole else 8 * study.width  # a share's or a seed's bytes
             blobs = [chunk.shares[i * width:(i + 1) * width] for i in range(len(ids))]
             keep = {}
             for i, (rid, blob) in enumerate(zip(ids, blobs)):
@@ -211,7 +212,7 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
             joined = b"".join(ids)
         if ids:
             shares = (chunk.share_matrix(study.width) if sound else
-                      np.frombuffer(b"".join(blobs), dtype="<u8").reshape(len(ids), study.width))
+                      batches.share_matrix(b"".join(blobs), len(ids), study.width))
             state.add(study, ids, rowids, shares, joined=joined)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored rows", record.study_id, skipped)

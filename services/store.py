@@ -555,20 +555,22 @@ class Store:
     def submit_upload(self, record: StudyRecord, ids: Sequence[bytes], shares: np.ndarray,
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
                       token: bytes | None = None, pseudonyms: list[bytes] | None = None,
-                      party: int | None = None, waiter: Any = None, sorted_ids: SortedIds | None = None) -> Future:
+                      party: int | None = None, waiter: Any = None, sorted_ids: SortedIds | None = None,
+                      seeds: np.ndarray | None = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
         future resolves to an UploadResult once they are durable (or to a ProblemError).
         ``token`` is the digest of the upload token they came with (its quota is charged).
         Blocks of a study with parties come with their ``pseudonyms`` and ``party`` index.
         ``waiter``: an asyncio future of the calling event loop, given the same outcome (the
         writer wakes the loop once per group of uploads rather than once per future).
-        ``sorted_ids``: the ids sorted (idsets.SortedIds), which spares the writer sorting them."""
+        ``sorted_ids``: the ids sorted (idsets.SortedIds), which spares the writer sorting them.
+        ``seeds``: what to store in place of the shares they expand to (services/batches.py)."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token,
                                             pseudonyms=pseudonyms, party=party,
                                             required=record.upload_required, waiter=waiter,
-                                            sorted_ids=sorted_ids))
+                                            sorted_ids=sorted_ids, seeds=seeds))
 
     def submit_single(self, record: StudyRecord, report_id: bytes, proof: bytes, share: bytes,
                       token: bytes | None, waiter: Any) -> SingleUpload:

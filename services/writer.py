@@ -69,6 +69,10 @@ class UploadJob:
     waiter: Any = None
     #: the ids sorted, by the worker thread that checked a batch (None: the writer sorts)
     sorted_ids: SortedIds | None = None
+    #: a batch that came as seeds: each report's (m, 32) uint8 seed, stored instead of its share
+    #: where that is smaller (services/batches.py, ``stores_seeds``)
+    seeds: np.ndarray | None = None
+
     @functools.cached_property
     def joined(self) -> bytes:
         """The ids concatenated (for the report index and the INSERT), built once."""
@@ -668,10 +672,12 @@ class Writer:
         if stored_rowids:
             stored: dict[int, bytes] = {}
             wanted = sorted(set(stored_rowids.values()))
+            width = mine.shape[1]
             for got in batches.read(self.conn, self.backend, job.record.seq, wanted):
-                width = len(got.shares) // len(got)
-                for j, rowid in enumerate(got.rowids.tolist()):
-                    stored[rowid] = got.shares[j * width:(j + 1) * width]
+                if not got.holds_shares_of(width):
+                    continue  # deleted (retention): nothing to be the same as, so a conflict
+                for j, share in enumerate(got.share_matrix(width)):
+                    stored[int(got.rowids[j])] = share.tobytes()
             for i, rowid in stored_rowids.items():
                 if stored.get(rowid) == mine[i].tobytes():
                     duplicates += 1
@@ -721,26 +727,37 @@ class Writer:
                 base = self._insert_blocks(record, group, base, out)
                 continue
             self._hash_missing(record, group)
-
-            def cat(parts: list):
-                return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-            shares = np.ascontiguousarray(cat([p.take(p.job.shares) for p in group]), dtype="<u8")
-            rows = cat([p.take(p.job.rows) for p in group])
-            signs = cat([p.take(p.job.signs) for p in group])
-            joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
-            # the ids one by one only for a small group (the index keeps few ids in a dict)
-            ids = (group[0].take_ids() if len(group) == 1 else IdList(joined) if len(joined) > 1024
-                   else [rid for p in group for rid in p.take_ids()])
-            # each request's ids as the worker sorted them, when every one is stored whole
-            parts = ([p.job.sorted_ids for p in group]
-                     if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
-            batches.insert(self.conn, self.backend, base, seq, joined, memoryview(shares).cast("B"))
-            held = len(record.state.ids) + len(ids)
+            held = len(record.state.ids)
+            # one batch row of shares and one of seeds: a row holds one kind (services/batches.py)
+            seeded = [batches.stores_seeds(record.study.width) and p.job.seeds is not None for p in group]
+            for run in ([p for p, s in zip(group, seeded) if not s], [p for p, s in zip(group, seeded) if s]):
+                if run:
+                    base = self._insert_run(record, run, base, out)
+                    held += len(out[-1][2])
             self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, seq))
-            out.append((record, base, ids, joined, shares, rows, signs, parts))
-            base += len(ids)
         return out
+
+    def _insert_run(self, record: StudyRecord, group: list[_Plan], base: int, out: list[tuple]) -> int:
+        """Write the new rows of requests of one study that store the same kind, as one batch row."""
+
+        def cat(parts: list):
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        shares = np.ascontiguousarray(cat([p.take(p.job.shares) for p in group]), dtype="<u8")
+        rows = cat([p.take(p.job.rows) for p in group])
+        signs = cat([p.take(p.job.signs) for p in group])
+        joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
+        # the ids one by one only for a small group (the index keeps few ids in a dict)
+        ids = (group[0].take_ids() if len(group) == 1 else IdList(joined) if len(joined) > 1024
+               else [rid for p in group for rid in p.take_ids()])
+        # each request's ids as the worker sorted them, when every one is stored whole
+        parts = ([p.job.sorted_ids for p in group]
+                 if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
+        seeds = group[0].job.seeds is not None and batches.stores_seeds(record.study.width)
+        stored = np.ascontiguousarray(cat([p.take(p.job.seeds) for p in group])) if seeds else shares
+        batches.insert(self.conn, self.backend, base, record.seq, joined, memoryview(stored).cast("B"))
+        out.append((record, base, ids, joined, shares, rows, signs, parts))
+        return base + len(ids)
 
     def _insert_blocks(self, record: StudyRecord, group: list[_Plan], base: int, out: list[tuple]) -> int:
         """Write the new blocks of each accepted request (one party each), one INSERT per request."""

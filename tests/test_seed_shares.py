@@ -16,7 +16,9 @@ from client_sdk.prepare import prepare_batch
 from dpsketch.protocol import Study, binding, messages, ring, sketch
 from tools.client_bench import bench_compression
 
-from test_e2e import COLUMNS, direct_sketch, no_floor_module_cluster  # noqa: F401 (a fixture)
+from conftest import BOTH_STORES
+from services import batches
+from test_e2e import COLUMNS, direct_sketch, exact_cluster, no_floor_module_cluster  # noqa: F401 (a fixture)
 
 
 def test_expanded_seed_shares_plus_last_reconstruct_exactly():
@@ -107,6 +109,65 @@ def test_mixed_cluster_release_is_exact_and_seeds_are_judged_on_expanded_shares(
         released = np.array(an.sketch(study.study_id)["sketch"])
     expected = ring.decode(direct_sketch(study, batch.report_ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
+
+
+def _stored_bytes(spec) -> tuple[int, int]:
+    """(reports, bytes of their stored shares or seeds) in a server's store, read directly."""
+    sql = "SELECT sum(m), sum(length(shares)) FROM batches"
+    if str(spec.db_path).startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(str(spec.db_path)) as conn:
+            m, size = conn.execute(sql).fetchone()
+    else:
+        import sqlite3
+
+        with sqlite3.connect(f"file:{spec.db_path}?mode=ro", uri=True) as conn:
+            m, size = conn.execute(sql).fetchone()
+    return int(m), int(size)
+
+
+@BOTH_STORES
+def test_a_seed_server_stores_the_seeds_and_expands_them_when_it_reads_them_back(servers):
+    """A server that receives seeds stores 32 bytes a report, not the 8 x width of the share
+    (services/batches.py), and every reader gets the share back: the rebuild after a SIGKILL, the
+    duplicate check, and the commit that subtracts the reports another server lacks. The release
+    is then exactly the sketch of the included reports' shares."""
+    c = exact_cluster(servers)
+    n, lost = 600, 40
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="seed-store", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n - 2 * lost, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    assert batches.stores_seeds(study.width) and 8 * study.width > 32
+    rows = np.random.default_rng(8).normal(0, 0.3, size=(n, len(COLUMNS)))
+    batch = prepare_batch(study, rows, compress=True)
+    encoded = ring.reconstruct([batch.share(j) for j in range(3)])
+    # s1 misses the last 40 reports: the analyzer excludes them everywhere, so s2 (seeds) and s3
+    # (full shares) read those 40 back from their stores and subtract them at commit
+    keep = messages.encode_seed_batch(batch.report_ids[:n - lost], batch.proofs[0][:n - lost], batch.seeds[0][:n - lost])
+    assert _post(c.server_urls[0], study, keep, messages.SEEDS_MEDIA_TYPE).status_code == 200
+    for j in (1, 2):
+        r = _post(c.server_urls[j], study, batch.body(j), batch.media_type(j))
+        assert r.status_code == 200 and r.json()["accepted"] == n, r.text
+    assert _stored_bytes(c.specs[1]) == (n, 32 * n)  # the seeds, not the shares (8 x width bytes each)
+    assert _stored_bytes(c.specs[2]) == (n, 8 * study.width * n)
+    assert _stored_bytes(c.specs[0]) == (n - lost, 32 * (n - lost))
+    # s2 killed and restarted: its totals are rebuilt from the stored seeds
+    c.procs[1].kill()
+    c.procs[1].start()
+    r = _post(c.server_urls[1], study, batch.body(1), messages.SEEDS_MEDIA_TYPE)  # judged on the shares
+    assert r.json() == {"accepted": 0, "duplicates": n, "report_count": n}, r.text
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)
+        assert fin["state"] == "released" and fin["n_reports"] == n - lost, fin
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    included = slice(0, n - lost)
+    expected = direct_sketch(study, batch.report_ids[included], encoded[included])
+    np.testing.assert_array_equal(released, ring.decode(expected, study.frac_bits) * sketch.scale(study.s))
+    # and the released aggregate is not what it would be had the 40 not been subtracted
+    whole = ring.decode(direct_sketch(study, batch.report_ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    assert not np.array_equal(released, whole)
 
 
 def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_module_cluster):

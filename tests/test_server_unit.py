@@ -819,6 +819,132 @@ def test_a_store_written_a_row_per_report_is_converted_in_place(store_location):
             assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'reports'").fetchone() is None
 
 
+@BOTH_STORES
+def test_a_writer_group_of_seeds_and_full_shares_stores_a_row_of_each(store_location):
+    """Two uploads of one study that reach the writer together, one as seeds and one as full
+    shares, are one transaction but two batch rows (a row holds one kind, services/batches.py):
+    the seeds stay 32 bytes, both read back as the shares they stand for, after a restart too,
+    and the release is the exact sum. The writer is held by a call until both are queued."""
+    import threading
+
+    from dpsketch.protocol import ring
+    from services.writer import CallJob
+
+    db = store_location("mixed")
+    srv = Server(db)
+    st = make_study(columns=["a", "b", "c", "d", "e", "f"])
+    assert st.width > 4  # seeds are stored (below that width a seed is not smaller than a share)
+    srv.provision(st)
+    store = srv.app.state.store
+    record = store.record(st.study_id)
+    rng = np.random.default_rng(12)
+    seeds = rng.integers(0, 256, size=(90, 32), dtype=np.uint8)
+    seeded = ring.expand_seeds(seeds, st.width)
+    full = rng.integers(0, 2**64, size=(70, st.width), dtype=np.uint64, endpoint=False)
+    ids = [os.urandom(16) for _ in range(160)]
+    try:
+        gate = threading.Event()
+        held = store.writer.submit(CallJob(lambda conn: (gate.wait(30), None)))
+        first = store.submit_upload(record, ids[:90], seeded, seeds=seeds)
+        second = store.submit_upload(record, ids[90:], full)
+        gate.set()
+        assert held.result(30) is True
+        assert first.result(30).accepted == 90 and second.result(30).accepted == 70
+        assert srv.count(st) == 160
+    finally:
+        srv.close()
+    rows = _batch_rows(db)
+    assert sorted(rows) == [(70, 8 * st.width * 70), (90, 32 * 90)]  # (reports, stored bytes) per row
+    srv = Server(db, warm_start=False)  # rebuilt from the stored seeds and shares
+    try:
+        assert srv.count(st) == 160
+        keep = ids[5:150]  # 5 seeded and 10 full reports excluded: read back and subtracted
+        r = srv.commit(st, keep)
+        assert r.status_code == 200, r.text
+        got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
+        assert np.array_equal(got, expected_aggregate(st, keep, np.concatenate([seeded, full])[5:150]))
+    finally:
+        srv.close()
+
+
+def test_seeds_of_a_narrow_study_are_stored_expanded(tmp_path: Path):
+    """At share width 4 or less a seed (32 bytes) is no smaller than the share: the writer stores
+    the share, so no stored record's length can be read both ways."""
+    from dpsketch.protocol import ring
+
+    db = tmp_path / "narrow.sqlite3"
+    srv = Server(db)
+    st = make_study()
+    assert st.width <= 4
+    srv.provision(st)
+    store = srv.app.state.store
+    seeds = np.random.default_rng(3).integers(0, 256, size=(120, 32), dtype=np.uint8)
+    shares = ring.expand_seeds(seeds, st.width)
+    ids = [os.urandom(16) for _ in range(120)]
+    try:
+        assert store.submit_upload(store.record(st.study_id), ids, shares, seeds=seeds).result(30).accepted == 120
+        r = srv.commit(st, ids[3:])
+        assert r.status_code == 200, r.text
+        got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
+        assert np.array_equal(got, expected_aggregate(st, ids[3:], shares[3:]))
+    finally:
+        srv.close()
+    assert _batch_rows(db) == [(120, 8 * st.width * 120)]
+
+
+def _batch_rows(db: Path | str) -> list[tuple[int, int]]:
+    """(reports, bytes of shares or seeds) of every batch row."""
+    if isinstance(db, str):
+        import psycopg
+
+        connect = psycopg.connect
+    else:
+        connect = sqlite3.connect
+    with connect(db) as conn:
+        return [(int(m), int(n)) for m, n in conn.execute("SELECT m, length(shares) FROM batches")]
+
+
+def _set_schema_version(db: Path | str, version: int) -> int:
+    """Mark the store as written by a server of another schema version; the version before."""
+    if isinstance(db, str):
+        import psycopg
+
+        connect, mark = psycopg.connect, "%s"
+    else:
+        connect, mark = sqlite3.connect, "?"
+    with connect(db) as conn:
+        (before,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        conn.execute(f"UPDATE meta SET value = {mark} WHERE key = 'schema_version'", (str(version),))
+    return int(before)
+
+
+@BOTH_STORES
+def test_a_version_2_store_is_opened_and_marked_3_and_a_newer_one_is_refused(store_location):
+    """Schema 3 may store seeds in place of shares (services/batches.py): a version 2 store (only
+    shares) is read as it is and marked 3, so a server that reads only 2 refuses it afterwards
+    instead of misreading seeds; a store of a version this server does not know is refused, and
+    nothing in it changes."""
+    db = store_location("versions")
+    srv = Server(db)
+    st = make_study()
+    srv.provision(st)
+    rs = srv.reports(st, 30)
+    try:
+        assert srv.batch(st, rs).status_code == 200
+    finally:
+        srv.close()
+    assert _set_schema_version(db, 2) == 3
+    srv = Server(db, warm_start=False)
+    try:
+        assert srv.count(st) == 30
+    finally:
+        srv.close()
+    assert _set_schema_version(db, 4) == 3  # what opening it wrote; now pretend a newer server's
+    with pytest.raises(RuntimeError, match="schema version 4; this server reads 3"):
+        Server(db, warm_start=False)
+    assert _set_schema_version(db, 4) == 4
+
+
 # --- an unavailable store ----------------------------------------------------------------------
 
 

@@ -14,7 +14,9 @@ is to what the hardware allows:
   exact sketch of the same rows in memory (the sketch hash of every id and one sparse product;
   median of three passes), no HTTP, no binding check, no store, with the compiled hash and with
   its reference code (hashlib's BLAKE2b per id: issue 16's "BLAKE2b of the ids + exact scipy
-  sketch");
+  sketch"); ``--seeds`` sends the 32-byte seeds every server but the last receives by default
+  (the baselines then store what the server stores, and sketch the expanded shares), and a
+  SQLite server's bytes on disk per report are reported either way;
 * single upload: a do-nothing HTTP endpoint served as the server is (dpsketch.serving.serve),
   driven by the same load generator with the same bodies between the server's intervals (the
   loopback request rate; each interval against the echo just before and after it, median of
@@ -50,9 +52,10 @@ from typing import Any
 import numpy as np
 
 from dpsketch.protocol import binding, chacha, messages, ring, sketch
-from dpsketch.protocol.messages import SHARES_MEDIA_TYPE, encode_batch
+from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
 from tools.cluster import free_port, terminate
+from services import batches as services_batches
 from tools.loadtest import status_kib
 
 OPERATOR = "bench-operator-token-0123456789"
@@ -106,9 +109,14 @@ def _bound_rows(rng: np.random.Generator, study: Study, m: int) -> tuple[list[by
     return ids, proofs, shares
 
 
-def _bound_body(rng: np.random.Generator, study: Study, m: int) -> bytes:
-    """An application/x-dpsketch-shares body of m bound random reports for the first server."""
-    return encode_batch(*_bound_rows(rng, study, m))
+def _bound_body(rng: np.random.Generator, study: Study, m: int, seeds: bool = False) -> bytes:
+    """A body of m bound random reports for the first server: full shares, or (``seeds``) the
+    32-byte seeds that every server but the last receives by default."""
+    if not seeds:
+        return encode_batch(*_bound_rows(rng, study, m))
+    payloads = rng.integers(0, 256, size=(m, ring.SEED_BYTES), dtype=np.uint8)
+    ids, proofs = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SEED, payloads)
+    return messages.encode_seed_batch(ids, proofs, payloads)
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float]:
@@ -342,17 +350,19 @@ def _report_count(url: str, study: Study) -> int:
 
 def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, concurrency: int = 2,
                       workdir: Path | None = None, seed: int = 2, db: Path | str | None = None,
-                      baseline: bool = True, replicas: int = 1) -> dict[str, Any]:
+                      baseline: bool = True, replicas: int = 1, seeds: bool = False) -> dict[str, Any]:
     """POST n random rows in batches of ``batch_rows`` to a real server over loopback (its store:
     ``db``, default a new SQLite file; ``replicas`` > 1: that many on one PostgreSQL ``db``
-    behind haproxy)."""
+    behind haproxy), as full shares or (``seeds``) as the seeds a seed server receives."""
     rng = np.random.default_rng(seed)
     study = _study(n, d, 400, 4, ["s1", "s2"])
+    media_type = SEEDS_MEDIA_TYPE if seeds else SHARES_MEDIA_TYPE
     batches = []
     for start in range(0, n, batch_rows):
         m = min(batch_rows, n - start)
-        batches.append((m, _bound_body(rng, study, m)))
+        batches.append((m, _bound_body(rng, study, m, seeds)))
     out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
+                           "payload": "seeds" if seeds else "shares",
                            "body_mib": round(len(batches[0][1]) / 2**20, 2), "n_servers": study.n_servers,
                            "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
@@ -361,16 +371,19 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, c
             token = _provision(url, study)
             elapsed, latencies, errors = _post_batches(
                 url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
-                SHARES_MEDIA_TYPE, concurrency, timeout=120, token=token)
+                media_type, concurrency, timeout=120, token=token)
             held = _report_count(url, study)
         out.update(replicas=replicas, seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
                    **_percentiles(latencies))
+        if db is None:  # the SQLite file and its log after the server's clean stop: bytes on disk a report
+            on_disk = sum(f.stat().st_size for f in wd.glob("s1.sqlite3*"))
+            out.update(store_bytes_per_report=round(on_disk / max(held, 1), 1))
         if baseline:
-            raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, d, study.n_servers)
-            rows = _raw_sqlite_rows_per_s(wd / "rows.sqlite3", batches, d, study.n_servers, one_statement=False)
-            exact = _exact_sketch_rows_per_s(study, batches)
-            reference = _reference_sketch_rows_per_s(study, batches)
+            raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, study, media_type)
+            rows = _raw_sqlite_rows_per_s(wd / "rows.sqlite3", batches, study, media_type, one_statement=False)
+            exact = _exact_sketch_rows_per_s(study, batches, media_type)
+            reference = _reference_sketch_rows_per_s(study, batches, media_type)
             out.update(baseline_reference_sketch_rows_per_s=round(reference),
                        ratio_to_reference_sketch=round(out["rows_per_s"] / reference, 3))
             out.update(baseline_raw_sqlite_rows_per_s=round(raw),
@@ -382,10 +395,11 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, c
     return out
 
 
-def _exact_sketch_rows_per_s(study: Study, batches: list[tuple[int, bytes]]) -> float:
+def _exact_sketch_rows_per_s(study: Study, batches: list[tuple[int, bytes]], media_type: str = SHARES_MEDIA_TYPE) -> float:
     """The exact sketch S X of the same rows in memory (the sketch hash of every id, then one
-    sparse product), no HTTP, no binding check and no store: what ingest costs at the least."""
-    uploads = [messages.decode_batch(body, study.width, study.n_servers) for _, body in batches]
+    sparse product; seeds expanded beforehand), no HTTP, no binding check and no store: what
+    ingest costs at the least."""
+    uploads = [messages.decode_upload(body, media_type, study.width, study.n_servers) for _, body in batches]
     ids = [rid for u in uploads for rid in u.ids]
     shares = np.concatenate([u.shares(study.width) for u in uploads])
     sketch.warm_up()  # the compiled hash loaded, as a server does at start
@@ -398,18 +412,20 @@ def _exact_sketch_rows_per_s(study: Study, batches: list[tuple[int, bytes]]) -> 
     return len(ids) / statistics.median(seconds)
 
 
-def _reference_sketch_rows_per_s(study: Study, batches: list[tuple[int, bytes]]) -> float:
+def _reference_sketch_rows_per_s(study: Study, batches: list[tuple[int, bytes]],
+                                 media_type: str = SHARES_MEDIA_TYPE) -> float:
     """:func:`_exact_sketch_rows_per_s` with the sketch hash's reference code (hashlib's BLAKE2b
     per id, then scipy): issue 16's "BLAKE2b of the ids + exact scipy sketch" baseline."""
     from dpsketch.protocol import kernels
 
     with kernels.SKETCH.reference():
-        return _exact_sketch_rows_per_s(study, batches)
+        return _exact_sketch_rows_per_s(study, batches, media_type)
 
 
-def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int, n_servers: int,
+def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], study: Study, media_type: str,
                            one_statement: bool = True) -> float:
-    """The same rows (report id and share; the server does not store the proof) with the same
+    """The same rows (report id and what the server stores of the payload: the share, or the
+    seed where seeds are stored; not the proof) with the same
     durability, straight from Python: into the server's own schema as one batch row per upload
     (``db.INSERT_BATCH``, the limit of this store), or (``one_statement`` False) as a plain
     ``executemany`` of one row per report into a table of (rowid, study, id, share), one
@@ -420,21 +436,24 @@ def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], d: int,
     conn.execute("INSERT INTO studies (study_id, canonical, created_at) VALUES ('x', x'', 0)")
     conn.execute("CREATE TABLE reports (id INTEGER PRIMARY KEY, study INTEGER NOT NULL, report_id BLOB NOT NULL, "
                  "share BLOB NOT NULL)")
+    stored = []  # (m, ids, what the server stores of the payloads), made before the clock starts
+    for m, body in batches:
+        upload = messages.decode_upload(body, media_type, study.width, study.n_servers)
+        seeds = media_type == SEEDS_MEDIA_TYPE and services_batches.stores_seeds(study.width)
+        kept = upload.payloads if seeds else upload.shares(study.width)
+        stored.append((m, upload.joined, np.ascontiguousarray(kept).tobytes()))
     base = 1
-    share_at = 16 + binding.proof_bytes(n_servers)  # a record: id, proof, share
-    width = share_at + 8 * d
     t0 = time.perf_counter()
     rows = 0
-    for m, body in batches:
-        records = np.frombuffer(body, dtype=np.uint8).reshape(m, width)
-        ids, shares = records[:, :16].tobytes(), records[:, share_at:].tobytes()
+    for m, ids, shares in stored:
+        each = len(shares) // m
         conn.execute("BEGIN IMMEDIATE")
         if one_statement:
             conn.execute(db.INSERT_BATCH, {"first": base, "study": 1, "m": m, "ids": ids, "shares": shares,
                                            "pseudonyms": None, "party": None})
         else:
             conn.executemany("INSERT INTO reports (id, study, report_id, share) VALUES (?, 1, ?, ?)",
-                             [(base + i, ids[16 * i:16 * (i + 1)], shares[8 * d * i:8 * d * (i + 1)])
+                             [(base + i, ids[16 * i:16 * (i + 1)], shares[each * i:each * (i + 1)])
                               for i in range(m)])
         conn.execute("COMMIT")
         base += m
@@ -832,6 +851,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=64,
                    help="single: concurrent keep-alive connections (default 64)")
     p.add_argument("--concurrency", type=int, default=2, help="bulk: batches in flight (default 2)")
+    p.add_argument("--seeds", action="store_true",
+                   help="bulk: upload seeds (what every server but the last receives by default) "
+                        "instead of full shares")
     p.add_argument("--workdir", type=Path)
     args = p.parse_args(argv)
     extra = {"workdir": args.workdir}
@@ -840,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"commit": bench_commit(**kw)}))
     if args.which in ("bulk", "all"):
         kw = extra | ({"n": args.n} if args.n else {}) | ({"d": args.d} if args.d else {})
-        print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, **kw)}))
+        print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, seeds=args.seeds, **kw)}))
     if args.which in ("single", "all"):
         kw = extra | ({"d": args.d} if args.d else {})
         print(json.dumps({"single": bench_single_upload(clients=args.clients, seconds=args.seconds,
