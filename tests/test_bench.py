@@ -26,6 +26,11 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         assert bulk["errors"] == 0 and bulk["server_report_count"] == bulk["n"]
         assert bulk["rows_per_s"] > 0 and 0 < bulk["ratio_to_raw_sqlite"] and 0 < bulk["ratio_to_executemany"]
         assert 0 < bulk["ratio_to_exact_sketch"] and 0 < bulk["ratio_to_reference_sketch"]
+        seeds = figures["bulk_upload_seeds"]
+        assert seeds["payload"] == "seeds" and seeds["errors"] == 0 and seeds["server_report_count"] == seeds["n"]
+        # the seed server keeps 32 bytes a report where the other keeps the 256-byte share (d = 32)
+        assert seeds["store_bytes_per_report"] < 0.5 * bulk["store_bytes_per_report"], (seeds, bulk)
+        assert bulk["store_bytes_per_report"] > 8 * bulk["d"]
         single = figures["single_upload"]
         assert single["server_report_count"] == single["acknowledged"] > 0
     else:
