@@ -730,10 +730,7 @@ def test_restart_rebuilds_totals(store_location):
     try:
         assert srv.count(st) == 100
         assert srv.batch(st, rs[90:]).json() == {"accepted": 30, "duplicates": 10, "report_count": 130}
-        r = srv.commit(st, ids[5:])
-        assert r.status_code == 200, r.text
-        got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
-        assert np.array_equal(got, expected_aggregate(st, ids[5:], shares[5:]))
+        _assert_released(srv, st, ids[5:], shares[5:])
     finally:
         srv.close()
     srv = Server(db)
@@ -772,17 +769,30 @@ def _to_a_row_per_report(db: Path | str) -> None:
         conn.execute("DROP TABLE batches")
 
 
-def _stored_batches(db: Path | str) -> tuple[int, int]:
-    """(batches, reports in them) as the database holds them."""
+def _open_store(db: Path | str):
+    """A direct connection to a test server's store (a SQLite file or a PostgreSQL URL), and the
+    placeholder its driver takes."""
     if isinstance(db, str):
         import psycopg
 
-        connect = psycopg.connect
-    else:
-        connect = sqlite3.connect
-    with connect(db) as conn:
+        return psycopg.connect(db), "%s"
+    return sqlite3.connect(db), "?"
+
+
+def _stored_batches(db: Path | str) -> tuple[int, int]:
+    """(batches, reports in them) as the database holds them."""
+    conn, _ = _open_store(db)
+    with conn:
         n, m = conn.execute("SELECT count(*), coalesce(sum(m), 0) FROM batches").fetchone()
     return int(n), int(m)
+
+
+def _assert_released(srv: "Server", st: Study, ids: list[bytes], shares: np.ndarray) -> None:
+    """Commit to ``ids``; the aggregate served is exactly S X of their ``shares``."""
+    r = srv.commit(st, ids)
+    assert r.status_code == 200, r.text
+    got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
+    assert np.array_equal(got, expected_aggregate(st, ids, shares))
 
 
 @BOTH_STORES
@@ -807,11 +817,7 @@ def test_a_store_written_a_row_per_report_is_converted_in_place(store_location):
         assert srv.count(st) == 103 and srv.held_ids(st) == before
         # held ids again: duplicates only if the converted shares read back byte for byte
         assert srv.batch(st, rs[95:]).json() == {"accepted": 37, "duplicates": 8, "report_count": 140}
-        keep = rs.ids[7:]
-        r = srv.commit(st, keep)
-        assert r.status_code == 200, r.text
-        got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
-        assert np.array_equal(got, expected_aggregate(st, keep, rs.shares[7:]))
+        _assert_released(srv, st, rs.ids[7:], rs.shares[7:])
     finally:
         srv.close()
     if not isinstance(db, str):
@@ -858,11 +864,8 @@ def test_a_writer_group_of_seeds_and_full_shares_stores_a_row_of_each(store_loca
     srv = Server(db, warm_start=False)  # rebuilt from the stored seeds and shares
     try:
         assert srv.count(st) == 160
-        keep = ids[5:150]  # 5 seeded and 10 full reports excluded: read back and subtracted
-        r = srv.commit(st, keep)
-        assert r.status_code == 200, r.text
-        got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
-        assert np.array_equal(got, expected_aggregate(st, keep, np.concatenate([seeded, full])[5:150]))
+        # 5 seeded and 10 full reports excluded: read back and subtracted
+        _assert_released(srv, st, ids[5:150], np.concatenate([seeded, full])[5:150])
     finally:
         srv.close()
 
@@ -883,10 +886,7 @@ def test_seeds_of_a_narrow_study_are_stored_expanded(tmp_path: Path):
     ids = [os.urandom(16) for _ in range(120)]
     try:
         assert store.submit_upload(store.record(st.study_id), ids, shares, seeds=seeds).result(30).accepted == 120
-        r = srv.commit(st, ids[3:])
-        assert r.status_code == 200, r.text
-        got = decode_aggregate(srv.aggregate(st).content, st.k, st.d)
-        assert np.array_equal(got, expected_aggregate(st, ids[3:], shares[3:]))
+        _assert_released(srv, st, ids[3:], shares[3:])
     finally:
         srv.close()
     assert _batch_rows(db) == [(120, 8 * st.width * 120)]
@@ -894,25 +894,15 @@ def test_seeds_of_a_narrow_study_are_stored_expanded(tmp_path: Path):
 
 def _batch_rows(db: Path | str) -> list[tuple[int, int]]:
     """(reports, bytes of shares or seeds) of every batch row."""
-    if isinstance(db, str):
-        import psycopg
-
-        connect = psycopg.connect
-    else:
-        connect = sqlite3.connect
-    with connect(db) as conn:
+    conn, _ = _open_store(db)
+    with conn:
         return [(int(m), int(n)) for m, n in conn.execute("SELECT m, length(shares) FROM batches")]
 
 
 def _set_schema_version(db: Path | str, version: int) -> int:
     """Mark the store as written by a server of another schema version; the version before."""
-    if isinstance(db, str):
-        import psycopg
-
-        connect, mark = psycopg.connect, "%s"
-    else:
-        connect, mark = sqlite3.connect, "?"
-    with connect(db) as conn:
+    conn, mark = _open_store(db)
+    with conn:
         (before,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         conn.execute(f"UPDATE meta SET value = {mark} WHERE key = 'schema_version'", (str(version),))
     return int(before)
