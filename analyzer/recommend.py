@@ -221,7 +221,7 @@ def histogram_plan(cells: int, expected_reports: int, *, n_servers: int = 3, eps
                    epsilon_floor: float | None | str = "default",
                    max_share_kib: float = DEFAULT_MAX_SHARE_KIB) -> dict:
     """What a histogram study of ``cells`` cells costs and gives: bytes per report (full shares,
-    and with seed compression, where only the last server gets the full width), the noise
+    and with seed compression, where only one server per report gets the full width), the noise
     standard deviation of each released count, and whether the upload fits the budget; beyond it
     a sketched histogram (an OSNAP sketch of the one-hot vectors) would be the tool."""
     import math

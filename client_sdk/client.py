@@ -88,8 +88,10 @@ class Client:
     ``Retry-After`` if longer (capped at ``max_retry_after``). Batches are cut to at most
     ``max_batch_bytes`` per request body; ``queue_depth`` batches per server may wait in memory.
     ``transport`` is passed to httpx (tests use it to inject faults). ``compress`` (the default)
-    sends servers 1..N-1 a 32-byte seed per report from ``submit_many`` instead of their 8d-byte
-    share (``application/x-dpsketch-seeds``; docs/protocol.md section 4): besides the N records'
+    sends all servers but one a 32-byte seed per report from ``submit_many`` instead of their
+    8d-byte share (``application/x-dpsketch-seeds``; docs/protocol.md section 4), and the one its
+    full share; which one rotates over the servers batch by batch, so each takes in and stores
+    the larger shares of 1/N of the batches. Besides the N records'
     ids and proofs (16 + 16N bytes each) a report uploads 8d + 32(N-1) bytes instead of 8dN
     (with N = 3: 256 + 8d bytes in all instead of 192 + 24d), and preparing a batch takes about
     as long as with full shares (the seeds expand through one compiled ChaCha20 loop,
@@ -472,8 +474,10 @@ class Client:
                         raise _data.InvalidDataError(str(exc)) from None
                     first += len(chunk)
             chunks = iter(chunks)
-        return self._run_upload(study, study_id, (prepare_batch(study, chunk, self.compress) for chunk in chunks),
-                                progress, keep_ids)
+        # with seeds, the server that gets the full shares changes from batch to batch (prepare_batch)
+        prepared = (prepare_batch(study, chunk, self.compress, full=i % study.n_servers)
+                    for i, chunk in enumerate(chunks))
+        return self._run_upload(study, study_id, prepared, progress, keep_ids)
 
     def _run_upload(self, study: Study, study_id: str, batches: Any, progress: Progress | None,
                     keep_ids: bool) -> SubmitResult:

@@ -26,9 +26,10 @@ class PreparedBatch:
     """Shares of m rows for N servers, bound to their report ids.
 
     Full shares: ``shares[j]`` is the (m, width) uint64 share for server j. Seed-compressed
-    (``seeds`` is set): servers 0..N-2 get ``seeds[j]``, (m, 32) uint8 seeds each expanding to
-    a share (``ring.expand_seeds``), ``shares[j]`` is None for them, and ``shares[N-1]`` is the
-    last server's full share; ``share(j)`` gives every server's share either way. ``proofs[j]``
+    (``seeds`` is set): every server j but one gets ``seeds[j]``, (m, 32) uint8 seeds each
+    expanding to a share (``ring.expand_seeds``), and ``shares[j]`` is None for it; the one
+    server whose ``seeds[j]`` is None gets its full share ``shares[j]`` (``prepare_batch``'s
+    ``full``). ``share(j)`` gives every server's share either way. ``proofs[j]``
     is server j's (m, 16 N) proofs: the report ids commit to every server's payload
     (``binding``), so no server stores a share other than the one its client sent.
     """
@@ -36,7 +37,7 @@ class PreparedBatch:
     report_ids: list[bytes]
     proofs: list[np.ndarray]
     shares: list[np.ndarray | None]
-    seeds: list[np.ndarray] | None = None
+    seeds: list[np.ndarray | None] | None = None
     #: one party's blocks (``prepare_blocks``): the party's name and each block's pseudonym
     party: str | None = None
     pseudonyms: list[bytes] | None = None
@@ -45,12 +46,12 @@ class PreparedBatch:
         return len(self.report_ids)
 
     def _seeded(self, j: int) -> bool:
-        return self.seeds is not None and j < len(self.seeds)
+        return self.seeds is not None and self.seeds[j] is not None
 
     def share(self, j: int) -> np.ndarray:
         """Server j's (m, width) share (expanded from its seeds if it gets seeds)."""
         if self._seeded(j):
-            width = self.shares[-1].shape[1]  # type: ignore[union-attr]
+            width = next(s for s in self.shares if s is not None).shape[1]
             return ring.expand_seeds(self.seeds[j], width)  # type: ignore[index]
         return self.shares[j]  # type: ignore[return-value]
 
@@ -72,13 +73,16 @@ class PreparedBatch:
         return messages.Report.of(self.report_ids[i], self.proofs[j][i], self.share(j)[i])
 
 
-def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> PreparedBatch:
+def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: int | None = None) -> PreparedBatch:
     """Clip, noise, encode, share and bind rows: each row's report id commits to its N shares.
 
     The noisy plaintext exists only inside this function; what leaves it is N shares, any N-1
     of which are uniform and independent of the row, and N proofs whose commitments are salted
-    (hiding). With ``compress`` servers 0..N-2 get a 32-byte seed per row instead of their share
-    (docs/protocol.md section 4); privacy is the same as long as ChaCha20 is a secure PRG.
+    (hiding). With ``compress`` every server but ``full`` (default the last) gets a 32-byte seed
+    per row instead of its share, and ``full`` the share that completes the sum (docs/protocol.md
+    section 4); privacy is the same as long as ChaCha20 is a secure PRG. The client rotates
+    ``full`` over the servers batch by batch: a full share costs a server about twice a seed to
+    take in and 8 x width bytes a report to store instead of 32, so no server should take them all.
     """
     stream = Keystream()  # every random bit of this batch: noise, shares, salts
     if study.histogram is not None:  # raw values: the bins decide what they mean
@@ -93,10 +97,15 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False) -> Pre
         encoded = noise.privatize_encoded(_data.check_rows(rows, study.d), study, stream)
     n = study.n_servers
     if compress:
+        full = n - 1 if full is None else full
+        if not 0 <= full < n:
+            raise ValueError(f"full={full}: a server position, 0 to {n - 1}")
         seeds, last = ring.share_with_seeds(encoded, n, stream)
-        contents = [binding.CONTENT_SEED] * (n - 1) + [binding.CONTENT_SHARE]
-        ids, proofs = binding.bind(study.study_id, contents, [*seeds, last], stream=stream)
-        return PreparedBatch(ids, proofs, [None] * len(seeds) + [last], seeds)
+        per_server: list[np.ndarray | None] = [*seeds[:full], None, *seeds[full:]]
+        contents = [binding.CONTENT_SHARE if s is None else binding.CONTENT_SEED for s in per_server]
+        payloads = [last if s is None else s for s in per_server]
+        ids, proofs = binding.bind(study.study_id, contents, payloads, stream=stream)
+        return PreparedBatch(ids, proofs, [last if s is None else None for s in per_server], per_server)
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares, stream=stream)
     return PreparedBatch(ids, proofs, shares)

@@ -10,10 +10,10 @@ batch (the excluded 1 %): :func:`read` takes only their slices (SQLite's increme
 PostgreSQL's ``substring`` of an uncompressed value), so it reads about what it returns.
 
 What a batch row's ``shares`` hold: each report's share (8 x width bytes), or, for a batch that
-came as seeds (docs/protocol.md section 4: every server but the last receives a 32-byte seed by
+came as seeds (docs/protocol.md section 4: every server but one receives a 32-byte seed by
 default), each report's seed, whenever that is smaller (:func:`stores_seeds`: width > 4). The
 seed is the share: it expands to it (``ring.expand_seeds``) whenever a share is read back, so a
-seed server stores 32 bytes a report instead of 8 x width (a 25th at d = 100) and writes that
+server stores 32 bytes a report instead of 8 x width (a 25th at d = 100) and writes that
 much less through the WAL. A record's length then says which it is (32 bytes is never a share's
 length where seeds are stored), and :meth:`Stored.share_matrix` is the one reader of either.
 """

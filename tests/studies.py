@@ -46,8 +46,8 @@ def record_batches(monkeypatch) -> list:
     sent: list = []
     real = sdk.prepare_batch
 
-    def recording(study, rows, compress=False):
-        batch = real(study, rows, compress)
+    def recording(study, rows, *args, **kwargs):
+        batch = real(study, rows, *args, **kwargs)
         sent.append(batch)
         return batch
 

@@ -536,18 +536,21 @@ def test_sdk_sealed_upload_releases_exactly_the_plaintext_sketch(no_floor_module
     share = 16 + 16 * nn + 8 * d + 16  # a version 3 record: report id, proof, share, tag
     assert [len(body) for _, _, body in seen[:3]] == [117 + share] * 3  # the single report
     ports = [httpx.URL(u).port for u in c.server_urls]
+    batch_rows = [200, 200, n - 1 - 400]  # the three prepared batches of submit_many
     for j, port in enumerate(ports):
         bodies = [body for _, p, body in seen if p == port]
         counts = [envelope.count_records(body, d, nn) for body in bodies]
         assert sum(counts) == n  # every report once at every server, none lost or doubled
+        full = 0  # records of full shares in the batches (the single report aside)
         for k, (body, m) in enumerate(zip(bodies, counts)):
-            if k == 0:  # the single report goes as a full share
-                content = envelope.CONTENT_SHARE
-            elif compress and j < nn - 1:
-                content = envelope.CONTENT_SEED
-            assert envelope.is_batch(body) and body[32] == content
+            content = body[32]
+            assert envelope.is_batch(body) and content in (envelope.CONTENT_SHARE, envelope.CONTENT_SEED)
+            assert content == envelope.CONTENT_SHARE or (compress and k > 0)  # the single report: a share
+            full += m if k > 0 and content == envelope.CONTENT_SHARE else 0
             assert len(body) == envelope.body_bytes(content, d, nn, m) == 117 + m * envelope.record_bytes(
                 content, d, nn, version=3)
+        # with seeds, batch i's full shares go to server i mod N (client_sdk/prepare.py), seeds elsewhere
+        assert full == (batch_rows[j] if compress else n - 1), (j, full)
     assert too_large  # bodies were cut (and each half sealed again: it opened, counts above)
     ids, encoded = capture.ids_and_encoded(3)
     assert len(ids) == n

@@ -172,8 +172,9 @@ def test_a_seed_server_stores_the_seeds_and_expands_them_when_it_reads_them_back
 
 def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_module_cluster):
     """The same reports uploaded through the SDK both ways: servers' aggregates sum to the same
-    sketch. Seed-compressed is the default (servers 1..N-1 get seeds, the last its share);
-    ``compress=False`` sends full shares. Also prints bytes/row and the prepare+upload times."""
+    sketch. Seed-compressed is the default (every server but one gets seeds, and which one gets
+    the full shares rotates batch by batch); ``compress=False`` sends full shares. Also prints
+    bytes/row and the prepare+upload times."""
     c = no_floor_module_cluster
     n = 20_000
     rows = np.random.default_rng(8).normal(0, 0.3, size=(n, len(COLUMNS)))
@@ -182,14 +183,14 @@ def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_module
     for compress in (False, None):  # None: the default
         study = _study(c, n, f"sdk-compress-{compress}")
         sizes: list[int] = []
-        media: dict[int, set[str]] = {}
+        media: dict[int, list[str]] = {}
 
         class Count(httpx.HTTPTransport):
             def handle_request(self, request):
                 if request.url.path.endswith("/batches"):
                     sizes.append(len(request.content))
                     server = c.server_urls.index(f"{request.url.scheme}://{request.url.netloc.decode()}")
-                    media.setdefault(server, set()).add(request.headers["content-type"])
+                    media.setdefault(server, []).append(request.headers["content-type"])
                 return super().handle_request(request)
 
         kw = {} if compress is None else {"compress": compress}
@@ -201,9 +202,11 @@ def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_module
             elapsed = time.perf_counter() - t0
         assert result.n_reports == n
         seeded = compress is None
-        assert media == ({0: {messages.SEEDS_MEDIA_TYPE}, 1: {messages.SEEDS_MEDIA_TYPE},
-                          2: {messages.SHARES_MEDIA_TYPE}} if seeded else
-                         {j: {messages.SHARES_MEDIA_TYPE} for j in range(3)})
+        # 4 batches: the full shares of batch i go to server i mod 3, seeds to the other two
+        full_batches = {j: media[j].count(messages.SHARES_MEDIA_TYPE) for j in range(3)}
+        assert all(len(media[j]) == 4 for j in range(3)), media
+        assert full_batches == ({0: 2, 1: 1, 2: 1} if seeded else {0: 4, 1: 4, 2: 4}), media
+        assert all(set(media[j]) <= {messages.SHARES_MEDIA_TYPE, messages.SEEDS_MEDIA_TYPE} for j in range(3))
         per_row = sum(sizes) / n
         proof = 16 * study.n_servers  # every record carries its 16 N-byte binding proof
         full = 16 + proof + 8 * study.d

@@ -163,8 +163,8 @@ def _record_victim_shares(monkeypatch):
 
     real = sdk.prepare_batch
 
-    def recording(study, rows, compress=False):
-        batch = real(study, rows, compress)
+    def recording(study, rows, *args, **kwargs):
+        batch = real(study, rows, *args, **kwargs)
         for i, rid in enumerate(batch.report_ids):
             _SENT[rid] = [batch.share(j)[i] for j in range(study.n_servers)]
         return batch

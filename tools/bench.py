@@ -3,7 +3,7 @@
 * ``commit``   - commit + aggregate over 10^6 stored reports (d = 100, k = 400, s = 4) on one
                  server, against the exact scipy.sparse sketch of the same shares;
 * ``upload``   - bulk upload rows/s over loopback HTTP (d = 32) against raw SQLite inserts and
-                 the exact sketch, as full shares and as the seeds every server but the last
+                 the exact sketch, as full shares and as the seeds every server but one
                  receives (with each store's bytes on disk per report), and single-report
                  uploads from 64 concurrent clients against one fsync per report;
 * ``sealed``   - HPKE-sealed shares (docs/protocol.md section 7a) against plaintext: bytes per

@@ -14,7 +14,7 @@ is to what the hardware allows:
   exact sketch of the same rows in memory (the sketch hash of every id and one sparse product;
   median of three passes), no HTTP, no binding check, no store, with the compiled hash and with
   its reference code (hashlib's BLAKE2b per id: issue 16's "BLAKE2b of the ids + exact scipy
-  sketch"); ``--seeds`` sends the 32-byte seeds every server but the last receives by default
+  sketch"); ``--seeds`` sends the 32-byte seeds every server but one receives by default
   (the baselines then store what the server stores, and sketch the expanded shares), and a
   SQLite server's bytes on disk per report are reported either way;
 * single upload: a do-nothing HTTP endpoint served as the server is (dpsketch.serving.serve),
@@ -111,7 +111,7 @@ def _bound_rows(rng: np.random.Generator, study: Study, m: int) -> tuple[list[by
 
 def _bound_body(rng: np.random.Generator, study: Study, m: int, seeds: bool = False) -> bytes:
     """A body of m bound random reports for the first server: full shares, or (``seeds``) the
-    32-byte seeds that every server but the last receives by default."""
+    32-byte seeds that every server but one receives by default."""
     if not seeds:
         return encode_batch(*_bound_rows(rng, study, m))
     payloads = rng.integers(0, 256, size=(m, ring.SEED_BYTES), dtype=np.uint8)
@@ -852,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="single: concurrent keep-alive connections (default 64)")
     p.add_argument("--concurrency", type=int, default=2, help="bulk: batches in flight (default 2)")
     p.add_argument("--seeds", action="store_true",
-                   help="bulk: upload seeds (what every server but the last receives by default) "
+                   help="bulk: upload seeds (what every server but one receives by default) "
                         "instead of full shares")
     p.add_argument("--workdir", type=Path)
     args = p.parse_args(argv)

@@ -139,7 +139,7 @@ def expand_seeds(seeds: np.ndarray | bytes, d: int) -> np.ndarray:
 def share_with_seeds(encoded: np.ndarray, n_shares: int,
                      stream: Keystream | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """Seed-compressed sharing of an (m, d) matrix: n-1 arrays of (m, 32) uint8 seeds (from the
-    keystream), one per server 0..n-2, and the last server's full (m, d) share
+    keystream), one for each server but one, and that one server's full (m, d) share
     x - sum_j expand(seed_j) mod 2^64. With a secure PRG any n-1 of the n messages are
     indistinguishable from uniform, independent of x, exactly as with ``share``."""
     if n_shares < 2:
