@@ -84,8 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                         "every server publishes such a key), or post-quantum where published and "
                         "classical elsewhere (docs/sealing.md)")
     p.add_argument("--compress", action=argparse.BooleanOptionalAction, default=True,
-                   help="seed-compressed shares (the default): every server but the last gets a "
-                        "32-byte seed instead of a full-width share: with N servers a row uploads "
+                   help="seed-compressed shares (the default): every server but one gets a 32-byte "
+                        "seed instead of a full-width share (the one rotates batch by batch): with "
+                        "N servers a row uploads "
                         "8d + 32(N-1) bytes of share data instead of 8dN, plus 16 + 16N of id and "
                         "proof per server (docs/protocol.md section 4); "
                         "--no-compress sends every server its full share; --party blocks always go "
