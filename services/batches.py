@@ -62,7 +62,7 @@ class Stored:
 
     def holds_shares_of(self, width: int) -> bool:
         """Whether every report's share (or seed) of this width is here, whole."""
-        return len(self.shares) == len(self) * payload_bytes(width, self.record_bytes() == ring.SEED_BYTES)
+        return len(self.shares) == len(self) * 8 * width or holds_seeds(len(self.shares), len(self), width)
 
     def share_matrix(self, width: int) -> np.ndarray:
         """The (m, width) uint64 shares, seeds expanded (ValueError if they are not here)."""
@@ -74,14 +74,14 @@ def stores_seeds(width: int) -> bool:
     return 8 * width > ring.SEED_BYTES
 
 
-def payload_bytes(width: int, seeds: bool) -> int:
-    """Bytes a stored report takes: its seed if seeds are stored at this width, else its share."""
-    return ring.SEED_BYTES if seeds and stores_seeds(width) else 8 * width
+def holds_seeds(n_bytes: int, m: int, width: int) -> bool:
+    """Whether m stored records of a study of this share width, n_bytes in all, are seeds."""
+    return stores_seeds(width) and n_bytes == m * ring.SEED_BYTES
 
 
 def share_matrix(blob: bytes, m: int, width: int) -> np.ndarray:
     """The (m, width) uint64 shares of m stored records (shares, or seeds: expanded)."""
-    if stores_seeds(width) and len(blob) == m * ring.SEED_BYTES:
+    if holds_seeds(len(blob), m, width):
         return ring.expand_seeds(np.frombuffer(blob, dtype=np.uint8).reshape(m, ring.SEED_BYTES), width)
     if len(blob) != m * 8 * width:
         raise ValueError(f"{len(blob)} stored bytes are not {m} shares of width {width}")

@@ -54,12 +54,10 @@ from psycopg import errors as pg_errors
 from dpsketch.protocol.problems import ProblemError
 
 from .backend import redact
+from .db import SCHEMA_VERSION, UPGRADES_FROM  # one schema version for both stores
 
 log = logging.getLogger("dpsketch.server")
 
-#: the same versions as the SQLite schema (db.SCHEMA_VERSION, db.UPGRADES_FROM)
-SCHEMA_VERSION = 3
-UPGRADES_FROM = (2,)
 
 #: Readers in the pool: requests that read (report ids, aggregate, commit sums, rebuild) each
 #: hold one for the query's duration; more wait up to busy_timeout_s, then answer 503.

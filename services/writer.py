@@ -730,15 +730,18 @@ class Writer:
             held = len(record.state.ids)
             # one batch row of shares and one of seeds: a row holds one kind (services/batches.py)
             seeded = [batches.stores_seeds(record.study.width) and p.job.seeds is not None for p in group]
-            for run in ([p for p, s in zip(group, seeded) if not s], [p for p, s in zip(group, seeded) if s]):
+            for seeds in (False, True):
+                run = [p for p, s in zip(group, seeded) if s is seeds]
                 if run:
-                    base = self._insert_run(record, run, base, out)
+                    base = self._insert_run(record, run, base, out, seeds)
                     held += len(out[-1][2])
             self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, seq))
         return out
 
-    def _insert_run(self, record: StudyRecord, group: list[_Plan], base: int, out: list[tuple]) -> int:
-        """Write the new rows of requests of one study that store the same kind, as one batch row."""
+    def _insert_run(self, record: StudyRecord, group: list[_Plan], base: int, out: list[tuple],
+                    seeds: bool) -> int:
+        """Write the new rows of requests of one study as one batch row: their shares, or
+        (``seeds``) the seeds every one of them came with."""
 
         def cat(parts: list):
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -753,7 +756,6 @@ class Writer:
         # each request's ids as the worker sorted them, when every one is stored whole
         parts = ([p.job.sorted_ids for p in group]
                  if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
-        seeds = group[0].job.seeds is not None and batches.stores_seeds(record.study.width)
         stored = np.ascontiguousarray(cat([p.take(p.job.seeds) for p in group])) if seeds else shares
         batches.insert(self.conn, self.backend, base, record.seq, joined, memoryview(stored).cast("B"))
         out.append((record, base, ids, joined, shares, rows, signs, parts))
