@@ -66,8 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --party: the CSV column holding each individual's key (not sent anywhere)")
     p.add_argument("--servers", metavar="URL,URL,...",
                    help="the share servers' base URLs, comma-separated, in the study's server order")
-    p.add_argument("--batch-size", type=int, default=10_000, metavar="N",
-                   help="rows per upload request (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="rows per upload request (default: as many as fill 8 MiB of the largest "
+                        "request body, at most 100000)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for each HTTP request (default: %(default)s)")
     p.add_argument("--max-retries", type=int, default=5, metavar="N",
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             return fail(f"{exc}")
     urls = [u for u in (x.strip() for x in args.servers.split(",")) if u]
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         return fail("--batch-size must be at least 1", EXIT_USAGE)
     if not os.path.isfile(args.csv):
         return fail(f"{args.csv}: no such file")

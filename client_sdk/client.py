@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from dpsketch import __version__
-from dpsketch.protocol import chacha, envelope, messages
+from dpsketch.protocol import chacha, envelope, messages, ring
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
@@ -55,7 +55,7 @@ from .errors import (
     cert_error,
 )
 from .prepare import count_records, prepare_batch
-from .upload import Progress, UploadRun
+from .upload import MAX_BATCH_BYTES, Progress, UploadRun, batch_rows
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
 
@@ -89,7 +89,8 @@ class Client:
     ``max_batch_bytes`` per request body; ``queue_depth`` batches per server may wait in memory.
     ``transport`` is passed to httpx (tests use it to inject faults). ``compress`` (the default)
     sends all servers but one a 32-byte seed per report from ``submit_many`` instead of their
-    8d-byte share (``application/x-dpsketch-seeds``; docs/protocol.md section 4), and the one its
+    8d-byte share (``application/x-dpsketch-seeds``; docs/protocol.md section 4) where that is
+    smaller (share width above 4; narrower shares all go whole), and the one its
     full share; which one rotates over the servers batch by batch, so each takes in and stores
     the larger shares of 1/N of the batches. Besides the N records'
     ids and proofs (16 + 16N bytes each) a report uploads 8d + 32(N-1) bytes instead of 8dN
@@ -135,7 +136,7 @@ class Client:
                  backoff: float = 0.5, max_backoff: float = 30.0, max_retry_after: float = 120.0,
                  http2: bool = False, verify: bool | str | ssl.SSLContext = True,
                  token: str | Sequence[str] | None = None, queue_depth: int = 2,
-                 max_batch_bytes: int = 16 << 20, transport: httpx.BaseTransport | None = None,
+                 max_batch_bytes: int = MAX_BATCH_BYTES, transport: httpx.BaseTransport | None = None,
                  compress: bool = True, encrypt: bool = False, max_floor_epsilon: float | None = None,
                  privacy_limit: Any = None,
                  sealing: str = _sealing.CLASSICAL):
@@ -439,7 +440,7 @@ class Client:
         self._spent(study)
         return rid.hex()
 
-    def submit_many(self, study_id: str, rows: Any, batch_size: int = 10_000,
+    def submit_many(self, study_id: str, rows: Any, batch_size: int | None = None,
                     progress: Progress | None = None, *, keep_ids: bool = True,
                     ignore_extra_columns: bool = False) -> SubmitResult:
         """Submit many rows through the binary batch endpoint; return their hex ids in order.
@@ -448,18 +449,19 @@ class Client:
         rows. In-memory inputs are checked whole before anything is sent; streamed inputs
         (CSV, iterators) chunk by chunk. ``progress(m)`` is called with the number of rows newly
         stored at *all* servers. With ``keep_ids=False`` the returned list is empty (saves
-        memory for huge inputs; counts are still in the result).
+        memory for huge inputs; counts are still in the result). ``batch_size``: rows per
+        request; by default as many as fill 8 MiB of the largest body (at most 10^5 rows:
+        ``client_sdk.upload.batch_rows``), so narrow rows go in fewer, larger requests.
 
         Raises :class:`IncompleteUpload` if some server does not hold some batch after retries;
         a plain error (``ProblemError``, ``ServerUnreachable``) if nothing was stored anywhere.
         """
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         study = self._open_study(study_id)
-        # keep request bodies modest (servers refuse large ones with 413) whatever d is
         record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width, study.n_servers)
                   + (_sealing.overhead_bytes(self._recipients[study_id]) if self.encrypt else 0))
-        batch_size = max(1, min(batch_size, self.max_batch_bytes // record))
+        batch_size = batch_rows(batch_size, record, self.max_batch_bytes)
         chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns,
                                    raw=study.histogram is not None)
         in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
@@ -475,7 +477,8 @@ class Client:
                     first += len(chunk)
             chunks = iter(chunks)
         # with seeds, the server that gets the full shares changes from batch to batch (prepare_batch)
-        prepared = (prepare_batch(study, chunk, self.compress, full=i % study.n_servers)
+        compress = self.compress and ring.seed_is_smaller(study.width)  # narrow shares: a seed saves nothing
+        prepared = (prepare_batch(study, chunk, compress, full=i % study.n_servers)
                     for i, chunk in enumerate(chunks))
         return self._run_upload(study, study_id, prepared, progress, keep_ids)
 
@@ -525,7 +528,7 @@ class Client:
 
     def submit_blocks(self, study_id: str, party: str, rows: Any, *, party_key: bytes,
                       keys: Sequence[str | bytes] | None = None, key_column: str | None = None,
-                      batch_size: int = 10_000, progress: Progress | None = None,
+                      batch_size: int | None = None, progress: Progress | None = None,
                       keep_ids: bool = True) -> SubmitResult:
         """Submit one party's block of each individual's row to a study with parties.
 
@@ -542,7 +545,7 @@ class Client:
         """
         from .parties import keyed_chunks, prepared_blocks
 
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if self.encrypt:
             raise SDKError("block uploads travel as plaintext full shares (over TLS); sealed "
@@ -553,7 +556,7 @@ class Client:
         except ValueError as exc:
             raise StudyMismatch(str(exc)) from None
         record = messages.record_bytes(messages.blocks_media_type(party), declared.width, study.n_servers)
-        batch_size = max(1, min(batch_size, self.max_batch_bytes // record))
+        batch_size = batch_rows(batch_size, record, self.max_batch_bytes)
         chunks = keyed_chunks(rows, declared.columns, batch_size, keys=keys, key_column=key_column)
         if keys is not None:
             chunks = iter(list(chunks))  # in memory: validate everything before the first request

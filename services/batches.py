@@ -71,7 +71,7 @@ class Stored:
 
 def stores_seeds(width: int) -> bool:
     """Whether a seed upload of this share width is stored as its seeds (module docstring)."""
-    return 8 * width > ring.SEED_BYTES
+    return ring.seed_is_smaller(width)
 
 
 def holds_seeds(n_bytes: int, m: int, width: int) -> bool:

@@ -25,6 +25,7 @@ from client_sdk import (
     prepare_batch,
 )
 from client_sdk import cli, data, noise
+from client_sdk.upload import batch_rows
 from dpsketch.protocol import binding, messages, ring
 from dpsketch.protocol import noise as sampler
 from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, PROTOCOL, design
@@ -268,6 +269,7 @@ class FakeServer:
         self.held: dict[bytes, bytes] = {}
         self.lock = threading.Lock()
         self.upload_requests = 0
+        self.media_types: list[str] = []  # of each batch request, in order
         self.fail: list = []  # queued failures: a status int, an exception, or ("lose", exc)
         self.max_records: int | None = None
         self.status = "open"
@@ -306,6 +308,7 @@ class FakeServer:
                     raise f
             if path.endswith("/batches"):
                 media_type = request.headers["content-type"]
+                self.media_types.append(media_type)
                 assert media_type in (messages.SHARES_MEDIA_TYPE, messages.SEEDS_MEDIA_TYPE)
                 upload = messages.decode_upload(request.content, media_type, self.study.d, self.study.n_servers)
                 if self.max_records and len(upload) > self.max_records:
@@ -513,6 +516,51 @@ def test_single_submit_partial_failure(study, fakes):
         c.submit(study.study_id, [1, 2, 3, 4])
     assert [p.server_id for p in err.value.pending] == ["s3"]
     assert len(servers["s1.test"].held) == 1 and len(servers["s3.test"].held) == 0
+
+
+def test_default_batches_fill_8_mib_of_the_largest_body_and_limits_hold():
+    full = messages.record_bytes(messages.SHARES_MEDIA_TYPE, 32, 3)
+    assert batch_rows(None, full, 16 << 20) == (8 << 20) // full  # about 26,000 rows at d = 32
+    assert batch_rows(None, full, 16 << 20) * full <= 8 << 20 < (batch_rows(None, full, 16 << 20) + 1) * full
+    assert batch_rows(None, 40, 16 << 20) == 100_000  # narrow rows: capped in rows
+    assert batch_rows(None, 20_000, 16 << 20) == 419  # wide rows: fewer than the 10^4 of before
+    assert batch_rows(None, full, 1 << 20) == (1 << 20) // full  # the client's own limit wins
+    assert batch_rows(50, full, 16 << 20) == 50 and batch_rows(10**6, full, 1 << 20) == (1 << 20) // full
+    assert batch_rows(None, 1 << 30, 16 << 20) == 1  # never no rows
+    with pytest.raises(ValueError, match="at least 1"):
+        batch_rows(0, full, 16 << 20)
+
+
+def test_submit_many_sends_default_sized_batches(study, fakes):
+    servers, transport = fakes
+    n = 60_000
+    per_batch = batch_rows(None, messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width, study.n_servers),
+                           16 << 20)
+    assert per_batch > 10_000  # narrow rows: more than the fixed 10^4 of before
+    with _client(transport) as c:
+        ids = c.submit_many(study.study_id, np.zeros((n, study.d)), keep_ids=False)
+        assert c.report_counts(study.study_id) == {"s1": n, "s2": n, "s3": n}
+    assert ids.n_reports == n
+    assert [servers[f"{s}.test"].upload_requests for s in SERVER_IDS] == [-(-n // per_batch)] * 3
+
+
+@pytest.mark.parametrize("extra_columns, seeded", [([], False), (["z"], True)])
+def test_seeds_are_sent_only_where_they_are_smaller_than_the_share(extra_columns, seeded):
+    wide, _ = design(name="unit", columns=COLUMNS + extra_columns, label="y", servers=SERVER_IDS,
+                     expected_reports=10_000, k=8, s=2, min_reports=5_000, row_bound=10.0,
+                     epsilon=1.0, delta=1e-6)
+    assert ring.seed_is_smaller(wide.width) == seeded == (wide.width > 4)
+    servers = {f"{sid}.test": FakeServer(sid, wide) for sid in SERVER_IDS}
+    transport = httpx.MockTransport(lambda request: servers[request.url.host].handle(request))
+    with _client(transport) as c:
+        c.submit_many(wide.study_id, np.zeros((30, wide.d)), batch_size=10)
+        assert c.report_counts(wide.study_id) == {"s1": 30, "s2": 30, "s3": 30}
+    got = [servers[f"{sid}.test"].media_types for sid in SERVER_IDS]
+    if seeded:  # batch i's full shares at server i mod 3, seeds elsewhere
+        assert got == [[messages.SHARES_MEDIA_TYPE if i == j else messages.SEEDS_MEDIA_TYPE for i in range(3)]
+                       for j in range(3)]
+    else:  # a share of width 4 is 32 bytes, as long as its seed: every server gets its share
+        assert got == [[messages.SHARES_MEDIA_TYPE] * 3] * 3
 
 
 def test_payload_too_large_splits_the_batch(study, fakes):

@@ -85,6 +85,8 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
     from client_sdk import Client
     from tools import demo
     from client_sdk.prepare import prepare_batch
+    from client_sdk.upload import MAX_BATCH_BYTES, batch_rows
+    from dpsketch.protocol import messages
     from dpsketch.protocol import Study
     from dpsketch.protocol.histogram import HistogramSpec
 
@@ -109,11 +111,13 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
                 client.submit_many(sid, rows)
             out["upload_s"] = round(time.perf_counter() - t0, 1)
             # baseline from the same run: the client's own work alone (cells, noise, shares),
-            # in the SDK's batches of 10,000, with nothing sent
+            # in the SDK's batches, with nothing sent
             study = Study.model_validate(created["study"])
+            per_batch = batch_rows(None, messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width,
+                                                               study.n_servers), MAX_BATCH_BYTES)
             t0 = time.perf_counter()
-            for i in range(0, n, 10_000):
-                prepare_batch(study, rows[i:i + 10_000])
+            for i in range(0, n, per_batch):
+                prepare_batch(study, rows[i:i + per_batch])
             out["prepare_only_s"] = round(time.perf_counter() - t0, 1)
             out["upload_rows_per_s"] = round(n / out["upload_s"])
             out["upload_over_prepare_only"] = round(out["upload_s"] / max(out["prepare_only_s"], 1e-9), 2)

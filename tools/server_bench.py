@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from client_sdk.upload import MAX_BATCH_BYTES
+from client_sdk.upload import batch_rows as sdk_batch_rows
 from dpsketch.protocol import binding, chacha, messages, ring, sketch
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
@@ -348,14 +350,18 @@ def _report_count(url: str, study: Study) -> int:
 # --- (b) bulk upload ---------------------------------------------------------------------------
 
 
-def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int = 10_000, concurrency: int = 2,
+def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = None, concurrency: int = 2,
                       workdir: Path | None = None, seed: int = 2, db: Path | str | None = None,
                       baseline: bool = True, replicas: int = 1, seeds: bool = False) -> dict[str, Any]:
-    """POST n random rows in batches of ``batch_rows`` to a real server over loopback (its store:
-    ``db``, default a new SQLite file; ``replicas`` > 1: that many on one PostgreSQL ``db``
-    behind haproxy), as full shares or (``seeds``) as the seeds a seed server receives."""
+    """POST n random rows in batches of ``batch_rows`` (default: the SDK's, client_sdk/upload.py)
+    to a real server over loopback (its store: ``db``, default a new SQLite file; ``replicas`` >
+    1: that many on one PostgreSQL ``db`` behind haproxy), as full shares or (``seeds``) as the
+    seeds a seed server receives."""
     rng = np.random.default_rng(seed)
     study = _study(n, d, 400, 4, ["s1", "s2"])
+    if batch_rows is None:  # the same rows the SDK puts in a batch of this study
+        batch_rows = sdk_batch_rows(None, messages.record_bytes(SHARES_MEDIA_TYPE, d, study.n_servers),
+                                    MAX_BATCH_BYTES)
     media_type = SEEDS_MEDIA_TYPE if seeds else SHARES_MEDIA_TYPE
     batches = []
     for start in range(0, n, batch_rows):
@@ -851,6 +857,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=64,
                    help="single: concurrent keep-alive connections (default 64)")
     p.add_argument("--concurrency", type=int, default=2, help="bulk: batches in flight (default 2)")
+    p.add_argument("--batch-rows", type=int, metavar="N",
+                   help="bulk: rows per batch (default: the SDK's, as many as fill 8 MiB of full shares)")
     p.add_argument("--seeds", action="store_true",
                    help="bulk: upload seeds (what every server but one receives by default) "
                         "instead of full shares")
@@ -862,7 +870,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"commit": bench_commit(**kw)}))
     if args.which in ("bulk", "all"):
         kw = extra | ({"n": args.n} if args.n else {}) | ({"d": args.d} if args.d else {})
-        print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, seeds=args.seeds, **kw)}))
+        print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, seeds=args.seeds,
+                                                    batch_rows=args.batch_rows, **kw)}))
     if args.which in ("single", "all"):
         kw = extra | ({"d": args.d} if args.d else {})
         print(json.dumps({"single": bench_single_upload(clients=args.clients, seconds=args.seconds,

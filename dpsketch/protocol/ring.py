@@ -108,6 +108,13 @@ def reconstruct(shares: list[np.ndarray]) -> np.ndarray:
 # --- seed-compressed shares (docs/protocol.md sections 4 and 7) ------------------------------
 
 SEED_BYTES = 32
+
+
+def seed_is_smaller(width: int) -> bool:
+    """Whether a share of this width takes more bytes than the seed it expands from (width
+    above 4): only then is a seed worth sending (the SDK) or storing (a share server)."""
+    return 8 * width > SEED_BYTES
+
 #: Domain string of the seed expansion; the ChaCha20 nonce is derived from it.
 SEED_DOMAIN = b"dpsketch/seed-share/1"
 #: RFC 8439 ChaCha20 with a 32-bit block counter starting at 0 and the 96-bit nonce
