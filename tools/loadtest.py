@@ -214,6 +214,9 @@ def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float
 
         with ServerAdmin(proc.url, spec.operator_token) as admin:  # one data owner, no quota
             token = admin.issue_upload_tokens(study.study_id, 1, None).token
+        from tools.server_bench import warm_server
+
+        warm_server(proc.url, d, np.random.default_rng(0), spec.operator_token)  # RSS from steady state
         half = (baseline_seconds or min(seconds, 10.0)) / 2
         before = asyncio.run(drive(proc.url, health, seconds=half, clients=clients))
         load = run_uploads(proc.url, study, seconds=seconds, clients=clients, pid=proc.proc.pid, token=token)
@@ -501,6 +504,9 @@ def bench_overload(seconds: float = 10.0, factor: float = 2.0, batch_rows: int =
 
         with ServerAdmin(proc.url, spec.operator_token) as admin:  # one data owner, no quota
             token = admin.issue_upload_tokens(study.study_id, 1, None).token
+        from tools.server_bench import warm_server
+
+        warm_server(proc.url, d, np.random.default_rng(0), spec.operator_token)  # RSS from steady state
         path = f"/v1/studies/{study.study_id}/batches"
         headers = {"Content-Type": SHARES_MEDIA_TYPE, "Authorization": f"Bearer {token}"}
         # capacity: enough batches for 400 k rows/s, more than this machine sustains

@@ -279,7 +279,7 @@ def _start_replica(wd: Path, db: str, i: int):
     return proc.start(timeout=60)
 
 
-def _provision(url: str, study: Study) -> str:
+def _provision(url: str, study: Study, operator: str = OPERATOR) -> str:
     """Provision the study and return an upload token for it (no quota), issued by the operator
     as the server's default policy requires."""
     import httpx
@@ -287,23 +287,25 @@ def _provision(url: str, study: Study) -> str:
     from services.admin import ServerAdmin
 
     r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(), timeout=60,
-                  headers={"Authorization": f"Bearer {OPERATOR}", "Content-Type": "application/json"})
+                  headers={"Authorization": f"Bearer {operator}", "Content-Type": "application/json"})
     r.raise_for_status()
-    with ServerAdmin(url, OPERATOR) as admin:
+    with ServerAdmin(url, operator) as admin:
         return admin.issue_upload_tokens(study.study_id, 1, None).token
 
 
-def _warm_server(url: str, d: int, rng: np.random.Generator) -> None:
+def warm_server(url: str, d: int, rng: np.random.Generator, operator: str = OPERATOR) -> None:
     """Load the server's compiled loops before anything is timed: one batch of kernels.MIN_ROWS
     rows to a study of its own (a batch that size loads them, services/store.py), so the
     figures are steady-state ingest. Without it the first second of a short run hashed with
-    the reference code while numba loaded, and runs of 10^6 rows moved 2x (144k vs 315k rows/s)."""
+    the reference code while numba loaded, and runs of 10^6 rows moved 2x (144k vs 315k rows/s);
+    and a load test's server RSS took a step of about 125 MiB (numba and LLVM) partway through.
+    ``operator``: the server's operator token."""
     from dpsketch.protocol import kernels
 
     study = design(name="bench-warm-up", columns=[f"x{i}" for i in range(d)], label=None,
                    servers=["s1", "s2"], expected_reports=2 * kernels.MIN_ROWS, k=400, s=4,
                    min_reports=kernels.MIN_ROWS, max_reports=4 * kernels.MIN_ROWS)[0]
-    token = _provision(url, study)
+    token = _provision(url, study, operator)
     _, _, errors = _post_batches(url, f"/v1/studies/{study.study_id}/batches",
                                  [_bound_body(rng, study, kernels.MIN_ROWS)], SHARES_MEDIA_TYPE, 1,
                                  timeout=120, token=token)
@@ -373,7 +375,7 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
                            "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
         with _serving(wd, db, replicas) as (url, _port):
-            _warm_server(url, d, rng)
+            warm_server(url, d, rng)
             token = _provision(url, study)
             elapsed, latencies, errors = _post_batches(
                 url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
@@ -530,7 +532,7 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
                                                            SHARES_MEDIA_TYPE, d, studies[mode].n_servers))
                                     for m, body in plain_of[mode]], SEALED_MEDIA_TYPE)
                 seal_cpu[mode] = time.process_time() - t0
-            _warm_server(proc.url, d, rng)
+            warm_server(proc.url, d, rng)
             tokens = {mode: _provision(proc.url, study) for mode, study in studies.items()}
             # the modes take turns, a slice of each mode's batches per round (in a rotating
             # order), so that a machine whose load drifts slows them alike
