@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import sqlite3
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request

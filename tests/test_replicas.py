@@ -18,7 +18,6 @@ from dataclasses import replace
 
 import httpx
 import numpy as np
-import pytest
 
 import client_sdk.client as sdk
 from analyzer.client import AnalyzerClient

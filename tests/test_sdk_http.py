@@ -19,7 +19,7 @@ import pytest
 
 from client_sdk import Client, ProblemError, StudyMismatch, cli, prepare_batch
 from client_sdk.noise import clip_rows
-from dpsketch.protocol import messages, ring, sketch
+from dpsketch.protocol import messages, ring
 from dpsketch.protocol.study import design
 
 from conftest import Servers

@@ -5,7 +5,6 @@ The same behaviour over real HTTP against real share servers is in test_sdk_http
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import httpx
 import numpy as np
 import pytest
 from scipy import stats
-from scipy.special import ndtri
 
 from client_sdk import (
     Client,
@@ -55,8 +53,6 @@ def test_tail_delta_is_negligible_and_checked(monkeypatch):
     # a cut at 8 sigma (what a 53-bit grid alone gives) would cost a third of delta = 1e-6
     assert privacy.tail_delta(1.0, 10**7 * 78, 8.0) > 3e-7
     # and a study whose truncation could matter is refused
-    from dpsketch.protocol import study as study_module
-
     monkeypatch.setattr(sampler, "NOISE_TAIL_SIGMAS", 8.0)
     with pytest.raises(ValueError, match="redrawing noise"):
         design(name="x", columns=["a", "b"], label=None, servers=["s1", "s2"], expected_reports=10**6,

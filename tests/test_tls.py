@@ -24,7 +24,7 @@ import pytest
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from client_sdk.errors import ServerUnreachable
-from tools.cluster import ManagedProcess, ServerSpec, analyzer, share_server, start_all
+from tools.cluster import analyzer, share_server, start_all
 
 MAKE_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "make-certs.py"
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]

@@ -252,7 +252,7 @@ def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
             proc.stop()
         return
     from tools import loadbalancer
-    from tools.cluster import free_port, terminate
+    from tools.cluster import free_port
 
     if db is None or not str(db).startswith("postgresql://"):
         raise ValueError("replicas share a PostgreSQL database: give db as a postgresql:// URL")
