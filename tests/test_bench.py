@@ -31,6 +31,12 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         # the seed server keeps 32 bytes a report where the other keeps the 256-byte share (d = 32)
         assert seeds["store_bytes_per_report"] < 0.5 * bulk["store_bytes_per_report"], (seeds, bulk)
         assert bulk["store_bytes_per_report"] > 8 * bulk["d"]
+        # one server of 3: batch 0 as full shares, batch 1 as seeds, so its store lies between
+        mixed = figures["bulk_upload_one_of_3"]
+        assert mixed["n_servers"] == 3 and mixed["errors"] == 0 and mixed["server_report_count"] == mixed["n"]
+        assert mixed["n"] > mixed["batch_rows"]  # at least one batch of each kind
+        assert seeds["store_bytes_per_report"] < mixed["store_bytes_per_report"] < bulk["store_bytes_per_report"]
+        assert 0 < mixed["ratio_to_exact_sketch"] and 0 < mixed["ratio_to_reference_sketch"]
         single = figures["single_upload"]
         assert single["server_report_count"] == single["acknowledged"] > 0
     else:

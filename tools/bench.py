@@ -3,8 +3,9 @@
 * ``commit``   - commit + aggregate over 10^6 stored reports (d = 100, k = 400, s = 4) on one
                  server, against the exact scipy.sparse sketch of the same shares;
 * ``upload``   - bulk upload rows/s over loopback HTTP (d = 32) against raw SQLite inserts and
-                 the exact sketch, as full shares and as the seeds every server but one
-                 receives (with each store's bytes on disk per report), and single-report
+                 the exact sketch, as full shares, as the seeds every server but one
+                 receives, and as one server of 3 receives an SDK upload (full shares in every
+                 third batch; with each store's bytes on disk per report), and single-report
                  uploads from 64 concurrent clients against one fsync per report;
 * ``sealed``   - HPKE-sealed shares (docs/protocol.md section 7a) against plaintext: bytes per
                  report, sealing and opening time per share (version 3 batches and the version 1
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"bulk_upload": figures["bulk_upload"]}), flush=True)
         figures["bulk_upload_seeds"] = server_bench.bench_bulk_upload(n=n, d=32, seeds=True)
         print(json.dumps({"bulk_upload_seeds": figures["bulk_upload_seeds"]}), flush=True)
+        figures["bulk_upload_one_of_3"] = server_bench.bench_bulk_upload(n=n, d=32, rotation=3)
+        print(json.dumps({"bulk_upload_one_of_3": figures["bulk_upload_one_of_3"]}), flush=True)
         figures["single_upload"] = server_bench.bench_single_upload(
             clients=64, seconds=3.0 if args.quick else 20.0, d=32)
         print(json.dumps({"single_upload": figures["single_upload"]}), flush=True)

@@ -313,23 +313,25 @@ def warm_server(url: str, d: int, rng: np.random.Generator, operator: str = OPER
         raise RuntimeError("the warm-up batch was refused")
 
 
-def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str, concurrency: int,
+def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str | list[str], concurrency: int,
                   timeout: float, token: str) -> tuple[float, list[float], int]:
-    """POST every body from ``concurrency`` threads; (seconds, per-request latencies, non-200s)."""
+    """POST every body (of ``media_type``, or of its own in a list of them) from ``concurrency``
+    threads; (seconds, per-request latencies, non-200s)."""
     import httpx
-    todo = iter(bodies)
+    types = [media_type] * len(bodies) if isinstance(media_type, str) else media_type
+    todo = iter(zip(bodies, types))
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
-    headers = {"Content-Type": media_type, "Authorization": f"Bearer {token}"}
 
     def worker() -> None:
         with httpx.Client(base_url=url, timeout=timeout) as client:
             while True:
                 with lock:
-                    body = next(todo, None)
+                    body, content_type = next(todo, (None, None))
                 if body is None:
                     return
+                headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}"}
                 t = time.perf_counter()
                 r = client.post(path, content=body, headers=headers)
                 with lock:
@@ -354,23 +356,31 @@ def _report_count(url: str, study: Study) -> int:
 
 def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = None, concurrency: int = 2,
                       workdir: Path | None = None, seed: int = 2, db: Path | str | None = None,
-                      baseline: bool = True, replicas: int = 1, seeds: bool = False) -> dict[str, Any]:
+                      baseline: bool = True, replicas: int = 1, seeds: bool = False,
+                      rotation: int = 0) -> dict[str, Any]:
     """POST n random rows in batches of ``batch_rows`` (default: the SDK's, client_sdk/upload.py)
     to a real server over loopback (its store: ``db``, default a new SQLite file; ``replicas`` >
-    1: that many on one PostgreSQL ``db`` behind haproxy), as full shares or (``seeds``) as the
-    seeds a seed server receives."""
+    1: that many on one PostgreSQL ``db`` behind haproxy), as full shares, or (``seeds``) as the
+    seeds a seed server receives, or (``rotation`` = N) as one server of N receives an SDK
+    upload: batch i as full shares where i mod N is 0, else as seeds. The baselines then take
+    each kind's batches at its own rate."""
+    if seeds and rotation:
+        raise ValueError("give seeds or rotation, not both")
     rng = np.random.default_rng(seed)
-    study = _study(n, d, 400, 4, ["s1", "s2"])
+    study = _study(n, d, 400, 4, [f"s{j + 1}" for j in range(max(2, rotation))])
     if batch_rows is None:  # the same rows the SDK puts in a batch of this study
         batch_rows = sdk_batch_rows(None, messages.record_bytes(SHARES_MEDIA_TYPE, d, study.n_servers),
                                     MAX_BATCH_BYTES)
-    media_type = SEEDS_MEDIA_TYPE if seeds else SHARES_MEDIA_TYPE
-    batches = []
-    for start in range(0, n, batch_rows):
+    batches, kinds = [], []  # kinds: whether each batch is seeds
+    for i, start in enumerate(range(0, n, batch_rows)):
         m = min(batch_rows, n - start)
-        batches.append((m, _bound_body(rng, study, m, seeds)))
+        seeded = seeds or bool(rotation and i % rotation)
+        batches.append((m, _bound_body(rng, study, m, seeded)))
+        kinds.append(seeded)
+    media_types = [SEEDS_MEDIA_TYPE if k else SHARES_MEDIA_TYPE for k in kinds]
     out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
-                           "payload": "seeds" if seeds else "shares",
+                           "payload": (f"one server of {rotation}: batch i as full shares where i mod {rotation} = 0, "
+                                       f"else seeds" if rotation else "seeds" if seeds else "shares"),
                            "body_mib": round(len(batches[0][1]) / 2**20, 2), "n_servers": study.n_servers,
                            "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
@@ -379,7 +389,7 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
             token = _provision(url, study)
             elapsed, latencies, errors = _post_batches(
                 url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
-                media_type, concurrency, timeout=120, token=token)
+                media_types, concurrency, timeout=120, token=token)
             held = _report_count(url, study)
         out.update(replicas=replicas, seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
@@ -388,10 +398,21 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
             on_disk = sum(f.stat().st_size for f in wd.glob("s1.sqlite3*"))
             out.update(store_bytes_per_report=round(on_disk / max(held, 1), 1))
         if baseline:
-            raw = _raw_sqlite_rows_per_s(wd / "raw.sqlite3", batches, study, media_type)
-            rows = _raw_sqlite_rows_per_s(wd / "rows.sqlite3", batches, study, media_type, one_statement=False)
-            exact = _exact_sketch_rows_per_s(study, batches, media_type)
-            reference = _reference_sketch_rows_per_s(study, batches, media_type)
+            def rate(fn: Any) -> float:
+                """A baseline over every batch: each kind's batches at that kind's rate,
+                ``fn(batches, media_type, kind)``."""
+                seconds = 0.0
+                for seeded in sorted(set(kinds)):
+                    group = [b for b, k in zip(batches, kinds) if k is seeded]
+                    media_type = SEEDS_MEDIA_TYPE if seeded else SHARES_MEDIA_TYPE
+                    seconds += sum(m for m, _ in group) / fn(group, media_type, "seeds" if seeded else "shares")
+                return n / seconds
+
+            raw = rate(lambda group, mt, kind: _raw_sqlite_rows_per_s(wd / f"raw-{kind}.sqlite3", group, study, mt))
+            rows = rate(lambda group, mt, kind: _raw_sqlite_rows_per_s(wd / f"rows-{kind}.sqlite3", group, study, mt,
+                                                                       one_statement=False))
+            exact = rate(lambda group, mt, kind: _exact_sketch_rows_per_s(study, group, mt))
+            reference = rate(lambda group, mt, kind: _reference_sketch_rows_per_s(study, group, mt))
             out.update(baseline_reference_sketch_rows_per_s=round(reference),
                        ratio_to_reference_sketch=round(out["rows_per_s"] / reference, 3))
             out.update(baseline_raw_sqlite_rows_per_s=round(raw),
@@ -864,8 +885,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", action="store_true",
                    help="bulk: upload seeds (what every server but one receives by default) "
                         "instead of full shares")
+    p.add_argument("--rotation", type=int, default=0, metavar="N",
+                   help="bulk: what one server of N receives from the SDK (full shares in every Nth "
+                        "batch, seeds in the others)")
     p.add_argument("--workdir", type=Path)
     args = p.parse_args(argv)
+    if args.seeds and args.rotation:
+        p.error("give --seeds or --rotation, not both")
     extra = {"workdir": args.workdir}
     if args.which in ("commit", "all"):
         kw = extra | ({"n": args.n} if args.n else {}) | ({"d": args.d} if args.d else {})
@@ -873,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which in ("bulk", "all"):
         kw = extra | ({"n": args.n} if args.n else {}) | ({"d": args.d} if args.d else {})
         print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, seeds=args.seeds,
-                                                    batch_rows=args.batch_rows, **kw)}))
+                                                    rotation=args.rotation, batch_rows=args.batch_rows, **kw)}))
     if args.which in ("single", "all"):
         kw = extra | ({"d": args.d} if args.d else {})
         print(json.dumps({"single": bench_single_upload(clients=args.clients, seconds=args.seconds,
