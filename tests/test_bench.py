@@ -31,6 +31,11 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         # the seed server keeps 32 bytes a report where the other keeps the 256-byte share (d = 32)
         assert seeds["store_bytes_per_report"] < 0.5 * bulk["store_bytes_per_report"], (seeds, bulk)
         assert bulk["store_bytes_per_report"] > 8 * bulk["d"]
+        # what each server process wrote to its disk while uploading (/proc/PID/io): every full
+        # share at least once (the log, then the checkpoint's copy), a seed server far less
+        assert bulk["server_disk_bytes_per_report"] >= 8 * bulk["d"], bulk
+        assert seeds["server_disk_bytes_per_report"] < 0.5 * bulk["server_disk_bytes_per_report"], (seeds, bulk)
+        assert bulk["baseline_disk_write_mib_per_s"] > 0 and bulk["disk_bandwidth_used"] > 0
         # one server of 3: batch 0 as full shares, batch 1 as seeds, so its store lies between
         mixed = figures["bulk_upload_one_of_3"]
         assert mixed["n_servers"] == 3 and mixed["errors"] == 0 and mixed["server_report_count"] == mixed["n"]

@@ -16,7 +16,9 @@ is to what the hardware allows:
   its reference code (hashlib's BLAKE2b per id: issue 16's "BLAKE2b of the ids + exact scipy
   sketch"); ``--seeds`` sends the 32-byte seeds every server but one receives by default
   (the baselines then store what the server stores, and sketch the expanded shares), and a
-  SQLite server's bytes on disk per report are reported either way;
+  SQLite server's bytes on disk per report are reported either way, with the bytes the server
+  process wrote to its disk during the upload (/proc/PID/io: the log and the checkpoints'
+  copies) against what the disk takes durably (two writers fdatasync-ing 32 MiB chunks);
 * single upload: a do-nothing HTTP endpoint served as the server is (dpsketch.serving.serve),
   driven by the same load generator with the same bodies between the server's intervals (the
   loopback request rate; each interval against the echo just before and after it, median of
@@ -243,11 +245,11 @@ def _start_server(wd: Path, server_id: str = "s1", db: Path | str | None = None)
 @contextlib.contextmanager
 def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
     """One server process, or ``replicas`` of one server on one PostgreSQL database behind an
-    haproxy (tools/loadbalancer.py); yields the URL and port clients use."""
+    haproxy (tools/loadbalancer.py); yields the URL and port clients use and the servers' pids."""
     if replicas == 1:
         proc = _start_server(wd, db=db)
         try:
-            yield proc.url, proc.port
+            yield proc.url, proc.port, [proc.proc.pid]
         finally:
             proc.stop()
         return
@@ -264,7 +266,7 @@ def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
         port = free_port()
         with loadbalancer.running_haproxy(loadbalancer.ensure_haproxy(), port,
                                           [(f"r{i}", p.port) for i, p in enumerate(procs)], wd) as url:
-            yield url, port
+            yield url, port, [p.proc.pid for p in procs]
     finally:
         for proc in procs:
             proc.stop()
@@ -345,6 +347,44 @@ def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str | li
     return time.perf_counter() - t0, latencies, errors[0]
 
 
+def _bytes_written(pid: int) -> int:
+    """The bytes a process has sent to the storage layer so far (/proc/PID/io, ``write_bytes``:
+    counted when its pages are dirtied, every thread's)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no write_bytes in /proc/{pid}/io")
+
+
+def _durable_write_mib_per_s(path: Path, seconds: float = 1.0, chunk: int = 32 << 20, writers: int = 2) -> float:
+    """What this disk takes durably: ``writers`` threads each writing chunks of random bytes to a
+    new file and fdatasync-ing each, for ``seconds`` (a store that syncs what it acknowledges
+    writes no faster; on this VM the figure moves 2-3 x between runs, and one writer of 8 MiB
+    chunks gets a third to a half of it)."""
+    data = os.urandom(chunk)
+    written = [0] * writers
+
+    def write(i: int) -> None:
+        name = path.with_name(f"{path.name}-{i}")
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            while written[i] == 0 or time.perf_counter() - t0 < seconds:
+                os.write(fd, data)
+                os.fdatasync(fd)
+                written[i] += chunk
+        finally:
+            os.close(fd)
+            name.unlink()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(written) / 2**20 / (time.perf_counter() - t0)
+
+
 def _report_count(url: str, study: Study) -> int:
     import httpx
 
@@ -384,13 +424,21 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
                            "body_mib": round(len(batches[0][1]) / 2**20, 2), "n_servers": study.n_servers,
                            "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
-        with _serving(wd, db, replicas) as (url, _port):
+        with _serving(wd, db, replicas) as (url, _port, pids):
             warm_server(url, d, rng)
             token = _provision(url, study)
+            written = sum(_bytes_written(pid) for pid in pids)
             elapsed, latencies, errors = _post_batches(
                 url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
                 media_types, concurrency, timeout=120, token=token)
+            written = sum(_bytes_written(pid) for pid in pids) - written
             held = _report_count(url, study)
+        if db is None:  # what the server wrote to its disk (log and checkpoints), against what the disk takes
+            disk = _durable_write_mib_per_s(wd / "disk-probe")
+            out.update(server_disk_bytes_per_report=round(written / n, 1),
+                       server_disk_write_mib_per_s=round(written / 2**20 / elapsed, 1),
+                       baseline_disk_write_mib_per_s=round(disk, 1),
+                       disk_bandwidth_used=round(written / 2**20 / elapsed / disk, 3))
         out.update(replicas=replicas, seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
                    **_percentiles(latencies))
@@ -742,7 +790,7 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
 
     with _Workdir(workdir) as wd, contextlib.ExitStack() as stack:
         echo_port = stack.enter_context(_echo()) if baseline else None
-        with _serving(wd, db, replicas) as (url, port):
+        with _serving(wd, db, replicas) as (url, port, _pids):
             token = _provision(url, study)
             load_before = os.getloadavg()[0]
             echoes = [drive_echo(echo_port)] if echo_port else []
