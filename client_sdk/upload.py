@@ -40,6 +40,12 @@ MAX_DEFAULT_BATCH_ROWS = 100_000
 MAX_BATCH_BYTES = 16 << 20
 
 
+def default_batch_rows(width: int, n_servers: int) -> int:
+    """The rows of the SDK's default batch of plaintext full shares of this width (what the
+    benches send, so they measure the batches users send)."""
+    return batch_rows(None, messages.record_bytes(messages.SHARES_MEDIA_TYPE, width, n_servers), MAX_BATCH_BYTES)
+
+
 def batch_rows(batch_size: int | None, record_bytes: int, max_batch_bytes: int) -> int:
     """Rows per batch: ``batch_size`` if given, else as many as fill :data:`DEFAULT_BATCH_BYTES`
     of the largest record a batch sends (at most :data:`MAX_DEFAULT_BATCH_ROWS`); never a body

@@ -23,7 +23,7 @@ from client_sdk import (
     prepare_batch,
 )
 from client_sdk import cli, data, noise
-from client_sdk.upload import batch_rows
+from client_sdk.upload import batch_rows, default_batch_rows
 from dpsketch.protocol import binding, messages, ring
 from dpsketch.protocol import noise as sampler
 from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, PROTOCOL, design
@@ -517,6 +517,7 @@ def test_single_submit_partial_failure(study, fakes):
 def test_default_batches_fill_8_mib_of_the_largest_body_and_limits_hold():
     full = messages.record_bytes(messages.SHARES_MEDIA_TYPE, 32, 3)
     assert batch_rows(None, full, 16 << 20) == (8 << 20) // full  # about 26,000 rows at d = 32
+    assert default_batch_rows(32, 3) == batch_rows(None, full, 16 << 20)  # what the benches send
     assert batch_rows(None, full, 16 << 20) * full <= 8 << 20 < (batch_rows(None, full, 16 << 20) + 1) * full
     assert batch_rows(None, 40, 16 << 20) == 100_000  # narrow rows: capped in rows
     assert batch_rows(None, 20_000, 16 << 20) == 419  # wide rows: fewer than the 10^4 of before

@@ -86,8 +86,7 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
     from client_sdk import Client
     from tools import demo
     from client_sdk.prepare import prepare_batch
-    from client_sdk.upload import MAX_BATCH_BYTES, batch_rows
-    from dpsketch.protocol import messages
+    from client_sdk.upload import default_batch_rows
     from dpsketch.protocol import Study
     from dpsketch.protocol.histogram import HistogramSpec
 
@@ -114,8 +113,7 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
             # baseline from the same run: the client's own work alone (cells, noise, shares),
             # in the SDK's batches, with nothing sent
             study = Study.model_validate(created["study"])
-            per_batch = batch_rows(None, messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width,
-                                                               study.n_servers), MAX_BATCH_BYTES)
+            per_batch = default_batch_rows(study.width, study.n_servers)
             t0 = time.perf_counter()
             for i in range(0, n, per_batch):
                 prepare_batch(study, rows[i:i + per_batch])

@@ -53,8 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from client_sdk.upload import MAX_BATCH_BYTES
-from client_sdk.upload import batch_rows as sdk_batch_rows
+from client_sdk.upload import default_batch_rows
 from dpsketch.protocol import binding, chacha, messages, ring, sketch
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
@@ -409,8 +408,7 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
     rng = np.random.default_rng(seed)
     study = _study(n, d, 400, 4, [f"s{j + 1}" for j in range(max(2, rotation))])
     if batch_rows is None:  # the same rows the SDK puts in a batch of this study
-        batch_rows = sdk_batch_rows(None, messages.record_bytes(SHARES_MEDIA_TYPE, d, study.n_servers),
-                                    MAX_BATCH_BYTES)
+        batch_rows = default_batch_rows(d, study.n_servers)
     batches, kinds = [], []  # kinds: whether each batch is seeds
     for i, start in enumerate(range(0, n, batch_rows)):
         m = min(batch_rows, n - start)
