@@ -34,6 +34,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from dpsketch.protocol.study import Study
+    from tools.cluster import ServerSpec
 
 Request = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
 
@@ -185,6 +186,22 @@ def run_uploads(url: str, study: "Study", *, seconds: float, clients: int = 64, 
     return asyncio.run(drive(url, single_report_upload(study, token), seconds=seconds, clients=clients, pid=pid))
 
 
+def _provisioned_and_warm(url: str, spec: "ServerSpec", study: "Study", d: int) -> str:
+    """Provision ``study`` on the server (analyst), issue one data owner's upload token without a
+    quota (operator) and load the server's compiled loops, so RSS and rates are taken from steady
+    state (tools/server_bench.warm_server, with a study of ``d`` columns); the token."""
+    from services.admin import ServerAdmin
+    from tools.server_bench import warm_server
+
+    httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
+              headers={"Authorization": f"Bearer {spec.analyst_token}",
+                       "Content-Type": "application/json"}).raise_for_status()
+    with ServerAdmin(url, spec.operator_token) as admin:
+        token = admin.issue_upload_tokens(study.study_id, 1, None).token
+    warm_server(url, d, np.random.default_rng(0), spec.operator_token)
+    return token
+
+
 def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float | None = None,
                d: int = 4, workdir: Path | None = None) -> dict[str, Any]:
     """Start one share server, drive single-report uploads for ``seconds`` and the same driver
@@ -206,17 +223,7 @@ def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float
     try:
         study = design(name="load", columns=[f"x{i}" for i in range(d)], label=None, servers=["s1", "s2"],
                        expected_reports=1000, k=8, s=2, min_reports=500, max_reports=10**8)[0]
-        r = httpx.put(f"{proc.url}/v1/studies/{study.study_id}", content=study.canonical(),
-                      headers={"Authorization": f"Bearer {spec.analyst_token}",
-                               "Content-Type": "application/json"})
-        r.raise_for_status()
-        from services.admin import ServerAdmin
-
-        with ServerAdmin(proc.url, spec.operator_token) as admin:  # one data owner, no quota
-            token = admin.issue_upload_tokens(study.study_id, 1, None).token
-        from tools.server_bench import warm_server
-
-        warm_server(proc.url, d, np.random.default_rng(0), spec.operator_token)  # RSS from steady state
+        token = _provisioned_and_warm(proc.url, spec, study, d)
         half = (baseline_seconds or min(seconds, 10.0)) / 2
         before = asyncio.run(drive(proc.url, health, seconds=half, clients=clients))
         load = run_uploads(proc.url, study, seconds=seconds, clients=clients, pid=proc.proc.pid, token=token)
@@ -498,15 +505,7 @@ def bench_overload(seconds: float = 10.0, factor: float = 2.0, batch_rows: int =
         study = design(name="overload", columns=[f"x{i}" for i in range(d)], label=None, servers=["s1", "s2"],
                        expected_reports=10**6, k=8, s=2, min_reports=500, max_reports=10**8)[0]
         analyst = {"Authorization": f"Bearer {spec.analyst_token}"}
-        httpx.put(f"{proc.url}/v1/studies/{study.study_id}", content=study.canonical(),
-                  headers={**analyst, "Content-Type": "application/json"}).raise_for_status()
-        from services.admin import ServerAdmin
-
-        with ServerAdmin(proc.url, spec.operator_token) as admin:  # one data owner, no quota
-            token = admin.issue_upload_tokens(study.study_id, 1, None).token
-        from tools.server_bench import warm_server
-
-        warm_server(proc.url, d, np.random.default_rng(0), spec.operator_token)  # RSS from steady state
+        token = _provisioned_and_warm(proc.url, spec, study, d)
         path = f"/v1/studies/{study.study_id}/batches"
         headers = {"Content-Type": SHARES_MEDIA_TYPE, "Authorization": f"Bearer {token}"}
         # capacity: enough batches for 400 k rows/s, more than this machine sustains
