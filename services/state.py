@@ -115,7 +115,9 @@ class StudyState:
     def _index(self, report_ids: Sequence[bytes], rowids: range | list[int], joined: bytes | None,
                sorted_parts: list[SortedIds] | None = None) -> np.ndarray:
         """Add the ids to the report index; returns their rowids as an array."""
-        as_array = np.asarray(rowids, dtype=np.int64)
+        # a range as numpy's arange: np.asarray walks it value by value (1.8 ms for a 27,594-row batch)
+        as_array = (np.arange(rowids.start, rowids.stop, rowids.step, dtype=np.int64) if isinstance(rowids, range)
+                    else np.asarray(rowids, dtype=np.int64))
         joined = joined if joined is not None else b"".join(report_ids)
         if sorted_parts and sum(len(p) for p in sorted_parts) == len(as_array):
             at = 0
