@@ -1,6 +1,7 @@
 """The compiled loops behind sketch.py (dpsketch/protocol/_sketch_kernel.py): the BLAKE2b loop
 gives hashlib's bits (rows and signs equal the hashlib path and the reference form for random
-seeds, ids and every block count s; the conformance vectors check the hashlib path), and the
+seeds, ids and every block count s; the conformance vectors check the hashlib path), the
+compiled rows and signs equal sketch.rows_signs's numpy arithmetic on random and edge words, and the
 compiled accumulate equals the sparse product mod 2^64 (signs +1, -1 and 0, adding and
 subtracting)."""
 
@@ -38,6 +39,22 @@ def test_compiled_hash_equals_hashlib(s, k):
 
 
 @pytest.mark.parametrize("m", [300, 3000])  # below and above kernels.RELEASE_FROM: both entry points
+def test_compiled_rows_and_signs_equal_numpys(m):
+    rng = np.random.default_rng(m)
+    words = rng.integers(0, 2**64, (m, 4), dtype=np.uint64, endpoint=False)
+    words[:4] = np.array([[0, 1, 2**32 - 1, 2**32], [2**63, 2**64 - 1, 2**64 - 2**32, 2**63 - 1],
+                          [2**32 + 1, 2**33, 3, 2**64 - 2], [5, 2**62, 2**40 + 2**32 - 1, 6]], np.uint64)
+    loop = kernels.SKETCH.require()
+    for b, unit_signs in ((1, True), (1, False), (7, False), (100, False), (2**31 + 7, False), (2**32 - 1, False)):
+        rows, signs = loop.rows_signs(words, b, unit_signs)
+        want_rows, want_signs = sketch.rows_signs(words, b, unit_signs)
+        assert rows.dtype == np.int64 and signs.dtype == np.int8
+        assert np.array_equal(rows, want_rows) and np.array_equal(signs, want_signs), b
+        assert rows.min() >= 0 and np.all(rows < b * (np.arange(4) + 1)) and set(np.unique(signs)) <= {-1, 1}
+    assert np.all(loop.rows_signs(words, 100, True)[1] == 1)
+
+
+@pytest.mark.parametrize("m", [300, 3000])  # below and above kernels.RELEASE_FROM: both entry points
 @pytest.mark.parametrize("s, k, d", [(1, 1, 5), (2, 10, 3), (4, 400, 32), (8, 64, 7)])
 def test_compiled_accumulate_equals_the_sparse_product(s, k, d, m):
     rng = np.random.default_rng(s + k + d)
@@ -51,8 +68,11 @@ def test_compiled_accumulate_equals_the_sparse_product(s, k, d, m):
         sketch.accumulate(acc, rows, signs, shares, sign)  # m * s * 4 >= k: the compiled loop
         delta = sketch.signed_sum(rows, signs, shares, k)
         assert np.array_equal(acc, start + delta if sign > 0 else start - delta)
-    with pytest.raises(ValueError):
-        sketch.accumulate(start.copy(), rows + k, signs, shares)  # never writes outside
+    for outside in (rows + k, rows - k):  # never writes outside, compiled or not (scipy's
+        with pytest.raises(ValueError):  # product wrote out of bounds and crashed the process)
+            sketch.accumulate(start.copy(), outside, signs, shares)
+        with kernels.SKETCH.reference(), pytest.raises(ValueError):
+            sketch.accumulate(start.copy(), outside, signs, shares)
 
 
 @pytest.mark.parametrize("m", [60, 2000])  # below and above kernels.RELEASE_FROM: both entry points

@@ -12,6 +12,10 @@ result is bit for bit hashlib's (tests compare them on random seeds, ids and eve
 removes the per-id Python overhead (a hashlib object, a copy and a digest per id), and releases
 the GIL.
 
+The rows and signs: from the digest words, each block's bucket floor(u * b / 2^64) and the sign
+from u's low bit, in one pass (sketch.py's numpy form of the same arithmetic made a dozen passes
+over the (m, s) words: 4.0 ms of a 27,594-id batch's 11.2 ms).
+
 The signed sum: acc[rows[i, l]] += sign * signs[i, l] * shares[i] (mod 2^64), a plain loop over
 the reports in order (numba's uint64 arithmetic wraps as numpy's does): about 15x faster than
 the sparse product of ``sketch.signed_sum`` for a 10^4 x 32 batch, without a dense k x d delta.
@@ -162,6 +166,26 @@ def _accumulate(acc, rows, signs, shares, sign):
 
 
 @numba.njit(**_OPTIONS)
+def _rows_signs(words, b, unit_signs, rows, signs):
+    """rows[i, l] = l * b + floor(words[i, l] * b / 2^64) and signs[i, l] = +1 where the word's
+    low bit is 0, else -1 (all +1 with ``unit_signs``): sketch.hash_report_ids's arithmetic, in
+    uint64 as there (32-bit halves, no 128-bit product)."""
+    m, s = words.shape
+    bb = np.uint64(b)
+    low = np.uint64(0xFFFFFFFF)
+    shift = np.uint64(32)
+    one = np.uint64(1)
+    for i in range(m):
+        for l in range(s):
+            u = words[i, l]
+            hi = u >> shift
+            lo = u & low
+            bucket = (hi * bb + ((lo * bb) >> shift)) >> shift
+            rows[i, l] = np.int64(bucket) + l * b
+            signs[i, l] = 1 if unit_signs or (u & one) == 0 else -1
+
+
+@numba.njit(**_OPTIONS)
 def _accumulate_gram(sst, rows, signs, sign):
     """sst[rows[i, a], rows[i, c]] += sign * signs[i, a] * signs[i, c] for every report i and
     blocks a, c (sketch.accumulate_gram's s * S S^T)."""
@@ -193,6 +217,16 @@ def _keyed_words_held(key_words, key_bytes, digest_bytes, prefix_words, id_words
 
 
 @njit_cached(nogil=True, **_OPTIONS)
+def _rows_signs_released(words, b, unit_signs, rows, signs):
+    _rows_signs(words, b, unit_signs, rows, signs)
+
+
+@njit_cached(**_OPTIONS)
+def _rows_signs_held(words, b, unit_signs, rows, signs):
+    _rows_signs(words, b, unit_signs, rows, signs)
+
+
+@njit_cached(nogil=True, **_OPTIONS)
 def _accumulate_released(acc, rows, signs, shares, sign):
     _accumulate(acc, rows, signs, shares, sign)
 
@@ -216,6 +250,16 @@ def keyed_words(key_words, key_bytes, digest_bytes, prefix_words, id_words, out,
     """:func:`_keyed_words` (the sketch hash of m ids), the GIL kept below kernels.RELEASE_FROM ids."""
     loop = _keyed_words_released if len(id_words) >= _release_from else _keyed_words_held
     loop(key_words, key_bytes, digest_bytes, prefix_words, id_words, out, sigma, columns, iv)
+
+
+def rows_signs(words, b, unit_signs):
+    """:func:`_rows_signs` (rows and signs of the sketch from its (m, s) digest words), as
+    :func:`keyed_words`: two new (m, s) arrays, int64 and int8."""
+    rows = np.empty(words.shape, np.int64)
+    signs = np.empty(words.shape, np.int8)
+    (_rows_signs_released if len(words) >= _release_from else _rows_signs_held)(words, int(b), bool(unit_signs),
+                                                                                 rows, signs)
+    return rows, signs
 
 
 def accumulate(acc, rows, signs, shares, sign):
@@ -262,4 +306,11 @@ def _probe() -> bool:
         return False
     sst = np.zeros((3, 3), np.int64)
     accumulate_gram(sst, np.array([[0, 2], [2, 1]], np.int64), np.array([[1, -1], [1, -1]], np.int8), 1)
-    return sst.tolist() == [[1, 0, -1], [0, 1, -1], [-1, -1, 2]]
+    if sst.tolist() != [[1, 0, -1], [0, 1, -1], [-1, -1, 2]]:
+        return False
+    edges = np.array([[0, 1, 2**32 - 1, 2**32], [2**63, 2**64 - 1, 2**64 - 2**32, 0x9E3779B97F4A7C15]], np.uint64)
+    for b, unit_signs in ((100, False), (2**31 + 7, False), (1, True)):
+        got, want = rows_signs(edges, b, unit_signs), sketch.rows_signs(edges, b, unit_signs)
+        if not all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want)):
+            return False
+    return True

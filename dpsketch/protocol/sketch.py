@@ -50,16 +50,22 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int,
         joined = b""
     elif joined is None:
         joined = b"".join(report_ids)
-    if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loop
-        u = _digest_words(loop, seed, joined, s)
-    else:
-        keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
-        digests = []
-        for rid in report_ids:
-            h = keyed.copy()
-            h.update(rid)
-            digests.append(h.digest())
-        u = np.frombuffer(b"".join(digests), dtype="<u8").reshape(m, s)
+    if len(joined) == REPORT_ID_BYTES * m and m:  # many 16-byte ids: the compiled loops
+        return loop.rows_signs(_digest_words(loop, seed, joined, s), b, k == 1)
+    keyed = hashlib.blake2b(DOMAIN, digest_size=width, key=seed)  # keyed once, copied per id
+    digests = []
+    for rid in report_ids:
+        h = keyed.copy()
+        h.update(rid)
+        digests.append(h.digest())
+    return rows_signs(np.frombuffer(b"".join(digests), dtype="<u8").reshape(m, s), b, k == 1)
+
+
+def rows_signs(u: np.ndarray, b: int, unit_signs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and signs of S from the (m, s) digest words u: block l's bucket floor(u * b / 2^64)
+    (row l * b + bucket) and sign +1 where u's low bit is 0, else -1 (all +1 when k = 1). The
+    reference form of the compiled loop (_sketch_kernel.rows_signs), which gives the same."""
+    s = u.shape[1]
     # floor(u * b / 2^64) without 128-bit integers: split u into 32-bit halves.
     hi = u >> np.uint64(32)
     lo = u & np.uint64(0xFFFFFFFF)
@@ -67,7 +73,7 @@ def hash_report_ids(seed: bytes, report_ids: Sequence[bytes], k: int, s: int,
     buckets = (hi * bb + ((lo * bb) >> np.uint64(32))) >> np.uint64(32)
     rows = buckets.astype(np.int64) + (np.arange(s, dtype=np.int64) * b)[None, :]
     signs = np.where((u & np.uint64(1)) == 0, 1, -1).astype(np.int8)
-    if k == 1:
+    if unit_signs:
         signs[:] = 1
     return rows, signs
 
@@ -119,6 +125,8 @@ def signed_sum(rows: np.ndarray, signs: np.ndarray, shares: np.ndarray, k: int) 
     d = shares.shape[1]
     if m == 0:
         return np.zeros((k, d), dtype=np.uint64)
+    if int(rows.min()) < 0 or int(rows.max()) >= k:  # scipy does not check: it would write outside
+        raise ValueError("sketch rows outside the aggregate")
     flat = signs.ravel()
     data = np.where(flat > 0, np.uint64(1), np.where(flat < 0, _MINUS_ONE, np.uint64(0))).astype(np.uint64)
     indptr = np.arange(0, m * s + 1, s, dtype=np.int64)
