@@ -70,11 +70,12 @@ def join_halves(hi: np.ndarray, lo: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def _ascending(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """The permutation that sorts ids by (hi, lo): a stable sort by the high half (it merges
-    already sorted runs in O(n log runs)), by both halves where two ids share it (crafted;
-    lexsort is 15x slower at 10^6)."""
-    order = np.argsort(hi, kind="stable")
+def _ascending(hi: np.ndarray, lo: np.ndarray, kind: str = "stable") -> np.ndarray:
+    """The permutation that sorts ids by (hi, lo): a sort by the high half, by both halves where
+    two ids share it (crafted; lexsort is 15x slower at 10^6). ``kind``: numpy's; "stable" merges
+    already sorted runs in O(n log runs), "quicksort" is 2.5x faster on ids in no order (a
+    batch's: 2.0 -> 0.8 ms at 27,594 ids)."""
+    order = np.argsort(hi, kind=kind)
     first = hi[order]
     if len(first) > 1 and bool(np.any(first[1:] == first[:-1])):
         order = np.lexsort((lo, hi))
@@ -90,7 +91,7 @@ class SortedIds:
 
     def __init__(self, joined: bytes):
         hi, lo = halves(joined)
-        order = _ascending(hi, lo)
+        order = _ascending(hi, lo, kind="quicksort")  # a client's random ids: no sorted runs to merge
         self.hi, self.lo, self.order = hi[order], lo[order], order
 
     def __len__(self) -> int:
