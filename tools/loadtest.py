@@ -187,17 +187,13 @@ def run_uploads(url: str, study: "Study", *, seconds: float, clients: int = 64, 
 
 
 def _provisioned_and_warm(url: str, spec: "ServerSpec", study: "Study", d: int) -> str:
-    """Provision ``study`` on the server (analyst), issue one data owner's upload token without a
-    quota (operator) and load the server's compiled loops, so RSS and rates are taken from steady
-    state (tools/server_bench.warm_server, with a study of ``d`` columns); the token."""
-    from services.admin import ServerAdmin
-    from tools.server_bench import warm_server
+    """Provision ``study`` on the server and issue one data owner's upload token without a quota
+    (tools/server_bench.provision, as the operator), and load the server's compiled loops, so RSS
+    and rates are taken from steady state (server_bench.warm_server, with a study of ``d``
+    columns); the token."""
+    from tools.server_bench import provision, warm_server
 
-    httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
-              headers={"Authorization": f"Bearer {spec.analyst_token}",
-                       "Content-Type": "application/json"}).raise_for_status()
-    with ServerAdmin(url, spec.operator_token) as admin:
-        token = admin.issue_upload_tokens(study.study_id, 1, None).token
+    token = provision(url, study, spec.operator_token)
     warm_server(url, d, np.random.default_rng(0), spec.operator_token)
     return token
 

@@ -280,9 +280,9 @@ def _start_replica(wd: Path, db: str, i: int):
     return proc.start(timeout=60)
 
 
-def _provision(url: str, study: Study, operator: str = OPERATOR) -> str:
+def provision(url: str, study: Study, operator: str = OPERATOR) -> str:
     """Provision the study and return an upload token for it (no quota), issued by the operator
-    as the server's default policy requires."""
+    (token ``operator``) as the server's default policy requires."""
     import httpx
 
     from services.admin import ServerAdmin
@@ -306,7 +306,7 @@ def warm_server(url: str, d: int, rng: np.random.Generator, operator: str = OPER
     study = design(name="bench-warm-up", columns=[f"x{i}" for i in range(d)], label=None,
                    servers=["s1", "s2"], expected_reports=2 * kernels.MIN_ROWS, k=400, s=4,
                    min_reports=kernels.MIN_ROWS, max_reports=4 * kernels.MIN_ROWS)[0]
-    token = _provision(url, study, operator)
+    token = provision(url, study, operator)
     _, _, errors = _post_batches(url, f"/v1/studies/{study.study_id}/batches",
                                  [_bound_body(rng, study, kernels.MIN_ROWS)], SHARES_MEDIA_TYPE, 1,
                                  timeout=120, token=token)
@@ -424,7 +424,7 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
     with _Workdir(workdir) as wd:
         with _serving(wd, db, replicas) as (url, _port, pids):
             warm_server(url, d, rng)
-            token = _provision(url, study)
+            token = provision(url, study)
             written = sum(_bytes_written(pid) for pid in pids)
             elapsed, latencies, errors = _post_batches(
                 url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
@@ -600,7 +600,7 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
                                     for m, body in plain_of[mode]], SEALED_MEDIA_TYPE)
                 seal_cpu[mode] = time.process_time() - t0
             warm_server(proc.url, d, rng)
-            tokens = {mode: _provision(proc.url, study) for mode, study in studies.items()}
+            tokens = {mode: provision(proc.url, study) for mode, study in studies.items()}
             # the modes take turns, a slice of each mode's batches per round (in a rotating
             # order), so that a machine whose load drifts slows them alike
             spent = {mode: [0.0, [], 0] for mode in modes}  # seconds, latencies, errors
@@ -789,7 +789,7 @@ def bench_single_upload(clients: int = 64, seconds: float = 5.0, d: int = 32,
     with _Workdir(workdir) as wd, contextlib.ExitStack() as stack:
         echo_port = stack.enter_context(_echo()) if baseline else None
         with _serving(wd, db, replicas) as (url, port, _pids):
-            token = _provision(url, study)
+            token = provision(url, study)
             load_before = os.getloadavg()[0]
             echoes = [drive_echo(echo_port)] if echo_port else []
             runs = []
