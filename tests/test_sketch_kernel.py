@@ -7,6 +7,7 @@ subtracting)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
@@ -93,5 +94,11 @@ def test_compiled_gram_equals_numpys(s, k, m):
             sketch.accumulate_gram(reference, rows, signs, sign)
         assert np.array_equal(compiled, reference)
         assert not np.array_equal(compiled, start) or not signs.any()
-    with pytest.raises((ValueError, IndexError)):
-        sketch.accumulate_gram(start.copy(), rows + k, signs)
+    for bad in (-1, k):  # one row just outside: np.add.at's flat index would take row -1 to a
+        outside = rows.copy()  # valid cell of the last row, without an error
+        outside[m // 2, s - 1] = bad
+        for path in (contextlib.nullcontext, kernels.SKETCH.reference):
+            target = start.copy()
+            with path(), pytest.raises(ValueError, match="outside"):
+                sketch.accumulate_gram(target, outside, signs)
+            assert np.array_equal(target, start)  # refused before any write

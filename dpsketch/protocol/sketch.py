@@ -179,10 +179,12 @@ def accumulate_gram(sst: np.ndarray, rows: np.ndarray, signs: np.ndarray, sign: 
         return
     k = sst.shape[0]
     s = rows.shape[1]
+    # both paths: the compiled loop would write outside, the flat index of np.add.at would land
+    # on a wrong cell of the matrix (row r, column k + c is cell (r + 1, c)) without an error
+    if int(rows.min()) < 0 or int(rows.max()) >= k:
+        raise ValueError("sketch rows outside the Gram matrix")
     kernel = kernels.SKETCH.loaded()
     if kernel is not None and sst.flags.c_contiguous and sst.dtype == np.int64:  # loaded: in place
-        if int(rows.min()) < 0 or int(rows.max()) >= k:
-            raise ValueError("sketch rows outside the Gram matrix")
         kernel.accumulate_gram(sst, np.ascontiguousarray(rows, dtype=np.int64),
                                np.ascontiguousarray(signs, dtype=np.int8), int(sign))
         return
