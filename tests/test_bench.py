@@ -8,6 +8,7 @@ every acknowledged report reached the server.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -36,6 +37,12 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         assert bulk["server_disk_bytes_per_report"] >= 8 * bulk["d"], bulk
         assert seeds["server_disk_bytes_per_report"] < 0.5 * bulk["server_disk_bytes_per_report"], (seeds, bulk)
         assert bulk["baseline_disk_write_mib_per_s"] > 0 and bulk["disk_bandwidth_used"] > 0
+        # the server's CPU during the upload (/proc/PID/task): no thread is busier than the whole
+        # process, and the process keeps at most this machine's cores busy (a clock tick of slack)
+        for run in (bulk, seeds):
+            assert run["server_cpu_s_per_million_rows"] > 0, run
+            assert 0 < run["server_busiest_thread_busy"] <= run["server_cores_used"], run
+            assert run["server_cores_used"] <= (os.cpu_count() or 1) + 0.1, run
         # one server of 3: batch 0 as full shares, batch 1 as seeds, so its store lies between
         mixed = figures["bulk_upload_one_of_3"]
         assert mixed["n_servers"] == 3 and mixed["errors"] == 0 and mixed["server_report_count"] == mixed["n"]

@@ -18,7 +18,9 @@ is to what the hardware allows:
   (the baselines then store what the server stores, and sketch the expanded shares), and a
   SQLite server's bytes on disk per report are reported either way, with the bytes the server
   process wrote to its disk during the upload (/proc/PID/io: the log and the checkpoints'
-  copies) against what the disk takes durably (two writers fdatasync-ing 32 MiB chunks);
+  copies) against what the disk takes durably (two writers fdatasync-ing 32 MiB chunks), and
+  the server's CPU during the upload (/proc/PID/task: seconds per 10^6 rows, cores kept busy,
+  and how busy its busiest thread was, which says whether one thread sets the pace);
 * single upload: a do-nothing HTTP endpoint served as the server is (dpsketch.serving.serve),
   driven by the same load generator with the same bodies between the server's intervals (the
   loopback request rate; each interval against the echo just before and after it, median of
@@ -355,6 +357,35 @@ def _bytes_written(pid: int) -> int:
     raise RuntimeError(f"no write_bytes in /proc/{pid}/io")
 
 
+def _thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) each thread of a process has used so far, by thread id
+    (/proc/PID/task/TID/stat; a thread that ended between the listing and the read is left out)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _server_cpu(before: dict[int, dict[int, float]], after: dict[int, dict[int, float]], seconds: float,
+                rows: int) -> dict[str, float]:
+    """Where a run's server CPU went, from :func:`_thread_cpu_s` of each server process before
+    and after: its CPU seconds per 10^6 rows, the cores it kept busy on average, and the busy
+    fraction of its busiest thread (near 1: that thread, the writer on a full-share server, sets
+    the pace whatever the other core does)."""
+    used = [cpu - before.get(pid, {}).get(tid, 0.0) for pid, threads in after.items()
+            for tid, cpu in threads.items()]
+    total = sum(used)
+    return {"server_cpu_s_per_million_rows": round(total * 1e6 / rows, 3),
+            "server_cores_used": round(total / seconds, 3),
+            "server_busiest_thread_busy": round(max(used, default=0.0) / seconds, 3)}
+
+
 def _durable_write_mib_per_s(path: Path, seconds: float = 1.0, chunk: int = 32 << 20, writers: int = 2) -> float:
     """What this disk takes durably: ``writers`` threads each writing chunks of random bytes to a
     new file and fdatasync-ing each, for ``seconds`` (a store that syncs what it acknowledges
@@ -426,10 +457,13 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
             warm_server(url, d, rng)
             token = provision(url, study)
             written = sum(_bytes_written(pid) for pid in pids)
+            cpu = {pid: _thread_cpu_s(pid) for pid in pids}
             elapsed, latencies, errors = _post_batches(
                 url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
                 media_types, concurrency, timeout=120, token=token)
+            cpu_after = {pid: _thread_cpu_s(pid) for pid in pids}
             written = sum(_bytes_written(pid) for pid in pids) - written
+            out.update(_server_cpu(cpu, cpu_after, elapsed, n))
             held = _report_count(url, study)
         if db is None:  # what the server wrote to its disk (log and checkpoints), against what the disk takes
             disk = _durable_write_mib_per_s(wd / "disk-probe")
