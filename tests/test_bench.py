@@ -62,3 +62,20 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         rows = up["batch_rows"]
         assert up["sealed"]["bytes_per_report"] == pytest.approx(plain + 16 + 117 / rows, abs=0.06)
         assert up["sealed_pq"]["bytes_per_report"] == pytest.approx(plain + 16 + 1205 / rows, abs=0.06)
+
+
+def test_commit_bench_loads_commits_and_rebuilds(tmp_path):
+    """The commit bench in a small form: every report loaded is held (the file holds every share),
+    the commit leaves out 1 % and releases a k x d aggregate, and the in-process load is set
+    against the reference sketch of the same rows."""
+    from tools import server_bench
+
+    n, d, k = 20_000, 10, 40
+    r = server_bench.bench_commit(n=n, d=d, k=k, s=2, chunk_rows=3_000, workdir=tmp_path)
+    assert r["n_included"] == n - n // 100
+    assert r["aggregate_bytes"] == k * d * 8
+    assert r["lambda_min"] > r["lambda_star"] and r["margin"] > 0  # the release certificate held
+    assert r["db_mib"] * 2**20 >= n * d * 8  # every share reached the file
+    assert r["load_s"] > 0 and r["baseline_reference_sketch_s"] > 0 and r["rebuild_from_db_s"] > 0
+    assert r["load_over_reference_sketch"] == pytest.approx(r["load_s"] / r["baseline_reference_sketch_s"],
+                                                            rel=0.05, abs=0.02)
