@@ -449,7 +449,9 @@ def test_share_server_killed_mid_upload_keeps_acknowledged_reports(compose_clust
 
     t_upload = time.monotonic()
     killer = threading.Thread(target=chaos, daemon=True)
-    with Client(c.server_urls, transport=transport, max_retries=12, backoff=0.25,
+    # 20 retries, at most 4 s apart with jitter: 34-68 s for s2 to come back (the container
+    # restarts and loads its study; on a loaded test machine 12 retries, 18-36 s, ran out once)
+    with Client(c.server_urls, transport=transport, max_retries=20, backoff=0.25,
                 max_backoff=4.0, token=c.upload_tokens(sid, n)) as client:
         uploading.set()
         killer.start()

@@ -157,6 +157,8 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
     exact scipy sketch"); then time commit over all but ``excluded_fraction`` of them plus
     fetching the aggregate, with the peak RSS of that phase; then the scipy.sparse baseline and
     (optionally) a rebuild from the file."""
+    from dpsketch.protocol import kernels
+    from services import idsets
     from services.settings import Settings
     from services.state import load_state
     from services.store import Store
@@ -175,9 +177,6 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
             record = store.record(study.study_id)
             chunks = [_random_rows(rng, min(chunk_rows, n - start), d) for start in range(0, n, chunk_rows)]
             all_ids = [rid for ids, _ in chunks for rid in ids]
-            from dpsketch.protocol import kernels
-            from services import idsets
-
             kernels.warm_up_all()  # the compiled loops loaded, as a server does at start
             idsets.MERGE.warm_up()
             t0 = time.perf_counter()
