@@ -25,5 +25,5 @@ fi
 # index's merges) once into their on-disk cache, about 15 s: the servers, clients and tests started
 # afterwards load them in about a second instead of each compiling them at the same time. Not
 # fatal: without numba's cache the processes compile or fall back as they would anyway.
-.venv/bin/python -c "from dpsketch.protocol import binding, chacha, sketch; from services import idsets; sketch.warm_up(); chacha.warm_up(); binding.warm_up(); idsets.MERGE.warm_up()" \
+.venv/bin/python -c "import sys; from services.store import warm_kernels; sys.exit(not warm_kernels())" \
   || echo "install: could not compile numba's loops ahead (each process will compile them)" >&2

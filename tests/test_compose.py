@@ -229,6 +229,19 @@ def test_build_context_holds_only_what_the_image_copies():
     assert size < 5 * 2**20, f"build context is {size / 2**20:.1f} MiB"
 
 
+def test_image_ships_the_compiled_loops(compose_cluster):
+    """A fresh container loads every compiled loop (the sketch hash, running totals, ChaCha20,
+    the binding's SHA-256, the index's merges) from the numba cache the image was built with:
+    it compiles none (about 16 s of CPU each time a new volume, replica or replacement task
+    opened its first large study) and writes nothing to the cache."""
+    out = compose_cluster.docker.containers.run(
+        "dpsketch:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
+        command=["-c", "from services.store import warm_kernels; print('ready', warm_kernels())"]).decode()
+    assert "ready True" in out, out[-2000:]
+    loaded = [line for line in out.splitlines() if line.startswith("[cache] data loaded from")]
+    assert len(loaded) >= 10 and "saved to" not in out, out[-3000:]
+
+
 def _regression_rows(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)  # test data; the privacy noise comes from the SDK's CSPRNG
     X = rng.normal(size=(n, 4))

@@ -154,7 +154,7 @@ SHA256 = Kernel("._sha256_kernel", "the binding check's SHA-256")
 CHACHA = Kernel("._chacha_kernel", "seed expansion (ChaCha20)", wait_for_load=True)
 
 
-def warm_up_all() -> None:
-    """Load every compiled loop now (a share server opening a large study, in a thread)."""
-    for kernel in (SKETCH, CHACHA, SHA256):
-        kernel.warm_up()
+def warm_up_all() -> bool:
+    """Load every compiled loop now (a share server opening a large study, in a thread);
+    whether all of them are available."""
+    return all([kernel.warm_up() for kernel in (SKETCH, CHACHA, SHA256)])
