@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["bulk_upload_one_of_3"] = server_bench.bench_bulk_upload(n=n, d=32, rotation=3)
         print(json.dumps({"bulk_upload_one_of_3": figures["bulk_upload_one_of_3"]}), flush=True)
         figures["single_upload"] = server_bench.bench_single_upload(
-            clients=64, seconds=3.0 if args.quick else 20.0, d=32)
+            clients=64, seconds=1.5 if args.quick else 20.0, d=32)
         print(json.dumps({"single_upload": figures["single_upload"]}), flush=True)
     if args.which == "sealed":
         from tools.client_bench import bench_encryption
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["sealed_envelope"] = bench_encryption(n=2_000 if args.quick else 20_000, d=32, n_servers=3)
         print(json.dumps({"sealed_envelope": figures["sealed_envelope"]}), flush=True)
         figures["sealed_upload"] = server_bench.bench_sealed_upload(n=20_000 if args.quick else 100_000, d=32,
-                                                                    n_v1=5_000 if args.quick else None)
+                                                                    n_v1=2_000 if args.quick else None)
         print(json.dumps({"sealed_upload": figures["sealed_upload"]}), flush=True)
     if args.which == "seeds":
         from tools.client_bench import bench_compression
