@@ -197,3 +197,44 @@ def test_numba_frees_an_array_after_the_last_use_of_its_name():
         return reused
 
     assert same_memory(64) > 0
+
+
+def test_a_read_only_shipped_cache_is_copied_not_recompiled(tmp_path):
+    """The image ships its compiled loops in NUMBA_CACHE_DIR; a pod with a read-only root
+    filesystem (deploy/k8s) cannot write there, and numba uses no cache it cannot write to. The
+    loops then come from a private copy in the temporary directory (loaded, none compiled), and
+    the copy is gone when the process exits. Here the shipped cache is a real read-only bind
+    mount, in a mount namespace of the test's own."""
+    import os
+    import shutil
+    import subprocess
+
+    from envguard import unavailable
+
+    if shutil.which("unshare") is None:
+        unavailable("a read-only bind mount needs unshare")
+    shipped, tmp, home = tmp_path / "shipped", tmp_path / "tmp", tmp_path / "home"
+    for d in (shipped, tmp, home):
+        d.mkdir()
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(shipped), "HOME": str(home), "TMPDIR": str(tmp)}
+    build = subprocess.run([sys.executable, "-c", "from dpsketch.protocol import binding; assert binding.warm_up()"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    files = sorted(p.relative_to(shipped) for p in shipped.rglob("*") if p.is_file())
+    assert any(str(p).endswith(".nbc") for p in files), files
+
+    code = ("import os\nfrom dpsketch.protocol import binding, kernels\n"
+            "assert not kernels._writable(os.environ['NUMBA_CACHE_DIR']), 'the mount is writable'\n"
+            "print('ready', binding.warm_up())\n")
+    mount = f'mount --bind "{shipped}" "{shipped}" && mount -o remount,ro,bind "{shipped}" "{shipped}" && exec "$@"'
+    unshare = ["unshare", "-m", "--propagation", "private"] + ([] if os.geteuid() == 0 else ["-r"])
+    run = subprocess.run([*unshare, "sh", "-c", mount, "sh", sys.executable, "-c", code],
+                         env={**env, "NUMBA_DEBUG_CACHE": "1"}, capture_output=True, text=True, timeout=300)
+    if run.returncode != 0 and "mount" in run.stderr and "ready" not in run.stdout:
+        unavailable(f"cannot make a read-only bind mount here: {run.stderr[-500:]}")
+    assert run.returncode == 0 and "ready True" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    loaded = [line for line in run.stdout.splitlines() if line.startswith("[cache] data loaded from")]
+    assert loaded and all(f"'{tmp}/dpsketch-numba-" in line for line in loaded), run.stdout[-2000:]
+    assert "saved to" not in run.stdout, run.stdout[-2000:]
+    assert list(tmp.iterdir()) == []  # the copy went with the process
+    assert sorted(p.relative_to(shipped) for p in shipped.rglob("*") if p.is_file()) == files

@@ -30,9 +30,14 @@ numba's cache files.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import importlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -48,11 +53,56 @@ MIN_ROWS = 4096
 RELEASE_FROM = 1024
 
 
-def njit_cached(**options):
-    """numba.njit with its on-disk cache, or without one where no cache directory is writable
-    (a read-only install: numba refuses ``cache=True`` with a RuntimeError when the function is
-    compiled; the loop is then compiled in memory, once per process)."""
+def _writable(path: str) -> bool:
+    """numba's own test of a cache directory: a temporary file can be made in it (a mode check
+    would pass for root on a read-only mount)."""
+    try:
+        tempfile.TemporaryFile(dir=path).close()
+        return True
+    except OSError:
+        return False
+
+
+_CACHE_LOCK = threading.Lock()
+
+
+def _cache_where_numba_can_write() -> None:
+    with _CACHE_LOCK:  # two loops may load at once, in two threads: one copy
+        _copy_a_read_only_cache()
+
+
+@functools.cache
+def _copy_a_read_only_cache() -> None:
+    """numba reads its cache only from a directory it can write to. The image ships its loops
+    compiled in ``NUMBA_CACHE_DIR`` (deploy/Dockerfile); where that directory is read-only (a
+    pod with ``readOnlyRootFilesystem``, deploy/k8s) every loop would be compiled in memory at
+    every start, about 16 s of CPU. Copy the shipped cache instead (under 1 MiB) into a new
+    private directory in the system's temporary one (an emptyDir there) and point numba at it,
+    for this process only: a fresh directory, so no other user's files are ever loaded."""
     import numba
+
+    shipped = numba.config.CACHE_DIR
+    if not shipped or not os.path.isdir(shipped) or _writable(shipped):
+        return
+    try:
+        copy = tempfile.mkdtemp(prefix="dpsketch-numba-")
+        shutil.copytree(shipped, copy, dirs_exist_ok=True)
+    except OSError:
+        log.warning("numba's cache %s is read-only and could not be copied: its loops are compiled "
+                    "in memory", shipped, exc_info=True)
+        return
+    atexit.register(shutil.rmtree, copy, ignore_errors=True)
+    numba.config.CACHE_DIR = copy
+
+
+def njit_cached(**options):
+    """numba.njit with its on-disk cache (a read-only one copied first, above), or without one
+    where no cache directory is writable (a read-only install: numba refuses ``cache=True``
+    with a RuntimeError when the function is compiled; the loop is then compiled in memory,
+    once per process)."""
+    import numba
+
+    _cache_where_numba_can_write()
 
     def wrap(fn):
         try:
