@@ -238,3 +238,30 @@ def test_a_read_only_shipped_cache_is_copied_not_recompiled(tmp_path):
     assert "saved to" not in run.stdout, run.stdout[-2000:]
     assert list(tmp.iterdir()) == []  # the copy went with the process
     assert sorted(p.relative_to(shipped) for p in shipped.rglob("*") if p.is_file()) == files
+
+
+def test_a_shipped_cache_that_cannot_be_copied_leaves_nothing_behind(tmp_path, monkeypatch, caplog):
+    """A copy that fails part way (a full temporary directory) is removed, numba keeps the
+    shipped directory (its loops are then compiled in memory) and the log says why."""
+    import shutil
+    import tempfile
+
+    import numba
+
+    shipped, tmp = tmp_path / "shipped", tmp_path / "tmp"
+    (shipped / "protocol_x").mkdir(parents=True)
+    (shipped / "protocol_x" / "loop.nbi").write_bytes(b"index")
+    tmp.mkdir()
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(shipped))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setattr(kernels, "_writable", lambda path: False)  # as on a read-only mount
+
+    def copy_then_fail(src, dst, **kwargs):
+        (tmp / dst).joinpath("loop.nbi").write_bytes(b"in")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copytree", copy_then_fail)
+    kernels._copy_a_read_only_cache.__wrapped__()
+    assert numba.config.CACHE_DIR == str(shipped)
+    assert list(tmp.iterdir()) == []
+    assert "could not be copied" in caplog.text

@@ -84,10 +84,13 @@ def _copy_a_read_only_cache() -> None:
     shipped = numba.config.CACHE_DIR
     if not shipped or not os.path.isdir(shipped) or _writable(shipped):
         return
+    copy = None
     try:
         copy = tempfile.mkdtemp(prefix="dpsketch-numba-")
         shutil.copytree(shipped, copy, dirs_exist_ok=True)
     except OSError:
+        if copy:  # a part copied (a full temporary directory): not left behind
+            shutil.rmtree(copy, ignore_errors=True)
         log.warning("numba's cache %s is read-only and could not be copied: its loops are compiled "
                     "in memory", shipped, exc_info=True)
         return
