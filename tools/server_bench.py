@@ -158,10 +158,9 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
     fetching the aggregate, with the peak RSS of that phase; then the scipy.sparse baseline and
     (optionally) a rebuild from the file."""
     from dpsketch.protocol import kernels
-    from services import idsets
     from services.settings import Settings
     from services.state import load_state
-    from services.store import Store
+    from services.store import Store, warm_kernels
 
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {"n": n, "d": d, "k": k, "s": s, "excluded_fraction": excluded_fraction}
@@ -177,8 +176,7 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
             record = store.record(study.study_id)
             chunks = [_random_rows(rng, min(chunk_rows, n - start), d) for start in range(0, n, chunk_rows)]
             all_ids = [rid for ids, _ in chunks for rid in ids]
-            kernels.warm_up_all()  # the compiled loops loaded, as a server does at start
-            idsets.MERGE.warm_up()
+            warm_kernels()  # the compiled loops loaded, as a server does at start
             t0 = time.perf_counter()
             window = []
             for ids, shares in chunks:
