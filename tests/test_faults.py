@@ -625,6 +625,8 @@ def test_full_disk_answers_503_then_recovers(servers):
     ids0, _, _, body0 = random_batch(study, 500)
     assert upload(proc.url, study, body0).status_code == 200
 
+    # the batch made first, so that it arrives right after the disk is filled
+    ids1, proofs1, shares1, body1 = random_batch(study, 20_000)  # ~1.6 MiB of ids, proofs and shares
     filler = inside / "filler"
     with open(filler, "wb", buffering=0) as f:  # fill the disk to the last block
         try:
@@ -639,8 +641,12 @@ def test_full_disk_answers_503_then_recovers(servers):
                 f.flush()
         except OSError:
             pass
-    ids1, proofs1, shares1, body1 = random_batch(study, 20_000)  # ~1.6 MiB of ids, proofs and shares
+    free_before = os.statvfs(inside).f_bavail * os.statvfs(inside).f_frsize
     r = upload(proc.url, study, body1)
+    # (one clean-clone run answered 200 here: if it recurs, these say whether space appeared)
+    assert r.status_code == 503, (r.status_code, r.text, f"free bytes before {free_before}, after "
+                                  f"{os.statvfs(inside).f_bavail * os.statvfs(inside).f_frsize}",
+                                  sorted((p.name, p.stat().st_size) for p in inside.iterdir()))
     assert_unavailable(r)
     single = messages.Report.of(ids1[0], proofs1[0], shares1[0]).model_dump()
     statuses = [httpx.post(f"{proc.url}/v1/studies/{study.study_id}/reports", json=single).status_code
