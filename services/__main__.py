@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "postgresql://user@host:port/dbname whose tables are created if missing "
                         "(libpq's PGPASSWORD / ~/.pgpass supply a password, so none need appear "
                         "in ps) ($DPSKETCH_DB)")
+    p.add_argument("--db-wait", dest="db_wait_s", type=_seconds, metavar="SECONDS",
+                   default=os.environ.get("DPSKETCH_DB_WAIT_SECONDS", "").strip() or 60.0,
+                   help="a PostgreSQL --db that cannot be reached at start (not up yet) is retried "
+                        "this long before the server exits; a refusal (wrong password, no such "
+                        "database) exits at once; 0: no retry (default: $DPSKETCH_DB_WAIT_SECONDS "
+                        "or 60)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8101, help="port to listen on (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=_whole, metavar="BYTES",
@@ -117,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_graceful_argument(p)
     add_connection_arguments(p)
     return p
+
+
+def _seconds(text: str) -> float:
+    """A wait: seconds, 0 or more."""
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_seconds.__name__ = "number of seconds >= 0"
 
 
 def _whole(text: str) -> int:
@@ -174,7 +191,8 @@ def settings_from_args(args: argparse.Namespace):
     try:
         store = {"db_url": args.db} if isinstance(args.db, str) else {"db_path": args.db}
         return Settings(server_id=args.server_id, **store, operator_token=operator,
-                        analyst_token=analyst, max_body_bytes=args.max_body_bytes, **policy_kwargs(args))
+                        analyst_token=analyst, max_body_bytes=args.max_body_bytes, db_wait_s=float(args.db_wait_s),
+                        **policy_kwargs(args))
     except ValueError as exc:
         raise SystemExit(f"dpsketch server: {exc}")
 

@@ -198,12 +198,13 @@ class PostgresBackend:
     #: several replicas of one organisation's server may share the database (docs/operations.md)
     shared = True
 
-    def __init__(self, url: str, busy_timeout_s: float):
+    def __init__(self, url: str, busy_timeout_s: float, wait_s: float = 0.0):
         from . import pg
 
         self.pg = pg
         self.url = url
         self.busy_timeout_s = busy_timeout_s
+        self.wait_s = wait_s
         self.LEDGER_ORDER = "charged_at, n"
         self.errors = pg.ERRORS
         self._pool = None
@@ -217,6 +218,7 @@ class PostgresBackend:
         return None
 
     def initialise(self):
+        self.pg.wait_until_reachable(self.url, self.wait_s)
         conn = self.pg.initialise(self.url, self.busy_timeout_s)
         self._pool = self.pg.ReadPool(self.url, self.busy_timeout_s)
         return conn
@@ -325,5 +327,5 @@ class PostgresBackend:
 
 def for_settings(settings) -> SqliteBackend | PostgresBackend:
     if settings.db_url is not None:
-        return PostgresBackend(settings.db_url, settings.busy_timeout_s)
+        return PostgresBackend(settings.db_url, settings.busy_timeout_s, settings.db_wait_s)
     return SqliteBackend(settings.db_path, settings.busy_timeout_s)

@@ -244,6 +244,52 @@ class PgConnection:
             self._raw.close()
 
 
+#: What a database says when waiting would not help (libpq does not give these a SQLSTATE: they
+#: come as the text of a failed connection): a wrong password or user, no such database, a
+#: pg_hba.conf rule. Anything else (refused, timed out, "starting up", "too many clients") may
+#: heal, so :func:`wait_until_reachable` retries it.
+_REFUSALS = re.compile(r"authentication failed|no password supplied|does not exist|pg_hba\.conf|"
+                       r"permission denied", re.IGNORECASE)
+#: Pause between attempts: doubles from the first to the last.
+_WAIT_FIRST_S, _WAIT_MOST_S = 0.25, 2.0
+
+
+def wait_until_reachable(url: str, wait_s: float) -> None:
+    """Return once the database takes a connection; retry one that cannot be reached yet for up
+    to ``wait_s`` seconds. A stack started at once (compose, swarm, a pod beside its database)
+    would otherwise have each server exit and be restarted until the database is up, each start
+    costing seconds of CPU and every restart delay; a refusal is raised at once instead."""
+    deadline = time.monotonic() + max(0.0, wait_s)
+    pause = _WAIT_FIRST_S
+    attempts = 0
+    next_log = 0.0
+    while True:
+        attempts += 1
+        try:
+            psycopg.connect(url, autocommit=True, connect_timeout=10).close()
+            if attempts > 1:
+                log.info("database %s reachable after %d attempts", redact(url), attempts)
+            return
+        except psycopg.OperationalError as exc:
+            left = deadline - time.monotonic()
+            if _REFUSALS.search(str(exc)) or left <= 0:
+                if attempts > 1:
+                    raise psycopg.OperationalError(
+                        f"{_first_line(exc)} (the same after {attempts} attempts in {wait_s:g} s; "
+                        f"--db-wait sets how long to wait)") from exc
+                raise
+            if time.monotonic() >= next_log:  # one line every 5 s, not one per attempt
+                log.warning("database %s not reachable yet (%s); retrying for up to %.3g s more",
+                            redact(url), _first_line(exc), left)
+                next_log = time.monotonic() + 5.0
+            time.sleep(min(pause, max(left, 0.0)))
+            pause = min(2 * pause, _WAIT_MOST_S)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def writer_setup(busy_timeout_s: float) -> tuple[str, ...]:
     """The writer session: durable commits, and a lock held by someone else waits at most the
     busy timeout (then 503), as SQLite's busy_timeout."""

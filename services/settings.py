@@ -87,6 +87,11 @@ class Settings:
     #: How long a write waits for a lock held by someone else before answering 503 (SQLite's busy
     #: timeout; PostgreSQL's lock_timeout, and how long a read waits for a pooled connection).
     busy_timeout_s: float = 5.0
+    #: A PostgreSQL store that cannot be reached at start (not up yet, as when a whole stack
+    #: starts at once) is retried for this many seconds before the server gives up; 0 gives up at
+    #: once. ``dpsketch server --db-wait`` defaults to 60. A database that answers with a refusal
+    #: (wrong password, no such database) is not retried: waiting would not change it.
+    db_wait_s: float = 0.0
     #: Upper bounds on one group commit: more rows or requests wait for the next transaction.
     max_group_rows: int = 200_000
     max_group_jobs: int = 1024

@@ -19,6 +19,7 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 
 from dpsketch.protocol import kernels, sketch
 from dpsketch.protocol.messages import (
@@ -30,7 +31,7 @@ from dpsketch.protocol.messages import (
     encode_batch,
 )
 from dpsketch.protocol.study import Study, design
-from conftest import BOTH_STORES
+from conftest import BOTH_STORES, OPEN_UPLOADS
 from studies import bind_at
 
 D = 4
@@ -238,3 +239,62 @@ def test_compiled_sketch_loops_load_only_for_a_large_study(servers):
     while not _compiled_loops_loaded(proc.proc.pid):
         assert time.monotonic() < deadline, "a restart holding a large open study did not load them"
         time.sleep(0.1)
+
+
+def _wait_for_log(proc, text: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in proc.log_path.read_text(errors="replace"):
+        assert proc.proc.poll() is None, f"{proc.name} exited ({proc.proc.returncode}):\n{proc.log_tail()}"
+        assert time.monotonic() < deadline, f"{text!r} not logged in {timeout} s:\n{proc.log_tail()}"
+        time.sleep(0.1)
+
+
+def _exit_status(proc, timeout: float) -> tuple[int, float]:
+    """The process's exit status, and how long after this call it came."""
+    start = time.monotonic()
+    proc.proc.wait(timeout)
+    return proc.proc.returncode, time.monotonic() - start
+
+
+@pytest.mark.parametrize("store_kind", ["postgres"], indirect=True)
+def test_a_server_started_before_its_database_waits_for_it(servers, postgres):
+    """A stack started at once (compose, swarm) starts a server before its PostgreSQL accepts
+    connections. The same process waits and serves once the database comes up, instead of
+    exiting to be restarted; a server whose wait runs out exits with a message saying so; and a
+    database that refuses (no such database) is not waited for."""
+    from tools.cluster import share_server
+
+    spec = servers.spec("s1")  # a new database in the running cluster
+    other = servers.spec("s3")
+    wrong = servers.spec("s2")
+    wrong.db_path = postgres.url_of("no_such_database")
+    refused = share_server(wrong, servers.workdir, {**NO_FLOOR, **OPEN_UPLOADS, "DPSKETCH_DB_WAIT_SECONDS": "60"})
+    servers.started.append(refused.spawn())
+    status, took = _exit_status(refused, 60)
+    assert status == 1, refused.log_tail()
+    assert 'database "no_such_database" does not exist' in refused.log_tail()
+    assert "attempts" not in refused.log_tail()  # refused at the first, not waited on
+
+    postgres.pg_ctl("stop")
+    try:
+        waiting = share_server(spec, servers.workdir, {**NO_FLOOR, **OPEN_UPLOADS, "DPSKETCH_DB_WAIT_SECONDS": "120"})
+        short = share_server(other, servers.workdir, {**NO_FLOOR, **OPEN_UPLOADS, "DPSKETCH_DB_WAIT_SECONDS": "1.5"})
+        for proc in (waiting, short):
+            servers.started.append(proc.spawn())
+        _wait_for_log(waiting, "not reachable yet")
+        status, _ = _exit_status(short, 60)
+        assert status == 1, short.log_tail()
+        assert "Connection refused" in short.log_tail() and "in 1.5 s" in short.log_tail()
+        time.sleep(1.0)  # still waiting, not answering, not exited
+        assert waiting.proc.poll() is None
+        with pytest.raises(httpx.TransportError):
+            httpx.get(waiting.url + "/healthz", timeout=1)
+    finally:
+        postgres.pg_ctl("start")
+    waiting.wait_healthy(60)
+    assert waiting.proc.poll() is None  # the same process
+    assert "reachable after" in waiting.log_tail(100)
+    study = make_study()
+    provision(waiting.url, spec.operator_token, study)
+    ids = upload_bound(waiting.url, study, 20)
+    assert sorted(held(waiting.url, spec.analyst_token, study)) == sorted(ids)
