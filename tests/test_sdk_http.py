@@ -111,6 +111,9 @@ def test_shares_sum_to_the_noisy_rows_end_to_end(cluster):
         sent = client.submit_many(study.study_id, rows, batch_size=128)
     ids = held_ids(cluster, study)
     assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 600
+    # what the SDK says it stored is what the servers hold
+    assert sent.n_reports == 600 and sorted(bytes.fromhex(i) for i in sent) == sorted(ids[0])
+    assert set(sent.report_counts.values()) == {600} and not any(sent.duplicates.values())
     body = messages.encode_report_ids(ids[0])
     shares = []
     for spec, proc in cluster:

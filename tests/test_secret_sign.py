@@ -89,10 +89,19 @@ def test_orthogonal_corner_is_the_composition_of_adding_and_removing_a_mixture()
     (quantised) densities: an independent code path, and a lower bound."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    r = 0.8
-    mix = _quantised_mixture_pld(r)
-    both = mix._pmf_remove.compose(mix._pmf_add)
-    composed = pld.PrivacyLossDistribution(both, both)
+    for r in (0.8, 2.0):
+        mix = _quantised_mixture_pld(r)
+        both = mix._pmf_remove.compose(mix._pmf_add)
+        composed = pld.PrivacyLossDistribution(both, both)
+        for epsilon in (0.0, 0.3, 1.0, 2.0, 4.0):
+            lower = composed.get_delta_for_epsilon(epsilon)
+            bound = ss.pair_delta(*ss.orthogonal(r), epsilon)
+            assert lower > 0
+            # never below the independent computation, and tight: the cells of width CELL
+            # overstate delta by about 1.3 % at most (measured: 0.15-1.5 %)
+            assert lower <= bound <= 1.03 * lower, (r, epsilon, lower, bound)
+
+
 def test_interval_arithmetic_certifies_the_floating_point_stop_loss(monkeypatch):
     """The float computation of a corner's discretised stop-loss is above the same sum computed in
     arb interval arithmetic (python-flint): floating-point rounding cannot make it optimistic."""
