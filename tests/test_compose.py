@@ -240,6 +240,19 @@ def test_image_ships_the_compiled_loops(compose_cluster):
     assert "ready True" in out, out[-2000:]
     loaded = [line for line in out.splitlines() if line.startswith("[cache] data loaded from")]
     assert len(loaded) >= 10 and "saved to" not in out, out[-3000:]
+    # a container on a CPU the image was not built on loads the loops compiled for a generic CPU
+    other = ('import json, os\n'
+             'path = os.path.join(os.environ["NUMBA_CACHE_DIR"], "dpsketch-build-cpu.json")\n'
+             'built = json.load(open(path))\n'
+             'json.dump({"name": "not-" + built["name"], "features": ""}, open(path, "w"))\n'
+             'import numba\nfrom services.store import warm_kernels\n'
+             'print("ready", warm_kernels(), numba.config.CPU_NAME)\n')
+    out = compose_cluster.docker.containers.run(
+        "dpsketch:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
+        command=["-c", other]).decode()
+    assert "ready True generic" in out, out[-2000:]
+    generic = [line for line in out.splitlines() if line.startswith("[cache] data loaded from")]
+    assert len(generic) == len(loaded) and "saved to" not in out, out[-3000:]
 
 
 def _regression_rows(n: int, seed: int) -> np.ndarray:

@@ -265,3 +265,42 @@ def test_a_shipped_cache_that_cannot_be_copied_leaves_nothing_behind(tmp_path, m
     assert numba.config.CACHE_DIR == str(shipped)
     assert list(tmp.iterdir()) == []
     assert "could not be copied" in caplog.text
+
+
+def test_a_shipped_cache_built_on_another_cpu_gives_its_generic_loops(tmp_path):
+    """numba keys a cached loop on the CPU it was compiled for. The image ships every loop twice
+    (for its build machine's CPU and for a generic one) and names the build CPU beside them; a
+    process on another CPU loads the generic loops (none compiled), and one on the build CPU
+    keeps the faster ones. Here the cache holds the binding's SHA-256 loops for a generic CPU
+    and claims to come from a CPU this machine is not."""
+    import json
+    import os
+    import subprocess
+
+    shipped, home = tmp_path / "shipped", tmp_path / "home"
+    shipped.mkdir()
+    home.mkdir()
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(shipped), "HOME": str(home)}
+    env.pop("NUMBA_CPU_NAME", None)
+    env.pop("NUMBA_CPU_FEATURES", None)
+    build = subprocess.run([sys.executable, "-c", "from dpsketch.protocol import binding; assert binding.warm_up()"],
+                           env={**env, "NUMBA_CPU_NAME": "generic"}, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    marker = shipped / kernels.BUILD_CPU_FILE
+    marker.write_text(json.dumps({"name": "some-other-cpu", "features": "+sse2"}))
+
+    code = ("import logging\nlogging.basicConfig(level=logging.INFO)\nimport numba\n"
+            "from dpsketch.protocol import binding\n"
+            "print('ready', binding.warm_up(), numba.config.CPU_NAME)\n")
+    run = subprocess.run([sys.executable, "-c", code], env={**env, "NUMBA_DEBUG_CACHE": "1"},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "ready True generic" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "[cache] data loaded from" in run.stdout and "saved to" not in run.stdout, run.stdout[-2000:]
+    assert "built for a some-other-cpu CPU" in run.stderr
+
+    # on the CPU the cache names (the build machine), the loops for that CPU are kept
+    marker.write_text(json.dumps(kernels._this_cpu()))
+    same = subprocess.run([sys.executable, "-c", "import numba\nfrom dpsketch.protocol import kernels\n"
+                           "kernels._cache_where_numba_can_write()\nprint(numba.config.CPU_NAME)"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and same.stdout.split() == ["None"], same.stdout + same.stderr[-2000:]

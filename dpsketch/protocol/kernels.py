@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import functools
 import importlib
+import json
 import logging
 import os
 import shutil
@@ -68,7 +69,57 @@ _CACHE_LOCK = threading.Lock()
 
 def _cache_where_numba_can_write() -> None:
     with _CACHE_LOCK:  # two loops may load at once, in two threads: one copy
+        _portable_code_on_another_cpu()
         _copy_a_read_only_cache()
+
+
+#: Beside a shipped cache (deploy/Dockerfile): the CPU its fastest loops were compiled for, as
+#: llvmlite names it. The cache also holds every loop compiled for a generic x86-64 (or other
+#: architecture) CPU, which runs anywhere.
+BUILD_CPU_FILE = "dpsketch-build-cpu.json"
+
+
+def _this_cpu() -> dict[str, str]:
+    import llvmlite.binding as llvm
+
+    return {"name": llvm.get_host_cpu_name(), "features": llvm.get_host_cpu_features().flatten()}
+
+
+def record_build_cpu() -> bool:
+    """Write :data:`BUILD_CPU_FILE` into numba's cache directory (the image build does, after
+    compiling the loops for its own CPU and before compiling them for a generic one)."""
+    import numba
+
+    if not numba.config.CACHE_DIR:
+        return False
+    with open(os.path.join(numba.config.CACHE_DIR, BUILD_CPU_FILE), "w") as out:
+        json.dump(_this_cpu(), out)
+    return True
+
+
+@functools.cache
+def _portable_code_on_another_cpu() -> None:
+    """numba keys each cached loop on the CPU it was compiled for, so an image built on one CPU
+    and run on another (a cluster's nodes, a cloud's instance types) would compile every loop
+    again at each start where its cache is read-only (about 16 s of CPU). The image ships both:
+    loops for the build machine's CPU (the fastest there) and loops for a generic CPU. A process
+    on another CPU than the build's takes the generic ones: the sketch hash, the running totals
+    and the binding's SHA-256 measured as fast, seed expansion about 1.3x slower
+    (docs/operations.md). An operator's own NUMBA_CPU_NAME / NUMBA_CPU_FEATURES win."""
+    import numba
+
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
+        return
+    try:
+        with open(os.path.join(numba.config.CACHE_DIR or "", BUILD_CPU_FILE)) as recorded:
+            built_for = json.load(recorded)
+    except (OSError, ValueError):  # no shipped cache (a checkout, a pip install): nothing to choose
+        return
+    if built_for == _this_cpu():
+        return
+    numba.config.CPU_NAME, numba.config.CPU_FEATURES = "generic", ""
+    log.info("numba's cache was built for a %s CPU and this one is a %s: using its loops compiled "
+             "for a generic CPU", built_for.get("name"), _this_cpu()["name"])
 
 
 @functools.cache
@@ -183,6 +234,9 @@ class Kernel:
             try:
                 if self.state == "untried":
                     try:
+                        # before the module's first numba.njit: that creates numba's code
+                        # generator, which fixes the CPU the loops are compiled or loaded for
+                        _cache_where_numba_can_write()
                         loop = importlib.import_module(self.module, __package__).load()
                     except Exception:  # numba missing or refusing
                         log.warning("could not load the compiled loop %s", self.module[1:], exc_info=True)
