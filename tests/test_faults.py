@@ -625,8 +625,13 @@ def test_full_disk_answers_503_then_recovers(servers):
     ids0, _, _, body0 = random_batch(study, 500)
     assert upload(proc.url, study, body0).status_code == 200
 
-    # the batch made first, so that it arrives right after the disk is filled
-    ids1, proofs1, shares1, body1 = random_batch(study, 20_000)  # ~1.6 MiB of ids, proofs and shares
+    # SQLite rewinds its log once a checkpoint has copied it and then writes over the log file's
+    # blocks, which need no new space: a batch that fits in them is stored durably on a full disk
+    # (200, rightly; it happened here). So the batch must be larger than the whole log file: at
+    # least its ids and shares (16 + 8 D bytes a report) twice the log's size.
+    log_bytes = (inside / "s1.sqlite3-wal").stat().st_size
+    m = max(20_000, -(-2 * log_bytes // (16 + 8 * D)))
+    ids1, proofs1, shares1, body1 = random_batch(study, m)  # made first: it arrives right after the fill
     filler = inside / "filler"
     with open(filler, "wb", buffering=0) as f:  # fill the disk to the last block
         try:
@@ -643,8 +648,7 @@ def test_full_disk_answers_503_then_recovers(servers):
             pass
     free_before = os.statvfs(inside).f_bavail * os.statvfs(inside).f_frsize
     r = upload(proc.url, study, body1)
-    # (one clean-clone run answered 200 here: if it recurs, these say whether space appeared)
-    assert r.status_code == 503, (r.status_code, r.text, f"free bytes before {free_before}, after "
+    assert r.status_code == 503, (r.status_code, r.text, f"log {log_bytes} bytes, {m} reports; free bytes before {free_before}, after "
                                   f"{os.statvfs(inside).f_bavail * os.statvfs(inside).f_frsize}",
                                   sorted((p.name, p.stat().st_size) for p in inside.iterdir()))
     assert_unavailable(r)
@@ -657,7 +661,7 @@ def test_full_disk_answers_503_then_recovers(servers):
 
     r = upload(proc.url, study, body1)
     assert r.status_code == 200, r.text
-    assert r.json()["report_count"] == 20_500 and r.json()["accepted"] + r.json()["duplicates"] == 20_000
+    assert r.json()["report_count"] == 500 + m and r.json()["accepted"] + r.json()["duplicates"] == m
     # the tmpfs lives as long as the server's mount namespace: copy the (idle) database out while
     # it runs (SQLite itself would resolve the /proc/<pid>/root link into this namespace)
     copy = servers.workdir / "copy"
@@ -666,7 +670,8 @@ def test_full_disk_answers_503_then_recovers(servers):
         if (inside / f"s1.sqlite3{suffix}").exists():
             shutil.copyfile(inside / f"s1.sqlite3{suffix}", copy / f"s1.sqlite3{suffix}")
     check_store(str(copy / "s1.sqlite3"), study, set(ids0) | set(ids1))
-    print(f"\ndisk full: batch of 20000 answered 503 ({r.status_code} after space freed); singles {statuses}")
+    print(f"\ndisk full: batch of {m} (log {log_bytes} bytes) answered 503 ({r.status_code} after space "
+          f"freed); singles {statuses}")
 
 
 # --- 5. bounded load test ----------------------------------------------------------------------
