@@ -614,7 +614,7 @@ class AUC(_Estimator):
                 raise ValueError(f"{self.positive!r} cannot be both positive and negative")
         if not negative:
             raise ValueError(f"no negative category: {self.label!r} has only {self.positive!r}")
-        m_s, m_l = s_axis.bins, l_axis.bins
+        m_s = s_axis.bins
         pos = np.array([c == self.positive for c in labels], dtype=np.float64)
         neg = np.array([c in negative for c in labels], dtype=np.float64)
         # factors in the histogram's axis order

@@ -115,11 +115,17 @@ def _portable_code_on_another_cpu() -> None:
             built_for = json.load(recorded)
     except (OSError, ValueError):  # no shipped cache (a checkout, a pip install): nothing to choose
         return
-    if built_for == _this_cpu():
+    try:
+        here = _this_cpu()
+    except Exception:  # llvmlite cannot name this CPU: numba keeps its own choice
+        log.warning("could not tell this CPU from the one numba's cache was built for", exc_info=True)
+        return
+    if built_for == here:
         return
     numba.config.CPU_NAME, numba.config.CPU_FEATURES = "generic", ""
     log.info("numba's cache was built for a %s CPU and this one is a %s: using its loops compiled "
-             "for a generic CPU", built_for.get("name"), _this_cpu()["name"])
+             "for a generic CPU", built_for.get("name") if isinstance(built_for, dict) else built_for,
+             here["name"])
 
 
 @functools.cache
