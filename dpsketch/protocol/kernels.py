@@ -108,10 +108,10 @@ def _portable_code_on_another_cpu() -> None:
     (docs/operations.md). An operator's own NUMBA_CPU_NAME / NUMBA_CPU_FEATURES win."""
     import numba
 
-    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES") or not numba.config.CACHE_DIR:
         return
     try:
-        with open(os.path.join(numba.config.CACHE_DIR or "", BUILD_CPU_FILE)) as recorded:
+        with open(os.path.join(numba.config.CACHE_DIR, BUILD_CPU_FILE)) as recorded:
             built_for = json.load(recorded)
     except (OSError, ValueError):  # no shipped cache (a checkout, a pip install): nothing to choose
         return
