@@ -171,7 +171,7 @@ def _token(path: Path | None, env: str, role: str) -> str:
         try:
             return path.read_text().strip()
         except OSError as exc:
-            raise SystemExit(f"dpsketch server: cannot read the {role} token file {path}: {exc}")
+            raise SystemExit(f"dpsketch server: cannot read the {role} token file {path}: {exc}") from None
     return os.environ.get(env, "").strip()
 
 
@@ -194,7 +194,7 @@ def settings_from_args(args: argparse.Namespace):
                         analyst_token=analyst, max_body_bytes=args.max_body_bytes, db_wait_s=float(args.db_wait_s),
                         **policy_kwargs(args))
     except ValueError as exc:
-        raise SystemExit(f"dpsketch server: {exc}")
+        raise SystemExit(f"dpsketch server: {exc}") from None
 
 
 #: the share server's sys.setswitchinterval (main() says why)

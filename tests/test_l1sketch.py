@@ -136,7 +136,7 @@ def test_designed_sketches_certify_honest_sets(n, d, levels):
     if levels:
         deepest = n * spec.level_probabilities()[-1] / spec.buckets
         assert deepest >= l1sketch.MIN_DEEP_BUCKET
-    for trial in range(3):
+    for _ in range(3):
         rows, signs = l1sketch.hash_report_ids(os.urandom(32), [os.urandom(16) for _ in range(n)], spec)
         cert = l1sketch.certify(rows, signs, spec.k, lambda_star)
         assert cert.ok and cert.max_leverage * lambda_star < 0.95, cert

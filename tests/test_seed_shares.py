@@ -186,7 +186,7 @@ def test_sdk_compressed_and_full_uploads_give_the_same_aggregate(no_floor_module
         media: dict[int, list[str]] = {}
 
         class Count(httpx.HTTPTransport):
-            def handle_request(self, request):
+            def handle_request(self, request, sizes=sizes, media=media):
                 if request.url.path.endswith("/batches"):
                     sizes.append(len(request.content))
                     server = c.server_urls.index(f"{request.url.scheme}://{request.url.netloc.decode()}")

@@ -1480,7 +1480,7 @@ def test_a_group_of_single_uploads_is_judged_as_request_by_request(tmp_path, mon
                 store = srv.app.state.store
                 record = store.record(st.study_id)
                 gate = threading.Event()
-                blocker = store.writer.submit(CallJob(lambda conn: (gate.wait(10), None)))
+                blocker = store.writer.submit(CallJob(lambda conn, gate=gate: (gate.wait(10), None)))
                 futures = [store.submit_upload(record, ids, shares, token=token if tokened else None)
                            for ids, shares, tokened in group]
                 gate.set()

@@ -12,7 +12,7 @@ import math
 import secrets
 import weakref
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -20,6 +20,9 @@ from . import accounting, features, l1sketch, noise as _noise, parties as _parti
 from .histogram import HistogramSpec
 from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PROTOCOL = "dpsketch/2"
 
