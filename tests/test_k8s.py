@@ -174,3 +174,24 @@ def test_probe_paths_answer_on_a_real_app(tmp_path):
     with TestClient(create_app(settings)) as client:
         for path in paths:
             assert client.get(path).status_code == 200, path
+
+
+def test_the_startup_allowances_outlast_the_database_wait():
+    """A share server waits up to --db-wait for its PostgreSQL before it listens (services/pg.py):
+    the k8s startupProbe and the swarm healthcheck must not restart it sooner, or a pod started
+    beside its database would be killed while it waits, as it was restarted before the wait."""
+    from services.__main__ import build_parser
+
+    (server,) = _containers("share-server")
+    env = {e["name"]: "s1" for e in server["env"]}
+    args = _expand(server["args"], env)[1:] + ["--db", "postgresql://dpsketch@share-db:5432/dpsketch"]
+    wait = float(build_parser().parse_args(args).db_wait_s)
+    assert wait >= 30  # long enough for a database container's first start
+    startup = server["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= wait + 30, startup
+
+    stack = yaml.safe_load((ROOT / "deploy" / "stack.yml").read_text())
+    health = stack["services"]["s1-replica"]["healthcheck"]
+    seconds = {k: float(str(health[k]).removesuffix("s")) for k in ("start_period", "interval")}
+    # failures in the start period do not count; after it, `retries` more before the task is replaced
+    assert seconds["start_period"] + seconds["interval"] * health["retries"] >= wait + 30, health
