@@ -301,6 +301,6 @@ def test_a_shipped_cache_built_on_another_cpu_gives_its_generic_loops(tmp_path):
     # on the CPU the cache names (the build machine), the loops for that CPU are kept
     marker.write_text(json.dumps(kernels._this_cpu()))
     same = subprocess.run([sys.executable, "-c", "import numba\nfrom dpsketch.protocol import kernels\n"
-                           "kernels._cache_where_numba_can_write()\nprint(numba.config.CPU_NAME)"],
+                           "kernels._prepare_numba()\nprint(numba.config.CPU_NAME)"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert same.returncode == 0 and same.stdout.split() == ["None"], same.stdout + same.stderr[-2000:]

@@ -67,7 +67,12 @@ def _writable(path: str) -> bool:
 _CACHE_LOCK = threading.Lock()
 
 
-def _cache_where_numba_can_write() -> None:
+def _prepare_numba() -> None:
+    """What must be settled before numba compiles or loads a loop: which CPU's loops to use (a
+    shipped cache built on another CPU) and where the cache is (a read-only one copied). Each
+    runs once per process. :class:`Kernel` calls this before importing a kernel module, whose
+    first ``numba.njit`` fixes the CPU; :func:`njit_cached` calls it too, for a kernel module
+    imported directly (the tests do)."""
     with _CACHE_LOCK:  # two loops may load at once, in two threads: one copy
         _portable_code_on_another_cpu()
         _copy_a_read_only_cache()
@@ -162,7 +167,7 @@ def njit_cached(**options):
     once per process)."""
     import numba
 
-    _cache_where_numba_can_write()
+    _prepare_numba()
 
     def wrap(fn):
         try:
@@ -242,7 +247,7 @@ class Kernel:
                     try:
                         # before the module's first numba.njit: that creates numba's code
                         # generator, which fixes the CPU the loops are compiled or loaded for
-                        _cache_where_numba_can_write()
+                        _prepare_numba()
                         loop = importlib.import_module(self.module, __package__).load()
                     except Exception:  # numba missing or refusing
                         log.warning("could not load the compiled loop %s", self.module[1:], exc_info=True)
