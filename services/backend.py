@@ -107,7 +107,14 @@ class SqliteBackend:
 
     @staticmethod
     def insert_batch(conn: sqlite3.Connection, params: dict) -> None:
-        conn.execute(db.INSERT_BATCH, params)
+        shares = memoryview(params["shares"])
+        if shares.nbytes < db.IN_PLACE_BYTES:
+            conn.execute(db.INSERT_BATCH, params)
+            return
+        in_place = {key: value for key, value in params.items() if key != "shares"}
+        conn.execute(db.INSERT_BATCH_IN_PLACE, {**in_place, "share_bytes": shares.nbytes})
+        with conn.blobopen("batches", "shares", params["first"]) as blob:
+            blob.write(shares)
 
     @staticmethod
     def read_slices(conn: sqlite3.Connection, first: int, m: int,

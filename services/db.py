@@ -123,6 +123,15 @@ INSERT INTO batches (first, study, m, ids, shares, pseudonyms, party)
 VALUES (:first, :study, :m, :ids, :shares, :pseudonyms, :party)
 """
 
+#: The same with the shares left as zeros, to be written in place by incremental blob I/O: a
+#: bound blob is copied into a fresh buffer of its size first (Python binds with
+#: SQLITE_TRANSIENT), and for a batch of megabytes that buffer is new memory every time, whose
+#: page faults and zeroing cost the writer more than the copy (docs/operations.md).
+INSERT_BATCH_IN_PLACE = INSERT_BATCH.replace(":shares", "zeroblob(:share_bytes)")
+
+#: Shares at least this large are written in place (INSERT_BATCH_IN_PLACE); below, one bound copy.
+IN_PLACE_BYTES = 1 << 18
+
 #: Columns added after schema version 2 first shipped: added in place to older files.
 _ADDED_COLUMNS = {"reports": {"pseudonym": "BLOB", "party": "INTEGER"}, "upload_tokens": {"party": "TEXT"}}
 

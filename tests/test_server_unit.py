@@ -743,6 +743,42 @@ def test_restart_rebuilds_totals(store_location):
         srv.close()
 
 
+def test_a_large_batch_written_in_place_holds_every_byte_sent(tmp_path: Path):
+    """A batch's shares of IN_PLACE_BYTES or more go into SQLite as a zero blob that blob I/O
+    then fills (services/backend.py). Had the fill missed a byte, or landed on another row, the
+    file would hold zeros or the wrong shares there."""
+    from services import db as store_db
+
+    path = tmp_path / "in-place.sqlite3"
+    st = make_study(columns=[f"c{i}" for i in range(64)], expected_reports=1000)
+    srv = Server(path)
+    rs = srv.reports(st, 700)
+    big, small = rs[:600], rs[600:]
+    width = 8 * st.width
+    assert len(big) * width >= store_db.IN_PLACE_BYTES > len(small) * width  # both paths taken
+    try:
+        assert srv.provision(st).status_code in (200, 201)
+        assert srv.batch(st, small[:50]).json()["accepted"] == 50  # bound as usual, before the big one
+        assert srv.batch(st, big).json()["accepted"] == 600
+        assert srv.batch(st, small).json() == {"accepted": 50, "duplicates": 50, "report_count": 700}
+        assert srv.batch(st, big).json()["duplicates"] == 600  # a replay stores nothing
+    finally:
+        srv.close()
+    with sqlite3.connect(path) as conn:
+        stored = conn.execute("SELECT m, ids, shares FROM batches ORDER BY first").fetchall()
+    assert [m for m, _, _ in stored] == [50, 600, 50]
+    sent = {rid: row.astype("<u8").tobytes() for rid, row in zip(rs.ids, rs.shares)}
+    for m, ids, shares in stored:
+        assert len(shares) == m * width
+        for i in range(m):
+            assert shares[i * width:(i + 1) * width] == sent[ids[16 * i:16 * (i + 1)]]
+    srv = Server(path, warm_start=False)  # the totals rebuilt from the file release the exact sum
+    try:
+        _assert_released(srv, st, rs.ids, rs.shares)
+    finally:
+        srv.close()
+
+
 def _to_a_row_per_report(db: Path | str) -> None:
     """Rewrite a store as servers before batches stored it: a row of ``reports`` per report with
     its share (SQLite: the old table; PostgreSQL: the share column back on ``reports``)."""
