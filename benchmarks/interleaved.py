@@ -26,6 +26,7 @@ from pathlib import Path
 FIGURES = {
     "single": [("reports_per_s", "{:,.0f}/s"), ("ratio_to_echo", "{:.3f} x echo"), ("p99_ms", "p99 {:.0f} ms")],
     "bulk": [("rows_per_s", "{:,.0f} rows/s"), ("ratio_to_exact_sketch", "{:.3f} x exact sketch"),
+             ("ratio_to_reference_sketch", "{:.2f} x reference"),
              ("baseline_exact_sketch_rows_per_s", "(sketch {:,.0f})"), ("ratio_to_executemany", "{:.2f} x executemany"),
              ("p99_ms", "p99 {:.0f} ms")],
 }
