@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dpsketch.protocol.problems import ProblemError
 
-from . import db
+from . import batches, db
 from .wal import Checkpointer
 
 
@@ -107,14 +107,18 @@ class SqliteBackend:
 
     @staticmethod
     def insert_batch(conn: sqlite3.Connection, params: dict) -> None:
-        shares = memoryview(params["shares"])
-        if shares.nbytes < db.IN_PLACE_BYTES:
-            conn.execute(db.INSERT_BATCH, params)
+        """The batch row; its shares (``params["shares"]``: byte buffers, in order) written in
+        place when large (db.INSERT_BATCH_IN_PLACE), so that no buffer of their size is made."""
+        parts = params["shares"]
+        total = sum(part.nbytes for part in parts)
+        if total < db.IN_PLACE_BYTES:
+            conn.execute(db.INSERT_BATCH, {**params, "shares": batches.joined(parts)})
             return
         in_place = {key: value for key, value in params.items() if key != "shares"}
-        conn.execute(db.INSERT_BATCH_IN_PLACE, {**in_place, "share_bytes": shares.nbytes})
+        conn.execute(db.INSERT_BATCH_IN_PLACE, {**in_place, "share_bytes": total})
         with conn.blobopen("batches", "shares", params["first"]) as blob:
-            blob.write(shares)
+            for part in parts:
+                blob.write(part)
 
     @staticmethod
     def read_slices(conn: sqlite3.Connection, first: int, m: int,
@@ -253,6 +257,7 @@ class PostgresBackend:
 
     def insert_batch(self, conn, params: dict) -> None:
         """The batch, and its report keys in ``reports`` (the database's own uniqueness check)."""
+        params = {**params, "shares": batches.joined(params["shares"])}
         conn.execute(self.pg.INSERT_BATCH, params)
         conn.execute(self.pg.INSERT_REPORT_KEYS, params)
 

@@ -91,9 +91,16 @@ def share_matrix(blob: bytes, m: int, width: int) -> np.ndarray:
 def insert(conn: Any, backend: Any, first: int, seq: int, ids: bytes, shares: Any,
            pseudonyms: bytes | None = None, party: int | None = None) -> None:
     """Store reports ``first`` .. ``first + m - 1`` of study ``seq`` as one batch; ``shares``:
-    their shares, or their seeds (module docstring), concatenated."""
+    their shares, or their seeds (module docstring): one buffer, or a list of buffers stored
+    one after the other (the backend joins them as it writes, ``share_parts``)."""
+    parts = [memoryview(part).cast("B") for part in (shares if isinstance(shares, list) else [shares])]
     backend.insert_batch(conn, {"first": first, "study": seq, "m": len(ids) // REPORT_ID_BYTES, "ids": ids,
-                                "shares": shares, "pseudonyms": pseudonyms, "party": party})
+                                "shares": parts, "pseudonyms": pseudonyms, "party": party})
+
+
+def joined(parts: list[memoryview]) -> bytes | memoryview:
+    """The buffers of ``insert``'s ``shares`` as one (without a copy if there is one)."""
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def next_rowid(conn: Any) -> int:

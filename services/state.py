@@ -86,16 +86,20 @@ class StudyState:
         return self.complete if self.n_parties else len(self.ids)
 
     def add(self, study: Study, report_ids: Sequence[bytes], rowids: range | list[int],
-            shares: np.ndarray, rows: np.ndarray | None = None, signs: np.ndarray | None = None,
+            shares: np.ndarray | list[np.ndarray], rows: np.ndarray | None = None, signs: np.ndarray | None = None,
             joined: bytes | None = None, sorted_parts: list[SortedIds] | None = None) -> None:
-        """Fold newly stored reports into the totals (caller holds ``lock``); ``sorted_parts``:
+        """Fold newly stored reports into the totals (caller holds ``lock``); ``shares``: their
+        rows, or consecutive parts of them (as the writer gets them, one per request); ``sorted_parts``:
         the ids as consecutive requests, each sorted (idsets.SortedIds), if the caller has them."""
         if rows is None or signs is None:
             rows, signs = study.hash_report_ids(report_ids, joined)
         as_array = self._index(report_ids, rowids, joined, sorted_parts)
         if self.checkpoint_rowid:  # a checkpoint to add a segment to (else the next one is whole)
             self.since_checkpoint.append((joined if joined is not None else b"".join(report_ids), as_array))
-        add_into(self.aggregate, rows, signs, shares)
+        at = 0
+        for part in shares if isinstance(shares, list) else [shares]:
+            add_into(self.aggregate, rows[at:at + len(part)], signs[at:at + len(part)], part)
+            at += len(part)
         sketch.accumulate_gram(self.gram, rows, signs, +1)
 
     def add_blocks(self, party: int, block_ids: list[bytes], rowids: range | list[int],

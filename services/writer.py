@@ -746,7 +746,9 @@ class Writer:
         def cat(parts: list):
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-        shares = np.ascontiguousarray(cat([p.take(p.job.shares) for p in group]), dtype="<u8")
+        # each request's shares as they came, not joined: a copy of megabytes into fresh memory
+        # cost more than the rest of the batch's handling (the store writes them one by one)
+        shares = [np.ascontiguousarray(p.take(p.job.shares), dtype="<u8") for p in group]
         rows = cat([p.take(p.job.rows) for p in group])
         signs = cat([p.take(p.job.signs) for p in group])
         joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
@@ -756,8 +758,8 @@ class Writer:
         # each request's ids as the worker sorted them, when every one is stored whole
         parts = ([p.job.sorted_ids for p in group]
                  if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
-        stored = np.ascontiguousarray(cat([p.take(p.job.seeds) for p in group])) if seeds else shares
-        batches.insert(self.conn, self.backend, base, record.seq, joined, memoryview(stored).cast("B"))
+        stored = [np.ascontiguousarray(p.take(p.job.seeds)) for p in group] if seeds else shares
+        batches.insert(self.conn, self.backend, base, record.seq, joined, stored)
         out.append((record, base, ids, joined, shares, rows, signs, parts))
         return base + len(ids)
 
@@ -767,8 +769,8 @@ class Writer:
             ids, pseudonyms = plan.take_ids(), plan.take_pseudonyms()
             shares = np.ascontiguousarray(plan.take(plan.job.shares), dtype="<u8")
             joined = b"".join(ids)
-            batches.insert(self.conn, self.backend, base, record.seq, joined, memoryview(shares).cast("B"),
-                           b"".join(pseudonyms), plan.job.party)
+            batches.insert(self.conn, self.backend, base, record.seq, joined, shares, b"".join(pseudonyms),
+                           plan.job.party)
             out.append((record, base, ids, joined, _Blocks(plan.job.party, pseudonyms), None, None, None))
             base += len(ids)
         held = len(record.state.ids) + sum(plan.n_new for plan in group)

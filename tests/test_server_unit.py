@@ -743,40 +743,55 @@ def test_restart_rebuilds_totals(store_location):
         srv.close()
 
 
-def test_a_large_batch_written_in_place_holds_every_byte_sent(tmp_path: Path):
-    """A batch's shares of IN_PLACE_BYTES or more go into SQLite as a zero blob that blob I/O
-    then fills (services/backend.py). Had the fill missed a byte, or landed on another row, the
-    file would hold zeros or the wrong shares there."""
-    from services import db as store_db
+@BOTH_STORES
+def test_a_group_of_uploads_is_stored_as_one_batch_holding_every_byte_sent(store_location):
+    """Uploads that reach the writer together are one batch row, their shares written request
+    after request with no joined copy (SQLite: into a zero blob by blob I/O once they reach
+    IN_PLACE_BYTES, services/backend.py). A part written short, twice or at the wrong place
+    would leave zeros or other reports' shares in the file; a small batch takes the bound path.
+    The running totals fold the parts one by one too. The writer is held by a call until the
+    group is queued."""
+    import threading
 
-    path = tmp_path / "in-place.sqlite3"
+    from services import db as store_db
+    from services.writer import CallJob
+
+    db = store_location("in-place")
     st = make_study(columns=[f"c{i}" for i in range(64)], expected_reports=1000)
-    srv = Server(path)
-    rs = srv.reports(st, 700)
-    big, small = rs[:600], rs[600:]
+    srv = Server(db)
+    rs = srv.reports(st, 900)
     width = 8 * st.width
-    assert len(big) * width >= store_db.IN_PLACE_BYTES > len(small) * width  # both paths taken
+    assert 2 * 300 * width >= store_db.IN_PLACE_BYTES > 100 * width  # both paths are taken
+    store = srv.app.state.store
     try:
         assert srv.provision(st).status_code in (200, 201)
-        assert srv.batch(st, small[:50]).json()["accepted"] == 50  # bound as usual, before the big one
-        assert srv.batch(st, big).json()["accepted"] == 600
-        assert srv.batch(st, small).json() == {"accepted": 50, "duplicates": 50, "report_count": 700}
-        assert srv.batch(st, big).json()["duplicates"] == 600  # a replay stores nothing
+        record = store.record(st.study_id)
+        assert srv.batch(st, rs[:100]).json()["accepted"] == 100  # a small batch, bound
+        gate = threading.Event()
+        held = store.writer.submit(CallJob(lambda conn: (gate.wait(30), None)))
+        # three requests, the last repeating 50 held reports: only its 150 new rows are stored
+        parts = [rs[100:400], rs[400:700], rs[50:100] + rs[700:850]]
+        queued = [store.submit_upload(record, part.ids, part.shares) for part in parts]
+        gate.set()
+        assert held.result(30) is True
+        assert [(f.result(30).accepted, f.result(30).duplicates) for f in queued] == [(300, 0), (300, 0), (150, 50)]
+        assert srv.batch(st, rs[850:]).json()["accepted"] == 50
+        _assert_released(srv, st, rs.ids, rs.shares)  # the running totals, folded a part at a time
     finally:
         srv.close()
-    with sqlite3.connect(path) as conn:
+    conn, _ = _open_store(db)
+    with conn:
         stored = conn.execute("SELECT m, ids, shares FROM batches ORDER BY first").fetchall()
-    assert [m for m, _, _ in stored] == [50, 600, 50]
+    assert [int(m) for m, _, _ in stored] == [100, 750, 50]  # the group is one row
     sent = {rid: row.astype("<u8").tobytes() for rid, row in zip(rs.ids, rs.shares)}
+    seen = []
     for m, ids, shares in stored:
-        assert len(shares) == m * width
-        for i in range(m):
-            assert shares[i * width:(i + 1) * width] == sent[ids[16 * i:16 * (i + 1)]]
-    srv = Server(path, warm_start=False)  # the totals rebuilt from the file release the exact sum
-    try:
-        _assert_released(srv, st, rs.ids, rs.shares)
-    finally:
-        srv.close()
+        ids, shares = bytes(ids), bytes(shares)
+        assert len(shares) == int(m) * width
+        for i in range(int(m)):
+            seen.append(ids[16 * i:16 * (i + 1)])
+            assert shares[i * width:(i + 1) * width] == sent[seen[-1]]
+    assert sorted(seen) == sorted(rs.ids)  # each report once
 
 
 def _to_a_row_per_report(db: Path | str) -> None:
