@@ -92,7 +92,7 @@ def insert(conn: Any, backend: Any, first: int, seq: int, ids: bytes, shares: An
            pseudonyms: bytes | None = None, party: int | None = None) -> None:
     """Store reports ``first`` .. ``first + m - 1`` of study ``seq`` as one batch; ``shares``:
     their shares, or their seeds (module docstring): one buffer, or a list of buffers stored
-    one after the other (the backend joins them as it writes, ``share_parts``)."""
+    one after the other (each backend's ``insert_batch`` writes them in turn or joins them)."""
     parts = [memoryview(part).cast("B") for part in (shares if isinstance(shares, list) else [shares])]
     backend.insert_batch(conn, {"first": first, "study": seq, "m": len(ids) // REPORT_ID_BYTES, "ids": ids,
                                 "shares": parts, "pseudonyms": pseudonyms, "party": party})

@@ -746,9 +746,7 @@ class Writer:
         def cat(parts: list):
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-        # each request's shares as they came, not joined: a copy of megabytes into fresh memory
-        # cost more than the rest of the batch's handling (the store writes them one by one)
-        shares = [np.ascontiguousarray(p.take(p.job.shares), dtype="<u8") for p in group]
+        shares = _coalesced([np.ascontiguousarray(p.take(p.job.shares), dtype="<u8") for p in group])
         rows = cat([p.take(p.job.rows) for p in group])
         signs = cat([p.take(p.job.signs) for p in group])
         joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
@@ -758,7 +756,7 @@ class Writer:
         # each request's ids as the worker sorted them, when every one is stored whole
         parts = ([p.job.sorted_ids for p in group]
                  if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
-        stored = [np.ascontiguousarray(p.take(p.job.seeds)) for p in group] if seeds else shares
+        stored = _coalesced([np.ascontiguousarray(p.take(p.job.seeds)) for p in group]) if seeds else shares
         batches.insert(self.conn, self.backend, base, record.seq, joined, stored)
         out.append((record, base, ids, joined, shares, rows, signs, parts))
         return base + len(ids)
@@ -776,6 +774,30 @@ class Writer:
         held = len(record.state.ids) + sum(plan.n_new for plan in group)
         self.conn.execute("UPDATE studies SET report_count = ? WHERE seq = ?", (held, record.seq))
         return base
+
+
+#: a request's shares (or seeds) of fewer bytes are joined with their neighbours in a group
+_SMALL_PART_BYTES = 1 << 16
+
+
+def _coalesced(parts: list[np.ndarray]) -> list[np.ndarray]:
+    """A group's shares (or seeds) request by request, as the store writes them and the running
+    totals fold them: large requests' as they came, since joining them copied megabytes into
+    fresh memory, which cost the writer more than the rest of a batch's handling (docs/
+    operations.md, "How reports are stored"); runs of small ones (single uploads) joined, since a
+    write and a fold per row would cost more than their copy."""
+    out: list[np.ndarray] = []
+    run: list[np.ndarray] = []
+    for part in [*parts, None]:
+        if part is not None and part.nbytes < _SMALL_PART_BYTES:
+            run.append(part)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else np.concatenate(run))
+            run = []
+        if part is not None:
+            out.append(part)
+    return out
 
 
 def _any_of(ids: set[bytes], sorted_ids: SortedIds) -> bool:

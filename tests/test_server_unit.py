@@ -769,20 +769,22 @@ def test_a_group_of_uploads_is_stored_as_one_batch_holding_every_byte_sent(store
         assert srv.batch(st, rs[:100]).json()["accepted"] == 100  # a small batch, bound
         gate = threading.Event()
         held = store.writer.submit(CallJob(lambda conn: (gate.wait(30), None)))
-        # three requests, the last repeating 50 held reports: only its 150 new rows are stored
-        parts = [rs[100:400], rs[400:700], rs[50:100] + rs[700:850]]
+        # large requests (one repeating 50 held reports: only its 140 new rows are stored) and
+        # small ones between them, which the writer joins with their neighbours
+        parts = [rs[100:400], rs[400:405], rs[405:410], rs[410:710], rs[50:100] + rs[710:850], rs[850:855]]
         queued = [store.submit_upload(record, part.ids, part.shares) for part in parts]
         gate.set()
         assert held.result(30) is True
-        assert [(f.result(30).accepted, f.result(30).duplicates) for f in queued] == [(300, 0), (300, 0), (150, 50)]
-        assert srv.batch(st, rs[850:]).json()["accepted"] == 50
+        assert [(f.result(30).accepted, f.result(30).duplicates) for f in queued] == [
+            (300, 0), (5, 0), (5, 0), (300, 0), (140, 50), (5, 0)]
+        assert srv.batch(st, rs[855:]).json()["accepted"] == 45
         _assert_released(srv, st, rs.ids, rs.shares)  # the running totals, folded a part at a time
     finally:
         srv.close()
     conn, _ = _open_store(db)
     with conn:
         stored = conn.execute("SELECT m, ids, shares FROM batches ORDER BY first").fetchall()
-    assert [int(m) for m, _, _ in stored] == [100, 750, 50]  # the group is one row
+    assert [int(m) for m, _, _ in stored] == [100, 755, 45]  # the group is one row
     sent = {rid: row.astype("<u8").tobytes() for rid, row in zip(rs.ids, rs.shares)}
     seen = []
     for m, ids, shares in stored:
