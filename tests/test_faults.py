@@ -745,7 +745,7 @@ def test_server_sigkilled_while_writing_large_batches_in_place_keeps_exactly_wha
     assert not wrong, f"{len(wrong)} stored reports do not hold the bytes sent"
     assert study_info(restarted.url, study.study_id)["report_count"] == len(held)
     for plan in plans:  # resend all: stored ones come back as duplicates, the rest are stored
-        for ids, _, _, body in plan:
+        for *_, body in plan:
             r = upload(restarted.url, study, body)
             assert r.status_code == 200, r.text
             assert r.json()["accepted"] + r.json()["duplicates"] == m
