@@ -112,10 +112,9 @@ class SqliteBackend:
         parts = params["shares"]
         total = sum(part.nbytes for part in parts)
         if total < db.IN_PLACE_BYTES:
-            conn.execute(db.INSERT_BATCH, {**params, "shares": batches.joined(parts)})
+            conn.execute(db.INSERT_BATCH, {**params, "shares": batches.one_buffer(parts)})
             return
-        in_place = {key: value for key, value in params.items() if key != "shares"}
-        conn.execute(db.INSERT_BATCH_IN_PLACE, {**in_place, "share_bytes": total})
+        conn.execute(db.INSERT_BATCH_IN_PLACE, {**params, "share_bytes": total})  # :shares unused
         with conn.blobopen("batches", "shares", params["first"]) as blob:
             for part in parts:
                 blob.write(part)
@@ -257,7 +256,7 @@ class PostgresBackend:
 
     def insert_batch(self, conn, params: dict) -> None:
         """The batch, and its report keys in ``reports`` (the database's own uniqueness check)."""
-        params = {**params, "shares": batches.joined(params["shares"])}
+        params = {**params, "shares": batches.one_buffer(params["shares"])}
         conn.execute(self.pg.INSERT_BATCH, params)
         conn.execute(self.pg.INSERT_REPORT_KEYS, params)
 

@@ -98,7 +98,7 @@ def insert(conn: Any, backend: Any, first: int, seq: int, ids: bytes, shares: An
                                 "shares": parts, "pseudonyms": pseudonyms, "party": party})
 
 
-def joined(parts: list[memoryview]) -> bytes | memoryview:
+def one_buffer(parts: list[memoryview]) -> bytes | memoryview:
     """The buffers of ``insert``'s ``shares`` as one (without a copy if there is one)."""
     return parts[0] if len(parts) == 1 else b"".join(parts)
 

@@ -531,18 +531,29 @@ def random_batch(study: Study, m: int) -> tuple[list[bytes], np.ndarray, np.ndar
     return ids, proofs, shares, messages.encode_batch(ids, proofs, shares)
 
 
-def check_store(db_path: str, study: Study, expected_ids: set[bytes]) -> None:
-    conn = sqlite3.connect(db_path, timeout=10)
+def stored_reports(db_path: str | Path, study: Study) -> tuple[list[tuple[bytes, bytes]], int]:
+    """(id, share bytes) of every report a SQLite file holds for ``study``, in stored order, and
+    its ``report_count``; the file must pass SQLite's integrity check."""
+    conn = sqlite3.connect(str(db_path), timeout=10)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        rows = conn.execute("SELECT b.ids FROM batches b JOIN studies s ON b.study = s.seq "
+        rows = conn.execute("SELECT b.m, b.ids, b.shares FROM batches b JOIN studies s ON b.study = s.seq "
                             "WHERE s.study_id = ?", (study.study_id,)).fetchall()
-        ids = [bytes(r[0][i:i + 16]) for r in rows for i in range(0, len(r[0]), 16)]
-        assert len(ids) == len(set(ids)) and set(ids) == expected_ids
         count = conn.execute("SELECT report_count FROM studies WHERE study_id = ?", (study.study_id,)).fetchone()[0]
-        assert count == len(ids)
     finally:
         conn.close()
+    out = []
+    for m, ids, shares in rows:
+        width = len(shares) // m
+        out += [(bytes(ids[16 * i:16 * (i + 1)]), bytes(shares[width * i:width * (i + 1)])) for i in range(m)]
+    return out, int(count)
+
+
+def check_store(db_path: str, study: Study, expected_ids: set[bytes]) -> None:
+    reports, count = stored_reports(db_path, study)
+    ids = [rid for rid, _ in reports]
+    assert len(ids) == len(set(ids)) and set(ids) == expected_ids
+    assert count == len(ids)
 
 
 def test_locked_database_answers_503_then_recovers(servers):
@@ -725,18 +736,11 @@ def test_server_sigkilled_while_writing_large_batches_in_place_keeps_exactly_wha
     acked_ids = {rid for ids in acked for rid in ids}
 
     def stored_shares() -> dict[bytes, bytes]:
-        conn = sqlite3.connect(str(spec.db_path), timeout=10)
-        try:
-            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-            width = 8 * D
-            out: dict[bytes, bytes] = {}
-            for m_row, ids, shares in conn.execute("SELECT m, ids, shares FROM batches"):
-                assert len(shares) == m_row * width
-                for i in range(m_row):
-                    out[bytes(ids[16 * i:16 * (i + 1)])] = bytes(shares[width * i:width * (i + 1)])
-            return out
-        finally:
-            conn.close()
+        reports, count = stored_reports(spec.db_path, study)
+        held = dict(reports)
+        assert len(held) == len(reports) == count  # each report once, and counted
+        assert all(len(share) == 8 * D for share in held.values())
+        return held
 
     restarted = servers.start(spec)  # same file; its WAL recovered on open
     held = stored_shares()
