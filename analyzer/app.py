@@ -20,6 +20,7 @@ from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, POPULATION_PATTERN
 from . import histogram_api, lad_api, logistic_api, recommend
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
+from .moments import release_columns
 from .release import HistogramRelease, L1Release, Release, release_from_ring_sum
 from .store import StudyRecord
 
@@ -65,16 +66,22 @@ class CreateStudy(PrivacyTarget):
     columns: list[str] = Field(default_factory=list, max_length=4096,
                                description="the columns (a histogram study's are its axes: omit them)")
     label: str | None = None
+    bounds: dict[str, list[float]] | list[list[float]] | None = Field(
+        default=None, description="the public range of every column: {\"age\": [16, 90], ...} or "
+        "[lower, upper] pairs in column order. Each client clamps every value to its column's bounds "
+        "(and counts what it clamped), maps its row into the row ball (docs/protocol.md section 2e), and "
+        "analyses answer in the data's units with an intercept. Omitted: rows are taken as already "
+        "scaled into the ball of radius row_bound (a raw row is clipped to that norm)")
     kind: Literal["sketch", "gram", "moments", "histogram", "l1", "auto"] = Field(
-        default="sketch",
-        description="sketch: OSNAP sketch of the rows; gram: plain sum of [a, u(a a^T), 1] "
+        default="auto",
+        description="auto (the default): gram when its upload fits the analyzer's budget and no "
+        "server's published max_study_bytes refuses it, else sketch; the study's explanation says "
+        "which was chosen and why (see POST /v1/recommend). sketch: OSNAP sketch of the rows; gram: plain sum of [a, u(a a^T), 1] "
         "(central-model accuracy, about d^2/2 values per client); moments: plain sum of u(a a^T) "
         "alone (no row sum or count: 0.44 of the gram kind's noise variance, for ridge, least "
         "squares and PCA on the uncentered Gram); histogram: plain sum of the "
         "one-hot cell of each client's value(s) in `histogram`'s bins; l1: the multi-level l1 "
-        "sketch of the rows, for least absolute deviations (analyses/lad); auto: gram when its upload "
-        "fits the analyzer's budget and no server's published max_study_bytes refuses it, else "
-        "sketch (see POST /v1/recommend)",
+        "sketch of the rows, for least absolute deviations (analyses/lad)",
     )
     histogram: HistogramSpec | None = Field(
         default=None, description="the bins of a histogram study: {\"axes\": [{\"column\", \"edges\"} or "
@@ -138,30 +145,49 @@ class LedgerView(BaseModel):
     servers: list[ServerLedger]
 
 
+INTERCEPT_FIELD = Field(
+    default=None, description="fit an intercept (not penalised); default: whenever the study declares "
+    "bounds (its release then carries the column sums and count); true on a study whose release has no "
+    "column sums (a sketch study without bounds) is 422")
+
+
 class RidgeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     label: str | None = Field(default=None, description="label column; default: the study's label")
-    alpha: float | None = Field(default=None, ge=0, description="ridge lambda; default: chosen from the noise level")
+    alpha: float | None = Field(default=None, ge=0, description="ridge penalty, in units of the standardized "
+                                "Gram (sums over reports of the columns scaled by their bounds to [-1, 1]); "
+                                "default: chosen from the release's noise level (AdaSSP)")
     debias: bool = Field(default=True, description="subtract the known noise sigma^2 n I from the Gram")
+    fit_intercept: bool | None = INTERCEPT_FIELD
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="level of the confidence intervals")
 
 
 class LeastSquaresRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    label: str | None = None
-    debias: bool = True
+    label: str | None = Field(default=None, description="label column; default: the study's label")
+    debias: bool = Field(default=True, description="subtract the known noise sigma^2 n I from the Gram")
+    fit_intercept: bool | None = INTERCEPT_FIELD
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="level of the confidence intervals")
 
 
 class PCARequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    n_components: int = Field(ge=1, le=4096)
-    debias: bool = True
+    n_components: int = Field(ge=1, le=4096, description="how many principal components")
+    debias: bool = Field(default=True, description="subtract the known noise energy from the eigenvalues")
+    center: bool | None = Field(default=None, description="centre the rows first (default: whenever the study "
+                                "declares bounds, so its release carries the column sums)")
 
 
 class RegressionResult(BaseModel):
     study_id: str
     label: str
     features: list[str]
-    coef: list[float]
+    coef: list[float] = Field(description="per feature, in the data's units (label units per feature unit) "
+                              "for a study with bounds")
+    intercept: float = Field(default=0.0, description="in the label's units; 0 without an intercept")
+    fit_intercept: bool = False
+    in_units: bool = Field(default=False, description="whether the study declared bounds, so coef and "
+                           "intercept are in the data's units")
     alpha: float
     tau: float = Field(default=0.0, description="the eigenvalue floor: eigenvalues of G_xx + alpha I "
                        "below tau were raised to tau (docs/protocol.md section 6c)")
@@ -174,7 +200,12 @@ class PCAResult(BaseModel):
     study_id: str
     columns: list[str]
     components: list[list[float]]
-    explained_variance: list[float]
+    explained_variance: list[float] = Field(description="the rows' variance along each component (in the "
+                                            "data's units squared for a study with bounds)")
+    explained_variance_ratio: list[float] = Field(default_factory=list)
+    mean: list[float] = Field(default_factory=list, description="the column means the rows were centred "
+                              "on (zeros when not centred)")
+    centered: bool = False
     debias: bool
     n_reports: int
 
@@ -395,41 +426,56 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     def _label(rel: Release, label: str | None) -> str:
         label = label or rel.study.label
-        if label is None or label not in rel.columns:
+        names = release_columns(rel)
+        if label is None or label not in names:
             raise ProblemError("invalid-request",
-                               f"label must be one of the columns {rel.columns}; got {label!r}")
+                               f"label must be one of the columns {names}; got {label!r}")
         return label
+
+    def regression(study_id: str, rel: Release, label: str, model: RidgeRegression,
+                   body: RidgeRequest | LeastSquaresRequest) -> RegressionResult:
+        try:
+            model.fit(rel)
+        except ValueError as exc:
+            raise ProblemError("invalid-request", str(exc)) from None
+        return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
+                                coef=finite(model.coef_, "solution"),
+                                intercept=finite(np.array([model.intercept_]), "intercept")[0],
+                                fit_intercept=model.fit_intercept_, in_units=model.in_units_,
+                                alpha=float(model.alpha_), tau=float(model.tau_),
+                                n_floored=int(model.n_floored_), debias=body.debias, n_reports=rel.n_reports)
 
     @app.post("/v1/studies/{study_id}/analyses/ridge", dependencies=auth)
     def ridge(study_id: str, body: RidgeRequest) -> RegressionResult:
         rel = second_moments(study_id)
         label = _label(rel, body.label)
-        model = RidgeRegression(label=label, alpha=body.alpha, debias=body.debias).fit(rel)
-        return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
-                                coef=finite(model.coef_, "solution"), alpha=float(model.alpha_),
-                                tau=float(model.tau_), n_floored=int(model.n_floored_),
-                                debias=body.debias, n_reports=rel.n_reports)
+        return regression(study_id, rel, label, RidgeRegression(
+            label=label, alpha=body.alpha, debias=body.debias, fit_intercept=body.fit_intercept), body)
 
     @app.post("/v1/studies/{study_id}/analyses/least-squares", dependencies=auth)
     def least_squares(study_id: str, body: LeastSquaresRequest) -> RegressionResult:
         rel = second_moments(study_id)
         label = _label(rel, body.label)
-        model = LeastSquares(label=label, debias=body.debias).fit(rel)
-        return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
-                                coef=finite(model.coef_, "solution"), alpha=0.0, tau=float(model.tau_),
-                                n_floored=int(model.n_floored_), debias=body.debias,
-                                n_reports=rel.n_reports)
+        return regression(study_id, rel, label, LeastSquares(
+            label=label, debias=body.debias, fit_intercept=body.fit_intercept), body)
 
     @app.post("/v1/studies/{study_id}/analyses/pca", dependencies=auth)
     def pca(study_id: str, body: PCARequest) -> PCAResult:
         rel = second_moments(study_id)
-        if body.n_components > len(rel.columns):
+        names = release_columns(rel)
+        if body.n_components > len(names):
             raise ProblemError("invalid-request",
-                               f"n_components must be at most d = {len(rel.columns)}")
-        model = PCA(n_components=body.n_components, debias=body.debias).fit(rel)
-        return PCAResult(study_id=study_id, columns=rel.columns,
+                               f"n_components must be at most d = {len(names)}")
+        try:
+            model = PCA(n_components=body.n_components, debias=body.debias, columns=names,
+                        center=body.center).fit(rel)
+        except ValueError as exc:
+            raise ProblemError("invalid-request", str(exc)) from None
+        return PCAResult(study_id=study_id, columns=names,
                          components=finite(model.components_, "components"),
                          explained_variance=finite(model.explained_variance_, "explained variance"),
+                         explained_variance_ratio=[float(v) for v in model.explained_variance_ratio_],
+                         mean=finite(model.mean_, "mean"), centered=model.centered_,
                          debias=body.debias, n_reports=rel.n_reports)
 
     return app

@@ -274,16 +274,29 @@ class Coordinator:
     def create_study(self, **design_args) -> tuple[Study, list[str]]:
         """Design a study for this cluster (k, s, lambda_star, sigma, f) and provision it everywhere."""
         auto = design_args.get("kind") == "auto"
+        chosen: list[str] = []
+        if auto and design_args.get("histogram") is not None:
+            auto, design_args["kind"] = False, "histogram"
+            chosen = ["Kind: auto chose histogram: the request gives bins."]
+        elif auto and design_args.get("parties") is not None:
+            auto, design_args["kind"] = False, "sketch"
+            chosen = ["Kind: auto chose sketch: only a sketch study can have parties (docs/vertical.md)."]
+        elif auto and ((design_args.get("k") or 1) > 1 or design_args.get("secret_sign")):
+            auto, design_args["kind"] = False, "sketch"
+            chosen = ["Kind: auto chose sketch: the request sets the sketch's shape (k > 1) or its secret sign."]
         if auto:
             from .recommend import recommend
 
-            design_args["kind"] = recommend(
+            rec = recommend(
                 len(design_args["columns"]), design_args["expected_reports"],
                 n_servers=len(self.config.server_ids), predict=False,
                 **{k: design_args[k] for k in ("epsilon", "delta", "row_bound", "neighbouring", "t")
                    if k in design_args},
-            ).kind
+            )
+            design_args["kind"] = rec.kind
+            chosen = [f"Kind: auto chose {rec.kind} (the most accurate kind that fits): " + " ".join(rec.reasons)]
         study, explanation = design(servers=self.config.server_ids, **design_args)  # ValueError: 422
+        explanation = chosen + explanation
         if auto and study.kind == "gram":
             # the servers' storage policies decide too, not only the upload budget
             limit, who = self.storage_limit()
@@ -291,8 +304,8 @@ class Coordinator:
                 gram_bytes = study.max_storage_bytes
                 design_args["kind"] = "sketch"
                 study, explanation = design(servers=self.config.server_ids, **design_args)
-                explanation.append(
-                    f"kind auto chose sketch: a gram study would claim {gram_bytes} bytes at each "
+                explanation.insert(0,
+                    f"Kind: auto chose sketch: a gram study would claim {gram_bytes} bytes at each "
                     f"server (max_reports = {study.max_reports}), more than {who}'s max_study_bytes "
                     f"= {limit}; this sketch study claims {study.max_storage_bytes}.")
         if study.population is not None:

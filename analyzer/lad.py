@@ -311,6 +311,46 @@ class LADRegression:
         self.n_floored_ = floored
         return self
 
+    def fit_release(self, release) -> "LADRegression":
+        """Fit on a released l1 study (``analyzer.release.L1Release``) with its public noise law.
+
+        For a study with bounds the rows carry the constant coordinate, so the fit has an
+        intercept (the constant's coefficient), and, since every mapped value is scale * z, the
+        solution is the standardized one (``analyzer.moments``): it is carried back to the data's
+        units. Without bounds: the plain fit on the release's columns, no intercept."""
+        import math
+
+        from dpsketch.protocol.bounds import CONSTANT
+
+        from .estimators import to_units
+
+        study = release.study
+        columns = list(release.columns)
+        features = self.features
+        if study.has_constant:  # the intercept is the constant coordinate's coefficient
+            named = [c for c in columns if c not in (self.label, CONSTANT)] if features is None else list(features)
+            features = [*named, CONSTANT]
+        fitted = LADRegression(self.label, features, self.alpha, self.noise_correction).fit(
+            release.sketch, release.weights, columns=columns, sigma=release.sigma,
+            n_reports=release.n_reports, spec=study.l1_spec,
+            server_sigma=math.sqrt(release.server_noise_variance))
+        self.__dict__.update({k: v for k, v in vars(fitted).items() if k.endswith("_")})
+        if study.bounds is None:
+            return self
+        cmap = study.column_map
+        names = list(self.feature_names_)
+        constant = CONSTANT in names
+        keep = [i for i, c in enumerate(names) if c != CONSTANT]
+        theta0 = float(self.coef_[names.index(CONSTANT)]) if constant else 0.0
+        fi = [columns.index(names[i]) for i in keep]
+        li = columns.index(self.label)
+        self.standard_coef_ = self.coef_[keep].copy()
+        self.standard_intercept_ = theta0
+        self.coef_, self.intercept_ = to_units(self.coef_[keep], theta0, cmap.mid, cmap.half, fi, li, constant)
+        self.feature_names_ = [names[i] for i in keep]
+        self.in_units_ = True
+        return self
+
     @staticmethod
     def _counts(k: int, counts, n_reports, spec) -> np.ndarray:
         if counts is not None:

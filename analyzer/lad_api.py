@@ -8,7 +8,6 @@ parameters are 422 ``invalid-request``; a study that is not released is 409 ``st
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -17,6 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsketch.protocol import ProblemError
+from dpsketch.protocol.bounds import CONSTANT
 
 from .lad import LADRegression
 from .release import L1Release, Release
@@ -37,7 +37,11 @@ class LADResult(BaseModel):
     study_id: str
     label: str
     features: list[str]
-    coef: list[float]
+    coef: list[float] = Field(description="per feature, in the data's units for a study with bounds")
+    intercept: float = Field(default=0.0, description="in the label's units (a study with bounds: its rows "
+                             "carry a constant coordinate); 0 for a study without bounds")
+    in_units: bool = Field(default=False, description="whether the study declared bounds, so the answer is "
+                           "in the data's units")
     objective: float
     alpha: float
     noise_correction: str
@@ -56,14 +60,16 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
         label = body.label or rel.study.label
         if label is None or label not in rel.columns:
             raise ProblemError("invalid-request", f"label must be one of the columns {rel.columns}; got {label!r}")
+        if label == CONSTANT:
+            raise ProblemError("invalid-request", "the constant coordinate cannot be the label")
         try:
-            model = LADRegression(label=label, alpha=body.alpha, noise_correction=body.noise_correction).fit(
-                rel.sketch, rel.weights, columns=rel.columns, sigma=rel.sigma, n_reports=rel.n_reports,
-                spec=rel.study.l1_spec, server_sigma=math.sqrt(rel.server_noise_variance))
+            model = LADRegression(label=label, alpha=body.alpha, noise_correction=body.noise_correction).fit_release(rel)
         except (ValueError, KeyError) as exc:
             raise ProblemError("invalid-request", str(exc).strip("'\"")) from None
         if not np.all(np.isfinite(model.coef_)):
             raise ProblemError("invalid-request", "the solution is not finite for these parameters")
         return LADResult(study_id=study_id, label=label, features=[str(f) for f in model.feature_names_],
-                         coef=model.coef_.tolist(), objective=float(model.objective_), alpha=float(body.alpha),
-                         noise_correction=body.noise_correction, n_reports=rel.n_reports)
+                         coef=model.coef_.tolist(), intercept=float(model.intercept_),
+                         objective=float(model.objective_), alpha=float(body.alpha),
+                         noise_correction=body.noise_correction, n_reports=rel.n_reports,
+                         in_units=rel.study.bounds is not None)

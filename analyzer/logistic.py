@@ -82,6 +82,7 @@ from typing import Any
 import numpy as np
 
 from .estimators import _as_matrix, default_ridge_alpha, robust_solve
+from .moments import standard_moments
 from .release import column_indices, noise_scale_of
 
 CALIBRATIONS = ("gaussian", "taylor")
@@ -225,6 +226,9 @@ class LogisticRegression:
                                  float(noise_scale))
         if int(release.n_reports) < 2:
             raise ValueError("need at least 2 reports")
+        study = getattr(release, "study", None)
+        if study is not None and study.bounds is not None:
+            return self._fit_in_units(release, c0, c1)
         m = self._moments(release)
         n, p = m["n"], len(m["features"])
         span, shift = c1 - c0, c0 + c1
@@ -275,6 +279,34 @@ class LogisticRegression:
         self.n_floored_ = floored
         self.n_reports_ = n
         self.calibration_ = calibration
+        return self
+
+    def _fit_in_units(self, release, c0: float, c1: float) -> "LogisticRegression":
+        """A study with bounds: fit in its standardized space (``analyzer.moments``; the labels
+        c0, c1 mapped there too), then carry the decision function back to the data's units:
+        b + sum w_c z_c = (b - sum w_c mid_c / half_c) + sum (w_c / half_c) x_c."""
+        m = standard_moments(release, self.debias)
+        if self.label not in m.columns:
+            raise ValueError(f"label {self.label!r} is not in the release (columns: {m.columns})")
+        (li,) = m.index([self.label])
+        z_classes = [(c - m.mid[li]) / m.half[li] for c in (c0, c1)]
+        standard = _GramInput(m.columns, m.n, m.gram, m.sums, m.noise_scale, m.cross_noise_scale)
+        inner = LogisticRegression(self.label, classes=z_classes, alpha=self.alpha, debias=self.debias,
+                                   features=self.features, fit_intercept=self.fit_intercept,
+                                   calibration=self.calibration)
+        inner.fit(standard)
+        fi = m.index(inner.feature_names_)
+        w = inner.coef_[0]
+        coef = w / m.half[fi]
+        intercept = float(inner.intercept_[0] - w @ (m.mid[fi] / m.half[fi]))
+        for name, value in vars(inner).items():
+            if name.endswith("_"):
+                setattr(self, name, value)
+        self.standard_coef_, self.standard_intercept_ = w.copy(), float(inner.intercept_[0])
+        self.coef_ = coef.reshape(1, -1)
+        self.intercept_ = np.array([intercept])
+        self.classes_ = np.array([c0, c1])
+        self.in_units_ = True
         return self
 
     @staticmethod

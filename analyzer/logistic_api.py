@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dpsketch.protocol import ProblemError
 
 from .logistic import LogisticRegression, check_classes
+from .moments import release_columns
 from .release import HistogramRelease, L1Release, Release
 
 
@@ -31,7 +32,8 @@ class LogisticRequest(BaseModel):
     debias: bool = Field(default=True, description="subtract the known noise energy from the Gram (sketch)")
     fit_intercept: bool = True
     intercept_column: str | None = Field(default=None, description="a column holding one positive constant "
-                                         "(needed for an intercept on a sketch study)")
+                                         "(needed for an intercept on a sketch study without bounds; a study "
+                                         "with bounds carries its own constant)")
     calibration: Literal["gaussian", "taylor"] = Field(
         default="gaussian", description="taylor: the Taylor-at-0 surrogate's minimiser (paper 002); gaussian: "
         "its direction, with scale and intercept from the within-class score distribution (docs/logistic.md)")
@@ -42,8 +44,11 @@ class LogisticResult(BaseModel):
     label: str
     classes: list[float]
     features: list[str]
-    coef: list[float]
+    coef: list[float] = Field(description="per feature, on the log-odds scale per unit of the feature (in the "
+                              "data's units for a study with bounds)")
     intercept: float
+    in_units: bool = Field(default=False, description="whether the study declared bounds, so coef is per unit "
+                           "of each feature in the data's units")
     alpha: float
     calibration: str
     debias: bool
@@ -60,8 +65,9 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
             raise ProblemError("invalid-request", f"study {study_id} is a {rel.study.kind} study: logistic "
                                f"regression needs a gram or sketch study")
         label = body.label or rel.study.label
-        if label is None or label not in rel.columns:
-            raise ProblemError("invalid-request", f"label must be one of the columns {rel.columns}; got {label!r}")
+        names = release_columns(rel)
+        if label is None or label not in names:
+            raise ProblemError("invalid-request", f"label must be one of the columns {names}; got {label!r}")
         try:
             classes = check_classes(body.classes)
             model = LogisticRegression(label=label, classes=classes, alpha=body.alpha, debias=body.debias,
@@ -76,4 +82,5 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
         return LogisticResult(study_id=study_id, label=label, classes=list(classes),
                               features=list(model.feature_names_), coef=model.coef_[0].tolist(),
                               intercept=float(model.intercept_[0]), alpha=float(model.alpha_),
-                              calibration=model.calibration_, debias=body.debias, n_reports=rel.n_reports)
+                              calibration=model.calibration_, debias=body.debias, n_reports=rel.n_reports,
+                              in_units=bool(getattr(model, "in_units_", False)))

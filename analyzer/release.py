@@ -132,7 +132,9 @@ class StudyRelease(SecondMomentsBase):
 
     @property
     def columns(self) -> list[str]:  # type: ignore[override]
-        return list(self.study.columns)
+        """The release's columns: the study's, then ``"1"`` when its rows carry the constant
+        coordinate (a study with bounds of the sketch, moments or l1 kind)."""
+        return list(self.study.row_columns)
 
     @property
     def sigma(self) -> float:
@@ -165,7 +167,7 @@ class SketchRelease(StudyRelease):
     n_reports: int
 
     def __post_init__(self) -> None:
-        self._check("sketch", (self.study.k, self.study.d), "sketch")
+        self._check("sketch", (self.study.k, self.study.row_width), "sketch")
 
     @classmethod
     def from_ring_sum(cls, study: Study, ring_sum: np.ndarray, n_reports: int) -> "SketchRelease":
@@ -202,7 +204,7 @@ class SketchRelease(StudyRelease):
         v (2 sqrt(k d) + d) in spectral norm (Bai-Yin). The noise-by-data cross terms are not
         included: they depend on A.
         """
-        k, d = self.study.k, self.study.d
+        k, d = self.study.k, self.study.row_width
         return self.gram_bias * (2.0 * math.sqrt(d / k) + d / k)
 
     def gram(self, debias: bool = True) -> np.ndarray:
@@ -366,7 +368,7 @@ class L1Release(StudyRelease):
     def __post_init__(self) -> None:
         if self.study.kind != "l1":
             raise ValueError(f"an L1Release needs an l1 study, not {self.study.kind!r}")
-        self._check("sketch", (self.study.k, self.study.d), "l1 sketch")
+        self._check("sketch", (self.study.k, self.study.row_width), "l1 sketch")
 
     @property
     def weights(self) -> np.ndarray:

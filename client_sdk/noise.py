@@ -52,14 +52,36 @@ def clip_rows(rows: np.ndarray, bound: float) -> np.ndarray:
     return a
 
 
+def ball_rows(rows: np.ndarray, study: Study) -> np.ndarray:
+    """Rows in the study's row space, before clipping: mapped by the study's bounds (clamp each
+    value, centre and scale into the cube, append the constant coordinate, scale into the ball:
+    ``dpsketch.protocol.bounds``), or as given when the study declares none."""
+    if study.bounds is None:
+        return np.asarray(rows, dtype=np.float64)
+    return study.column_map.to_ball(rows)
+
+
 def client_vectors(rows: np.ndarray, study: Study) -> np.ndarray:
-    """What a client of this study shares before noise: its row clipped to the study's clip bound
-    (sketch), the feature vector [a, u(a a^T), 1] of that row (gram), or the one-hot vector of
-    the cell its raw values fall in (histogram; ``rows`` then holds the values,
-    ``HistogramValueError`` if one has no cell)."""
+    """What a client of this study shares before noise: its row mapped by the study's bounds (if
+    any) and clipped to the study's clip bound (sketch), the feature vector [a, u(a a^T), 1] of
+    that row (gram), or the one-hot vector of the cell its raw values fall in (histogram;
+    ``rows`` then holds the values, ``HistogramValueError`` if one has no cell)."""
     if study.histogram is not None:
         return study.histogram.one_hot(study.histogram.cell_index(rows))
-    return features.client_vectors(study.kind, clip_rows(rows, study.clip_bound))
+    return features.client_vectors(study.kind, clip_rows(ball_rows(rows, study), study.clip_bound))
+
+
+def limited_counts(rows: np.ndarray, study: Study) -> tuple[np.ndarray, int]:
+    """What the map into the ball changed, for the data owner to see: per column, how many values
+    were clamped to the study's bounds, and how many rows were clipped to its row bound (with
+    bounds none: the box maps inside the ball; without, every row of norm above the bound)."""
+    a = np.asarray(rows, dtype=np.float64)
+    if study.histogram is not None:
+        return np.zeros(study.d, dtype=np.int64), 0
+    if study.bounds is not None:  # the cube's corners sit on the sphere: only rounding can pass it
+        over = row_norms(ball_rows(a, study)) > study.clip_bound * (1.0 + 1e-9)
+        return study.column_map.clamped_counts(a), int(np.count_nonzero(over))
+    return np.zeros(study.d, dtype=np.int64), int(np.count_nonzero(row_norms(a) > study.clip_bound))
 
 
 def noisy_encoded(vectors: np.ndarray, study: Study, stream: Keystream | None = None) -> np.ndarray:

@@ -41,6 +41,10 @@ class PreparedBatch:
     #: one party's blocks (``prepare_blocks``): the party's name and each block's pseudonym
     party: str | None = None
     pseudonyms: list[bytes] | None = None
+    #: per column, how many of the batch's values were clamped to the study's bounds; and how
+    #: many rows were clipped to its row bound (``noise.limited_counts``): what the data owner sees
+    clamped: np.ndarray | None = None
+    clipped: int = 0
 
     def __len__(self) -> int:
         return len(self.report_ids)
@@ -85,16 +89,20 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
     take in and 8 x width bytes a report to store instead of 32, so no server should take them all.
     """
     stream = Keystream()  # every random bit of this batch: noise, shares, salts
+    clamped, clipped = None, 0
     if study.histogram is not None:  # raw values: the bins decide what they mean
         rows = _data.check_values(rows, study.d)
         try:
             encoded = noise.privatize_encoded(rows, study, stream)
         except HistogramValueError as exc:
             raise _data.InvalidDataError(str(exc)) from None
-    elif study.secret_sign:
-        encoded = noise.noisy_encoded(signed_vectors(_data.check_rows(rows, study.d), study, stream), study, stream)
     else:
-        encoded = noise.privatize_encoded(_data.check_rows(rows, study.d), study, stream)
+        rows = _data.check_rows(rows, study.d)
+        clamped, clipped = noise.limited_counts(rows, study)
+        if study.secret_sign:
+            encoded = noise.noisy_encoded(signed_vectors(rows, study, stream), study, stream)
+        else:
+            encoded = noise.privatize_encoded(rows, study, stream)
     n = study.n_servers
     if compress:
         full = n - 1 if full is None else full
@@ -105,10 +113,11 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
         contents = [binding.CONTENT_SHARE if s is None else binding.CONTENT_SEED for s in per_server]
         payloads = [last if s is None else s for s in per_server]
         ids, proofs = binding.bind(study.study_id, contents, payloads, stream=stream)
-        return PreparedBatch(ids, proofs, [last if s is None else None for s in per_server], per_server)
+        return PreparedBatch(ids, proofs, [last if s is None else None for s in per_server], per_server,
+                             clamped=clamped, clipped=clipped)
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares, stream=stream)
-    return PreparedBatch(ids, proofs, shares)
+    return PreparedBatch(ids, proofs, shares, clamped=clamped, clipped=clipped)
 
 
 def signed_vectors(rows: np.ndarray, study: Study, stream: Keystream) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from . import accounting, features, l1sketch, noise as _noise, parties as _parties, privacy, ring, sketch, smoothing
+from . import accounting, bounds as _bounds, features, l1sketch, noise as _noise, parties as _parties, privacy, ring, sketch, smoothing
 from .histogram import HistogramSpec
 from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
@@ -58,6 +58,10 @@ class Study(BaseModel):
     columns: list[str] = Field(min_length=1, max_length=4096)
     label: str | None = None
     row_bound: float = Field(gt=0, le=1e6)
+    #: public [lower, upper] of every column, in column order: clients clamp each value to them
+    #: and map the row into the ball (bounds.py, docs/protocol.md section 2e), and the analyzer
+    #: answers in the data's units. Absent: rows are taken as already scaled into the ball.
+    bounds: list[list[float]] | None = None
     # transform: "sketch" shares the row and applies OSNAP; "gram" shares [a, u(a a^T), 1] and
     # sums (k = s = 1), see features.py; "moments" shares u(a a^T) alone and sums (k = s = 1);
     # "histogram" shares the one-hot vector of the row's cell and sums (k = s = 1), see histogram.py
@@ -161,6 +165,13 @@ class Study(BaseModel):
                     f"products of their own columns, and products of columns held by different "
                     f"parties need interaction (docs/vertical.md)")
             _parties.check(self.parties, self.columns, self.row_bound)
+        if self.bounds is not None:
+            _bounds.check_bounds(self.bounds, self.columns)
+            if self.kind == "histogram":
+                raise ValueError("a histogram study's bins are its bounds: it has no bounds member")
+            if self.parties is not None:
+                raise ValueError("bounds are not yet available in a study with parties (each party "
+                                 "would map its own block): scale each party's columns into its ball")
         if self.secret_sign:
             check_secret_sign(self.kind, self.k, self.parties is not None)
         if self.min_reports > self.max_reports:
@@ -213,12 +224,37 @@ class Study(BaseModel):
         return bytes.fromhex(self.seed)
 
     @property
+    def has_constant(self) -> bool:
+        """Whether each mapped row ends in the constant coordinate (a study with bounds of the
+        sketch, moments or l1 kind: it gives the release the column sums and the count that the
+        intercept and the centre need; bounds.py)."""
+        return self.bounds is not None and self.kind in _bounds.CONSTANT_KINDS
+
+    @property
+    def row_width(self) -> int:
+        """Length of a client's mapped row before its features: d, plus the constant coordinate."""
+        return self.d + (1 if self.has_constant else 0)
+
+    @property
+    def row_columns(self) -> list[str]:
+        """Names of the mapped row's coordinates: the columns, then ``"1"`` for the constant."""
+        return [*self.columns, _bounds.CONSTANT] if self.has_constant else list(self.columns)
+
+    @property
     def width(self) -> int:
-        """Values per share: d for a sketch study, d + d(d+1)/2 + 1 for a gram study, the number
-        of cells for a histogram study."""
+        """Values per share: the mapped row's width (d, or d + 1 with the constant) for a sketch or
+        l1 study, d + d(d+1)/2 + 1 for a gram study, w(w+1)/2 of the mapped row for a moments
+        study, the number of cells for a histogram study."""
         if self.histogram is not None:
             return self.histogram.cells
-        return features.width(self.kind, self.d)
+        return features.width(self.kind, self.row_width)
+
+    @property
+    def column_map(self) -> "_bounds.ColumnMap":
+        """The public map between raw values and mapped rows (identity without bounds)."""
+        if self.bounds is None:
+            return _bounds.ColumnMap.identity(self.d)
+        return _bounds.ColumnMap.of(self.bounds, self.has_constant, self.clip_bound)
 
     @property
     def value_bound(self) -> float:
@@ -385,12 +421,12 @@ class Study(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_absent_bins(self, handler):
-        """``histogram``, ``l1``, ``parties`` and ``population`` appear only in studies that have them,
+        """``bounds``, ``histogram``, ``l1``, ``parties`` and ``population`` appear only in studies that have them,
         ``secret_sign`` only when true: the JSON (and so the canonical encoding and the id) of a
         sketch or gram study is what it was before them."""
         data = handler(self)
         if isinstance(data, dict):
-            for member in ("histogram", "l1", "parties", "population"):
+            for member in ("bounds", "histogram", "l1", "parties", "population"):
                 if data.get(member) is None:
                     data.pop(member, None)
             if data.get("secret_sign") is False:
@@ -598,6 +634,7 @@ def design(
     parties: Sequence[_parties.Party | dict] | None = None,
     population: str | None = None,
     secret_sign: bool | None = None,
+    bounds: "dict[str, Sequence[float]] | Sequence[Sequence[float]] | None" = None,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
@@ -620,6 +657,9 @@ def design(
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
     share server's default policy refuses such a study).
+    ``bounds`` ({column: [lower, upper]} or pairs in column order) are the public range of every
+    column: clients clamp to them and map each row into the ball (bounds.py), and the analyzer
+    answers in the data's units; without them rows must already be scaled into the ball.
     """
     if kind not in features.KINDS:
         raise ValueError(f"kind must be one of {features.KINDS}, got {kind!r}")
@@ -637,6 +677,10 @@ def design(
         raise ValueError(f"only a histogram study has bins, not a {kind} study")
     if parties is not None:
         parties, columns = _design_parties(parties, columns, row_bound)
+    if bounds is not None:
+        if kind == "histogram":
+            raise ValueError("a histogram study's bins are its bounds: leave bounds out")
+        bounds = _bounds.bounds_from_mapping(bounds, list(columns))
     d = len(columns)
     if expected_reports < 2:
         raise ValueError("expected_reports must be at least 2")
@@ -674,7 +718,8 @@ def design(
         lambda_star = privacy.choose_lambda_star(min_reports, k, t, expected_reports)
     if epsilon_floor == "default":
         epsilon_floor = max(DEFAULT_EPSILON_FLOOR, float(epsilon))
-    width = histogram.cells if histogram is not None else features.width(kind, d)
+    constant = bounds is not None and kind in _bounds.CONSTANT_KINDS
+    width = histogram.cells if histogram is not None else features.width(kind, d + (1 if constant else 0))
     if secret_sign is None:
         secret_sign = signs_by_default(kind, k, parties is not None)
     elif secret_sign:
@@ -691,6 +736,7 @@ def design(
         columns=columns,
         label=label,
         row_bound=row_bound,
+        bounds=bounds,
         kind=kind,
         histogram=histogram,
         l1=l1,
@@ -763,6 +809,20 @@ def design(
         f"Ring: f = {frac_bits} fractional bits; {max_reports} reports of |x| <= "
         f"{bound:.4g} cannot overflow 2^63.",
     ]
+    if bounds is not None:
+        shown = ", ".join(f"{c} in [{lo:g}, {hi:g}]" for c, (lo, hi) in zip(columns, bounds))
+        explanation.append(
+            f"Bounds: {shown}. Each client clamps every value to its column's bounds (counting what it "
+            f"clamped) and maps its row into the ball of radius B = {row_bound:g}"
+            + (" with a constant coordinate, so the release carries the column sums and count (the "
+               "intercept and the centre)" if constant else "")
+            + "; answers come back in the data's units.")
+    elif kind != "histogram":
+        explanation.append(
+            f"Warning: no bounds declared. Every row is taken as already scaled into the ball of radius "
+            f"B = {row_bound:g}: a row of raw values (a wage of 2,500) is clipped to norm {row_bound:g} "
+            f"and the answers come back in that scale, without an intercept for a sketch study. "
+            f"Declare the columns' bounds (or run a pilot study to propose them) to work in units.")
     if population is not None:
         explanation.append(
             f"Population {population!r}: every server charges this study's privacy loss (epsilon = "
