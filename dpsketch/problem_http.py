@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE, Problem
-from dpsketch.protocol.problems import CATALOGUE, ProblemError
+from dpsketch.protocol.problems import CATALOGUE, ProblemError, summarize_errors  # noqa: F401 (re-exported for services)
 
 log = logging.getLogger("dpsketch")
 
@@ -43,16 +43,6 @@ def problem_response(err: ProblemError, request: Request | None = None) -> JSONR
     instance = request.url.path if request is not None else None
     return JSONResponse(err.body(instance), status_code=err.status, headers=err.headers or None,
                         media_type=PROBLEM_MEDIA_TYPE)
-
-
-def summarize_errors(errors: list[dict[str, Any]], limit: int = 5) -> str:
-    """pydantic errors as one readable line, without echoing (possibly huge) inputs."""
-    parts = []
-    for err in errors[:limit]:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
-    return "; ".join(parts) + more
 
 
 def install(app: FastAPI) -> None:

@@ -108,3 +108,18 @@ class ProblemError(Exception):
         if slug not in CATALOGUE:
             slug = "internal-error" if status >= 500 else "invalid-request"
         return cls(slug, str(body.get("detail", body)), status=status)
+
+
+def summarize_errors(errors: list[dict[str, Any]], limit: int = 5) -> str:
+    """pydantic errors as one readable line naming each offending field (``columns: column name
+    '1b' must match ...``), without echoing (possibly huge) inputs or pydantic's boilerplate."""
+    parts = []
+    for err in errors[:limit]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        msg = str(err.get("msg", "invalid"))
+        for prefix in ("Value error, ", "Assertion failed, "):
+            if msg.startswith(prefix):
+                msg = msg[len(prefix):]
+        parts.append(f"{loc}: {msg}")
+    more = f" (and {len(errors) - limit} more)" if len(errors) > limit else ""
+    return "; ".join(parts) + more

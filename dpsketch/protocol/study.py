@@ -594,6 +594,19 @@ def default_k(expected_reports: int, d: int, sigma_local: float, row_bound: floa
     return max(s, (int(k) // s) * s)
 
 
+def _validated(**fields) -> Study:
+    """A Study, or ValueError with one sentence naming the offending field(s), never pydantic's
+    multi-line dump (the analyzer passes it on as 422 invalid-study, the CLI prints it)."""
+    from pydantic import ValidationError
+
+    from .problems import summarize_errors
+
+    try:
+        return Study(**fields)
+    except ValidationError as exc:
+        raise ValueError(summarize_errors(exc.errors())) from None
+
+
 def _arithmetic_is_invalid_input(fn):
     """Extreme but schema-valid inputs (a row bound of 5e-324, say) underflow or overflow inside
     the design formulas; that is an invalid study (ValueError, a 422 over HTTP), not a crash, for
@@ -730,7 +743,7 @@ def design(
     bound = value_bound(kind, row_bound, sigma)
     server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * math.sqrt(s + 1 if kind == "l1" else s)
     frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)
-    study = Study(
+    study = _validated(
         name=name,
         population=population,
         columns=columns,
