@@ -285,13 +285,16 @@ def moment_law(release, columns: Sequence[str]) -> tuple[np.ndarray, MomentLaw]:
     * :class:`~analyzer.release.GramSumRelease` (gram, moments): M_hat from the release
       (``gram()``, ``row_sum``, ``n_reports``) and an :class:`AdditiveLaw`;
     * :class:`~analyzer.release.SketchRelease` (k > 1): M_hat = the debiased Gram Y^T Y - b I and a
-      :class:`SketchLaw` whose M is M_hat floored to PSD.
+      :class:`SketchLaw` whose M is M_hat floored to PSD;
+    * an exact :class:`~analyzer.release.GramRelease` (no noise declared: the non-private
+      baseline): its Gram and a zero law (standard errors 0). A noisy GramRelease (the central
+      baselines) declares no law: TypeError.
 
     Raises KeyError for an unknown column (or "1" on a release without a row sum), TypeError for a
     release without a Gram (histogram, l1) and ValueError for a sketch study with k = 1 (its
     Y^T Y is not an estimate of A^T A).
     """
-    from .release import GramSumRelease, SketchRelease
+    from .release import GramRelease, GramSumRelease, SketchRelease
 
     names = list(columns)
     if not names:
@@ -336,6 +339,10 @@ def moment_law(release, columns: Sequence[str]) -> tuple[np.ndarray, MomentLaw]:
                 "sigma": float(release.sigma), "server_noise_variance": nv, "beta": beta,
                 "gamma": gamma, "secret_sign": bool(study.secret_sign)}
         return m_hat, SketchLaw(moments=m_hat, k=k, beta=beta, gamma=gamma, info=info)
+    if isinstance(release, GramRelease) and not release.bias and not release.gram_noise_scale:
+        idx = [_index(cols, c) for c in names]  # an exact (noise-free) Gram: nothing to add
+        m_hat = np.asarray(release.gram(), dtype=np.float64)[np.ix_(idx, idx)]
+        return m_hat, AdditiveLaw(variance=np.zeros((len(idx), len(idx))), info={"kind": "exact"})
     kind = getattr(getattr(release, "study", None), "kind", type(release).__name__)
     raise TypeError(f"no second-moment law for a {kind} release (gram, moments and sketch releases have one)")
 

@@ -154,6 +154,7 @@ class LinearCase:
 
     least_squares: CoverageRun
     ridge: CoverageRun
+    first_order: CoverageRun  # least squares without the small-sample factor, normal quantile
     moments: np.ndarray  # the exact M over the analysed columns
     law_at_truth: U.MomentLaw
     deviations: list[np.ndarray] = field(default_factory=list)  # one (p, p) dM per release
@@ -178,6 +179,8 @@ def linear_case(kind: str, n: int, epsilon: float, reps: int, seed: int, secret_
     names = FEATURES + ["c" if sketch_kind else "intercept"]
     ls = CoverageRun(f"{label}: least squares", names, target)
     ridge = CoverageRun(f"{label}: ridge (default alpha)", names, target)
+    first = CoverageRun(f"{label}: least squares, first order (no k / (k - p - 1), normal quantile)",
+                        names, target)
     phi_sum = features.gram_features(rows).sum(axis=0) if not sketch_kind else None
     deviations = []
     law_at_truth = None
@@ -195,11 +198,12 @@ def linear_case(kind: str, n: int, epsilon: float, reps: int, seed: int, secret_
         theta, _ = robust_solve(m_hat[np.ix_(x_idx, x_idx)], m_hat[x_idx, y_idx], tau)
         cov = U.linear_fit_covariance(m_hat, law, x_idx, y_idx, theta, floor=tau)
         ls.add(theta, *U.intervals(theta, cov, LEVEL, dof))
+        first.add(theta, *U.intervals(theta, cov / U.small_sample_factor(law, len(x_idx)), LEVEL))
         pen = _ridge_penalty(m_hat, x_idx, tau, const_pos, float(getattr(release, "cross_noise_scale", 0.0)))
         theta_r, _ = robust_solve(m_hat[np.ix_(x_idx, x_idx)] + np.diag(pen), m_hat[x_idx, y_idx], tau)
         cov_r = U.linear_fit_covariance(m_hat, law, x_idx, y_idx, theta_r, penalty=pen, floor=tau)
         ridge.add(theta_r, *U.intervals(theta_r, cov_r, LEVEL, dof))
-    return LinearCase(ls, ridge, m_true, law_at_truth, deviations, time.perf_counter() - t0)
+    return LinearCase(ls, ridge, first, m_true, law_at_truth, deviations, time.perf_counter() - t0)
 
 
 @dataclass
@@ -305,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         case = linear_case(kind, n, eps, reps, seed, secret_sign=sign)
         print(case.least_squares.row(), flush=True)
         print(case.ridge.row(), flush=True)
+        if kind == "sketch":
+            print(case.first_order.row(), flush=True)
     sampling = sampling_case(20_000, 1.0, reps, seed)
     sampling.total.note = f"sampling var / noise var = {sampling.sampling_over_noise:.2f}"
     for run in (sampling.total, sampling.noise_only, sampling.sampling_only):
