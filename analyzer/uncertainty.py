@@ -137,6 +137,7 @@ class MomentLaw:
     * :meth:`entry_variance`: Var(dM_ab) as a p x p matrix;
     * :meth:`product_covariance`: Cov(dM w) for a fixed p-vector w (p x p): what a linear fit
       needs (d theta = H^{-1} (dM w)_x, w = [-theta; 1]);
+    * :meth:`bilinear`: Cov(<A1, dM>, <A2, dM>) for symmetric A1, A2 (any linear functional);
     * :meth:`upper_covariance`: the covariance of the upper-triangle vector of dM (row-major,
       diagonal included; size p(p+1)/2), for Jacobians and for sampling.
 
@@ -158,6 +159,10 @@ class MomentLaw:
         return np.asarray(self.covariance(i, j, i, j), dtype=np.float64)
 
     def product_covariance(self, w: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def bilinear(self, a1: np.ndarray, a2: np.ndarray) -> float:  # pragma: no cover - abstract
+        """Cov(<A1, dM>, <A2, dM>) for symmetric A1, A2 (Frobenius products)."""
         raise NotImplementedError
 
     def upper_covariance(self) -> np.ndarray:
@@ -214,6 +219,10 @@ class AdditiveLaw(MomentLaw):
         w = np.asarray(w, dtype=np.float64)
         h = self._half()
         return np.diag(h @ (w * w)) + h * np.outer(w, w)
+
+    def bilinear(self, a1: np.ndarray, a2: np.ndarray) -> float:
+        """Cov(<A1, dM>, <A2, dM>) for symmetric A1, A2: 2 sum_ab V'_ab A1_ab A2_ab."""
+        return 2.0 * float(np.sum(self._half() * a1 * a2))
 
 
 @dataclass(frozen=True)
@@ -309,13 +318,13 @@ def moment_law(release, columns: Sequence[str]) -> tuple[np.ndarray, MomentLaw]:
         p = len(names)
         m_hat = np.zeros((p, p))
         variance = np.zeros((p, p))
+        constant = [name == CONSTANT and name not in cols for name in names]
         for i, a in enumerate(names):
             for j, b in enumerate(names):
-                if a == CONSTANT and a not in cols and b == CONSTANT and b not in cols:
+                if constant[i] and constant[j]:
                     m_hat[i, j], variance[i, j] = float(n), 0.0
-                elif (a == CONSTANT and a not in cols) or (b == CONSTANT and b not in cols):
-                    other = b if a == CONSTANT and a not in cols else a
-                    m_hat[i, j], variance[i, j] = _row_sum(release, cols, other), var
+                elif constant[i] or constant[j]:
+                    m_hat[i, j], variance[i, j] = _row_sum(release, cols, b if constant[i] else a), var
                 else:
                     ia, ib = _index(cols, a), _index(cols, b)
                     m_hat[i, j] = gram[ia, ib]
@@ -411,7 +420,7 @@ def linear_fit_covariance(m_hat: np.ndarray, law: MomentLaw, x_idx: Sequence[int
     it is held fixed. ``floor`` is the estimator's eigenvalue floor tau (H's eigenvalues below it
     are taken as tau, as analyzer.estimators.robust_solve does; 0: the pseudo-inverse). ``coef``
     is the fitted theta (it enters through w). With ``small_sample`` a sketch law's covariance is
-    multiplied by :func:`small_sample_factor`.
+    multiplied by :func:`small_sample_factor` (all inf when k <= p + 1: no finite interval).
     """
     m_hat = np.asarray(m_hat, dtype=np.float64)
     x_idx = [int(i) for i in x_idx]
@@ -427,7 +436,10 @@ def linear_fit_covariance(m_hat: np.ndarray, law: MomentLaw, x_idx: Sequence[int
     c = law.product_covariance(w)[np.ix_(x_idx, x_idx)]
     cov = h_inv @ c @ h_inv
     if small_sample:
-        cov = cov * small_sample_factor(law, len(x_idx))
+        factor = small_sample_factor(law, len(x_idx))
+        if not math.isfinite(factor):  # k <= p + 1: the release cannot bound the fit's spread
+            return np.full_like(cov, math.inf)
+        cov = cov * factor
     return 0.5 * (cov + cov.T)
 
 

@@ -142,9 +142,7 @@ def test_product_covariance_and_bilinear_agree_with_the_entrywise_covariance(whi
     np.testing.assert_allclose(law.product_covariance(w), np.einsum("abce,b,e->ac", full, w, w), rtol=1e-10)
     a1, a2 = rng.normal(size=(2, p, p))
     a1, a2 = a1 + a1.T, a2 + a2.T
-    expected = np.einsum("ab,abce,ce->", a1, full, a2)
-    if which == "sketch":
-        np.testing.assert_allclose(law.bilinear(a1, a2), expected, rtol=1e-10)
+    np.testing.assert_allclose(law.bilinear(a1, a2), np.einsum("ab,abce,ce->", a1, full, a2), rtol=1e-10)
     iu, ju = U.upper_pairs(p)
     np.testing.assert_allclose(law.upper_covariance(), full[iu, ju][:, iu, ju], rtol=1e-12)
     draws = law.sample(rng, 20_000)
@@ -241,10 +239,12 @@ def test_sketch_small_sample_factor_and_t_quantile():
     assert U.small_sample_factor(law, 7) == math.inf
     assert U.small_sample_factor(U.AdditiveLaw(variance=np.eye(5)), 4) == 1.0
     assert U.interval_dof(law, 4) == 4.0 and U.interval_dof(U.AdditiveLaw(variance=np.eye(2)), 1) is None
-    theta = np.zeros(7)
-    cov = U.linear_fit_covariance(x.T @ x + np.eye(5), law, [0, 1, 2, 3], 4, theta[:4])
-    first = U.linear_fit_covariance(x.T @ x + np.eye(5), law, [0, 1, 2, 3], 4, theta[:4], small_sample=False)
+    cov = U.linear_fit_covariance(x.T @ x + np.eye(5), law, [0, 1, 2, 3], 4, np.zeros(4))
+    first = U.linear_fit_covariance(x.T @ x + np.eye(5), law, [0, 1, 2, 3], 4, np.zeros(4), small_sample=False)
     np.testing.assert_allclose(cov, first * 8 / 3)
+    seven = U.linear_fit_covariance(np.eye(9) + 1.0, U.SketchLaw(moments=np.eye(9), k=8, beta=1.0, gamma=8.0),
+                                    list(range(7)), 8, np.zeros(7))
+    assert np.all(np.isinf(seven)) and np.all(np.isinf(U.intervals(np.zeros(7), seven)[2]))
     assert U.quantile(0.95) == pytest.approx(1.959964, abs=1e-6)
     assert U.quantile(0.95, 4.0) == pytest.approx(2.776445, abs=1e-6)
     se, lo, hi = U.intervals(np.array([1.0, 2.0]), np.diag([4.0, 0.25]), 0.95)
