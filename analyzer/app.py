@@ -185,6 +185,19 @@ class RegressionResult(BaseModel):
     coef: list[float] = Field(description="per feature, in the data's units (label units per feature unit) "
                               "for a study with bounds")
     intercept: float = Field(default=0.0, description="in the label's units; 0 without an intercept")
+    stderr: list[float | None] = Field(default_factory=list, description="per feature: the standard error "
+                                       "for statements about the population the rows came from (the "
+                                       "release's public noise law plus least squares' sampling error); "
+                                       "null where the release cannot bound it")
+    conf_int: list[list[float | None]] = Field(default_factory=list, description="per feature: [low, high] "
+                                               "at `confidence`, from stderr")
+    intercept_stderr: float | None = None
+    intercept_conf_int: list[float | None] | None = None
+    noise_stderr: list[float | None] = Field(default_factory=list, description="per feature (then the "
+                                             "intercept, when fitted): the release's noise alone, how far "
+                                             "this answer may lie from least squares on the same rows "
+                                             "without privacy")
+    confidence: float = 0.95
     fit_intercept: bool = False
     in_units: bool = Field(default=False, description="whether the study declared bounds, so coef and "
                            "intercept are in the data's units")
@@ -235,6 +248,12 @@ class GramView(BaseModel):
     )
     row_sum: list[float] | None = Field(None, description="noisy sum of the rows (gram study only)")
     noisy_count: float | None = Field(None, description="noisy count (gram study only)")
+
+
+def _json_number(x: float) -> float | None:
+    """A float for JSON, or None where it is not finite (an interval the release cannot bound)."""
+    x = float(x)
+    return x if np.isfinite(x) else None
 
 
 def _view(rec: StudyRecord) -> StudyView:
@@ -438,9 +457,17 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             model.fit(rel)
         except ValueError as exc:
             raise ProblemError("invalid-request", str(exc)) from None
+        p = len(model.feature_names_)
+        se = [_json_number(v) for v in model.stderr()]
+        ci = [[_json_number(a), _json_number(b)] for a, b in model.conf_int(body.confidence)]
         return RegressionResult(study_id=study_id, label=label, features=list(model.feature_names_),
                                 coef=finite(model.coef_, "solution"),
                                 intercept=finite(np.array([model.intercept_]), "intercept")[0],
+                                stderr=se[:p], conf_int=ci[:p],
+                                intercept_stderr=se[p] if model.fit_intercept_ else None,
+                                intercept_conf_int=ci[p] if model.fit_intercept_ else None,
+                                noise_stderr=[_json_number(v) for v in model.stderr(population=False)],
+                                confidence=body.confidence,
                                 fit_intercept=model.fit_intercept_, in_units=model.in_units_,
                                 alpha=float(model.alpha_), tau=float(model.tau_),
                                 n_floored=int(model.n_floored_), debias=body.debias, n_reports=rel.n_reports)

@@ -114,6 +114,12 @@ def check_classes(classes: Any) -> tuple[float, float]:
     return values[0], values[1]
 
 
+def _logit_to_units(w: np.ndarray, b: float, mid: np.ndarray, half: np.ndarray) -> tuple[np.ndarray, float]:
+    """A decision function b + sum w_c z_c of standardized z = (x - mid) / half, in units:
+    (w / half, b - sum w_c mid_c / half_c)."""
+    return w / half, float(b - w @ (mid / half))
+
+
 class LogisticRegression:
     """Binary logistic regression of ``label`` on the other columns, from a release.
 
@@ -288,26 +294,81 @@ class LogisticRegression:
         m = standard_moments(release, self.debias)
         if self.label not in m.columns:
             raise ValueError(f"label {self.label!r} is not in the release (columns: {m.columns})")
-        (li,) = m.index([self.label])
-        z_classes = [(c - m.mid[li]) / m.half[li] for c in (c0, c1)]
-        standard = _GramInput(m.columns, m.n, m.gram, m.sums, m.noise_scale, m.cross_noise_scale)
-        inner = LogisticRegression(self.label, classes=z_classes, alpha=self.alpha, debias=self.debias,
-                                   features=self.features, fit_intercept=self.fit_intercept,
-                                   calibration=self.calibration)
-        inner.fit(standard)
+        inner = self._standard_fit(m.columns, m.n, m.gram, m.sums, m.noise_scale, m.cross_noise_scale, m, c0, c1)
         fi = m.index(inner.feature_names_)
         w = inner.coef_[0]
-        coef = w / m.half[fi]
-        intercept = float(inner.intercept_[0] - w @ (m.mid[fi] / m.half[fi]))
         for name, value in vars(inner).items():
             if name.endswith("_"):
                 setattr(self, name, value)
         self.standard_coef_, self.standard_intercept_ = w.copy(), float(inner.intercept_[0])
+        coef, intercept = _logit_to_units(w, float(inner.intercept_[0]), m.mid[fi], m.half[fi])
         self.coef_ = coef.reshape(1, -1)
         self.intercept_ = np.array([intercept])
         self.classes_ = np.array([c0, c1])
         self.in_units_ = True
+        self.noise_cov_ = self._noise_covariance(release, m, c0, c1)
         return self
+
+    def _standard_fit(self, columns, n, gram, sums, noise_scale, cross, m, c0, c1) -> "LogisticRegression":
+        """The fit in the standardized space of the bounds (labels mapped there too)."""
+        (li,) = m.index([self.label])
+        z_classes = [(c - m.mid[li]) / m.half[li] for c in (c0, c1)]
+        standard = _GramInput(list(columns), n, gram, sums, noise_scale, cross)
+        return LogisticRegression(self.label, classes=z_classes, alpha=self.alpha, debias=self.debias,
+                                  features=self.features, fit_intercept=self.fit_intercept,
+                                  calibration=self.calibration).fit(standard)
+
+    def _noise_covariance(self, release, m, c0: float, c1: float) -> np.ndarray:
+        """Covariance of [coef_, intercept_] (units) over the release's noise: the delta method
+        through a numerical Jacobian of the whole fit as a function of the released moments
+        (``analyzer.uncertainty.delta_covariance``; the fit is a smooth function of them, its
+        eigenvalue floor aside). The moments are taken in the release's own columns, where a
+        study with bounds has a = scale z and a constant of value kappa (its constant coordinate,
+        kappa = scale, or a gram study's count, kappa = 1): Z^T Z = M / scale^2 and the column
+        sums M[:, const] / (scale kappa). NaN where the release declares no noise law."""
+        from dpsketch.protocol.bounds import CONSTANT
+
+        from . import uncertainty
+
+        study = release.study
+        features = [c for c in m.columns if c != self.label] if self.features is None else list(self.features)
+        names = [*features, self.label, CONSTANT]
+        size = len(features) + 1
+        try:
+            m_law, law = uncertainty.moment_law(release, names)
+        except (TypeError, KeyError, ValueError):
+            return np.full((size, size), np.nan)
+        scale = study.column_map.scale
+        kappa = scale if study.has_constant else 1.0
+        p = len(features) + 1
+        order = m.index([*features, self.label])
+
+        def fit(moments: np.ndarray) -> np.ndarray:
+            gram = np.zeros((len(m.columns), len(m.columns)))
+            sums = np.zeros(len(m.columns))
+            gram[np.ix_(order, order)] = moments[:p, :p] / scale ** 2
+            sums[order] = moments[:p, p] / (scale * kappa)
+            inner = self._standard_fit(m.columns, m.n, gram, sums, m.noise_scale, m.cross_noise_scale, m, c0, c1)
+            fi = m.index(inner.feature_names_)
+            coef, intercept = _logit_to_units(inner.coef_[0], float(inner.intercept_[0]), m.mid[fi], m.half[fi])
+            return np.append(coef, intercept)
+
+        return uncertainty.delta_covariance(fit, m_law, law)
+
+    def stderr(self) -> np.ndarray:
+        """Standard errors of coef_ and (last) intercept_ over the release's noise, in units (a
+        study with bounds; NaN otherwise)."""
+        from .uncertainty import standard_errors
+
+        return standard_errors(getattr(self, "noise_cov_", np.full((self.coef_.shape[1] + 1,) * 2, np.nan)))
+
+    def conf_int(self, level: float = 0.95) -> np.ndarray:
+        """(p + 1, 2) intervals [low, high] of coef_ and (last) intercept_ over the release's noise."""
+        from .uncertainty import intervals
+
+        cov = getattr(self, "noise_cov_", np.full((self.coef_.shape[1] + 1,) * 2, np.nan))
+        _, low, high = intervals(np.append(self.coef_[0], self.intercept_), cov, level)
+        return np.column_stack([low, high])
 
     @staticmethod
     def _gaussian_calibration(beta: np.ndarray, m: dict[str, Any], xy01: np.ndarray) -> np.ndarray | None:

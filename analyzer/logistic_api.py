@@ -34,6 +34,7 @@ class LogisticRequest(BaseModel):
     intercept_column: str | None = Field(default=None, description="a column holding one positive constant "
                                          "(needed for an intercept on a sketch study without bounds; a study "
                                          "with bounds carries its own constant)")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="level of the confidence intervals")
     calibration: Literal["gaussian", "taylor"] = Field(
         default="gaussian", description="taylor: the Taylor-at-0 surrogate's minimiser (paper 002); gaussian: "
         "its direction, with scale and intercept from the within-class score distribution (docs/logistic.md)")
@@ -47,12 +48,23 @@ class LogisticResult(BaseModel):
     coef: list[float] = Field(description="per feature, on the log-odds scale per unit of the feature (in the "
                               "data's units for a study with bounds)")
     intercept: float
+    stderr: list[float | None] = Field(default_factory=list, description="per feature, then the intercept: "
+                                       "the standard error over the release's public noise law (a study "
+                                       "with bounds; null where not available)")
+    conf_int: list[list[float | None]] = Field(default_factory=list, description="per feature, then the "
+                                               "intercept: [low, high] at `confidence`")
+    confidence: float = 0.95
     in_units: bool = Field(default=False, description="whether the study declared bounds, so coef is per unit "
                            "of each feature in the data's units")
     alpha: float
     calibration: str
     debias: bool
     n_reports: int
+
+
+def _number(x: float) -> float | None:
+    """JSON has no NaN or infinity: None where an interval is not available."""
+    return float(x) if np.isfinite(x) else None
 
 
 def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> None:
@@ -83,4 +95,7 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
                               features=list(model.feature_names_), coef=model.coef_[0].tolist(),
                               intercept=float(model.intercept_[0]), alpha=float(model.alpha_),
                               calibration=model.calibration_, debias=body.debias, n_reports=rel.n_reports,
-                              in_units=bool(getattr(model, "in_units_", False)))
+                              in_units=bool(getattr(model, "in_units_", False)),
+                              stderr=[_number(v) for v in model.stderr()],
+                              conf_int=[[_number(a), _number(b)] for a, b in model.conf_int(body.confidence)],
+                              confidence=body.confidence)
