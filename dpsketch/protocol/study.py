@@ -710,8 +710,8 @@ def design(
         if k is not None:
             raise ValueError("an l1 study's k follows from its levels (l1sketch.design): leave k out")
         s = min(s, 2)
-    elif k is None:
-        k = default_k(expected_reports, d, sigma_local, row_bound, s)
+    elif k is None:  # the constant coordinate of a study with bounds is one more column to keep
+        k = default_k(expected_reports, d + (1 if bounds is not None else 0), sigma_local, row_bound, s)
     if k == 1:
         s = 1
     min_reports_note = "as requested"
@@ -847,9 +847,9 @@ def design(
             f"Each clips its block to B_j (sum of B_j^2 <= B^2) and adds the same sigma per value, "
             f"so the joined row is a single owner's report; an individual counts only when every "
             f"party's block is at every server (docs/vertical.md).")
-    if kind == "sketch" and k <= d:
+    if kind == "sketch" and k <= study.row_width:
         explanation.append(
-            f"Warning: k = {k} <= d = {d}: with {expected_reports} reports the sketch has no more "
+            f"Warning: k = {k} <= d = {study.row_width}: with {expected_reports} reports the sketch has no more "
             f"rows than columns (k is capped at n/100 so every bucket is well filled), so it "
             f"cannot keep d-dimensional structure; expect errors near the local model's. A gram "
             f"study or more reports would do better (dpsketch recommend)."
