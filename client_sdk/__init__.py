@@ -18,11 +18,13 @@ from .errors import (
     BatchFailure,
     FloorTooWeak,
     IncompleteUpload,
+    InputChanged,
     PendingUpload,
     SDKError,
     ServerProtocolError,
     ServerUnreachable,
     StudyMismatch,
+    UploadInterrupted,
 )
 from .budget import PrivacyLimit, PrivacyLimitExceeded
 from .prepare import PreparedBatch, prepare_batch
@@ -35,6 +37,7 @@ __all__ = [
     "Client",
     "FloorTooWeak",
     "IncompleteUpload",
+    "InputChanged",
     "InvalidDataError",
     "PendingUpload",
     "PreparedBatch",
@@ -44,6 +47,7 @@ __all__ = [
     "ServerUnreachable",
     "StudyMismatch",
     "SubmitResult",
+    "UploadInterrupted",
     "prepare_batch",
     "read_csv",
 ]

@@ -396,7 +396,7 @@ def test_streamed_bad_row_reports_what_was_already_sent(study, fakes):
     servers, transport = fakes
     rows = [[0.0] * 4] * 25 + [[0.0, 0.0, float("nan"), 0.0]]
     with _client(transport) as c:
-        with pytest.raises(InvalidDataError, match="row 25 column 2 is nan.*20 earlier rows were already submitted") as err:
+        with pytest.raises(InvalidDataError, match=r"row 25 column 2 \(score\) is nan.*20 earlier rows were already submitted") as err:
             c.submit_many(study.study_id, iter(rows), batch_size=10)
     assert len(err.value.report_ids) == 20  # two whole batches went out before the bad chunk
 
