@@ -11,7 +11,7 @@ import stat
 import numpy as np
 import pytest
 
-from client_sdk import IncompleteUpload, InputChanged, InvalidDataError, prepare_batch
+from client_sdk import IncompleteUpload, InputChanged, InvalidDataError, ProblemError, prepare_batch
 from client_sdk.journal import Journal, batch_key, fingerprint_rows
 from dpsketch.protocol.keystream import Keystream
 from test_sdk_unit import COLUMNS, SERVER_IDS, _client, fakes, study  # noqa: F401 (fixtures)
@@ -107,7 +107,7 @@ def test_a_changed_file_is_refused_before_anything_is_sent(study, fakes, tmp_pat
     journal = tmp_path / "journal"
     servers["s3.test"].fail = [422]  # refused at s3: the submission stays unfinished
     with _client(transport, journal=journal) as c:
-        with pytest.raises(Exception):
+        with pytest.raises((IncompleteUpload, ProblemError)):
             c.submit_many(study.study_id, csv, batch_size=10)
         np.savetxt(csv, rows[:-1], delimiter=",", header=",".join(COLUMNS), comments="", fmt="%.17g")
         before = _requests(servers)

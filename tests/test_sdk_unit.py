@@ -243,7 +243,7 @@ def test_inputs_of_every_kind():
 @pytest.mark.parametrize("bad, message", [
     (np.zeros((3, 5)), "must have 4 values"),
     (np.zeros(4), "2-D"),
-    (np.array([[1.0, 2, 3, np.nan]]), "row 0 column 3 is nan"),
+    (np.array([[1.0, 2, 3, np.nan]]), "row 0 column 3 (y) is nan"),
     ([[1, 2, 3, 4], [1, 2, 3]], "row 1 has 3 values"),
     (FakeFrame(["age", "income", "score"], np.zeros((1, 3))), "missing column(s) y"),
     ([[1, 2, 3, "x"]], "must be numbers"),
