@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 
 from analyzer.client import AnalyzerClient
-from client_sdk.data import read_csv
 from client_sdk.journal import Journal, batch_key
 from client_sdk.prepare import prepare_batch
 from conftest import cluster_for_module
