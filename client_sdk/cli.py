@@ -148,13 +148,13 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ProblemError):
         return f"{url + ': ' if url else ''}{exc.slug} ({exc.status}): {exc.detail}"
     if isinstance(exc, httpx.RequestError):
-        from .errors import unreachable_reason
+        from dpsketch.plain_errors import unreachable
 
         try:
             where = str(exc.request.url)
         except RuntimeError:  # no request attached
             where = "a server"
-        return f"cannot reach {where}: {unreachable_reason(exc)}"
+        return unreachable(where, exc)
     if isinstance(exc, httpx.HTTPError):
         return f"HTTP error: {exc}"
     return str(exc) or type(exc).__name__

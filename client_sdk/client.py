@@ -42,6 +42,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from dpsketch import __version__
+from dpsketch.plain_errors import unreachable_reason
 from dpsketch.protocol import chacha, envelope, messages, ring
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
@@ -61,7 +62,6 @@ from .errors import (
     UploadCancelled,
     UploadInterrupted,
     cert_error,
-    unreachable_reason,
 )
 from .prepare import count_records, prepare_batch
 from .upload import MAX_BATCH_BYTES, Progress, UploadRun, batch_rows
@@ -281,8 +281,8 @@ class Client:
                         f"in this request") from exc
                 if attempt >= self.max_retries:
                     raise ServerUnreachable(
-                        self.urls[j], f"{unreachable_reason(exc)} (after {attempt + 1} "
-                        f"attempt{'s' if attempt else ''})") from exc
+                        self.urls[j], f"not reachable: {unreachable_reason(exc)}, after {attempt + 1} "
+                        f"attempt{'s' if attempt else ''}") from exc
                 delay = self._delay(attempt, None)
             else:
                 if resp.status_code < 400:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 
-import httpx
-
+from dpsketch.plain_errors import unreachable_reason  # noqa: F401 (the SDK's name for it)
 from dpsketch.protocol import messages
 from dpsketch.protocol.problems import ProblemError
 
@@ -35,24 +34,6 @@ class ServerUnreachable(SDKError):
     def __init__(self, url: str, message: str):
         self.url = url
         super().__init__(f"{url}: {message}")
-
-
-def unreachable_reason(exc: BaseException) -> str:
-    """A transport error in a few plain words: "connection refused", "timed out", ... (httpx's
-    own text for a refused connection is "[Errno 111] Connection refused", or nothing)."""
-    if isinstance(exc, httpx.ConnectTimeout):
-        return "the connection timed out"
-    if isinstance(exc, httpx.TimeoutException):
-        return "no answer in time"
-    text = str(exc).strip()
-    if isinstance(exc, httpx.ConnectError):
-        low = text.lower()
-        if "refused" in low:
-            return "connection refused (is the service running and listening on that port?)"
-        if "name or service not known" in low or "nodename nor servname" in low or "name resolution" in low:
-            return "the host name does not resolve"
-        return f"cannot connect ({text or type(exc).__name__})"
-    return f"{type(exc).__name__}: {text or 'no response'}"
 
 
 class InputChanged(SDKError):
