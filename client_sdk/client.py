@@ -436,6 +436,8 @@ class Client:
         """Submit one row (d numbers in study order, or a dict by column name); return its hex id.
 
         One JSON request per server, in parallel (with ``encrypt``: a one-record sealed batch).
+        Not journaled: each call makes a new report (a row to resubmit after a crash goes
+        through :meth:`submit_many`, which stores it once however often it runs).
         """
         study = self._open_study(study_id)
         batch = prepare_batch(study, _data.row_vector(row, study.columns, raw=study.histogram is not None))
@@ -551,12 +553,14 @@ class Client:
         def batches() -> Any:
             first = 0
             for i, chunk in enumerate(chunks):
-                if submission is not None and i in submission.done:
-                    yield i, first, None, len(chunk)  # every server holds it (an earlier run)
-                else:
+                skip = submission is not None and i in submission.done  # every server holds it
+                batch = None
+                if not skip or i == 0:  # batch 0 always: it checks that a rerun rebuilds the same reports
                     stream = submission.stream(i) if submission is not None else None
-                    yield i, first, prepare_batch(study, chunk, compress, full=i % study.n_servers,
-                                                  stream=stream), len(chunk)
+                    batch = prepare_batch(study, chunk, compress, full=i % study.n_servers, stream=stream)
+                    if i == 0 and submission is not None:
+                        submission.check_first_batch(batch.report_ids)  # ResumeMismatch: nothing sent
+                yield i, first, None if skip else batch, len(chunk)
                 first += len(chunk)
 
         return self._run_upload(study, study_id, batches(), progress, keep_ids, submission)

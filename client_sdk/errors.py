@@ -42,6 +42,12 @@ class InputChanged(SDKError):
     already stored twice, so nothing is sent until the caller chooses."""
 
 
+class ResumeMismatch(SDKError):
+    """A rerun of a submission would build other reports than the run that started it (another
+    SDK version, say): resuming would count rows twice, so nothing is sent
+    (client_sdk/journal.py)."""
+
+
 class UploadInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM in ``dpsketch submit``) stopped a bulk upload: how far it got.
 

@@ -30,6 +30,12 @@ every row twice; delete it (or pass ``new_submission``) to submit the same rows 
 reports. An unfinished submission keeps its key until it completes, or until its journal file is
 deleted (or superseded by ``new_submission``).
 
+A rerun must build exactly the reports the first run built, or it would count rows twice under
+new ids (an SDK upgraded in between whose sampler draws differently from the same keystream, for
+instance). So the journal also records a digest of batch 0's report ids, and every later run
+rebuilds batch 0 first and refuses (:class:`~client_sdk.errors.ResumeMismatch`, before sending
+anything) if its ids differ.
+
 Batches acknowledged by every server are appended to the journal as they complete and skipped
 by a later run; a batch held by some servers only is sent again whole (the servers that hold it
 answer "duplicate"). The appends are flushed, not fsynced: a record lost to a power cut only
@@ -52,9 +58,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dpsketch import __version__
 from dpsketch.protocol.keystream import KEY_BYTES, Keystream
 
-from .errors import InputChanged
+from .errors import InputChanged, ResumeMismatch, SDKError
 
 #: where journals are kept unless ``Client(journal_dir=...)`` or ``dpsketch submit --journal-dir``
 #: say otherwise
@@ -113,6 +120,10 @@ class Submission:
     n_rows: int | None = None
     #: an earlier run's journal was found (False: this run started the submission)
     resumed: bool = False
+    #: SHA-256 (hex) of batch 0's report ids, once a run built it
+    first_ids: str | None = None
+    #: the dpsketch version that started the submission
+    version: str = __version__
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -126,15 +137,33 @@ class Submission:
             raise RuntimeError("this submission is complete: its key was deleted")
         return Keystream.from_key(batch_key(self.key, index))
 
+    def check_first_batch(self, report_ids: list[bytes]) -> None:
+        """Batch 0 as this run built it: recorded by the first run, compared by every later one
+        (:class:`ResumeMismatch` if the ids differ: this SDK would not rebuild the same reports)."""
+        digest = hashlib.sha256(b"".join(report_ids)).hexdigest()
+        with self._lock:
+            if self.first_ids is None:
+                self.first_ids = digest
+                self._append({"first": digest})
+            elif self.first_ids != digest:
+                raise ResumeMismatch(
+                    f"this client builds other reports from the journal {self.file} than the one "
+                    f"that started the submission (dpsketch {self.version}; this is {__version__}): "
+                    f"resuming would count rows twice. Finish it with that version, or submit anew "
+                    f"(dpsketch submit --new-submission, submit_many(new_submission=True))")
+
+    def _append(self, record: dict) -> None:
+        try:
+            with open(self.file, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError:
+            pass  # a record not written only makes a later run resend a batch (duplicates)
+
     def record_done(self, index: int, rows: int) -> None:
         """Every server acknowledged batch ``index``: append it (thread-safe, flushed)."""
         with self._lock:
             self.done[index] = rows
-            try:
-                with open(self.file, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps({"done": index, "rows": rows}) + "\n")
-            except OSError:
-                pass  # a record not written only makes a later run resend the batch (duplicates)
+            self._append({"done": index, "rows": rows})
 
     def finish(self, n_rows: int) -> None:
         """Every row is held by every server: drop the key, keep the record that it was sent."""
@@ -146,25 +175,36 @@ class Submission:
         return {"format": FORMAT, "study_id": self.study_id, "fingerprint": self.fingerprint,
                 "source": self.source, "batch_size": self.batch_size, "compress": self.compress,
                 "key": self.key.hex() if self.key is not None else None, "complete": self.complete,
-                "n_rows": self.n_rows, **extra}
+                "n_rows": self.n_rows, "version": self.version, **extra}
 
 
-def _write_atomic(path: Path, header: dict) -> None:
+def _write_atomic(path: Path, header: dict, *, exclusive: bool = False) -> bool:
     """Replace ``path`` by a file (mode 0600) holding ``header``, durably (file and directory
-    fsynced): the key must survive anything that the uploads it keys survive."""
-    tmp = path.with_name(path.name + ".tmp")
+    fsynced): the key must survive anything that the uploads it keys survive. ``exclusive``:
+    only if ``path`` does not exist (False if another process made it first: two runs of one
+    submission must not each draw a key)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, (json.dumps(header) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    if exclusive:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+    else:
+        os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return True
 
 
 def _read(path: Path) -> Submission | None:
@@ -177,17 +217,22 @@ def _read(path: Path) -> Submission | None:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         return None
     done: dict[int, int] = {}
+    first = None
     for line in lines[1:]:
         try:
             entry = json.loads(line)
-            done[int(entry["done"])] = int(entry["rows"])
+            if "first" in entry:
+                first = first or str(entry["first"])
+            else:
+                done[int(entry["done"])] = int(entry["rows"])
         except (ValueError, KeyError, TypeError):
             continue  # a record cut short by a crash: that batch is simply sent again
     key = header.get("key")
     return Submission(path, header["study_id"], header["fingerprint"], header.get("source"),
                       int(header["batch_size"]), bool(header["compress"]),
                       bytes.fromhex(key) if key else None, done, bool(header.get("complete")),
-                      header.get("n_rows"), resumed=True)
+                      header.get("n_rows"), resumed=True, first_ids=first,
+                      version=str(header.get("version", "?")))
 
 
 class Journal:
@@ -218,6 +263,10 @@ class Journal:
         """
         path = self.path(study_id, fingerprint)
         existing = _read(path) if path.exists() else None
+        if path.exists() and existing is None and not new:
+            raise SDKError(f"the submission journal {path} is unreadable: it may hold the key of an "
+                           f"unfinished submission of this input, so nothing is sent (delete it, or "
+                           f"pass new_submission / --new-submission, to submit anew)")
         if existing is not None and not new:
             return existing
         if source is not None:
@@ -237,5 +286,7 @@ class Journal:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         submission = Submission(path, study_id, fingerprint, source, batch_size, compress,
                                 os.urandom(KEY_BYTES))
-        _write_atomic(path, submission._header(created_at=time.time()))
+        if not _write_atomic(path, submission._header(created_at=time.time()), exclusive=not new):
+            return self.open(study_id, fingerprint, source=source, batch_size=batch_size,
+                             compress=compress)  # another run made it just now: resume that one
         return submission

@@ -11,7 +11,15 @@ import stat
 import numpy as np
 import pytest
 
-from client_sdk import IncompleteUpload, InputChanged, InvalidDataError, ProblemError, prepare_batch
+from client_sdk import (
+    IncompleteUpload,
+    InputChanged,
+    InvalidDataError,
+    ProblemError,
+    ResumeMismatch,
+    SDKError,
+    prepare_batch,
+)
 from client_sdk.journal import Journal, batch_key, fingerprint_rows
 from dpsketch.protocol.keystream import Keystream
 from test_sdk_unit import COLUMNS, SERVER_IDS, _client, fakes, study  # noqa: F401 (fixtures)
@@ -151,3 +159,27 @@ def test_non_finite_values_are_refused_naming_row_and_column(study, fakes, tmp_p
         with pytest.raises(InvalidDataError, match=r"row 0 column 3 \(y\) is inf"):
             c.submit(study.study_id, [0, 0, 0, float("inf")])
     assert _requests(servers) == 0
+
+
+def test_a_rerun_that_would_build_other_reports_is_refused(study, fakes, tmp_path):
+    """As if the SDK had changed between the runs: the journal's key no longer rebuilds batch 0."""
+    servers, transport = fakes
+    rows = np.random.default_rng(6).normal(size=(30, study.d))
+    servers["s3.test"].fail = [422]
+    with _client(transport, journal=tmp_path) as c:
+        with pytest.raises((IncompleteUpload, ProblemError)):
+            c.submit_many(study.study_id, rows, batch_size=10)
+        (entry,) = Journal(tmp_path).entries()
+        assert entry.first_ids is not None
+        lines = entry.file.read_text().splitlines()
+        header = json.loads(lines[0])
+        header["key"] = os.urandom(32).hex()
+        entry.file.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+        before = _requests(servers)
+        with pytest.raises(ResumeMismatch, match="resuming would count rows twice"):
+            c.submit_many(study.study_id, rows, batch_size=10)
+        assert _requests(servers) == before
+        entry.file.write_text("not a journal")
+        with pytest.raises(SDKError, match="is unreadable"):
+            c.submit_many(study.study_id, rows, batch_size=10)
+        assert _requests(servers) == before

@@ -1,7 +1,9 @@
 """Exactly once, even when interrupted: kill a real submitting process (``dpsketch submit`` and a
-Python process running ``Client.submit_many``) with SIGKILL, SIGINT and SIGTERM at random points
-of its upload to real share servers, run it again, and check that every server holds each row
-exactly once and that the release is the one a single clean submission gives.
+Python process running ``Client.submit_many``) with SIGKILL and SIGINT at random points of its
+upload to real share servers (and ``dpsketch submit`` with SIGTERM, in this process), run it
+again, and check that every server holds each row exactly once and that the release is the one a
+single clean submission gives. The runs that are not killed from outside run in this process:
+a process start costs seconds here.
 
 The servers run the default upload-token policy with tokens whose quota is exactly the number of
 rows: a rerun that re-created reports under new ids, or a server that charged a duplicate, would
@@ -20,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -99,6 +102,30 @@ def _run_and_signal(argv: list[str], env: dict, cluster, study_id: str, sig: int
     return proc.returncode, out, sent_at
 
 
+def _signal_self(cluster, study_id: str, sig: int, rng: random.Random, sent: list) -> threading.Thread:
+    """A thread that sends ``sig`` to this process once server s1 holds a random part of the rows
+    it lacked (the caller must handle ``sig`` outside the code under test too)."""
+    held = _counts(cluster, study_id)[0]
+    threshold = held + 1 + rng.randrange(max(1, 6 * (N_ROWS - held) // 10))
+
+    def watch() -> None:
+        with httpx.Client(timeout=10) as http:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not sent:
+                count = http.get(f"{cluster.server_urls[0]}/v1/studies/{study_id}").json()["report_count"]
+                if count >= threshold:
+                    sent.append(count / N_ROWS)
+                    os.kill(os.getpid(), sig)
+                    return
+                if count == N_ROWS:
+                    return
+                time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def _captured_key(journal_dir: Path, study_id: str, keys: set[bytes]) -> None:
     """Note the unfinished submission's key (it must be the same after every kill)."""
     for entry in Journal(journal_dir).entries():
@@ -142,12 +169,26 @@ def test_dpsketch_submit_killed_and_rerun_stores_each_row_once(cluster, tmp_path
     argv = [sys.executable, "-m", "tools.cli", "submit", "--study", sid,
             "--servers", ",".join(cluster.server_urls), "--token", ",".join(tokens),
             "--batch-size", str(BATCH), "--quiet", str(csv)]
+    from client_sdk.cli import main as submit
+
+    in_process = argv[4:-2] + ["--journal-dir", str(journal), str(csv)]  # with its summary
     rng = random.Random()
     keys: set[bytes] = set()
     log = []
-    for sig in (signal.SIGINT, signal.SIGKILL, signal.SIGTERM):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         before = _counts(cluster, sid)
-        code, out, at = _run_and_signal(argv, env, cluster, sid, sig, rng)
+        if sig == signal.SIGTERM:  # in this process, with a harmless handler of its own around
+            sent: list = []
+            previous = signal.signal(signal.SIGTERM, lambda *_: None)
+            try:
+                watcher = _signal_self(cluster, sid, sig, rng, sent)
+                code = submit(in_process)
+                watcher.join()
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+            out, at = capsys.readouterr().err, (sent or [None])[0]
+        else:
+            code, out, at = _run_and_signal(argv, env, cluster, sid, sig, rng)
         after = _counts(cluster, sid)
         log.append((signal.Signals(sig).name, at, code, after, out.strip()))
         _captured_key(journal, sid, keys)
@@ -166,17 +207,16 @@ def test_dpsketch_submit_killed_and_rerun_stores_each_row_once(cluster, tmp_path
         assert stored <= min(after), log
         if before == [0, 0, 0]:
             assert max(after) <= stored + partial, log
-    code, out, _ = _run_and_signal(argv[:-2] + [str(csv)], env, cluster, sid, None, rng)  # summary on
-    log.append(("rerun", None, code, _counts(cluster, sid), out.strip()))
+    code = submit(in_process)  # the same command, to the end
+    summary = capsys.readouterr().out.strip()
+    log.append(("rerun", None, code, _counts(cluster, sid), summary))
     assert code == 0, log
     assert _counts(cluster, sid) == [N_ROWS] * 3, log
     assert any(at is not None and at < 1 for _, at, *_ in log[:3]), log  # some run was cut part-way
     # the completed submission keeps no key, and running the command again sends nothing
     (entry,) = [e for e in Journal(journal).entries() if e.study_id == sid]
     assert entry.complete and entry.key is None and "key" in json.loads(entry.file.read_text().splitlines()[0])
-    from client_sdk.cli import main as submit  # in this process: a fourth start costs seconds
-
-    assert submit(argv[4:-2] + ["--journal-dir", str(journal), str(csv)]) == 0
+    assert submit(in_process) == 0
     assert "already stored at every server" in capsys.readouterr().out
     assert _counts(cluster, sid) == [N_ROWS] * 3
     print("dpsketch submit:", log)
@@ -208,17 +248,16 @@ def test_submit_many_killed_and_rerun_stores_each_row_once(cluster, tmp_path):
         assert all(c <= N_ROWS for c in _counts(cluster, sid)), log
         if sig == signal.SIGINT and code != 0:
             assert code == 130 and out.startswith("INTERRUPTED"), log
-    # the completing run seals its shares (fresh HPKE randomness): the servers open them and
-    # find the same reports as before
-    code, out, _ = _run_and_signal(argv(True), env, cluster, sid, None, rng)
-    log.append(("rerun sealed", None, code, _counts(cluster, sid), out.strip()))
-    assert code == 0 and out.startswith("DONE"), log
-    n_reports, skipped, complete = map(int, out.split()[1:])
-    assert n_reports == N_ROWS and not complete, log
-    assert _counts(cluster, sid) == [N_ROWS] * 3, log
-    assert any(at is not None and at < 1 for _, at, *_ in log[:2]), log
+    # the completing run (in this process) seals its shares (fresh HPKE randomness): the servers
+    # open them and find the same reports as before
     from client_sdk import Client
 
+    with Client(cluster.server_urls, token=tokens, journal=journal, encrypt=True) as client:
+        done = client.submit_many(sid, np.load(path), batch_size=BATCH)
+    log.append(("rerun sealed", None, 0, _counts(cluster, sid), f"{done.n_reports} {done.skipped}"))
+    assert done.n_reports == N_ROWS and not done.already_complete, log
+    assert _counts(cluster, sid) == [N_ROWS] * 3, log
+    assert any(at is not None and at < 1 for _, at, *_ in log[:2]), log
     with Client(cluster.server_urls, token=tokens, journal=journal) as client:  # sends nothing
         again = client.submit_many(sid, np.load(path), batch_size=BATCH)
     assert again.already_complete and again.n_reports == again.skipped == N_ROWS and not again
