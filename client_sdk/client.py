@@ -613,7 +613,7 @@ class Client:
             raise run.incomplete(consumed, journal)
         if submission is not None:
             submission.finish(consumed)
-        if run.rows_done:
+        if run.rows_done or skipped:  # (an earlier run may have stopped before recording it)
             self._spent(study)
         return SubmitResult(run.ids(), skipped + run.rows_done, run.report_counts, run.duplicates,
                             skipped=skipped, journal=journal)
