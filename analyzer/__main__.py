@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     p.add_argument("--port", type=int, default=8100, help="port (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="default: %(default)s")
+                   help="log verbosity (default: %(default)s)")
     p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--ssl-keyfile", help="private key for --ssl-certfile (PEM)")
     p.add_argument("--insecure-no-api-token", action="store_true",
@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = ClusterConfig.load(args.config)
         config.ssl_context()  # an unreadable ca_file: refuse now, not at the first request
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        print(f"dpsketch analyzer: cannot read the cluster configuration {exc.filename or args.config}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # one line naming the offending field (ClusterConfig.load)
         print(f"dpsketch analyzer: cannot load the cluster configuration: {exc}", file=sys.stderr)
         return 2
     log = logging.getLogger("dpsketch.analyzer")

@@ -6,12 +6,19 @@ from typing import Any
 
 import httpx
 
+from dpsketch.plain_errors import unreachable_reason
 from dpsketch.protocol import ProblemError
+
+
+class AnalyzerUnreachable(httpx.TransportError):
+    """The analyzer could not be reached: one sentence naming its URL (an httpx transport error,
+    so callers that catch those still do)."""
 
 
 class AnalyzerClient:
     def __init__(self, url: str, token: str | None = None, timeout: float = 600.0, verify: Any = True):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout,
                                  verify=verify)
 
@@ -25,7 +32,12 @@ class AnalyzerClient:
         self.http.close()
 
     def _call(self, method: str, path: str, **kwargs) -> Any:
-        r = self.http.request(method, path, **kwargs)
+        try:
+            r = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise AnalyzerUnreachable(
+                f"cannot reach the analyzer at {self.url} (--analyzer, $DPSKETCH_ANALYZER): "
+                f"{unreachable_reason(exc)}", request=exc.request) from exc
         if r.status_code >= 400:
             raise ProblemError.from_http(r.status_code, r.content)
         return r.json()

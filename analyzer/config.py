@@ -17,6 +17,9 @@ is read once, when the analyzer starts; surrounding whitespace is dropped, as th
 ``--*-token-file`` options do.
 
 Order matters: server j of this list receives share j of every report.
+
+A malformed configuration is refused in one sentence naming the offending field
+("cluster.json: servers.1.url: Field required"), never pydantic's multi-line dump.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import os
 import ssl
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dpsketch.plain_errors import validation_summary
 
 
 class ServerEndpoint(BaseModel):
@@ -109,9 +114,19 @@ class ClusterConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "ClusterConfig":
+        """The configuration in the file at ``path``, else in ``$DPSKETCH_CLUSTER``. A malformed
+        one raises ValueError in one line: where it came from, then each offending field."""
         if path is not None:
-            return cls.model_validate_json(Path(path).read_text())
-        raw = os.environ.get("DPSKETCH_CLUSTER")
-        if not raw:
-            raise ValueError("no cluster configuration: pass --config FILE or set DPSKETCH_CLUSTER")
-        return cls.model_validate(json.loads(raw))
+            source, raw = str(path), Path(path).read_text()
+        else:
+            source, raw = "DPSKETCH_CLUSTER", os.environ.get("DPSKETCH_CLUSTER") or ""
+            if not raw:
+                raise ValueError("no cluster configuration: pass --config FILE or set DPSKETCH_CLUSTER")
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"{source} is not JSON: {exc}") from None
+        try:
+            return cls.model_validate(body)
+        except ValidationError as exc:
+            raise ValueError(f"{source}: {validation_summary(exc)}") from None

@@ -18,11 +18,14 @@ from .errors import (
     BatchFailure,
     FloorTooWeak,
     IncompleteUpload,
+    InputChanged,
     PendingUpload,
+    ResumeMismatch,
     SDKError,
     ServerProtocolError,
     ServerUnreachable,
     StudyMismatch,
+    UploadInterrupted,
 )
 from .budget import PrivacyLimit, PrivacyLimitExceeded
 from .prepare import PreparedBatch, prepare_batch
@@ -35,15 +38,18 @@ __all__ = [
     "Client",
     "FloorTooWeak",
     "IncompleteUpload",
+    "InputChanged",
     "InvalidDataError",
     "PendingUpload",
     "PreparedBatch",
+    "ResumeMismatch",
     "ProblemError",
     "SDKError",
     "ServerProtocolError",
     "ServerUnreachable",
     "StudyMismatch",
     "SubmitResult",
+    "UploadInterrupted",
     "prepare_batch",
     "read_csv",
 ]

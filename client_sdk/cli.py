@@ -4,12 +4,16 @@ The file is read twice: once to check every row (so a bad value on the last line
 before any share leaves the machine, and the progress bar knows the total), then streamed in
 batches to the servers. Errors end in one line on stderr and a non-zero exit code, never a
 traceback: this is run by data owners, not developers.
+
+Running the same command again after Ctrl-C, SIGTERM, SIGKILL, a crash or an incomplete upload
+completes the submission, storing each row once (the submission journal, client_sdk/journal.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import ssl
 import sys
 import time
@@ -18,7 +22,7 @@ import httpx
 
 from dpsketch.protocol.problems import ProblemError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
 
 DESCRIPTION = """\
 Submit the rows of a CSV file to a dpsketch study, privately.
@@ -31,13 +35,25 @@ learns anything about the row.
 Before sending anything the command fetches the study from every server, checks that all of
 them hold exactly the study ID given (it recomputes the content hash) and that the URLs are the
 study's servers, in its order. The CSV needs a header row; its columns are matched to the
-study's columns by name, in any order.
+study's columns by name, in any order. Every value must be a finite number: a NaN or an
+infinity is refused, naming its line and column, before anything is sent.
+
+Exactly once: the noise, shares and salts of a submission are drawn from ChaCha20 keyed by a
+secret kept in a local journal (mode 0600, --journal-dir), keyed by the study and the SHA-256 of
+the file. Running the same command again after Ctrl-C, SIGTERM, a crash or an incomplete upload
+rebuilds the same reports: batches every server holds are skipped, the others completed (servers
+count a report they hold once), so each row is stored once. The journal's key is deleted once
+every server holds every row; running the command once more then sends nothing. A file changed
+under an unfinished submission is refused (--new-submission starts a new one).
 """
 
 EPILOG = """\
-exit codes: 0 all rows stored at every server; 1 error (nothing or nothing further sent);
-2 usage error; 3 upload incomplete (some rows are held by some servers only: re-run is NOT
-idempotent for them, contact the study's analyst); 130 interrupted.
+exit codes: 0 all rows stored at every server (or already were); 1 error (nothing or nothing
+further sent); 2 usage error; 3 upload incomplete (some rows are held by some servers only: run
+the same command again to complete them, each row is stored once); 130 interrupted (Ctrl-C) and
+143 terminated (SIGTERM): the message says how many rows every server holds and how many only
+some do; run the same command again to complete. (A --party upload keeps no journal yet: a
+block the servers hold can only be resent as it was, docs/vertical.md.)
 
 example:
   dpsketch submit --study 3f9c...e1 \\
@@ -106,6 +122,17 @@ def _parser() -> argparse.ArgumentParser:
                         "$DPSKETCH_PRIVACY_LEDGER (default ~/.dpsketch/privacy-ledger.json) past it, and "
                         "record the study once every server holds the rows (docs/ledger.md; default: "
                         "$DPSKETCH_PRIVACY_LIMIT, else no limit)")
+    p.add_argument("--journal-dir", metavar="DIR", default=None,
+                   help="where the submission journal is kept (one file per study and input, mode "
+                        "0600; it holds the submission's secret key until every server holds every "
+                        "row) (default: $DPSKETCH_SUBMISSIONS_DIR, else ~/.dpsketch/submissions)")
+    p.add_argument("--no-journal", action="store_true",
+                   help="keep no journal: fresh randomness, so running the command again counts "
+                        "every row again (not recommended)")
+    p.add_argument("--new-submission", action="store_true",
+                   help="submit the file as new rows even if it (or an earlier version of it) was "
+                        "submitted to this study before; rows an earlier submission stored stay "
+                        "counted")
     p.add_argument("--ignore-extra-columns", action="store_true",
                    help="skip CSV columns the study does not have instead of refusing the file")
     p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
@@ -120,9 +147,27 @@ def _describe(exc: BaseException) -> str:
     url = getattr(exc, "url", None)
     if isinstance(exc, ProblemError):
         return f"{url + ': ' if url else ''}{exc.slug} ({exc.status}): {exc.detail}"
+    if isinstance(exc, httpx.RequestError):
+        from dpsketch.plain_errors import unreachable
+
+        try:
+            where = str(exc.request.url)
+        except RuntimeError:  # no request attached
+            where = "a server"
+        return unreachable(where, exc)
     if isinstance(exc, httpx.HTTPError):
         return f"HTTP error: {exc}"
     return str(exc) or type(exc).__name__
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM stops an upload as Ctrl-C does: the rows in flight finish, the summary says how
+    many every server holds, and the same command completes the rest."""
+    raise _Terminated()
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,12 +234,19 @@ def main(argv: list[str] | None = None) -> int:
                                          os.path.expanduser("~/.dpsketch/privacy-ledger.json"))
         except ValueError as exc:
             return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
+    journal: bool | str = False if args.no_journal else (args.journal_dir or True)
+    result = None
     started = time.monotonic()
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (main() called from a test): no handler
+        previous = None
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=token,
                     verify=verify, encrypt=args.encrypt or args.sealing is not None,
                     sealing=args.sealing or "classical", compress=args.compress,
-                    max_floor_epsilon=args.max_floor_epsilon, privacy_limit=privacy_limit) as client:
+                    max_floor_epsilon=args.max_floor_epsilon, privacy_limit=privacy_limit,
+                    journal=journal) as client:
             study = client.study(args.study)
             check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
                      if study.histogram is not None else None)
@@ -229,23 +281,45 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     result = client.submit_many(args.study, args.csv, batch_size=args.batch_size,
                                                 progress=bar.update if bar else None, keep_ids=False,
-                                                ignore_extra_columns=args.ignore_extra_columns)
+                                                ignore_extra_columns=args.ignore_extra_columns,
+                                                new_submission=args.new_submission,
+                                                check_file=False)  # scanned above
             finally:
                 if bar is not None:
                     bar.close()
-    except KeyboardInterrupt:
-        return fail("interrupted; rows in flight may be held by some servers only",
-                    EXIT_INTERRUPTED)
+    except KeyboardInterrupt as exc:
+        from .errors import UploadInterrupted
+
+        code = EXIT_TERMINATED if isinstance(exc, _Terminated) or isinstance(
+            exc.__cause__, _Terminated) else EXIT_INTERRUPTED
+        what = "terminated" if code == EXIT_TERMINATED else "interrupted"
+        if isinstance(exc, UploadInterrupted):
+            where = f" (journal {exc.journal})" if exc.journal else ""
+            return fail(f"{what}: {exc}{where}", code)
+        if result is None:
+            return fail(f"{what} before any row was sent", code)
+        # the upload had finished: say so below
     except IncompleteUpload as exc:
         return fail(f"{exc}", EXIT_INCOMPLETE)
     except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
         return fail(_describe(exc))
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if not args.quiet:
+        name = os.path.basename(args.csv)
+        if getattr(result, "already_complete", False):
+            print(f"all {result.n_reports} rows of {name} were already stored at every server for "
+                  f"study {args.study[:12]}... by an earlier run; nothing sent (to submit them "
+                  f"again as new rows: --new-submission)")
+            return EXIT_OK
         counts = ", ".join(f"{sid} {n}" for sid, n in result.report_counts.items()) or "not shown (add/remove study)"
         what = f"party {args.party}'s blocks of " if args.party else ""
-        print(f"submitted {what}{result.n_reports} rows of {os.path.basename(args.csv)} to "
+        resumed = (f"; {result.skipped} of them stored by an earlier run and not sent again"
+                   if getattr(result, "skipped", 0) else "")
+        print(f"submitted {what}{result.n_reports} rows of {name} to "
               f"{len(urls)} servers for study {args.study[:12]}... in "
-              f"{time.monotonic() - started:.1f} s (reports held: {counts})")
+              f"{time.monotonic() - started:.1f} s (reports held: {counts}{resumed})")
     return EXIT_OK
 
 

@@ -17,11 +17,17 @@ thread per server, with bounded queues so memory stays flat however long the inp
 A report counts only if all N servers hold it. If a server refuses or stays unreachable for part
 of the data, the call raises :class:`IncompleteUpload` naming exactly which batches are missing
 where, with their bytes, so :meth:`Client.resend` can finish the job; nothing is hidden.
+
+Exactly once across runs: ``submit_many`` keys each submission's randomness from a secret kept in
+a local journal (client_sdk/journal.py), so running it again on the same input after a crash,
+SIGKILL, Ctrl-C or :class:`IncompleteUpload` regenerates the same reports, skips the batches every
+server holds and completes the rest: each row is stored once.
 """
 
 from __future__ import annotations
 
 import email.utils
+import os
 import random
 import re
 import ssl
@@ -36,11 +42,13 @@ import numpy as np
 from pydantic import ValidationError
 
 from dpsketch import __version__
+from dpsketch.plain_errors import unreachable_reason
 from dpsketch.protocol import chacha, envelope, messages, ring
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
 from . import data as _data
+from . import journal as _journal
 from . import sealing as _sealing
 from .errors import (
     BatchFailure,
@@ -52,6 +60,7 @@ from .errors import (
     ServerUnreachable,
     StudyMismatch,
     UploadCancelled,
+    UploadInterrupted,
     cert_error,
 )
 from .prepare import count_records, prepare_batch
@@ -63,16 +72,25 @@ STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
 class SubmitResult(list):
     """The hex report ids of a ``submit_many`` call (a list), plus what the servers said.
 
-    ``n_reports``: reports stored at every server; ``report_counts``: each server's total for
-    the study after its last upload; ``duplicates``: reports a server already held.
+    ``n_reports``: rows of the input now stored at every server (``skipped`` included);
+    ``report_counts``: each server's total for the study after its last upload;
+    ``duplicates``: reports a server already held (a resumed submission's partly stored batches);
+    ``skipped``: rows an earlier run of the same submission had stored at every server, not sent
+    again (their ids are not in the list); ``journal``: the submission's journal file (None
+    without one; client_sdk/journal.py); ``already_complete``: an earlier run had stored every
+    row, so this call sent nothing.
     """
 
     def __init__(self, ids: list[str], n_reports: int, report_counts: dict[str, int],
-                 duplicates: dict[str, int]):
+                 duplicates: dict[str, int], skipped: int = 0, journal: str | None = None,
+                 already_complete: bool = False):
         super().__init__(ids)
         self.n_reports = n_reports
         self.report_counts = report_counts
         self.duplicates = duplicates
+        self.skipped = skipped
+        self.journal = journal
+        self.already_complete = already_complete
 
 
 # --- the client ------------------------------------------------------------------------------
@@ -130,6 +148,12 @@ class Client:
     owner's running total past it is refused before anything is sent
     (:class:`~client_sdk.budget.PrivacyLimitExceeded`); a study is recorded once every server
     holds the owner's rows (docs/ledger.md).
+
+    ``journal``: where :meth:`submit_many` keeps each submission's journal, which makes running
+    the same submission again store each row exactly once (client_sdk/journal.py, README "Resuming
+    an interrupted upload"): ``True`` (the default) is ``$DPSKETCH_SUBMISSIONS_DIR``, else
+    ``~/.dpsketch/submissions``; a path is that directory; ``False`` keeps no journal (every call
+    draws fresh randomness, so running it again counts every row again).
     """
 
     def __init__(self, server_urls: Sequence[str], *, timeout: float = 30.0, max_retries: int = 5,
@@ -139,7 +163,7 @@ class Client:
                  max_batch_bytes: int = MAX_BATCH_BYTES, transport: httpx.BaseTransport | None = None,
                  compress: bool = True, encrypt: bool = False, max_floor_epsilon: float | None = None,
                  privacy_limit: Any = None,
-                 sealing: str = _sealing.CLASSICAL):
+                 sealing: str = _sealing.CLASSICAL, journal: bool | str | os.PathLike = True):
         urls = [u.strip().rstrip("/") for u in server_urls]
         if len(urls) < 2:
             raise ValueError("need the URLs of at least two share servers")
@@ -174,6 +198,8 @@ class Client:
         self.max_floor_epsilon = max_floor_epsilon
         #: a client_sdk.budget.PrivacyLimit: the data owner's own running total (docs/ledger.md)
         self.privacy_limit = privacy_limit
+        self.journal = (None if journal is False else
+                        _journal.Journal(None if journal is True else journal))
         self._recipients: dict[str, list[envelope.Recipient]] = {}
         self._http = []
         for url, tok in zip(urls, tokens):
@@ -255,8 +281,8 @@ class Client:
                         f"in this request") from exc
                 if attempt >= self.max_retries:
                     raise ServerUnreachable(
-                        self.urls[j], f"{type(exc).__name__}: {exc or 'no response'} "
-                        f"(after {attempt + 1} attempts)") from exc
+                        self.urls[j], f"not reachable: {unreachable_reason(exc)}, after {attempt + 1} "
+                        f"attempt{'s' if attempt else ''}") from exc
                 delay = self._delay(attempt, None)
             else:
                 if resp.status_code < 400:
@@ -410,6 +436,8 @@ class Client:
         """Submit one row (d numbers in study order, or a dict by column name); return its hex id.
 
         One JSON request per server, in parallel (with ``encrypt``: a one-record sealed batch).
+        Not journaled: each call makes a new report (a row to resubmit after a crash goes
+        through :meth:`submit_many`, which stores it once however often it runs).
         """
         study = self._open_study(study_id)
         batch = prepare_batch(study, _data.row_vector(row, study.columns, raw=study.histogram is not None))
@@ -442,19 +470,38 @@ class Client:
 
     def submit_many(self, study_id: str, rows: Any, batch_size: int | None = None,
                     progress: Progress | None = None, *, keep_ids: bool = True,
-                    ignore_extra_columns: bool = False) -> SubmitResult:
+                    ignore_extra_columns: bool = False, new_submission: bool = False,
+                    check_file: bool = True) -> SubmitResult:
         """Submit many rows through the binary batch endpoint; return their hex ids in order.
 
         ``rows``: an (n, d) numpy array, a DataFrame-like object, a CSV path, or an iterable of
-        rows. In-memory inputs are checked whole before anything is sent; streamed inputs
-        (CSV, iterators) chunk by chunk. ``progress(m)`` is called with the number of rows newly
-        stored at *all* servers. With ``keep_ids=False`` the returned list is empty (saves
-        memory for huge inputs; counts are still in the result). ``batch_size``: rows per
-        request; by default as many as fill 8 MiB of the largest body (at most 10^5 rows:
+        rows. In-memory inputs are checked whole before anything is sent, and so is a CSV file
+        (one extra read; ``check_file=False`` skips it when the caller has just checked the file,
+        as ``dpsketch submit`` does); other iterables chunk by chunk. A NaN or infinite value is
+        refused naming its row and column. ``progress(m)`` is called with the number of rows
+        newly stored at *all* servers (and, when a submission resumes, with the rows an earlier
+        run stored there). With ``keep_ids=False`` the returned list is empty (saves memory for
+        huge inputs; counts are still in the result). ``batch_size``: rows per request; by
+        default as many as fill 8 MiB of the largest body (at most 10^5 rows:
         ``client_sdk.upload.batch_rows``), so narrow rows go in fewer, larger requests.
 
+        Exactly once (with the client's ``journal``, the default): calling this again with the
+        same study and the same input (the same CSV bytes, or the same rows) after a crash,
+        SIGKILL, Ctrl-C or :class:`IncompleteUpload` stores each row once. The journal keys the
+        submission's noise, shares and salts, so the rerun regenerates the same reports; batches
+        every server acknowledged are skipped, the others sent again (servers answer
+        "duplicate" for what they hold, without counting it or charging the upload token). A
+        resumed submission keeps the batch size and share layout it started with. Once every
+        row is stored the key is deleted and a further call sends nothing
+        (``result.already_complete``); ``new_submission=True`` submits the same rows again as
+        new reports. A CSV file changed under an unfinished submission of it raises
+        :class:`~client_sdk.errors.InputChanged` before anything is sent. Iterators (generators)
+        cannot be fingerprinted and get no journal. See client_sdk/journal.py.
+
         Raises :class:`IncompleteUpload` if some server does not hold some batch after retries;
-        a plain error (``ProblemError``, ``ServerUnreachable``) if nothing was stored anywhere.
+        a plain error (``ProblemError``, ``ServerUnreachable``) if nothing was stored anywhere;
+        :class:`~client_sdk.errors.UploadInterrupted` (a ``KeyboardInterrupt``) on Ctrl-C, with
+        the rows every server holds and those only some do.
         """
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -462,12 +509,18 @@ class Client:
         record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width, study.n_servers)
                   + (_sealing.overhead_bytes(self._recipients[study_id]) if self.encrypt else 0))
         batch_size = batch_rows(batch_size, record, self.max_batch_bytes)
-        chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns,
-                                   raw=study.histogram is not None)
+        raw = study.histogram is not None
+        is_file = isinstance(rows, (str, os.PathLike))
         in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
-        if in_memory:
-            chunks = list(chunks)  # validate everything before the first request
-            if study.histogram is not None:  # every value must have a cell
+        if is_file and check_file:  # every row before the first request, as for in-memory inputs
+            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
+                     if raw else None)
+            _data.scan_csv(rows, study.columns, ignore_extra=ignore_extra_columns, check=check)
+        chunks: Any = None
+        if in_memory:  # validate everything before the first request
+            chunks = list(_data.iter_chunks(rows, study.columns, batch_size,
+                                            ignore_extra=ignore_extra_columns, raw=raw))
+            if raw:  # every value must have a cell
                 first = 0
                 for chunk in chunks:
                     try:
@@ -475,51 +528,95 @@ class Client:
                     except ValueError as exc:
                         raise _data.InvalidDataError(str(exc)) from None
                     first += len(chunk)
-            chunks = iter(chunks)
         # with seeds, the server that gets the full shares changes from batch to batch (prepare_batch)
         compress = self.compress and ring.seed_is_smaller(study.width)  # narrow shares: a seed saves nothing
-        prepared = (prepare_batch(study, chunk, compress, full=i % study.n_servers)
-                    for i, chunk in enumerate(chunks))
-        return self._run_upload(study, study_id, prepared, progress, keep_ids)
+        submission = None
+        if self.journal is not None and (is_file or in_memory):
+            fingerprint = (_journal.fingerprint_file(rows) if is_file
+                           else _journal.fingerprint_rows(chunks))
+            submission = self.journal.open(study_id, fingerprint,
+                                           source=os.path.abspath(rows) if is_file else None,
+                                           batch_size=batch_size, compress=compress, new=new_submission)
+            if submission.complete:
+                return SubmitResult([], submission.stored_rows, {}, {sid: 0 for sid in study.servers},
+                                    skipped=submission.stored_rows, journal=str(submission.file),
+                                    already_complete=True)
+            if (submission.batch_size, submission.compress) != (batch_size, compress):
+                batch_size, compress = submission.batch_size, submission.compress  # as it started
+                if in_memory and chunks:
+                    whole = np.concatenate(chunks)
+                    chunks = [whole[i:i + batch_size] for i in range(0, len(whole), batch_size)]
+        if chunks is None:  # streamed, in the submission's batches
+            chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns,
+                                       raw=raw)
+
+        def batches() -> Any:
+            first = 0
+            for i, chunk in enumerate(chunks):
+                skip = submission is not None and i in submission.done  # every server holds it
+                batch = None
+                if not skip or i == 0:  # batch 0 always: it checks that a rerun rebuilds the same reports
+                    stream = submission.stream(i) if submission is not None else None
+                    batch = prepare_batch(study, chunk, compress, full=i % study.n_servers, stream=stream)
+                    if i == 0 and submission is not None:
+                        submission.check_first_batch(batch.report_ids)  # ResumeMismatch: nothing sent
+                yield i, first, None if skip else batch, len(chunk)
+                first += len(chunk)
+
+        return self._run_upload(study, study_id, batches(), progress, keep_ids, submission)
 
     def _run_upload(self, study: Study, study_id: str, batches: Any, progress: Progress | None,
-                    keep_ids: bool) -> SubmitResult:
-        """Upload prepared batches (a lazy iterable: preparing overlaps sending) through one
-        :class:`~client_sdk.upload.UploadRun`; errors as :meth:`submit_many` documents."""
-        run = UploadRun(self, study, study_id, progress, keep_ids)
-        prepared = 0
+                    keep_ids: bool, submission: "_journal.Submission | None" = None) -> SubmitResult:
+        """Upload prepared batches through one :class:`~client_sdk.upload.UploadRun`; errors as
+        :meth:`submit_many` documents. ``batches`` is a lazy iterable (preparing overlaps
+        sending) of (index, first input row, PreparedBatch, rows); the batch is None for one
+        every server already holds (a resumed ``submission``), which is skipped."""
+        run = UploadRun(self, study, study_id, progress, keep_ids,
+                        on_stored=submission.record_done if submission is not None else None)
+        journal = str(submission.file) if submission is not None else None
+        consumed = skipped = 0
         try:
-            for batch in batches:
-                # a batch prepared while the run aborted is put too: it becomes pending at every
-                # server, so every prepared row is either stored or handed back to resend
-                run.put(batch, prepared)
-                prepared += len(batch)
+            for index, first_row, batch, n_rows in batches:
+                if batch is None:
+                    skipped += n_rows
+                    if progress is not None:
+                        progress(n_rows)
+                else:
+                    # a batch prepared while the run aborted is put too: it becomes pending at
+                    # every server, so every prepared row is either stored or handed back to resend
+                    run.put(batch, first_row, index)
+                consumed = first_row + n_rows
                 if run.aborted.is_set():
                     break
+            run.finish()
         except Exception as exc:
             # bad input (or a failing reader) part-way: let the batches already queued finish,
             # so every row prepared so far is held by all servers, then say what was sent
             run.finish()
             if run.failures or run.pending:
-                raise run.incomplete(prepared) from exc
-            if not isinstance(exc, _data.InvalidDataError) or not prepared:
+                raise run.incomplete(consumed, journal) from exc
+            if not isinstance(exc, _data.InvalidDataError) or not consumed:
                 raise
             err = _data.InvalidDataError(
-                f"{exc} ({prepared} earlier rows were already submitted; see .report_ids)")
+                f"{exc} ({consumed} earlier rows were already submitted; see .report_ids)")
             err.report_ids = run.ids()  # type: ignore[attr-defined]
             raise err from None
-        except BaseException:  # KeyboardInterrupt: stop at once, in-flight rows may be partial
+        except BaseException as exc:  # Ctrl-C: stop at once, in-flight rows may be partial
             run.aborted.set()
             run.finish()
+            if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, UploadInterrupted):
+                raise UploadInterrupted(skipped + run.rows_done, run.partial_rows(), journal) from exc
             raise
-        run.finish()
         if run.failures:
             if run.stored_batches == 0:
                 raise run.failures[0].error
-            raise run.incomplete(prepared)
-        if run.rows_done:
+            raise run.incomplete(consumed, journal)
+        if submission is not None:
+            submission.finish(consumed)
+        if run.rows_done or skipped:  # (an earlier run may have stopped before recording it)
             self._spent(study)
-        return SubmitResult(run.ids(), run.rows_done, run.report_counts, run.duplicates)
+        return SubmitResult(run.ids(), skipped + run.rows_done, run.report_counts, run.duplicates,
+                            skipped=skipped, journal=journal)
 
     def _spent(self, study: Study) -> None:
         """Every server holds this owner's rows of the study: record it in the owner's ledger."""
@@ -560,7 +657,7 @@ class Client:
         chunks = keyed_chunks(rows, declared.columns, batch_size, keys=keys, key_column=key_column)
         if keys is not None:
             chunks = iter(list(chunks))  # in memory: validate everything before the first request
-        return self._run_upload(study, study_id, prepared_blocks(study, party, party_key, chunks),
+        return self._run_upload(study, study_id, _indexed(prepared_blocks(study, party, party_key, chunks)),
                                 progress, keep_ids)
 
     def resend(self, study_id: str, pending: Sequence[PendingUpload]) -> None:
@@ -593,3 +690,11 @@ class Client:
             return None if value is None else int(value)
 
         return dict(zip(study.servers, self._each_server(count)))
+
+
+def _indexed(batches: Any) -> Any:
+    """(index, first row, batch, rows) for each prepared batch, as ``Client._run_upload`` takes them."""
+    first = 0
+    for index, batch in enumerate(batches):
+        yield index, first, batch, len(batch)
+        first += len(batch)

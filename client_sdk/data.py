@@ -7,7 +7,9 @@ column to the wrong coordinate would corrupt the study without anyone noticing. 
 arrays and lists have no names; they must already be in study order with exactly d columns.
 
 Everything is yielded in chunks of at most ``chunk_size`` rows so a large CSV never sits in
-memory whole. Every chunk is checked (shape, finiteness) before the SDK noises or sends it.
+memory whole. Every chunk is checked (shape, finiteness) before the SDK noises or sends it: a
+NaN or an infinity is refused naming its row and column, never clipped into the row ball as if
+it were a (huge) number.
 A histogram study takes raw values (``raw=True``): category strings stay strings, and the study's
 bins decide what each value means (``dpsketch.protocol.histogram``).
 """
@@ -54,12 +56,14 @@ def column_order(available: Sequence[str], columns: Sequence[str], *,
     return [available.index(c) for c in columns]
 
 
-def check_rows(rows: np.ndarray, d: int, *, first_row: int = 0) -> np.ndarray:
-    """Return ``rows`` as a C-contiguous float64 (m, d) array or raise naming the bad row."""
+def check_rows(rows: np.ndarray, d: int, *, first_row: int = 0,
+               columns: Sequence[str] | None = None) -> np.ndarray:
+    """Return ``rows`` as a C-contiguous float64 (m, d) array or raise naming the bad row (and
+    its column by name when ``columns``, the study's, is given)."""
     try:
         a = np.asarray(rows, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise InvalidDataError(f"rows must be numbers: {exc}") from None
+        raise InvalidDataError(_not_a_number(rows, first_row, columns) or f"rows must be numbers: {exc}") from None
     if a.ndim != 2:
         raise InvalidDataError(f"expected a 2-D array of rows x {d} columns, got shape {a.shape}")
     if a.shape[1] != d:
@@ -67,9 +71,29 @@ def check_rows(rows: np.ndarray, d: int, *, first_row: int = 0) -> np.ndarray:
     finite = np.isfinite(a)
     if not finite.all():
         i, j = np.argwhere(~finite)[0]
-        raise InvalidDataError(f"row {first_row + int(i)} column {int(j)} is {a[i, j]}: "
-                               f"values must be finite numbers")
+        name = f" ({columns[j]})" if columns is not None and j < len(columns) else ""
+        raise InvalidDataError(f"row {first_row + int(i)} column {int(j)}{name} is {a[i, j]}: "
+                               f"values must be finite numbers (NaN and infinities are refused)")
     return np.ascontiguousarray(a)
+
+
+def _not_a_number(rows: Any, first_row: int, columns: Sequence[str] | None) -> str | None:
+    """The first cell that is not a number (a missing value of a DataFrame, a string), named by
+    row and column; None if the rows are not a table of cells at all."""
+    try:
+        table = np.asarray(rows, dtype=object)
+    except (TypeError, ValueError):
+        return None
+    if table.ndim != 2:
+        return None
+    for i, row in enumerate(table):
+        for j, value in enumerate(row):
+            try:
+                float(value)
+            except (TypeError, ValueError):
+                name = f" ({columns[j]})" if columns is not None and j < len(columns) else ""
+                return f"row {first_row + i} column {j}{name} is {value!r}: values must be numbers"
+    return None
 
 
 def check_values(rows: Any, d: int, *, first_row: int = 0) -> np.ndarray:
@@ -98,7 +122,7 @@ def row_vector(row: Any, columns: Sequence[str], raw: bool = False) -> np.ndarra
         raise InvalidDataError(f"a row must be {len(columns)} numbers: {exc}") from None
     if a.ndim != 1:
         raise InvalidDataError(f"a single row must be 1-D with {len(columns)} values, got shape {a.shape}")
-    return check_rows(a.reshape(1, -1), len(columns))
+    return check_rows(a.reshape(1, -1), len(columns), columns=columns)
 
 
 def _is_frame(data: Any) -> bool:
@@ -149,18 +173,18 @@ def iter_chunks(data: Any, columns: Sequence[str], chunk_size: int, *,
                 f"each row must have {d} values (the study's columns), got {data.shape[1]}"
             )
         for start in range(0, len(data), chunk_size):
-            yield check_rows(data[start:start + chunk_size], d, first_row=start)
+            yield check_rows(data[start:start + chunk_size], d, first_row=start, columns=columns)
         return
     buffer: list[np.ndarray] = []
     start = 0
     for row in data:
         buffer.append(row_vector(row, columns)[0] if isinstance(row, Mapping) else row)
         if len(buffer) == chunk_size:
-            yield _list_chunk(buffer, d, start)
+            yield _list_chunk(buffer, columns, start)
             start += len(buffer)
             buffer = []
     if buffer:
-        yield _list_chunk(buffer, d, start)
+        yield _list_chunk(buffer, columns, start)
 
 
 def _raw_chunks(data: Any, columns: Sequence[str], chunk_size: int, ignore_extra: bool) -> Iterator[np.ndarray]:
@@ -187,7 +211,8 @@ def _raw_chunks(data: Any, columns: Sequence[str], chunk_size: int, ignore_extra
         yield check_values(buffer, d, first_row=start)
 
 
-def _list_chunk(buffer: list, d: int, start: int) -> np.ndarray:
+def _list_chunk(buffer: list, columns: Sequence[str], start: int) -> np.ndarray:
+    d = len(columns)
     for i, row in enumerate(buffer):
         try:
             n = len(row)
@@ -195,7 +220,7 @@ def _list_chunk(buffer: list, d: int, start: int) -> np.ndarray:
             raise InvalidDataError(f"row {start + i} is not a sequence of {d} numbers") from None
         if n != d:
             raise InvalidDataError(f"row {start + i} has {n} values, the study has {d} columns")
-    return check_rows(buffer, d, first_row=start)
+    return check_rows(buffer, d, first_row=start, columns=columns)
 
 
 # --- CSV -------------------------------------------------------------------------------------

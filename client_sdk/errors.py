@@ -11,9 +11,9 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 
+from dpsketch.plain_errors import unreachable_reason  # noqa: F401 (the SDK's name for it)
 from dpsketch.protocol import messages
 from dpsketch.protocol.problems import ProblemError
-
 
 
 class SDKError(Exception):
@@ -28,11 +28,40 @@ class StudyMismatch(SDKError):
 
 
 class ServerUnreachable(SDKError):
-    """A server could not be reached (or kept failing) after all retries."""
+    """A server could not be reached (or kept failing) after all retries; the message names
+    the URL tried."""
 
     def __init__(self, url: str, message: str):
         self.url = url
         super().__init__(f"{url}: {message}")
+
+
+class InputChanged(SDKError):
+    """The input differs from the one an unfinished submission to the same study started with
+    (client_sdk/journal.py): resuming would mix two inputs, starting anew would count the rows
+    already stored twice, so nothing is sent until the caller chooses."""
+
+
+class ResumeMismatch(SDKError):
+    """A rerun of a submission would build other reports than the run that started it (another
+    SDK version, say): resuming would count rows twice, so nothing is sent
+    (client_sdk/journal.py)."""
+
+
+class UploadInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM in ``dpsketch submit``) stopped a bulk upload: how far it got.
+
+    A ``KeyboardInterrupt``, so code that stops on Ctrl-C still does. ``rows_stored``: rows of
+    the submission held by every server (this run's and earlier runs'); ``rows_partial``: rows
+    some servers hold and others not (they count nowhere until completed); ``journal``: the
+    submission's journal file (None without one). Rerunning the same submission completes it,
+    storing each row once (client_sdk/journal.py)."""
+
+    def __init__(self, rows_stored: int, rows_partial: int, journal: str | None):
+        self.rows_stored, self.rows_partial, self.journal = rows_stored, rows_partial, journal
+        rerun = ("rerun the same command to complete" if journal is not None else
+                 "they were sent without a journal, so a rerun does not resume them")
+        super().__init__(f"{rows_stored} rows stored at every server, {rows_partial} partly; {rerun}")
 
 
 def cert_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
@@ -93,14 +122,18 @@ class IncompleteUpload(SDKError):
 
     * ``failures``: what went wrong, per batch and server;
     * ``pending``: every (server, batch) not stored, with its bytes: pass to ``Client.resend``
-      (resending is idempotent: already-held reports are acknowledged as duplicates);
+      (resending is idempotent: already-held reports are acknowledged as duplicates), or simply
+      run the same ``submit_many`` again: with its journal (the default) it regenerates the same
+      reports, skips the batches every server holds and completes the others;
     * ``report_ids``: hex ids of every report this call created (if ids were kept);
-    * ``rows_prepared``: input rows consumed; rows from this index on were sent nowhere.
+    * ``rows_prepared``: input rows consumed; rows from this index on were sent nowhere;
+    * ``journal``: the submission's journal file, if it has one (client_sdk/journal.py).
     """
 
     def __init__(self, failures: list[BatchFailure], pending: list[PendingUpload],
-                 report_ids: list[str], rows_prepared: int):
+                 report_ids: list[str], rows_prepared: int, journal: str | None = None):
         self.failures = failures
+        self.journal = journal
         self.pending = pending
         self.report_ids = report_ids
         self.rows_prepared = rows_prepared
@@ -112,6 +145,8 @@ class IncompleteUpload(SDKError):
             f"missing at server(s) {', '.join(servers) or '-'} and will not count until resent; "
             f"input rows from index {rows_prepared} on were not sent"
             + (f"; first failure: {first}" if first else "")
+            + (f"; run the same submission again to complete it (each row is stored once; "
+               f"journal {journal})" if journal else "")
         )
 
     @property

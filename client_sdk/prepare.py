@@ -77,7 +77,8 @@ class PreparedBatch:
         return messages.Report.of(self.report_ids[i], self.proofs[j][i], self.share(j)[i])
 
 
-def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: int | None = None) -> PreparedBatch:
+def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: int | None = None,
+                  stream: Keystream | None = None) -> PreparedBatch:
     """Clip, noise, encode, share and bind rows: each row's report id commits to its N shares.
 
     The noisy plaintext exists only inside this function; what leaves it is N shares, any N-1
@@ -87,8 +88,11 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
     section 4); privacy is the same as long as ChaCha20 is a secure PRG. The client rotates
     ``full`` over the servers batch by batch: a full share costs a server about twice a seed to
     take in and 8 x width bytes a report to store instead of 32, so no server should take them all.
+    ``stream``: the batch's keystream (default a fresh one from os.urandom); a resumable
+    submission passes one keyed from its journal, so that a rerun rebuilds the same bytes
+    (client_sdk/journal.py).
     """
-    stream = Keystream()  # every random bit of this batch: noise, shares, salts
+    stream = stream if stream is not None else Keystream()  # every random bit of this batch: noise, shares, salts
     clamped, clipped = None, 0
     if study.histogram is not None:  # raw values: the bins decide what they mean
         rows = _data.check_values(rows, study.d)

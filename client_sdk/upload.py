@@ -6,6 +6,11 @@ client's transport. Queues are bounded, so memory stays flat however long the in
 permanent failure at any server the run aborts: no new batches are prepared, and every body not
 yet stored somewhere is recorded as pending with its bytes, so the caller learns exactly what is
 missing where (:class:`~client_sdk.errors.IncompleteUpload`).
+
+A batch keeps its index in the input (``put(batch, first_row, index)``): a resumed submission
+skips the batches an earlier run stored everywhere, and its journal records by that index each
+batch every server acknowledged (``on_stored``; client_sdk/journal.py). An interrupted run
+reports how many rows every server holds and how many only some do (:meth:`UploadRun.partial_rows`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ if TYPE_CHECKING:
 
 #: called with the number of rows every server now holds, after each batch
 Progress = Callable[[int], Any]
+#: called with (batch index, rows) once every server acknowledged that batch
+Stored = Callable[[int, int], Any]
 
 #: the largest request body a default batch fills. A batch costs each server a request, a
 #: transaction and an fsync whatever its size, so a few MiB per body amortise them: at d = 32 a
@@ -69,9 +76,9 @@ class UploadRun:
     """One ``submit_many`` (module docstring)."""
 
     def __init__(self, client: "Client", study: Study, study_id: str, progress: Progress | None,
-                 keep_ids: bool):
+                 keep_ids: bool, on_stored: Stored | None = None):
         self.client, self.study, self.study_id = client, study, study_id
-        self.progress, self.keep_ids = progress, keep_ids
+        self.progress, self.keep_ids, self.on_stored = progress, keep_ids, on_stored
         n = study.n_servers
         self.queues: list[queue.Queue] = [queue.Queue(maxsize=client.queue_depth) for _ in range(n)]
         self.aborted = threading.Event()
@@ -84,15 +91,14 @@ class UploadRun:
         self.stored_batches = 0
         self.report_counts: dict[str, int] = {}
         self.duplicates: dict[str, int] = {sid: 0 for sid in study.servers}
-        self.next_index = 0
+        self.finishing = False
         self.threads = [threading.Thread(target=self._worker, args=(j,), daemon=True,
                                          name=f"dpsketch-upload-{study.servers[j]}") for j in range(n)]
         for t in self.threads:
             t.start()
 
-    def put(self, batch: PreparedBatch, first_row: int) -> None:
-        index = self.next_index
-        self.next_index += 1
+    def put(self, batch: PreparedBatch, first_row: int, index: int) -> None:
+        """Queue batch ``index`` (its rows start at input row ``first_row``) for every server."""
         with self.lock:
             self.batches[index] = _Batch(first_row, len(batch), batch.report_ids, self.study.n_servers)
         for j, q in enumerate(self.queues):
@@ -150,15 +156,26 @@ class UploadRun:
                     if self.keep_ids:
                         self.done_ids[index] = b.ids
                     del self.batches[index]
+                    if self.on_stored is not None:
+                        self.on_stored(index, b.n_rows)
                     if self.progress is not None:
                         self.progress(b.n_rows)
 
     def finish(self) -> None:
-        for q in self.queues:
-            q.put(None)
+        """Let every worker drain its queue and stop; wait for them (again, if interrupted)."""
+        if not self.finishing:
+            self.finishing = True
+            for q in self.queues:
+                q.put(None)
         for t in self.threads:
             t.join()
         self.failures.sort(key=lambda f: (f.batch_index, f.server_index))
+
+    def partial_rows(self) -> int:
+        """Rows of batches some server acknowledged and another did not (after :meth:`finish`)."""
+        with self.lock:
+            n = self.study.n_servers
+            return sum(b.n_rows for b in self.batches.values() if b.remaining < n)
 
     def ids(self) -> list[str]:
         with self.lock:
@@ -167,6 +184,6 @@ class UploadRun:
                 out.update({i: b.ids for i, b in self.batches.items()})
             return [rid.hex() for i in sorted(out) for rid in out[i]]
 
-    def incomplete(self, prepared: int) -> IncompleteUpload:
+    def incomplete(self, prepared: int, journal: str | None = None) -> IncompleteUpload:
         pending = sorted(self.pending, key=lambda p: (p.batch_index, p.server_index))
-        return IncompleteUpload(list(self.failures), pending, self.ids(), prepared)
+        return IncompleteUpload(list(self.failures), pending, self.ids(), prepared, journal)

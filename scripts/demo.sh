@@ -4,4 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-exec .venv/bin/dpsketch demo "$@"
+status=0
+.venv/bin/dpsketch demo "$@" || status=$?
+# the install's hint has scrolled away by now: repeat how to get `dpsketch` on PATH
+echo "dpsketch is in $PWD/.venv/bin: \`source .venv/bin/activate\` (or export PATH=\"$PWD/.venv/bin:\$PATH\") to run it as plain \`dpsketch\`" >&2
+exit "$status"

@@ -27,3 +27,10 @@ fi
 # fatal: without numba's cache the processes compile or fall back as they would anyway.
 .venv/bin/python -c "import sys; from services.store import warm_kernels; sys.exit(not warm_kernels())" \
   || echo "install: could not compile numba's loops ahead (each process will compile them)" >&2
+# The commands are in .venv/bin, which is not on PATH: say how to put it there (README, Quickstart).
+cat >&2 <<HINT
+install: done. The dpsketch command is $PWD/.venv/bin/dpsketch; to run it as plain \`dpsketch\`,
+  source .venv/bin/activate            (this shell; \`deactivate\` undoes it)
+or
+  export PATH="$PWD/.venv/bin:\$PATH"
+HINT

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -201,22 +202,65 @@ def settings_from_args(args: argparse.Namespace):
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
+def check_port(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can, as far as a bind now tells).
+
+    Checked before the store is opened, so that a server whose port is taken leaves no new
+    database behind: it says so in one line and exits. Bound as uvicorn binds (SO_REUSEADDR), so a
+    port in TIME_WAIT after a restart is not mistaken for a taken one."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"cannot listen on {host}:{port}: the address does not resolve ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return (f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server "
+                    f"running there? choose another --port)")
+    return None
+
+
+def _new_files(db: Path | str) -> list[Path]:
+    """The SQLite files (database, WAL, shared memory) that do not exist yet: the ones this
+    process may create, hence remove again if it never starts serving."""
+    if isinstance(db, str):  # PostgreSQL: nothing on disk here
+        return []
+    return [p for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm"), Path(f"{db}-journal")) if not p.exists()]
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from dpsketch.serving import check_graceful_timeout, serve
+    from dpsketch.serving import STARTUP_FAILURE, check_graceful_timeout, serve
 
     check_graceful_timeout(parser, args.graceful_timeout)
     settings = settings_from_args(args)
     _export_admission_limits(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # (short tokens are warned about by Settings, which keeps only their SHA-256 digests)
+    refused = check_port(args.host, args.port)
+    if refused is not None:
+        print(f"dpsketch server: {refused}; nothing was created", file=sys.stderr)
+        return 1
 
     from .app import create_app
 
+    created = _new_files(args.db)
     try:
         app = create_app(settings)
     except Exception as exc:  # e.g. unreadable database: say so plainly, no traceback
+        _remove(created)
         print(f"dpsketch server: cannot open the store {settings.store_location}: {exc}", file=sys.stderr)
         return 1
     # Two threads take turns at the GIL: the event loop and the writer (services/writer.py). When
@@ -225,11 +269,21 @@ def main(argv: list[str] | None = None) -> int:
     # 4 % more (docs/operations.md, "Single uploads"); 0.3 ms gave nothing.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     # handles SIGTERM/SIGINT: stop accepting, finish requests (bounded), run the app's shutdown
-    return serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,
-                 log_level=args.log_level, access_log=args.access_log, proxy_headers=False,
-                 server_header=False, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-                 header_timeout=args.header_timeout, body_timeout=args.body_timeout, min_rate=args.min_rate,
-                 max_connections=args.max_connections, max_connections_per_ip=args.max_connections_per_ip)
+    status: int | None = None  # an unexpected error leaves the store alone: it may hold shares
+    try:
+        status = serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,
+                       log_level=args.log_level, access_log=args.access_log, proxy_headers=False,
+                       server_header=False, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                       header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                       min_rate=args.min_rate, max_connections=args.max_connections,
+                       max_connections_per_ip=args.max_connections_per_ip)
+    except SystemExit as exc:  # uvicorn exits with STARTUP_FAILURE when it cannot bind
+        status = exc.code if isinstance(exc.code, int) else None
+        raise
+    finally:
+        if status == STARTUP_FAILURE:  # never served (the port was taken after all): no client saw it
+            _remove(created)
+    return status
 
 
 if __name__ == "__main__":

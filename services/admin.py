@@ -5,6 +5,9 @@ its quota of new reports (one by default), so Sybil reports cost the adversary a
 and only this server's operator can issue them (not the analyst: docs/trust.md). Hand each
 data owner (or each enrolled device) its tokens from every server; ``dpsketch submit --token
 t1,t2,t3`` or ``Client(urls, token=[t1, t2, t3])`` then uploads with them.
+
+``issue --output token`` prints the new tokens alone, one per line, so that a shell captures them:
+``TOKEN1=$(dpsketch tokens --server URL issue STUDY_ID --output token)``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from dpsketch.plain_errors import unreachable
 from dpsketch.protocol.messages import IssuedUploadTokens, UploadTokenList
 from dpsketch.protocol.problems import ProblemError
 
@@ -86,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify the server's TLS certificate against this CA (default: $DPSKETCH_CA_FILE)")
     sub = p.add_subparsers(dest="command", required=True)
     issue = sub.add_parser("issue", help="issue upload tokens for a study")
-    issue.add_argument("study_id")
+    issue.add_argument("study_id", help="the study (64 hex characters)")
     issue.add_argument("--count", type=int, default=1, help="how many tokens (default: 1)")
     quota = issue.add_mutually_exclusive_group()
     quota.add_argument("--quota", type=int, default=1,
@@ -94,11 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--unlimited", action="store_true", help="tokens without a quota")
     issue.add_argument("--party", metavar="NAME",
                        help="a study with parties: the party whose blocks the tokens upload (required there)")
+    issue.add_argument("--output", choices=("json", "token"), default="json",
+                       help="json: the server's answer (token ids, quotas and the tokens); token: the "
+                            "tokens alone, one per line, for the shell to capture: "
+                            "TOKEN=$(dpsketch tokens ... issue STUDY_ID --output token) (default: json)")
     ls = sub.add_parser("list", help="list a study's tokens (ids, quotas, use; never the tokens)")
-    ls.add_argument("study_id")
+    ls.add_argument("study_id", help="the study (64 hex characters)")
     rv = sub.add_parser("revoke", help="revoke one token at once")
-    rv.add_argument("study_id")
-    rv.add_argument("token_id")
+    rv.add_argument("study_id", help="the study (64 hex characters)")
+    rv.add_argument("token_id", help="the token's id, as issue and list show it (not the token)")
     return p
 
 
@@ -121,9 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     except ProblemError as exc:
         print(f"dpsketch tokens: {exc}", file=sys.stderr)
         return 1
-    except httpx.HTTPError as exc:
-        print(f"dpsketch tokens: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except httpx.TransportError as exc:
+        print(f"dpsketch tokens: {unreachable(args.server, exc)}", file=sys.stderr)
         return 1
+    except httpx.HTTPError as exc:
+        print(f"dpsketch tokens: {args.server}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.command == "issue" and args.output == "token":
+        print("\n".join(out.tokens))
+        return 0
     print(json.dumps(out.model_dump(mode="json"), indent=2))
     return 0
 

@@ -29,6 +29,14 @@ STORES = ["sqlite", "postgres"]
 BOTH_STORES = pytest.mark.parametrize("store_kind", STORES, indirect=True)
 
 
+@pytest.fixture(autouse=True)
+def _submission_journals(tmp_path_factory, monkeypatch):
+    """Each test's SDK journals (client_sdk/journal.py) in a directory of its own, never in the
+    home directory: a test that submits the same rows to the same study as another test (or an
+    earlier run) must not find that submission already complete."""
+    monkeypatch.setenv("DPSKETCH_SUBMISSIONS_DIR", str(tmp_path_factory.mktemp("journals")))
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """One real PostgreSQL server for this pytest process (tests/pg.py), stopped at the end."""

@@ -243,7 +243,7 @@ def test_inputs_of_every_kind():
 @pytest.mark.parametrize("bad, message", [
     (np.zeros((3, 5)), "must have 4 values"),
     (np.zeros(4), "2-D"),
-    (np.array([[1.0, 2, 3, np.nan]]), "row 0 column 3 is nan"),
+    (np.array([[1.0, 2, 3, np.nan]]), "row 0 column 3 (y) is nan"),
     ([[1, 2, 3, 4], [1, 2, 3]], "row 1 has 3 values"),
     (FakeFrame(["age", "income", "score"], np.zeros((1, 3))), "missing column(s) y"),
     ([[1, 2, 3, "x"]], "must be numbers"),
@@ -396,7 +396,7 @@ def test_streamed_bad_row_reports_what_was_already_sent(study, fakes):
     servers, transport = fakes
     rows = [[0.0] * 4] * 25 + [[0.0, 0.0, float("nan"), 0.0]]
     with _client(transport) as c:
-        with pytest.raises(InvalidDataError, match="row 25 column 2 is nan.*20 earlier rows were already submitted") as err:
+        with pytest.raises(InvalidDataError, match=r"row 25 column 2 \(score\) is nan.*20 earlier rows were already submitted") as err:
             c.submit_many(study.study_id, iter(rows), batch_size=10)
     assert len(err.value.report_ids) == 20  # two whole batches went out before the bad chunk
 

@@ -11,7 +11,9 @@ never shares a stream with its parent because a stream lives only as long as the
 created it.
 
 Nothing here is seeded deterministically, except :meth:`Keystream.from_key`, which the tests and
-the sampler's test vectors (docs/protocol.md, section 5) use to reproduce a stream.
+the sampler's test vectors (docs/protocol.md, section 5) use to reproduce a stream, and which a
+resumable submission keys from its own secret (itself from os.urandom) so that a rerun rebuilds
+the same reports (client_sdk/journal.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class Keystream:
 
     @classmethod
     def from_key(cls, key: bytes) -> "Keystream":
-        """A reproducible stream (test vectors only: a known key gives known noise)."""
+        """A reproducible stream: a known key gives known noise (test vectors), a secret key
+        the same noise again (a resumed submission; its key must stay secret)."""
         if len(key) != KEY_BYTES:
             raise ValueError(f"a keystream key is {KEY_BYTES} bytes")
         stream = cls.__new__(cls)
