@@ -17,6 +17,7 @@ import signal
 import ssl
 import sys
 import time
+import warnings
 
 import httpx
 
@@ -173,7 +174,7 @@ class _Terminated(KeyboardInterrupt):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from . import data
-    from .client import Client
+    from .client import Client, DataLimitedWarning
     from .errors import IncompleteUpload, SDKError
 
     def fail(message: str, code: int = EXIT_ERROR) -> int:
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
     journal: bool | str = False if args.no_journal else (args.journal_dir or True)
     result = None
+    limited_warnings: list[warnings.WarningMessage] = []
     started = time.monotonic()
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -279,11 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                                                   key_column=args.id_column, batch_size=args.batch_size,
                                                   progress=bar.update if bar else None, keep_ids=False)
                 else:
-                    result = client.submit_many(args.study, args.csv, batch_size=args.batch_size,
-                                                progress=bar.update if bar else None, keep_ids=False,
-                                                ignore_extra_columns=args.ignore_extra_columns,
-                                                new_submission=args.new_submission,
-                                                check_file=False)  # scanned above
+                    with warnings.catch_warnings(record=True) as limited_warnings:
+                        warnings.simplefilter("always", DataLimitedWarning)  # printed as one line below
+                        result = client.submit_many(args.study, args.csv, batch_size=args.batch_size,
+                                                    progress=bar.update if bar else None, keep_ids=False,
+                                                    ignore_extra_columns=args.ignore_extra_columns,
+                                                    new_submission=args.new_submission,
+                                                    check_file=False)  # scanned above
             finally:
                 if bar is not None:
                     bar.close()
@@ -320,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"submitted {what}{result.n_reports} rows of {name} to "
               f"{len(urls)} servers for study {args.study[:12]}... in "
               f"{time.monotonic() - started:.1f} s (reports held: {counts}{resumed})")
+        if getattr(result, "clamped", None) or getattr(result, "clipped", 0):
+            print(result.clamp_summary() or "no value was outside the study's bounds")
+    for warning in limited_warnings:
+        print(f"dpsketch submit: warning: {warning.message}", file=sys.stderr)
     return EXIT_OK
 
 

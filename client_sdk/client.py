@@ -44,11 +44,13 @@ from pydantic import ValidationError
 from dpsketch import __version__
 from dpsketch.plain_errors import unreachable_reason
 from dpsketch.protocol import chacha, envelope, messages, ring
+from dpsketch.protocol.bounds import CLAMP_WARNING_SHARE
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
 from . import data as _data
 from . import journal as _journal
+from . import noise as _noise
 from . import sealing as _sealing
 from .errors import (
     BatchFailure,
@@ -83,7 +85,8 @@ class SubmitResult(list):
 
     def __init__(self, ids: list[str], n_reports: int, report_counts: dict[str, int],
                  duplicates: dict[str, int], skipped: int = 0, journal: str | None = None,
-                 already_complete: bool = False):
+                 already_complete: bool = False, clamped: dict[str, int] | None = None,
+                 clipped: int = 0, rows_seen: int = 0):
         super().__init__(ids)
         self.n_reports = n_reports
         self.report_counts = report_counts
@@ -91,6 +94,39 @@ class SubmitResult(list):
         self.skipped = skipped
         self.journal = journal
         self.already_complete = already_complete
+        #: per column, how many of the input's values lay outside the study's bounds and were
+        #: clamped to them (a study with bounds; docs/protocol.md section 2e), over rows_seen rows
+        self.clamped = clamped or {}
+        #: rows whose norm exceeded the study's row bound and were clipped (a study without bounds)
+        self.clipped = clipped
+        self.rows_seen = rows_seen
+
+    def clamp_summary(self) -> str:
+        """One line for a person: what the map into the study's row ball changed ("" if nothing)."""
+        parts = [f"{c} {k} ({k / max(self.rows_seen, 1):.1%})" for c, k in self.clamped.items() if k]
+        text = f"values clamped to the study's bounds: {', '.join(parts)}" if parts else ""
+        if self.clipped:
+            text += ("; " if text else "") + (f"{self.clipped} rows ({self.clipped / max(self.rows_seen, 1):.1%}) "
+                                              f"clipped to the study's row bound (it declares no bounds: rows "
+                                              f"must already be scaled into its ball)")
+        return text
+
+
+class DataLimitedWarning(UserWarning):
+    """More than 1% of a column's values were clamped to the study's bounds, or rows were clipped
+    to its row bound: the answers describe the clamped data (consider wider bounds)."""
+
+
+def warn_if_limited(result: SubmitResult, share: float = CLAMP_WARNING_SHARE) -> None:
+    """A :class:`DataLimitedWarning` when a column had more than ``share`` of its values clamped,
+    or any row was clipped."""
+    import warnings
+
+    heavy = [c for c, k in result.clamped.items() if k > share * max(result.rows_seen, 1)]
+    if heavy or result.clipped:
+        warnings.warn(result.clamp_summary() + (f" (more than {share:.0%} in {', '.join(heavy)}: consider "
+                                                f"wider bounds)" if heavy else ""),
+                      DataLimitedWarning, stacklevel=3)
 
 
 # --- the client ------------------------------------------------------------------------------
@@ -550,9 +586,12 @@ class Client:
             chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns,
                                        raw=raw)
 
+        limited = {"clamped": np.zeros(study.d, dtype=np.int64), "clipped": 0, "rows": 0}
+
         def batches() -> Any:
             first = 0
             for i, chunk in enumerate(chunks):
+                limited["rows"] += len(chunk)
                 skip = submission is not None and i in submission.done  # every server holds it
                 batch = None
                 if not skip or i == 0:  # batch 0 always: it checks that a rerun rebuilds the same reports
@@ -560,10 +599,19 @@ class Client:
                     batch = prepare_batch(study, chunk, compress, full=i % study.n_servers, stream=stream)
                     if i == 0 and submission is not None:
                         submission.check_first_batch(batch.report_ids)  # ResumeMismatch: nothing sent
+                if not raw:  # what the map into the ball changed, skipped batches included
+                    clamped, clipped = ((batch.clamped, batch.clipped) if batch is not None else
+                                        _noise.limited_counts(_data.check_rows(chunk, study.d), study))
+                    limited["clamped"] += clamped
+                    limited["clipped"] += clipped
                 yield i, first, None if skip else batch, len(chunk)
                 first += len(chunk)
 
-        return self._run_upload(study, study_id, batches(), progress, keep_ids, submission)
+        result = self._run_upload(study, study_id, batches(), progress, keep_ids, submission)
+        result.clamped = {c: int(k) for c, k in zip(study.columns, limited["clamped"])} if not raw else {}
+        result.clipped, result.rows_seen = int(limited["clipped"]), int(limited["rows"])
+        warn_if_limited(result)
+        return result
 
     def _run_upload(self, study: Study, study_id: str, batches: Any, progress: Progress | None,
                     keep_ids: bool, submission: "_journal.Submission | None" = None) -> SubmitResult:

@@ -30,19 +30,10 @@ def by_hand_block() -> str:
     return match.group(1)
 
 
-def _study_create_has_output_id() -> bool:
-    out = subprocess.run([str(ROOT / ".venv/bin/dpsketch"), "study", "create", "--help"],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
-    return "--output" in out.stdout
-
-
 def test_readme_by_hand_block_runs_verbatim(tmp_path):
     block = by_hand_block()
     assert "--output id" in block and "TOKEN1=$(" in block  # ids and tokens captured, not copied
-    if not _study_create_has_output_id():
-        # TODO(issue 39): `dpsketch study create --output id` is the lead's (analyzer/cli.py); until
-        # it lands, read the id out of the JSON instead. Remove this fallback once it is merged.
-        block = block.replace("--output id)", "| python -c 'import json,sys; print(json.load(sys.stdin)[\"study_id\"])')")
+    assert "--bounds" in block  # raw units in, answers in units out
     work = tmp_path / "by-hand"
     work.mkdir()
     rng = np.random.default_rng(7)  # test data in raw units, as a data owner's file would be
@@ -71,7 +62,9 @@ def test_readme_by_hand_block_runs_verbatim(tmp_path):
     docs = _json_documents(out)
     finalized = next(d for d in docs if "n_reports" in d and d.get("state") == "released")
     assert finalized["n_reports"] == N_ROWS
-    assert any("coefficients" in d or "coef" in d for d in docs), out[-3000:]
+    # ridge and PCA as tables, in the data's units, with the intercept and intervals
+    assert "in the data's units" in out and "(intercept)" in out and "95% interval" in out, out[-3000:]
+    assert "PC1" in out and "mean" in out, out[-3000:]
     # the journal went to the (test's) home directory, its key deleted once every row was stored
     (journal,) = (tmp_path / ".dpsketch" / "submissions").glob("*.json")
     assert json.loads(journal.read_text().splitlines()[0])["key"] is None
