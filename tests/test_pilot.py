@@ -224,6 +224,13 @@ def test_two_step_flow_pilot_proposes_bounds_then_the_real_study_answers_in_unit
         assert an.ledger(study_id=sid)["charged"] is True  # the pilot is charged like any study
         view = an.histogram(sid)
         assert view["marginal"] is True and [a["column"] for a in view["axes"]] == ["age", "hours", "wage"]
+        assert [len(a["counts"]) for a in view["axes"]] == [len(pilot_edges()) + 1] * 3
+        # each axis is a histogram of its own: one-column statistics name it, joint ones refuse
+        median = an.statistic(sid, "quantiles", column="hours", probabilities=[0.5])["quantiles"][0]
+        assert abs(median - np.median(hours)) <= 10, median  # the bin [30, 50) holds it
+        with pytest.raises(ProblemError) as joint:
+            an.statistic(sid, "kendall-tau")
+        assert joint.value.status == 422 and "marginal" in joint.value.detail
         proposal = an.propose_bounds(sid)
         bounds = proposal["bounds"]
         for col, x in {"age": age, "hours": hours, "wage": wage}.items():
