@@ -77,6 +77,14 @@ DETECTION_SIGMAS = 5.0
 #: 0.5 % tails (measured, module docstring); its cost is charged like any study's.
 DEFAULT_EPSILON = 0.5
 DEFAULT_LOWER, DEFAULT_UPPER = 0.005, 0.995
+#: A pilot's default max_reports, as a multiple of the expected count (a study's is 10): a pilot
+#: report is 1.2 KB a column, and a server's default storage policy (32 GiB a study) counts
+#: max_reports of them, so 10x would refuse a three-column pilot of 10^6 expected reports.
+MAX_REPORTS_FACTOR = 2
+
+
+def default_max_reports(expected_reports: int) -> int:
+    return max(MAX_REPORTS_FACTOR * expected_reports, 1000)
 
 
 def pilot_edges() -> list[float]:

@@ -40,7 +40,8 @@ class PilotRequest(BaseModel):
         default=None, gt=0, le=100, description="as for POST /v1/studies: omitted, max(4, epsilon); "
         "null, no floor")
     min_reports: int | None = Field(default=None, ge=1)
-    max_reports: int | None = Field(default=None, ge=1)
+    max_reports: int | None = Field(default=None, ge=1, description="default: twice expected_reports (a "
+                                    "pilot report is 1.2 KB a column; servers' storage policies count it)")
     population: str | None = Field(default=None, pattern=POPULATION_PATTERN,
                                    description="the population whose ledger the pilot is charged to")
 
@@ -65,6 +66,7 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list,
         fields = body.model_dump(exclude={"columns"}, exclude_none=True)
         if "epsilon_floor" in body.model_fields_set:
             fields["epsilon_floor"] = body.epsilon_floor  # null: no floor
+        fields.setdefault("max_reports", pilot.default_max_reports(body.expected_reports))
         try:
             spec = pilot.pilot_spec(body.columns)
         except ValidationError as exc:

@@ -211,7 +211,7 @@ def test_two_step_flow_pilot_proposes_bounds_then_the_real_study_answers_in_unit
         sid = pilot["study_id"]
         study = Study.model_validate(pilot["study"])
         assert study.histogram.marginal and study.epsilon == 1.0 and study.row_bound == math.sqrt(3)
-        assert study.width == 3 * (len(pilot_edges()) + 1)
+        assert study.width == 3 * (len(pilot_edges()) + 1) and study.max_reports == 2 * n
         assert any("Marginal histogram" in line for line in pilot["explanation"])
         # step 1: data owners send their raw rows, with the ordinary command
         out = subprocess.run([sys.executable, "-m", "tools.cli", "submit", "--study", sid, "--servers",
