@@ -17,7 +17,7 @@ from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, POPULATION_PATTERN
 
-from . import histogram_api, lad_api, logistic_api, recommend
+from . import histogram_api, lad_api, logistic_api, pilot_api, recommend
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
 from .moments import release_columns
@@ -355,6 +355,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         except UpstreamError as exc:
             raise upstream(exc) from exc
         return _view(coordinator.record(study.study_id))
+
+    pilot_api.install(app, released, auth, create=lambda fields: create_study(CreateStudy(**fields)))
 
     @app.post("/v1/recommend", dependencies=auth)
     async def recommend_kind(body: RecommendRequest) -> dict[str, Any]:

@@ -99,6 +99,20 @@ class AnalyzerClient:
     def histogram(self, study_id: str, confidence: float = 0.95) -> dict[str, Any]:
         return self._call("GET", f"/v1/studies/{study_id}/histogram", params={"confidence": confidence})
 
+    # the bounds pilot (docs/bounds.md)
+    def create_pilot(self, name: str, columns: list[str], expected_reports: int, **fields: Any) -> dict[str, Any]:
+        """Create a pilot (POST /v1/pilots): a marginal histogram study over ``columns`` whose
+        release proposes bounds; ``fields``: epsilon (default 0.5), delta, neighbouring, t,
+        epsilon_floor, min_reports, max_reports, population. Answers the StudyView."""
+        return self._call("POST", "/v1/pilots", json={"name": name, "columns": list(columns),
+                                                      "expected_reports": expected_reports, **fields})
+
+    def propose_bounds(self, study_id: str, lower: float = 0.005, upper: float = 0.995) -> dict[str, Any]:
+        """Bounds proposed from a released pilot (POST /v1/studies/{id}/analyses/bounds):
+        {"bounds": {column: [lo, hi]}, "text": "age=15:100,...", "columns": [per-column details]}."""
+        return self._call("POST", f"/v1/studies/{study_id}/analyses/bounds",
+                          json={"lower": lower, "upper": upper})
+
     def statistic(self, study_id: str, name: str, **fields: Any) -> dict[str, Any]:
         """One histogram statistic: quantiles, moments, kendall-tau, auc, gini-mean-difference,
         gini-simpson (the analyzer's /analyses/NAME)."""

@@ -43,6 +43,15 @@ at most 2^20 entries (8 MiB), so the largest temporaries are a block and the gri
 factor over the axes: tr((A kron B)(C kron D)) = tr(AC) tr(BD), computed blockwise in O(m^2).
 One-column statistics run on the column's marginal (:meth:`NoisyHistogram.marginal`), which is
 again a histogram with independent Gaussian noise per cell.
+
+Marginal histograms
+-------------------
+A study whose bins say ``marginal: true`` (docs/protocol.md section 2b) releases each axis' cells
+side by side, not a joint grid: every client has one 1 in every axis' block. Its release splits
+into one 1-D histogram per axis (:meth:`NoisyHistogram.marginal`, :meth:`NoisyHistogram.split`),
+each cell with the same N(0, v) noise as the release (the blocks are disjoint cells, nothing is
+summed), and every one-column statistic runs on it as on a one-axis study. Statistics of the
+joint law (Kendall's tau, AUC, Gini-Simpson over all cells) need a joint grid and refuse it.
 """
 
 from __future__ import annotations
@@ -68,8 +77,9 @@ BLOCK_ENTRIES = 1 << 20
 class NoisyHistogram:
     """A released histogram: true counts plus independent N(0, ``noise_variance``) per cell.
 
-    ``counts`` is flat (``spec.cells``), row-major over the axes (cell = i1 * bins2 + i2), as the
-    servers release it; ``noise_variance`` 0 means exact counts. ``n_reports`` is exact and public
+    ``counts`` is flat (``spec.cells``), row-major over the axes (cell = i1 * bins2 + i2), or for
+    a marginal spec the axes' blocks one after the other, as the servers release it;
+    ``noise_variance`` 0 means exact counts. ``n_reports`` is exact and public
     (the servers count the accepted reports), which is why statistics normalise by it rather than
     by the noisy total. (``eq=False``: comparing arrays field by field has no single truth value.)
     """
@@ -96,20 +106,39 @@ class NoisyHistogram:
         object.__setattr__(self, "noise_variance", v)
         object.__setattr__(self, "n_reports", n)
 
+    @property
+    def is_joint(self) -> bool:
+        """Whether the cells form one grid over all axes (not a marginal histogram of 2+ axes)."""
+        return not (self.spec.marginal and len(self.spec.axes) > 1)
+
     def grid(self) -> np.ndarray:
-        """The counts as an array of ``spec.shape`` (a view)."""
+        """The counts as an array of ``spec.shape`` (a view); a marginal histogram of several axes
+        has no grid (ValueError: take :meth:`marginal` of a column)."""
+        if not self.is_joint:
+            raise ValueError(f"a marginal histogram ({', '.join(self.spec.columns)}) has no joint grid: "
+                             f"take one column's histogram (marginal(column))")
         return self.counts.reshape(self.spec.shape)
 
-    def marginal(self, column: str) -> "NoisyHistogram":
-        """The one-axis histogram of ``column``: the sum over the other axis.
+    def split(self) -> list["NoisyHistogram"]:
+        """One 1-D histogram per axis, in axis order (:meth:`marginal` of every column)."""
+        return [self.marginal(c) for c in self.spec.columns]
 
-        A marginal cell sums ``bins`` independent noisy cells of the other axis, so its noise is
-        N(0, v * bins), still independent across cells: the marginal is itself a release of the
-        same kind and every one-column statistic can run on it.
+    def marginal(self, column: str) -> "NoisyHistogram":
+        """The one-axis histogram of ``column``.
+
+        Of a joint grid: the sum over the other axis. A marginal cell sums ``bins`` independent
+        noisy cells of the other axis, so its noise is N(0, v * bins), still independent across
+        cells: the marginal is itself a release of the same kind and every one-column statistic
+        can run on it. Of a marginal histogram: the column's block of cells as released, with
+        the release's own noise N(0, v) per cell.
         """
         index, axis = axis_of(self, column)
         if len(self.spec.axes) == 1:
             return self
+        if self.spec.marginal:
+            start = self.spec.offsets[index]
+            return NoisyHistogram(HistogramSpec(axes=[axis]), self.counts[start:start + axis.bins],
+                                  self.noise_variance, self.n_reports)
         other = 1 - index
         counts = self.grid().sum(axis=other)
         return NoisyHistogram(HistogramSpec(axes=[axis]), counts,
@@ -138,6 +167,14 @@ def _check_hist(hist: object) -> NoisyHistogram:
     if not isinstance(hist, NoisyHistogram):
         raise TypeError(f"fit() takes a NoisyHistogram, got {type(hist).__name__}")
     return hist
+
+
+def _joint(hist: NoisyHistogram, what: str) -> None:
+    """A statistic of the joint law needs a joint grid, which a marginal histogram does not have."""
+    if not hist.is_joint:
+        raise ValueError(f"{what} needs a joint histogram (one grid over the axes); this one is marginal "
+                         f"(each of {', '.join(map(repr, hist.spec.columns))} counted on its own), so "
+                         f"only one-column statistics apply")
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,6 +573,7 @@ class KendallTau(_Estimator):
 
     def fit(self, hist: NoisyHistogram) -> "KendallTau":
         hist = _check_hist(hist)
+        _joint(hist, "KendallTau")
         if len(hist.spec.axes) != 2:
             raise ValueError(f"KendallTau needs a two-axis histogram, this one has only "
                              f"{hist.spec.columns[0]!r}")
@@ -589,6 +627,7 @@ class AUC(_Estimator):
 
     def fit(self, hist: NoisyHistogram) -> "AUC":
         hist = _check_hist(hist)
+        _joint(hist, "AUC")
         if len(hist.spec.axes) != 2:
             raise ValueError("AUC needs a two-axis histogram (a score column and a label column)")
         if self.score == self.label:
@@ -677,6 +716,8 @@ class GiniSimpson(_Estimator):
 
     def fit(self, hist: NoisyHistogram) -> "GiniSimpson":
         hist = _check_hist(hist)
+        if self.column is None:
+            _joint(hist, "GiniSimpson over all cells (column=None)")
         h = hist if self.column is None else hist.marginal(self.column)
         n = h.n_reports
         pairs = _pairs(n, "GiniSimpson")

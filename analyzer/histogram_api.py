@@ -2,8 +2,9 @@
 
 Each route fits one estimator on the released histogram and answers its value, its standard
 error from the known noise law and a confidence interval. Wrong axes, a statistic the study's
-bins cannot give (quantiles of a categorical axis, Kendall's tau of one axis) and non-histogram
-studies are 422 ``invalid-request``.
+bins cannot give (quantiles of a categorical axis, Kendall's tau of one axis or of a marginal
+histogram) and non-histogram studies are 422 ``invalid-request``. A marginal histogram's view
+answers per axis; its one-column statistics take the axis by ``column``.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
         if column is not None:
             return column
         if len(h.spec.axes) != 1:
-            raise ProblemError("invalid-request", f"the histogram has two axes ({', '.join(h.spec.columns)}): "
-                               f"name the column")
+            raise ProblemError("invalid-request", f"the histogram has {len(h.spec.axes)} axes "
+                               f"({', '.join(h.spec.columns)}): name the column")
         return h.spec.columns[0]
 
     def fit_column(study_id: str, body: ColumnStatistic, estimator) -> tuple[stats.NoisyHistogram, str, Any]:
@@ -102,12 +103,21 @@ def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> Non
         if not 0 < confidence < 1:
             raise ProblemError("invalid-request", "confidence must lie strictly between 0 and 1")
         h = histogram_of(study_id)
+        common = {"study_id": study_id, "shape": list(h.spec.shape), "n_reports": h.n_reports,
+                  "noise_variance": h.noise_variance, "confidence": confidence}
+
+        def cells(est: stats.Counts) -> dict[str, Any]:
+            return {"counts": _finite(est.counts_), "counts_ci": _finite(est.counts_ci_),
+                    "proportions": _finite(est.proportions_), "proportions_ci": _finite(est.proportions_ci_),
+                    "nonnegative_counts": _finite(est.nonnegative_counts_)}
+
+        if not h.is_joint:  # a marginal histogram: each axis' counts on their own (no grid)
+            return {**common, "marginal": True,
+                    "axes": [{"column": a.column, "labels": a.labels(),
+                              **cells(fit(stats.Counts(confidence=confidence), h.marginal(a.column)))}
+                             for a in h.spec.axes]}
         est = fit(stats.Counts(confidence=confidence), h)
-        return {"study_id": study_id, "axes": [{"column": a.column, "labels": a.labels()} for a in h.spec.axes],
-                "shape": list(h.spec.shape), "n_reports": h.n_reports, "noise_variance": h.noise_variance,
-                "confidence": confidence, "counts": _finite(est.counts_), "counts_ci": _finite(est.counts_ci_),
-                "proportions": _finite(est.proportions_), "proportions_ci": _finite(est.proportions_ci_),
-                "nonnegative_counts": _finite(est.nonnegative_counts_)}
+        return {**common, "axes": [{"column": a.column, "labels": a.labels()} for a in h.spec.axes], **cells(est)}
 
     @app.post("/v1/studies/{study_id}/analyses/quantiles", dependencies=auth)
     def quantiles(study_id: str, body: QuantilesRequest) -> dict[str, Any]:

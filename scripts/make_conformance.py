@@ -45,7 +45,7 @@ from dpsketch.protocol.study import Study, design  # noqa: E402
 OUT = ROOT / "conformance"
 FORMAT = "dpsketch-conformance/1"
 #: The version of docs/protocol.md these vectors belong to (its first line).
-SPEC_VERSION = "2.4"
+SPEC_VERSION = "2.5"
 PROTOCOL = "dpsketch/2"
 #: How a float is compared: |got - want| <= atol + rtol * |want| (per vector or per analysis).
 TOLERANCE_RULE = "|got - want| <= atol + rtol * |want|, element by element; null stands for a non-finite value"
@@ -143,6 +143,16 @@ def _study_inputs() -> list[tuple[str, str, Study]]:
                                          {"column": "city", "categories": ["Z\u00fcrich", "Gen\u00e8ve"]}]})
     out.append(("study-histogram", "a histogram study: every axis has column, edges and categories (the unused one "
                 "null); width = (3+1) * (2+1) = 12 cells", hist))
+    marginal, _ = design(name="conformance marginal histogram", kind="histogram", columns=[], label=None,
+                         servers=["s1", "s2"], expected_reports=10_000, seed="44" * 32,
+                         histogram={"marginal": True,
+                                    "axes": [{"column": "age", "edges": [18, 30.5, 65]},
+                                             {"column": "city", "categories": ["Z\u00fcrich", "Gen\u00e8ve"]},
+                                             {"column": "wage", "edges": [0, 1000, 2500, 1e4]}]})
+    out.append(("study-histogram-marginal", "a marginal histogram study (histogram member marginal true; "
+                "omitted when false): 3 axes side by side, width = (3+1) + (2+1) + (4+1) = 12 cells, "
+                "row_bound = sqrt(3) = 1.7320508075688772 (the norm of a vector with one 1 per axis)",
+                marginal))
     l1, _ = design(name="conformance l1 study", kind="l1", **{**base, "seed": "22" * 32})
     out.append(("study-l1", "an l1 study (member l1; k = s * level0_buckets + levels * buckets)", l1))
     parties, _ = design(name="conformance parties study", columns=[], label="y", servers=["s1", "s2"],

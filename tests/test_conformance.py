@@ -276,14 +276,18 @@ def test_study_id_vectors(vec):
     assert study.study_id == vec["study_id"] == hashlib.sha256(want).hexdigest()
     d = len(vec["input"]["columns"])
     kind = vec["input"]["kind"]
-    if kind == "histogram":
-        width = math.prod(len(a["edges"] or a["categories"]) + 1 for a in vec["input"]["histogram"]["axes"])
+    if kind == "histogram":  # a joint grid multiplies the axes' cells, a marginal histogram adds them
+        cells = [len(a["edges"] or a["categories"]) + 1 for a in vec["input"]["histogram"]["axes"]]
+        width = sum(cells) if vec["input"]["histogram"].get("marginal") else math.prod(cells)
     else:
         width = {"gram": d * (d + 3) // 2 + 1, "moments": d * (d + 1) // 2}.get(kind, d)
     derived = vec["derived"]
     assert derived == {"d": d, "width": width, "k": vec["input"]["k"], "s": vec["input"]["s"],
                        "aggregate_cells": vec["input"]["k"] * width, "share_bytes": 8 * width}
     assert (study.d, study.width, study.k * study.width) == (d, width, derived["aggregate_cells"])
+    if kind == "histogram":  # the row bound is the norm of a client's 0/1 vector (section 2b)
+        m = len(vec["input"]["histogram"]["axes"])
+        assert vec["input"]["row_bound"] == (math.sqrt(m) if vec["input"]["histogram"].get("marginal") else 1.0)
 
 
 def test_study_id_vectors_cover_the_issue_cases():

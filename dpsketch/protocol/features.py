@@ -62,7 +62,7 @@ def coordinate_bound(kind: Kind, row_bound: float) -> float:
     if kind == "moments":  # a_i^2 <= B^2, sqrt(2) |a_i a_j| <= B^2 / sqrt(2)
         return float(row_bound) ** 2
     if kind == "histogram":
-        return 1.0  # a one-hot vector
+        return 1.0  # a 0/1 vector (one-hot, or a marginal histogram's one 1 per axis)
     raise ValueError(f"unknown study kind {kind!r}")
 
 

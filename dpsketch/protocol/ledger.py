@@ -13,7 +13,7 @@ charge is the privacy loss distribution that promise is read from: the study's o
 width) at lambda_star, built by :func:`accounting.study_pld`. So the charge equals the study's
 promise whatever its kind: a sketch, gram, histogram or l1 study's sensitivity and width are
 those of its Mechanism (privacy.sensitivity per kind; the gram row [a, u(a a^T), 1] has norm
-sqrt(B^4/2 + B^2 + 1), a histogram's one-hot row norm 1). A sketch study whose clients sign their
+sqrt(B^4/2 + B^2 + 1), a histogram's 0/1 vector norm B: 1 one-hot, sqrt(m) marginal). A sketch study whose clients sign their
 rows (``Study.secret_sign``, docs/secret_sign.md) is charged the symmetric Gaussian mixture's PLD
 (``secret_sign.study_pld``), not the Gaussian shift of its smaller noise; the charge records the
 flag (``Charge.secret_sign``, omitted from the JSON when false).

@@ -34,7 +34,9 @@ def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kin
     map's own scale is the leverage in the certificate, not part of Delta).
     gram: the feature vector [a, u(a a^T), 1] (:func:`features.gram_feature_sensitivity`).
     moments: u(a a^T) alone (:func:`features.moments_sensitivity`): sqrt(2) B^2 and B^2.
-    histogram: a one-hot vector (norm 1, whatever the row bound): sqrt(2) and 1.
+    histogram: a 0/1 vector of norm B (the study's row bound: 1 for a one-hot vector, sqrt(m)
+    for a marginal histogram's m ones): replacing it moves at most B^2 ones to other cells,
+    sqrt(2) B; removing it, B.
     """
     if neighbouring not in ("replace-one", "add-remove"):
         raise ValueError(f"unknown neighbouring notion {neighbouring!r}")
@@ -46,7 +48,7 @@ def sensitivity(row_bound: float, neighbouring: Neighbouring, kind: features.Kin
     if kind == "moments":
         return features.moments_sensitivity(row_bound, replace_one)
     if kind == "histogram":
-        return math.sqrt(2.0) if replace_one else 1.0
+        return math.sqrt(2.0) * row_bound if replace_one else float(row_bound)
     raise ValueError(f"unknown study kind {kind!r}")
 
 

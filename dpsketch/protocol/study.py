@@ -154,8 +154,10 @@ class Study(BaseModel):
                 raise ValueError(f"a histogram study's columns are its axes: {self.histogram.columns}")
             if (self.k, self.s) != (1, 1):
                 raise ValueError("a histogram study is the plain sum: k = 1 and s = 1")
-            if self.row_bound != 1.0 or self.label is not None:
-                raise ValueError("a histogram study has row_bound 1 (a one-hot vector) and no label")
+            if self.row_bound != self.histogram.row_norm or self.label is not None:
+                raise ValueError(f"a histogram study has no label and row_bound = the norm of its shared "
+                                 f"vector: 1 (one-hot), sqrt(m) for a marginal histogram of m axes "
+                                 f"(here {self.histogram.row_norm!r})")
         elif self.histogram is not None:
             raise ValueError(f"only a histogram study has bins, not a {self.kind} study")
         if self.parties is not None:
@@ -492,7 +494,7 @@ def signs_by_default(kind: str, k: int, has_parties: bool) -> bool:
 def _clip_bound(kind: features.Kind, row_bound: float, rounding: float) -> float:
     """The largest B' <= B with sensitivity(B') + rounding <= sensitivity(B) under both notions
     (rounding: the norm a vector may move when its coordinates are rounded, twice over for two
-    vectors). A histogram's one-hot vectors are on the grid already: B itself."""
+    vectors). A histogram's 0/1 vectors are on the grid already: B itself."""
     if kind == "histogram" or rounding == 0:
         return row_bound
 
@@ -682,7 +684,7 @@ def design(
         histogram = HistogramSpec.model_validate(histogram)
         if columns and list(columns) != histogram.columns:
             raise ValueError(f"a histogram study's columns are its axes ({histogram.columns}), not {columns}")
-        columns, label, row_bound = histogram.columns, None, 1.0
+        columns, label, row_bound = histogram.columns, None, histogram.row_norm
         if k not in (None, 1):
             raise ValueError("a histogram study is the plain sum: k must be 1")
         k = 1
@@ -771,7 +773,14 @@ def design(
         frac_bits=frac_bits,
         secret_sign=secret_sign,
     )
-    if kind == "histogram":
+    if kind == "histogram" and histogram.marginal:
+        transform = (
+            f"Marginal histogram: {' + '.join(f'{a.column} ({a.bins} bins)' for a in histogram.axes)} = "
+            f"{study.width} cells side by side (no joint grid); each client shares a vector with a 1 in "
+            f"its cell of every axis (norm B = sqrt({len(histogram.axes)})) and the servers sum them "
+            f"(k = s = 1): the release is one noisy histogram per column, the central model's noise "
+            f"on the counts, for all {len(histogram.axes)} columns at the price of one study.")
+    elif kind == "histogram":
         transform = (
             f"Histogram: {' x '.join(f'{a.column} ({a.bins} bins)' for a in histogram.axes)} = "
             f"{study.width} cells; each client shares the one-hot vector of its cell and the "
