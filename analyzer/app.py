@@ -85,8 +85,9 @@ class CreateStudy(PrivacyTarget):
     )
     histogram: HistogramSpec | None = Field(
         default=None, description="the bins of a histogram study: {\"axes\": [{\"column\", \"edges\"} or "
-        "{\"column\", \"categories\"}]}, one axis or two (a joint grid); underflow/overflow and "
-        "\"other\" bins are added, so no value is dropped")
+        "{\"column\", \"categories\"}]}, one axis or two (a joint grid), or up to 64 counted side by side "
+        "with \"marginal\": true (then row_bound is sqrt(axes)); underflow/overflow and \"other\" bins are "
+        "added, so no value is dropped")
     k: int | None = Field(default=None, ge=1, le=1 << 20)
     s: int = Field(default=4, ge=1, le=8)
     min_reports: int | None = Field(default=None, ge=1)

@@ -273,3 +273,18 @@ def test_intervals_in_units_cover_the_non_private_fit_at_their_rate():
     assert np.all((ratio > 0.8) & (ratio < 1.25)), ratio
     # the population intervals add least squares' sampling error: wider, never narrower
     assert np.all(model.stderr() >= model.stderr(population=False))
+
+
+def test_cli_pilot_flow_until_release(cluster):
+    """`dpsketch study pilot` creates the bounds pilot (a marginal histogram over the columns) and
+    prints its id; asking for bounds before it is released is one line and exit 1."""
+    code, pilot_id, err = cli(cluster, "pilot", "--name", "wages pilot", "--columns", "age,hours,wage",
+                              "--expected-reports", "20000", "--output", "id")
+    assert code == 0, err
+    pilot_id = pilot_id.strip()
+    code, out, err = cli(cluster, "show", pilot_id, "--output", "json")
+    shown = json.loads(out)
+    assert shown["study"]["kind"] == "histogram" and shown["study"]["histogram"]["marginal"] is True
+    assert [a["column"] for a in shown["study"]["histogram"]["axes"]] == ["age", "hours", "wage"]
+    code, _, err = cli(cluster, "propose-bounds", pilot_id)
+    assert code == 1 and "study-open" in err and "\n" not in err.strip()

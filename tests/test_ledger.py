@@ -243,7 +243,7 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
     c = budget_cluster
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = [an.create_study(name=f"q{i}", columns=["a", "b"], expected_reports=200, population=POP,
-                                   secret_sign=False)
+                                   secret_sign=False, kind="sketch")
                    for i in range(3)]
         ids = [v["study_id"] for v in created]
         view = an.ledger(study_id=ids[0])
@@ -251,11 +251,11 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
         # a fourth would take the population past epsilon = 2: the analyzer asks no server
         with pytest.raises(ProblemError) as refused:
             an.create_study(name="q3", columns=["a", "b"], expected_reports=200, population=POP,
-                            secret_sign=False)
+                            secret_sign=False, kind="sketch")
         assert refused.value.slug == "budget-exceeded" and refused.value.status == 409
         assert "nothing was provisioned" in refused.value.detail
         # a study without a population is charged to nothing
-        free = an.create_study(name="free", columns=["a", "b"], expected_reports=200)
+        free = an.create_study(name="free", columns=["a", "b"], expected_reports=200, kind="sketch")
         # the analyzer signs a sketch study unless told not to (CreateStudy.secret_sign)
         assert free["study"]["secret_sign"] is True and free["guarantees"]["secret_sign"] is True
         assert all("secret_sign" not in v["study"] for v in created)
