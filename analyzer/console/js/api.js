@@ -45,7 +45,7 @@ function url(path) {
 let onUnauthorized = () => {};
 export function whenUnauthorized(callback) { onUnauthorized = callback; }
 
-export async function call(method, path, body) {
+export async function call(method, path, body, { signingIn = false } = {}) {
   const headers = { Accept: "application/json" };
   const bearer = token();
   if (bearer) headers.Authorization = `Bearer ${bearer}`;
@@ -68,7 +68,7 @@ export async function call(method, path, body) {
       problem = { title: response.statusText, detail: `HTTP ${response.status}` };
     }
     const error = new ApiError(response.status, problem);
-    if (response.status === 401) onUnauthorized(error);
+    if (response.status === 401 && !signingIn) onUnauthorized(error);
     throw error;
   }
   return response.json();
@@ -77,6 +77,7 @@ export async function call(method, path, body) {
 const enc = encodeURIComponent;
 export const api = {
   studies: () => call("GET", "/v1/studies"),
+  checkToken: () => call("GET", "/v1/studies", undefined, { signingIn: true }),
   study: (id) => call("GET", `/v1/studies/${enc(id)}`),
   progress: (id) => call("GET", `/v1/studies/${enc(id)}/progress`),
   create: (body) => call("POST", "/v1/studies", body),

@@ -32,7 +32,7 @@ function tokenForm(message) {
   const remember = h("input", { id: "remember" });
   const status = h("div", { id: "token-status" });
   const form = h("form", { id: "token-form", novalidate: true },
-    field("Analyzer API token", input, "The api_token of the analyzer's cluster configuration (`dpsketch demo --keep` prints it)."),
+    field("Analyzer API token", input, "The api_token of the analyzer's cluster configuration (dpsketch demo --keep prints it)."),
     check("Remember on this device (kept in this browser's local storage until you choose Forget token)", remember),
     h("div", { class: "actions" }, h("button", { type: "submit" }, "Use this token")),
     status);
@@ -49,7 +49,7 @@ function tokenForm(message) {
     }
     setToken(value, remember.checked);
     try {
-      await api.studies();
+      await api.checkToken();
     } catch (error) {
       forgetToken();
       status.append(errorBox(error));

@@ -35,7 +35,9 @@ export function s(tag, attrs = {}, ...children) {
 }
 
 /** A chart's root: an accessible image with a title and a description, white background. */
-export function root(width, height, title, description) {
+export function root(w, h, title, description) {
+  const width = Math.ceil(w);
+  const height = Math.ceil(h);
   const titleId = newId("svg-title");
   const descId = newId("svg-desc");
   const svg = s("svg", {

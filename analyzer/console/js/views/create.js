@@ -159,7 +159,7 @@ export async function renderCreate(ctx) {
     h("fieldset", { id: "kind" },
       h("legend", {}, "Kind"),
       ...KINDS.map(([value, text], i) => h("div", { class: "check" }, kindInputs[i], h("label", { for: `kind-${value}` }, text))),
-      h("h3", {}, "What each kind costs"),
+      h("h2", { class: "minor" }, "What each kind costs"),
       recommendation,
       predict),
     h("fieldset", {},

@@ -35,7 +35,7 @@ function serverLedger(server) {
   return h("section", { "data-ledger-server": server.server_id },
     h("h2", {}, `${server.server_id}`),
     table(`Budget at ${server.server_id} (${l.neighbouring}, read at δ = ${fmt(l.delta)})`,
-      ["Guarantee", h("th", { scope: "col", class: "num" }, "Used ε"), h("th", { scope: "col", class: "num" }, "Budget ε"), h("th", { scope: "col", class: "num" }, "Left ε"), "", h("th", { scope: "col", class: "num" }, "Naive sum ε")],
+      ["Guarantee", h("th", { scope: "col", class: "num" }, "Used ε"), h("th", { scope: "col", class: "num" }, "Budget ε"), h("th", { scope: "col", class: "num" }, "Left ε"), "Used of budget", h("th", { scope: "col", class: "num" }, "Naive sum ε")],
       [h("tr", { "data-guarantee": "epsilon" }, h("th", { scope: "row" }, "ε (composed, PLD)"), numCell(used), numCell(budget), numCell(l.remaining_epsilon),
         h("td", {}, meter || h("span", { class: "note" }, budget === null ? "no budget: nothing is refused" : "unbounded")), numCell(l.naive_epsilon))],
       { "data-table": "budget" }),

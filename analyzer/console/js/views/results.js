@@ -215,8 +215,9 @@ function rocParts(result, data, filename) {
 
 // --- histogram ----------------------------------------------------------------------------
 
-function flatten(x) {
-  return Array.isArray(x) && Array.isArray(x[0]) ? x.flat() : x;
+/** The cells of a one- or two-axis grid in row-major order (an interval stays a [low, high] pair). */
+function cellsOf(grid, axes) {
+  return axes.length === 2 ? grid.flat(1) : grid;
 }
 
 function cellLabels(axes) {
@@ -241,10 +242,10 @@ function histogramPanel(view) {
       const level = Number(confidence.value);
       const hist = await api.histogram(view.study_id, level);
       const labels = cellLabels(hist.axes);
-      const counts = flatten(hist.counts);
-      const ci = flatten(hist.counts_ci);
-      const proportions = flatten(hist.proportions);
-      const pci = flatten(hist.proportions_ci);
+      const counts = cellsOf(hist.counts, hist.axes);
+      const ci = cellsOf(hist.counts_ci, hist.axes);
+      const proportions = cellsOf(hist.proportions, hist.axes);
+      const pci = cellsOf(hist.proportions_ci, hist.axes);
       const columns = hist.axes.map((a) => a.column).join(" × ");
       const svg = barChart({
         title: `Histogram of ${columns}`, description: `Noisy counts of ${labels.length} cells with ${fmt(level * 100, 3)}% intervals.`,
