@@ -151,14 +151,12 @@ def go(driver, cluster, fragment):
 
 def shot(driver, dirs, name, element=None):
     """A screenshot of the whole page (or one element) into every screenshot directory."""
-    if element is None:
-        height = js(driver, "return Math.ceil(document.documentElement.scrollHeight)")
-        driver.set_window_size(1280, max(900, min(height, 6000)))
-        png = driver.get_screenshot_as_png()
+    height = js(driver, "return Math.ceil(document.documentElement.scrollHeight)")
+    driver.set_window_size(1280, max(900, min(height, 6000)))
+    try:
+        png = driver.get_screenshot_as_png() if element is None else element.screenshot_as_png
+    finally:
         driver.set_window_size(1280, 900)
-    else:
-        js(driver, "arguments[0].scrollIntoView({block: 'center'})", element)
-        png = element.screenshot_as_png
     for d in dirs:
         (d / f"{name}.png").write_bytes(png)
     return png
@@ -415,13 +413,14 @@ def test_create_through_the_form_upload_progress_and_finalize(driver, cluster, a
     assert page == [[s["server_id"], str(s["report_count"]), s["report_count"], progress["min_reports"], "ok"]
                     for s in progress["servers"]]
     assert all(s["report_count"] == N // 2 for s in progress["servers"])
+    assert css(driver, "#progress [data-ready]").get_attribute("data-ready") == "no"  # N / 2 < min_reports
     go(driver, cluster, "/studies")
     row = present(driver, f"tr[data-study='{study_id}']")
     assert [e.get_attribute("data-count") for e in row.find_elements("css selector", "[data-count]")] == [str(N // 2)] * 3
     shot(driver, shots, "03-studies")
     upload(cluster, study_id, rows[N // 2:])
     go(driver, cluster, f"/study/{study_id}")
-    present(driver, "#finalize")
+    assert present(driver, "#progress [data-ready]").get_attribute("data-ready") == "yes"
     finalize_in_page(driver, shots, "04-finalize-confirmation")
     view = an.study(study_id)
     facts = js(driver, "return Object.fromEntries([...document.querySelectorAll('[data-fact]')].map((e) => [e.dataset.fact, e.textContent]))")

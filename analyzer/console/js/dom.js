@@ -55,8 +55,9 @@ export function fmt(x, digits = 4) {
   if (!Number.isFinite(x)) return x > 0 ? "∞" : x < 0 ? "-∞" : "n/a";
   if (x === 0) return "0";
   const a = Math.abs(x);
-  if (a >= 1e6 || a < 1e-3) return x.toExponential(digits - 1);
-  return Number(x.toPrecision(digits)).toString();
+  const rounded = Number(x.toPrecision(digits));
+  if (a >= 1e6 || a < 1e-3) return rounded.toExponential();
+  return rounded.toString();
 }
 
 /** A table cell holding a number: shown rounded, the exact value kept in data-value. */

@@ -5,8 +5,23 @@
 
 import { h } from "../dom.js";
 
+/** Whether every server holds min_reports (a report counts only if every server holds it, so
+ * this is necessary, not sufficient); null when a count is hidden or a server is unreachable. */
+function readiness(progress) {
+  const counts = progress.servers.map((s) => (s.reachable ? s.report_count : null));
+  if (progress.state === "released" || counts.some((c) => c === null || c === undefined)) return null;
+  const fewest = Math.min(...counts);
+  return fewest >= progress.min_reports
+    ? h("p", { class: "note", "data-ready": "yes" }, `Every server holds at least min_reports = ${progress.min_reports} reports: ready to finalize (only reports that every server holds count).`)
+    : h("p", { class: "note", "data-ready": "no" }, `Not ready: the fewest any server holds is ${fewest} of min_reports = ${progress.min_reports}.`);
+}
+
 export function serverProgress(progress) {
   const min = progress.min_reports;
+  return h("div", {}, serverList(progress, min), readiness(progress));
+}
+
+function serverList(progress, min) {
   return h("ul", { class: "servers", "data-progress": progress.study_id },
     progress.servers.map((server) => {
       const count = server.report_count;
