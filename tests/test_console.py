@@ -55,7 +55,19 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def chrome():
-    return browser.ensure()  # before the cluster: a machine without a browser skips (or fails in CI) at once
+    found = browser.ensure()  # before the cluster: a machine without a browser skips (or fails in CI) at once
+    # The SDK checks each study's guarantee with dp-accounting, whose import takes seconds: import
+    # it now, while the cluster and the browser start (waiting on other processes, mostly).
+    threading.Thread(target=_warm_sdk, name="warm-sdk", daemon=True).start()
+    return found
+
+
+def _warm_sdk() -> None:
+    from dpsketch.protocol import accounting
+
+    import client_sdk  # noqa: F401
+
+    accounting.warm_up()
 
 
 @pytest.fixture(scope="module")
@@ -717,9 +729,10 @@ def axe_violations(driver):
     return result
 
 
-def keyboard_reaches_every_control(driver, limit=400):
+def keyboard_reaches_every_control(driver):
     """Tab from the top of the page: every enabled, visible control gets the focus (a radio group
-    is one stop), and a focused control shows an outline."""
+    is one stop), and a focused control shows an outline. The page logs each focus (focusin)
+    with the focused control's outline, so all the Tab presses go in one WebDriver call."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
@@ -728,27 +741,20 @@ def keyboard_reaches_every_control(driver, limit=400):
           .filter((e) => !e.disabled && e.getClientRects().length && getComputedStyle(e).visibility !== 'hidden'
                     && (e.tagName === 'SUMMARY' ? !e.parentElement.parentElement.closest('details:not([open])') : !e.closest('details:not([open])')));
         all.forEach((e, i) => { e.dataset.kbd = e.type === 'radio' ? 'radio:' + e.name : String(i); });
+        window.focusLog = [];
+        document.addEventListener('focusin', (event) => {
+          const s = getComputedStyle(event.target);
+          window.focusLog.push([event.target.dataset.kbd || null, s.outlineStyle, s.outlineWidth]);
+        });
+        document.activeElement && document.activeElement.blur();
+        window.scrollTo(0, 0);
         return [...new Set(all.map((e) => e.dataset.kbd))];""")
-    js(driver, "document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0)")
-    reached, unfocused = [], []
-    chain = ActionChains(driver)
-    for _ in range(min(limit, 3 * len(controls) + 5)):
-        chain.send_keys(Keys.TAB).perform()
-        info = js(driver, """const e = document.activeElement; if (!e || !e.dataset.kbd) return null;
-            const s = getComputedStyle(e); return [e.dataset.kbd, s.outlineStyle, s.outlineWidth];""")
-        if info is None:
-            continue
-        key, style, width = info
-        if key in reached:
-            if len(set(reached)) == len(controls):
-                break
-            continue
-        reached.append(key)
-        if style == "none" or width in ("0px", ""):
-            unfocused.append(key)
+    ActionChains(driver).send_keys(Keys.TAB * (len(controls) + 3)).perform()
+    log = js(driver, "return window.focusLog")
+    reached = {key for key, _, _ in log if key}
+    unfocused = sorted({key for key, style, width in log if key and (style == "none" or width in ("0px", ""))})
     describe = "return [...document.querySelectorAll('[data-kbd]')].filter((e) => arguments[0].includes(e.dataset.kbd)).map((e) => e.outerHTML.slice(0, 120))"
-    missing = js(driver, describe, sorted(set(controls) - set(reached)))
-    return missing, js(driver, describe, unfocused)
+    return js(driver, describe, sorted(set(controls) - reached)), js(driver, describe, unfocused)
 
 
 def test_accessibility_every_view_passes_axe_and_the_keyboard(driver, cluster, an):

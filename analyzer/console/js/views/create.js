@@ -113,11 +113,20 @@ export async function renderCreate(ctx) {
     return r;
   }
 
+  // The recommendation depends on d, n, the privacy target and the kind only: ask again when one
+  // of them changed (each new design costs the analyzer up to a second), after a pause in typing.
   let timer = null;
   let asked = 0;
+  let lastAsked = null;
   function scheduleRecommendation() {
     clearTimeout(timer);
-    timer = setTimeout(() => recommend(false), 400);
+    timer = setTimeout(() => {
+      const key = JSON.stringify([rows.length, expected.value, epsilon.value, delta.value, neighbouring.value, floor.value, rowBound.value, t.value, kind()]);
+      if (key !== lastAsked) {
+        lastAsked = key;
+        recommend(false);
+      }
+    }, 500);
   }
 
   async function recommend(withPrediction) {
