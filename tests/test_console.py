@@ -163,6 +163,8 @@ def go(driver, cluster, fragment):
 
 def shot(driver, dirs, name, element=None):
     """A screenshot of the whole page (or one element) into every screenshot directory."""
+    if element is None:
+        js(driver, "window.scrollTo(0, 0)")
     height = js(driver, "return Math.ceil(document.documentElement.scrollHeight)")
     driver.set_window_size(1280, max(900, min(height, 6000)))
     try:

@@ -70,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "every row inside B without clipping)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--keep", action="store_true",
-                   help="leave the cluster up after the demo, with its studies, until Ctrl-C (or SIGTERM): "
-                   "prints the analyst console's URL and the API token to paste into it; the temporary "
-                   "directory with logs and databases is kept too")
+                   help="leave the cluster the demo started up after the demo, with its studies, until "
+                   "Ctrl-C (or SIGTERM): prints the analyst console's URL and the API token to paste "
+                   "into it; the temporary directory with logs and databases is kept too (with "
+                   "--analyzer: only prints the console's URL)")
     return p
 
 
@@ -196,7 +197,7 @@ def _read_token(path: Path) -> str:
     return token
 
 
-def hold_until_interrupted(cluster: Cluster, workdir: Path | None) -> None:
+def hold_until_interrupted(cluster: Cluster, workdir: Path) -> None:
     """``--keep``: say where the analyst console is and with which token, then keep the cluster
     up until Ctrl-C or SIGTERM (either stops every process the demo started, as at the end of a
     demo without --keep)."""
@@ -206,8 +207,7 @@ def hold_until_interrupted(cluster: Cluster, workdir: Path | None) -> None:
     if cluster.analyzer_token:
         lines.append(f"and paste the analyzer's API token: {cluster.analyzer_token}")
     lines.append(f"Share servers: {', '.join(cluster.server_urls)}")
-    if workdir is not None:
-        lines.append(f"Logs and databases: {workdir}")
+    lines.append(f"Logs and databases: {workdir}")
     lines.append("Ctrl-C stops the cluster.")
     print("\n".join(lines), file=sys.stderr, flush=True)
     try:
@@ -261,8 +261,10 @@ def run(args: argparse.Namespace, show=None) -> dict[str, Any]:
         result = summary(args, cluster, kinds, studies)
         if show is not None:
             show(result)
-        if args.keep:
+        if args.keep and workdir is not None:
             hold_until_interrupted(cluster, workdir)
+        elif args.keep:  # a running cluster is not the demo's to hold: just say where to look
+            _log(False, f"analyst console: {cluster.analyzer_url}/console/")
     return result
 
 
