@@ -286,6 +286,7 @@ def finalize_in_page(driver, shots=None, name=None):
 
 # --- the files and their headers -----------------------------------------------------------
 
+@pytest.mark.timeout(900)  # its setup may install Chromium first (apt-get), then starts the cluster
 def test_console_files_ship_in_the_package_and_are_served_with_strict_headers(cluster):
     files = sorted(p.relative_to(CONSOLE).as_posix() for p in CONSOLE.rglob("*") if p.is_file())
     # every file is package data (so a wheel install serves it): pyproject.toml's globs cover it
