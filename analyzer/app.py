@@ -17,7 +17,7 @@ from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, POPULATION_PATTERN
 
-from . import histogram_api, lad_api, logistic_api, pilot_api, recommend
+from . import console_api, histogram_api, lad_api, logistic_api, pilot_api, recommend
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
 from .moments import release_columns
@@ -313,6 +313,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     histogram_api.install(app, released, auth)
     logistic_api.install(app, released, auth)
     lad_api.install(app, released, auth)
+    console_api.install(app)  # the analyst console's static files (no token: they carry no data)
 
     def upstream(exc: UpstreamError) -> ProblemError:
         if exc.problem is not None and exc.problem.slug in ("certificate-refused", "inclusion-conflict",

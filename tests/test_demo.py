@@ -1,11 +1,19 @@
 """The README's main job, `dpsketch demo`, run as a user would: a real subprocess that starts and
-stops its own cluster and prints one JSON object."""
+stops its own cluster and prints one JSON object. It runs with --keep, as the README's console
+line does: the cluster stays up, serving the analyst console with the printed token, until
+SIGINT stops every process."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+
+import httpx
 
 
 def _demo_cluster_processes() -> set[str]:
@@ -14,15 +22,50 @@ def _demo_cluster_processes() -> set[str]:
     return {line.split()[0] for line in out.splitlines() if "dpsketch-demo-" in line and "tools.cli" in line}
 
 
+def _keep_and_stop(proc: subprocess.Popen) -> tuple[str, str]:
+    """Read the demo's JSON line and the console lines --keep prints, open the console and the API
+    with the printed token, then SIGINT; returns (stdout, stderr)."""
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
+    reader.start()
+    stdout = proc.stdout.readline()  # the result comes before the cluster is held
+    console = token = None
+    deadline = 60
+    while deadline > 0 and not (console and token):
+        text = "".join(stderr)
+        console = re.search(r"(http://127\.0\.0\.1:\d+/console/)", text)
+        token = re.search(r"paste the analyzer's API token: (\S+)", text)
+        reader.join(0.25)
+        deadline -= 0.25
+    assert console and token, "".join(stderr)[-2000:]
+    page = httpx.get(console.group(1), timeout=10)
+    assert page.status_code == 200 and "dpsketch analyst console" in page.text
+    base = console.group(1).removesuffix("/console/")
+    studies = httpx.get(f"{base}/v1/studies", headers={"Authorization": f"Bearer {token.group(1)}"}, timeout=10)
+    assert studies.status_code == 200 and len(studies.json()) == 4  # ridge and PCA, both kinds
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    reader.join(10)
+    kept = re.search(r"Logs and databases: (\S*dpsketch-demo-\S+)", "".join(stderr))
+    assert kept, "".join(stderr)[-2000:]
+    shutil.rmtree(kept.group(1))  # --keep leaves it for the user; the test cleans up
+    return stdout, "".join(stderr)
+
+
 def test_demo_json_reports_both_kinds_and_the_baselines_and_stops_its_processes():
     before = _demo_cluster_processes()
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "tools.cli", "demo", "--clients", "4000", "--d", "6", "--rank", "2",
-         "--epsilon", "2", "--json"],
-        capture_output=True, text=True, timeout=300,
+         "--epsilon", "2", "--json", "--keep"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout)
+    try:
+        stdout, stderr = _keep_and_stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+    result = json.loads(stdout)
     assert result["n_reports"] == 4000 and result["servers"] == 3
     assert result["epsilon"] == 2.0 and result["delta"] == 1e-6
     assert result["kinds"] == ["sketch", "gram"]  # by default one study of each kind

@@ -17,9 +17,11 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -67,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "clipped, as a data owner choosing B would (default: %(default)s; 1 scales "
                    "every row inside B without clipping)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--keep", action="store_true", help="keep the temporary directory with logs and databases")
+    p.add_argument("--keep", action="store_true",
+                   help="leave the cluster the demo started up after the demo, with its studies, until "
+                   "Ctrl-C (or SIGTERM): prints the analyst console's URL and the API token to paste "
+                   "into it; the temporary directory with logs and databases is kept too (with "
+                   "--analyzer: only prints the console's URL)")
     return p
 
 
@@ -191,10 +197,35 @@ def _read_token(path: Path) -> str:
     return token
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def hold_until_interrupted(cluster: Cluster, workdir: Path) -> None:
+    """``--keep``: say where the analyst console is and with which token, then keep the cluster
+    up until Ctrl-C or SIGTERM (either stops every process the demo started, as at the end of a
+    demo without --keep)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    lines = ["", "The cluster stays up (--keep). Open the analyst console:", f"  {cluster.analyzer_url}/console/"]
+    if cluster.analyzer_token:
+        lines.append(f"and paste the analyzer's API token: {cluster.analyzer_token}")
+    lines.append(f"Share servers: {', '.join(cluster.server_urls)}")
+    lines.append(f"Logs and databases: {workdir}")
+    lines.append("Ctrl-C stops the cluster.")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("stopping the cluster ...", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, show=None) -> dict[str, Any]:
+    """Run the demo and return its result; ``show(result)``, if given, is called while the cluster
+    is still up (so ``--keep`` prints the table before it waits)."""
     from analyzer import synthetic
 
     quiet = args.json
+    workdir = None
     with ExitStack() as stack:
         if args.analyzer:
             urls = [u.strip() for u in args.servers.split(",") if u.strip()]
@@ -227,6 +258,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           references=kind == kinds[0])
                           for task, data in (("ridge", ridge_data), ("pca", pca_data))}
                    for kind in kinds}
+        result = summary(args, cluster, kinds, studies)
+        if show is not None:
+            show(result)
+        if args.keep and workdir is not None:
+            hold_until_interrupted(cluster, workdir)
+        elif args.keep:  # a running cluster is not the demo's to hold: just say where to look
+            _log(False, f"analyst console: {cluster.analyzer_url}/console/")
+    return result
+
+
+def summary(args: argparse.Namespace, cluster: Cluster, kinds: list[str], studies: dict) -> dict[str, Any]:
     first = studies[kinds[0]]
     return {
         "n_reports": first["ridge"]["n_reports"],
@@ -285,9 +327,9 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = run(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(render(result))
+
+    def show(result: dict[str, Any]) -> None:
+        print(json.dumps(result) if args.json else render(result), flush=True)
+
+    run(args, show)
     return 0
