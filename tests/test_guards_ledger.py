@@ -1,0 +1,101 @@
+"""The privacy ledger at exactly its budget and 0.1 % over it (issue 47).
+
+A population's studies compose (dp-accounting PLDs, ``ledger.compose``); a server refuses a study
+whose composition would pass the population's budget (``ledger.check``, ``policy.check_population``).
+The hand mutation run found a ledger that accepted a study 1 % over budget passing every test, so
+here the budget is set to the composed epsilon itself (admitted) and to it / 1.001 (refused), in
+the protocol module, at an in-process share server and in a data owner's SDK ledger.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dpsketch.protocol import ledger
+from dpsketch.protocol.study import Study, design
+from test_server_unit import Server, assert_problem
+
+DELTA = 1e-6
+
+
+def _study(name: str, epsilon: float, population: str = "clinic-a", neighbouring: str = "replace-one") -> Study:
+    return design(name=name, columns=["a", "b", "c"], label=None, servers=["s1", "s2"], expected_reports=2000,
+                  k=8, s=2, epsilon=epsilon, population=population, neighbouring=neighbouring, secret_sign=False,
+                  epsilon_floor=None)[0]
+
+
+def _composed(*studies: Study, notion: str = "replace-one") -> float:
+    return ledger.compose([ledger.Charge.of(s) for s in studies], notion, DELTA).epsilon
+
+
+@pytest.mark.parametrize("notion", ["replace-one", "add-remove"])
+def test_check_admits_at_exactly_the_budget_and_refuses_a_thousandth_over(notion):
+    first, second = _study("one", 1.0, neighbouring=notion), _study("two", 0.7, neighbouring=notion)
+    charges = [ledger.Charge.of(first)]
+    needed = _composed(first, second, notion=notion)
+    assert needed < ledger.Charge.of(first).epsilon_in(notion) + ledger.Charge.of(second).epsilon_in(notion)
+    at = ledger.check(charges, ledger.Charge.of(second), ledger.Budget(needed, DELTA, notion))
+    assert at.fits and at.needed.epsilon == pytest.approx(needed, rel=1e-12)
+    over = ledger.check(charges, ledger.Charge.of(second), ledger.Budget(needed / 1.001, DELTA, notion))
+    assert not over.fits
+    assert over.spent.studies == 1 and over.needed.studies == 2
+    # the first study alone, at its own composed epsilon
+    alone = _composed(first, notion=notion)
+    assert ledger.check([], ledger.Charge.of(first), ledger.Budget(alone, DELTA, notion)).fits
+    assert not ledger.check([], ledger.Charge.of(first), ledger.Budget(alone / 1.001, DELTA, notion)).fits
+    # a study already charged costs nothing more, even past the budget
+    assert ledger.check(charges, ledger.Charge.of(first), ledger.Budget(alone / 1.001, DELTA, notion)).fits
+
+
+def test_an_empty_ledger_composes_to_zero_and_one_study_to_its_own_promise():
+    one = _study("one", 1.0)
+    assert ledger.compose([], "replace-one", DELTA).epsilon == 0.0
+    own = ledger.Charge.of(one).epsilon  # at the study's delta (1e-6 by default)
+    assert _composed(one) == pytest.approx(own, rel=2e-3)  # the PLD's pessimistic grid
+
+
+def _provision_both(srv: Server, first: Study, second: Study):
+    assert srv.provision(first).status_code == 201
+    return srv.provision(second)
+
+
+@pytest.mark.parametrize("over", [False, True])
+def test_server_admits_at_exactly_the_population_budget_and_refuses_a_thousandth_over(tmp_path, over):
+    """Provisioning the second study of a population: admitted when the server's
+    population_epsilon is the pair's composed epsilon, refused (409 budget-exceeded, with the
+    numbers, and not stored) when it is that / 1.001."""
+    first, second = _study("one", 1.0), _study("two", 0.7)
+    needed = _composed(first, second)
+    budget = needed / 1.001 if over else needed
+    srv = Server(tmp_path / "ledger.db", population_epsilon=budget, population_delta=DELTA)
+    try:
+        r = _provision_both(srv, first, second)
+        if not over:
+            assert r.status_code == 201, r.text
+            book = srv.client.get("/v1/populations/clinic-a/ledger").json()
+            assert book["epsilon"] == pytest.approx(needed, rel=1e-9) and book["budget_epsilon"] == budget
+        else:
+            body = assert_problem(r, 409, "budget-exceeded")
+            assert body["budget_epsilon"] == budget and body["studies_charged"] == 1
+            assert body["needed_epsilon"] == pytest.approx(needed, rel=1e-9)
+            assert srv.client.get(f"/v1/studies/{second.study_id}").status_code == 404
+    finally:
+        srv.close()
+
+
+def test_a_data_owners_limit_admits_at_the_limit_and_refuses_past_it(tmp_path):
+    """client_sdk's own limit (the same ledger.check on the owner's file): at the composed epsilon
+    the second study is admitted; 0.1 % under it, refused with PrivacyLimitExceeded."""
+    from client_sdk.budget import PrivacyLimit, PrivacyLimitExceeded
+
+    first, second = _study("one", 1.0), _study("two", 0.7)
+    needed = _composed(first, second)
+    for limit, fits in ((needed, True), (needed / 1.001, False)):
+        book = PrivacyLimit(limit, DELTA, tmp_path / f"{fits}.json")
+        book.check(first)
+        assert book.record(first)
+        if fits:
+            assert book.check(second).fits
+        else:
+            with pytest.raises(PrivacyLimitExceeded):
+                book.check(second)
