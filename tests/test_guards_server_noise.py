@@ -24,7 +24,7 @@ import pytest
 
 from dpsketch.protocol.messages import decode_aggregate
 from dpsketch.protocol.study import Study, design
-from test_server_unit import Server, expected_aggregate
+from test_server_unit import Server, expected_aggregate, make_study
 
 Z = 5.0
 
@@ -123,3 +123,13 @@ def test_an_l1_server_releases_with_sqrt_s_plus_1_noise(tmp_path):
         _check_std(noise, *_rule_std(study))
     finally:
         srv.close()
+
+
+def test_a_study_without_a_floor_gets_exactly_zero_server_noise():
+    """server_sigma = 0: the server adds nothing (its release is the exact sum, which
+    test_server_unit checks bit for bit); the noise is zeros of the aggregate's shape."""
+    study = make_study()
+    assert study.server_sigma == 0 and study.server_noise_std == 0
+    zero = study.server_noise()
+    assert zero.shape == study.aggregate_shape and zero.dtype == np.uint64 and not zero.any()
+    assert study.server_noise_bound == 0

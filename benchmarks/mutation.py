@@ -1,0 +1,415 @@
+"""Mutation testing of the privacy and integrity guards with cosmic-ray (docs/testing.md).
+
+Why. The suite asserts what it checks honestly, but a guard (the release certificate, the batch
+rule, the sampler, the ledger, ...) can still be broken by a one-line change that no test
+notices: issue 47 found 8 such mutants by hand. This script makes that check routine: it mutates
+exactly the guard functions listed in ``benchmarks/mutation.toml`` with cosmic-ray's operators
+and runs each mutant against the test files that cover its guard. A mutant is killed when those
+tests fail (or hang past the timeout); a survivor is a change of a guard that no test sees.
+
+How. The tree's tracked files are copied to a scratch directory (the worktree is never
+touched); each mutant is applied there by cosmic-ray (``mutate_and_test``), the guard's tests run
+with ``PYTHONPATH`` on the copy (``pytest -x``), and the file is restored. Results go to one
+cosmic-ray session database per guard under ``--sessions`` (``cr-report FILE`` reads them) and to
+a JSON summary. Mutants listed as equivalent in the config are reported apart, with the reason.
+
+    .venv/bin/python benchmarks/mutation.py                 # a sample of 12 mutants (a few minutes)
+    .venv/bin/python benchmarks/mutation.py --sample 40 --seed 3
+    .venv/bin/python benchmarks/mutation.py --full --sessions /tmp/mut --json /tmp/mut/summary.json
+    .venv/bin/python benchmarks/mutation.py --list --full   # what would run, without running it
+    .venv/bin/python benchmarks/mutation.py --full --guard commit --resume --sessions /tmp/mut
+
+``--sample N`` draws N mutants at random (``--seed``) over all guards; ``--full`` runs every one.
+``--resume`` keeps the results already in the session databases and runs only what is pending.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = Path(__file__).with_suffix(".toml")
+
+
+@dataclass(frozen=True)
+class Guard:
+    name: str
+    module: str
+    functions: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    module: str
+    before: str  # the original line, stripped
+    after: str  # the mutated line, stripped
+    reason: str
+
+
+@dataclass
+class Config:
+    operators: list[str]
+    timeout: float
+    guards: list[Guard]
+    equivalents: list[Equivalent] = field(default_factory=list)
+
+    def operator_names(self) -> list[str]:
+        import cosmic_ray.plugins
+
+        patterns = [re.compile(p) for p in self.operators]
+        return sorted(n for n in cosmic_ray.plugins.operator_names() if any(p.search(n) for p in patterns))
+
+
+def load_config(path: Path = CONFIG) -> Config:
+    raw = tomllib.loads(path.read_text())
+    guards = [Guard(g["name"], g["module"], tuple(g["functions"]), tuple(g["tests"])) for g in raw["guard"]]
+    equivalents = [Equivalent(e["module"], e["before"].strip(), e["after"].strip(), e["reason"])
+                   for e in raw.get("equivalent", [])]
+    return Config(list(raw["operators"]), float(raw.get("timeout", 240)), guards, equivalents)
+
+
+# --- mutants ------------------------------------------------------------------------------------
+
+
+def _enclosing(node) -> list[str]:
+    """Names of every function and class around a parso node, innermost first."""
+    import parso
+
+    names = []
+    obj = node.parent
+    while obj is not None:
+        if isinstance(obj, (parso.python.tree.Function, parso.python.tree.Class)) and \
+                not isinstance(obj, parso.python.tree.Lambda):
+            names.append(obj.name.value)
+        obj = obj.parent
+    return names
+
+
+def mutants(guard: Guard, root: Path, operator_names: list[str]):
+    """cosmic-ray MutationSpecs of every mutation site inside the guard's functions. The
+    occurrence index counts every site of the operator in the module, as cosmic-ray's own
+    ``init`` does, so that ``mutate_and_test`` finds the same site."""
+    import cosmic_ray.plugins
+    from cosmic_ray.ast import ast_nodes, get_ast_from_path
+    from cosmic_ray.work_item import MutationSpec
+
+    path = root / guard.module
+    module_ast = get_ast_from_path(path)
+    wanted = set(guard.functions)
+    out = []
+    for name in operator_names:
+        operator = cosmic_ray.plugins.get_operator(name)()
+        positions = ((node, start, end) for node in ast_nodes(module_ast)
+                     for start, end in operator.mutation_positions(node))
+        for occurrence, (node, start, end) in enumerate(positions):
+            chain = _enclosing(node)
+            if wanted.isdisjoint(chain):
+                continue
+            if _in_docstring_or_message(node):
+                continue
+            out.append(MutationSpec(module_path=str(guard.module), operator_name=name, occurrence=occurrence,
+                                    start_pos=start, end_pos=end, definition_name=chain[0] if chain else None))
+    return out
+
+
+def _in_docstring_or_message(node) -> bool:
+    """Numbers inside f-strings (error texts) are not guards."""
+    obj = node
+    while obj is not None:
+        if getattr(obj, "type", None) in ("fstring", "string"):
+            return True
+        obj = obj.parent
+    return False
+
+
+def mutated_lines(root: Path, spec) -> tuple[str, str]:
+    """(original line, mutated line) at the mutant's site: how the config names an equivalent."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import mutate_code
+
+    source = (root / spec.module_path).read_text()
+    operator = cosmic_ray.plugins.get_operator(spec.operator_name)()
+    mutated = mutate_code(source, operator, spec.occurrence)
+    line = spec.start_pos[0] - 1
+    before = source.splitlines()[line].strip()
+    after = mutated.splitlines()[line].strip() if mutated is not None else before
+    return before, after
+
+
+# --- the scratch tree ------------------------------------------------------------------------
+
+
+def scratch_copy(dest: Path | None = None) -> Path:
+    """The worktree's tracked files (and uncommitted edits to them) in a fresh directory, with
+    their mtimes (numba's on-disk cache stays valid where a file is not mutated)."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    dest = Path(tempfile.mkdtemp(prefix="dpsketch-mutation-")) if dest is None else dest
+    for rel in files.decode().split("\0"):
+        if not rel:
+            continue
+        src = ROOT / rel
+        if not src.is_file():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    # untracked new test files of this worktree count too (a guard's tests may be new)
+    for extra in (ROOT / "tests").glob("test_guards_*.py"):
+        if not (dest / "tests" / extra.name).exists():
+            shutil.copy2(extra, dest / "tests" / extra.name)
+    return dest
+
+
+def test_command(guard: Guard, python: str = sys.executable) -> str:
+    tests = " ".join(guard.tests)
+    return (f"{python} -m pytest -x -q -p no:cacheprovider -p no:randomly -o addopts= "
+            f"-W ignore::DeprecationWarning {tests}")
+
+
+def run_tests_in(copy: Path, command: str, timeout: float):
+    """cosmic-ray's test runner, in the copy: its imports resolve to the copy (PYTHONPATH goes
+    before the editable install's finder), and so do the processes the tests start."""
+    from cosmic_ray.testing import run_tests
+
+    old_cwd, old_path = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(copy)
+    os.environ["PYTHONPATH"] = str(copy)
+    try:
+        return run_tests(command, timeout)
+    finally:
+        os.chdir(old_cwd)
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
+
+
+def run_mutant(copy: Path, spec, command: str, timeout: float):
+    """Apply one mutant in the copy, run the tests, restore: a cosmic-ray WorkResult."""
+    from cosmic_ray.mutating import mutate_and_test
+
+    old_cwd, old_path = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(copy)
+    os.environ["PYTHONPATH"] = str(copy)
+    try:
+        # a pyc compiled from the original could be taken for the mutant if both have the same
+        # size and the same mtime second: no bytecode of the mutated module may exist
+        for pyc in (copy / spec.module_path).parent.glob(f"__pycache__/{Path(spec.module_path).stem}.*.pyc"):
+            pyc.unlink()
+        return mutate_and_test([spec], command, timeout)
+    finally:
+        os.chdir(old_cwd)
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
+
+
+# --- a campaign ------------------------------------------------------------------------------
+
+
+def equivalent_reason(config: Config, module: str, before: str, after: str) -> str | None:
+    for e in config.equivalents:
+        if e.module == module and e.before == before and e.after == after:
+            return e.reason
+    return None
+
+
+def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int, sessions: Path,
+             resume: bool, copy: Path, log=print, on_guard=None, retry_survivors: bool = False) -> dict:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkItem, WorkResult
+
+    operator_names = config.operator_names()
+    plan = {g.name: mutants(g, copy, operator_names) for g in guards}
+    chosen: dict[str, set[int]] = {g.name: set(range(len(plan[g.name]))) for g in guards}
+    if sample is not None:
+        every = [(g.name, i) for g in guards for i in range(len(plan[g.name]))]
+        picked = random.Random(seed).sample(every, min(sample, len(every)))
+        chosen = {g.name: {i for name, i in picked if name == g.name} for g in guards}
+    sessions.mkdir(parents=True, exist_ok=True)
+    summary = {"sample": sample, "seed": seed, "guards": {}, "mutants": []}
+    started = time.monotonic()
+    for guard in guards:
+        specs = plan[guard.name]
+        command = test_command(guard)
+        db_path = sessions / f"{guard.name}.sqlite"
+        if db_path.exists() and not resume:
+            db_path.unlink()
+        with use_db(str(db_path), WorkDB.Mode.create) as db:
+            existing = {(it.mutations[0].operator_name, it.mutations[0].occurrence): it.job_id for it in db.work_items}
+            for i, spec in enumerate(specs):
+                key = (spec.operator_name, spec.occurrence)
+                if key not in existing:
+                    item = WorkItem.single(job_id=f"{guard.name}-{i}-{spec.operator_name}-{spec.occurrence}",
+                                           mutation=spec)
+                    db.add_work_item(item)
+                    existing[key] = item.job_id
+            done = {job_id for job_id, result in db.results
+                    if not (retry_survivors and result.test_outcome is not None
+                            and result.test_outcome.value == "survived")}
+            counts = {"mutants": len(specs), "run": 0, "killed": 0, "survived": 0, "equivalent": 0,
+                      "incompetent": 0}
+            for i, spec in enumerate(specs):
+                if i not in chosen[guard.name]:
+                    continue
+                job_id = existing[(spec.operator_name, spec.occurrence)]
+                if job_id in done:
+                    result = dict(db.results)[job_id]
+                else:
+                    t0 = time.monotonic()
+                    result = run_mutant(copy, spec, command, config.timeout)
+                    if result.worker_outcome == WorkerOutcome.NO_TEST:
+                        result = WorkResult(worker_outcome=WorkerOutcome.NO_TEST)
+                    db.set_result(job_id, result)
+                    log(f"[{time.monotonic() - started:7.0f}s] {guard.name} {spec.operator_name.split('/')[-1]} "
+                        f"line {spec.start_pos[0]} ({spec.definition_name}): "
+                        f"{result.test_outcome.value if result.test_outcome else result.worker_outcome.value}"
+                        f" in {time.monotonic() - t0:.0f}s")
+                entry = _entry(config, copy, guard, spec, result)
+                summary["mutants"].append(entry)
+                if entry["outcome"] == "no-mutation":
+                    continue
+                counts["run"] += 1
+                counts[entry["outcome"]] += 1
+        summary["guards"][guard.name] = counts
+        if on_guard is not None:
+            on_guard(summary)
+    totals = {k: sum(c[k] for c in summary["guards"].values())
+              for k in ("mutants", "run", "killed", "survived", "equivalent", "incompetent")}
+    judged = totals["run"] - totals["equivalent"] - totals["incompetent"]
+    totals["score"] = totals["killed"] / judged if judged else None
+    summary["totals"] = totals
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    return summary
+
+
+def _entry(config: Config, copy: Path, guard: Guard, spec, result) -> dict:
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    before, after = mutated_lines(copy, spec)
+    entry = {"guard": guard.name, "module": guard.module, "function": spec.definition_name,
+             "operator": spec.operator_name, "occurrence": spec.occurrence, "line": spec.start_pos[0],
+             "before": before, "after": after}
+    if result.worker_outcome in (WorkerOutcome.NO_TEST, WorkerOutcome.SKIPPED):
+        entry["outcome"] = "no-mutation"
+    elif result.worker_outcome == WorkerOutcome.EXCEPTION:
+        entry["outcome"] = "incompetent"
+        entry["output"] = (result.output or "")[-2000:]
+    elif result.test_outcome == TestOutcome.SURVIVED:
+        reason = equivalent_reason(config, guard.module, before, after)
+        entry["outcome"] = "equivalent" if reason else "survived"
+        if reason:
+            entry["reason"] = reason
+    else:
+        entry["outcome"] = "killed"
+        entry["killed_by"] = _failing_test(result.output or "")
+    return entry
+
+
+def _failing_test(output: str) -> str | None:
+    """The first failing test pytest names ('FAILED tests/x.py::name'), or what stopped the run."""
+    m = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    if m:
+        return m.group(1)
+    return "timeout" if output.strip() == "timeout" else "(collection or import error)"
+
+
+def baseline(copy: Path, guards: list[Guard], timeout: float, log=print) -> dict[str, float]:
+    """Each guard's tests on the unmutated copy: they must pass (else every mutant would look
+    killed); their times bound a campaign's."""
+    times = {}
+    for guard in guards:
+        t0 = time.monotonic()
+        outcome, output = run_tests_in(copy, test_command(guard), timeout)
+        times[guard.name] = round(time.monotonic() - t0, 1)
+        if outcome.value != "survived":
+            raise SystemExit(f"the tests of guard {guard.name} fail without a mutant:\n{output[-3000:]}")
+        log(f"baseline {guard.name}: passed in {times[guard.name]} s")
+    return times
+
+
+def warm(copy: Path) -> None:
+    """numba's loops compiled once into the copy's cache (else the first mutants pay it)."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    subprocess.run([sys.executable, "-c", "from services.store import warm_kernels; warm_kernels()"],
+                   cwd=copy, env=env, check=False, capture_output=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--sample", type=int, default=12, help="mutants drawn at random over all guards (default 12)")
+    size.add_argument("--full", action="store_true", help="every mutant of every guard chosen")
+    ap.add_argument("--seed", type=int, default=None, help="the sample's seed (default: random, printed)")
+    ap.add_argument("--guard", action="append", help="only this guard (repeatable; run in the order given)")
+    ap.add_argument("--sessions", type=Path, default=None, help="directory of the cosmic-ray session files")
+    ap.add_argument("--resume", action="store_true", help="keep results already in the session files")
+    ap.add_argument("--retry-survivors", action="store_true",
+                    help="with --resume: run the mutants that survived again (after new tests)")
+    ap.add_argument("--json", type=Path, default=None, help="write the summary here")
+    ap.add_argument("--list", action="store_true", help="list the mutants chosen, run nothing")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of each guard's tests")
+    args = ap.parse_args(argv)
+
+    config = load_config()
+    by_name = {g.name: g for g in config.guards}
+    guards = [by_name[n] for n in args.guard if n in by_name] if args.guard else config.guards
+    if args.guard and len(guards) != len(set(args.guard)):
+        ap.error(f"unknown guard among {args.guard}; known: {[g.name for g in config.guards]}")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    sample = None if args.full else args.sample
+    if args.list:
+        names = config.operator_names()
+        total = 0
+        for g in guards:
+            specs = mutants(g, ROOT, names)
+            total += len(specs)
+            print(f"{g.name:18s} {len(specs):4d} mutants in {g.module} ({', '.join(g.functions)})")
+        print(f"{'total':18s} {total:4d}")
+        return 0
+    copy = scratch_copy()
+    sessions = args.sessions or copy / ".mutation-sessions"
+    print(f"scratch tree {copy}; sessions in {sessions}; sample {sample} (seed {seed})", flush=True)
+    try:
+        warm(copy)
+        if not args.no_baseline:
+            baseline(copy, guards, config.timeout, log=lambda s: print(s, flush=True))
+        def partial(summary):  # what is done so far, for a long run's reader
+            if args.json:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps({**summary, "partial": True}, indent=1))
+
+        summary = campaign(config, guards, sample, seed, sessions, args.resume, copy,
+                           log=lambda s: print(s, flush=True), on_guard=partial,
+                           retry_survivors=args.retry_survivors)
+    finally:
+        if args.sessions is not None:
+            shutil.rmtree(copy, ignore_errors=True)
+    print(json.dumps({"guards": summary["guards"], "totals": summary["totals"], "seconds": summary["seconds"]},
+                     indent=1))
+    for m in summary["mutants"]:
+        if m["outcome"] in ("survived", "incompetent"):
+            print(f"{m['outcome'].upper()}: {m['guard']} {m['module']}:{m['line']} ({m['function']}) "
+                  f"{m['before']!r} -> {m['after']!r}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=1))
+    return 1 if summary["totals"]["survived"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
