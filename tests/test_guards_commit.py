@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from client_sdk.prepare import prepare_blocks
-from dpsketch.protocol import messages, parties
+from dpsketch.protocol import messages, parties, sketch
+from dpsketch.protocol.messages import decode_aggregate
 from dpsketch.protocol.study import Study, design
-from test_server_unit import AN, Server, assert_problem, bearer, make_study
+from test_server_unit import AN, Server, assert_problem, bearer, expected_aggregate, make_study
 
 FRACTION = 0.15
 PARTIES = [{"name": "bank", "columns": ["income", "debt"]}, {"name": "shop", "columns": ["spend"]}]
@@ -51,6 +52,30 @@ def test_batch_rule_on_the_reports_path_is_exact_at_floor_of_the_fraction(tmp_pa
         r = srv.commit(study, rs.ids[allowed:])
         assert r.status_code == 200, r.text
         assert r.json()["n_reports"] == held - allowed
+        # the release is the exact sketch of exactly the included reports (the running totals
+        # minus the 30 left out)
+        got = decode_aggregate(srv.aggregate(study).content, study.k, study.width)
+        assert np.array_equal(got, expected_aggregate(study, rs.ids[allowed:], rs.shares[allowed:]))
+    finally:
+        srv.close()
+
+
+def test_a_set_leaving_out_most_reports_is_summed_from_scratch_exactly(tmp_path):
+    """Where a server allows it (fraction 1.0), a set of 100 of 250 held reports: the release is
+    summed from the included reports (not the totals minus 150) and is their exact sketch."""
+    srv = Server(tmp_path / "scratch.db", max_excluded_fraction=1.0)
+    study = make_study(min_reports=100, expected_reports=250)
+    try:
+        assert srv.provision(study).status_code == 201
+        rs = srv.reports(study, 250)
+        assert srv.batch(study, rs).status_code == 200
+        included = list(range(0, 250, 5)) + list(range(1, 250, 5))
+        r = srv.commit(study, [rs.ids[i] for i in included])
+        assert r.status_code == 200, r.text
+        dense = sketch.dense_matrix(study.seed_bytes, [rs.ids[i] for i in included], study.k, study.s)
+        assert r.json()["lambda_min"] == pytest.approx(np.linalg.eigvalsh(dense @ dense.T)[0], rel=1e-9)
+        got = decode_aggregate(srv.aggregate(study).content, study.k, study.width)
+        assert np.array_equal(got, expected_aggregate(study, [rs.ids[i] for i in included], rs.shares[included]))
     finally:
         srv.close()
 
@@ -95,7 +120,28 @@ def _upload_blocks(srv: Server, study: Study, n: int, seed: int = 0):
                             headers={"Content-Type": messages.blocks_media_type(q.name)})
         assert r.status_code == 200, r.text
         ids[q.name] = list(batch.report_ids)
+        _SENT[(study.study_id, q.name)] = (ps, batch.share(0))
     return ids
+
+
+#: (study id, party) -> (pseudonyms, server 0's shares) of the last upload, for the exact release
+_SENT: dict = {}
+
+
+def _expected_blocks(study: Study, individuals) -> np.ndarray:
+    """The exact release over these individuals: each party's columns, the sketch of its blocks'
+    shares hashed by the individuals' pseudonyms (Python integers mod 2^64)."""
+    out = np.zeros((study.k, study.width), dtype=np.uint64)
+    start = 0
+    for q in study.parties:
+        ps, shares = _SENT[(study.study_id, q.name)]
+        chosen = list(individuals)
+        dense = sketch.dense_matrix(study.seed_bytes, [ps[i] for i in chosen], study.k, study.s)
+        signs = np.rint(dense * np.sqrt(study.s)).astype(int).astype(object)
+        block = signs.dot(shares[chosen].astype(object)) % (1 << 64)
+        out[:, start:start + q.width] = block.astype(np.uint64)
+        start += q.width
+    return out
 
 
 def _blocks_of(ids: dict, individuals) -> list[bytes]:
@@ -121,6 +167,12 @@ def test_batch_rule_on_the_parties_commit_path_is_exact(tmp_path):
         r = srv.commit(study, _blocks_of(ids, range(allowed, held)))
         assert r.status_code == 200, r.text
         assert r.json()["n_reports"] == held - allowed
+        got = decode_aggregate(srv.aggregate(study).content, study.k, study.width)
+        assert np.array_equal(got, _expected_blocks(study, range(allowed, held)))
+        # the certificate over the included individuals (one column each, hashed by pseudonym)
+        ps = _SENT[(study.study_id, "bank")][0]
+        dense = sketch.dense_matrix(study.seed_bytes, ps[allowed:held], study.k, study.s)
+        assert r.json()["lambda_min"] == pytest.approx(np.linalg.eigvalsh(dense @ dense.T)[0], rel=1e-9)
     finally:
         srv.close()
 
