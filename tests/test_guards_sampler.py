@@ -38,12 +38,15 @@ def _stream(tag: int) -> Keystream:
     return Keystream.from_key(bytes([tag]) * 32)
 
 
-def test_every_offset_is_kept_with_exp_minus_x2_minus_mj2_over_2t2(monkeypatch):
+@pytest.mark.parametrize("limit,m", [(LIMIT, 40), (10_250, 6)])
+def test_every_offset_is_kept_with_exp_minus_x2_minus_mj2_over_2t2(monkeypatch, limit, m):
     """Spy on the offset's Bernoulli (the real one still decides): for every value drawn, the
     proposal that yielded it was tested with num / den = (|X|^2 - (m J)^2) / (2 t^2) and succeeded.
     Then P(|X| = x) is proportional to P(J = j) exp(-num / den) = rho(m j) rho(x) / rho(m j) = rho(x)
-    inside every block. 200 000 draws with m = 40: gamma up to 0.195, every (J, R) pair of the
-    body visited."""
+    inside every block. 200 000 draws. With the 20-sigma limit (m = 40) gamma reaches 0.195 and
+    every (J, R) of the body is visited; with a cut at 2.5 t (m = 6, the last block reaching past
+    the limit) about 1.2 % of the draws lie beyond 2.5 t - m, so the cut inside the last block is
+    exercised: no |X| beyond the limit, and the limit itself is reached."""
     calls = []
     real = noise.bernoulli_exp
 
@@ -53,10 +56,12 @@ def test_every_offset_is_kept_with_exp_minus_x2_minus_mj2_over_2t2(monkeypatch):
         return kept
 
     monkeypatch.setattr(noise, "bernoulli_exp", spy)
-    table = noise._block_table(T, LIMIT)
-    m = table.block
-    assert m == 40
-    x = noise.discrete_gaussian(200_000, T, LIMIT, _stream(1))
+    table = noise._block_table(T, limit)
+    assert table.block == m and table.partial_last == (limit != LIMIT)
+    x = noise.discrete_gaussian(200_000, T, limit, _stream(1))
+    assert int(np.abs(x).max()) <= limit
+    if table.partial_last:
+        assert int(np.abs(x).max()) > limit - m  # the last, partial block is drawn from
     assert calls and all(den == 2 * T * T for _, den, _ in calls)
     a = np.abs(x).astype(np.int64)
     j, r = a // m, a % m
@@ -66,7 +71,7 @@ def test_every_offset_is_kept_with_exp_minus_x2_minus_mj2_over_2t2(monkeypatch):
     needed = Counter(exponent.tolist())
     short = {g: c for g, c in needed.items() if kept[g] < c}
     assert not short, f"{len(short)} exponents drawn more often than kept, e.g. {list(short.items())[:5]}"
-    # the offsets are all there: every R of the central blocks occurs
+    # the offsets are all there: every R of a central block occurs
     assert set(r[j == 50].tolist()) == set(range(m))
 
 
@@ -187,3 +192,51 @@ def test_the_block_table_is_exact_at_every_entry():
             expected.append(int((running / total * (1 << 64)).to_integral_value(decimal.ROUND_FLOOR)))
     assert table.bounds.tolist() == expected
     assert table.den == 2 * T * T
+
+
+@pytest.mark.parametrize("t,limit", [(1, 19), (2, 39), (3, 59)])
+def test_small_parameters_follow_the_exact_pmf_with_zero_counted_once(t, limit):
+    """t <= 3 (blocks of one value: no offset step): 300 000 draws against the exact pmf
+    rho(x) / sum rho on -limit .. limit, a chi-square over the values with mass above 1e-4 (the rest
+    pooled), p > 1e-6 (false alarm 1e-6). Counting 0 for both signs (not rejecting -0) would move
+    P(0) from 0.40 / 0.20 / 0.13 to about 0.57 / 0.33 / 0.24: a z of 100 or more."""
+    n = 300_000
+    x = noise.discrete_gaussian(n, t, limit, _stream(7 + t))
+    assert int(np.abs(x).max()) <= limit
+    values = np.arange(-limit, limit + 1)
+    rho = np.exp(-(values.astype(float) ** 2) / (2.0 * t * t))
+    pmf = rho / rho.sum()
+    counts = np.bincount(x + limit, minlength=values.size)
+    body = pmf > 1e-4
+    obs = np.append(counts[body], counts[~body].sum())
+    exp = np.append(pmf[body], pmf[~body].sum()) * n
+    assert stats.chisquare(obs, exp).pvalue > 1e-6
+    p0 = pmf[limit]
+    assert abs(counts[limit] - n * p0) < Z_MAX * math.sqrt(n * p0 * (1 - p0))
+
+
+class _Words:
+    """A stream that returns chosen 64-bit words, in order (the block stage reads words only)."""
+
+    def __init__(self, words):
+        self.left = [int(w) for w in words]
+
+    def words(self, count):
+        taken, self.left = self.left[:count], self.left[count:]
+        return np.array(taken, dtype=np.uint64)
+
+
+def test_the_block_stage_places_every_word_by_the_table():
+    """J for a word w is the number of cumulative bounds below it (w never equal to one here):
+    the 2^16-entry guide answers most words, the binary search the words of slices holding a
+    bound. Words one below and one above every bound, plus slice edges, must all get
+    searchsorted(bounds, w) exactly - a guide used for a crowded slice would be off by one."""
+    table = noise._block_table(T, LIMIT)
+    b = table.bounds.astype(object)
+    words = [int(v) - 1 for v in b if int(v) > 0] + [int(v) + 1 for v in b if int(v) < (1 << 64) - 1]
+    words += [p << 48 for p in range(0, 1 << 16, 257)] + [((p + 1) << 48) - 1 for p in range(0, 1 << 16, 263)]
+    words = [w for w in words if w not in set(int(v) for v in b)]
+    got = table.draw(len(words), _Words(words))
+    want = np.searchsorted(table.bounds, np.array(words, dtype=np.uint64), side="right")
+    assert got.dtype == np.uint64 and np.array_equal(got.astype(np.int64), want)
+    assert table.crowded[(np.array(words, dtype=np.uint64) >> np.uint64(48)).astype(np.int64)].any()
