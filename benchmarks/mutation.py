@@ -237,7 +237,7 @@ def equivalent_reason(config: Config, module: str, before: str, after: str) -> s
 
 def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int, sessions: Path,
              resume: bool, copy: Path, log=print, on_guard=None, retry_survivors: bool = False,
-             report_only: bool = False) -> dict:
+             report_only: bool = False, shard: tuple[int, int] | None = None) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkItem, WorkResult
 
@@ -254,9 +254,15 @@ def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int,
     for guard in guards:
         specs = plan[guard.name]
         command = test_command(guard)
-        db_path = sessions / f"{guard.name}.sqlite"
+        db_path = sessions / (f"{guard.name}.sqlite" if shard is None
+                              else f"{guard.name}.shard{shard[0]}of{shard[1]}.sqlite")
         if db_path.exists() and not (resume or report_only):
             db_path.unlink()
+        prior = {}  # a sharded run reuses what an unsharded run of the guard already has
+        if shard is not None and resume and (sessions / f"{guard.name}.sqlite").exists():
+            with use_db(str(sessions / f"{guard.name}.sqlite"), WorkDB.Mode.open) as old:
+                items = {it.job_id: it.mutations[0] for it in old.work_items}
+                prior = {(items[j].operator_name, items[j].occurrence): r for j, r in old.results if j in items}
         with use_db(str(db_path), WorkDB.Mode.create) as db:
             existing = {(it.mutations[0].operator_name, it.mutations[0].occurrence): it.job_id for it in db.work_items}
             for i, spec in enumerate(specs):
@@ -271,10 +277,20 @@ def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int,
                             and result.test_outcome.value == "survived")}
             counts = {"mutants": len(specs), "run": 0, "killed": 0, "survived": 0, "equivalent": 0,
                       "incompetent": 0}
-            for i, spec in enumerate(specs):
-                if i not in chosen[guard.name]:
-                    continue
+            # a random order (fixed by the seed), so that a run stopped early has run a random
+            # sample of the guard's mutants, not its first operators
+            order = sorted(chosen[guard.name], key=lambda i: random.Random(f"{seed}/{guard.name}/{i}").random())
+            if shard is not None:
+                order = [i for i in order if i % shard[1] == shard[0]]
+            for i in order:
+                spec = specs[i]
                 job_id = existing[(spec.operator_name, spec.occurrence)]
+                if job_id not in done and (spec.operator_name, spec.occurrence) in prior:
+                    result = prior[(spec.operator_name, spec.occurrence)]
+                    if not (retry_survivors and result.test_outcome is not None
+                            and result.test_outcome.value == "survived"):
+                        db.set_result(job_id, result)
+                        done.add(job_id)
                 if job_id in done:
                     result = dict(db.results)[job_id]
                 elif report_only:
@@ -372,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --resume: run the mutants that survived again (after new tests)")
     ap.add_argument("--report", action="store_true",
                     help="summarise the results in --sessions (with --resume), run nothing")
+    ap.add_argument("--shard", default=None, help="I/N: only the mutants whose index is I mod N (run N "
+                    "processes with separate --sessions to share a guard)")
     ap.add_argument("--json", type=Path, default=None, help="write the summary here")
     ap.add_argument("--list", action="store_true", help="list the mutants chosen, run nothing")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of each guard's tests")
@@ -408,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = campaign(config, guards, sample, seed, sessions, args.resume, copy,
                            log=lambda s: print(s, flush=True), on_guard=partial,
-                           retry_survivors=args.retry_survivors, report_only=args.report)
+                           retry_survivors=args.retry_survivors, report_only=args.report,
+                           shard=tuple(int(x) for x in args.shard.split("/")) if args.shard else None)
     finally:
         if args.sessions is not None:
             shutil.rmtree(copy, ignore_errors=True)

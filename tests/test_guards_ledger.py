@@ -99,3 +99,58 @@ def test_a_data_owners_limit_admits_at_the_limit_and_refuses_past_it(tmp_path):
         else:
             with pytest.raises(PrivacyLimitExceeded):
                 book.check(second)
+
+
+def test_the_naive_sum_reported_beside_the_composition_is_each_studys_own_epsilon():
+    """The ledger also reports the naive sum of the studies' epsilons (for comparison): each
+    study's epsilon in the ledger's notion - its own promise in its own notion, the replace-one
+    loss of the same noise for an add/remove study in a replace-one ledger, unbounded for a
+    replace-one study in an add/remove ledger."""
+    r1, r2 = _study("one", 1.0), _study("two", 0.7)
+    a1 = _study("three", 0.8, neighbouring="add-remove")
+    c = [ledger.Charge.of(s) for s in (r1, r2, a1)]
+    assert c[0].epsilon_in("replace-one") == c[0].epsilon and c[2].epsilon_in("add-remove") == c[2].epsilon
+    assert c[0].epsilon_in("add-remove") == float("inf")
+    cross = c[2].epsilon_in("replace-one")
+    assert c[2].epsilon < cross < 2.5 * c[2].epsilon  # replacing moves twice the row: more loss
+    both = ledger.compose(c[:2], "replace-one", DELTA)
+    assert both.naive_epsilon == pytest.approx(c[0].epsilon + c[1].epsilon, rel=1e-12)
+    assert both.naive_delta == pytest.approx(c[0].delta + c[1].delta, rel=1e-12)
+    assert both.studies == 2 and both.epsilon < both.naive_epsilon
+    mixed = ledger.compose(c, "replace-one", DELTA)
+    assert mixed.naive_epsilon == pytest.approx(c[0].epsilon + c[1].epsilon + cross, rel=1e-12)
+    unbounded = ledger.compose(c, "add-remove", DELTA)
+    assert unbounded.epsilon == float("inf") and unbounded.naive_epsilon == float("inf")
+    empty = ledger.compose([], "replace-one", DELTA)
+    assert (empty.epsilon, empty.naive_epsilon, empty.naive_delta, empty.studies) == (0.0, 0.0, 0.0, 0)
+    with pytest.raises(ValueError):
+        ledger.compose(c, "replace", DELTA)
+
+
+def test_a_charge_serialises_the_sign_only_when_set_and_validates_its_fields():
+    """A charge without the secret sign serialises without the member (ids and stored ledgers
+    of such studies unchanged); each field's range is enforced at its edge."""
+    plain = ledger.Charge.of(_study("one", 1.0))
+    assert "secret_sign" not in plain.model_dump() and "secret_sign" not in plain.model_dump_json()
+    signed = plain.model_copy(update={"secret_sign": True})
+    assert signed.model_dump()["secret_sign"] is True
+    base = plain.model_dump()
+    ok = {"row_bound": 1e-12, "sigma": 0.0, "server_sigma": 0.0, "width": 1, "lambda_star": 1.0,
+          "delta": 1e-300, "epsilon": 0.0}
+    bad = {"row_bound": 0.0, "sigma": -1e-12, "server_sigma": -1e-12, "width": 0, "lambda_star": 0.999,
+           "delta": 0.0, "epsilon": -1e-12}
+    for name, value in ok.items():
+        ledger.Charge.model_validate({**base, name: value})
+    for name, value in bad.items():
+        with pytest.raises(ValueError):
+            ledger.Charge.model_validate({**base, name: value})
+    with pytest.raises(ValueError):
+        ledger.Charge.model_validate({**base, "delta": 1.0})
+
+
+@pytest.mark.parametrize("epsilon,delta,notion", [(0.0, 1e-6, "replace-one"), (-1.0, 1e-6, "replace-one"),
+                                                  (float("inf"), 1e-6, "replace-one"), (1.0, 0.0, "replace-one"),
+                                                  (1.0, 1.0, "replace-one"), (1.0, 1e-6, "replace")])
+def test_a_budget_must_be_a_privacy_target(epsilon, delta, notion):
+    with pytest.raises(ValueError):
+        ledger.Budget(epsilon, delta, notion)
