@@ -59,12 +59,24 @@ class Equivalent:
     reason: str
 
 
+@dataclass(frozen=True)
+class Hand:
+    """A mutant written by hand (issue 47's survivors): ``before`` replaced by ``after`` once."""
+
+    name: str
+    module: str
+    before: str
+    after: str
+    tests: tuple[str, ...]
+
+
 @dataclass
 class Config:
     operators: list[str]
     timeout: float
     guards: list[Guard]
     equivalents: list[Equivalent] = field(default_factory=list)
+    hand: list[Hand] = field(default_factory=list)
 
     def operator_names(self) -> list[str]:
         import cosmic_ray.plugins
@@ -78,7 +90,34 @@ def load_config(path: Path = CONFIG) -> Config:
     guards = [Guard(g["name"], g["module"], tuple(g["functions"]), tuple(g["tests"])) for g in raw["guard"]]
     equivalents = [Equivalent(e["module"], e["before"].strip(), e["after"].strip(), e["reason"])
                    for e in raw.get("equivalent", [])]
-    return Config(list(raw["operators"]), float(raw.get("timeout", 240)), guards, equivalents)
+    hand = [Hand(h["name"], h["module"], h["before"], h["after"], tuple(h["tests"])) for h in raw.get("hand", [])]
+    return Config(list(raw["operators"]), float(raw.get("timeout", 240)), guards, equivalents, hand)
+
+
+def run_hand(config: Config, copy: Path, log=print) -> list[dict]:
+    """Each hand mutant applied in the copy (its ``before`` must occur exactly once), its tests
+    run, the file restored: the outcome and the test that killed it."""
+    out = []
+    for h in config.hand:
+        path = copy / h.module
+        original = path.read_text()
+        if original.count(h.before) != 1:
+            raise SystemExit(f"hand mutant {h.name!r}: {h.before!r} occurs {original.count(h.before)} times "
+                             f"in {h.module}, not once")
+        for pyc in path.parent.glob(f"__pycache__/{path.stem}.*.pyc"):
+            pyc.unlink()
+        try:
+            path.write_text(original.replace(h.before, h.after))
+            t0 = time.monotonic()
+            outcome, output = run_tests_in(copy, test_command(Guard(h.name, h.module, (), h.tests)), config.timeout)
+        finally:
+            path.write_text(original)
+        killed = outcome.value != "survived"
+        entry = {"name": h.name, "module": h.module, "outcome": "killed" if killed else "survived",
+                 "killed_by": _failing_test(output) if killed else None}
+        log(f"hand: {h.name}: {entry['outcome']} ({entry['killed_by']}) in {time.monotonic() - t0:.0f}s")
+        out.append(entry)
+    return out
 
 
 # --- mutants ------------------------------------------------------------------------------------
@@ -166,6 +205,15 @@ def scratch_copy(dest: Path | None = None) -> Path:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
+    # numba's on-disk cache of the compiled loops (keyed by the source's mtime and size, which
+    # copy2 kept): each copy would otherwise compile them again (tens of CPU-seconds)
+    for cached in ROOT.glob("*/**/__pycache__/*.nb[ic]"):
+        rel = cached.relative_to(ROOT)
+        if rel.parts[0] in (".venv", ".git"):
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cached, target)
     # untracked new test files of this worktree count too (a guard's tests may be new)
     for extra in (ROOT / "tests").glob("test_guards_*.py"):
         if not (dest / "tests" / extra.name).exists():
@@ -390,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="summarise the results in --sessions (with --resume), run nothing")
     ap.add_argument("--shard", default=None, help="I/N: only the mutants whose index is I mod N (run N "
                     "processes with separate --sessions to share a guard)")
+    ap.add_argument("--hand", action="store_true", help="run issue 47's hand mutants ([[hand]]) only")
     ap.add_argument("--json", type=Path, default=None, help="write the summary here")
     ap.add_argument("--list", action="store_true", help="list the mutants chosen, run nothing")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of each guard's tests")
@@ -417,6 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.report:
             warm(copy)
+        if args.hand:
+            results = run_hand(config, copy, log=lambda s: print(s, flush=True))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+            return 1 if any(r["outcome"] == "survived" for r in results) else 0
         if not (args.no_baseline or args.report):
             baseline(copy, guards, config.timeout, log=lambda s: print(s, flush=True))
         def partial(summary):  # what is done so far, for a long run's reader
