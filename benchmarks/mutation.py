@@ -371,6 +371,46 @@ def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int,
     return summary
 
 
+def merged_report(config: Config, guards: list[Guard], sessions: Path) -> dict:
+    """The results in every session file of ``sessions`` (a guard's own and its shards'; a shard's
+    result, being the later run, wins), summarised as ``campaign`` does; nothing is run."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    summary = {"sample": None, "guards": {}, "mutants": []}
+    names = config.operator_names()
+    for guard in guards:
+        results = {}
+        files = [sessions / f"{guard.name}.sqlite"] + sorted(sessions.glob(f"{guard.name}.shard*.sqlite"))
+        for path in files:
+            if not path.exists():
+                continue
+            with use_db(str(path), WorkDB.Mode.open) as db:
+                items = {it.job_id: it.mutations[0] for it in db.work_items}
+                for job_id, result in db.results:
+                    if job_id in items:
+                        results[(items[job_id].operator_name, items[job_id].occurrence)] = result
+        specs = mutants(guard, ROOT, names)
+        counts = {"mutants": len(specs), "run": 0, "killed": 0, "survived": 0, "equivalent": 0, "incompetent": 0}
+        for spec in specs:
+            result = results.get((spec.operator_name, spec.occurrence))
+            if result is None:
+                continue
+            entry = _entry(config, ROOT, guard, spec, result)
+            summary["mutants"].append(entry)
+            if entry["outcome"] == "no-mutation":
+                continue
+            counts["run"] += 1
+            counts[entry["outcome"]] += 1
+        summary["guards"][guard.name] = counts
+    totals = {k: sum(c[k] for c in summary["guards"].values())
+              for k in ("mutants", "run", "killed", "survived", "equivalent", "incompetent")}
+    judged = totals["run"] - totals["equivalent"] - totals["incompetent"]
+    totals["score"] = totals["killed"] / judged if judged else None
+    summary["totals"] = totals
+    summary["seconds"] = 0.0
+    return summary
+
+
 def _entry(config: Config, copy: Path, guard: Guard, spec, result) -> dict:
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
@@ -460,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{g.name:18s} {len(specs):4d} mutants in {g.module} ({', '.join(g.functions)})")
         print(f"{'total':18s} {total:4d}")
         return 0
+    if args.report:
+        if args.sessions is None:
+            ap.error("--report reads --sessions")
+        summary = merged_report(config, guards, args.sessions)
+        return _print_summary(summary, args.json)
     copy = scratch_copy()
     sessions = args.sessions or copy / ".mutation-sessions"
     print(f"scratch tree {copy}; sessions in {sessions}; sample {sample} (seed {seed})", flush=True)
@@ -485,15 +530,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.sessions is not None:
             shutil.rmtree(copy, ignore_errors=True)
+    return _print_summary(summary, args.json)
+
+
+def _print_summary(summary: dict, json_path: Path | None) -> int:
     print(json.dumps({"guards": summary["guards"], "totals": summary["totals"], "seconds": summary["seconds"]},
                      indent=1))
     for m in summary["mutants"]:
         if m["outcome"] in ("survived", "incompetent"):
             print(f"{m['outcome'].upper()}: {m['guard']} {m['module']}:{m['line']} ({m['function']}) "
                   f"{m['before']!r} -> {m['after']!r}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary, indent=1))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(summary, indent=1))
     return 1 if summary["totals"]["survived"] else 0
 
 

@@ -240,3 +240,43 @@ def test_the_block_stage_places_every_word_by_the_table():
     want = np.searchsorted(table.bounds, np.array(words, dtype=np.uint64), side="right")
     assert got.dtype == np.uint64 and np.array_equal(got.astype(np.int64), want)
     assert table.crowded[(np.array(words, dtype=np.uint64) >> np.uint64(48)).astype(np.int64)].any()
+
+
+@pytest.mark.parametrize("std,frac_bits,shift", [(1.0, 16, 0), (3.7, 20, 2), (0.01, 30, 0), (1000.0, 20, 12)])
+def test_the_tail_cut_is_the_protocols_floor_of_20_sigma_over_h_minus_1(std, frac_bits, shift):
+    """docs/protocol.md section 5: |X| <= floor(20 sigma / h) - 1 grid steps h = 2^(shift - f),
+    so every kept value lies strictly inside 20 sigma (the overflow bound counts 20 sigma); the
+    sampler's parameter is ceil(sigma / h) steps."""
+    grid = noise.Grid(frac_bits, shift)
+    h = 2.0 ** (shift - frac_bits)
+    assert grid.spacing == h
+    assert grid.limit(std) == math.floor(20 * std / h) - 1
+    assert grid.limit(std) * h < 20 * std
+    assert grid.scale(std) == max(1, math.ceil(std / h))
+    assert grid.scale(std) * h >= std
+
+
+def test_a_rejected_word_is_redrawn_at_its_own_width():
+    """``_words_below``: a word at or above the top is redrawn from the same width of keystream
+    (a 64-bit redraw taken from 32-bit words would put it below 2^32, far from uniform). A
+    stream that first returns words above the top shows which words replace them."""
+    class Scripted:
+        def __init__(self, words64, words32):
+            self.w64, self.w32 = list(words64), list(words32)
+
+        def words(self, count):
+            taken, self.w64 = self.w64[:count], self.w64[count:]
+            return np.array(taken, dtype=np.uint64)
+
+        def words32(self, count):
+            taken, self.w32 = self.w32[:count], self.w32[count:]
+            return np.array(taken, dtype=np.uint32)
+
+    top64 = (1 << 64) - 5
+    stream = Scripted([top64 + 1, 7, top64 + 3, (1 << 63) + 11, 1 << 40], [1, 2, 3])
+    got = noise._words_below(3, top64, stream, np.uint64)
+    assert got.dtype == np.uint64 and got.tolist() == [(1 << 63) + 11, 7, 1 << 40]
+    top32 = (1 << 32) - 7
+    stream = Scripted([99, 98], [top32 + 2, 5, top32, 4_000_000_000, 6])
+    got = noise._words_below(3, top32, stream, np.uint32)
+    assert got.dtype == np.uint32 and got.tolist() == [4_000_000_000, 5, 6]

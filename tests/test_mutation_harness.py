@@ -43,6 +43,11 @@ def test_the_config_names_guards_functions_and_tests_that_exist():
         assert m.mutants(guard, ROOT, names), guard.name
     for eq in config.equivalents:
         assert (ROOT / eq.module).is_file() and eq.reason.strip()
+    # issue 47's hand mutants still apply: each original line occurs exactly once
+    assert len(config.hand) >= 7
+    for h in config.hand:
+        assert (ROOT / h.module).read_text().count(h.before) == 1, (h.name, h.before)
+        assert all((ROOT / t.split("::")[0]).is_file() for t in h.tests)
 
 
 def test_a_certificate_mutant_is_applied_in_a_copy_killed_and_restored(tmp_path):
