@@ -138,6 +138,12 @@ def test_a_block_is_bound_to_its_party_and_pseudonym(m):
         binding.block_prefixes(STUDY, 256, pseudonyms)
     with pytest.raises(ValueError):
         binding.block_prefixes(STUDY, 0, [b"short"])
+    with pytest.raises(ValueError):  # a study id that is not 32 bytes, with a valid party
+        binding.block_prefixes("ab" * 31, 1, pseudonyms)
+    with pytest.raises(ValueError):
+        binding.report_id("ab" * 31, [bytes(16)] * N)
+    with pytest.raises(ValueError):
+        binding.commitment(256, 1, bytes(16), b"")
 
 
 def test_seed_payloads_are_bound_as_bytes():

@@ -154,3 +154,41 @@ def test_a_charge_serialises_the_sign_only_when_set_and_validates_its_fields():
 def test_a_budget_must_be_a_privacy_target(epsilon, delta, notion):
     with pytest.raises(ValueError):
         ledger.Budget(epsilon, delta, notion)
+
+
+def test_composition_is_every_studys_pld_composed_once():
+    """ledger.compose against dp-accounting's own composition of the charges' PLDs (each study
+    once, in any order), at the ledger's delta; three studies of different epsilons."""
+    studies = [_study("one", 1.0), _study("two", 0.7), _study("three", 0.4)]
+    charges = [ledger.Charge.of(s) for s in studies]
+    grid = max(c.grid("replace-one") for c in charges)
+    plds = [c.pld("replace-one", grid) for c in charges]
+    direct = plds[2].compose(plds[1]).compose(plds[0]).get_epsilon_for_delta(DELTA)
+    got = ledger.compose(charges, "replace-one", DELTA)
+    assert got.epsilon == pytest.approx(direct, rel=1e-6)
+    assert got.studies == 3
+    # each study counts: dropping any one lowers the total
+    for i in range(3):
+        assert ledger.compose(charges[:i] + charges[i + 1:], "replace-one", DELTA).epsilon < got.epsilon * 0.99
+
+
+def test_the_budget_tolerance_is_inclusive():
+    """check() admits needed <= budget * (1 + 1e-9): a budget whose tolerance lands exactly on the
+    needed epsilon admits, the next float below refuses."""
+    import numpy as np
+
+    first, second = _study("one", 1.0), _study("two", 0.7)
+    needed = ledger.compose([ledger.Charge.of(first), ledger.Charge.of(second)], "replace-one", DELTA).epsilon
+    b = needed / (1 + 1e-9)
+    exact = None
+    for _ in range(64):
+        if b * (1 + 1e-9) == needed:
+            exact = b
+            break
+        b = np.nextafter(b, np.inf) if b * (1 + 1e-9) < needed else np.nextafter(b, -np.inf)
+    assert exact is not None
+    charges = [ledger.Charge.of(first)]
+    assert ledger.check(charges, ledger.Charge.of(second), ledger.Budget(float(exact), DELTA)).fits
+    below = float(np.nextafter(exact, -np.inf))
+    assert below * (1 + 1e-9) < needed
+    assert not ledger.check(charges, ledger.Charge.of(second), ledger.Budget(below, DELTA)).fits

@@ -280,3 +280,56 @@ def test_a_rejected_word_is_redrawn_at_its_own_width():
     stream = Scripted([99, 98], [top32 + 2, 5, top32, 4_000_000_000, 6])
     got = noise._words_below(3, top32, stream, np.uint32)
     assert got.dtype == np.uint32 and got.tolist() == [4_000_000_000, 5, 6]
+
+
+def test_a_parameter_below_one_step_is_one_step_and_a_zero_limit_gives_zero():
+    """Noise narrower than the grid still gets parameter 1 (never 2: that would be another
+    distribution than the accounting's); a limit of 0 keeps only 0."""
+    grid = noise.Grid(16, 0)
+    assert grid.scale(2.0 ** -20) == 1 and grid.scale(2.0 ** -16) == 1 and grid.scale(1.5 * 2.0 ** -16) == 2
+    assert noise.discrete_gaussian(500, 3, 0, _stream(11)).tolist() == [0] * 500
+    with pytest.raises(ValueError):
+        noise.discrete_gaussian(1, 3, -1, _stream(11))
+
+
+def test_a_word_equal_to_any_bound_takes_more_bits_including_the_first():
+    """A word equal to bounds[j] (j = 0, a middle one, the last) is settled by the next word
+    against floor(2^128 F_j): below it J = j, above it J = j + 1 - for the first bound too."""
+    table = noise._block_table(T, LIMIT)
+    last = table.bounds.size - 1
+    for j in (0, 1, last // 2, last):
+        tie = int(table.bounds[j])
+        if (table.bounds == table.bounds[j]).sum() != 1:
+            continue
+        fine = noise._cumulative_floors(T, LIMIT, table.block, [j], 128)[0]
+        low = fine & ((1 << 64) - 1)
+        assert table.draw(1, _Words([tie, low - 1])).tolist() == [j]
+        assert table.draw(1, _Words([tie, low + 1])).tolist() == [j + 1]
+
+
+def test_the_offsets_gamma_guard_at_its_edge():
+    """A table whose offset exponent could reach 1 is refused (Bernoulli(exp(-gamma)) needs
+    gamma <= 1): discrete_gaussian takes any limit up to that edge and refuses past it."""
+    t = 1000
+    ok, too_far = None, None
+    for limit in range(30 * t, 50 * t, 97):
+        m = -(-(limit + 1) // 2048)
+        last = limit // m
+        reaches = (2 * m * last + m) * m >= 2 * t * t
+        if not reaches:
+            ok = limit
+        elif too_far is None:
+            too_far = limit
+    assert ok is not None and too_far is not None and ok > 40 * t
+    x = noise.discrete_gaussian(2000, t, ok, _stream(12))
+    assert int(np.abs(x).max()) <= ok
+    with pytest.raises(ValueError):
+        noise.discrete_gaussian(10, t, too_far, _stream(12))
+
+
+def test_uniform_below_a_64_bit_bound():
+    """Bounds past 2^32 (the 64-bit path): all values below the bound, halves balanced (5 sd)."""
+    n, bound = 200_000, (1 << 40) + 3
+    r = noise.uniform_below(n, bound, _stream(13))
+    assert int(r.max()) < bound and int(r.max()) > bound // 2
+    assert abs(int((r < bound // 2).sum()) - n / 2) < Z_MAX * math.sqrt(n / 4)
