@@ -60,7 +60,8 @@ def test_bind_makes_the_ids_the_specification_says(blocks):
         assert binding.unbound(STUDY, N, j, binding.CONTENT_SHARE, ids, proofs[j], shares[j], prefixes).size == 0
     assert binding.report_id(STUDY, [bytes(16)] * N) == _ref_id(b"dpsketch/report/2" + bytes.fromhex(STUDY),
                                                                [bytes(16)] * N)
-    assert binding.commitment(1, 2, b"s" * 16, b"p") == _ref_commitment(1, 2, b"s" * 16, b"p")
+    for position in (0, 1, 255):
+        assert binding.commitment(position, 2, b"s" * 16, b"p") == _ref_commitment(position, 2, b"s" * 16, b"p")
 
 
 def test_bind_for_server_makes_ids_a_server_accepts_and_nothing_else():

@@ -241,3 +241,17 @@ def test_a_second_inclusion_set_is_refused_on_every_path(tmp_path, path):
         assert srv.commit(study, first).json() == r.json()
     finally:
         srv.close()
+
+
+def test_a_set_of_exactly_max_reports_commits(tmp_path):
+    srv = Server(tmp_path / "max.db", max_excluded_fraction=1.0)
+    study = make_study(min_reports=100, expected_reports=120, max_reports=130)
+    try:
+        assert srv.provision(study).status_code == 201
+        rs = srv.reports(study, 130)
+        assert srv.batch(study, rs).status_code == 200
+        r = srv.commit(study, rs.ids)
+        assert r.status_code == 200, r.text
+        assert r.json()["n_reports"] == study.max_reports
+    finally:
+        srv.close()

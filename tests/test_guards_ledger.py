@@ -44,7 +44,8 @@ def test_check_admits_at_exactly_the_budget_and_refuses_a_thousandth_over(notion
     assert ledger.check([], ledger.Charge.of(first), ledger.Budget(alone, DELTA, notion)).fits
     assert not ledger.check([], ledger.Charge.of(first), ledger.Budget(alone / 1.001, DELTA, notion)).fits
     # a study already charged costs nothing more, even past the budget
-    assert ledger.check(charges, ledger.Charge.of(first), ledger.Budget(alone / 1.001, DELTA, notion)).fits
+    again = ledger.check(charges, ledger.Charge.of(first), ledger.Budget(alone / 1.001, DELTA, notion))
+    assert again.fits and again.study_epsilon == 0.0 and again.needed == again.spent
 
 
 def test_an_empty_ledger_composes_to_zero_and_one_study_to_its_own_promise():
