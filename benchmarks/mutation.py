@@ -479,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard", default=None, help="I/N: only the mutants whose index is I mod N (run N "
                     "processes with separate --sessions to share a guard)")
     ap.add_argument("--hand", action="store_true", help="run issue 47's hand mutants ([[hand]]) only")
+    ap.add_argument("--markdown", type=Path, default=None, help="write the summary's tables here (markdown)")
     ap.add_argument("--json", type=Path, default=None, help="write the summary here")
     ap.add_argument("--list", action="store_true", help="list the mutants chosen, run nothing")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of each guard's tests")
@@ -504,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sessions is None:
             ap.error("--report reads --sessions")
         summary = merged_report(config, guards, args.sessions)
-        return _print_summary(summary, args.json)
+        return _print_summary(summary, args.json, args.markdown)
     copy = scratch_copy()
     sessions = args.sessions or copy / ".mutation-sessions"
     print(f"scratch tree {copy}; sessions in {sessions}; sample {sample} (seed {seed})", flush=True)
@@ -530,10 +531,41 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.sessions is not None:
             shutil.rmtree(copy, ignore_errors=True)
-    return _print_summary(summary, args.json)
+    return _print_summary(summary, args.json, args.markdown)
 
 
-def _print_summary(summary: dict, json_path: Path | None) -> int:
+def markdown(summary: dict) -> str:
+    """The summary as the tables of docs/testing.md: per guard, and the tests that killed."""
+    from collections import Counter
+
+    rows = ["| guard | mutants | run | killed | survived | equivalent | killed / (run - equivalent) |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, c in summary["guards"].items():
+        judged = c["run"] - c["equivalent"] - c["incompetent"]
+        score = f"{c['killed'] / judged:.1%}" if judged else "-"
+        rows.append(f"| {name} | {c['mutants']} | {c['run']} | {c['killed']} | {c['survived']} | "
+                    f"{c['equivalent']} | {score} |")
+    t = summary["totals"]
+    score = f"{t['score']:.1%}" if t["score"] is not None else "-"
+    rows.append(f"| **all** | {t['mutants']} | {t['run']} | {t['killed']} | {t['survived']} | "
+                f"{t['equivalent']} | **{score}** |")
+    killers = Counter((m["guard"], (m.get("killed_by") or "").split("::")[0]) for m in summary["mutants"]
+                      if m["outcome"] == "killed")
+    rows += ["", "| guard | test file | mutants it killed first |", "|---|---|---:|"]
+    for (guard, test), n in sorted(killers.items(), key=lambda kv: (kv[0][0], -kv[1])):
+        rows.append(f"| {guard} | `{test}` | {n} |")
+    survivors = [m for m in summary["mutants"] if m["outcome"] == "survived"]
+    if survivors:
+        rows += ["", "| survivor | line | original | mutant |", "|---|---:|---|---|"]
+        for m in survivors:
+            rows.append(f"| {m['guard']} ({m['function']}) | {m['module']}:{m['line']} | `{m['before']}` | "
+                        f"`{m['after']}` |")
+    return "\n".join(rows) + "\n"
+
+
+def _print_summary(summary: dict, json_path: Path | None, markdown_path: Path | None = None) -> int:
+    if markdown_path:
+        markdown_path.write_text(markdown(summary))
     print(json.dumps({"guards": summary["guards"], "totals": summary["totals"], "seconds": summary["seconds"]},
                      indent=1))
     for m in summary["mutants"]:
