@@ -84,7 +84,9 @@ def test_the_tail_cut_costs_what_conditioning_costs():
         assert privacy.truncation_delta(eps, mp) == pytest.approx((math.exp(eps) + 1) * mp / (1 - mp), rel=1e-12)
     assert privacy.truncation_delta(1.0, 1.0) == math.inf
     assert privacy.truncation_delta(1.0, 2.0) == math.inf
-    assert math.isfinite(privacy.truncation_delta(800.0, 1e-300))  # epsilon capped before exp
+    # epsilon is capped at 700 before exp (finite below exp's overflow at 709.78)
+    assert privacy.truncation_delta(800.0, 1e-300) == (math.exp(700.0) + 1.0) * 1e-300 / (1 - 1e-300)
+    assert privacy.truncation_delta(700.5, 1e-300) == (math.exp(700.0) + 1.0) * 1e-300 / (1 - 1e-300)
     m, T = 10 ** 6, 6.0
     p = math.erfc(T / math.sqrt(2))
     assert privacy.tail_delta(1.0, m, T) == pytest.approx((math.e + 1) * m * p / (1 - m * p), rel=1e-12)

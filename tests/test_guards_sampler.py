@@ -273,7 +273,7 @@ def test_a_rejected_word_is_redrawn_at_its_own_width():
             return np.array(taken, dtype=np.uint32)
 
     top64 = (1 << 64) - 5
-    stream = Scripted([top64 + 1, 7, top64 + 3, (1 << 63) + 11, 1 << 40], [1, 2, 3])
+    stream = Scripted([top64 + 1, 7, top64, (1 << 63) + 11, 1 << 40], [1, 2, 3])  # the top itself is out
     got = noise._words_below(3, top64, stream, np.uint64)
     assert got.dtype == np.uint64 and got.tolist() == [(1 << 63) + 11, 7, 1 << 40]
     top32 = (1 << 32) - 7
@@ -287,6 +287,10 @@ def test_a_parameter_below_one_step_is_one_step_and_a_zero_limit_gives_zero():
     distribution than the accounting's); a limit of 0 keeps only 0."""
     grid = noise.Grid(16, 0)
     assert grid.scale(2.0 ** -20) == 1 and grid.scale(2.0 ** -16) == 1 and grid.scale(1.5 * 2.0 ** -16) == 2
+    assert grid.limit(2.0 ** -20) == 0 and grid.limit(2.0 ** -16) == 19  # floor(20 sigma / h) - 1, at least 0
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError):
+            noise.encoded_noise(3, bad, grid)
     assert noise.discrete_gaussian(500, 3, 0, _stream(11)).tolist() == [0] * 500
     with pytest.raises(ValueError):
         noise.discrete_gaussian(1, 3, -1, _stream(11))
@@ -325,6 +329,10 @@ def test_the_offsets_gamma_guard_at_its_edge():
     assert int(np.abs(x).max()) <= ok
     with pytest.raises(ValueError):
         noise.discrete_gaussian(10, t, too_far, _stream(12))
+    # blocks of two values (m = 2) are guarded too: t = 60, a cut at 3000 would reach gamma >= 1
+    assert -(-3001 // 2048) == 2 and (2 * 2 * (3000 // 2) + 2) * 2 >= 2 * 60 * 60
+    with pytest.raises(ValueError):
+        noise.discrete_gaussian(10, 60, 3000, _stream(12))
 
 
 def test_uniform_below_a_64_bit_bound():
