@@ -285,7 +285,8 @@ def equivalent_reason(config: Config, module: str, before: str, after: str) -> s
 
 def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int, sessions: Path,
              resume: bool, copy: Path, log=print, on_guard=None, retry_survivors: bool = False,
-             report_only: bool = False, shard: tuple[int, int] | None = None) -> dict:
+             report_only: bool = False, shard: tuple[int, int] | None = None,
+             survivors_only: bool = False) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkItem, WorkResult
 
@@ -320,6 +321,7 @@ def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int,
                                            mutation=spec)
                     db.add_work_item(item)
                     existing[key] = item.job_id
+            ran = {job_id for job_id, _ in db.results}
             done = {job_id for job_id, result in db.results
                     if not (retry_survivors and result.test_outcome is not None
                             and result.test_outcome.value == "survived")}
@@ -341,7 +343,8 @@ def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int,
                         done.add(job_id)
                 if job_id in done:
                     result = dict(db.results)[job_id]
-                elif report_only:
+                elif report_only or (survivors_only and job_id not in ran
+                                     and (spec.operator_name, spec.occurrence) not in prior):
                     continue
                 else:
                     t0 = time.monotonic()
@@ -474,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep results already in the session files")
     ap.add_argument("--retry-survivors", action="store_true",
                     help="with --resume: run the mutants that survived again (after new tests)")
+    ap.add_argument("--survivors-only", action="store_true",
+                    help="with --retry-survivors: run nothing that has not run before")
     ap.add_argument("--report", action="store_true",
                     help="summarise the results in --sessions (with --resume), run nothing")
     ap.add_argument("--shard", default=None, help="I/N: only the mutants whose index is I mod N (run N "
@@ -527,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = campaign(config, guards, sample, seed, sessions, args.resume, copy,
                            log=lambda s: print(s, flush=True), on_guard=partial,
                            retry_survivors=args.retry_survivors, report_only=args.report,
-                           shard=tuple(int(x) for x in args.shard.split("/")) if args.shard else None)
+                           shard=tuple(int(x) for x in args.shard.split("/")) if args.shard else None,
+                           survivors_only=args.survivors_only)
     finally:
         if args.sessions is not None:
             shutil.rmtree(copy, ignore_errors=True)
