@@ -157,11 +157,31 @@ def mutants(guard: Guard, root: Path, operator_names: list[str]):
             chain = _enclosing(node)
             if wanted.isdisjoint(chain):
                 continue
-            if _in_docstring_or_message(node):
+            if _in_docstring_or_message(node) or _in_annotation(node):
                 continue
             out.append(MutationSpec(module_path=str(guard.module), operator_name=name, occurrence=occurrence,
                                     start_pos=start, end_pos=end, definition_name=chain[0] if chain else None))
     return out
+
+
+def _in_annotation(node) -> bool:
+    """Type annotations are not code here (every guard module has ``from __future__ import
+    annotations``): a parameter's, a return's or a variable's annotation."""
+    child, obj = node, node.parent
+    while obj is not None:
+        kind = getattr(obj, "type", None)
+        if kind == "tfpdef" and child is not obj.children[0]:
+            return True
+        if kind == "funcdef" and any(getattr(c, "value", None) == "->" for c in obj.children):
+            arrow = [i for i, c in enumerate(obj.children) if getattr(c, "value", None) == "->"][0]
+            if child is obj.children[arrow + 1]:
+                return True
+        if kind == "annassign" and child is obj.children[1]:
+            return True
+        if kind == "param":
+            break
+        child, obj = obj, obj.parent
+    return False
 
 
 def _in_docstring_or_message(node) -> bool:

@@ -159,3 +159,31 @@ def test_seed_payloads_are_bound_as_bytes():
         assert ids[i] == _ref_id(b"dpsketch/report/2" + bytes.fromhex(STUDY), cs)
     binding.verify(STUDY, N, 0, binding.CONTENT_SEED, ids, proofs[0], seeds)
     assert binding.unbound(STUDY, N, 0, binding.CONTENT_SHARE, ids, proofs[0], seeds).size == m
+
+
+def test_a_single_seed_record_and_a_load_generators_seeds_are_bound_as_bytes():
+    """The single-record path and bind_for_server hash a seed payload as its 32 bytes."""
+    seeds = np.random.default_rng(2).integers(0, 256, size=(1, 32), dtype=np.uint8)
+    shares = _shares(1)
+    ids, proofs = binding.bind(STUDY, [binding.CONTENT_SEED, binding.CONTENT_SHARE, binding.CONTENT_SHARE],
+                               [seeds, shares[1], shares[2]])
+    binding.verify(STUDY, N, 0, binding.CONTENT_SEED, ids, proofs[0], seeds)
+    own = _ref_commitment(0, binding.CONTENT_SEED, proofs[0][0, :16].tobytes(), seeds[0].tobytes())
+    assert ids[0] == _ref_id(b"dpsketch/report/2" + bytes.fromhex(STUDY), [own] + [
+        proofs[0][0, 16 + 16 * k:32 + 16 * k].tobytes() for k in range(N - 1)])
+    more = np.random.default_rng(3).integers(0, 256, size=(4, 32), dtype=np.uint8)
+    ids, proofs = binding.bind_for_server(STUDY, N, 1, binding.CONTENT_SEED, more)
+    for i in range(4):
+        own = _ref_commitment(1, binding.CONTENT_SEED, proofs[i, :16].tobytes(), more[i].tobytes())
+        assert ids[i] == _ref_id(b"dpsketch/report/2" + bytes.fromhex(STUDY),
+                                 [proofs[i, 16:32].tobytes(), own, proofs[i, 32:48].tobytes()])
+
+
+def test_no_records_bind_to_nothing_and_an_id_of_another_length_is_unbound():
+    empty = np.zeros((0, 3), dtype=np.uint64)
+    ids, proofs = binding.bind(STUDY, [binding.CONTENT_SHARE] * N, [empty] * N)
+    assert ids == [] and all(p.shape == (0, binding.proof_bytes(N)) for p in proofs)
+    shares = _shares(3)
+    ids, proofs = binding.bind(STUDY, [binding.CONTENT_SHARE] * N, shares)
+    odd = [ids[0], ids[1][:15], ids[2]]
+    assert binding.unbound(STUDY, N, 0, binding.CONTENT_SHARE, odd, proofs[0], shares[0]).tolist() == [1]

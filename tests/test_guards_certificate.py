@@ -118,6 +118,7 @@ def test_server_releases_just_above_and_refuses_just_below_lambda_min_minus_t(tm
         body = assert_problem(srv.commit(study, rs.ids[:n - 1]), 422, "certificate-refused")
         assert body["lambda_min"] == pytest.approx(below + T + study.lambda_star, rel=1e-9)
         assert body["lambda_star"] == study.lambda_star and body["n_reports"] == n - 1
+        assert "lambda_min - t =" in body["detail"] and "leverage" not in body["detail"]
         assert srv.client.get(f"/v1/studies/{study.study_id}").json()["status"] == "open"
         r = srv.commit(study, rs.ids[:n])
         assert r.status_code == 200, r.text

@@ -145,8 +145,14 @@ def test_a_charge_serialises_the_sign_only_when_set_and_validates_its_fields():
     for name, value in bad.items():
         with pytest.raises(ValueError):
             ledger.Charge.model_validate({**base, name: value})
+    for name in ("epsilon", "row_bound", "sigma"):
+        with pytest.raises(ValueError):  # no infinity or NaN in a charge
+            ledger.Charge.model_validate({**base, name: float("inf")})
     with pytest.raises(ValueError):
         ledger.Charge.model_validate({**base, "delta": 1.0})
+    with pytest.raises(ValueError):  # frozen: a charge cannot be edited once made
+        plain.epsilon = 0.0
+    assert hash(plain) == hash(ledger.Charge.model_validate(plain.model_dump()))
 
 
 @pytest.mark.parametrize("epsilon,delta,notion", [(0.0, 1e-6, "replace-one"), (-1.0, 1e-6, "replace-one"),

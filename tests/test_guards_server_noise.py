@@ -22,6 +22,7 @@ import math
 import numpy as np
 import pytest
 
+from dpsketch.protocol import noise as noise_module
 from dpsketch.protocol.messages import decode_aggregate
 from dpsketch.protocol.study import Study, design
 from test_server_unit import Server, expected_aggregate, make_study
@@ -133,3 +134,21 @@ def test_a_study_without_a_floor_gets_exactly_zero_server_noise():
     zero = study.server_noise()
     assert zero.shape == study.aggregate_shape and zero.dtype == np.uint64 and not zero.any()
     assert study.server_noise_bound == 0
+
+
+@pytest.mark.parametrize("kind", ["sketch", "gram", "l1"])
+def test_the_noise_grid_is_the_finest_that_keeps_the_sampler_within_2_to_the_24(kind):
+    """A study's noise lattice is 2^(shift - f) with the smallest shift that keeps the largest
+    noise (client sigma or a server's sigma sqrt(s)) within 2^24 grid steps; the servers' noise
+    is bounded by N 20 sigma_server sqrt(s) per cell. A study with sigma below 1 and f > 24
+    (epsilon 3) needs a shift too."""
+    for study in (_kind_study(kind), make_study(epsilon_floor=1.5), make_study(epsilon=3.0)):
+        largest = max(study.sigma, study.server_noise_std)
+        assert largest > 0
+        shift = 0
+        while largest * 2.0 ** (study.frac_bits - shift) > 2 ** 24:
+            shift += 1
+        assert study.noise_grid == noise_module.Grid(study.frac_bits, shift)
+        assert study.server_noise_bound == pytest.approx(study.n_servers * 20 * study.server_noise_std, rel=1e-15)
+    small = make_study(epsilon=3.0)
+    assert 0 < small.sigma < 1 and small.frac_bits > 24 and small.noise_grid.shift > 0
