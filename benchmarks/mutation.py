@@ -352,6 +352,12 @@ def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int,
             order = sorted(chosen[guard.name], key=lambda i: random.Random(f"{seed}/{guard.name}/{i}").random())
             if shard is not None:
                 order = [i for i in order if i % shard[1] == shard[0]]
+            if retry_survivors:  # what survived before first (stable: the rest keeps its order)
+                survived = {key for key, r in prior.items() if r.test_outcome is not None
+                            and r.test_outcome.value == "survived"}
+                survived |= {(it.mutations[0].operator_name, it.mutations[0].occurrence)
+                             for it in db.work_items if it.job_id in ran and it.job_id not in done}
+                order.sort(key=lambda i: (specs[i].operator_name, specs[i].occurrence) not in survived)
             for i in order:
                 spec = specs[i]
                 job_id = existing[(spec.operator_name, spec.occurrence)]
