@@ -255,3 +255,38 @@ def test_a_set_of_exactly_max_reports_commits(tmp_path):
         assert r.json()["n_reports"] == study.max_reports
     finally:
         srv.close()
+
+
+def test_an_individual_missing_a_partys_block_is_never_released(tmp_path):
+    """A set naming one individual's bank block without its shop block: refused as
+    incomplete-individuals (1), whatever the batch rule allows."""
+    srv = Server(tmp_path / "inc.db", max_excluded_fraction=1.0)
+    study = _party_study(120, 60)
+    try:
+        assert srv.provision(study).status_code == 201
+        ids = _upload_blocks(srv, study, 80, seed=4)
+        blocks = _blocks_of(ids, range(70)) + [ids["bank"][75]]
+        body = assert_problem(srv.commit(study, blocks), 422, "incomplete-individuals")
+        assert body["incomplete"] == 1
+        assert srv.commit(study, _blocks_of(ids, range(70))).status_code == 200
+    finally:
+        srv.close()
+
+
+def test_a_party_study_holds_max_reports_individuals_of_every_party(tmp_path):
+    """Capacity counts per party: max_reports blocks of each party fit, one more does not."""
+    srv = Server(tmp_path / "cap.db")
+    study = design(name="vertical", columns=[], label=None, servers=["s1", "s2"], expected_reports=100,
+                   k=8, s=2, min_reports=60, max_reports=70, parties=PARTIES, epsilon_floor=None)[0]
+    try:
+        assert study.max_reports == 70
+        assert srv.provision(study).status_code == 201
+        _upload_blocks(srv, study, 70, seed=5)  # every party's 70 blocks accepted
+        key = parties.new_key()
+        ps = parties.pseudonyms(key, study.study_id, ["one-more"])
+        batch = prepare_blocks(study, "bank", ps, np.zeros((1, 2)))
+        r = srv.client.post(f"/v1/studies/{study.study_id}/batches", content=batch.body(0),
+                            headers={"Content-Type": messages.blocks_media_type("bank")})
+        assert_problem(r, 409, "capacity-exceeded")
+    finally:
+        srv.close()

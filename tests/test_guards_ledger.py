@@ -199,3 +199,18 @@ def test_the_budget_tolerance_is_inclusive():
     below = float(np.nextafter(exact, -np.inf))
     assert below * (1 + 1e-9) < needed
     assert not ledger.check(charges, ledger.Charge.of(second), ledger.Budget(below, DELTA)).fits
+
+
+def test_a_budget_refuses_only_studies_of_a_population_and_names_an_unbounded_need_as_null(tmp_path):
+    """A study without a population is not charged (admitted under any budget); under an
+    add/remove budget a replace-one study of a population is unbounded: refused, with
+    needed_epsilon null in the problem (JSON has no infinity)."""
+    srv = Server(tmp_path / "ar.db", population_epsilon=0.01, population_delta=DELTA,
+                 population_neighbouring="add-remove")
+    try:
+        assert srv.provision(_study("free", 1.0, population=None)).status_code == 201
+        body = assert_problem(srv.provision(_study("one", 1.0)), 409, "budget-exceeded")
+        assert body["needed_epsilon"] is None and body["study_epsilon"] is None
+        assert body["spent_epsilon"] == 0.0
+    finally:
+        srv.close()

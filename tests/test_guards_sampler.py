@@ -341,3 +341,23 @@ def test_uniform_below_a_64_bit_bound():
     r = noise.uniform_below(n, bound, _stream(13))
     assert int(r.max()) < bound and int(r.max()) > bound // 2
     assert abs(int((r < bound // 2).sum()) - n / 2) < Z_MAX * math.sqrt(n / 4)
+
+
+def test_the_python_uniform_rejects_the_limit_word_itself():
+    """``_uniform_below_int`` (the Bernoulli's rare tail): a word at the limit (the largest
+    multiple of the bound that fits) is redrawn, or 0 would be drawn once too often."""
+    bound = 3 * 2 ** 70 + 1
+    nbytes = (bound.bit_length() + 7) // 8 + 8
+    top = 1 << (8 * nbytes)
+    limit = top - top % bound
+
+    class Bytes:
+        def __init__(self, values):
+            self.values = list(values)
+
+        def bytes(self, n):
+            assert n == nbytes
+            return self.values.pop(0).to_bytes(n, "little")
+
+    assert noise._uniform_below_int(bound, Bytes([limit, 5])) == 5
+    assert noise._uniform_below_int(bound, Bytes([limit - 1, 5])) == (limit - 1) % bound
