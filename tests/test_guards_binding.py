@@ -112,8 +112,9 @@ def test_every_forged_record_is_found_exactly(monkeypatch, engine, m, what):
         f_ids, f_proofs, f_payload = _forge(what, f_ids, f_proofs, f_payload, i)
     got = binding.unbound(STUDY, N, position, binding.CONTENT_SHARE, f_ids, f_proofs, f_payload)
     assert got.tolist() == forged
-    with pytest.raises(binding.BindingError):
+    with pytest.raises(binding.BindingError) as refused:
         binding.verify(STUDY, N, position, binding.CONTENT_SHARE, f_ids, f_proofs, f_payload)
+    assert f_ids[forged[0]].hex() in str(refused.value)  # the first forged record is named
     # the genuine records for this server, sent as another server, kind or study: all refused
     for args in ((STUDY, N, 0, binding.CONTENT_SHARE), (STUDY, N, position, binding.CONTENT_SEED),
                  (OTHER_STUDY, N, position, binding.CONTENT_SHARE)):
@@ -123,10 +124,10 @@ def test_every_forged_record_is_found_exactly(monkeypatch, engine, m, what):
     binding.verify(STUDY, N, position, binding.CONTENT_SHARE, ids, proofs[position], shares[position])
 
 
-@pytest.mark.parametrize("m", [1, 30])
+@pytest.mark.parametrize("m", [1, 30, 300])
 def test_a_block_is_bound_to_its_party_and_pseudonym(m):
     shares = _shares(m, seed=7)
-    pseudonyms = [bytes([i + 1]) * 16 for i in range(m)]
+    pseudonyms = [(i + 1).to_bytes(16, "little") for i in range(m)]
     prefixes = binding.block_prefixes(STUDY, 1, pseudonyms)
     ids, proofs = binding.bind(STUDY, [binding.CONTENT_SHARE] * N, shares, prefixes)
     binding.verify(STUDY, N, 2, binding.CONTENT_SHARE, ids, proofs[2], shares[2], prefixes)
@@ -187,3 +188,5 @@ def test_no_records_bind_to_nothing_and_an_id_of_another_length_is_unbound():
     ids, proofs = binding.bind(STUDY, [binding.CONTENT_SHARE] * N, shares)
     odd = [ids[0], ids[1][:15], ids[2]]
     assert binding.unbound(STUDY, N, 0, binding.CONTENT_SHARE, odd, proofs[0], shares[0]).tolist() == [1]
+    forged = [ids[0], ids[1][:15], bytes(16)]  # and a 16-byte id bound to nothing
+    assert binding.unbound(STUDY, N, 0, binding.CONTENT_SHARE, forged, proofs[0], shares[0]).tolist() == [1, 2]

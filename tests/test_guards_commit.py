@@ -290,3 +290,24 @@ def test_a_party_study_holds_max_reports_individuals_of_every_party(tmp_path):
         assert_problem(r, 409, "capacity-exceeded")
     finally:
         srv.close()
+
+
+def test_three_parties_count_each_individual_once_in_the_certificate(tmp_path):
+    """S S^T over a commit of blocks counts each individual once, whatever the number of
+    parties: the certificate's lambda_min is the dense S's over the individuals' pseudonyms."""
+    three = PARTIES + [{"name": "clinic", "columns": ["bmi"]}]
+    study = design(name="three", columns=[], label=None, servers=["s1", "s2"], expected_reports=120, k=8, s=2,
+                   min_reports=60, parties=three, epsilon_floor=None)[0]
+    srv = Server(tmp_path / "three.db")
+    try:
+        assert srv.provision(study).status_code == 201
+        ids = _upload_blocks(srv, study, 90, seed=6)
+        r = srv.commit(study, _blocks_of(ids, range(90)))
+        assert r.status_code == 200, r.text
+        ps = _SENT[(study.study_id, "bank")][0]
+        dense = sketch.dense_matrix(study.seed_bytes, ps, study.k, study.s)
+        assert r.json()["lambda_min"] == pytest.approx(np.linalg.eigvalsh(dense @ dense.T)[0], rel=1e-9)
+        got = decode_aggregate(srv.aggregate(study).content, study.k, study.width)
+        assert np.array_equal(got, _expected_blocks(study, range(90)))
+    finally:
+        srv.close()

@@ -361,3 +361,49 @@ def test_the_python_uniform_rejects_the_limit_word_itself():
 
     assert noise._uniform_below_int(bound, Bytes([limit, 5])) == 5
     assert noise._uniform_below_int(bound, Bytes([limit - 1, 5])) == (limit - 1) % bound
+
+
+def test_the_largest_parameter_is_allowed_and_one_more_is_not():
+    x = noise.discrete_gaussian(1000, noise.MAX_SCALE, 20 * noise.MAX_SCALE - 1, _stream(14))
+    assert int(np.abs(x).max()) < 20 * noise.MAX_SCALE
+    with pytest.raises(ValueError):
+        noise.discrete_gaussian(1, noise.MAX_SCALE + 1, 10, _stream(14))
+
+
+def test_a_bernoulli_step_compares_strictly_below_q_n():
+    """Bernoulli(n / M) from a word w < q M: success iff w < q n, so the word q n itself fails
+    (on both word widths); <= would add 1 / (q M) to every success probability."""
+    for small, den in ((True, 8), (False, 1 << 30)):
+        m = den
+        q = (0xFFFFFFFF if small and m < 1 << 28 else (1 << 64) - 1) // m
+        n = 3
+
+        class Words:
+            def words32(self, count):
+                return np.array([q * n] * count, dtype=np.uint32)
+
+            def words(self, count):
+                return np.array([q * n] * count, dtype=np.uint64)
+
+        num = np.array([n], dtype=np.uint32 if small else np.uint64)
+        assert noise._bernoulli_step(num, den, 1, small, Words()).tolist() == [False]
+
+        class Below(Words):
+            def words32(self, count):
+                return np.array([q * n - 1] * count, dtype=np.uint32)
+
+            def words(self, count):
+                return np.array([q * n - 1] * count, dtype=np.uint64)
+
+        assert noise._bernoulli_step(num, den, 1, small, Below()).tolist() == [True]
+
+
+def test_the_python_tail_is_reached_through_bernoulli_exp_and_ends(monkeypatch):
+    """With the vector loop cut at K = 1 every entry still running goes to the Python tail, which
+    must finish with the same law: 40 000 entries at gamma = 0.5 within 5 sd of exp(-0.5)."""
+    monkeypatch.setattr(noise, "_MAX_LOOP", 1)
+    den = 2 * T * T
+    n = 40_000
+    got = noise.bernoulli_exp(np.full(n, den // 2, dtype=np.uint64), den, _stream(15))
+    p = math.exp(-(den // 2) / den)
+    assert abs(int(got.sum()) - n * p) < Z_MAX * math.sqrt(n * p * (1 - p))
