@@ -370,32 +370,28 @@ def test_the_largest_parameter_is_allowed_and_one_more_is_not():
         noise.discrete_gaussian(1, noise.MAX_SCALE + 1, 10, _stream(14))
 
 
+class _Same:
+    """A stream whose every 32- and 64-bit word is ``word``."""
+
+    def __init__(self, word: int):
+        self.word = word
+
+    def words32(self, count):
+        return np.full(count, self.word, dtype=np.uint32)
+
+    def words(self, count):
+        return np.full(count, self.word, dtype=np.uint64)
+
+
 def test_a_bernoulli_step_compares_strictly_below_q_n():
     """Bernoulli(n / M) from a word w < q M: success iff w < q n, so the word q n itself fails
     (on both word widths); <= would add 1 / (q M) to every success probability."""
+    n = 3
     for small, den in ((True, 8), (False, 1 << 30)):
-        m = den
-        q = (0xFFFFFFFF if small and m < 1 << 28 else (1 << 64) - 1) // m
-        n = 3
-
-        class Words:
-            def words32(self, count):
-                return np.array([q * n] * count, dtype=np.uint32)
-
-            def words(self, count):
-                return np.array([q * n] * count, dtype=np.uint64)
-
+        q = (0xFFFFFFFF if small and den < 1 << 28 else (1 << 64) - 1) // den
         num = np.array([n], dtype=np.uint32 if small else np.uint64)
-        assert noise._bernoulli_step(num, den, 1, small, Words()).tolist() == [False]
-
-        class Below(Words):
-            def words32(self, count):
-                return np.array([q * n - 1] * count, dtype=np.uint32)
-
-            def words(self, count):
-                return np.array([q * n - 1] * count, dtype=np.uint64)
-
-        assert noise._bernoulli_step(num, den, 1, small, Below()).tolist() == [True]
+        assert noise._bernoulli_step(num, den, 1, small, _Same(q * n)).tolist() == [False]
+        assert noise._bernoulli_step(num, den, 1, small, _Same(q * n - 1)).tolist() == [True]
 
 
 def test_the_python_tail_is_reached_through_bernoulli_exp_and_ends(monkeypatch):
