@@ -136,11 +136,14 @@ def test_create_refuses_the_sign_where_it_does_not_apply(no_floor_module_cluster
         assert bad.value.status == 422 and bad.value.slug == "invalid-request"
         assert an.studies() == before  # nothing was kept
         # the default: a sketch study is signed; the opt-out leaves the member out of the study JSON
-        # (ids as before it existed); the kinds that cannot take it are unsigned without asking
-        view = an.create_study(name="default", columns=COLUMNS, label="y", expected_reports=5000)
+        # (ids as before it existed); the kinds that cannot take it are unsigned without asking (the
+        # default kind, auto, picks gram for these three columns: unsigned)
+        view = an.create_study(name="default", columns=COLUMNS, label="y", expected_reports=5000, kind="sketch")
         assert view["study"]["secret_sign"] is True and view["guarantees"]["secret_sign"] is True
+        view = an.create_study(name="auto", columns=COLUMNS, label="y", expected_reports=5000)
+        assert view["study"]["kind"] == "gram" and "secret_sign" not in view["study"]
         view = an.create_study(name="plain", columns=COLUMNS, label="y", expected_reports=5000,
-                               secret_sign=False)
+                               secret_sign=False, kind="sketch")
         assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
         view = an.create_study(name="gram", columns=COLUMNS, label="y", expected_reports=5000, kind="gram")
         assert "secret_sign" not in view["study"] and view["guarantees"]["secret_sign"] is False
@@ -156,9 +159,9 @@ def test_study_cli_signs_by_default_and_opts_out(no_floor_module_cluster, capsys
     c = no_floor_module_cluster
     base = ["--analyzer", c.analyzer.url, "--token", c.api_token, "create", "--columns", "x0,x1,y",
             "--label", "y", "--expected-reports", "5000"]
-    assert study_cli(base + ["--name", "cli-default"]) == 0
+    assert study_cli(base + ["--name", "cli-default", "--kind", "sketch"]) == 0
     assert json.loads(capsys.readouterr().out)["study"]["secret_sign"] is True
-    assert study_cli(base + ["--name", "cli-plain", "--no-secret-sign"]) == 0
+    assert study_cli(base + ["--name", "cli-plain", "--no-secret-sign", "--kind", "sketch"]) == 0
     assert "secret_sign" not in json.loads(capsys.readouterr().out)["study"]
     assert study_cli(base + ["--name", "cli-on", "--secret-sign"]) == 0
     assert json.loads(capsys.readouterr().out)["study"]["secret_sign"] is True
