@@ -488,14 +488,20 @@ def ext_power(a, e: int) -> np.ndarray:
 
 
 def ext_powers(a, n: int) -> np.ndarray:
-    """(a^0, a^1, ..., a^(n-1)) for each element of a (..., 2): (..., n, 2)."""
+    """(a^0, a^1, ..., a^(n-1)) for each element of a (..., 2): (..., n, 2), by doubling (the
+    powers a^s .. a^(2s-1) are a^0 .. a^(s-1) times a^s: log2(n) products of whole arrays)."""
     a = np.asarray(a, dtype=np.uint64)
     out = np.empty(a.shape[:-1] + (n, 2), dtype=np.uint64)
     if n == 0:
         return out
     out[..., 0, :] = ext(np.ones(a.shape[:-1], dtype=np.uint64))
-    for i in range(1, n):
-        out[..., i, :] = ext_mul(out[..., i - 1, :], a)
+    step, power = 1, a  # power = a^step
+    while step < n:
+        take = min(step, n - step)
+        out[..., step:step + take, :] = ext_mul(out[..., :take, :], power[..., None, :])
+        step += take
+        if step < n:
+            power = ext_mul(power, power)
     return out
 
 
@@ -538,6 +544,12 @@ def sample_ext(stream: Keystream, count: int) -> np.ndarray:
     return sample(stream, 2 * count).reshape(count, 2)
 
 
+def _words(stream: np.ndarray) -> np.ndarray:
+    """Keystream bytes (m, 8 k) as (m, k) little-endian words in machine order."""
+    words = stream.view(WIRE_DTYPE)
+    return words.view(np.uint64) if WIRE_DTYPE == np.dtype(np.uint64) else words.astype(np.uint64)
+
+
 def expand(seeds: np.ndarray | bytes, count: int, nonce: bytes) -> np.ndarray:
     """``count`` elements of F_p from each 32-byte seed, (m, count): the ChaCha20 keystream
     (RFC 8439; key = the seed, block counter 0, the 12-byte ``nonce``) read as consecutive
@@ -551,12 +563,17 @@ def expand(seeds: np.ndarray | bytes, count: int, nonce: bytes) -> np.ndarray:
     if not isinstance(seeds, np.ndarray):
         seeds = np.frombuffer(bytes(seeds), dtype=np.uint8).reshape(-1, chacha.KEY_BYTES)
     m = len(seeds)
+    length = count + 2 + count // 1024
+    words = _words(chacha.keystream(seeds, nonce, 8 * length))
+    bad = words >= _P
+    if not bad.any():  # the common case: no word of any row rejected
+        return np.ascontiguousarray(words[:, :count])
     out = np.empty((m, count), dtype=np.uint64)
     pending = np.arange(m)
-    length = count + 2 + count // 1024
     while len(pending):
-        words = chacha.keystream(seeds[pending], nonce, 8 * length).view(WIRE_DTYPE).astype(np.uint64)
-        bad = words >= _P
+        if length > count + 2 + count // 1024:
+            words = _words(chacha.keystream(seeds[pending], nonce, 8 * length))
+            bad = words >= _P
         clean = ~bad[:, :count].any(axis=1)
         out[pending[clean]] = words[clean, :count]
         dirty = np.flatnonzero(~clean)
