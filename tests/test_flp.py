@@ -113,6 +113,14 @@ def test_range_digits_circuit_accepts_digits_and_refuses_a_non_digit():
     assert ok.tolist() == [i != 7 for i in range(50)] and not parts["v_is_zero"][7] and parts["gadgets"][0].all()
 
 
+def test_digits_are_little_endian_and_exact_up_to_64_bits():
+    values = np.array([[0, 5, 2**64 - 1, 12345678901234567]], dtype=np.uint64)
+    for beta, digits in ((2, 64), (16, 18), (256, 9)):
+        d = circuits.to_digits(values, beta, digits).reshape(4, digits)
+        assert (d < beta).all()
+        assert [sum(int(x) * beta ** i for i, x in enumerate(row)) for row in d] == [int(v) for v in values[0]]
+
+
 def test_compiled_loops_and_numpy_reference_give_identical_proofs_and_verifier_shares():
     c = small()
     inputs = c.encode(valid_rows(c, 30, 5))

@@ -52,14 +52,14 @@ def _range_calls(n: int, beta: int, count: int | None) -> GadgetCalls:
 
 
 def to_digits(values: np.ndarray, beta: int, digits: int) -> np.ndarray:
-    """(m, k) non-negative integers below beta^digits -> (m, k digits) little-endian digits."""
-    out = np.empty(values.shape + (digits,), dtype=np.uint64)
-    v = values.astype(np.uint64).copy()
-    b = np.uint64(beta)
-    for m in range(digits):
-        out[..., m] = v % b
-        v //= b
-    return out.reshape(values.shape[0], -1)
+    """(m, k) non-negative integers below beta^digits -> (m, k digits) little-endian digits
+    (beta a power of two: shifts and a mask, one vectorised pass)."""
+    v = np.asarray(values).astype(np.uint64)
+    bits = beta.bit_length() - 1
+    shifts = np.arange(digits, dtype=np.uint64) * np.uint64(bits)
+    out = (v[..., None] >> np.minimum(shifts, np.uint64(63))) & np.uint64(beta - 1)
+    out[..., shifts >= 64] = 0  # digits above 64 bits (numpy's shift is not defined there)
+    return out.reshape(v.shape[0], -1)
 
 
 class RangeDigits(Circuit):

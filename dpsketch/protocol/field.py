@@ -566,8 +566,8 @@ def expand(seeds: np.ndarray | bytes, count: int, nonce: bytes) -> np.ndarray:
     length = count + 2 + count // 1024
     words = _words(chacha.keystream(seeds, nonce, 8 * length))
     bad = words >= _P
-    if not bad.any():  # the common case: no word of any row rejected
-        return np.ascontiguousarray(words[:, :count])
+    if not bad.any():  # the common case: no word of any row rejected (a view: callers copy)
+        return words[:, :count]
     out = np.empty((m, count), dtype=np.uint64)
     pending = np.arange(m)
     while len(pending):
