@@ -230,55 +230,50 @@ class Affine:
 
     def apply_lanes(self, xt: np.ndarray, const_scale: int = 1) -> np.ndarray:
         """The same on the columns of xt (cols, m) -> (rows, m) (m lanes innermost). By the
-        :attr:`_plan`: each distinct row once (a Mul's two wires are often the same row), and a
-        row that only selects one input is a copy, not a sum of products."""
+        :attr:`_plan`: a row that selects one input with coefficient 1 is a copy, not a sum of
+        products, and rows with several entries are summed once per distinct row (a Mul's two
+        wires are often the same row)."""
         plan = self._plan
         xt = np.ascontiguousarray(xt, dtype=np.uint64)
-        distinct = np.zeros((plan.size, xt.shape[1]), dtype=np.uint64)
+        out = np.zeros((self.rows, xt.shape[1]), dtype=np.uint64)
         if len(plan.picked):
-            distinct[plan.picked] = xt[plan.picked_cols]
+            out[plan.picked] = xt[plan.picked_cols]
         if len(plan.summed):
-            distinct[plan.summed] = field.sparse_apply(xt, plan.indptr, plan.indices, plan.data)
+            out[plan.summed] = field.sparse_apply(xt, plan.indptr, plan.indices, plan.data)[plan.summed_from]
         scale = const_scale % P
         if scale and len(plan.constant_rows):
-            shift = field.mul(plan.constants, np.uint64(scale))[:, None]
-            distinct[plan.constant_rows] = field.add(distinct[plan.constant_rows], shift)
-        return distinct if plan.expand is None else distinct[plan.expand]
+            shift = field.mul(self.const[plan.constant_rows], np.uint64(scale))[:, None]
+            out[plan.constant_rows] = field.add(out[plan.constant_rows], shift)
+        return out
 
     @functools.cached_property
     def _plan(self) -> SimpleNamespace:
-        """The distinct rows (entries and constant), which of them select one input with
-        coefficient 1 and no constant (``picked``, from ``picked_cols``), which need sums
-        (``summed``, their CSR), which carry a constant, and the map back to every row."""
+        """``picked`` rows (one entry, coefficient 1) and the columns they copy; ``summed`` rows
+        (several entries, or one other coefficient), each from the CSR of the distinct such rows
+        (``summed_from``); rows with a constant. Vectorised but for the distinct summed rows."""
+        counts = np.diff(self.indptr)
+        first = self.indptr[:-1]
+        single = counts == 1
+        one = np.zeros(self.rows, dtype=bool)
+        one[single] = self.data[first[single]] == 1
+        picked = np.flatnonzero(one)
+        summed = np.flatnonzero((counts > 0) & ~one)
         signatures: dict[tuple, int] = {}
-        expand = np.empty(self.rows, dtype=np.int64)
-        firsts = []
-        for row in range(self.rows):
-            a, b = self.indptr[row], self.indptr[row + 1]
-            key = (tuple(self.indices[a:b].tolist()), tuple(self.data[a:b].tolist()), int(self.const[row]))
-            if key not in signatures:
-                signatures[key] = len(firsts)
-                firsts.append(key)
-            expand[row] = signatures[key]
-        picked, picked_cols, summed = [], [], []
+        summed_from = np.empty(len(summed), dtype=np.int64)
         indptr, indices, data = [0], [], []
-        for i, (cols, vals, _) in enumerate(firsts):
-            if len(cols) == 1 and vals[0] == 1:
-                picked.append(i)
-                picked_cols.append(cols[0])
-            elif cols:
-                summed.append(i)
-                indices += cols
-                data += vals
+        for i, row in enumerate(summed.tolist()):
+            a, b = self.indptr[row], self.indptr[row + 1]
+            key = (tuple(self.indices[a:b].tolist()), tuple(self.data[a:b].tolist()))
+            if key not in signatures:
+                signatures[key] = len(signatures)
+                indices += key[0]
+                data += key[1]
                 indptr.append(len(indices))
-        consts = [(i, c) for i, (_, _, c) in enumerate(firsts) if c]
+            summed_from[i] = signatures[key]
         return SimpleNamespace(
-            size=len(firsts), picked=np.array(picked, dtype=np.int64), picked_cols=np.array(picked_cols, dtype=np.int64),
-            summed=np.array(summed, dtype=np.int64), indptr=np.array(indptr, dtype=np.int64),
-            indices=np.array(indices, dtype=np.int64), data=np.array(data, dtype=np.uint64),
-            constant_rows=np.array([i for i, _ in consts], dtype=np.int64),
-            constants=np.array([c for _, c in consts], dtype=np.uint64),
-            expand=None if len(firsts) == self.rows and (expand == np.arange(self.rows)).all() else expand)
+            picked=picked, picked_cols=self.indices[first[picked]], summed=summed, summed_from=summed_from,
+            indptr=np.array(indptr, dtype=np.int64), indices=np.array(indices, dtype=np.int64),
+            data=np.array(data, dtype=np.uint64), constant_rows=np.flatnonzero(self.const))
 
     def dense(self) -> np.ndarray:
         """A as a dense (rows, cols) uint64 array (tests, small circuits)."""
