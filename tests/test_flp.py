@@ -121,6 +121,15 @@ def test_digits_are_little_endian_and_exact_up_to_64_bits():
         assert [sum(int(x) * beta ** i for i, x in enumerate(row)) for row in d] == [int(v) for v in values[0]]
 
 
+def test_affine_maps_sum_repeated_entries_mod_p_and_apply_with_shared_constants():
+    a = flp.Affine.build(3, 4, [0, 0, 2, 2, 2, 1], [1, 1, 0, 3, 0, 2], [5, P - 5, 2, -1, 7, 1], const={1: -3})
+    assert a.dense().tolist() == [[0, 0, 0, 0], [0, 0, 1, 0], [9, 0, 0, P - 1]] and a.nnz == 3
+    x = np.array([[1, 2, 3, 4], [P - 1, 0, 5, 1]], dtype=np.uint64)
+    assert a.apply(x).tolist() == [[0, 0, (9 - 4) % P], [0, (5 - 3) % P, (-9 - 1) % P]]
+    halves = [a.apply(x, pow(2, P - 2, P)), a.apply(np.zeros_like(x), pow(2, P - 2, P))]
+    assert flp.reconstruct(halves).tolist() == a.apply(x).tolist()  # the constant split over 2 shares
+
+
 def test_compiled_loops_and_numpy_reference_give_identical_proofs_and_verifier_shares():
     c = small()
     inputs = c.encode(valid_rows(c, 30, 5))

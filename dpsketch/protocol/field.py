@@ -174,6 +174,15 @@ def total(a: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 @_WRAP
+def segment_total(a: np.ndarray, starts: np.ndarray, axis: int = 0) -> np.ndarray:
+    """The sums mod p of the segments of ``a`` along ``axis`` that begin at ``starts``
+    (increasing, each segment non-empty, the last one running to the end)."""
+    a = np.asarray(a, dtype=np.uint64)
+    lo = np.add.reduceat(a & _EPS, starts, axis=axis, dtype=np.uint64)
+    hi = np.add.reduceat(a >> _S32, starts, axis=axis, dtype=np.uint64)
+    return _combine_halves(lo, hi)
+
+
 def _combine_halves(lo_sum: np.ndarray, hi_sum: np.ndarray) -> np.ndarray:
     """hi_sum 2^32 + lo_sum mod p, both below 2^64."""
     lo = lo_sum + (hi_sum << _S32)
@@ -369,12 +378,8 @@ def sparse_apply(xt, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray) 
     out = np.zeros((rows, m), dtype=np.uint64)
     if len(data) == 0 or m == 0:
         return out
-    terms = _mul_ref(xt[indices], data[:, None])
     filled = np.flatnonzero(indptr[1:] > indptr[:-1])
-    starts = indptr[:-1][filled]
-    lo = np.add.reduceat(terms & _EPS, starts, axis=0, dtype=np.uint64)
-    hi = np.add.reduceat(terms >> _S32, starts, axis=0, dtype=np.uint64)
-    out[filled] = _combine_halves(lo, hi)
+    out[filled] = segment_total(_mul_ref(xt[indices], data[:, None]), indptr[:-1][filled], axis=0)
     return out
 
 

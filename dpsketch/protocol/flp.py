@@ -196,28 +196,28 @@ class Affine:
     def build(cls, rows: int, cols: int, r: Iterable[int], c: Iterable[int], v: Iterable[int],
               const: dict[int, int] | None = None) -> "Affine":
         """From entries (r, c, v) (integers, negative allowed, repeats summed mod p) and a
-        constant per row (absent: 0)."""
-        r = np.asarray(list(r) if not isinstance(r, np.ndarray) else r, dtype=np.int64)
-        c = np.asarray(list(c) if not isinstance(c, np.ndarray) else c, dtype=np.int64)
-        v = [int(x) % P for x in (v.tolist() if isinstance(v, np.ndarray) else v)]
+        constant per row (absent: 0). Vectorised: a batch circuit has millions of entries."""
+        r = np.asarray(r if isinstance(r, np.ndarray) else list(r), dtype=np.int64).reshape(-1)
+        c = np.asarray(c if isinstance(c, np.ndarray) else list(c), dtype=np.int64).reshape(-1)
+        v = _mod_p(v)
         if len(r) != len(c) or len(c) != len(v):
             raise ValueError("entries need a row, a column and a value each")
         if len(r) and (r.min() < 0 or r.max() >= rows or c.min() < 0 or c.max() >= cols):
             raise ValueError("an entry lies outside the matrix")
-        merged: dict[tuple[int, int], int] = {}
-        for key, value in zip(zip(r.tolist(), c.tolist()), v):
-            merged[key] = (merged.get(key, 0) + value) % P
-        keys = sorted(k for k, value in merged.items() if value)
+        key = r * cols + c
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]])) if len(key) else key
+        data = field.segment_total(v[order], starts) if len(key) else v
+        key = key[starts]
+        keep = data != 0
+        key, data = key[keep], data[keep]
         indptr = np.zeros(rows + 1, dtype=np.int64)
-        for row, _ in keys:
-            indptr[row + 1] += 1
-        np.cumsum(indptr, out=indptr)
-        indices = np.array([col for _, col in keys], dtype=np.int64)
-        data = np.array([merged[k] for k in keys], dtype=np.uint64)
+        np.cumsum(np.bincount(key // cols, minlength=rows), out=indptr[1:])
         constant = np.zeros(rows, dtype=np.uint64)
         for row, value in (const or {}).items():
             constant[row] = int(value) % P
-        return cls(rows, cols, indptr, indices, data, constant)
+        return cls(rows, cols, indptr, key % cols, data, constant)
 
     @property
     def nnz(self) -> int:
@@ -282,6 +282,17 @@ class Affine:
             for e in range(self.indptr[row], self.indptr[row + 1]):
                 out[row, self.indices[e]] = self.data[e]
         return out
+
+
+def _mod_p(values) -> np.ndarray:
+    """Integers (negative allowed, any size) mod p as uint64."""
+    if isinstance(values, np.ndarray) and values.dtype.kind == "u":
+        return (values.astype(np.uint64) % np.uint64(P)).reshape(-1)
+    if isinstance(values, np.ndarray) and values.dtype.kind == "i":
+        x = values.astype(np.int64).reshape(-1)
+        minus = (-(x + 1)).astype(np.uint64)  # -x - 1, exact for every int64
+        return np.where(x < 0, np.uint64(P - 1) - minus, x.astype(np.uint64))
+    return np.array([int(x) % P for x in values], dtype=np.uint64)
 
 
 # --- circuits -----------------------------------------------------------------------------------
