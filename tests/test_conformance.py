@@ -159,7 +159,9 @@ def test_generator_is_deterministic(tmp_path):
     for name in FILES:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(FILES)
-    assert sorted(p.name for p in DIR.glob("*.json")) == sorted(FILES)
+    # flp.json: the validity-proof vectors, with their own generator (scripts/make_flp_vectors.py,
+    # checked by tests/test_flp.py)
+    assert sorted(p.name for p in DIR.glob("*.json")) == sorted(FILES + ("flp.json",))
 
 
 def test_check_compares_floats_within_each_vectors_tolerance():

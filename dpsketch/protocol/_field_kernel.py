@@ -1,0 +1,439 @@
+"""The compiled loops behind field.py and ntt.py: arithmetic in F_p, p = 2^64 - 2^32 + 1.
+
+Loaded on first use by kernels.py's rule (``field.FIELD``), through :func:`load`, which checks
+every loop on a probe against Python's integers (and the NTT against a schoolbook transform)
+before anything uses it; until then, and wherever numba is missing, field.py's numpy reference
+gives the same canonical results. Compiled with numba's on-disk cache where one is writable.
+
+The product of two elements is 128 bits wide; numba has no 128-bit integer, so it is formed from
+four 32 x 32-bit products (as the numpy reference does) and reduced with the shape of p:
+2^64 = 2^32 - 1 and 2^96 = -1 (mod p), so x = hi 2^64 + lo with hi = h1 2^32 + h0 reduces to
+lo - h1 + h0 (2^32 - 1), a subtraction, a 32 x 32-bit product and an addition, each with one
+conditional correction. The corrections are written as selects, not branches: on random data a
+branch mispredicts half the time, and selects let LLVM vectorise the loops that run over
+independent elements (every loop here keeps independent elements innermost where it can; a
+Horner chain over one element is latency-bound, about 5x slower per product than a loop over
+many). Sums of many products (matrix products) are accumulated unreduced in three 64-bit words
+and reduced once per output: 2^128 = -2^32 (mod p).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .kernels import njit_cached
+
+_P = np.uint64(0xFFFFFFFF00000001)
+#: 2^64 mod p = 2^32 - 1; also the low-32-bit mask
+_EPS = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_ZERO = np.uint64(0)
+_ONE = np.uint64(1)
+#: 2^128 mod p = p - 2^32
+_R128 = np.uint64(0xFFFFFFFF00000001 - (1 << 32))
+_SEVEN = np.uint64(7)
+
+_OPTIONS = dict(nogil=True, boundscheck=False, error_model="numpy")
+
+
+@numba.njit(inline="always")
+def wide(a, b):
+    """The 128-bit product a b as (lo, hi), from four 32 x 32-bit products."""
+    a0 = a & _EPS
+    a1 = a >> _S32
+    b0 = b & _EPS
+    b1 = b >> _S32
+    p00 = a0 * b0
+    p01 = a0 * b1
+    p10 = a1 * b0
+    p11 = a1 * b1
+    mid = p01 + p10
+    mid_carry = (_ONE << _S32) if mid < p01 else _ZERO
+    lo = p00 + (mid << _S32)
+    lo_carry = _ONE if lo < p00 else _ZERO
+    hi = p11 + (mid >> _S32) + mid_carry + lo_carry
+    return lo, hi
+
+
+@numba.njit(inline="always")
+def reduce(lo, hi):
+    """hi 2^64 + lo mod p, canonical (any 128-bit value)."""
+    h1 = hi >> _S32
+    h0 = hi & _EPS
+    t = lo - h1
+    t = t - _EPS if lo < h1 else t  # borrow: the wrapped value plus p is the value minus 2^32 - 1
+    u = h0 * _EPS
+    r = t + u
+    r = r + _EPS if r < u else r  # carry: 2^64 = 2^32 - 1
+    return r - _P if r >= _P else r
+
+
+@numba.njit(inline="always")
+def mulmod(a, b):
+    lo, hi = wide(a, b)
+    return reduce(lo, hi)
+
+
+@numba.njit(inline="always")
+def addmod(a, b):
+    s = a + b
+    s = s + _EPS if s < a else s
+    return s - _P if s >= _P else s
+
+
+@numba.njit(inline="always")
+def submod(a, b):
+    d = a - b
+    return d - _EPS if a < b else d
+
+
+@numba.njit(inline="always")
+def powmod(a, e):
+    result = _ONE
+    base = a
+    while e:
+        if e & _ONE:
+            result = mulmod(result, base)
+        base = mulmod(base, base)
+        e >>= _ONE
+    return result
+
+
+@numba.njit(inline="always")
+def accumulate(lo, mid, top, a, b):
+    """(lo, mid, top) += a b: a three-word unreduced sum of products."""
+    plo, phi = wide(a, b)
+    lo = lo + plo
+    phi = phi + (_ONE if lo < plo else _ZERO)  # phi < 2^64 - 2^33: no overflow
+    mid = mid + phi
+    top = top + (_ONE if mid < phi else _ZERO)
+    return lo, mid, top
+
+
+@numba.njit(inline="always")
+def settle(lo, mid, top):
+    """lo + mid 2^64 + top 2^128 mod p (top < p)."""
+    return addmod(reduce(lo, mid), mulmod(top, _R128))
+
+
+@njit_cached(**_OPTIONS)
+def mul(a, b, out):
+    for i in range(out.size):
+        out[i] = mulmod(a[i], b[i])
+
+
+@njit_cached(**_OPTIONS)
+def add(a, b, out):
+    for i in range(out.size):
+        out[i] = addmod(a[i], b[i])
+
+
+@njit_cached(**_OPTIONS)
+def sub(a, b, out):
+    for i in range(out.size):
+        out[i] = submod(a[i], b[i])
+
+
+@njit_cached(**_OPTIONS)
+def power(a, e, out):
+    for i in range(out.size):
+        out[i] = powmod(a[i], e)
+
+
+@njit_cached(**_OPTIONS)
+def batch_inverse(a, out):
+    """out[i] = 1 / a[i] by Montgomery's trick (one exponentiation for the whole array); returns
+    the index of a zero, or -1."""
+    n = a.size
+    acc = _ONE
+    for i in range(n):
+        if a[i] == _ZERO:
+            return i
+        out[i] = acc  # the product of a[0..i-1]
+        acc = mulmod(acc, a[i])
+    inv = powmod(acc, _P - np.uint64(2))  # 1 / (a[0] ... a[n-1])
+    for i in range(n - 1, -1, -1):
+        out[i] = mulmod(out[i], inv)  # 1 / a[i]
+        inv = mulmod(inv, a[i])  # 1 / (a[0] ... a[i-1])
+    return -1
+
+
+@numba.njit(inline="always")
+def _bit_reversal(n):
+    rev = np.zeros(n, np.int64)
+    bits = 0
+    while (1 << bits) < n:
+        bits += 1
+    for i in range(n):
+        r = 0
+        v = i
+        for _ in range(bits):
+            r = (r << 1) | (v & 1)
+            v >>= 1
+        rev[i] = r
+    return rev
+
+
+@njit_cached(**_OPTIONS)
+def ntt(x, table, scale):
+    """In place on each row of x (rows, n), n a power of two: the radix-2 decimation-in-time
+    transform, x_i <- sum_j x_j w^(ij), after the bit-reversal permutation; ``table`` holds the
+    twiddles stage by stage (stage of half-size h at table[h - 1 : 2h - 1], w_(2h)^j); every
+    output is then multiplied by ``scale`` unless it is 1 (the inverse's 1/n). For few long
+    rows; many short ones go through :func:`ntt_columns`."""
+    rows, n = x.shape
+    rev = _bit_reversal(n)
+    for row in range(rows):
+        y = x[row]
+        for i in range(n):
+            j = rev[i]
+            if i < j:
+                t = y[i]
+                y[i] = y[j]
+                y[j] = t
+        h = 1
+        while h < n:
+            for start in range(0, n, 2 * h):
+                for j in range(h):
+                    u = y[start + j]
+                    v = mulmod(y[start + j + h], table[h - 1 + j])
+                    y[start + j] = addmod(u, v)
+                    y[start + j + h] = submod(u, v)
+            h *= 2
+        if scale != _ONE:
+            for i in range(n):
+                y[i] = mulmod(y[i], scale)
+
+
+@njit_cached(**_OPTIONS)
+def ntt_columns(x, table, scale):
+    """The same transform on every column of x (n, cols): each butterfly runs over a whole
+    row of x, contiguous and independent, so the compiler vectorises it (about 4x faster per
+    butterfly than :func:`ntt` for many short transforms)."""
+    n, cols = x.shape
+    rev = _bit_reversal(n)
+    for i in range(n):
+        j = rev[i]
+        if i < j:
+            a = x[i]
+            b = x[j]
+            for c in range(cols):
+                t = a[c]
+                a[c] = b[c]
+                b[c] = t
+    h = 1
+    while h < n:
+        for start in range(0, n, 2 * h):
+            for j in range(h):
+                w = table[h - 1 + j]
+                a = x[start + j]
+                b = x[start + j + h]
+                for c in range(cols):
+                    u = a[c]
+                    v = mulmod(b[c], w)
+                    a[c] = addmod(u, v)
+                    b[c] = submod(u, v)
+        h *= 2
+    if scale != _ONE:
+        for i in range(n):
+            a = x[i]
+            for c in range(cols):
+                a[c] = mulmod(a[c], scale)
+
+
+@njit_cached(**_OPTIONS)
+def matmul(a, b, out):
+    """out = a b over F_p: a (m, n), b (n, k), out (m, k); each output one reduction."""
+    m, n = a.shape
+    k = b.shape[1]
+    lo = np.zeros(k, np.uint64)
+    mid = np.zeros(k, np.uint64)
+    top = np.zeros(k, np.uint64)
+    for i in range(m):
+        lo[:] = 0
+        mid[:] = 0
+        top[:] = 0
+        for j in range(n):
+            aij = a[i, j]
+            for c in range(k):
+                lo[c], mid[c], top[c] = accumulate(lo[c], mid[c], top[c], aij, b[j, c])
+        for c in range(k):
+            out[i, c] = settle(lo[c], mid[c], top[c])
+
+
+@njit_cached(**_OPTIONS)
+def matmul_t(at, b, out):
+    """out = at^T b over F_p: at (n, m), b (n, k), out (m, k); the loop over the m outputs is
+    innermost (contiguous rows of at, vectorised), so a product with few columns k (the
+    Lagrange weights, the powers of t: k = 2) does not run one short dot product per row."""
+    n, m = at.shape
+    k = b.shape[1]
+    lo = np.zeros((k, m), np.uint64)
+    mid = np.zeros((k, m), np.uint64)
+    top = np.zeros((k, m), np.uint64)
+    for j in range(n):
+        row = at[j]
+        for c in range(k):
+            bjc = b[j, c]
+            lc = lo[c]
+            mc = mid[c]
+            tc = top[c]
+            for i in range(m):
+                lc[i], mc[i], tc[i] = accumulate(lc[i], mc[i], tc[i], bjc, row[i])
+    for c in range(k):
+        for i in range(m):
+            out[i, c] = settle(lo[c, i], mid[c, i], top[c, i])
+
+
+@njit_cached(**_OPTIONS)
+def weighted_lanes(r, w, out):
+    """out[g, i] = sum_l w[l, i] r[g, l, i]: r (G, L, m), w (L, m), out (G, m): each lane i
+    (a report) its own weights; lanes innermost."""
+    groups, nl, m = r.shape
+    lo = np.zeros(m, np.uint64)
+    mid = np.zeros(m, np.uint64)
+    top = np.zeros(m, np.uint64)
+    for g in range(groups):
+        lo[:] = 0
+        mid[:] = 0
+        top[:] = 0
+        for j in range(nl):
+            rj = r[g, j]
+            wj = w[j]
+            for i in range(m):
+                lo[i], mid[i], top[i] = accumulate(lo[i], mid[i], top[i], wj[i], rj[i])
+        og = out[g]
+        for i in range(m):
+            og[i] = settle(lo[i], mid[i], top[i])
+
+
+@njit_cached(**_OPTIONS)
+def sparse_apply(xt, indptr, indices, data, out):
+    """out[r, i] = sum_e data[e] xt[indices[e], i] over the entries e of row r (CSR): xt (n, m)
+    the inputs of m lanes, out (rows, m); lanes innermost."""
+    m = xt.shape[1]
+    rows = out.shape[0]
+    lo = np.zeros(m, np.uint64)
+    mid = np.zeros(m, np.uint64)
+    top = np.zeros(m, np.uint64)
+    for r in range(rows):
+        lo[:] = 0
+        mid[:] = 0
+        top[:] = 0
+        for e in range(indptr[r], indptr[r + 1]):
+            coef = data[e]
+            col = xt[indices[e]]
+            for i in range(m):
+                lo[i], mid[i], top[i] = accumulate(lo[i], mid[i], top[i], coef, col[i])
+        orow = out[r]
+        for i in range(m):
+            orow[i] = settle(lo[i], mid[i], top[i])
+
+
+@njit_cached(**_OPTIONS)
+def horner(coeffs, x, out):
+    """out[i] = c(x[i]) for one polynomial c (highest degree first), a block of elements at a
+    time in a scratch array, so that the loop over elements is innermost (independent,
+    vectorised: about 7x faster per product than a Horner chain per element)."""
+    n = x.size
+    block = 1024
+    acc = np.empty(block, np.uint64)
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        width = stop - start
+        xs = x[start:stop]
+        for i in range(width):
+            acc[i] = coeffs[0]
+        for j in range(1, coeffs.size):
+            cj = coeffs[j]
+            for i in range(width):
+                acc[i] = addmod(mulmod(acc[i], xs[i]), cj)
+        out[start:stop] = acc[:width]
+
+
+@njit_cached(**_OPTIONS)
+def ext_mul(a, b, out):
+    """(a0 + a1 X)(b0 + b1 X) mod X^2 - 7 on (s, 2) arrays."""
+    for i in range(out.shape[0]):
+        a0 = a[i, 0]
+        a1 = a[i, 1]
+        b0 = b[i, 0]
+        b1 = b[i, 1]
+        out[i, 0] = addmod(mulmod(a0, b0), mulmod(_SEVEN, mulmod(a1, b1)))
+        out[i, 1] = addmod(mulmod(a0, b1), mulmod(a1, b0))
+
+
+@njit_cached(**_OPTIONS)
+def ext_horner_lanes(coeffs, points, out):
+    """out[:, i] = sum_j coeffs[j, :, i] points[:, i]^j in F_(p^2), each lane its own point:
+    coeffs (n, 2, m), points (2, m), out (2, m); lanes innermost."""
+    n = coeffs.shape[0]
+    m = coeffs.shape[2]
+    for i in range(m):
+        out[0, i] = coeffs[n - 1, 0, i]
+        out[1, i] = coeffs[n - 1, 1, i]
+    for j in range(n - 2, -1, -1):
+        c0 = coeffs[j, 0]
+        c1 = coeffs[j, 1]
+        for i in range(m):
+            a0 = out[0, i]
+            a1 = out[1, i]
+            t0 = points[0, i]
+            t1 = points[1, i]
+            r0 = addmod(mulmod(a0, t0), mulmod(_SEVEN, mulmod(a1, t1)))
+            r1 = addmod(mulmod(a0, t1), mulmod(a1, t0))
+            out[0, i] = addmod(r0, c0[i])
+            out[1, i] = addmod(r1, c1[i])
+
+
+def load():
+    """The loops as a namespace, once each agrees with Python's integers on a probe of edge and
+    random values (and the NTT with a schoolbook transform), else None."""
+    from types import SimpleNamespace
+
+    p = int(_P)
+    edge = [0, 1, 2, 7, p - 1, p - 2, (1 << 32) - 1, 1 << 32, (1 << 63) % p, p - (1 << 32), 0xFFFFFFFF00000000]
+    rng = np.random.default_rng(2024)  # a probe, not randomness anyone relies on
+    rand = [int(v) % p for v in rng.integers(0, 1 << 63, 24, dtype=np.int64)]
+    vals = edge + rand
+    a = np.array([x for x in vals for _ in vals], dtype=np.uint64)
+    b = np.array([y for _ in vals for y in vals], dtype=np.uint64)
+    out = np.empty_like(a)
+    pairs = list(zip(a.tolist(), b.tolist()))
+    mul(a, b, out)
+    if out.tolist() != [x * y % p for x, y in pairs]:
+        return None
+    add(a, b, out)
+    if out.tolist() != [(x + y) % p for x, y in pairs]:
+        return None
+    sub(a, b, out)
+    if out.tolist() != [(x - y) % p for x, y in pairs]:
+        return None
+    power(a[:64], np.uint64(p - 2), out[:64])
+    if out[:64].tolist() != [pow(x, p - 2, p) for x in a[:64].tolist()]:
+        return None
+    n = 8
+    w = pow(7, (p - 1) // n, p)
+    table = np.array([pow(w, (n // (2 * h)) * j, p) for h in (1, 2, 4) for j in range(h)], dtype=np.uint64)
+    x = np.array([vals[:n]], dtype=np.uint64)
+    expect = [sum(int(v) * pow(w, i * j, p) for j, v in enumerate(vals[:n])) % p for i in range(n)]
+    cols = np.ascontiguousarray(np.repeat(x, 3, axis=0).T)
+    ntt(x, table, _ONE)
+    ntt_columns(cols, table, _ONE)
+    if x[0].tolist() != expect or any(cols[:, c].tolist() != expect for c in range(3)):
+        return None
+    m2 = np.array([vals[:6], vals[6:12]], dtype=np.uint64)
+    k2 = np.array([vals[12:15], vals[15:18], vals[18:21], vals[21:24], vals[24:27], vals[27:30]], dtype=np.uint64)
+    prod = np.empty((2, 3), np.uint64)
+    matmul(m2, k2, prod)
+    if prod.tolist() != [[sum(int(m2[i, j]) * int(k2[j, c]) for j in range(6)) % p for c in range(3)] for i in range(2)]:
+        return None
+    prod_t = np.empty((2, 3), np.uint64)
+    matmul_t(np.ascontiguousarray(m2.T), k2, prod_t)
+    if (prod_t != prod).any():
+        return None
+    return SimpleNamespace(mul=mul, add=add, sub=sub, power=power, batch_inverse=batch_inverse, ntt=ntt,
+                           ntt_columns=ntt_columns, matmul=matmul, matmul_t=matmul_t,
+                           weighted_lanes=weighted_lanes, sparse_apply=sparse_apply, horner=horner,
+                           ext_mul=ext_mul, ext_horner_lanes=ext_horner_lanes)

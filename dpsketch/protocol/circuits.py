@@ -1,0 +1,156 @@
+"""Validity circuits for the fully linear proofs of flp.py, as data (docs/validity.md).
+
+* :class:`RangeDigits` (width, digits, beta): every input element is a base-beta digit; the
+  values it encodes are sum_m beta^m d_(i,m), each in [0, beta^digits).
+* :class:`NormBound` (w, beta, q, r2): the row predicate of the design notes. The input holds,
+  for each of the w coordinates x_i (integers, the fixed-point values of the shared vector),
+  the q base-beta digits of x_i + H (H = beta^q / 2), then the digits of the slack
+  s = R^2 - sum_i x_i^2. The circuit checks that every digit is in range (so |x_i| <= H and
+  0 <= s < beta^(q_s), with no reduction mod p possible: w H^2 + beta^(q_s) <= p is required at
+  construction) and that sum_i x_i^2 + s - R^2 == 0 (so sum_i x_i^2 <= R^2 over the integers).
+  x_i = sum_m beta^m d_(i,m) - H is affine in the digits: the servers aggregate x from their
+  digit shares (:attr:`NormBound.coordinates`).
+
+Digits are little-endian: digit m of a value has weight beta^m. Each circuit groups its gadget
+calls into ParallelSums; the group sizes default to those minimising proof plus verifier length
+(:func:`best_count`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import field, ntt
+from .flp import Affine, Circuit, GadgetCalls, Mul, ParallelSum, Range
+
+P = field.P
+
+
+def parallel_cost(items: int, count: int, inner_arity: int, degree: int, weighted: bool) -> int:
+    """F_p elements of proof plus verifier message (2 per F_(p^2) element) that a ParallelSum of
+    ``count`` groups over ``items`` inner calls costs."""
+    calls = -(-items // count)
+    arity = inner_arity * count
+    wire_len = ntt.next_power_of_two(calls + 2)
+    poly_len = degree * (wire_len - 1) + 1
+    return 2 * arity + (2 if weighted else 1) * poly_len + 2 * (arity + 1)
+
+
+def best_count(items: int, inner_arity: int, degree: int, weighted: bool) -> int:
+    """The group size with the smallest :func:`parallel_cost` (the first of equals)."""
+    return min(range(1, items + 1), key=lambda c: (parallel_cost(items, c, inner_arity, degree, weighted), c))
+
+
+def _range_calls(n: int, beta: int, count: int | None) -> GadgetCalls:
+    """ParallelSum(Range(beta), count, weighted) over the n input elements: call k, slot j reads
+    element k count + j (slots past n read 0, a valid digit)."""
+    count = count or best_count(n, 1, beta, True)
+    calls = -(-n // count)
+    idx = np.arange(n)
+    wires = Affine.build(calls * count, n, idx, idx, np.ones(n, dtype=np.int64))
+    return GadgetCalls(ParallelSum(Range(beta), count, weighted=True), calls, wires)
+
+
+def to_digits(values: np.ndarray, beta: int, digits: int) -> np.ndarray:
+    """(m, k) non-negative integers below beta^digits -> (m, k digits) little-endian digits
+    (beta a power of two: shifts and a mask, one vectorised pass)."""
+    v = np.asarray(values).astype(np.uint64)
+    bits = beta.bit_length() - 1
+    shifts = np.arange(digits, dtype=np.uint64) * np.uint64(bits)
+    out = (v[..., None] >> np.minimum(shifts, np.uint64(63))) & np.uint64(beta - 1)
+    out[..., shifts >= 64] = 0  # digits above 64 bits (numpy's shift is not defined there)
+    return out.reshape(v.shape[0], -1)
+
+
+class RangeDigits(Circuit):
+    """Every one of width * digits input elements is a base-beta digit."""
+
+    name = "RangeDigits"
+
+    def __init__(self, width: int, digits: int, beta: int, count: int | None = None):
+        if width < 1 or digits < 1:
+            raise ValueError("width and digits are at least 1")
+        self.width, self.digits, self.beta = width, digits, beta
+        n = width * digits
+        ranges = _range_calls(n, beta, count)
+        k = np.arange(ranges.calls)
+        checks_out = Affine.build(ranges.calls, ranges.calls, k, k, np.ones(ranges.calls, dtype=np.int64))
+        checks_in = Affine.build(ranges.calls, n, [], [], [])
+        super().__init__(n, [ranges], checks_in, checks_out)
+        i = np.repeat(np.arange(width), digits)
+        self.values = Affine.build(width, n, i, np.arange(n), [beta ** m for m in range(digits)] * width)
+
+    def encode(self, values) -> np.ndarray:
+        """(m, width) integers in [0, beta^digits) -> (m, width * digits) digits."""
+        v = np.asarray(values)
+        if v.ndim != 2 or v.shape[1] != self.width:
+            raise ValueError(f"values are (m, {self.width})")
+        if v.size and (v.min() < 0 or int(v.max()) >= self.beta ** self.digits):
+            raise ValueError(f"a value is outside [0, {self.beta}^{self.digits})")
+        return to_digits(v, self.beta, self.digits)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "width": self.width, "digits": self.digits, "beta": self.beta}
+
+
+class NormBound(Circuit):
+    """w coordinates x_i in [-H, H), H = beta^q / 2, with sum x_i^2 <= R^2 (``r2``)."""
+
+    name = "NormBound"
+
+    def __init__(self, w: int, beta: int, q: int, r2: int, range_count: int | None = None,
+                 square_count: int | None = None):
+        if w < 1 or q < 1 or r2 < 0:
+            raise ValueError("need w >= 1, q >= 1 and R^2 >= 0")
+        self.w, self.beta, self.q, self.r2 = w, beta, q, int(r2)
+        self.half = beta ** q // 2  # H
+        self.slack_digits = 1
+        while beta ** self.slack_digits <= self.r2:
+            self.slack_digits += 1
+        if w * self.half ** 2 + beta ** self.slack_digits > P:
+            raise ValueError(f"w H^2 + beta^q_s = {w * self.half ** 2 + beta ** self.slack_digits} exceeds p: "
+                             "the norm could wrap around mod p")
+        n = w * q + self.slack_digits
+        ranges = _range_calls(n, beta, range_count)
+        # squares: ParallelSum(Mul, count) with both wires of slot j of call k = x_(k count + j)
+        count = square_count or best_count(w, 2, 2, False)
+        calls = -(-w // count)
+        i = np.repeat(np.arange(w), q)  # coordinate of each digit
+        digit = np.arange(w * q)
+        weight = [beta ** m for m in range(q)] * w
+        rows = np.concatenate([2 * i, 2 * i + 1])  # wire rows: 2 (k count + j) and + 1 for coordinate k count + j
+        squares = GadgetCalls(ParallelSum(Mul(), count, weighted=False), calls,
+                              Affine.build(2 * calls * count, n, rows, np.concatenate([digit, digit]), weight * 2,
+                                           const={r: -self.half for r in range(2 * w)}))
+        # checks: one per range call (its weighted sum is 0), then the norm equation
+        c = ranges.calls
+        k = np.arange(c)
+        out_r = np.concatenate([k, np.full(calls, c)])
+        out_c = np.concatenate([k, c + np.arange(calls)])
+        checks_out = Affine.build(c + 1, c + calls, out_r, out_c, np.ones(c + calls, dtype=np.int64))
+        checks_in = Affine.build(c + 1, n, [c] * self.slack_digits, w * q + np.arange(self.slack_digits),
+                                 [beta ** m for m in range(self.slack_digits)], const={c: -self.r2})
+        super().__init__(n, [ranges, squares], checks_in, checks_out)
+        #: x (m, w) from the input (or a share of it, with const_scale 1/N)
+        self.coordinates = Affine.build(w, n, i, digit, weight, const={r: -self.half for r in range(w)})
+
+    def encode(self, x) -> np.ndarray:
+        """(m, w) integers with -H <= x_i < H and sum x_i^2 <= R^2 -> (m, n) digits (ValueError
+        for a row outside the predicate: an honest client cannot prove it)."""
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != self.w or x.dtype.kind not in "iu":
+            raise ValueError(f"x is an (m, {self.w}) integer array")
+        x = x.astype(np.int64)
+        if x.size and (x.min() < -self.half or x.max() >= self.half):
+            raise ValueError(f"a coordinate is outside [-{self.half}, {self.half})")
+        mag = np.abs(x).astype(np.uint64)
+        norm2 = (mag * mag).sum(axis=1, dtype=np.uint64)  # < w H^2 < p: exact
+        if (norm2 > np.uint64(self.r2)).any():
+            raise ValueError("a row's squared norm exceeds R^2")
+        slack = np.uint64(self.r2) - norm2
+        digits = to_digits((x + self.half).astype(np.uint64), self.beta, self.q)
+        return np.concatenate([digits, to_digits(slack[:, None], self.beta, self.slack_digits)], axis=1)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "w": self.w, "beta": self.beta, "q": self.q, "r2": self.r2,
+                "H": self.half, "slack_digits": self.slack_digits}
