@@ -439,23 +439,26 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/studies/{study_id}/upload-tokens", status_code=201, tags=["studies"],
               dependencies=[operator], response_model=IssuedUploadTokens,
-              responses=problem_responses(*auth_errors, 404, 422, 503))
+              responses=problem_responses(*auth_errors, 404, 409, 422, 503))
     async def create_upload_tokens(study_id: str, request: Request) -> JSONResponse:
         """Issue upload tokens for the study (operator only: the analyst must not mint its own, or
-        it could upload Sybil reports without bound). Body (optional) ``{"count", "quota"}``: by
-        default one token good for one report. Only digests are stored; from the first token on,
-        uploads to the study need one of its tokens."""
+        it could upload Sybil reports without bound). Body (optional) ``{"count", "quota",
+        "population"}``: by default one token good for one report, for the server's default
+        population. The population is the operator's: the first token of a population for a
+        study charges the study to that population's ledger (409 budget-exceeded past its
+        budget, docs/ledger.md). Only digests are stored; from the first token on, uploads to
+        the study need one of its tokens."""
         store.record(study_id)
         body = await request.body()
         try:
             ask = IssueUploadTokens.model_validate_json(body) if body.strip() else IssueUploadTokens()
         except ValidationError as exc:
             raise ProblemError("invalid-request", summarize_errors(exc.errors())) from None
-        tokens, active = await run_in_threadpool(store.add_upload_tokens, study_id, ask.count, ask.quota,
-                                                 ask.party)
+        tokens, active, population = await run_in_threadpool(
+            store.add_upload_tokens, study_id, ask.count, ask.quota, ask.party, ask.population)
         ids = [upload_token_id(digest_of(t)) for t in tokens]
         out = IssuedUploadTokens(study_id=study_id, tokens=tokens, token_ids=ids, quota=ask.quota,
-                                 upload_tokens=active, token=tokens[0], token_id=ids[0])
+                                 upload_tokens=active, token=tokens[0], token_id=ids[0], population=population)
         return JSONResponse(out.model_dump(mode="json"), status_code=201, headers={"Cache-Control": "no-store"})
 
     @app.get("/v1/studies/{study_id}/upload-tokens", response_model=UploadTokenList, tags=["studies"],
@@ -471,6 +474,15 @@ def create_app(settings: Settings) -> FastAPI:
         """Revoke one upload token (operator; idempotent): refused from this answer on. The
         study keeps requiring an upload token, even if none is left."""
         return await run_in_threadpool(store.revoke_upload_token, study_id, token_id)
+
+    @app.delete("/v1/studies/{study_id}", tags=["studies"], dependencies=[operator],
+                responses=problem_responses(*auth_errors, 404, 409, 503))
+    async def drop_study(study_id: str) -> dict:
+        """Drop an open study (operator; idempotent): its shares are deleted, it takes no more
+        reports and never releases, its memory is freed and its population charges are refunded
+        (it released nothing). Logged as an audit record. 409 study-closed for a committed study
+        (what it released is spent; DELETE .../shares removes its shares)."""
+        return await run_in_threadpool(store.close_study, study_id, "dropped", "the operator")
 
     @app.delete("/v1/studies/{study_id}/shares", tags=["finalization"], dependencies=[operator],
                 responses=problem_responses(*auth_errors, 404, 409, 503))
@@ -518,8 +530,10 @@ def create_app(settings: Settings) -> FastAPI:
         media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SEALED_MEDIA_TYPE,
                                         BLOCKS_MEDIA_TYPE)
         record = store.record(study_id)
-        if record.commit is not None:
-            raise ProblemError("study-closed", f"study {study_id} is committed; it takes no more reports")
+        if not record.is_open:
+            raise ProblemError("study-closed", f"study {study_id} is "
+                               f"{'committed' if record.commit is not None else record.closure.reason}; "
+                               f"it takes no more reports")
         if media_type == BLOCKS_MEDIA_TYPE:
             granted = record.upload_tokens.get(token) if token is not None else None
             party = _block_party(record.study, request.headers.get("content-type", ""),

@@ -5,9 +5,10 @@ Tests of the store's guarantees run against both stores: they take the ``store_k
 parametrised with ``@BOTH_STORES`` (``servers`` and ``store_location`` follow it); every other
 test runs SQLite only.
 
-The servers run their default policy except for upload authentication: tests of other features
-start them with ``DPSKETCH_UPLOAD_AUTH=open`` (``OPEN_UPLOADS``) so that every upload need not
-carry a token; tests/test_trust.py and tests/test_upload_tokens.py run the default (tokens).
+The servers run their default policy except for upload authentication and population budgets:
+tests of other features start them with ``DPSKETCH_UPLOAD_AUTH=open`` and no budget
+(``OPEN_UPLOADS``) so that every upload need not carry a token; tests/test_trust.py and
+tests/test_upload_tokens.py run the default (tokens).
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ import pytest
 
 from tools.cluster import ManagedProcess, ServerSpec, share_server, stop_all
 
-#: The environment that lets a test server take uploads without upload tokens.
-OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open"}
+#: The environment that lets a test server take uploads without upload tokens, and provision
+#: studies without charging a population budget (tests of other features put more studies on a
+#: server than a population's default budget takes: docs/ledger.md; the budget's own tests,
+#: tests/test_population_budget.py and tests/test_ledger.py, run the defaults).
+OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open", "DPSKETCH_POPULATION_EPSILON": "none",
+                "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
 
 STORES = ["sqlite", "postgres"]
 #: Run a test against both stores (it takes ``store_kind``, or fixtures that follow it).
