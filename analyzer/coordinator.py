@@ -313,18 +313,20 @@ class Coordinator:
 
     def _check_budgets(self, study: Study) -> None:
         """Refuse (409 budget-exceeded) before any server is asked when a server's published
-        ledger and budget say it would refuse: otherwise the servers before it in the list would
-        charge a study that can never run. The servers decide for themselves anyway; a server
-        that cannot be read is left to its own answer to the PUT."""
+        ledger and budget say the population the study names has no room for it. Advisory: the
+        servers charge a study to the population of the upload tokens their operators issue for
+        it (docs/ledger.md), not to the one the study names, and decide for themselves; this
+        only spares provisioning a study its intended population cannot pay for."""
         charge = ledger.Charge.of(study)
         for server in self.servers:
             try:
                 book = server.ledger(study.population)
             except UpstreamError:
                 continue
-            if book.budget_epsilon is None:
+            if book.budget_epsilon is None and book.budget_floor_epsilon is None:
                 continue
-            budget = ledger.Budget(book.budget_epsilon, book.budget_delta, book.neighbouring)
+            budget = ledger.Budget(book.budget_epsilon if book.budget_epsilon is not None else 1e300,
+                                   book.budget_delta, book.neighbouring, floor_epsilon=book.budget_floor_epsilon)
             verdict = ledger.check([e.charge for e in book.studies], charge, budget)
             if not verdict.fits:
                 sid = server.endpoint.server_id

@@ -136,12 +136,14 @@ class Cluster:
     def server_urls(self) -> list[str]:
         return [p.url for p in self.procs]
 
-    def upload_tokens(self, study_id: str, quota: int | None = None, party: str | None = None) -> list[str]:
-        """One upload token per server for one data owner (or party), issued by each server's operator."""
+    def upload_tokens(self, study_id: str, quota: int | None = None, party: str | None = None,
+                      population: str | None = None) -> list[str]:
+        """One upload token per server for one data owner (or party), issued by each server's
+        operator for ``population`` (None: each server's default population)."""
         from services.admin import issue_for_data_owner
 
         return issue_for_data_owner([(p.url, s.operator_token) for s, p in zip(self.specs, self.procs)],
-                                    study_id, quota, party=party)
+                                    study_id, quota, party=party, population=population)
 
 
 @pytest.fixture
