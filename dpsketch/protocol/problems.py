@@ -20,7 +20,7 @@ CATALOGUE: dict[str, tuple[int, str]] = {
     "method-not-allowed": (405, "Method not allowed"),
     "study-mismatch": (409, "A different study is already provisioned under this id"),
     "report-conflict": (409, "A report with this id is held with different bytes"),
-    "study-closed": (409, "The study is committed; it takes no more reports"),
+    "study-closed": (409, "The study is closed (committed, expired or dropped); it takes no more reports"),
     "study-open": (409, "The study is not committed yet; nothing is released"),
     "inclusion-conflict": (409, "The study is committed to a different inclusion set"),
     "capacity-exceeded": (409, "The study holds its maximum number of reports"),
