@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(docs/secret_sign.md). Default: on for a sketch study with k > 1 and no parties, "
                    "off otherwise; --no-secret-sign opts out")
     c.add_argument("--population", metavar="ID",
-                   help="the population the study draws from: every share server charges it to that "
-                   "population's privacy ledger and refuses it past its budget (docs/ledger.md)")
+                   help="the population the study is meant for (advisory): refused now if a server's "
+                   "ledger of it has no room; the servers charge the populations their operators issue "
+                   "upload tokens for (docs/ledger.md)")
 
     for name, text in [("show", "show a study"), ("progress", "report counts per server"),
                        ("finalize", "commit the common reports everywhere and release the sketch")]:
@@ -151,7 +152,8 @@ def parse_party(spec: str) -> dict:
 def ledger_summary(view: dict) -> str:
     """One line per server: composed epsilon against the naive sum and the budget."""
     if view.get("population") is None:
-        return "this study names no population: it is charged to no ledger"
+        return ("this study names no population; the servers charge it to the populations their "
+                "operators issue its upload tokens for (GET /v1/populations/{p}/ledger)")
     lines = [f"population {view['population']}:"]
     for s in view["servers"]:
         book = s.get("ledger")
