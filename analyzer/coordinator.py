@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from dpsketch.protocol import ProblemError, Study, design, ledger, messages, ring
+from dpsketch.protocol import ProblemError, Study, design, inclusion, ledger, messages, ring
 from dpsketch.protocol.messages import CommitResult, PopulationLedger, ServerInfo, StudyInfo
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
@@ -135,14 +135,28 @@ class ShareServerClient:
         except ValueError as exc:
             raise UpstreamError(self.endpoint.server_id, f"a malformed block index: {exc}") from None
 
-    def commit(self, study_id: str, sorted_ids: bytes) -> CommitResult:
-        """Commit the study to the inclusion set (a sorted id list)."""
-        r = self._request(
-            "POST", f"/v1/studies/{study_id}/commit", token=self.endpoint.analyst_token,
-            content=sorted_ids,
-            headers={"Content-Type": messages.REPORT_IDS_MEDIA_TYPE},
-        )
-        return CommitResult.model_validate(r.json())
+    def commit(self, study_id: str, sorted_ids: bytes, attempts: int = 3) -> CommitResult:
+        """Commit the study to the inclusion set (a sorted id list), sent in the compact form: a
+        bit per id the server holds, over its own sorted list, fetched now (a bit an id instead
+        of 16 bytes: 1.25 MB at 10^7 reports; dpsketch/protocol/inclusion.py). If more reports
+        reached the server in between (409 inclusion-stale), the list is fetched again. A set
+        the server does not hold all of goes as the plain id list, which it refuses with its
+        own answer (422 unknown-reports)."""
+        for attempt in range(attempts):
+            try:
+                body = inclusion.encode_for(self.report_ids(study_id), sorted_ids)
+                media_type = inclusion.MEDIA_TYPE
+            except ValueError:
+                body, media_type = sorted_ids, messages.REPORT_IDS_MEDIA_TYPE
+            try:
+                r = self._request("POST", f"/v1/studies/{study_id}/commit", token=self.endpoint.analyst_token,
+                                  content=body, headers={"Content-Type": media_type})
+            except UpstreamError as exc:
+                if exc.problem is not None and exc.problem.slug == "inclusion-stale" and attempt + 1 < attempts:
+                    continue
+                raise
+            return CommitResult.model_validate(r.json())
+        raise AssertionError("unreachable")
 
     def aggregate(self, study: Study) -> tuple[np.ndarray, str]:
         r = self._request("GET", f"/v1/studies/{study.study_id}/aggregate",

@@ -26,7 +26,7 @@ class ServerAdmin:
     """The operator's calls to one share server (bearer: its operator token)."""
 
     def __init__(self, url: str, operator_token: str, *, verify: bool | ssl.SSLContext = True,
-                 timeout: float = 30.0):
+                 timeout: float = 120.0):
         self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, verify=verify,
                                  headers={"Authorization": f"Bearer {operator_token}"})
 

@@ -17,13 +17,14 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response, Security
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 import dpsketch
 
-from dpsketch.protocol import binding, envelope
+from dpsketch.protocol import binding, envelope, inclusion
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
@@ -49,7 +50,6 @@ from dpsketch.protocol.messages import (
     party_of_media_type,
 )
 from dpsketch.protocol.problems import ProblemError
-from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import PROTOCOL, Study
 
 from dpsketch import problem_http as errors
@@ -87,14 +87,27 @@ def _is_commit(scope) -> bool:
     return scope.get("method") == "POST" and _COMMIT_PATH.match(scope.get("path", "")) is not None
 
 
-def commit_body_limit(study, settings: Settings) -> int:
-    """The largest commit body this server reads for ``study``: an inclusion set lists distinct
-    held ids, at most max_reports per party (16 bytes each), so the general --max-body-bytes
-    (64 MiB, about 4 x 10^6 ids) must not cap it; the memory budget does, since the set is
-    read into memory (the study's own report index takes 26-90 bytes per id already). The
-    analyst's token is checked before a byte of it is read."""
-    ids = study.max_reports * max(1, len(study.parties or ()))
-    return max(settings.max_body_bytes, min(REPORT_ID_BYTES * ids, settings.memory_budget))
+def commit_body_limit(held: int, media_type: str, settings: Settings) -> int:
+    """The largest commit body this server reads: a report-id list (16 bytes an included id)
+    only up to the general --max-body-bytes (64 MiB, about 4 x 10^6 ids), the compact bitmap
+    (dpsketch/protocol/inclusion.py) exactly the size of one over the ``held`` ids (a bit an id:
+    1.25 MB at 10^7), whatever the study's max_reports. Before issue 41 a commit body could be
+    16 bytes x max_reports, up to the memory budget, read into memory whole. The analyst's
+    token is checked before a byte of it is read."""
+    if media_type == inclusion.MEDIA_TYPE:
+        return inclusion.body_bytes(held)
+    return settings.max_body_bytes
+
+
+def commit_memory(held: int, body_bytes: int, media_type: str) -> int:
+    """What a commit holds in memory beyond the study's totals and index while it is worked on
+    (measured: benchmarks/commit_memory.py): for a bitmap, the body, its bits unpacked and the
+    rowids it selects or leaves out (about 10 bytes a held id) and a 16 MiB hashing buffer; for
+    a report-id list, the body, its copy and halves and the matches (about 5 bytes a body byte
+    and 10 a held id)."""
+    if media_type == inclusion.MEDIA_TYPE:
+        return 2 * body_bytes + 10 * held + (32 << 20)
+    return 5 * body_bytes + 10 * held
 
 
 def require_media_type(request: Request, expected: str, *also: str) -> str:
@@ -561,8 +574,8 @@ def create_app(settings: Settings) -> FastAPI:
                         **problem_responses(*auth_errors, 404, 503)})
     async def report_ids(study_id: str) -> Response:
         """The ids of every report this server holds for the study (analyst)."""
-        body = await run_in_threadpool(store.report_ids, study_id)
-        return Response(body, media_type=REPORT_IDS_MEDIA_TYPE)
+        chunks = await run_in_threadpool(store.report_ids, study_id)
+        return StreamingResponse(iterate_in_threadpool(chunks), media_type=REPORT_IDS_MEDIA_TYPE)
 
     @app.get("/v1/studies/{study_id}/blocks", tags=["finalization"], dependencies=[analyst],
              response_class=Response,
@@ -578,16 +591,30 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/studies/{study_id}/commit", response_model=CommitResult, tags=["finalization"],
               dependencies=[analyst],
               responses=problem_responses(400, *auth_errors, 404, 409, 413, 415, 422, 503),
-              openapi_extra=_binary_body(REPORT_IDS_MEDIA_TYPE,
-                                         "the inclusion set: 16-byte ids in ascending order"))
+              openapi_extra={"requestBody": {
+                  "required": True,
+                  "description": f"the inclusion set: {inclusion.MEDIA_TYPE} (a bit per id this "
+                                 f"server holds, in its sorted order, after the held count and the "
+                                 f"inclusion hash: docs/protocol.md section 7) or "
+                                 f"{REPORT_IDS_MEDIA_TYPE} (16-byte ids in ascending order, at most "
+                                 f"the server's general body limit)",
+                  "content": {inclusion.MEDIA_TYPE: {"schema": BINARY_SCHEMA},
+                              REPORT_IDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
     async def commit(study_id: str, request: Request) -> CommitResult:
-        """Commit the study to one inclusion set, after the certificate (analyst)."""
-        require_media_type(request, REPORT_IDS_MEDIA_TYPE)
+        """Commit the study to one inclusion set, after the certificate (analyst). The body's
+        size is bounded (commit_body_limit) and the memory working on it is reserved against
+        the memory budget before a byte is read (409 capacity-exceeded if it does not fit)."""
+        media_type = require_media_type(request, inclusion.MEDIA_TYPE, REPORT_IDS_MEDIA_TYPE)
         record = store.record(study_id)
-        body = await errors.read_within(request, commit_body_limit(record.study, settings),
-                                        "the largest inclusion set this study can have")
-        with metrics.timed(metrics.commit_seconds):
-            return await run_in_threadpool(store.commit, study_id, body)
+        held = store.held(record)
+        limit = commit_body_limit(held, media_type, settings)
+        declared = request.headers.get("content-length", "")
+        size = min(int(declared), limit) if declared.isdigit() else limit
+        with store.reserve(commit_memory(held, size, media_type), "this commit"):
+            body = await errors.read_within(request, limit, "the largest inclusion set this server reads "
+                                            "in this form (a bitmap: one bit per held report)")
+            with metrics.timed(metrics.commit_seconds):
+                return await run_in_threadpool(store.commit, study_id, body, media_type == inclusion.MEDIA_TYPE)
 
     @app.get("/v1/studies/{study_id}/aggregate", tags=["finalization"], dependencies=[analyst],
              response_class=Response,

@@ -19,6 +19,7 @@ Privacy rules enforced here, not in the HTTP layer:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -27,7 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ from dpsketch.protocol.study import Study
 
 from . import backend as backends
 from . import batches, checkpoint, idsets, lifecycle, policy
+from dpsketch.protocol import inclusion
 from .idsets import SortedIds
 from .auth import digest_of, upload_token_id
 from .keys import KeyRing
@@ -65,6 +67,7 @@ from .writer import CallJob, SingleUpload, UploadJob, Writer
 log = logging.getLogger("dpsketch.server")
 
 _FETCH_CHUNK = 50_000
+_ID_CHUNK = 1 << 16
 _STUDY_ID = re.compile(r"[0-9a-f]{64}")
 
 
@@ -108,6 +111,46 @@ def parse_inclusion(body: bytes) -> InclusionSet:
     return InclusionSet(bytes(body), hi, lo)
 
 
+class BitmapInclusion:
+    """A commit's inclusion set as a bitmap over this server's sorted held ids
+    (dpsketch/protocol/inclusion.py): resolved against the study's report index under its lock,
+    never as one Python object (or 16 bytes) per id."""
+
+    def __init__(self, body: bytes):
+        try:
+            self.mask, digest = inclusion.decode(body)
+        except ValueError as exc:
+            raise ProblemError("malformed-body", str(exc)) from None
+        self.ihash = digest.hex()
+        self.n = int(np.count_nonzero(self.mask))
+        self._run = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def resolve(self, state: StudyState):
+        """Check the bitmap against what this server holds (caller holds ``state.lock``):
+        409 inclusion-stale unless it was made over exactly the held ids, 422 unless the ids it
+        selects hash to the declared inclusion hash. Returns (rowids of the included ids,
+        rowids of the excluded ones), both ascending by id."""
+        run = state.ids.consolidate()
+        if len(run) != len(self.mask):
+            raise ProblemError(
+                "inclusion-stale", "the inclusion bitmap was made over a different list of held "
+                "reports (more arrived since): fetch GET .../report-ids again and rebuild it")
+        actual = inclusion.hash_selected(run.hi, run.lo, self.mask)
+        if actual.hex() != self.ihash:
+            raise ProblemError("invalid-request", f"the reports the bitmap selects here hash to "
+                               f"{actual.hex()}, not to the inclusion hash it declares ({self.ihash})")
+        self._run = run
+        return run.rowid[self.mask], run.rowid[~self.mask]
+
+    def certify_ids(self):
+        """The included ids, for a certificate that hashes them (an l1 study): 16 bytes an id."""
+        run = self._run
+        return IdList(idsets.join_halves(run.hi[self.mask], run.lo[self.mask]))
+
+
 def _match(state: StudyState, ids: InclusionSet):
     """The held ids against an inclusion set (caller holds ``state.lock``): the rowid of each
     included id (-1: not held), the rowids of the held ids outside it, how many included ids
@@ -148,6 +191,9 @@ class Store:
         self.shared = self.backend.shared
         self.keys = KeyRing(self._conn, self.backend.file_path, self.backend)  # HPKE keys
         self._records: dict[str, StudyRecord] = {}
+        self._reserved = 0  # memory the commits being worked on hold (reserve)
+        self._charge_warmer = ThreadPoolExecutor(1, thread_name_prefix="dpsketch-charge-warm")
+        self._reserve_lock = threading.Lock()
         self._sketch_warming = False
         self._load_records()
         #: population -> [(charge, charged_at)] in charging order (the ledger table, in memory)
@@ -173,6 +219,7 @@ class Store:
         self._closed = True
         self._closing.set()
         self._sweep_wake.set()
+        self._charge_warmer.shutdown(wait=False, cancel_futures=True)
         self.writer.stop()
         self._checkpoint_all()
         self.backend.close(self._conn)
@@ -435,6 +482,8 @@ class Store:
         party_counts = None
         if record.study.parties is not None and state is not None and not hide:
             party_counts = {p.name: n for p, n in zip(record.study.parties, state.party_counts)}
+        elif record.study.parties is not None and record.is_open and not record.report_count and not hide:
+            party_counts = {p.name: 0 for p in record.study.parties}  # its state is made at its first block
         return StudyInfo(
             party_counts=party_counts,
             study_id=record.study_id,
@@ -451,16 +500,57 @@ class Store:
         return [self.info(r, trusted) for r in list(self._records.values())]
 
     def memory_in_use(self) -> int:
-        """What the memory budget counts now: every open study's totals and report index."""
-        return sum(r.memory_bytes() for r in list(self._records.values()))
+        """What the memory budget counts now: every open study's totals and report index, and
+        what the commits being worked on reserved (:meth:`reserve`)."""
+        return sum(r.memory_bytes() for r in list(self._records.values())) + self._reserved
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int, what: str):
+        """Hold ``nbytes`` of the memory budget for the ``with`` block (a commit's working
+        memory), or refuse (409 capacity-exceeded) if it does not fit beside what is in use."""
+        with self._reserve_lock:
+            in_use = self.memory_in_use()
+            if in_use + nbytes > self.settings.memory_budget:
+                raise ProblemError(
+                    "capacity-exceeded",
+                    f"{what} needs about {nbytes} bytes of working memory and this server's open "
+                    f"studies use {in_use} of its memory_budget = {self.settings.memory_budget}; "
+                    f"commit with the compact inclusion bitmap ({inclusion.MEDIA_TYPE}), or retry "
+                    f"once other commits finished")
+            self._reserved += nbytes
+        try:
+            yield
+        finally:
+            with self._reserve_lock:
+                self._reserved -= nbytes
+
+    def held(self, record: StudyRecord) -> int:
+        """How many ids this server holds for the study (reports, or blocks of a study with
+        parties): the length of its GET .../report-ids list."""
+        state = record.state
+        return len(state.ids) if state is not None else record.report_count
 
     @_unavailable_on_db_error
-    def report_ids(self, study_id: str) -> bytes:
-        """The ids of every report held for the study, sorted (ids only, never shares)."""
+    def report_ids(self, study_id: str) -> Iterator[bytes]:
+        """The ids of every report held for the study, sorted (ids only, never shares), in
+        chunks. An open study's come from its report index (numpy arrays, already sorted: the
+        order a compact inclusion bitmap refers to), a chunk of 2^16 ids at a time, never one
+        Python object per id (issue 46); a committed study's, or any with replicas sharing the
+        store, from the database."""
         record = self.record(study_id)
+        state = self.ensure_state(record) if not self.shared else None
+        if state is not None:
+            with state.lock:
+                run = state.ids.consolidate()  # its arrays never change once made: read them unlocked
+
+            def chunks() -> Iterator[bytes]:
+                for start in range(0, len(run), _ID_CHUNK):
+                    yield idsets.join_halves(run.hi[start:start + _ID_CHUNK], run.lo[start:start + _ID_CHUNK])
+
+            return chunks()
         with self._reading() as conn:
             ids = batches.ids(conn, record.seq)
-        return encode_report_ids(ids)
+        return iter([encode_report_ids(ids)])
 
     @_unavailable_on_db_error
     def block_index(self, study_id: str) -> bytes:
@@ -577,7 +667,25 @@ class Store:
         record, created = self.writer.submit(CallJob(fn)).result()
         if created:
             self._warm_sketch_for(study)
+            self._warm_charge(study)
         return self.info(record), created
+
+    def _warm_charge(self, study: Study) -> None:
+        """Build the study's privacy loss distributions (its guarantee's and its floor's) in the
+        background, one study at a time, so that its first upload token of a population is not
+        kept waiting for them (a signed study's take seconds of CPU, once per radius: they are
+        also kept on disk, dpsketch/protocol/ledger.py)."""
+        budget = policy.population_budget(self.settings)
+        if budget is None:
+            return
+
+        def build() -> None:
+            try:
+                ledger.check([], ledger.Charge.of(study), budget)
+            except Exception:  # pragma: no cover - only a cache; the token's own check decides
+                log.exception("could not build the privacy loss distributions of study %s", study.study_id)
+
+        self._charge_warmer.submit(build)
 
     def _expiry_text(self) -> str:
         expiry = self.settings.study_expiry_s
@@ -616,17 +724,22 @@ class Store:
         return job
 
     @_unavailable_on_db_error
-    def commit(self, study_id: str, inclusion: bytes) -> CommitResult:
-        """Commit the study to the inclusion set (the report-id list body: sorted 16-byte ids)
-        and release its aggregate, or refuse. Idempotent for the same set; any other set is
-        refused forever."""
+    def commit(self, study_id: str, body: bytes, bitmap: bool = False) -> CommitResult:
+        """Commit the study to the inclusion set and release its aggregate, or refuse. The body
+        is the report-id list (sorted 16-byte ids) or, with ``bitmap``, the compact form: a bit
+        per held id (dpsketch/protocol/inclusion.py). Idempotent for the same set; any other
+        set is refused forever."""
         record = self.record(study_id)
         if record.closure is not None:
             raise self._closed_problem(record)
-        ids = parse_inclusion(inclusion)
-        # The body is the concatenation of the sorted ids, so hashing it in one piece is the
-        # inclusion hash (and 5x faster than feeding 10^6 ids one by one).
-        ihash = inclusion_hash(inclusion)
+        if bitmap:
+            ids: InclusionSet | BitmapInclusion = BitmapInclusion(body)
+            ihash = ids.ihash
+        else:
+            ids = parse_inclusion(body)
+            # The body is the concatenation of the sorted ids, so hashing it in one piece is the
+            # inclusion hash (and 5x faster than feeding 10^6 ids one by one).
+            ihash = inclusion_hash(body)
         if self.shared:
             # replicas: decide under the study's row lock, over everything every replica stored,
             # so the study commits once whichever replica is asked (and no upload slips in)
@@ -654,8 +767,9 @@ class Store:
         # one BLAS thread for the k x k eigenvalue problem: threads fighting on a busy 2-core
         # machine made it 100x slower (1.6-3.3 s against 0.012 s at k = 400), and it gains
         # nothing from them at that size
+        certified = ids.certify_ids() if isinstance(ids, BitmapInclusion) and study.kind == "l1" else ids
         with _blas().limit(limits=1, user_api="blas"):
-            cert = privacy.certify_study(study, gram, ids)
+            cert = privacy.certify_study(study, gram, certified)
         if not cert.ok:
             what = (f"the largest leverage of a report is {1 / cert.lambda_min if cert.lambda_min else math.inf:.6g} "
                     f"over {n} reports (t = {study.t} included), above 1 / lambda_star = "
@@ -713,7 +827,11 @@ class Store:
         n = len(ids)
         with state.lock:
             n_held = len(state.ids)
-            rowid_of, excluded, n_missing, missing = _match(state, ids)
+            if isinstance(ids, BitmapInclusion):
+                rowid_of, excluded = ids.resolve(state)
+                n_missing, missing = 0, None
+            else:
+                rowid_of, excluded, n_missing, missing = _match(state, ids)
             if n_missing:
                 raise ProblemError(
                     "unknown-reports",
@@ -747,7 +865,11 @@ class Store:
         study = record.study
         n_parties = len(study.parties or ())
         with state.lock:
-            rowid_of, _excluded, n_missing, missing = _match(state, block_ids)
+            if isinstance(block_ids, BitmapInclusion):
+                rowid_of, _excluded = block_ids.resolve(state)
+                n_missing, missing = 0, None
+            else:
+                rowid_of, _excluded, n_missing, missing = _match(state, block_ids)
             rowids = np.sort(rowid_of[rowid_of >= 0]).tolist()
             complete_here = state.complete
         if n_missing:

@@ -26,8 +26,9 @@ from tools.cluster import ManagedProcess, ServerSpec, share_server, stop_all
 #: studies without charging a population budget (tests of other features put more studies on a
 #: server than a population's default budget takes: docs/ledger.md; the budget's own tests,
 #: tests/test_population_budget.py and tests/test_ledger.py, run the defaults).
-OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open", "DPSKETCH_POPULATION_EPSILON": "none",
-                "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+#: No population budget (tests of other features that put many studies on one server).
+NO_BUDGET = {"DPSKETCH_POPULATION_EPSILON": "none", "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open", **NO_BUDGET}
 
 STORES = ["sqlite", "postgres"]
 #: Run a test against both stores (it takes ``store_kind``, or fixtures that follow it).

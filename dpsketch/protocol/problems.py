@@ -23,6 +23,7 @@ CATALOGUE: dict[str, tuple[int, str]] = {
     "study-closed": (409, "The study is closed (committed, expired or dropped); it takes no more reports"),
     "study-open": (409, "The study is not committed yet; nothing is released"),
     "inclusion-conflict": (409, "The study is committed to a different inclusion set"),
+    "inclusion-stale": (409, "The inclusion bitmap was made for a different list of held reports"),
     "capacity-exceeded": (409, "The study holds its maximum number of reports"),
     "budget-exceeded": (409, "The study would take its population past this server's privacy budget"),
     "unknown-reports": (422, "The inclusion set names reports this server does not hold"),
