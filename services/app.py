@@ -62,6 +62,7 @@ from .metrics import ServerMetrics
 from .settings import Settings
 from .store import Store
 from .uploads import FastReports, checked_report, json_response, store_report, upload_token, verified_shares
+from .writer import quota_problem
 
 log = logging.getLogger("dpsketch.server")
 
@@ -200,6 +201,33 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     rows, signs = study.hash_report_ids(upload.ids, upload.joined)
     seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
     return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds
+
+
+def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> None:
+    """What a sealed batch is judged on before any decryption work (issue 41): its layout and
+    length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
+    is addressed to a key this server holds (422 sealed-share-refused), and that its upload
+    token may add its new reports, read from the records' report ids, which travel in the clear
+    (403 upload-quota-exceeded). Only then is its one KEM and are its AEADs run; each record's
+    binding is inside its ciphertext, so it is checked after opening, before anything is stored."""
+    study = record.study
+    try:
+        header = envelope.parse_batch(body, study.width, study.n_servers)
+    except envelope.SealError as exc:  # a suite this server does not know
+        raise ProblemError("sealed-share-refused", str(exc)) from None
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    if store.keys.private_key_for(header.key_id) is None:
+        raise ProblemError("sealed-share-refused", f"sealed batch {header.batch_id.hex()}: unknown key id "
+                           f"{header.key_id.hex()} (not a key of this server, or retired); fetch /v1/info "
+                           f"and seal again")
+    if token is not None:
+        granted = record.upload_tokens.get(token)
+        room = granted.room() if granted is not None else 0
+        if room is not None and header.count > room:  # retries cost nothing: count the new ones
+            new = store.count_new(record, envelope.record_ids(body, header, study.width, study.n_servers))
+            if new > room:
+                raise quota_problem(room, record.study_id, new)
 
 
 def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Upload:
@@ -526,8 +554,7 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"{SEALED_MEDIA_TYPE}: m records of a proof and a share or seed "
                                  f"sealed to this server with HPKE (section 7a: one version 3 "
                                  f"batch, one HPKE seal then an AEAD per record, classical or "
-                                 f"post-quantum; or version 1 or 2 records, one HPKE seal each; "
-                                 f"docs/sealing.md); or, for a study "
+                                 f"post-quantum, the only sealed layout; docs/sealing.md); or, for a study "
                                  f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
                                  f"16-byte block id, 16-byte pseudonym, proof and the share of "
                                  f"the party's columns (section 2d)",
@@ -561,6 +588,8 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                                f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
         body = await request.body()
+        if media_type == SEALED_MEDIA_TYPE:
+            await run_in_threadpool(_sealed_precheck, store, record, body, token)
         ids, shares, rows, signs, sorted_ids, seeds = await run_in_threadpool(
             _parse_batch, body, record.study, media_type, settings.server_id, store.keys)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,

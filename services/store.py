@@ -524,6 +524,18 @@ class Store:
             with self._reserve_lock:
                 self._reserved -= nbytes
 
+    def count_new(self, record: StudyRecord, joined: bytes) -> int:
+        """How many distinct ids of ``joined`` (concatenated 16-byte ids) the study does not hold:
+        what a request would charge to its upload token (the writer decides; this lets a route
+        refuse a request before working on it)."""
+        ids = np.unique(np.frombuffer(joined, dtype="S16"))
+        state = self.ensure_state(record)
+        if state is None or not len(ids):
+            return len(ids)
+        unique = ids.tobytes()
+        with state.lock:
+            return int(np.count_nonzero(state.ids.lookup(unique, IdList(unique)) < 0))
+
     def held(self, record: StudyRecord) -> int:
         """How many ids this server holds for the study (reports, or blocks of a study with
         parties): the length of its GET .../report-ids list."""

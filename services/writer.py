@@ -192,6 +192,15 @@ _SINGLES_MAX_IDS = 8
 _NONE: frozenset[bytes] = frozenset()
 
 
+def quota_problem(room: int | None, study_id: str, n_new: int) -> ProblemError:
+    """The refusal of a request with more new reports than its upload token may still add."""
+    return ProblemError(
+        "upload-quota-exceeded",
+        f"this upload token may add {max(room or 0, 0)} more report(s) to study {study_id}, and the "
+        f"request has {n_new} new ones (revoked, or its quota is used up); nothing of it was stored; "
+        f"ask the server's operator for a token")
+
+
 @dataclass
 class _Plan:
     """An accepted request: which of its rows are new (``new`` is None when all are)."""
@@ -575,11 +584,7 @@ class Writer:
             if room is not None:
                 room -= (charged or {}).get((record.seq, job.token), 0)
             if token is None or (room is not None and n_new > room):
-                job.future.set_exception(ProblemError(
-                    "upload-quota-exceeded",
-                    f"this upload token may add {max(room or 0, 0)} more report(s) to study "
-                    f"{record.study_id}, and the request has {n_new} new ones (revoked, or its quota "
-                    f"is used up); nothing of it was stored; ask the server's operator for a token"))
+                job.future.set_exception(quota_problem(room, record.study_id, n_new))
                 return None
         room = record.study.max_reports * max(1, state.n_parties)
         if held + n_new > room:
