@@ -1,12 +1,13 @@
-"""The docker compose cluster on a real Docker engine: build, bring up with TLS, use from the host,
-survive a share server being killed mid-upload, run the demo service, switch back to plain HTTP,
-tear down.
+"""The docker compose cluster on a real Docker engine: build, bring up (TLS, the default), use from
+the host, survive a share server being killed mid-upload, run the demo service, switch to plain
+HTTP, tear down.
 
-The cluster runs with the TLS overlay (``-f docker-compose.yml -f deploy/compose.tls.yml``) and
+The cluster runs from docker-compose.yml, which serves HTTPS by default (issue 41), with
 certificates from deploy/make-certs.py, as the README tells an operator to: the host's SDK and
 analyzer client verify the servers against the generated CA, the analyzer verifies them from
 inside the network, the healthchecks and the demo service verify too. The last test brings the
-same project up from docker-compose.yml alone (the plain-HTTP default), on the same volumes.
+same project up with the development overlay deploy/compose.http.yml (plain HTTP), on the same
+volumes.
 
 Needs root (or a usable engine already) because it installs and starts what is missing:
 deploy/ensure-docker.sh (Debian's docker.io + the Compose v2 plugin, dockerd started in the
@@ -49,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 #: one project per test process: two runs on one engine (two checkouts) never share containers
 PROJECT = f"dpsketch-test-{os.getpid()}"
-PLAIN = ["-f", "docker-compose.yml"]
-TLS = [*PLAIN, "-f", "deploy/compose.tls.yml"]
+TLS = ["-f", "docker-compose.yml"]  # the default
+PLAIN = [*TLS, "-f", "deploy/compose.http.yml"]  # the development overlay
 SERVERS = ["s1", "s2", "s3"]
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
 
@@ -576,8 +577,9 @@ def test_demo_service_prints_its_table(compose_cluster):
 
 
 def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
-    """Last: the same project from docker-compose.yml alone (no overlay) recreates every service
-    on plain HTTP with the healthchecks passing, and keeps each database (the studies above)."""
+    """Last: the same project with the development overlay (deploy/compose.http.yml) recreates
+    every service on plain HTTP with the healthchecks passing, mounts no certificate, and keeps
+    each database (the studies above)."""
     c = compose_cluster
     with c.analyzer() as an:
         before = {s["study_id"] for s in an.studies()}
@@ -599,7 +601,7 @@ def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
         assert set(result.report_counts.values()) == {2000}
         assert an.finalize(created["study_id"])["state"] == "released"
     assert c.container("s1").exec_run(["ls", "/run/dpsketch"]).exit_code != 0  # no certificates
-    assert _leaked_tokens(c)[0] == []  # the plain file hands the tokens over as files too
+    assert _leaked_tokens(c)[0] == []  # the plain overlay hands the tokens over as files too
 
 
 # --- the replicated layout as a Docker Swarm stack ---------------------------------------------
