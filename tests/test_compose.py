@@ -619,11 +619,11 @@ def _stack_tasks(service: str, running_only: bool = True) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def _wait_http(url: str, timeout: float = 240) -> None:
+def _wait_http(url: str, timeout: float = 240, verify: ssl.SSLContext | bool = True) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -674,7 +674,9 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
     published ports while one s1 replica container is killed mid-upload: swarm replaces it,
     every report s1 acknowledged is held once, and the study releases over all of them. The
     tokens and the database password travel as swarm secrets (deploy/make-secrets.sh): what
-    `docker service inspect` and `docker inspect` show of every service and task holds none."""
+    `docker service inspect` and `docker inspect` show of every service and task holds none.
+    Every service serves HTTPS with the compose cluster's certificates (issue 41: TLS on by
+    default; haproxy passes s1's TLS through to the replicas), verified here against its CA."""
     c = compose_cluster
     t0 = time.monotonic()
 
@@ -699,16 +701,17 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
     # the stack is deployed without a token or password in its environment: only the files
     env = {k: v for k, v in env.items() if not (k.endswith("_TOKEN") or k.endswith("_PASSWORD"))}
     env.update(ANALYZER_PORT=str(ports[0]), S1_PORT=str(ports[1]), S2_PORT=str(ports[2]),
-               S3_PORT=str(ports[3]), DPSKETCH_SECRETS_DIR=str(secrets_dir))
+               S3_PORT=str(ports[3]), DPSKETCH_SECRETS_DIR=str(secrets_dir), DPSKETCH_CERTS=str(c.certs))
     hidden = [db_password, c.api_token, *c.operator_tokens, *c.analyst_tokens]
-    urls = [f"http://127.0.0.1:{p}" for p in ports[1:]]
-    analyzer_url = f"http://127.0.0.1:{ports[0]}"
+    urls = [f"https://127.0.0.1:{p}" for p in ports[1:]]
+    analyzer_url = f"https://127.0.0.1:{ports[0]}"
+    ca = ssl.create_default_context(cafile=str(c.certs / "ca.pem"))
     try:
         _run(["docker", "stack", "deploy", "-c", "deploy/stack.yml", STACK], env=env, timeout=300)
         phase("stack deployed")
         for url in urls + [analyzer_url]:
-            _wait_http(url + "/healthz")
-        _wait_http(urls[0] + "/readyz")
+            _wait_http(url + "/healthz", verify=ca)
+        _wait_http(urls[0] + "/readyz", verify=ca)
         deadline = time.monotonic() + 180
         while len([t for t in _stack_tasks("s1-replica") if t["CurrentState"].startswith("Running")]) < 2:
             assert time.monotonic() < deadline, _stack_tasks("s1-replica")
@@ -732,16 +735,16 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
         # 30 batches of 200 rows: the kill lands mid-upload (after 6 acknowledged batches), and
         # the upload through the swarm (PostgreSQL behind haproxy) stays short
         n, batch = 6_000, 200
-        with AnalyzerClient(analyzer_url, c.api_token) as an:
+        with AnalyzerClient(analyzer_url, c.api_token, verify=ca) as an:
             created = an.create_study(name="swarm", columns=COLUMNS, label="y", expected_reports=n,
                                       k=8, s=2, min_reports=n)
         sid = created["study_id"]
         study = Study.model_validate(created["study"])
         from services.admin import issue_for_data_owner
 
-        tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n)
+        tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n, verify=ca)
         s1_port = ports[1]
-        transport = _RecordingTransport()
+        transport = _RecordingTransport(verify=ca)
         killed: dict[str, object] = {}
 
         def chaos() -> None:
@@ -772,11 +775,11 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
         assert killed.get("replicas_seen") == 2 and "id" in killed, killed
         assert result.n_reports == n and set(result.report_counts.values()) == {n}
         ids = {bytes.fromhex(h) for h in result}
-        held = [_report_ids(url, sid, tok, True) for url, tok in zip(urls, c.analyst_tokens)]
+        held = [_report_ids(url, sid, tok, ca) for url, tok in zip(urls, c.analyst_tokens)]
         acked_before: set[bytes] = killed["acked_before"]  # type: ignore[assignment]
         assert len(acked_before) >= 6 * batch and acked_before <= held[0]
         assert all(h == ids for h in held)
-        with AnalyzerClient(analyzer_url, c.api_token) as an:
+        with AnalyzerClient(analyzer_url, c.api_token, verify=ca) as an:
             fin = an.finalize(sid)
             assert fin["state"] == "released" and fin["n_reports"] == n
         phase("finalized")
@@ -787,7 +790,7 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
                 break
             assert time.monotonic() < deadline, _stack_tasks("s1-replica")
             time.sleep(1)
-        bodies = {httpx.get(f"{urls[0]}/v1/studies/{sid}/aggregate", timeout=30,
+        bodies = {httpx.get(f"{urls[0]}/v1/studies/{sid}/aggregate", timeout=30, verify=ca,
                             headers={"Authorization": f"Bearer {c.analyst_tokens[0]}"}).content
                   for _ in range(4)}  # round robin over both replicas: one release
         assert len(bodies) == 1
