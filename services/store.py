@@ -201,6 +201,7 @@ class Store:
         self._load_ledger(self._conn)
         self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use, self.backend,
                              catch_up=self._catch_up if self.shared else None)
+        self._expiry_from = self._expiry_counts_from() if settings.study_expiry_s is not None else 0.0
         self._closed = False
         self._closing = threading.Event()
         self._sweep_wake = threading.Event()
@@ -1111,14 +1112,27 @@ class Store:
             self._sweep_wake.clear()
 
     # --- studies that end without a release (services/lifecycle.py) ----------------------------
+    def _expiry_counts_from(self) -> float:
+        """When this store first ran a server that expires studies (kept in ``meta``, written only
+        by such a server): a study provisioned before that counts its time from then, so turning
+        expiry on (or upgrading to it) never expires, at its first start, a study that was still
+        collecting under a server without expiry."""
+        def fn(conn):
+            conn.execute("INSERT INTO meta (key, value) VALUES ('expiry_counts_from', ?) ON CONFLICT DO NOTHING",
+                         (repr(time.time()),))
+            return float(conn.execute("SELECT value FROM meta WHERE key = 'expiry_counts_from'").fetchone()[0]), None
+
+        return self.writer.submit(CallJob(fn)).result()
+
     def due_for_expiry(self, now: float | None = None) -> list[str]:
-        """Open studies provisioned more than ``study_expiry_s`` ago (whatever they hold)."""
+        """Open studies provisioned more than ``study_expiry_s`` ago (whatever they hold; a study
+        from before this store's first server with expiry counts from then)."""
         expiry = self.settings.study_expiry_s
         if expiry is None:
             return []
         now = time.time() if now is None else now
         return [r.study_id for r in list(self._records.values())
-                if r.is_open and r.created_at + expiry <= now]
+                if r.is_open and max(r.created_at, self._expiry_from) + expiry <= now]
 
     def sweep_expiry(self) -> list[str]:
         """Close every study due to expire; returns their ids."""

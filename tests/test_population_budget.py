@@ -209,3 +209,33 @@ def test_expiry_and_drop_refund_the_charge_and_are_audited(servers):
     assert {httpx.get(f"{proc.url}/v1/studies/{s.study_id}").json()["status"] for s in studies[1:]} == {"expired"}
     assert f"AUDIT study {studies[1].study_id} expired by expiry" in proc.log_path.read_text()
     admin.close()
+
+
+def test_an_upgrade_expires_no_study_at_once(tmp_path):
+    """A study provisioned under a server without expiry counts its time from the first start of
+    a server with it (meta ``expiry_counts_from``), not from its own provisioning: an upgrade
+    never deletes, at its first start, a study that was still collecting."""
+    import sqlite3
+
+    from services.settings import Settings
+    from services.store import Store
+
+    def settings(expiry):
+        return Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token="op-" + "1" * 16,
+                        analyst_token="an-" + "2" * 16, study_expiry_s=expiry, warm_start=False)
+
+    week = 7 * 24 * 3600.0
+    store = Store(settings(None))
+    study = _study(400, None)
+    store.provision(study)
+    store.close()
+    with sqlite3.connect(tmp_path / "s1.sqlite3") as db:  # as a file from before expiry: 10 days old
+        db.execute("UPDATE studies SET created_at = created_at - ?", (10 * 24 * 3600.0,))
+        db.execute("DELETE FROM meta WHERE key = 'expiry_counts_from'")
+    store = Store(settings(week))
+    try:
+        assert store.due_for_expiry() == []  # counted from this first start, not 10 days ago
+        assert store.due_for_expiry(time.time() + week + 60) == [study.study_id]
+        assert store.record(study.study_id).is_open
+    finally:
+        store.close()
