@@ -103,11 +103,14 @@ class ComposeCluster:
         return AnalyzerClient(self.analyzer_url, self.api_token, verify=self.verify)
 
     def upload_tokens(self, study_id: str, rows: int) -> list[str]:
-        """One token per server for ``rows`` reports, issued with each operator's token."""
+        """One token per server for ``rows`` reports, issued with each operator's token, for a
+        population of the study's own: the module runs more studies than one population's
+        default budget takes (eight default studies, docs/ledger.md), and the demo spends the
+        default population's."""
         from services.admin import issue_for_data_owner
 
         return issue_for_data_owner(list(zip(self.server_urls, self.operator_tokens)), study_id, rows,
-                                    verify=self.verify)
+                                    verify=self.verify, population=f"test-{study_id[:12]}")
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         return _run(["docker", "compose", "-p", PROJECT, *self.files, *args], env=self.env,
@@ -742,7 +745,8 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
         study = Study.model_validate(created["study"])
         from services.admin import issue_for_data_owner
 
-        tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n, verify=ca)
+        tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n, verify=ca,
+                                      population=f"test-{sid[:12]}")
         s1_port = ports[1]
         transport = _RecordingTransport(verify=ca)
         killed: dict[str, object] = {}
