@@ -97,10 +97,10 @@ class CreateStudy(PrivacyTarget):
         "individuals: the parties' blocks in column order (columns may then be omitted); "
         "docs/vertical.md")
     population: str | None = Field(
-        default=None, pattern=POPULATION_PATTERN, description="the population the study draws from "
-        "(a stable id chosen by whoever enrols the clients): every share server charges the study to "
-        "that population's privacy ledger and refuses it past its budget (409 budget-exceeded, "
-        "docs/ledger.md); omitted: charged to nothing")
+        default=None, pattern=POPULATION_PATTERN, description="the population the study is meant for "
+        "(advisory): refused (409 budget-exceeded) if a server's published ledger of it has no room; "
+        "the servers charge a study to the populations their operators issue upload tokens for, "
+        "whatever this says (docs/ledger.md)")
     secret_sign: bool | None = Field(
         default=None, description="clients multiply their clipped rows by a secret sign before the "
         "noise, and the noise is calibrated for it: the same epsilon with much less noise "
@@ -140,7 +140,7 @@ class ServerLedger(BaseModel):
 class LedgerView(BaseModel):
     """A population's privacy ledger as every share server keeps it (docs/ledger.md)."""
 
-    population: str | None = Field(description="null: the study names no population and is charged to nothing")
+    population: str | None = Field(description="null: the study names no population (servers charge the populations of its upload tokens)")
     study_id: str | None = None
     charged: bool | None = Field(None, description="for a study: whether every server lists it in the ledger")
     servers: list[ServerLedger]

@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(docs/secret_sign.md). Default: on for a sketch study with k > 1 and no parties, "
                    "off otherwise; --no-secret-sign opts out")
     c.add_argument("--population", metavar="ID",
-                   help="the population the study draws from: every share server charges it to that "
-                   "population's privacy ledger and refuses it past its budget (docs/ledger.md)")
+                   help="the population the study is meant for (advisory): refused now if a server's "
+                   "ledger of it has no room; the servers charge the populations their operators issue "
+                   "upload tokens for (docs/ledger.md)")
     _output_option(c, ("id",))
 
     pl = sub.add_parser("pilot", help="a private pilot study whose release proposes each column's bounds",

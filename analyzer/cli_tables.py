@@ -113,7 +113,8 @@ def studies(out: list[dict[str, Any]]) -> str:
 def ledger_summary(view: dict) -> str:
     """One line per server: composed epsilon against the naive sum and the budget."""
     if view.get("population") is None:
-        return "this study names no population: it is charged to no ledger"
+        return ("this study names no population; the servers charge it to the populations their "
+                "operators issue its upload tokens for (GET /v1/populations/{p}/ledger)")
     lines = [f"population {view['population']}:"]
     for s in view["servers"]:
         book = s.get("ledger")

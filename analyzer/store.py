@@ -7,6 +7,7 @@ crashes mid-finalization resumes with the same set and no server is ever asked f
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -55,6 +56,8 @@ class AnalyzerStore:
     def __init__(self, path: str | Path):
         self.path = str(path)
         self._lock = threading.Lock()
+        if self.path != ":memory:":  # created owner-only (SQLite gives its WAL and SHM files the same mode)
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")

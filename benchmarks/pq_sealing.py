@@ -1,12 +1,12 @@
-"""Bytes and time of sealed shares (docs/sealing.md, docs/protocol.md section 7a): both suites,
-each in the layout of before (one HPKE seal per record: version 1 classical, version 2
-post-quantum) and in version 3 (one HPKE seal per batch, then ChaCha20-Poly1305 per record),
-and whether opening a batch on two threads pays.
+"""Bytes and time of sealed shares (docs/sealing.md, docs/protocol.md section 7a): both suites
+in version 3, the one sealed layout (one HPKE seal per batch, then ChaCha20-Poly1305 per
+record), and whether opening a batch on two threads pays. (The per-record layouts of before,
+versions 1 and 2, were dropped in issue 41; docs/sealing.md keeps their last figures.)
 
 For each width d, one run seals the same shares (one server's records of ``--n`` reports of a
 3-server study, as the SDK seals them) in each (suite, layout), and opens them as the server does
 (``envelope.open_batch``); it reports bytes per report per server and microseconds per share,
-and the ratios post-quantum / classical and before / version 3. Timings are CPU seconds of this
+and the ratio post-quantum / classical. Timings are CPU seconds of this
 process (``time.process_time``), the best of ``--repeat`` passes over the whole batch, the
 (suite, layout) pairs alternating so that a busy machine slows them alike; the ratios are within
 one run, so they are what to compare across machines.
@@ -40,7 +40,7 @@ from dpsketch.protocol import binding, envelope, messages, ring  # noqa: E402
 
 STUDY_ID = "ab" * 32
 N_SERVERS = 3
-LAYOUTS = ("before", "v3")
+LAYOUTS = ("v3",)
 
 
 def _bodies(d: int, n: int):
@@ -64,7 +64,7 @@ def measure(d: int, n: int, repeat: int) -> dict:
         for suite in suites:
             for layout in LAYOUTS:
                 public, key = keys[suite.name]
-                version = envelope.legacy_version(suite) if layout == "before" else envelope.VERSION_3
+                version = envelope.VERSION_3
                 me = envelope.Recipient("s1", public, suite, version)
                 t0 = time.process_time()
                 body = envelope.seal_body(me, STUDY_ID, plain, messages.SHARES_MEDIA_TYPE, d, N_SERVERS)
@@ -80,7 +80,7 @@ def measure(d: int, n: int, repeat: int) -> dict:
     for suite in suites:
         for layout in LAYOUTS:
             out[f"{suite.name} {layout}"] = {
-                "version": envelope.legacy_version(suite) if layout == "before" else envelope.VERSION_3,
+                "version": envelope.VERSION_3,
                 "bytes_per_report": size[suite.name, layout] / n,
                 "seal_us_per_share": best[suite.name, layout, "seal"] / n * 1e6,
                 "open_us_per_share": best[suite.name, layout, "open"] / n * 1e6}
@@ -128,17 +128,14 @@ def measure_parallel(d: int, n: int, repeat: int, workers: int = 2) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| d | plaintext B | suite | layout | B/report/server | seal us/share | open us/share "
-             "| seal: before / v3 | open: before / v3 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| d | plaintext B | suite | layout | B/report/server | seal us/share | open us/share |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         for suite in ("classical", "post-quantum"):
-            b, v = r[f"{suite} before"], r[f"{suite} v3"]
-            for layout, f in (("before", b), ("v3", v)):
-                ratio = (f"{b['seal_us_per_share'] / v['seal_us_per_share']:.0f}x | "
-                         f"{b['open_us_per_share'] / v['open_us_per_share']:.0f}x") if layout == "v3" else "- | -"
-                lines.append(f"| {r['d']} | {r['plaintext_bytes_per_report']} | {suite} | version {f['version']} | "
-                             f"{f['bytes_per_report']:.1f} | {f['seal_us_per_share']:.1f} | "
-                             f"{f['open_us_per_share']:.1f} | {ratio} |")
+            f = r[f"{suite} v3"]
+            lines.append(f"| {r['d']} | {r['plaintext_bytes_per_report']} | {suite} | version {f['version']} | "
+                         f"{f['bytes_per_report']:.1f} | {f['seal_us_per_share']:.1f} | "
+                         f"{f['open_us_per_share']:.1f} |")
     return "\n".join(lines)
 
 

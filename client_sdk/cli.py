@@ -94,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="bearer token to send, if the servers require one: one for all servers, or "
                         "one per server in --servers order, comma-separated (a study's upload tokens "
                         "are issued by each server; default: $DPSKETCH_CLIENT_TOKEN)")
+    p.add_argument("--allow-insecure-http", action="store_true",
+                   help="send the upload tokens over plain http:// to a host other than this machine "
+                        "(refused by default: the token would cross the network in clear)")
     p.add_argument("--encrypt", action="store_true",
                    help="seal each share to its server's HPKE public key (docs/protocol.md section 7a)")
     p.add_argument("--sealing", choices=("classical", "post-quantum", "prefer-post-quantum"),
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         previous = None
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, token=token,
+                    allow_insecure_http=args.allow_insecure_http,
                     verify=verify, encrypt=args.encrypt or args.sealing is not None,
                     sealing=args.sealing or "classical", compress=args.compress,
                     max_floor_epsilon=args.max_floor_epsilon, privacy_limit=privacy_limit,

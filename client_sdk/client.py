@@ -132,6 +132,23 @@ def warn_if_limited(result: SubmitResult, share: float = CLAMP_WARNING_SHARE) ->
 # --- the client ------------------------------------------------------------------------------
 
 
+def _plain_http_to_another_host(url: str) -> bool:
+    """Whether ``url`` is plain http to a host other than this machine's loopback (where a bearer
+    token would cross a network in clear)."""
+    import ipaddress
+
+    parsed = httpx.URL(url)
+    if parsed.scheme != "http":
+        return False
+    host = parsed.host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
+
+
 class Client:
     """Submit rows to the N share servers of a study.
 
@@ -179,6 +196,10 @@ class Client:
     (:class:`FloorTooWeak`); None accepts the study as it is (its servers' policies already
     bound the floor, 4 by default).
 
+    ``allow_insecure_http``: send upload tokens over plain ``http://`` to a host other than this
+    machine's loopback. Off by default: such a URL with a token raises :class:`SDKError` at
+    once, since the token would cross the network in clear (docs/trust.md, "Secure defaults").
+
     ``privacy_limit`` (a :class:`client_sdk.budget.PrivacyLimit`): the data owner's own limit
     over every study it contributes to, kept in a local file. A study that would take the
     owner's running total past it is refused before anything is sent
@@ -199,7 +220,8 @@ class Client:
                  max_batch_bytes: int = MAX_BATCH_BYTES, transport: httpx.BaseTransport | None = None,
                  compress: bool = True, encrypt: bool = False, max_floor_epsilon: float | None = None,
                  privacy_limit: Any = None,
-                 sealing: str = _sealing.CLASSICAL, journal: bool | str | os.PathLike = True):
+                 sealing: str = _sealing.CLASSICAL, journal: bool | str | os.PathLike = True,
+                 allow_insecure_http: bool = False):
         urls = [u.strip().rstrip("/") for u in server_urls]
         if len(urls) < 2:
             raise ValueError("need the URLs of at least two share servers")
@@ -215,6 +237,12 @@ class Client:
         tokens = [token] * len(urls) if token is None or isinstance(token, str) else list(token)
         if len(tokens) != len(urls):
             raise ValueError("give one token, or one token per server URL")
+        for url, tok in zip(urls, tokens):
+            if tok and not allow_insecure_http and _plain_http_to_another_host(url):
+                raise SDKError(f"refusing to send an upload token over plain http to {url}: anyone on the "
+                               f"path could read it and upload in its name. Use https://, or pass "
+                               f"allow_insecure_http=True (dpsketch submit --allow-insecure-http) for a "
+                               f"network you trust")
         self.urls = urls
         self.max_retries = max_retries
         self.backoff = backoff

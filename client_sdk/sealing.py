@@ -17,11 +17,11 @@ the key id matches the key, the suite is the one this client seals with, and no 
 either suite) is published by two servers, which would be one organisation holding two shares.
 
 Layout: each request body is one version 3 batch (one KEM per batch and server, then an AEAD
-per record) to every server that lists version 3 in ``hpke.versions``; to a server that does
-not (a release before it), version 1 records (classical) or version 2 (post-quantum), one KEM
-per record, as before. A version 3 batch cannot be cut at a record boundary (its count and
-order are sealed), so a body the server refuses as too large (413) is cut in its plaintext and
-each half sealed again (:class:`SealedBody`).
+per record), the only sealed layout; a server that does not list version 3 in
+``hpke.versions`` (a release before it) is refused before anything is sent (the per-record
+versions 1 and 2 were dropped, issue 41). A version 3 batch cannot be cut at a record boundary
+(its count and order are sealed), so a body the server refuses as too large (413) is cut in its
+plaintext and each half sealed again (:class:`SealedBody`).
 """
 
 from __future__ import annotations
@@ -99,15 +99,17 @@ def recipients(urls: Sequence[str], study: Study, infos: Sequence[messages.Serve
                            f"'prefer-post-quantum' to seal classically where no such key is published)")
         # every published key is checked (ids, no key shared between servers), the used ones or not
         classical = _current(urls[j], keys, envelope.CLASSICAL, sid, owner)
-        batches = envelope.VERSION_3 in (keys.versions or ())
+        if envelope.VERSION_3 not in (keys.versions or ()):
+            raise SDKError(f"{urls[j]} does not open version 3 sealed batches (hpke.versions "
+                           f"{keys.versions}): the only sealed layout this SDK sends; upgrade the "
+                           f"server, or use encrypt=False")
         if policy == POST_QUANTUM or (policy == PREFER_POST_QUANTUM and pq_known):
             suite, public = envelope.POST_QUANTUM, _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)
         else:
             if pq_known:
                 _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)
             suite, public = envelope.CLASSICAL, classical
-        version = envelope.VERSION_3 if batches else envelope.legacy_version(suite)
-        out.append(envelope.Recipient(sid, public, suite, version))
+        out.append(envelope.Recipient(sid, public, suite, envelope.VERSION_3))
     return out
 
 

@@ -14,8 +14,8 @@ writes into OUTDIR:
 IP addresses in --hosts get no certificate of their own; they are added to every certificate's
 SANs. Private keys are written with mode 0600 (owner only). --key-group GROUP instead gives the
 service keys (not the CA key) that group and mode 0640, so a service running as another user
-that is in GROUP can read its key while other users on the host cannot: the compose overlay
-(deploy/compose.tls.yml) runs each container with that group added (DPSKETCH_CERTS_GID).
+that is in GROUP can read its key while other users on the host cannot: the compose file
+(docker-compose.yml, TLS by default) runs each container with that group added (DPSKETCH_CERTS_GID).
 An existing CA in OUTDIR is reused (so new services can be added later) unless --new-ca is
 given; existing service files are overwritten.
 Only for a local or private deployment: a public one should use certificates from its own CA.

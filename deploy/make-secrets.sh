@@ -50,10 +50,10 @@ for s in 1 2 3; do
     write "s${s}_analyst_token" "${!analyst}"
 done
 write analyzer_cluster.json "{\"servers\": [
-  {\"server_id\": \"s1\", \"url\": \"http://s1:8101\", \"analyst_token\": \"$S1_ANALYST_TOKEN\"},
-  {\"server_id\": \"s2\", \"url\": \"http://s2:8101\", \"analyst_token\": \"$S2_ANALYST_TOKEN\"},
-  {\"server_id\": \"s3\", \"url\": \"http://s3:8101\", \"analyst_token\": \"$S3_ANALYST_TOKEN\"}],
- \"api_token\": \"$ANALYZER_API_TOKEN\"}
+  {\"server_id\": \"s1\", \"url\": \"https://s1:8101\", \"analyst_token\": \"$S1_ANALYST_TOKEN\"},
+  {\"server_id\": \"s2\", \"url\": \"https://s2:8101\", \"analyst_token\": \"$S2_ANALYST_TOKEN\"},
+  {\"server_id\": \"s3\", \"url\": \"https://s3:8101\", \"analyst_token\": \"$S3_ANALYST_TOKEN\"}],
+ \"api_token\": \"$ANALYZER_API_TOKEN\", \"ca_file\": \"/run/secrets/ca_pem\"}
 "
 write s1_db_password "$password"
 # libpq's password file: host:port:database:user:password (deploy/stack.yml's --db URL)

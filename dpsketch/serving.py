@@ -68,6 +68,10 @@ DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_MIN_RATE = 500.0  # bytes per second
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_IP = 256
+#: Under pressure (every connection slot taken) a new connection evicts the one that has waited
+#: longest for its client, if it has waited at least this long (a client in the middle of
+#: sending a request is not cut off by a newcomer).
+DEFAULT_EVICT_AFTER = 1.0
 FD_HEADROOM = 64  # descriptors kept free below RLIMIT_NOFILE: SQLite files, logs, outgoing calls
 #: gc thresholds while serving (Python's default: 700, 10, 10): a young collection every 7,000
 #: net allocations of container objects rather than every 700 (module docstring).
@@ -184,9 +188,14 @@ class _Guard:
     asked: int | None = None  # --max-connections as given
     total: int = 0  # connections open now
     report_every: float = 10.0
+    evict_after: float = DEFAULT_EVICT_AFTER
 
     def __post_init__(self) -> None:
         self.per_ip: collections.Counter[str] = collections.Counter()
+        #: connections waiting for their client (a request head or body to arrive), oldest
+        #: first: when the phase began (loop time); the candidates for eviction
+        self.waiting: dict[Any, float] = {}
+        self.evicted = 0  # connections evicted for newcomers, since the start
         self.events: collections.Counter[str] = collections.Counter()  # not yet logged
         self.latest: str | None = None
         self.pending: Any = None  # the timer of the next summary
@@ -204,16 +213,32 @@ class _Guard:
                  self.body_timeout, self.min_rate)
 
     def admit(self, ip: str | None, loop: Any) -> bool:
-        if self.total >= self.max_connections:
-            self.note("refused: server at --max-connections", ip, loop)
-            return False
         if ip is not None and self.max_per_ip and self.per_ip[ip] >= self.max_per_ip:
             self.note("refused: address at --max-connections-per-ip", ip, loop)
+            return False
+        if self.total >= self.max_connections and not self.evict_oldest(loop):
+            self.note("refused: server at --max-connections", ip, loop)
             return False
         self.total += 1
         if ip is not None:
             self.per_ip[ip] += 1
         return True
+
+    def evict_oldest(self, loop: Any) -> bool:
+        """Make room for a newcomer: close the connection that has waited longest for its
+        client, if it waited at least ``evict_after``; whether one was closed. Why: the caps per
+        address do not stop a flood from many addresses (issue 41: 18 loopback addresses x 240
+        slow-header connections filled the 4,096 slots and a legitimate client got 0 of 8
+        answers); a slot held by a client that sends nothing is the cheapest to give back, and
+        a flood that keeps every slot busy must now open a connection per slot per
+        ``evict_after`` seconds, where before it only had to hold them."""
+        for conn, since in self.waiting.items():  # oldest first: if this one is too young, all are
+            if loop.time() - since < self.evict_after:
+                return False
+            conn.evict()
+            self.evicted += 1
+            return True
+        return False
 
     def release(self, ip: str | None) -> None:
         self.total -= 1
@@ -262,6 +287,7 @@ class _GuardedConnection:
     flow: Any
     cycle: Any
     _admitted = False
+    _evicted = False
     _phase: str | None = None
     _timer: Any = None
     _deadline = 0.0
@@ -284,10 +310,23 @@ class _GuardedConnection:
         self._sync_phase()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self._admitted:  # refused in connection_made (or handed over to websockets)
+        if not self._admitted and not self._evicted:  # refused in connection_made (or handed over to websockets)
             return
         self._release()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def evict(self) -> None:
+        """Close this connection for a newcomer (the guard chose it: it waited longest for its
+        client). Its slot is free at once; a client that had sent part of a request head is told
+        why (503 with Retry-After), an idle one is closed silently as a keep-alive timeout does."""
+        self.guard.note("evicted: waited longest, for a new connection at --max-connections", self._ip, self.loop)
+        if self._phase == "headers" and self._phase_bytes:
+            self.transport.write(closing_problem(ProblemError.unavailable(
+                "the server is at its connection limit and this connection had waited longest for "
+                "its request; reconnect and send it again", 1)))
+        self._evicted = True
+        self._release()
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         # Bytes count for the phase they arrive in; the chunk that ends the headers starts the
@@ -315,6 +354,7 @@ class _GuardedConnection:
             self._admitted = False
             self.guard.release(self._ip)
         self._phase = None
+        self.guard.waiting.pop(self, None)
         self._cancel_timer()
 
     def _cancel_timer(self) -> None:
@@ -340,6 +380,10 @@ class _GuardedConnection:
         if phase == self._phase:
             return
         self._phase, self._phase_bytes = phase, 0
+        waiting = self.guard.waiting
+        waiting.pop(self, None)
+        if phase is not None:  # waiting for the client from now: the newest candidate for eviction
+            waiting[self] = self.loop.time()
         self._cancel_timer()
         timeout = self._timeout(phase)
         if timeout:

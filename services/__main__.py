@@ -43,9 +43,10 @@ Give them in the environment (DPSKETCH_OPERATOR_TOKEN, DPSKETCH_ANALYST_TOKEN) o
 want to rotate without a restart go in --tokens-file (JSON {"operator": [...], "analyst": [...]},
 plain tokens or "sha256:<hex>" digests), re-read when it changes and on SIGHUP. Only digests of
 tokens are kept in memory. The privacy policy flags (--max-epsilon, ...) make the server refuse
-studies outside its own policy; /v1/info publishes it. The population privacy budget
-(docs/ledger.md) has no flag: DPSKETCH_POPULATION_EPSILON (unset: the ledger is kept, nothing
-refused), DPSKETCH_POPULATION_DELTA (1e-6) and DPSKETCH_POPULATION_NEIGHBOURING (replace-one).
+studies outside its own policy; /v1/info publishes it. Every population (the operator's: upload
+tokens are issued for one) has a privacy budget (docs/ledger.md): --population-epsilon and
+--population-floor-epsilon, at DPSKETCH_POPULATION_DELTA (1e-6) under
+DPSKETCH_POPULATION_NEIGHBOURING (replace-one).
 
 Trust (docs/trust.md): by default the server takes uploads only with upload tokens its operator
 issued (--upload-auth), adds its own noise to every release so that each report keeps the

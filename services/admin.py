@@ -30,7 +30,7 @@ class ServerAdmin:
     """The operator's calls to one share server (bearer: its operator token)."""
 
     def __init__(self, url: str, operator_token: str, *, verify: bool | ssl.SSLContext = True,
-                 timeout: float = 30.0):
+                 timeout: float = 120.0):
         self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, verify=verify,
                                  headers={"Authorization": f"Bearer {operator_token}"})
 
@@ -50,12 +50,16 @@ class ServerAdmin:
         return r.json()
 
     def issue_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1,
-                            party: str | None = None) -> IssuedUploadTokens:
+                            party: str | None = None, population: str | None = None) -> IssuedUploadTokens:
         """``count`` new tokens, each good for ``quota`` new reports (None: no limit); a study
-        with parties issues them to one ``party``."""
+        with parties issues them to one ``party``. Their reports are charged to ``population``
+        (the server's default population if None); the first token of a population for a study
+        charges the study to it, or is refused past its budget (docs/ledger.md)."""
         ask: dict[str, Any] = {"count": count, "quota": quota}
         if party is not None:
             ask["party"] = party
+        if population is not None:
+            ask["population"] = population
         return IssuedUploadTokens.model_validate(self._call(
             "POST", f"/v1/studies/{study_id}/upload-tokens", json=ask))
 
@@ -66,16 +70,21 @@ class ServerAdmin:
         return UploadTokenList.model_validate(
             self._call("DELETE", f"/v1/studies/{study_id}/upload-tokens/{token_id}"))
 
+    def drop_study(self, study_id: str) -> dict[str, Any]:
+        """Drop an open study: shares deleted, never released, population charges refunded."""
+        return self._call("DELETE", f"/v1/studies/{study_id}")
+
 
 def issue_for_data_owner(servers: list[tuple[str, str]], study_id: str, quota: int | None,
-                         verify: bool | ssl.SSLContext = True, party: str | None = None) -> list[str]:
+                         verify: bool | ssl.SSLContext = True, party: str | None = None,
+                         population: str | None = None) -> list[str]:
     """One token per server (url, operator token) for one data owner with ``quota`` rows (or one
     party of a study with parties): what each organisation hands a data owner it enrolled.
     Returns them in server order."""
     out = []
     for url, operator_token in servers:
         with ServerAdmin(url, operator_token, verify=verify) as admin:
-            out.append(admin.issue_upload_tokens(study_id, 1, quota, party).token)
+            out.append(admin.issue_upload_tokens(study_id, 1, quota, party, population).token)
     return out
 
 
@@ -102,11 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="json: the server's answer (token ids, quotas and the tokens); token: the "
                             "tokens alone, one per line, for the shell to capture: "
                             "TOKEN=$(dpsketch tokens ... issue STUDY_ID --output token) (default: json)")
+    issue.add_argument("--population", metavar="ID",
+                       help="the population (yours, the operator's) the tokens' reports are charged to, "
+                       "whatever the study says; the first token of a population for a study charges "
+                       "the study to its privacy budget, refused past it (default: the server's "
+                       "default population; docs/ledger.md)")
     ls = sub.add_parser("list", help="list a study's tokens (ids, quotas, use; never the tokens)")
     ls.add_argument("study_id", help="the study (64 hex characters)")
     rv = sub.add_parser("revoke", help="revoke one token at once")
     rv.add_argument("study_id", help="the study (64 hex characters)")
     rv.add_argument("token_id", help="the token's id, as issue and list show it (not the token)")
+    drop = sub.add_parser("drop-study", help="drop an open study: its shares are deleted, it never "
+                          "releases, its population charges are refunded (logged as an audit record)")
+    drop.add_argument("study_id", help="the study (64 hex characters)")
     return p
 
 
@@ -121,9 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         with ServerAdmin(args.server, token, verify=verify) as admin:
             if args.command == "issue":
                 out: Any = admin.issue_upload_tokens(args.study_id, args.count,
-                                                     None if args.unlimited else args.quota, args.party)
+                                                     None if args.unlimited else args.quota, args.party,
+                                                     args.population)
             elif args.command == "list":
                 out = admin.upload_tokens(args.study_id)
+            elif args.command == "drop-study":
+                print(json.dumps(admin.drop_study(args.study_id), indent=2))
+                return 0
             else:
                 out = admin.revoke_upload_token(args.study_id, args.token_id)
     except ProblemError as exc:

@@ -17,13 +17,14 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response, Security
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 import dpsketch
 
-from dpsketch.protocol import binding, envelope
+from dpsketch.protocol import binding, envelope, inclusion
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
@@ -49,7 +50,6 @@ from dpsketch.protocol.messages import (
     party_of_media_type,
 )
 from dpsketch.protocol.problems import ProblemError
-from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import PROTOCOL, Study
 
 from dpsketch import problem_http as errors
@@ -62,6 +62,7 @@ from .metrics import ServerMetrics
 from .settings import Settings
 from .store import Store
 from .uploads import FastReports, checked_report, json_response, store_report, upload_token, verified_shares
+from .writer import quota_problem
 
 log = logging.getLogger("dpsketch.server")
 
@@ -87,14 +88,27 @@ def _is_commit(scope) -> bool:
     return scope.get("method") == "POST" and _COMMIT_PATH.match(scope.get("path", "")) is not None
 
 
-def commit_body_limit(study, settings: Settings) -> int:
-    """The largest commit body this server reads for ``study``: an inclusion set lists distinct
-    held ids, at most max_reports per party (16 bytes each), so the general --max-body-bytes
-    (64 MiB, about 4 x 10^6 ids) must not cap it; the memory budget does, since the set is
-    read into memory (the study's own report index takes 26-90 bytes per id already). The
-    analyst's token is checked before a byte of it is read."""
-    ids = study.max_reports * max(1, len(study.parties or ()))
-    return max(settings.max_body_bytes, min(REPORT_ID_BYTES * ids, settings.memory_budget))
+def commit_body_limit(held: int, media_type: str, settings: Settings) -> int:
+    """The largest commit body this server reads: a report-id list (16 bytes an included id)
+    only up to the general --max-body-bytes (64 MiB, about 4 x 10^6 ids), the compact bitmap
+    (dpsketch/protocol/inclusion.py) exactly the size of one over the ``held`` ids (a bit an id:
+    1.25 MB at 10^7), whatever the study's max_reports. Before issue 41 a commit body could be
+    16 bytes x max_reports, up to the memory budget, read into memory whole. The analyst's
+    token is checked before a byte of it is read."""
+    if media_type == inclusion.MEDIA_TYPE:
+        return inclusion.body_bytes(held)
+    return settings.max_body_bytes
+
+
+def commit_memory(held: int, body_bytes: int, media_type: str) -> int:
+    """What a commit holds in memory beyond the study's totals and index while it is worked on
+    (measured: benchmarks/commit_memory.py): for a bitmap, the body, its bits unpacked and the
+    rowids it selects or leaves out (about 10 bytes a held id) and a 16 MiB hashing buffer; for
+    a report-id list, the body, its copy and halves and the matches (about 5 bytes a body byte
+    and 10 a held id)."""
+    if media_type == inclusion.MEDIA_TYPE:
+        return 2 * body_bytes + 10 * held + (32 << 20)
+    return 5 * body_bytes + 10 * held
 
 
 def require_media_type(request: Request, expected: str, *also: str) -> str:
@@ -187,6 +201,33 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     rows, signs = study.hash_report_ids(upload.ids, upload.joined)
     seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
     return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds
+
+
+def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> None:
+    """What a sealed batch is judged on before any decryption work (issue 41): its layout and
+    length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
+    is addressed to a key this server holds (422 sealed-share-refused), and that its upload
+    token may add its new reports, read from the records' report ids, which travel in the clear
+    (403 upload-quota-exceeded). Only then is its one KEM and are its AEADs run; each record's
+    binding is inside its ciphertext, so it is checked after opening, before anything is stored."""
+    study = record.study
+    try:
+        header = envelope.parse_batch(body, study.width, study.n_servers)
+    except envelope.SealError as exc:  # a suite this server does not know
+        raise ProblemError("sealed-share-refused", str(exc)) from None
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    if store.keys.private_key_for(header.key_id) is None:
+        raise ProblemError("sealed-share-refused", f"sealed batch {header.batch_id.hex()}: unknown key id "
+                           f"{header.key_id.hex()} (not a key of this server, or retired); fetch /v1/info "
+                           f"and seal again")
+    if token is not None:
+        granted = record.upload_tokens.get(token)
+        room = granted.room() if granted is not None else 0
+        if room is not None and header.count > room:  # retries cost nothing: count the new ones
+            new = store.count_new(record, envelope.record_ids(body, header, study.width, study.n_servers))
+            if new > room:
+                raise quota_problem(room, record.study_id, new)
 
 
 def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Upload:
@@ -439,23 +480,26 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/studies/{study_id}/upload-tokens", status_code=201, tags=["studies"],
               dependencies=[operator], response_model=IssuedUploadTokens,
-              responses=problem_responses(*auth_errors, 404, 422, 503))
+              responses=problem_responses(*auth_errors, 404, 409, 422, 503))
     async def create_upload_tokens(study_id: str, request: Request) -> JSONResponse:
         """Issue upload tokens for the study (operator only: the analyst must not mint its own, or
-        it could upload Sybil reports without bound). Body (optional) ``{"count", "quota"}``: by
-        default one token good for one report. Only digests are stored; from the first token on,
-        uploads to the study need one of its tokens."""
+        it could upload Sybil reports without bound). Body (optional) ``{"count", "quota",
+        "population"}``: by default one token good for one report, for the server's default
+        population. The population is the operator's: the first token of a population for a
+        study charges the study to that population's ledger (409 budget-exceeded past its
+        budget, docs/ledger.md). Only digests are stored; from the first token on, uploads to
+        the study need one of its tokens."""
         store.record(study_id)
         body = await request.body()
         try:
             ask = IssueUploadTokens.model_validate_json(body) if body.strip() else IssueUploadTokens()
         except ValidationError as exc:
             raise ProblemError("invalid-request", summarize_errors(exc.errors())) from None
-        tokens, active = await run_in_threadpool(store.add_upload_tokens, study_id, ask.count, ask.quota,
-                                                 ask.party)
+        tokens, active, population = await run_in_threadpool(
+            store.add_upload_tokens, study_id, ask.count, ask.quota, ask.party, ask.population)
         ids = [upload_token_id(digest_of(t)) for t in tokens]
         out = IssuedUploadTokens(study_id=study_id, tokens=tokens, token_ids=ids, quota=ask.quota,
-                                 upload_tokens=active, token=tokens[0], token_id=ids[0])
+                                 upload_tokens=active, token=tokens[0], token_id=ids[0], population=population)
         return JSONResponse(out.model_dump(mode="json"), status_code=201, headers={"Cache-Control": "no-store"})
 
     @app.get("/v1/studies/{study_id}/upload-tokens", response_model=UploadTokenList, tags=["studies"],
@@ -471,6 +515,15 @@ def create_app(settings: Settings) -> FastAPI:
         """Revoke one upload token (operator; idempotent): refused from this answer on. The
         study keeps requiring an upload token, even if none is left."""
         return await run_in_threadpool(store.revoke_upload_token, study_id, token_id)
+
+    @app.delete("/v1/studies/{study_id}", tags=["studies"], dependencies=[operator],
+                responses=problem_responses(*auth_errors, 404, 409, 503))
+    async def drop_study(study_id: str) -> dict:
+        """Drop an open study (operator; idempotent): its shares are deleted, it takes no more
+        reports and never releases, its memory is freed and its population charges are refunded
+        (it released nothing). Logged as an audit record. 409 study-closed for a committed study
+        (what it released is spent; DELETE .../shares removes its shares)."""
+        return await run_in_threadpool(store.close_study, study_id, "dropped", "the operator")
 
     @app.delete("/v1/studies/{study_id}/shares", tags=["finalization"], dependencies=[operator],
                 responses=problem_responses(*auth_errors, 404, 409, 503))
@@ -501,8 +554,7 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"{SEALED_MEDIA_TYPE}: m records of a proof and a share or seed "
                                  f"sealed to this server with HPKE (section 7a: one version 3 "
                                  f"batch, one HPKE seal then an AEAD per record, classical or "
-                                 f"post-quantum; or version 1 or 2 records, one HPKE seal each; "
-                                 f"docs/sealing.md); or, for a study "
+                                 f"post-quantum, the only sealed layout; docs/sealing.md); or, for a study "
                                  f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
                                  f"16-byte block id, 16-byte pseudonym, proof and the share of "
                                  f"the party's columns (section 2d)",
@@ -518,8 +570,10 @@ def create_app(settings: Settings) -> FastAPI:
         media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SEALED_MEDIA_TYPE,
                                         BLOCKS_MEDIA_TYPE)
         record = store.record(study_id)
-        if record.commit is not None:
-            raise ProblemError("study-closed", f"study {study_id} is committed; it takes no more reports")
+        if not record.is_open:
+            raise ProblemError("study-closed", f"study {study_id} is "
+                               f"{'committed' if record.commit is not None else record.closure.reason}; "
+                               f"it takes no more reports")
         if media_type == BLOCKS_MEDIA_TYPE:
             granted = record.upload_tokens.get(token) if token is not None else None
             party = _block_party(record.study, request.headers.get("content-type", ""),
@@ -534,6 +588,8 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                                f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
         body = await request.body()
+        if media_type == SEALED_MEDIA_TYPE:
+            await run_in_threadpool(_sealed_precheck, store, record, body, token)
         ids, shares, rows, signs, sorted_ids, seeds = await run_in_threadpool(
             _parse_batch, body, record.study, media_type, settings.server_id, store.keys)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,
@@ -547,8 +603,8 @@ def create_app(settings: Settings) -> FastAPI:
                         **problem_responses(*auth_errors, 404, 503)})
     async def report_ids(study_id: str) -> Response:
         """The ids of every report this server holds for the study (analyst)."""
-        body = await run_in_threadpool(store.report_ids, study_id)
-        return Response(body, media_type=REPORT_IDS_MEDIA_TYPE)
+        chunks = await run_in_threadpool(store.report_ids, study_id)
+        return StreamingResponse(iterate_in_threadpool(chunks), media_type=REPORT_IDS_MEDIA_TYPE)
 
     @app.get("/v1/studies/{study_id}/blocks", tags=["finalization"], dependencies=[analyst],
              response_class=Response,
@@ -564,16 +620,30 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/studies/{study_id}/commit", response_model=CommitResult, tags=["finalization"],
               dependencies=[analyst],
               responses=problem_responses(400, *auth_errors, 404, 409, 413, 415, 422, 503),
-              openapi_extra=_binary_body(REPORT_IDS_MEDIA_TYPE,
-                                         "the inclusion set: 16-byte ids in ascending order"))
+              openapi_extra={"requestBody": {
+                  "required": True,
+                  "description": f"the inclusion set: {inclusion.MEDIA_TYPE} (a bit per id this "
+                                 f"server holds, in its sorted order, after the held count and the "
+                                 f"inclusion hash: docs/protocol.md section 7) or "
+                                 f"{REPORT_IDS_MEDIA_TYPE} (16-byte ids in ascending order, at most "
+                                 f"the server's general body limit)",
+                  "content": {inclusion.MEDIA_TYPE: {"schema": BINARY_SCHEMA},
+                              REPORT_IDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
     async def commit(study_id: str, request: Request) -> CommitResult:
-        """Commit the study to one inclusion set, after the certificate (analyst)."""
-        require_media_type(request, REPORT_IDS_MEDIA_TYPE)
+        """Commit the study to one inclusion set, after the certificate (analyst). The body's
+        size is bounded (commit_body_limit) and the memory working on it is reserved against
+        the memory budget before a byte is read (409 capacity-exceeded if it does not fit)."""
+        media_type = require_media_type(request, inclusion.MEDIA_TYPE, REPORT_IDS_MEDIA_TYPE)
         record = store.record(study_id)
-        body = await errors.read_within(request, commit_body_limit(record.study, settings),
-                                        "the largest inclusion set this study can have")
-        with metrics.timed(metrics.commit_seconds):
-            return await run_in_threadpool(store.commit, study_id, body)
+        held = store.held(record)
+        limit = commit_body_limit(held, media_type, settings)
+        declared = request.headers.get("content-length", "")
+        size = min(int(declared), limit) if declared.isdigit() else limit
+        with store.reserve(commit_memory(held, size, media_type), "this commit"):
+            body = await errors.read_within(request, limit, "the largest inclusion set this server reads "
+                                            "in this form (a bitmap: one bit per held report)")
+            with metrics.timed(metrics.commit_seconds):
+                return await run_in_threadpool(store.commit, study_id, body, media_type == inclusion.MEDIA_TYPE)
 
     @app.get("/v1/studies/{study_id}/aggregate", tags=["finalization"], dependencies=[analyst],
              response_class=Response,

@@ -26,6 +26,7 @@ Why these choices:
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from pathlib import Path
 
@@ -162,6 +163,9 @@ def set_cache(conn: sqlite3.Connection, kib: int) -> None:
 def initialise(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     """Open (creating if needed) the database and return the writer's connection."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # created owner-only before SQLite opens it (it gives the WAL and SHM files the database's
+    # mode): the file holds shares and the HPKE private keys, and was 0644 until a key was made
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     conn = connect(path, busy_timeout_s)
     conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # effective only on a new file
     mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]

@@ -8,7 +8,8 @@ docs/sealing.md), one ring per suite: classical X25519 and post-quantum MLKEM768
   in ``hpke_pq_keys`` (created here, so a database made before the suite needs no migration).
 * ``GET /v1/info`` publishes every key the server still holds, marking the current one of each
   suite (``hpke``: classical; ``hpke.post_quantum``), and the sealed layouts it opens
-  (``hpke.versions``: 1, 2 and 3); clients seal to a current key.
+  (``hpke.versions``: 3, the one batch layout; versions 1 and 2 were dropped, issue 41); clients
+  seal to a current key.
 * Rotation (``POST /v1/keys``, operator): a new key of every suite becomes current; the previous
   ones still open shares, because clients that fetched them earlier may still be uploading. Both
   suites rotate together: what prompts a rotation (a schedule, a suspected leak of the database
@@ -19,8 +20,8 @@ docs/sealing.md), one ring per suite: classical X25519 and post-quantum MLKEM768
   committed no upload can reach it anyway (409 ``study-closed``), so nothing is lost.
 
 Key ids are SHA-256 of the public key, and the two suites' public keys differ in length, so one
-id names one key across both rings; a record whose suite is not its key's is refused by
-``envelope.open_record``.
+id names one key across both rings; a batch whose suite is not its key's is refused by
+``envelope.open_batch`` (never tried).
 """
 
 from __future__ import annotations

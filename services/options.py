@@ -10,6 +10,8 @@ from typing import Any
 
 from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES
 
+from .settings import (DEFAULT_POPULATION, DEFAULT_POPULATION_EPSILON, DEFAULT_POPULATION_FLOOR_EPSILON,
+                       DEFAULT_STUDY_EXPIRY_S)
 from .state import INDEX_BYTES_PER_REPORT
 
 
@@ -106,10 +108,34 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                         "($DPSKETCH_MAX_STUDY_MEMORY; default: 256M)")
     g.add_argument("--memory-budget", type=byte_size,
                    default=_env("DPSKETCH_MEMORY_BUDGET", 4 << 30, byte_size),
-                   help="memory for all open studies: their running totals plus about "
-                        f"{INDEX_BYTES_PER_REPORT} bytes per held report; new studies and uploads "
-                        "beyond it are refused "
+                   help="memory for all open studies: the rows of their running totals their reports "
+                        f"have written into plus about {INDEX_BYTES_PER_REPORT} bytes per held report "
+                        "(charged as reports arrive, not at provisioning); uploads beyond it are refused "
                         "($DPSKETCH_MEMORY_BUDGET; default: 4G)")
+    g.add_argument("--population-epsilon", type=epsilon_or_none,
+                   default=_env("DPSKETCH_POPULATION_EPSILON", DEFAULT_POPULATION_EPSILON, epsilon_or_none),
+                   help="privacy budget of every population (docs/ledger.md): refuse to charge a study "
+                        "to a population (its first upload token of it) if the studies' certified "
+                        "guarantees would compose past this epsilon; 'none': no such bound "
+                        "($DPSKETCH_POPULATION_EPSILON; default: %(default)s)")
+    g.add_argument("--population-floor-epsilon", type=epsilon_or_none,
+                   default=_env("DPSKETCH_POPULATION_FLOOR_EPSILON", DEFAULT_POPULATION_FLOOR_EPSILON,
+                                epsilon_or_none),
+                   help="... or if their floors (each study's guarantee with no other honest report: "
+                        "what a report keeps when every study is filled with Sybils) would compose past "
+                        "this epsilon; 'none': no such bound ($DPSKETCH_POPULATION_FLOOR_EPSILON; "
+                        "default: %(default)s)")
+    g.add_argument("--default-population", default=_env("DPSKETCH_DEFAULT_POPULATION", DEFAULT_POPULATION, str),
+                   help="the population of upload tokens issued without one, and of uploads without a "
+                        "token (--upload-auth open) ($DPSKETCH_DEFAULT_POPULATION; default: %(default)s)")
+    g.add_argument("--study-expiry-seconds", dest="study_expiry_s", type=epsilon_or_none,
+                   default=_env("DPSKETCH_STUDY_EXPIRY", DEFAULT_STUDY_EXPIRY_S, epsilon_or_none),
+                   help="a study not committed this long after it was provisioned expires: its shares "
+                        "are deleted, it never releases, its population charges are refunded; 'none': "
+                        "never ($DPSKETCH_STUDY_EXPIRY; default: %(default)s, a week)")
+    g.add_argument("--max-open-studies", type=int, default=_env("DPSKETCH_MAX_OPEN_STUDIES", 1000, int),
+                   help="most studies open at once; provisioning more is refused "
+                        "($DPSKETCH_MAX_OPEN_STUDIES; default: %(default)s)")
     g.add_argument("--tokens-file", type=Path, default=_env("DPSKETCH_TOKENS_FILE", None, Path),
                    help='JSON {"operator": [...], "analyst": [...]} of more tokens ("sha256:<hex>" digests or '
                         "plain tokens), re-read when it changes or on SIGHUP ($DPSKETCH_TOKENS_FILE)")
@@ -124,4 +150,5 @@ def policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in (
         "max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_floor_epsilon",
         "max_excluded_fraction", "upload_auth", "max_study_bytes", "max_study_memory", "memory_budget",
-        "tokens_file", "retention_after_commit_s") if hasattr(args, name)}
+        "tokens_file", "retention_after_commit_s", "population_epsilon", "population_floor_epsilon",
+        "default_population", "study_expiry_s", "max_open_studies") if hasattr(args, name)}

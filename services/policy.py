@@ -10,9 +10,9 @@ inclusion set may leave out) and upload authentication apply to every study. GET
 publishes the policy, so a client can check it before it submits (docs/trust.md).
 
 The privacy budget per population (docs/ledger.md) is part of the policy too, but it depends on
-what the server has already provisioned, so the store checks it (:func:`check_population`)
-inside the transaction that charges the study: two studies of one population provisioned at
-once cannot both slip under the budget.
+what the server has already charged, so the store checks it (:func:`check_population`) inside
+the transaction that charges the study (issuing its first upload token for a population): two
+studies of one population charged at once cannot both slip under the budget.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ def describe(settings: Settings) -> dict[str, float | int | str | None]:
         "max_k": settings.max_k,
         "max_aggregate_cells": settings.max_aggregate_cells,
         "retention_after_commit_seconds": settings.retention_after_commit_s,
+        # populations belong to this server's operator (docs/ledger.md): each has this budget
+        "population_epsilon": settings.population_epsilon,
+        "population_floor_epsilon": settings.population_floor_epsilon,
+        "population_delta": settings.population_delta,
+        "population_neighbouring": settings.population_neighbouring,
+        "default_population": settings.default_population,
+        "study_expiry_seconds": settings.study_expiry_s,
+        "max_open_studies": settings.max_open_studies,
     }
 
 
@@ -88,19 +96,27 @@ def check(study: Study, settings: Settings) -> None:
             raise ProblemError("invalid-study", f"{policy} policy {rule}: {detail}", extra={"policy_rule": rule})
 
 
+#: With the LTM bound switched off ("none"), a floor bound still needs a Budget: this epsilon
+#: never refuses anything.
+_UNBOUNDED = 1e300
+
+
 def population_budget(settings: Settings) -> ledger.Budget | None:
-    """The budget every population is held to at this server (None: ledger kept, nothing refused)."""
-    if settings.population_epsilon is None:
+    """The budget every population is held to at this server (None: both bounds off: ledger
+    kept, nothing refused)."""
+    if settings.population_epsilon is None and settings.population_floor_epsilon is None:
         return None
-    return ledger.Budget(settings.population_epsilon, settings.population_delta,
-                         settings.population_neighbouring)
+    return ledger.Budget(settings.population_epsilon if settings.population_epsilon is not None else _UNBOUNDED,
+                         settings.population_delta, settings.population_neighbouring,
+                         floor_epsilon=settings.population_floor_epsilon)
 
 
-def check_population(charges: list[ledger.Charge], study: Study, settings: Settings) -> None:
-    """409 budget-exceeded if charging ``study`` would take its population past the budget; the
-    detail and the problem's members name the budget, what is spent and what the study needs."""
+def check_population(charges: list[ledger.Charge], study: Study, settings: Settings, population: str) -> None:
+    """409 budget-exceeded if charging ``study`` to ``population`` would take it past the
+    budget; the detail and the problem's members name the budget, what is spent and what the
+    study needs, for both the certified guarantees and the floors."""
     budget = population_budget(settings)
-    if budget is None or study.population is None:
+    if budget is None:
         return
     verdict = ledger.check(charges, ledger.Charge.of(study), budget)
     if verdict.fits:
@@ -109,10 +125,15 @@ def check_population(charges: list[ledger.Charge], study: Study, settings: Setti
     def finite(x: float) -> float | None:
         return x if x == x and abs(x) != float("inf") else None
 
+    floor = verdict.floor_needed is not None
     raise ProblemError(
-        "budget-exceeded", verdict.explain(budget, f"population {study.population!r}"),
-        extra={"population": study.population, "neighbouring": budget.notion,
-               "budget_epsilon": budget.epsilon, "budget_delta": budget.delta,
+        "budget-exceeded", verdict.explain(budget, f"population {population!r}"),
+        extra={"population": population, "neighbouring": budget.notion,
+               "budget_epsilon": settings.population_epsilon, "budget_delta": budget.delta,
                "spent_epsilon": finite(verdict.spent.epsilon), "studies_charged": verdict.spent.studies,
                "needed_epsilon": finite(verdict.needed.epsilon),
-               "study_epsilon": finite(verdict.study_epsilon)})
+               "study_epsilon": finite(verdict.study_epsilon),
+               "budget_floor_epsilon": settings.population_floor_epsilon,
+               "spent_floor_epsilon": finite(verdict.floor_spent.epsilon) if floor else None,
+               "needed_floor_epsilon": finite(verdict.floor_needed.epsilon) if floor else None,
+               "study_floor_epsilon": finite(verdict.floor_study_epsilon) if floor else None})

@@ -28,6 +28,30 @@ def _env_float(name: str, default: float | None) -> float | None:
         raise ValueError(f"${name} = {value!r} is not a number") from None
 
 
+def _env_budget(name: str, default: float) -> float | None:
+    """A budget from the environment: unset or empty gives ``default`` (budgets are on by
+    default); "none" switches it off explicitly (logged as a warning at startup)."""
+    value = os.environ.get(name, "").strip()
+    if value.lower() == "none":
+        return None
+    return _env_float(name, default)
+
+
+#: The budget every population has unless the operator says otherwise (docs/ledger.md): the
+#: certified guarantees of its studies compose to at most DEFAULT_POPULATION_EPSILON and their
+#: floors (no other honest report: every study filled with Sybils) to at most
+#: DEFAULT_POPULATION_FLOOR_EPSILON, both at DEFAULT_POPULATION_DELTA. With design()'s defaults
+#: (epsilon 1, floor 4, signed) that admits eight studies per population (floors 11.58; a ninth
+#: would take them to 12.34), unsigned ones six (11.35).
+DEFAULT_POPULATION_EPSILON = 4.0
+DEFAULT_POPULATION_FLOOR_EPSILON = 12.0
+DEFAULT_POPULATION_DELTA = 1e-6
+#: The population of reports whose upload token names none, and of token-less uploads.
+DEFAULT_POPULATION = "default"
+#: An open study not committed this long after it was provisioned expires (a week).
+DEFAULT_STUDY_EXPIRY_S = 7 * 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class Settings:
     server_id: str
@@ -51,15 +75,32 @@ class Settings:
     #: The floor (docs/trust.md): refuse a study unless every report stays (this, delta)-DP with
     #: no other honest report and every other server colluding; None accepts any study.
     max_floor_epsilon: float | None = 4.0
-    #: Privacy budget per population (docs/ledger.md): provisioning refuses (409 budget-exceeded)
-    #: a study whose population's ledger would pass (population_epsilon, population_delta) under
-    #: population_neighbouring. None: no budget, nothing refused, the ledger is still kept.
-    #: Defaults from $DPSKETCH_POPULATION_EPSILON, $DPSKETCH_POPULATION_DELTA and
-    #: $DPSKETCH_POPULATION_NEIGHBOURING.
+    #: Privacy budget per population (docs/ledger.md). Populations belong to the operator: an
+    #: upload token is issued for one (``default_population`` unless the operator names one) and
+    #: a study is charged to a population when its first token for that population is issued
+    #: (open uploads: to ``default_population`` at provisioning); that is refused (409
+    #: budget-exceeded) if the population's composed guarantees would pass population_epsilon or
+    #: its composed floors population_floor_epsilon, both at population_delta under
+    #: population_neighbouring. None (the environment's "none"): that bound is off, the ledger is
+    #: still kept. Defaults from $DPSKETCH_POPULATION_EPSILON, $DPSKETCH_POPULATION_FLOOR_EPSILON,
+    #: $DPSKETCH_POPULATION_DELTA, $DPSKETCH_POPULATION_NEIGHBOURING, $DPSKETCH_DEFAULT_POPULATION.
     population_epsilon: float | None = field(
-        default_factory=lambda: _env_float("DPSKETCH_POPULATION_EPSILON", None))
+        default_factory=lambda: _env_budget("DPSKETCH_POPULATION_EPSILON", DEFAULT_POPULATION_EPSILON))
+    population_floor_epsilon: float | None = field(
+        default_factory=lambda: _env_budget("DPSKETCH_POPULATION_FLOOR_EPSILON", DEFAULT_POPULATION_FLOOR_EPSILON))
     population_delta: float = field(
-        default_factory=lambda: _env_float("DPSKETCH_POPULATION_DELTA", 1e-6))
+        default_factory=lambda: _env_float("DPSKETCH_POPULATION_DELTA", DEFAULT_POPULATION_DELTA))
+    default_population: str = field(
+        default_factory=lambda: os.environ.get("DPSKETCH_DEFAULT_POPULATION", "").strip() or DEFAULT_POPULATION)
+    #: An open study not committed this many seconds after it was provisioned expires: its
+    #: shares are deleted, it takes no more reports, never releases, and its population charges
+    #: are refunded (nothing was released). None: studies never expire. $DPSKETCH_STUDY_EXPIRY.
+    study_expiry_s: float | None = field(
+        default_factory=lambda: _env_budget("DPSKETCH_STUDY_EXPIRY", DEFAULT_STUDY_EXPIRY_S))
+    #: How many studies may be open (neither committed, expired nor dropped) at once: each costs
+    #: memory for its parameters even before a report arrives. $DPSKETCH_MAX_OPEN_STUDIES.
+    max_open_studies: int = field(
+        default_factory=lambda: int(_env_float("DPSKETCH_MAX_OPEN_STUDIES", 1000)))
     population_neighbouring: str = field(
         default_factory=lambda: os.environ.get("DPSKETCH_POPULATION_NEIGHBOURING", "").strip() or "replace-one")
     #: Batch rule: refuse a commit whose inclusion set leaves out more than this fraction of the
@@ -165,6 +206,16 @@ class Settings:
             raise ValueError("max_floor_epsilon must be in (0, 100] (or None: no floor required)")
         if self.population_epsilon is not None and not 0 < self.population_epsilon <= 1e6:
             raise ValueError("population_epsilon must be in (0, 1e6] (or None: no population budget)")
+        if self.population_floor_epsilon is not None and not 0 < self.population_floor_epsilon <= 1e6:
+            raise ValueError("population_floor_epsilon must be in (0, 1e6] (or None: floors not bounded)")
+        from dpsketch.protocol.study import POPULATION_PATTERN
+
+        if not re.match(POPULATION_PATTERN, self.default_population):
+            raise ValueError(f"default_population {self.default_population!r} must match {POPULATION_PATTERN}")
+        if self.study_expiry_s is not None and not self.study_expiry_s > 0:
+            raise ValueError("study_expiry_s must be > 0 (or None: studies never expire)")
+        if self.max_open_studies < 1:
+            raise ValueError("max_open_studies must be at least 1")
         if not 0 < self.population_delta < 1:
             raise ValueError("population_delta must be in (0, 1)")
         if self.population_neighbouring not in ("replace-one", "add-remove"):

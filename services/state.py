@@ -30,6 +30,7 @@ from dpsketch.protocol.sketch import accumulate as add_into
 
 from . import batches
 from .idsets import ReportIndex, SortedIds
+from .lifecycle import Closure
 
 log = logging.getLogger("dpsketch.server")
 
@@ -152,6 +153,10 @@ class StudyRecord:
     upload_tokens: dict[bytes, "UploadToken"] = field(default_factory=dict)  # digest -> token, not revoked
     upload_required: bool = False  # the policy demands tokens, or one was issued: uploads need one
     shares_deleted_at: float | None = None  # retention ran: individual shares are gone
+    created_at: float = 0.0  # when it was provisioned (expiry counts from here)
+    #: it ended without a release: expired or dropped (services/lifecycle.py)
+    closure: Closure | None = None
+    _rows_per_report: int = 0
 
     @property
     def study_id(self) -> str:
@@ -161,16 +166,49 @@ class StudyRecord:
     def upload_digests(self) -> tuple[bytes, ...]:
         return tuple(self.upload_tokens)
 
+    @property
+    def is_open(self) -> bool:
+        return self.commit is None and self.closure is None
+
+    def rows_per_report(self) -> int:
+        """How many rows of the running totals one report adds into (s for OSNAP; the l1
+        sketch's levels), from the study's own hash of one id."""
+        if not self._rows_per_report:
+            rows, _ = self.study.hash_report_ids([bytes(REPORT_ID_BYTES)])
+            self._rows_per_report = max(1, int(np.asarray(rows).reshape(1, -1).shape[1]))
+        return self._rows_per_report
+
+    def memory_for(self, reports: int, blocks: int = 0) -> int:
+        """What the memory budget counts for this study holding ``reports`` reports (a study with
+        parties: complete individuals, and ``blocks`` blocks).
+
+        The running totals are charged as reports arrive, not as declared: the k x width
+        aggregate and k x k S S^T are allocated zero (pages the kernel maps only when written),
+        and a report writes into ``rows_per_report`` rows of each, so ``reports`` reports can
+        have touched at most min(k, rows_per_report * reports) rows of 8 (width + k) bytes. An
+        empty study costs nothing here (issue 41: fifteen empty studies declaring 256 MiB each
+        used to fill a 4 GiB budget while the process held 393 MB). Plus the report index (and
+        a study with parties' slots and counts, about 2.5 x per block)."""
+        touched = min(self.study.k, self.rows_per_report() * (blocks or reports))
+        totals = 8 * touched * (self.study.width + self.study.k)
+        extra = blocks * (INDEX_BYTES_PER_REPORT + SLOT_BYTES_PER_BLOCK) if self.study.parties is not None else 0
+        return totals + reports * INDEX_BYTES_PER_REPORT + extra
+
+    def memory_growth(self, held: int, new: int) -> int:
+        """What ``new`` more reports (blocks, for a study with parties) add to :meth:`memory_for`
+        when it holds ``held`` (an upper bound for blocks: every one may complete an individual)."""
+        if self.study.parties is not None:
+            return self.memory_for(0, held + new) - self.memory_for(0, held) + new * INDEX_BYTES_PER_REPORT
+        return self.memory_for(held + new) - self.memory_for(held)
+
     def memory_bytes(self) -> int:
-        """What the budget counts for this study: its totals and report index while it is open
-        (a study with parties: its blocks' index, slots and counts, about 2.5 x per block)."""
-        if self.commit is not None:
+        """What the budget counts for this study now: nothing once committed or closed."""
+        if not self.is_open:
             return 0
         blocks = 0
         if self.study.parties is not None and self.state is not None:
-            blocks = len(self.state.ids) * (INDEX_BYTES_PER_REPORT + SLOT_BYTES_PER_BLOCK)
-        return (8 * self.study.k * (self.study.width + self.study.k) + self.report_count * INDEX_BYTES_PER_REPORT
-                + blocks)
+            blocks = len(self.state.ids)
+        return self.memory_for(self.report_count, blocks)
 
 
 @dataclass
@@ -180,6 +218,7 @@ class UploadToken:
     quota: int | None  # None: no limit
     used: int = 0
     party: str | None = None  # a study with parties: the party whose blocks it may upload
+    population: str | None = None  # the population its reports are charged to (None: from before them)
 
     def room(self) -> int | None:
         return None if self.quota is None else max(0, self.quota - self.used)

@@ -19,6 +19,7 @@ Privacy rules enforced here, not in the HTTP layer:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -27,7 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,8 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import backend as backends
-from . import batches, checkpoint, idsets, policy
+from . import batches, checkpoint, idsets, lifecycle, policy
+from dpsketch.protocol import inclusion
 from .idsets import SortedIds
 from .auth import digest_of, upload_token_id
 from .keys import KeyRing
@@ -65,6 +67,7 @@ from .writer import CallJob, SingleUpload, UploadJob, Writer
 log = logging.getLogger("dpsketch.server")
 
 _FETCH_CHUNK = 50_000
+_ID_CHUNK = 1 << 16
 _STUDY_ID = re.compile(r"[0-9a-f]{64}")
 
 
@@ -108,6 +111,46 @@ def parse_inclusion(body: bytes) -> InclusionSet:
     return InclusionSet(bytes(body), hi, lo)
 
 
+class BitmapInclusion:
+    """A commit's inclusion set as a bitmap over this server's sorted held ids
+    (dpsketch/protocol/inclusion.py): resolved against the study's report index under its lock,
+    never as one Python object (or 16 bytes) per id."""
+
+    def __init__(self, body: bytes):
+        try:
+            self.mask, digest = inclusion.decode(body)
+        except ValueError as exc:
+            raise ProblemError("malformed-body", str(exc)) from None
+        self.ihash = digest.hex()
+        self.n = int(np.count_nonzero(self.mask))
+        self._run = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def resolve(self, state: StudyState):
+        """Check the bitmap against what this server holds (caller holds ``state.lock``):
+        409 inclusion-stale unless it was made over exactly the held ids, 422 unless the ids it
+        selects hash to the declared inclusion hash. Returns (rowids of the included ids,
+        rowids of the excluded ones), both ascending by id."""
+        run = state.ids.consolidate()
+        if len(run) != len(self.mask):
+            raise ProblemError(
+                "inclusion-stale", "the inclusion bitmap was made over a different list of held "
+                "reports (more arrived since): fetch GET .../report-ids again and rebuild it")
+        actual = inclusion.hash_selected(run.hi, run.lo, self.mask)
+        if actual.hex() != self.ihash:
+            raise ProblemError("invalid-request", f"the reports the bitmap selects here hash to "
+                               f"{actual.hex()}, not to the inclusion hash it declares ({self.ihash})")
+        self._run = run
+        return run.rowid[self.mask], run.rowid[~self.mask]
+
+    def certify_ids(self):
+        """The included ids, for a certificate that hashes them (an l1 study): 16 bytes an id."""
+        run = self._run
+        return IdList(idsets.join_halves(run.hi[self.mask], run.lo[self.mask]))
+
+
 def _match(state: StudyState, ids: InclusionSet):
     """The held ids against an inclusion set (caller holds ``state.lock``): the rowid of each
     included id (-1: not held), the rowids of the held ids outside it, how many included ids
@@ -141,11 +184,16 @@ class Store:
         self._conn = self.backend.initialise()
         self.backend.create_table(self._conn, checkpoint.SCHEMA)
         self.backend.create_table(self._conn, checkpoint.SEGMENTS_SCHEMA)
+        for schema in lifecycle.SCHEMAS:
+            self.backend.create_table(self._conn, schema)
         #: other replicas of this server may write to the same database (PostgreSQL): catch up
         #: under the study's row lock before deciding anything (``_catch_up``)
         self.shared = self.backend.shared
         self.keys = KeyRing(self._conn, self.backend.file_path, self.backend)  # HPKE keys
         self._records: dict[str, StudyRecord] = {}
+        self._reserved = 0  # memory the commits being worked on hold (reserve)
+        self._charge_warmer = ThreadPoolExecutor(1, thread_name_prefix="dpsketch-charge-warm")
+        self._reserve_lock = threading.Lock()
         self._sketch_warming = False
         self._load_records()
         #: population -> [(charge, charged_at)] in charging order (the ledger table, in memory)
@@ -153,12 +201,13 @@ class Store:
         self._load_ledger(self._conn)
         self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use, self.backend,
                              catch_up=self._catch_up if self.shared else None)
+        self._expiry_from = self._expiry_counts_from() if settings.study_expiry_s is not None else 0.0
         self._closed = False
         self._closing = threading.Event()
         self._sweep_wake = threading.Event()
         if settings.warm_start:
             threading.Thread(target=self._warm, name="dpsketch-warm", daemon=True).start()
-        if settings.retention_after_commit_s is not None:
+        if settings.retention_after_commit_s is not None or settings.study_expiry_s is not None:
             threading.Thread(target=self._sweeper, name="dpsketch-retention", daemon=True).start()
         if self.shared:
             threading.Thread(target=self._follow_keys, name="dpsketch-keys", daemon=True).start()
@@ -171,6 +220,7 @@ class Store:
         self._closed = True
         self._closing.set()
         self._sweep_wake.set()
+        self._charge_warmer.shutdown(wait=False, cancel_futures=True)
         self.writer.stop()
         self._checkpoint_all()
         self.backend.close(self._conn)
@@ -207,9 +257,11 @@ class Store:
         conn = conn if conn is not None else self._conn
         where, params = ("WHERE s.study_id = ? ", (study_id,)) if study_id is not None else ("", ())
         rows = conn.execute(
-            "SELECT s.seq, s.canonical, s.report_count, c.result, c.committed_at, r.shares_deleted_at "
+            "SELECT s.seq, s.canonical, s.report_count, c.result, c.committed_at, r.shares_deleted_at, "
+            "s.created_at, x.reason, x.closed_at, x.reports, x.refunded "
             "FROM studies s LEFT JOIN commits c ON c.study = s.seq "
-            f"LEFT JOIN retention r ON r.study = s.seq {where}ORDER BY s.seq", params
+            "LEFT JOIN retention r ON r.study = s.seq "
+            f"LEFT JOIN closures x ON x.study = s.seq {where}ORDER BY s.seq", params
         ).fetchall()
         if study_id is not None and not rows:
             return
@@ -219,23 +271,29 @@ class Store:
         issued: set[int] = set()
         revoked = {(seq, bytes(digest)) for seq, digest in
                    conn.execute(f"SELECT study, digest FROM upload_token_revocations {only}", seq_param).fetchall()}
+        populations = {(seq, bytes(digest)): population for seq, digest, population in conn.execute(
+            f"SELECT study, digest, population FROM token_populations {only}", seq_param).fetchall()}
         for seq, digest, quota, used, party in conn.execute(
                 f"SELECT study, digest, quota, used, party FROM upload_tokens {only}ORDER BY created_at",
                 seq_param).fetchall():
             issued.add(seq)
             if (seq, bytes(digest)) not in revoked:
-                tokens.setdefault(seq, {})[bytes(digest)] = UploadToken(quota, int(used), party)
-        for seq, canonical, count, result, committed_at, deleted_at in rows:
+                tokens.setdefault(seq, {})[bytes(digest)] = UploadToken(
+                    quota, int(used), party, populations.get((seq, bytes(digest))))
+        for (seq, canonical, count, result, committed_at, deleted_at, created_at, reason, closed_at, held,
+             refunded) in rows:
             study = Study.model_validate_json(bytes(canonical))
             commit = CommitResult.model_validate_json(result) if result is not None else None
             if study.study_id in self._records:  # a request of this replica loaded it meanwhile
                 continue
+            closure = (lifecycle.Closure(reason, float(closed_at), int(held), refunded)
+                       if reason is not None else None)
             self._records[study.study_id] = StudyRecord(
                 seq, study, int(count), commit, committed_at=committed_at,
                 upload_tokens=tokens.get(seq, {}),
                 upload_required=seq in issued or self.settings.upload_auth == "tokens",
-                shares_deleted_at=deleted_at)
-            if commit is None:
+                shares_deleted_at=deleted_at, created_at=float(created_at), closure=closure)
+            if commit is None and closure is None:
                 self._warm_sketch_for(study)
 
     def _warm_sketch_for(self, study: Study) -> None:
@@ -260,6 +318,8 @@ class Store:
         for record in list(self._records.values()):
             if self._closed:
                 return
+            if not record.report_count:  # an empty study's totals are made at its first report
+                continue
             try:
                 self.ensure_state(record)
             except Exception:  # pragma: no cover - logged; the first request retries the load
@@ -268,13 +328,13 @@ class Store:
 
     def ensure_state(self, record: StudyRecord) -> StudyState | None:
         """The running totals of an open study, rebuilt from the database on first use."""
-        if record.commit is not None:
+        if not record.is_open:
             return None
         state = record.state
         if state is not None:
             return state
         with record.load_lock:
-            if record.state is None and record.commit is None:
+            if record.state is None and record.is_open:
                 with self._reading() as conn:
                     state = new_state(record.study)
                     if checkpoint.load(conn, record, state):  # then only the reports stored after it
@@ -423,11 +483,14 @@ class Store:
         party_counts = None
         if record.study.parties is not None and state is not None and not hide:
             party_counts = {p.name: n for p, n in zip(record.study.parties, state.party_counts)}
+        elif record.study.parties is not None and record.is_open and not record.report_count and not hide:
+            party_counts = {p.name: 0 for p in record.study.parties}  # its state is made at its first block
         return StudyInfo(
             party_counts=party_counts,
             study_id=record.study_id,
             server_id=self.settings.server_id,
-            status="committed" if record.commit is not None else "open",
+            status=("committed" if record.commit is not None else
+                    record.closure.reason if record.closure is not None else "open"),
             report_count=None if hide else record.report_count,
             study=record.study,
             commit=None if hide else record.commit,
@@ -438,16 +501,69 @@ class Store:
         return [self.info(r, trusted) for r in list(self._records.values())]
 
     def memory_in_use(self) -> int:
-        """What the memory budget counts now: every open study's totals and report index."""
-        return sum(r.memory_bytes() for r in list(self._records.values()))
+        """What the memory budget counts now: every open study's totals and report index, and
+        what the commits being worked on reserved (:meth:`reserve`)."""
+        return sum(r.memory_bytes() for r in list(self._records.values())) + self._reserved
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int, what: str):
+        """Hold ``nbytes`` of the memory budget for the ``with`` block (a commit's working
+        memory), or refuse (409 capacity-exceeded) if it does not fit beside what is in use."""
+        with self._reserve_lock:
+            in_use = self.memory_in_use()
+            if in_use + nbytes > self.settings.memory_budget:
+                raise ProblemError(
+                    "capacity-exceeded",
+                    f"{what} needs about {nbytes} bytes of working memory and this server's open "
+                    f"studies use {in_use} of its memory_budget = {self.settings.memory_budget}; "
+                    f"commit with the compact inclusion bitmap ({inclusion.MEDIA_TYPE}), or retry "
+                    f"once other commits finished")
+            self._reserved += nbytes
+        try:
+            yield
+        finally:
+            with self._reserve_lock:
+                self._reserved -= nbytes
+
+    def count_new(self, record: StudyRecord, joined: bytes) -> int:
+        """How many distinct ids of ``joined`` (concatenated 16-byte ids) the study does not hold:
+        what a request would charge to its upload token (the writer decides; this lets a route
+        refuse a request before working on it)."""
+        ids = np.unique(np.frombuffer(joined, dtype="S16"))
+        state = self.ensure_state(record)
+        if state is None or not len(ids):
+            return len(ids)
+        unique = ids.tobytes()
+        with state.lock:
+            return int(np.count_nonzero(state.ids.lookup(unique, IdList(unique)) < 0))
+
+    def held(self, record: StudyRecord) -> int:
+        """How many ids this server holds for the study (reports, or blocks of a study with
+        parties): the length of its GET .../report-ids list."""
+        state = record.state
+        return len(state.ids) if state is not None else record.report_count
 
     @_unavailable_on_db_error
-    def report_ids(self, study_id: str) -> bytes:
-        """The ids of every report held for the study, sorted (ids only, never shares)."""
+    def report_ids(self, study_id: str) -> Iterator[bytes]:
+        """The ids of every report held for the study, sorted (ids only, never shares), in
+        chunks. An open study's come from its report index (numpy arrays, already sorted: the
+        order a compact inclusion bitmap refers to), a chunk of 2^16 ids at a time, never one
+        Python object per id (issue 46); a committed study's, or any with replicas sharing the
+        store, from the database."""
         record = self.record(study_id)
+        state = self.ensure_state(record) if not self.shared else None
+        if state is not None:
+            with state.lock:
+                run = state.ids.consolidate()  # its arrays never change once made: read them unlocked
+
+            def chunks() -> Iterator[bytes]:
+                for start in range(0, len(run), _ID_CHUNK):
+                    yield idsets.join_halves(run.hi[start:start + _ID_CHUNK], run.lo[start:start + _ID_CHUNK])
+
+            return chunks()
         with self._reading() as conn:
             ids = batches.ids(conn, record.seq)
-        return encode_report_ids(ids)
+        return iter([encode_report_ids(ids)])
 
     @_unavailable_on_db_error
     def block_index(self, study_id: str) -> bytes:
@@ -477,12 +593,16 @@ class Store:
         return [c for c, _ in self._ledger.get(population, [])]
 
     def ledger(self, population: str) -> PopulationLedger:
-        """The population's ledger as published (GET /v1/populations/{population}/ledger)."""
+        """The population's ledger as published (GET /v1/populations/{population}/ledger): the
+        composed certified guarantees and the composed floors, against this server's budget."""
         budget = policy.population_budget(self.settings)
         notion = self.settings.population_neighbouring
         delta = self.settings.population_delta
         entries = list(self._ledger.get(population, []))
-        total = ledger.compose([c for c, _ in entries], notion, delta)
+        charges = [c for c, _ in entries]
+        total = ledger.compose(charges, notion, delta)
+        floors = ledger.compose(charges, notion, delta, floor=True)
+        bound, floor_bound = self.settings.population_epsilon, self.settings.population_floor_epsilon
 
         def finite(x: float) -> float | None:
             return x if math.isfinite(x) else None
@@ -491,26 +611,33 @@ class Store:
             population=population, server_id=self.settings.server_id, neighbouring=notion, delta=delta,
             epsilon=finite(total.epsilon), naive_epsilon=finite(total.naive_epsilon),
             naive_delta=total.naive_delta,
-            budget_epsilon=budget.epsilon if budget else None, budget_delta=delta,
-            remaining_epsilon=finite(budget.epsilon - total.epsilon) if budget else None,
-            studies=[LedgerEntry(charge=c, charged_epsilon=finite(c.epsilon_in(notion)), charged_at=at)
-                     for c, at in entries])
+            budget_epsilon=bound, budget_delta=budget.delta if budget else delta,
+            remaining_epsilon=finite(bound - total.epsilon) if bound is not None else None,
+            studies=[LedgerEntry(charge=c, charged_epsilon=finite(c.epsilon_in(notion)), charged_at=at,
+                                 charged_floor_epsilon=finite(c.floor_epsilon_in(notion)))
+                     for c, at in entries],
+            floor_epsilon=finite(floors.epsilon), budget_floor_epsilon=floor_bound,
+            remaining_floor_epsilon=finite(floor_bound - floors.epsilon) if floor_bound is not None else None)
 
     # --- writes ------------------------------------------------------------------------------
     def provision(self, study: Study) -> tuple[StudyInfo, bool]:
         """Store a study (idempotent). Returns its info and whether it was new.
 
-        A study with a population is charged to its ledger in the same transaction, after the
-        budget check (policy.check_population; 409 budget-exceeded stores nothing). The charge is
-        never taken back: the server keeps no way to delete a study, and a study that may have
-        released has spent its privacy whatever happens to it later."""
+        Nothing is charged to a population here: populations belong to the operator, and a study
+        is charged to one when the operator issues its first upload token of that population for
+        it (:meth:`add_upload_tokens`). Only a server taking uploads without tokens (upload_auth
+        "open") charges the study to its default population now, since any report may then
+        arrive (409 budget-exceeded stores nothing). The study's own ``population`` member is
+        not read: the analyst writes it (docs/ledger.md). Memory is charged as reports arrive
+        (StudyRecord.memory_for), so an empty study costs nothing but its slot among the
+        ``max_open_studies``."""
         study_id = study.study_id
         existing = self._records.get(study_id)
         if existing is not None:
             return self.info(existing), False
-        population = study.population
+        population = self.settings.default_population if self.settings.upload_auth == "open" else None
         if population is not None:  # outside the writer first: warms the PLD caches, refuses early
-            policy.check_population(self.charges(population), study, self.settings)
+            policy.check_population(self.charges(population), study, self.settings, population)
 
         def fn(conn):
             if self.shared:  # another replica may have provisioned it, or charged the population
@@ -520,19 +647,18 @@ class Store:
                     self._load_ledger(conn, population)
             if study_id in self._records:  # a concurrent PUT of the same study won
                 return (self._records[study_id], False), None
-            in_use = self.memory_in_use()
-            need = 8 * study.k * (study.width + study.k)
-            if in_use + need > self.settings.memory_budget:
+            opened = sum(1 for r in list(self._records.values()) if r.is_open)
+            if opened >= self.settings.max_open_studies:
                 raise ProblemError(
                     "invalid-study",
-                    f"memory policy memory_budget: this study's running totals need {need} bytes and "
-                    f"the open studies already use {in_use} of this server's memory_budget = "
-                    f"{self.settings.memory_budget}; commit open studies first, or ask the operator",
-                    extra={"policy_rule": "memory_budget"})
+                    f"this server holds {opened} open studies, its max_open_studies; commit open "
+                    f"studies first (uncommitted ones expire {self._expiry_text()} after they were "
+                    f"provisioned), or ask the operator to drop some",
+                    extra={"policy_rule": "max_open_studies"})
             now = time.time()
             charge = None
-            if population is not None:  # again, race-free: the writer orders every provisioning
-                policy.check_population(self.charges(population), study, self.settings)
+            if population is not None:  # again, race-free: the writer orders every charge
+                policy.check_population(self.charges(population), study, self.settings, population)
                 charge = ledger.Charge.of(study)
             seq = self.backend.insert_id(
                 conn, "INSERT INTO studies (study_id, canonical, created_at) VALUES (?, ?, ?)",
@@ -540,8 +666,9 @@ class Store:
             if charge is not None:
                 conn.execute("INSERT INTO ledger (population, study_id, charge, charged_at) VALUES (?, ?, ?, ?)",
                              (population, study_id, charge.model_dump_json(), now))
-            record = StudyRecord(seq, study, 0, state=new_state(study),
-                                 upload_required=self.settings.upload_auth == "tokens")
+            # its running totals are made at its first report (ensure_state): nothing to hold yet
+            record = StudyRecord(seq, study, 0, upload_required=self.settings.upload_auth == "tokens",
+                                 created_at=now)
 
             def apply() -> None:
                 self._records[study_id] = record
@@ -553,7 +680,29 @@ class Store:
         record, created = self.writer.submit(CallJob(fn)).result()
         if created:
             self._warm_sketch_for(study)
+            self._warm_charge(study)
         return self.info(record), created
+
+    def _warm_charge(self, study: Study) -> None:
+        """Build the study's privacy loss distributions (its guarantee's and its floor's) in the
+        background, one study at a time, so that its first upload token of a population is not
+        kept waiting for them (a signed study's take seconds of CPU, once per radius: they are
+        also kept on disk, dpsketch/protocol/ledger.py)."""
+        budget = policy.population_budget(self.settings)
+        if budget is None:
+            return
+
+        def build() -> None:
+            try:
+                ledger.check([], ledger.Charge.of(study), budget)
+            except Exception:  # pragma: no cover - only a cache; the token's own check decides
+                log.exception("could not build the privacy loss distributions of study %s", study.study_id)
+
+        self._charge_warmer.submit(build)
+
+    def _expiry_text(self) -> str:
+        expiry = self.settings.study_expiry_s
+        return "never" if expiry is None else f"{expiry:g} s"
 
     def submit_upload(self, record: StudyRecord, ids: Sequence[bytes], shares: np.ndarray,
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
@@ -588,15 +737,22 @@ class Store:
         return job
 
     @_unavailable_on_db_error
-    def commit(self, study_id: str, inclusion: bytes) -> CommitResult:
-        """Commit the study to the inclusion set (the report-id list body: sorted 16-byte ids)
-        and release its aggregate, or refuse. Idempotent for the same set; any other set is
-        refused forever."""
+    def commit(self, study_id: str, body: bytes, bitmap: bool = False) -> CommitResult:
+        """Commit the study to the inclusion set and release its aggregate, or refuse. The body
+        is the report-id list (sorted 16-byte ids) or, with ``bitmap``, the compact form: a bit
+        per held id (dpsketch/protocol/inclusion.py). Idempotent for the same set; any other
+        set is refused forever."""
         record = self.record(study_id)
-        ids = parse_inclusion(inclusion)
-        # The body is the concatenation of the sorted ids, so hashing it in one piece is the
-        # inclusion hash (and 5x faster than feeding 10^6 ids one by one).
-        ihash = inclusion_hash(inclusion)
+        if record.closure is not None:
+            raise self._closed_problem(record)
+        if bitmap:
+            ids: InclusionSet | BitmapInclusion = BitmapInclusion(body)
+            ihash = ids.ihash
+        else:
+            ids = parse_inclusion(body)
+            # The body is the concatenation of the sorted ids, so hashing it in one piece is the
+            # inclusion hash (and 5x faster than feeding 10^6 ids one by one).
+            ihash = inclusion_hash(body)
         if self.shared:
             # replicas: decide under the study's row lock, over everything every replica stored,
             # so the study commits once whichever replica is asked (and no upload slips in)
@@ -624,8 +780,9 @@ class Store:
         # one BLAS thread for the k x k eigenvalue problem: threads fighting on a busy 2-core
         # machine made it 100x slower (1.6-3.3 s against 0.012 s at k = 400), and it gains
         # nothing from them at that size
+        certified = ids.certify_ids() if isinstance(ids, BitmapInclusion) and study.kind == "l1" else ids
         with _blas().limit(limits=1, user_api="blas"):
-            cert = privacy.certify_study(study, gram, ids)
+            cert = privacy.certify_study(study, gram, certified)
         if not cert.ok:
             what = (f"the largest leverage of a report is {1 / cert.lambda_min if cert.lambda_min else math.inf:.6g} "
                     f"over {n} reports (t = {study.t} included), above 1 / lambda_star = "
@@ -653,6 +810,8 @@ class Store:
         def fn(conn):
             if record.commit is not None:  # a concurrent commit won the race
                 return self._repeat(record, ihash), None
+            if record.closure is not None:  # expired or dropped while this was summed
+                raise self._closed_problem(record)
             conn.execute(
                 "INSERT INTO commits (study, inclusion_hash, result, aggregate, committed_at) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -681,7 +840,11 @@ class Store:
         n = len(ids)
         with state.lock:
             n_held = len(state.ids)
-            rowid_of, excluded, n_missing, missing = _match(state, ids)
+            if isinstance(ids, BitmapInclusion):
+                rowid_of, excluded = ids.resolve(state)
+                n_missing, missing = 0, None
+            else:
+                rowid_of, excluded, n_missing, missing = _match(state, ids)
             if n_missing:
                 raise ProblemError(
                     "unknown-reports",
@@ -715,7 +878,11 @@ class Store:
         study = record.study
         n_parties = len(study.parties or ())
         with state.lock:
-            rowid_of, _excluded, n_missing, missing = _match(state, block_ids)
+            if isinstance(block_ids, BitmapInclusion):
+                rowid_of, _excluded = block_ids.resolve(state)
+                n_missing, missing = 0, None
+            else:
+                rowid_of, _excluded, n_missing, missing = _match(state, block_ids)
             rowids = np.sort(rowid_of[rowid_of >= 0]).tolist()
             complete_here = state.complete
         if n_missing:
@@ -751,12 +918,23 @@ class Store:
 
     # --- upload tokens -----------------------------------------------------------------------
     def add_upload_tokens(self, study_id: str, count: int = 1, quota: int | None = 1,
-                          party: str | None = None) -> tuple[list[str], int]:
+                          party: str | None = None, population: str | None = None) -> tuple[list[str], int, str]:
         """``count`` fresh random upload tokens for the study, each good for ``quota`` new reports
-        (None: no limit); only digests are stored. Returns the tokens and how many active tokens
-        the study now has. From the first one on, uploads need one. A study with parties issues
-        tokens per party (``party`` required): each uploads only that party's blocks."""
+        (None: no limit); only digests are stored. Returns the tokens, how many active tokens
+        the study now has, and the population they charge. From the first one on, uploads need
+        one. A study with parties issues tokens per party (``party`` required): each uploads
+        only that party's blocks.
+
+        ``population`` (default: the server's default_population) is the operator's: the tokens'
+        reports are charged to it whatever the study says. The first token of a population for a
+        study charges the study to that population's ledger, in the same transaction, after the
+        budget check (409 budget-exceeded: no token is issued, nothing is charged); later ones
+        cost nothing more. So no report reaches a study before its population paid for it."""
         record = self.record(study_id)
+        if not record.is_open:
+            raise ProblemError("study-closed", f"study {study_id} is "
+                               f"{'committed' if record.commit is not None else record.closure.reason}; "
+                               f"it takes no more reports, so no more upload tokens")
         if record.study.parties is not None:
             if party is None:
                 raise ProblemError("invalid-request", f"study {study_id} has parties "
@@ -769,23 +947,48 @@ class Store:
         elif party is not None:
             raise ProblemError("invalid-request", f"study {study_id} has no parties; issue tokens "
                                f"without one")
+        population = population or self.settings.default_population
+        study = record.study
+
+        def charged() -> bool:
+            return any(c.study_id == study_id for c, _ in self._ledger.get(population, []))
+
+        if not charged():  # outside the writer first: warms the PLD caches, refuses early
+            policy.check_population(self.charges(population), study, self.settings, population)
         tokens = ["up-" + secrets.token_urlsafe(32) for _ in range(count)]
         digests = [digest_of(t) for t in tokens]
         now = time.time()
 
         def fn(conn):
+            if self.shared:  # replicas: one charge at a time, over what every replica charged
+                self.backend.lock_provisioning(conn)
+                self._load_ledger(conn, population)
+            if not record.is_open:
+                raise ProblemError("study-closed", f"study {study_id} is closed; it takes no more upload tokens")
+            charge = None
+            if not charged():  # race-free: the writer orders every charge
+                policy.check_population(self.charges(population), study, self.settings, population)
+                charge = ledger.Charge.of(study)
+                conn.execute("INSERT INTO ledger (population, study_id, charge, charged_at) VALUES (?, ?, ?, ?)",
+                             (population, study_id, charge.model_dump_json(), now))
             conn.executemany("INSERT INTO upload_tokens (study, digest, created_at, quota, party) "
                              "VALUES (?, ?, ?, ?, ?)", [(record.seq, d, now, quota, party) for d in digests])
+            conn.executemany("INSERT INTO token_populations (study, digest, population) VALUES (?, ?, ?)",
+                             [(record.seq, d, population) for d in digests])
             active = dict(record.upload_tokens)
-            active.update({d: UploadToken(quota, party=party) for d in digests})
+            active.update({d: UploadToken(quota, party=party, population=population) for d in digests})
 
             def apply() -> None:
                 record.upload_tokens = active
                 record.upload_required = True
+                if charge is not None:
+                    self._ledger.setdefault(population, []).append((charge, now))
+                    log.info("study %s charged to population %r (its first upload token of it)",
+                             study_id, population)
 
             return len(active), apply
 
-        return tokens, self.writer.submit(CallJob(fn)).result()
+        return tokens, self.writer.submit(CallJob(fn)).result(), population
 
     @_unavailable_on_db_error
     def list_upload_tokens(self, study_id: str) -> UploadTokenList:
@@ -794,14 +997,17 @@ class Store:
         record = self.record(study_id)
         with self._reading() as conn:
             rows = conn.execute(
-                "SELECT t.digest, t.created_at, r.revoked_at, t.quota, t.used, t.party FROM upload_tokens t "
+                "SELECT t.digest, t.created_at, r.revoked_at, t.quota, t.used, t.party, p.population "
+                "FROM upload_tokens t "
                 "LEFT JOIN upload_token_revocations r ON r.study = t.study AND r.digest = t.digest "
+                "LEFT JOIN token_populations p ON p.study = t.study AND p.digest = t.digest "
                 "WHERE t.study = ? ORDER BY t.created_at", (record.seq,)).fetchall()
         tokens = []
-        for d, c, r, quota, used, party in rows:
+        for d, c, r, quota, used, party, population in rows:
             live = record.upload_tokens.get(bytes(d))  # memory may be ahead of this read
             tokens.append(UploadTokenInfo(token_id=upload_token_id(bytes(d)), created_at=c, revoked_at=r,
-                                      quota=quota, used=live.used if live else int(used), party=party))
+                                          quota=quota, used=live.used if live else int(used), party=party,
+                                          population=population))
         return UploadTokenList(study_id=study_id, required=record.upload_required,
                                active=sum(t.revoked_at is None for t in tokens), tokens=tokens)
 
@@ -893,12 +1099,111 @@ class Store:
         return done
 
     def _sweeper(self) -> None:
-        keep = self.settings.retention_after_commit_s or 0.0
-        interval = min(self.settings.retention_sweep_s, max(keep, 1.0))
+        intervals = [self.settings.retention_sweep_s]
+        if self.settings.retention_after_commit_s is not None:
+            intervals.append(max(self.settings.retention_after_commit_s, 1.0))
+        if self.settings.study_expiry_s is not None:  # a study expires at most a quarter late
+            intervals.append(max(self.settings.study_expiry_s / 4, 0.25))
+        interval = min(intervals)
         while not self._closed:
             self.sweep_retention()
+            self.sweep_expiry()
             self._sweep_wake.wait(interval)
             self._sweep_wake.clear()
+
+    # --- studies that end without a release (services/lifecycle.py) ----------------------------
+    def _expiry_counts_from(self) -> float:
+        """When this store first ran a server that expires studies (kept in ``meta``, written only
+        by such a server): a study provisioned before that counts its time from then, so turning
+        expiry on (or upgrading to it) never expires, at its first start, a study that was still
+        collecting under a server without expiry."""
+        def fn(conn):
+            conn.execute("INSERT INTO meta (key, value) VALUES ('expiry_counts_from', ?) ON CONFLICT DO NOTHING",
+                         (repr(time.time()),))
+            return float(conn.execute("SELECT value FROM meta WHERE key = 'expiry_counts_from'").fetchone()[0]), None
+
+        return self.writer.submit(CallJob(fn)).result()
+
+    def due_for_expiry(self, now: float | None = None) -> list[str]:
+        """Open studies provisioned more than ``study_expiry_s`` ago (whatever they hold; a study
+        from before this store's first server with expiry counts from then)."""
+        expiry = self.settings.study_expiry_s
+        if expiry is None:
+            return []
+        now = time.time() if now is None else now
+        return [r.study_id for r in list(self._records.values())
+                if r.is_open and max(r.created_at, self._expiry_from) + expiry <= now]
+
+    def sweep_expiry(self) -> list[str]:
+        """Close every study due to expire; returns their ids."""
+        done = []
+        for study_id in self.due_for_expiry():
+            if self._closed:
+                break
+            try:
+                self.close_study(study_id, "expired")
+                done.append(study_id)
+            except ProblemError:  # committed meanwhile
+                pass
+            except Exception:  # logged; retried at the next sweep
+                log.exception("expiry: could not close study %s", study_id)
+        return done
+
+    def close_study(self, study_id: str, reason: str, who: str = "expiry") -> dict:
+        """End an open study without a release (``reason``: "expired" or "dropped"): delete its
+        shares, free its running totals, refuse its uploads and commits from now on, and refund
+        its population charges (it released nothing). Idempotent; a committed study is refused
+        (409 study-closed: what it released is spent, its charges stay; its shares go with
+        DELETE .../shares). Logged at WARNING as an audit record (who, study, reports, refunds)."""
+        record = self.record(study_id)
+
+        def refuse_committed() -> ProblemError:
+            return ProblemError("study-closed", f"study {study_id} is committed: it released, so it "
+                                f"cannot be dropped and its population charges stay; delete its "
+                                f"individual shares with DELETE /v1/studies/{study_id}/shares")
+
+        if record.commit is not None:
+            raise refuse_committed()
+        if record.closure is None:
+            now = time.time()
+
+            def fn(conn):
+                if self.shared:
+                    self._catch_up(conn, record, set())
+                if record.commit is not None:
+                    raise refuse_committed()
+                if record.closure is not None:
+                    return None, None
+                held = int(conn.execute("SELECT report_count FROM studies WHERE seq = ?",
+                                        (record.seq,)).fetchone()[0])
+                deleted = batches.delete_shares(conn, record.seq)
+                checkpoint.delete(conn, record.seq)
+                refunded = sorted(p for p, entries in self._ledger.items()
+                                  if any(c.study_id == study_id for c, _ in entries))
+                conn.execute("DELETE FROM ledger WHERE study_id = ?", (study_id,))
+                closure = lifecycle.Closure(reason, now, held, ",".join(refunded))
+                conn.execute("INSERT INTO closures (study, reason, closed_at, reports, refunded) "
+                             "VALUES (?, ?, ?, ?, ?)", (record.seq, reason, now, held, closure.refunded))
+
+                def apply() -> None:
+                    record.closure = closure
+                    with record.load_lock:
+                        record.state = None  # the totals are no longer needed; free them
+                    for population in refunded:
+                        self._ledger[population] = [e for e in self._ledger.get(population, [])
+                                                    if e[0].study_id != study_id]
+                    log.warning("AUDIT study %s %s by %s: %d reports held (%d shares deleted), "
+                                "nothing released; population charges refunded: %s", study_id, reason,
+                                who, held, deleted, ", ".join(refunded) or "none")
+
+                return None, apply
+
+            self.writer.submit(CallJob(fn)).result()
+        closure = record.closure
+        assert closure is not None
+        return {"study_id": study_id, "status": closure.reason, "closed_at": closure.closed_at,
+                "reports_deleted": closure.reports,
+                "refunded_populations": [p for p in closure.refunded.split(",") if p]}
 
     @staticmethod
     def _check_count(study: Study, n: int) -> None:
@@ -929,6 +1234,12 @@ class Store:
                 f"{self.settings.max_excluded_fraction:g} ({allowed}). Commit (nearly) everything "
                 f"every server holds; if a server lost reports, re-upload them there first",
                 extra={"excluded": excluded, "held": n_held, "allowed": allowed})
+
+    @staticmethod
+    def _closed_problem(record: StudyRecord) -> ProblemError:
+        assert record.closure is not None
+        return ProblemError("study-closed", f"study {record.study_id} was {record.closure.reason} "
+                            f"before it was committed: its shares are deleted and it releases nothing")
 
     def _repeat(self, record: StudyRecord, ihash: str) -> CommitResult:
         assert record.commit is not None

@@ -43,7 +43,7 @@ from . import backend as backends
 from . import batches, checkpoint, idsets
 from .idsets import SortedIds
 from .settings import Settings
-from .state import INDEX_BYTES_PER_REPORT, StudyRecord, StudyState
+from .state import StudyRecord, StudyState
 
 log = logging.getLogger("dpsketch.server")
 
@@ -192,6 +192,15 @@ _SINGLES_MAX_IDS = 8
 _NONE: frozenset[bytes] = frozenset()
 
 
+def quota_problem(room: int | None, study_id: str, n_new: int) -> ProblemError:
+    """The refusal of a request with more new reports than its upload token may still add."""
+    return ProblemError(
+        "upload-quota-exceeded",
+        f"this upload token may add {max(room or 0, 0)} more report(s) to study {study_id}, and the "
+        f"request has {n_new} new ones (revoked, or its quota is used up); nothing of it was stored; "
+        f"ask the server's operator for a token")
+
+
 @dataclass
 class _Plan:
     """An accepted request: which of its rows are new (``new`` is None when all are)."""
@@ -203,6 +212,7 @@ class _Plan:
     _new_ids: set[bytes] | None  # None: made when asked for (a large request accepted whole)
     new_slots: set[bytes] = field(default_factory=set)  # blocks: the slots this request fills
     _rows_by_id: dict[bytes, int] | None = None
+    memory: int = 0  # what it adds to the memory budget's count (StudyRecord.memory_growth)
 
     @property
     def n_new(self) -> int:
@@ -461,7 +471,7 @@ class Writer:
                     if plan.sorted_whole is None:  # a large request whole: checked by its arrays
                         ids_so_far.update(plan.new_ids)
                     slots_so_far.update(plan.new_slots)
-                    budget -= plan.n_new * INDEX_BYTES_PER_REPORT
+                    budget -= plan.memory
                     if job.token is not None and plan.n_new:
                         key = (job.record.seq, job.token)
                         charged[key] = charged.get(key, 0) + plan.n_new
@@ -519,6 +529,11 @@ class Writer:
             job.future.set_exception(ProblemError(
                 "study-closed", f"study {record.study_id} is committed; it takes no more reports"))
             return None
+        if record.closure is not None:
+            job.future.set_exception(ProblemError(
+                "study-closed", f"study {record.study_id} was {record.closure.reason} (it released "
+                f"nothing); it takes no more reports"))
+            return None
         if self.catch_up is not None and record.upload_required and not job.required and job.token is None:
             # a replica: another one issued the study's first upload token since the HTTP check
             job.future.set_exception(ProblemError(
@@ -560,34 +575,35 @@ class Writer:
             new_slots = {slots[i] for i in new.tolist()} if slots else set()
         n_new = len(ids) if new is None else len(new)
         held = earlier[-1].report_count if earlier else len(state.ids)
-        room = record.study.max_reports * max(1, state.n_parties)
-        if held + n_new > room:
-            what = f"{held} blocks" if state.n_parties else f"{held} reports"
-            limit = (f"max_reports = {record.study.max_reports} per party" if state.n_parties
-                     else f"max_reports = {record.study.max_reports}")
-            job.future.set_exception(ProblemError(
-                "capacity-exceeded",
-                f"study {record.study_id} holds {what}; {n_new} more would exceed {limit}"))
-            return None
+        # The token's quota first: a refusal a client can cause must not depend on what the
+        # study holds (the capacity check below does), or a quota-1 token posting an oversized
+        # batch would read the count, and so membership (issue 41). Neither detail names a count.
         if job.token is not None and n_new:
             token = record.upload_tokens.get(job.token)
             room = None if token is None else token.room()
             if room is not None:
                 room -= (charged or {}).get((record.seq, job.token), 0)
             if token is None or (room is not None and n_new > room):
-                job.future.set_exception(ProblemError(
-                    "upload-quota-exceeded",
-                    f"this upload token may add {max(room or 0, 0)} more report(s) to study "
-                    f"{record.study_id}, and the request has {n_new} new ones (revoked, or its quota "
-                    f"is used up); nothing of it was stored; ask the server's operator for a token"))
+                job.future.set_exception(quota_problem(room, record.study_id, n_new))
                 return None
-        if budget is not None and n_new * INDEX_BYTES_PER_REPORT > budget:
+        room = record.study.max_reports * max(1, state.n_parties)
+        if held + n_new > room:
+            what = "blocks" if state.n_parties else "reports"
+            limit = (f"max_reports = {record.study.max_reports} per party" if state.n_parties
+                     else f"max_reports = {record.study.max_reports}")
+            job.future.set_exception(ProblemError(
+                "capacity-exceeded",
+                f"study {record.study_id} cannot take {n_new} more {what}: it would exceed {limit}; "
+                f"nothing of this request was stored"))
+            return None
+        growth = record.memory_growth(held, n_new)
+        if budget is not None and growth > budget:
             job.future.set_exception(ProblemError(
                 "capacity-exceeded",
                 f"this server's memory_budget ({self.settings.memory_budget} bytes) is used up by its "
                 f"open studies; {n_new} more reports do not fit. Commit open studies or ask the operator"))
             return None
-        return _Plan(job, new, duplicates, held + n_new, new_ids, new_slots)
+        return _Plan(job, new, duplicates, held + n_new, new_ids, new_slots, memory=growth)
 
     def _plan_singles(self, group: list[UploadJob], budget: int) -> list[_Plan] | None:
         """The plans of a group of small requests to one study (single uploads) when every one
@@ -598,7 +614,7 @@ class Writer:
         for the event loop to hand the GIL back)."""
         first = group[0]
         record = first.record
-        if (len(group) < 2 or self.catch_up is not None or record.commit is not None
+        if (len(group) < 2 or self.catch_up is not None or not record.is_open
                 or record.study.parties is not None):
             return None
         if any(job.record is not record or len(job.ids) > _SINGLES_MAX_IDS or job.pseudonyms
@@ -614,7 +630,7 @@ class Writer:
             if len(state.ids) and bool(np.any(state.ids.lookup(b"".join(ids), ids) >= 0)):
                 return None
         held = len(state.ids)
-        if held + len(ids) > record.study.max_reports or len(ids) * INDEX_BYTES_PER_REPORT > budget:
+        if held + len(ids) > record.study.max_reports or record.memory_growth(held, len(ids)) > budget:
             return None
         per_token: dict[bytes, int] = {}
         for job in group:

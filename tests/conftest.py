@@ -5,9 +5,10 @@ Tests of the store's guarantees run against both stores: they take the ``store_k
 parametrised with ``@BOTH_STORES`` (``servers`` and ``store_location`` follow it); every other
 test runs SQLite only.
 
-The servers run their default policy except for upload authentication: tests of other features
-start them with ``DPSKETCH_UPLOAD_AUTH=open`` (``OPEN_UPLOADS``) so that every upload need not
-carry a token; tests/test_trust.py and tests/test_upload_tokens.py run the default (tokens).
+The servers run their default policy except for upload authentication and population budgets:
+tests of other features start them with ``DPSKETCH_UPLOAD_AUTH=open`` and no budget
+(``OPEN_UPLOADS``) so that every upload need not carry a token; tests/test_trust.py and
+tests/test_upload_tokens.py run the default (tokens).
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ import pytest
 
 from tools.cluster import ManagedProcess, ServerSpec, share_server, stop_all
 
-#: The environment that lets a test server take uploads without upload tokens.
-OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open"}
+#: The environment that lets a test server take uploads without upload tokens, and provision
+#: studies without charging a population budget (tests of other features put more studies on a
+#: server than a population's default budget takes: docs/ledger.md; the budget's own tests,
+#: tests/test_population_budget.py and tests/test_ledger.py, run the defaults).
+#: No population budget (tests of other features that put many studies on one server).
+NO_BUDGET = {"DPSKETCH_POPULATION_EPSILON": "none", "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+OPEN_UPLOADS = {"DPSKETCH_UPLOAD_AUTH": "open", **NO_BUDGET}
 
 STORES = ["sqlite", "postgres"]
 #: Run a test against both stores (it takes ``store_kind``, or fixtures that follow it).
@@ -139,12 +145,14 @@ class Cluster:
     def server_urls(self) -> list[str]:
         return [p.url for p in self.procs]
 
-    def upload_tokens(self, study_id: str, quota: int | None = None, party: str | None = None) -> list[str]:
-        """One upload token per server for one data owner (or party), issued by each server's operator."""
+    def upload_tokens(self, study_id: str, quota: int | None = None, party: str | None = None,
+                      population: str | None = None) -> list[str]:
+        """One upload token per server for one data owner (or party), issued by each server's
+        operator for ``population`` (None: each server's default population)."""
         from services.admin import issue_for_data_owner
 
         return issue_for_data_owner([(p.url, s.operator_token) for s, p in zip(self.specs, self.procs)],
-                                    study_id, quota, party=party)
+                                    study_id, quota, party=party, population=population)
 
 
 @pytest.fixture

@@ -61,9 +61,10 @@ def provision_with_token(url: str, operator_token: str, study: Study) -> str:
     import httpx
 
     auth = {"Authorization": f"Bearer {operator_token}"}
-    r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
+    r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(), timeout=60,
                   headers={**auth, "Content-Type": "application/json"})
     assert r.status_code == 201, r.text
-    r = httpx.post(f"{url}/v1/studies/{study.study_id}/upload-tokens", json={"quota": None}, headers=auth)
+    r = httpx.post(f"{url}/v1/studies/{study.study_id}/upload-tokens", json={"quota": None}, headers=auth,
+                   timeout=120)  # the first token of a population may wait for the study's PLDs
     assert r.status_code == 201, r.text
     return r.json()["token"]

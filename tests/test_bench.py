@@ -53,12 +53,12 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
         assert single["server_report_count"] == single["acknowledged"] > 0
     else:
         up = figures["sealed_upload"]
-        for mode in ("plaintext", "sealed", "sealed_pq", "sealed_v1"):
+        for mode in ("plaintext", "sealed", "sealed_pq"):
             assert up[mode]["errors"] == 0 and up[mode]["server_report_count"] == up[mode]["rows"] > 0
+        assert "sealed_v1" not in up  # the per-record layout was dropped (issue 41)
         plain = up["plaintext"]["bytes_per_report"]
-        # a version 1 record is the plaintext one plus 57 bytes of HPKE header and tag; a version 3
-        # record plus its 16-byte tag, and each batch (of batch_rows) has one header
-        assert up["sealed_v1"]["bytes_per_report"] == pytest.approx(plain + 57)
+        # a version 3 record is the plaintext one plus its 16-byte tag, and each batch (of
+        # batch_rows) has one header
         rows = up["batch_rows"]
         assert up["sealed"]["bytes_per_report"] == pytest.approx(plain + 16 + 117 / rows, abs=0.06)
         assert up["sealed_pq"]["bytes_per_report"] == pytest.approx(plain + 16 + 1205 / rows, abs=0.06)

@@ -1,12 +1,13 @@
-"""The docker compose cluster on a real Docker engine: build, bring up with TLS, use from the host,
-survive a share server being killed mid-upload, run the demo service, switch back to plain HTTP,
-tear down.
+"""The docker compose cluster on a real Docker engine: build, bring up (TLS, the default), use from
+the host, survive a share server being killed mid-upload, run the demo service, switch to plain
+HTTP, tear down.
 
-The cluster runs with the TLS overlay (``-f docker-compose.yml -f deploy/compose.tls.yml``) and
+The cluster runs from docker-compose.yml, which serves HTTPS by default (issue 41), with
 certificates from deploy/make-certs.py, as the README tells an operator to: the host's SDK and
 analyzer client verify the servers against the generated CA, the analyzer verifies them from
 inside the network, the healthchecks and the demo service verify too. The last test brings the
-same project up from docker-compose.yml alone (the plain-HTTP default), on the same volumes.
+same project up with the development overlay deploy/compose.http.yml (plain HTTP), on the same
+volumes.
 
 Needs root (or a usable engine already) because it installs and starts what is missing:
 deploy/ensure-docker.sh (Debian's docker.io + the Compose v2 plugin, dockerd started in the
@@ -49,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 #: one project per test process: two runs on one engine (two checkouts) never share containers
 PROJECT = f"dpsketch-test-{os.getpid()}"
-PLAIN = ["-f", "docker-compose.yml"]
-TLS = [*PLAIN, "-f", "deploy/compose.tls.yml"]
+TLS = ["-f", "docker-compose.yml"]  # the default
+PLAIN = [*TLS, "-f", "deploy/compose.http.yml"]  # the development overlay
 SERVERS = ["s1", "s2", "s3"]
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
 
@@ -102,11 +103,14 @@ class ComposeCluster:
         return AnalyzerClient(self.analyzer_url, self.api_token, verify=self.verify)
 
     def upload_tokens(self, study_id: str, rows: int) -> list[str]:
-        """One token per server for ``rows`` reports, issued with each operator's token."""
+        """One token per server for ``rows`` reports, issued with each operator's token, for a
+        population of the study's own: the module runs more studies than one population's
+        default budget takes (eight default studies, docs/ledger.md), and the demo spends the
+        default population's."""
         from services.admin import issue_for_data_owner
 
         return issue_for_data_owner(list(zip(self.server_urls, self.operator_tokens)), study_id, rows,
-                                    verify=self.verify)
+                                    verify=self.verify, population=f"test-{study_id[:12]}")
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         return _run(["docker", "compose", "-p", PROJECT, *self.files, *args], env=self.env,
@@ -576,8 +580,9 @@ def test_demo_service_prints_its_table(compose_cluster):
 
 
 def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
-    """Last: the same project from docker-compose.yml alone (no overlay) recreates every service
-    on plain HTTP with the healthchecks passing, and keeps each database (the studies above)."""
+    """Last: the same project with the development overlay (deploy/compose.http.yml) recreates
+    every service on plain HTTP with the healthchecks passing, mounts no certificate, and keeps
+    each database (the studies above)."""
     c = compose_cluster
     with c.analyzer() as an:
         before = {s["study_id"] for s in an.studies()}
@@ -599,7 +604,7 @@ def test_plain_compose_file_serves_http_on_the_same_volumes(compose_cluster):
         assert set(result.report_counts.values()) == {2000}
         assert an.finalize(created["study_id"])["state"] == "released"
     assert c.container("s1").exec_run(["ls", "/run/dpsketch"]).exit_code != 0  # no certificates
-    assert _leaked_tokens(c)[0] == []  # the plain file hands the tokens over as files too
+    assert _leaked_tokens(c)[0] == []  # the plain overlay hands the tokens over as files too
 
 
 # --- the replicated layout as a Docker Swarm stack ---------------------------------------------
@@ -617,11 +622,11 @@ def _stack_tasks(service: str, running_only: bool = True) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def _wait_http(url: str, timeout: float = 240) -> None:
+def _wait_http(url: str, timeout: float = 240, verify: ssl.SSLContext | bool = True) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -672,7 +677,9 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
     published ports while one s1 replica container is killed mid-upload: swarm replaces it,
     every report s1 acknowledged is held once, and the study releases over all of them. The
     tokens and the database password travel as swarm secrets (deploy/make-secrets.sh): what
-    `docker service inspect` and `docker inspect` show of every service and task holds none."""
+    `docker service inspect` and `docker inspect` show of every service and task holds none.
+    Every service serves HTTPS with the compose cluster's certificates (issue 41: TLS on by
+    default; haproxy passes s1's TLS through to the replicas), verified here against its CA."""
     c = compose_cluster
     t0 = time.monotonic()
 
@@ -697,16 +704,17 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
     # the stack is deployed without a token or password in its environment: only the files
     env = {k: v for k, v in env.items() if not (k.endswith("_TOKEN") or k.endswith("_PASSWORD"))}
     env.update(ANALYZER_PORT=str(ports[0]), S1_PORT=str(ports[1]), S2_PORT=str(ports[2]),
-               S3_PORT=str(ports[3]), DPSKETCH_SECRETS_DIR=str(secrets_dir))
+               S3_PORT=str(ports[3]), DPSKETCH_SECRETS_DIR=str(secrets_dir), DPSKETCH_CERTS=str(c.certs))
     hidden = [db_password, c.api_token, *c.operator_tokens, *c.analyst_tokens]
-    urls = [f"http://127.0.0.1:{p}" for p in ports[1:]]
-    analyzer_url = f"http://127.0.0.1:{ports[0]}"
+    urls = [f"https://127.0.0.1:{p}" for p in ports[1:]]
+    analyzer_url = f"https://127.0.0.1:{ports[0]}"
+    ca = ssl.create_default_context(cafile=str(c.certs / "ca.pem"))
     try:
         _run(["docker", "stack", "deploy", "-c", "deploy/stack.yml", STACK], env=env, timeout=300)
         phase("stack deployed")
         for url in urls + [analyzer_url]:
-            _wait_http(url + "/healthz")
-        _wait_http(urls[0] + "/readyz")
+            _wait_http(url + "/healthz", verify=ca)
+        _wait_http(urls[0] + "/readyz", verify=ca)
         deadline = time.monotonic() + 180
         while len([t for t in _stack_tasks("s1-replica") if t["CurrentState"].startswith("Running")]) < 2:
             assert time.monotonic() < deadline, _stack_tasks("s1-replica")
@@ -730,16 +738,17 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
         # 30 batches of 200 rows: the kill lands mid-upload (after 6 acknowledged batches), and
         # the upload through the swarm (PostgreSQL behind haproxy) stays short
         n, batch = 6_000, 200
-        with AnalyzerClient(analyzer_url, c.api_token) as an:
+        with AnalyzerClient(analyzer_url, c.api_token, verify=ca) as an:
             created = an.create_study(name="swarm", columns=COLUMNS, label="y", expected_reports=n,
                                       k=8, s=2, min_reports=n)
         sid = created["study_id"]
         study = Study.model_validate(created["study"])
         from services.admin import issue_for_data_owner
 
-        tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n)
+        tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n, verify=ca,
+                                      population=f"test-{sid[:12]}")
         s1_port = ports[1]
-        transport = _RecordingTransport()
+        transport = _RecordingTransport(verify=ca)
         killed: dict[str, object] = {}
 
         def chaos() -> None:
@@ -770,11 +779,11 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
         assert killed.get("replicas_seen") == 2 and "id" in killed, killed
         assert result.n_reports == n and set(result.report_counts.values()) == {n}
         ids = {bytes.fromhex(h) for h in result}
-        held = [_report_ids(url, sid, tok, True) for url, tok in zip(urls, c.analyst_tokens)]
+        held = [_report_ids(url, sid, tok, ca) for url, tok in zip(urls, c.analyst_tokens)]
         acked_before: set[bytes] = killed["acked_before"]  # type: ignore[assignment]
         assert len(acked_before) >= 6 * batch and acked_before <= held[0]
         assert all(h == ids for h in held)
-        with AnalyzerClient(analyzer_url, c.api_token) as an:
+        with AnalyzerClient(analyzer_url, c.api_token, verify=ca) as an:
             fin = an.finalize(sid)
             assert fin["state"] == "released" and fin["n_reports"] == n
         phase("finalized")
@@ -785,7 +794,7 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
                 break
             assert time.monotonic() < deadline, _stack_tasks("s1-replica")
             time.sleep(1)
-        bodies = {httpx.get(f"{urls[0]}/v1/studies/{sid}/aggregate", timeout=30,
+        bodies = {httpx.get(f"{urls[0]}/v1/studies/{sid}/aggregate", timeout=30, verify=ca,
                             headers={"Authorization": f"Bearer {c.analyst_tokens[0]}"}).content
                   for _ in range(4)}  # round robin over both replicas: one release
         assert len(bodies) == 1

@@ -23,12 +23,14 @@ from fastapi.testclient import TestClient
 from dpsketch.protocol.messages import Report
 from services.app import create_app
 from services.uploads import FastReports
+from conftest import NO_BUDGET
 from studies import provision_with_token
 from test_server_unit import bound, make_study, settings_for
 
 FAST = "application/json"
 ROUTE = "application/json; charset=utf-8"
-FLOORLESS = {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}  # make_study's studies carry no server noise
+#: make_study's studies carry no server noise: no floor required, hence no population budget
+FLOORLESS = {"DPSKETCH_MAX_FLOOR_EPSILON": "none", **NO_BUDGET}
 
 
 def answer(r: httpx.Response) -> tuple[int, list[tuple[str, str]], bytes]:

@@ -195,3 +195,22 @@ def test_the_startup_allowances_outlast_the_database_wait():
     seconds = {k: float(str(health[k]).removesuffix("s")) for k in ("start_period", "interval")}
     # failures in the start period do not count; after it, `retries` more before the task is replaced
     assert seconds["start_period"] + seconds["interval"] * health["retries"] >= wait + 30, health
+
+
+def test_the_pods_serve_https_only():
+    """TLS is on by default (issue 41): every dpsketch container serves HTTPS with a mounted
+    certificate, its probes speak HTTPS, and the analyzer reaches the servers over https with a
+    CA to verify them against."""
+    from analyzer.config import ClusterConfig
+
+    for base in ("share-server", "analyzer"):
+        (c,) = _containers(base)
+        args = c["args"]
+        cert = args[args.index("--ssl-certfile") + 1]
+        assert args[args.index("--ssl-keyfile") + 1].startswith("/run/dpsketch/tls/")
+        assert any(m["name"] == "tls" and cert.startswith(m["mountPath"]) for m in c["volumeMounts"])
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"]["scheme"] == "HTTPS", (base, probe)
+        assert [p["name"] for p in c["ports"]] == ["https"]
+    config = ClusterConfig.model_validate_json((K8S / "analyzer" / "cluster.json.example").read_text())
+    assert all(s.url.startswith("https://") for s in config.servers) and config.ca_file

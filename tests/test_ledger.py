@@ -159,10 +159,13 @@ def test_a_signed_study_is_charged_its_promise_and_composes_with_unsigned_ones()
     # what the ledger charged before it knew the flag: the Gaussian shift of the smaller noise
     as_gaussian = ledger.compose([cs.model_copy(update={"secret_sign": False})], "replace-one", delta).epsilon
     assert as_gaussian > 2.5 * alone
-    # the charge is the mixture's PLD of the study's noise, built here from secret_sign directly
+    # the charge is the mixture's PLD of the study's noise, built here from secret_sign directly,
+    # at the radius rounded up to ledger.RADIUS_STEP (shared by studies of one target: pessimistic)
     r = secret_sign.replace_radius_of(signed.row_bound, cs.sigma, cs.server_sigma, signed.lambda_star)
-    direct = secret_sign.replace_pld(r)
+    exact = secret_sign.replace_pld(r).get_epsilon_for_delta(delta)
+    direct = secret_sign.replace_pld(math.ceil(r / ledger.RADIUS_STEP) * ledger.RADIUS_STEP)
     assert alone == pytest.approx(direct.get_epsilon_for_delta(delta), rel=1e-12)
+    assert exact <= alone <= exact + 1e-3
     # with an unsigned study: one grid, composed by dp-accounting, tighter than the naive sum
     both = ledger.compose([cs, cp], "replace-one", delta)
     gauss = dp_pld.from_gaussian_mechanism(1.0 / _mu(plain, "replace-one"), value_discretization_interval=1e-3)
@@ -216,12 +219,23 @@ def test_budget_check_is_idempotent_per_study():
 
 # --- 2. enforced by every server ----------------------------------------------------------------
 
-BUDGET = {"DPSKETCH_POPULATION_EPSILON": "2.0", "DPSKETCH_POPULATION_DELTA": "1e-6"}
+#: An LTM budget alone (the floors: tests/test_population_budget.py), so the figures below are
+#: those of the certified guarantees.
+BUDGET = {"DPSKETCH_POPULATION_EPSILON": "2.0", "DPSKETCH_POPULATION_DELTA": "1e-6",
+          "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
 
 
 def _put(cluster: Cluster, j: int, study: Study) -> httpx.Response:
     return httpx.put(f"{cluster.procs[j].url}/v1/studies/{study.study_id}", json=study.model_dump(mode="json"),
                      headers={"Authorization": f"Bearer {cluster.specs[j].analyst_token}"}, timeout=30)
+
+
+def _enrol(cluster: Cluster, j: int, study: Study, population: str = POP) -> httpx.Response:
+    """Server j's operator issues an upload token of ``population`` for the study: the first one
+    charges the study to that population (docs/ledger.md)."""
+    return httpx.post(f"{cluster.procs[j].url}/v1/studies/{study.study_id}/upload-tokens",
+                      json={"population": population, "quota": 10},
+                      headers={"Authorization": f"Bearer {cluster.specs[j].operator_token}"}, timeout=60)
 
 
 def _ledger(cluster: Cluster, j: int, population: str = POP) -> dict:
@@ -232,10 +246,12 @@ def _ledger(cluster: Cluster, j: int, population: str = POP) -> dict:
 
 @pytest.fixture(scope="module")
 def budget_cluster(tmp_path_factory) -> Iterator[Cluster]:
-    """Servers with a budget for every population, shared by the tests that charge populations
-    no other test of the module charges (POP and "other-pop": test_servers_refuse_the_study_past_the_budget;
-    OWNER_POP: test_sdk_limit_refuses_past_it_and_records_within)."""
-    with cluster_for_module(tmp_path_factory, "budget", server_env={s: BUDGET for s in SERVERS}) as c:
+    """Servers (taking uploads with tokens only, the default) with a budget for every population,
+    shared by the tests that charge populations no other test of the module charges (POP and
+    "other-pop": test_servers_refuse_the_study_past_the_budget; OWNER_POP:
+    test_sdk_limit_refuses_past_it_and_records_within)."""
+    with cluster_for_module(tmp_path_factory, "budget", server_env={s: BUDGET for s in SERVERS},
+                            open_uploads=False) as c:
         yield c
 
 
@@ -247,14 +263,18 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
                    for i in range(3)]
         ids = [v["study_id"] for v in created]
         view = an.ledger(study_id=ids[0])
-        assert view["population"] == POP and view["charged"] is True and len(view["servers"]) == 3
-        # a fourth would take the population past epsilon = 2: the analyzer asks no server
+        assert view["population"] == POP and view["charged"] is False  # provisioning charges nothing
+        for sid in ids:  # each operator enrols its data owners of POP for the three studies
+            c.upload_tokens(sid, population=POP)
+        view = an.ledger(study_id=ids[0])
+        assert view["charged"] is True and len(view["servers"]) == 3
+        # a fourth naming POP would take it past epsilon = 2: the analyzer (advisory) asks no server
         with pytest.raises(ProblemError) as refused:
             an.create_study(name="q3", columns=["a", "b"], expected_reports=200, population=POP,
                             secret_sign=False, kind="sketch")
         assert refused.value.slug == "budget-exceeded" and refused.value.status == 409
         assert "nothing was provisioned" in refused.value.detail
-        # a study without a population is charged to nothing
+        # a study without a population is provisioned; the servers charge it when tokens are issued
         free = an.create_study(name="free", columns=["a", "b"], expected_reports=200, kind="sketch")
         # the analyzer signs a sketch study unless told not to (CreateStudy.secret_sign)
         assert free["study"]["secret_sign"] is True and free["guarantees"]["secret_sign"] is True
@@ -271,21 +291,26 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
         assert 1.5 < book["epsilon"] <= 2.0 < book["naive_epsilon"]
         assert book["remaining_epsilon"] == pytest.approx(2.0 - book["epsilon"])
 
-    # the next study, put to each server directly: every one refuses it and stores nothing
-    nxt = _study(10)
+    # the next study, whatever population it names (here none), put to each server directly:
+    # every one provisions it, and every operator's first POP token for it is refused
+    nxt = _study(10, population=None)
     for j in range(3):
-        body = _put(c, j, nxt).json()
+        assert _put(c, j, nxt).status_code == 201
+        body = _enrol(c, j, nxt).json()
         assert body["type"] == "urn:dpsketch:problem:budget-exceeded" and body["status"] == 409
         assert body["budget_epsilon"] == 2.0 and body["spent_epsilon"] == pytest.approx(books[j]["epsilon"])
         assert body["spent_epsilon"] <= 2.0 < body["needed_epsilon"]
         for word in ("budget", "spent", f"{body['needed_epsilon']:.4g}", POP):
             assert word in body["detail"]
-        assert httpx.get(f"{c.procs[j].url}/v1/studies/{nxt.study_id}").status_code == 404
         assert _ledger(c, j) == books[j]
-    # the same study again is not charged twice; another population has its own budget
-    assert _put(c, 0, Study.model_validate(created[0]["study"])).status_code == 200
-    other = _study(11, population="other-pop")
+        tokens = httpx.get(f"{c.procs[j].url}/v1/studies/{nxt.study_id}/upload-tokens", timeout=30,
+                           headers={"Authorization": f"Bearer {c.specs[j].operator_token}"}).json()
+        assert tokens["tokens"] == []  # no token was issued
+    # tokens for a study already charged cost nothing; another population has its own budget
+    assert _enrol(c, 0, Study.model_validate(created[0]["study"])).status_code == 201
+    other = _study(11, population=POP)  # it names POP; the operator enrols it as other-pop
     assert all(_put(c, j, other).status_code == 201 for j in range(3))
+    assert all(_enrol(c, j, other, "other-pop").status_code == 201 for j in range(3))
     assert _ledger(c, 0) == books[0] and len(_ledger(c, 0, "other-pop")["studies"]) == 1
     assert httpx.get(f"{c.procs[0].url}/v1/populations/a%20b/ledger").status_code == 422
     for url, headers in ((c.procs[0].url, {}), (c.analyzer.url, {"Authorization": f"Bearer {c.api_token}"})):
@@ -301,21 +326,26 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
 
 
 def test_ledger_survives_sigkill_and_is_still_enforced(servers):
-    c = Cluster(servers, 3, api_token="analyst-api-token", server_env={"s1": BUDGET})
+    no_budget = {"DPSKETCH_POPULATION_EPSILON": "none", "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+    c = Cluster(servers, 3, api_token="analyst-api-token", server_env={"s1": BUDGET, "s2": no_budget},
+                open_uploads=False)
     charged = [_study(20 + i) for i in range(3)]
     for s in charged:
         assert [_put(c, j, s).status_code for j in range(3)] == [201] * 3
+        assert [_enrol(c, j, s).status_code for j in range(2)] == [201] * 2
     before = _ledger(c, 0)
     assert len(before["studies"]) == 3 and _ledger(c, 1)["budget_epsilon"] is None  # s2: no budget
     c.procs[0].kill()
     assert c.procs[0].proc.returncode == -9
     c.procs[0].start()  # the same file and port
     assert _ledger(c, 0) == before
-    r = _put(c, 0, _study(30))
+    fourth = _study(30)
+    assert _put(c, 0, fourth).status_code == 201
+    r = _enrol(c, 0, fourth)
     assert r.status_code == 409 and r.json()["type"].endswith("budget-exceeded")
-    assert _put(c, 0, charged[1]).status_code == 200  # idempotent, not charged again
+    assert _enrol(c, 0, charged[1]).status_code == 201  # charged already: not charged again
     assert _ledger(c, 0) == before
-    assert _put(c, 1, _study(30)).status_code == 201  # s2 keeps its ledger but has no budget
+    assert _put(c, 1, fourth).status_code == 201 and _enrol(c, 1, fourth).status_code == 201  # s2: no budget
     assert len(_ledger(c, 1)["studies"]) == 4
 
 
@@ -330,24 +360,27 @@ OWNER_POP = "sdk-owner.enrolled"
 def test_sdk_limit_refuses_past_it_and_records_within(budget_cluster, tmp_path):
     c = budget_cluster
     first, second = _study(40, population=OWNER_POP), _study(41, population=None)  # the owner counts every study
+    tokens = {}
     for s in (first, second):
         assert [_put(c, j, s).status_code for j in range(3)] == [201] * 3
+        tokens[s.study_id] = c.upload_tokens(s.study_id, quota=None, population=OWNER_POP if s is first else "x")
     path = tmp_path / "owner" / "ledger.json"
     limit = PrivacyLimit(1.2, 1e-6, path)
     rows = np.random.default_rng(0).uniform(-0.5, 0.5, (5, 2))
-    with Client(c.server_urls, privacy_limit=limit) as client:
+    with Client(c.server_urls, privacy_limit=limit, token=tokens[first.study_id]) as client:
         client.submit_many(first.study_id, rows)
         client.submit_many(first.study_id, rows[:2])  # the same study again: recorded once
         assert [e["charge"]["study_id"] for e in limit.entries()] == [first.study_id]
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         saved = path.read_bytes()
+    with Client(c.server_urls, privacy_limit=limit, token=tokens[second.study_id]) as client:
         with pytest.raises(PrivacyLimitExceeded) as refused:
             client.submit_many(second.study_id, rows)
         assert refused.value.verdict.needed.epsilon > 1.2 >= refused.value.verdict.spent.epsilon
         assert path.read_bytes() == saved
         assert set(client.report_counts(second.study_id).values()) == {0}  # nothing was sent
     # a larger limit takes it, and records it
-    with Client(c.server_urls, privacy_limit=PrivacyLimit(2.0, 1e-6, path)) as client:
+    with Client(c.server_urls, privacy_limit=PrivacyLimit(2.0, 1e-6, path), token=tokens[second.study_id]) as client:
         client.submit(second.study_id, rows[0])
     assert [e["charge"]["study_id"] for e in limit.entries()] == [first.study_id, second.study_id]
     assert limit.spent().epsilon == pytest.approx(

@@ -21,7 +21,7 @@ import pytest
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from client_sdk.prepare import prepare_blocks
-from conftest import Cluster, cluster_for_module
+from conftest import NO_BUDGET, Cluster, cluster_for_module
 from test_e2e import direct_sketch  # S(A + G) with Python ints, hashed by the ids given (here: pseudonyms)
 from dpsketch.protocol import Study, messages, parties, ring, sketch
 from dpsketch.protocol.study import design
@@ -29,7 +29,9 @@ from dpsketch.protocol.study import design
 PARTIES = [{"name": "bank", "columns": ["income", "debt"]},
            {"name": "shop", "columns": ["spend"]},
            {"name": "clinic", "columns": ["bmi", "y"]}]
-NO_FLOOR = {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}
+#: no floor required, hence no population floor bound either (docs/ledger.md), nor a budget:
+#: the module puts more studies on its servers than a population's default budget takes
+NO_FLOOR = {"DPSKETCH_MAX_FLOOR_EPSILON": "none", **NO_BUDGET}
 
 
 def post_blocks(url: str, study: Study, party: str, body: bytes, token: str | None = None) -> httpx.Response:

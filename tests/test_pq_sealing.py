@@ -55,51 +55,21 @@ def _pq_recipient(url: str, server_id: str) -> envelope.Recipient:
 # --- the envelope ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suite,version", [(CL, 1), (CL, 2), (PQ, 2)])
-def test_round_trip_sizes_and_layout_of_both_suites(suite, version):
-    sk, pk = _pair(suite)
-    assert (len(sk), len(pk)) == ((32, 32) if suite is CL else (96, 1216))
-    d, m, n = 5, 12, 3
-    me = envelope.Recipient("s1", pk, suite)
-    lookup = _ring((suite, sk))
-    for compress in (False, True):
-        ids, proofs, payloads, contents = _bound(STUDY_A, m, d, n, compress=compress)
-        content = contents[0]
-        body = envelope.seal_batch(me, STUDY_A, ids, content, _plaintexts(proofs[0], payloads[0]), version)
-        record = envelope.record_bytes(content, d, n, suite, version)
-        assert len(body) == m * record
-        overhead = {(CL, 1): 57, (CL, 2): 65, (PQ, 2): 1153}[(suite, version)]
-        assert envelope.overhead_bytes(suite, version) == overhead
-        assert record == 16 + 16 * n + (8 * d if content == envelope.CONTENT_SHARE else 32) + overhead
-        first = body[:record]
-        assert first[:16] == ids[0] and first[16:24] == envelope.key_id(pk)
-        if version == 1:
-            assert first[24] == content
-        else:  # 0x80, version 2, kem, kdf, aead (big-endian), content, then enc
-            assert first[24:33] == bytes([0x80, 2]) + suite.kem_id.to_bytes(2, "big") + b"\x00\x01\x00\x03" \
-                + bytes([content])
-        upload = envelope.open_batch(body, d, n, STUDY_A, "s1", lookup)
-        upload.verify(STUDY_A, n, 0)
-        assert upload.ids == ids
-        expected = ring.expand_seeds(payloads[0], d) if compress else payloads[0]
-        np.testing.assert_array_equal(upload.shares(d), expected)
-        assert envelope.count_records(body, d, n) == m
-        a, b = envelope.split_body(body, d, n)
-        assert a + b == body and len(a) == record * (m // 2)
-    if suite is PQ:  # version 1 has no room for another suite
-        with pytest.raises(ValueError, match="version 1 records are classical"):
-            envelope.seal(me, STUDY_A, ids[0], envelope.CONTENT_SHARE, b"x", version=1)
-
-
-def test_a_pq_record_tampered_or_misbound_is_refused_with_the_right_error():
+def test_a_pq_batch_tampered_or_misbound_is_refused_with_the_right_error():
+    """A post-quantum version 3 batch (the one sealed layout; sizes and round trips of both
+    suites: tests/test_envelope.py, vectors: docs/protocol.md section 9) with a header byte,
+    its key id, enc, the wrapped secret or a record altered, or opened in another context."""
     sk, pk = _pair(PQ)
     other_sk, other_pk = _pair(PQ)
     csk, cpk = _pair(CL)
+    assert (len(sk), len(pk)) == (96, 1216)
     lookup = _ring((PQ, sk), (PQ, other_sk), (CL, csk))
     d, n = 5, 3
     ids, proofs, shares, _ = _bound(STUDY_A, 1, d, n)
-    me = envelope.Recipient("s1", pk, PQ, version=2)
+    me = envelope.Recipient("s1", pk, PQ)
     rec = envelope.seal(me, STUDY_A, ids[0], envelope.CONTENT_SHARE, _plaintexts(proofs[0], shares[0])[0])
+    head = envelope.batch_header_bytes(PQ)
+    assert head == 37 + 1120 + 48 and rec[24:33] == bytes([0x80, 3, 0x64, 0x7A, 0, 1, 0, 3, 1])
     assert envelope.open_batch(rec, d, n, STUDY_A, "s1", lookup).ids == ids
 
     def opened(body: bytes, study=STUDY_A, server="s1"):
@@ -114,15 +84,17 @@ def test_a_pq_record_tampered_or_misbound_is_refused_with_the_right_error():
     for at in (26, 27, 29, 31):
         with pytest.raises(envelope.UnknownSuite, match="is not one this server opens"):
             opened(flip(at, xor=0x01))
-    # the classical KEM id on a post-quantum record: the lengths no longer add up
+    # the classical KEM id on a post-quantum batch: the lengths no longer add up
     with pytest.raises(envelope.MalformedSealedBatch):
         opened(rec[:26] + b"\x00\x20" + rec[28:])
     # the format version and the marker byte
-    with pytest.raises(envelope.MalformedSealedBatch, match="version 4"):
+    with pytest.raises(envelope.MalformedSealedBatch, match="not a version 3"):
         opened(flip(25, 4))
-    with pytest.raises(envelope.MalformedSealedBatch, match="unknown content kind"):
+    with pytest.raises(envelope.MalformedSealedBatch, match="not a version 3"):
         opened(flip(24, 0x81))
-    # the content kind inside the header (a share relabelled as a seed): lengths differ at d = 5
+    with pytest.raises(envelope.MalformedSealedBatch, match="version 2"):  # the dropped layout
+        opened(flip(25, 2))
+    # the content kind (a share relabelled as a seed): lengths differ at d = 5
     with pytest.raises(envelope.MalformedSealedBatch):
         opened(flip(32, envelope.CONTENT_SEED))
     # the key id: another post-quantum key of this server (it does not open: the key id is bound
@@ -132,59 +104,18 @@ def test_a_pq_record_tampered_or_misbound_is_refused_with_the_right_error():
                        (b"\x00" * 8, "unknown key id")):
         with pytest.raises(envelope.SealError, match=match):
             opened(rec[:16] + kid + rec[24:])
-    # a bit of enc (the ML-KEM ciphertext, the X25519 share) or of the AEAD ciphertext or tag
-    for at in (33, 33 + 1088, 33 + 1119, 33 + 1120, len(rec) - 1):
+    # a bit of enc (the ML-KEM ciphertext, the X25519 share), of the wrapped secret, or of a
+    # record's report id, ciphertext or tag
+    for at in (37, 37 + 1088, 37 + 1119, 37 + 1120, head - 1, head, head + 16, len(rec) - 1):
         with pytest.raises(envelope.SealError, match="does not open here"):
             opened(flip(at, xor=0x04))
-    # the context: study, server and report id are bound
+    # the context: study, server and batch id are bound
     with pytest.raises(envelope.SealError, match="does not open here"):
         opened(rec, study=STUDY_B)
     with pytest.raises(envelope.SealError, match="does not open here"):
         opened(rec, server="s2")
     with pytest.raises(envelope.SealError, match="does not open here"):
         opened(flip(0, xor=0x01))
-    # a version 1 record opened with a post-quantum key: another suite
-    v1 = envelope.seal(envelope.Recipient("s1", cpk, version=1), STUDY_A, ids[0], envelope.CONTENT_SHARE,
-                       _plaintexts(proofs[0], shares[0])[0])
-    with pytest.raises(envelope.SealError, match="another suite"):
-        envelope.open_batch(v1[:16] + envelope.key_id(pk) + v1[24:], d, n, STUDY_A, "s1", lookup)
-    # a body mixing suites (or versions) is malformed, even if each record would open
-    v2c = envelope.seal(envelope.Recipient("s1", cpk, version=2), STUDY_A, ids[0], envelope.CONTENT_SHARE,
-                        _plaintexts(proofs[0], shares[0])[0], version=2)
-    for mixed in (rec + v2c, v2c + v1, v1 + rec):
-        with pytest.raises(envelope.MalformedSealedBatch, match="one kind"):
-            opened(mixed)
-
-
-def test_documented_pq_vectors_open_to_their_plaintext():
-    """docs/sealing.md section 8: the stored key layout, the key id, info2 and the record."""
-    import json
-    import re
-
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "sealing.md").read_text()
-    section = doc.split("## 8. Test vectors", 1)[1]
-    v = json.loads(re.search(r"```json\n(.*?)\n```", section, re.S).group(1))
-    assert (v["kem_id"], v["kdf_id"], v["aead_id"], v["version"]) == (PQ.kem_id, PQ.kdf_id, PQ.aead_id, 2)
-    sk = bytes.fromhex(v["private_key"])
-    pk = PQ.public_key_of(sk)
-    assert pk.hex() == v["public_key"] and envelope.key_id(pk).hex() == v["key_id"]
-    key = PQ.load_private_key(sk)
-    (rec,) = v["records"]
-    raw = bytes.fromhex(rec["record"])
-    rid = bytes.fromhex(rec["report_id"])
-    assert raw[:16] == rid and raw[16:24].hex() == v["key_id"]
-    assert raw[24:33] == bytes([0x80, 2, 0x64, 0x7A, 0, 1, 0, 3, rec["content"]])
-    assert envelope.info_v2(v["study_id"], v["server_id"], rid, rec["content"], bytes.fromhex(v["key_id"]),
-                            PQ).hex() == rec["info"]
-    assert bytes.fromhex(rec["plaintext"]) == bytes.fromhex(rec["proof"]) + bytes.fromhex(rec["payload"])
-    (parsed,) = envelope.parse(raw, v["width"], v["n_servers"])
-    assert envelope.open_record(key, v["study_id"], v["server_id"], parsed).hex() == rec["plaintext"]
-    # RFC 9180's single-shot Open, with the documented info and nothing of dpsketch's code
-    assert PQ.hpke_suite.decrypt(raw[33:], key, info=bytes.fromhex(rec["info"])).hex() == rec["plaintext"]
-    upload = envelope.open_batch(raw, v["width"], v["n_servers"], v["study_id"], v["server_id"], lambda _k: key)
-    upload.verify(v["study_id"], v["n_servers"], v["position"])
-    with pytest.raises(envelope.SealError):
-        envelope.open_record(key, v["study_id"], v["servers"][1], parsed)
 
 
 # --- the SDK's policy, without servers ------------------------------------------------------------
@@ -274,21 +205,19 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
     heads2 = [head for port, head in posts if port == port2]
     assert heads2 and all(head == bytes([0x80, 3]) + CL.ids + b"\x01" for head in heads2)  # classical
     assert all(head == pq_head for port, head in posts if port != port2)
-    # a server from before version 3 (it lists no sealed layouts): version 1 records classically,
-    # version 2 post-quantum, one HPKE seal each; the others still get version 3 batches
-    for policy, legacy, chunk in (("classical", bytes([envelope.CONTENT_SHARE]), rows[225:230]),
-                                  ("post-quantum", bytes([0x80, 2]) + PQ.ids + b"\x01", rows[230:235])):
+    # a server from before version 3 (it lists no sealed layouts): refused before anything is
+    # sent, whatever the policy (the per-record versions 1 and 2 were dropped, issue 41)
+    for policy in ("classical", "post-quantum"):
         posts.clear()
         with Client(c.server_urls, encrypt=True, sealing=policy, compress=False,
                     transport=_without_pq(port2, posts, pq=True, batches=False)) as client:
-            client.submit_many(study.study_id, chunk, batch_size=2)
-        heads2 = [head for port, head in posts if port == port2]
-        assert heads2 and all(head[:len(legacy)] == legacy for head in heads2)
-        assert all(head[:2] == bytes([0x80, 3]) for port, head in posts if port != port2)
+            with pytest.raises(SDKError, match="does not open version 3 sealed batches"):
+                client.submit_many(study.study_id, rows[225:230], batch_size=2)
+        assert posts == []
     # ... classical clients keep working
     with Client(c.server_urls, encrypt=True) as client:
         assert client.sealing_suites(study.study_id) == ["classical"] * 3
-        client.submit_many(study.study_id, rows[235:260])
+        client.submit_many(study.study_id, rows[225:260])
     # ... and so does dpsketch submit --sealing post-quantum (which implies --encrypt)
     csv = tmp_path / "rows.csv"
     csv.write_text(",".join(COLUMNS) + "\n" + "\n".join(",".join(f"{v:.6f}" for v in r) for r in rows[260:]))
@@ -349,14 +278,12 @@ def test_servers_hold_both_suites_rotate_refuse_unknown_and_keep_keys_across_a_r
     r = httpx.delete(f"{url1}/v1/keys/{after['post_quantum']['current']}", headers=op1)
     assert r.status_code == 409 and "current post-quantum key" in r.json()["detail"]
 
-    # an old classical (version 1) record, sealed to the old classical key, and the version 2
-    # record sealed to the old post-quantum key, both sealed before a SIGKILL restart
-    old_cl = envelope.Recipient("s1", bytes.fromhex(before["keys"][0]["public_key"]), version=1)
+    # a batch sealed to the old (superseded) classical key before a SIGKILL restart
+    old_cl = envelope.Recipient("s1", bytes.fromhex(before["keys"][0]["public_key"]))
     more = ring.random_ring((2, d))
     more_ids, more_proofs = bind_at(study, 0, more)
     v1_body = envelope.seal_batch(old_cl, study.study_id, more_ids, envelope.CONTENT_SHARE,
                                   _plaintexts(more_proofs, more))
-    assert v1_body[24] == envelope.CONTENT_SHARE  # the layout of every release before version 2
     c.procs[0].kill()  # SIGKILL, then a start on the same database
     c.procs[0].start()
     assert _info(url1)["hpke"] == after  # both suites' keys, current and superseded, kept

@@ -39,7 +39,11 @@ MIB, GIB = 1 << 20, 1 << 30
 #: authentication and the memory policy were added).
 POLICY_KEYS = {"max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_floor_epsilon",
                "max_excluded_fraction", "upload_auth", "max_study_bytes", "max_study_memory",
-               "memory_budget", "max_k", "max_aggregate_cells", "retention_after_commit_seconds"}
+               "memory_budget", "max_k", "max_aggregate_cells", "retention_after_commit_seconds",
+               # issue 41: every population's budget (both bounds), expiry and the open-study cap
+               "population_epsilon", "population_floor_epsilon", "population_delta",
+               "population_neighbouring", "default_population", "study_expiry_seconds",
+               "max_open_studies"}
 
 
 def test_info_publishes_the_policy(tmp_path: Path):
@@ -81,6 +85,11 @@ def test_default_policy(tmp_path: Path):
             32 * GIB, 256 * MIB, 4 * GIB)
         assert (pol["max_k"], pol["max_aggregate_cells"], pol["retention_after_commit_seconds"]) == (
             4096, 1 << 24, None)
+        # issue 41: a finite budget for every population, on by default, for both guarantees
+        assert (pol["population_epsilon"], pol["population_floor_epsilon"], pol["population_delta"],
+                pol["population_neighbouring"], pol["default_population"]) == (
+            4.0, 12.0, 1e-6, "replace-one", "default")
+        assert (pol["study_expiry_seconds"], pol["max_open_studies"]) == (7 * 24 * 3600.0, 1000)
         # a study designed with design()'s default floor is inside the default policy
         st = make_study(epsilon_floor="default")
         assert st.epsilon_floor == 4.0
@@ -113,10 +122,12 @@ def test_provisioning_refuses_studies_outside_the_policy(tmp_path: Path, overrid
         srv.close()
 
 
-def test_memory_budget_counts_every_open_study(tmp_path: Path):
-    """Each open study's running totals take 8 k (width + k) bytes (704 here) and its report index
-    95 bytes a report (services/state.py INDEX_BYTES_PER_REPORT); the budget refuses a study, or
-    reports, that would take the open studies beyond it."""
+def test_memory_budget_counts_what_reports_touch(tmp_path: Path):
+    """The running totals are charged as reports arrive, not as declared (issue 41): a report
+    adds into s rows of the k x width aggregate and of k x k S S^T (8 (width + k) bytes a row),
+    so n reports count 8 min(k, s n) (width + k) bytes, plus 95 a report of index
+    (services/state.py INDEX_BYTES_PER_REPORT). An empty study counts nothing, so studies the
+    analyst opens and never fills lock no memory; reports past the budget are refused."""
     from services.state import INDEX_BYTES_PER_REPORT
 
     assert INDEX_BYTES_PER_REPORT == 95
@@ -124,14 +135,16 @@ def test_memory_budget_counts_every_open_study(tmp_path: Path):
     try:
         first, second = make_study(name="first"), make_study(name="second")
         assert srv.provision(first).status_code == 201
-        rs = srv.reports(first, 3)
-        assert srv.batch(first, rs[:2]).json()["report_count"] == 2  # 704 + 2 * 95 = 894
-        assert_problem(srv.batch(first, rs[2:]), 409, "capacity-exceeded")  # 989 > 900
-        assert srv.batch(first, rs[:2]).json()["duplicates"] == 2  # retries cost nothing
-        body = assert_problem(srv.provision(second), 422, "invalid-study")
-        assert body["policy_rule"] == "memory_budget"
-        assert [i["study_id"] for i in srv.client.get("/v1/studies").json()] == [first.study_id]
-        assert srv.count(first) == 2
+        assert srv.provision(second).status_code == 201  # empty: counts nothing (declared 704)
+        rs = srv.reports(first, 4)
+        # k = 8, s = 2, width 3: 8 * min(8, 6) * 11 + 3 * 95 = 813
+        assert srv.batch(first, rs[:3]).json()["report_count"] == 3
+        assert_problem(srv.batch(first, rs[3:]), 409, "capacity-exceeded")  # 704 + 380 = 1084 > 900
+        assert srv.batch(first, rs[:3]).json()["duplicates"] == 3  # retries cost nothing
+        # the second study's first report would add 8 * 2 * 11 + 95 = 271: refused
+        assert_problem(srv.batch(second, srv.reports(second, 1)), 409, "capacity-exceeded")
+        assert srv.count(first) == 3 and srv.count(second) == 0
+        assert srv.app.state.store.memory_in_use() == 813
     finally:
         srv.close()
 

@@ -469,11 +469,17 @@ def test_oversized_bodies_are_refused_before_reading(tmp_path: Path):
         srv.close()
 
 
-def test_commit_body_is_bounded_by_the_study_not_the_body_limit(tmp_path: Path):
-    """An inclusion set may be as long as the study's capacity (16 bytes per id, max_reports
-    ids), whatever --max-body-bytes says: with a 4,096-byte limit, 300 reports commit with a
-    4,800-byte set; a body over 16 x max_reports is refused (413, by Content-Length and while
-    streaming) and changes nothing; uploads keep the general limit."""
+def test_commit_bodies_are_bounded_and_the_bitmap_is_compact(tmp_path: Path):
+    """A commit body is bounded whatever the study (issue 41): a report-id list by the general
+    --max-body-bytes, the compact form (a bit per held id, dpsketch/protocol/inclusion.py) by
+    exactly its size over the ids held. With a 4,096-byte limit, 300 reports: their id list
+    (4,800 bytes) gets 413, the bitmap (78 bytes) commits; a longer bitmap is refused (413, by
+    Content-Length and while streaming), one over another count (409 inclusion-stale), one
+    whose set hashes otherwise (422) or with bits past the last id (400); none changes anything."""
+    import hashlib
+
+    from dpsketch.protocol import inclusion
+
     srv = Server(tmp_path / "small.sqlite3", max_body_bytes=4096)
     try:
         st = make_study(max_reports=400)
@@ -481,22 +487,39 @@ def test_commit_body_is_bounded_by_the_study_not_the_body_limit(tmp_path: Path):
         rs = srv.reports(st, 300)
         for start in range(0, 300, 50):  # 50 * 72 bytes per batch: under the limit
             assert srv.batch(st, rs[start:start + 50]).status_code == 200
-        assert_problem(srv.batch(st, srv.reports(st, 60)), 413, "payload-too-large")
         path = f"/v1/studies/{st.study_id}/commit"
-        headers = {**bearer(AN), "Content-Type": REPORT_IDS_MEDIA_TYPE}
-        too_long = b"".join(sorted(rs.ids + new_ids(101)))  # 401 ids > max_reports
-        body = assert_problem(srv.client.post(path, content=too_long, headers=headers), 413, "payload-too-large")
-        assert "6400 bytes" in body["detail"]
+        plain = {**bearer(AN), "Content-Type": REPORT_IDS_MEDIA_TYPE}
+        compact = {**bearer(AN), "Content-Type": inclusion.MEDIA_TYPE}
+        assert_problem(srv.client.post(path, content=b"".join(sorted(rs.ids)), headers=plain), 413,
+                       "payload-too-large")
+        held = srv.client.get(f"/v1/studies/{st.study_id}/report-ids", headers=bearer(AN)).content
+        assert len(held) == 300 * 16
+        keep = sorted(rs.ids)[:290]  # leave out 10 (within the batch rule's 0.1)
+        body = inclusion.encode_for(held, b"".join(keep))
+        assert len(body) == inclusion.body_bytes(300) == 40 + 38
+        too_long = body + bytes(1)
+        r = assert_problem(srv.client.post(path, content=too_long, headers=compact), 413, "payload-too-large")
+        assert "78 bytes" in r["detail"]
 
         def chunks():  # no Content-Length: counted as it streams in
-            for i in range(0, len(too_long), 1000):
-                yield too_long[i:i + 1000]
+            yield too_long[:50]
+            yield too_long[50:]
 
-        assert_problem(srv.client.post(path, content=chunks(), headers=headers), 413, "payload-too-large")
+        assert_problem(srv.client.post(path, content=chunks(), headers=compact), 413, "payload-too-large")
+        mask, digest = inclusion.decode(body)
+        stale = inclusion.encode(mask[:-1], digest)  # made over 299 held ids
+        assert_problem(srv.client.post(path, content=stale, headers=compact), 409, "inclusion-stale")
+        wrong = inclusion.encode(mask, hashlib.sha256(b"other").digest())
+        assert_problem(srv.client.post(path, content=wrong, headers=compact), 422, "invalid-request")
+        padded = body[:-1] + bytes([body[-1] | 0x80])  # 300 = 37 * 8 + 4: bit 7 of the last byte
+        assert_problem(srv.client.post(path, content=padded, headers=compact), 400, "malformed-body")
         assert srv.client.get(f"/v1/studies/{st.study_id}").json()["status"] == "open"
-        r = srv.commit(st, rs.ids)  # 4,800 bytes
+        r = srv.client.post(path, content=body, headers=compact)
         assert r.status_code == 200, r.text
-        assert r.json()["n_reports"] == 300
+        assert r.json()["n_reports"] == 290
+        assert r.json()["inclusion_hash"] == hashlib.sha256(b"".join(keep)).hexdigest()
+        again = srv.client.post(path, content=body, headers=compact)  # idempotent
+        assert again.status_code == 200 and again.json() == r.json()
     finally:
         srv.close()
 

@@ -223,6 +223,56 @@ def test_slowloris_flood_from_one_address_leaves_the_server_reachable(servers, m
     assert open_fds(pid) <= base_fds + 2
 
 
+MANY_ADDRESSES, PER_ADDRESS = 18, 240  # issue 41's flood: 4,320 connections, each address under its cap
+
+
+def test_a_flood_from_many_addresses_leaves_a_legitimate_client_answered(servers):
+    """Issue 41: per-address caps do not stop a flood from many addresses. 18 loopback addresses
+    x 240 connections (each under the per-address cap of 256) that send part of a request head
+    and stop filled the 4,096 slots, and a legitimate client got 0 of 8 answers. Now a newcomer
+    at the cap evicts the connection that has waited longest for its client (at least 1 s):
+    the legitimate client is answered 8 times of 8 while the flood is held."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = MANY_ADDRESSES * PER_ADDRESS + 512
+    if hard != resource.RLIM_INFINITY and hard < need:
+        unavailable(f"needs RLIMIT_NOFILE >= {need} for the client side (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(need, soft), hard))
+    proc = start_server(servers, {"DPSKETCH_HEADER_TIMEOUT": "30"})  # the flood stays held throughout
+    pid = proc.proc.pid
+    flood: list[socket.socket] = []
+    refused = 0
+    try:
+        t0 = time.monotonic()
+        for a in range(MANY_ADDRESSES):
+            for _ in range(PER_ADDRESS):
+                try:
+                    sock = connect(proc.port, f"127.0.1.{a + 1}")
+                    sock.sendall(PARTIAL)
+                    flood.append(sock)
+                except OSError:
+                    refused += 1
+        opened = time.monotonic() - t0
+        time.sleep(1.5)  # the oldest flood connections have now waited past the eviction age
+        held = open_fds(pid)
+        legit = [get_healthz(proc.port) for _ in range(8)]
+        latencies = [lat for _, lat in legit]
+        log = proc.log_path.read_text(errors="replace")
+        print(f"\nflood: {len(flood)} of {MANY_ADDRESSES * PER_ADDRESS} connections from {MANY_ADDRESSES} "
+              f"addresses opened in {opened:.2f} s ({refused} refused), server fds {held}; legit GET "
+              f"/healthz: {sum(s == 200 for s, _ in legit)} of 8 answered 200, {ms(latencies)}")
+        assert [s for s, _ in legit] == [200] * 8, legit
+        assert max(latencies) < LEGIT_BOUND, latencies
+        assert held <= 4096 + 64  # the cap holds: the flood did not get more slots
+        assert "evicted: waited longest" in log
+        # the flood is still held (evictions took the oldest only): most connections still open
+        closed, _ = wait_closed(flood, until=time.monotonic() + 0.5)
+        assert len(closed) < len(flood) // 2
+    finally:
+        for sock in flood:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory) -> Iterator[tuple[ManagedProcess, str]]:
     pool = Servers(tmp_path_factory.mktemp("slow"))

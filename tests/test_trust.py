@@ -40,7 +40,11 @@ SYBILS = 1800
 
 
 def _start(servers: Servers, n: int = 3, **policy: str):
-    """n real servers with this policy (environment variables, e.g. DPSKETCH_MAX_FLOOR_EPSILON)."""
+    """n real servers with this policy (environment variables, e.g. DPSKETCH_MAX_FLOOR_EPSILON).
+    A server that takes studies without a floor bounds no population's floors either (each such
+    study's floor alone is far past the default floor budget: docs/ledger.md)."""
+    if policy.get("DPSKETCH_MAX_FLOOR_EPSILON") == "none":
+        policy = {"DPSKETCH_POPULATION_FLOOR_EPSILON": "none", **policy}
     specs = [servers.spec(f"s{j + 1}") for j in range(n)]
     procs = [servers.start(spec, policy, open_uploads=False) for spec in specs]
     return specs, procs
@@ -366,12 +370,20 @@ def test_one_report_to_the_largest_study_pins_only_its_declared_totals(servers):
     print(f"\nmemory: one report to a k = {study.k}, width = {study.width} study: RSS +{grown / 2**20:.1f} "
           f"MiB (its aggregate {aggregate / 2**20:.1f} MiB, declared totals {declared / 2**20:.1f} MiB)")
     assert grown < aggregate / 4  # the aggregate is allocated, not touched, by one report
-    # a second study of that size does not fit the server's budget: refused, with the rule named
+    # the budget counts what reports touched (issue 41), not what studies declare: a second study
+    # of that size is taken, and the server counts s rows of each study a report went to
     other, _ = design(name="big2", columns=columns, label=None, servers=servers_, expected_reports=10 ** 4,
                       k=1200, s=4)
-    r = httpx.put(f"{procs[0].url}/v1/studies/{other.study_id}", json=other.model_dump(mode="json"),
-                  headers={"Authorization": f"Bearer {specs[0].analyst_token}"})
-    assert r.status_code == 422 and r.json()["policy_rule"] == "memory_budget"
+    _provision(other, specs, procs)
+    with Client([p.url for p in procs]) as client:
+        client.submit(other.study_id, np.zeros(4000))
+    scrape = httpx.get(f"{procs[0].url}/metrics", headers={"Authorization": f"Bearer {specs[0].operator_token}"})
+    counted = float(next(line.split()[-1] for line in scrape.text.splitlines()
+                         if line.startswith("dpsketch_store_memory_bytes ")))
+    expected = sum(8 * min(st.k, st.s) * (st.width + st.k) + 95 for st in (study, warm, other))
+    print(f"memory budget counts {counted / 2**20:.2f} MiB for three studies of one report each "
+          f"(declared {(declared * 2 + 8 * warm.k * (warm.width + warm.k)) / 2**20:.1f} MiB)")
+    assert counted == expected < 2 * declared / 100
     # and a study above the per-study limit is refused outright
     huge, _ = design(name="huge", columns=columns, label=None, servers=servers_, expected_reports=10 ** 4,
                      k=1600, s=4)

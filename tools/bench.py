@@ -8,10 +8,10 @@
                  third batch; with each store's bytes on disk per report), and single-report
                  uploads from 64 concurrent clients against one fsync per report;
 * ``sealed``   - HPKE-sealed shares (docs/protocol.md section 7a) against plaintext: bytes per
-                 report, sealing and opening time per share (version 3 batches and the version 1
-                 records of before), and bulk upload rows/s to one real server over loopback
-                 (d = 32) of plaintext, version 3 classical and post-quantum, and version 1
-                 batches, with each one's ratio to plaintext; not part of ``all``;
+                 report, sealing and opening time per share (version 3 batches), and bulk upload
+                 rows/s to one real server over loopback (d = 32) of plaintext and version 3
+                 classical and post-quantum batches, with each one's ratio to plaintext; not
+                 part of ``all``;
 * ``load``     - 64 concurrent clients uploading single reports to one server for 60 s (the load
                  test of tests/test_faults.py, one driver in tools/loadtest.py): throughput,
                  p50/p99, errors, server RSS start/end, against the same driver on the server's
@@ -198,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
         figures["sealed_envelope"] = bench_encryption(n=2_000 if args.quick else 20_000, d=32, n_servers=3)
         print(json.dumps({"sealed_envelope": figures["sealed_envelope"]}), flush=True)
-        figures["sealed_upload"] = server_bench.bench_sealed_upload(n=20_000 if args.quick else 100_000, d=32,
-                                                                    n_v1=2_000 if args.quick else None)
+        figures["sealed_upload"] = server_bench.bench_sealed_upload(n=20_000 if args.quick else 100_000, d=32)
         print(json.dumps({"sealed_upload": figures["sealed_upload"]}), flush=True)
     if args.which == "seeds":
         from tools.client_bench import bench_compression

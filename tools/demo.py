@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the row bound B sits at this quantile of the row norms; rows above it are "
                    "clipped, as a data owner choosing B would (default: %(default)s; 1 scales "
                    "every row inside B without clipping)")
+    p.add_argument("--allow-insecure-http", action="store_true",
+                   help="let the SDK send upload tokens over plain http:// to servers on other hosts "
+                        "(a development cluster on a network you trust; refused by default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--keep", action="store_true",
                    help="leave the cluster the demo started up after the demo, with its studies, until "
@@ -154,7 +157,8 @@ def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.
             _log(quiet, "  " + line)
         t0 = time.perf_counter()
         tokens = cluster.upload_tokens(study_id, n)
-        with Client(cluster.server_urls, token=tokens) as client, tqdm(
+        with Client(cluster.server_urls, token=tokens,
+                    allow_insecure_http=getattr(args, "allow_insecure_http", False)) as client, tqdm(
             total=n, unit="rows", disable=quiet, desc=f"[{tag}] submit", file=sys.stderr
         ) as bar:
             client.submit_many(study_id, data.rows, progress=bar.update)

@@ -598,8 +598,8 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
     """The same n random shares uploaded to one real server over loopback, each mode into its own
     study: as plaintext batches, as sealed version 3 batches (docs/protocol.md section 7a: one
     HPKE seal per batch, then ChaCha20-Poly1305 per record) with the classical and with the
-    post-quantum suite, and the first ``n_v1`` of them (default min(n, 20,000)) as version 1
-    records (one HPKE seal per record, what clients sent before version 3). The modes take turns
+    post-quantum suite (``n_v1`` is accepted and ignored: the per-record version 1, one HPKE
+    seal per record, is not sealed or opened any more, issue 41). The modes take turns
     over ``rounds`` rounds. Reports bytes per report, the client's sealing time per report (CPU)
     and each mode's rows/s and ratio to plaintext (the server opens every sealed record before
     storing it)."""
@@ -608,9 +608,8 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
     from dpsketch.protocol import envelope
     from dpsketch.protocol.messages import SEALED_MEDIA_TYPE
 
-    n_v1 = min(n, 20_000) if n_v1 is None else n_v1
     modes = {"plaintext": (None, None, n), "sealed": (envelope.CLASSICAL, 3, n),
-             "sealed_pq": (envelope.POST_QUANTUM, 3, n), "sealed_v1": (envelope.CLASSICAL, 1, n_v1)}
+             "sealed_pq": (envelope.POST_QUANTUM, 3, n)}
     rng = np.random.default_rng(seed)
     studies = {mode: design(name=f"bench-{mode}", columns=[f"x{i}" for i in range(d)], label=None,
                             servers=["s1", "s2"], expected_reports=n, k=400, s=4,
@@ -633,7 +632,7 @@ def bench_sealed_upload(n: int = 100_000, d: int = 32, batch_rows: int = 5_000, 
                                                   shares)
             bodies.append((len(shares), encode_batch(ids, proofs, shares)))
         plain_of[mode] = bodies
-    out: dict[str, Any] = {"n": n, "n_v1": n_v1, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
+    out: dict[str, Any] = {"n": n, "d": d, "batch_rows": batch_rows, "concurrency": concurrency,
                            "rounds": rounds, "n_servers": 2, "upload_auth": "tokens"}
     with _Workdir(workdir) as wd:
         proc = _start_server(wd)

@@ -8,8 +8,10 @@ RUN apt-get update -qq \
 COPY haproxy.cfg /etc/dpsketch/haproxy.cfg
 USER haproxy
 EXPOSE 8101
-HEALTHCHECK --interval=2s --timeout=3s --start-period=5s --retries=10 \
-  CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8101/healthz', timeout=2).status == 200 else 1)"]
+# TLS passes through to the replicas (haproxy.cfg): the proxy's own check is that it accepts
+# connections (whether a replica is ready is haproxy's /readyz check)
+HEALTHCHECK --interval=5s --timeout=10s --start-period=5s --retries=10 \
+  CMD ["python", "-I", "-S", "-c", "import socket; socket.create_connection(('127.0.0.1', 8101), 5).close()"]
 # haproxy as PID 1 has no SIGTERM handler here, so docker stop / stack rm waited out the grace
 # period and killed it; SIGUSR1 is its soft stop (stop listening, finish the requests in flight,
 # bounded by hard-stop-after in haproxy.cfg).

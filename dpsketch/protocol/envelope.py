@@ -13,11 +13,10 @@ of one of two HPKE (RFC 9180, base mode) suites:
   as long as either ML-KEM-768 or X25519 holds. Only the KEM differs: HKDF-SHA256 and
   ChaCha20-Poly1305 (256-bit keys) keep a 128-bit margin against Grover's search.
 
-Three layouts share the media type ``application/x-dpsketch-sealed``; a body is one of them:
+One layout has the media type ``application/x-dpsketch-sealed``:
 
-* **Version 3** (``seal_batch``'s default, what the SDK sends to servers that list it): one
-  *batch*. Its header seals a fresh 32-byte batch secret with HPKE single-shot, once per batch
-  and server, with ``info`` binding the study, the server, the batch id, the key id, the version,
+* **Version 3**: one *batch*. Its header seals a fresh 32-byte batch secret with HPKE
+  single-shot, once per batch and server, with ``info`` binding the study, the server, the batch id, the key id, the version,
   the suite, the record kind and the record count; every record is then the report id and its
   plaintext sealed with ChaCha20-Poly1305 under a key derived (HKDF-SHA256) from the secret and
   the whole header, with the record's index as its nonce and the header's transcript and the
@@ -37,31 +36,18 @@ Three layouts share the media type ``application/x-dpsketch-sealed``; a body is 
       record i   = report_id_i || ChaCha20-Poly1305(key, nonce = i as 12 bytes big-endian,
                                                     aad = transcript || report_id_i, plaintext_i)
 
-* **Version 1** (classical only; the first release's layout), m >= 1 records back to back, each
-  sealed with its own HPKE single shot::
+Versions 1 and 2, one HPKE seal per record, were dropped before any release used them (issue
+41): each record cost the server a KEM (a 2.8 MiB version 1 body 1.1 s of CPU, against 0.05 s as
+one version 3 batch), and they were opened before the upload's quota was checked, so a replayed
+body cost that CPU indefinitely. A body in either layout is refused as malformed, before any
+decryption (:func:`open_batch`); their bytes are recognised only to say so.
 
-      report_id (16) | key_id (8) | content (1) | enc (32) | ciphertext (len(plaintext) + 16)
-
-* **Version 2** (any suite), the same with the suite named (byte 24 has bit 7 set, which no
-  version 1 record has, so a server before version 2 refuses it as an unknown kind; version 3
-  shares this prefix, so a server before version 3 refuses it as an unknown version)::
-
-      report_id (16) | key_id (8) | 0x80 (1) | version (1) = 0x02 | kem_id (2) | kdf_id (2)
-        | aead_id (2) | content (1) | enc (Nenc: 32 classical, 1120 post-quantum) | ciphertext
-
-  Versions 1 and 2 bind the study id, the server id, the report id and the kind through the HPKE
-  ``info`` of each record (version 2 also its key id, version and suite): ``info`` of version 1
-  is ``dpsketch/sealed/1`` followed by SHA-256 of ``study_id (32 raw bytes) || report_id (16) ||
-  content (1) || len(server_id) (1) || server_id``; of version 2 ``dpsketch/sealed/2`` followed
-  by SHA-256 of the same bytes then ``key_id (8) || version (1) || kem_id (2) || kdf_id (2) ||
-  aead_id (2)``.
-
-Why ``info`` and not HPKE's associated data: the single-shot API of the ``cryptography`` package
-(``hpke.Suite.encrypt``) takes no AAD, only ``info``; ``info`` enters the key schedule, so a
-different context derives a different key and the AEAD tag fails exactly as a wrong AAD would.
-Contexts are hashed to keep ``info`` at 49 bytes, under the 64 bytes every RFC 9180
-implementation must accept. (Version 3's records are sealed with the ``cryptography`` package's
-ChaCha20-Poly1305, which does take associated data.)
+Why ``info`` and not HPKE's associated data for the header: the single-shot API of the
+``cryptography`` package (``hpke.Suite.encrypt``) takes no AAD, only ``info``; ``info`` enters
+the key schedule, so a different context derives a different key and the AEAD tag fails exactly
+as a wrong AAD would. The context is hashed to keep ``info`` at 49 bytes, under the 64 bytes
+every RFC 9180 implementation must accept. (The records are sealed with the ``cryptography``
+package's ChaCha20-Poly1305, which does take associated data.)
 
 The plaintext of a record is the report's proof for this server (16 N bytes: its salt and the
 other servers' commitments, ``binding``) followed by the payload: ``content`` 0x01 for a share
@@ -99,25 +85,18 @@ SUITE_NAME = "DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, ChaCha20-Poly1305"
 PQ_KEM_ID = 0x647A
 PQ_SUITE_NAME = "MLKEM768-X25519, HKDF-SHA256, ChaCha20-Poly1305"
 
-INFO_LABEL = b"dpsketch/sealed/1"
-INFO_LABEL_V2 = b"dpsketch/sealed/2"
 INFO_LABEL_V3 = b"dpsketch/sealed/3"
 #: HKDF ``info`` label of a version 3 batch's record key (followed by the batch's transcript).
 RECORD_KEY_LABEL = b"dpsketch/sealed/3/records"
-VERSION_1, VERSION_2, VERSION_3 = 1, 2, 3
+VERSION_3 = 3
 #: Every sealed layout this code seals and opens (published in ``/v1/info`` as ``hpke.versions``).
-VERSIONS = (VERSION_1, VERSION_2, VERSION_3)
-#: Bit 7 of byte 24 marks a record with a version and a suite in its header (version >= 2).
+VERSIONS = (VERSION_3,)
+#: Byte 24 of a version 3 body (0x80, then the version byte 3).
 EXTENDED = 0x80
 KEY_ID_BYTES = 8
 PUBLIC_KEY_BYTES = 32
 ENC_BYTES = 32
 TAG_BYTES = 16
-HEADER_BYTES = REPORT_ID_BYTES + KEY_ID_BYTES + 1 + ENC_BYTES  # 57
-#: Bytes a sealed record adds to the plaintext record (16-byte id + proof + payload): 57.
-OVERHEAD_BYTES = HEADER_BYTES - REPORT_ID_BYTES + TAG_BYTES
-#: A version 2 record's header before ``enc``: id, key id, 0x80, version, 3 suite ids, content.
-V2_FIXED_BYTES = REPORT_ID_BYTES + KEY_ID_BYTES + 1 + 1 + 1 + 6  # 33
 #: A version 3 batch header before ``enc``: batch id, key id, 0x80, version, suite ids, content, count.
 BATCH_ID_BYTES = 16
 COUNT_BYTES = 4
@@ -139,11 +118,11 @@ class SealError(ValueError):
 
 
 class UnknownSuite(SealError):
-    """A version 2 record naming a suite this code does not seal or open."""
+    """A batch naming a suite this code does not seal or open."""
 
 
 class MalformedSealedBatch(ValueError):
-    """A body that is not a whole sequence of well-formed sealed records."""
+    """A body that is not one well-formed version 3 sealed batch."""
 
 
 # --- suites ----------------------------------------------------------------------------------
@@ -296,27 +275,6 @@ def _server_bytes(server_id: str) -> bytes:
     return bytes([len(sid)]) + sid
 
 
-def _context(study_id: str, server_id: str, report_id: bytes, content: int) -> bytes:
-    if len(report_id) != REPORT_ID_BYTES:
-        raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes")
-    return _study_bytes(study_id) + report_id + bytes([content]) + _server_bytes(server_id)
-
-
-def info(study_id: str, server_id: str, report_id: bytes, content: int) -> bytes:
-    """The HPKE ``info`` of one version 1 sealed share (see the module docstring)."""
-    return INFO_LABEL + hashlib.sha256(_context(study_id, server_id, report_id, content)).digest()
-
-
-def info_v2(study_id: str, server_id: str, report_id: bytes, content: int, kid: bytes,
-            suite: SealingSuite) -> bytes:
-    """The HPKE ``info`` of one version 2 sealed share: version 1's context, then the record's key
-    id, version and suite (so no header byte can change without the tag failing)."""
-    if len(kid) != KEY_ID_BYTES:
-        raise ValueError(f"a key id is {KEY_ID_BYTES} bytes")
-    context = _context(study_id, server_id, report_id, content) + kid + bytes([VERSION_2]) + suite.ids
-    return INFO_LABEL_V2 + hashlib.sha256(context).digest()
-
-
 def info_v3(study_id: str, server_id: str, fixed: bytes) -> bytes:
     """The HPKE ``info`` of a version 3 batch header: ``"dpsketch/sealed/3" || SHA-256(study_id
     || len(server_id) || server_id || fixed)``, ``fixed`` the header's first 37 bytes (batch id,
@@ -367,18 +325,10 @@ def plaintext_bytes(content: int, width: int, n_servers: int) -> int:
     return binding.proof_bytes(n_servers) + payload_bytes(content, width)
 
 
-def header_bytes(suite: SealingSuite = CLASSICAL, version: int = VERSION_1) -> int:
-    """Bytes of a record before its AEAD ciphertext (the report id, and in versions 1 and 2
-    ``enc``); a version 3 batch has its own header, ``batch_header_bytes``."""
-    if version == VERSION_1:
-        if suite is not CLASSICAL:
-            raise ValueError("version 1 records are classical; seal other suites as version 2 or 3")
-        return HEADER_BYTES
-    if version == VERSION_2:
-        return V2_FIXED_BYTES + suite.enc_bytes
-    if version == VERSION_3:
-        return REPORT_ID_BYTES
-    raise ValueError(f"unknown sealed record version {version}")
+def _version_3(version: int) -> None:
+    if version != VERSION_3:
+        raise ValueError(f"sealed layout version {version} is not sealed or opened any more: version 3 "
+                         f"batches only (versions 1 and 2 were dropped, issue 41)")
 
 
 def batch_header_bytes(suite: SealingSuite = CLASSICAL) -> int:
@@ -386,35 +336,29 @@ def batch_header_bytes(suite: SealingSuite = CLASSICAL) -> int:
     return V3_FIXED_BYTES + suite.enc_bytes + WRAPPED_BYTES
 
 
-def overhead_bytes(suite: SealingSuite = CLASSICAL, version: int | None = None) -> int:
-    """Bytes a sealed record adds to the plaintext record: 57 (classical, version 1), 65
-    (classical, version 2), 1153 (post-quantum, version 2), 16 (version 3, whose batch adds its
+def overhead_bytes(suite: SealingSuite = CLASSICAL, version: int = VERSION_3) -> int:
+    """Bytes a sealed record adds to the plaintext record: 16 (its tag; the batch adds its
     header, ``batch_header_bytes``, once)."""
-    version = default_version(suite) if version is None else version
-    return header_bytes(suite, version) - REPORT_ID_BYTES + TAG_BYTES
+    _version_3(version)
+    return TAG_BYTES
 
 
 def record_bytes(content: int, width: int, n_servers: int, suite: SealingSuite = CLASSICAL,
-                 version: int = VERSION_1) -> int:
-    return header_bytes(suite, version) + plaintext_bytes(content, width, n_servers) + TAG_BYTES
+                 version: int = VERSION_3) -> int:
+    """One record of a batch: its report id, then its proof and payload sealed (with a tag)."""
+    _version_3(version)
+    return REPORT_ID_BYTES + plaintext_bytes(content, width, n_servers) + TAG_BYTES
 
 
 def body_bytes(content: int, width: int, n_servers: int, m: int, suite: SealingSuite = CLASSICAL,
                version: int = VERSION_3) -> int:
     """The size of a sealed body of ``m`` records."""
-    size = m * record_bytes(content, width, n_servers, suite, version)
-    return size + (batch_header_bytes(suite) if version == VERSION_3 else 0)
+    return batch_header_bytes(suite) + m * record_bytes(content, width, n_servers, suite, version)
 
 
 def default_version(suite: SealingSuite) -> int:
-    """The layout ``seal_batch`` uses unless told otherwise: version 3, for either suite."""
+    """The layout ``seal_batch`` uses: version 3, for either suite (the only one)."""
     return VERSION_3
-
-
-def legacy_version(suite: SealingSuite) -> int:
-    """The layout for a server that does not list version 3: classical shares in version 1
-    (any server that opens sealed shares opens them), other suites in version 2."""
-    return VERSION_1 if suite is CLASSICAL else VERSION_2
 
 
 # --- seal ------------------------------------------------------------------------------------
@@ -433,23 +377,6 @@ class Recipient:
     @property
     def key_id(self) -> bytes:
         return key_id(self.public_key)
-
-
-def _sealer(recipient: Recipient, study_id: str, content: int, version: int):
-    """A function report_id, plaintext -> sealed record, for one recipient, kind and version
-    1 or 2."""
-    suite = recipient.suite
-    header_bytes(suite, version)  # refuses a version 1 post-quantum record
-    pk = suite.load_public_key(recipient.public_key)
-    kid = recipient.key_id
-    sid = recipient.server_id
-    encrypt = suite.hpke_suite.encrypt
-    if version == VERSION_1:
-        head = kid + bytes([content])
-        return lambda rid, pt: rid + head + encrypt(bytes(pt), pk, info=info(study_id, sid, rid, content))
-    head = kid + bytes([EXTENDED, VERSION_2]) + suite.ids + bytes([content])
-    return lambda rid, pt: rid + head + encrypt(
-        bytes(pt), pk, info=info_v2(study_id, sid, rid, content, kid, suite))
 
 
 @dataclass(frozen=True)
@@ -509,18 +436,12 @@ def seal(recipient: Recipient, study_id: str, report_id: bytes, content: int, pl
 
 def seal_batch(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
                plaintexts: Sequence[bytes], version: int | None = None) -> bytes:
-    """A sealed body: one record per report id, ``plaintexts[i]`` (its proof and payload) sealed
-    under ``report_ids[i]``, in ``version`` (default ``recipient.version``: 3, one batch)."""
+    """A sealed body: one version 3 batch, ``plaintexts[i]`` (a proof and a payload) sealed under
+    ``report_ids[i]``. ``version``: 3 (the default, ``recipient.version``), or ValueError."""
     if len(report_ids) != len(plaintexts):
         raise ValueError("one plaintext per report id")
-    version = recipient.version if version is None else version
-    if version == VERSION_3:
-        return _seal_v3(recipient, study_id, report_ids, content, plaintexts)
-    one = _sealer(recipient, study_id, content, version)
-    out = bytearray()
-    for rid, pt in zip(report_ids, plaintexts):
-        out += one(rid, pt)
-    return bytes(out)
+    _version_3(recipient.version if version is None else version)
+    return _seal_v3(recipient, study_id, report_ids, content, plaintexts)
 
 
 def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str, width: int,
@@ -548,18 +469,6 @@ def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str,
 # --- parse and open --------------------------------------------------------------------------
 
 
-@dataclass
-class SealedRecord:
-    """One record of a version 1 or 2 body."""
-
-    report_id: bytes
-    key_id: bytes
-    content: int
-    ciphertext: bytes  # enc || AEAD ciphertext
-    version: int = VERSION_1
-    suite: SealingSuite = CLASSICAL
-
-
 def is_batch(body: bytes) -> bool:
     """Whether a sealed body is a version 3 batch (byte 24 is 0x80 and byte 25 is 3)."""
     at = REPORT_ID_BYTES + KEY_ID_BYTES
@@ -583,59 +492,22 @@ def _check_content(content: int, where: str) -> None:
                                    f"0x02 seed)")
 
 
-def _header(body: bytes, pos: int, index: int) -> tuple[int, int, SealingSuite]:
-    """(content, version, suite) of the version 1 or 2 record at ``pos``."""
-    kind = body[pos + REPORT_ID_BYTES + KEY_ID_BYTES]
-    if not kind & EXTENDED:
-        return kind, VERSION_1, CLASSICAL
-    if len(body) - pos < V2_FIXED_BYTES:
-        raise MalformedSealedBatch(f"record {index}: {len(body) - pos} bytes left, a version 2 "
-                                   f"sealed record has a {V2_FIXED_BYTES}-byte header before enc")
-    at = pos + REPORT_ID_BYTES + KEY_ID_BYTES + 1
-    version, ids, content = body[at], body[at + 1:at + 7], body[at + 7]
-    if kind != EXTENDED:
-        raise MalformedSealedBatch(f"record {index}: unknown content kind 0x{kind:02x} (0x01 share, "
-                                   f"0x02 seed; 0x80 marks a versioned record)")
-    if version == VERSION_3:
-        raise MalformedSealedBatch(f"record {index}: a version 3 sealed batch is a whole body, it "
-                                   f"cannot follow other records")
-    if version != VERSION_2:
-        raise MalformedSealedBatch(f"record {index}: sealed record version {version} is unknown here "
-                                   f"(this server reads versions 1, 2 and 3)")
-    _check_content(content, f"record {index}")
-    return content, version, _suite_of(ids, f"record {index}")
-
-
-def parse(body: bytes, width: int, n_servers: int) -> list[SealedRecord]:
-    """Split a version 1 or 2 body into records (no decryption); MalformedSealedBatch if it is
-    empty, names an unknown content kind or version, mixes kinds, versions or suites, or does not
-    end on a record boundary; UnknownSuite for a version 2 record of a suite not known here. (A
-    version 3 body is one batch: ``parse_batch``.)"""
+def check_layout(body: bytes) -> None:
+    """MalformedSealedBatch unless ``body`` starts as a version 3 batch: an empty body, or one of
+    the dropped per-record layouts (version 1: a content byte without bit 7 at byte 24; version
+    2: 0x80 then version 2), is refused here, before any key is looked up or any decryption."""
     if not body:
         raise MalformedSealedBatch("a sealed batch holds at least one record")
     if is_batch(body):
-        raise MalformedSealedBatch("a version 3 sealed batch is not a sequence of records (parse_batch)")
-    out: list[SealedRecord] = []
-    pos, n = 0, len(body)
-    while pos < n:
-        if n - pos < HEADER_BYTES:
-            raise MalformedSealedBatch(f"record {len(out)}: {n - pos} bytes left, a sealed record "
-                                       f"has a header of at least {HEADER_BYTES} bytes")
-        content, version, suite = _header(body, pos, len(out))
-        if out and (content, version, suite) != (out[0].content, out[0].version, out[0].suite):
-            raise MalformedSealedBatch(f"record {len(out)}: a sealed batch holds records of one kind "
-                                       f"(shares or seeds), one version and one suite, not several")
-        size = record_bytes(content, width, n_servers, suite, version)
-        if n - pos < size:
-            raise MalformedSealedBatch(f"record {len(out)}: {n - pos} bytes left, a version {version} "
-                                       f"{suite.name} sealed record of kind 0x{content:02x} at width "
-                                       f"{width} is {size} bytes")
-        rid = body[pos:pos + REPORT_ID_BYTES]
-        kid = body[pos + REPORT_ID_BYTES:pos + REPORT_ID_BYTES + KEY_ID_BYTES]
-        enc_at = pos + header_bytes(suite, version) - suite.enc_bytes
-        out.append(SealedRecord(rid, kid, content, body[enc_at:pos + size], version, suite))
-        pos += size
-    return out
+        return
+    at = REPORT_ID_BYTES + KEY_ID_BYTES
+    marker = body[at] if len(body) > at else None
+    version = body[at + 1] if marker == EXTENDED and len(body) > at + 1 else (1 if marker in (1, 2) else None)
+    if version in (1, 2):
+        raise MalformedSealedBatch(f"sealed records of version {version} (one HPKE seal per record) are "
+                                   f"not accepted any more: seal one version 3 batch (docs/sealing.md)")
+    raise MalformedSealedBatch("not a version 3 sealed batch (byte 24 must be 0x80 and byte 25 the "
+                               "version, 3)")
 
 
 def parse_batch(body: bytes, width: int, n_servers: int) -> BatchHeader:
@@ -643,6 +515,7 @@ def parse_batch(body: bytes, width: int, n_servers: int) -> BatchHeader:
     MalformedSealedBatch if it is short, names an unknown kind or no records, or the body is not
     exactly its header and ``count`` records (truncated, padded or spliced); UnknownSuite for a
     suite not known here."""
+    check_layout(body)
     if len(body) < V3_FIXED_BYTES:
         raise MalformedSealedBatch(f"{len(body)} bytes: a version 3 sealed batch has a header of at "
                                    f"least {V3_FIXED_BYTES} bytes")
@@ -664,21 +537,24 @@ def parse_batch(body: bytes, width: int, n_servers: int) -> BatchHeader:
 
 
 def count_records(body: bytes, width: int, n_servers: int) -> int:
-    if is_batch(body):
-        return parse_batch(body, width, n_servers).count
-    return len(parse(body, width, n_servers))
+    return parse_batch(body, width, n_servers).count
+
+
+def record_ids(body: bytes, header: BatchHeader, width: int, n_servers: int) -> bytes:
+    """The report ids of a parsed batch's records, concatenated: they travel in the clear (each
+    record's associated data binds its own), so a server can judge a batch by them (the
+    upload token's quota) before any decryption."""
+    head = batch_header_bytes(header.suite)
+    size = record_bytes(header.content, width, n_servers, header.suite)
+    rows = np.frombuffer(body, dtype=np.uint8, offset=head).reshape(header.count, size)
+    return rows[:, :REPORT_ID_BYTES].tobytes()
 
 
 def split_body(body: bytes, width: int, n_servers: int) -> tuple[bytes, bytes]:
-    """Cut a version 1 or 2 body into two at the record boundary nearest its middle record. A
-    version 3 batch does not cut (its count and order are sealed): seal each half again."""
-    if is_batch(body):
-        raise ValueError("a version 3 sealed batch cannot be cut in two: seal each half of its "
-                         "plaintext again")
-    records = parse(body, width, n_servers)
-    half = len(records) // 2
-    cut = sum(record_bytes(r.content, width, n_servers, r.suite, r.version) for r in records[:half])
-    return body[:cut], body[cut:]
+    """A sealed batch does not cut in two (its count and order are sealed): ValueError. Seal
+    each half of its plaintext again."""
+    raise ValueError("a version 3 sealed batch cannot be cut in two: seal each half of its "
+                     "plaintext again")
 
 
 def _check_suite(key, kid: bytes, suite: SealingSuite, what: str):
@@ -695,23 +571,6 @@ def _key_of(private_key_for: Callable[[bytes], Any], kid: bytes, suite: SealingS
         raise SealError(f"{what}: unknown key id {kid.hex()} (not a key of this server, or retired); "
                         f"fetch /v1/info and seal again")
     return _check_suite(key, kid, suite, what)
-
-
-def open_record(private_key, study_id: str, server_id: str, record: SealedRecord) -> bytes:
-    """The plaintext of one version 1 or 2 record, opened with the private key its key id names
-    (a loaded key of the record's suite; a key of another suite is refused, never tried)."""
-    suite = record.suite
-    _check_suite(private_key, record.key_id, suite, f"report {record.report_id.hex()}")
-    if record.version == VERSION_1:
-        context = info(study_id, server_id, record.report_id, record.content)
-    else:
-        context = info_v2(study_id, server_id, record.report_id, record.content, record.key_id, suite)
-    try:
-        return suite.hpke_suite.decrypt(record.ciphertext, private_key, info=context)
-    except InvalidTag:
-        raise SealError(
-            f"report {record.report_id.hex()}: the sealed share does not open here (sealed for "
-            f"another server, study or report id, or altered in transit)") from None
 
 
 def open_secret(private_key, study_id: str, server_id: str, header: BatchHeader) -> bytes:
@@ -767,26 +626,17 @@ def _upload(ids: list[bytes], plain: bytes, content: int, width: int, n_servers:
 
 def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id: str,
                private_key_for: Callable[[bytes], Any]):
-    """Open a sealed body of any version into a ``messages.Upload`` (ids, proofs, payloads of one
-    kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private key of
-    either suite, or None. All or nothing: a body that does not parse raises
-    MalformedSealedBatch (UnknownSuite for a suite not known here), the first record (or batch
-    header) that does not open raises SealError."""
-    if is_batch(body):
-        header = parse_batch(body, width, n_servers)
-        where = f"sealed batch {header.batch_id.hex()}"
-        key = _key_of(private_key_for, header.key_id, header.suite, where)
-        secret = open_secret(key, study_id, server_id, header)
-        head = batch_header_bytes(header.suite)
-        transcript = transcript_v3(study_id, server_id, body[:head])
-        ids, plain = open_records(secret, transcript, memoryview(body)[head:], header.count,
-                                  plaintext_bytes(header.content, width, n_servers), header.batch_id)
-        return _upload(ids, plain, header.content, width, n_servers)
-    records = parse(body, width, n_servers)
-    ids: list[bytes] = []
-    plain = bytearray()
-    for rec in records:
-        key = _key_of(private_key_for, rec.key_id, rec.suite, f"report {rec.report_id.hex()}")
-        plain += open_record(key, study_id, server_id, rec)
-        ids.append(rec.report_id)
-    return _upload(ids, bytes(plain), records[0].content, width, n_servers)
+    """Open a sealed body (one version 3 batch) into a ``messages.Upload`` (ids, proofs, payloads
+    of one kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private
+    key of either suite, or None. All or nothing: a body that does not parse raises
+    MalformedSealedBatch before any key is used (a body of the dropped layouts 1 and 2 too;
+    UnknownSuite for a suite not known here), a header or record that does not open SealError."""
+    header = parse_batch(body, width, n_servers)
+    where = f"sealed batch {header.batch_id.hex()}"
+    key = _key_of(private_key_for, header.key_id, header.suite, where)
+    secret = open_secret(key, study_id, server_id, header)
+    head = batch_header_bytes(header.suite)
+    transcript = transcript_v3(study_id, server_id, body[:head])
+    ids, plain = open_records(secret, transcript, memoryview(body)[head:], header.count,
+                              plaintext_bytes(header.content, width, n_servers), header.batch_id)
+    return _upload(ids, plain, header.content, width, n_servers)

@@ -24,6 +24,13 @@ is read off at the ledger's delta. That is the tight composition of the Gaussian
 not the sum of the epsilons, which is also reported (:attr:`Composition.naive_epsilon`, at the
 sum of the deltas) for comparison.
 
+The floor. Each study also promises a floor: (epsilon_floor, delta) for a report with no other
+honest report at all (every other report a Sybil, every server but one colluding;
+docs/trust.md). Under a Sybil attack on every study a victim gets only the floors, so the
+ledger composes them too (:meth:`Charge.floor_pld`: the same Mechanism at honest_lambda = 1) and a
+budget may bound both (:attr:`Budget.floor_epsilon`); seven default studies (epsilon 1, floor 4)
+compose to floor epsilon 10.78 while their LTM guarantees compose to 1.95.
+
 Neighbouring notions. A ledger is kept in one notion (the budget's):
 
 * replace-one (the default): every study is charged its replace-one loss. For a replace-one
@@ -39,8 +46,12 @@ Neighbouring notions. A ledger is kept in one notion (the budget's):
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
@@ -113,13 +124,32 @@ class Charge(BaseModel):
                                          self.server_sigma, self.lambda_star, self.width, self.delta,
                                          secret_sign=self.secret_sign)
 
+    def floor_epsilon_in(self, notion: str) -> float:
+        """This study's floor (no other honest report) at its own delta under ``notion``."""
+        if notion == "add-remove" and self.neighbouring != "add-remove":
+            return math.inf
+        return accounting.report_epsilon(notion, self.kind, self.row_bound, self.sigma, self.server_sigma,
+                                         1.0, self.width, self.delta, secret_sign=self.secret_sign)
+
     def pld(self, notion: str, grid: float = accounting.LOSS_GRID):
         """The PLD charged under ``notion`` (None: unbounded)."""
-        return _pld(*self._key, notion, grid)
+        return _noise_pld(*self._key, notion, grid)
 
-    def grid(self, notion: str) -> float:
-        *key, signed = self._key
+    def floor_pld(self, notion: str, grid: float = accounting.LOSS_GRID):
+        """The PLD of the study's floor under ``notion``: its Mechanism with no other honest report
+        (honest_lambda = 1); None: unbounded."""
+        return _floor_pld(*self._floor_key, notion, grid)
+
+    def grid(self, notion: str, floor: bool = False) -> float:
+        *key, signed = self._floor_key if floor else self._key
+        if floor:
+            key.insert(5, 1.0)
         return accounting.pld_grid(*key, notion, secret_sign=signed)
+
+    @property
+    def _floor_key(self) -> tuple:
+        return (self.neighbouring, self.kind, self.row_bound, self.sigma, self.server_sigma, self.width,
+                self.secret_sign)
 
 
 @lru_cache(maxsize=1024)
@@ -127,6 +157,77 @@ def _pld(neighbouring, kind, row_bound, sigma, server_sigma, lambda_star, width,
     """Cached: a server composes the same studies' PLDs on every provisioning of the population."""
     return accounting.study_pld(neighbouring, kind, row_bound, sigma, server_sigma, lambda_star, width,
                                 notion, grid, secret_sign=secret_sign)
+
+
+#: A signed replace-one study's PLD (the symmetric mixture's, docs/secret_sign.md) is built for its
+#: radius r = B / sqrt(sigma^2 lambda + tau^2) rounded up to this step: studies designed for the
+#: same target (every floor of 4, every LTM epsilon of 1) then share one, and building one takes
+#: several seconds of CPU. A larger radius only loses more privacy, so rounding up is pessimistic
+#: (measured: it raises a charge of epsilon 1 by at most 2 x 10^-4).
+RADIUS_STEP = 1e-5
+
+
+def _noise_pld(neighbouring, kind, row_bound, sigma, server_sigma, honest_lambda, width, secret_sign, notion, grid):
+    """accounting.study_pld through the caches: a signed replace-one law by its rounded radius
+    (in memory, and on disk: :func:`_signed_replace_pld`), anything else by its parameters."""
+    if secret_sign and notion == "replace-one":
+        from . import secret_sign as _sign
+
+        r = _sign.replace_radius_of(row_bound, sigma, server_sigma, honest_lambda)
+        ticks = math.ceil(r / RADIUS_STEP) if math.isfinite(r) else None
+        if ticks is not None and ticks * RADIUS_STEP <= _sign.MAX_RADIUS:
+            return _signed_replace_pld(ticks, grid)
+    return _pld(neighbouring, kind, row_bound, sigma, server_sigma, honest_lambda, width, secret_sign, notion, grid)
+
+
+def _floor_pld(neighbouring, kind, row_bound, sigma, server_sigma, width, secret_sign, notion, grid):
+    return _noise_pld(neighbouring, kind, row_bound, sigma, server_sigma, 1.0, width, secret_sign, notion, grid)
+
+
+def pld_cache_dir() -> Path | None:
+    """Where built mixture PLDs are kept between processes: $DPSKETCH_PLD_CACHE, else
+    $XDG_CACHE_HOME/dpsketch/pld or ~/.cache/dpsketch/pld ("none": no disk cache)."""
+    given = os.environ.get("DPSKETCH_PLD_CACHE", "").strip()
+    if given.lower() == "none":
+        return None
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dpsketch" / "pld"
+
+
+@lru_cache(maxsize=256)
+def _signed_replace_pld(ticks: int, grid: float):
+    """secret_sign.replace_pld at radius ticks * RADIUS_STEP; kept on disk (a file per radius and
+    grid, written atomically; any failure to read or write it only costs the rebuild), so each
+    share server process does not spend seconds rebuilding what another one built."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld import privacy_loss_distribution as dp_pld
+
+    from . import secret_sign as _sign
+
+    where = pld_cache_dir()
+    path = where / f"replace-{ticks}x{RADIUS_STEP:g}-grid{grid!r}-v1.npz" if where is not None else None
+    if path is not None:
+        try:
+            with np.load(path) as saved:
+                probs, lower, infinity = saved["probs"], int(saved["lower"]), float(saved["infinity"])
+            pmf = pld_pmf.DensePLDPmf(grid, lower, probs, infinity, pessimistic_estimate=True)
+            return dp_pld.PrivacyLossDistribution(pmf, pmf)
+        except (OSError, KeyError, ValueError):
+            pass
+    built = _sign.replace_pld(ticks * RADIUS_STEP, grid)
+    pmf = built._pmf_remove
+    if path is not None and isinstance(pmf, pld_pmf.DensePLDPmf) and built._pmf_add is pmf:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as out:
+                np.savez(out, probs=pmf._probs, lower=np.int64(pmf._lower_loss), infinity=np.float64(pmf._infinity_mass))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return built
 
 
 @dataclass(frozen=True)
@@ -141,17 +242,20 @@ class Composition:
     naive_delta: float  # ... which holds at the sum of the deltas
 
 
-def compose(charges: list[Charge], notion: str = "replace-one", delta: float = DEFAULT_DELTA) -> Composition:
-    """Compose the charges' PLDs (dp-accounting) and read epsilon off at ``delta``."""
+def compose(charges: list[Charge], notion: str = "replace-one", delta: float = DEFAULT_DELTA,
+            floor: bool = False) -> Composition:
+    """Compose the charges' PLDs (dp-accounting) and read epsilon off at ``delta``; ``floor``:
+    their floors' PLDs (no other honest report) instead of their certified guarantees'."""
     if notion not in ("replace-one", "add-remove"):
         raise ValueError(f"unknown neighbouring notion {notion!r}")
     charges = list(charges)
-    naive = math.fsum(c.epsilon_in(notion) for c in charges) if charges else 0.0
+    alone = (lambda c: c.floor_epsilon_in(notion)) if floor else (lambda c: c.epsilon_in(notion))
+    naive = math.fsum(alone(c) for c in charges) if charges else 0.0
     naive_delta = math.fsum(c.delta for c in charges)
     if not charges:
         return Composition(notion, delta, 0, 0.0, 0.0, 0.0)
-    grid = max(c.grid(notion) for c in charges)
-    plds = [c.pld(notion, grid) for c in charges]
+    grid = max(c.grid(notion, floor) for c in charges)
+    plds = [(c.floor_pld if floor else c.pld)(notion, grid) for c in charges]
     if any(p is None for p in plds):
         return Composition(notion, delta, len(charges), math.inf, naive, naive_delta)
     total = plds[0]
@@ -169,17 +273,24 @@ class Budget:
     epsilon: float
     delta: float
     notion: str = "replace-one"
+    #: the bound on the composed floors (every study's guarantee with no other honest report:
+    #: what a victim keeps when every study is filled with Sybils); None: floors not bounded
+    floor_epsilon: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.epsilon > 0 and math.isfinite(self.epsilon)):
             raise ValueError(f"a budget's epsilon must be positive and finite, got {self.epsilon!r}")
+        if self.floor_epsilon is not None and not (self.floor_epsilon > 0 and math.isfinite(self.floor_epsilon)):
+            raise ValueError(f"a budget's floor epsilon must be positive and finite, got {self.floor_epsilon!r}")
         if not 0 < self.delta < 1:
             raise ValueError(f"a budget's delta must be in (0, 1), got {self.delta!r}")
         if self.notion not in ("replace-one", "add-remove"):
             raise ValueError(f"a budget's neighbouring notion is replace-one or add-remove, got {self.notion!r}")
 
     def describe(self) -> str:
-        return f"(epsilon = {self.epsilon:g}, delta = {self.delta:g}, {self.notion})"
+        floor = f", floor epsilon = {self.floor_epsilon:g}" if self.floor_epsilon is not None else ""
+        epsilon = f"epsilon = {self.epsilon:g}" if self.epsilon < 1e300 else "epsilon unbounded"
+        return f"({epsilon}{floor}, delta = {self.delta:g}, {self.notion})"
 
 
 @dataclass(frozen=True)
@@ -190,23 +301,46 @@ class Verdict:
     spent: Composition  # without the study
     needed: Composition  # with it
     study_epsilon: float  # the study alone, at the budget's delta, in the budget's notion
+    #: the same for the floors (None: the budget does not bound them)
+    floor_spent: Composition | None = None
+    floor_needed: Composition | None = None
+    floor_study_epsilon: float | None = None
 
     def explain(self, budget: Budget, who: str) -> str:
         s, n = self.spent, self.needed
+        parts = []
+        if n.epsilon > budget.epsilon * (1 + 1e-9):
+            parts.append(f"epsilon = {n.epsilon:.4g}, past the budget's {budget.epsilon:g}")
+        fn = self.floor_needed
+        if budget.floor_epsilon is not None and fn is not None and fn.epsilon > budget.floor_epsilon * (1 + 1e-9):
+            parts.append(f"floor epsilon = {fn.epsilon:.4g} (every study filled with Sybils), past the "
+                         f"budget's floor {budget.floor_epsilon:g}")
+        floor = ""
+        if self.floor_spent is not None and self.floor_study_epsilon is not None:
+            floor = (f"; their floors compose to {self.floor_spent.epsilon:.4g}, this study's floor is "
+                     f"{self.floor_study_epsilon:.4g}")
         return (f"{who} has a budget of {budget.describe()}; its {s.studies} studies have spent "
-                f"epsilon = {s.epsilon:.4g} at delta = {budget.delta:g} (naive sum {s.naive_epsilon:.4g}); "
+                f"epsilon = {s.epsilon:.4g} at delta = {budget.delta:g} (naive sum {s.naive_epsilon:.4g}){floor}; "
                 f"this study (epsilon = {self.study_epsilon:.4g} alone at that delta) would take it to "
-                f"epsilon = {n.epsilon:.4g}, past the budget's {budget.epsilon:g}")
+                + (" and ".join(parts) if parts else f"epsilon = {n.epsilon:.4g}"))
 
 
 def check(charges: list[Charge], study: Charge, budget: Budget) -> Verdict:
-    """Would ``study`` keep the ledger of ``charges`` within ``budget``? A study already charged
-    (same id) costs nothing more."""
+    """Would ``study`` keep the ledger of ``charges`` within ``budget``, both its certified
+    guarantees and (if the budget bounds them) its floors? A study already charged (same id)
+    costs nothing more."""
     charges = list(charges)
+    bound_floor = budget.floor_epsilon is not None
     spent = compose(charges, budget.notion, budget.delta)
+    floor_spent = compose(charges, budget.notion, budget.delta, floor=True) if bound_floor else None
     if any(c.study_id == study.study_id for c in charges):
-        return Verdict(True, spent, spent, 0.0)
+        return Verdict(True, spent, spent, 0.0, floor_spent, floor_spent, 0.0 if bound_floor else None)
     needed = compose(charges + [study], budget.notion, budget.delta)
     alone = compose([study], budget.notion, budget.delta).epsilon
     fits = needed.epsilon <= budget.epsilon * (1 + 1e-9)
-    return Verdict(fits, spent, needed, alone)
+    floor_needed = floor_alone = None
+    if bound_floor:
+        floor_needed = compose(charges + [study], budget.notion, budget.delta, floor=True)
+        floor_alone = compose([study], budget.notion, budget.delta, floor=True).epsilon
+        fits = fits and floor_needed.epsilon <= budget.floor_epsilon * (1 + 1e-9)
+    return Verdict(fits, spent, needed, alone, floor_spent, floor_needed, floor_alone)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import binding, ring
 from .sketch import REPORT_ID_BYTES
-from .study import Study
+from .study import POPULATION_PATTERN, Study
 
 SHARES_MEDIA_TYPE = "application/x-dpsketch-shares"
 SEEDS_MEDIA_TYPE = "application/x-dpsketch-seeds"
@@ -493,7 +493,7 @@ class CommitResult(BaseModel):
                                 "cell of its aggregate share (release units; the study's server_sigma)")
 
 
-StudyStatus = Literal["open", "committed"]
+StudyStatus = Literal["open", "committed", "expired", "dropped"]
 
 
 class StudyInfo(BaseModel):
@@ -568,6 +568,8 @@ class UploadTokenInfo(BaseModel):
     used: int = Field(default=0, description="new reports it added so far")
     party: str | None = Field(default=None, description="the party whose blocks it uploads (studies "
                               "with parties)")
+    population: str | None = Field(default=None, description="the population its reports are charged "
+                                   "to (docs/ledger.md)")
 
 
 class IssueUploadTokens(BaseModel):
@@ -581,6 +583,12 @@ class IssueUploadTokens(BaseModel):
     quota: int | None = Field(default=1, ge=1, description="new reports each token may add (one "
                               "report per token by default; a data owner with m rows gets quota m); "
                               "null: no limit")
+    population: str | None = Field(default=None, pattern=POPULATION_PATTERN,
+                                   description="the population (of this server's operator) the "
+                                   "tokens' reports are charged to, whatever the study says; the "
+                                   "first token of a population for a study charges the study to it "
+                                   "(409 budget-exceeded past its budget). Default: the server's "
+                                   "default_population (docs/ledger.md)")
 
 
 class IssuedUploadTokens(BaseModel):
@@ -594,6 +602,8 @@ class IssuedUploadTokens(BaseModel):
     #: the first token again, for callers that issued one
     token: str
     token_id: str
+    population: str | None = Field(default=None, description="the population the tokens' reports are "
+                                   "charged to")
 
 
 class UploadTokenList(BaseModel):
@@ -632,6 +642,8 @@ class LedgerEntry(BaseModel):
     charged_epsilon: float | None = Field(description="the study's epsilon at its own delta in the "
                                           "ledger's notion; null: unbounded there")
     charged_at: float
+    charged_floor_epsilon: float | None = Field(default=None, description="the study's floor (no "
+                                                "other honest report) at its own delta in the ledger's notion")
 
 
 class PopulationLedger(BaseModel):
@@ -651,3 +663,10 @@ class PopulationLedger(BaseModel):
     budget_delta: float
     remaining_epsilon: float | None = Field(description="budget_epsilon - epsilon (null without a budget)")
     studies: list[LedgerEntry]
+    floor_epsilon: float | None = Field(default=None, description="composed floor epsilon of every "
+                                        "study charged: what a report keeps if every study is filled "
+                                        "with Sybils; null: unbounded")
+    budget_floor_epsilon: float | None = Field(default=None, description="this server's bound on the "
+                                               "composed floors; null: none")
+    remaining_floor_epsilon: float | None = Field(default=None, description="budget_floor_epsilon - "
+                                                  "floor_epsilon (null without that bound)")
