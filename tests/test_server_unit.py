@@ -37,6 +37,7 @@ from dpsketch.protocol.messages import (
     SEEDS_MEDIA_TYPE,
     SHARES_MEDIA_TYPE,
     Report,
+    blocks_media_type,
     decode_aggregate,
     encode_batch,
     inclusion_hash,
@@ -407,6 +408,9 @@ def test_batch_upload_refusals_leave_store_unchanged(server: Server, study: Stud
     assert_problem(server.client.post(path, content=body, headers={"Content-Type": "application/json"}),
                    415, "unsupported-media-type")
     assert_problem(server.client.post(path, content=body), 415, "unsupported-media-type")
+    # a party's block batch to a study without parties is the wrong media type too (section 6)
+    assert_problem(server.client.post(path, content=body, headers={"Content-Type": blocks_media_type("bank")}),
+                   415, "unsupported-media-type")
     assert_problem(server.client.post(path, content=body[:-1], headers={"Content-Type": SHARES_MEDIA_TYPE}),
                    400, "malformed-body")
     assert_problem(server.client.post(path, content=b"", headers={"Content-Type": SHARES_MEDIA_TYPE}),
