@@ -105,14 +105,5 @@ def check_population(charges: list[ledger.Charge], study: Study, settings: Setti
     verdict = ledger.check(charges, ledger.Charge.of(study), budget)
     if verdict.fits:
         return
-
-    def finite(x: float) -> float | None:
-        return x if x == x and abs(x) != float("inf") else None
-
-    raise ProblemError(
-        "budget-exceeded", verdict.explain(budget, f"population {study.population!r}"),
-        extra={"population": study.population, "neighbouring": budget.notion,
-               "budget_epsilon": budget.epsilon, "budget_delta": budget.delta,
-               "spent_epsilon": finite(verdict.spent.epsilon), "studies_charged": verdict.spent.studies,
-               "needed_epsilon": finite(verdict.needed.epsilon),
-               "study_epsilon": finite(verdict.study_epsilon)})
+    raise ProblemError("budget-exceeded", verdict.explain(budget, f"population {study.population!r}"),
+                       extra=verdict.problem_members(budget, study.population))

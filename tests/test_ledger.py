@@ -239,6 +239,11 @@ def budget_cluster(tmp_path_factory) -> Iterator[Cluster]:
         yield c
 
 
+#: The members of a budget-exceeded problem (docs/protocol.md section 8), from a server or the analyzer.
+BUDGET_MEMBERS = {"population", "neighbouring", "budget_epsilon", "budget_delta", "spent_epsilon",
+                  "studies_charged", "needed_epsilon", "study_epsilon"}
+
+
 def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
     c = budget_cluster
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
@@ -254,6 +259,15 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
                             secret_sign=False, kind="sketch")
         assert refused.value.slug == "budget-exceeded" and refused.value.status == 409
         assert "nothing was provisioned" in refused.value.detail
+        # its problem has every member a server's refusal has (section 8), and the server it names
+        r = httpx.post(f"{c.analyzer.url}/v1/studies", headers={"Authorization": f"Bearer {c.api_token}"},
+                       json={"name": "q3", "columns": ["a", "b"], "expected_reports": 200, "population": POP,
+                             "secret_sign": False, "kind": "sketch"}, timeout=60)
+        assert r.status_code == 409, r.text
+        refusal = r.json()
+        assert BUDGET_MEMBERS | {"server_id"} <= refusal.keys(), sorted(refusal)
+        assert (refusal["population"], refusal["neighbouring"], refusal["studies_charged"]) == (POP, "replace-one", 3)
+        assert refusal["server_id"] in SERVERS and refusal["spent_epsilon"] <= 2.0 < refusal["needed_epsilon"]
         # a study without a population is charged to nothing
         free = an.create_study(name="free", columns=["a", "b"], expected_reports=200, kind="sketch")
         # the analyzer signs a sketch study unless told not to (CreateStudy.secret_sign)
@@ -276,7 +290,12 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
     for j in range(3):
         body = _put(c, j, nxt).json()
         assert body["type"] == "urn:dpsketch:problem:budget-exceeded" and body["status"] == 409
+        assert BUDGET_MEMBERS <= body.keys() and body["studies_charged"] == 3
         assert body["budget_epsilon"] == 2.0 and body["spent_epsilon"] == pytest.approx(books[j]["epsilon"])
+        assert {k: refusal[k] for k in ("population", "neighbouring", "budget_epsilon", "budget_delta",
+                                        "studies_charged")} == {k: body[k] for k in ("population", "neighbouring",
+                                                                                     "budget_epsilon", "budget_delta",
+                                                                                     "studies_charged")}
         assert body["spent_epsilon"] <= 2.0 < body["needed_epsilon"]
         for word in ("budget", "spent", f"{body['needed_epsilon']:.4g}", POP):
             assert word in body["detail"]

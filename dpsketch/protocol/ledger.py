@@ -198,6 +198,18 @@ class Verdict:
                 f"this study (epsilon = {self.study_epsilon:.4g} alone at that delta) would take it to "
                 f"epsilon = {n.epsilon:.4g}, past the budget's {budget.epsilon:g}")
 
+    def problem_members(self, budget: Budget, population: str) -> dict:
+        """The members of a 409 ``budget-exceeded`` problem (docs/protocol.md section 8), the same
+        whoever refuses: a share server at provisioning, or the analyzer when a server's published
+        ledger says that server would (non-finite epsilons, an unbounded study, are null)."""
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {"population": population, "neighbouring": budget.notion,
+                "budget_epsilon": budget.epsilon, "budget_delta": budget.delta,
+                "spent_epsilon": finite(self.spent.epsilon), "studies_charged": self.spent.studies,
+                "needed_epsilon": finite(self.needed.epsilon), "study_epsilon": finite(self.study_epsilon)}
+
 
 def check(charges: list[Charge], study: Charge, budget: Budget) -> Verdict:
     """Would ``study`` keep the ledger of ``charges`` within ``budget``? A study already charged
