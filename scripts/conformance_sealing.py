@@ -19,7 +19,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
