@@ -323,6 +323,18 @@ def test_provisioning_rules(server: Server):
     assert Study.model_validate(r.json()["study"]) == other
     assert sorted(i["study_id"] for i in server.client.get("/v1/studies").json()) == sorted(
         [st.study_id, other.study_id])
+    # "secret_sign": false reads as absent (docs/protocol.md section 2, "Study id"): refused under the
+    # id hashed over the member as sent; under the study's own id (computed without it), provisioned
+    from dpsketch.protocol.canonical import content_hash
+
+    unsigned = make_study(name="unsigned", secret_sign=False)
+    explicit = unsigned.model_dump(mode="json") | {"secret_sign": False}
+    assert "secret_sign" not in unsigned.model_dump(mode="json") and content_hash(explicit) != unsigned.study_id
+    assert_problem(server.client.put(f"/v1/studies/{content_hash(explicit)}", json=explicit, headers=bearer(OP)),
+                   422, "invalid-study")
+    r = server.client.put(f"/v1/studies/{unsigned.study_id}", json=explicit, headers=bearer(OP))
+    assert r.status_code == 201 and r.json()["study_id"] == unsigned.study_id
+    assert "secret_sign" not in r.json()["study"]
 
 
 # --- uploads -----------------------------------------------------------------------------------
