@@ -316,7 +316,8 @@ class Coordinator:
                 # analyzer forgets it (servers that accepted it keep an empty study, and charge it)
                 self.store.forget_unprovisioned(study.study_id)
                 if exc.problem.slug == "budget-exceeded":
-                    raise ProblemError("budget-exceeded", str(exc), extra=exc.problem.extra) from exc
+                    raise ProblemError("budget-exceeded", str(exc),
+                                       extra={"server_id": exc.server_id, **(exc.problem.extra or {})}) from exc
             raise
         return study, explanation
 

@@ -376,3 +376,39 @@ def test_sdk_limit_refuses_past_it_and_records_within(budget_cluster, tmp_path):
     with pytest.raises(LedgerFileError):
         PrivacyLimit(2.0, 1e-6, path).check(first)
     assert path.read_text() == "{not json"
+
+
+def test_analyzer_passes_a_servers_budget_refusal_on_with_every_member(tmp_path):
+    """A server that refuses at provisioning what the analyzer's pre-check let through (its
+    ledger could not be read, or moved in between): the analyzer's 409 carries the server's own
+    members and the server's id (docs/protocol.md section 6b), and forgets the study."""
+    from types import SimpleNamespace
+
+    from analyzer.coordinator import Coordinator, UpstreamError
+    from analyzer.store import AnalyzerStore
+
+    members = {"population": POP, "neighbouring": "replace-one", "budget_epsilon": 2.0, "budget_delta": 1e-6,
+               "spent_epsilon": 1.9, "studies_charged": 3, "needed_epsilon": 2.6, "study_epsilon": 0.9}
+
+    class Refusing:
+        endpoint = SimpleNamespace(server_id="s2")
+
+        def ledger(self, population):
+            raise UpstreamError("s2", "unreachable")  # the pre-check cannot see this server's ledger
+
+        def provision(self, study):
+            raise UpstreamError("s2", "budget-exceeded: spent", ProblemError("budget-exceeded", "spent", extra=members))
+
+    coordinator = object.__new__(Coordinator)
+    coordinator.config = SimpleNamespace(server_ids=["s1", "s2"])
+    coordinator.store = AnalyzerStore(tmp_path / "analyzer.db")
+    coordinator.servers = [Refusing()]
+    coordinator.log = lambda _msg: None
+    with pytest.raises(ProblemError) as refused:
+        coordinator.create_study(name="q", columns=["a", "b"], label=None, expected_reports=200, population=POP,
+                                 secret_sign=False, kind="sketch")
+    assert refused.value.slug == "budget-exceeded" and refused.value.status == 409
+    assert refused.value.extra == {"server_id": "s2", **members}
+    assert BUDGET_MEMBERS | {"server_id"} <= refused.value.body().keys()
+    assert coordinator.store.list() == []  # forgotten: the study cannot run on this cluster
+    coordinator.store.close()
