@@ -26,10 +26,6 @@ from .store import AnalyzerStore, StudyRecord
 RETRY_STATUSES = {429, 502, 503, 504}
 
 
-def _finite(x: float) -> float | None:
-    return x if x == x and abs(x) != float("inf") else None
-
-
 class UpstreamError(Exception):
     """A share server refused or failed; carries the server id and its problem, if any."""
 
@@ -334,7 +330,8 @@ class Coordinator:
                 # analyzer forgets it (servers that accepted it keep an empty study, and charge it)
                 self.store.forget_unprovisioned(study.study_id)
                 if exc.problem.slug == "budget-exceeded":
-                    raise ProblemError("budget-exceeded", str(exc), extra=exc.problem.extra) from exc
+                    raise ProblemError("budget-exceeded", str(exc),
+                                       extra={"server_id": exc.server_id, **(exc.problem.extra or {})}) from exc
             raise
         return study, explanation
 
@@ -361,11 +358,7 @@ class Coordinator:
                     "budget-exceeded",
                     f"server {sid} would refuse this study (nothing was provisioned): "
                     + verdict.explain(budget, f"population {study.population!r}"),
-                    extra={"server_id": sid, "population": study.population,
-                           "budget_epsilon": budget.epsilon, "budget_delta": budget.delta,
-                           "spent_epsilon": _finite(verdict.spent.epsilon),
-                           "needed_epsilon": _finite(verdict.needed.epsilon),
-                           "study_epsilon": _finite(verdict.study_epsilon)})
+                    extra={"server_id": sid, **verdict.problem_members(budget, study.population)})
 
     def ledgers(self, population: str) -> list[dict]:
         """Every server's ledger of ``population`` (or why it could not be read)."""
@@ -466,6 +459,7 @@ class Coordinator:
                     "certificate-refused",
                     f"only {n_common} reports are held by every server; the study needs "
                     f"min_reports = {study.min_reports}. Wait for more uploads.",
+                    extra={"n_reports": n_common, "min_reports": study.min_reports},
                 )
             self._check_batch_rule(held, n_common)
             included = self.store.fix_inclusion(study_id, common)
@@ -511,7 +505,8 @@ class Coordinator:
                 "certificate-refused",
                 f"only {state.complete} individuals have every party's block at every server; the study "
                 f"needs min_reports = {study.min_reports} (missing per party: {state.missing_by_party}). "
-                f"Wait for more uploads.", extra={"missing_by_party": state.missing_by_party})
+                f"Wait for more uploads.", extra={"n_reports": state.complete, "min_reports": study.min_reports,
+                                                  "missing_by_party": state.missing_by_party})
         for server in self.servers:
             fraction = (server.server_info().policy or {}).get("max_excluded_fraction")
             here = state.complete_by_server[server.endpoint.server_id]

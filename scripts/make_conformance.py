@@ -13,14 +13,18 @@ are computed with the product's code (``dpsketch.protocol`` and the analyzer's H
 implementation reads the same files (each is self-describing: see its ``description`` and every
 vector's ``type``) and checks itself against them.
 
-Four files, one per category:
+Six files, one per category:
 
 * ``study_ids.json``: JSON values and studies -> canonical bytes (hex) -> SHA-256 / study id;
 * ``ring.json``: fixed-point encoding and decoding, additive sharing, seed-compressed sharing;
 * ``sketch.json``: report ids -> OSNAP rows and signs, l1-sketch rows, a server's aggregate share
   and certificate over a small inclusion set;
 * ``analyses.json``: released aggregate shares of a study -> the decoded release and the
-  analyzer's responses (views and analyses), floats with a stated tolerance.
+  analyzer's responses (views and analyses), floats with a stated tolerance;
+* ``noise.json``: a keystream key -> the sampler's draws, the secret signs and a whole client batch,
+  bit for bit (``conformance_noise.py``);
+* ``sealing.json``: the sealing suites' KEMs (X-Wing's combiner) and HPKE key schedule, byte for
+  byte (``conformance_sealing.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # conformance_noise, conformance_sealing
 
 from dpsketch.protocol import canonical, features, l1sketch, ring, sketch  # noqa: E402
 from dpsketch.protocol.study import Study, design  # noqa: E402
@@ -45,7 +50,7 @@ from dpsketch.protocol.study import Study, design  # noqa: E402
 OUT = ROOT / "conformance"
 FORMAT = "dpsketch-conformance/1"
 #: The version of docs/protocol.md these vectors belong to (its first line).
-SPEC_VERSION = "2.5"
+SPEC_VERSION = "2.6"
 PROTOCOL = "dpsketch/2"
 #: How a float is compared: |got - want| <= atol + rtol * |want| (per vector or per analysis).
 TOLERANCE_RULE = "|got - want| <= atol + rtol * |want|, element by element; null stands for a non-finite value"
@@ -494,8 +499,20 @@ def analysis_vectors() -> dict[str, Any]:
             "vectors": releases}
 
 
+def noise_file() -> dict[str, Any]:
+    from conformance_noise import DESCRIPTION, noise_vectors
+
+    return {**header("noise", DESCRIPTION), "vectors": noise_vectors()}
+
+
+def sealing_file() -> dict[str, Any]:
+    from conformance_sealing import DESCRIPTION, sealing_vectors
+
+    return {**header("sealing", DESCRIPTION), "vectors": sealing_vectors(ROOT)}
+
+
 FILES = {"study_ids.json": study_id_vectors, "ring.json": ring_vectors, "sketch.json": sketch_vectors,
-         "analyses.json": analysis_vectors}
+         "analyses.json": analysis_vectors, "noise.json": noise_file, "sealing.json": sealing_file}
 
 
 def matches(got: Any, want: Any, tolerance: dict | None = None) -> bool:

@@ -244,12 +244,13 @@ def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Uplo
 def _block_party(study: Study, content_type: str, token_party: str | None) -> int:
     """The party a block batch is for (its media type's ``party``), checked against the study and
     the upload token: a party's token uploads only that party's blocks (403 wrong-party)."""
-    if study.parties is None:
-        raise ProblemError("invalid-request", f"study {study.study_id} has no parties; upload "
-                           f"{SHARES_MEDIA_TYPE} batches")
+    if study.parties is None:  # the media type is the wrong one for this study: 415, as any other
+        raise ProblemError("unsupported-media-type", f"study {study.study_id} has no parties: it takes "
+                           f"{SHARES_MEDIA_TYPE}, {SEEDS_MEDIA_TYPE} or {SEALED_MEDIA_TYPE} batches, "
+                           f"not {BLOCKS_MEDIA_TYPE}")
     name = party_of_media_type(content_type)
     if name is None:
-        raise ProblemError("invalid-request", f"a block batch names its party: Content-Type "
+        raise ProblemError("unsupported-media-type", f"a block batch names its party: Content-Type "
                            f"{BLOCKS_MEDIA_TYPE}; party=NAME (parties: {[p.name for p in study.parties]})")
     try:
         index, _ = study.party(name)
@@ -585,8 +586,8 @@ def create_app(settings: Settings) -> FastAPI:
             metrics.uploaded(study_id, result)
             return json_response(result)
         if record.study.parties is not None:
-            raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
-                               f"blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
+            raise ProblemError("unsupported-media-type", f"study {study_id} has parties: each uploads "
+                               f"its blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
         body = await request.body()
         if media_type == SEALED_MEDIA_TYPE:
             await run_in_threadpool(_sealed_precheck, store, record, body, token)

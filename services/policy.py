@@ -121,19 +121,7 @@ def check_population(charges: list[ledger.Charge], study: Study, settings: Setti
     verdict = ledger.check(charges, ledger.Charge.of(study), budget)
     if verdict.fits:
         return
-
-    def finite(x: float) -> float | None:
-        return x if x == x and abs(x) != float("inf") else None
-
-    floor = verdict.floor_needed is not None
-    raise ProblemError(
-        "budget-exceeded", verdict.explain(budget, f"population {population!r}"),
-        extra={"population": population, "neighbouring": budget.notion,
-               "budget_epsilon": settings.population_epsilon, "budget_delta": budget.delta,
-               "spent_epsilon": finite(verdict.spent.epsilon), "studies_charged": verdict.spent.studies,
-               "needed_epsilon": finite(verdict.needed.epsilon),
-               "study_epsilon": finite(verdict.study_epsilon),
-               "budget_floor_epsilon": settings.population_floor_epsilon,
-               "spent_floor_epsilon": finite(verdict.floor_spent.epsilon) if floor else None,
-               "needed_floor_epsilon": finite(verdict.floor_needed.epsilon) if floor else None,
-               "study_floor_epsilon": finite(verdict.floor_study_epsilon) if floor else None})
+    members = verdict.problem_members(budget, population)
+    members["budget_epsilon"] = settings.population_epsilon  # null when only the floors are bounded
+    raise ProblemError("budget-exceeded", verdict.explain(budget, f"population {population!r}"),
+                       extra=members)

@@ -1212,13 +1212,13 @@ class Store:
                 "certificate-refused",
                 f"the inclusion set has {n} reports; the study releases nothing over fewer than "
                 f"min_reports = {study.min_reports}",
-                extra={"n_reports": n},
+                extra={"n_reports": n, "min_reports": study.min_reports},
             )
         if n > study.max_reports:
             raise ProblemError(
                 "certificate-refused",
                 f"the inclusion set has {n} reports, more than max_reports = {study.max_reports}",
-                extra={"n_reports": n},
+                extra={"n_reports": n, "max_reports": study.max_reports},
             )
 
     def _check_exclusion(self, study: Study, n: int, n_held: int) -> None:

@@ -26,7 +26,7 @@ from dpsketch.protocol.study import Study
 ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "conformance"
 U64 = 1 << 64
-FILES = ("study_ids.json", "ring.json", "sketch.json", "analyses.json")
+FILES = ("study_ids.json", "ring.json", "sketch.json", "analyses.json", "noise.json", "sealing.json")
 
 HEADER = {"format", "spec_version", "protocol", "category", "description", "tolerance_rule", "vectors"}
 #: The fields every vector of a type must carry (docs/protocol.md section 10).
@@ -45,6 +45,24 @@ REQUIRED = {
                   "aggregate_hex", "inclusion_hash", "lambda_min", "tolerance"},
     "release": {"id", "type", "description", "study", "study_id", "n_reports", "aggregate_shares", "ring_sum",
                 "entry_scale", "release", "release_tolerance", "analyses"},
+    # noise.json (tests/test_conformance_noise.py recomputes them)
+    "keystream": {"id", "type", "key", "bytes", "words64", "words32", "bits"},
+    "block_table": {"id", "type", "t", "limit", "block", "entries", "bounds_sha256"},
+    "uniform_below": {"id", "type", "key", "bound", "count", "values", "bytes_used"},
+    "bernoulli_exp": {"id", "type", "key", "den", "nums", "results", "bytes_used"},
+    "sampler": {"id", "type", "key", "t", "limit", "count", "draws", "bytes_used"},
+    "secret_sign": {"id", "type", "key", "rows", "signs", "bytes_used"},
+    "noise_parameters": {"id", "type", "study", "study_id", "width", "clip_bound", "shift", "spacing", "client",
+                         "server", "party_clip_bounds"},
+    "batch": {"id", "type", "study", "study_id", "key", "compress", "full", "rows", "clip_bound", "shift", "spacing",
+              "client", "server", "signs", "vectors", "encoded", "noise", "noisy", "bytes_after_signs",
+              "bytes_after_noise", "commitments", "report_ids", "servers", "bytes_used"},
+    # sealing.json (tests/test_conformance_sealing.py recomputes them)
+    "kem_keygen": {"id", "type", "suite", "xwing_seed", "private_key", "public_key", "key_id"},
+    "kem_decapsulation": {"id", "type", "suite", "kem_id", "private_key", "enc", "shared_secret"},
+    "hpke_open": {"id", "type", "suite", "kem_id", "kdf_id", "aead_id", "shared_secret", "info", "psk_id_hash",
+                  "info_hash", "key_schedule_context", "secret", "key", "base_nonce", "aad", "ciphertext",
+                  "plaintext"},
 }
 ANALYSIS = {"id", "method", "path", "request", "response", "tolerance"}
 #: Response members per analysis path (docs/protocol.md sections 6b and 6c).
@@ -574,6 +592,45 @@ def test_analysis_vectors_cover_every_kind_and_exercise_the_floor():
     ridge = [a["response"] for v in RELEASES for a in v["analyses"] if response_kind(a["path"]) == "ridge"]
     assert any(r["n_floored"] > 0 for r in ridge) and any(r["n_floored"] == 0 for r in ridge)
     assert any(r["tau"] > 0 and r["alpha"] > r["tau"] for r in ridge)  # the default alpha on a sketch study
+
+
+def test_section_10_table_counts_what_the_files_hold():
+    """docs/protocol.md section 10's table names every file with its number of vectors, every
+    vector type with its number, and the number of analyses of the releases, read from the files
+    themselves: the counts cannot go stale again (issue 44, G9)."""
+    import re
+
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    section = text[text.index("\n## 10. Conformance vectors"):]
+    section = section[:section.index("\n## ", 1)]
+    files, types, current = {}, {}, None
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]] if line.startswith("|") else []
+        if len(cells) < 2:
+            continue
+        named = re.fullmatch(r"`([a-z_]+\.json)` \((\d+)\)", cells[0])
+        if named:
+            current = named.group(1)
+            files[current] = int(named.group(2))
+        typed = re.fullmatch(r"`([a-z0-9_]+)` \((\d+)\)", cells[1])
+        if typed and current:
+            types[(current, typed.group(1))] = int(typed.group(2))
+    assert sorted(files) == sorted(FILES)
+    for name in FILES:
+        vectors = DOCS[name]["vectors"]
+        assert files[name] == len(vectors), name
+        counts: dict[str, int] = {}
+        for vec in vectors:
+            counts[vec["type"]] = counts.get(vec["type"], 0) + 1
+        assert {t: n for (f, t), n in types.items() if f == name} == counts, name
+    analyses = sum(len(v["analyses"]) for v in DOCS["analyses.json"]["vectors"])
+    assert re.search(rf"`analyses`: {analyses} ", section), analyses
+    # the members the table promises are the ones the files have
+    study = next(v for v in DOCS["study_ids.json"]["vectors"] if v["type"] == "study")
+    assert "study_id" in study and "sha256" not in study and "`study_id`" in section
+    aggregate = next(v for v in DOCS["sketch.json"]["vectors"] if v["id"] == "aggregate-l1")
+    shape = re.search(r"`l1` \(`(\{[^`]*\})`", section).group(1)
+    assert set(re.findall(r'"([a-z0-9_]+)"', shape)) == set(aggregate["l1"])
 
 
 def test_error_table_lists_every_problem_slug_with_its_status():

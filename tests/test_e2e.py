@@ -214,6 +214,11 @@ def test_finalize_refuses_too_few_reports_and_changes_nothing(shared_cluster):
         with pytest.raises(ProblemError) as err:
             an.finalize(sid)
         assert err.value.slug == "certificate-refused" and err.value.status == 422
+        # the same slug, status and members as a server's commit below min_reports (section 6a)
+        r = httpx.post(f"{c.analyzer.url}/v1/studies/{sid}/finalize", timeout=60,
+                       headers={"Authorization": f"Bearer {c.api_token}"})
+        assert r.status_code == 422 and r.json()["type"] == "urn:dpsketch:problem:certificate-refused"
+        assert (r.json()["n_reports"], r.json()["min_reports"]) == (100, 400)
         assert an.study(sid)["state"] == "collecting"
         # nothing was committed anywhere: uploads still go through
         with Client(c.server_urls) as client:

@@ -36,6 +36,11 @@ def test_l1_study_releases_the_exact_sketch_and_refuses_a_lonely_bucket(servers,
     y = X @ np.array([0.5, -0.4]) + 0.05 * rng.standard_t(2, size=N)
     rows = np.clip(np.column_stack([X, y]), -0.55, 0.55)
     with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an:
+        # fewer than 256 reports per level-0 bucket (32 of them at d = 3): 422, nothing provisioned
+        with pytest.raises(ProblemError) as few:
+            an.create_study(name="lad", columns=["a", "b", "y"], label="y", kind="l1",
+                            expected_reports=N, min_reports=8191, epsilon_floor=None)
+        assert (few.value.status, few.value.slug) == (422, "invalid-study") and "8192" in few.value.detail
         created = an.create_study(name="lad", columns=["a", "b", "y"], label="y", kind="l1",
                                   expected_reports=N, min_reports=9000, epsilon_floor=None)
         study = Study.model_validate(created["study"])

@@ -160,3 +160,24 @@ def test_server_noise_scaled_by_sqrt_kappa_gives_the_unit_column_guarantee():
             exact = np.einsum("ki,kl,li->i", S, np.linalg.pinv(C), S)
             bound = 1.0 / (sigma ** 2 / np.maximum(lev, 1e-300) + tau ** 2)
             assert np.all(exact <= bound * (1 + 1e-9) + 1e-12), (n, sigma, tau)
+
+
+@pytest.mark.parametrize("d,level0", [(3, 32), (8, 32), (10, 40)])
+def test_design_needs_256_reports_per_level0_bucket(d, level0):
+    """docs/protocol.md section 2c (issue 44, G11): the analyzer's design refuses an l1 study whose
+    level-0 rows would expect fewer than 256 reports each, min_reports < 256 max(32, 4 d), and
+    takes one at the threshold; the analyzer's POST /v1/studies answers the refusal with 422
+    invalid-study (tests/test_l1_study.py), its detail naming both numbers."""
+    need = 256 * level0
+    spec, _ = l1sketch.design(need, d)
+    assert spec.level0_buckets == level0 and spec.s == 2 and spec.buckets == level0 // 4
+    with pytest.raises(ValueError, match=rf"{need - 1} is too small.*{level0} level-0 buckets.*{need} reports"):
+        l1sketch.design(need - 1, d)
+    from dpsketch.protocol.study import design
+
+    with pytest.raises(ValueError, match=f"at least {need} reports"):
+        design(name="l1", columns=[f"c{i}" for i in range(d)], label="c0", servers=["s1", "s2"], kind="l1",
+               expected_reports=need, min_reports=need - 1)
+    study, _ = design(name="l1", columns=[f"c{i}" for i in range(d)], label="c0", servers=["s1", "s2"], kind="l1",
+                      expected_reports=need, min_reports=need)
+    assert study.l1.level0_buckets == level0

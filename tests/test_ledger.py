@@ -255,6 +255,11 @@ def budget_cluster(tmp_path_factory) -> Iterator[Cluster]:
         yield c
 
 
+#: The members of a budget-exceeded problem (docs/protocol.md section 8), from a server or the analyzer.
+BUDGET_MEMBERS = {"population", "neighbouring", "budget_epsilon", "budget_delta", "spent_epsilon",
+                  "studies_charged", "needed_epsilon", "study_epsilon"}
+
+
 def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
     c = budget_cluster
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
@@ -274,6 +279,15 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
                             secret_sign=False, kind="sketch")
         assert refused.value.slug == "budget-exceeded" and refused.value.status == 409
         assert "nothing was provisioned" in refused.value.detail
+        # its problem has every member a server's refusal has (section 8), and the server it names
+        r = httpx.post(f"{c.analyzer.url}/v1/studies", headers={"Authorization": f"Bearer {c.api_token}"},
+                       json={"name": "q3", "columns": ["a", "b"], "expected_reports": 200, "population": POP,
+                             "secret_sign": False, "kind": "sketch"}, timeout=60)
+        assert r.status_code == 409, r.text
+        refusal = r.json()
+        assert BUDGET_MEMBERS | {"server_id"} <= refusal.keys(), sorted(refusal)
+        assert (refusal["population"], refusal["neighbouring"], refusal["studies_charged"]) == (POP, "replace-one", 3)
+        assert refusal["server_id"] in SERVERS and refusal["spent_epsilon"] <= 2.0 < refusal["needed_epsilon"]
         # a study without a population is provisioned; the servers charge it when tokens are issued
         free = an.create_study(name="free", columns=["a", "b"], expected_reports=200, kind="sketch")
         # the analyzer signs a sketch study unless told not to (CreateStudy.secret_sign)
@@ -298,7 +312,12 @@ def test_servers_refuse_the_study_past_the_budget(budget_cluster, capsys):
         assert _put(c, j, nxt).status_code == 201
         body = _enrol(c, j, nxt).json()
         assert body["type"] == "urn:dpsketch:problem:budget-exceeded" and body["status"] == 409
+        assert BUDGET_MEMBERS <= body.keys() and body["studies_charged"] == 3
         assert body["budget_epsilon"] == 2.0 and body["spent_epsilon"] == pytest.approx(books[j]["epsilon"])
+        assert {k: refusal[k] for k in ("population", "neighbouring", "budget_epsilon", "budget_delta",
+                                        "studies_charged")} == {k: body[k] for k in ("population", "neighbouring",
+                                                                                     "budget_epsilon", "budget_delta",
+                                                                                     "studies_charged")}
         assert body["spent_epsilon"] <= 2.0 < body["needed_epsilon"]
         for word in ("budget", "spent", f"{body['needed_epsilon']:.4g}", POP):
             assert word in body["detail"]
@@ -390,3 +409,39 @@ def test_sdk_limit_refuses_past_it_and_records_within(budget_cluster, tmp_path):
     with pytest.raises(LedgerFileError):
         PrivacyLimit(2.0, 1e-6, path).check(first)
     assert path.read_text() == "{not json"
+
+
+def test_analyzer_passes_a_servers_budget_refusal_on_with_every_member(tmp_path):
+    """A server that refuses at provisioning what the analyzer's pre-check let through (its
+    ledger could not be read, or moved in between): the analyzer's 409 carries the server's own
+    members and the server's id (docs/protocol.md section 6b), and forgets the study."""
+    from types import SimpleNamespace
+
+    from analyzer.coordinator import Coordinator, UpstreamError
+    from analyzer.store import AnalyzerStore
+
+    members = {"population": POP, "neighbouring": "replace-one", "budget_epsilon": 2.0, "budget_delta": 1e-6,
+               "spent_epsilon": 1.9, "studies_charged": 3, "needed_epsilon": 2.6, "study_epsilon": 0.9}
+
+    class Refusing:
+        endpoint = SimpleNamespace(server_id="s2")
+
+        def ledger(self, population):
+            raise UpstreamError("s2", "unreachable")  # the pre-check cannot see this server's ledger
+
+        def provision(self, study):
+            raise UpstreamError("s2", "budget-exceeded: spent", ProblemError("budget-exceeded", "spent", extra=members))
+
+    coordinator = object.__new__(Coordinator)
+    coordinator.config = SimpleNamespace(server_ids=["s1", "s2"])
+    coordinator.store = AnalyzerStore(tmp_path / "analyzer.db")
+    coordinator.servers = [Refusing()]
+    coordinator.log = lambda _msg: None
+    with pytest.raises(ProblemError) as refused:
+        coordinator.create_study(name="q", columns=["a", "b"], label=None, expected_reports=200, population=POP,
+                                 secret_sign=False, kind="sketch")
+    assert refused.value.slug == "budget-exceeded" and refused.value.status == 409
+    assert refused.value.extra == {"server_id": "s2", **members}
+    assert BUDGET_MEMBERS | {"server_id"} <= refused.value.body().keys()
+    assert coordinator.store.list() == []  # forgotten: the study cannot run on this cluster
+    coordinator.store.close()

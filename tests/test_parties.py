@@ -167,11 +167,16 @@ def test_wrong_party_conflict_duplicate_and_relay_are_refused(shared_party_clust
     # the shop's token cannot upload the bank's blocks (nor claim to be the bank)
     r = post_blocks(url, study, "bank", body, shop[0])
     assert r.status_code == 403 and r.json()["type"].endswith(":wrong-party")
-    # a block batch without a party, or of an unknown one, and plain shares: clear 4xx
-    for ctype in (messages.BLOCKS_MEDIA_TYPE, messages.blocks_media_type("insurer"), messages.SHARES_MEDIA_TYPE):
+    # a block batch without a party, or plain (or seed, or sealed) shares: the wrong media type for
+    # a study with parties, 415 (docs/protocol.md section 6); a party the study does not have: 422
+    for ctype, status in ((messages.BLOCKS_MEDIA_TYPE, 415), (messages.SHARES_MEDIA_TYPE, 415),
+                          (messages.SEEDS_MEDIA_TYPE, 415), (messages.SEALED_MEDIA_TYPE, 415),
+                          (messages.blocks_media_type("insurer"), 422)):
         r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=body, timeout=30,
                        headers={"Content-Type": ctype, "Authorization": f"Bearer {bank[0]}"})
-        assert r.status_code == 422, (ctype, r.text)
+        assert r.status_code == status, (ctype, r.text)
+        slug = "unsupported-media-type" if status == 415 else "invalid-request"
+        assert r.json()["type"] == f"urn:dpsketch:problem:{slug}", (ctype, r.text)
     assert httpx.get(f"{url}/v1/studies/{study.study_id}").json()["party_counts"] == {"bank": 0, "shop": 0, "clinic": 0}
 
     r = post_blocks(url, study, "bank", body, bank[0])

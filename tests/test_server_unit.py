@@ -37,6 +37,7 @@ from dpsketch.protocol.messages import (
     SEEDS_MEDIA_TYPE,
     SHARES_MEDIA_TYPE,
     Report,
+    blocks_media_type,
     decode_aggregate,
     encode_batch,
     inclusion_hash,
@@ -322,6 +323,18 @@ def test_provisioning_rules(server: Server):
     assert Study.model_validate(r.json()["study"]) == other
     assert sorted(i["study_id"] for i in server.client.get("/v1/studies").json()) == sorted(
         [st.study_id, other.study_id])
+    # "secret_sign": false reads as absent (docs/protocol.md section 2, "Study id"): refused under the
+    # id hashed over the member as sent; under the study's own id (computed without it), provisioned
+    from dpsketch.protocol.canonical import content_hash
+
+    unsigned = make_study(name="unsigned", secret_sign=False)
+    explicit = unsigned.model_dump(mode="json") | {"secret_sign": False}
+    assert "secret_sign" not in unsigned.model_dump(mode="json") and content_hash(explicit) != unsigned.study_id
+    assert_problem(server.client.put(f"/v1/studies/{content_hash(explicit)}", json=explicit, headers=bearer(OP)),
+                   422, "invalid-study")
+    r = server.client.put(f"/v1/studies/{unsigned.study_id}", json=explicit, headers=bearer(OP))
+    assert r.status_code == 201 and r.json()["study_id"] == unsigned.study_id
+    assert "secret_sign" not in r.json()["study"]
 
 
 # --- uploads -----------------------------------------------------------------------------------
@@ -407,6 +420,9 @@ def test_batch_upload_refusals_leave_store_unchanged(server: Server, study: Stud
     assert_problem(server.client.post(path, content=body, headers={"Content-Type": "application/json"}),
                    415, "unsupported-media-type")
     assert_problem(server.client.post(path, content=body), 415, "unsupported-media-type")
+    # a party's block batch to a study without parties is the wrong media type too (section 6)
+    assert_problem(server.client.post(path, content=body, headers={"Content-Type": blocks_media_type("bank")}),
+                   415, "unsupported-media-type")
     assert_problem(server.client.post(path, content=body[:-1], headers={"Content-Type": SHARES_MEDIA_TYPE}),
                    400, "malformed-body")
     assert_problem(server.client.post(path, content=b"", headers={"Content-Type": SHARES_MEDIA_TYPE}),
@@ -581,7 +597,10 @@ def test_commit_refusals(server: Server, study: Study):
     assert_problem(r, 422, "invalid-request")
     body = assert_problem(server.commit(study, ids + new_ids(2)), 422, "unknown-reports")
     assert "2 of the 122" in body["detail"]
-    assert_problem(server.commit(study, ids[:99]), 422, "certificate-refused")  # min_reports = 100
+    # fewer than min_reports = 100: certificate-refused with n_reports and min_reports (the status
+    # the analyzer gives a finalize below min_reports too: docs/protocol.md sections 6, 6a)
+    few = assert_problem(server.commit(study, ids[:99]), 422, "certificate-refused")
+    assert (few["n_reports"], few["min_reports"]) == (99, study.min_reports) == (99, 100)
     assert_problem(server.commit(study, []), 422, "certificate-refused")
     assert_problem(server.commit(make_study(name="nope"), ids), 404, "unknown-study")
     assert server.client.get(f"/v1/studies/{study.study_id}").json()["status"] == "open"

@@ -63,6 +63,26 @@ def test_study_id_is_stable_and_content_addressed():
     assert changed.study_id != st.study_id
 
 
+@pytest.mark.parametrize("signed", [False, True])
+def test_secret_sign_false_is_the_study_without_the_member(signed):
+    """docs/protocol.md section 2, "Study id" (issue 44, G2): secret_sign is omitted when false,
+    so a study sent with "secret_sign": false has the id of the study without it, and an id
+    hashed over the member as sent is another (a server refuses it as not the path's id)."""
+    from dpsketch.protocol.canonical import content_hash
+
+    st = make(seed="cd" * 32, k=40, secret_sign=signed)
+    sent = st.model_dump(mode="json")
+    assert ("secret_sign" in sent) is signed
+    explicit = {**sent, "secret_sign": signed}
+    again = Study.model_validate(explicit)
+    assert again.study_id == st.study_id and again.canonical() == st.canonical()
+    if signed:
+        assert b'"secret_sign":true' in st.canonical()
+    else:
+        assert b"secret_sign" not in st.canonical()
+        assert content_hash(explicit) != st.study_id  # the id a client would get by hashing it as sent
+
+
 @pytest.mark.parametrize(
     "change,message",
     [

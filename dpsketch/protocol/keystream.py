@@ -54,6 +54,12 @@ class Keystream:
         self._cipher = Cipher(algorithms.ChaCha20(key, _CIPHER_NONCE), mode=None).encryptor()
         self._used = 0
 
+    @property
+    def position(self) -> int:
+        """How many bytes of the stream have been read (the conformance vectors of the sampler
+        state it after each draw, so that another implementation can find where it went astray)."""
+        return self._used
+
     def bytes(self, n: int) -> bytes:
         """The next n bytes of the stream."""
         if n <= _CHUNK:

@@ -324,6 +324,24 @@ class Verdict:
                 f"this study (epsilon = {self.study_epsilon:.4g} alone at that delta) would take it to "
                 + (" and ".join(parts) if parts else f"epsilon = {n.epsilon:.4g}"))
 
+    def problem_members(self, budget: Budget, population: str) -> dict:
+        """The members of a 409 ``budget-exceeded`` problem (docs/protocol.md section 8), the same
+        whoever refuses: a share server at provisioning, or the analyzer when a server's published
+        ledger says that server would (non-finite epsilons, an unbounded study, are null)."""
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        floor = self.floor_needed is not None
+        return {"population": population, "neighbouring": budget.notion,
+                "budget_epsilon": budget.epsilon, "budget_delta": budget.delta,
+                "spent_epsilon": finite(self.spent.epsilon), "studies_charged": self.spent.studies,
+                "needed_epsilon": finite(self.needed.epsilon), "study_epsilon": finite(self.study_epsilon),
+                "budget_floor_epsilon": budget.floor_epsilon,
+                "spent_floor_epsilon": finite(self.floor_spent.epsilon) if floor and self.floor_spent else None,
+                "needed_floor_epsilon": finite(self.floor_needed.epsilon) if floor else None,
+                "study_floor_epsilon": (finite(self.floor_study_epsilon)
+                                        if floor and self.floor_study_epsilon is not None else None)}
+
 
 def check(charges: list[Charge], study: Charge, budget: Budget) -> Verdict:
     """Would ``study`` keep the ledger of ``charges`` within ``budget``, both its certified
