@@ -392,15 +392,23 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @app.get("/v1/studies/{study_id}/ledger", dependencies=auth)
     async def study_ledger(study_id: str) -> LedgerView:
-        """The ledger of the study's population at every share server."""
+        """The ledger of the population the servers charge the study to (the operator's, whatever
+        the study names: docs/ledger.md) at every share server; charged is whether every server
+        lists it there. Before any server charges it: the study's own population, if named."""
         study = coordinator.record(study_id).study
-        if study.population is None:
+        progress = await run_in_threadpool(coordinator.progress, study_id)
+        named = [set(p.populations or ()) for p in progress if p.reachable]
+        common = set.intersection(*named) if named else set()
+        population = (study.population if study.population in common else min(common) if common
+                      else study.population if study.population is not None
+                      else min(set.union(*named)) if named and set.union(*named) else None)
+        if population is None:
             return LedgerView(population=None, study_id=study_id, charged=False, servers=[])
-        servers = await run_in_threadpool(coordinator.ledgers, study.population)
+        servers = await run_in_threadpool(coordinator.ledgers, population)
         charged = all(any(e["charge"]["study_id"] == study_id for e in s["ledger"]["studies"])
                       for s in servers if s.get("ledger") is not None) and all(
                           s.get("ledger") is not None for s in servers)
-        return LedgerView(population=study.population, study_id=study_id, charged=charged,
+        return LedgerView(population=population, study_id=study_id, charged=charged,
                           servers=[ServerLedger(**s) for s in servers])
 
     @app.get("/v1/studies/{study_id}/progress", dependencies=auth)

@@ -263,6 +263,8 @@ class ServerProgress:
     error: str | None = None
     #: a study with parties: blocks held per party at this server
     party_counts: dict[str, int] | None = None
+    #: the populations whose ledger at this server charges the study (the operator's)
+    populations: list[str] | None = None
 
 
 class Coordinator:
@@ -397,7 +399,8 @@ class Coordinator:
             try:
                 info = server.info(study_id)
                 out.append(ServerProgress(server.endpoint.server_id, server.endpoint.url, True,
-                                          info.report_count, info.status, party_counts=info.party_counts))
+                                          info.report_count, info.status, party_counts=info.party_counts,
+                                          populations=info.populations))
             except UpstreamError as exc:
                 out.append(ServerProgress(server.endpoint.server_id, server.endpoint.url, False,
                                           None, None, str(exc)))

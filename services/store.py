@@ -495,7 +495,13 @@ class Store:
             study=record.study,
             commit=None if hide else record.commit,
             hpke=self.keys.describe(),
+            populations=self.charged_to(record.study_id),
         )
+
+    def charged_to(self, study_id: str) -> list[str]:
+        """The populations whose ledger here charges ``study_id`` (sorted)."""
+        return sorted(p for p, entries in list(self._ledger.items())
+                      if any(c.study_id == study_id for c, _ in entries))
 
     def infos(self, trusted: bool = True) -> list[StudyInfo]:
         return [self.info(r, trusted) for r in list(self._records.values())]

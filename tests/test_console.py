@@ -72,7 +72,9 @@ def _warm_sdk() -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, chrome):
-    budget = {"DPSKETCH_POPULATION_EPSILON": str(BUDGET)}
+    # open uploads: each server charges every study to its operator's default population at
+    # provisioning (issue 41), here the population the console's study form names too
+    budget = {"DPSKETCH_POPULATION_EPSILON": str(BUDGET), "DPSKETCH_DEFAULT_POPULATION": POPULATION}
     with cluster_for_module(tmp_path_factory, "console", server_env={f"s{j}": budget for j in (1, 2, 3)}) as c:
         yield c
 

@@ -26,7 +26,9 @@ COLUMNS = ["x0", "x1", "x2", "x3", "y"]
 
 #: A share server's policy that accepts studies without a noise floor (the default refuses them):
 #: with it, a study designed with epsilon_floor=None releases exactly the sum of its shares.
-NO_FLOOR_POLICY = {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}
+# a study without server noise has no floor (its floor epsilon is unbounded), so a server that
+# takes one has the population's floor budget off as well
+NO_FLOOR_POLICY = {"DPSKETCH_MAX_FLOOR_EPSILON": "none", "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
 
 
 def exact_cluster(servers, n: int = 3) -> Cluster:

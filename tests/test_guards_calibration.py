@@ -30,8 +30,9 @@ def test_sensitivity_of_every_kind_is_its_worst_pair(B):
     assert privacy.sensitivity(B, "add-remove", "sketch") == B
     assert privacy.sensitivity(B, "replace-one", "l1") == 2 * B
     assert privacy.sensitivity(B, "add-remove", "l1") == B
-    assert privacy.sensitivity(B, "replace-one", "histogram") == pytest.approx(math.sqrt(2), rel=1e-15)
-    assert privacy.sensitivity(B, "add-remove", "histogram") == 1.0
+    # histogram: the row bound is sqrt(m) for m ones (1 for one-hot); replacing moves B^2 ones
+    assert privacy.sensitivity(B, "replace-one", "histogram") == pytest.approx(math.sqrt(2) * B, rel=1e-15)
+    assert privacy.sensitivity(B, "add-remove", "histogram") == B
     # moments: u(a a^T) moves by ||a a^T - b b^T||_F, worst at orthogonal rows of norm B
     e1, e2 = np.eye(3)[0] * B, np.eye(3)[1] * B
     assert privacy.sensitivity(B, "replace-one", "moments") == pytest.approx(
@@ -68,7 +69,8 @@ def test_unit_sigma_gives_exactly_the_target_delta(epsilon, delta):
     assert bw(1 / (0.99 * sigma)) > delta * 1.01
     assert privacy.gaussian_sigma(epsilon, delta, 3.0) == 3.0 * sigma
     assert privacy.local_sigma(epsilon, delta, 2.0, "replace-one") == pytest.approx(4.0 * sigma, rel=1e-15)
-    assert privacy.local_sigma(epsilon, delta, 2.0, "add-remove", "histogram") == pytest.approx(sigma, rel=1e-15)
+    assert privacy.local_sigma(epsilon, delta, 1.0, "add-remove", "histogram") == pytest.approx(sigma, rel=1e-15)
+    assert privacy.local_sigma(epsilon, delta, 2.0, "add-remove", "histogram") == pytest.approx(2.0 * sigma, rel=1e-15)
 
 
 @pytest.mark.parametrize("epsilon,delta", [(0.0, 1e-6), (-1.0, 1e-6), (math.inf, 1e-6), (math.nan, 1e-6),

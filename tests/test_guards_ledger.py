@@ -64,11 +64,14 @@ def _provision_both(srv: Server, first: Study, second: Study):
 def test_server_admits_at_exactly_the_population_budget_and_refuses_a_thousandth_over(tmp_path, over):
     """Provisioning the second study of a population: admitted when the server's
     population_epsilon is the pair's composed epsilon, refused (409 budget-exceeded, with the
-    numbers, and not stored) when it is that / 1.001."""
+    numbers, and not stored) when it is that / 1.001. The test server takes open uploads, so it
+    charges each study to its operator's default population at provisioning (issue 41: the
+    population is the operator's, never the study's own word)."""
     first, second = _study("one", 1.0), _study("two", 0.7)
     needed = _composed(first, second)
     budget = needed / 1.001 if over else needed
-    srv = Server(tmp_path / "ledger.db", population_epsilon=budget, population_delta=DELTA)
+    srv = Server(tmp_path / "ledger.db", population_epsilon=budget, population_delta=DELTA,
+                 default_population="clinic-a")
     try:
         r = _provision_both(srv, first, second)
         if not over:
@@ -201,16 +204,19 @@ def test_the_budget_tolerance_is_inclusive():
     assert not ledger.check(charges, ledger.Charge.of(second), ledger.Budget(below, DELTA)).fits
 
 
-def test_a_budget_refuses_only_studies_of_a_population_and_names_an_unbounded_need_as_null(tmp_path):
-    """A study without a population is not charged (admitted under any budget); under an
-    add/remove budget a replace-one study of a population is unbounded: refused, with
-    needed_epsilon null in the problem (JSON has no infinity)."""
+def test_a_budget_charges_every_study_whatever_it_names_and_names_an_unbounded_need_as_null(tmp_path):
+    """A study that names no population is charged all the same (to the operator's default
+    population: omitting the name escapes nothing); under an add/remove budget a replace-one study
+    is unbounded: refused, with needed_epsilon null in the problem (JSON has no infinity), and not
+    stored."""
     srv = Server(tmp_path / "ar.db", population_epsilon=0.01, population_delta=DELTA,
                  population_neighbouring="add-remove")
     try:
-        assert srv.provision(_study("free", 1.0, population=None)).status_code == 201
-        body = assert_problem(srv.provision(_study("one", 1.0)), 409, "budget-exceeded")
-        assert body["needed_epsilon"] is None and body["study_epsilon"] is None
-        assert body["spent_epsilon"] == 0.0
+        for population in (None, "clinic-a"):
+            study = _study(f"p{population}", 1.0, population=population)
+            body = assert_problem(srv.provision(study), 409, "budget-exceeded")
+            assert body["needed_epsilon"] is None and body["study_epsilon"] is None
+            assert body["spent_epsilon"] == 0.0
+            assert srv.client.get(f"/v1/studies/{study.study_id}").status_code == 404
     finally:
         srv.close()

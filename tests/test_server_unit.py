@@ -67,9 +67,12 @@ def make_study(**overrides) -> Study:
 
 
 def settings_for(db: Path, **kw) -> Settings:
-    """The test server's settings: open uploads (tests of other features need no upload tokens)
-    and no floor required (studies without server noise release exact sums); ``kw`` overrides."""
-    kw = {"upload_auth": "open", "max_floor_epsilon": None, **kw}
+    """The test server's settings: open uploads (tests of other features need no upload tokens),
+    no floor required (studies without server noise release exact sums) and no population budget
+    (as tests/conftest.py's NO_BUDGET: the tests of other features provision many studies of one
+    population); ``kw`` overrides."""
+    kw = {"upload_auth": "open", "max_floor_epsilon": None, "population_epsilon": None,
+          "population_floor_epsilon": None, **kw}
     return Settings(server_id="s1", db_path=db, operator_token=OP, analyst_token=AN, **kw)
 
 

@@ -511,6 +511,11 @@ class StudyInfo(BaseModel):
     party_counts: dict[str, int] | None = Field(
         default=None, description="a study with parties: blocks held per party (report_count counts "
         "individuals with every party's block here); null otherwise or when counts are hidden")
+    populations: list[str] = Field(
+        default_factory=list, description="the populations (the operator's, docs/ledger.md) whose "
+        "ledger at this server charges the study: where its first upload token of each was issued "
+        "(open uploads: the server's default population, at provisioning); the study's own "
+        "population member is advisory")
 
 
 class HpkeKey(BaseModel):
