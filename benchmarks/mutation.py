@@ -397,11 +397,7 @@ def campaign(config: Config, guards: list[Guard], sample: int | None, seed: int,
         summary["guards"][guard.name] = counts
         if on_guard is not None:
             on_guard(summary)
-    totals = {k: sum(c[k] for c in summary["guards"].values())
-              for k in ("mutants", "run", "killed", "survived", "equivalent", "incompetent")}
-    judged = totals["run"] - totals["equivalent"] - totals["incompetent"]
-    totals["score"] = totals["killed"] / judged if judged else None
-    summary["totals"] = totals
+    summary["totals"] = _totals(summary)
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
 
@@ -437,13 +433,19 @@ def merged_report(config: Config, guards: list[Guard], sessions: Path) -> dict:
             counts["run"] += 1
             counts[entry["outcome"]] += 1
         summary["guards"][guard.name] = counts
+    summary["totals"] = _totals(summary)
+    summary["seconds"] = 0.0
+    return summary
+
+
+def _totals(summary: dict) -> dict:
+    """Every guard's counts summed, with the score: killed over the mutants judged (run, less
+    the equivalent and the incompetent ones)."""
     totals = {k: sum(c[k] for c in summary["guards"].values())
               for k in ("mutants", "run", "killed", "survived", "equivalent", "incompetent")}
     judged = totals["run"] - totals["equivalent"] - totals["incompetent"]
     totals["score"] = totals["killed"] / judged if judged else None
-    summary["totals"] = totals
-    summary["seconds"] = 0.0
-    return summary
+    return totals
 
 
 def _entry(config: Config, copy: Path, guard: Guard, spec, result) -> dict:
