@@ -105,3 +105,80 @@ def test_harness_rounds_beat_gram_least_squares_on_outliers():
     by = {r["mechanism"]: r for r in recs}
     assert by["ltm_rounds"]["coef_error"] < 0.5 * by["ltm_gram_ls"]["coef_error"]
     assert len(by["ltm_rounds"]["round_errors"]) == by["ltm_rounds"]["rounds"]
+
+
+from test_e2e import no_floor_module_cluster  # noqa: E402, F401 (a fixture)
+
+
+def test_two_rounds_over_real_servers_the_route_the_owners_cli_and_bad_input(no_floor_module_cluster, tmp_path):
+    """Round 1 a moments study with bounds (the SDK maps the rows); the analyzer's lad route
+    answers the Huber step and next_weights; the owner's `dpsketch study weight-rows` makes round
+    2's rows (what weighted_rows makes, norms <= B); round 2 a moments study of the mapped columns
+    and _1. Each answer is RobustRegression on the released values (post-processing, nothing
+    else); weights that do not fit and l1-only parameters are 422 invalid-request."""
+    import csv
+    import json
+
+    from analyzer.cli import main as study_cli
+    from analyzer.client import AnalyzerClient
+    from analyzer.release import release_from_values
+    from client_sdk import Client
+    from dpsketch.protocol import ProblemError, Study
+
+    c = no_floor_module_cluster
+    n = 3000
+    rows = _outlier_data(n, 4)
+    bounds = {"x1": [-4.0, 4.0], "x2": [-4.0, 4.0], "y": [-5.0, 25.0]}
+
+    def local_fit(an, study_id, weights):
+        study = Study.model_validate(an.study(study_id)["study"])
+        rel = release_from_values(study, np.array(an.sketch(study_id)["sketch"]), n)
+        return RobustRegression("y", weighted_by=weights).fit(rel)
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        s1 = an.create_study(name="rounds-1", columns=COLUMNS, label="y", expected_reports=n, kind="moments",
+                             bounds=bounds, min_reports=n, epsilon_floor=None)["study_id"]
+        with Client(c.server_urls) as client:
+            client.submit_many(s1, rows, batch_size=n)
+        an.finalize(s1)
+        r1 = an.lad(s1)
+        mine = local_fit(an, s1, None)
+        assert r1["method"] == "huber-rounds" and r1["round"] == 1 and r1["in_units"] is True
+        np.testing.assert_allclose(r1["coef"], mine.coef_, rtol=1e-9)
+        assert r1["intercept"] == pytest.approx(mine.intercept_, rel=1e-9)
+        assert len(r1["stderr"]) == 3 and all(s > 0 for s in r1["stderr"])
+        w = RoundWeights.from_dict(r1["next_weights"])
+        assert w.round == 2 and w.columns == tuple(COLUMNS) and w.bounds is not None
+
+        answer = tmp_path / "round1.json"
+        answer.write_text(json.dumps(r1))
+        raw = tmp_path / "rows.csv"
+        with open(raw, "w", newline="") as fh:
+            csv.writer(fh).writerows([COLUMNS, *rows.tolist()])
+        out = tmp_path / "round2.csv"
+        assert study_cli(["weight-rows", "--weights", str(answer), str(raw), str(out)]) == 0
+        with open(out, newline="") as fh:
+            lines = list(csv.reader(fh))
+        assert lines[0] == w.round_columns
+        mapped = np.array(lines[1:], dtype=float)
+        np.testing.assert_allclose(mapped, weighted_rows(rows, w), rtol=1e-15)
+        assert np.max(np.linalg.norm(mapped, axis=1)) <= 1.0 + 1e-12
+
+        s2 = an.create_study(name="rounds-2", columns=w.round_columns, label="y", expected_reports=n,
+                             kind="moments", min_reports=n, epsilon_floor=None)["study_id"]
+        with Client(c.server_urls) as client:
+            client.submit_many(s2, mapped, batch_size=n)
+        an.finalize(s2)
+        r2 = an.lad(s2, weights=r1["next_weights"])
+        mine2 = local_fit(an, s2, w)
+        assert r2["round"] == 2 and r2["features"] == ["x1", "x2"]
+        np.testing.assert_allclose(r2["coef"], mine2.coef_, rtol=1e-9)
+
+        refusals = []
+        wrong = {**r1["next_weights"], "columns": ["a", "b", "y"]}
+        for call in (lambda: an.lad(s2, weights=wrong), lambda: an.lad(s2), lambda: an.lad(s1, alpha=0.1),
+                     lambda: an.lad(s2, weights={"label": "y"})):
+            with pytest.raises(ProblemError) as err:
+                call()
+            refusals.append((err.value.status, err.value.slug))
+    assert refusals == [(422, "invalid-request")] * 4
