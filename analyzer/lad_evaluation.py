@@ -1,4 +1,5 @@
-"""Accuracy of least absolute deviations (LAD) through the l1 sketch, against its peers.
+"""Accuracy of the product's robust regression (Huber rounds) and of LAD through the l1 sketch, against
+their peers (docs/lad.md).
 
 Research harness (like :mod:`analyzer.logistic_evaluation`): numpy-seeded simulations of each
 mechanism on the same rows, at the same (epsilon, delta), row bound B and neighbouring notion.
@@ -400,12 +401,13 @@ def results_markdown(summary: dict, epsilons: Sequence[float], seconds: float, a
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsketch experiments --lad",
-                                description="Least absolute deviations through the l1 sketch against the "
-                                "non-private LAD, the local model and the LTM gram kind's ridge.")
+                                description="Robust regression (Huber rounds of moments studies) and LAD through "
+                                "the l1 sketch against the non-private LAD, the local model and least squares on a "
+                                "gram study.")
     p.add_argument("--out", default="docs/experiments")
     p.add_argument("--n", type=float, nargs="+", default=None, help="reports (default: 1e4 1e5 1e6)")
     p.add_argument("--epsilons", type=float, nargs="+", default=None, help="default: 0.5 1 4")
-    p.add_argument("--seeds", type=int, default=None, help="runs per n (default 3; 2 at n >= 10^6; --quick 1)")
+    p.add_argument("--seeds", type=int, default=None, help="runs per n (default 20; 2 at n >= 10^6; --quick 1)")
     p.add_argument("--quick", action="store_true", help="bounded (< 30 s): n 1e4 1e5, epsilon 1, one run")
     p.add_argument("--from-json", metavar="FILE", help="re-draw the plot and tables from a previous run's JSON")
     p.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS),
@@ -418,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else NS))]
     epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else EPSILONS))]
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 20)
     os.makedirs(args.out, exist_ok=True)
     if args.from_json:
         with open(args.from_json) as fh:
