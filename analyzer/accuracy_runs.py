@@ -72,10 +72,13 @@ GRAM = ("gram", "gram_moments", "central")
 
 
 def stats(values: Sequence[float]) -> dict[str, float]:
-    """mean, sample sd (ddof 1), median and number of runs."""
+    """mean, sample sd (ddof 1), median, 90th percentile, largest value and number of runs."""
     v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {"mean": math.nan, "sd": math.nan, "median": math.nan, "p90": math.nan, "max": math.nan, "runs": 0}
     return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0,
-            "median": float(np.median(v)), "runs": int(v.size)}
+            "median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "max": float(v.max()),
+            "runs": int(v.size)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,37 +304,112 @@ def lambda_min_spread(n: int, k: int, draws: int, s: int = 4, seed: int = 7) -> 
     return {**stats(r), "min": float(r.min()), "below_0.97": float(np.mean(r < PROPOSED_SAFETY))}
 
 
-def k_sweep(n: int, ks: Sequence[int], runs: int) -> list[dict[str, Any]]:
-    """The signed sketch study (design()'s defaults) at each k: ridge and PCA ratios over ``runs``
-    data sets (seeds 0..runs-1; the study's seed fixed, so S varies only with the report ids),
-    with the first-order prediction of :func:`ridge_floor` on the first data set."""
+def k_sweep_run(task: str, n: int, epsilon: float, seed: int, ks: Sequence[int],
+                secret_sign: bool = True, fits: Sequence[str] = ("bench",)) -> dict[str, Any]:
+    """One data set under design()'s sketch study at each k in ``ks`` (signed unless told), with
+    common random numbers: the same rows, the same client normals Z (n x d) and server normals E
+    (the first k rows of one draw), the same secret signs; only S (``random_osnap``, drawn per k
+    from a seed of (seed, k)) and the study's calibration differ. A k whose draw fails the
+    certificate is reported as refused. ``fits`` (ridge): ``bench`` is the benchmark's fixed
+    penalty alpha = 1e-3 n B^2 (what every table reports); ``product`` is the estimator's default
+    (AdaSSP's rule plus the sketch release's cross_noise_scale), scored with the same F."""
     from dpsketch.protocol import design
 
-    out = []
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(np.random.SeedSequence([0x5C, n, seed, int(round(epsilon * 1000)), task == "ridge"]))
+    if task == "ridge":
+        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+    else:
+        data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
+                                      row_bound=ROW_BOUND)
+    cols = list(data.columns)
+    d = len(cols)
+    z = rng.standard_normal((n, d))
+    e = rng.standard_normal((max(ks), d))
+    t = rng.choice(np.array([-1.0, 1.0]), size=n)
+    rows = data.rows * t[:, None] if secret_sign else data.rows
     alpha = evaluation.default_alpha(n, ROW_BOUND)
+    out: dict[str, Any] = {"task": task, "n": n, "epsilon": epsilon, "seed": seed, "secret_sign": secret_sign,
+                           "ratios": {}, "studies": {}, "notes": {}}
+    if task == "ridge":
+        li = cols.index(data.label)
+        X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
+        best = evaluation.ridge_objective(X, y, evaluation.ridge_optimum(X, y, alpha), alpha)
+    else:
+        best = evaluation.pca_error(data.rows, evaluation.pca_optimum(data.rows, PCA_RANK))
     for k in ks:
-        ridge, pca, pred = [], [], None
-        for seed in range(runs):
-            data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
-            cols = list(data.columns)
-            study, _ = design(name="k", columns=cols, label=data.label, servers=["s1", "s2"],
-                              expected_reports=n, k=k, seed="ab" * 32)
-            li = cols.index(data.label)
-            X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
-            if pred is None:
-                pred = ridge_floor(X, y, alpha, k, cell_variance(study.sigma, n, k,
-                                                                 baselines.server_noise_variance(study))).ratio
-            rel = baselines.simulate_ltm(study, data.rows, np.random.default_rng(seed))
-            ridge.append(evaluation.ridge_ratio(X, y, RidgeRegression(data.label, alpha=alpha).fit(rel).coef_, alpha))
-            low = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
-                                         row_bound=ROW_BOUND)
-            st_p, _ = design(name="k", columns=list(low.columns), label=None, servers=["s1", "s2"],
-                             expected_reports=n, k=k, seed="ab" * 32)
-            rel_p = baselines.simulate_ltm(st_p, low.rows, np.random.default_rng(seed + 100))
-            pca.append(evaluation.pca_ratio(low.rows, PCA(PCA_RANK).fit(rel_p).components_))
-        out.append({"k": k, "secret_sign": study.secret_sign, "lambda_star": study.lambda_star,
-                    "predicted_ridge": pred, "ridge": stats(ridge), "pca": stats(pca)})
+        study, _ = design(name="k", columns=cols, label=data.label, servers=["s1", "s2"], expected_reports=n,
+                          epsilon=epsilon, delta=1e-6, row_bound=ROW_BOUND, k=int(k), seed="ab" * 32,
+                          secret_sign=secret_sign)
+        S = random_osnap(study.k, study.s, n, np.random.default_rng(np.random.SeedSequence([0x5D, n, seed, int(k)])))
+        lam = float(np.linalg.eigvalsh((S @ S.T).toarray())[0])
+        out["studies"][str(k)] = {"sigma": study.sigma, "server_sigma": study.server_sigma,
+                                  "lambda_star": study.lambda_star, "lambda_min": lam,
+                                  "cell_variance": cell_variance(study.sigma, n, study.k,
+                                                                 baselines.server_noise_variance(study))}
+        if lam - study.t < study.lambda_star:
+            out["notes"][str(k)] = "certificate refused"
+            continue
+        y_rel = np.asarray(S @ (rows + study.sigma * z)) + math.sqrt(baselines.server_noise_variance(study)) * e[:study.k]
+        rel = SketchRelease(study=study, sketch=y_rel, n_reports=n)
+        if task == "ridge":
+            for fit in fits:
+                a = alpha if fit == "bench" else None
+                coef = RidgeRegression(data.label, alpha=a).fit(rel).coef_
+                name = str(k) if fit == "bench" else f"{k}/{fit}"
+                out["ratios"][name] = evaluation.ridge_objective(X, y, coef, alpha) / best
+        else:
+            out["ratios"][str(k)] = evaluation.pca_error(data.rows, PCA(PCA_RANK).fit(rel).components_) / best
+    out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
+
+
+def k_sweep(n: int, ks: Sequence[int], runs: int, epsilon: float = 1.0, jobs: int = 1,
+            secret_sign: bool = True, fits: Sequence[str] = ("bench",),
+            records: list | None = None) -> list[dict[str, Any]]:
+    """:func:`k_sweep_run` over seeds 0..runs-1 for ridge and PCA: per k, the ratios' stats (with
+    the 90th percentile), the design's lambda_star, and the first-order prediction of
+    :func:`ridge_floor` on the first data set. ``records`` (a list) receives every run."""
+    tasks = [(task, n, epsilon, seed, tuple(ks), secret_sign, tuple(fits)) for seed in range(runs)
+             for task in ("ridge", "pca")]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(k_sweep_run, *zip(*tasks)))
+    else:
+        done = [k_sweep_run(*a) for a in tasks]
+    if records is not None:
+        records.extend(done)
+    data = synthetic.regression_data(n, D, seed=0, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+    li = data.columns.index(data.label)
+    X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
+    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    out = []
+    for k in ks:
+        first = next(r for r in done if r["task"] == "ridge")["studies"][str(k)]
+        row: dict[str, Any] = {"k": int(k), "secret_sign": secret_sign, "lambda_star": first["lambda_star"],
+                               "cell_variance": first["cell_variance"],
+                               "predicted_ridge": ridge_floor(X, y, alpha, int(k), first["cell_variance"]).ratio}
+        for task in ("ridge", "pca"):
+            recs = [r for r in done if r["task"] == task]
+            row[task] = stats([r["ratios"][str(k)] for r in recs if str(k) in r["ratios"]])
+            row[task]["refused"] = sum(1 for r in recs if str(k) in r["notes"])
+        for fit in fits:
+            if fit != "bench":
+                row[f"ridge/{fit}"] = stats([r["ratios"][f"{k}/{fit}"] for r in done
+                                            if f"{k}/{fit}" in r["ratios"]])
+        out.append(row)
+    return out
+
+
+def k_sweep_line(n: int, epsilon: float, row: dict[str, Any]) -> str:
+    def cell(e: dict[str, float]) -> str:
+        return (f"{e['mean']:.3g} ± {e['sd']:.2g} ({e['median']:.3g}), p90 {e['p90']:.3g}, max {e['max']:.3g}"
+                + (f" [{e['refused']} refused]" if e.get("refused") else ""))
+
+    extra = "".join(f"; {key} {cell(v)}" for key, v in row.items() if key.startswith("ridge/"))
+    return (f"n = {n:,}, epsilon = {epsilon:g}, k = {row['k']} (lambda_star {row['lambda_star']:.0f}, v "
+            f"{row['cell_variance']:.3g}): predicted ridge {row['predicted_ridge']:.3g}; ridge {cell(row['ridge'])}"
+            f"{extra}; PCA {cell(row['pca'])}; {row['ridge']['runs']} runs")
 
 
 def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
@@ -465,14 +543,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="instead: lambda_min(S S^T) / Bai-Yin over --runs sketches of N reports and K rows "
                     "(repeatable)")
     ap.add_argument("--k-sweep", nargs="+", type=int, metavar="K",
-                    help="instead: the signed sketch study at each of these k, --runs data sets, first --n")
+                    help="instead: design()'s sketch study at each of these k on common random numbers "
+                    "(k_sweep_run), --runs data sets, every --n and --epsilons; --out writes OUT.json")
+    ap.add_argument("--unsigned", action="store_true", help="with --k-sweep: secret_sign=False")
+    ap.add_argument("--fits", nargs="+", default=["bench"], choices=["bench", "product"],
+                    help="with --k-sweep: ridge penalties to score (bench: alpha = 1e-3 n B^2; product: "
+                    "the estimator's default)")
     args = ap.parse_args(argv)
     if args.k_sweep:
-        for row in k_sweep(int(args.n[0]), args.k_sweep, args.runs):
-            r, p = row["ridge"], row["pca"]
-            print(f"n = {int(args.n[0]):,}, k = {row['k']}: predicted ridge {row['predicted_ridge']:.3g}; ridge "
-                  f"{r['mean']:.3g} ± {r['sd']:.2g} ({r['median']:.3g}), PCA {p['mean']:.3g} ± {p['sd']:.2g} "
-                  f"({p['median']:.3g}), {r['runs']} runs")
+        t0 = time.perf_counter()
+        records: list[dict[str, Any]] = []
+        table = []
+        for n in (int(x) for x in args.n):
+            for eps in args.epsilons:
+                ks = [k for k in args.k_sweep if k <= n // 100 or k == min(args.k_sweep)]
+                for row in k_sweep(n, ks, args.runs, eps, args.jobs, not args.unsigned, args.fits, records):
+                    table.append({"n": n, "epsilon": eps, **row})
+                    print(k_sweep_line(n, eps, row), flush=True)
+        if args.out:
+            with open(args.out + ".json", "w") as fh:
+                json.dump({"argv": argv, "seconds": round(time.perf_counter() - t0, 1), "table": table,
+                           "records": records}, fh, indent=1, default=float)
         return 0
     if args.lambda_spread:
         for n, k in args.lambda_spread:

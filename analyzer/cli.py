@@ -191,13 +191,32 @@ def build_parser() -> argparse.ArgumentParser:
                     "the Taylor-at-0 surrogate's minimiser (docs/logistic.md)")
     lg.add_argument("--no-debias", action="store_true", help="do not subtract the known noise energy")
     _output_option(lg)
-    ld = sub.add_parser("lad", help="least absolute deviations on a released l1 study (docs/lad.md)")
+    ld = sub.add_parser("lad", help="robust regression (least absolute deviations, Huber rounds) on a released "
+                        "gram or moments study, or LAD on an l1 study (docs/lad.md)",
+                        description="On a gram or moments study: one round of Huber iteratively reweighted least "
+                        "squares (docs/lad.md); the answer's next_weights (save it with --output json) go to the "
+                        "data owners for the next round's rows and back here with --weights. On an l1 study: LAD "
+                        "on the l1 sketch.")
     ld.add_argument("study_id", help="the study id")
     ld.add_argument("--label", help="the label column (default: the study's label)")
-    ld.add_argument("--alpha", type=float, help="l1 penalty on the coefficients (default: 0)")
+    ld.add_argument("--weights", metavar="JSON",
+                    help="gram or moments study: the round weights its rows were weighted with (a file holding "
+                    "the previous round's answer or its next_weights); absent for round 1")
+    ld.add_argument("--tuning", type=float,
+                    help="gram or moments study: the next round's Huber threshold in residual rms (default: 1)")
+    ld.add_argument("--alpha", type=float, help="l1 study: l1 penalty on the coefficients (default: 0)")
     ld.add_argument("--noise-correction", choices=["none", "calibrate"],
-                    help="calibrate: undo the noise's shrinkage by regression calibration (default: none)")
+                    help="l1 study: calibrate undoes the noise's shrinkage by regression calibration (default: none)")
     _output_option(ld)
+    wr = sub.add_parser("weight-rows", help="a data owner's rows for the next round of `study lad` (local, "
+                        "no analyzer)", description="Map each row of IN (a CSV with a header naming the "
+                        "columns) into the row ball with the constant column _1 and multiply it by its Huber "
+                        "weight under the published round weights (analyzer.lad_rounds.weighted_rows; docs/lad.md). "
+                        "Submit OUT to the next round's study (a moments study over the columns and _1, no bounds).")
+    wr.add_argument("--weights", required=True, metavar="JSON", help="the round's weights (the previous "
+                    "`dpsketch study lad` answer or its next_weights)")
+    wr.add_argument("input", metavar="IN", help="CSV of raw rows (extra columns are ignored)")
+    wr.add_argument("output", metavar="OUT", help="CSV to write (the columns, then _1)")
     pc = sub.add_parser("pca", help="principal components of the release (centred, in units, with bounds)")
     pc.add_argument("study_id", help="the study id")
     pc.add_argument("--n-components", "--rank", dest="n_components", type=int, required=True, metavar="R",
@@ -277,6 +296,48 @@ def _create(client: AnalyzerClient, args: argparse.Namespace) -> dict[str, Any]:
         s=args.s, min_reports=args.min_reports, **extra)
 
 
+def read_weights(path: str) -> dict[str, Any]:
+    """A round's weights from a JSON file: the previous `dpsketch study lad` answer (its
+    next_weights member) or the weights alone."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--weights {path}: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("next_weights"), dict):
+        data = data["next_weights"]
+    if not isinstance(data, dict):
+        raise ValueError(f"--weights {path}: not a JSON object")
+    return data
+
+
+def weight_rows_file(weights_path: str, src: str, dst: str) -> int:
+    """``dpsketch study weight-rows``: the round's rows of a CSV file, written to another; returns
+    how many rows."""
+    import csv
+
+    import numpy as np
+
+    from .lad_rounds import RoundWeights, weighted_rows
+
+    weights = RoundWeights.from_dict(read_weights(weights_path))
+    try:
+        with open(src, newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in weights.columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ValueError(f"{src} lacks the columns {missing}")
+            rows = np.array([[float(r[c]) for c in weights.columns] for r in reader], dtype=np.float64)
+    except OSError as exc:
+        raise ValueError(f"{src}: {exc}") from None
+    out = weighted_rows(rows.reshape(-1, len(weights.columns)), weights)
+    with open(dst, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(weights.round_columns)
+        writer.writerows([[repr(float(v)) for v in row] for row in out])
+    return len(out)
+
+
 def _run(client: AnalyzerClient, args: argparse.Namespace) -> dict[str, Any] | list:
     """The command's answer (the analyzer's JSON)."""
     cmd = args.command
@@ -324,7 +385,8 @@ def _run(client: AnalyzerClient, args: argparse.Namespace) -> dict[str, Any] | l
                                calibration=args.calibration, debias=not args.no_debias)
     if cmd == "lad":
         return client.lad(args.study_id, label=args.label, alpha=args.alpha,
-                          noise_correction=args.noise_correction)
+                          noise_correction=args.noise_correction, tuning=args.tuning,
+                          weights=None if args.weights is None else read_weights(args.weights))
     if cmd == "pca":
         return client.pca(args.study_id, n_components=args.n_components, debias=not args.no_debias,
                           center=args.center)
@@ -338,6 +400,14 @@ def _run(client: AnalyzerClient, args: argparse.Namespace) -> dict[str, Any] | l
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     output = args.output or ("table" if sys.stdout.isatty() else "json")
+    if args.command == "weight-rows":  # local: the data owner's side, no analyzer
+        try:
+            count = weight_rows_file(args.weights, args.input, args.output)
+        except ValueError as exc:
+            print(f"dpsketch study: {exc}", file=sys.stderr)
+            return 2
+        print(f"dpsketch study: wrote {count} weighted rows to {args.output}", file=sys.stderr)
+        return 0
     try:
         verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
         with AnalyzerClient(args.analyzer, args.token, verify=verify) as client:

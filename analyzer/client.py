@@ -90,7 +90,8 @@ class AnalyzerClient:
         return self._call("POST", f"/v1/studies/{study_id}/analyses/logistic", json=body)
 
     def lad(self, study_id: str, **fields: Any) -> dict[str, Any]:
-        """Least absolute deviations on an l1 study (label?, alpha?, noise_correction?); fields left
+        """Robust regression on a gram or moments study (label?, weights?, tuning?: one round, docs/lad.md)
+        or least absolute deviations on an l1 study (label?, alpha?, noise_correction?); fields left
         None are omitted."""
         body = {k: v for k, v in fields.items() if v is not None}
         return self._call("POST", f"/v1/studies/{study_id}/analyses/lad", json=body)

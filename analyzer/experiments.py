@@ -162,13 +162,14 @@ def study_seed(*parts: Any) -> str:
 
 
 def design_study(columns: list[str], label: str | None, n: int, epsilon: float, kind: str,
-                 seed_parts: Sequence[Any], secret_sign: bool | None = None) -> Study:
-    """design()'s study for these columns and n (its defaults: a sketch study is signed)."""
+                 seed_parts: Sequence[Any], secret_sign: bool | None = None, k: int | None = None) -> Study:
+    """design()'s study for these columns and n (its defaults: a sketch study is signed; ``k``
+    None: its default k)."""
     try:
         study, _ = design(
             name="experiments", columns=columns, label=label, servers=SERVERS, expected_reports=n,
             epsilon=epsilon, delta=DELTA, row_bound=ROW_BOUND, kind=kind,
-            seed=study_seed(*seed_parts, kind), secret_sign=secret_sign,
+            seed=study_seed(*seed_parts, kind), secret_sign=secret_sign, k=k,
         )
     except ValueError as exc:
         raise Refused(f"n too small: {exc}") from exc

@@ -1,4 +1,5 @@
-"""Accuracy of least absolute deviations (LAD) through the l1 sketch, against its peers.
+"""Accuracy of the product's robust regression (Huber rounds) and of LAD through the l1 sketch, against
+their peers (docs/lad.md).
 
 Research harness (like :mod:`analyzer.logistic_evaluation`): numpy-seeded simulations of each
 mechanism on the same rows, at the same (epsilon, delta), row bound B and neighbouring notion.
@@ -14,41 +15,40 @@ Data (synthetic, ``synthetic``): d = 6 features, x = [1, z] with z ~ N(0, Sigma)
 Rows. A study row [x, y] must have norm at most B = 1. One public factor f (the 0.99 quantile of
 the training rows' feature norms mapped to R_X = 1/sqrt(2), as the other harnesses do) scales
 features and labels alike, so beta_true is unchanged in the scaled units; the scaled feature
-vectors are clipped to R_X and the scaled labels to [-C_Y, C_Y], C_Y = 1/sqrt(2) (a winsorised
-label: the conditional median, hence LAD's target, survives a monotone clip where the median stays
-inside the clip; the conditional mean, least squares' target, does not). So no client clips its
-row again. All fits and metrics use these preprocessed rows.
+vectors are clipped to R_X (the constant f kept, the other features shrunk) and the scaled labels
+to [-C_Y, C_Y], C_Y = 1/sqrt(2) (a winsorised label: the conditional median, hence LAD's target,
+survives a monotone clip where the median stays inside the clip; the conditional mean, least
+squares' target, does not). So no client clips its row again. All fits and metrics use these
+preprocessed rows; the rounds' rows are the same rows with the constant f as their ``_1`` column
+(units: the rows divided by f, i.e. the raw data, so their coefficients compare with beta_true).
 
-Mechanisms (one record each per (n, noise model, epsilon, seed)):
+Every private mechanism is the product's default study of its kind: ``design()`` with the
+default floor (epsilon_floor = max(4, epsilon), each server's noise) and min_reports = 0.9 n (the
+calibration's lambda_star), two servers. Mechanisms (one record each per (n, noise model,
+epsilon, seed)):
 
 * ``nonprivate_lad``: :func:`analyzer.lad.lad_full` on the rows (the exact LP, HiGHS; the tests
   check it against statsmodels' QuantReg at q = 0.5);
 * ``nonprivate_ls``: ordinary least squares on the rows (what LAD is compared against);
-* ``ltm_l1``: the LTM l1 sketch release, simulated exactly: random 16-byte report ids, the real
-  protocol map (:func:`dpsketch.protocol.l1sketch.hash_report_ids`, ``apply``) applied to
-  A + G in chunks of ``CHUNK`` rows (n = 10^6 runs in bounded memory), G ~ N(0, sigma^2) per value
-  with sigma = sigma_local / sqrt(lambda_star), sigma_local =
-  ``privacy.local_sigma(epsilon, delta, B, "replace-one")`` and lambda_star the study design's
-  (:func:`l1sketch.design`: 0.8 / the typical leverage), checked against the certificate (the
-  largest leverage S_i^T (S S^T)^+ S_i over the set, :func:`l1sketch.leverages`, t = 0) as the
-  servers would. No server noise (the l1 study's
-  floor is not designed yet; the ridge baseline below has none either). Fit:
-  :class:`analyzer.lad.LADRegression` with the spec's weights, the study's sigma and the exact
-  bucket counts (diag S S^T; public given the inclusion set), the default (no noise correction);
-  ``ltm_l1_cal`` records the same fit with ``noise_correction="calibrate"``, to measure it;
+* ``ltm_rounds``: **the product's LAD** (:mod:`analyzer.lad_rounds`): ``DEFAULT_ROUNDS`` moments
+  studies of the same clients, each at its share of (epsilon, delta) and of the floor
+  (:func:`lad_rounds.round_budget`: they compose to the target), round 1 the rows, each later round
+  the rows weighted by the previous round's published fit (:func:`lad_rounds.weighted_rows`),
+  every release simulated in law (:func:`analyzer.baselines.simulate_ltm`) and fitted by
+  :class:`lad_rounds.RobustRegression`; the record is the last round's fit (the earlier rounds'
+  errors are in ``round_errors``);
+* ``ltm_gram_ls``: the product's least squares on a gram study at the same (epsilon, delta)
+  (:class:`analyzer.estimators.LeastSquares` on :func:`baselines.simulate_ltm`'s release): what
+  LAD has to beat;
+* ``ltm_l1``: the l1 study (``design(kind="l1")``: its sketch shape, lambda_star, client and server
+  noise), simulated exactly: random 16-byte report ids, the real protocol map
+  (:func:`dpsketch.protocol.l1sketch.hash_report_ids`, ``apply``) applied to A + G in chunks of
+  ``CHUNK`` rows, G ~ N(0, sigma^2) per value, plus the servers' noise per cell; checked against
+  the certificate (the largest leverage over the set, :func:`l1sketch.leverages`) as the servers
+  would; fitted by :meth:`analyzer.lad.LADRegression.fit_release` (no noise correction);
+  ``ltm_l1_cal`` records the same fit with ``noise_correction="calibrate"``;
 * ``local``: each client adds N(0, sigma_local^2) to its row and publishes it; the same
-  LADRegression (k = n rows of weight 1, no noise correction);
-* ``ltm_gram_ridge``: our own ridge on the same rows: the LTM **gram** study (central-model
-  accuracy) at the same (epsilon, delta), B, replace-one, no servers' floor, simulated with
-  :func:`analyzer.baselines.simulate_ltm` and fitted with :class:`analyzer.estimators.RidgeRegression`
-  (default alpha).
-
-The sketch's shape (``SPEC``, :func:`choose_spec`): s = 2 level-0 blocks of 32 buckets, branching
-2, levels 1 and 2 with 8 buckets each (k = 80 rows, weights 1/2, 1/p_1 = 4, 1/p_2 = 8). The deep
-buckets then hold about as many reports as the level-0 ones (n/32, n/32, n/64), so the largest
-leverage is not set by a sparse deep bucket: with 32 buckets per level and 3 levels
-lambda_star fell from about 1,000 to 150 at n = 10^5 (every client's noise x 2.6) and the
-coefficient error rose (measured over a grid of shapes at n = 10^5, docs/lad.md).
+  LADRegression (k = n rows of weight 1, no noise correction).
 
 Metrics: coefficient error ||beta - beta_true||_2 (intercept included), and the l1 objective
 ratio sum_i |y_i - x_i beta| / sum_i |y_i - x_i beta_LAD| on the rows (1 = the non-private LAD).
@@ -75,8 +75,10 @@ from dpsketch.protocol import l1sketch, privacy
 from dpsketch.protocol.study import design
 
 from . import baselines
-from .estimators import RidgeRegression
+from .estimators import LeastSquares
 from .lad import LADRegression, l1_objective, lad_full
+from .lad_rounds import DEFAULT_ROUNDS, DEFAULT_TUNING, RobustRegression, RoundWeights, round_budget, weighted_rows
+from .release import L1Release
 
 DELTA = 1e-6
 ROW_BOUND = 1.0
@@ -93,14 +95,15 @@ EPSILONS = (0.5, 1.0, 4.0)
 QUICK_NS = (10_000, 100_000)
 QUICK_EPSILONS = (1.0,)
 CHUNK = 200_000
-SPEC = dict(s=2, level0_buckets=32, levels=2, buckets=8, branching=2)
-MECHANISMS = ("nonprivate_lad", "nonprivate_ls", "ltm_l1", "ltm_l1_cal", "local", "ltm_gram_ridge")
+MECHANISMS = ("nonprivate_lad", "nonprivate_ls", "ltm_rounds", "ltm_gram_ls", "ltm_l1", "ltm_l1_cal", "local")
 LABELS = {"nonprivate_lad": "non-private LAD", "nonprivate_ls": "non-private least squares",
+          "ltm_rounds": "LTM LAD (Huber rounds)", "ltm_gram_ls": "LTM gram least squares",
           "ltm_l1": "LTM l1 sketch LAD", "ltm_l1_cal": "LTM l1 sketch LAD, calibrated",
-          "local": "local model LAD", "ltm_gram_ridge": "LTM gram ridge"}
+          "local": "local model LAD"}
 STYLE = {"nonprivate_lad": ("k", "--", "o"), "nonprivate_ls": ("grey", ":", "x"),
+         "ltm_rounds": ("tab:green", "-", "D"), "ltm_gram_ls": ("tab:blue", "-", "s"),
          "ltm_l1": ("tab:orange", "-", "^"), "ltm_l1_cal": ("tab:brown", "-.", "<"),
-         "local": ("tab:red", ":", "v"), "ltm_gram_ridge": ("tab:blue", "-", "s")}
+         "local": ("tab:red", ":", "v")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,29 +131,37 @@ def synthetic(n: int, noise: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def preprocess(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Study rows' features and labels: one factor f for both, features clipped to R_X, labels
-    to [-C_Y, C_Y] (so every row [x, y] has norm <= B = 1)."""
+def preprocess(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Study rows' features and labels and the factor f: one factor for both, features clipped to
+    R_X with the constant column kept at f (the others shrunk), labels to [-C_Y, C_Y] (so every row
+    [x, y] has norm <= B = 1)."""
     f = R_X / float(np.quantile(np.linalg.norm(x, axis=1), CLIP_QUANTILE))
-    return baselines.clip_rows(x * f, R_X), np.clip(y * f, -C_Y, C_Y)
+    xs = x * f
+    xs[:, 1:] = baselines.clip_rows(xs[:, 1:], math.sqrt(R_X ** 2 - f ** 2))
+    return xs, np.clip(y * f, -C_Y, C_Y), f
+
+
+COLUMNS = [f"x{i}" for i in range(D)] + ["y"]
+
+
+def _design(n: int, eps: float, kind: str, seed: int, columns: Sequence[str] = COLUMNS, **kw):
+    study, _ = design(name="lad-evaluation", columns=list(columns), label="y", servers=["s1", "s2"],
+                      expected_reports=n, epsilon=eps, delta=DELTA, row_bound=ROW_BOUND,
+                      neighbouring=NEIGHBOURING, kind=kind, seed=f"{n:08x}{seed:08x}".ljust(64, "0"), **kw)
+    return study
 
 
 # ---------------------------------------------------------------------------------------------
 # the l1 sketch release
 
 
-def choose_spec(n: int) -> tuple[l1sketch.L1Spec, float]:
-    """The sketch shape and lambda_star an l1 study of n reports gets (``l1sketch.design``, the
-    product's own choice: for these 7 columns the shape ``SPEC`` from 16,384 reports on; one level
-    fewer below)."""
-    return l1sketch.design(n, len(BETA_TRUE) + 1)
-
-
 class SketchSet:
-    """One inclusion set's public map: report ids, rows/signs, bucket counts, max leverage."""
+    """One inclusion set's public map under an l1 study: report ids, rows/signs, bucket counts,
+    max leverage (checked against the study's lambda_star, as every server does)."""
 
-    def __init__(self, n: int, rng: np.random.Generator):
-        self.spec, self.lambda_star = choose_spec(n)
+    def __init__(self, study, n: int, rng: np.random.Generator):
+        self.study = study
+        self.spec, self.lambda_star = study.l1_spec, study.lambda_star
         self.seed = rng.bytes(32)
         ids = baselines.random_report_ids(n, rng)
         self.rows, self.signs = l1sketch.hash_report_ids(self.seed, ids, self.spec)
@@ -161,15 +172,41 @@ class SketchSet:
             raise RuntimeError(f"the designed lambda_star {self.lambda_star:.1f} fails the certificate "
                                f"(max leverage {self.max_leverage:.3g}) for this set")
 
-    def release(self, a: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
-        """Y = S (A + G), G ~ N(0, sigma^2) per value, in chunks of CHUNK reports."""
+    def release(self, study, a: np.ndarray, rng: np.random.Generator) -> L1Release:
+        """Y = S (A + G) + E: G ~ N(0, sigma^2) per value in chunks of CHUNK reports, E the N
+        servers' noise per cell."""
         k = self.spec.k
         y = np.zeros((k, a.shape[1]))
         for start in range(0, len(a), CHUNK):
             sl = slice(start, start + CHUNK)
-            noisy = a[sl] + rng.normal(0.0, sigma, size=a[sl].shape)
+            noisy = a[sl] + rng.normal(0.0, study.sigma, size=a[sl].shape) if study.sigma > 0 else a[sl]
             y += l1sketch.apply(self.rows[sl], self.signs[sl], noisy, k)
-        return y
+        rel = L1Release(study=study, sketch=y, n_reports=len(a))
+        if rel.server_noise_variance > 0:
+            rel = L1Release(study=study, sketch=y + rng.normal(0.0, math.sqrt(rel.server_noise_variance), y.shape),
+                            n_reports=len(a))
+        return rel
+
+
+# ---------------------------------------------------------------------------------------------
+# the product's LAD: Huber rounds of moments studies
+
+
+def rounds_fit(a: np.ndarray, f: float, n: int, eps: float, seed: int, rng: np.random.Generator,
+               rounds: int = DEFAULT_ROUNDS, tuning: float = DEFAULT_TUNING) -> tuple[np.ndarray, dict[str, Any]]:
+    """The last round's [intercept, coef] and details (per-round errors, budgets)."""
+    budget = round_budget(eps, DELTA, rounds)
+    cols = COLUMNS[1:]  # x1..x5, y: the constant x0 = f is the rounds' _1 column
+    weights = RoundWeights.unweighted("y", cols, None, f)
+    errors, beta = [], None
+    for r, (eps_r, floor_r) in enumerate(budget):
+        rows = weighted_rows(a[:, 1:], weights)
+        study = _design(n, eps_r, "moments", seed * 16 + r, weights.round_columns, epsilon_floor=floor_r)
+        model = RobustRegression("y", weighted_by=weights, tuning=tuning).fit(baselines.simulate_ltm(study, rows, rng))
+        beta = np.append(model.intercept_, model.coef_)
+        errors.append(float(np.linalg.norm(beta - BETA_TRUE)))
+        weights = model.next_weights_
+    return beta, {"round_errors": errors, "round_epsilons": [b[0] for b in budget], "rounds": rounds}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +216,7 @@ class SketchSet:
 def run_case(n: int, noise: str, epsilons: Sequence[float], seed: int,
              mechanisms: Sequence[str] = MECHANISMS) -> list[dict[str, Any]]:
     """Every mechanism on one data set, for each epsilon; one record per (epsilon, mechanism)."""
-    x, y = preprocess(*synthetic(n, noise, seed))
+    x, y, f = preprocess(*synthetic(n, noise, seed))
     a = np.hstack([x, y[:, None]])
     out: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -200,38 +237,36 @@ def run_case(n: int, noise: str, epsilons: Sequence[float], seed: int,
         if "nonprivate_ls" in mechanisms:
             record("nonprivate_ls", eps, beta_ls, 0.0)
     rng = np.random.default_rng([n, seed, NOISE_MODELS.index(noise), 5])
-    sset = SketchSet(n, rng) if {"ltm_l1", "ltm_l1_cal"} & set(mechanisms) else None
     for eps in epsilons:
-        sigma_local = privacy.local_sigma(eps, DELTA, ROW_BOUND, NEIGHBOURING)
         erng = np.random.default_rng([n, seed, NOISE_MODELS.index(noise), int(round(eps * 1000))])
-        if sset is not None:
+        if {"ltm_l1", "ltm_l1_cal"} & set(mechanisms):
             t = time.perf_counter()
-            sigma = sigma_local / math.sqrt(sset.lambda_star)
-            rel = sset.release(a, sigma, erng)
-            model = LADRegression(label=-1, noise_correction="calibrate").fit(
-                rel, sset.spec.weights(), sigma=sigma, counts=sset.counts)
+            study = _design(n, eps, "l1", seed)
+            sset = SketchSet(study, n, rng)
+            model = LADRegression(label="y", noise_correction="calibrate").fit_release(sset.release(study, a, erng))
             sec = time.perf_counter() - t
-            info = {"k": sset.spec.k, "levels": sset.spec.levels, "lambda_star": sset.lambda_star,
-                    "sigma": sigma}
+            info = {"k": study.k, "levels": sset.spec.levels, "lambda_star": study.lambda_star,
+                    "sigma": study.sigma, "server_sigma": study.server_sigma}
             if "ltm_l1" in mechanisms:  # the default fit (no correction) is the uncorrected solution
                 record("ltm_l1", eps, model.coef_uncorrected_, sec, **info)
             if "ltm_l1_cal" in mechanisms:
                 record("ltm_l1_cal", eps, model.coef_, sec, n_floored=model.n_floored_, **info)
+        if "ltm_rounds" in mechanisms:
+            t = time.perf_counter()
+            beta, info = rounds_fit(a, f, n, eps, seed, erng)
+            record("ltm_rounds", eps, beta, time.perf_counter() - t, **info)
+        if "ltm_gram_ls" in mechanisms:
+            t = time.perf_counter()
+            study = _design(n, eps, "gram", seed)
+            ls = LeastSquares("y").fit(baselines.simulate_ltm(study, a, erng))
+            record("ltm_gram_ls", eps, ls.coef_, time.perf_counter() - t, sigma=study.sigma,
+                   server_sigma=study.server_sigma)
         if "local" in mechanisms:
             t = time.perf_counter()
+            sigma_local = privacy.local_sigma(eps, DELTA, ROW_BOUND, NEIGHBOURING)
             noisy = a + erng.normal(0.0, sigma_local, size=a.shape)
             model = LADRegression(label=-1).fit(noisy)
             record("local", eps, model.coef_, time.perf_counter() - t, sigma=sigma_local)
-        if "ltm_gram_ridge" in mechanisms:
-            t = time.perf_counter()
-            cols = [f"x{i}" for i in range(D)] + ["y"]
-            study, _ = design(name="lad-evaluation", columns=cols, label="y", servers=["s1", "s2"],
-                              expected_reports=n, epsilon=eps, delta=DELTA, row_bound=ROW_BOUND,
-                              neighbouring=NEIGHBOURING, kind="gram", epsilon_floor=None,
-                              seed=f"{n:08x}{seed:08x}".ljust(64, "0"))
-            release = baselines.simulate_ltm(study, a, erng)
-            ridge = RidgeRegression("y").fit(release)
-            record("ltm_gram_ridge", eps, ridge.coef_, time.perf_counter() - t, alpha=ridge.alpha_)
     return out
 
 
@@ -240,6 +275,10 @@ def run_case(n: int, noise: str, epsilons: Sequence[float], seed: int,
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """(noise, n, epsilon, mechanism) -> runs, and per metric its mean, sample sd, median and 90th
+    percentile (``accuracy_runs.stats``)."""
+    from .accuracy_runs import stats
+
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["noise"], r["n"], r["epsilon"], r["mechanism"]), []).append(r)
@@ -248,9 +287,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
         s: dict[str, Any] = {"runs": len(rs)}
         for m in ("coef_error", "objective_ratio"):
             v = np.array([r[m] for r in rs], dtype=float)
-            v = v[np.isfinite(v)]
-            s[m] = float(v.mean()) if len(v) else float("nan")
-            s[m + "_std"] = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+            st = stats(v[np.isfinite(v)])
+            s[m], s[m + "_std"], s[m + "_median"], s[m + "_p90"] = st["mean"], st["sd"], st["median"], st["p90"]
         for extra in ("k", "lambda_star", "sigma"):
             if extra in rs[0]:
                 s[extra] = float(np.mean([r[extra] for r in rs]))
@@ -259,25 +297,30 @@ def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 
 
 def _cell(s: dict | None, metric: str) -> str:
+    """mean ± sd (median), p90 over the runs."""
     if s is None or not np.isfinite(s[metric]):
         return "-"
     fmt = (lambda v: f"{v:.4f}") if metric == "objective_ratio" else (lambda v: f"{v:.3f}")
-    return f"{fmt(s[metric])} ± {fmt(s[metric + '_std'])}" if s["runs"] > 1 else fmt(s[metric])
+    if s["runs"] < 2:
+        return fmt(s[metric])
+    return (f"{fmt(s[metric])} ± {fmt(s[metric + '_std'])} ({fmt(s[metric + '_median'])}), "
+            f"p90 {fmt(s[metric + '_p90'])}")
 
 
 def table(summary: dict, noise: str, metric: str, epsilons: Sequence[float],
           first: tuple[int, float] | None = None) -> str:
     ns = sorted({k[1] for k in summary if k[0] == noise})
-    lines = ["| n | epsilon | k | " + " | ".join(LABELS[m] for m in MECHANISMS) + " |",
-             "|---|---|---|" + "---|" * len(MECHANISMS)]
-    cases = [(n, e) for n in ns for e in epsilons if any((noise, n, e, m) in summary for m in MECHANISMS)]
+    mechs = [m for m in MECHANISMS if any(k[0] == noise and k[3] == m for k in summary)]
+    lines = ["| n | epsilon | k | " + " | ".join(LABELS[m] for m in mechs) + " |",
+             "|---|---|---|" + "---|" * len(mechs)]
+    cases = [(n, e) for n in ns for e in epsilons if any((noise, n, e, m) in summary for m in mechs)]
     if first in cases:
         cases.remove(first)
         cases.insert(0, first)
     for n, eps in cases:
         k = summary.get((noise, n, eps, "ltm_l1"), {}).get("k")
         lines.append(f"| {n:,} | {eps:g} | {int(k) if k else '-'} | " +
-                     " | ".join(_cell(summary.get((noise, n, eps, m)), metric) for m in MECHANISMS) + " |")
+                     " | ".join(_cell(summary.get((noise, n, eps, m)), metric) for m in mechs) + " |")
     return "\n".join(lines)
 
 
@@ -288,7 +331,7 @@ def plot(summary: dict, epsilons: Sequence[float], path: str) -> None:
     import matplotlib.pyplot as plt
 
     noises = [m for m in NOISE_MODELS if any(k[0] == m for k in summary)]
-    shown = ("nonprivate_lad", "nonprivate_ls", "ltm_l1", "local", "ltm_gram_ridge")
+    shown = ("nonprivate_lad", "nonprivate_ls", "ltm_rounds", "ltm_gram_ls", "ltm_l1", "local")
     fig, axes = plt.subplots(len(noises), len(epsilons), figsize=(5.0 * len(epsilons), 4.3 * len(noises)),
                              squeeze=False, sharey="row")
     for i, noise in enumerate(noises):
@@ -315,7 +358,7 @@ def plot(summary: dict, epsilons: Sequence[float], path: str) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=10, frameon=False)
     fig.suptitle(f"Least absolute deviations, synthetic data, d = {D}: coefficient error "
-                 "(mean ± std over runs; delta = 1e-6, replace-one)", fontsize=12)
+                 "(mean ± sd over runs; delta = 1e-6, replace-one)", fontsize=12)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -325,7 +368,8 @@ def results_markdown(summary: dict, epsilons: Sequence[float], seconds: float, a
     lines = ["# Least absolute deviations: measured results", "",
              f"Generated by `dpsketch experiments --lad {' '.join(argv)}`".rstrip() +
              f" in {seconds:.0f} s on {platform.machine()} ({os.cpu_count()} cores); "
-             "`analyzer/lad_evaluation.py` says exactly what runs. Mean ± std over runs; "
+             "`analyzer/lad_evaluation.py` says exactly what runs. Mean ± sample sd (median), p90 = the 90th "
+             "percentile over runs; "
              f"d = {D} (intercept included), delta = 1e-6, replace-one, B = 1.", ""]
     first = (100_000, 1.0)
     for noise, title in (("student_t", "Student-t (2 degrees of freedom) label noise"),
@@ -357,14 +401,17 @@ def results_markdown(summary: dict, epsilons: Sequence[float], seconds: float, a
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsketch experiments --lad",
-                                description="Least absolute deviations through the l1 sketch against the "
-                                "non-private LAD, the local model and the LTM gram kind's ridge.")
+                                description="Robust regression (Huber rounds of moments studies) and LAD through "
+                                "the l1 sketch against the non-private LAD, the local model and least squares on a "
+                                "gram study.")
     p.add_argument("--out", default="docs/experiments")
     p.add_argument("--n", type=float, nargs="+", default=None, help="reports (default: 1e4 1e5 1e6)")
     p.add_argument("--epsilons", type=float, nargs="+", default=None, help="default: 0.5 1 4")
-    p.add_argument("--seeds", type=int, default=None, help="runs per n (default 3; 2 at n >= 10^6; --quick 1)")
+    p.add_argument("--seeds", type=int, default=None, help="runs per n (default 20; 2 at n >= 10^6; --quick 1)")
     p.add_argument("--quick", action="store_true", help="bounded (< 30 s): n 1e4 1e5, epsilon 1, one run")
     p.add_argument("--from-json", metavar="FILE", help="re-draw the plot and tables from a previous run's JSON")
+    p.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS),
+                   help="which mechanisms to run (default: all)")
     return p
 
 
@@ -373,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else NS))]
     epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else EPSILONS))]
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 20)
     os.makedirs(args.out, exist_ok=True)
     if args.from_json:
         with open(args.from_json) as fh:
@@ -384,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in ns:
         for noise in NOISE_MODELS:
             for seed in range(min(seeds, 2) if n >= 1_000_000 and args.seeds is None else seeds):
-                rs = run_case(n, noise, epsilons, seed)
+                rs = run_case(n, noise, epsilons, seed, args.mechanisms)
                 records.extend(rs)
                 print(f"[{time.perf_counter() - t0:6.0f}s] n={n} {noise} seed={seed}: " +
                       ", ".join(f"{r['mechanism']}@{r['epsilon']:g} {r['coef_error']:.3f}" for r in rs),

@@ -1,10 +1,9 @@
 """Vertically partitioned data (issue 12, paper 004): the LTM against DGM-OLS, RMGM-OLS and central.
 
-A research-harness measurement only: the study protocol for parties (keyed pseudonymous report
-ids, per-party uploads and tokens, completeness at finalization) is *not* built. This module
-measures the accuracy that design would have (``docs/vertical.md``)::
+A research-harness measurement of the release a study with parties makes (the protocol is built:
+docs/vertical.md, docs/protocol.md sections 2d, 6a, 7), drawn in law::
 
-    .venv/bin/python -m analyzer.vertical_evaluation            # ~3 min on 2 cores
+    .venv/bin/python -m analyzer.vertical_evaluation            # 20 runs per cell
     .venv/bin/python -m analyzer.vertical_evaluation --quick --out /tmp/v   # ~6 s
     .venv/bin/dpsketch experiments --vertical                   # the same, through the harness
 
@@ -28,8 +27,18 @@ the rest clipped, as ``analyzer.experiments`` uses them):
 
 * ``nonpriv_block``: the non-private ridge fit on the block-clipped rows (the clipping's own cost;
   the joint optimum is 1 by definition);
-* ``ltm_party``: LTM sketch with per-party clipping (our product for parties);
-* ``ltm_joint``: LTM sketch with joint clipping (the single-owner sketch kind, reference);
+* ``ltm_party``: LTM sketch with per-party clipping (our product for parties: unsigned, since a
+  study with parties cannot take the secret sign);
+* ``ltm_joint``: LTM sketch with joint clipping and the same unsigned study (the clipping's cost,
+  paired with ``ltm_party``);
+* ``ltm_owner``: the default one-owner study of the joined columns (``design()``'s defaults: the
+  secret sign and its k) on the jointly clipped rows: what parties are measured against;
+* ``ltm_party_sign``: the design docs/vertical.md proposes and does not build: parties sign every
+  individual's blocks with one secret sign derived from the party key, so the joined row is a
+  signed single owner's report; its release has the law of the default signed study (same
+  calibration and k) on the block-clipped rows, simulated that way;
+* ``ltm_party_sign_floor``: the same with the servers' noise of the unsigned study at that k (a
+  floor that does not rest on the party key staying secret);
 * ``local``: the local model (each party publishes its noisy clipped block);
 * ``central``: SSP on the joined rows (:func:`baselines.simulate_central` + RidgeRegression),
   and ``adassp`` (AdaSSP) -- a trusted curator holding all columns;
@@ -70,6 +79,9 @@ MECHANISMS = [
     ("nonpriv_block", "non-private, per-party clip"),
     ("ltm_party", "LTM sketch, per-party clip"),
     ("ltm_joint", "LTM sketch, joint clip"),
+    ("ltm_owner", "LTM sketch, one owner (default, signed)"),
+    ("ltm_party_sign", "LTM sketch, per-party clip, party-key sign (proposed)"),
+    ("ltm_party_sign_floor", "LTM sketch, per-party clip, party-key sign, unsigned floor (proposed)"),
     ("local", "local"),
     ("central", "central (SSP)"),
     ("adassp", "AdaSSP"),
@@ -81,6 +93,9 @@ STYLE = {
     "nonpriv_block": ("gray", ".", ":"),
     "ltm_party": ("tab:blue", "o", "-"),
     "ltm_joint": ("tab:cyan", "s", "--"),
+    "ltm_owner": ("navy", "*", "-"),
+    "ltm_party_sign": ("tab:olive", "P", "-."),
+    "ltm_party_sign_floor": ("tab:brown", "X", "-."),
 }
 
 
@@ -158,7 +173,14 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
     rng = _rng("shared", n, epsilon, seed)
     # common random numbers: the per-party and joint LTM releases draw the same report ids, client
     # noise and server noise, so their difference is the clipping's alone
+    signed = experiments.design_study(cols, label, n, epsilon, "sketch", ("vertical-signed", n, epsilon, seed))
+    # the party-key sign with a floor that does not rest on the key: the signed study's client noise,
+    # the servers' noise of the unsigned study at the same k (a leaked key leaves the floor standing)
+    unsigned_k = experiments.design_study(cols, label, n, epsilon, "sketch", ("vertical-signed", n, epsilon, seed),
+                                          secret_sign=False, k=signed.k)
+    signed_floor = signed.model_copy(update={"server_sigma": unsigned_k.server_sigma})
     shared_rel = {"ltm_joint": baselines.simulate_ltm(study, rows, _rng("ltm", n, epsilon, seed)),
+                  "ltm_owner": baselines.simulate_ltm(signed, rows, _rng("ltm-signed", n, epsilon, seed)),
                   "central": baselines.simulate_central(study, rows, rng)}
     shared = evaluation._fit_ratios(shared_rel, rows, cols, label=label, rank=None, alpha=alpha,
                                     debias=True)["ridge"]
@@ -170,6 +192,9 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
         prng = _rng("party", p, n, epsilon, seed)
         clipped = clip_blocks(rows, p, B)
         rel = {"ltm_party": baselines.simulate_ltm(study, clipped, _rng("ltm", n, epsilon, seed)),
+               "ltm_party_sign": baselines.simulate_ltm(signed, clipped, _rng("ltm-signed", n, epsilon, seed)),
+               "ltm_party_sign_floor": baselines.simulate_ltm(signed_floor, clipped,
+                                                              _rng("ltm-signed", n, epsilon, seed)),
                "local": baselines.simulate_local(study, clipped, prng)}
         ratios = evaluation._fit_ratios(rel, rows, cols, label=label, rank=None, alpha=alpha,
                                         debias=True)["ridge"]
@@ -185,6 +210,7 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
             "clipped_rows": int(np.sum(np.any(np.abs(clipped - rows) > 1e-12, axis=1))),
             "ratios": {k: float(ratios[k]) for k, _ in MECHANISMS},
             "info": {"k": study.k, "s": study.s, "sigma": study.sigma, "server_sigma": study.server_sigma,
+                     "signed_k": signed.k, "signed_sigma": signed.sigma, "signed_server_sigma": signed.server_sigma,
                      "rmgm_k": baselines.rmgm_k(n, epsilon, experiments.DELTA, D_TOTAL - 1)},
             "seconds": round(time.perf_counter() - t1 + (t1 - t0) / len(parties), 2),
         })
@@ -195,24 +221,34 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
 # summary, table, plot
 
 
-def summarize(records: list[dict]) -> dict[tuple, dict[str, tuple[float, float, int, float]]]:
-    """(parties, epsilon, n) -> mechanism -> (mean, std, runs, median)."""
+def summarize(records: list[dict]) -> dict[tuple, dict[str, tuple[float, float, int, float, float]]]:
+    """(parties, epsilon, n) -> mechanism -> (mean, sample sd, runs, median, 90th percentile)."""
     acc: dict[tuple, dict[str, list[float]]] = {}
     for r in records:
         cell = acc.setdefault((r["parties"], r["epsilon"], r["n"]), {})
         for m, v in r["ratios"].items():
             cell.setdefault(m, []).append(v)
-    return {k: {m: (float(np.mean(v)), float(np.std(v)), len(v), float(np.median(v))) for m, v in cell.items()}
+    return {k: {m: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v),
+                    float(np.median(v)), float(np.percentile(v, 90))) for m, v in cell.items()}
             for k, cell in acc.items()}
 
 
-def _fmt(mean: float, std: float, count: int, median: float | None = None) -> str:
+def _num(v: float) -> str:
+    digits = 3 if v < 10 else 4
+    return f"{v:.{max(4, digits + int(-math.log10(max(v - 1, 1e-9))) if v < 1.1 else digits)}g}"
+
+
+def _fmt(mean: float, std: float, count: int, median: float | None = None, p90: float | None = None) -> str:
+    """mean ± sd (median), p90."""
     if not math.isfinite(mean):
         return "inf"
-    digits = 3 if mean < 10 else 4
-    s = f"{mean:.{max(4, digits + int(-math.log10(max(mean - 1, 1e-9))) if mean < 1.1 else digits)}g}"
+    s = _num(mean)
     if count > 1 and std > 5e-4 * mean:
         s += f" ± {std:.2g}"
+    if median is not None and count > 1:
+        s += f" ({_num(median)})"
+    if p90 is not None and count > 1:
+        s += f", p90 {_num(p90)}"
     return s
 
 
@@ -267,7 +303,7 @@ def plot(summary: dict, path: str) -> None:
                 ns = np.array([q[0] for q in pts], dtype=float)
                 y = np.clip(np.array([q[1] for q in pts]) - 1.0, PLOT_FLOOR, PLOT_CEIL)
                 colour, marker, ls = STYLE[m]
-                main = m in ("ltm_party", "ltm_joint", "central", "dgm_ols", "rmgm_ols")
+                main = m in ("ltm_party", "ltm_joint", "ltm_owner", "ltm_party_sign", "central", "dgm_ols", "rmgm_ols")
                 h, = ax.plot(ns, y, color=colour, marker=marker, linestyle=ls,
                              linewidth=2.0 if m == "ltm_party" else (1.5 if main else 1.0),
                              markersize=7 if m == "ltm_party" else 5, alpha=1.0 if main else 0.75, label=lab)
@@ -304,8 +340,8 @@ def markdown(summary: dict, records: list[dict], argv: list[str], seconds: float
         "`analyzer/vertical_evaluation.py` for exactly what runs.",
         "",
         "Ridge ratio F(theta)/F(theta*) (F = ||X theta - y||^2 + alpha ||theta||^2, alpha = 1e-3 n B^2, "
-        "`evaluation.ridge_ratio` on the generator's jointly clipped rows for every mechanism), mean ± std "
-        "over runs. d = 10 columns incl. the label (the last party's), contiguous blocks, B_j^2 = B^2 d_j / d, "
+        "`evaluation.ridge_ratio` on the generator's jointly clipped rows for every mechanism), mean ± sample "
+        "sd (median), p90 = the 90th percentile over runs. d = 10 columns incl. the label (the last party's), contiguous blocks, B_j^2 = B^2 d_j / d, "
         "delta = 1e-6, replace-one, B = 1, servers s1, s2 with design()'s floor noise.",
         "",
         table(summary, ordered_keys(summary)),
@@ -313,12 +349,22 @@ def markdown(summary: dict, records: list[dict], argv: list[str], seconds: float
         "Runs per cell: " + ", ".join(sorted({f"{_n_label(k[2])}: {c['ltm_party'][2]}" for k, c in summary.items()}))
         + ".",
         "",
-        "| n | epsilon | sketch k | sigma | server_sigma | RMGM k |",
-        "|---|---|---|---|---|---|",
+        "Parties against the default one-owner study (ratio of the mean ridge ratios; paired runs, same data):",
+        "",
+        "| parties | epsilon | n | per-party clip (today) / one owner | party-key sign (proposed) / one owner |",
+        "|---|---|---|---|---|",
+        *[f"| {k[0]} | {k[1]:g} | {_n_label(k[2])} | {summary[k]['ltm_party'][0] / summary[k]['ltm_owner'][0]:.3g} | "
+          f"{summary[k]['ltm_party_sign'][0] / summary[k]['ltm_owner'][0]:.3g} |"
+          for k in ordered_keys(summary) if 'ltm_owner' in summary[k] and 'ltm_party_sign' in summary[k]],
+        "",
+        "| n | epsilon | sketch k (unsigned) | sigma | server_sigma | signed k | signed sigma | signed server_sigma "
+        "| RMGM k |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (n, eps), inf in sorted(info.items()):
         lines.append(f"| {_n_label(n)} | {eps:g} | {inf['k']} | {inf['sigma']:.4g} | {inf['server_sigma']:.4g} | "
-                     f"{inf['rmgm_k']} |")
+                     f"{inf.get('signed_k', '-')} | {inf.get('signed_sigma', float('nan')):.4g} | "
+                     f"{inf.get('signed_server_sigma', float('nan')):.4g} | {inf['rmgm_k']} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -334,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="docs/experiments", help="folder for vertical_results.md/.json, vertical.png")
     p.add_argument("--n", type=float, nargs="+", default=None, help="default 1e4 1e5 1e6 (--quick: 1e4 1e5)")
     p.add_argument("--epsilons", type=float, nargs="+", default=None, help="default 0.5 1 4 (--quick: 1)")
-    p.add_argument("--seeds", type=int, default=None, help="runs per point (default 4; --quick 1)")
+    p.add_argument("--seeds", type=int, default=None, help="runs per point (default 20; --quick 1)")
     p.add_argument("--seeds-1e6", type=int, default=None, help="runs at n >= 10^6 (default: --seeds)")
     p.add_argument("--parties", type=int, nargs="+", default=list(PARTIES))
     p.add_argument("--jobs", type=int, default=2)
@@ -354,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else DEFAULT_NS))]
         epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else DEFAULT_EPSILONS))]
-        seeds = args.seeds if args.seeds is not None else (1 if args.quick else 4)
+        seeds = args.seeds if args.seeds is not None else (1 if args.quick else 20)
         seeds_big = args.seeds_1e6 if args.seeds_1e6 is not None else seeds
         jobs = [(n, e, s) for n in sorted(ns, reverse=True) for e in epsilons
                 for s in range(seeds_big if n >= 1_000_000 else seeds)]

@@ -87,17 +87,20 @@ def test_bad_release_shapes_and_values():
         LADRegression(label=2).fit(np.random.default_rng(0).normal(size=(6, 3))).predict(np.ones((1, 3)))
 
 
-def test_harness_quick_case_is_finite_and_ltm_beats_local_at_1e5():
+def test_harness_quick_case_is_finite_and_the_rounds_beat_the_l1_sketch_and_local_at_1e5():
+    """With the default floor and min_reports the l1 study learns about as little as the local
+    model at 10^5 (docs/lad.md: both near the zero-slope predictor's 1.54); the Huber rounds learn."""
     recs = lad_evaluation.run_case(100_000, "student_t", [1.0], seed=0,
-                                   mechanisms=("nonprivate_lad", "ltm_l1", "local"))
+                                   mechanisms=("nonprivate_lad", "ltm_rounds", "ltm_l1", "local"))
     by = {r["mechanism"]: r for r in recs}
-    assert set(by) == {"nonprivate_lad", "ltm_l1", "local"}
+    assert set(by) == {"nonprivate_lad", "ltm_rounds", "ltm_l1", "local"}
     for r in recs:
         assert np.isfinite(r["coef_error"]) and np.isfinite(r["objective_ratio"])
         assert r["objective_ratio"] >= 1.0 - 1e-9
     assert by["nonprivate_lad"]["objective_ratio"] == pytest.approx(1.0)
     assert by["ltm_l1"]["lambda_star"] > 100  # the certificate quantity of the simulated set
-    assert by["ltm_l1"]["coef_error"] < by["local"]["coef_error"]
+    assert by["ltm_l1"]["coef_error"] > 1.0 and by["local"]["coef_error"] > 1.0
+    assert by["ltm_rounds"]["coef_error"] < 0.2
 
 
 def test_recommend_points_to_the_l1_kind():

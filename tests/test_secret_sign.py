@@ -294,7 +294,9 @@ def test_study_records_the_option_and_its_id_changes_only_when_on():
     again = Study.model_validate_json(signed.model_dump_json())
     assert again.secret_sign and again.study_id == signed.study_id
     assert signed.guarantees()["epsilon"] <= 1.0 + 1e-9 and signed.guarantees()["secret_sign"]
-    # less client and server noise for the same epsilon
+    # less client and server noise for the same epsilon, at the same k (default_k gives a signed
+    # study more rows, issue 45, and sigma grows with k through lambda_star)
+    plain = _design(secret_sign=False, k=signed.k)
     assert signed.sigma < 0.5 * plain.sigma and signed.server_sigma < plain.server_sigma
     print(f"sigma {plain.sigma:.4g} -> {signed.sigma:.4g}, server_sigma {plain.server_sigma:.4g} -> "
           f"{signed.server_sigma:.4g}")

@@ -159,3 +159,19 @@ def test_lambda_star_asks_for_097_of_bai_yin_with_enough_reports_per_row(monkeyp
     before = make(seed=st.seed)
     assert before.lambda_star == pytest.approx(0.9 * est) and before.k == st.k
     assert st.sigma < before.sigma and st.guarantees()["epsilon"] <= 1.0 + 1e-9
+
+
+def test_default_k_sizes_a_signed_study_with_the_signed_noise():
+    """Issue 45: a signed sketch study's k follows its own (about ten times smaller) noise
+    variance, k = n B / (370 sigma_signed): 100 at n = 10^5, d = 10, epsilon = 1 (measured best,
+    docs/accuracy.md), while an unsigned study keeps n B^2 / (70 sigma_local^2) = 20."""
+    from dpsketch.protocol.study import signed_variance_ratio
+
+    cols = [f"x{i}" for i in range(9)] + ["y"]
+    kw = dict(name="k", columns=cols, label="y", servers=["s1", "s2"], epsilon=1.0, delta=1e-6)
+    signed, _ = design(expected_reports=100_000, **kw)
+    unsigned, _ = design(expected_reports=100_000, secret_sign=False, **kw)
+    assert signed.secret_sign and (signed.k, unsigned.k) == (100, 20)
+    assert design(expected_reports=1_000_000, **kw)[0].k == 400  # 40 d, the cap
+    assert 0.05 < signed_variance_ratio(1.0, 1e-6) < 0.2
+    assert signed_variance_ratio(100.0, 1e-6) == 1.0  # beyond the sign's computed range: the plain Gaussian

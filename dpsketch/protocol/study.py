@@ -580,20 +580,54 @@ def _design_parties(parties, columns, row_bound: float) -> tuple[list[_parties.P
     return made, joined
 
 
-def default_k(expected_reports: int, d: int, sigma_local: float, row_bound: float, s: int = 4) -> int:
+#: default_k for a study whose clients sign their rows: k = n B / (SIGNED_K_CONSTANT sigma_signed),
+#: sigma_signed the signed local model's noise (docs/accuracy.md, "k for a signed study").
+SIGNED_K_CONSTANT = 370.0
+
+
+def default_k(expected_reports: int, d: int, sigma_local: float, row_bound: float, s: int = 4,
+              signed_variance_ratio: float | None = None) -> int:
     """Sketch rows that balance sketch distortion against noise (measured, docs/accuracy.md).
 
     The released Gram Y^T Y carries noise x data, whose size does not depend on k, and noise x
     noise, whose entries are about sigma^2 n / sqrt(k) ~ sigma_local^2 sqrt(k) / LAMBDA_SAFETY:
     it grows with k. The sketch's own distortion falls like d / k. Balancing the two gives k
     proportional to n B^2 / sigma_local^2; the constant 1/70 is the measured optimum of the
-    synthetic benchmark (k ~ 200 at n = 10^6 and ~ 20 at n = 10^5 for epsilon = 1,
-    delta = 1e-6, replace-one), clamped to [2 d, 40 d] (2 d keeps a usable subspace embedding,
-    40 d puts the distortion sqrt(d/k) near 0.16) and to n/100 (every bucket well filled).
+    synthetic benchmark for an unsigned study (k ~ 200 at n = 10^6 and ~ 20 at n = 10^5 for
+    epsilon = 1, delta = 1e-6, replace-one), clamped to [2 d, 40 d] (2 d keeps a usable subspace
+    embedding, 40 d puts the distortion sqrt(d/k) near 0.16) and to n/100 (every bucket well filled).
+
+    A signed study (``signed_variance_ratio``: its clients' noise variance over the unsigned
+    one's, :func:`signed_variance_ratio`) has about a tenth of the noise per released cell, so the
+    sketch's distortion, not the noise, dominates at the unsigned k (p / (k - p - 1) = 1.11 at
+    k = 20, p = 10). Its k is n B / (SIGNED_K_CONSTANT sigma_signed), sigma_signed =
+    sigma_local sqrt(ratio): with the noise x data term's factor k / (k - p - 1) the first-order
+    optimum moves like 1 / sigma rather than 1 / sigma^2, and the constant is the measured
+    optimum (issue 45: k ~ 100 at n = 10^5, epsilon = 1; 68 at epsilon = 0.5; 440 = 40 d at 10^6).
     """
-    k = expected_reports * row_bound**2 / (70.0 * sigma_local**2)
+    if signed_variance_ratio is None:
+        k = expected_reports * row_bound**2 / (70.0 * sigma_local**2)
+    else:
+        # B / sigma through squares, so a row bound that underflows fails as the unsigned rule does
+        k = expected_reports * math.sqrt(row_bound**2 / (sigma_local**2 * signed_variance_ratio)) / SIGNED_K_CONSTANT
     k = min(max(k, 2 * d), 40 * d, max(s, expected_reports // 100))
     return max(s, (int(k) // s) * s)
+
+
+def signed_variance_ratio(epsilon: float, delta: float) -> float:
+    """The noise variance a secret-sign study needs over the unsigned study's, replace-one (B = 1):
+    min(B^2 / r^2, (2 B / mu_star)^2) / (2 B / mu_star)^2, the plain Gaussian's beyond the
+    mixture's computed range, as ``accounting.calibrate`` chooses (docs/secret_sign.md section 2,
+    Lemma 0). Used to size k only (:func:`default_k`): privacy is the calibration's business."""
+    from . import secret_sign as _sign
+
+    if epsilon > _sign.MAX_EPSILON:
+        return 1.0
+    radius = _sign.replace_radius(float(epsilon), float(delta))
+    if radius >= _sign.MAX_RADIUS:
+        return 1.0
+    plain = (2.0 * privacy.unit_sigma(epsilon, delta)) ** 2
+    return min(1.0 / radius ** 2, plain) / plain
 
 
 def _validated(**fields) -> Study:
@@ -713,7 +747,9 @@ def design(
             raise ValueError("an l1 study's k follows from its levels (l1sketch.design): leave k out")
         s = min(s, 2)
     elif k is None:  # the constant coordinate of a study with bounds is one more column to keep
-        k = default_k(expected_reports, d + (1 if bounds is not None else 0), sigma_local, row_bound, s)
+        signed = (kind == "sketch" and parties is None) if secret_sign is None else bool(secret_sign)
+        k = default_k(expected_reports, d + (1 if bounds is not None else 0), sigma_local, row_bound, s,
+                      signed_variance_ratio(epsilon, delta) if signed else None)
     if k == 1:
         s = 1
     min_reports_note = "as requested"
