@@ -95,6 +95,8 @@ def client_env(tmp_path_factory) -> Path:
             unavailable("pip download from PyPI took over 7 minutes (is PyPI reachable?)")
         if fetched.returncode != 0:
             unavailable(f"cannot fetch the client's dependencies from PyPI: {fetched.stderr.strip()[-800:]}")
+        for copy in WHEELHOUSE.glob("dpsketch-*.whl"):  # pip download copies the wheel too
+            copy.unlink()
         done = _pip(*install, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return venv / "bin"
