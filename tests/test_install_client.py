@@ -85,7 +85,7 @@ def client_env(tmp_path_factory) -> Path:
     made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], 120)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
-    install = ("--python", str(python), "install", "-q", "--no-index", "--find-links", str(WHEELHOUSE), str(wheel))
+    install = ("--python", str(python), "install", "-q", "--no-compile", "--no-index", "--find-links", str(WHEELHOUSE), str(wheel))
     done = _pip(*install, timeout=240)
     if done.returncode != 0:  # a first run, or the requirements changed: fill the wheelhouse
         try:
