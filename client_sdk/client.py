@@ -577,7 +577,7 @@ class Client:
         is_file = isinstance(rows, (str, os.PathLike))
         in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
         if is_file and check_file:  # every row before the first request, as for in-memory inputs
-            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
+            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))  # type: ignore[union-attr]  # raw: the study has a histogram
                      if raw else None)
             _data.scan_csv(rows, study.columns, ignore_extra=ignore_extra_columns, check=check)
         chunks: Any = None
@@ -588,7 +588,7 @@ class Client:
                 first = 0
                 for chunk in chunks:
                     try:
-                        study.histogram.cell_index(chunk, first_row=first)
+                        study.histogram.cell_index(chunk, first_row=first)  # type: ignore[union-attr]  # raw: the study has a histogram
                     except ValueError as exc:
                         raise _data.InvalidDataError(str(exc)) from None
                     first += len(chunk)
