@@ -8,9 +8,9 @@ source tree. Then, in that environment's own Python:
   prometheus_client) and neither is numba (the client runs its reference code; docs/install.md);
 * ``dpsketch server`` says in one line which extra to install, with no traceback;
 * the SDK submits rows to a live cluster of real share servers and a real analyzer started by
-  this test (from the repository's own environment), and after finalization every server has
-  committed exactly the reports the installed client returned: the same count, the same
-  inclusion hash over the same ids.
+  this test (from the repository's own environment), without a warning about numba, and after
+  finalization every server has committed exactly the reports the installed client returned:
+  the same count, the same inclusion hash over the same ids.
 
 The fresh environment's dependencies come from a wheelhouse kept between runs
 (``$DPSKETCH_WHEELHOUSE``, default ~/.cache/dpsketch/client-wheelhouse): the first run fills it
@@ -140,6 +140,9 @@ def test_the_installed_client_submits_to_a_live_cluster(client_env, tmp_path):
         sent = _run([str(client_env / "python"), "-c", SUBMIT, study_id, str(csv_path),
                      ",".join(cluster.server_urls)], 240, cwd=tmp_path, env=env)
         assert sent.returncode == 0, sent.stderr[-3000:]
+        # no numba is the client's normal state, not a fault: the seed expansion's loop (which the
+        # SDK tries to load as it opens the study) falls back without a warning or a traceback
+        assert "Traceback" not in sent.stderr and "compiled loop" not in sent.stderr, sent.stderr[-3000:]
         result = json.loads(sent.stdout.strip().splitlines()[-1])
         # the installed copy ran, not this tree's
         assert Path(result["sdk"]).resolve().is_relative_to(client_env.parent.resolve()), result["sdk"]
