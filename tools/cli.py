@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     wants_help = any(a in ("-h", "--help") for a in rest)  # help needs no extra
     missing = [] if wants_help or not extras else missing_distributions(extras)
     if missing:
-        print(f"dpsketch {name}: needs the {'+'.join(extras)} extra, not installed here (missing: "
+        what = f"the {extras[0]} extra" if len(extras) == 1 else f"the {' and '.join(extras)} extras"
+        print(f"dpsketch {name}: needs {what}, not installed here (missing: "
               f"{', '.join(missing)}); install it with: {_install_hint(extras)}", file=sys.stderr)
         return 2
     try:
