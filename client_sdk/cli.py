@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"cannot load the CA file {args.ca_file}: {exc}")
     token: str | list[str] | None = args.token
     if token and "," in token:
-        token = [t.strip() for t in token.split(",")]
+        token = [t.strip() for t in token.split(",")]  # type: ignore[union-attr]  # token is the option's str here
         if len(token) != len(urls) or not all(token):
             return fail(f"--token lists {len(token)} tokens for {len(urls)} servers; give one, or "
                         f"one per server", EXIT_USAGE)
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_floor_epsilon=args.max_floor_epsilon, privacy_limit=privacy_limit,
                     journal=journal) as client:
             study = client.study(args.study)
-            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
+            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))  # type: ignore[union-attr]  # checked by the conditional
                      if study.histogram is not None else None)
             if args.party:
                 party_columns = study.party(args.party)[1].columns  # ValueError: no such party
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar = tqdm(total=total, unit="row", desc="uploaded", file=sys.stderr)
             try:
                 if args.party:
-                    result = client.submit_blocks(args.study, args.party, args.csv, party_key=party_key,
+                    result = client.submit_blocks(args.study, args.party, args.csv, party_key=party_key,  # type: ignore[arg-type]  # a party has its key by now
                                                   key_column=args.id_column, batch_size=args.batch_size,
                                                   progress=bar.update if bar else None, keep_ids=False)
                 else:

@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dpsketch import __version__
 from dpsketch.plain_errors import unreachable_reason
@@ -358,7 +358,7 @@ class Client:
             if (cancel if cancel is not None else self._closing).wait(delay):
                 raise UploadCancelled()
 
-    def _json(self, j: int, resp: httpx.Response, model: type) -> Any:
+    def _json(self, j: int, resp: httpx.Response, model: type[BaseModel]) -> Any:
         try:
             return model.model_validate(resp.json())
         except (ValueError, ValidationError) as exc:
@@ -577,7 +577,7 @@ class Client:
         is_file = isinstance(rows, (str, os.PathLike))
         in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
         if is_file and check_file:  # every row before the first request, as for in-memory inputs
-            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))
+            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))  # type: ignore[union-attr]  # raw: the study has a histogram
                      if raw else None)
             _data.scan_csv(rows, study.columns, ignore_extra=ignore_extra_columns, check=check)
         chunks: Any = None
@@ -588,7 +588,7 @@ class Client:
                 first = 0
                 for chunk in chunks:
                     try:
-                        study.histogram.cell_index(chunk, first_row=first)
+                        study.histogram.cell_index(chunk, first_row=first)  # type: ignore[union-attr]  # raw: the study has a histogram
                     except ValueError as exc:
                         raise _data.InvalidDataError(str(exc)) from None
                     first += len(chunk)
@@ -614,7 +614,7 @@ class Client:
             chunks = _data.iter_chunks(rows, study.columns, batch_size, ignore_extra=ignore_extra_columns,
                                        raw=raw)
 
-        limited = {"clamped": np.zeros(study.d, dtype=np.int64), "clipped": 0, "rows": 0}
+        limited: dict[str, Any] = {"clamped": np.zeros(study.d, dtype=np.int64), "clipped": 0, "rows": 0}
 
         def batches() -> Any:
             first = 0

@@ -56,7 +56,7 @@ def column_order(available: Sequence[str], columns: Sequence[str], *,
     return [available.index(c) for c in columns]
 
 
-def check_rows(rows: np.ndarray, d: int, *, first_row: int = 0,
+def check_rows(rows: np.typing.ArrayLike, d: int, *, first_row: int = 0,
                columns: Sequence[str] | None = None) -> np.ndarray:
     """Return ``rows`` as a C-contiguous float64 (m, d) array or raise naming the bad row (and
     its column by name when ``columns``, the study's, is given)."""

@@ -56,7 +56,7 @@ class PreparedBatch:
         """Server j's (m, width) share (expanded from its seeds if it gets seeds)."""
         if self._seeded(j):
             width = next(s for s in self.shares if s is not None).shape[1]
-            return ring.expand_seeds(self.seeds[j], width)  # type: ignore[index]
+            return ring.expand_seeds(self.seeds[j], width)  # type: ignore[index, arg-type]
         return self.shares[j]  # type: ignore[return-value]
 
     def media_type(self, j: int) -> str:
@@ -67,10 +67,10 @@ class PreparedBatch:
     def body(self, j: int) -> bytes:
         """Server j's body, of media type ``media_type(j)``."""
         if self.party is not None:
-            return messages.encode_blocks(self.report_ids, self.pseudonyms or [], self.proofs[j], self.shares[j])
+            return messages.encode_blocks(self.report_ids, self.pseudonyms or [], self.proofs[j], self.shares[j])  # type: ignore[arg-type]  # a party's batch has full shares
         if self._seeded(j):
-            return messages.encode_seed_batch(self.report_ids, self.proofs[j], self.seeds[j])  # type: ignore[index]
-        return messages.encode_batch(self.report_ids, self.proofs[j], self.shares[j])
+            return messages.encode_seed_batch(self.report_ids, self.proofs[j], self.seeds[j])  # type: ignore[index, arg-type]
+        return messages.encode_batch(self.report_ids, self.proofs[j], self.shares[j])  # type: ignore[arg-type]  # not seeded: a full share
 
     def report(self, j: int, i: int = 0) -> messages.Report:
         """Row i as server j's single-report JSON body (full shares only)."""
@@ -121,7 +121,7 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
                              clamped=clamped, clipped=clipped)
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares, stream=stream)
-    return PreparedBatch(ids, proofs, shares, clamped=clamped, clipped=clipped)
+    return PreparedBatch(ids, proofs, shares, clamped=clamped, clipped=clipped)  # type: ignore[arg-type]  # list of arrays as list of optional arrays
 
 
 def signed_vectors(rows: np.ndarray, study: Study, stream: Keystream) -> np.ndarray:
@@ -154,7 +154,7 @@ def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.n
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares,
                                binding.block_prefixes(study.study_id, index, pseudonyms), stream)
-    return PreparedBatch(ids, proofs, shares, party=party, pseudonyms=list(pseudonyms))
+    return PreparedBatch(ids, proofs, shares, party=party, pseudonyms=list(pseudonyms))  # type: ignore[arg-type]  # list of arrays as list of optional arrays
 
 
 def record_bytes(media_type: str, study: Study) -> int:

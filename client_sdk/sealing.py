@@ -104,10 +104,10 @@ def recipients(urls: Sequence[str], study: Study, infos: Sequence[messages.Serve
                            f"{keys.versions}): the only sealed layout this SDK sends; upgrade the "
                            f"server, or use encrypt=False")
         if policy == POST_QUANTUM or (policy == PREFER_POST_QUANTUM and pq_known):
-            suite, public = envelope.POST_QUANTUM, _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)
+            suite, public = envelope.POST_QUANTUM, _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)  # type: ignore[arg-type]  # pq is not None here (pq_known or checked above)
         else:
             if pq_known:
-                _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)
+                _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)  # type: ignore[arg-type]  # pq is not None here (pq_known)
             suite, public = envelope.CLASSICAL, classical
         out.append(envelope.Recipient(sid, public, suite, envelope.VERSION_3))
     return out
@@ -123,7 +123,7 @@ class SealedBody(bytes):
     plain: bytes
     plain_media_type: str
 
-    def split(self) -> tuple["SealedBody", "SealedBody"]:
+    def split(self) -> tuple["SealedBody", "SealedBody"]:  # type: ignore[override]  # a sealed body's two halves, not bytes.split
         first, second = prepare.split_body(self.plain, self.plain_media_type, self.study)
         return (wire(self.recipient, self.study, self.study_id, first, self.plain_media_type)[0],
                 wire(self.recipient, self.study, self.study_id, second, self.plain_media_type)[0])

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create ./.venv and install dpsketch with its test extras. Needs only python3 >= 3.11 with venv;
-# every Python dependency comes from pyproject.toml.
+# Create ./.venv and install dpsketch with its test extras (everything the test suite needs: the
+# server, analyzer and research roles, the test tools). Needs only python3 >= 3.11 with venv;
+# every Python dependency comes from pyproject.toml. DPSKETCH_EXTRAS picks other extras
+# (scripts/demo.sh: server,analyzer; docs/install.md lists them and their sizes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -14,7 +16,8 @@ if ! "$PYTHON" -m venv --help >/dev/null 2>&1; then
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[test]"
+EXTRAS=${DPSKETCH_EXTRAS:-test}
+.venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
 # Compile the repository's own modules to bytecode. pip compiles what it installs, but this is an
 # editable install, and a machine with PYTHONDONTWRITEBYTECODE set (this one, CI) otherwise
 # compiles about 45 modules from source in every server, analyzer and CLI process it starts:

@@ -109,6 +109,23 @@ def test_a_loop_that_cannot_be_had_is_never_used(monkeypatch, outcome):
         kernel.require()
 
 
+@pytest.mark.parametrize("missing", ["numba", "scipy"])
+def test_no_numba_is_quiet_anything_else_warns(monkeypatch, caplog, missing):
+    """A client's install has no numba on purpose (docs/install.md): the reference serves and
+    the log says so at INFO, without a traceback. Any other failure to load still warns."""
+    def load():
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    kernel = _fake_module(monkeypatch, f"dpsketch_test_no_{missing}_kernel", load)
+    with caplog.at_level("INFO", logger="dpsketch"):
+        assert kernel.warm_up() is False and kernel.state == "unavailable"
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    if missing == "numba":
+        assert not warned and any("numba is not installed" in r.getMessage() for r in caplog.records)
+    else:
+        assert warned and any(r.exc_info for r in warned)
+
+
 def test_a_chacha_loop_that_disagrees_with_rfc_8439_is_not_used(monkeypatch):
     """The probe catches a wrong loop (here: the expected block altered), and seed expansion then
     gives cryptography's keystream, which is RFC 8439's."""

@@ -3,28 +3,71 @@
 Each subcommand lives with the part it runs (``services``, ``analyzer``, ``client_sdk``; the demo
 and the benchmarks here in ``tools``) and has its own ``--help``; this module only dispatches,
 importing nothing heavy until a command runs.
+
+``pip install dpsketch`` installs the client's dependencies only; a command that runs a server,
+the analyzer or the research harness needs its role's extra (docs/install.md). Before such a
+command runs, the distributions its extras list (read from the installed package's metadata, so
+pyproject.toml stays the one list) are checked, and a missing one is one line naming the extra
+to install, not a traceback from deep inside the command.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "server": ("services.__main__", "run one share server (FastAPI + SQLite or PostgreSQL)"),
-    "analyzer": ("analyzer.__main__", "run the analyzer service (create, finalize, analyse)"),
-    "tokens": ("services.admin", "a share server operator's upload tokens: issue, list, revoke"),
-    "submit": ("client_sdk.cli", "submit rows from a CSV file to the share servers"),
-    "study": ("analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse"),
-    "demo": ("tools.demo", "run a local cluster end to end and print the error ratios"),
-    "bench": ("tools.bench", "measure commit, upload and accuracy figures on this machine"),
-    "experiments": ("analyzer.experiments", "paper 000 section 5 figures and tables on the real code paths"),
-    "recommend": ("analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost"),
+#: command -> (module whose main() runs it, what it does, the extras it needs beyond the base)
+COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "server": ("services.__main__", "run one share server (FastAPI + SQLite or PostgreSQL)", ("server",)),
+    "analyzer": ("analyzer.__main__", "run the analyzer service (create, finalize, analyse)", ("analyzer",)),
+    "tokens": ("services.admin", "a share server operator's upload tokens: issue, list, revoke", ()),
+    "submit": ("client_sdk.cli", "submit rows from a CSV file to the share servers", ()),
+    "study": ("analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse", ()),
+    "demo": ("tools.demo", "run a local cluster end to end and print the error ratios", ("server", "analyzer")),
+    "bench": ("tools.bench", "measure commit, upload and accuracy figures on this machine", ("server", "analyzer")),
+    "experiments": ("analyzer.experiments", "paper 000 section 5 figures and tables on the real code paths",
+                    ("research",)),
+    "recommend": ("analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost", ()),
 }
 
+#: the top-level packages of dpsketch itself: a missing one of these is a broken install, not an extra
+OWN_PACKAGES = ("dpsketch", "client_sdk", "services", "analyzer", "tools")
+
 USAGE = "usage: dpsketch <command> [options]   (dpsketch <command> --help for each)\n\ncommands:\n" + "\n".join(
-    f"  {name:<11} {text}" for name, (_, text) in COMMANDS.items()
+    f"  {name:<11} {text}" for name, (_, text, _) in COMMANDS.items()
 )
+
+
+def _install_hint(extras: tuple[str, ...]) -> str:
+    return f"pip install 'dpsketch[{','.join(extras)}]'" if extras else "pip install --force-reinstall dpsketch"
+
+
+def missing_distributions(extras: tuple[str, ...]) -> list[str]:
+    """The distributions that ``extras`` of the installed dpsketch require and that are not
+    installed (environment markers other than the extra's own are not evaluated: every role's
+    requirement here is unconditional). Empty where dpsketch's metadata cannot be read (run from
+    a source tree that was never installed): the command then runs and fails where it fails."""
+    from importlib import metadata
+
+    try:
+        requirements = metadata.requires("dpsketch") or []
+    except metadata.PackageNotFoundError:
+        return []
+    missing = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if not extra or extra.group(1) not in extras:
+            continue
+        name = re.match(r"\s*([A-Za-z0-9._-]+)", spec)
+        if name is None or name.group(1).lower() == "dpsketch":
+            continue
+        try:
+            metadata.version(name.group(1))
+        except metadata.PackageNotFoundError:
+            missing.append(name.group(1))
+    return sorted(set(missing))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +84,26 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"dpsketch: unknown command {name!r}\n\n{USAGE}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    module_name, _, extras = COMMANDS[name]
+    wants_help = any(a in ("-h", "--help") for a in rest)  # help needs no extra
+    missing = [] if wants_help or not extras else missing_distributions(extras)
+    if missing:
+        what = f"the {extras[0]} extra" if len(extras) == 1 else f"the {' and '.join(extras)} extras"
+        print(f"dpsketch {name}: needs {what}, not installed here (missing: "
+              f"{', '.join(missing)}); install it with: {_install_hint(extras)}", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(module_name)
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as exc:
+        # the metadata check above passed (or could not run) and still a library is missing: say
+        # which, and what would bring it, in one line
+        top = (exc.name or "").split(".")[0]
+        if not top or top in OWN_PACKAGES:
+            raise
+        print(f"dpsketch {name}: the Python module {top!r} is not installed; install it with: "
+              f"{_install_hint(extras)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def _hash_rows(m: int, parts: list) -> np.ndarray:
         out = np.empty((m, 32), dtype=np.uint8)
         if compiled(buf, out) == 0:
             return out
-    view = memoryview(buf).cast("B")
+    view = buf.data.cast("B")  # memoryview(buf)
     sha = hashlib.sha256
     digests = b"".join([sha(view[i:i + width]).digest() for i in range(0, m * width, width)])
     return np.frombuffer(digests, dtype=np.uint8).reshape(m, 32)

@@ -32,7 +32,8 @@ def _number(x: float | int) -> str:
     if x == 0:
         return "0"
     sign = "-" if x < 0 else ""
-    digits_tuple, exponent = Decimal(repr(abs(x))).as_tuple()[1:]
+    parts = Decimal(repr(abs(x))).as_tuple()
+    digits_tuple, exponent = parts.digits, int(parts.exponent)  # finite: an int, never 'n'/'N'/'F'
     digits = "".join(map(str, digits_tuple)).rstrip("0")
     exponent += len(digits_tuple) - len(digits)
     k = len(digits)

@@ -398,7 +398,7 @@ class BatchHeader:
 
 
 def seal_records(secret: bytes, transcript: bytes, report_ids: Sequence[bytes],
-                 plaintexts: Sequence[bytes]) -> bytes:
+                 plaintexts: Sequence[bytes | memoryview]) -> bytes:
     """A version 3 batch's records (deterministic given the secret and the transcript)."""
     if any(len(rid) != REPORT_ID_BYTES for rid in report_ids):
         raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes")
@@ -409,7 +409,7 @@ def seal_records(secret: bytes, transcript: bytes, report_ids: Sequence[bytes],
 
 
 def _seal_v3(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
-             plaintexts: Sequence[bytes]) -> bytes:
+             plaintexts: Sequence[bytes | memoryview]) -> bytes:
     """One version 3 batch: a fresh batch id and secret, one HPKE seal of the secret, then the
     records."""
     m = len(report_ids)
@@ -435,7 +435,7 @@ def seal(recipient: Recipient, study_id: str, report_id: bytes, content: int, pl
 
 
 def seal_batch(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
-               plaintexts: Sequence[bytes], version: int | None = None) -> bytes:
+               plaintexts: Sequence[bytes | memoryview], version: int | None = None) -> bytes:
     """A sealed body: one version 3 batch, ``plaintexts[i]`` (a proof and a payload) sealed under
     ``report_ids[i]``. ``version``: 3 (the default, ``recipient.version``), or ValueError."""
     if len(report_ids) != len(plaintexts):
@@ -586,7 +586,7 @@ def open_secret(private_key, study_id: str, server_id: str, header: BatchHeader)
     return secret
 
 
-def open_records(secret: bytes, transcript: bytes, records: bytes, count: int, plaintext_len: int,
+def open_records(secret: bytes, transcript: bytes, records: bytes | memoryview, count: int, plaintext_len: int,
                  batch_id: bytes = b"", first: int = 0) -> tuple[list[bytes], bytes]:
     """The report ids and the concatenated plaintexts of ``count`` records of a version 3 batch,
     its records ``first`` to ``first + count - 1`` (``records``: those records' bytes; by default

@@ -82,6 +82,8 @@ class Gadget:
     arity: int
     degree: int
     weighted: bool = False
+    #: a weighted gadget's number of weighted slots (ParallelSum sets it; annotation only)
+    count: int
 
     def on_values(self, wires: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
         """wires (..., arity, m) -> (..., m), or (..., 2, m) if weighted (weights (count, 2, m))."""
@@ -260,7 +262,7 @@ class Affine:
         summed = np.flatnonzero((counts > 0) & ~one)
         signatures: dict[tuple, int] = {}
         summed_from = np.empty(len(summed), dtype=np.int64)
-        indptr, indices, data = [0], [], []
+        indptr, indices, data = [0], [], []  # type: list[int], list[int], list[int]
         for i, row in enumerate(summed.tolist()):
             a, b = self.indptr[row], self.indptr[row + 1]
             key = (tuple(self.indices[a:b].tolist()), tuple(self.data[a:b].tolist()))

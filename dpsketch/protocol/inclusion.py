@@ -105,5 +105,5 @@ def hash_selected(hi: np.ndarray, lo: np.ndarray, mask: np.ndarray) -> bytes:
         chunk = out[:n]
         chunk[:, 0] = hi[start:start + HASH_CHUNK][part]
         chunk[:, 1] = lo[start:start + HASH_CHUNK][part]
-        digest.update(memoryview(chunk).cast("B"))
+        digest.update(chunk.data.cast("B"))  # memoryview(chunk)
     return digest.digest()

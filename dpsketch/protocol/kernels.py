@@ -249,9 +249,15 @@ class Kernel:
                         # generator, which fixes the CPU the loops are compiled or loaded for
                         _prepare_numba()
                         loop = importlib.import_module(self.module, __package__).load()
-                    except Exception:  # numba missing or refusing
-                        log.warning("could not load the compiled loop %s", self.module[1:], exc_info=True)
+                    except Exception as exc:  # numba missing or refusing
                         loop = None
+                        if isinstance(exc, ModuleNotFoundError) and exc.name in ("numba", "llvmlite"):
+                            # a client's install (pip install dpsketch, no extras) has no numba on
+                            # purpose: the reference is its code path, not a fault (docs/install.md)
+                            log.info("numba is not installed: %s uses its reference code", self.what)
+                            self._loop, self.state = None, "unavailable"
+                            return False
+                        log.warning("could not load the compiled loop %s", self.module[1:], exc_info=True)
                     if loop is None:
                         log.warning("the compiled loop %s is unavailable: %s keeps its reference code "
                                     "(slower, the same results)", self.module[1:], self.what)

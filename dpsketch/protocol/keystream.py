@@ -73,7 +73,7 @@ class Keystream:
         call and nothing is copied (each costs as much as the cipher itself)."""
         self._count(n)
         out = np.empty(n, dtype=np.uint8)
-        view = memoryview(out)
+        view = out.data  # memoryview(out)
         for start in range(0, n, _CHUNK):
             size = min(_CHUNK, n - start)
             self._cipher.update_into(_ZEROS[:size], view[start:start + size])

@@ -110,7 +110,7 @@ class Charge(BaseModel):
                    secret_sign=mechanism.secret_sign)
 
     @property
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[str, str, float, float, float, float, int, bool]:
         return (self.neighbouring, self.kind, self.row_bound, self.sigma, self.server_sigma,
                 self.lambda_star, self.width, self.secret_sign)
 
@@ -144,10 +144,10 @@ class Charge(BaseModel):
         *key, signed = self._floor_key if floor else self._key
         if floor:
             key.insert(5, 1.0)
-        return accounting.pld_grid(*key, notion, secret_sign=signed)
+        return accounting.pld_grid(*key, notion, secret_sign=signed)  # type: ignore[call-arg, misc, arg-type]  # the key tuple spread with one value inserted
 
     @property
-    def _floor_key(self) -> tuple:
+    def _floor_key(self) -> tuple[str, str, float, float, float, int, bool]:
         return (self.neighbouring, self.kind, self.row_bound, self.sigma, self.server_sigma, self.width,
                 self.secret_sign)
 
@@ -338,7 +338,7 @@ class Verdict:
                 "needed_epsilon": finite(self.needed.epsilon), "study_epsilon": finite(self.study_epsilon),
                 "budget_floor_epsilon": budget.floor_epsilon,
                 "spent_floor_epsilon": finite(self.floor_spent.epsilon) if floor and self.floor_spent else None,
-                "needed_floor_epsilon": finite(self.floor_needed.epsilon) if floor else None,
+                "needed_floor_epsilon": finite(self.floor_needed.epsilon) if floor else None,  # type: ignore[union-attr]  # set when floor
                 "study_floor_epsilon": (finite(self.floor_study_epsilon)
                                         if floor and self.floor_study_epsilon is not None else None)}
 
@@ -360,5 +360,5 @@ def check(charges: list[Charge], study: Charge, budget: Budget) -> Verdict:
     if bound_floor:
         floor_needed = compose(charges + [study], budget.notion, budget.delta, floor=True)
         floor_alone = compose([study], budget.notion, budget.delta, floor=True).epsilon
-        fits = fits and floor_needed.epsilon <= budget.floor_epsilon * (1 + 1e-9)
+        fits = fits and floor_needed.epsilon <= budget.floor_epsilon * (1 + 1e-9)  # type: ignore[operator]  # bound_floor
     return Verdict(fits, spent, needed, alone, floor_spent, floor_needed, floor_alone)

@@ -142,7 +142,7 @@ def _evaluate(c: np.ndarray, t, t_powers, coeffs_ext: bool) -> np.ndarray:
     n = c.shape[-2] if coeffs_ext else c.shape[-1]
     tp = powers(t, n) if t_powers is None else np.asarray(t_powers, dtype=np.uint64)[:n]
     if not coeffs_ext:
-        flat = c.reshape(-1, n)
+        flat: np.ndarray = c.reshape(-1, n)
         return field.matmul(flat, tp).reshape(c.shape[:-1] + (2,))
     flat = c.reshape(-1, n, 2)
     c0 = np.ascontiguousarray(flat[:, :, 0])

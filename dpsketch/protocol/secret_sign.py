@@ -39,8 +39,12 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .accounting import LossLaw
 
 #: Cell width of |X| in a factor A_a = tanh(a|X|) (0.004 overstates delta by about 1.3 %, 0.002
 #: by 0.7 %: a fraction of a percent of sigma^2).
@@ -385,7 +389,7 @@ def presence_pair(row_bound: float, sigma: float, server_sigma: float, honest_la
     return float(row_bound) / math.sqrt(var), 1.0 + float(sigma) ** 2 / var
 
 
-def _mixture_loss(shift: float, ratio: float, upper: bool):
+def _mixture_loss(shift: float, ratio: float, upper: bool) -> LossLaw:
     """(lo, hi, masses) of L(y) = ln[(N(M, R) + N(-M, R))/2 / N(0, 1)](y) under the mixture
     (``upper``: the remove direction) or of -L(y) under N(0, 1) (add). L = c + A y^2 +
     ln cosh(M y / R), c = -ln(R)/2 - M^2/2R, A = (1 - 1/R)/2, increases with |y|, so each loss
