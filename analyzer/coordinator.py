@@ -503,6 +503,7 @@ class Coordinator:
                 )
             self._check_batch_rule(held, n_common)
             included = self.store.fix_inclusion(study_id, common)
+            self.log("inclusion set recorded; committing it at every server")
             if included != common:  # an earlier finalize fixed another set: its bitmaps are not these
                 masks = None
         digest = hashlib.sha256(included).digest()

@@ -15,7 +15,8 @@ Each server's store is filled through its writer's bulk path (seeds stored, as t
 servers store them; the running totals and the report index exactly as an upload builds them),
 checkpointed at its clean stop, and then served by a real ``dpsketch server`` process that
 restarts from that checkpoint; one GET of the report ids warms each server (a long-running
-server holds its totals in memory) before the clock starts.
+server holds its totals in memory), and the clock starts once every server process is idle (it
+has rebuilt its studies and loaded its compiled loops, as a long-running server has).
 
 ``--sizes`` runs several n in one run (default 10^4, 10^5, 10^6), so the growth is measured on
 one machine state: finalize seconds per 10^6 reports should stay flat from one size to the next
@@ -136,6 +137,27 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pids: list[int], quiet: float = 0.05, window: float = 0.5, timeout: float = 60.0) -> float:
+    """Wait until no process of ``pids`` used more than ``quiet`` CPU seconds in ``window``
+    seconds (a started server rebuilds its studies and loads its compiled loops in background
+    threads for a few seconds: a long-running server has done so); seconds waited."""
+    t0 = time.perf_counter()
+    before = [_cpu_seconds(p) for p in pids]
+    while time.perf_counter() - t0 < timeout:
+        time.sleep(window)
+        after = [_cpu_seconds(p) for p in pids]
+        if all(a - b <= quiet for a, b in zip(after, before)):
+            break
+        before = after
+    return time.perf_counter() - t0
+
+
 def _status_kib(pid: int, field: str) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -196,6 +218,7 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                     for study in studies:  # warm: every server holds its totals in memory
                         for p in procs:
                             http.get(f"{p.url}/v1/studies/{study.study_id}/report-ids").raise_for_status()
+                    idle_s = wait_idle([p.proc.pid for p in procs])
                     rss_before = [_status_kib(p.proc.pid, "VmRSS") for p in procs]
                     runs = []
                     for study in studies:
@@ -223,7 +246,7 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                 astore.close() if hasattr(astore, "close") else None
             secs = [r["seconds"] for r in runs]
             row = {"n": n, "included": runs[0]["n_reports"], "fill_s": round(fill_s, 1),
-                   "finalize_s": round(statistics.median(secs), 3), "finalize_s_runs": [round(x, 3) for x in secs],
+                   "servers_idle_after_s": round(idle_s, 1), "finalize_s": round(statistics.median(secs), 3), "finalize_s_runs": [round(x, 3) for x in secs],
                    "finalize_s_per_million": round(statistics.median(secs) / n * 1e6, 3),
                    "server_commit_aggregate_s_max": round(max(max(r["server_commit_aggregate_s"]) for r in runs), 3),
                    "server_rss_before_mib": [round(x / 1024) for x in rss_before if x],
