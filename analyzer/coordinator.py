@@ -502,11 +502,13 @@ class Coordinator:
                     extra={"n_reports": n_common, "min_reports": study.min_reports},
                 )
             self._check_batch_rule(held, n_common)
-            included = self.store.fix_inclusion(study_id, common)
+            digest = hashlib.sha256(common).digest()
+            included = self.store.fix_inclusion(study_id, common, digest.hex())
             self.log("inclusion set recorded; committing it at every server")
             if included != common:  # an earlier finalize fixed another set: its bitmaps are not these
                 masks = None
-        digest = hashlib.sha256(included).digest()
+        if masks is None:
+            digest = hashlib.sha256(included).digest()
         expected_hash = digest.hex()
         n_reports = len(included) // REPORT_ID_BYTES
         outcomes = self._each(lambda server: server.commit(

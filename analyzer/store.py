@@ -113,9 +113,10 @@ class AnalyzerStore:
             ).fetchall()
         return [self._record(r) for r in rows]
 
-    def fix_inclusion(self, study_id: str, sorted_ids: bytes) -> bytes:
+    def fix_inclusion(self, study_id: str, sorted_ids: bytes, inclusion_hash: str | None = None) -> bytes:
         """Record the inclusion set (a sorted id list) once; return the set on record (an
-        earlier one wins)."""
+        earlier one wins). ``inclusion_hash``: its hash, if the caller has it (SHA-256 of 16 MB
+        at 10^6 reports, otherwise computed here)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -128,7 +129,7 @@ class AnalyzerStore:
                     self._db.execute("INSERT OR REPLACE INTO inclusions (study_id, ids) VALUES (?, ?)",
                                      (study_id, sorted_ids))
                     self._db.execute("UPDATE studies SET inclusion_hash = ? WHERE study_id = ?",
-                                     (messages.inclusion_hash(sorted_ids), study_id))
+                                     (inclusion_hash or messages.inclusion_hash(sorted_ids), study_id))
                     self._db.execute("COMMIT")
                     self._checkpoint_soon()
                     return sorted_ids
