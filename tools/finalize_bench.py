@@ -97,7 +97,10 @@ def _start_postgres(base: Path) -> tuple[Path, str]:
     on); its directory and superuser URL."""
     import subprocess
 
-    directory = base / "pg"
+    # a directory of its own directly under /tmp, as tests/pg.py makes: the cluster's owner
+    # (postgres, when we are root) must reach it, and ``base`` is private to us
+    del base
+    directory = Path(tempfile.mkdtemp(prefix="dpsketch-bench-pg-", dir="/tmp"))
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(["bash", str(root / "scripts" / "ensure-postgres.sh"), str(directory)],
                           capture_output=True, text=True, timeout=900, check=True)
@@ -105,12 +108,12 @@ def _start_postgres(base: Path) -> tuple[Path, str]:
 
 
 def _stop_postgres(directory: Path) -> None:
-    import glob
     import subprocess
 
-    pg_ctl = next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))), "pg_ctl")
-    subprocess.run([pg_ctl, "-D", str(directory / "data"), "-m", "fast", "stop"], capture_output=True,
-                   timeout=120, check=False)
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["bash", str(root / "scripts" / "ensure-postgres.sh"), "--stop", str(directory)],
+                   capture_output=True, timeout=120, check=False)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _new_database(admin_url: str) -> str:
