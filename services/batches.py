@@ -242,12 +242,10 @@ def _pick(blob: bytes, offsets: np.ndarray, width: int) -> bytes:
     return records[offsets].tobytes()
 
 
-def ids(conn: Any, seq: int) -> list[bytes]:
-    """The ids of every report of study ``seq`` (any order)."""
-    out: list[bytes] = []
-    for (joined,) in _query(conn, "SELECT ids FROM batches WHERE study = ?", (seq,)):
-        out.extend(split_ids(bytes(joined)))
-    return out
+def joined_ids(conn: Any, seq: int) -> bytes:
+    """The ids of every report of study ``seq`` (any order), concatenated: no Python object per
+    id (a report-id list of 10^6 is built from it on arrays, messages.encode_report_ids)."""
+    return b"".join(bytes(joined) for (joined,) in _query(conn, "SELECT ids FROM batches WHERE study = ?", (seq,)))
 
 
 def blocks(conn: Any, seq: int) -> tuple[list[bytes], list[bytes], list[int]]:

@@ -576,7 +576,7 @@ class Store:
 
             return chunks()
         with self._reading() as conn:
-            ids = batches.ids(conn, record.seq)
+            ids = batches.joined_ids(conn, record.seq)
         return iter([encode_report_ids(ids)])
 
     @_unavailable_on_db_error
