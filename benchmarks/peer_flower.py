@@ -14,7 +14,8 @@ every value lies in [-1, 1]). Both systems must deliver the sum of the n vectors
 * dpsketch: a real local cluster (3 share servers and the analyzer, each its own uvicorn
   process on a loopback port, temporary SQLite files), a plain-sum study (kind ``sketch`` with
   k = s = 1: one output row, every sign +1) without server noise (``epsilon_floor`` None, on
-  servers started with ``DPSKETCH_MAX_FLOOR_EPSILON=none``). Two upload paths, each in a fresh
+  servers started with ``DPSKETCH_MAX_FLOOR_EPSILON=none`` and no population budget, since the
+  run makes a study per path and size). Two upload paths, each in a fresh
   study and both timed from the first upload to the released sum at the analyzer:
   ``single``: every client is its own ``client_sdk.Client`` with its own upload tokens and
   calls ``submit`` once (it fetches and verifies the study at every server, then posts its share
@@ -205,8 +206,12 @@ class LocalCluster:
 
         self.specs = [ServerSpec(f"s{j + 1}", secrets.token_urlsafe(16), secrets.token_urlsafe(16),
                                  self.workdir / f"s{j + 1}.sqlite3") for j in range(self.n_servers)]
-        # the servers' policy must accept a study without a noise floor: its release is exact
-        procs = [share_server(s, self.workdir, {"DPSKETCH_MAX_FLOOR_EPSILON": "none"}) for s in self.specs]
+        # the servers' policy must accept a study without a noise floor (its release is exact),
+        # and a study per path and size of one population: no population budget (issue 41 made
+        # one the default; the benchmark's synthetic rows are nobody's data)
+        env = {"DPSKETCH_MAX_FLOOR_EPSILON": "none", "DPSKETCH_POPULATION_EPSILON": "none",
+               "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+        procs = [share_server(s, self.workdir, env) for s in self.specs]
         for p in procs:
             self.stack.callback(p.stop)
         start_all(procs)
@@ -249,7 +254,7 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     n, d = data.shape
     with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
         created = an.create_study(name=f"peer-{path}-{n}", columns=[f"x{c}" for c in range(d)],
-                                  label=None, expected_reports=n, min_reports=n, k=1, s=1,
+                                  label=None, expected_reports=n, min_reports=n, kind="sketch", k=1, s=1,
                                   epsilon=epsilon, delta=delta, row_bound=1.0, epsilon_floor=None)
     study = Study.model_validate(created["study"])
     assert study.k == 1 and study.s == 1 and study.server_sigma == 0 and study.kind == "sketch"
@@ -261,8 +266,8 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     real_prepare = sdk.prepare_batch
     lock = threading.Lock()
 
-    def recording(study_, rows_, compress=False):
-        batch = real_prepare(study_, rows_, compress)
+    def recording(study_, rows_, *args, **kwargs):  # whatever the SDK passes (full, stream, ...)
+        batch = real_prepare(study_, rows_, *args, **kwargs)
         with lock:
             sent.append(batch)
         return batch

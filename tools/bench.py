@@ -31,6 +31,12 @@
                  seeds (compiled, then from numba's cache); not part of ``all``;
 * ``accuracy`` - the demo's error ratios (LTM, local, central) at n = 10^4, 10^5, 10^6 through
                  the real pipeline (real processes, SDK over HTTP, analyzer REST);
+* ``finalize`` - what the analyst waits for: a study finalized on 3 real server processes
+                 holding 10^4, 10^5, 10^6 reports (d = 100, k = 400, s = 4, each server missing
+                 1 %), end to end with its phases, the servers' own commit + aggregate time and
+                 peak RSS, and seconds per 10^6 reports at each size (linear growth: flat); the
+                 same with more sizes or PostgreSQL: ``python -m tools.finalize_bench``; not
+                 part of ``all``;
 * ``histogram`` - the whole path of a histogram study (10^6 clients, 10 bins x 3 classes, through
                  the SDK to 3 servers, finalize, every statistic over REST) with its times and
                  each statistic's error against the non-private value; not part of ``all``.
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", nargs="?", default="all",
                    choices=["commit", "upload", "sealed", "seeds", "load", "overload", "accuracy", "histogram",
-                            "all"])
+                            "finalize", "all"])
     p.add_argument("--seconds", type=float, help="load: how long to drive uploads (default: 60; --quick: 5); "
                    "overload: how long to offer the overload (default: 10; --quick: 4)")
     p.add_argument("--factor", type=float, default=2.0,
@@ -230,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             rate = figures[key]["offered_batches_per_s"]
             print(json.dumps({key: figures[key]}), flush=True)
             print(loadtest.overload_summary(figures[key]), flush=True)
+    if args.which == "finalize":
+        from tools.finalize_bench import bench_finalize
+
+        figures["finalize"] = bench_finalize([10**4, 10**5] if args.quick else [10**4, 10**5, 10**6])
+        print(json.dumps({"finalize": figures["finalize"]}), flush=True)
     if args.which == "histogram":
         figures["histogram"] = bench_histogram(n=20_000 if args.quick else 10**6)
         print(json.dumps({"histogram": figures["histogram"]}), flush=True)

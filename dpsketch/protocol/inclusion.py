@@ -33,7 +33,7 @@ import struct
 
 import numpy as np
 
-from .messages import locate, report_id_halves
+from .messages import locate, native_halves, report_id_halves
 from .sketch import REPORT_ID_BYTES
 
 MEDIA_TYPE = "application/x-dpsketch-inclusion-bitmap"
@@ -50,9 +50,9 @@ def body_bytes(held: int) -> int:
 def mask_of(held_ids: bytes, included_ids: bytes) -> np.ndarray:
     """Which ids of a sorted id list (a server's) are on another sorted id list (the inclusion
     set), as a bool array; ValueError if either is malformed."""
-    held = report_id_halves(held_ids)
-    included = report_id_halves(included_ids)
-    return locate(included[:, 0], included[:, 1], held[:, 0], held[:, 1]) >= 0
+    held_hi, held_lo = native_halves(report_id_halves(held_ids))
+    in_hi, in_lo = native_halves(report_id_halves(included_ids))
+    return locate(in_hi, in_lo, held_hi, held_lo) >= 0
 
 
 def encode(mask: np.ndarray, inclusion_hash: bytes) -> bytes:

@@ -97,6 +97,15 @@ def encoded_noise(shape: int | tuple[int, ...], std: float, grid: Grid,
     return x.reshape(shape)
 
 
+def prepare(std: float, grid: Grid) -> None:
+    """Build (and cache) what :func:`encoded_noise` of ``std`` on ``grid`` draws from: its block
+    table, 0.06-0.15 s of exact decimal arithmetic once per process and parameter. A share
+    server prepares its studies' floor noise ahead of their commit, so a finalization does not
+    wait for it (issue 46)."""
+    if std > 0 and math.isfinite(std):
+        _block_table(grid.scale(std), grid.limit(std))
+
+
 def discrete_gaussian(count: int, t: int, limit: int, stream: Keystream) -> np.ndarray:
     """``count`` independent draws of N_Z(t) conditioned on |X| <= limit, as int64.
 
