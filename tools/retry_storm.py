@@ -1,0 +1,308 @@
+"""A retry storm over real HTTP (issue 46): clients re-sending reports a share server already
+holds, while other clients send fresh ones.
+
+Every client that lost an acknowledgement (a timeout, a dropped connection, a proxy's 502) sends
+the same bytes again; after an outage every client does, at once. The server must answer each
+re-send 2xx with the report counted as a duplicate (docs/protocol.md section 8), store nothing
+twice, and keep taking the fresh uploads of everyone else. One implementation for both users:
+``tests/test_retry_storm.py`` (seconds, asserting the answers and the count) and
+``benchmarks/retry_storm.py`` (10^6 stored, 10 s, the rates and latencies).
+
+The driver is :class:`tools.loadtest.RawConnection` (plain HTTP/1.1 on asyncio streams, one
+keep-alive connection a client, one request in flight each): on a 2-core machine an httpx driver
+spends more CPU per request than the server, and would set the pace of both phases.
+
+A run has three phases of fresh uploads by ``fresh_clients`` clients: calm (only them), storm
+(them plus ``storm_clients`` re-senders) and calm again, so a machine whose load drifts weighs
+on the calm rate from both sides of the storm. The figure is the ratio of the fresh clients'
+rate during the storm to their calm rate, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import numpy as np
+
+from tools.loadtest import RawConnection, _host_port
+
+if TYPE_CHECKING:
+    from dpsketch.protocol.study import Study
+
+_TRANSPORT_ERRORS = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError)
+
+
+@dataclass
+class Reports:
+    """Reports bound for one server (position 0 of the study): ids, proofs, shares, row-aligned."""
+
+    ids: list[bytes]
+    proofs: np.ndarray
+    shares: np.ndarray
+
+    @classmethod
+    def random(cls, study: "Study", n: int, rng: np.random.Generator) -> "Reports":
+        from dpsketch.protocol import binding
+
+        shares = rng.integers(0, np.iinfo(np.uint64).max, size=(n, study.width), dtype=np.uint64, endpoint=True)
+        ids, proofs = binding.bind_for_server(study.study_id, study.n_servers, 0, binding.CONTENT_SHARE, shares)
+        return cls(ids, proofs, shares)
+
+    def single_body(self, i: int) -> bytes:
+        """The single-upload JSON body of report ``i`` (as the SDK sends it)."""
+        from dpsketch.protocol.messages import Report
+
+        return Report.of(self.ids[i], self.proofs[i], self.shares[i]).model_dump_json().encode()
+
+    def batch_body(self, rows: np.ndarray | slice) -> bytes:
+        from dpsketch.protocol import messages
+
+        ids = self.ids[rows] if isinstance(rows, slice) else [self.ids[i] for i in rows]
+        return messages.encode_batch(ids, self.proofs[rows], self.shares[rows])
+
+
+def store_base(url: str, study: "Study", token: str | None, base: Reports, batch_rows: int = 5000) -> float:
+    """Upload ``base`` as share batches, one after another (each must be accepted whole); seconds."""
+    from dpsketch.protocol import messages
+
+    headers = {"Content-Type": messages.SHARES_MEDIA_TYPE, **({"Authorization": f"Bearer {token}"} if token else {})}
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=120) as http:
+        for start in range(0, len(base.ids), batch_rows):
+            part = slice(start, start + batch_rows)
+            r = http.post(f"/v1/studies/{study.study_id}/batches", content=base.batch_body(part), headers=headers)
+            r.raise_for_status()
+            if r.json()["accepted"] != len(base.ids[part]):
+                raise RuntimeError(f"base batch at {start} not stored whole: {r.text}")
+    return time.perf_counter() - t0
+
+
+@dataclass
+class Phase:
+    """What one phase saw. Latencies in seconds from a request's send to its whole answer."""
+
+    name: str
+    seconds: float = 0.0
+    fresh_latencies: list[float] = field(default_factory=list)
+    resend_latencies: list[float] = field(default_factory=list)
+    resent_records: int = 0           # records acknowledged as duplicates
+    statuses: dict[int, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # non-2xx, transport errors, wrong counts
+    fresh_acked: list[bytes] = field(default_factory=list)
+
+    @property
+    def fresh_rate(self) -> float:
+        return len(self.fresh_acked) / self.seconds if self.seconds else 0.0
+
+    def figures(self) -> dict[str, Any]:
+        def ms(values: list[float], q: float) -> float | None:
+            v = sorted(values)
+            return round(v[min(len(v) - 1, int(q * len(v)))] * 1e3, 2) if v else None
+
+        return {"phase": self.name, "seconds": round(self.seconds, 2), "fresh_acked": len(self.fresh_acked),
+                "fresh_per_s": round(self.fresh_rate), "fresh_p50_ms": ms(self.fresh_latencies, 0.5),
+                "fresh_p99_ms": ms(self.fresh_latencies, 0.99), "resend_requests": len(self.resend_latencies),
+                "resend_requests_per_s": round(len(self.resend_latencies) / self.seconds) if self.seconds else 0,
+                "resent_records": self.resent_records, "resend_p50_ms": ms(self.resend_latencies, 0.5),
+                "resend_p99_ms": ms(self.resend_latencies, 0.99), "statuses": dict(sorted(self.statuses.items())),
+                "problems": len(self.problems), "first_problems": self.problems[:5]}
+
+
+class Fresh:
+    """Fresh single reports, bound as they are needed (chunks of ``chunk``)."""
+
+    def __init__(self, study: "Study", rng: np.random.Generator, chunk: int = 2048):
+        self.study, self.rng, self.chunk = study, rng, chunk
+        self.pending: list[tuple[bytes, bytes]] = []
+        self.made = 0
+
+    def next(self) -> tuple[bytes, bytes]:
+        if not self.pending:
+            reports = Reports.random(self.study, self.chunk, self.rng)
+            self.pending = [(reports.ids[i], reports.single_body(i)) for i in range(self.chunk)][::-1]
+            self.made += self.chunk
+        return self.pending.pop()
+
+
+async def _exchange(conn: RawConnection, path: str, headers: dict, body: bytes, phase: Phase) -> tuple[float, dict] | None:
+    """POST once; (latency, answer JSON) for a 200, None (recorded as a problem) otherwise."""
+    t0 = time.perf_counter()
+    try:
+        status, _, content = await conn.post(path, headers, body)
+    except _TRANSPORT_ERRORS as exc:
+        phase.problems.append(f"transport {type(exc).__name__}: {exc}")
+        return None
+    latency = time.perf_counter() - t0
+    phase.statuses[status] = phase.statuses.get(status, 0) + 1
+    if status != 200:
+        phase.problems.append(f"{status}: {content[:200]!r}")
+        return None
+    return latency, json.loads(content)
+
+
+async def run_phase(url: str, study: "Study", token: str | None, name: str, seconds: float, fresh: Fresh,
+                    fresh_clients: int, resend_bodies: list[tuple[int, bytes, str]] = (),
+                    storm_clients: int = 0, seed: int = 0) -> Phase:
+    """``fresh_clients`` clients posting fresh single reports and ``storm_clients`` posting
+    re-sends drawn at random from ``resend_bodies`` ((records, body, content type): bodies the
+    server already holds every record of), each back to back, for ``seconds``."""
+    host, port = _host_port(url)
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    reports_path = f"/v1/studies/{study.study_id}/reports"
+    batches_path = f"/v1/studies/{study.study_id}/batches"
+    phase = Phase(name)
+    pick = random.Random(seed)
+    conns = [RawConnection(host, port) for _ in range(fresh_clients + storm_clients)]
+    stop_at = time.monotonic() + seconds
+
+    async def fresh_client(conn: RawConnection) -> None:
+        headers = {"Content-Type": "application/json", **auth}
+        while time.monotonic() < stop_at:
+            rid, body = fresh.next()
+            got = await _exchange(conn, reports_path, headers, body, phase)
+            if got is None:
+                continue
+            latency, answer = got
+            if (answer["accepted"], answer["duplicates"]) != (1, 0):
+                phase.problems.append(f"fresh report {rid.hex()} answered {answer}")
+                continue
+            phase.fresh_latencies.append(latency)
+            phase.fresh_acked.append(rid)
+
+    async def storm_client(conn: RawConnection) -> None:
+        while time.monotonic() < stop_at:
+            records, body, content_type = resend_bodies[pick.randrange(len(resend_bodies))]
+            single = content_type == "application/json"
+            got = await _exchange(conn, reports_path if single else batches_path,
+                                  {"Content-Type": content_type, **auth}, body, phase)
+            if got is None:
+                continue
+            latency, answer = got
+            if (answer["accepted"], answer["duplicates"]) != (0, records):
+                phase.problems.append(f"a re-send of {records} stored records answered {answer}")
+                continue
+            phase.resend_latencies.append(latency)
+            phase.resent_records += records
+
+    start = time.monotonic()
+    try:
+        await asyncio.gather(*(fresh_client(c) for c in conns[:fresh_clients]),
+                             *(storm_client(c) for c in conns[fresh_clients:]))
+    finally:
+        phase.seconds = time.monotonic() - start
+        for conn in conns:
+            await conn.close()
+    return phase
+
+
+def resend_pool(base: Reports, singles: int, batches: int, batch_rows: int, rng: np.random.Generator
+                ) -> list[tuple[int, bytes, str]]:
+    """Re-sends of stored reports: ``singles`` single-report JSON bodies and ``batches`` share
+    batches of ``batch_rows`` stored reports each, all drawn at random from ``base``."""
+    from dpsketch.protocol import messages
+
+    n = len(base.ids)
+    pool = [(1, base.single_body(int(i)), "application/json") for i in rng.choice(n, size=min(singles, n), replace=False)]
+    for _ in range(batches):
+        rows = np.sort(rng.choice(n, size=batch_rows, replace=False))
+        pool.append((batch_rows, base.batch_body(rows), messages.SHARES_MEDIA_TYPE))
+    return pool
+
+
+def held(url: str, study: "Study", operator_token: str) -> int:
+    r = httpx.get(f"{url}/v1/studies/{study.study_id}", headers={"Authorization": f"Bearer {operator_token}"},
+                  timeout=60)
+    r.raise_for_status()
+    return int(r.json()["report_count"])
+
+
+def held_ids(url: str, study: "Study", analyst_token: str) -> set[bytes]:
+    from dpsketch.protocol import messages
+
+    r = httpx.get(f"{url}/v1/studies/{study.study_id}/report-ids",
+                  headers={"Authorization": f"Bearer {analyst_token}"}, timeout=120)
+    r.raise_for_status()
+    return set(messages.decode_report_ids(r.content))
+
+
+def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds: float, calm_seconds: float,
+          fresh_clients: int = 8, storm_clients: int = 64, resend_batch_rows: int = 8,
+          seed: int = 0) -> dict[str, Any]:
+    """Calm, storm, calm (module docstring) against a server holding ``base``; the phases and
+    the ratio of the fresh rate in the storm to the calm rate (both calm phases pooled)."""
+    rng = np.random.default_rng(seed)
+    fresh = Fresh(study, rng)
+    pool = resend_pool(base, 4096, 512 if resend_batch_rows else 0, resend_batch_rows, rng)
+
+    async def phases() -> list[Phase]:
+        before = await run_phase(url, study, token, "calm before", calm_seconds / 2, fresh, fresh_clients)
+        during = await run_phase(url, study, token, "storm", seconds, fresh, fresh_clients, pool, storm_clients,
+                                 seed)
+        after = await run_phase(url, study, token, "calm after", calm_seconds / 2, fresh, fresh_clients)
+        return [before, during, after]
+
+    before, during, after = asyncio.run(phases())
+    calm_rate = (len(before.fresh_acked) + len(after.fresh_acked)) / (before.seconds + after.seconds)
+    calm_lat = sorted(before.fresh_latencies + after.fresh_latencies)
+    storm_fresh = sorted(during.fresh_latencies)
+    storm_resend = sorted(during.resend_latencies)
+    storm_requests = len(during.fresh_acked) + len(during.resend_latencies)
+
+    def median_ms(v: list[float]) -> float | None:
+        return round(v[len(v) // 2] * 1e3, 2) if v else None
+
+    return {
+        "phases": [before, during, after],
+        "fresh_clients": fresh_clients, "storm_clients": storm_clients, "resend_batch_rows": resend_batch_rows,
+        "calm_fresh_per_s": round(calm_rate), "storm_fresh_per_s": round(during.fresh_rate),
+        "storm_over_calm": round(during.fresh_rate / calm_rate, 3) if calm_rate else None,
+        # every upload request answered in the storm (fresh and re-sent) against the calm fresh
+        # rate: what a re-send request costs the server against a fresh one
+        "storm_requests_per_s": round(storm_requests / during.seconds) if during.seconds else 0,
+        "storm_requests_over_calm": round(storm_requests / during.seconds / calm_rate, 3) if calm_rate else None,
+        # a fresh client's answers a second against a re-sending client's, in the storm: 1 is a
+        # fair share of the server between them, below 1 the re-sends crowd fresh uploads out
+        "fresh_share_per_client": (round((len(during.fresh_acked) / fresh_clients)
+                                         / (len(during.resend_latencies) / storm_clients), 3)
+                                   if during.resend_latencies and fresh_clients else None),
+        "calm_fresh_p50_ms": median_ms(calm_lat), "storm_fresh_p50_ms": median_ms(storm_fresh),
+        "storm_resend_p50_ms": median_ms(storm_resend),
+        "resend_over_fresh_latency": (round(storm_resend[len(storm_resend) // 2] / storm_fresh[len(storm_fresh) // 2], 3)
+                                      if storm_resend and storm_fresh else None),
+        "fresh_acked": [rid for p in (before, during, after) for rid in p.fresh_acked],
+        "problems": [m for p in (before, during, after) for m in p.problems],
+    }
+
+
+def start_server(workdir, env: dict[str, str] | None = None, d: int = 4, max_reports: int = 10**8):
+    """One share server (open to uploads with a token, no population budget) with a study of
+    ``d`` columns provisioned and the server warmed: (process, spec, study, upload token)."""
+    import secrets
+
+    from dpsketch.protocol.study import design
+    from tools.cluster import ServerSpec, share_server
+    from tools.loadtest import _provisioned_and_warm
+
+    spec = ServerSpec(server_id="s1", operator_token="op-" + secrets.token_hex(12),
+                      analyst_token="an-" + secrets.token_hex(12), db_path=workdir / "s1.sqlite3")
+    base_env = {"DPSKETCH_POPULATION_EPSILON": "none", "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+    proc = share_server(spec, workdir, {**base_env, **(env or {})}).start(timeout=60)
+    try:
+        study = design(name="retry-storm", columns=[f"x{i}" for i in range(d)], label=None, servers=["s1", "s2"],
+                       expected_reports=10**4, k=8, s=2, min_reports=500, max_reports=max_reports)[0]
+        token = _provisioned_and_warm(proc.url, spec, study, d)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, spec, study, token
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
