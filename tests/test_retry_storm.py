@@ -15,7 +15,7 @@ re-send request costs at most about what a fresh one does: measured 1.7x as many
 The server runs with ``DPSKETCH_MAX_INFLIGHT_UPLOADS=128``: 72 clients with a request each in
 flight pass the default admission limit of 64, which answers the excess 503 with Retry-After
 by design (docs/operations.md; nothing is parsed or stored, the SDK waits and retries); the
-limit's own behaviour is tested in tests/test_faults.py and tests/test_server_unit.py.
+limit's own behaviour is tested in tests/test_server_process.py and tests/test_fast_uploads.py.
 """
 
 from __future__ import annotations
