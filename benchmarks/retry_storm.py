@@ -2,11 +2,13 @@
 reports (uploaded as share batches of 5,000), then ``--storm-clients`` clients re-sending stored
 reports (single JSON reports and share batches of ``--batch-rows``, the same bytes) for
 ``--seconds`` while ``--fresh-clients`` clients send fresh single reports; before and after
-the storm the fresh clients alone, ``--calm-seconds`` in all (tools/retry_storm.py).
+the storm the fresh clients alone, ``--calm-seconds`` in all; last, for ``--crowd-seconds``,
+as many clients as in the storm all sending fresh reports (the control: the server's rate at the
+storm's concurrency when nothing is a re-send) (tools/retry_storm.py).
 
 Prints one JSON line per phase and a summary: the fresh-upload rate calm and in the storm and
 their ratio, every upload request answered a second in the storm against the calm fresh rate
-(what a re-send request costs the server against a fresh one), a fresh client's answers a
+and against the crowd's (what a re-send request costs the server against a fresh one), a fresh client's answers a
 second against a re-sending client's (1: a fair share), the median latencies of a re-send and a
 fresh upload in the storm, every non-200 answer, and whether the server holds exactly the base
 plus the fresh reports acknowledged. ``--max-inflight`` sets the server's upload admission
@@ -14,7 +16,7 @@ limit (``DPSKETCH_MAX_INFLIGHT_UPLOADS``; 64 is the default, under which more th
 with a request in flight get 503 + Retry-After for the excess by design).
 
     .venv/bin/python benchmarks/retry_storm.py [--n 1000000] [--seconds 10] [--calm-seconds 10]
-        [--storm-clients 64] [--fresh-clients 8] [--batch-rows 8] [--max-inflight 128]
+        [--crowd-seconds 5] [--storm-clients 64] [--fresh-clients 8] [--batch-rows 8] [--max-inflight 128]
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=10**6, help="reports stored before the storm")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the storm")
     p.add_argument("--calm-seconds", type=float, default=10.0, help="fresh clients alone, half before, half after")
+    p.add_argument("--crowd-seconds", type=float, default=5.0,
+                   help="then the storm's number of clients all sending fresh reports (0: skip)")
     p.add_argument("--storm-clients", type=int, default=64)
     p.add_argument("--fresh-clients", type=int, default=8)
     p.add_argument("--batch-rows", type=int, default=8, help="rows of a re-sent batch (0: single reports only)")
@@ -56,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         store_s = retry_storm.store_base(proc.url, study, token, base)
         out = retry_storm.storm(proc.url, study, token, base, seconds=args.seconds, calm_seconds=args.calm_seconds,
                                 fresh_clients=args.fresh_clients, storm_clients=args.storm_clients,
-                                resend_batch_rows=args.batch_rows, seed=1)
+                                resend_batch_rows=args.batch_rows,
+                                crowd_seconds=args.crowd_seconds, seed=1)
         held = retry_storm.held(proc.url, study, spec.operator_token)
     finally:
         proc.stop()

@@ -234,9 +234,11 @@ def held_ids(url: str, study: "Study", analyst_token: str) -> set[bytes]:
 
 def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds: float, calm_seconds: float,
           fresh_clients: int = 8, storm_clients: int = 64, resend_batch_rows: int = 8,
-          seed: int = 0) -> dict[str, Any]:
+          crowd_seconds: float = 0.0, seed: int = 0) -> dict[str, Any]:
     """Calm, storm, calm (module docstring) against a server holding ``base``; the phases and
-    the ratio of the fresh rate in the storm to the calm rate (both calm phases pooled)."""
+    the ratio of the fresh rate in the storm to the calm rate (both calm phases pooled).
+    ``crowd_seconds``: then as many clients as in the storm, every one sending fresh reports
+    (the control: the server's rate at the storm's concurrency when nothing is a re-send)."""
     rng = np.random.default_rng(seed)
     fresh = Fresh(study, rng)
     pool = resend_pool(base, 4096, 512 if resend_batch_rows else 0, resend_batch_rows, rng)
@@ -246,9 +248,11 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
         during = await run_phase(url, study, token, "storm", seconds, fresh, fresh_clients, pool, storm_clients,
                                  seed)
         after = await run_phase(url, study, token, "calm after", calm_seconds / 2, fresh, fresh_clients)
-        return [before, during, after]
+        crowd = (await run_phase(url, study, token, "fresh crowd", crowd_seconds, fresh,
+                                 fresh_clients + storm_clients) if crowd_seconds else None)
+        return [before, during, after, crowd]
 
-    before, during, after = asyncio.run(phases())
+    before, during, after, crowd = asyncio.run(phases())
     calm_rate = (len(before.fresh_acked) + len(after.fresh_acked)) / (before.seconds + after.seconds)
     calm_lat = sorted(before.fresh_latencies + after.fresh_latencies)
     storm_fresh = sorted(during.fresh_latencies)
@@ -258,8 +262,9 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
     def median_ms(v: list[float]) -> float | None:
         return round(v[len(v) // 2] * 1e3, 2) if v else None
 
+    crowd_rate = crowd.fresh_rate if crowd else None
     return {
-        "phases": [before, during, after],
+        "phases": [p for p in (before, during, after, crowd) if p is not None],
         "fresh_clients": fresh_clients, "storm_clients": storm_clients, "resend_batch_rows": resend_batch_rows,
         "calm_fresh_per_s": round(calm_rate), "storm_fresh_per_s": round(during.fresh_rate),
         "storm_over_calm": round(during.fresh_rate / calm_rate, 3) if calm_rate else None,
@@ -269,6 +274,10 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
         "storm_requests_over_calm": round(storm_requests / during.seconds / calm_rate, 3) if calm_rate else None,
         # a fresh client's answers a second against a re-sending client's, in the storm: 1 is a
         # fair share of the server between them, below 1 the re-sends crowd fresh uploads out
+        # the storm's request rate against the same number of clients all sending fresh reports
+        "crowd_fresh_per_s": round(crowd_rate) if crowd else None,
+        "storm_requests_over_crowd": (round(storm_requests / during.seconds / crowd_rate, 3)
+                                      if crowd_rate else None),
         "fresh_share_per_client": (round((len(during.fresh_acked) / fresh_clients)
                                          / (len(during.resend_latencies) / storm_clients), 3)
                                    if during.resend_latencies and fresh_clients else None),
@@ -276,8 +285,8 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
         "storm_resend_p50_ms": median_ms(storm_resend),
         "resend_over_fresh_latency": (round(storm_resend[len(storm_resend) // 2] / storm_fresh[len(storm_fresh) // 2], 3)
                                       if storm_resend and storm_fresh else None),
-        "fresh_acked": [rid for p in (before, during, after) for rid in p.fresh_acked],
-        "problems": [m for p in (before, during, after) for m in p.problems],
+        "fresh_acked": [rid for p in (before, during, after, crowd) if p for rid in p.fresh_acked],
+        "problems": [m for p in (before, during, after, crowd) if p for m in p.problems],
     }
 
 
