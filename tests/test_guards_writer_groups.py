@@ -12,6 +12,7 @@ count, each request's reply and the released aggregate are checked exactly.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from services import idsets
@@ -34,40 +35,38 @@ def _held_group(store, record, parts: list[Reports]):
     return [f.result(30) for f in queued]
 
 
-def test_a_large_request_repeating_its_own_id_stores_it_once(tmp_path):
-    srv = Server(tmp_path / "repeat.db")
+@contextlib.contextmanager
+def _study_holding_ten(db, m: int):
+    """A provisioned study whose first 10 of ``m`` reports are stored (its state exists):
+    (server, study, reports, its store, its record)."""
+    srv = Server(db)
     st = make_study()
-    rs = srv.reports(st, 300)
+    rs = srv.reports(st, m)
     try:
         assert srv.provision(st).status_code == 201
         store = srv.app.state.store
-        record = store.record(st.study_id)
-        assert srv.batch(st, rs[:10]).json()["accepted"] == 10  # the study's state exists
+        assert srv.batch(st, rs[:10]).json()["accepted"] == 10
+        yield srv, st, rs, store, store.record(st.study_id)
+    finally:
+        srv.close()
+
+
+def test_a_large_request_repeating_its_own_id_stores_it_once(tmp_path):
+    with _study_holding_ten(tmp_path / "repeat.db", 300) as (srv, st, rs, store, record):
         twice = rs[list(range(10, 200)) + [42, 150]]  # two reports sent twice in one request
         (reply,) = _held_group(store, record, [twice])
         assert (reply.accepted, reply.duplicates) == (190, 2)
         assert srv.count(st) == 200
         _assert_released(srv, st, rs.ids[:200], rs.shares[:200])
-    finally:
-        srv.close()
 
 
 def test_a_large_request_overlapping_an_earlier_one_of_its_group_stores_the_overlap_once(tmp_path):
-    srv = Server(tmp_path / "overlap.db")
-    st = make_study()
-    rs = srv.reports(st, 400)
-    try:
-        assert srv.provision(st).status_code == 201
-        store = srv.app.state.store
-        record = store.record(st.study_id)
-        assert srv.batch(st, rs[:10]).json()["accepted"] == 10
+    with _study_holding_ten(tmp_path / "overlap.db", 400) as (srv, st, rs, store, record):
         first, second = rs[10:250], rs[200:400]  # 50 reports in both, neither held before the group
         replies = _held_group(store, record, [first, second])
         assert [(r.accepted, r.duplicates) for r in replies] == [(240, 0), (150, 50)]
         assert srv.count(st) == 400
         _assert_released(srv, st, rs.ids, rs.shares)
-    finally:
-        srv.close()
 
 
 def test_disjoint_large_requests_of_a_group_are_taken_whole_without_classifying_a_report(tmp_path, monkeypatch):
@@ -76,9 +75,6 @@ def test_disjoint_large_requests_of_a_group_are_taken_whole_without_classifying_
     and the overlap of the previous test is found by the arrays of an earlier request taken whole."""
     from services.writer import Writer
 
-    srv = Server(tmp_path / "whole.db")
-    st = make_study()
-    rs = srv.reports(st, 600)
     classified: list[int] = []
     real = Writer._classify
 
@@ -87,11 +83,7 @@ def test_disjoint_large_requests_of_a_group_are_taken_whole_without_classifying_
         return real(self, job, state, earlier)
 
     monkeypatch.setattr(Writer, "_classify", counting)
-    try:
-        assert srv.provision(st).status_code == 201
-        store = srv.app.state.store
-        record = store.record(st.study_id)
-        assert srv.batch(st, rs[:10]).json()["accepted"] == 10
+    with _study_holding_ten(tmp_path / "whole.db", 600) as (srv, st, rs, store, record):
         classified.clear()
         replies = _held_group(store, record, [rs[10:200], rs[200:400]])
         assert [(r.accepted, r.duplicates) for r in replies] == [(190, 0), (200, 0)]
@@ -101,5 +93,3 @@ def test_disjoint_large_requests_of_a_group_are_taken_whole_without_classifying_
         assert classified == [150]  # only the overlapping one, found by the first one's arrays
         assert srv.count(st) == 600
         _assert_released(srv, st, rs.ids, rs.shares)
-    finally:
-        srv.close()
