@@ -265,6 +265,19 @@ def _view(rec: StudyRecord) -> StudyView:
                      inclusion_hash=rec.inclusion_hash)
 
 
+def charged_population(named: str | None, charged: list[list[str] | None]) -> str | None:
+    """The population to show a study's ledger for, from what each reachable server says it charges
+    the study to (``charged``): the study's own name when every server charges it there, else one
+    every server charges it to, else the study's own name (no server has charged it yet), else any
+    population some server charges it to; None when there is none of these."""
+    sets = [set(c or ()) for c in charged]
+    everywhere = set.intersection(*sets) if sets else set()
+    somewhere = set.union(*sets) if sets else set()
+    if named is not None and (named in everywhere or not everywhere):
+        return named
+    return min(everywhere or somewhere) if (everywhere or somewhere) else None
+
+
 def create_app(coordinator: Coordinator) -> FastAPI:
     app = FastAPI(
         title="dpsketch analyzer",
@@ -397,11 +410,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         lists it there. Before any server charges it: the study's own population, if named."""
         study = coordinator.record(study_id).study
         progress = await run_in_threadpool(coordinator.progress, study_id)
-        named = [set(p.populations or ()) for p in progress if p.reachable]
-        common = set.intersection(*named) if named else set()
-        population = (study.population if study.population in common else min(common) if common
-                      else study.population if study.population is not None
-                      else min(set.union(*named)) if named and set.union(*named) else None)
+        population = charged_population(study.population, [p.populations for p in progress if p.reachable])
         if population is None:
             return LedgerView(population=None, study_id=study_id, charged=False, servers=[])
         servers = await run_in_threadpool(coordinator.ledgers, population)

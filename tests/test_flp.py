@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from scipy import stats
 
 from dpsketch.protocol import circuits, field, flp, ntt
 from dpsketch.protocol.keystream import Keystream
+from test_field import _expand_reference  # the expansion's definition, from cryptography's ChaCha20
 
 P = field.P
 ROOT = Path(__file__).resolve().parents[1]
@@ -479,16 +479,6 @@ def test_one_seed_per_wire_would_leak_an_f_p_linear_function_of_the_wire_values(
 
 
 # --- randomness, sharing, shapes --------------------------------------------------------------------
-
-def _expand_reference(key: bytes, count: int, nonce: bytes) -> list[int]:
-    cipher = Cipher(algorithms.ChaCha20(key, b"\0\0\0\0" + nonce), mode=None).encryptor()
-    out: list[int] = []
-    while len(out) < count:
-        word = int.from_bytes(cipher.update(bytes(8)), "little")
-        if word < P:
-            out.append(word)
-    return out
-
 
 def test_joint_randomness_query_point_and_helper_shares_follow_their_definitions():
     c = small()

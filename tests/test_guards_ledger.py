@@ -220,3 +220,17 @@ def test_a_budget_charges_every_study_whatever_it_names_and_names_an_unbounded_n
             assert srv.client.get(f"/v1/studies/{study.study_id}").status_code == 404
     finally:
         srv.close()
+
+
+def test_the_analyzer_shows_the_ledger_the_servers_charge_a_study_to():
+    """issue 41: the study's own population is advisory; the analyzer's study ledger follows what
+    the servers say they charge it to (StudyInfo.populations), the study's name only as a tie-break
+    or before any charge."""
+    from analyzer.app import charged_population
+
+    assert charged_population("clinic", [["clinic", "other"], ["clinic"]]) == "clinic"
+    assert charged_population("renamed", [["clinic"], ["clinic", "z"]]) == "clinic"  # a name escapes nothing
+    assert charged_population("renamed", [["a"], ["b"]]) == "renamed"  # nowhere in common: not charged
+    assert charged_population("clinic", [[], []]) == "clinic"  # before the first token
+    assert charged_population(None, [["default"], []]) == "default"
+    assert charged_population(None, [[], []]) is None and charged_population(None, []) is None
