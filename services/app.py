@@ -201,7 +201,8 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     shares = verified_shares(upload, study, server_id)
     rows, signs = study.hash_report_ids(upload.ids, upload.joined)
     seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
-    addends = proved_shares.addends(study, shares) if proved_shares.is_proved(study) else None
+    addends = (proved_shares.addends(study, shares, seeds is not None) if proved_shares.is_proved(study)
+               else None)  # a validity study's: what the running totals fold (made off the writer's thread)
     return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds, addends
 
 

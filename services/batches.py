@@ -17,13 +17,13 @@ server stores 32 bytes a report instead of 8 x width (a 25th at d = 100) and wri
 much less through the WAL. A record's length then says which it is (32 bytes is never a share's
 length where seeds are stored), and :meth:`Stored.share_matrix` is the one reader of either.
 A study with validity proofs (docs/protocol.md section 4v) stores the same way at its share
-width, the leader's n + P F_p values, and expands its helpers' seeds by field expansion
-(:func:`study_shares`).
+width: the leader's n + P F_p values, or a helper's seed, which only its sums expand (to its n
+input elements, by field expansion: :func:`study_addends`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +33,6 @@ from dpsketch.protocol import proved_shares, ring
 from dpsketch.protocol.messages import split_ids
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
-
-#: How a study's stored seeds ((m, 32) uint8) become its shares, when not by ``ring.expand_seeds``.
-Expansion = Callable[[np.ndarray], np.ndarray]
 
 #: A rebuild pages through batches holding about this many reports at a time (at least one batch).
 SCAN_REPORTS = 65536
@@ -71,17 +68,30 @@ class Stored:
         """Whether every report's share (or seed) of this width is here, whole."""
         return len(self.shares) == len(self) * 8 * width or holds_seeds(len(self.shares), len(self), width)
 
-    def share_matrix(self, width: int, expand: Expansion | None = None) -> np.ndarray:
+    def share_matrix(self, width: int) -> np.ndarray:
         """The (m, width) uint64 shares, seeds expanded (ValueError if they are not here)."""
-        return share_matrix(self.shares, len(self), width, expand)
+        return share_matrix(self.shares, len(self), width)
 
 
-def study_shares(stored: Stored, study: Study) -> np.ndarray:
-    """The (m, width) explicit shares of stored reports of ``study``: of its share width, seeds
-    expanded as the study expands them (a study with validity proofs: its leader's n + P F_p
-    values, by field expansion; dpsketch/protocol/proved_shares.py)."""
-    expand = proved_shares.seed_expansion(study) if proved_shares.is_proved(study) else None
-    return stored.share_matrix(proved_shares.upload_width(study), expand)
+def study_payloads(stored: Stored, study: Study) -> tuple[np.ndarray, bool]:
+    """A study with validity proofs: its stored records as uint64 rows, the leader's (m, n + P)
+    F_p values or each helper's seed as 4 words, and whether they are seeds (one kind per
+    Stored: a scan never joins records of two lengths). What proved_shares.payload_rows made."""
+    width = proved_shares.upload_width(study)
+    if not stored.holds_shares_of(width):
+        raise ValueError(f"{len(stored.shares)} stored bytes are not {len(stored)} records of study {study.study_id}")
+    seeded = holds_seeds(len(stored.shares), len(stored), width)
+    return np.frombuffer(stored.shares, dtype="<u8").reshape(len(stored), -1), seeded
+
+
+def study_addends(stored: Stored, study: Study) -> np.ndarray:
+    """What stored reports of ``study`` add to its running aggregate: their (m, width) shares,
+    seeds expanded; for a study with validity proofs the halves of their F_p coordinate shares
+    (proved_shares.addends: (m, 2 w))."""
+    if not proved_shares.is_proved(study):
+        return stored.share_matrix(study.width)
+    rows, seeded = study_payloads(stored, study)
+    return proved_shares.addends(study, rows, seeded)
 
 
 def stores_seeds(width: int) -> bool:
@@ -94,13 +104,10 @@ def holds_seeds(n_bytes: int, m: int, width: int) -> bool:
     return stores_seeds(width) and n_bytes == m * ring.SEED_BYTES
 
 
-def share_matrix(blob: bytes, m: int, width: int, expand: Expansion | None = None) -> np.ndarray:
-    """The (m, width) uint64 shares of m stored records (shares, or seeds: expanded by ``expand``,
-    default ``ring.expand_seeds``; a study with validity proofs passes its own,
-    proved_shares.seed_expansion, with its leader's width)."""
+def share_matrix(blob: bytes, m: int, width: int) -> np.ndarray:
+    """The (m, width) uint64 shares of m stored records (shares, or seeds: expanded)."""
     if holds_seeds(len(blob), m, width):
-        seeds = np.frombuffer(blob, dtype=np.uint8).reshape(m, ring.SEED_BYTES)
-        return ring.expand_seeds(seeds, width) if expand is None else expand(seeds)
+        return ring.expand_seeds(np.frombuffer(blob, dtype=np.uint8).reshape(m, ring.SEED_BYTES), width)
     if len(blob) != m * 8 * width:
         raise ValueError(f"{len(blob)} stored bytes are not {m} shares of width {width}")
     return np.frombuffer(blob, dtype="<u8").reshape(m, width)

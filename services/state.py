@@ -259,8 +259,7 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
             joined = b"".join(ids)
         if ids:
             stored = chunk if sound else batches.Stored(np.asarray(rowids, dtype=np.int64), joined, b"".join(blobs))
-            state.add(study, ids, rowids, proved_shares.addends(study, batches.study_shares(stored, study)),
-                      joined=joined)
+            state.add(study, ids, rowids, batches.study_addends(stored, study), joined=joined)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored rows", record.study_id, skipped)
     if into is None:

@@ -886,7 +886,7 @@ class Store:
             aggregate[:] = 0
             gram[:] = 0
         for got in self._fetch(record.seq, wanted):
-            rids, shares = got.id_list(), proved_shares.addends(study, batches.study_shares(got, study))
+            rids, shares = got.id_list(), batches.study_addends(got, study)
             rows, signs = study.hash_report_ids(rids)
             add_into(aggregate, rows, signs, shares, sign)
             sketch.accumulate_gram(gram, rows, signs, sign)

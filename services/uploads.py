@@ -98,8 +98,8 @@ def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str 
     """The shares of an upload whose every record is bound to its report id at this server
     (422 binding-refused otherwise: a substituted, corrupted or misdirected share is never stored).
     ``study_id``: the study's id if the caller has it (the store's key of the study), which
-    spares hashing the study's canonical form again. A study with validity proofs: the
-    (m, n + P) F_p shares (proved_shares.shares; a leader's value >= p: 400 malformed-body)."""
+    spares hashing the study's canonical form again. A study with validity proofs: the records
+    as it keeps them (proved_shares.payload_rows; a leader's value >= p: 400 malformed-body)."""
     seeded = upload.content == binding.CONTENT_SEED
     proved = proved_shares.is_proved(study)
     bound = upload if not proved else dataclasses.replace(
@@ -111,7 +111,7 @@ def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str 
     if not proved:
         return upload.shares(study.width)
     try:
-        return proved_shares.shares(study, upload.payloads, seeded)
+        return proved_shares.payload_rows(study, upload.payloads, seeded)
     except ValueError as exc:  # field.FieldError: a value that is no F_p element
         raise ProblemError("malformed-body", str(exc)) from None
 

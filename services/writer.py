@@ -692,12 +692,14 @@ class Writer:
         if stored_rowids:
             stored: dict[int, bytes] = {}
             wanted = sorted(set(stored_rowids.values()))
-            width = mine.shape[1]
+            study = job.record.study
+            proved = proved_shares.is_proved(study)
+            # a validity study: its records as it stores them (leader's values or a helper's seed)
+            width = proved_shares.upload_width(study) if proved else mine.shape[1]
             for got in batches.read(self.conn, self.backend, job.record.seq, wanted):
                 if not got.holds_shares_of(width):
                     continue  # deleted (retention): nothing to be the same as, so a conflict
-                held_shares = (batches.study_shares(got, job.record.study) if proved_shares.is_proved(job.record.study)
-                               else got.share_matrix(width))  # (blocks: of the party's width)
+                held_shares = batches.study_payloads(got, study)[0] if proved else got.share_matrix(width)
                 for j, share in enumerate(held_shares):
                     stored[int(got.rowids[j])] = share.tobytes()
             for i, rowid in stored_rowids.items():
@@ -792,7 +794,7 @@ class Writer:
         """What a validity study's request adds to the running totals (made here if the caller
         did not: proved_shares.addends)."""
         if job.addends is None:
-            job.addends = proved_shares.addends(record.study, job.shares)
+            job.addends = proved_shares.addends(record.study, job.shares, job.seeds is not None)
         return job.addends
 
     def _insert_blocks(self, record: StudyRecord, group: list[_Plan], base: int, out: list[tuple]) -> int:

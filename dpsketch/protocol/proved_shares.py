@@ -19,12 +19,15 @@ turns them into F_p once (``validity.release_share``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from . import field, ring, validity
 from .study import Study
+
+#: bytes of a helper's seed
+SEED_BYTES = ring.SEED_BYTES
 
 
 def is_proved(study: Study) -> bool:
@@ -54,42 +57,34 @@ def bound_part(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray:
 
 
 def expand_seeds(study: Study, seeds: np.ndarray) -> np.ndarray:
-    """The (m, upload_width) explicit shares m helper seeds ((m, 32) uint8) expand to."""
+    """The (m, upload_width) explicit shares m seeds ((m, 32) uint8) expand to: a helper's input
+    then proof shares by field expansion (validity.server_shares), or a ring share."""
     if not is_proved(study):
         return ring.expand_seeds(seeds, study.width)
     inputs, proofs = validity.server_shares(validity.plan(study), seeds, True)
     return np.concatenate([inputs, proofs], axis=1)
 
 
-def seed_expansion(study: Study) -> Callable[[np.ndarray], np.ndarray]:
-    """:func:`expand_seeds` for this study, as a one-argument function (what the store's reader
-    of stored records takes, services/batches.py)."""
-    return lambda seeds: expand_seeds(study, seeds)
+def payload_rows(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray:
+    """What a validity study's server keeps of an upload's records, as uint64 rows: the
+    leader's (m, n + P) F_p values, checked canonical (FieldError, a ValueError, for a value
+    >= p: it has no meaning in the field, and the server's sums would depend on it), or each
+    helper seed's 32 bytes as (m, 4) words. Why not expanded: the seed is the share, expanding
+    it costs n + P elements a report, and a stored record's length tells which it is (n + P > 4);
+    the sums expand only the n input elements (:func:`addends`)."""
+    if seeded:
+        return np.ascontiguousarray(payloads, dtype=np.uint8).reshape(len(payloads), SEED_BYTES).view("<u8")
+    return field.elements(payloads, "a leader's share value")
 
 
-def explicit_shares(study: Study, payloads: np.ndarray) -> np.ndarray:
-    """A batch's explicit shares as this study stores and folds them; for a validity study every
-    value must be a canonical F_p element (FieldError, a ValueError, otherwise: a value >= p has
-    no meaning in the field, and would make the server's sums depend on its representation)."""
-    if is_proved(study):
-        field.elements(payloads, "a share value")
-    return payloads
-
-
-def shares(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray:
-    """The (m, upload_width) explicit shares of a batch's payloads: seeds expanded, explicit
-    shares checked (:func:`explicit_shares`)."""
-    return expand_seeds(study, payloads) if seeded else explicit_shares(study, payloads)
-
-
-def addends(study: Study, explicit: np.ndarray) -> np.ndarray:
-    """What a server folds into its running aggregate for these (m, upload_width) shares: the
-    shares themselves, or for a validity study the halves of its coordinate shares
-    (``validity.aggregand`` of the input shares: (m, 2 w) uint64)."""
-    if not is_proved(study):
-        return explicit
+def addends(study: Study, rows: np.ndarray, seeded: bool) -> np.ndarray:
+    """What a validity study's server adds to its running aggregate for these records
+    (:func:`payload_rows`): the low and high 32-bit halves of its F_p coordinate shares,
+    (m, 2 w) uint64 (``validity.aggregand`` of the input shares; a seed expands to its n input
+    elements only, validity.input_shares)."""
     plan = validity.plan(study)
-    return validity.aggregand(plan, np.ascontiguousarray(explicit[:, :plan.input_len]), study.n_servers)
+    payload = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), SEED_BYTES) if seeded else rows
+    return validity.aggregand(plan, validity.input_shares(plan, payload, seeded))
 
 
 def released(study: Study, running: np.ndarray) -> np.ndarray:
