@@ -298,6 +298,18 @@ def test_malformed_validity_uploads_get_4xx_and_change_nothing(pool, monkeypatch
         r = httpx.post(f"{urls[0]}/v1/studies/{sid}/reports", json=body, timeout=30)
         assert r.status_code == 415 and "binary batches" in r.json()["detail"], r.text
 
+    # random bodies, of random lengths and of whole records of either kind: 4xx, never 5xx
+    rng = np.random.default_rng(35)
+    sizes = {SHARES_MEDIA_TYPE: messages.record_bytes(SHARES_MEDIA_TYPE, plan.leader_width, 3),
+             SEEDS_MEDIA_TYPE: messages.record_bytes(SEEDS_MEDIA_TYPE, plan.leader_width, 3),
+             SEALED_MEDIA_TYPE: 1 + len(sealed) // 4}
+    statuses = []
+    for media_type, record in sizes.items():
+        for _ in range(12):
+            length = int(rng.integers(1, 3)) * record if rng.random() < 0.5 else int(rng.integers(0, 3 * record))
+            statuses.append(post(int(rng.integers(0, 3)), rng.bytes(length), media_type).status_code)
+    assert all(400 <= code < 500 for code in statuses), statuses
+
     assert [held(u, s.analyst_token, study) for u, s in zip(urls, pool.specs)] == before  # nothing changed
     record = coord.finalize(study.study_id)
     assert record.n_reports == n
