@@ -187,8 +187,8 @@ def test_sealed_leader_and_helper_bodies_split_and_open_at_the_leaders_width():
         assert sdk_prepare.count_records(sealed, media_type, study) == 9
         key = x25519.X25519PrivateKey.from_private_bytes(sk)
 
-        def opened(body: bytes):
-            upload = envelope.open_batch(body, width, 2, study.study_id, study.servers[j], lambda kid: key)
+        def opened(body: bytes, server: str = study.servers[j], key=key):
+            upload = envelope.open_batch(body, width, 2, study.study_id, server, lambda kid: key)
             return list(upload.ids), upload.payloads
 
         ids, payloads = opened(sealed)
