@@ -107,6 +107,12 @@ class CreateStudy(PrivacyTarget):
         "(docs/secret_sign.md). Omitted or null: on for a sketch study with k > 1 and no parties, "
         "off for every other study; false: opt out; true on a study that cannot take it: 422 "
         "invalid-study")
+    validity: bool = Field(
+        default=False, description="every client proves in zero knowledge that its report is valid "
+        "(its noisy vector within the row bound plus a noise allowance) and every share server "
+        "refuses reports whose proofs do not verify, so one client moves a release no more than an "
+        "honest one at the bound can (docs/validity.md). Sketch studies without parties only; "
+        "implies kind sketch under auto")
 
 
 class RecommendRequest(PrivacyTarget):
