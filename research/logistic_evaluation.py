@@ -5,25 +5,25 @@ held-out rows (test accuracy, AUC and mean log-loss):
 
 * **non-private**: ``sklearn.linear_model.LogisticRegression`` (lbfgs, its default C = 1) on the
   training features;
-* **LTM gram** / **LTM sketch**: :class:`analyzer.logistic.LogisticRegression` (defaults: Taylor
+* **LTM gram** / **LTM sketch**: :class:`analyzer.analyses.logistic.LogisticRegression` (defaults: Taylor
   surrogate direction, Gaussian calibration, noise-scaled ridge) on the study kind's release;
 * **local**: the same estimator on the local model's noisy rows (each client adds
-  N(0, sigma_local^2) to its clipped row, :func:`analyzer.baselines.simulate_local`) at the same
+  N(0, sigma_local^2) to its clipped row, :func:`analyzer.simulation.simulate_local`) at the same
   (epsilon, delta), B and neighbouring notion; the intercept from the noisy rows' sum;
 * **diffprivlib**: IBM diffprivlib's ``LogisticRegression`` (objective perturbation, Chaudhuri et
   al. 2011): a *trusted curator* with pure epsilon-DP (delta = 0) at the same epsilon, its default
   C = 1, ``data_norm`` = B on features scaled to the full row bound (its best case: the label is not
   part of its row norm).
 
-Releases are drawn from their exact noise law with :func:`analyzer.baselines.simulate_ltm` (the real
+Releases are drawn from their exact noise law with :func:`analyzer.simulation.simulate_ltm` (the real
 protocol hash for the sketch, the gram kind's sum plus N(0, n sigma^2 + N server_sigma^2) per
 coordinate), at the default floor (servers s1, s2 add their noise). ``tests/test_logistic_evaluation.py``
-checks this simulation against :func:`analyzer.experiments.run_pipeline` (SDK client path, server
+checks this simulation against :func:`research.experiments.run_pipeline` (SDK client path, server
 aggregation, certificate, analyzer decoding).
 
 Rows. A study's row must have norm at most B = 1, label included. The features are scaled so the
 0.99 quantile of the training rows' feature norms is R_X and clipped there (a fixed preprocessing,
-applied to the test rows too; the scale is taken from the data as in ``analyzer.experiments``), the
+applied to the test rows too; the scale is taken from the data as in ``research.experiments``), the
 label is coded (0, C_Y): gram and local rows are [x, C_Y y] with R_X = C_Y = 1/sqrt(2); sketch rows
 are [x, C_Y y, 1/2] with R_X = C_Y = 1/2 (the constant column gives the intercept: a sketch release
 has no row sum). So no row is clipped again by the client.
@@ -33,7 +33,7 @@ b = -1 (about 30 % positive), a fixed w (the non-private model's test AUC is 0.8
 real data from scikit-learn (no download): breast cancer (569 x 30) and digits (1,797 x 64, label
 "digit >= 5"), columns standardised on the training split, 5 random 80/20 splits.
 
-``main()`` (``python -m analyzer.logistic_evaluation`` or ``dpsketch experiments --logistic``) writes
+``main()`` (``python -m research.logistic_evaluation`` or ``dpsketch experiments --logistic``) writes
 ``docs/experiments/logistic_results.md``, ``logistic_results.json`` and ``logistic_auc.png``.
 """
 
@@ -57,8 +57,8 @@ from scipy.special import expit
 
 from dpsketch.protocol.study import Study, design
 
-from . import baselines
-from .logistic import LogisticRegression
+from analyzer import simulation
+from analyzer.analyses.logistic import LogisticRegression
 
 SERVERS = ["s1", "s2"]
 DELTA = 1e-6
@@ -163,7 +163,7 @@ def feature_scale(x: np.ndarray, radius: float) -> float:
 
 
 def scaled(x: np.ndarray, factor: float, radius: float) -> np.ndarray:
-    return baselines.clip_rows(x * factor, radius)
+    return simulation.clip_rows(x * factor, radius)
 
 
 def layout_rows(x: np.ndarray, y: np.ndarray, kind: str, factor: float) -> tuple[np.ndarray, list[str]]:
@@ -203,7 +203,7 @@ def fit_ltm(kind: str, data: dict[str, np.ndarray], epsilon: float, rng: np.rand
     """Simulate the study kind's release of the training rows and fit the estimator on it."""
     rows, cols = layout_rows(data["x"], data["y"], kind, factor)
     study = design_study(cols, len(rows), epsilon, kind, (kind, len(rows), epsilon))
-    release = baselines.simulate_ltm(study, rows, rng)
+    release = simulation.simulate_ltm(study, rows, rng)
     c_y = LAYOUTS[kind][1]
     model = LogisticRegression("y", classes=(0.0, c_y),
                                intercept_column="const" if kind == "sketch" else None).fit(release)
@@ -214,7 +214,7 @@ def fit_local(data: dict[str, np.ndarray], epsilon: float, rng: np.random.Genera
               factor: float) -> tuple[LogisticRegression, float]:
     rows, cols = layout_rows(data["x"], data["y"], "gram", factor)
     study = design_study(cols, len(rows), epsilon, "gram", ("local", len(rows), epsilon))
-    rel = baselines.simulate_local(study, rows, rng)
+    rel = simulation.simulate_local(study, rows, rng)
     model = LogisticRegression("y", classes=(0.0, LAYOUTS["gram"][1])).fit(
         rel.gram(debias=True), columns=cols, n_reports=rel.n_reports, row_sum=rel.noisy_rows.sum(axis=0),
         noise_scale=rel.gram_noise_scale)
@@ -374,7 +374,7 @@ def results_markdown(summary: dict, records: list[dict[str, Any]], epsilons: Seq
     lines = ["# Logistic regression: measured results", "",
              f"Generated by `dpsketch experiments --logistic {' '.join(argv)}`".rstrip() +
              f" in {seconds:.0f} s on {platform.machine()} ({os.cpu_count()} cores); "
-             "`analyzer/logistic_evaluation.py` says exactly what runs. Mean ± std over runs.", ""]
+             "`research/logistic_evaluation.py` says exactly what runs. Mean ± std over runs.", ""]
     if t:
         lines += ["## Target: n = 10^5, d = 10, epsilon = 1 (synthetic)", "",
                   "| | LTM gram | non-private | diffprivlib |", "|---|---|---|---|",

@@ -1,7 +1,7 @@
 """Accuracy of the product's robust regression (Huber rounds) and of LAD through the l1 sketch, against
 their peers (docs/lad.md).
 
-Research harness (like :mod:`analyzer.logistic_evaluation`): numpy-seeded simulations of each
+Research harness (like :mod:`research.logistic_evaluation`): numpy-seeded simulations of each
 mechanism on the same rows, at the same (epsilon, delta), row bound B and neighbouring notion.
 
 Data (synthetic, ``synthetic``): d = 6 features, x = [1, z] with z ~ N(0, Sigma) in 5 dimensions
@@ -27,25 +27,25 @@ default floor (epsilon_floor = max(4, epsilon), each server's noise) and min_rep
 calibration's lambda_star), two servers. Mechanisms (one record each per (n, noise model,
 epsilon, seed)):
 
-* ``nonprivate_lad``: :func:`analyzer.lad.lad_full` on the rows (the exact LP, HiGHS; the tests
+* ``nonprivate_lad``: :func:`analyzer.analyses.lad.lad_full` on the rows (the exact LP, HiGHS; the tests
   check it against statsmodels' QuantReg at q = 0.5);
 * ``nonprivate_ls``: ordinary least squares on the rows (what LAD is compared against);
-* ``ltm_rounds``: **the product's LAD** (:mod:`analyzer.lad_rounds`): ``DEFAULT_ROUNDS`` moments
+* ``ltm_rounds``: **the product's LAD** (:mod:`analyzer.analyses.lad_rounds`): ``DEFAULT_ROUNDS`` moments
   studies of the same clients, each at its share of (epsilon, delta) and of the floor
   (:func:`lad_rounds.round_budget`: they compose to the target), round 1 the rows, each later round
   the rows weighted by the previous round's published fit (:func:`lad_rounds.weighted_rows`),
-  every release simulated in law (:func:`analyzer.baselines.simulate_ltm`) and fitted by
+  every release simulated in law (:func:`analyzer.simulation.simulate_ltm`) and fitted by
   :class:`lad_rounds.RobustRegression`; the record is the last round's fit (the earlier rounds'
   errors are in ``round_errors``);
 * ``ltm_gram_ls``: the product's least squares on a gram study at the same (epsilon, delta)
-  (:class:`analyzer.estimators.LeastSquares` on :func:`baselines.simulate_ltm`'s release): what
+  (:class:`analyzer.estimators.LeastSquares` on :func:`simulation.simulate_ltm`'s release): what
   LAD has to beat;
 * ``ltm_l1``: the l1 study (``design(kind="l1")``: its sketch shape, lambda_star, client and server
   noise), simulated exactly: random 16-byte report ids, the real protocol map
   (:func:`dpsketch.protocol.l1sketch.hash_report_ids`, ``apply``) applied to A + G in chunks of
   ``CHUNK`` rows, G ~ N(0, sigma^2) per value, plus the servers' noise per cell; checked against
   the certificate (the largest leverage over the set, :func:`l1sketch.leverages`) as the servers
-  would; fitted by :meth:`analyzer.lad.LADRegression.fit_release` (no noise correction);
+  would; fitted by :meth:`analyzer.analyses.lad.LADRegression.fit_release` (no noise correction);
   ``ltm_l1_cal`` records the same fit with ``noise_correction="calibrate"``;
 * ``local``: each client adds N(0, sigma_local^2) to its row and publishes it; the same
   LADRegression (k = n rows of weight 1, no noise correction).
@@ -53,7 +53,7 @@ epsilon, seed)):
 Metrics: coefficient error ||beta - beta_true||_2 (intercept included), and the l1 objective
 ratio sum_i |y_i - x_i beta| / sum_i |y_i - x_i beta_LAD| on the rows (1 = the non-private LAD).
 
-``main()`` (``python -m analyzer.lad_evaluation`` or ``dpsketch experiments --lad``) writes
+``main()`` (``python -m research.lad_evaluation`` or ``dpsketch experiments --lad``) writes
 ``docs/experiments/lad_results.md``, ``lad_results.json`` and ``lad_error.png``.
 """
 
@@ -74,11 +74,12 @@ import numpy as np
 from dpsketch.protocol import l1sketch, privacy
 from dpsketch.protocol.study import design
 
-from . import baselines
-from .estimators import LeastSquares
-from .lad import LADRegression, l1_objective, lad_full
-from .lad_rounds import DEFAULT_ROUNDS, DEFAULT_TUNING, RobustRegression, RoundWeights, round_budget, weighted_rows
-from .release import L1Release
+from analyzer import simulation
+from analyzer.analyses.lad import LADRegression, l1_objective, lad_full
+from analyzer.analyses.lad_rounds import (DEFAULT_ROUNDS, DEFAULT_TUNING, RobustRegression, RoundWeights,
+                                          round_budget, weighted_rows)
+from analyzer.estimators import LeastSquares
+from analyzer.release import L1Release
 
 DELTA = 1e-6
 ROW_BOUND = 1.0
@@ -137,7 +138,7 @@ def preprocess(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, fl
     [x, y] has norm <= B = 1)."""
     f = R_X / float(np.quantile(np.linalg.norm(x, axis=1), CLIP_QUANTILE))
     xs = x * f
-    xs[:, 1:] = baselines.clip_rows(xs[:, 1:], math.sqrt(R_X ** 2 - f ** 2))
+    xs[:, 1:] = simulation.clip_rows(xs[:, 1:], math.sqrt(R_X ** 2 - f ** 2))
     return xs, np.clip(y * f, -C_Y, C_Y), f
 
 
@@ -163,7 +164,7 @@ class SketchSet:
         self.study = study
         self.spec, self.lambda_star = study.l1_spec, study.lambda_star
         self.seed = rng.bytes(32)
-        ids = baselines.random_report_ids(n, rng)
+        ids = simulation.random_report_ids(n, rng)
         self.rows, self.signs = l1sketch.hash_report_ids(self.seed, ids, self.spec)
         k = self.spec.k
         self.counts = l1sketch.apply(self.rows, self.signs, np.ones((n, 1)), k)[:, 0]
@@ -202,7 +203,7 @@ def rounds_fit(a: np.ndarray, f: float, n: int, eps: float, seed: int, rng: np.r
     for r, (eps_r, floor_r) in enumerate(budget):
         rows = weighted_rows(a[:, 1:], weights)
         study = _design(n, eps_r, "moments", seed * 16 + r, weights.round_columns, epsilon_floor=floor_r)
-        model = RobustRegression("y", weighted_by=weights, tuning=tuning).fit(baselines.simulate_ltm(study, rows, rng))
+        model = RobustRegression("y", weighted_by=weights, tuning=tuning).fit(simulation.simulate_ltm(study, rows, rng))
         beta = np.append(model.intercept_, model.coef_)
         errors.append(float(np.linalg.norm(beta - BETA_TRUE)))
         weights = model.next_weights_
@@ -258,7 +259,7 @@ def run_case(n: int, noise: str, epsilons: Sequence[float], seed: int,
         if "ltm_gram_ls" in mechanisms:
             t = time.perf_counter()
             study = _design(n, eps, "gram", seed)
-            ls = LeastSquares("y").fit(baselines.simulate_ltm(study, a, erng))
+            ls = LeastSquares("y").fit(simulation.simulate_ltm(study, a, erng))
             record("ltm_gram_ls", eps, ls.coef_, time.perf_counter() - t, sigma=study.sigma,
                    server_sigma=study.server_sigma)
         if "local" in mechanisms:
@@ -368,7 +369,7 @@ def results_markdown(summary: dict, epsilons: Sequence[float], seconds: float, a
     lines = ["# Least absolute deviations: measured results", "",
              f"Generated by `dpsketch experiments --lad {' '.join(argv)}`".rstrip() +
              f" in {seconds:.0f} s on {platform.machine()} ({os.cpu_count()} cores); "
-             "`analyzer/lad_evaluation.py` says exactly what runs. Mean ± sample sd (median), p90 = the 90th "
+             "`research/lad_evaluation.py` says exactly what runs. Mean ± sample sd (median), p90 = the 90th "
              "percentile over runs; "
              f"d = {D} (intercept included), delta = 1e-6, replace-one, B = 1.", ""]
     first = (100_000, 1.0)
