@@ -118,16 +118,9 @@ def fit_ratios(
     return out
 
 
-def compare_inputs(
-    data,
-    study: Study,
-    ltm_release: SecondMoments,
-    *,
-    label: str | None = None,
-    rank: int | None = None,
-    alpha: float | None = None,
-    tasks: Sequence[str] = ("ridge", "pca"),
-) -> tuple[np.ndarray, list[str], str | None, int | None, float]:
+def compare_inputs(data, study: Study, ltm_release: SecondMoments, *, label: str | None = None,
+                   rank: int | None = None, alpha: float | None = None, tasks: Sequence[str] = ("ridge", "pca")
+                   ) -> tuple[np.ndarray, list[str], str | None, int | None, float]:
     """What :func:`compare` compares on: (rows clipped to the study's B, columns, label or None,
     rank or None, alpha), its defaults resolved and its inputs checked against each other."""
     rows = getattr(data, "rows", data)

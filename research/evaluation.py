@@ -38,47 +38,24 @@ from dpsketch.protocol.study import Study, design
 from . import baselines
 
 
-def compare(
-    data,
-    study: Study,
-    ltm_release: SecondMoments,
-    *,
-    label: str | None = None,
-    rank: int | None = None,
-    alpha: float | None = None,
-    rng: np.random.Generator | None = None,
-    debias: bool = True,
-    tasks: Sequence[str] = ("ridge", "pca"),
-    extra: Sequence[str] = (),
-    references: bool = True,
-) -> dict[str, dict[str, float]]:
+def compare(data, study: Study, ltm_release: SecondMoments, *, extra: Sequence[str] = (),
+            rng: np.random.Generator | None = None, debias: bool = True, **options) -> dict[str, dict[str, float]]:
     """:func:`analyzer.error_ratios.compare` (the LTM release next to the local and central
-    models), and with ``extra`` more mechanisms of :func:`central_baselines` at the study's
-    (epsilon, delta), B and neighbouring notion, e.g. ``extra=EXTRA_BASELINES`` (optimum, plain
-    SSP, AdaSSP, DGM-OLS, RMGM-OLS); each name is added to the tasks it applies to (see
-    :data:`RIDGE_BASELINES`, :data:`PCA_BASELINES`). Default: none, the three above."""
+    models; ``options``: its label, rank, alpha, tasks and references), and with ``extra`` more
+    mechanisms of :func:`central_baselines` at the study's (epsilon, delta), B and neighbouring
+    notion, e.g. ``extra=EXTRA_BASELINES`` (optimum, plain SSP, AdaSSP, DGM-OLS, RMGM-OLS); each
+    name is added to the tasks it applies to (see :data:`RIDGE_BASELINES`,
+    :data:`PCA_BASELINES`). Default: none, the three above."""
     rng = rng if rng is not None else np.random.default_rng(0)
-    out = error_ratios.compare(data, study, ltm_release, label=label, rank=rank, alpha=alpha, rng=rng,
-                               debias=debias, tasks=tasks, references=references)
+    out = error_ratios.compare(data, study, ltm_release, rng=rng, debias=debias, **options)
     extra = [m for m in extra if m not in ("local", "central")]  # already there
     if extra:
-        rows, columns, label, rank, alpha = error_ratios.compare_inputs(
-            data, study, ltm_release, label=label, rank=rank, alpha=alpha, tasks=tasks)
+        options.pop("references", None)
+        rows, columns, label, rank, alpha = error_ratios.compare_inputs(data, study, ltm_release, **options)
         more = central_baselines(
-            rows,
-            columns=columns,
-            epsilon=study.epsilon,
-            delta=study.delta,
-            row_bound=study.row_bound,
-            neighbouring=study.neighbouring,
-            label=label,
-            rank=rank,
-            alpha=alpha,
-            rng=rng,
-            debias=debias,
-            tasks=tuple(t for t in tasks if t in out),
-            mechanisms=extra,
-        )
+            rows, columns=columns, epsilon=study.epsilon, delta=study.delta, row_bound=study.row_bound,
+            neighbouring=study.neighbouring, label=label, rank=rank, alpha=alpha, rng=rng, debias=debias,
+            tasks=tuple(t for t in options.get("tasks", ("ridge", "pca")) if t in out), mechanisms=extra)
         for task, res in more.items():
             out[task].update(res)
     return out

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import os
 import platform
@@ -66,14 +65,10 @@ import numpy as np
 
 from analyzer import error_ratios, simulation, synthetic
 
-from . import baselines, evaluation, experiments
+from . import baselines, evaluation, experiments, report
 
 D_TOTAL = 10  # columns including the label
 PARTIES = (2, 3)
-DEFAULT_NS = (10_000, 100_000, 1_000_000)
-DEFAULT_EPSILONS = (0.5, 1.0, 4.0)
-QUICK_NS = (10_000, 100_000)
-QUICK_EPSILONS = (1.0,)
 NEIGHBOURING = "replace-one"
 
 #: (key, label) in table and plot order.
@@ -379,30 +374,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m research.vertical_evaluation",
                                 description="Ridge on column-partitioned data: LTM sketch (per-party and "
                                 "joint clipping) vs central, AdaSSP, local, DGM-OLS, RMGM-OLS.")
-    p.add_argument("--out", default="docs/experiments", help="folder for vertical_results.md/.json, vertical.png")
-    p.add_argument("--n", type=float, nargs="+", default=None, help="default 1e4 1e5 1e6 (--quick: 1e4 1e5)")
-    p.add_argument("--epsilons", type=float, nargs="+", default=None, help="default 0.5 1 4 (--quick: 1)")
-    p.add_argument("--seeds", type=int, default=None, help="runs per point (default 20; --quick 1)")
+    report.add_grid_arguments(p, out="folder for vertical_results.md/.json, vertical.png",
+                              n="default 1e4 1e5 1e6 (--quick: 1e4 1e5)", epsilons="default 0.5 1 4 (--quick: 1)",
+                              seeds="runs per point (default 20; --quick 1)",
+                              quick="n 1e4 1e5, epsilon 1, one run (< 40 s)",
+                              from_json="redraw from a previous vertical_results.json")
     p.add_argument("--seeds-1e6", type=int, default=None, help="runs at n >= 10^6 (default: --seeds)")
     p.add_argument("--parties", type=int, nargs="+", default=list(PARTIES))
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="n 1e4 1e5, epsilon 1, one run (< 40 s)")
-    p.add_argument("--from-json", metavar="FILE", help="redraw from a previous vertical_results.json")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    if args.from_json:
-        with open(args.from_json) as fh:
-            saved = json.load(fh)
+    if (saved := report.saved_run(args)) is not None:
         records, seconds, argv = saved["records"], saved["seconds"], saved["argv"]
     else:
-        ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else DEFAULT_NS))]
-        epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else DEFAULT_EPSILONS))]
-        seeds = args.seeds if args.seeds is not None else (1 if args.quick else 20)
+        run = report.grid(args, seeds=20)
+        ns, epsilons, seeds = run.ns, run.epsilons, run.seeds
         seeds_big = args.seeds_1e6 if args.seeds_1e6 is not None else seeds
         jobs = [(n, e, s) for n in sorted(ns, reverse=True) for e in epsilons
                 for s in range(seeds_big if n >= 1_000_000 else seeds)]
@@ -425,15 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for j in jobs:
                 done(run_case(*j, tuple(args.parties)))
         seconds = time.perf_counter() - t0
-        with open(os.path.join(args.out, "vertical_results.json"), "w") as fh:
-            json.dump({"argv": argv, "seconds": round(seconds, 1), "delta": experiments.DELTA,
-                       "records": records}, fh, indent=1)
+        report.save_run(args.out, "vertical_results.json", {"argv": argv, "seconds": round(seconds, 1),
+                                                            "delta": experiments.DELTA, "records": records})
     summary = summarize(records)
     plot(summary, os.path.join(args.out, "vertical.png"))
-    md = markdown(summary, records, list(argv), seconds)
-    with open(os.path.join(args.out, "vertical_results.md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    report.publish(args.out, "vertical_results.md", markdown(summary, records, list(argv), seconds))
     print(f"vertical: wrote {args.out}/vertical_results.md, .json, vertical.png in {seconds:.0f} s", file=sys.stderr)
     return 0
 

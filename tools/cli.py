@@ -50,9 +50,10 @@ RESEARCH_MISSING = ("the research harness is not installed with dpsketch (resear
                     "repository only); run it from a source checkout: pip install -e '.[research]' there")
 
 
-def research_on_path(checkout: Path = CHECKOUT) -> bool:
-    """Put the checkout's ``research/`` on the import path; False where there is none (an
-    installed wheel holds no research harness)."""
+def research_on_path(checkout: Path | None = None) -> bool:
+    """Put the checkout's (default: this one's) ``research/`` on the import path; False where
+    there is none (an installed wheel holds no research harness)."""
+    checkout = CHECKOUT if checkout is None else checkout
     if not (checkout / "research" / "__init__.py").is_file():
         return False
     if str(checkout) not in sys.path:
