@@ -335,7 +335,7 @@ class HistogramRelease(StudyRelease):
 
     def histogram(self):
         """The release as an :class:`analyzer.histogram.NoisyHistogram` (what the estimators fit)."""
-        from .histogram import NoisyHistogram
+        from .analyses.histogram import NoisyHistogram
 
         return NoisyHistogram(spec=self.study.histogram, counts=self.values,
                               noise_variance=self.cell_noise_variance, n_reports=self.n_reports)
