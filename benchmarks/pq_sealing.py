@@ -126,8 +126,8 @@ def table(results: list[dict]) -> str:
         for suite in ("classical", "post-quantum"):
             f = r[f"{suite} v4"]
             lines.append(f"| {r['d']} | {r['plaintext_bytes_per_report']} | {suite} | version {f['version']} | "
-                         f"{f['bytes_per_report']:.1f} | {f['seal_us_per_share']:.1f} | "
-                         f"{f['open_us_per_share']:.1f} |")
+                         f"{f['bytes_per_report']:.1f} | {f['seal_us_per_share']:.2f} | "
+                         f"{f['open_us_per_share']:.2f} |")
     return "\n".join(lines)
 
 

@@ -312,7 +312,7 @@ def record_key(secret: bytes, transcript: bytes) -> bytes:
     return HKDF(hashes.SHA256(), SECRET_BYTES, None, RECORD_KEY_LABEL + transcript).derive(secret)
 
 
-def records_aad(transcript: bytes, report_ids: bytes | memoryview) -> bytes:
+def records_aad(transcript: bytes, report_ids: bytes | bytearray | memoryview) -> bytes:
     """The records' associated data: the batch transcript, then every report id in order (what
     binds each record's plaintext, at its place, to its report id)."""
     return transcript + bytes(report_ids)
