@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "the noise is calibrated for it: the same epsilon with much less noise "
                    "(docs/secret_sign.md). Default: on for a sketch study with k > 1 and no parties, "
                    "off otherwise; --no-secret-sign opts out")
+    c.add_argument("--validity", action="store_true",
+                   help="every client proves its report valid (within the row bound plus a noise allowance) "
+                   "and every server refuses reports whose proofs fail: one client then moves a release no "
+                   "more than an honest one at the bound can (docs/validity.md). Sketch studies without "
+                   "parties; implies --kind sketch under auto")
     c.add_argument("--population", metavar="ID",
                    help="the population the study is meant for (advisory): refused now if a server's "
                    "ledger of it has no room; the servers charge the populations their operators issue "
@@ -211,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     wr = sub.add_parser("weight-rows", help="a data owner's rows for the next round of `study lad` (local, "
                         "no analyzer)", description="Map each row of IN (a CSV with a header naming the "
                         "columns) into the row ball with the constant column _1 and multiply it by its Huber "
-                        "weight under the published round weights (analyzer.lad_rounds.weighted_rows; docs/lad.md). "
+                        "weight under the published round weights (analyzer.analyses.lad_rounds.weighted_rows; docs/lad.md). "
                         "Submit OUT to the next round's study (a moments study over the columns and _1, no bounds).")
     wr.add_argument("--weights", required=True, metavar="JSON", help="the round's weights (the previous "
                     "`dpsketch study lad` answer or its next_weights)")
@@ -287,6 +292,8 @@ def _create(client: AnalyzerClient, args: argparse.Namespace) -> dict[str, Any]:
         extra["population"] = args.population
     if args.secret_sign is not None:
         extra["secret_sign"] = args.secret_sign
+    if args.validity:
+        extra["validity"] = True
     if args.bounds:
         extra["bounds"] = parse_bounds(args.bounds)
     return client.create_study(
@@ -318,7 +325,7 @@ def weight_rows_file(weights_path: str, src: str, dst: str) -> int:
 
     import numpy as np
 
-    from .lad_rounds import RoundWeights, weighted_rows
+    from .analyses.lad_rounds import RoundWeights, weighted_rows
 
     weights = RoundWeights.from_dict(read_weights(weights_path))
     try:
