@@ -1,4 +1,4 @@
-"""A validity study's data path over real processes (docs/protocol.md section 4v): the SDK over
+"""A validity study's data path over real processes (docs/protocol.md section 4c): the SDK over
 HTTP, real share servers on SQLite, the analyzer's finalization (its Coordinator, in this process:
 its REST API does not create validity studies yet), without the verification round.
 

@@ -1,5 +1,5 @@
 """A validity study at one share server (TestClient; the same over real processes is
-tests/test_validity_e2e.py): what it stores, folds and releases (docs/protocol.md section 4v).
+tests/test_validity_e2e.py): what it stores, folds and releases (docs/protocol.md section 4c).
 
 * A leader's batch (explicit F_p input and proof shares, n + P values a report) and a helper's
   (a 32-byte seed a report) are stored as they came, and the running aggregate has 2 w
@@ -181,7 +181,7 @@ def test_sealed_leader_and_helper_bodies_split_and_open_at_the_leaders_width():
     for j in range(2):
         sk = envelope.generate_private_key()
         recipient = envelope.Recipient(study.servers[j], envelope.public_key_of(sk), envelope.CLASSICAL,
-                                       envelope.VERSION_3)
+                                       envelope.VERSION_4)
         sealed, media_type = sealing.wire(recipient, study, study.study_id, batch.body(j), batch.media_type(j))
         assert media_type == messages.SEALED_MEDIA_TYPE
         assert sdk_prepare.count_records(sealed, media_type, study) == 9
