@@ -6,9 +6,14 @@ per batch (the *leader*) holds explicit shares of the proof's input and of the p
 elements a report, while the others (the *helpers*) hold a 32-byte seed that expands to theirs
 by ``field.expand``, never by ``ring.expand_seeds`` (docs/protocol.md section 4c). Every place
 that decodes, seals, stores, re-reads, folds or releases a share asks this module what a share
-of the study is, so the two kinds of study differ here and nowhere else. For a study without
-``validity`` every function answers what the code did before (``study.width``, ring seeds,
-``ring.reconstruct``), so callers need no branch of their own.
+of the study is. For a study without ``validity``, :func:`upload_width`, :func:`state_width`,
+:func:`expand_seeds`, :func:`released` and :func:`reconstruct` answer what the code did before
+(``study.width``, ring seeds, ``ring.reconstruct``), so those callers need no branch of their
+own; :func:`payload_rows` and :func:`addends` are a validity study's only.
+
+What a validity study's server keeps of a record is what it received: the leader's n + P
+values, or the helper's seed (32 bytes: the seed is the share). Only its sums expand a seed, to
+the n input elements they need (``validity.input_shares``), never the P of the proof share.
 
 The running totals of a validity study are the low and high 32-bit halves of the servers' F_p
 coordinate shares (``validity.aggregand``: 2 w columns), summed as exact integers by the ring's
@@ -32,7 +37,7 @@ SEED_BYTES = ring.SEED_BYTES
 
 def is_proved(study: Study) -> bool:
     """Whether every report of the study carries a validity proof (``Study.validity`` is set)."""
-    return getattr(study, "validity", None) is not None
+    return study.validity is not None
 
 
 def upload_width(study: Study) -> int:
