@@ -21,6 +21,7 @@ from client_sdk.prepare import prepare_batch
 from dpsketch.protocol import field, messages, proved_shares, sketch, validity
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, decode_aggregate
 from dpsketch.protocol.study import Study, design
+from conftest import BOTH_STORES
 from test_server_unit import Server
 
 ROWS = 300
@@ -98,6 +99,7 @@ def test_leader_and_helper_batches_are_stored_and_folded_as_field_halves(server)
     np.testing.assert_array_equal(server.totals(study), running(study, got))
 
 
+@BOTH_STORES
 @pytest.mark.parametrize("kept", [0.9, 0.4], ids=["subtract-excluded", "sum-included"])
 def test_commit_releases_exactly_the_field_share_of_the_included_reports(server, kept):
     study = validity_study()
@@ -117,6 +119,7 @@ def test_commit_releases_exactly_the_field_share_of_the_included_reports(server,
     assert (released < field.P).all()
 
 
+@BOTH_STORES
 def test_checkpoint_of_the_halves_restores_what_a_rebuild_holds(store_location, monkeypatch):
     from services import checkpoint, state as state_module
     from services.store import Store
