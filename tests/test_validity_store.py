@@ -202,3 +202,26 @@ def test_sealed_leader_and_helper_bodies_split_and_open_at_the_leaders_width():
         (a, pa), (b, pb) = opened(first), opened(second)
         assert a + b == batch.report_ids and len(a) == 4
         np.testing.assert_array_equal(np.concatenate([pa, pb]), sent)
+
+
+def test_kept_records_give_back_the_input_and_proof_shares_sent(server):
+    """What the verification round reads: a server's kept records (batches.study_payloads) give
+    back exactly the input and proof shares the client made for it, leader's and helper's."""
+    from services import batches as stored_batches
+
+    study = validity_study()
+    assert server.provision(study).status_code == 201
+    got = batches(study, seed=6, sizes=(30, 30))  # s1 leads batch 0, helps in batch 1
+    for b in got:
+        upload(server, study, b)
+    store = server.app.state.store
+    with store._reading() as conn:
+        kept = list(stored_batches.scan(conn, store.record(study.study_id).seq))
+    plan = validity.plan(study)
+    for chunk, batch in zip(kept, got):
+        rows, seeded = stored_batches.study_payloads(chunk, study)
+        assert seeded == (batch.seeds[0] is not None)
+        inputs, proofs = proved_shares.server_shares(study, rows, seeded)
+        sent = batch.share(0)
+        np.testing.assert_array_equal(inputs, sent[:, :plan.input_len])
+        np.testing.assert_array_equal(proofs, sent[:, plan.input_len:])

@@ -82,14 +82,27 @@ def payload_rows(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray
     return field.elements(payloads, "a leader's share value")
 
 
+def _payload(rows: np.ndarray, seeded: bool) -> np.ndarray:
+    """Kept rows as ``validity``'s functions take them: a seed's 4 words as its (m, 32) bytes (a
+    view: ``np.asarray(rows, dtype=np.uint8)`` would cast each word, not reinterpret it)."""
+    if not seeded:
+        return rows
+    return np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), SEED_BYTES)
+
+
+def server_shares(study: Study, rows: np.ndarray, seeded: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A server's input shares (m, n) and proof shares (m, P) of kept records (:func:`payload_rows`;
+    what the verification round queries): ``validity.server_shares`` of them."""
+    return validity.server_shares(validity.plan(study), _payload(rows, seeded), seeded)
+
+
 def addends(study: Study, rows: np.ndarray, seeded: bool) -> np.ndarray:
     """What a validity study's server adds to its running aggregate for these records
     (:func:`payload_rows`): the low and high 32-bit halves of its F_p coordinate shares,
     (m, 2 w) uint64 (``validity.aggregand`` of the input shares; a seed expands to its n input
     elements only, validity.input_shares)."""
     plan = validity.plan(study)
-    payload = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), SEED_BYTES) if seeded else rows
-    return validity.aggregand(plan, validity.input_shares(plan, payload, seeded))
+    return validity.aggregand(plan, validity.input_shares(plan, _payload(rows, seeded), seeded))
 
 
 def released(study: Study, running: np.ndarray) -> np.ndarray:
