@@ -54,7 +54,7 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import backend as backends
-from . import batches, checkpoint, idsets, lifecycle, policy
+from . import batches, checkpoint, idsets, lifecycle, policy, verification
 from dpsketch.protocol import inclusion
 from .idsets import SortedIds
 from .auth import digest_of, upload_token_id
@@ -198,6 +198,10 @@ class Store:
         self.backend.create_table(self._conn, checkpoint.SEGMENTS_SCHEMA)
         for schema in lifecycle.SCHEMAS:
             self.backend.create_table(self._conn, schema)
+        self.backend.create_table(self._conn, verification.SCHEMA)
+        #: validity studies' verification rounds (services/verification.py)
+        self.verification = verification.Rounds(self)
+        self.verification.load(self._conn)
         #: other replicas of this server may write to the same database (PostgreSQL): catch up
         #: under the study's row lock before deciding anything (``_catch_up``)
         self.shared = self.backend.shared
@@ -464,6 +468,7 @@ class Store:
         if status == "committed":
             self._adopt_commit(conn, record)
             return
+        self.verification.note_closed(conn, record)
         if record.upload_required or tokens:
             self._tokens_from(conn, record, tokens)
         elif conn.execute("SELECT 1 FROM upload_tokens WHERE study = ? LIMIT 1", (record.seq,)).fetchone():
@@ -739,10 +744,9 @@ class Store:
         ``seeds``: what to store in place of the shares they expand to (services/batches.py)."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
-        return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token,
-                                            pseudonyms=pseudonyms, party=party,
-                                            required=record.upload_required, waiter=waiter,
-                                            sorted_ids=sorted_ids, seeds=seeds))
+        return self.verification.admit(record, lambda: self.writer.submit(UploadJob(
+            record, ids, shares, rows, signs, token=token, pseudonyms=pseudonyms, party=party,
+            required=record.upload_required, waiter=waiter, sorted_ids=sorted_ids, seeds=seeds)))
 
     def submit_single(self, record: StudyRecord, report_id: bytes, proof: bytes, share: bytes,
                       token: bytes | None, waiter: Any) -> SingleUpload:
@@ -753,7 +757,7 @@ class Store:
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         job = SingleUpload(record, report_id, proof, share, token, waiter)
-        self.writer.submit(job)
+        self.verification.admit(record, lambda: self.writer.submit(job))
         return job
 
     @_unavailable_on_db_error
@@ -765,6 +769,8 @@ class Store:
         record = self.record(study_id)
         if record.closure is not None:
             raise self._closed_problem(record)
+        if record.commit is None:  # a validity study commits only after its round decided
+            self.verification.require_decided(record)
         if bitmap:
             ids: InclusionSet | BitmapInclusion = BitmapInclusion(body)
             ihash = ids.ihash
@@ -874,6 +880,12 @@ class Store:
                 )
             self._check_count(study, n)
             self._check_exclusion(study, n, n_held)
+            if getattr(study, "validity", None) is not None:  # only reports every check accepted here
+                if isinstance(ids, BitmapInclusion):
+                    run = state.ids.consolidate()
+                    self.verification.check_inclusion(record, run.hi[ids.mask], run.lo[ids.mask])
+                else:
+                    self.verification.check_inclusion(record, ids.hi, ids.lo)
             from_scratch = n_held - n > n
             wanted = np.sort(rowid_of if from_scratch else excluded).tolist() if n_held != n else []
             aggregate = state.aggregate.copy()
