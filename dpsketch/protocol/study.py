@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from . import accounting, bounds as _bounds, features, l1sketch, noise as _noise, parties as _parties, privacy, ring, sketch, smoothing
+from . import validity as _validity
 from .histogram import HistogramSpec
 from .noise import NOISE_TAIL_SIGMAS
 from .canonical import canonical_json, content_hash
@@ -99,6 +100,9 @@ class Study(BaseModel):
     #: noise (a sketch study with k > 1 and no parties only; docs/secret_sign.md); the study's
     #: epsilon is then accounted for the symmetric mixture (secret_sign.py). Omitted when false.
     secret_sign: bool = False
+    #: every report carries a proof that it is valid, checked by every server (validity.py,
+    #: docs/validity.md); absent: no proofs (a report's influence is unbounded)
+    validity: Literal["norm-bound/1"] | None = None
 
     @field_validator("columns")
     @classmethod
@@ -204,7 +208,12 @@ class Study(BaseModel):
                 raise ValueError(
                     f"server_sigma = {self.server_sigma} gives a floor of epsilon = {floor:.6g}, "
                     f"more than the study's epsilon_floor = {self.epsilon_floor}")
-        f_max = ring.max_frac_bits(self.max_reports, self.value_bound, self.server_noise_bound)
+        if self.validity is not None:
+            _validity.check_study(self)
+            f_max = _validity.max_frac_bits(self.max_reports, max(self.value_bound, _validity.bound_value(self)),
+                                            self.server_noise_bound)
+        else:
+            f_max = ring.max_frac_bits(self.max_reports, self.value_bound, self.server_noise_bound)
         if self.frac_bits > f_max:
             raise ValueError(
                 f"frac_bits={self.frac_bits} can overflow: max_reports * (bound + 20 sigma) + "
@@ -324,6 +333,8 @@ class Study(BaseModel):
                            (self.server_noise_std, self.n_servers * self.k * self.width)):
             if std > 0:
                 mp += count * _noise.tail_probability(grid.scale(std), grid.limit(std))
+        if self.validity is not None:  # an honest vector redrawn outside the predicate's bound
+            mp += self.max_reports * 2.0 ** _validity.REFUSAL_LOG2
         return privacy.truncation_delta(self.epsilon, mp)
 
     @property
@@ -424,11 +435,11 @@ class Study(BaseModel):
     @model_serializer(mode="wrap")
     def _omit_absent_bins(self, handler):
         """``bounds``, ``histogram``, ``l1``, ``parties`` and ``population`` appear only in studies that have them,
-        ``secret_sign`` only when true: the JSON (and so the canonical encoding and the id) of a
+        ``validity`` only when set, ``secret_sign`` only when true: the JSON (and so the canonical encoding and the id) of a
         sketch or gram study is what it was before them."""
         data = handler(self)
         if isinstance(data, dict):
-            for member in ("bounds", "histogram", "l1", "parties", "population"):
+            for member in ("bounds", "histogram", "l1", "parties", "population", "validity"):
                 if data.get(member) is None:
                     data.pop(member, None)
             if data.get("secret_sign") is False:
@@ -684,6 +695,7 @@ def design(
     population: str | None = None,
     secret_sign: bool | None = None,
     bounds: "dict[str, Sequence[float]] | Sequence[Sequence[float]] | None" = None,
+    validity: bool = False,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
@@ -706,6 +718,9 @@ def design(
     guarantee every report keeps when no other report is honest (servers add noise for it,
     docs/trust.md): by default max(DEFAULT_EPSILON_FLOOR, epsilon); None promises no floor (a
     share server's default policy refuses such a study).
+    ``validity`` has every client prove its report valid and every server check it
+    (validity.py, docs/validity.md): one report then moves the release no more than an honest
+    report at the bound can. Sketch studies without parties only, for now.
     ``bounds`` ({column: [lower, upper]} or pairs in column order) are the public range of every
     column: clients clamp to them and map each row into the ball (bounds.py), and the analyzer
     answers in the data's units; without them rows must already be scaled into the ball.
@@ -780,7 +795,11 @@ def design(
     sigma, server_sigma = noise.sigma, noise.server_sigma
     bound = value_bound(kind, row_bound, sigma)
     server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * math.sqrt(s + 1 if kind == "l1" else s)
-    frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)
+    if validity:  # valid reports reach R h per coordinate (a little above B + the noise allowance)
+        allowed = 1.01 * (row_bound + _validity.norm_allowance(sigma, width))
+        frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
+    else:
+        frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)
     study = _validated(
         name=name,
         population=population,
@@ -808,6 +827,7 @@ def design(
         max_reports=max_reports,
         frac_bits=frac_bits,
         secret_sign=secret_sign,
+        validity=_validity.PREDICATE if validity else None,
     )
     if kind == "histogram" and histogram.marginal:
         transform = (

@@ -1,0 +1,381 @@
+"""Validity proofs of a study's reports: the predicate a report must satisfy, the client's
+proof of it, and each server's share of the check (issue 40; docs/validity.md).
+
+Why. Without it one enrolled client moves any release anywhere: its shares may add up to any
+vector. With it every server refuses a report whose fully linear proof (flp.py) does not
+verify, and a valid report moves the release no more than an honest report at the study's bound.
+
+The predicate of a sketch study (``validity == "norm-bound/1"``). What the client shares is u,
+its noisy (signed) vector in units of the study's noise grid (an integer vector: the client
+rounds its clipped row to the grid and adds discrete Gaussian noise on it, noise.py). An honest
+u is the sum of a vector of norm at most B (clip_bound keeps the rounded row within B) and of w
+independent discrete Gaussians of parameter t (grid units), each t-subgaussian (Canonne, Kamath
+and Steinke 2020) and cut at 20 t (a cut only lowers the moment generating function of a
+symmetric variable). By Hsu, Kakade and Zhang (2012, Theorem 1) the noise's squared norm exceeds
+t^2 (w + 2 sqrt(w a) + 2 a) with probability at most e^(-a); with a = 64 ln 2 that is 2^-64.
+So the predicate is ||u|| <= R = B / h + t sqrt(w + 2 sqrt(w a) + 2 a) (R^2 rounded up), with
+every |u_i| < H = beta^q / 2 >= R (which a u of norm <= R satisfies), circuits.NormBound.
+An honest client whose noise falls outside (probability <= 2^-64 per report) draws it again;
+the accounting charges the conditioning as it charges the 20-sigma cut (Study.tail_delta: at most
+max_reports 2^-64 of total variation, so delta grows by (e^epsilon + 1) times that).
+
+Encoding. A report's input is the NormBound digits of u (base 4); the servers aggregate
+x = 2^shift u in F_p (an affine function of their digit shares, times the grid's 2^shift), so a
+sum decodes as today's ring sum does: its centred representative is the int64 the ring would
+hold (the study's overflow rule keeps every sum below (p - 1) / 2, Study._consistent).
+
+Sharing. One server per batch, the leader, gets explicit shares: its input share (which the
+report id commits to) and its proof share (made after the id fixed the joint randomness, so
+the id cannot commit to it: a changed proof share only makes the proof fail). Every other
+server, a helper, gets one 32-byte seed per report, which expands to its input and proof shares
+(flp.expand_share).
+
+The round (docs/protocol.md). After uploads close every server commits to a 32-byte contribution,
+reveals it once it has seen every commitment (both through the analyzer), and the query seed is
+SHA-256 of all of them: no client and no single server can choose the query point. Each server
+computes its verifier share of each report; the analyzer returns to each the sum of the others';
+each decides for itself. I/O-free.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import binding, field, flp
+from .circuits import NormBound
+from .keystream import Keystream
+
+PREDICATE = "norm-bound/1"
+#: the digits' base: the cheapest per report measured (docs/validity.md section 8)
+BETA = 4
+#: an honest report is outside the predicate with probability at most 2^REFUSAL_LOG2
+REFUSAL_LOG2 = -64
+COMMIT_DOMAIN = b"dpsketch/verify-commit/1"
+SEED_DOMAIN = b"dpsketch/verify-seed/1"
+CONTRIBUTION_BYTES = 32
+_HALF_WORD = np.uint64(0xFFFFFFFF)
+
+
+class ValidityError(ValueError):
+    """A validity study's parameters or a message of its round are not what the protocol allows."""
+
+
+def norm_allowance(t: float, w: int, refusal_log2: float = REFUSAL_LOG2) -> float:
+    """The noise norm an honest report stays within but for probability 2^refusal_log2: w
+    t-subgaussian coordinates, t sqrt(w + 2 sqrt(w a) + 2 a), a = -refusal_log2 ln 2."""
+    a = -refusal_log2 * math.log(2.0)
+    return t * math.sqrt(w + 2.0 * math.sqrt(w * a) + 2.0 * a)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a validity study's reports are, derived from the study alone (every party computes
+    the same): the circuit, the grid shift, and the sizes of each message."""
+
+    circuit: NormBound
+    w: int
+    shift: int
+    n_servers: int
+
+    @property
+    def input_len(self) -> int:
+        return self.circuit.input_len
+
+    @property
+    def proof_len(self) -> int:
+        return self.circuit.proof_len
+
+    @property
+    def verifier_len(self) -> int:
+        return self.circuit.verifier_len
+
+    @property
+    def leader_width(self) -> int:
+        """uint64 elements a leader receives and stores per report: input share, proof share."""
+        return self.input_len + self.proof_len
+
+    @property
+    def state_width(self) -> int:
+        """Columns of a server's running aggregate: the low and the high 32-bit halves of its
+        F_p coordinate shares, each summed as an exact integer by the ring kernel."""
+        return 2 * self.w
+
+    @property
+    def bound(self) -> int:
+        """R^2 of the predicate, in grid units squared."""
+        return self.circuit.r2
+
+
+def norm_bound_units(row_bound: float, spacing: float, t: int, w: int) -> int:
+    """R^2 (grid units): (B / h + the noise allowance)^2, rounded up."""
+    r = row_bound / spacing + norm_allowance(t, w)
+    return math.ceil(r * r)
+
+
+def bound_value(study) -> float:
+    """The largest |coordinate| a valid report can have, in the study's units (R h): what the
+    overflow rule must allow per report instead of the ring's value bound."""
+    grid = study.noise_grid
+    return math.sqrt(norm_bound_units(study.row_bound, grid.spacing, grid.scale(study.sigma), study.width)) * grid.spacing
+
+
+def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
+    """The largest f with (max_reports bound + extra) 2^f <= (p - 1) / 2: no sum of valid
+    reports and server noise wraps around p (ring.max_frac_bits' rule, for F_p)."""
+    from . import ring
+
+    f = ring.max_frac_bits(max_reports, bound, extra)
+    while f > 0 and (max_reports * bound + extra) * 2.0 ** f > field.HALF:
+        f -= 1
+    return f
+
+
+def check_study(study) -> None:
+    """What a validity study must be (ValueError otherwise): a sketch study without parties,
+    with client noise (the allowance is the noise's), whose sums fit F_p."""
+    if study.kind != "sketch":
+        raise ValueError(f"validity proofs exist for sketch studies only, not {study.kind} studies (yet)")
+    if study.parties is not None:
+        raise ValueError("validity proofs are not yet available for a study with parties")
+    if not study.sigma > 0:
+        raise ValueError("a validity study needs client noise (sigma > 0)")
+    plan(study)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(w: int, shift: int, r2: int, n_servers: int) -> Plan:
+    q = 1
+    while (BETA ** q // 2) ** 2 <= r2:  # H^2 > R^2: every |u_i| <= R < H
+        q += 1
+    try:
+        circuit = NormBound(w, BETA, q, r2)
+    except ValueError as exc:
+        raise ValueError(f"no validity circuit for this study: {exc}") from None
+    return Plan(circuit, w, shift, n_servers)
+
+
+def plan(study) -> Plan:
+    """The study's validity plan (cached per parameters)."""
+    grid = study.noise_grid
+    r2 = norm_bound_units(study.row_bound, grid.spacing, grid.scale(study.sigma), study.width)
+    return _plan(study.width, grid.shift, r2, study.n_servers)
+
+
+# --- client ----------------------------------------------------------------------------------------
+
+def grid_units(plan: Plan, encoded: np.ndarray) -> np.ndarray:
+    """The client's noisy vectors (ring-encoded, on the grid) as integers in grid units."""
+    x = np.asarray(encoded, dtype=np.uint64).view(np.int64)
+    if plan.shift:
+        if (x & ((1 << plan.shift) - 1)).any():
+            raise ValidityError("a value is not on the study's noise grid")
+        return x >> plan.shift
+    return x.copy()
+
+
+def within(plan: Plan, units: np.ndarray) -> np.ndarray:
+    """Which rows (grid units) satisfy the predicate: an honest client redraws the noise of the
+    others (probability <= 2^-64 each)."""
+    u = np.asarray(units, dtype=np.int64)
+    half = plan.circuit.half
+    inside = (u >= -half).all(axis=1) & (u < half).all(axis=1)
+    mag = np.minimum(np.abs(u), half).astype(np.uint64)
+    norm2 = (mag * mag).sum(axis=1, dtype=np.uint64)  # < w H^2 < p < 2^64: exact
+    return inside & (norm2 <= np.uint64(plan.bound))
+
+
+@dataclass
+class Proved:
+    """A batch of proved reports: ids, each server's binding proofs, the leader's explicit
+    payload (input share then proof share) and each helper's seeds."""
+
+    report_ids: list[bytes]
+    binding: list[np.ndarray]
+    full: int
+    leader: np.ndarray
+    seeds: list[np.ndarray | None]
+
+
+def prepare(study, encoded: np.ndarray, stream: Keystream, full: int | None = None) -> Proved:
+    """Digits, sharing, binding, joint randomness, proof: how a validity study's batch of noisy
+    vectors (ring-encoded, as noise.noisy_encoded makes them) becomes what its servers receive.
+    ``full``: the leader's position (default the last server)."""
+    p = plan(study)
+    n = p.n_servers
+    full = n - 1 if full is None else full
+    if not 0 <= full < n:
+        raise ValueError(f"full={full}: a server position, 0 to {n - 1}")
+    units = grid_units(p, encoded)
+    if not within(p, units).all():
+        raise ValidityError("a vector is outside the study's validity bound: redraw its noise")
+    inputs = p.circuit.encode(units)
+    shares = flp.share_inputs(p.circuit, inputs, n, stream)
+    helpers = iter(shares.helper_seeds)
+    seeds: list[np.ndarray | None] = [None if j == full else next(helpers) for j in range(n)]
+    contents = [binding.CONTENT_SHARE if s is None else binding.CONTENT_SEED for s in seeds]
+    payloads = [shares.leader_inputs if s is None else s for s in seeds]
+    ids, proofs = binding.bind(study.study_id, contents, payloads, stream=stream)
+    jr = flp.joint_rand(p.circuit, ids)
+    proof = flp.prove(p.circuit, inputs, jr, flp.prove_rand(p.circuit, len(ids), stream))
+    flp.share_proofs(shares, proof)
+    leader = np.concatenate([shares.leader_inputs, shares.leader_proofs], axis=1)
+    return Proved(ids, proofs, full, leader, seeds)
+
+
+# --- server: storage and aggregation ---------------------------------------------------------------
+
+def server_shares(plan: Plan, payload: np.ndarray, seeded: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A server's input shares (m, n) and proof shares (m, P) of the reports of one batch: a
+    helper's from its (m, 32) seeds, a leader's from its (m, n + P) payload."""
+    if seeded:
+        return flp.expand_share(plan.circuit, np.asarray(payload, dtype=np.uint8).reshape(-1, flp.SEED_BYTES))
+    a = field.elements(payload, "leader share")
+    if a.ndim != 2 or a.shape[1] != plan.leader_width:
+        raise ValidityError(f"a leader's share has {plan.leader_width} elements per report")
+    return a[:, :plan.input_len], a[:, plan.input_len:]
+
+
+def input_shares(plan: Plan, payload: np.ndarray, seeded: bool) -> np.ndarray:
+    """The input shares alone (what aggregation needs; a helper expands only n elements: the
+    accepted words of a seed's expansion are the same whatever their count)."""
+    if seeded:
+        return field.expand(np.asarray(payload, dtype=np.uint8).reshape(-1, flp.SEED_BYTES),
+                            plan.input_len, flp.SHARE_NONCE)
+    return server_shares(plan, payload, False)[0]
+
+
+def coordinate_shares(plan: Plan, inputs: np.ndarray) -> np.ndarray:
+    """A server's F_p shares (m, w) of x = 2^shift u: the digits' affine map, its constant
+    taking 1/N, times the grid's 2^shift."""
+    inv_n = pow(plan.n_servers, field.P - 2, field.P)
+    u = plan.circuit.coordinates.apply(inputs, const_scale=inv_n)
+    return field.mul(u, np.uint64(pow(2, plan.shift, field.P))) if plan.shift else u
+
+
+def split_words(values: np.ndarray) -> np.ndarray:
+    """(m, w) F_p -> (m, 2 w) uint64: low 32 bits then high 32 bits, so that sums of up to 2^31
+    of them (with signs +-1) are exact int64 totals in the ring kernel's uint64 arithmetic."""
+    v = np.asarray(values, dtype=np.uint64)
+    return np.concatenate([v & _HALF_WORD, v >> np.uint64(32)], axis=1)
+
+
+def aggregand(plan: Plan, inputs: np.ndarray) -> np.ndarray:
+    """What a server adds into its running aggregate for these reports (instead of a ring share)."""
+    return split_words(coordinate_shares(plan, inputs))
+
+
+def join_words(running: np.ndarray) -> np.ndarray:
+    """The F_p values of a running aggregate of split words: (lo + 2^32 hi) mod p, lo and hi
+    read as the signed integer totals they are."""
+    r = np.asarray(running, dtype=np.uint64)
+    w = r.shape[-1] // 2
+    lo = field.encode_int(r[..., :w].view(np.int64))
+    hi = field.encode_int(r[..., w:].view(np.int64))
+    return field.add(lo, field.mul(hi, np.uint64(1 << 32)))
+
+
+def release_share(plan: Plan, running: np.ndarray) -> np.ndarray:
+    """A server's (k, w) F_p aggregate share from its running aggregate."""
+    return join_words(running)
+
+
+def field_noise(study) -> np.ndarray:
+    """One server's floor noise (study.server_noise, on the grid) as F_p elements."""
+    return field.encode_int(study.server_noise().view(np.int64))
+
+
+def to_ring(summed: np.ndarray) -> np.ndarray:
+    """The sum of the servers' F_p aggregates as the ring sum it stands for: its centred
+    representative, as int64 viewed uint64 (what ring.decode reads)."""
+    return field.decode_int(summed).view(np.uint64)
+
+
+# --- the verification round ------------------------------------------------------------------------
+
+def new_contribution() -> bytes:
+    return os.urandom(CONTRIBUTION_BYTES)
+
+
+def commitment(study_id: str, position: int, contribution: bytes) -> bytes:
+    """SHA-256(domain || study id || position (1 byte) || contribution)."""
+    if len(contribution) != CONTRIBUTION_BYTES:
+        raise ValidityError(f"a contribution is {CONTRIBUTION_BYTES} bytes")
+    return hashlib.sha256(COMMIT_DOMAIN + study_id.encode() + bytes((position,)) + contribution).digest()
+
+
+def check_reveal(study_id: str, commitments: Sequence[bytes], contributions: Sequence[bytes]) -> None:
+    """Every revealed contribution matches its commitment (ValidityError naming the first that does not)."""
+    if len(commitments) != len(contributions):
+        raise ValidityError(f"{len(contributions)} contributions for {len(commitments)} commitments")
+    for j, (c, opened) in enumerate(zip(commitments, contributions, strict=True)):
+        if len(opened) != CONTRIBUTION_BYTES or commitment(study_id, j, opened) != c:
+            raise ValidityError(f"server {j}'s contribution does not open its commitment")
+
+
+def query_seed(study_id: str, contributions: Sequence[bytes]) -> bytes:
+    """SHA-256(domain || study id || every server's contribution in position order)."""
+    if any(len(c) != CONTRIBUTION_BYTES for c in contributions):
+        raise ValidityError(f"a contribution is {CONTRIBUTION_BYTES} bytes")
+    return hashlib.sha256(SEED_DOMAIN + study_id.encode() + b"".join(contributions)).digest()
+
+
+@functools.lru_cache(maxsize=16)
+def _query(plan: Plan, seed: bytes) -> flp.Query:
+    return flp.Query(plan.circuit, flp.query_point(seed))
+
+
+def verifier_shares(plan: Plan, seed: bytes, report_ids, inputs: np.ndarray, proofs: np.ndarray) -> np.ndarray:
+    """One server's verifier shares (m, V, 2) of these reports at the round's query point."""
+    jr = flp.joint_rand(plan.circuit, report_ids)
+    return flp.query(plan.circuit, inputs, proofs, jr, _query(plan, seed), plan.n_servers)
+
+
+def add_verifiers(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return field.add(a, b)
+
+
+def decide(plan: Plan, report_ids, total: np.ndarray) -> np.ndarray:
+    """Which reports' proofs verify (bool (m,)), from the sum of every server's verifier shares."""
+    return flp.decide(plan.circuit, total, flp.joint_rand(plan.circuit, report_ids))
+
+
+VERIFIERS_MEDIA_TYPE = "application/vnd.dpsketch.verifiers"
+
+
+def encode_verifiers(report_ids, shares: np.ndarray) -> bytes:
+    """A verifier message: u32 count m (little-endian), the m 16-byte report ids (ascending),
+    then the (m, V, 2) elements (8 bytes little-endian each)."""
+    ids = flp._id_matrix(report_ids)
+    return struct.pack("<I", len(ids)) + ids.tobytes() + field.to_wire(np.ascontiguousarray(shares))
+
+
+def decode_verifiers(body: bytes, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (m, 16) uint8, shares (m, V, 2)); ValidityError for a malformed body (length,
+    an element >= p, ids not strictly ascending)."""
+    if len(body) < 4:
+        raise ValidityError("a verifier message starts with its 4-byte count")
+    (m,) = struct.unpack_from("<I", body)
+    per = 16 + 16 * plan.verifier_len
+    if len(body) != 4 + m * per:
+        raise ValidityError(f"a verifier message of {m} reports is {4 + m * per} bytes, got {len(body)}")
+    ids = np.frombuffer(body, dtype=np.uint8, count=16 * m, offset=4).reshape(m, 16)
+    raw = np.frombuffer(body, dtype="<u8", offset=4 + 16 * m)
+    try:
+        shares = field.elements(raw, "verifier share").reshape(m, plan.verifier_len, 2)
+    except field.FieldError as exc:
+        raise ValidityError(str(exc)) from None
+    if m > 1:
+        keys = ids.view(">u8").reshape(m, 2)
+        hi, lo = keys[:, 0], keys[:, 1]
+        ascending = (hi[1:] > hi[:-1]) | ((hi[1:] == hi[:-1]) & (lo[1:] > lo[:-1]))
+        if not ascending.all():
+            raise ValidityError("a verifier message's report ids must be strictly ascending")
+    return ids, shares

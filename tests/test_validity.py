@@ -1,0 +1,181 @@
+"""The validity plan of a study (dpsketch/protocol/validity.py): an honest batch proves and
+verifies, the servers' F_p aggregate is the ring sum it stands for, and reports an adversary
+builds outside the predicate are refused by the summed verifier (in process; the round over
+real servers is tested with the services)."""
+
+import numpy as np
+import pytest
+
+from client_sdk import noise, prepare
+from dpsketch.protocol import field, flp, study as S, validity as V
+from dpsketch.protocol.circuits import to_digits
+from dpsketch.protocol.keystream import Keystream
+
+SERVERS = ["a", "b", "c"]
+
+
+@pytest.fixture(scope="module")
+def study():
+    return S.design(name="v", columns=[f"c{i}" for i in range(6)], label="c0", servers=SERVERS,
+                    expected_reports=20_000, validity=True)[0]
+
+
+@pytest.fixture(scope="module")
+def batch(study):
+    rows = np.random.default_rng(3).normal(size=(300, study.d)) * 0.4
+    stream = Keystream.from_key(b"\x07" * 32)
+    encoded = noise.noisy_encoded(prepare.signed_vectors(rows, study, stream), study, stream)
+    return encoded, V.prepare(study, encoded, stream, full=1)
+
+
+def _server_views(study, proved, leader=None):
+    plan = V.plan(study)
+    out = []
+    for seed in proved.seeds:
+        payload = (proved.leader if leader is None else leader) if seed is None else seed
+        out.append(V.server_shares(plan, payload, seed is not None))
+    return out
+
+
+def _decide(study, ids, views, seed=b"\x01" * 32):
+    plan = V.plan(study)
+    shares = [V.verifier_shares(plan, seed, ids, inputs, proofs) for inputs, proofs in views]
+    return V.decide(plan, ids, flp.reconstruct(shares))
+
+
+def test_study_member_is_omitted_when_absent_and_changes_the_id(study):
+    plain = study.model_copy(update={"validity": None})
+    assert "validity" not in plain.model_dump(mode="json")
+    assert study.model_dump(mode="json")["validity"] == "norm-bound/1"
+    assert S.Study.model_validate_json(plain.model_dump_json()).study_id != study.study_id
+
+
+def test_plan_bounds_an_honest_vector_and_fits_the_field(study):
+    plan = V.plan(study)
+    grid = study.noise_grid
+    # R h is the row bound plus the noise allowance; every |u_i| <= R < H; w H^2 + slack < p
+    r = plan.bound ** 0.5 * grid.spacing
+    assert study.row_bound < r < study.row_bound + 13 * study.sigma * 1.01
+    assert plan.circuit.half ** 2 > plan.bound
+    # the truncation is charged: the tail delta grows by (e^eps + 1) max_reports 2^-64 at most
+    plain = study.model_copy(update={"validity": None})
+    assert 0 < study.tail_delta - plain.tail_delta <= 4 * study.max_reports * 2.0 ** -64
+
+
+def test_honest_batch_verifies_and_aggregates_exactly(study, batch):
+    encoded, proved = batch
+    plan = V.plan(study)
+    views = _server_views(study, proved)
+    assert _decide(study, proved.report_ids, views).all()
+    # the F_p coordinates add up to the ring encoding; split words sum exactly, with signs
+    coords = flp.reconstruct([V.coordinate_shares(plan, inputs) for inputs, _ in views])
+    assert (V.to_ring(coords) == encoded).all()
+    signs = np.where(np.arange(len(encoded)) % 3 == 0, -1, 1).astype(np.int64)
+    running = []
+    for inputs, _ in views:
+        words = V.aggregand(plan, inputs).view(np.int64)
+        running.append((words * signs[:, None]).sum(axis=0)[None].view(np.uint64))
+    total = flp.reconstruct([V.release_share(plan, r) for r in running])
+    want = (encoded.view(np.int64) * signs[:, None]).sum(axis=0)
+    assert (V.to_ring(total)[0].view(np.int64) == want).all()
+
+
+def test_tampered_replayed_and_forged_reports_are_refused(study, batch):
+    _, proved = batch
+    views = _server_views(study, proved)
+    ids = proved.report_ids
+    # shares tampered after proving (one element of the leader's input share)
+    leader = proved.leader.copy()
+    leader[5, 3] = field.add(leader[5, 3], np.uint64(1))
+    tampered = _server_views(study, proved, leader)
+    ok = _decide(study, ids, tampered)
+    assert not ok[5] and ok[np.arange(len(ids)) != 5].all()
+    # a proof replayed under another report's id (its joint randomness): refused
+    swapped = list(ids)
+    swapped[0], swapped[1] = ids[1], ids[0]
+    assert not _decide(study, swapped, views)[:2].any()
+    # a proof that verifies at N - 1 servers' shares only: server 0's proof share altered
+    inputs0, proofs0 = views[0]
+    bad = proofs0.copy()
+    bad[7, 0] = field.add(bad[7, 0], np.uint64(1))
+    ok = _decide(study, ids, [(inputs0, bad)] + views[1:])
+    assert not ok[7] and ok.sum() == len(ids) - 1
+
+
+def _forged(study, inputs):
+    """An adversary's input digits, proved by the honest prover code (which proves whatever it
+    is given) and shared as a client would."""
+    plan = V.plan(study)
+    c = plan.circuit
+    m = len(inputs)
+    stream = Keystream.from_key(b"\x09" * 32)
+    shares = flp.share_inputs(c, inputs, plan.n_servers, stream)
+    ids = [bytes([i]) * 16 for i in range(1, m + 1)]
+    proof = flp.prove(c, inputs, flp.joint_rand(c, ids), flp.prove_rand(c, m, stream))
+    flp.share_proofs(shares, proof)
+    return ids, [flp.expand_share(c, s) for s in shares.helper_seeds] + [(shares.leader_inputs, shares.leader_proofs)]
+
+
+def test_vectors_outside_the_bound_are_refused(study):
+    c = V.plan(study).circuit
+    r = int(c.r2 ** 0.5)
+    w, q = c.w, c.q
+    inputs = np.zeros((3, c.input_len), dtype=np.uint64)
+    # 0: the issue's attack, coordinate 0 at 40,000 times the bound and the norm equation made
+    # to hold in F_p: a digit far out of range carries the coordinate, the slack's first digit
+    # carries R^2 - x_0^2 mod p; only the range checks can refuse it
+    x0 = 40_000 * r
+    honest = to_digits(np.full((1, w), c.half, dtype=np.uint64), c.beta, q)[0]  # u = 0
+    inputs[0, :w * q] = honest
+    inputs[0, 0] = (int(honest[0]) + x0) % field.P
+    inputs[0, w * q] = (c.r2 - x0 * x0) % field.P
+    # 1: every coordinate in range (in-range digits) but the norm twice the bound; the slack
+    # digits in range too: the norm equation fails
+    big = min(c.half - 1, 2 * r // int(w ** 0.5) + 1)
+    inputs[1] = np.concatenate([to_digits(np.full((1, w), c.half + big, dtype=np.uint64), c.beta, q)[0],
+                                np.zeros(c.slack_digits, dtype=np.uint64)])
+    # 2: sqrt(-1)-style wrap: coordinate 0 = (p + 1) / 2 (that is 1/2 mod p) four times over
+    # is out of reach of in-range digits; here a single digit of value 2^40 (out of range)
+    inputs[2, :w * q] = honest
+    inputs[2, 1] = 1 << 40
+    inputs[2, w * q] = c.r2 % field.P
+    ids, views = _forged(study, inputs)
+    assert not _decide(study, ids, views).any()
+    # the control: the honest all-zero vector with its true slack verifies
+    control = inputs[:1].copy()
+    control[0, :w * q] = honest
+    control[0, w * q:] = to_digits(np.array([[c.r2]], dtype=np.uint64), c.beta, c.slack_digits)[0]
+    ids, views = _forged(study, control)
+    assert _decide(study, ids, views).all()
+
+
+def test_verifier_messages_round_trip_and_malformed_bodies_are_refused(study, batch):
+    _, proved = batch
+    plan = V.plan(study)
+    inputs, proofs = _server_views(study, proved)[0]
+    order = np.argsort(np.frombuffer(b"".join(proved.report_ids), dtype=">u8").reshape(-1, 2)[:, 0])
+    ids = [proved.report_ids[i] for i in order]
+    shares = V.verifier_shares(plan, b"\x02" * 32, ids, inputs[order], proofs[order])
+    body = V.encode_verifiers(ids, shares)
+    got_ids, got = V.decode_verifiers(body, plan)
+    assert got_ids.tobytes() == b"".join(ids) and (got == shares).all()
+    for broken in (body[:-1], body[:4] + body[20:36] + body[4:20] + body[36:],
+                   body[:-8] + b"\xff" * 8, b"\x01"):
+        with pytest.raises(V.ValidityError):
+            V.decode_verifiers(broken, plan)
+
+
+def test_round_commitments_open_and_fix_the_seed(study):
+    sid = study.study_id
+    contributions = [V.new_contribution() for _ in SERVERS]
+    commitments = [V.commitment(sid, j, c) for j, c in enumerate(contributions)]
+    V.check_reveal(sid, commitments, contributions)
+    with pytest.raises(V.ValidityError):
+        V.check_reveal(sid, commitments, [contributions[1], contributions[0], contributions[2]])
+    assert V.query_seed(sid, contributions) != V.query_seed(sid, contributions[::-1])
+
+
+def test_only_sketch_studies_without_parties_take_proofs():
+    with pytest.raises(ValueError, match="sketch studies only"):
+        S.design(name="g", columns=["a", "b"], label="a", servers=SERVERS, expected_reports=20_000,
+                 kind="gram", validity=True)
