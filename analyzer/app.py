@@ -127,6 +127,9 @@ class StudyView(BaseModel):
     explanation: list[str]
     n_reports: int | None = None
     inclusion_hash: str | None = None
+    verification: dict[str, Any] | None = Field(
+        None, description="a validity study's verification round, once every server decided: "
+        "query_seed, decided, refused (by any server), refused_by_server (docs/protocol.md 6d)")
 
 
 class ServerLedger(BaseModel):
@@ -262,7 +265,7 @@ def _view(rec: StudyRecord) -> StudyView:
                   for k, v in rec.study.guarantees().items()}
     return StudyView(study_id=rec.study.study_id, state=rec.state, study=rec.study,
                      guarantees=guarantees, explanation=rec.explanation, n_reports=rec.n_reports,
-                     inclusion_hash=rec.inclusion_hash)
+                     inclusion_hash=rec.inclusion_hash, verification=rec.verification)
 
 
 def charged_population(named: str | None, charged: list[list[str] | None]) -> str | None:
@@ -426,6 +429,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         servers = await run_in_threadpool(coordinator.progress, study_id)
         out = {"study_id": study_id, "state": rec.state, "min_reports": rec.study.min_reports,
                "servers": [s.__dict__ for s in servers]}
+        if rec.study.validity is not None:
+            out["verification"] = rec.verification
         if rec.study.parties is not None and rec.state != "released":
             try:
                 out["parties"] = (await run_in_threadpool(coordinator.completeness, study_id)).as_dict()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsketch.protocol import messages, validity
+from dpsketch.protocol import field, messages, validity
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.verification import Commitment, Contribution
@@ -368,7 +369,7 @@ class Rounds:
             id_matrix = np.frombuffer(b"".join(p[1] for p in pieces), dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
             payload = np.concatenate([p[2] for p in pieces])
             inputs, proofs = validity.server_shares(plan, payload, seeded)
-            out[where] = validity.verifier_shares(plan, seed, id_matrix, inputs, proofs, record.study.n_servers)
+            out[where] = validity.verifier_shares(plan, seed, id_matrix, inputs, proofs)
             got_ids[where] = id_matrix
         if got_ids.tobytes() != ids:  # never: rowids come from the report index
             raise RuntimeError(f"store inconsistent: study {record.study_id}'s stored ids differ from its index")
@@ -384,10 +385,15 @@ class Rounds:
         step = self._chunk_rows(plan)
 
         def chunks() -> Iterator[bytes]:
+            # validity.encode_verifiers' layout, a piece at a time: the count, every id, then
+            # the shares of a chunk of reports after another (what its encoder joins whole)
+            yield struct.pack("<I", len(run))
+            for start in range(0, len(run), 1 << 16):
+                yield idsets.join_halves(run.hi[start:start + (1 << 16)], run.lo[start:start + (1 << 16)])
             for start in range(0, len(run), step):
                 ids = idsets.join_halves(run.hi[start:start + step], run.lo[start:start + step])
                 shares = self.verifiers(record, plan, seed, np.asarray(run.rowid[start:start + step]), ids)
-                yield validity.encode_verifiers(ids, shares)
+                yield field.to_wire(np.ascontiguousarray(shares))
 
         return len(run), seed, chunks()
 
@@ -406,16 +412,11 @@ class Rounds:
         if rnd.decided_hash is not None:
             return self._repeat(record, rnd, digest)
         try:
-            ids, others = validity.decode_verifiers(body, plan)
+            id_matrix, others = validity.decode_verifiers(body, plan)  # ids strictly ascending
         except ValueError as exc:
-            raise ProblemError("malformed-body", str(exc)) from None
-        if not isinstance(ids, (bytes, bytearray, memoryview)):
-            ids = b"".join(ids)
-        ids = bytes(ids)
+            raise ProblemError("malformed-body", f"a decision's body: {exc}") from None
+        ids = id_matrix.tobytes()
         hi, lo = idsets.halves(ids)
-        if not idsets.strictly_ascending(hi, lo):
-            raise ProblemError("invalid-request", "the reports of a decision must be in strictly ascending "
-                               "bytewise order of their ids")
         run = self._held_run(record)
         at = messages.locate(run.hi, run.lo, hi, lo)
         missing = np.flatnonzero(at < 0)

@@ -26,12 +26,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from . import validity
+
 #: A 32-byte value in lowercase hex (commitments and contributions).
 HEX32_PATTERN = r"^[0-9a-f]{64}$"
 Hex32 = Annotated[str, StringConstraints(pattern=HEX32_PATTERN)]
 
-#: The verifier shares of reports (a query's answer, a decision's request).
-VERIFIERS_MEDIA_TYPE = "application/x-dpsketch-verifiers"
+#: The verifier shares of reports (a query's answer, a decision's request): validity.py's format.
+VERIFIERS_MEDIA_TYPE = validity.VERIFIERS_MEDIA_TYPE
 #: Headers of a decision's answer: how many reports it decided, and how many of them it refused.
 DECIDED_HEADER = "X-Dpsketch-Decided"
 REFUSED_HEADER = "X-Dpsketch-Refused"
