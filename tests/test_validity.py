@@ -179,3 +179,30 @@ def test_only_sketch_studies_without_parties_take_proofs():
     with pytest.raises(ValueError, match="sketch studies only"):
         S.design(name="g", columns=["a", "b"], label="a", servers=SERVERS, expected_reports=20_000,
                  kind="gram", validity=True)
+
+
+def test_conformance_vectors_match_their_generator_and_the_round_hashes():
+    import hashlib
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_validity_vectors", root / "scripts" / "make_validity_vectors.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    stored = (root / "conformance" / "validity.json").read_text()
+    assert gen.render() == stored, "conformance/validity.json is out of date: run scripts/make_validity_vectors.py"
+    for vec in json.loads(stored)["vectors"]:
+        sid = vec["study_id"]
+        assert S.Study.model_validate(vec["study"]).study_id == sid
+        contributions = [bytes.fromhex(c) for c in vec["contributions"]]
+        for j, (c, k) in enumerate(zip(contributions, vec["commitments"], strict=True)):
+            assert hashlib.sha256(b"dpsketch/verify-commit/1" + sid.encode() + bytes((j,)) + c).hexdigest() == k
+        seed = hashlib.sha256(b"dpsketch/verify-seed/1" + sid.encode() + b"".join(contributions)).hexdigest()
+        assert seed == vec["query_seed"]
+        assert all(vec["decisions"]) and not vec["tampered_decisions"][0]
+        # the coordinate shares add up to the noisy vectors (units times 2^shift), mod p
+        total = flp.reconstruct([np.array(s, dtype=np.uint64) for s in vec["coordinate_shares"]])
+        units = np.array(vec["units"], dtype=np.int64)
+        assert (field.decode_int(total) == units << vec["plan"]["grid_shift"]).all()

@@ -296,8 +296,11 @@ class Study(BaseModel):
     @property
     def noise_grid(self) -> _noise.Grid:
         """The lattice every noise term and every client value of this study lies on: the ring's
-        2^-f grid, or a coarser 2^(shift - f) when the noise is wider than 2^24 steps."""
+        2^-f grid, or a coarser 2^(shift - f) when the noise is wider than 2^24 steps; for a
+        validity study the coarsest with its smallest noise at 64 steps or more (validity.py)."""
         largest = max(self.sigma, self.server_noise_std)
+        if self.validity is not None and self.sigma > 0:  # coarser: a proof costs digits per bit
+            return _validity.noise_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0), self.frac_bits)
         return _noise.grid_for(largest, self.frac_bits) if largest > 0 else _noise.Grid(self.frac_bits, 0)
 
     @property

@@ -62,6 +62,12 @@ COMMIT_DOMAIN = b"dpsketch/verify-commit/1"
 SEED_DOMAIN = b"dpsketch/verify-seed/1"
 CONTRIBUTION_BYTES = 32
 _HALF_WORD = np.uint64(0xFFFFFFFF)
+#: a validity study's grid puts its smallest noise at this many steps or a little more: fine
+#: enough for the discrete noise argument (smoothing.py: a step of 1/64 of the client's noise
+#: leaves an error near 2^-18000, where 2^-100 is required) and for accuracy (rounding moves a
+#: row by h sqrt(w) / 2 at most), and coarse enough that a coordinate needs about 12 bits
+#: instead of the 26 of the default grid (2^24 steps per sigma of the widest noise)
+GRID_STEPS = 64
 
 
 class ValidityError(ValueError):
@@ -112,6 +118,17 @@ class Plan:
     def bound(self) -> int:
         """R^2 of the predicate, in grid units squared."""
         return self.circuit.r2
+
+
+def noise_grid(smallest_std: float, frac_bits: int):
+    """The coarsest power-of-two grid 2^(shift - f) on which the study's smallest noise has at
+    least GRID_STEPS steps (the digits of a report are what a proof costs)."""
+    from .noise import Grid
+
+    shift = 0
+    while shift < frac_bits and smallest_std * math.ldexp(1.0, frac_bits - shift - 1) >= GRID_STEPS:
+        shift += 1
+    return Grid(frac_bits, shift)
 
 
 def norm_bound_units(row_bound: float, spacing: float, t: int, w: int) -> int:

@@ -1,0 +1,146 @@
+"""Write the test vectors of a validity study's reports (docs/validity.md, issue 40) into
+conformance/validity.json.
+
+    .venv/bin/python scripts/make_validity_vectors.py            # (re)write the file
+    .venv/bin/python scripts/make_validity_vectors.py --check    # exit 1 if it would change
+
+Deterministic: the study's seed, the client's keystream key and the servers' contributions are
+fixed bytes. Each vector is one study with ``validity = "norm-bound/1"`` (its JSON, so its id)
+and a batch of reports through the whole path an independent client and server must reproduce:
+the plan derived from the study (grid, R^2, digits), the noisy vectors as ring integers (the
+input of ``validity.prepare``: clipping, sign and noise are pinned by conformance/ already), the
+grid units, the input digits, the client keystream's draws in order (helpers' seeds, binding
+salts, prove randomness), the report ids, the joint randomness, the proofs, the leader's shares,
+each server's coordinate shares and split words, the round (contributions, commitments, query
+seed, t), each server's verifier shares, their sum and the decisions; and one tampered report
+refused. Field elements are decimal strings; F_(p^2) elements pairs [c0, c1].
+tests/test_validity.py checks the file against this generator and recomputes the round's
+hashes with hashlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from client_sdk import noise as client_noise  # noqa: E402
+from client_sdk.prepare import signed_vectors  # noqa: E402
+from dpsketch.protocol import field, flp, validity  # noqa: E402
+from dpsketch.protocol.keystream import Keystream  # noqa: E402
+from dpsketch.protocol.study import design  # noqa: E402
+
+OUT = ROOT / "conformance" / "validity.json"
+
+
+def _dec(a) -> list:
+    return np.vectorize(lambda v: str(int(v)), otypes=[object])(np.asarray(a, dtype=np.uint64)).tolist()
+
+
+def _fixed(label: str, size: int = 32) -> bytes:
+    return hashlib.sha256(b"dpsketch/validity-vector/1/" + label.encode()).digest()[:size]
+
+
+def study_vector(label: str, servers: list[str], full: int, rows: list[list[float]]) -> dict:
+    study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers,
+                   expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True)[0]
+    plan = validity.plan(study)
+    grid = study.noise_grid
+    a = np.array(rows, dtype=np.float64)
+    noise_stream = Keystream.from_key(_fixed(label + "/noise"))
+    encoded = client_noise.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
+    units = validity.grid_units(plan, encoded)
+    inputs = plan.circuit.encode(units)
+    proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(label + "/client")), full=full)
+    ids = proved.report_ids
+    jr = flp.joint_rand(plan.circuit, ids)
+    views = []
+    for seed in proved.seeds:
+        payload = proved.leader if seed is None else seed
+        views.append(validity.server_shares(plan, payload, seed is not None))
+    contributions = [_fixed(f"{label}/contribution/{j}") for j in range(len(servers))]
+    commitments = [validity.commitment(study.study_id, j, c) for j, c in enumerate(contributions)]
+    query_seed = validity.query_seed(study.study_id, contributions)
+    shares = [validity.verifier_shares(plan, query_seed, ids, x, p) for x, p in views]
+    total = flp.reconstruct(shares)
+    # a tampered copy: the leader's first input element of report 0 plus one
+    leader = proved.leader.copy()
+    leader[0, 0] = field.add(leader[0, 0], np.uint64(1))
+    tampered = list(shares)
+    tampered[full] = validity.verifier_shares(plan, query_seed, ids, *validity.server_shares(plan, leader, False))
+    proofs = flp.reconstruct([p for _, p in views])
+    return {
+        "id": label, "type": "validity_study",
+        "study": study.model_dump(mode="json"), "study_id": study.study_id,
+        "plan": {"grid_shift": grid.shift, "frac_bits": grid.frac_bits, "t": grid.scale(study.sigma),
+                 "r2": plan.bound, "beta": plan.circuit.beta, "q": plan.circuit.q, "H": plan.circuit.half,
+                 "slack_digits": plan.circuit.slack_digits, "input_len": plan.input_len,
+                 "proof_len": plan.proof_len, "verifier_len": plan.verifier_len,
+                 "leader_width": plan.leader_width},
+        "rows": rows, "encoded": _dec(encoded), "units": units.tolist(), "input": _dec(inputs),
+        "full": full, "client_key": _fixed(label + "/client").hex(),
+        "helper_seeds": {str(j): s.tobytes().hex() for j, s in enumerate(proved.seeds) if s is not None},
+        "binding": [b.tobytes().hex() for b in proved.binding],
+        "report_ids": [i.hex() for i in ids], "joint_rand": _dec(jr), "proof": _dec(proofs),
+        "leader": _dec(proved.leader),
+        "coordinate_shares": [_dec(validity.coordinate_shares(plan, x)) for x, _ in views],
+        "aggregands": [_dec(validity.aggregand(plan, x)) for x, _ in views],
+        "contributions": [c.hex() for c in contributions], "commitments": [c.hex() for c in commitments],
+        "query_seed": query_seed.hex(), "t": _dec(flp.query_point(query_seed)),
+        "verifier_shares": [_dec(s) for s in shares], "verifier": _dec(total),
+        "decisions": validity.decide(plan, ids, total).tolist(),
+        "tampered_decisions": validity.decide(plan, ids, flp.reconstruct(tampered)).tolist(),
+    }
+
+
+def vectors() -> dict:
+    return {
+        "format": "dpsketch-conformance/1",
+        "spec_version": "validity-draft-2",
+        "protocol": "dpsketch/2",
+        "category": "validity",
+        "description": (
+            "Reports of studies with validity = norm-bound/1 (docs/validity.md): from the noisy ring "
+            "vectors to the servers' verifier shares and decisions. Field elements are decimal strings "
+            "(F_p, p = 2^64 - 2^32 + 1), F_(p^2) elements pairs [c0, c1]. The client keystream "
+            "(Keystream.from_key(client_key)) is drawn in this order: the helpers' seeds (32 bytes a "
+            "report, helper by helper in server order), the binding salts (docs/protocol.md 4a), the "
+            "prove randomness (F_p elements by rejection, flp.prove_rand). tampered_decisions: the "
+            "leader's first input element of report 0 plus one."),
+        "tolerance_rule": "exact",
+        "vectors": [
+            study_vector("two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
+            study_vector("three-servers-leader-last", ["s0", "s1", "s2"], 2, [[-0.6, 0.1, 0.2]]),
+        ],
+    }
+
+
+def render() -> str:
+    return json.dumps(vectors(), indent=1) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
+    parser.add_argument("--out", type=Path, default=OUT, help="file to write (default: conformance/validity.json)")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if not args.out.exists() or args.out.read_text() != text:
+            print(f"out of date: {args.out} (run scripts/make_validity_vectors.py)")
+            return 1
+        return 0
+    args.out.write_text(text)
+    print(f"wrote {args.out}: {len(json.loads(text)['vectors'])} vectors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
