@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from dpsketch.protocol import ProblemError, Study, design, inclusion, ledger, messages, ring, validity, verification
+from dpsketch.protocol import (ProblemError, Study, design, inclusion, ledger, messages, proved_shares, validity,
+                               verification)
 from dpsketch.protocol.messages import CommitResult, PopulationLedger, ServerInfo, StudyInfo
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
@@ -585,7 +586,8 @@ class Coordinator:
             if header_hash != expected_hash:
                 raise UpstreamError(server.endpoint.server_id, "aggregate is over a different set")
             shares.append(share)
-        self.store.release(study_id, ring.reconstruct(shares), n_reports)
+        # the ring sum (a study with validity proofs: the F_p sum, centred into the ring)
+        self.store.release(study_id, proved_shares.reconstruct(study, shares), n_reports)
         return self.record(study_id)
 
     def verify(self, study_id: str) -> tuple[bytes, list[np.ndarray], list[int]]:

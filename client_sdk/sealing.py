@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dpsketch.protocol import envelope, messages
+from dpsketch.protocol import envelope, messages, proved_shares
 from dpsketch.protocol.study import Study
 
 from . import prepare
@@ -132,8 +132,8 @@ class SealedBody(bytes):
 def wire(recipient: envelope.Recipient, study: Study, study_id: str, body: bytes,
          media_type: str) -> tuple[SealedBody, str]:
     """A prepared plaintext body sealed to ``recipient`` in its layout (``recipient.version``)."""
-    sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type, study.width,
-                                           study.n_servers))
+    sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type,
+                                           proved_shares.upload_width(study), study.n_servers))
     sealed.recipient, sealed.study, sealed.study_id = recipient, study, study_id
     sealed.plain, sealed.plain_media_type = body, media_type
     return sealed, messages.SEALED_MEDIA_TYPE

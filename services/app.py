@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 import dpsketch
 
-from dpsketch.protocol import binding, envelope, inclusion
+from dpsketch.protocol import binding, envelope, inclusion, proved_shares
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
@@ -188,12 +188,13 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     opened with this server's key ring ``keys``), check every record's binding and hash its ids
     (CPU work, run in a worker thread), and sort them for the writer's report index; the seeds
     too, which the writer stores instead of the shares where they are smaller (services/batches.py)."""
+    width = proved_shares.upload_width(study)  # a validity study's leader: input and proof shares
     try:
         if media_type == SEALED_MEDIA_TYPE:
-            upload = envelope.open_batch(body, study.width, study.n_servers, study.study_id, server_id,
+            upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
                                          keys.private_key_for)
         else:
-            upload = decode_upload(body, media_type, study.width, study.n_servers)
+            upload = decode_upload(body, media_type, width, study.n_servers)
     except envelope.SealError as exc:
         raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
@@ -201,7 +202,9 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     shares = verified_shares(upload, study, server_id)
     rows, signs = study.hash_report_ids(upload.ids, upload.joined)
     seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
-    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds
+    addends = (proved_shares.addends(study, shares, seeds is not None) if proved_shares.is_proved(study)
+               else None)  # a validity study's: what the running totals fold (made off the writer's thread)
+    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds, addends
 
 
 def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> None:
@@ -213,7 +216,7 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> 
     binding is inside its ciphertext, so it is checked after opening, before anything is stored."""
     study = record.study
     try:
-        header = envelope.parse_batch(body, study.width, study.n_servers)
+        header = envelope.parse_batch(body, proved_shares.upload_width(study), study.n_servers)
     except envelope.SealError as exc:  # a suite this server does not know
         raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
@@ -226,7 +229,8 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> 
         granted = record.upload_tokens.get(token)
         room = granted.room() if granted is not None else 0
         if room is not None and header.count > room:  # retries cost nothing: count the new ones
-            new = store.count_new(record, envelope.record_ids(body, header, study.width, study.n_servers))
+            new = store.count_new(record, envelope.record_ids(body, header, proved_shares.upload_width(study),
+                                                              study.n_servers))
             if new > room:
                 raise quota_problem(room, record.study_id, new)
 
@@ -592,10 +596,11 @@ def create_app(settings: Settings) -> FastAPI:
         body = await request.body()
         if media_type == SEALED_MEDIA_TYPE:
             await run_in_threadpool(_sealed_precheck, store, record, body, token)
-        ids, shares, rows, signs, sorted_ids, seeds = await run_in_threadpool(
+        ids, shares, rows, signs, sorted_ids, seeds, addends = await run_in_threadpool(
             _parse_batch, body, record.study, media_type, settings.server_id, store.keys)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,
-                                                               sorted_ids=sorted_ids, seeds=seeds))
+                                                               sorted_ids=sorted_ids, seeds=seeds,
+                                                               addends=addends))
         metrics.uploaded(study_id, result)
         return json_response(result)
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from dpsketch.protocol import accounting, kernels, ledger, noise, parties, privacy, sketch
+from dpsketch.protocol import accounting, kernels, ledger, noise, parties, privacy, proved_shares, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
@@ -733,7 +733,7 @@ class Store:
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
                       token: bytes | None = None, pseudonyms: list[bytes] | None = None,
                       party: int | None = None, waiter: Any = None, sorted_ids: SortedIds | None = None,
-                      seeds: np.ndarray | None = None) -> Future:
+                      seeds: np.ndarray | None = None, addends: np.ndarray | None = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
         future resolves to an UploadResult once they are durable (or to a ProblemError).
         ``token`` is the digest of the upload token they came with (its quota is charged).
@@ -741,12 +741,15 @@ class Store:
         ``waiter``: an asyncio future of the calling event loop, given the same outcome (the
         writer wakes the loop once per group of uploads rather than once per future).
         ``sorted_ids``: the ids sorted (idsets.SortedIds), which spares the writer sorting them.
-        ``seeds``: what to store in place of the shares they expand to (services/batches.py)."""
+        ``seeds``: what to store in place of the shares they expand to (services/batches.py).
+        ``addends``: a study with validity proofs, what they add to the running totals
+        (proved_shares.addends; the writer makes them if not given)."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         return self.verification.admit(record, lambda: self.writer.submit(UploadJob(
             record, ids, shares, rows, signs, token=token, pseudonyms=pseudonyms, party=party,
-            required=record.upload_required, waiter=waiter, sorted_ids=sorted_ids, seeds=seeds)))
+            required=record.upload_required, waiter=waiter, sorted_ids=sorted_ids, seeds=seeds,
+            addends=addends)))
 
     def submit_single(self, record: StudyRecord, report_id: bytes, proof: bytes, share: bytes,
                       token: bytes | None, waiter: Any) -> SingleUpload:
@@ -827,9 +830,10 @@ class Store:
         )
         # this server's own noise: what protects its clients if every other report and every other
         # server is the adversary's (the floor). CSPRNG, on the ring grid, inside the study's
-        # overflow bound (20 sigma cut, counted in Study.server_noise_bound); drawn once, stored
-        aggregate += study.server_noise()
-        released = encode_aggregate(aggregate)
+        # overflow bound (20 sigma cut, counted in Study.server_noise_bound); drawn once, stored.
+        # A study with validity proofs: its running halves become its F_p share, the noise is
+        # added in F_p (dpsketch/protocol/proved_shares.py)
+        released = encode_aggregate(proved_shares.released(study, aggregate))
 
         now = time.time()
 
@@ -895,7 +899,7 @@ class Store:
             aggregate[:] = 0
             gram[:] = 0
         for got in self._fetch(record.seq, wanted):
-            rids, shares = got.id_list(), got.share_matrix(study.width)
+            rids, shares = got.id_list(), batches.study_addends(got, study)
             rows, signs = study.hash_report_ids(rids)
             add_into(aggregate, rows, signs, shares, sign)
             sketch.accumulate_gram(gram, rows, signs, sign)
