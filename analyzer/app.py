@@ -107,6 +107,12 @@ class CreateStudy(PrivacyTarget):
         "(docs/secret_sign.md). Omitted or null: on for a sketch study with k > 1 and no parties, "
         "off for every other study; false: opt out; true on a study that cannot take it: 422 "
         "invalid-study")
+    validity: bool = Field(
+        default=False, description="every client proves its report valid (its noisy vector's norm "
+        "within the study's bound plus the noise allowance) and every server checks each proof before "
+        "the release, through the analyzer (docs/protocol.md section 6d): one report then moves the "
+        "release no more than an honest report at the bound. Sketch studies without parties only "
+        "(kind auto then chooses sketch)")
 
 
 class RecommendRequest(PrivacyTarget):
