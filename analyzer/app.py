@@ -108,11 +108,11 @@ class CreateStudy(PrivacyTarget):
         "off for every other study; false: opt out; true on a study that cannot take it: 422 "
         "invalid-study")
     validity: bool = Field(
-        default=False, description="every client proves its report valid (its noisy vector's norm "
-        "within the study's bound plus the noise allowance) and every server checks each proof before "
-        "the release, through the analyzer (docs/protocol.md section 6d): one report then moves the "
-        "release no more than an honest report at the bound. Sketch studies without parties only "
-        "(kind auto then chooses sketch)")
+        default=False, description="every client proves in zero knowledge that its report is valid "
+        "(its noisy vector within the row bound plus a noise allowance) and every share server "
+        "refuses reports whose proofs do not verify, so one client moves a release no more than an "
+        "honest one at the bound can (docs/validity.md). Sketch studies without parties only; "
+        "implies kind sketch under auto")
 
 
 class RecommendRequest(PrivacyTarget):

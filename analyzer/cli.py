@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "the noise is calibrated for it: the same epsilon with much less noise "
                    "(docs/secret_sign.md). Default: on for a sketch study with k > 1 and no parties, "
                    "off otherwise; --no-secret-sign opts out")
+    c.add_argument("--validity", action="store_true",
+                   help="every client proves its report valid (within the row bound plus a noise allowance) "
+                   "and every server refuses reports whose proofs fail: one client then moves a release no "
+                   "more than an honest one at the bound can (docs/validity.md). Sketch studies without "
+                   "parties; implies --kind sketch under auto")
     c.add_argument("--population", metavar="ID",
                    help="the population the study is meant for (advisory): refused now if a server's "
                    "ledger of it has no room; the servers charge the populations their operators issue "
@@ -287,6 +292,8 @@ def _create(client: AnalyzerClient, args: argparse.Namespace) -> dict[str, Any]:
         extra["population"] = args.population
     if args.secret_sign is not None:
         extra["secret_sign"] = args.secret_sign
+    if args.validity:
+        extra["validity"] = True
     if args.bounds:
         extra["bounds"] = parse_bounds(args.bounds)
     return client.create_study(

@@ -340,12 +340,10 @@ class Coordinator:
         elif auto and design_args.get("parties") is not None:
             auto, design_args["kind"] = False, "sketch"
             chosen = ["Kind: auto chose sketch: only a sketch study can have parties (docs/vertical.md)."]
-        elif auto and design_args.get("validity"):
+        elif auto and ((design_args.get("k") or 1) > 1 or design_args.get("secret_sign") or design_args.get("validity")):
             auto, design_args["kind"] = False, "sketch"
-            chosen = ["Kind: auto chose sketch: validity proofs exist for sketch studies only (docs/validity.md)."]
-        elif auto and ((design_args.get("k") or 1) > 1 or design_args.get("secret_sign")):
-            auto, design_args["kind"] = False, "sketch"
-            chosen = ["Kind: auto chose sketch: the request sets the sketch's shape (k > 1) or its secret sign."]
+            chosen = ["Kind: auto chose sketch: the request sets the sketch's shape (k > 1), its secret sign "
+                      "or validity proofs."]
         if auto:
             from .recommend import recommend
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
-import pytest
 from scipy import stats
 
 from analyzer.client import AnalyzerClient
