@@ -14,6 +14,7 @@ from analyzer.config import ClusterConfig, ServerEndpoint
 from analyzer.coordinator import Coordinator, UpstreamError
 from analyzer.store import AnalyzerStore
 from client_sdk import noise, prepare
+from conftest import BOTH_STORES
 from dpsketch.protocol import field, messages, study as S, validity as V
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.problems import ProblemError
@@ -72,9 +73,10 @@ def store_reports(store, record, ids: list[bytes], payload: bytes) -> None:
 class Round:
     """Three servers' apps and an analyzer's coordinator speaking to them through TestClient."""
 
-    def __init__(self, tmp_path, study):
+    def __init__(self, new_store, study):
+        """``new_store(name)``: a server's store (a SQLite path, or a PostgreSQL database's URL)."""
         self.study = study
-        self.tmp_path = tmp_path
+        self.locations = {sid: new_store(sid) for sid in SERVERS}
         self.apps = [self._app(sid) for sid in SERVERS]
         config = ClusterConfig(servers=[ServerEndpoint(server_id=sid, url=f"http://{sid}", analyst_token=AN)
                                         for sid in SERVERS])
@@ -83,9 +85,11 @@ class Round:
         self._connect()
 
     def _app(self, sid):
-        settings = Settings(server_id=sid, db_path=self.tmp_path / f"{sid}.sqlite3", operator_token=OP,
-                            analyst_token=AN, upload_auth="open", max_floor_epsilon=None,
-                            population_epsilon=None, population_floor_epsilon=None, warm_start=False)
+        where = self.locations[sid]
+        at = {"db_url": where} if isinstance(where, str) else {"db_path": where}
+        settings = Settings(server_id=sid, operator_token=OP, analyst_token=AN, upload_auth="open",
+                            max_floor_epsilon=None, population_epsilon=None, population_floor_epsilon=None,
+                            warm_start=False, **at)
         app = create_app(settings)
         app.state.store.provision(self.study)
         return app
@@ -140,8 +144,8 @@ def study():
 
 
 @pytest.fixture
-def rnd(tmp_path, study):
-    r = Round(tmp_path, study)
+def rnd(store_location, study):
+    r = Round(store_location, study)
     yield r
     r.close()
 
@@ -163,6 +167,7 @@ def tampered(study, proved, seed=9):
     return views, [proved.report_ids[i] for i in (0, 1, 2)]
 
 
+@BOTH_STORES
 def test_the_round_refuses_exactly_the_tampered_reports_at_every_server(rnd, study):
     proved = proved_batch(study, 200)
     views, bad = tampered(study, proved)
@@ -296,6 +301,7 @@ def test_what_a_lying_analyzer_can_and_cannot_do(rnd, study):
     assert no.value.slug == "inclusion-refused"
 
 
+@BOTH_STORES
 def test_a_restarted_server_keeps_its_contribution_seed_and_decisions(rnd, study):
     proved = proved_batch(study, 120, seed=6)
     views, bad = tampered(study, proved)
