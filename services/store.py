@@ -216,7 +216,7 @@ class Store:
         self._ledger: dict[str, list[tuple[ledger.Charge, float]]] = {}
         self._load_ledger(self._conn)
         self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use, self.backend,
-                             catch_up=self._catch_up if self.shared else None)
+                             catch_up=self._catch_up_uploads if self.shared else None)
         self._expiry_from = self._expiry_counts_from() if settings.study_expiry_s is not None else 0.0
         self._closed = False
         self._closing = threading.Event()
@@ -468,7 +468,6 @@ class Store:
         if status == "committed":
             self._adopt_commit(conn, record)
             return
-        self.verification.note_closed(conn, record)
         if record.upload_required or tokens:
             self._tokens_from(conn, record, tokens)
         elif conn.execute("SELECT 1 FROM upload_tokens WHERE study = ? LIMIT 1", (record.seq,)).fetchone():
@@ -483,6 +482,15 @@ class Store:
                 record.report_count = state.report_count
                 log.debug("study %s: caught up on %d reports stored by other replicas",
                           record.study_id, len(state.ids) - before)
+
+    def _catch_up_uploads(self, conn, record: StudyRecord, tokens: set[bytes]) -> None:
+        """The writer's catch-up before it decides on uploads (replicas): :meth:`_catch_up`, then
+        a refusal of the whole group if another replica closed the study for its verification
+        round (services/verification.py): raised, so the writer stores none of the group and
+        answers each request 503 (retried, they meet this replica's gate: 409 uploads-closed)."""
+        self._catch_up(conn, record, tokens)
+        if self.verification.closed_in(conn, record):
+            raise ProblemError("uploads-closed", f"study {record.study_id} is being verified: it takes no more reports")
 
     def _follow_keys(self) -> None:
         """A shared store: keys rotated or retired by another replica reach this one within

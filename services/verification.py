@@ -23,8 +23,9 @@ Why the upload gate is in the store and not the writer: the writer runs jobs in 
 were queued (services/writer.py), so a commit job queued under the gate's lock runs after
 every upload queued before it and before any queued after it, and every upload queued after
 it is refused under the same lock. The contribution is thus drawn after the last report this
-server will ever hold. (Replicas sharing a PostgreSQL database learn of the closure only from
-the database: see docs/protocol.md section 6d.)
+server will ever hold. Replicas sharing a PostgreSQL database learn of a closure another
+replica made from the database, under the study's row lock, before they store any upload
+(``Store._catch_up_uploads``); the commit takes that lock too.
 """
 
 from __future__ import annotations
@@ -174,11 +175,15 @@ class Rounds:
                                    f"verification round began): it takes no more reports")
             return submit()
 
-    def note_closed(self, conn: Any, record: "StudyRecord") -> None:
-        """A store shared with other replicas: take a closure another replica stored."""
+    def closed_in(self, conn: Any, record: "StudyRecord") -> bool:
+        """A store shared with other replicas, under the study's row lock: whether some replica
+        closed the study (taken into this one's gate too)."""
+        if getattr(record.study, "validity", None) is None:
+            return False
         if record.seq not in self._closed and conn.execute(
                 "SELECT 1 FROM verifications WHERE study = ?", (record.seq,)).fetchone():
             self._closed.add(record.seq)
+        return record.seq in self._closed
 
     # --- state -------------------------------------------------------------------------------
     def _read(self, conn: Any, seq: int) -> Round | None:
