@@ -17,7 +17,8 @@ from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, POPULATION_PATTERN
 
-from . import console_api, histogram_api, lad_api, logistic_api, pilot_api, recommend
+from . import console_api, recommend
+from .analyses import histogram, lad, logistic, pilot
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
 from .moments import release_columns
@@ -332,9 +333,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                                f"l2 embedding): use analyses/lad")
         return rel
 
-    histogram_api.install(app, released, auth)
-    logistic_api.install(app, released, auth)
-    lad_api.install(app, released, auth)
+    histogram.install(app, released, auth)
+    logistic.install(app, released, auth)
+    lad.install(app, released, auth)
     console_api.install(app)  # the analyst console's static files (no token: they carry no data)
 
     def upstream(exc: UpstreamError) -> ProblemError:
@@ -380,7 +381,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             raise upstream(exc) from exc
         return _view(coordinator.record(study.study_id))
 
-    pilot_api.install(app, released, auth, create=lambda fields: create_study(CreateStudy(**fields)))
+    pilot.install(app, released, auth, create=lambda fields: create_study(CreateStudy(**fields)))
 
     @app.post("/v1/recommend", dependencies=auth)
     async def recommend_kind(body: RecommendRequest) -> dict[str, Any]:

@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     wr = sub.add_parser("weight-rows", help="a data owner's rows for the next round of `study lad` (local, "
                         "no analyzer)", description="Map each row of IN (a CSV with a header naming the "
                         "columns) into the row ball with the constant column _1 and multiply it by its Huber "
-                        "weight under the published round weights (analyzer.lad_rounds.weighted_rows; docs/lad.md). "
+                        "weight under the published round weights (analyzer.analyses.lad_rounds.weighted_rows; docs/lad.md). "
                         "Submit OUT to the next round's study (a moments study over the columns and _1, no bounds).")
     wr.add_argument("--weights", required=True, metavar="JSON", help="the round's weights (the previous "
                     "`dpsketch study lad` answer or its next_weights)")
@@ -325,7 +325,7 @@ def weight_rows_file(weights_path: str, src: str, dst: str) -> int:
 
     import numpy as np
 
-    from .lad_rounds import RoundWeights, weighted_rows
+    from .analyses.lad_rounds import RoundWeights, weighted_rows
 
     weights = RoundWeights.from_dict(read_weights(weights_path))
     try:

@@ -137,7 +137,7 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
                    "mean": an.statistic(sid, "moments", column="x")}
             quantiles = an.statistic(sid, "quantiles", column="x", probabilities=[0.1, 0.5, 0.9])
             out["statistics_s"] = round(time.perf_counter() - t0, 2)
-    from analyzer.histogram import (AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau,
+    from analyzer.analyses.histogram import (AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau,
                                     NoisyHistogram)
 
     h = HistogramSpec.model_validate(spec)
