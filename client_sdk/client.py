@@ -169,7 +169,11 @@ class Client:
     as long as with full shares (the seeds expand through one compiled ChaCha20 loop,
     dpsketch/protocol/chacha.py; ``dpsketch bench seeds``).
     ``compress=False`` sends every server its full share. Single reports (``submit``) and
-    blocks (``submit_blocks``) always go as full shares.
+    blocks (``submit_blocks``) always go as full shares. A study with validity proofs
+    (``study.validity``; docs/protocol.md section 4v) is always seed-compressed, whatever
+    ``compress`` says: the leader of each batch (rotating as above) gets its F_p input and proof
+    shares, every other server a seed; its single reports go as one-record batches (it takes
+    no single-report JSON) and it takes no blocks.
 
     With ``encrypt=True`` every share (or seed) is sealed to its server with HPKE (X25519,
     HKDF-SHA256, ChaCha20-Poly1305; docs/protocol.md section 7a) under the server's current
