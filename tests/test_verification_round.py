@@ -179,6 +179,11 @@ def test_the_round_refuses_exactly_the_tampered_reports_at_every_server(rnd, stu
     assert all(int(m.sum()) == 197 for m in masks)
     summary = rnd.coordinator.record(study.study_id).verification
     assert summary["decided"] == 200 and summary["refused"] == 3
+    # what `dpsketch study show / finalize / progress` print of it (table output)
+    from analyzer import cli_tables
+
+    line = cli_tables.verification(summary)
+    assert "200 reports checked by every server, 3 refused (by server: s1 3, s2 3, s3 3)" in line
     # every server decided for itself, on the same sums: each refused all three
     assert summary["refused_by_server"] == {sid: 3 for sid in SERVERS}
     for store in rnd.stores:
