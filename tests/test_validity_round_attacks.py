@@ -12,6 +12,10 @@ finalize (or step by step, as an adversary or a crash would have it).
 * SIGKILL of a server between any two steps: it comes back with the same commitment, seed and
   decisions, and the analyzer's finalize completes the round; uploads after a server's commit
   are refused (409 uploads-closed).
+* A lying analyzer (this test, over HTTP) makes a server drop five honest reports (a wrong sum):
+  that server refuses any commit holding them, and the release it can get leaves them out; it
+  makes a server accept the invalid reports (minus its own share), but the servers told the
+  truth refuse every commit holding them.
 * What the analyzer sees of an honest report's verification has the same law for two different
   rows (chi-square on the top bits of every coordinate of each server's verifier share and of
   their sum, over 2 x 1,500 reports).
@@ -298,3 +302,74 @@ def test_the_analyzers_view_of_verifier_messages_has_the_same_law_for_two_rows(n
                 p_values.append(_same_law(_top_bits(shares[group, k, comp]), _top_bits(shares[~group, k, comp])))
     # 4 views x (V - 1) x 2 coordinates: none below 1e-5 (a leak of the row would put these at 0)
     assert min(p_values) > 1e-5, min(p_values)
+
+
+def test_what_a_lying_analyzer_can_and_cannot_do(no_floor_module_cluster):
+    """An analyzer that carries the round's messages dishonestly (here: this test, over HTTP).
+    It can make a server drop honest reports: told a wrong sum for five of them, server s2
+    refuses them and then any commit that holds them, so the release it can get leaves them out.
+    It can make a server accept the invalid reports (told minus its own share, a total of zero,
+    which verifies), but the servers told the truth refuse them and refuse any commit that holds
+    them: an invalid report reaches no release while one server is told the truth."""
+    c = no_floor_module_cluster
+    n = 150
+    study = create(c, n, "liar")
+    encoded, proved = honest(study, n, seed=8)
+    upload(c, study, proved)
+    attacks = invalid_reports(study, proved, encoded)
+    for bad in attacks.values():
+        upload(c, study, bad)
+    bad_ids = {rid for bad in attacks.values() for rid in bad.report_ids}
+    plan = V.plan(study)
+    tokens = [s.analyst_token for s in c.specs]
+    urls = c.server_urls
+    commitments = [_step(u, t, study, "commit").json()["commitment"] for u, t in zip(urls, tokens)]
+    contributions = [_step(u, t, study, "reveal", json={"commitments": commitments}).json()["contribution"]
+                     for u, t in zip(urls, tokens)]
+    views = [V.decode_verifiers(_step(u, t, study, "query", json={"contributions": contributions}).content, plan)
+             for u, t in zip(urls, tokens)]
+    ids = views[0][0]
+    position = {bytes(r): i for i, r in enumerate(ids)}
+    bodies = []
+    for j in range(3):
+        total = None
+        for i, (_ids, shares) in enumerate(views):
+            if i != j:
+                total = shares if total is None else V.add_verifiers(total, shares)
+        bodies.append(total.copy())
+    victims = [position[r] for r in proved.report_ids[10:15]]
+    bodies[1][victims, 1, 0] = field.add(bodies[1][victims, 1, 0], np.uint64(1))
+    forged = [position[r] for r in bad_ids]
+    bodies[2][forged] = field.sub(np.zeros_like(views[2][1][forged]), views[2][1][forged])
+    refused = [set(messages.split_ids(_step(u, t, study, "decide", content=V.encode_verifiers(ids, bodies[j]),
+                                            headers={"Content-Type": V.VERIFIERS_MEDIA_TYPE}).content))
+               for j, (u, t) in enumerate(zip(urls, tokens))]
+    assert refused[0] == bad_ids
+    assert refused[1] == bad_ids | set(proved.report_ids[10:15])
+    assert refused[2] == set()  # told what to decide
+
+    def commit(j: int, included) -> httpx.Response:
+        return httpx.post(f"{urls[j]}/v1/studies/{study.study_id}/commit", timeout=60,
+                          content=messages.encode_report_ids(sorted(included)),
+                          headers={"Authorization": f"Bearer {tokens[j]}",
+                                   "Content-Type": messages.REPORT_IDS_MEDIA_TYPE})
+
+    with_invalid = set(proved.report_ids[:10]) | set(proved.report_ids[15:]) | bad_ids
+    r = commit(0, with_invalid)
+    assert r.status_code == 422 and r.json()["type"].endswith("report-refused") and r.json()["refused"] == 5
+    r = commit(1, set(proved.report_ids))
+    assert r.status_code == 422 and r.json()["refused"] == 5  # the victims
+    # what the lying analyzer can release: the honest reports less its victims, at every server
+    kept = set(proved.report_ids[:10]) | set(proved.report_ids[15:])
+    answers = [commit(j, kept) for j in range(3)]
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    shares = []
+    for u, t in zip(urls, tokens):
+        r = httpx.get(f"{u}/v1/studies/{study.study_id}/aggregate", headers={"Authorization": f"Bearer {t}"})
+        shares.append(messages.decode_aggregate(r.content, study.k, study.width))
+    total = shares[0]
+    for s in shares[1:]:
+        total = field.add(total, s)
+    got = ring.decode(V.to_ring(total), study.frac_bits) * sketch.scale(study.s)
+    keep = [i for i, r in enumerate(proved.report_ids) if r in kept]
+    np.testing.assert_array_equal(got, expected(study, [proved.report_ids[i] for i in keep], encoded[keep]))
