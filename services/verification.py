@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsketch.protocol import field, messages, validity
+from dpsketch.protocol import field, messages, ring, validity
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.verification import Commitment, Contribution
 
-from . import idsets
+from . import batches, idsets
 from .writer import CallJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,7 +76,6 @@ _COLUMNS = ("contribution, commitment, committed_at, commitments, contributions,
 #: Working memory of one chunk of reports a query or decision computes at once (their stored
 #: payloads, as uint64 elements; the verifier computation holds a few times that).
 CHUNK_BYTES = 32 << 20
-SEED_BYTES = 32
 
 
 @dataclass
@@ -136,16 +135,13 @@ class Decision:
 
 
 def _payload(got: Any, leader_width: int) -> tuple[np.ndarray, bool]:
-    """A stored batch's payloads for ``validity.server_shares``: (m, 32) uint8 seeds (a helper's
-    batch) or (m, n + P) uint64 (the leader's input and proof shares), and which it is."""
+    """A stored batch's payloads for ``validity.server_shares``, and whether they are seeds:
+    (m, 32) uint8 seeds (a helper's batch, stored as sent: services/batches.py) or the leader's
+    (m, n + P) uint64 input and proof shares."""
     m = len(got)
-    per = got.record_bytes()
-    if per == SEED_BYTES:
-        return np.frombuffer(got.shares, dtype=np.uint8).reshape(m, SEED_BYTES), True
-    if per == 8 * leader_width:
-        return np.frombuffer(got.shares, dtype="<u8").reshape(m, leader_width), False
-    raise RuntimeError(f"store inconsistent: {per} stored bytes a report are neither a seed nor "
-                       f"the leader's {leader_width} elements (or its shares were deleted)")
+    if batches.holds_seeds(len(got.shares), m, leader_width):
+        return np.frombuffer(got.shares, dtype=np.uint8).reshape(m, ring.SEED_BYTES), True
+    return got.share_matrix(leader_width), False
 
 
 class Rounds:
