@@ -892,7 +892,7 @@ class Store:
                 )
             self._check_count(study, n)
             self._check_exclusion(study, n, n_held)
-            if getattr(study, "validity", None) is not None:  # only reports every check accepted here
+            if study.validity is not None:  # only reports every check accepted here
                 if isinstance(ids, BitmapInclusion):
                     run = state.ids.consolidate()
                     self.verification.check_inclusion(record, run.hi[ids.mask], run.lo[ids.mask])

@@ -174,7 +174,7 @@ class Rounds:
     def closed_in(self, conn: Any, record: "StudyRecord") -> bool:
         """A store shared with other replicas, under the study's row lock: whether some replica
         closed the study (taken into this one's gate too)."""
-        if getattr(record.study, "validity", None) is None:
+        if record.study.validity is None:
             return False
         if record.seq not in self._closed and conn.execute(
                 "SELECT 1 FROM verifications WHERE study = ?", (record.seq,)).fetchone():
@@ -212,7 +212,7 @@ class Rounds:
     @staticmethod
     def _plan(record: "StudyRecord") -> Any:
         study = record.study
-        if getattr(study, "validity", None) is None:
+        if study.validity is None:
             raise ProblemError("invalid-request", f"study {record.study_id} has no validity proofs: it "
                                f"has no verification round")
         return validity.plan(study)
@@ -465,7 +465,7 @@ class Rounds:
     # --- the commit's checks -----------------------------------------------------------------
     def require_decided(self, record: "StudyRecord") -> Round | None:
         """Before a validity study's commit: its round must have decided (409 verification-pending)."""
-        if getattr(record.study, "validity", None) is None:
+        if record.study.validity is None:
             return None
         rnd = self.round(record)
         if rnd is None or rnd.decided_at is None:

@@ -112,7 +112,7 @@ def add_routes(app: FastAPI, store: Store, settings: Settings, analyst: Any, aut
             raise ProblemError("unsupported-media-type", f"this endpoint takes Content-Type "
                                f"{VERIFIERS_MEDIA_TYPE}, got {given[:100] or 'none'!r}")
         record = store.record(study_id)
-        if getattr(record.study, "validity", None) is None:
+        if record.study.validity is None:
             raise ProblemError("invalid-request", f"study {study_id} has no validity proofs: it has no "
                                f"verification round")
         held = store.held(record)
