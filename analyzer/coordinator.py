@@ -27,6 +27,10 @@ from .config import ClusterConfig, ServerEndpoint
 from .store import AnalyzerStore, StudyRecord
 
 RETRY_STATUSES = {429, 502, 503, 504}
+#: A verification round's query and decision: a server checks every report it holds (about
+#: 10 us a report of CPU; tens of seconds at 10^6 on a loaded machine), so more than the
+#: default timeout
+ROUND_TIMEOUT_S = 900.0
 
 
 class UpstreamError(Exception):
@@ -183,7 +187,7 @@ class ShareServerClient:
         """This server's verifier shares of every report it holds: (ids (m, 16) uint8 ascending,
         shares (m, V, 2)), checked."""
         r = self._request("POST", f"/v1/studies/{study_id}/verify/query", token=self.endpoint.analyst_token,
-                          json={"contributions": [c.hex() for c in contributions]})
+                          json={"contributions": [c.hex() for c in contributions]}, timeout=ROUND_TIMEOUT_S)
         try:
             return validity.decode_verifiers(r.content, plan)
         except ValueError as exc:
@@ -193,7 +197,8 @@ class ShareServerClient:
         """Send the sum of the other servers' verifier shares; (the ids this server refused, as a
         sorted id list, and how many reports it decided)."""
         r = self._request("POST", f"/v1/studies/{study_id}/verify/decide", token=self.endpoint.analyst_token,
-                          content=body, headers={"Content-Type": verification.VERIFIERS_MEDIA_TYPE})
+                          content=body, headers={"Content-Type": verification.VERIFIERS_MEDIA_TYPE},
+                          timeout=ROUND_TIMEOUT_S)
         try:
             messages.report_id_halves(r.content)
             decided = int(r.headers.get(verification.DECIDED_HEADER, "-1"))
