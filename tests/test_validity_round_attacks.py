@@ -16,6 +16,7 @@ finalize (or step by step, as an adversary or a crash would have it).
   that server refuses any commit holding them, and the release it can get leaves them out; it
   makes a server accept the invalid reports (minus its own share), but the servers told the
   truth refuse every commit holding them.
+* (slow) 10^5 honest rows through the SDK: none refused.
 * What the analyzer sees of an honest report's verification has the same law for two different
   rows (chi-square on the top bits of every coordinate of each server's verifier share and of
   their sum, over 2 x 1,500 reports).
@@ -23,8 +24,11 @@ finalize (or step by step, as an adversary or a crash would have it).
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import numpy as np
+import pytest
 from scipy import stats
 
 from analyzer.client import AnalyzerClient
@@ -373,3 +377,23 @@ def test_what_a_lying_analyzer_can_and_cannot_do(no_floor_module_cluster):
     got = ring.decode(V.to_ring(total), study.frac_bits) * sketch.scale(study.s)
     keep = [i for i, r in enumerate(proved.report_ids) if r in kept]
     np.testing.assert_array_equal(got, expected(study, [proved.report_ids[i] for i in keep], encoded[keep]))
+
+
+@pytest.mark.slow
+def test_honest_reports_through_the_sdk_are_never_refused(no_floor_module_cluster):
+    """10^5 honest rows (norms up to the bound) through the SDK's own upload: the round refuses
+    none of them (an honest report is outside the predicate with probability <= 2^-64, and its
+    client draws that noise again), and the release holds every one."""
+    from client_sdk import Client
+
+    c = no_floor_module_cluster
+    n = int(os.environ.get("DPSKETCH_HONEST_REPORTS", "100000"))
+    study = create(c, n, "honest")
+    rows = np.random.default_rng(12).normal(0, 1.0, (n, study.d))
+    rows /= np.maximum(1.0, np.linalg.norm(rows, axis=1))[:, None]  # many at the bound itself
+    with Client(c.server_urls) as client:
+        client.submit_many(study.study_id, rows, batch_size=10_000)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)
+    assert fin["n_reports"] == n
+    assert fin["verification"]["decided"] == n and fin["verification"]["refused"] == 0
