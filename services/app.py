@@ -212,7 +212,7 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> 
     length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
     is addressed to a key this server holds (422 sealed-share-refused), and that its upload
     token may add its new reports, read from the records' report ids, which travel in the clear
-    (403 upload-quota-exceeded). Only then is its one KEM and are its AEADs run; each record's
+    (403 upload-quota-exceeded). Only then are its one KEM and its one AEAD run; each record's
     binding is inside its ciphertext, so it is checked after opening, before anything is stored."""
     study = record.study
     try:
@@ -558,8 +558,8 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"{SEEDS_MEDIA_TYPE}: m records of id, proof and a 32-byte seed, "
                                  f"which the server expands to the share (ChaCha20, section 4); or "
                                  f"{SEALED_MEDIA_TYPE}: m records of a proof and a share or seed "
-                                 f"sealed to this server with HPKE (section 7a: one version 3 "
-                                 f"batch, one HPKE seal then an AEAD per record, classical or "
+                                 f"sealed to this server with HPKE (section 7a: one version 4 "
+                                 f"batch, one HPKE seal and one AEAD per batch, classical or "
                                  f"post-quantum, the only sealed layout; docs/sealing.md); or, for a study "
                                  f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
                                  f"16-byte block id, 16-byte pseudonym, proof and the share of "

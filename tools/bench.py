@@ -8,8 +8,8 @@
                  third batch; with each store's bytes on disk per report), and single-report
                  uploads from 64 concurrent clients against one fsync per report;
 * ``sealed``   - HPKE-sealed shares (docs/protocol.md section 7a) against plaintext: bytes per
-                 report, sealing and opening time per share (version 3 batches), and bulk upload
-                 rows/s to one real server over loopback (d = 32) of plaintext and version 3
+                 report, sealing and opening time per share (version 4 batches), and bulk upload
+                 rows/s to one real server over loopback (d = 32) of plaintext and version 4
                  classical and post-quantum batches, with each one's ratio to plaintext; not
                  part of ``all``;
 * ``load``     - 64 concurrent clients uploading single reports to one server for 60 s (the load
