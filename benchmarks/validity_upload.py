@@ -1,5 +1,5 @@
 """What validity proofs cost a data owner through the SDK: upload bytes per report and rows/s,
-a validity study (``validity="norm-bound/1"``, docs/protocol.md section 4v) against the same
+a validity study (``validity="norm-bound/1"``, docs/protocol.md section 4c) against the same
 sketch study without proofs, measured in the same run (ratios are what transfer between machines).
 
 For each width: ``prepare_batch`` alone (CPU: clip, noise, encode, share, bind; with proofs also

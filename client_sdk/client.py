@@ -170,7 +170,7 @@ class Client:
     dpsketch/protocol/chacha.py; ``dpsketch bench seeds``).
     ``compress=False`` sends every server its full share. Single reports (``submit``) and
     blocks (``submit_blocks``) always go as full shares. A study with validity proofs
-    (``study.validity``; docs/protocol.md section 4v) is always seed-compressed, whatever
+    (``study.validity``; docs/protocol.md section 4c) is always seed-compressed, whatever
     ``compress`` says: the leader of each batch (rotating as above) gets its F_p input and proof
     shares, every other server a seed; its single reports go as one-record batches (it takes
     no single-report JSON) and it takes no blocks.
@@ -505,7 +505,7 @@ class Client:
 
         One JSON request per server, in parallel (with ``encrypt``: a one-record sealed batch; a
         study with validity proofs, which takes no single-report JSON: a one-record batch of
-        the leader's shares or a helper's seed, docs/protocol.md section 4v). Not journaled: each call makes a new report (a row to resubmit after a crash goes
+        the leader's shares or a helper's seed, docs/protocol.md section 4c). Not journaled: each call makes a new report (a row to resubmit after a crash goes
         through :meth:`submit_many`, which stores it once however often it runs).
         """
         study = self._open_study(study_id)

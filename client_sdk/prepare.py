@@ -106,12 +106,14 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
     """
     stream = stream if stream is not None else Keystream()  # every random bit of this batch: noise, shares, salts
     clamped, clipped = None, 0
+    onehot = None  # a histogram's cells: a validity study's proof separates them from the noise
     if study.histogram is not None:  # raw values: the bins decide what they mean
         rows = _data.check_values(rows, study.d)
         try:
-            encoded = noise.privatize_encoded(rows, study, stream)
+            onehot = noise.client_vectors(rows, study)  # what privatize_encoded noises, kept
         except HistogramValueError as exc:
             raise _data.InvalidDataError(str(exc)) from None
+        encoded = noise.noisy_encoded(onehot, study, stream)
     else:
         rows = _data.check_rows(rows, study.d)
         clamped, clipped = noise.limited_counts(rows, study)
@@ -121,7 +123,7 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
             encoded = noise.privatize_encoded(rows, study, stream)
     n = study.n_servers
     if proved_shares.is_proved(study):  # always seed-compressed: the leader's F_p shares, seeds elsewhere
-        return _proved_batch(study, encoded, n - 1 if full is None else full, stream, clamped, clipped)
+        return _proved_batch(study, encoded, n - 1 if full is None else full, stream, clamped, clipped, onehot)
     if compress:
         full = n - 1 if full is None else full
         if not 0 <= full < n:
@@ -139,14 +141,14 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
 
 
 def _proved_batch(study: Study, encoded: np.ndarray, full: int, stream: Keystream,
-                  clamped: np.ndarray | None, clipped: int) -> PreparedBatch:
+                  clamped: np.ndarray | None, clipped: int, onehot: np.ndarray | None = None) -> PreparedBatch:
     """A batch of a study with validity proofs: ``validity.prepare`` shares the encoded noisy
-    vectors in F_p and proves each valid; ``full`` is the leader (explicit input and proof
-    shares), every other server a helper (a seed per report)."""
+    vectors in F_p and proves each valid (a histogram's with its one-hot rows); ``full`` is the
+    leader (explicit input and proof shares), every other server a helper (a seed per report)."""
     n = study.n_servers
     if not 0 <= full < n:
         raise ValueError(f"full={full}: a server position, 0 to {n - 1}")
-    proved = validity.prepare(study, encoded, stream, full)
+    proved = validity.prepare(study, encoded, stream, full, onehot=onehot)
     seeds = list(proved.seeds)
     shares: list[np.ndarray | None] = [proved.leader if j == proved.full else None for j in range(n)]
     return PreparedBatch(list(proved.report_ids), list(proved.binding), shares, seeds,

@@ -16,7 +16,7 @@ seed is the share: it expands to it (``ring.expand_seeds``) whenever a share is 
 server stores 32 bytes a report instead of 8 x width (a 25th at d = 100) and writes that
 much less through the WAL. A record's length then says which it is (32 bytes is never a share's
 length where seeds are stored), and :meth:`Stored.share_matrix` is the one reader of either.
-A study with validity proofs (docs/protocol.md section 4v) stores the same way at its share
+A study with validity proofs (docs/protocol.md section 4c) stores the same way at its share
 width: the leader's n + P F_p values, or a helper's seed, which only its sums expand (to its n
 input elements, by field expansion: :func:`study_addends`).
 """

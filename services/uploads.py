@@ -166,7 +166,7 @@ def single_report_refusal(study_id: str, study: Study) -> str:
     return (f"study {study_id} proves every report valid ({study.validity}): its reports travel only "
             f"in binary batches, the leader's F_p input and proof shares as {SHARES_MEDIA_TYPE} and "
             f"each helper's seed as {SEEDS_MEDIA_TYPE} (or sealed), never as single-report JSON "
-            f"(docs/protocol.md section 4v); nothing was stored")
+            f"(docs/protocol.md section 4c); nothing was stored")
 
 
 async def stored_report(store: "Store", metrics: "ServerMetrics", study_id: str, record, ids: list[bytes],

@@ -1,5 +1,5 @@
 """A validity study at one share server (TestClient; the same over real processes is
-tests/test_validity_e2e.py): what it stores, folds and releases (docs/protocol.md section 4v).
+tests/test_validity_e2e.py): what it stores, folds and releases (docs/protocol.md section 4c).
 
 * A leader's batch (explicit F_p input and proof shares, n + P values a report) and a helper's
   (a 32-byte seed a report) are stored as they came, and the running aggregate has 2 w
@@ -199,3 +199,39 @@ def test_storage_policy_counts_the_leaders_bytes(store_location):
         assert plain.max_storage_bytes < study.max_storage_bytes
     finally:
         srv.close()
+
+
+def test_sealed_leader_and_helper_bodies_split_and_open_at_the_leaders_width():
+    """The SDK's sealing of a validity batch (client_sdk/sealing.py): a body sealed at the leader's
+    width n + P opens to the records sent, counts its records, and cut in two (what the SDK does
+    on 413) seals each half again into bodies that open to the two halves."""
+    from cryptography.hazmat.primitives.asymmetric import x25519
+
+    from client_sdk import prepare as sdk_prepare
+    from client_sdk import sealing
+    from dpsketch.protocol import envelope
+
+    study = validity_study()
+    width = proved_shares.upload_width(study)
+    batch = batches(study, seed=5, sizes=(9,))[0]  # s1 leads it
+    for j in range(2):
+        sk = envelope.generate_private_key()
+        recipient = envelope.Recipient(study.servers[j], envelope.public_key_of(sk), envelope.CLASSICAL,
+                                       envelope.VERSION_4)
+        sealed, media_type = sealing.wire(recipient, study, study.study_id, batch.body(j), batch.media_type(j))
+        assert media_type == messages.SEALED_MEDIA_TYPE
+        assert sdk_prepare.count_records(sealed, media_type, study) == 9
+        key = x25519.X25519PrivateKey.from_private_bytes(sk)
+
+        def opened(body: bytes, server: str = study.servers[j], key=key):
+            upload = envelope.open_batch(body, width, 2, study.study_id, server, lambda kid: key)
+            return list(upload.ids), upload.payloads
+
+        ids, payloads = opened(sealed)
+        assert ids == batch.report_ids
+        sent = batch.shares[j] if batch.seeds[j] is None else batch.seeds[j]
+        np.testing.assert_array_equal(payloads, sent)
+        first, second = sealing.split_body(sealed, media_type, study)
+        (a, pa), (b, pb) = opened(first), opened(second)
+        assert a + b == batch.report_ids and len(a) == 4
+        np.testing.assert_array_equal(np.concatenate([pa, pb]), sent)

@@ -4,7 +4,7 @@ servers and the analyzer handle them: widths, payloads, running totals and relea
 Why one module: a validity study's shares live in F_p (``field``), not Z_(2^64), and one server
 per batch (the *leader*) holds explicit shares of the proof's input and of the proof, n + P
 elements a report, while the others (the *helpers*) hold a 32-byte seed that expands to theirs
-by ``field.expand``, never by ``ring.expand_seeds`` (docs/protocol.md section 4v). Every place
+by ``field.expand``, never by ``ring.expand_seeds`` (docs/protocol.md section 4c). Every place
 that decodes, seals, stores, re-reads, folds or releases a share asks this module what a share
 of the study is, so the two kinds of study differ here and nowhere else. For a study without
 ``validity`` every function answers what the code did before (``study.width``, ring seeds,
