@@ -17,6 +17,8 @@ finalize (or step by step, as an adversary or a crash would have it).
   makes a server accept the invalid reports (minus its own share), but the servers told the
   truth refuse every commit holding them.
 * (slow) 10^5 honest rows through the SDK: none refused.
+* Two replicas of one server on PostgreSQL: once one answered verify/commit, the other stores no
+  more uploads of the study.
 * What the analyzer sees of an honest report's verification has the same law for two different
   rows (chi-square on the top bits of every coordinate of each server's verifier share and of
   their sum, over 2 x 1,500 reports).
@@ -398,3 +400,50 @@ def test_honest_reports_through_the_sdk_are_never_refused(no_floor_module_cluste
         fin = an.finalize(study.study_id)
     assert fin["n_reports"] == n
     assert fin["verification"]["decided"] == n and fin["verification"]["refused"] == 0
+
+
+def test_replicas_refuse_uploads_once_any_of_them_closed_the_study(servers, postgres):
+    """Two replicas of server s1 on one PostgreSQL database (docs/operations.md, "Replicas"): after
+    replica 1 answered verify/commit, replica 2 (which never saw the request) stores no more of
+    the study's reports: its writer takes the closure from the database under the study's row
+    lock and refuses the upload (503, then 409 uploads-closed on the retry), and the count stays."""
+    from dataclasses import replace
+
+    from conftest import OPEN_UPLOADS
+    from dpsketch.protocol.study import design
+    from test_e2e import NO_FLOOR_POLICY
+    from tools.cluster import free_ports, share_server, start_all
+
+    spec = replace(servers.spec("s1"), db_path=postgres.new_database("s1"))
+    (second,) = free_ports(1)
+    replicas = [share_server(spec, servers.workdir, {**OPEN_UPLOADS, **NO_FLOOR_POLICY}),
+                share_server(replace(spec, port=second), servers.workdir, {**OPEN_UPLOADS, **NO_FLOOR_POLICY})]
+    for i, proc in enumerate(replicas):
+        proc.name, proc.log_path = f"s1-replica{i + 1}", servers.workdir / f"s1-replica{i + 1}.log"
+    servers.started.extend(replicas)
+    start_all(replicas)
+    try:
+        study = design(name="replicas", columns=COLUMNS, label="y", servers=["s1", "s2"], expected_reports=200,
+                       k=16, s=4, min_reports=100, epsilon_floor=None, validity=True)[0]
+        auth = {"Authorization": f"Bearer {spec.analyst_token}"}
+        r = httpx.put(f"{replicas[0].url}/v1/studies/{study.study_id}", json=study.model_dump(mode="json"),
+                      headers=auth, timeout=60)
+        assert r.status_code in (200, 201), r.text
+        encoded, proved = honest(study, 20, seed=9, full=0)
+
+        def send(url: str, rows: slice) -> httpx.Response:
+            body = messages.encode_batch(proved.report_ids[rows], proved.binding[0][rows], proved.leader[rows])
+            return httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=body, timeout=60,
+                              headers={"Content-Type": messages.SHARES_MEDIA_TYPE})
+
+        assert send(replicas[1].url, slice(0, 10)).status_code == 200
+        assert _step(replicas[0].url, spec.analyst_token, study, "commit").status_code == 200
+        first = send(replicas[1].url, slice(10, 20))
+        assert first.status_code == 503, first.text  # the group refused whole under the row lock
+        again = send(replicas[1].url, slice(10, 20))
+        assert again.status_code == 409 and again.json()["type"].endswith("uploads-closed"), again.text
+        for proc in replicas:
+            info = httpx.get(f"{proc.url}/v1/studies/{study.study_id}", headers=auth, timeout=10).json()
+            assert info["report_count"] == 10
+    finally:
+        postgres.drop_databases()
