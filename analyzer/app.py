@@ -134,6 +134,9 @@ class StudyView(BaseModel):
     explanation: list[str]
     n_reports: int | None = None
     inclusion_hash: str | None = None
+    verification: dict[str, Any] | None = Field(
+        None, description="a validity study's verification round, once every server decided: "
+        "query_seed, decided, refused (by any server), refused_by_server (docs/protocol.md 6d)")
 
 
 class ServerLedger(BaseModel):
@@ -223,7 +226,9 @@ class PCAResult(BaseModel):
     components: list[list[float]]
     explained_variance: list[float] = Field(description="the rows' variance along each component (in the "
                                             "data's units squared for a study with bounds)")
-    explained_variance_ratio: list[float] = Field(default_factory=list)
+    explained_variance_ratio: list[float | None] = Field(
+        default_factory=list, description="each component's share of the trace; null when the noisy "
+        "Gram's trace is not positive (so few or such small rows that the noise dominates)")
     mean: list[float] = Field(default_factory=list, description="the column means the rows were centred "
                               "on (zeros when not centred)")
     centered: bool = False
@@ -269,7 +274,7 @@ def _view(rec: StudyRecord) -> StudyView:
                   for k, v in rec.study.guarantees().items()}
     return StudyView(study_id=rec.study.study_id, state=rec.state, study=rec.study,
                      guarantees=guarantees, explanation=rec.explanation, n_reports=rec.n_reports,
-                     inclusion_hash=rec.inclusion_hash)
+                     inclusion_hash=rec.inclusion_hash, verification=rec.verification)
 
 
 def charged_population(named: str | None, charged: list[list[str] | None]) -> str | None:
@@ -433,6 +438,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         servers = await run_in_threadpool(coordinator.progress, study_id)
         out = {"study_id": study_id, "state": rec.state, "min_reports": rec.study.min_reports,
                "servers": [s.__dict__ for s in servers]}
+        if rec.study.validity is not None:
+            out["verification"] = rec.verification
         if rec.study.parties is not None and rec.state != "released":
             try:
                 out["parties"] = (await run_in_threadpool(coordinator.completeness, study_id)).as_dict()
@@ -529,7 +536,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return PCAResult(study_id=study_id, columns=names,
                          components=finite(model.components_, "components"),
                          explained_variance=finite(model.explained_variance_, "explained variance"),
-                         explained_variance_ratio=[float(v) for v in model.explained_variance_ratio_],
+                         explained_variance_ratio=[float(v) if np.isfinite(v) else None
+                                                   for v in model.explained_variance_ratio_],
                          mean=finite(model.mean_, "mean"), centered=model.centered_,
                          debias=body.debias, n_reports=rel.n_reports)
 

@@ -145,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, text in [("show", "show a study: its parameters, guarantees and explanation"),
                        ("progress", "reports held per server against min_reports"),
-                       ("finalize", "commit the common reports everywhere and release (cannot be undone)")]:
+                       ("finalize", "commit the common reports everywhere and release (cannot be undone; a study "
+                                    "with validity proofs: every server first checks every proof and takes "
+                                    "no more uploads)")]:
         sp = sub.add_parser(name, help=text, description=text)
         sp.add_argument("study_id", help="the study id (64 hex characters)")
         _output_option(sp)

@@ -55,7 +55,7 @@ from dpsketch.protocol.study import PROTOCOL, Study
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
 from dpsketch import observability
-from . import idsets, policy
+from . import idsets, policy, verify_api
 from .admission import Admission, UploadAdmission
 from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .metrics import ServerMetrics
@@ -81,7 +81,8 @@ def _binary_response(media_type: str, description: str, headers: dict | None = N
     return out
 
 
-_COMMIT_PATH = re.compile(r"^/v1/studies/[^/]+/commit$")
+#: the commit and a validity study's decision: bodies bounded by what the study holds instead
+_COMMIT_PATH = re.compile(r"^/v1/studies/[^/]+/(commit|verify/decide)$")
 
 
 def _is_commit(scope) -> bool:
@@ -664,4 +665,6 @@ def create_app(settings: Settings) -> FastAPI:
             body, ihash = await run_in_threadpool(store.aggregate, study_id)
         return Response(body, media_type=AGGREGATE_MEDIA_TYPE, headers={INCLUSION_HASH_HEADER: ihash})
 
+    # a validity study's verification round (docs/protocol.md section 6d)
+    verify_api.add_routes(app, store, settings, analyst, auth_errors)
     return app

@@ -22,7 +22,7 @@ from dpsketch.protocol import field, messages, proved_shares, sketch, validity
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, decode_aggregate
 from dpsketch.protocol.study import Study, design
 from conftest import BOTH_STORES
-from test_server_unit import Server
+from test_server_unit import AN, Server
 
 ROWS = 300
 
@@ -58,6 +58,40 @@ def running(study: Study, got, include=None) -> np.ndarray:
         rows, signs = study.hash_report_ids([batch.report_ids[i] for i in keep])
         sketch.accumulate(total, rows, signs, words[keep])
     return total
+
+
+def decide_alone(server: Server, study: Study, got) -> int:
+    """The verification round (docs/protocol.md section 6d) at server s1 (position 0), with this
+    test as the analyzer and as server s2: s2's contribution made here, its verifier shares
+    computed from its payloads in the prepared batches. How many reports s1 refused."""
+    from dpsketch.protocol import verification
+
+    plan = validity.plan(study)
+    auth = {"Authorization": f"Bearer {AN}"}
+    path = f"/v1/studies/{study.study_id}/verify"
+    mine = server.client.post(f"{path}/commit", headers=auth).json()["commitment"]
+    theirs = validity.new_contribution()
+    commitments = [mine, validity.commitment(study.study_id, 1, theirs).hex()]
+    own = server.client.post(f"{path}/reveal", json={"commitments": commitments}, headers=auth).json()
+    contributions = [bytes.fromhex(own["contribution"]), theirs]
+    answer = server.client.post(f"{path}/query", json={"contributions": [c.hex() for c in contributions]},
+                                headers=auth)
+    seed = validity.query_seed(study.study_id, contributions)
+    assert answer.headers[verification.QUERY_SEED_HEADER] == seed.hex()
+    ids, _shares = validity.decode_verifiers(answer.content, plan)
+    payload = {rid: (b.shares[1][i] if b.seeds[1] is None else b.seeds[1][i], b.seeds[1] is not None)
+               for b in got for i, rid in enumerate(b.report_ids)}
+    rows = [payload[bytes(rid)] for rid in ids]
+    others = np.empty((len(ids), plan.verifier_len, 2), dtype=np.uint64)
+    for seeded in (False, True):
+        at = [i for i, (_p, s) in enumerate(rows) if s is seeded]
+        if at:
+            inputs, proofs = validity.server_shares(plan, np.stack([rows[i][0] for i in at]), seeded)
+            others[at] = validity.verifier_shares(plan, seed, ids[at], inputs, proofs)
+    decided = server.client.post(f"{path}/decide", content=validity.encode_verifiers(ids, others),
+                                 headers={**auth, "Content-Type": validity.VERIFIERS_MEDIA_TYPE})
+    assert decided.status_code == 200, decided.text
+    return int(decided.headers[verification.REFUSED_HEADER])
 
 
 @pytest.fixture
@@ -111,6 +145,8 @@ def test_commit_releases_exactly_the_field_share_of_the_included_reports(server,
     ids = [rid for b in got for rid in b.report_ids]
     include = set(np.random.default_rng(2).permutation(len(ids))[:int(kept * len(ids))].tolist())
     included = [rid for i, rid in enumerate(ids) if i in include]
+    assert server.commit(study, included).status_code == 409  # verification-pending: no round yet
+    assert decide_alone(server, study, got) == 0
     r = server.commit(study, included)
     assert r.status_code == 200, r.text
     released = decode_aggregate(server.aggregate(study).content, study.k, study.width)
