@@ -100,9 +100,11 @@ def addends(study: Study, rows: np.ndarray, seeded: bool) -> np.ndarray:
     """What a validity study's server adds to its running aggregate for these records
     (:func:`payload_rows`): the low and high 32-bit halves of its F_p coordinate shares,
     (m, 2 w) uint64 (``validity.aggregand`` of the input shares; a seed expands to its n input
-    elements only, validity.input_shares)."""
+    elements only, validity.input_shares; a leader's rows are already canonical, checked when
+    they came: payload_rows)."""
     plan = validity.plan(study)
-    return validity.aggregand(plan, validity.input_shares(plan, _payload(rows, seeded), seeded))
+    inputs = validity.input_shares(plan, _payload(rows, True), True) if seeded else rows[:, :plan.input_len]
+    return validity.aggregand(plan, inputs)
 
 
 def released(study: Study, running: np.ndarray) -> np.ndarray:
