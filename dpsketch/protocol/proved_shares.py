@@ -82,18 +82,10 @@ def payload_rows(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray
     return field.elements(payloads, "a leader's share value")
 
 
-def _payload(rows: np.ndarray, seeded: bool) -> np.ndarray:
-    """Kept rows as ``validity``'s functions take them: a seed's 4 words as its (m, 32) bytes (a
-    view: ``np.asarray(rows, dtype=np.uint8)`` would cast each word, not reinterpret it)."""
-    if not seeded:
-        return rows
-    return np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), SEED_BYTES)
-
-
 def server_shares(study: Study, rows: np.ndarray, seeded: bool) -> tuple[np.ndarray, np.ndarray]:
     """A server's input shares (m, n) and proof shares (m, P) of kept records (:func:`payload_rows`;
     what the verification round queries): ``validity.server_shares`` of them."""
-    return validity.server_shares(validity.plan(study), _payload(rows, seeded), seeded)
+    return validity.server_shares(validity.plan(study), rows, seeded)  # seeds as words: reinterpreted
 
 
 def addends(study: Study, rows: np.ndarray, seeded: bool) -> np.ndarray:
@@ -103,7 +95,7 @@ def addends(study: Study, rows: np.ndarray, seeded: bool) -> np.ndarray:
     elements only, validity.input_shares; a leader's rows are already canonical, checked when
     they came: payload_rows)."""
     plan = validity.plan(study)
-    inputs = validity.input_shares(plan, _payload(rows, True), True) if seeded else rows[:, :plan.input_len]
+    inputs = validity.input_shares(plan, rows, True) if seeded else rows[:, :plan.input_len]
     return validity.aggregand(plan, inputs)
 
 
