@@ -160,8 +160,10 @@ def test_pca_is_centred_and_in_units():
     cov = np.cov(x, rowvar=False, bias=True)
     top = np.linalg.eigh(cov)[1][:, -1]
     assert abs(model.components_[0] @ top) > 0.99  # the wage direction dominates, in units
-    # the variance of a centred Gram entry at n = 20,000, epsilon = 1 is about 10% here (8 runs)
-    assert model.explained_variance_[0] == pytest.approx(np.linalg.eigvalsh(cov)[-1], rel=0.35)
+    # the release's noise moves the top eigenvalue: its ratio to the truth was 1.01 +- 0.106 over
+    # 30 runs (0.81 to 1.22), and 0.62 once in a CI run; 0.5 is 4.7 sd, far from any error of
+    # units (wage^2 against the scaled ball's is a factor of 10^7)
+    assert model.explained_variance_[0] == pytest.approx(np.linalg.eigvalsh(cov)[-1], rel=0.5)
 
 
 # --- over real servers and the CLI --------------------------------------------------------------
