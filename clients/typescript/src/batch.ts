@@ -1,0 +1,129 @@
+/**
+ * A batch of reports from its keystream key, in the draw order of docs/protocol.md section 5a:
+ * secret signs, noise, shares (full or seed-compressed), salts; then binding (section 4a) and
+ * the plaintext record layouts of section 7 (shares and seeds).
+ */
+import { concat, MASK64, u64sToBytes } from "./bytes.js";
+import { bind, CONTENT_SEED, CONTENT_SHARE } from "./binding.js";
+import { mapper, type RawValue } from "./features.js";
+import { Keystream } from "./keystream.js";
+import { draw } from "./noise.js";
+import { expandSeed, roundHalfEven } from "./ring.js";
+import { noisePlan, valueBound, type Study } from "./study.js";
+
+export const SHARES_TYPE = "application/x-dpsketch-shares";
+export const SEEDS_TYPE = "application/x-dpsketch-seeds";
+
+export interface ServerBatch {
+  position: number;
+  content: number; // 1 share, 2 seed
+  mediaType: string;
+  /** payload_j of every report: 8 width share bytes or a 32-byte seed */
+  payloads: Uint8Array[];
+  salts: Uint8Array[];
+  proofs: Uint8Array[];
+}
+
+export interface PreparedBatch {
+  reportIds: Uint8Array[];
+  servers: ServerBatch[];
+  signs: number[] | null;
+  /** the noisy ring vectors (row-major), before sharing */
+  noisy: BigUint64Array;
+  bytesUsed: number;
+  clamped: number[];
+}
+
+export interface BatchOptions {
+  /** seed-compressed sharing with the full share at this position; null: full shares */
+  full: number | null;
+}
+
+/** The plaintext body of one server's batch (section 7). */
+export function plainBody(reportIds: Uint8Array[], sb: ServerBatch): Uint8Array {
+  const parts: Uint8Array[] = [];
+  reportIds.forEach((id, i) => parts.push(id, sb.proofs[i], sb.payloads[i]));
+  return concat(...parts);
+}
+
+export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][], key: Uint8Array, opts: BatchOptions): PreparedBatch {
+  const plan = noisePlan(study);
+  const W = plan.width;
+  const m = rows.length;
+  const N = study.servers.length;
+  const f = study.frac_bits;
+  const mp = mapper(study);
+  const vectors = rows.map((r) => mp.vector(r));
+  const ks = new Keystream(key);
+  let signs: number[] | null = null;
+  if (study.secret_sign) {
+    const bits = ks.bits(m);
+    signs = Array.from(bits, (b) => (b ? -1 : 1));
+  }
+  const noise = plan.client ? draw(ks, m * W, plan.client.t, plan.client.limit) : null;
+  const gridScale = 2 ** (f - plan.shift);
+  const shiftN = BigInt(plan.shift);
+  const bound = (valueBound(study) + 20 * study.sigma) * 2 ** f;
+  const noisy = new BigUint64Array(m * W);
+  for (let i = 0; i < m; i++) {
+    const v = vectors[i];
+    const sgn = signs ? signs[i] : 1;
+    for (let c = 0; c < W; c++) {
+      const g = roundHalfEven(sgn * v[c] * gridScale) + (noise ? noise[i * W + c] : 0);
+      if (Math.abs(g) * 2 ** plan.shift > bound) throw new RangeError("a noisy value is outside the encodable range");
+      noisy[i * W + c] = (BigInt(g) << shiftN) & MASK64;
+    }
+  }
+  // shares
+  const shares: (BigUint64Array | null)[] = new Array(N).fill(null);
+  const seeds: (Uint8Array[] | null)[] = new Array(N).fill(null);
+  const fullAt = opts.full === null ? N - 1 : opts.full;
+  const others: BigUint64Array[] = [];
+  for (let j = 0; j < N; j++) {
+    if (j === fullAt) continue;
+    if (opts.full === null) {
+      const b = ks.bytes(8 * m * W);
+      const arr = new BigUint64Array(m * W);
+      const dv = new DataView(b.buffer, b.byteOffset, b.length);
+      for (let x = 0; x < m * W; x++) arr[x] = dv.getBigUint64(8 * x, true);
+      shares[j] = arr;
+      others.push(arr);
+    } else {
+      const b = ks.bytes(32 * m).slice();
+      const list: Uint8Array[] = [];
+      const arr = new BigUint64Array(m * W);
+      for (let i = 0; i < m; i++) {
+        const seed = b.subarray(32 * i, 32 * i + 32);
+        list.push(seed);
+        arr.set(expandSeed(seed, W), i * W);
+      }
+      seeds[j] = list;
+      shares[j] = arr;
+      others.push(arr);
+    }
+  }
+  const last = new BigUint64Array(m * W);
+  for (let x = 0; x < m * W; x++) {
+    let v = noisy[x];
+    for (const o of others) v -= o[x];
+    last[x] = v & MASK64;
+  }
+  shares[fullAt] = last;
+  const saltBytes = ks.bytes(16 * N * m).slice();
+  const servers: ServerBatch[] = [];
+  for (let j = 0; j < N; j++) {
+    const isSeed = seeds[j] !== null;
+    const payloads: Uint8Array[] = [];
+    for (let i = 0; i < m; i++) payloads.push(isSeed ? seeds[j]![i] : u64sToBytes(shares[j]!.subarray(i * W, (i + 1) * W)));
+    const salts: Uint8Array[] = [];
+    for (let i = 0; i < m; i++) salts.push(saltBytes.subarray(16 * (j * m + i), 16 * (j * m + i) + 16));
+    servers.push({ position: j, content: isSeed ? CONTENT_SEED : CONTENT_SHARE, mediaType: isSeed ? SEEDS_TYPE : SHARES_TYPE, payloads, salts, proofs: [] });
+  }
+  const reportIds: Uint8Array[] = [];
+  for (let i = 0; i < m; i++) {
+    const b = bind(studyIdHex, servers.map((s) => s.content), servers.map((s) => s.salts[i]), servers.map((s) => s.payloads[i]));
+    reportIds.push(b.reportId);
+    servers.forEach((s, j) => s.proofs.push(b.proofs[j]));
+  }
+  return { reportIds, servers, signs, noisy, bytesUsed: ks.used, clamped: mp.clamped };
+}
