@@ -17,7 +17,8 @@ from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR, POPULATION_PATTERN
 
-from . import console_api, histogram_api, lad_api, logistic_api, pilot_api, recommend
+from . import console_api, recommend
+from .analyses import histogram, lad, logistic, pilot
 from .coordinator import Coordinator, UpstreamError
 from .estimators import PCA, LeastSquares, RidgeRegression
 from .moments import release_columns
@@ -133,6 +134,9 @@ class StudyView(BaseModel):
     explanation: list[str]
     n_reports: int | None = None
     inclusion_hash: str | None = None
+    verification: dict[str, Any] | None = Field(
+        None, description="a validity study's verification round, once every server decided: "
+        "query_seed, decided, refused (by any server), refused_by_server (docs/protocol.md 6d)")
 
 
 class ServerLedger(BaseModel):
@@ -268,7 +272,7 @@ def _view(rec: StudyRecord) -> StudyView:
                   for k, v in rec.study.guarantees().items()}
     return StudyView(study_id=rec.study.study_id, state=rec.state, study=rec.study,
                      guarantees=guarantees, explanation=rec.explanation, n_reports=rec.n_reports,
-                     inclusion_hash=rec.inclusion_hash)
+                     inclusion_hash=rec.inclusion_hash, verification=rec.verification)
 
 
 def charged_population(named: str | None, charged: list[list[str] | None]) -> str | None:
@@ -329,9 +333,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                                f"l2 embedding): use analyses/lad")
         return rel
 
-    histogram_api.install(app, released, auth)
-    logistic_api.install(app, released, auth)
-    lad_api.install(app, released, auth)
+    histogram.install(app, released, auth)
+    logistic.install(app, released, auth)
+    lad.install(app, released, auth)
     console_api.install(app)  # the analyst console's static files (no token: they carry no data)
 
     def upstream(exc: UpstreamError) -> ProblemError:
@@ -377,7 +381,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             raise upstream(exc) from exc
         return _view(coordinator.record(study.study_id))
 
-    pilot_api.install(app, released, auth, create=lambda fields: create_study(CreateStudy(**fields)))
+    pilot.install(app, released, auth, create=lambda fields: create_study(CreateStudy(**fields)))
 
     @app.post("/v1/recommend", dependencies=auth)
     async def recommend_kind(body: RecommendRequest) -> dict[str, Any]:
@@ -432,6 +436,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         servers = await run_in_threadpool(coordinator.progress, study_id)
         out = {"study_id": study_id, "state": rec.state, "min_reports": rec.study.min_reports,
                "servers": [s.__dict__ for s in servers]}
+        if rec.study.validity is not None:
+            out["verification"] = rec.verification
         if rec.study.parties is not None and rec.state != "released":
             try:
                 out["parties"] = (await run_in_threadpool(coordinator.completeness, study_id)).as_dict()

@@ -145,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, text in [("show", "show a study: its parameters, guarantees and explanation"),
                        ("progress", "reports held per server against min_reports"),
-                       ("finalize", "commit the common reports everywhere and release (cannot be undone)")]:
+                       ("finalize", "commit the common reports everywhere and release (cannot be undone; a study "
+                                    "with validity proofs: every server first checks every proof and takes "
+                                    "no more uploads)")]:
         sp = sub.add_parser(name, help=text, description=text)
         sp.add_argument("study_id", help="the study id (64 hex characters)")
         _output_option(sp)
@@ -216,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     wr = sub.add_parser("weight-rows", help="a data owner's rows for the next round of `study lad` (local, "
                         "no analyzer)", description="Map each row of IN (a CSV with a header naming the "
                         "columns) into the row ball with the constant column _1 and multiply it by its Huber "
-                        "weight under the published round weights (analyzer.lad_rounds.weighted_rows; docs/lad.md). "
+                        "weight under the published round weights (analyzer.analyses.lad_rounds.weighted_rows; docs/lad.md). "
                         "Submit OUT to the next round's study (a moments study over the columns and _1, no bounds).")
     wr.add_argument("--weights", required=True, metavar="JSON", help="the round's weights (the previous "
                     "`dpsketch study lad` answer or its next_weights)")
@@ -325,7 +327,7 @@ def weight_rows_file(weights_path: str, src: str, dst: str) -> int:
 
     import numpy as np
 
-    from .lad_rounds import RoundWeights, weighted_rows
+    from .analyses.lad_rounds import RoundWeights, weighted_rows
 
     weights = RoundWeights.from_dict(read_weights(weights_path))
     try:

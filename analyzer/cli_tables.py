@@ -82,8 +82,11 @@ def progress(out: dict[str, Any]) -> str:
         share = "-" if held is None else f"{min(held / need, 9.99):.0%}"
         state = s.get("status") if s.get("reachable") else f"unreachable: {s.get('error')}"
         rows.append([s["server_id"], "private" if held is None and s.get("reachable") else held, need, share, state])
-    return (f"study {out['study_id']} is {out['state']}\n"
+    text = (f"study {out['study_id']} is {out['state']}\n"
             + table(["server", "reports", "min_reports", "progress", "status"], rows))
+    if out.get("verification"):
+        text += "\n" + verification(out["verification"])
+    return text
 
 
 def study(out: dict[str, Any]) -> str:
@@ -101,7 +104,16 @@ def study(out: dict[str, Any]) -> str:
                  f"{', '.join(st['servers'])}")
     if out.get("n_reports") is not None:
         lines.append(f"  released over {out['n_reports']} reports")
+    if out.get("verification"):
+        lines.append("  " + verification(out["verification"]))
     return "\n".join(lines)
+
+
+def verification(v: dict[str, Any]) -> str:
+    """A validity study's round in one line: decided, refused, and refused by which server."""
+    by = ", ".join(f"{sid} {n}" for sid, n in v.get("refused_by_server", {}).items())
+    return (f"validity proofs: {v['decided']} reports checked by every server, {v['refused']} refused "
+            f"(by server: {by})")
 
 
 def studies(out: list[dict[str, Any]]) -> str:

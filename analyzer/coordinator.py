@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from dpsketch.protocol import ProblemError, Study, design, inclusion, ledger, messages, ring
+from dpsketch.protocol import (ProblemError, Study, design, inclusion, ledger, messages, proved_shares, validity,
+                               verification)
 from dpsketch.protocol.messages import CommitResult, PopulationLedger, ServerInfo, StudyInfo
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
@@ -26,6 +27,10 @@ from .config import ClusterConfig, ServerEndpoint
 from .store import AnalyzerStore, StudyRecord
 
 RETRY_STATUSES = {429, 502, 503, 504}
+#: A verification round's query and decision: a server checks every report it holds (about
+#: 10 us a report of CPU; tens of seconds at 10^6 on a loaded machine), so more than the
+#: default timeout
+ROUND_TIMEOUT_S = 900.0
 
 
 class UpstreamError(Exception):
@@ -166,6 +171,40 @@ class ShareServerClient:
                 raise
             return CommitResult.model_validate(r.json())
         raise AssertionError("unreachable")
+
+    # a validity study's verification round (docs/protocol.md section 6d) ------------------------
+    def verify_commit(self, study_id: str) -> verification.Commitment:
+        r = self._request("POST", f"/v1/studies/{study_id}/verify/commit", token=self.endpoint.analyst_token)
+        return verification.Commitment.model_validate(r.json())
+
+    def verify_reveal(self, study_id: str, commitments: list[bytes]) -> verification.Contribution:
+        r = self._request("POST", f"/v1/studies/{study_id}/verify/reveal", token=self.endpoint.analyst_token,
+                          json={"commitments": [c.hex() for c in commitments]})
+        return verification.Contribution.model_validate(r.json())
+
+    def verify_query(self, study_id: str, contributions: list[bytes],
+                     plan: validity.Plan) -> tuple[np.ndarray, np.ndarray]:
+        """This server's verifier shares of every report it holds: (ids (m, 16) uint8 ascending,
+        shares (m, V, 2)), checked."""
+        r = self._request("POST", f"/v1/studies/{study_id}/verify/query", token=self.endpoint.analyst_token,
+                          json={"contributions": [c.hex() for c in contributions]}, timeout=ROUND_TIMEOUT_S)
+        try:
+            return validity.decode_verifiers(r.content, plan)
+        except ValueError as exc:
+            raise UpstreamError(self.endpoint.server_id, f"a malformed verifier message: {exc}") from None
+
+    def verify_decide(self, study_id: str, body: bytes) -> tuple[bytes, int]:
+        """Send the sum of the other servers' verifier shares; (the ids this server refused, as a
+        sorted id list, and how many reports it decided)."""
+        r = self._request("POST", f"/v1/studies/{study_id}/verify/decide", token=self.endpoint.analyst_token,
+                          content=body, headers={"Content-Type": verification.VERIFIERS_MEDIA_TYPE},
+                          timeout=ROUND_TIMEOUT_S)
+        try:
+            messages.report_id_halves(r.content)
+            decided = int(r.headers.get(verification.DECIDED_HEADER, "-1"))
+        except ValueError as exc:
+            raise UpstreamError(self.endpoint.server_id, f"a malformed decision: {exc}") from None
+        return r.content, decided
 
     def aggregate(self, study: Study) -> tuple[np.ndarray, str]:
         r = self._request("GET", f"/v1/studies/{study.study_id}/aggregate",
@@ -452,6 +491,18 @@ class Coordinator:
                     extra={"server_id": server.endpoint.server_id, "excluded": excluded,
                            "held": count})
 
+    @staticmethod
+    def _check_enough(study: Study, n_common: int) -> None:
+        """Refuse (nothing committed) an inclusion set below min_reports."""
+        if n_common < study.min_reports:
+            raise ProblemError(
+                "certificate-refused",
+                f"only {n_common} reports are held by every server"
+                f"{' and accepted by each' if study.validity is not None else ''}; the study needs "
+                f"min_reports = {study.min_reports}. Wait for more uploads.",
+                extra={"n_reports": n_common, "min_reports": study.min_reports},
+            )
+
     def _each(self, call: Callable[[ShareServerClient], object]) -> list[object]:
         """``call(server)`` for every server at once, one thread each (issue 46: asked one after
         another, the servers' answers at 10^6 reports took about 3.4 s of a 5.5 s finalize);
@@ -494,17 +545,17 @@ class Coordinator:
             held = [len(ids) for ids in lists]
             common, masks = messages.intersect_held(lists)
             del lists
+            if study.validity is not None:
+                # every server checks every proof (section 6d); it closes the study to uploads,
+                # so not before the reports held everywhere could make a release
+                self._check_enough(study, len(common) // REPORT_ID_BYTES)
+                self._check_batch_rule(held, len(common) // REPORT_ID_BYTES)
+                common, masks, held = self.verify(study_id)
             n_common = len(common) // REPORT_ID_BYTES
             dropped = sum(held) - len(held) * n_common
             self.log(f"{n_common} reports held by all {len(held)} servers "
-                     f"({dropped} server copies of partial reports excluded)")
-            if n_common < study.min_reports:
-                raise ProblemError(
-                    "certificate-refused",
-                    f"only {n_common} reports are held by every server; the study needs "
-                    f"min_reports = {study.min_reports}. Wait for more uploads.",
-                    extra={"n_reports": n_common, "min_reports": study.min_reports},
-                )
+                     f"({dropped} server copies of partial or refused reports excluded)")
+            self._check_enough(study, n_common)
             self._check_batch_rule(held, n_common)
             digest = hashlib.sha256(common).digest()
             included = self.store.fix_inclusion(study_id, common, digest.hex())
@@ -541,8 +592,79 @@ class Coordinator:
             if header_hash != expected_hash:
                 raise UpstreamError(server.endpoint.server_id, "aggregate is over a different set")
             shares.append(share)
-        self.store.release(study_id, ring.reconstruct(shares), n_reports)
+        # the ring sum (a study with validity proofs: the F_p sum, centred into the ring)
+        self.store.release(study_id, proved_shares.reconstruct(study, shares), n_reports)
         return self.record(study_id)
+
+    def verify(self, study_id: str) -> tuple[bytes, list[np.ndarray], list[int]]:
+        """Run a validity study's verification round at every server (docs/protocol.md section
+        6d), each step at every server at once: commit, reveal, query, decide. Every step is
+        idempotent at the servers, so after any failure (of a server or of this analyzer) the
+        round is simply run again and gives the same query seed and the same decisions.
+        Returns the reports every server holds and accepted (a sorted id list), each server's
+        mask of them over its sorted held ids (its commit bitmap), and how many each holds;
+        records how many reports each server refused."""
+        study = self.record(study_id).study
+        plan = validity.plan(study)
+        ids = [s.endpoint.server_id for s in self.servers]
+        if ids != list(study.servers):
+            raise ProblemError("invalid-request", f"the cluster's servers {ids} are not the study's "
+                               f"{list(study.servers)}, in its order")
+        commits = self._each_or_raise(lambda server: server.verify_commit(study_id))
+        for j, (server, answer) in enumerate(zip(self.servers, commits)):
+            if answer.position != j or answer.study_id != study_id:
+                raise UpstreamError(server.endpoint.server_id, f"committed at position {answer.position} "
+                                    f"of study {answer.study_id}, not {j} of {study_id}")
+        commitments = [bytes.fromhex(c.commitment) for c in commits]
+        self.log("every server closed the study to uploads and committed to its contribution")
+        reveals = self._each_or_raise(lambda server: server.verify_reveal(study_id, commitments))
+        contributions = [bytes.fromhex(r.contribution) for r in reveals]
+        try:
+            validity.check_reveal(study_id, commitments, contributions)
+        except validity.ValidityError as exc:
+            raise UpstreamError("(a server)", f"a revealed contribution does not open its commitment: {exc}") from None
+        seed = validity.query_seed(study_id, contributions)
+        answers = self._each_or_raise(lambda server: server.verify_query(study_id, contributions, plan))
+        lists = [np.ascontiguousarray(a[0]).view(">u8").reshape(-1, 2) for a in answers]
+        held = [len(x) for x in lists]
+        common, masks = messages.intersect_held(lists)
+        own = [shares[mask] for (_ids, shares), mask in zip(answers, masks)]
+        del answers
+        n_common = len(common) // REPORT_ID_BYTES
+        common_ids = np.frombuffer(common, dtype=np.uint8).reshape(n_common, REPORT_ID_BYTES)
+        self.log(f"query seed {seed.hex()[:16]}...: {n_common} reports held by all {len(held)} servers")
+
+        def others(j: int) -> bytes:
+            total = None
+            for i, shares in enumerate(own):
+                if i != j:
+                    total = shares if total is None else validity.add_verifiers(total, shares)
+            assert total is not None
+            return validity.encode_verifiers(common_ids, total)
+
+        decisions = self._each_or_raise(lambda server: server.verify_decide(
+            study_id, others(self.servers.index(server))))
+        for server, (_refused, decided) in zip(self.servers, decisions):
+            if decided != n_common:
+                raise UpstreamError(server.endpoint.server_id, f"decided {decided} reports, not the {n_common} sent")
+        by_server = {sid: len(refused) // REPORT_ID_BYTES for sid, (refused, _) in zip(ids, decisions)}
+        refused = messages.encode_report_ids(b"".join(r for r, _ in decisions))  # the union, sorted
+        n_refused = len(refused) // REPORT_ID_BYTES
+        if n_refused:
+            r_hi, r_lo = messages.native_halves(messages.report_id_halves(refused))
+            for ids_j, mask in zip(lists, masks):
+                hi, lo = messages.native_halves(ids_j)
+                at = messages.locate(hi, lo, r_hi, r_lo)
+                mask[at[at >= 0]] = False
+            c_hi, c_lo = messages.native_halves(messages.report_id_halves(common))
+            keep = messages.locate(r_hi, r_lo, c_hi, c_lo) < 0
+            common = common_ids[keep].tobytes()
+        summary = verification.VerificationSummary(query_seed=seed.hex(), decided=n_common, refused=n_refused,
+                                                   refused_by_server=by_server)
+        self.store.record_verification(study_id, summary.model_dump(mode="json"))
+        self.log(f"every server decided {n_common} reports; refused: {n_refused} "
+                 f"({', '.join(f'{k} {v}' for k, v in by_server.items())})")
+        return common, masks, held
 
     def _party_inclusion(self, study_id: str) -> bytes:
         """Fix the inclusion set of a study with parties: the blocks of every individual complete

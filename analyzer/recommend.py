@@ -87,7 +87,7 @@ def _option(kind: str, d: int, n: int, n_servers: int, design_kwargs: dict) -> K
 
 def _predict(options: list[KindOption], d: int, n: int, n_servers: int, design_kwargs: dict,
              seed: int) -> tuple[int, dict[str, dict[str, float]]]:
-    from . import baselines, evaluation, synthetic
+    from . import error_ratios, simulation, synthetic
 
     n_sim = min(n, MAX_SIMULATED_REPORTS, max(1000, MAX_SIMULATED_CELLS // d))
     rng = np.random.default_rng(np.random.SeedSequence([0x12EC, n, d, seed]))
@@ -104,11 +104,11 @@ def _predict(options: list[KindOption], d: int, n: int, n_servers: int, design_k
             study, _ = design(name="recommend", columns=data.columns, label=data.label,
                               servers=[f"s{j}" for j in range(n_servers)], expected_reports=n_sim,
                               kind=opt.kind, **design_kwargs)  # type: ignore[arg-type]
-            release = baselines.simulate_ltm(study, data.rows, rng)
+            release = simulation.simulate_ltm(study, data.rows, rng)
             # local and central depend on the rows and the privacy target, not on the kind:
             # simulate them with the first kind only
             first = task not in reference
-            ratios = evaluation.compare(data, study, release, rng=rng, tasks=(task,),
+            ratios = error_ratios.compare(data, study, release, rng=rng, tasks=(task,),
                                         references=first)[task]
             opt.predicted[task] = ratios["ltm"]
             if first:

@@ -315,7 +315,7 @@ class HistogramRelease(StudyRelease):
     N(0, server_sigma^2), so every released count carries independent N(0, n sigma^2 + N
     server_sigma^2) noise: the central model's histogram, known noise law, nothing to debias for
     the counts themselves. The statistics (quantiles, moments, Kendall's tau, AUC, Gini) live in
-    :mod:`analyzer.histogram`; they take :meth:`histogram`. It has no Gram matrix.
+    :mod:`analyzer.analyses.histogram`; they take :meth:`histogram`. It has no Gram matrix.
     """
 
     study: Study
@@ -334,15 +334,15 @@ class HistogramRelease(StudyRelease):
         return self.sigma ** 2 * self.n_reports + self.server_noise_variance
 
     def histogram(self):
-        """The release as an :class:`analyzer.histogram.NoisyHistogram` (what the estimators fit)."""
-        from .histogram import NoisyHistogram
+        """The release as an :class:`analyzer.analyses.histogram.NoisyHistogram` (what the estimators fit)."""
+        from .analyses.histogram import NoisyHistogram
 
         return NoisyHistogram(spec=self.study.histogram, counts=self.values,
                               noise_variance=self.cell_noise_variance, n_reports=self.n_reports)
 
     def gram(self, debias: bool = True) -> np.ndarray:
         raise TypeError("a histogram release has no Gram matrix: use the statistics of "
-                        "analyzer.histogram (counts, quantiles, moments, Kendall's tau, AUC, Gini)")
+                        "analyzer.analyses.histogram (counts, quantiles, moments, Kendall's tau, AUC, Gini)")
 
     def noise_info(self) -> dict[str, float]:
         return {"sigma": self.sigma, "cell_noise_variance": self.cell_noise_variance,
@@ -357,7 +357,7 @@ class L1Release(StudyRelease):
     S has 0/1 entries (s at level 0, at most one more at a sampled level), so Y is not rescaled;
     every cell carries the noise of the reports in its bucket (sigma^2 per report) and the N
     servers' N(0, N server_sigma^2 (s + 1)). What it is for: least absolute deviations, the
-    weighted l1 fit min sum_r w_r |Y_r,label - Y_r,features . beta| (analyzer/lad.py). It is not
+    weighted l1 fit min sum_r w_r |Y_r,label - Y_r,features . beta| (analyzer/analyses/lad.py). It is not
     an l2 embedding, so it has no Gram matrix estimate.
     """
 
@@ -381,7 +381,7 @@ class L1Release(StudyRelease):
         return self.study.n_servers * float(self.study.server_noise_std) ** 2
 
     def gram(self, debias: bool = True) -> np.ndarray:
-        raise TypeError("an l1 release is an l1 sketch for least absolute deviations (analyzer/lad.py), "
+        raise TypeError("an l1 release is an l1 sketch for least absolute deviations (analyzer/analyses/lad.py), "
                         "not an l2 embedding: it has no Gram matrix estimate")
 
     def noise_info(self) -> dict[str, float]:

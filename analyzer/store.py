@@ -37,6 +37,12 @@ CREATE TABLE IF NOT EXISTS inclusions (
     study_id     TEXT PRIMARY KEY,
     ids          BLOB NOT NULL
 );
+-- a validity study's verification round, once every server decided (VerificationSummary JSON):
+-- written before the inclusion set is fixed, shown with the study and its progress
+CREATE TABLE IF NOT EXISTS verifications (
+    study_id     TEXT PRIMARY KEY,
+    summary      TEXT NOT NULL
+);
 """
 
 
@@ -49,6 +55,8 @@ class StudyRecord:
     n_reports: int | None
     released_at: float | None
     ring_sum: np.ndarray | None
+    #: a validity study's round, once decided (VerificationSummary as JSON members); else None
+    verification: dict | None = None
 
     @property
     def state(self) -> str:
@@ -89,29 +97,38 @@ class AnalyzerStore:
                              "AND released_at IS NULL", (study_id,))
 
     def _record(self, row: tuple) -> StudyRecord:
-        study_json, explanation, created_at, inclusion_hash, ring_sum, n_reports, released_at = row
+        study_json, explanation, created_at, inclusion_hash, ring_sum, n_reports, released_at, summary = row
         study = Study.model_validate_json(study_json)
         ring = None
         if ring_sum is not None:
             ring = messages.decode_aggregate(ring_sum, study.k, study.width)
         return StudyRecord(study, json.loads(explanation), created_at, inclusion_hash, n_reports,
-                           released_at, ring)
+                           released_at, ring, None if summary is None else json.loads(summary))
 
-    _COLUMNS = "study_json, explanation, created_at, inclusion_hash, ring_sum, n_reports, released_at"
+    _COLUMNS = ("s.study_json, s.explanation, s.created_at, s.inclusion_hash, s.ring_sum, s.n_reports, "
+                "s.released_at, v.summary")
+    _FROM = "studies s LEFT JOIN verifications v ON v.study_id = s.study_id"
 
     def get(self, study_id: str) -> StudyRecord | None:
         with self._lock:
             row = self._db.execute(
-                f"SELECT {self._COLUMNS} FROM studies WHERE study_id = ?", (study_id,)
+                f"SELECT {self._COLUMNS} FROM {self._FROM} WHERE s.study_id = ?", (study_id,)
             ).fetchone()
         return self._record(row) if row else None
 
     def list(self) -> list[StudyRecord]:
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {self._COLUMNS} FROM studies ORDER BY created_at"
+                f"SELECT {self._COLUMNS} FROM {self._FROM} ORDER BY s.created_at"
             ).fetchall()
         return [self._record(r) for r in rows]
+
+    def record_verification(self, study_id: str, summary: dict) -> None:
+        """Keep what a validity study's round decided (the last round run wins: every rerun of
+        an idempotent round answers the same)."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO verifications (study_id, summary) VALUES (?, ?)",
+                             (study_id, json.dumps(summary, sort_keys=True)))
 
     def fix_inclusion(self, study_id: str, sorted_ids: bytes, inclusion_hash: str | None = None) -> bytes:
         """Record the inclusion set (a sorted id list) once; return the set on record (an

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bounds_choice.py [--runs 50] [--n 20000] [--out docs/experiments]
 
-Two measurements, both simulated in law (``analyzer.experiments.simulate_pipeline``: the study as
+Two measurements, both simulated in law (``research.experiments.simulate_pipeline``: the study as
 the analyzer designs it, its noise drawn with numpy at the study's sigma and the servers' noise):
 
 1. **Width.** Synthetic rows in raw units, age ~ 16-90, hours 0-100, wage = 505 + 30 age +
@@ -18,8 +18,8 @@ the analyzer designs it, its noise drawn with numpy at the study's sigma and the
    zero-inflated, bimodal, 0/1, constant, 1e-3 and 1e6 scales, a normal with negatives), four
    columns per pilot (the noise of a four-axis marginal histogram at epsilon 0.5 and at twice its
    noise), ``--runs`` releases each: the share clamped per tail and the proposed range over the
-   true 0.5-99.5 % range, for the proposal (``analyzer.pilot``) and for the plain quantiles of
-   the noisy CDF (``analyzer.histogram.Quantiles``) it does not use.
+   true 0.5-99.5 % range, for the proposal (``analyzer.analyses.pilot``) and for the plain quantiles of
+   the noisy CDF (``analyzer.analyses.histogram.Quantiles``) it does not use.
 
 Writes ``bounds_width.png`` and ``bounds_results.json`` to ``--out`` and prints both tables.
 """
@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from analyzer.estimators import LeastSquares
-from analyzer.experiments import simulate_pipeline
-from analyzer.histogram import NoisyHistogram, Quantiles
-from analyzer.pilot import pilot_spec, propose_bounds
+from research.experiments import simulate_pipeline
+from analyzer.analyses.histogram import NoisyHistogram, Quantiles
+from analyzer.analyses.pilot import pilot_spec, propose_bounds
 from dpsketch.protocol.study import design
 
 COLUMNS = ["age", "hours", "wage"]

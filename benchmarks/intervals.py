@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analyzer import baselines
+from analyzer import simulation
 from analyzer import uncertainty as U
 from analyzer.estimators import default_ridge_alpha, robust_solve
-from analyzer.logistic import LogisticRegression
+from analyzer.analyses.logistic import LogisticRegression
 from analyzer.release import GramSumRelease
 from dpsketch.protocol import features
 from dpsketch.protocol.study import Study, design
@@ -72,7 +72,7 @@ def regression_rows(n: int, rng: np.random.Generator, constant: bool, residual_s
     x = rng.normal(0.0, 0.25, size=(n, len(FEATURES)))
     y = x @ COEF + INTERCEPT + rng.normal(0.0, residual_sd, n)
     parts = [x] + ([np.full((n, 1), CONSTANT_VALUE)] if constant else []) + [y[:, None]]
-    return baselines.clip_rows(np.column_stack(parts), 1.0)
+    return simulation.clip_rows(np.column_stack(parts), 1.0)
 
 
 def model_rows(n: int, rng: np.random.Generator, residual_half_width: float = 0.4) -> np.ndarray:
@@ -88,8 +88,8 @@ def model_rows(n: int, rng: np.random.Generator, residual_half_width: float = 0.
 
 def gram_release(study: Study, phi_sum: np.ndarray, n: int, rng: np.random.Generator) -> GramSumRelease:
     """A gram release in law: the exact sum of phi(a) plus N(0, n sigma^2 + N server_sigma^2) per
-    coordinate (what baselines.simulate_ltm draws, without recomputing the sum)."""
-    std = math.sqrt(study.sigma ** 2 * n + baselines.server_noise_variance(study))
+    coordinate (what simulation.simulate_ltm draws, without recomputing the sum)."""
+    std = math.sqrt(study.sigma ** 2 * n + simulation.server_noise_variance(study))
     return GramSumRelease(study=study, values=phi_sum + rng.normal(0.0, std, size=phi_sum.shape), n_reports=n)
 
 
@@ -186,7 +186,7 @@ def linear_case(kind: str, n: int, epsilon: float, reps: int, seed: int, secret_
     law_at_truth = None
     t0 = time.perf_counter()
     for _ in range(reps):
-        release = (baselines.simulate_ltm(study, rows, rng) if sketch_kind
+        release = (simulation.simulate_ltm(study, rows, rng) if sketch_kind
                    else gram_release(study, phi_sum, n, rng))
         m_hat, law = U.moment_law(release, cols)
         if law_at_truth is None:
@@ -251,7 +251,7 @@ def logistic_rows(n: int, rng: np.random.Generator) -> np.ndarray:
     model, under which the Gaussian calibration is consistent), rows clipped to B = 1."""
     y = (rng.uniform(size=n) < 0.4).astype(float)
     x = rng.normal(0.0, 0.2, size=(n, 3)) + np.outer(y - 0.4, [0.25, -0.15, 0.05])
-    return baselines.clip_rows(np.column_stack([x, 0.5 * y]), 1.0)
+    return simulation.clip_rows(np.column_stack([x, 0.5 * y]), 1.0)
 
 
 def logistic_function(n: int, noise_scale: float) -> Callable[[np.ndarray], np.ndarray]:

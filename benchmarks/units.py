@@ -4,7 +4,7 @@
 
 Data like the issue's: age ~ U(18, 65), hours ~ U(10, 60), wage = 505 + 30 age + 20 hours +
 N(0, 400^2) (wage about 2,500). Each configuration is released --runs times through the clients'
-own ``prepare_batch`` and the servers' aggregation in process (``analyzer.experiments.
+own ``prepare_batch`` and the servers' aggregation in process (``research.experiments.
 run_pipeline``: real shares, real noise, real certificates; only the HTTP is left out), and fit
 with the analyzer's least squares. Printed per coefficient: mean +- sd (median) and the 90th
 percentile of the absolute error against plain least squares on the same rows, over the runs;
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from analyzer.estimators import LeastSquares
-from analyzer.experiments import run_pipeline
+from research.experiments import run_pipeline
 from dpsketch.protocol.study import design
 
 BOUNDS = {"age": [16, 90], "hours": [0, 100], "wage": [0, 10000]}

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ValidationError
 
 from dpsketch import __version__
 from dpsketch.plain_errors import unreachable_reason
-from dpsketch.protocol import chacha, envelope, messages, ring
+from dpsketch.protocol import chacha, envelope, messages, proved_shares, ring
 from dpsketch.protocol.bounds import CLAMP_WARNING_SHARE
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
@@ -169,17 +169,21 @@ class Client:
     as long as with full shares (the seeds expand through one compiled ChaCha20 loop,
     dpsketch/protocol/chacha.py; ``dpsketch bench seeds``).
     ``compress=False`` sends every server its full share. Single reports (``submit``) and
-    blocks (``submit_blocks``) always go as full shares.
+    blocks (``submit_blocks``) always go as full shares. A study with validity proofs
+    (``study.validity``; docs/protocol.md section 4c) is always seed-compressed, whatever
+    ``compress`` says: the leader of each batch (rotating as above) gets its F_p input and proof
+    shares, every other server a seed; its single reports go as one-record batches (it takes
+    no single-report JSON) and it takes no blocks.
 
     With ``encrypt=True`` every share (or seed) is sealed to its server with HPKE (X25519,
     HKDF-SHA256, ChaCha20-Poly1305; docs/protocol.md section 7a) under the server's current
     public key from ``GET /v1/info``, bound to the study, the server and the report id, and sent
     as ``application/x-dpsketch-sealed`` (single reports too, as a one-record batch). The client
     refuses to seal unless every server publishes a key and no two servers publish the same key.
-    Each body is sealed as one batch (one HPKE seal per body and server, then an AEAD per record,
-    section 7a version 3): 16 bytes per report and server and a header per body, about 3 us per
-    report and server to seal and as much to open (servers from before version 3 get one HPKE
-    seal per share, about 30 times that). Plaintext over TLS stays the default; use it when
+    Each body is sealed as one batch (one HPKE seal and one ChaCha20-Poly1305 message per body
+    and server, section 7a version 4): 133 bytes per body and server (1,221 post-quantum) and
+    nothing per report, well under a microsecond per report and server to seal or open; a
+    server must list version 4 in ``hpke.versions``. Plaintext over TLS stays the default; use it when
     shares pass through a party other than their server (a gateway, a queue, a log). It combines
     with ``compress`` (the seeds are sealed).
 
@@ -499,15 +503,17 @@ class Client:
     def submit(self, study_id: str, row: Any) -> str:
         """Submit one row (d numbers in study order, or a dict by column name); return its hex id.
 
-        One JSON request per server, in parallel (with ``encrypt``: a one-record sealed batch).
-        Not journaled: each call makes a new report (a row to resubmit after a crash goes
+        One JSON request per server, in parallel (with ``encrypt``: a one-record sealed batch; a
+        study with validity proofs, which takes no single-report JSON: a one-record batch of
+        the leader's shares or a helper's seed, docs/protocol.md section 4c). Not journaled: each call makes a new report (a row to resubmit after a crash goes
         through :meth:`submit_many`, which stores it once however often it runs).
         """
         study = self._open_study(study_id)
         batch = prepare_batch(study, _data.row_vector(row, study.columns, raw=study.histogram is not None))
         rid = batch.report_ids[0]
+        as_batch = self.encrypt or proved_shares.is_proved(study)
         sealed = ([self._wire(study, study_id, j, batch.body(j), batch.media_type(j))
-                   for j in range(study.n_servers)] if self.encrypt else None)
+                   for j in range(study.n_servers)] if as_batch else None)
 
         def send(j: int) -> messages.UploadResult:
             if sealed is not None:
@@ -570,7 +576,9 @@ class Client:
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         study = self._open_study(study_id)
-        record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, study.width, study.n_servers)
+        proved = proved_shares.is_proved(study)
+        record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, proved_shares.upload_width(study),
+                                        study.n_servers)
                   + (_sealing.overhead_bytes(self._recipients[study_id]) if self.encrypt else 0))
         batch_size = batch_rows(batch_size, record, self.max_batch_bytes)
         raw = study.histogram is not None
@@ -593,7 +601,8 @@ class Client:
                         raise _data.InvalidDataError(str(exc)) from None
                     first += len(chunk)
         # with seeds, the server that gets the full shares changes from batch to batch (prepare_batch)
-        compress = self.compress and ring.seed_is_smaller(study.width)  # narrow shares: a seed saves nothing
+        # narrow shares: a seed saves nothing; a study with validity proofs always takes seeds
+        compress = proved or (self.compress and ring.seed_is_smaller(study.width))
         submission = None
         if self.journal is not None and (is_file or in_memory):
             fingerprint = (_journal.fingerprint_file(rows) if is_file
@@ -724,6 +733,9 @@ class Client:
             raise SDKError("block uploads travel as plaintext full shares (over TLS); sealed "
                            "blocks are not supported yet")
         study = self._open_study(study_id, blocks=True)
+        if proved_shares.is_proved(study):
+            raise SDKError(f"study {study_id[:12]}... proves every report valid ({study.validity}): it "
+                           f"has no parties and takes no blocks; submit whole rows with submit_many")
         try:
             _index, declared = study.party(party)
         except ValueError as exc:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpsketch.protocol import binding, envelope, messages, ring
+from dpsketch.protocol import binding, envelope, messages, proved_shares, ring, validity
 from dpsketch.protocol.histogram import HistogramValueError
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.study import Study
@@ -32,6 +32,10 @@ class PreparedBatch:
     ``full``). ``share(j)`` gives every server's share either way. ``proofs[j]``
     is server j's (m, 16 N) proofs: the report ids commit to every server's payload
     (``binding``), so no server stores a share other than the one its client sent.
+
+    A study with validity proofs (``study``'s ``validity``; ``validity.prepare``) is always
+    seed-compressed: the leader's ``shares[full]`` is its (m, n + P) F_p input and proof share,
+    each helper's seeds expand to its own by ``field.expand`` (dpsketch/protocol/proved_shares.py).
     """
 
     report_ids: list[bytes]
@@ -45,6 +49,8 @@ class PreparedBatch:
     #: many rows were clipped to its row bound (``noise.limited_counts``): what the data owner sees
     clamped: np.ndarray | None = None
     clipped: int = 0
+    #: a study with validity proofs: every share is an F_p share of its proof's input and proof
+    study: Study | None = None
 
     def __len__(self) -> int:
         return len(self.report_ids)
@@ -55,6 +61,8 @@ class PreparedBatch:
     def share(self, j: int) -> np.ndarray:
         """Server j's (m, width) share (expanded from its seeds if it gets seeds)."""
         if self._seeded(j):
+            if self.study is not None:
+                return proved_shares.expand_seeds(self.study, self.seeds[j])  # type: ignore[index, arg-type]
             width = next(s for s in self.shares if s is not None).shape[1]
             return ring.expand_seeds(self.seeds[j], width)  # type: ignore[index, arg-type]
         return self.shares[j]  # type: ignore[return-value]
@@ -73,7 +81,11 @@ class PreparedBatch:
         return messages.encode_batch(self.report_ids, self.proofs[j], self.shares[j])  # type: ignore[arg-type]  # not seeded: a full share
 
     def report(self, j: int, i: int = 0) -> messages.Report:
-        """Row i as server j's single-report JSON body (full shares only)."""
+        """Row i as server j's single-report JSON body (full shares only; never for a study with
+        validity proofs, whose reports travel in batches only: ValueError)."""
+        if self.study is not None:
+            raise ValueError("a study with validity proofs takes no single-report JSON uploads: each "
+                             "report goes as a one-record batch (body(j), media_type(j))")
         return messages.Report.of(self.report_ids[i], self.proofs[j][i], self.share(j)[i])
 
 
@@ -94,12 +106,14 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
     """
     stream = stream if stream is not None else Keystream()  # every random bit of this batch: noise, shares, salts
     clamped, clipped = None, 0
+    onehot = None  # a histogram's cells: a validity study's proof separates them from the noise
     if study.histogram is not None:  # raw values: the bins decide what they mean
         rows = _data.check_values(rows, study.d)
         try:
-            encoded = noise.privatize_encoded(rows, study, stream)
+            onehot = noise.client_vectors(rows, study)  # what privatize_encoded noises, kept
         except HistogramValueError as exc:
             raise _data.InvalidDataError(str(exc)) from None
+        encoded = noise.noisy_encoded(onehot, study, stream)
     else:
         rows = _data.check_rows(rows, study.d)
         clamped, clipped = noise.limited_counts(rows, study)
@@ -108,6 +122,8 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
         else:
             encoded = noise.privatize_encoded(rows, study, stream)
     n = study.n_servers
+    if proved_shares.is_proved(study):  # always seed-compressed: the leader's F_p shares, seeds elsewhere
+        return _proved_batch(study, encoded, n - 1 if full is None else full, stream, clamped, clipped, onehot)
     if compress:
         full = n - 1 if full is None else full
         if not 0 <= full < n:
@@ -122,6 +138,21 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares, stream=stream)
     return PreparedBatch(ids, proofs, shares, clamped=clamped, clipped=clipped)  # type: ignore[arg-type]  # list of arrays as list of optional arrays
+
+
+def _proved_batch(study: Study, encoded: np.ndarray, full: int, stream: Keystream,
+                  clamped: np.ndarray | None, clipped: int, onehot: np.ndarray | None = None) -> PreparedBatch:
+    """A batch of a study with validity proofs: ``validity.prepare`` shares the encoded noisy
+    vectors in F_p and proves each valid (a histogram's with its one-hot rows); ``full`` is the
+    leader (explicit input and proof shares), every other server a helper (a seed per report)."""
+    n = study.n_servers
+    if not 0 <= full < n:
+        raise ValueError(f"full={full}: a server position, 0 to {n - 1}")
+    proved = validity.prepare(study, encoded, stream, full, onehot=onehot)
+    seeds = list(proved.seeds)
+    shares: list[np.ndarray | None] = [proved.leader if j == proved.full else None for j in range(n)]
+    return PreparedBatch(list(proved.report_ids), list(proved.binding), shares, seeds,
+                         clamped=clamped, clipped=clipped, study=study)
 
 
 def signed_vectors(rows: np.ndarray, study: Study, stream: Keystream) -> np.ndarray:
@@ -161,21 +192,21 @@ def record_bytes(media_type: str, study: Study) -> int:
     """Bytes of one record of a plaintext batch body for this study (a block batch: of the
     party its media type names)."""
     party = messages.party_of_media_type(media_type)
-    width = study.party(party)[1].width if party is not None else study.width
+    width = study.party(party)[1].width if party is not None else proved_shares.upload_width(study)
     return messages.record_bytes(media_type, width, study.n_servers)
 
 
 def count_records(body: bytes, media_type: str, study: Study) -> int:
     """Reports in a batch body of any of the three upload media types."""
     if media_type == messages.SEALED_MEDIA_TYPE:
-        return envelope.count_records(body, study.width, study.n_servers)
+        return envelope.count_records(body, proved_shares.upload_width(study), study.n_servers)
     return len(body) // record_bytes(media_type, study)
 
 
 def split_body(body: bytes, media_type: str, study: Study) -> tuple[bytes, bytes]:
     """Cut a batch body in two at the record boundary nearest its middle."""
     if media_type == messages.SEALED_MEDIA_TYPE:
-        return envelope.split_body(body, study.width, study.n_servers)
+        return envelope.split_body(body, proved_shares.upload_width(study), study.n_servers)
     record = record_bytes(media_type, study)
     half = (len(body) // record // 2) * record
     return body[:half], body[half:]

@@ -16,19 +16,19 @@ Every check the client made before the suites existed still holds for every key 
 the key id matches the key, the suite is the one this client seals with, and no public key (of
 either suite) is published by two servers, which would be one organisation holding two shares.
 
-Layout: each request body is one version 3 batch (one KEM per batch and server, then an AEAD
-per record), the only sealed layout; a server that does not list version 3 in
-``hpke.versions`` (a release before it) is refused before anything is sent (the per-record
-versions 1 and 2 were dropped, issue 41). A version 3 batch cannot be cut at a record boundary
-(its count and order are sealed), so a body the server refuses as too large (413) is cut in its
-plaintext and each half sealed again (:class:`SealedBody`).
+Layout: each request body is one version 4 batch (one KEM and one AEAD per batch and server),
+the only sealed layout; a server that does not list version 4 in ``hpke.versions`` (a release
+before it) is refused before anything is sent (versions 1 and 2, one HPKE seal per record, were
+dropped in issue 41; version 3, an AEAD per record, in issue 46). A batch cannot be cut at a
+record boundary (its count and order are sealed), so a body the server refuses as too large
+(413) is cut in its plaintext and each half sealed again (:class:`SealedBody`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dpsketch.protocol import envelope, messages
+from dpsketch.protocol import envelope, messages, proved_shares
 from dpsketch.protocol.study import Study
 
 from . import prepare
@@ -99,8 +99,8 @@ def recipients(urls: Sequence[str], study: Study, infos: Sequence[messages.Serve
                            f"'prefer-post-quantum' to seal classically where no such key is published)")
         # every published key is checked (ids, no key shared between servers), the used ones or not
         classical = _current(urls[j], keys, envelope.CLASSICAL, sid, owner)
-        if envelope.VERSION_3 not in (keys.versions or ()):
-            raise SDKError(f"{urls[j]} does not open version 3 sealed batches (hpke.versions "
+        if envelope.VERSION_4 not in (keys.versions or ()):
+            raise SDKError(f"{urls[j]} does not open version 4 sealed batches (hpke.versions "
                            f"{keys.versions}): the only sealed layout this SDK sends; upgrade the "
                            f"server, or use encrypt=False")
         if policy == POST_QUANTUM or (policy == PREFER_POST_QUANTUM and pq_known):
@@ -109,13 +109,13 @@ def recipients(urls: Sequence[str], study: Study, infos: Sequence[messages.Serve
             if pq_known:
                 _current(urls[j], pq, envelope.POST_QUANTUM, sid, owner)  # type: ignore[arg-type]  # pq is not None here (pq_known)
             suite, public = envelope.CLASSICAL, classical
-        out.append(envelope.Recipient(sid, public, suite, envelope.VERSION_3))
+        out.append(envelope.Recipient(sid, public, suite, envelope.VERSION_4))
     return out
 
 
 class SealedBody(bytes):
     """A sealed request body that keeps the plaintext body it seals, so that it can be cut in
-    two and each half sealed again (a version 3 batch does not cut at record boundaries)."""
+    two and each half sealed again (a batch does not cut at record boundaries)."""
 
     recipient: envelope.Recipient
     study: Study
@@ -132,8 +132,8 @@ class SealedBody(bytes):
 def wire(recipient: envelope.Recipient, study: Study, study_id: str, body: bytes,
          media_type: str) -> tuple[SealedBody, str]:
     """A prepared plaintext body sealed to ``recipient`` in its layout (``recipient.version``)."""
-    sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type, study.width,
-                                           study.n_servers))
+    sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type,
+                                           proved_shares.upload_width(study), study.n_servers))
     sealed.recipient, sealed.study, sealed.study_id = recipient, study, study_id
     sealed.plain, sealed.plain_media_type = body, media_type
     return sealed, messages.SEALED_MEDIA_TYPE
@@ -148,6 +148,6 @@ def split_body(body: bytes, media_type: str, study: Study) -> tuple[bytes, bytes
 
 
 def overhead_bytes(chosen: Sequence[envelope.Recipient]) -> int:
-    """The most bytes sealing adds to one report's record at any server (for batch sizing; a
-    version 3 batch adds its header once)."""
+    """The most bytes sealing adds to one report's record at any server (for batch sizing): none,
+    a batch adds its header and one tag once (``envelope.batch_overhead_bytes``)."""
     return max(envelope.overhead_bytes(r.suite, r.version) for r in chosen)

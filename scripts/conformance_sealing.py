@@ -2,8 +2,8 @@
 the two sealing suites' KEMs and HPKE key schedule, byte for byte, so that an implementation can
 find which step of a sealed batch it gets wrong. Imported by make_conformance.py.
 
-HPKE is randomized, so the inputs are fixed ciphertexts: the two version 3 batches of
-docs/protocol.md section 9 (``sealed_v3``, whose ``sealed_secret`` is enc || wrapped), and a
+HPKE is randomized, so the inputs are fixed ciphertexts: the two version 4 batches of
+docs/protocol.md section 9 (``sealed_v4``, whose ``sealed_secret`` is enc || wrapped), and a
 post-quantum ciphertext altered to show ML-KEM's implicit rejection. Every intermediate value is
 computed here from RFC 9180, FIPS 203's rejection rule and X-Wing's combiner, and checked against
 the ``cryptography`` package (the product's HPKE): the key and nonce must open the wrapped secret,
@@ -116,7 +116,7 @@ def sealing_vectors(root: Path) -> list[dict[str, Any]]:
     out.append({"id": "keygen-post-quantum-from-xwing-seed", "type": "kem_keygen", "suite": suite.name,
                 "xwing_seed": seed.hex(), "private_key": expanded.hex(), "public_key": public.hex(),
                 "key_id": envelope.key_id(public).hex()})
-    for vec in _section9(root)["sealed_v3"]:
+    for vec in _section9(root)["sealed_v4"]:
         suite = envelope.suite_by_ids(vec["kem_id"], vec["kdf_id"], vec["aead_id"])
         assert suite is not None
         private_key = bytes.fromhex(vec["private_key"])
@@ -168,7 +168,7 @@ def doc_block(vectors: list[dict[str, Any]]) -> dict[str, Any]:
                         byid["decapsulation-post-quantum-implicit-rejection"])
     seedkey = byid["keygen-post-quantum-from-xwing-seed"]
     return {"xwing_decapsulation": {
-        "private_key": dec["private_key"], "enc": "sealed_v3[1].sealed_secret[0:1120] (docs/protocol.md section 9)",
+        "private_key": dec["private_key"], "enc": "sealed_v4[1].sealed_secret[0:1120] (docs/protocol.md section 9)",
         "ct_x": dec["ct_x"], "ss_m": dec["ss_m"], "ss_x": dec["ss_x"], "pk_x": dec["pk_x"],
         "shared_secret": dec["shared_secret"], "key": opened["key"], "base_nonce": opened["base_nonce"],
         "implicit_rejection": {"enc": "the same with bit 0 of byte 0 flipped", "ss_m": rej["ss_m"],

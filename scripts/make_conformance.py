@@ -50,7 +50,7 @@ from dpsketch.protocol.study import Study, design  # noqa: E402
 OUT = ROOT / "conformance"
 FORMAT = "dpsketch-conformance/1"
 #: The version of docs/protocol.md these vectors belong to (its first line).
-SPEC_VERSION = "2.6"
+SPEC_VERSION = "2.7"
 PROTOCOL = "dpsketch/2"
 #: How a float is compared: |got - want| <= atol + rtol * |want| (per vector or per analysis).
 TOLERANCE_RULE = "|got - want| <= atol + rtol * |want|, element by element; null stands for a non-finite value"

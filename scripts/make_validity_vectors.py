@@ -9,7 +9,7 @@ fixed bytes. Each vector is one study with ``validity = "norm-bound/1"`` (its JS
 and a batch of reports through the whole path an independent client and server must reproduce:
 the plan derived from the study (grid, R^2, digits), the noisy vectors as ring integers (the
 input of ``validity.prepare``: clipping, sign and noise are pinned by conformance/ already), the
-grid units, the input digits, the client keystream's draws in order (helpers' seeds, binding
+grid units (of the noise alone for a histogram, whose one-hot rows are given too), the input digits, the client keystream's draws in order (helpers' seeds, binding
 salts, prove randomness), the report ids, the joint randomness, the proofs, the leader's shares,
 each server's coordinate shares and split words, the round (contributions, commitments, query
 seed, t), each server's verifier shares, their sum and the decisions; and one tampered report
@@ -48,17 +48,34 @@ def _fixed(label: str, size: int = 32) -> bytes:
     return hashlib.sha256(b"dpsketch/validity-vector/1/" + label.encode()).digest()[:size]
 
 
-def study_vector(label: str, servers: list[str], full: int, rows: list[list[float]]) -> dict:
-    study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers,
-                   expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True)[0]
+def study_vector(label: str, servers: list[str], full: int, rows: list[list]) -> dict:
+    histogram = label.startswith("histogram")
+    if histogram:
+        spec = {"axes": [{"column": "age", "edges": [0, 40]}, {"column": "city", "categories": ["a", "b"]}],
+                "marginal": True}
+        study = design(name=label, columns=["age", "city"], label=None, servers=servers, kind="histogram",
+                       histogram=spec, expected_reports=10_000, seed=_fixed(label + "/study").hex(),
+                       validity=True)[0]
+    else:
+        study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers,
+                       expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True)[0]
     plan = validity.plan(study)
     grid = study.noise_grid
-    a = np.array(rows, dtype=np.float64)
     noise_stream = Keystream.from_key(_fixed(label + "/noise"))
-    encoded = client_noise.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
-    units = validity.grid_units(plan, encoded)
-    inputs = plan.circuit.encode(units)
-    proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(label + "/client")), full=full)
+    onehot = None
+    if histogram:
+        values = np.array(rows, dtype=object)
+        onehot = study.histogram.one_hot(study.histogram.cell_index(values))
+        encoded = client_noise.privatize_encoded(values, study, noise_stream)
+        units = validity.grid_units(plan, encoded) - plan.circuit.unit * onehot.astype(np.int64)
+        inputs = plan.circuit.encode(onehot, units)
+    else:
+        a = np.array(rows, dtype=np.float64)
+        encoded = client_noise.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
+        units = validity.grid_units(plan, encoded)
+        inputs = plan.circuit.encode(units)
+    proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(label + "/client")), full=full,
+                              onehot=onehot)
     ids = proved.report_ids
     jr = flp.joint_rand(plan.circuit, ids)
     views = []
@@ -79,12 +96,15 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list[floa
     return {
         "id": label, "type": "validity_study",
         "study": study.model_dump(mode="json"), "study_id": study.study_id,
-        "plan": {"grid_shift": grid.shift, "frac_bits": grid.frac_bits, "t": grid.scale(study.sigma),
+        "plan": {"circuit": plan.circuit.name, "grid_shift": grid.shift, "frac_bits": grid.frac_bits,
+                 "t": grid.scale(study.sigma), "unit": getattr(plan.circuit, "unit", None),
+                 "blocks": getattr(plan.circuit, "blocks", None),
                  "r2": plan.bound, "beta": plan.circuit.beta, "q": plan.circuit.q, "H": plan.circuit.half,
                  "slack_digits": plan.circuit.slack_digits, "input_len": plan.input_len,
                  "proof_len": plan.proof_len, "verifier_len": plan.verifier_len,
                  "leader_width": plan.leader_width},
-        "rows": rows, "encoded": _dec(encoded), "units": units.tolist(), "input": _dec(inputs),
+        "rows": rows, "onehot": None if onehot is None else onehot.astype(int).tolist(),
+        "encoded": _dec(encoded), "units": units.tolist(), "input": _dec(inputs),
         "full": full, "client_key": _fixed(label + "/client").hex(),
         "helper_seeds": {str(j): s.tobytes().hex() for j, s in enumerate(proved.seeds) if s is not None},
         "binding": [b.tobytes().hex() for b in proved.binding],
@@ -118,6 +138,7 @@ def vectors() -> dict:
         "vectors": [
             study_vector("two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
             study_vector("three-servers-leader-last", ["s0", "s1", "s2"], 2, [[-0.6, 0.1, 0.2]]),
+            study_vector("histogram-marginal", ["s0", "s1", "s2"], 1, [[12.5, "b"], [77.0, "zz"]]),
         ],
     }
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 import dpsketch
 
-from dpsketch.protocol import binding, envelope, inclusion
+from dpsketch.protocol import binding, envelope, inclusion, proved_shares
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
@@ -55,7 +55,7 @@ from dpsketch.protocol.study import PROTOCOL, Study
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
 from dpsketch import observability
-from . import idsets, policy
+from . import idsets, policy, verify_api
 from .admission import Admission, UploadAdmission
 from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .metrics import ServerMetrics
@@ -81,7 +81,8 @@ def _binary_response(media_type: str, description: str, headers: dict | None = N
     return out
 
 
-_COMMIT_PATH = re.compile(r"^/v1/studies/[^/]+/commit$")
+#: the commit and a validity study's decision: bodies bounded by what the study holds instead
+_COMMIT_PATH = re.compile(r"^/v1/studies/[^/]+/(commit|verify/decide)$")
 
 
 def _is_commit(scope) -> bool:
@@ -187,12 +188,13 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     opened with this server's key ring ``keys``), check every record's binding and hash its ids
     (CPU work, run in a worker thread), and sort them for the writer's report index; the seeds
     too, which the writer stores instead of the shares where they are smaller (services/batches.py)."""
+    width = proved_shares.upload_width(study)  # a validity study's leader: input and proof shares
     try:
         if media_type == SEALED_MEDIA_TYPE:
-            upload = envelope.open_batch(body, study.width, study.n_servers, study.study_id, server_id,
+            upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
                                          keys.private_key_for)
         else:
-            upload = decode_upload(body, media_type, study.width, study.n_servers)
+            upload = decode_upload(body, media_type, width, study.n_servers)
     except envelope.SealError as exc:
         raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
@@ -200,7 +202,9 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     shares = verified_shares(upload, study, server_id)
     rows, signs = study.hash_report_ids(upload.ids, upload.joined)
     seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
-    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds
+    addends = (proved_shares.addends(study, shares, seeds is not None) if proved_shares.is_proved(study)
+               else None)  # a validity study's: what the running totals fold (made off the writer's thread)
+    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds, addends
 
 
 def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> None:
@@ -208,11 +212,11 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> 
     length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
     is addressed to a key this server holds (422 sealed-share-refused), and that its upload
     token may add its new reports, read from the records' report ids, which travel in the clear
-    (403 upload-quota-exceeded). Only then is its one KEM and are its AEADs run; each record's
+    (403 upload-quota-exceeded). Only then are its one KEM and its one AEAD run; each record's
     binding is inside its ciphertext, so it is checked after opening, before anything is stored."""
     study = record.study
     try:
-        header = envelope.parse_batch(body, study.width, study.n_servers)
+        header = envelope.parse_batch(body, proved_shares.upload_width(study), study.n_servers)
     except envelope.SealError as exc:  # a suite this server does not know
         raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
@@ -225,7 +229,8 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> 
         granted = record.upload_tokens.get(token)
         room = granted.room() if granted is not None else 0
         if room is not None and header.count > room:  # retries cost nothing: count the new ones
-            new = store.count_new(record, envelope.record_ids(body, header, study.width, study.n_servers))
+            new = store.count_new(record, envelope.record_ids(body, header, proved_shares.upload_width(study),
+                                                              study.n_servers))
             if new > room:
                 raise quota_problem(room, record.study_id, new)
 
@@ -553,8 +558,8 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"{SEEDS_MEDIA_TYPE}: m records of id, proof and a 32-byte seed, "
                                  f"which the server expands to the share (ChaCha20, section 4); or "
                                  f"{SEALED_MEDIA_TYPE}: m records of a proof and a share or seed "
-                                 f"sealed to this server with HPKE (section 7a: one version 3 "
-                                 f"batch, one HPKE seal then an AEAD per record, classical or "
+                                 f"sealed to this server with HPKE (section 7a: one version 4 "
+                                 f"batch, one HPKE seal and one AEAD per batch, classical or "
                                  f"post-quantum, the only sealed layout; docs/sealing.md); or, for a study "
                                  f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
                                  f"16-byte block id, 16-byte pseudonym, proof and the share of "
@@ -591,10 +596,11 @@ def create_app(settings: Settings) -> FastAPI:
         body = await request.body()
         if media_type == SEALED_MEDIA_TYPE:
             await run_in_threadpool(_sealed_precheck, store, record, body, token)
-        ids, shares, rows, signs, sorted_ids, seeds = await run_in_threadpool(
+        ids, shares, rows, signs, sorted_ids, seeds, addends = await run_in_threadpool(
             _parse_batch, body, record.study, media_type, settings.server_id, store.keys)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,
-                                                               sorted_ids=sorted_ids, seeds=seeds))
+                                                               sorted_ids=sorted_ids, seeds=seeds,
+                                                               addends=addends))
         metrics.uploaded(study_id, result)
         return json_response(result)
 
@@ -659,4 +665,6 @@ def create_app(settings: Settings) -> FastAPI:
             body, ihash = await run_in_threadpool(store.aggregate, study_id)
         return Response(body, media_type=AGGREGATE_MEDIA_TYPE, headers={INCLUSION_HASH_HEADER: ihash})
 
+    # a validity study's verification round (docs/protocol.md section 6d)
+    verify_api.add_routes(app, store, settings, analyst, auth_errors)
     return app

@@ -16,6 +16,9 @@ seed is the share: it expands to it (``ring.expand_seeds``) whenever a share is 
 server stores 32 bytes a report instead of 8 x width (a 25th at d = 100) and writes that
 much less through the WAL. A record's length then says which it is (32 bytes is never a share's
 length where seeds are stored), and :meth:`Stored.share_matrix` is the one reader of either.
+A study with validity proofs (docs/protocol.md section 4c) stores the same way at its share
+width: the leader's n + P F_p values, or a helper's seed, which only its sums expand (to its n
+input elements, by field expansion: :func:`study_addends`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from dpsketch.protocol import ring
+from dpsketch.protocol import proved_shares, ring
 from dpsketch.protocol.messages import split_ids
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
+from dpsketch.protocol.study import Study
 
 #: A rebuild pages through batches holding about this many reports at a time (at least one batch).
 SCAN_REPORTS = 65536
@@ -67,6 +71,27 @@ class Stored:
     def share_matrix(self, width: int) -> np.ndarray:
         """The (m, width) uint64 shares, seeds expanded (ValueError if they are not here)."""
         return share_matrix(self.shares, len(self), width)
+
+
+def study_payloads(stored: Stored, study: Study) -> tuple[np.ndarray, bool]:
+    """A study with validity proofs: its stored records as uint64 rows, the leader's (m, n + P)
+    F_p values or each helper's seed as 4 words, and whether they are seeds (one kind per
+    Stored: a scan never joins records of two lengths). What proved_shares.payload_rows made."""
+    width = proved_shares.upload_width(study)
+    if not stored.holds_shares_of(width):
+        raise ValueError(f"{len(stored.shares)} stored bytes are not {len(stored)} records of study {study.study_id}")
+    seeded = holds_seeds(len(stored.shares), len(stored), width)
+    return np.frombuffer(stored.shares, dtype="<u8").reshape(len(stored), -1), seeded
+
+
+def study_addends(stored: Stored, study: Study) -> np.ndarray:
+    """What stored reports of ``study`` add to its running aggregate: their (m, width) shares,
+    seeds expanded; for a study with validity proofs the halves of their F_p coordinate shares
+    (proved_shares.addends: (m, 2 w))."""
+    if not proved_shares.is_proved(study):
+        return stored.share_matrix(study.width)
+    rows, seeded = study_payloads(stored, study)
+    return proved_shares.addends(study, rows, seeded)
 
 
 def stores_seeds(width: int) -> bool:

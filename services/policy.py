@@ -17,7 +17,7 @@ studies of one population charged at once cannot both slip under the budget.
 
 from __future__ import annotations
 
-from dpsketch.protocol import ledger
+from dpsketch.protocol import ledger, proved_shares
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
@@ -52,8 +52,9 @@ def describe(settings: Settings) -> dict[str, float | int | str | None]:
 
 
 def study_memory(study: Study) -> int:
-    """Bytes of one study's running totals: the k x width aggregate and k x k S S^T (state.py)."""
-    return 8 * study.k * (study.width + study.k)
+    """Bytes of one study's running totals: the k x width aggregate (k x 2 width for a study with
+    validity proofs) and k x k S S^T (state.py)."""
+    return 8 * study.k * (proved_shares.state_width(study) + study.k)
 
 
 def floor_epsilon(study: Study) -> float:
@@ -87,8 +88,9 @@ def check(study: Study, settings: Settings) -> None:
          f"max_study_bytes = {settings.max_study_bytes}; lower max_reports, or use a sketch study "
          f"(d values per share instead of d^2/2)"),
         (study_memory(study) <= settings.max_study_memory, "memory", "max_study_memory",
-         f"k = {study.k} with {study.width} values per share needs {study_memory(study)} bytes of "
-         f"running totals (8 k (width + k)), more than this server's max_study_memory = "
+         f"k = {study.k} rows of {proved_shares.state_width(study)} running values need "
+         f"{study_memory(study)} bytes of running totals (8 k (width + k); a study with validity "
+         f"proofs keeps 2 width), more than this server's max_study_memory = "
          f"{settings.max_study_memory}; use a smaller k"),
     )
     for ok, policy, rule, detail in rules:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsketch.protocol import sketch
+from dpsketch.protocol import proved_shares, sketch
 from dpsketch.protocol.messages import CommitResult
 from dpsketch.protocol.study import Study
 
@@ -89,8 +89,9 @@ class StudyState:
     def add(self, study: Study, report_ids: Sequence[bytes], rowids: range | list[int],
             shares: np.ndarray | list[np.ndarray], rows: np.ndarray | None = None, signs: np.ndarray | None = None,
             joined: bytes | None = None, sorted_parts: list[SortedIds] | None = None) -> None:
-        """Fold newly stored reports into the totals (caller holds ``lock``); ``shares``: their
-        rows, or consecutive parts of them (as the writer gets them, one per request); ``sorted_parts``:
+        """Fold newly stored reports into the totals (caller holds ``lock``); ``shares``: what each
+        adds (its share; a study with validity proofs: proved_shares.addends of it), or
+        consecutive parts of them (as the writer gets them, one per request); ``sorted_parts``:
         the ids as consecutive requests, each sorted (idsets.SortedIds), if the caller has them."""
         if rows is None or signs is None:
             rows, signs = study.hash_report_ids(report_ids, joined)
@@ -190,7 +191,7 @@ class StudyRecord:
         used to fill a 4 GiB budget while the process held 393 MB). Plus the report index (and
         a study with parties' slots and counts, about 2.5 x per block)."""
         touched = min(self.study.k, self.rows_per_report() * (blocks or reports))
-        totals = 8 * touched * (self.study.width + self.study.k)
+        totals = 8 * touched * (proved_shares.state_width(self.study) + self.study.k)
         extra = blocks * (INDEX_BYTES_PER_REPORT + SLOT_BYTES_PER_BLOCK) if self.study.parties is not None else 0
         return totals + reports * INDEX_BYTES_PER_REPORT + extra
 
@@ -233,17 +234,18 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
     study = record.study
     if study.parties is not None:
         return _load_blocks(conn, record, chunk_rows, backend, into)
-    state = into if into is not None else StudyState(k=study.k, d=study.width)
+    state = into if into is not None else new_state(study)
+    share_width = proved_shares.upload_width(study)  # a validity study's leader: n + P values
     skipped = 0
     for chunk in batches.scan(conn, record.seq, into.last_rowid if into is not None else 0, chunk_rows):
         rowids = chunk.rowids.tolist()
         ids = chunk.id_list()
         joined = chunk.ids
-        whole = chunk.holds_shares_of(study.width)
+        whole = chunk.holds_shares_of(share_width)
         sound = (len(joined) == REPORT_ID_BYTES * len(ids) and whole
                  and len(set(ids)) == len(ids) and not state.ids.any_held(joined, ids))
         if not sound:  # cannot happen with a single writer; never count a row twice
-            width = chunk.record_bytes() if whole else 8 * study.width  # a share's or a seed's bytes
+            width = chunk.record_bytes() if whole else 8 * share_width  # a share's or a seed's bytes
             blobs = [chunk.shares[i * width:(i + 1) * width] for i in range(len(ids))]
             keep = {}
             for i, (rid, blob) in enumerate(zip(ids, blobs)):
@@ -256,9 +258,8 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
             blobs = [blobs[i] for i in keep.values()]
             joined = b"".join(ids)
         if ids:
-            shares = (chunk.share_matrix(study.width) if sound else
-                      batches.share_matrix(b"".join(blobs), len(ids), study.width))
-            state.add(study, ids, rowids, shares, joined=joined)
+            stored = chunk if sound else batches.Stored(np.asarray(rowids, dtype=np.int64), joined, b"".join(blobs))
+            state.add(study, ids, rowids, batches.study_addends(stored, study), joined=joined)
     if skipped:
         log.error("study %s: skipped %d malformed or repeated stored rows", record.study_id, skipped)
     if into is None:
@@ -267,8 +268,9 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
 
 
 def new_state(study: Study) -> StudyState:
-    """The empty in-memory state of a study."""
-    return StudyState(k=study.k, d=study.width, n_parties=len(study.parties or ()))
+    """The empty in-memory state of a study (a study with validity proofs: 2 w columns, the
+    halves of its F_p coordinate shares; dpsketch/protocol/proved_shares.py)."""
+    return StudyState(k=study.k, d=proved_shares.state_width(study), n_parties=len(study.parties or ()))
 
 
 def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = None,

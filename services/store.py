@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from dpsketch.protocol import accounting, kernels, ledger, noise, parties, privacy, sketch
+from dpsketch.protocol import accounting, kernels, ledger, noise, parties, privacy, proved_shares, sketch
 from dpsketch.protocol.messages import (
     CommitResult,
     HpkeKeys,
@@ -54,7 +54,7 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.study import Study
 
 from . import backend as backends
-from . import batches, checkpoint, idsets, lifecycle, policy
+from . import batches, checkpoint, idsets, lifecycle, policy, verification
 from dpsketch.protocol import inclusion
 from .idsets import SortedIds
 from .auth import digest_of, upload_token_id
@@ -198,6 +198,10 @@ class Store:
         self.backend.create_table(self._conn, checkpoint.SEGMENTS_SCHEMA)
         for schema in lifecycle.SCHEMAS:
             self.backend.create_table(self._conn, schema)
+        self.backend.create_table(self._conn, verification.SCHEMA)
+        #: validity studies' verification rounds (services/verification.py)
+        self.verification = verification.Rounds(self)
+        self.verification.load(self._conn)
         #: other replicas of this server may write to the same database (PostgreSQL): catch up
         #: under the study's row lock before deciding anything (``_catch_up``)
         self.shared = self.backend.shared
@@ -212,7 +216,7 @@ class Store:
         self._ledger: dict[str, list[tuple[ledger.Charge, float]]] = {}
         self._load_ledger(self._conn)
         self.writer = Writer(self._conn, settings, self.ensure_state, self.memory_in_use, self.backend,
-                             catch_up=self._catch_up if self.shared else None)
+                             catch_up=self._catch_up_uploads if self.shared else None)
         self._expiry_from = self._expiry_counts_from() if settings.study_expiry_s is not None else 0.0
         self._closed = False
         self._closing = threading.Event()
@@ -479,6 +483,15 @@ class Store:
                 log.debug("study %s: caught up on %d reports stored by other replicas",
                           record.study_id, len(state.ids) - before)
 
+    def _catch_up_uploads(self, conn, record: StudyRecord, tokens: set[bytes]) -> None:
+        """The writer's catch-up before it decides on uploads (replicas): :meth:`_catch_up`, then
+        a refusal of the whole group if another replica closed the study for its verification
+        round (services/verification.py): raised, so the writer stores none of the group and
+        answers each request 503 (retried, they meet this replica's gate: 409 uploads-closed)."""
+        self._catch_up(conn, record, tokens)
+        if self.verification.closed_in(conn, record):
+            raise ProblemError("uploads-closed", f"study {record.study_id} is being verified: it takes no more reports")
+
     def _follow_keys(self) -> None:
         """A shared store: keys rotated or retired by another replica reach this one within
         ``key_refresh_s``."""
@@ -728,7 +741,7 @@ class Store:
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
                       token: bytes | None = None, pseudonyms: list[bytes] | None = None,
                       party: int | None = None, waiter: Any = None, sorted_ids: SortedIds | None = None,
-                      seeds: np.ndarray | None = None) -> Future:
+                      seeds: np.ndarray | None = None, addends: np.ndarray | None = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
         future resolves to an UploadResult once they are durable (or to a ProblemError).
         ``token`` is the digest of the upload token they came with (its quota is charged).
@@ -736,13 +749,15 @@ class Store:
         ``waiter``: an asyncio future of the calling event loop, given the same outcome (the
         writer wakes the loop once per group of uploads rather than once per future).
         ``sorted_ids``: the ids sorted (idsets.SortedIds), which spares the writer sorting them.
-        ``seeds``: what to store in place of the shares they expand to (services/batches.py)."""
+        ``seeds``: what to store in place of the shares they expand to (services/batches.py).
+        ``addends``: a study with validity proofs, what they add to the running totals
+        (proved_shares.addends; the writer makes them if not given)."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
-        return self.writer.submit(UploadJob(record, ids, shares, rows, signs, token=token,
-                                            pseudonyms=pseudonyms, party=party,
-                                            required=record.upload_required, waiter=waiter,
-                                            sorted_ids=sorted_ids, seeds=seeds))
+        return self.verification.admit(record, lambda: self.writer.submit(UploadJob(
+            record, ids, shares, rows, signs, token=token, pseudonyms=pseudonyms, party=party,
+            required=record.upload_required, waiter=waiter, sorted_ids=sorted_ids, seeds=seeds,
+            addends=addends)))
 
     def submit_single(self, record: StudyRecord, report_id: bytes, proof: bytes, share: bytes,
                       token: bytes | None, waiter: Any) -> SingleUpload:
@@ -753,7 +768,7 @@ class Store:
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         job = SingleUpload(record, report_id, proof, share, token, waiter)
-        self.writer.submit(job)
+        self.verification.admit(record, lambda: self.writer.submit(job))
         return job
 
     @_unavailable_on_db_error
@@ -765,6 +780,8 @@ class Store:
         record = self.record(study_id)
         if record.closure is not None:
             raise self._closed_problem(record)
+        if record.commit is None:  # a validity study commits only after its round decided
+            self.verification.require_decided(record)
         if bitmap:
             ids: InclusionSet | BitmapInclusion = BitmapInclusion(body)
             ihash = ids.ihash
@@ -821,9 +838,10 @@ class Store:
         )
         # this server's own noise: what protects its clients if every other report and every other
         # server is the adversary's (the floor). CSPRNG, on the ring grid, inside the study's
-        # overflow bound (20 sigma cut, counted in Study.server_noise_bound); drawn once, stored
-        aggregate += study.server_noise()
-        released = encode_aggregate(aggregate)
+        # overflow bound (20 sigma cut, counted in Study.server_noise_bound); drawn once, stored.
+        # A study with validity proofs: its running halves become its F_p share, the noise is
+        # added in F_p (dpsketch/protocol/proved_shares.py)
+        released = encode_aggregate(proved_shares.released(study, aggregate))
 
         now = time.time()
 
@@ -874,6 +892,12 @@ class Store:
                 )
             self._check_count(study, n)
             self._check_exclusion(study, n, n_held)
+            if study.validity is not None:  # only reports every check accepted here
+                if isinstance(ids, BitmapInclusion):
+                    run = state.ids.consolidate()
+                    self.verification.check_inclusion(record, run.hi[ids.mask], run.lo[ids.mask])
+                else:
+                    self.verification.check_inclusion(record, ids.hi, ids.lo)
             from_scratch = n_held - n > n
             wanted = np.sort(rowid_of if from_scratch else excluded).tolist() if n_held != n else []
             aggregate = state.aggregate.copy()
@@ -883,7 +907,7 @@ class Store:
             aggregate[:] = 0
             gram[:] = 0
         for got in self._fetch(record.seq, wanted):
-            rids, shares = got.id_list(), got.share_matrix(study.width)
+            rids, shares = got.id_list(), batches.study_addends(got, study)
             rows, signs = study.hash_report_ids(rids)
             add_into(aggregate, rows, signs, shares, sign)
             sketch.accumulate_gram(gram, rows, signs, sign)

@@ -41,6 +41,7 @@ stays in the OpenAPI document, which describes the endpoint either way.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from time import perf_counter
@@ -55,8 +56,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpsketch.observability import START_KEY, count_answer, problem_slug
 from dpsketch.problem_http import problem_response
-from dpsketch.protocol import binding
-from dpsketch.protocol.messages import Report, Upload, UploadResult, report_fields, report_upload
+from dpsketch.protocol import binding, proved_shares
+from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, Report, Upload, UploadResult, report_fields, report_upload
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
@@ -97,12 +98,22 @@ def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str 
     """The shares of an upload whose every record is bound to its report id at this server
     (422 binding-refused otherwise: a substituted, corrupted or misdirected share is never stored).
     ``study_id``: the study's id if the caller has it (the store's key of the study), which
-    spares hashing the study's canonical form again."""
+    spares hashing the study's canonical form again. A study with validity proofs: the records
+    as it keeps them (proved_shares.payload_rows; a leader's value >= p: 400 malformed-body)."""
+    seeded = upload.content == binding.CONTENT_SEED
+    proved = proved_shares.is_proved(study)
+    bound = upload if not proved else dataclasses.replace(
+        upload, payloads=proved_shares.bound_part(study, upload.payloads, seeded))
     try:
-        upload.verify(study_id or study.study_id, study.n_servers, study.servers.index(server_id))
+        bound.verify(study_id or study.study_id, study.n_servers, study.servers.index(server_id))
     except binding.BindingError as exc:
         raise ProblemError("binding-refused", str(exc)) from None
-    return upload.shares(study.width)
+    if not proved:
+        return upload.shares(study.width)
+    try:
+        return proved_shares.payload_rows(study, upload.payloads, seeded)
+    except ValueError as exc:  # field.FieldError: a value that is no F_p element
+        raise ProblemError("malformed-body", str(exc)) from None
 
 
 async def upload_token(store: "Store", study_id: str, credentials: str | None) -> bytes | None:
@@ -139,6 +150,8 @@ def checked_report(store: "Store", server_id: str, study_id: str, report: Report
     if study.parties is not None:
         raise ProblemError("invalid-request", f"study {study_id} has parties: each uploads its "
                            f"blocks as {BLOCKS_MEDIA_TYPE} batches")
+    if proved_shares.is_proved(study):
+        raise ProblemError("unsupported-media-type", single_report_refusal(study_id, study))
     try:
         upload = (report.upload(study.width, study.n_servers) if isinstance(report, Report)
                   else report_upload(*report, study.width, study.n_servers))
@@ -146,6 +159,14 @@ def checked_report(store: "Store", server_id: str, study_id: str, report: Report
         raise ProblemError("invalid-request", str(exc)) from None
     shares = verified_shares(upload, study, server_id, study_id)
     return record, upload.ids, shares
+
+
+def single_report_refusal(study_id: str, study: Study) -> str:
+    """Why a study with validity proofs takes no single-report JSON upload (415)."""
+    return (f"study {study_id} proves every report valid ({study.validity}): its reports travel only "
+            f"in binary batches, the leader's F_p input and proof shares as {SHARES_MEDIA_TYPE} and "
+            f"each helper's seed as {SEEDS_MEDIA_TYPE} (or sealed), never as single-report JSON "
+            f"(docs/protocol.md section 4c); nothing was stored")
 
 
 async def stored_report(store: "Store", metrics: "ServerMetrics", study_id: str, record, ids: list[bytes],
@@ -368,7 +389,9 @@ class FastReports:
         shape = self._shapes.get(study_id)
         if shape is None:
             study = record.study
-            shape = self._shapes[study_id] = (study.parties is None, 8 * study.width,
+            # a study with parties or validity proofs takes no single report: the route refuses it
+            shape = self._shapes[study_id] = (study.parties is None and not proved_shares.is_proved(study),
+                                              8 * study.width,
                                               binding.proof_bytes(study.n_servers))
         if record.commit is not None or not shape[0] or len(fields[2]) != shape[1] or len(fields[1]) != shape[2]:
             raise _Refer  # the route's study-closed or invalid-request, in its order
@@ -381,7 +404,8 @@ class FastReports:
         token = await upload_token(self.store, study_id, bearer_credentials(scope))
         record = self.store.record(study_id)
         study = record.study
-        if (record.commit is not None or study.parties is not None or len(fields[2]) != 8 * study.width
+        if (record.commit is not None or study.parties is not None or proved_shares.is_proved(study)
+                or len(fields[2]) != 8 * study.width
                 or len(fields[1]) != binding.proof_bytes(study.n_servers)):
             raise _Refer
         return record, fields, token

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpsketch.protocol import binding
+from dpsketch.protocol import binding, proved_shares
 from dpsketch.protocol.messages import IdList, UploadResult, joined_ids
 from dpsketch.protocol.problems import ProblemError
 
@@ -72,6 +72,9 @@ class UploadJob:
     #: a batch that came as seeds: each report's (m, 32) uint8 seed, stored instead of its share
     #: where that is smaller (services/batches.py, ``stores_seeds``)
     seeds: np.ndarray | None = None
+    #: a study with validity proofs: what each report adds to the running totals, (m, 2 w)
+    #: (proved_shares.addends of ``shares``, made by the worker thread that checked the batch)
+    addends: np.ndarray | None = None
 
     @functools.cached_property
     def joined(self) -> bytes:
@@ -278,7 +281,8 @@ class Writer:
     def submit(self, job: UploadJob | CallJob) -> Future:
         """Queue a job, or refuse with 503 when saturated (bounded memory) or stopping."""
         single = type(job) is SingleUpload
-        size = len(job.share) if single else job.shares.nbytes if isinstance(job, UploadJob) else 0
+        size = (len(job.share) if single else job.shares.nbytes + (0 if job.addends is None else job.addends.nbytes)
+                if isinstance(job, UploadJob) else 0)
         with self._lock:
             if self._stopping or not self._running:
                 raise ProblemError("unavailable", "the server is shutting down", headers={"Retry-After": "5"})
@@ -688,11 +692,15 @@ class Writer:
         if stored_rowids:
             stored: dict[int, bytes] = {}
             wanted = sorted(set(stored_rowids.values()))
-            width = mine.shape[1]
+            study = job.record.study
+            proved = proved_shares.is_proved(study)
+            # a validity study: its records as it stores them (leader's values or a helper's seed)
+            width = proved_shares.upload_width(study) if proved else mine.shape[1]
             for got in batches.read(self.conn, self.backend, job.record.seq, wanted):
                 if not got.holds_shares_of(width):
                     continue  # deleted (retention): nothing to be the same as, so a conflict
-                for j, share in enumerate(got.share_matrix(width)):
+                held_shares = batches.study_payloads(got, study)[0] if proved else got.share_matrix(width)
+                for j, share in enumerate(held_shares):
                     stored[int(got.rowids[j])] = share.tobytes()
             for i, rowid in stored_rowids.items():
                 if stored.get(rowid) == mine[i].tobytes():
@@ -745,7 +753,8 @@ class Writer:
             self._hash_missing(record, group)
             held = len(record.state.ids)
             # one batch row of shares and one of seeds: a row holds one kind (services/batches.py)
-            seeded = [batches.stores_seeds(record.study.width) and p.job.seeds is not None for p in group]
+            width = proved_shares.upload_width(record.study)
+            seeded = [batches.stores_seeds(width) and p.job.seeds is not None for p in group]
             for seeds in (False, True):
                 run = [p for p, s in zip(group, seeded) if s is seeds]
                 if run:
@@ -763,6 +772,9 @@ class Writer:
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
         shares = _coalesced([np.ascontiguousarray(p.take(p.job.shares), dtype="<u8") for p in group])
+        # what the running totals fold: the shares, or a validity study's addends (state.StudyState.add)
+        folded = shares if not proved_shares.is_proved(record.study) else _coalesced(
+            [np.ascontiguousarray(p.take(self._addends(record, p.job))) for p in group])
         rows = cat([p.take(p.job.rows) for p in group])
         signs = cat([p.take(p.job.signs) for p in group])
         joined = b"".join(p.job.joined if p.new is None else b"".join(p.take_ids()) for p in group)
@@ -774,8 +786,16 @@ class Writer:
                  if all(p.new is None and p.job.sorted_ids is not None for p in group) else None)
         stored = _coalesced([np.ascontiguousarray(p.take(p.job.seeds)) for p in group]) if seeds else shares
         batches.insert(self.conn, self.backend, base, record.seq, joined, stored)
-        out.append((record, base, ids, joined, shares, rows, signs, parts))
+        out.append((record, base, ids, joined, folded, rows, signs, parts))
         return base + len(ids)
+
+    @staticmethod
+    def _addends(record: StudyRecord, job: UploadJob) -> np.ndarray:
+        """What a validity study's request adds to the running totals (made here if the caller
+        did not: proved_shares.addends)."""
+        if job.addends is None:
+            job.addends = proved_shares.addends(record.study, job.shares, job.seeds is not None)
+        return job.addends
 
     def _insert_blocks(self, record: StudyRecord, group: list[_Plan], base: int, out: list[tuple]) -> int:
         """Write the new blocks of each accepted request (one party each), one INSERT per request."""

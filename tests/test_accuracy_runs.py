@@ -1,4 +1,4 @@
-"""The repeated-runs harness of issue 15 (analyzer/accuracy_runs.py) on small n: every variant
+"""The repeated-runs harness of issue 15 (research/accuracy_runs.py) on small n: every variant
 runs on shared draws, the design variants change what they say they change."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from analyzer import accuracy_runs as ar
-from analyzer.experiments import design_study
+from research import accuracy_runs as ar
+from research.experiments import design_study
 
 
 def test_sketch_variants_run_on_shared_draws():

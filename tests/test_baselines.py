@@ -1,7 +1,7 @@
 """Central-model regression baselines: calibration, sensitivities and the papers' trends.
 
-Mechanisms (analyzer.baselines): plain SSP, AdaSSP (Wang 2018), DGM-OLS and RMGM-OLS (Wu et al.
-2022, papers/004); the evaluation entry point analyzer.evaluation.central_baselines.
+Mechanisms (research.baselines): plain SSP, AdaSSP (Wang 2018), DGM-OLS and RMGM-OLS (Wu et al.
+2022, papers/004); the evaluation entry point research.evaluation.central_baselines.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from analyzer import baselines, synthetic
-from analyzer.evaluation import (
+from analyzer import simulation, synthetic
+from research import baselines
+from research.evaluation import (
     EXTRA_BASELINES,
     PCA_BASELINES,
     RIDGE_BASELINES,
@@ -85,7 +86,7 @@ def test_adassp_composition_checked_by_pld_accountant():
 def test_adassp_released_noise_has_the_calibrated_stds():
     rng = np.random.default_rng(11)
     n, p = 400, 3
-    rows = baselines.clip_rows(rng.standard_normal((n, p + 1)), 1.0)
+    rows = simulation.clip_rows(rng.standard_normal((n, p + 1)), 1.0)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)  # all on the sphere: lambda_min ~ n / (p+1)
     X, y = rows[:, :p], rows[:, p]
     s = baselines.adassp_sigmas(EPS, DELTA, 1.0, "replace-one")
@@ -232,7 +233,7 @@ def test_rmgm_release_is_the_mixed_data_plus_noise():
     """With the same generator state, the release minus M D is the noise (chunking included)."""
     n, p = baselines.RMGM_CHUNK + 123, 3
     rng_data = np.random.default_rng(9)
-    rows = baselines.clip_rows(rng_data.standard_normal((n, p + 1)), 1.0)
+    rows = simulation.clip_rows(rng_data.standard_normal((n, p + 1)), 1.0)
     kw = dict(epsilon=EPS, delta=DELTA, row_bound=1.0, neighbouring="replace-one")
     z, k, sigma = baselines.rmgm_release(rows[:, :p], rows[:, p], rng=np.random.default_rng(1), k=50, **kw)
     rng = np.random.default_rng(1)
@@ -342,7 +343,7 @@ def test_compare_extra_adds_the_baselines_and_defaults_unchanged():
     n = 3000
     reg = synthetic.regression_data(n, 6, seed=4)
     st = studies.make_study(reg.columns, n, reg.label, seed="baselines-tests")
-    ltm = baselines.simulate_ltm(st, reg.rows, np.random.default_rng(0))
+    ltm = simulation.simulate_ltm(st, reg.rows, np.random.default_rng(0))
     plain = compare(reg, st, ltm, rng=np.random.default_rng(1), tasks=("ridge",))
     assert set(plain["ridge"]) == {"ltm", "local", "central"}
     more = compare(reg, st, ltm, rng=np.random.default_rng(1), tasks=("ridge",), extra=EXTRA_BASELINES)
@@ -354,7 +355,7 @@ def test_compare_extra_adds_the_baselines_and_defaults_unchanged():
     # PCA gets only the names that apply to it
     low = synthetic.lowrank_data(n, 6, seed=4)
     st2 = studies.make_study(low.columns, n, None, seed="baselines-tests")
-    ltm2 = baselines.simulate_ltm(st2, low.rows, np.random.default_rng(0))
+    ltm2 = simulation.simulate_ltm(st2, low.rows, np.random.default_rng(0))
     pca = compare(low, st2, ltm2, rng=np.random.default_rng(1), tasks=("pca",), extra=EXTRA_BASELINES)
     assert set(pca) == {"pca"}
     assert set(pca["pca"]) == {"ltm", "local", "central", "optimum"}

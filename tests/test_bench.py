@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from client_sdk.upload import default_batch_rows
+
 
 @pytest.mark.parametrize("which", ["upload", "sealed"])
 def test_quick_upload_benches_store_every_row(which, tmp_path):
@@ -57,11 +59,14 @@ def test_quick_upload_benches_store_every_row(which, tmp_path):
             assert up[mode]["errors"] == 0 and up[mode]["server_report_count"] == up[mode]["rows"] > 0
         assert "sealed_v1" not in up  # the per-record layout was dropped (issue 41)
         plain = up["plaintext"]["bytes_per_report"]
-        # a version 3 record is the plaintext one plus its 16-byte tag, and each batch (of
-        # batch_rows) has one header
+        # a version 4 record is as long as the plaintext one, and each batch (of batch_rows, the
+        # SDK's default at this width) has one header and one tag
         rows = up["batch_rows"]
-        assert up["sealed"]["bytes_per_report"] == pytest.approx(plain + 16 + 117 / rows, abs=0.06)
-        assert up["sealed_pq"]["bytes_per_report"] == pytest.approx(plain + 16 + 1205 / rows, abs=0.06)
+        assert rows == default_batch_rows(up["d"], up["n_servers"])
+        assert up["sealed"]["bytes_per_report"] == pytest.approx(plain + 133 / rows, abs=0.06)
+        assert up["sealed_pq"]["bytes_per_report"] == pytest.approx(plain + 1221 / rows, abs=0.06)
+        for mode in ("sealed", "sealed_pq"):
+            assert 0 < up[f"ratio_{mode}_to_plaintext_with_sealing"] <= up[f"ratio_{mode}_to_plaintext_rows_per_s"]
 
 
 def test_commit_bench_loads_commits_and_rebuilds(tmp_path):

@@ -21,7 +21,7 @@ import pytest
 from analyzer.cli import main as study_cli
 from analyzer.client import AnalyzerClient
 from analyzer.estimators import LeastSquares, RidgeRegression
-from analyzer.experiments import run_pipeline
+from research.experiments import run_pipeline
 from client_sdk import Client
 from client_sdk.prepare import prepare_batch
 from conftest import cluster_for_module

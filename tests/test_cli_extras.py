@@ -40,3 +40,13 @@ def test_a_missing_library_at_run_time_is_one_line(monkeypatch, capsys):
     assert cli.main(["server", "--server-id", "s1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'fastapi'" in err and "pip install 'dpsketch[server]'" in err, err
+
+
+def test_the_research_harness_outside_a_checkout_is_one_line(monkeypatch, capsys, tmp_path):
+    """research/ is not in the wheel: where this dpsketch has no checkout beside it, a research
+    command says so in one line and exits 2 (tests/test_install_client.py runs it installed)."""
+    assert cli.research_on_path(ROOT)  # this checkout has it
+    monkeypatch.setattr(cli, "CHECKOUT", tmp_path)  # an installed wheel: no research/ beside tools/
+    assert cli.main(["experiments", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dpsketch experiments: ") and "source checkout" in err, err

@@ -151,6 +151,6 @@ def test_sealing_md_shows_the_same_vectors():
     protocol = (ROOT / "docs" / "protocol.md").read_text()
     section9 = protocol[protocol.index("\n## 9. Test vectors"):]
     section9 = json.loads(section9[section9.index("```json") + 7:section9.index("```", section9.index("```json") + 7)])
-    batch = next(v for v in section9["sealed_v3"] if v["suite"] == "post-quantum")
+    batch = next(v for v in section9["sealed_v4"] if v["suite"] == "post-quantum")
     assert batch["sealed_secret"][:2240] == dec["enc"] and batch["private_key"] == dec["private_key"]
     assert batch["info"] == opened["info"] and batch["secret"] == opened["plaintext"]

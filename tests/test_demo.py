@@ -78,7 +78,7 @@ def test_demo_json_reports_both_kinds_and_the_baselines_and_stops_its_processes(
         # better than local. The demo's studies have the default floor (epsilon_floor = 4): the 3
         # servers' noise, 3 x 2.53^2 per coordinate, comes on top of the clients' n x 0.0632^2,
         # 1.57x the noise variance of a floor-less gram study. Simulated at this n and data
-        # (baselines.simulate_ltm, the demo's design and compare): gram ridge over 100,000 runs
+        # (simulation.simulate_ltm, the demo's design and compare): gram ridge over 100,000 runs
         # mean 1.054, 99.9% quantile 1.227, P(>= 1.2) = 0.23%, P(>= 1.4) = 1e-5, max 1.457 (without
         # a floor, 5,000 runs: max 1.193); gram PCA over 5,000 runs max 1.069 (1.044 without).
         # Local is compare()'s seeded simulation of the same rows: ridge 12.8, PCA 30.0.

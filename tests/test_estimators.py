@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer import baselines, synthetic
+from analyzer import simulation, synthetic
 from analyzer.estimators import PCA, LeastSquares, RidgeRegression, default_ridge_alpha, robust_solve
-from analyzer.evaluation import ridge_optimum
+from analyzer.error_ratios import ridge_optimum
 from analyzer.release import GramRelease, SecondMoments, SketchRelease
 from dpsketch.protocol import ring, sketch
 
@@ -55,9 +55,9 @@ def test_protocol_conformance():
     rows, _ = exact_linear(50, 3, rng)
     cols = ["a", "b", "c", "y"]
     study = make_study(cols, 1000, label="y")
-    rel = baselines.simulate_ltm(study, rows, rng)
-    for obj in (rel, baselines.exact_gram(rows, cols), baselines.simulate_local(study, rows, rng),
-                baselines.simulate_central(study, rows, rng)):
+    rel = simulation.simulate_ltm(study, rows, rng)
+    for obj in (rel, simulation.exact_gram(rows, cols), simulation.simulate_local(study, rows, rng),
+                simulation.simulate_central(study, rows, rng)):
         assert isinstance(obj, SecondMoments)
         assert obj.columns == cols
         assert obj.n_reports == 50
@@ -67,7 +67,7 @@ def test_protocol_conformance():
 def test_exact_gram_ridge_and_least_squares_match_non_private_solution():
     rng = np.random.default_rng(1)
     data = synthetic.regression_data(5000, 6, seed=3)
-    rel = baselines.exact_gram(data.rows, data.columns)
+    rel = simulation.exact_gram(data.rows, data.columns)
     X, y = data.features(), data.target()
     for alpha in (0.0, 0.5, 50.0):
         m = RidgeRegression("y", alpha=alpha).fit(rel)
@@ -88,7 +88,7 @@ def test_least_squares_on_rank_deficient_exact_gram_is_min_norm():
     x = np.column_stack([x, x[:, 0]])  # a duplicated feature
     y = x @ np.array([1.0, -2.0, 0.5, 1.0])
     rows = np.column_stack([x, y]) / 10
-    rel = baselines.exact_gram(rows, ["a", "b", "c", "d", "y"])
+    rel = simulation.exact_gram(rows, ["a", "b", "c", "d", "y"])
     m = LeastSquares("y").fit(rel)
     assert np.all(np.isfinite(m.coef_))
     np.testing.assert_allclose(m.coef_, np.linalg.pinv(rows[:, :4]) @ rows[:, 4], atol=1e-8)
@@ -104,15 +104,15 @@ def test_noise_free_sketch_recovers_exact_solutions():
     cols = [f"x{i}" for i in range(d)] + ["y"]
     # epsilon = 100 makes the declared noise (and so the eigenvalue floor) tiny
     study = make_study(cols, n, label="y", k=48, epsilon=100.0)
-    ids = baselines.random_report_ids(n, rng)
-    rel = SketchRelease(study=study, sketch=baselines.ltm_sketch(study, ids, rows), n_reports=n)
+    ids = simulation.random_report_ids(n, rng)
+    rel = SketchRelease(study=study, sketch=simulation.ltm_sketch(study, ids, rows), n_reports=n)
     m = LeastSquares("y", debias=False).fit(rel)
     assert m.n_floored_ == 0
     np.testing.assert_allclose(m.coef_, theta, rtol=1e-8, atol=1e-10)
 
     low = synthetic.lowrank_data(n, 8, rank=3, small=0.0, seed=1)
     study = make_study(low.columns, n, k=32, epsilon=100.0)
-    rel = SketchRelease(study=study, sketch=baselines.ltm_sketch(study, ids, low.rows), n_reports=n)
+    rel = SketchRelease(study=study, sketch=simulation.ltm_sketch(study, ids, low.rows), n_reports=n)
     p = PCA(3, debias=False).fit(rel)
     assert principal_sines(p.components_, low.truth["V"][:3]).max() < 1e-6
     # with debias=False the singular values are those of Y exactly
@@ -126,7 +126,7 @@ def test_tiny_noise_ltm_is_close_to_non_private():
     rows, theta = exact_linear(n, d, rng)
     cols = [f"x{i}" for i in range(d)] + ["y"]
     study = make_study(cols, n, label="y", epsilon=100.0, k=40)
-    rel = baselines.simulate_ltm(study, rows, rng)
+    rel = simulation.simulate_ltm(study, rows, rng)
     m = LeastSquares("y").fit(rel)
     assert np.linalg.norm(m.coef_ - theta) < 0.1 * np.linalg.norm(theta)
     p = PCA(d).fit(rel)  # the data span d of the d + 1 dimensions
@@ -158,9 +158,9 @@ def test_debiased_gram_is_unbiased_for_fixed_sketch(epsilon, floor):
         assert study.server_sigma > 0
     if epsilon == 4.0:
         assert study.sigma == 0  # the servers carry all the noise
-    a = baselines.clip_rows(rng.standard_normal((n, d)) * 0.3, 1.0)
-    ids = baselines.random_report_ids(n, rng)
-    s = baselines.sketch_matrix(study, ids)
+    a = simulation.clip_rows(rng.standard_normal((n, d)) * 0.3, 1.0)
+    ids = simulation.random_report_ids(n, rng)
+    s = simulation.sketch_matrix(study, ids)
     target = (s @ a).T @ (s @ a)
     draws = 300
     deb, raw = [], []
@@ -199,7 +199,7 @@ def test_debiasing_reduces_ridge_bias_over_seeds(floor):
     assert (study.server_sigma > 0 and study.sigma == 0) if floor else study.server_sigma == 0
     server_std = np.sqrt(study.n_servers) * study.server_sigma  # the N servers' noise per cell
     # fix the sketch and vary only the noise, so the target is the noise-free sketched solution
-    s = baselines.sketch_matrix(study, baselines.random_report_ids(n, rng))
+    s = simulation.sketch_matrix(study, simulation.random_report_ids(n, rng))
     sa = s @ rows
     truth = ridge_optimum(sa[:, :3], sa[:, 3], 0.0)
     fits = {True: [], False: []}
@@ -232,7 +232,7 @@ def test_ridge_on_very_noisy_release_is_finite_and_shrunk():
     rng = np.random.default_rng(7)
     data = synthetic.regression_data(2000, 5, seed=1)
     study = make_study(data.columns, 2000, label="y")
-    loc = baselines.simulate_local(study, data.rows, rng)
+    loc = simulation.simulate_local(study, data.rows, rng)
     assert np.linalg.eigvalsh(loc.gram(True)[:5, :5])[0] < 0
     for alpha in (None, 0.0):
         m = RidgeRegression("y", alpha=alpha).fit(loc)
@@ -246,7 +246,7 @@ def test_default_alpha_is_adassp_and_deterministic():
     rng = np.random.default_rng(8)
     data = synthetic.regression_data(20000, 5, seed=2)
     study = make_study(data.columns, 20000, label="y")
-    rel = baselines.simulate_ltm(study, data.rows, rng)
+    rel = simulation.simulate_ltm(study, data.rows, rng)
     a1 = RidgeRegression("y").fit(rel)
     a2 = RidgeRegression("y").fit(rel)
     assert a1.alpha_ == a2.alpha_
@@ -275,7 +275,7 @@ def test_tau_is_the_public_noise_scale_whatever_debias():
     n = 5000
     data = synthetic.regression_data(n, 4, seed=3)
     study = make_study(data.columns, n, label="y")
-    rel = baselines.simulate_ltm(study, data.rows, rng)
+    rel = simulation.simulate_ltm(study, data.rows, rng)
     k, d = study.k, study.d
     bias = study.sigma ** 2 * n + k * study.n_servers * study.server_sigma ** 2
     want = bias * (2 * np.sqrt(d / k) + d / k)
@@ -288,12 +288,12 @@ def test_tau_is_the_public_noise_scale_whatever_debias():
             assert m.n_floored_ == int(np.sum(np.linalg.eigvalsh(gxx + alpha * np.eye(len(features))) < want))
     assert RidgeRegression("y", alpha=3.0 * want).fit(rel).n_floored_ == 0
     assert RidgeRegression("y", alpha=0.0).fit(rel).n_floored_ >= 1  # the noise dominates here
-    exact = baselines.exact_gram(data.rows, data.columns)
+    exact = simulation.exact_gram(data.rows, data.columns)
     assert RidgeRegression("y").fit(exact).tau_ == 0.0
 
 
 def test_unknown_label_and_bad_parameters():
-    rel = baselines.exact_gram(np.eye(3), ["a", "b", "c"])
+    rel = simulation.exact_gram(np.eye(3), ["a", "b", "c"])
     with pytest.raises(KeyError):
         RidgeRegression("nope").fit(rel)
     with pytest.raises(ValueError):
@@ -308,7 +308,7 @@ def test_unknown_label_and_bad_parameters():
 
 def test_pca_components_orthonormal_and_match_truth_on_spectral_gap():
     data = synthetic.lowrank_data(20000, 10, rank=3, big=1.0, small=0.1, seed=4)
-    exact = PCA(3).fit(baselines.exact_gram(data.rows, data.columns))
+    exact = PCA(3).fit(simulation.exact_gram(data.rows, data.columns))
     np.testing.assert_allclose(exact.components_ @ exact.components_.T, np.eye(3), atol=1e-12)
     assert principal_sines(exact.components_, data.truth["V"][:3]).max() < 1e-6
     np.testing.assert_allclose(exact.singular_values_, data.truth["singular_values"][:3], rtol=1e-8)
@@ -320,7 +320,7 @@ def test_pca_components_orthonormal_and_match_truth_on_spectral_gap():
 
     # through a noisy LTM release (epsilon = 10): still orthonormal, close to the truth
     study = make_study(data.columns, 20000, k=40, epsilon=10.0)
-    rel = baselines.simulate_ltm(study, data.rows, np.random.default_rng(9))
+    rel = simulation.simulate_ltm(study, data.rows, np.random.default_rng(9))
     p = PCA(3).fit(rel)
     np.testing.assert_allclose(p.components_ @ p.components_.T, np.eye(3), atol=1e-12)
     assert principal_sines(p.components_, data.truth["V"][:3]).max() < 0.5
@@ -341,9 +341,9 @@ def test_from_ring_sum_matches_float_sketch():
     # no floor: the ring sum is exactly S(A + G), no servers' noise to account for
     study = make_study(data.columns, n, label="y", k=8, epsilon_floor=None)
     assert study.server_sigma == 0
-    ids = baselines.random_report_ids(n, rng)
+    ids = simulation.random_report_ids(n, rng)
     noisy = data.rows + rng.normal(0, study.sigma, size=data.rows.shape)
-    ring_sum = baselines.ltm_ring_sum(study, ids, noisy)
+    ring_sum = simulation.ltm_ring_sum(study, ids, noisy)
     # split into shares and reconstruct, as the analyzer does with the servers' answers
     total = ring.reconstruct(ring.share(ring_sum, 3))
     rel = SketchRelease.from_ring_sum(study, total, n)
@@ -367,13 +367,13 @@ def test_ring_sum_carries_each_servers_noise():
     data = synthetic.regression_data(n, 3, seed=5)
     study = make_study(data.columns, n, label="y", k=8)
     assert study.server_sigma > 0 and study.n_servers == 2
-    ids = baselines.random_report_ids(n, rng)
+    ids = simulation.random_report_ids(n, rng)
     noisy = data.rows + rng.normal(0, study.sigma, size=data.rows.shape)
     expected = sketch.dense_matrix(study.seed_bytes, ids, study.k, study.s) @ noisy
     residuals, seeded = [], []  # the servers' CSPRNG draw; the simulator's numpy draw
     for _ in range(200):
-        real = SketchRelease.from_ring_sum(study, baselines.ltm_ring_sum(study, ids, noisy), n)
-        sim = SketchRelease.from_ring_sum(study, baselines.ltm_ring_sum(study, ids, noisy, rng), n)
+        real = SketchRelease.from_ring_sum(study, simulation.ltm_ring_sum(study, ids, noisy), n)
+        sim = SketchRelease.from_ring_sum(study, simulation.ltm_ring_sum(study, ids, noisy, rng), n)
         residuals.append(real.sketch - expected)
         seeded.append(sim.sketch - expected)
     std = np.sqrt(study.n_servers) * study.server_sigma
@@ -402,7 +402,7 @@ def test_fuller_option_is_fullers_modification_and_only_for_sketch_releases():
     rng = np.random.default_rng(5)
     data = synthetic.regression_data(20_000, 5, seed=5, clip_quantile=0.99)
     study = make_study(data.columns, data.n, label="y", k=40, epsilon=4.0, epsilon_floor=None)
-    release = baselines.simulate_ltm(study, data.rows, rng)
+    release = simulation.simulate_ltm(study, data.rows, rng)
     k, kv = study.k, study.k * release.cell_noise_variance
     fi = list(range(5))
     raw = release.gram(False)[np.ix_(fi, fi)]

@@ -7,17 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from analyzer import baselines, synthetic
+from analyzer import simulation, synthetic
 from analyzer.estimators import PCA, RidgeRegression
-from analyzer.evaluation import (
+from analyzer.error_ratios import (
     compare,
     pca_error,
     pca_optimum,
     pca_ratio,
-    proposed_k,
     ridge_optimum,
     ridge_ratio,
 )
+from research.evaluation import proposed_k
 from dpsketch.protocol import design, features, privacy, sketch
 
 import studies
@@ -40,49 +40,49 @@ def test_upper_triangle_norm_is_frobenius_and_invertible():
     rng = np.random.default_rng(0)
     m = rng.standard_normal((6, 6))
     m = m + m.T
-    u = baselines.upper_triangle(m)
+    u = simulation.upper_triangle(m)
     assert u.shape == (21,)
     assert np.linalg.norm(u) == pytest.approx(np.linalg.norm(m, "fro"))
-    np.testing.assert_allclose(baselines.symmetric_from_upper(u, 6), m)
+    np.testing.assert_allclose(simulation.symmetric_from_upper(u, 6), m)
 
 
 @pytest.mark.parametrize("d", [1, 2, 5, 11])
 def test_gram_sensitivity_bound_holds_and_is_tight(d):
     rng = np.random.default_rng(d)
     B = 1.7
-    bound = baselines.gram_sensitivity(B, "replace-one")
+    bound = simulation.gram_sensitivity(B, "replace-one")
     assert bound == pytest.approx(math.sqrt(2) * B**2)
     worst = 0.0
     for _ in range(4000):
         a, b = rng.standard_normal((2, d))
         a *= B / np.linalg.norm(a)  # on the sphere of radius B
         b *= B * rng.uniform(0, 1) ** 0.1 / np.linalg.norm(b)  # inside the ball, near the sphere
-        diff = np.linalg.norm(baselines.upper_triangle(np.outer(a, a)) - baselines.upper_triangle(np.outer(b, b)))
+        diff = np.linalg.norm(simulation.upper_triangle(np.outer(a, a)) - simulation.upper_triangle(np.outer(b, b)))
         worst = max(worst, diff)
     assert worst <= bound * (1 + 1e-12)
     if d >= 2:
         # orthogonal rows on the sphere attain it
         e1, e2 = np.eye(d)[0] * B, np.eye(d)[1] * B
-        diff = np.linalg.norm(baselines.upper_triangle(np.outer(e1, e1)) - baselines.upper_triangle(np.outer(e2, e2)))
+        diff = np.linalg.norm(simulation.upper_triangle(np.outer(e1, e1)) - simulation.upper_triangle(np.outer(e2, e2)))
         assert diff == pytest.approx(bound)
         assert worst > 0.9 * bound
     # add/remove: the change is a a^T itself
-    assert baselines.gram_sensitivity(B, "add-remove") == pytest.approx(B**2)
+    assert simulation.gram_sensitivity(B, "add-remove") == pytest.approx(B**2)
     a = rng.standard_normal(d)
     a *= B / np.linalg.norm(a)
-    assert np.linalg.norm(baselines.upper_triangle(np.outer(a, a))) == pytest.approx(B**2)
+    assert np.linalg.norm(simulation.upper_triangle(np.outer(a, a))) == pytest.approx(B**2)
 
 
 def test_central_noise_has_calibrated_scale():
     rows = np.zeros((10, 4))
     cols = ["a", "b", "c", "d"]
-    sig = baselines.central_sigma(1.0, 1e-6, 1.0, "replace-one")
+    sig = simulation.central_sigma(1.0, 1e-6, 1.0, "replace-one")
     assert sig == pytest.approx(privacy.gaussian_sigma(1.0, 1e-6, math.sqrt(2.0)))
     rng = np.random.default_rng(1)
     draws = np.array(
         [
-            baselines.upper_triangle(
-                baselines.central_gram(
+            simulation.upper_triangle(
+                simulation.central_gram(
                     rows, cols, epsilon=1.0, delta=1e-6, row_bound=1.0, neighbouring="replace-one", rng=rng
                 ).gram()
             )
@@ -93,7 +93,7 @@ def test_central_noise_has_calibrated_scale():
     assert draws.std() == pytest.approx(sig, rel=0.05)
     assert abs(draws.mean()) < 5 * sig / np.sqrt(draws.size)
     # matrix form: off-diagonal noise is sigma / sqrt(2), diagonal sigma
-    mats = np.array([baselines.symmetric_from_upper(u, 4) for u in draws])
+    mats = np.array([simulation.symmetric_from_upper(u, 4) for u in draws])
     assert mats[:, 0, 1].std() == pytest.approx(sig / np.sqrt(2), rel=0.15)
     assert mats[:, 2, 2].std() == pytest.approx(sig, rel=0.15)
 
@@ -101,7 +101,7 @@ def test_central_noise_has_calibrated_scale():
 def test_local_noise_scale():
     study = make_study(["a", "b"], 1000)
     rng = np.random.default_rng(2)
-    rel = baselines.simulate_local(study, np.zeros((20000, 2)), rng)
+    rel = simulation.simulate_local(study, np.zeros((20000, 2)), rng)
     assert rel.sigma == pytest.approx(privacy.local_sigma(1.0, 1e-6, 1.0, "replace-one"))
     assert rel.noisy_rows.std() == pytest.approx(rel.sigma, rel=0.02)
     assert rel.gram(True)[0, 0] == pytest.approx(0.0, abs=5 * rel.sigma**2 * math.sqrt(2 * 20000))
@@ -116,7 +116,7 @@ def test_simulated_ltm_equals_dense_sketch_of_noisy_rows():
     data = synthetic.regression_data(n, 4, seed=1)
     # no servers' noise, no secret sign (test_simulated_ltm_signs_each_row_whole)
     study = make_study(data.columns, 2000, label="y", k=12, epsilon_floor=None, secret_sign=False)
-    rel, ids, noise = baselines.simulate_ltm(study, data.rows, np.random.default_rng(3), return_inputs=True)
+    rel, ids, noise = simulation.simulate_ltm(study, data.rows, np.random.default_rng(3), return_inputs=True)
     assert len(ids) == n and all(len(r) == 16 for r in ids)
     assert len(set(ids)) == n
     assert noise.shape == data.rows.shape
@@ -132,8 +132,8 @@ def test_simulated_ltm_via_ring_matches_float_path():
     n = 400
     data = synthetic.lowrank_data(n, 5, rank=2, seed=2)
     study = make_study(data.columns, 2000, k=8, epsilon_floor=None)  # no servers' noise
-    a = baselines.simulate_ltm(study, data.rows, np.random.default_rng(4))
-    b = baselines.simulate_ltm(study, data.rows, np.random.default_rng(4), via_ring=True)
+    a = simulation.simulate_ltm(study, data.rows, np.random.default_rng(4))
+    b = simulation.simulate_ltm(study, data.rows, np.random.default_rng(4), via_ring=True)
     np.testing.assert_allclose(a.sketch, b.sketch, atol=n * 2.0 ** -study.frac_bits)
 
 
@@ -145,7 +145,7 @@ def test_simulated_ltm_signs_each_row_whole():
     data = synthetic.regression_data(n, 4, seed=1)
     study = make_study(data.columns, 2000, label="y", k=48, epsilon_floor=None)
     assert study.secret_sign
-    rel, ids, noise = baselines.simulate_ltm(study, data.rows, np.random.default_rng(3), return_inputs=True)
+    rel, ids, noise = simulation.simulate_ltm(study, data.rows, np.random.default_rng(3), return_inputs=True)
     dense = sketch.dense_matrix(study.seed_bytes, ids, study.k, study.s)
     signed = np.linalg.lstsq(dense, rel.sketch - dense @ noise, rcond=None)[0]
     flipped = np.all(np.abs(signed + data.rows) < 1e-9, axis=1)
@@ -166,7 +166,7 @@ def test_simulated_ltm_adds_the_servers_noise(via_ring):
     assert study.server_sigma > 0 and study.n_servers == 2
     residuals = []
     for seed in range(30):  # 30 x 12 x 5 = 1800 cells
-        rel, ids, noise = baselines.simulate_ltm(study, data.rows, np.random.default_rng(100 + seed),
+        rel, ids, noise = simulation.simulate_ltm(study, data.rows, np.random.default_rng(100 + seed),
                                                  via_ring=via_ring, return_inputs=True)
         assert noise.std() == pytest.approx(study.sigma, rel=0.1)
         dense = sketch.dense_matrix(study.seed_bytes, ids, study.k, study.s)
@@ -189,7 +189,7 @@ def test_simulated_gram_release_adds_the_servers_noise():
     for via_ring in (False, True):
         residuals = []
         for seed in range(40):
-            rel = baselines.simulate_ltm(study, data.rows, np.random.default_rng(200 + seed), via_ring=via_ring)
+            rel = simulation.simulate_ltm(study, data.rows, np.random.default_rng(200 + seed), via_ring=via_ring)
             residuals.append(np.asarray(rel.values) - phi.sum(axis=0))
         res = np.array(residuals)  # 40 x 15 coordinates
         std = math.sqrt(n * study.sigma**2 + study.n_servers * study.server_sigma**2)
@@ -201,9 +201,9 @@ def test_simulated_gram_release_adds_the_servers_noise():
 def test_simulate_clips_rows_to_the_bound():
     study = make_study(["a", "b"], 1000, k=4)
     rows = np.array([[3.0, 4.0], [0.3, 0.4]])
-    np.testing.assert_allclose(baselines.clip_rows(rows, 1.0), [[0.6, 0.8], [0.3, 0.4]])
+    np.testing.assert_allclose(simulation.clip_rows(rows, 1.0), [[0.6, 0.8], [0.3, 0.4]])
     with pytest.raises(ValueError):
-        baselines.simulate_ltm(study, np.zeros((5, 3)), np.random.default_rng(0))
+        simulation.simulate_ltm(study, np.zeros((5, 3)), np.random.default_rng(0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def test_ratios_are_one_at_the_optimum_and_above_elsewhere():
         assert ridge_ratio(X, y, theta, alpha) == pytest.approx(1.0)
         assert ridge_ratio(X, y, theta + 0.01, alpha) > 1.0
         # the exact-Gram estimator reaches it
-        model = RidgeRegression("y", alpha=alpha).fit(baselines.exact_gram(data.rows, data.columns))
+        model = RidgeRegression("y", alpha=alpha).fit(simulation.exact_gram(data.rows, data.columns))
         assert ridge_ratio(X, y, model.coef_, alpha) == pytest.approx(1.0, abs=1e-9)
     low = synthetic.lowrank_data(3000, 6, rank=2, seed=1)
     v = pca_optimum(low.rows, 2)
@@ -263,7 +263,7 @@ def test_ratios_are_one_at_the_optimum_and_above_elsewhere():
     assert pca_error(low.rows, v) == pytest.approx(np.sum(low.truth["singular_values"][2:] ** 2))
     other = np.eye(6)[:2]
     assert pca_ratio(low.rows, other) > 1.0
-    model = PCA(2).fit(baselines.exact_gram(low.rows, low.columns))
+    model = PCA(2).fit(simulation.exact_gram(low.rows, low.columns))
     assert pca_ratio(low.rows, model.components_) == pytest.approx(1.0)
 
 
@@ -289,13 +289,13 @@ def test_compare_ltm_beats_local_at_1e5(k_choice):
         reg = synthetic.regression_data(n, 10, seed=seed)
         k = None if k_choice == "design" else proposed_k(n, reg.d)
         study = make_study(reg.columns, n, label="y", k=k)
-        ltm = baselines.simulate_ltm(study, reg.rows, rng)
+        ltm = simulation.simulate_ltm(study, reg.rows, rng)
         out = compare(reg, study, ltm, rng=rng, tasks=("ridge",))
         assert set(out) == {"ridge"} and set(out["ridge"]) == {"ltm", "local", "central"}
         low = synthetic.lowrank_data(n, 10, seed=seed)
         k = None if k_choice == "design" else proposed_k(n, low.d)
         study = make_study(low.columns, n, k=k)
-        ltm = baselines.simulate_ltm(study, low.rows, rng)
+        ltm = simulation.simulate_ltm(study, low.rows, rng)
         out.update(compare(low, study, ltm, rng=rng, tasks=("pca",)))
         for task in ("ridge", "pca"):
             assert min(out[task].values()) >= 1.0 - 1e-9
@@ -316,7 +316,7 @@ def test_compare_ltm_beats_local_at_1e5(k_choice):
 def test_compare_checks_its_inputs():
     data = synthetic.regression_data(500, 3, seed=0)
     study = make_study(data.columns, 500, label="y", k=4)
-    ltm = baselines.simulate_ltm(study, data.rows, np.random.default_rng(0))
+    ltm = simulation.simulate_ltm(study, data.rows, np.random.default_rng(0))
     with pytest.raises(ValueError):
         compare(data.rows[:-1], study, ltm)
     with pytest.raises(ValueError):
@@ -330,7 +330,7 @@ def test_compare_without_references_fits_only_the_given_release():
     data = synthetic.regression_data(3000, 4, seed=3)
     study, _ = design(name="t", columns=data.columns, label=data.label, servers=["s1", "s2"],
                       expected_reports=3000)
-    release = baselines.simulate_ltm(study, data.rows, np.random.default_rng(0))
+    release = simulation.simulate_ltm(study, data.rows, np.random.default_rng(0))
     full = compare(data, study, release, rng=np.random.default_rng(1), tasks=("ridge",))
     bare = compare(data, study, release, rng=np.random.default_rng(1), tasks=("ridge",), references=False)
     assert set(full["ridge"]) == {"ltm", "local", "central"} and set(bare["ridge"]) == {"ltm"}

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
 
-from analyzer import experiments  # noqa: E402
+from research import experiments  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

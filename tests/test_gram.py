@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analyzer import baselines, evaluation, synthetic
+from analyzer import error_ratios, simulation, synthetic
 from analyzer.client import AnalyzerClient
 from analyzer.estimators import PCA, RidgeRegression
 from analyzer.recommend import recommend
@@ -170,7 +170,7 @@ def test_gram_kind_reaches_central_accuracy_at_1e5():
     study, _ = design(name="acc", columns=data.columns, label="y", servers=["s1", "s2"],
                       expected_reports=n, kind="gram")
     release = _release_through_pipeline(study, data.rows)
-    rows = baselines.clip_rows(data.rows, 1.0)
+    rows = simulation.clip_rows(data.rows, 1.0)
     # the release is A^T A plus noise of the calibrated size (sqrt(n) sigma per coordinate)
     err = release.gram() - rows.T @ rows
     scale = study.sigma * math.sqrt(n)
@@ -183,7 +183,7 @@ def test_gram_kind_reaches_central_accuracy_at_1e5():
     cells = features.upper_triangle(err).size
     assert math.sqrt(stats.chi2.ppf(1e-6, cells) / cells) < rms / scale < math.sqrt(stats.chi2.isf(1e-6, cells) / cells)
     assert abs(release.noisy_count - n) < 6 * scale
-    ratios = evaluation.compare(data, study, release, rng=np.random.default_rng(0), tasks=("ridge",))
+    ratios = error_ratios.compare(data, study, release, rng=np.random.default_rng(0), tasks=("ridge",))
     assert ratios["ridge"]["ltm"] <= 1.01
     assert ratios["ridge"]["local"] > 2.0  # far from it without the servers' sum
     # The estimator's own default penalty (AdaSSP's rule; no cross term for a gram release) is
@@ -191,7 +191,7 @@ def test_gram_kind_reaches_central_accuracy_at_1e5():
     # its ratio was 1.0075 on average, 1.0117 at the 99th percentile and 1.0129 at most (it
     # regularises more than alpha = 1e-3 n); 1.03 is several standard deviations (0.002) out.
     model = RidgeRegression("y").fit(release)
-    assert evaluation.ridge_ratio(rows[:, :-1], rows[:, -1], model.coef_, evaluation.default_alpha(n, 1.0)) <= 1.03
+    assert error_ratios.ridge_ratio(rows[:, :-1], rows[:, -1], model.coef_, error_ratios.default_alpha(n, 1.0)) <= 1.03
 
 
 def test_recommend_prefers_gram_when_it_fits_and_sketch_when_not():
@@ -266,7 +266,7 @@ def test_gram_study_end_to_end_over_http(no_floor_module_cluster):
     expected = ring.decode(ring.reconstruct([encoded.sum(axis=0, dtype=np.uint64)[None, :]]), study.frac_bits)
     assert released["kind"] == "gram"
     np.testing.assert_array_equal(np.array(released["sketch"]), expected)
-    clipped = baselines.clip_rows(rows, study.row_bound)
+    clipped = simulation.clip_rows(rows, study.row_bound)
     scale = study.sigma * math.sqrt(n)
     np.testing.assert_allclose(np.array(moments["gram"]), clipped.T @ clipped, atol=6 * scale)
     np.testing.assert_allclose(moments["row_sum"], clipped.sum(axis=0), atol=6 * scale)

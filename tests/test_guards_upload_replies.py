@@ -60,7 +60,7 @@ def _requests(srv: Server, study: Study, seed: int) -> dict[str, tuple]:
                                           headers={"Content-Type": seeded.media_type(0)}))
     info = messages.ServerInfo.model_validate(srv.client.get("/v1/info").json())
     public = sealing._current("s1", info.hpke, envelope.CLASSICAL, "s1", {})
-    me = envelope.Recipient("s1", public, envelope.CLASSICAL, envelope.VERSION_3)
+    me = envelope.Recipient("s1", public, envelope.CLASSICAL, envelope.VERSION_4)
     plain = prepare_batch(study, _rows(study, 2, seed + 3))
     sealed = envelope.seal_body(me, study.study_id, plain.body(0), plain.media_type(0), study.width,
                                 study.n_servers)

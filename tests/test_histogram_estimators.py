@@ -1,4 +1,4 @@
-"""Estimators on noisy histograms (analyzer/histogram.py).
+"""Estimators on noisy histograms (analyzer/analyses/histogram.py).
 
 * exactness: with noise_variance 0 every statistic equals its non-private reference (scipy,
   scikit-learn, numpy) on the bin indices / representatives of the binned data;
@@ -20,8 +20,8 @@ import pytest
 import scipy.stats
 from sklearn.metrics import roc_auc_score
 
-from analyzer import histogram as hg
-from analyzer.histogram import (AUC, BinnedMoments, Counts, GiniMeanDifference, GiniSimpson,
+from analyzer.analyses import histogram as hg
+from analyzer.analyses.histogram import (AUC, BinnedMoments, Counts, GiniMeanDifference, GiniSimpson,
                                 KendallTau, NoisyHistogram, QuadraticForm, Quantiles,
                                 estimate_forms)
 from dpsketch.protocol.histogram import OTHER, Axis, HistogramSpec

@@ -1,4 +1,4 @@
-"""The histogram evaluation harness (analyzer/histogram_evaluation.py): its baselines draw the
+"""The histogram evaluation harness (research/histogram_evaluation.py): its baselines draw the
 noise they claim, the LTM simulation matches the real client/server pipeline, the quick command
 writes its figure, and the LTM beats the local model by a wide margin."""
 
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from analyzer import histogram_evaluation as he
+from research import histogram_evaluation as he
 from analyzer.release import HistogramRelease
 from dpsketch.protocol import privacy
 from dpsketch.protocol.histogram import HistogramSpec
@@ -82,7 +82,7 @@ def test_ltm_simulation_matches_the_real_pipeline():
     mean -0.007 sd, variance 1.006 of want.)"""
     from scipy import stats
 
-    from analyzer.experiments import run_pipeline
+    from research.experiments import run_pipeline
 
     n = 3000
     values = _values(n, seed=5)

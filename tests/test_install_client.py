@@ -125,6 +125,17 @@ def test_a_server_command_names_the_extra_in_one_line(client_env, tmp_path):
     assert _run([str(client_env / "dpsketch"), "submit", "--help"], 60, cwd=tmp_path).returncode == 0
 
 
+def test_the_research_harness_is_not_installed_and_its_command_says_so(client_env, tmp_path):
+    probe = _run([str(client_env / "python"), "-c", "import importlib.util; print(importlib.util.find_spec('research'))"],
+                 60, cwd="/")
+    assert probe.returncode == 0 and probe.stdout.strip() == "None", (probe.stdout, probe.stderr)
+    out = _run([str(client_env / "dpsketch"), "experiments", "--quick", "--out", str(tmp_path / "out")], 60,
+               cwd=tmp_path)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr and "source checkout" in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
 def test_the_installed_client_submits_to_a_live_cluster(client_env, tmp_path):
     pool = Servers(tmp_path)
     try:

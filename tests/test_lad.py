@@ -1,12 +1,12 @@
-"""LADRegression and lad_full (analyzer/lad.py) and the LAD evaluation harness."""
+"""LADRegression and lad_full (analyzer/analyses/lad.py) and the LAD evaluation harness."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from analyzer import lad_evaluation
-from analyzer.lad import GLOB_MIN_ROWS, LADRegression, _lp, l1_objective, lad_full
+from research import lad_evaluation
+from analyzer.analyses.lad import GLOB_MIN_ROWS, LADRegression, _lp, l1_objective, lad_full
 
 
 def _data(n: int, rng: np.random.Generator, p: int = 4):

@@ -1,4 +1,4 @@
-"""The product's robust regression: Huber rounds of gram or moments studies (analyzer.lad_rounds,
+"""The product's robust regression: Huber rounds of gram or moments studies (analyzer.analyses.lad_rounds,
 docs/lad.md). Unit-level and fast: exact (noise-free) releases and the budget arithmetic."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from analyzer import lad_evaluation
-from analyzer.lad_rounds import RobustRegression, RoundWeights, huber_weights, round_budget, weighted_rows
+from research import lad_evaluation
+from analyzer.analyses.lad_rounds import RobustRegression, RoundWeights, huber_weights, round_budget, weighted_rows
 from analyzer.release import GramSumRelease
 from dpsketch.protocol import features, privacy
 from dpsketch.protocol.study import design

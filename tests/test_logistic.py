@@ -1,4 +1,4 @@
-"""Logistic regression from released second moments (analyzer/logistic.py, docs/logistic.md).
+"""Logistic regression from released second moments (analyzer/analyses/logistic.py, docs/logistic.md).
 
 Unit checks on exact (noise-free) sums against the surrogate computed directly from the rows,
 then one end-to-end run over real processes: a gram study with a binary label, SDK uploads,
@@ -18,7 +18,7 @@ from scipy.optimize import minimize
 from scipy.special import expit
 
 from analyzer.client import AnalyzerClient
-from analyzer.logistic import LogisticRegression
+from analyzer.analyses.logistic import LogisticRegression
 from analyzer.release import GramSumRelease, release_from_values
 from client_sdk import Client
 from dpsketch.protocol import ProblemError, features

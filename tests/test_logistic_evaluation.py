@@ -1,4 +1,4 @@
-"""The logistic regression evaluation harness (analyzer/logistic_evaluation.py), bounded.
+"""The logistic regression evaluation harness (research/logistic_evaluation.py), bounded.
 
 Checks that the simulated gram release has the pipeline's noise law, that every baseline runs
 (diffprivlib through its compatibility shim), and that the LTM gram kind beats the local model
@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer import baselines, experiments
-from analyzer import logistic_evaluation as le
+from analyzer import simulation
+from research import experiments
+from research import logistic_evaluation as le
 from dpsketch.protocol import features
 
 # diffprivlib is in the test extra (imported through the harness' shim: 0.6.6 on scikit-learn >= 1.8);
@@ -29,7 +30,7 @@ def test_gram_simulation_has_the_pipelines_noise_law():
     assert study.server_sigma > 0  # the default floor: the servers' noise is part of the law
     exact = features.gram_features(rows).sum(axis=0)
     piped = experiments.run_pipeline(study, rows).release
-    sims = [baselines.simulate_ltm(study, rows, np.random.default_rng(s)) for s in range(3)]
+    sims = [simulation.simulate_ltm(study, rows, np.random.default_rng(s)) for s in range(3)]
     std = piped.coordinate_noise_std
     assert all(s.coordinate_noise_std == std for s in sims)
     # the pipeline's noise is fresh CSPRNG noise each run: its 78 z-scores' mean within 5 of its

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer import evaluation, synthetic
+from analyzer import error_ratios, synthetic
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from client_sdk.client import prepare_batch
@@ -153,7 +153,7 @@ def test_moments_fit_better_than_gram_on_the_same_data(no_floor_module_cluster):
         for seed in seeds:
             data = synthetic.regression_data(n, 10, seed=seed, clip_quantile=0.99, row_bound=1.0)
             x, y = data.features(), data.target()
-            alpha = evaluation.default_alpha(n, 1.0)
+            alpha = error_ratios.default_alpha(n, 1.0)
             for kind in excess:
                 view = an.create_study(name=f"{kind}-{seed}", columns=list(data.columns), label=data.label,
                                        expected_reports=n, min_reports=n, kind=kind)
@@ -162,7 +162,7 @@ def test_moments_fit_better_than_gram_on_the_same_data(no_floor_module_cluster):
                 client.submit_many(study.study_id, data.rows, batch_size=n)
                 assert an.finalize(study.study_id)["n_reports"] == n
                 coef = np.array(an.ridge(study.study_id, label=data.label, alpha=alpha)["coef"])
-                excess[kind].append(evaluation.ridge_ratio(x, y, coef, alpha) - 1.0)
+                excess[kind].append(error_ratios.ridge_ratio(x, y, coef, alpha) - 1.0)
     g, m = np.array(excess["gram"]), np.array(excess["moments"])
     print(f"ridge excess over {len(seeds)} data sets: gram {g.mean():.4f} ({g.round(4)}), "
           f"moments {m.mean():.4f} ({m.round(4)}); ratio {m.mean() / g.mean():.3f}")
@@ -172,10 +172,10 @@ def test_moments_fit_better_than_gram_on_the_same_data(no_floor_module_cluster):
 def _simulate(runs: int = 4000, n: int = 5_000, sets: int = 12, draws: int = 1_000_000, seed: int = 0) -> None:
     """The test's law in memory: per data set and kind the study as the analyzer designs it, its
     release drawn as the exact sum of the clients' feature vectors plus the clients' and servers'
-    noise (what ``baselines.simulate_ltm`` draws for these kinds), the analyzer's ridge; then the
+    noise (what ``simulation.simulate_ltm`` draws for these kinds), the analyzer's ridge; then the
     ratio of mean excess over one run per data set, resampled ``draws`` times, and the same for a
     kind that changed nothing (gram against gram)."""
-    from analyzer import baselines
+    from analyzer import simulation
     from analyzer.estimators import RidgeRegression
     from analyzer.release import GramSumRelease
 
@@ -183,16 +183,16 @@ def _simulate(runs: int = 4000, n: int = 5_000, sets: int = 12, draws: int = 1_0
     excess = np.zeros((sets, 2, runs))
     for i in range(sets):
         data = synthetic.regression_data(n, 10, seed=11 + i, clip_quantile=0.99, row_bound=1.0)
-        x, y, alpha = data.features(), data.target(), evaluation.default_alpha(n, 1.0)
+        x, y, alpha = data.features(), data.target(), error_ratios.default_alpha(n, 1.0)
         for v, kind in enumerate(("gram", "moments")):
             study, _ = design(name=kind, columns=list(data.columns), label=data.label, servers=["s1", "s2", "s3"],
                               expected_reports=n, min_reports=n, kind=kind)
-            total = features.client_vectors(kind, baselines.clip_rows(data.rows, study.row_bound)).sum(axis=0)
-            sd = math.sqrt(study.sigma ** 2 * n + baselines.server_noise_variance(study))
+            total = features.client_vectors(kind, simulation.clip_rows(data.rows, study.row_bound)).sum(axis=0)
+            sd = math.sqrt(study.sigma ** 2 * n + simulation.server_noise_variance(study))
             for r in range(runs):
                 release = GramSumRelease(study=study, values=total + rng.normal(0.0, sd, study.width), n_reports=n)
                 coef = RidgeRegression(label=data.label, alpha=alpha).fit(release).coef_
-                excess[i, v, r] = evaluation.ridge_ratio(x, y, coef, alpha) - 1.0
+                excess[i, v, r] = error_ratios.ridge_ratio(x, y, coef, alpha) - 1.0
     print(f"mean excess: gram {excess[:, 0].mean():.4f}, moments {excess[:, 1].mean():.4f}")
     pick = lambda v: excess[np.arange(sets), v, rng.integers(0, runs, (draws, sets))]  # noqa: E731
     gram, moments, gram2 = pick(0), pick(1), pick(0)

@@ -1,4 +1,4 @@
-"""Marginal histograms (docs/protocol.md section 2b) and the bounds pilot (analyzer/pilot.py,
+"""Marginal histograms (docs/protocol.md section 2b) and the bounds pilot (analyzer/analyses/pilot.py,
 docs/bounds.md): the encoding and its sensitivity, the calibrated noise against an independent
 computation, the proposal on releases simulated in law with known quantiles and on degenerate
 columns, and the two-step flow end to end over real server processes: pilot, raw CSV through
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from analyzer.client import AnalyzerClient
-from analyzer.histogram import KendallTau, NoisyHistogram, Quantiles
-from analyzer.pilot import pilot_edges, pilot_spec, propose_bounds
+from analyzer.analyses.histogram import KendallTau, NoisyHistogram, Quantiles
+from analyzer.analyses.pilot import pilot_edges, pilot_spec, propose_bounds
 from client_sdk import Client
 from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.bounds import parse_bounds

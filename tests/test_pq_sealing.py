@@ -1,5 +1,5 @@
-"""The opt-in post-quantum sealing suite (docs/sealing.md): MLKEM768-X25519 HPKE, version 2
-sealed records that name their suite, servers holding and publishing keys of both suites, and
+"""The opt-in post-quantum sealing suite (docs/sealing.md): MLKEM768-X25519 HPKE, version 4
+sealed batches that name their suite, servers holding and publishing keys of both suites, and
 the SDK's sealing policy, against real share servers."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _pq_recipient(url: str, server_id: str) -> envelope.Recipient:
 
 
 def test_a_pq_batch_tampered_or_misbound_is_refused_with_the_right_error():
-    """A post-quantum version 3 batch (the one sealed layout; sizes and round trips of both
+    """A post-quantum version 4 batch (the one sealed layout; sizes and round trips of both
     suites: tests/test_envelope.py, vectors: docs/protocol.md section 9) with a header byte,
     its key id, enc, the wrapped secret or a record altered, or opened in another context."""
     sk, pk = _pair(PQ)
@@ -69,7 +69,7 @@ def test_a_pq_batch_tampered_or_misbound_is_refused_with_the_right_error():
     me = envelope.Recipient("s1", pk, PQ)
     rec = envelope.seal(me, STUDY_A, ids[0], envelope.CONTENT_SHARE, _plaintexts(proofs[0], shares[0])[0])
     head = envelope.batch_header_bytes(PQ)
-    assert head == 37 + 1120 + 48 and rec[24:33] == bytes([0x80, 3, 0x64, 0x7A, 0, 1, 0, 3, 1])
+    assert head == 37 + 1120 + 48 and rec[24:33] == bytes([0x80, 4, 0x64, 0x7A, 0, 1, 0, 3, 1])
     assert envelope.open_batch(rec, d, n, STUDY_A, "s1", lookup).ids == ids
 
     def opened(body: bytes, study=STUDY_A, server="s1"):
@@ -88,12 +88,13 @@ def test_a_pq_batch_tampered_or_misbound_is_refused_with_the_right_error():
     with pytest.raises(envelope.MalformedSealedBatch):
         opened(rec[:26] + b"\x00\x20" + rec[28:])
     # the format version and the marker byte
-    with pytest.raises(envelope.MalformedSealedBatch, match="not a version 3"):
-        opened(flip(25, 4))
-    with pytest.raises(envelope.MalformedSealedBatch, match="not a version 3"):
+    with pytest.raises(envelope.MalformedSealedBatch, match="not a version 4"):
+        opened(flip(25, 5))
+    with pytest.raises(envelope.MalformedSealedBatch, match="not a version 4"):
         opened(flip(24, 0x81))
-    with pytest.raises(envelope.MalformedSealedBatch, match="version 2"):  # the dropped layout
-        opened(flip(25, 2))
+    for dropped in (2, 3):  # the dropped layouts
+        with pytest.raises(envelope.MalformedSealedBatch, match=f"version {dropped} "):
+            opened(flip(25, dropped))
     # the content kind (a share relabelled as a seed): lengths differ at d = 5
     with pytest.raises(envelope.MalformedSealedBatch):
         opened(flip(32, envelope.CONTENT_SEED))
@@ -104,10 +105,10 @@ def test_a_pq_batch_tampered_or_misbound_is_refused_with_the_right_error():
                        (b"\x00" * 8, "unknown key id")):
         with pytest.raises(envelope.SealError, match=match):
             opened(rec[:16] + kid + rec[24:])
-    # a bit of enc (the ML-KEM ciphertext, the X25519 share), of the wrapped secret, or of a
-    # record's report id, ciphertext or tag
+    # a bit of enc (the ML-KEM ciphertext, the X25519 share), of the wrapped secret, or of the
+    # record's report id, ciphertext or the batch's tag
     for at in (37, 37 + 1088, 37 + 1119, 37 + 1120, head - 1, head, head + 16, len(rec) - 1):
-        with pytest.raises(envelope.SealError, match="does not open here"):
+        with pytest.raises(envelope.SealError, match="(does|do) not open here"):
             opened(flip(at, xor=0x04))
     # the context: study, server and batch id are bound
     with pytest.raises(envelope.SealError, match="does not open here"):
@@ -134,9 +135,10 @@ def test_policy_is_checked_and_needs_encrypt():
 # --- real servers -----------------------------------------------------------------------------------
 
 
-def _without_pq(port: int, posts: list, pq: bool = False, batches: bool = True):
+def _without_pq(port: int, posts: list, pq: bool = False, batches: bool = True, versions: list | None = None):
     """A transport that hides the post-quantum keys (unless ``pq``) and the sealed layouts it
-    opens (unless ``batches``: a server from before version 3) of the server on ``port``, and
+    opens (unless ``batches``: a server from before sealed batches; ``versions``: says it opens
+    those, [3] a server from before version 4) of the server on ``port``, and
     records every POST's port and bytes 24..32 (the layout: version 1 content, or 0x80, version,
     suite and content)."""
 
@@ -152,6 +154,8 @@ def _without_pq(port: int, posts: list, pq: bool = False, batches: bool = True):
                     body["hpke"].pop("post_quantum")
                 if not batches:
                     body["hpke"].pop("versions")
+                if versions is not None:
+                    body["hpke"]["versions"] = versions
                 return httpx.Response(200, json=body)
             return resp
 
@@ -161,9 +165,10 @@ def _without_pq(port: int, posts: list, pq: bool = False, batches: bool = True):
 def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
         no_floor_module_cluster, monkeypatch, tmp_path, capsys):  # noqa: F811
     """Client(encrypt=True, sealing="post-quantum") through 3 real servers: every body is
-    version 2 MLKEM768-X25519 records, and the release equals S(A + G) of the prepared reports
+    one version 4 MLKEM768-X25519 batch, and the release equals S(A + G) of the prepared reports
     exactly. The policy refuses a server without a post-quantum key before sending anything;
-    prefer-post-quantum falls back to classical there; the servers keep taking version 1; the
+    prefer-post-quantum falls back to classical there; a server that does not open version 4 is
+    refused before anything is sent; the
     CLI's --sealing flag seals post-quantum."""
     c = no_floor_module_cluster
     n = 300
@@ -183,7 +188,7 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
         assert client.sealing_suites(study.study_id) == ["post-quantum"] * 3
         client.submit(study.study_id, rows[0])
         client.submit_many(study.study_id, rows[1:150], batch_size=64)
-    pq_head = bytes([0x80, 3, 0x64, 0x7A, 0, 1, 0, 3, envelope.CONTENT_SHARE])  # version 3 batches
+    pq_head = bytes([0x80, 4, 0x64, 0x7A, 0, 1, 0, 3, envelope.CONTENT_SHARE])  # version 4 batches
     assert seen and all(ct == messages.SEALED_MEDIA_TYPE and body[24:33] == pq_head for ct, body in seen)
     counts = [envelope.count_records(body, study.width, 3) for _, body in seen]
     assert sum(counts) == 150 * 3
@@ -203,17 +208,19 @@ def test_sdk_seals_post_quantum_and_the_release_equals_the_plaintext_sketch(
         assert client.sealing_suites(study.study_id) == ["post-quantum", "classical", "post-quantum"]
         client.submit_many(study.study_id, rows[150:225])
     heads2 = [head for port, head in posts if port == port2]
-    assert heads2 and all(head == bytes([0x80, 3]) + CL.ids + b"\x01" for head in heads2)  # classical
+    assert heads2 and all(head == bytes([0x80, 4]) + CL.ids + b"\x01" for head in heads2)  # classical
     assert all(head == pq_head for port, head in posts if port != port2)
-    # a server from before version 3 (it lists no sealed layouts): refused before anything is
-    # sent, whatever the policy (the per-record versions 1 and 2 were dropped, issue 41)
+    # a server from before sealed batches (it lists no sealed layouts) or from before version 4
+    # (it lists [3]): refused before anything is sent, whatever the policy (the per-record
+    # layouts were dropped, versions 1 and 2 in issue 41, 3 in issue 46)
     for policy in ("classical", "post-quantum"):
-        posts.clear()
-        with Client(c.server_urls, encrypt=True, sealing=policy, compress=False,
-                    transport=_without_pq(port2, posts, pq=True, batches=False)) as client:
-            with pytest.raises(SDKError, match="does not open version 3 sealed batches"):
-                client.submit_many(study.study_id, rows[225:230], batch_size=2)
-        assert posts == []
+        for hide in ({"batches": False}, {"versions": [3]}):
+            posts.clear()
+            with Client(c.server_urls, encrypt=True, sealing=policy, compress=False,
+                        transport=_without_pq(port2, posts, pq=True, **hide)) as client:
+                with pytest.raises(SDKError, match="does not open version 4 sealed batches"):
+                    client.submit_many(study.study_id, rows[225:230], batch_size=2)
+            assert posts == []
     # ... classical clients keep working
     with Client(c.server_urls, encrypt=True) as client:
         assert client.sealing_suites(study.study_id) == ["classical"] * 3

@@ -151,7 +151,7 @@ def test_binding_vectors():
                            np.frombuffer(proof, np.uint8)[None, :], payload[None, :])
 
 
-# --- sealed batches (section 7a, version 3) -------------------------------------------------------
+# --- sealed batches (section 7a, version 4) -------------------------------------------------------
 
 
 def _hkdf_sha256(ikm: bytes, info: bytes, length: int = 32) -> bytes:
@@ -167,9 +167,9 @@ def _hkdf_sha256(ikm: bytes, info: bytes, length: int = 32) -> bytes:
     return out[:length]
 
 
-@pytest.mark.parametrize("vec", VECTORS["sealed_v3"], ids=lambda v: v["suite"])
-def test_sealed_v3_vectors(vec):
-    """Every deterministic byte of a version 3 batch recomputed from section 7a's definitions
+@pytest.mark.parametrize("vec", VECTORS["sealed_v4"], ids=lambda v: v["suite"])
+def test_sealed_v4_vectors(vec):
+    """Every deterministic byte of a version 4 batch recomputed from section 7a's definitions
     (hashlib, hmac and the RFC 8439 AEAD of the cryptography package), the randomized HPKE part
     opened, and the reference implementation checked against both."""
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -178,6 +178,7 @@ def test_sealed_v3_vectors(vec):
 
     suite = envelope.SUITES[vec["suite"]]
     assert (suite.kem_id, suite.kdf_id, suite.aead_id) == (vec["kem_id"], vec["kdf_id"], vec["aead_id"])
+    assert vec["version"] == 4
     sk = bytes.fromhex(vec["private_key"])
     pk = bytes.fromhex(vec["public_key"])
     assert suite.public_key_of(sk) == pk and hashlib.sha256(pk).digest()[:8].hex() == vec["key_id"]
@@ -195,43 +196,55 @@ def test_sealed_v3_vectors(vec):
         proof = salt + b"".join(c for j, c in enumerate(commits) if j != vec["position"])
         assert rec["plaintext"] == (proof + payload).hex()
     # the header, info and transcript
-    fixed = (bytes.fromhex(vec["batch_id"]) + bytes.fromhex(vec["key_id"]) + bytes([0x80, 3])
+    fixed = (bytes.fromhex(vec["batch_id"]) + bytes.fromhex(vec["key_id"]) + bytes([0x80, 4])
              + vec["kem_id"].to_bytes(2, "big") + vec["kdf_id"].to_bytes(2, "big") + vec["aead_id"].to_bytes(2, "big")
              + bytes([content]) + vec["count"].to_bytes(4, "big"))
     assert fixed.hex() == vec["fixed"] and vec["count"] == len(records)
-    info3 = b"dpsketch/sealed/3" + hashlib.sha256(prefix + fixed).digest()
-    assert info3.hex() == vec["info"] and len(info3) == 49
+    info4 = b"dpsketch/sealed/4" + hashlib.sha256(prefix + fixed).digest()
+    assert info4.hex() == vec["info"] and len(info4) == 49
     sealed_secret = bytes.fromhex(vec["sealed_secret"])
     assert len(sealed_secret) == suite.enc_bytes + 48
-    assert suite.hpke_suite.decrypt(sealed_secret, suite.load_private_key(sk), info=info3).hex() == vec["secret"]
+    assert suite.hpke_suite.decrypt(sealed_secret, suite.load_private_key(sk), info=info4).hex() == vec["secret"]
     header = fixed + sealed_secret
     transcript = hashlib.sha256(prefix + header).digest()
     assert transcript.hex() == vec["transcript"]
-    key = _hkdf_sha256(bytes.fromhex(vec["secret"]), b"dpsketch/sealed/3/records" + transcript)
+    key = _hkdf_sha256(bytes.fromhex(vec["secret"]), b"dpsketch/sealed/4/records" + transcript)
     assert key.hex() == vec["record_key"]
-    aead = ChaCha20Poly1305(key)
-    body = header
-    for i, rec in enumerate(records):
-        rid = bytes.fromhex(rec["report_id"])
-        nonce, aad = i.to_bytes(12, "big"), transcript + rid
-        assert (nonce.hex(), aad.hex()) == (rec["nonce"], rec["aad"])
-        sealed = rid + aead.encrypt(nonce, bytes.fromhex(rec["plaintext"]), aad)
-        assert sealed.hex() == rec["record"]
-        body += sealed
+    # the report ids in clear, then every plaintext sealed as one message, nonce zero, the
+    # associated data the transcript and the ids
+    ids = b"".join(bytes.fromhex(r["report_id"]) for r in records)
+    nonce, aad = bytes(12), transcript + ids
+    assert (ids.hex(), nonce.hex(), aad.hex()) == (vec["report_ids"], vec["nonce"], vec["aad"])
+    sealed = ChaCha20Poly1305(key).encrypt(nonce, b"".join(bytes.fromhex(r["plaintext"]) for r in records), aad)
+    assert sealed.hex() == vec["sealed"]
+    body = header + ids + sealed
     assert body.hex() == vec["body"]
-    assert len(body) == 37 + suite.enc_bytes + 48 + len(records) * (16 + 16 * n + 8 * width + 16)
+    assert len(body) == 37 + suite.enc_bytes + 48 + len(records) * (16 + 16 * n + 8 * width) + 16
     # the reference implementation: the same derivations, the same records, and it opens the body
     secret = bytes.fromhex(vec["secret"])
-    assert envelope.info_v3(vec["study_id"], vec["server_id"], fixed) == info3
-    assert envelope.transcript_v3(vec["study_id"], vec["server_id"], header) == transcript
+    assert envelope.info_v4(vec["study_id"], vec["server_id"], fixed) == info4
+    assert envelope.transcript_v4(vec["study_id"], vec["server_id"], header) == transcript
     assert envelope.record_key(secret, transcript) == key
-    ids = [bytes.fromhex(r["report_id"]) for r in records]
-    assert envelope.seal_records(secret, transcript, ids, [bytes.fromhex(r["plaintext"]) for r in records]) \
+    id_list = [bytes.fromhex(r["report_id"]) for r in records]
+    assert envelope.seal_records(secret, transcript, id_list, [bytes.fromhex(r["plaintext"]) for r in records]) \
         == body[len(header):]
     upload = envelope.open_batch(body, width, n, vec["study_id"], vec["server_id"],
                                  lambda kid: suite.load_private_key(sk) if kid.hex() == vec["key_id"] else None)
-    assert upload.ids == ids
+    assert upload.ids == id_list
     upload.verify(vec["study_id"], n, vec["position"])
+
+
+def test_sealed_batch_vectors_are_what_the_script_writes():
+    """Section 9's sealed_v4 block is what scripts/make_sealed_batches.py computes from its own
+    inputs (its randomized sealed_secret kept while it opens): the document and the script agree."""
+    import importlib.util
+
+    path = DOC.parent.parent / "scripts" / "make_sealed_batches.py"
+    spec = importlib.util.spec_from_file_location("make_sealed_batches", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = DOC.read_text()
+    assert module.render(text) == text
 
 
 def test_bounds_vectors_bit_for_bit():

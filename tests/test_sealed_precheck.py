@@ -4,12 +4,13 @@ share-server process, with the server's CPU time measured (/proc/PID/stat) per r
 The issue: sealed bodies of the old per-record layouts (versions 1 and 2) cost a KEM per record
 and were opened before the upload's quota was checked, so a 2.8 MiB version 1 body cost 1.1 s of
 server CPU per replay, indefinitely. Now those layouts are refused by their layout bytes alone
-(400), and a version 3 batch is judged on its header, its key id and its report ids (which travel
-in the clear) against the upload token's quota before its KEM and AEADs run:
+(400), as is the version 3 layout (an AEAD per record, issue 46), and a version 4 batch is judged
+on its header, its key id and its report ids (which travel in the clear) against the upload
+token's quota before its KEM and AEAD run:
 
-* a 2.8 MiB body in the version 1 layout, addressed to the server's real key: 400, and a few
-  milliseconds of server CPU per replay;
-* a 2.8 MiB version 3 batch posted with a quota-1 token: 403, costing a fraction of what opening
+* a 2.8 MiB body in the version 1 or the version 3 layout, addressed to the server's real key:
+  400, and a few milliseconds of server CPU per replay;
+* a 2.8 MiB version 4 batch posted with a quota-1 token: 403, costing a fraction of what opening
   and storing the same batch costs (measured in the same run);
 * the same batch with a token whose quota suffices is stored.
 """
@@ -51,7 +52,7 @@ def test_dropped_layouts_and_over_quota_batches_cost_no_decryption(servers):
             one = admin.issue_upload_tokens(study.study_id, 1, 1).token
             plenty = admin.issue_upload_tokens(study.study_id, 1, 10_000).token
         hpke = http.get("/v1/info").json()["hpke"]
-        assert hpke["versions"] == [3]
+        assert hpke["versions"] == [4]
         public = bytes.fromhex(next(k["public_key"] for k in hpke["keys"] if k["key_id"] == hpke["current"]))
         me = envelope.Recipient("s1", public)
         m = 3400
@@ -62,8 +63,13 @@ def test_dropped_layouts_and_over_quota_batches_cost_no_decryption(servers):
         # the version 1 layout: id, key id, kind, enc (32), then proof and share sealed (tag 16)
         v1 = b"".join(rid + me.key_id + bytes([envelope.CONTENT_SHARE]) + os.urandom(32 + 32 + 8 * D + 16)
                       for rid in ids)
-        print(f"\nbodies: version 1 layout {len(v1) / 2**20:.2f} MiB, version 3 batch {len(batch) / 2**20:.2f} MiB")
-        assert len(v1) > 2.7 * 2**20 and len(batch) > 2.7 * 2**20
+        # the version 3 layout: the batch's header with byte 25 = 3, then per record its id,
+        # proof and share sealed with a tag of its own
+        v3 = (batch[:25] + bytes([3]) + batch[26:envelope.batch_header_bytes()]
+              + b"".join(rid + os.urandom(32 + 8 * D + 16) for rid in ids))
+        print(f"\nbodies: version 1 layout {len(v1) / 2**20:.2f} MiB, version 3 {len(v3) / 2**20:.2f} MiB, "
+              f"version 4 batch {len(batch) / 2**20:.2f} MiB")
+        assert len(v1) > 2.7 * 2**20 and len(v3) > 2.7 * 2**20 and len(batch) > 2.7 * 2**20
 
         def replay(body: bytes, token: str, times: int = 6) -> tuple[list[float], httpx.Response]:
             costs, r = [], None
@@ -76,16 +82,20 @@ def test_dropped_layouts_and_over_quota_batches_cost_no_decryption(servers):
 
         old, r = replay(v1, plenty)
         assert r.status_code == 400 and "version 1" in r.json()["detail"], r.text
+        old3, r = replay(v3, plenty)
+        assert r.status_code == 400 and "version 3 (one AEAD per record)" in r.json()["detail"], r.text
         over, r = replay(batch, one)
         assert r.status_code == 403 and r.json()["type"].endswith("upload-quota-exceeded"), r.text
         stored, r = replay(batch, plenty, 1)
         assert r.status_code == 200 and r.json()["accepted"] == m, r.text
         opened, r = replay(batch, plenty, 3)  # duplicates now: opened, judged, nothing stored
         assert r.json() == {"accepted": 0, "duplicates": m, "report_count": m}
-        print(f"server CPU per replay: version 1 layout {statistics.median(old) * 1e3:.1f} ms, over-quota "
+        print(f"server CPU per replay: version 1 layout {statistics.median(old) * 1e3:.1f} ms, version 3 "
+              f"{statistics.median(old3) * 1e3:.1f} ms, over-quota "
               f"batch {statistics.median(over) * 1e3:.1f} ms, the batch stored {stored[0] * 1e3:.1f} ms, "
               f"opened again (duplicates) {statistics.median(opened) * 1e3:.1f} ms")
         assert statistics.median(old) < 0.05  # the issue: 1.1 s of KEMs per replay
+        assert statistics.median(old3) < 0.05
         assert statistics.median(over) < 0.5 * statistics.median(opened)
         counts = http.get(f"/v1/studies/{study.study_id}",
                           headers={"Authorization": f"Bearer {spec.analyst_token}"}).json()["report_count"]

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from analyzer.client import AnalyzerClient
-from analyzer.evaluation import pca_ratio
+from analyzer.error_ratios import pca_ratio
 from analyzer.release import SketchRelease
 from client_sdk import Client
 from client_sdk.prepare import prepare_batch
@@ -286,7 +286,7 @@ def _simulate(runs_per_set: int, sets: int = 4, draws: int = 200_000, seed: int 
     OSNAP, the clients' signs and noise, the servers' noise, the analyzer's ridge and PCA), then
     the ratio of mean errors over 8 runs resampled from it, and the same for a sign that changed
     nothing (both sides unsigned)."""
-    from analyzer.accuracy_runs import SketchDraw
+    from research.accuracy_runs import SketchDraw
     from analyzer.estimators import PCA, RidgeRegression
     from dpsketch.protocol.study import design
 
@@ -325,7 +325,7 @@ def _simulate_exact_law(draws: int = 500_000, seed: int = 2) -> None:
     memory (a fresh block OSNAP, the clients' signs and noise, no server noise), its two
     statistics over ``draws`` releases (about 1 ms each), their far quantiles and how many
     releases fall outside the bounds."""
-    from analyzer.accuracy_runs import SketchDraw
+    from research.accuracy_runs import SketchDraw
     from client_sdk import noise
     from dpsketch.protocol.study import design
 

@@ -1,4 +1,4 @@
-"""The sketch kind's predicted ridge floor (analyzer/sketch_floor.py) against simulation.
+"""The sketch kind's predicted ridge floor (research/sketch_floor.py) against simulation.
 
 Small synthetic problems (n = 10^4, p = 10 features), a block OSNAP sketch drawn with numpy
 (s = 4, random buckets and signs: the protocol hash is a PRF, so its law is the same), Gaussian
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from analyzer.sketch_floor import cell_variance, ridge_floor
+from research.sketch_floor import cell_variance, ridge_floor
 
 
 def _osnap(n: int, k: int, s: int, rng: np.random.Generator) -> sp.csr_matrix:

@@ -63,7 +63,7 @@ def test_gram_law_reads_the_release_layout_and_its_variances_match_simulation():
     (the count) agree with 4,000 releases drawn in law."""
     rng = np.random.default_rng(3)
     n = 5_000
-    rows = B.baselines.clip_rows(rng.normal(0, 0.3, size=(n, 3)), 1.0)
+    rows = B.simulation.clip_rows(rng.normal(0, 0.3, size=(n, 3)), 1.0)
     study = gram_study(["x1", "x2", "y"], n)
     phi = features.gram_features(rows).sum(axis=0)
     cols = ["x1", U.CONSTANT, "y"]
@@ -280,11 +280,11 @@ def test_refusals():
                     k=1, seed="7a" * 32)
     with pytest.raises(ValueError, match="k = 1"):
         U.moment_law(SketchRelease(study=one, sketch=np.zeros((1, 2)), n_reports=1_000), ["x", "y"])
-    exact = B.baselines.exact_gram(np.eye(2), ["x", "y"])
+    exact = B.simulation.exact_gram(np.eye(2), ["x", "y"])
     m_hat, law = U.moment_law(exact, ["y", "x"])
     np.testing.assert_array_equal(m_hat, np.eye(2))
     assert not law.entry_variance().any()
     with pytest.raises(TypeError, match="GramRelease"):
-        U.moment_law(B.baselines.simulate_central(study, np.zeros((1_000, 3)), np.random.default_rng(0)), ["x1"])
+        U.moment_law(B.simulation.simulate_central(study, np.zeros((1_000, 3)), np.random.default_rng(0)), ["x1"])
     with pytest.raises(ValueError, match="label"):
         U.linear_fit_covariance(np.eye(3), U.AdditiveLaw(variance=np.eye(3)), [0, 1], 1, np.zeros(2))

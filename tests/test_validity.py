@@ -175,8 +175,39 @@ def test_round_commitments_open_and_fix_the_seed(study):
     assert V.query_seed(sid, contributions) != V.query_seed(sid, contributions[::-1])
 
 
-def test_only_sketch_studies_without_parties_take_proofs():
-    with pytest.raises(ValueError, match="sketch studies only"):
+def test_histogram_reports_prove_one_cell_per_block_and_bounded_noise():
+    """A histogram study's proof separates the one-hot cell from the noise: an honest batch
+    verifies and adds up to its noisy counts; a report that counts twice (two cells, or 2 in
+    one cell), or moves a count of 1,000 into one cell, is refused."""
+    spec = {"axes": [{"column": "age", "edges": [0, 20, 40, 60]}, {"column": "city", "categories": ["a", "b"]}],
+            "marginal": True}
+    hs = S.design(name="h", columns=["age", "city"], label=None, servers=SERVERS, expected_reports=20_000,
+                  kind="histogram", histogram=spec, validity=True)[0]
+    plan = V.plan(hs)
+    assert plan.circuit.blocks == [(0, 5), (5, 3)] and plan.circuit.unit == 2 ** (hs.frac_bits - hs.noise_grid.shift)
+    values = np.array([[5.0, "a"], [70.0, "b"], [33.0, "zz"]], dtype=object)
+    onehot = hs.histogram.one_hot(hs.histogram.cell_index(values))
+    stream = Keystream.from_key(b"\x0b" * 32)
+    encoded = noise.privatize_encoded(values, hs, stream)
+    proved = V.prepare(hs, encoded, stream, full=0, onehot=onehot)
+    views = _server_views(hs, proved)
+    assert _decide(hs, proved.report_ids, views).all()
+    coords = flp.reconstruct([V.coordinate_shares(plan, inputs) for inputs, _ in views])
+    assert (V.to_ring(coords) == encoded).all()
+    c = plan.circuit
+    honest = c.encode(onehot, np.zeros_like(onehot, dtype=np.int64))
+    forged = np.repeat(honest[:1], 3, axis=0)
+    forged[0, :5] = [1, 1, 0, 0, 0]  # two cells of the first axis
+    forged[1, :5] = [2, 0, 0, 0, field.P - 1]  # 2 in one cell, -1 in another: the block still sums to 1
+    forged[2, 0] = 1000  # a count of 1,000
+    ids, forged_views = _forged(hs, forged)
+    assert not _decide(hs, ids, forged_views).any()
+    ids, control = _forged(hs, honest)
+    assert _decide(hs, ids, control).all()
+
+
+def test_only_sketch_and_histogram_studies_without_parties_take_proofs():
+    with pytest.raises(ValueError, match="sketch and histogram studies only"):
         S.design(name="g", columns=["a", "b"], label="a", servers=SERVERS, expected_reports=20_000,
                  kind="gram", validity=True)
 
@@ -205,4 +236,22 @@ def test_conformance_vectors_match_their_generator_and_the_round_hashes():
         # the coordinate shares add up to the noisy vectors (units times 2^shift), mod p
         total = flp.reconstruct([np.array(s, dtype=np.uint64) for s in vec["coordinate_shares"]])
         units = np.array(vec["units"], dtype=np.int64)
+        if vec["onehot"] is not None:  # a histogram's units are its noise; the cell is unit b
+            units = units + vec["plan"]["unit"] * np.array(vec["onehot"], dtype=np.int64)
         assert (field.decode_int(total) == units << vec["plan"]["grid_shift"]).all()
+
+
+def test_honest_noise_stays_well_inside_the_allowance():
+    """Completeness, measured: 40,000 client noise vectors from the product's own sampler at
+    d = 10 and 100 stay below 0.8 of the allowance (the bound promises 2^-64 per report beyond
+    1; the largest seen in 200,000 draws was 0.54 at d = 10 and 0.71 of 50,000 at d = 100)."""
+    from dpsketch.protocol import noise as N
+
+    for d in (10, 100):
+        st = S.design(name="c", columns=[f"c{i}" for i in range(d)], label="c0", servers=SERVERS,
+                       expected_reports=100_000, validity=True)[0]
+        grid = st.noise_grid
+        allowance = V.norm_allowance(grid.scale(st.sigma), st.width)
+        e = N.encoded_noise((40_000 // (d // 10), st.width), st.sigma, grid).view(np.int64) >> grid.shift
+        ratio = np.sqrt((e.astype(np.float64) ** 2).sum(axis=1)).max() / allowance
+        assert 0.2 < ratio < 0.8, (d, ratio)

@@ -1,4 +1,4 @@
-"""The vertical-partition accuracy harness (analyzer/vertical_evaluation.py, docs/vertical.md)."""
+"""The vertical-partition accuracy harness (research/vertical_evaluation.py, docs/vertical.md)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from analyzer import baselines, synthetic
-from analyzer import vertical_evaluation as ve
+from analyzer import simulation, synthetic
+from research import vertical_evaluation as ve
 from dpsketch.protocol.study import design
 
 
@@ -53,7 +53,7 @@ def test_party_release_has_the_sketch_studys_noise_law():
     rel, ids, g = ve.simulate_party_ltm(study, data.rows, 3, np.random.default_rng(7), return_inputs=True)
     assert g.shape == (n, 10)
     assert abs(g.std() / study.sigma - 1) < 0.01  # each party: N(0, sigma^2) per value
-    S = baselines.sketch_matrix(study, ids)
+    S = simulation.sketch_matrix(study, ids)
     clipped = ve.clip_blocks(data.rows, 3, 1.0)
     np.testing.assert_allclose(rel.sketch, S @ (clipped + g), rtol=1e-10, atol=1e-10)
     noise = rel.sketch - S @ clipped
@@ -61,7 +61,7 @@ def test_party_release_has_the_sketch_studys_noise_law():
     reps = [noise]
     for seed in (8, 9, 10):  # more cells for a tight variance estimate
         r, i2, _ = ve.simulate_party_ltm(study, data.rows, 3, np.random.default_rng(seed), return_inputs=True)
-        reps.append(r.sketch - baselines.sketch_matrix(study, i2) @ clipped)
+        reps.append(r.sketch - simulation.sketch_matrix(study, i2) @ clipped)
     var = float(np.mean(np.concatenate([x.ravel() for x in reps]) ** 2))
     assert abs(var / expected - 1) < 0.15, (var, expected)
 
@@ -99,7 +99,7 @@ def test_per_party_and_joint_releases_differ_by_the_clipping_only():
                       expected_reports=n, epsilon=1.0, delta=1e-6, kind="sketch", seed="cd" * 32,
                       secret_sign=False)  # the party path has no sign: compare like with like
     assert study.server_sigma > 0  # the default floor: server noise included
-    joint, ids, _ = baselines.simulate_ltm(study, data.rows, np.random.default_rng(5), return_inputs=True)
+    joint, ids, _ = simulation.simulate_ltm(study, data.rows, np.random.default_rng(5), return_inputs=True)
     party = ve.simulate_party_ltm(study, data.rows, 2, np.random.default_rng(5))
-    diff = baselines.sketch_matrix(study, ids) @ (ve.clip_blocks(data.rows, 2, 1.0) - data.rows)
+    diff = simulation.sketch_matrix(study, ids) @ (ve.clip_blocks(data.rows, 2, 1.0) - data.rows)
     np.testing.assert_allclose(party.sketch - joint.sketch, diff, atol=1e-9)

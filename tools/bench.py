@@ -8,8 +8,8 @@
                  third batch; with each store's bytes on disk per report), and single-report
                  uploads from 64 concurrent clients against one fsync per report;
 * ``sealed``   - HPKE-sealed shares (docs/protocol.md section 7a) against plaintext: bytes per
-                 report, sealing and opening time per share (version 3 batches), and bulk upload
-                 rows/s to one real server over loopback (d = 32) of plaintext and version 3
+                 report, sealing and opening time per share (version 4 batches), and bulk upload
+                 rows/s to one real server over loopback (d = 32) of plaintext and version 4
                  classical and post-quantum batches, with each one's ratio to plaintext; not
                  part of ``all``;
 * ``load``     - 64 concurrent clients uploading single reports to one server for 60 s (the load
@@ -137,7 +137,7 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
                    "mean": an.statistic(sid, "moments", column="x")}
             quantiles = an.statistic(sid, "quantiles", column="x", probabilities=[0.1, 0.5, 0.9])
             out["statistics_s"] = round(time.perf_counter() - t0, 2)
-    from analyzer.histogram import (AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau,
+    from analyzer.analyses.histogram import (AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau,
                                     NoisyHistogram)
 
     h = HistogramSpec.model_validate(spec)

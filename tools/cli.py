@@ -9,6 +9,10 @@ the analyzer or the research harness needs its role's extra (docs/install.md). B
 command runs, the distributions its extras list (read from the installed package's metadata, so
 pyproject.toml stays the one list) are checked, and a missing one is one line naming the extra
 to install, not a traceback from deep inside the command.
+
+The research harness (``research/``: ``dpsketch experiments``) is no part of the installed
+package: it runs from a source checkout, whose ``research/`` folder stands beside ``tools/``.
+Outside one, such a command says so in one line.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from pathlib import Path
 
 #: command -> (module whose main() runs it, what it does, the extras it needs beyond the base)
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -26,17 +31,34 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "study": ("analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse", ()),
     "demo": ("tools.demo", "run a local cluster end to end and print the error ratios", ("server", "analyzer")),
     "bench": ("tools.bench", "measure commit, upload and accuracy figures on this machine", ("server", "analyzer")),
-    "experiments": ("analyzer.experiments", "paper 000 section 5 figures and tables on the real code paths",
+    "experiments": ("research.experiments", "paper 000 section 5 figures and tables on the real code paths",
                     ("research",)),
     "recommend": ("analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost", ()),
 }
 
 #: the top-level packages of dpsketch itself: a missing one of these is a broken install, not an extra
-OWN_PACKAGES = ("dpsketch", "client_sdk", "services", "analyzer", "tools")
+OWN_PACKAGES = ("dpsketch", "client_sdk", "services", "analyzer", "tools", "research")
 
 USAGE = "usage: dpsketch <command> [options]   (dpsketch <command> --help for each)\n\ncommands:\n" + "\n".join(
     f"  {name:<11} {text}" for name, (_, text, _) in COMMANDS.items()
 )
+
+
+#: the source checkout this command runs from, if it does (tools/ is one of its folders)
+CHECKOUT = Path(__file__).resolve().parents[1]
+RESEARCH_MISSING = ("the research harness is not installed with dpsketch (research/ is in the source "
+                    "repository only); run it from a source checkout: pip install -e '.[research]' there")
+
+
+def research_on_path(checkout: Path | None = None) -> bool:
+    """Put the checkout's (default: this one's) ``research/`` on the import path; False where
+    there is none (an installed wheel holds no research harness)."""
+    checkout = CHECKOUT if checkout is None else checkout
+    if not (checkout / "research" / "__init__.py").is_file():
+        return False
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    return True
 
 
 def _install_hint(extras: tuple[str, ...]) -> str:
@@ -85,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpsketch: unknown command {name!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     module_name, _, extras = COMMANDS[name]
+    if module_name.startswith("research.") and not research_on_path():
+        print(f"dpsketch {name}: {RESEARCH_MISSING}", file=sys.stderr)
+        return 2
     wants_help = any(a in ("-h", "--help") for a in rest)  # help needs no extra
     missing = [] if wants_help or not extras else missing_distributions(extras)
     if missing:

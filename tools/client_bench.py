@@ -57,7 +57,7 @@ def bench_encryption(n: int = 20_000, d: int = 6, n_servers: int = 3) -> dict[st
     """Bytes per row and microseconds per row (all ``n_servers`` shares of it) to build the
     upload bodies of ``n`` rows of ``d`` columns in plaintext, and to seal them to fresh X25519
     keys (client side) and open them again (server side, ``envelope.open_batch``), as one
-    version 3 batch per server (``sealed``, the one sealed layout); no network. Times are CPU seconds of
+    version 4 batch per server (``sealed``, the one sealed layout); no network. Times are CPU seconds of
     this process (``time.process_time``), less disturbed than wall time by other work."""
     from cryptography.hazmat.primitives.asymmetric import x25519
 
@@ -73,7 +73,7 @@ def bench_encryption(n: int = 20_000, d: int = 6, n_servers: int = 3) -> dict[st
         "plaintext": {"bytes_per_row": sum(map(len, plain)) / n, "encode_us_per_row": (t1 - t0) * us}}
     keys = [envelope.generate_private_key() for _ in range(n_servers)]
     private = [x25519.X25519PrivateKey.from_private_bytes(k) for k in keys]
-    for name, version in (("sealed", envelope.VERSION_3),):  # the per-record versions 1 and 2 were dropped
+    for name, version in (("sealed", envelope.VERSION_4),):  # the one sealed layout (1 to 3 were dropped)
         recipients = [envelope.Recipient(f"s{j + 1}", envelope.public_key_of(k), version=version)
                       for j, k in enumerate(keys)]
         t2 = time.process_time()

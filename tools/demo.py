@@ -138,7 +138,7 @@ def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.
     from tqdm import tqdm
 
     from analyzer.client import AnalyzerClient
-    from analyzer.evaluation import compare, default_alpha
+    from analyzer.error_ratios import compare, default_alpha
     from analyzer.release import release_from_values
     from client_sdk import Client
     from dpsketch.protocol import Study

@@ -154,3 +154,99 @@ class NormBound(Circuit):
     def describe(self) -> dict:
         return {**super().describe(), "w": self.w, "beta": self.beta, "q": self.q, "r2": self.r2,
                 "H": self.half, "slack_digits": self.slack_digits}
+
+
+def _range_over(columns: np.ndarray, n: int, beta: int, count: int | None) -> GadgetCalls:
+    """ParallelSum(Range(beta), count, weighted) over the given input columns (in order): call
+    k, slot j reads columns[k count + j] (slots past the end read 0, in range for every beta)."""
+    items = len(columns)
+    count = count or best_count(items, 1, beta, True)
+    calls = -(-items // count)
+    return GadgetCalls(ParallelSum(Range(beta), count, weighted=True), calls,
+                       Affine.build(calls * count, n, np.arange(items), columns, np.ones(items, dtype=np.int64)))
+
+
+class OneHotNorm(Circuit):
+    """A histogram report: x_i = unit b_i + e_i with b one-hot in each block of cells (``blocks``:
+    (start, length) pairs covering the w cells; one block for a histogram over one grid, one per
+    axis for a marginal histogram), and integer noise e with every |e_i| < H = beta^q / 2 and
+    sum e_i^2 <= R^2.
+
+    Input: the w bits b_i, then the q base-beta digits of e_i + H for each cell, then the q_s
+    digits of the slack R^2 - sum e_i^2. Checks: every bit in {0, 1} (Range(2)), every digit in
+    range, each block's bits sum to 1, and the norm equation (as :class:`NormBound`; w H^2 +
+    beta^(q_s) <= p is required, so nothing wraps). x is affine in the input
+    (:attr:`coordinates`): what the servers aggregate."""
+
+    name = "OneHotNorm"
+
+    def __init__(self, w: int, blocks: list[tuple[int, int]], unit: int, beta: int, q: int, r2: int):
+        if w < 1 or q < 1 or r2 < 0 or unit < 1:
+            raise ValueError("need w >= 1, q >= 1, R^2 >= 0 and unit >= 1")
+        if sorted(blocks) != blocks or sum(length for _, length in blocks) != w or any(
+                start != sum(length for _, length in blocks[:i]) for i, (start, _) in enumerate(blocks)):
+            raise ValueError("the blocks must cover the w cells in order, without overlap")
+        self.w, self.blocks, self.unit, self.beta, self.q, self.r2 = w, list(blocks), int(unit), beta, q, int(r2)
+        self.half = beta ** q // 2
+        self.slack_digits = 1
+        while beta ** self.slack_digits <= self.r2:
+            self.slack_digits += 1
+        if w * self.half ** 2 + beta ** self.slack_digits > P:
+            raise ValueError("w H^2 + beta^q_s exceeds p: the noise's norm could wrap around mod p")
+        n = w + w * q + self.slack_digits
+        bits = _range_over(np.arange(w), n, 2, None)
+        digits = _range_over(np.arange(w, n), n, beta, None)
+        count = best_count(w, 2, 2, False)
+        calls = -(-w // count)
+        i = np.repeat(np.arange(w), q)  # cell of each noise digit
+        digit = w + np.arange(w * q)
+        weight = [beta ** m for m in range(q)] * w
+        squares = GadgetCalls(ParallelSum(Mul(), count, weighted=False), calls,
+                              Affine.build(2 * calls * count, n, np.concatenate([2 * i, 2 * i + 1]),
+                                           np.concatenate([digit, digit]), weight * 2,
+                                           const={r: -self.half for r in range(2 * w)}))
+        c_bits, c_digits = bits.calls, digits.calls
+        ranged = c_bits + c_digits
+        nb = len(blocks)
+        rows = ranged + nb + 1  # range checks, one per block, the norm equation
+        out_r = np.concatenate([np.arange(ranged), np.full(calls, ranged + nb)])
+        out_c = np.concatenate([np.arange(ranged), ranged + np.arange(calls)])
+        checks_out = Affine.build(rows, ranged + calls, out_r, out_c, np.ones(ranged + calls, dtype=np.int64))
+        in_r = [ranged + b for b, (start, length) in enumerate(blocks) for _ in range(length)]
+        in_c = [start + j for start, length in blocks for j in range(length)]
+        in_r += [ranged + nb] * self.slack_digits
+        in_c += list(w + w * q + np.arange(self.slack_digits))
+        in_v = [1] * w + [beta ** m for m in range(self.slack_digits)]
+        const = {ranged + b: -1 for b in range(nb)}
+        const[ranged + nb] = -self.r2
+        checks_in = Affine.build(rows, n, in_r, in_c, in_v, const=const)
+        super().__init__(n, [bits, digits, squares], checks_in, checks_out)
+        #: x (m, w) = unit b + e, from the input (or a share of it, with const_scale 1/N)
+        self.coordinates = Affine.build(w, n, np.concatenate([np.arange(w), i]),
+                                        np.concatenate([np.arange(w), digit]),
+                                        [self.unit] * w + weight, const={r: -self.half for r in range(w)})
+
+    def encode(self, onehot, noise) -> np.ndarray:
+        """One-hot rows (m, w) of 0/1 and noise (m, w) integers -> (m, n) input (ValueError for
+        a row outside the predicate)."""
+        b = np.asarray(onehot)
+        e = np.asarray(noise)
+        if b.shape != e.shape or b.ndim != 2 or b.shape[1] != self.w or e.dtype.kind not in "iu":
+            raise ValueError(f"one-hot rows and noise are (m, {self.w}), the noise integers")
+        b = b.astype(np.int64)
+        if ((b != 0) & (b != 1)).any() or any((b[:, s:s + n].sum(axis=1) != 1).any() for s, n in self.blocks):
+            raise ValueError("every block of a row must hold exactly one 1")
+        e = e.astype(np.int64)
+        if e.size and (e.min() < -self.half or e.max() >= self.half):
+            raise ValueError(f"a noise value is outside [-{self.half}, {self.half})")
+        mag = np.abs(e).astype(np.uint64)
+        norm2 = (mag * mag).sum(axis=1, dtype=np.uint64)
+        if (norm2 > np.uint64(self.r2)).any():
+            raise ValueError("a row's noise exceeds the norm bound")
+        slack = np.uint64(self.r2) - norm2
+        return np.concatenate([b.astype(np.uint64), to_digits((e + self.half).astype(np.uint64), self.beta, self.q),
+                               to_digits(slack[:, None], self.beta, self.slack_digits)], axis=1)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "w": self.w, "blocks": self.blocks, "unit": self.unit, "beta": self.beta,
+                "q": self.q, "r2": self.r2, "H": self.half, "slack_digits": self.slack_digits}

@@ -15,32 +15,36 @@ of one of two HPKE (RFC 9180, base mode) suites:
 
 One layout has the media type ``application/x-dpsketch-sealed``:
 
-* **Version 3**: one *batch*. Its header seals a fresh 32-byte batch secret with HPKE
-  single-shot, once per batch and server, with ``info`` binding the study, the server, the batch id, the key id, the version,
-  the suite, the record kind and the record count; every record is then the report id and its
-  plaintext sealed with ChaCha20-Poly1305 under a key derived (HKDF-SHA256) from the secret and
-  the whole header, with the record's index as its nonce and the header's transcript and the
-  report id as its associated data. So a record opens only in its own batch, at its own place,
-  under its own report id, at the server and study it was sealed for; a batch opens only whole
-  (its record count is sealed). One KEM per batch instead of one per record::
+* **Version 4**: one *batch*. Its header seals a fresh 32-byte batch secret with HPKE
+  single-shot, once per batch and server, with ``info`` binding the study, the server, the batch
+  id, the key id, the version, the suite, the record kind and the record count. Then come the
+  report ids of the records in the clear, then all the records' plaintexts sealed as one message
+  with ChaCha20-Poly1305 under a key derived (HKDF-SHA256) from the secret and the whole header,
+  whose associated data is the header's transcript followed by every report id in order. So a
+  record opens only in its own batch, at its own place, under its own report id, at the server
+  and study it was sealed for, and a batch opens only whole: one KEM and one AEAD per batch and
+  server, whatever the number of records (issue 46: the AEAD per record of version 3 was most
+  of a sealed upload's CPU)::
 
-      batch_id (16) | key_id (8) | 0x80 (1) | version (1) = 0x03 | kem_id (2) | kdf_id (2)
+      batch_id (16) | key_id (8) | 0x80 (1) | version (1) = 0x04 | kem_id (2) | kdf_id (2)
         | aead_id (2) | content (1) | count (4) | enc (Nenc) | wrapped secret (48)
-      then count records:  report_id (16) | ciphertext (len(plaintext) + 16)
+      then  report_id_0 .. report_id_{count-1}  (16 each)
+      then  ChaCha20-Poly1305 of plaintext_0 || .. || plaintext_{count-1}  (count * P + 16)
 
-      context3   = study_id (32) || len(server_id) (1) || server_id || header[0:37]
-      info3      = "dpsketch/sealed/3" || SHA-256(context3)                            (49 bytes)
-      enc || wrapped = HPKE.Seal(pk, info3, secret)                     (single shot, empty aad)
+      context4   = study_id (32) || len(server_id) (1) || server_id || header[0:37]
+      info4      = "dpsketch/sealed/4" || SHA-256(context4)                            (49 bytes)
+      enc || wrapped = HPKE.Seal(pk, info4, secret)                     (single shot, empty aad)
       transcript = SHA-256(study_id || len(server_id) || server_id || header)     (the whole header)
-      key        = HKDF-SHA256(salt = none, ikm = secret, info = "dpsketch/sealed/3/records" || transcript, 32)
-      record i   = report_id_i || ChaCha20-Poly1305(key, nonce = i as 12 bytes big-endian,
-                                                    aad = transcript || report_id_i, plaintext_i)
+      key        = HKDF-SHA256(salt = none, ikm = secret, info = "dpsketch/sealed/4/records" || transcript, 32)
+      sealed     = ChaCha20-Poly1305(key, nonce = 12 zero bytes, aad = transcript || report ids,
+                                     plaintext_0 || .. || plaintext_{count-1})
 
 Versions 1 and 2, one HPKE seal per record, were dropped before any release used them (issue
 41): each record cost the server a KEM (a 2.8 MiB version 1 body 1.1 s of CPU, against 0.05 s as
-one version 3 batch), and they were opened before the upload's quota was checked, so a replayed
-body cost that CPU indefinitely. A body in either layout is refused as malformed, before any
-decryption (:func:`open_batch`); their bytes are recognised only to say so.
+one batch), and they were opened before the upload's quota was checked, so a replayed body cost
+that CPU indefinitely. Version 3 (one HPKE seal per batch, then an AEAD per record) was replaced
+by version 4 before any release too (issue 46). A body in any of these layouts is refused as
+malformed, before any decryption (:func:`open_batch`); their bytes are recognised only to say so.
 
 Why ``info`` and not HPKE's associated data for the header: the single-shot API of the
 ``cryptography`` package (``hpke.Suite.encrypt``) takes no AAD, only ``info``; ``info`` enters
@@ -85,27 +89,37 @@ SUITE_NAME = "DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, ChaCha20-Poly1305"
 PQ_KEM_ID = 0x647A
 PQ_SUITE_NAME = "MLKEM768-X25519, HKDF-SHA256, ChaCha20-Poly1305"
 
-INFO_LABEL_V3 = b"dpsketch/sealed/3"
-#: HKDF ``info`` label of a version 3 batch's record key (followed by the batch's transcript).
-RECORD_KEY_LABEL = b"dpsketch/sealed/3/records"
-VERSION_3 = 3
+INFO_LABEL = b"dpsketch/sealed/4"
+#: HKDF ``info`` label of a batch's record key (followed by the batch's transcript).
+RECORD_KEY_LABEL = b"dpsketch/sealed/4/records"
+VERSION_4 = 4
 #: Every sealed layout this code seals and opens (published in ``/v1/info`` as ``hpke.versions``).
-VERSIONS = (VERSION_3,)
-#: Byte 24 of a version 3 body (0x80, then the version byte 3).
+VERSIONS = (VERSION_4,)
+#: Layouts recognised only to be refused by name (1 and 2: an HPKE seal per record, issue 41; 3:
+#: an AEAD per record, issue 46).
+DROPPED_VERSIONS = {1: "one HPKE seal per record", 2: "one HPKE seal per record",
+                    3: "one AEAD per record"}
+#: Byte 24 of a batch body (0x80, then the version byte).
 EXTENDED = 0x80
 KEY_ID_BYTES = 8
 PUBLIC_KEY_BYTES = 32
 ENC_BYTES = 32
 TAG_BYTES = 16
-#: A version 3 batch header before ``enc``: batch id, key id, 0x80, version, suite ids, content, count.
+#: A batch header before ``enc``: batch id, key id, 0x80, version, suite ids, content, count.
 BATCH_ID_BYTES = 16
 COUNT_BYTES = 4
-V3_FIXED_BYTES = BATCH_ID_BYTES + KEY_ID_BYTES + 1 + 1 + 6 + 1 + COUNT_BYTES  # 37
-#: The batch secret a version 3 header seals, and its HPKE ciphertext (the secret and a tag).
+FIXED_BYTES = BATCH_ID_BYTES + KEY_ID_BYTES + 1 + 1 + 6 + 1 + COUNT_BYTES  # 37
+#: The batch secret a header seals, and its HPKE ciphertext (the secret and a tag).
 SECRET_BYTES = 32
 WRAPPED_BYTES = SECRET_BYTES + TAG_BYTES
-NONCE_BYTES = 12
+#: The nonce of a batch's one record message: its key is the batch's own (a fresh secret and
+#: the transcript), used for that one message only.
+RECORDS_NONCE = bytes(12)
 MAX_BATCH_RECORDS = 2**32 - 1
+#: The most plaintext bytes one batch seals (count * P): the ``cryptography`` package's AEADs
+#: take messages of at most 2^31 - 1 bytes, the ciphertext and its tag included. A server's
+#: request size limit (64 MiB by default) refuses far smaller bodies first.
+MAX_BATCH_PLAINTEXT_BYTES = 2**31 - 1 - TAG_BYTES
 
 SEED_BYTES = 32
 MLKEM_SEED_BYTES = 64
@@ -122,7 +136,7 @@ class UnknownSuite(SealError):
 
 
 class MalformedSealedBatch(ValueError):
-    """A body that is not one well-formed version 3 sealed batch."""
+    """A body that is not one well-formed version 4 sealed batch."""
 
 
 # --- suites ----------------------------------------------------------------------------------
@@ -275,37 +289,33 @@ def _server_bytes(server_id: str) -> bytes:
     return bytes([len(sid)]) + sid
 
 
-def info_v3(study_id: str, server_id: str, fixed: bytes) -> bytes:
-    """The HPKE ``info`` of a version 3 batch header: ``"dpsketch/sealed/3" || SHA-256(study_id
-    || len(server_id) || server_id || fixed)``, ``fixed`` the header's first 37 bytes (batch id,
-    key id, 0x80, version, suite ids, content, count)."""
-    if len(fixed) != V3_FIXED_BYTES:
-        raise ValueError(f"a version 3 header has {V3_FIXED_BYTES} bytes before enc")
-    return INFO_LABEL_V3 + hashlib.sha256(_study_bytes(study_id) + _server_bytes(server_id) + fixed).digest()
+def info_v4(study_id: str, server_id: str, fixed: bytes) -> bytes:
+    """The HPKE ``info`` of a batch header: ``"dpsketch/sealed/4" || SHA-256(study_id ||
+    len(server_id) || server_id || fixed)``, ``fixed`` the header's first 37 bytes (batch id, key
+    id, 0x80, version, suite ids, content, count)."""
+    if len(fixed) != FIXED_BYTES:
+        raise ValueError(f"a batch header has {FIXED_BYTES} bytes before enc")
+    return INFO_LABEL + hashlib.sha256(_study_bytes(study_id) + _server_bytes(server_id) + fixed).digest()
 
 
-def transcript_v3(study_id: str, server_id: str, header: bytes) -> bytes:
+def transcript_v4(study_id: str, server_id: str, header: bytes) -> bytes:
     """SHA-256 of ``study_id || len(server_id) || server_id || header``, the whole batch header
-    (``enc`` and the wrapped secret included): what every record's key and associated data bind."""
+    (``enc`` and the wrapped secret included): what the records' key and associated data bind."""
     return hashlib.sha256(_study_bytes(study_id) + _server_bytes(server_id) + bytes(header)).digest()
 
 
 def record_key(secret: bytes, transcript: bytes) -> bytes:
-    """The ChaCha20-Poly1305 key of a version 3 batch's records: HKDF-SHA256 (RFC 5869) of the
-    batch secret, no salt, ``info`` = "dpsketch/sealed/3/records" || transcript, 32 bytes."""
+    """The ChaCha20-Poly1305 key of a batch's records: HKDF-SHA256 (RFC 5869) of the batch
+    secret, no salt, ``info`` = "dpsketch/sealed/4/records" || transcript, 32 bytes."""
     if len(secret) != SECRET_BYTES or len(transcript) != 32:
         raise ValueError(f"a batch secret and a transcript are {SECRET_BYTES} and 32 bytes")
     return HKDF(hashes.SHA256(), SECRET_BYTES, None, RECORD_KEY_LABEL + transcript).derive(secret)
 
 
-def record_nonce(index: int) -> bytes:
-    """Record ``index``'s nonce (0-based): the index as 12 bytes, big-endian."""
-    return index.to_bytes(NONCE_BYTES, "big")
-
-
-def record_aad(transcript: bytes, report_id: bytes) -> bytes:
-    """A version 3 record's associated data: the batch transcript, then its report id."""
-    return transcript + report_id
+def records_aad(transcript: bytes, report_ids: bytes | bytearray | memoryview) -> bytes:
+    """The records' associated data: the batch transcript, then every report id in order (what
+    binds each record's plaintext, at its place, to its report id)."""
+    return transcript + bytes(report_ids)
 
 
 # --- sizes -----------------------------------------------------------------------------------
@@ -325,40 +335,48 @@ def plaintext_bytes(content: int, width: int, n_servers: int) -> int:
     return binding.proof_bytes(n_servers) + payload_bytes(content, width)
 
 
-def _version_3(version: int) -> None:
-    if version != VERSION_3:
-        raise ValueError(f"sealed layout version {version} is not sealed or opened any more: version 3 "
-                         f"batches only (versions 1 and 2 were dropped, issue 41)")
+def _version_4(version: int) -> None:
+    if version != VERSION_4:
+        raise ValueError(f"sealed layout version {version} is not sealed or opened any more: version 4 "
+                         f"batches only (versions 1 and 2 were dropped in issue 41, 3 in issue 46)")
 
 
 def batch_header_bytes(suite: SealingSuite = CLASSICAL) -> int:
-    """A version 3 batch's header: 117 bytes classical, 1205 post-quantum."""
-    return V3_FIXED_BYTES + suite.enc_bytes + WRAPPED_BYTES
+    """A batch's header: 117 bytes classical, 1205 post-quantum."""
+    return FIXED_BYTES + suite.enc_bytes + WRAPPED_BYTES
 
 
-def overhead_bytes(suite: SealingSuite = CLASSICAL, version: int = VERSION_3) -> int:
-    """Bytes a sealed record adds to the plaintext record: 16 (its tag; the batch adds its
-    header, ``batch_header_bytes``, once)."""
-    _version_3(version)
-    return TAG_BYTES
+def batch_overhead_bytes(suite: SealingSuite = CLASSICAL) -> int:
+    """What sealing adds to a plaintext batch body, once per batch: its header and the records'
+    one tag (133 bytes classical, 1221 post-quantum)."""
+    return batch_header_bytes(suite) + TAG_BYTES
+
+
+def overhead_bytes(suite: SealingSuite = CLASSICAL, version: int = VERSION_4) -> int:
+    """Bytes a sealed record adds to the plaintext record: none (a record is its report id and
+    its plaintext's ciphertext, as long as the plaintext; the batch adds
+    :func:`batch_overhead_bytes` once)."""
+    _version_4(version)
+    return 0
 
 
 def record_bytes(content: int, width: int, n_servers: int, suite: SealingSuite = CLASSICAL,
-                 version: int = VERSION_3) -> int:
-    """One record of a batch: its report id, then its proof and payload sealed (with a tag)."""
-    _version_3(version)
-    return REPORT_ID_BYTES + plaintext_bytes(content, width, n_servers) + TAG_BYTES
+                 version: int = VERSION_4) -> int:
+    """One record's bytes in a batch: its report id and its sealed proof and payload (the
+    records' one tag is counted once per batch, :func:`body_bytes`)."""
+    _version_4(version)
+    return REPORT_ID_BYTES + plaintext_bytes(content, width, n_servers)
 
 
 def body_bytes(content: int, width: int, n_servers: int, m: int, suite: SealingSuite = CLASSICAL,
-               version: int = VERSION_3) -> int:
+               version: int = VERSION_4) -> int:
     """The size of a sealed body of ``m`` records."""
-    return batch_header_bytes(suite) + m * record_bytes(content, width, n_servers, suite, version)
+    return batch_overhead_bytes(suite) + m * record_bytes(content, width, n_servers, suite, version)
 
 
 def default_version(suite: SealingSuite) -> int:
-    """The layout ``seal_batch`` uses: version 3, for either suite (the only one)."""
-    return VERSION_3
+    """The layout ``seal_batch`` uses: version 4, for either suite (the only one)."""
+    return VERSION_4
 
 
 # --- seal ------------------------------------------------------------------------------------
@@ -372,7 +390,7 @@ class Recipient:
     server_id: str
     public_key: bytes
     suite: SealingSuite = CLASSICAL
-    version: int = VERSION_3
+    version: int = VERSION_4
 
     @property
     def key_id(self) -> bytes:
@@ -381,8 +399,8 @@ class Recipient:
 
 @dataclass(frozen=True)
 class BatchHeader:
-    """A version 3 batch header. ``sealed_secret`` is ``enc || wrapped``, what HPKE's single-shot
-    seal of the 32-byte batch secret returns."""
+    """A batch header. ``sealed_secret`` is ``enc || wrapped``, what HPKE's single-shot seal of
+    the 32-byte batch secret returns."""
 
     batch_id: bytes
     key_id: bytes
@@ -392,40 +410,50 @@ class BatchHeader:
     sealed_secret: bytes
 
     def fixed(self) -> bytes:
-        """The 37 bytes before ``enc`` (what ``info_v3`` binds)."""
-        return (self.batch_id + self.key_id + bytes([EXTENDED, VERSION_3]) + self.suite.ids
+        """The 37 bytes before ``enc`` (what ``info_v4`` binds)."""
+        return (self.batch_id + self.key_id + bytes([EXTENDED, VERSION_4]) + self.suite.ids
                 + bytes([self.content]) + self.count.to_bytes(COUNT_BYTES, "big"))
 
 
-def seal_records(secret: bytes, transcript: bytes, report_ids: Sequence[bytes],
-                 plaintexts: Sequence[bytes | memoryview]) -> bytes:
-    """A version 3 batch's records (deterministic given the secret and the transcript)."""
-    if any(len(rid) != REPORT_ID_BYTES for rid in report_ids):
+def _joined(parts: Sequence[bytes | memoryview] | bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+    return parts if isinstance(parts, (bytes, bytearray, memoryview)) else b"".join(parts)
+
+
+def seal_records(secret: bytes, transcript: bytes, report_ids: Sequence[bytes] | bytes,
+                 plaintexts: Sequence[bytes | memoryview] | bytes | memoryview) -> bytes:
+    """A batch's records (deterministic given the secret and the transcript): the report ids
+    (a sequence of 16-byte ids, or their concatenation), then the plaintexts (a sequence, or
+    their concatenation) sealed as one ChaCha20-Poly1305 message."""
+    ids = _joined(report_ids)
+    if len(ids) % REPORT_ID_BYTES or (not isinstance(report_ids, (bytes, bytearray, memoryview))
+                                      and any(len(rid) != REPORT_ID_BYTES for rid in report_ids)):
         raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes")
-    encrypt = ChaCha20Poly1305(record_key(secret, transcript)).encrypt
-    out = [rid + encrypt(record_nonce(i), pt, record_aad(transcript, rid))
-           for i, (rid, pt) in enumerate(zip(report_ids, plaintexts))]
-    return b"".join(out)
+    sealed = ChaCha20Poly1305(record_key(secret, transcript)).encrypt(
+        RECORDS_NONCE, _joined(plaintexts), records_aad(transcript, ids))
+    return bytes(ids) + sealed
 
 
-def _seal_v3(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
-             plaintexts: Sequence[bytes | memoryview]) -> bytes:
-    """One version 3 batch: a fresh batch id and secret, one HPKE seal of the secret, then the
-    records."""
-    m = len(report_ids)
+def _seal_v4(recipient: Recipient, study_id: str, ids: bytes, content: int, plain: bytes | memoryview,
+             plaintext_len: int) -> bytes:
+    """One batch: a fresh batch id and secret, one HPKE seal of the secret, then the report ids
+    ``ids`` (concatenated) and the concatenated plaintexts ``plain`` sealed as one message."""
+    m = len(ids) // REPORT_ID_BYTES
     if not 1 <= m <= MAX_BATCH_RECORDS:
         raise ValueError(f"a sealed batch holds 1 to {MAX_BATCH_RECORDS} records, not {m}")
     payload_bytes(content, 1)  # a known kind
-    if len({len(pt) for pt in plaintexts}) != 1:
-        raise ValueError("the records of a batch have plaintexts of one length")
+    if len(ids) != m * REPORT_ID_BYTES or len(plain) != m * plaintext_len:
+        raise ValueError("one plaintext of one length per 16-byte report id")
+    if len(plain) > MAX_BATCH_PLAINTEXT_BYTES:
+        raise ValueError(f"a sealed batch seals at most {MAX_BATCH_PLAINTEXT_BYTES} bytes of plaintext, "
+                         f"not {len(plain)}: seal it as several batches")
     suite = recipient.suite
     pk = suite.load_public_key(recipient.public_key)
     secret = os.urandom(SECRET_BYTES)
     head = BatchHeader(os.urandom(BATCH_ID_BYTES), recipient.key_id, suite, content, m, b"")
     fixed = head.fixed()
-    header = fixed + suite.hpke_suite.encrypt(secret, pk, info=info_v3(study_id, recipient.server_id, fixed))
-    transcript = transcript_v3(study_id, recipient.server_id, header)
-    return header + seal_records(secret, transcript, report_ids, plaintexts)
+    header = fixed + suite.hpke_suite.encrypt(secret, pk, info=info_v4(study_id, recipient.server_id, fixed))
+    transcript = transcript_v4(study_id, recipient.server_id, header)
+    return header + seal_records(secret, transcript, ids, plain)
 
 
 def seal(recipient: Recipient, study_id: str, report_id: bytes, content: int, plaintext: bytes,
@@ -436,18 +464,25 @@ def seal(recipient: Recipient, study_id: str, report_id: bytes, content: int, pl
 
 def seal_batch(recipient: Recipient, study_id: str, report_ids: Sequence[bytes], content: int,
                plaintexts: Sequence[bytes | memoryview], version: int | None = None) -> bytes:
-    """A sealed body: one version 3 batch, ``plaintexts[i]`` (a proof and a payload) sealed under
-    ``report_ids[i]``. ``version``: 3 (the default, ``recipient.version``), or ValueError."""
+    """A sealed body: one batch, ``plaintexts[i]`` (a proof and a payload) sealed under
+    ``report_ids[i]``. ``version``: 4 (the default, ``recipient.version``), or ValueError."""
     if len(report_ids) != len(plaintexts):
         raise ValueError("one plaintext per report id")
-    _version_3(recipient.version if version is None else version)
-    return _seal_v3(recipient, study_id, report_ids, content, plaintexts)
+    _version_4(recipient.version if version is None else version)
+    if any(len(rid) != REPORT_ID_BYTES for rid in report_ids):
+        raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes")
+    lengths = {len(pt) for pt in plaintexts}
+    if len(lengths) > 1:
+        raise ValueError("the records of a batch have plaintexts of one length")
+    return _seal_v4(recipient, study_id, b"".join(report_ids), content, b"".join(plaintexts),
+                    lengths.pop() if lengths else 0)
 
 
 def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str, width: int,
               n_servers: int, version: int | None = None) -> bytes:
     """Seal a plaintext batch body (``application/x-dpsketch-shares`` or ``-seeds``): the sealed
-    body holds the same reports, in the same order, with the same proofs and payloads."""
+    body holds the same reports, in the same order, with the same proofs and payloads. The
+    body's ids and plaintexts are cut apart as two array copies, and sealed in one AEAD call."""
     from .messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, record_bytes as plain_record_bytes
 
     if media_type == SHARES_MEDIA_TYPE:
@@ -456,23 +491,22 @@ def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str,
         content = CONTENT_SEED
     else:
         raise ValueError(f"cannot seal a body of type {media_type!r}")
+    _version_4(recipient.version if version is None else version)
     record = plain_record_bytes(media_type, width, n_servers)
     if not body or len(body) % record:
         raise ValueError(f"not a whole number of {record}-byte records")
-    view = memoryview(body)
-    starts = range(0, len(body), record)
-    ids = [bytes(view[i:i + REPORT_ID_BYTES]) for i in starts]
-    plaintexts = [view[i + REPORT_ID_BYTES:i + record] for i in starts]
-    return seal_batch(recipient, study_id, ids, content, plaintexts, version)
+    rows = np.frombuffer(body, dtype=np.uint8).reshape(-1, record)
+    return _seal_v4(recipient, study_id, rows[:, :REPORT_ID_BYTES].tobytes(), content,
+                    rows[:, REPORT_ID_BYTES:].tobytes(), record - REPORT_ID_BYTES)
 
 
 # --- parse and open --------------------------------------------------------------------------
 
 
 def is_batch(body: bytes) -> bool:
-    """Whether a sealed body is a version 3 batch (byte 24 is 0x80 and byte 25 is 3)."""
+    """Whether a sealed body is a version 4 batch (byte 24 is 0x80 and byte 25 is 4)."""
     at = REPORT_ID_BYTES + KEY_ID_BYTES
-    return len(body) > at + 1 and body[at] == EXTENDED and body[at + 1] == VERSION_3
+    return len(body) > at + 1 and body[at] == EXTENDED and body[at + 1] == VERSION_4
 
 
 def _suite_of(ids: bytes, where: str) -> SealingSuite:
@@ -493,9 +527,9 @@ def _check_content(content: int, where: str) -> None:
 
 
 def check_layout(body: bytes) -> None:
-    """MalformedSealedBatch unless ``body`` starts as a version 3 batch: an empty body, or one of
-    the dropped per-record layouts (version 1: a content byte without bit 7 at byte 24; version
-    2: 0x80 then version 2), is refused here, before any key is looked up or any decryption."""
+    """MalformedSealedBatch unless ``body`` starts as a version 4 batch: an empty body, or one of
+    the dropped layouts (version 1: a content byte without bit 7 at byte 24; versions 2 and 3:
+    0x80 then the version), is refused here, before any key is looked up or any decryption."""
     if not body:
         raise MalformedSealedBatch("a sealed batch holds at least one record")
     if is_batch(body):
@@ -503,37 +537,40 @@ def check_layout(body: bytes) -> None:
     at = REPORT_ID_BYTES + KEY_ID_BYTES
     marker = body[at] if len(body) > at else None
     version = body[at + 1] if marker == EXTENDED and len(body) > at + 1 else (1 if marker in (1, 2) else None)
-    if version in (1, 2):
-        raise MalformedSealedBatch(f"sealed records of version {version} (one HPKE seal per record) are "
-                                   f"not accepted any more: seal one version 3 batch (docs/sealing.md)")
-    raise MalformedSealedBatch("not a version 3 sealed batch (byte 24 must be 0x80 and byte 25 the "
-                               "version, 3)")
+    if version in DROPPED_VERSIONS:
+        raise MalformedSealedBatch(f"sealed records of version {version} ({DROPPED_VERSIONS[version]}) are "
+                                   f"not accepted any more: seal one version 4 batch (docs/sealing.md)")
+    raise MalformedSealedBatch("not a version 4 sealed batch (byte 24 must be 0x80 and byte 25 the "
+                               "version, 4)")
 
 
 def parse_batch(body: bytes, width: int, n_servers: int) -> BatchHeader:
-    """The header of a version 3 body, checked against the body's length (no decryption):
+    """The header of a batch body, checked against the body's length (no decryption):
     MalformedSealedBatch if it is short, names an unknown kind or no records, or the body is not
-    exactly its header and ``count`` records (truncated, padded or spliced); UnknownSuite for a
-    suite not known here."""
+    exactly its header, ``count`` report ids and their sealed plaintexts (truncated, padded or
+    spliced); UnknownSuite for a suite not known here."""
     check_layout(body)
-    if len(body) < V3_FIXED_BYTES:
-        raise MalformedSealedBatch(f"{len(body)} bytes: a version 3 sealed batch has a header of at "
-                                   f"least {V3_FIXED_BYTES} bytes")
+    if len(body) < FIXED_BYTES:
+        raise MalformedSealedBatch(f"{len(body)} bytes: a sealed batch has a header of at "
+                                   f"least {FIXED_BYTES} bytes")
     at = BATCH_ID_BYTES + KEY_ID_BYTES + 2
     content = body[at + 6]
     _check_content(content, "sealed batch")
     suite = _suite_of(body[at:at + 6], "sealed batch")
-    count = int.from_bytes(body[at + 7:V3_FIXED_BYTES], "big")
+    count = int.from_bytes(body[at + 7:FIXED_BYTES], "big")
     if count == 0:
         raise MalformedSealedBatch("a sealed batch holds at least one record (its count is 0)")
     head = batch_header_bytes(suite)
-    expected = head + count * record_bytes(content, width, n_servers, suite, VERSION_3)
+    expected = body_bytes(content, width, n_servers, count, suite)
     if len(body) != expected:
         raise MalformedSealedBatch(
-            f"a version 3 {suite.name} sealed batch of {count} records of kind 0x{content:02x} at "
+            f"a version 4 {suite.name} sealed batch of {count} records of kind 0x{content:02x} at "
             f"width {width} is {expected} bytes, this body is {len(body)} (truncated, padded or spliced)")
+    if count * plaintext_bytes(content, width, n_servers) > MAX_BATCH_PLAINTEXT_BYTES:
+        raise MalformedSealedBatch(f"a sealed batch seals at most {MAX_BATCH_PLAINTEXT_BYTES} bytes of "
+                                   f"plaintext; this one {count} records: send several batches")
     return BatchHeader(bytes(body[:BATCH_ID_BYTES]), bytes(body[BATCH_ID_BYTES:BATCH_ID_BYTES + KEY_ID_BYTES]),
-                       suite, content, count, bytes(body[V3_FIXED_BYTES:head]))
+                       suite, content, count, bytes(body[FIXED_BYTES:head]))
 
 
 def count_records(body: bytes, width: int, n_servers: int) -> int:
@@ -541,20 +578,17 @@ def count_records(body: bytes, width: int, n_servers: int) -> int:
 
 
 def record_ids(body: bytes, header: BatchHeader, width: int, n_servers: int) -> bytes:
-    """The report ids of a parsed batch's records, concatenated: they travel in the clear (each
-    record's associated data binds its own), so a server can judge a batch by them (the
-    upload token's quota) before any decryption."""
+    """The report ids of a parsed batch's records, concatenated: they travel in the clear (the
+    records' associated data binds them), so a server can judge a batch by them (the upload
+    token's quota) before any decryption."""
     head = batch_header_bytes(header.suite)
-    size = record_bytes(header.content, width, n_servers, header.suite)
-    rows = np.frombuffer(body, dtype=np.uint8, offset=head).reshape(header.count, size)
-    return rows[:, :REPORT_ID_BYTES].tobytes()
+    return bytes(body[head:head + header.count * REPORT_ID_BYTES])
 
 
 def split_body(body: bytes, width: int, n_servers: int) -> tuple[bytes, bytes]:
     """A sealed batch does not cut in two (its count and order are sealed): ValueError. Seal
     each half of its plaintext again."""
-    raise ValueError("a version 3 sealed batch cannot be cut in two: seal each half of its "
-                     "plaintext again")
+    raise ValueError("a sealed batch cannot be cut in two: seal each half of its plaintext again")
 
 
 def _check_suite(key, kid: bytes, suite: SealingSuite, what: str):
@@ -574,10 +608,10 @@ def _key_of(private_key_for: Callable[[bytes], Any], kid: bytes, suite: SealingS
 
 
 def open_secret(private_key, study_id: str, server_id: str, header: BatchHeader) -> bytes:
-    """A version 3 batch's secret (HPKE single-shot open of its header under ``info_v3``)."""
+    """A batch's secret (HPKE single-shot open of its header under ``info_v4``)."""
     try:
         secret = header.suite.hpke_suite.decrypt(header.sealed_secret, private_key,
-                                                 info=info_v3(study_id, server_id, header.fixed()))
+                                                 info=info_v4(study_id, server_id, header.fixed()))
     except InvalidTag:
         raise SealError(f"sealed batch {header.batch_id.hex()}: its key does not open here (sealed "
                         f"for another server or study, or its header altered in transit)") from None
@@ -587,56 +621,50 @@ def open_secret(private_key, study_id: str, server_id: str, header: BatchHeader)
 
 
 def open_records(secret: bytes, transcript: bytes, records: bytes | memoryview, count: int, plaintext_len: int,
-                 batch_id: bytes = b"", first: int = 0) -> tuple[list[bytes], bytes]:
-    """The report ids and the concatenated plaintexts of ``count`` records of a version 3 batch,
-    its records ``first`` to ``first + count - 1`` (``records``: those records' bytes; by default
-    the whole body after the header). SealError naming the first record that does not open:
-    moved from another batch, to another place or report id, or altered."""
-    decrypt = ChaCha20Poly1305(record_key(secret, transcript)).decrypt
-    size = REPORT_ID_BYTES + plaintext_len + TAG_BYTES
+                 batch_id: bytes = b"") -> tuple[bytes, bytes]:
+    """The concatenated report ids and plaintexts of a batch's ``count`` records (``records``:
+    the body after its header), in one AEAD call. SealError if they do not open: a record moved
+    from another batch, to another place or under another report id, one dropped or added, or
+    bytes altered (one tag covers them all, so the batch is refused whole, not a record)."""
     view = memoryview(records)
-    starts = range(0, count * size, size)
-    ids = [bytes(view[p:p + REPORT_ID_BYTES]) for p in starts]
+    split = count * REPORT_ID_BYTES
+    ids = bytes(view[:split])
     try:
-        out = [decrypt(record_nonce(i), view[p + REPORT_ID_BYTES:p + size], record_aad(transcript, rid))
-               for i, p, rid in zip(range(first, first + count), starts, ids)]
+        plain = ChaCha20Poly1305(record_key(secret, transcript)).decrypt(
+            RECORDS_NONCE, view[split:split + count * plaintext_len + TAG_BYTES], records_aad(transcript, ids))
     except InvalidTag:
-        for i, p, rid in zip(range(first, first + count), starts, ids):  # which one (refusals only)
-            try:
-                decrypt(record_nonce(i), view[p + REPORT_ID_BYTES:p + size], record_aad(transcript, rid))
-            except InvalidTag:
-                raise SealError(f"report {rid.hex()}: record {i} of sealed batch {batch_id.hex()} does "
-                                f"not open here (moved from another batch or place, under another "
-                                f"report id, or altered in transit)") from None
-        raise  # pragma: no cover - every record opened the second time
-    return ids, b"".join(out)
+        raise SealError(f"sealed batch {batch_id.hex()}: its records do not open here (a record moved from "
+                        f"another batch or place, dropped, added or under another report id, or bytes "
+                        f"altered in transit)") from None
+    return ids, plain
 
 
-def _upload(ids: list[bytes], plain: bytes, content: int, width: int, n_servers: int):
-    from .messages import Upload
+def _upload(ids: bytes, plain: bytes, content: int, width: int, n_servers: int):
+    from .messages import IdList, Upload
 
-    rows = np.frombuffer(plain, dtype=np.uint8).reshape(len(ids), -1)
+    m = len(ids) // REPORT_ID_BYTES
+    rows = np.frombuffer(plain, dtype=np.uint8).reshape(m, -1)
     proof_len = binding.proof_bytes(n_servers)
     proofs = np.ascontiguousarray(rows[:, :proof_len])
     payload = np.ascontiguousarray(rows[:, proof_len:])
     if content == CONTENT_SHARE:
-        payload = payload.view("<u8").reshape(len(ids), width).astype(np.uint64)
-    return Upload(ids, proofs, payload, content)
+        payload = payload.view("<u8").reshape(m, width).astype(np.uint64, copy=False)
+    return Upload(IdList(ids), proofs, payload, content)
 
 
 def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id: str,
                private_key_for: Callable[[bytes], Any]):
-    """Open a sealed body (one version 3 batch) into a ``messages.Upload`` (ids, proofs, payloads
-    of one kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private
-    key of either suite, or None. All or nothing: a body that does not parse raises
-    MalformedSealedBatch before any key is used (a body of the dropped layouts 1 and 2 too;
-    UnknownSuite for a suite not known here), a header or record that does not open SealError."""
+    """Open a sealed body (one batch) into a ``messages.Upload`` (ids, proofs, payloads of one
+    kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private key of
+    either suite, or None. All or nothing: a body that does not parse raises
+    MalformedSealedBatch before any key is used (a body of the dropped layouts 1 to 3 too;
+    UnknownSuite for a suite not known here), a header or records that do not open SealError."""
     header = parse_batch(body, width, n_servers)
     where = f"sealed batch {header.batch_id.hex()}"
     key = _key_of(private_key_for, header.key_id, header.suite, where)
     secret = open_secret(key, study_id, server_id, header)
     head = batch_header_bytes(header.suite)
-    transcript = transcript_v3(study_id, server_id, body[:head])
+    transcript = transcript_v4(study_id, server_id, body[:head])
     ids, plain = open_records(secret, transcript, memoryview(body)[head:], header.count,
                               plaintext_bytes(header.content, width, n_servers), header.batch_id)
     return _upload(ids, plain, header.content, width, n_servers)

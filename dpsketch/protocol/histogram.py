@@ -28,7 +28,7 @@ the study's row bound B. Replacing a client moves it by at most sqrt(2 m) = sqrt
 removing one by B: exactly the noise m one-axis histograms would need composed as Gaussian
 mechanisms, in one study charged once. Why not a joint grid: the grid of m axes of ~150 bins is
 150^m cells, while the marginals are 150 m, and per-column quantiles (what a pilot for bounds
-needs, ``analyzer/pilot.py``) read only the marginals.
+needs, ``analyzer/analyses/pilot.py``) read only the marginals.
 """
 
 from __future__ import annotations

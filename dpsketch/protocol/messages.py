@@ -610,10 +610,11 @@ class HpkeKeys(BaseModel):
                       "policy: classical or post-quantum")
     post_quantum: "HpkeKeys | None" = Field(
         default=None, description="the server's keys of the post-quantum suite (MLKEM768-X25519, "
-        "sealed record version 2 or 3), the same shape; null: the server offers none")
+        "sealed batches, version 4), the same shape; null: the server offers none")
     versions: list[int] | None = Field(
         default=None, description="the sealed layouts this server opens (docs/protocol.md section "
-        "7a), on the top level only; absent: 1 and 2 (a server from before version 3)")
+        "7a), on the top level only; [4] since issue 46; absent: a server from before sealed batches, "
+        "whose layouts 1 and 2 are not sealed any more")
 
 
 class ServerInfo(BaseModel):

@@ -419,6 +419,10 @@ class Study(BaseModel):
 
     @property
     def share_bytes(self) -> int:
+        """Bytes of the largest share a server stores per report: 8 width, or for a validity
+        study the leader's input and proof shares, 8 (n + P) (validity.Plan.leader_width)."""
+        if self.validity is not None:
+            return 8 * _validity.plan(self).leader_width
         return 8 * self.width
 
     @property

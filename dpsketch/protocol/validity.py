@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import binding, field, flp
-from .circuits import NormBound
+from .circuits import NormBound, OneHotNorm
 from .keystream import Keystream
 
 PREDICATE = "norm-bound/1"
@@ -86,7 +86,7 @@ class Plan:
     """What a validity study's reports are, derived from the study alone (every party computes
     the same): the circuit, the grid shift, and the sizes of each message."""
 
-    circuit: NormBound
+    circuit: NormBound | OneHotNorm
     w: int
     shift: int
     n_servers: int
@@ -132,16 +132,25 @@ def noise_grid(smallest_std: float, frac_bits: int):
 
 
 def norm_bound_units(row_bound: float, spacing: float, t: int, w: int) -> int:
-    """R^2 (grid units): (B / h + the noise allowance)^2, rounded up."""
+    """R^2 (grid units): (B / h + the noise allowance)^2, rounded up. A histogram's one-hot part
+    is proved exactly, so its bound is the allowance alone (``row_bound`` = 0)."""
     r = row_bound / spacing + norm_allowance(t, w)
     return math.ceil(r * r)
 
 
-def bound_value(study) -> float:
-    """The largest |coordinate| a valid report can have, in the study's units (R h): what the
-    overflow rule must allow per report instead of the ring's value bound."""
+def _r2(study) -> int:
     grid = study.noise_grid
-    return math.sqrt(norm_bound_units(study.row_bound, grid.spacing, grid.scale(study.sigma), study.width)) * grid.spacing
+    row = 0.0 if study.kind == "histogram" else study.row_bound
+    return norm_bound_units(row, grid.spacing, grid.scale(study.sigma), study.width)
+
+
+def bound_value(study) -> float:
+    """The largest |coordinate| a valid report can have, in the study's units: R h for a sketch
+    study, 1 + R h for a histogram (its cell plus the noise): what the overflow rule must allow
+    per report instead of the ring's value bound."""
+    spacing = study.noise_grid.spacing
+    reach = math.sqrt(_r2(study)) * spacing
+    return 1.0 + reach if study.kind == "histogram" else reach
 
 
 def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
@@ -156,10 +165,11 @@ def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
 
 
 def check_study(study) -> None:
-    """What a validity study must be (ValueError otherwise): a sketch study without parties,
-    with client noise (the allowance is the noise's), whose sums fit F_p."""
-    if study.kind != "sketch":
-        raise ValueError(f"validity proofs exist for sketch studies only, not {study.kind} studies (yet)")
+    """What a validity study must be (ValueError otherwise): a sketch study without parties or
+    a histogram study, with client noise (the allowance is the noise's), whose sums fit F_p."""
+    if study.kind not in ("sketch", "histogram"):
+        raise ValueError(f"validity proofs exist for sketch and histogram studies only, not {study.kind} "
+                         "studies (yet)")
     if study.parties is not None:
         raise ValueError("validity proofs are not yet available for a study with parties")
     if not study.sigma > 0:
@@ -167,23 +177,37 @@ def check_study(study) -> None:
     plan(study)
 
 
-@functools.lru_cache(maxsize=64)
-def _plan(w: int, shift: int, r2: int, n_servers: int) -> Plan:
+def _digits_for(r2: int) -> int:
     q = 1
     while (BETA ** q // 2) ** 2 <= r2:  # H^2 > R^2: every |u_i| <= R < H
         q += 1
+    return q
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(w: int, shift: int, r2: int, n_servers: int, blocks: tuple | None = None, unit: int = 0) -> Plan:
+    q = _digits_for(r2)
     try:
-        circuit = NormBound(w, BETA, q, r2)
+        circuit = (NormBound(w, BETA, q, r2) if blocks is None else
+                   OneHotNorm(w, [tuple(b) for b in blocks], unit, BETA, q, r2))
     except ValueError as exc:
         raise ValueError(f"no validity circuit for this study: {exc}") from None
     return Plan(circuit, w, shift, n_servers)
 
 
 def plan(study) -> Plan:
-    """The study's validity plan (cached per parameters)."""
+    """The study's validity plan (cached per parameters): NormBound for a sketch study,
+    OneHotNorm (one block of cells per axis of a marginal histogram, one for a grid) for a
+    histogram study, whose unit is one count in grid units, 2^(f - shift)."""
     grid = study.noise_grid
-    r2 = norm_bound_units(study.row_bound, grid.spacing, grid.scale(study.sigma), study.width)
-    return _plan(study.width, grid.shift, r2, study.n_servers)
+    if study.kind == "histogram":
+        spec = study.histogram
+        if spec.marginal:
+            blocks = tuple((int(o), int(n)) for o, n in zip(spec.offsets, spec.shape, strict=True))
+        else:
+            blocks = ((0, study.width),)
+        return _plan(study.width, grid.shift, _r2(study), study.n_servers, blocks, 1 << (grid.frac_bits - grid.shift))
+    return _plan(study.width, grid.shift, _r2(study), study.n_servers)
 
 
 # --- client ----------------------------------------------------------------------------------------
@@ -199,8 +223,8 @@ def grid_units(plan: Plan, encoded: np.ndarray) -> np.ndarray:
 
 
 def within(plan: Plan, units: np.ndarray) -> np.ndarray:
-    """Which rows (grid units) satisfy the predicate: an honest client redraws the noise of the
-    others (probability <= 2^-64 each)."""
+    """Which rows (grid units; a histogram's noise alone) satisfy the norm bound: an honest
+    client redraws the noise of the others (probability <= 2^-64 each)."""
     u = np.asarray(units, dtype=np.int64)
     half = plan.circuit.half
     inside = (u >= -half).all(axis=1) & (u < half).all(axis=1)
@@ -221,19 +245,26 @@ class Proved:
     seeds: list[np.ndarray | None]
 
 
-def prepare(study, encoded: np.ndarray, stream: Keystream, full: int | None = None) -> Proved:
+def prepare(study, encoded: np.ndarray, stream: Keystream, full: int | None = None,
+            onehot: np.ndarray | None = None) -> Proved:
     """Digits, sharing, binding, joint randomness, proof: how a validity study's batch of noisy
     vectors (ring-encoded, as noise.noisy_encoded makes them) becomes what its servers receive.
-    ``full``: the leader's position (default the last server)."""
+    ``full``: the leader's position (default the last server). A histogram study needs the
+    clients' one-hot rows (``onehot``, (m, w) of 0/1): its proof separates the cell from the
+    noise."""
     p = plan(study)
     n = p.n_servers
     full = n - 1 if full is None else full
     if not 0 <= full < n:
         raise ValueError(f"full={full}: a server position, 0 to {n - 1}")
     units = grid_units(p, encoded)
+    if isinstance(p.circuit, OneHotNorm):
+        if onehot is None or np.shape(onehot) != units.shape:
+            raise ValueError("a histogram study's proof needs the one-hot rows")
+        units = units - p.circuit.unit * np.asarray(onehot, dtype=np.int64)  # the noise alone
     if not within(p, units).all():
         raise ValidityError("a vector is outside the study's validity bound: redraw its noise")
-    inputs = p.circuit.encode(units)
+    inputs = p.circuit.encode(onehot, units) if isinstance(p.circuit, OneHotNorm) else p.circuit.encode(units)
     shares = flp.share_inputs(p.circuit, inputs, n, stream)
     helpers = iter(shares.helper_seeds)
     seeds: list[np.ndarray | None] = [None if j == full else next(helpers) for j in range(n)]

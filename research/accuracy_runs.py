@@ -1,5 +1,5 @@
 """Repeated runs of the sketch and gram kinds with summary statistics, and the design variants of
-issue 15, measured side by side on the same draws (``python -m analyzer.accuracy_runs``).
+issue 15, measured side by side on the same draws (``python -m research.accuracy_runs``).
 
 Every run draws one data set, one set of report ids (hence one sketch S, from the protocol hash)
 and one set of standard normals; each *variant* turns them into a release with its own noise
@@ -30,12 +30,12 @@ sketch kind (``design()``'s study: k, lambda_star, sigma, server_sigma)
 gram kind
   * ``gram``: the study as designed ([a, u(a a^T), 1], sensitivity sqrt(2 B^4 + 2 B^2 + 1/2));
   * ``gram_moments``: u(a a^T) only, sensitivity sqrt(2) B^2 (replace-one) or B^2 (add/remove),
-    the central Gram's (:func:`baselines.gram_sensitivity`): client and server noise scaled by
+    the central Gram's (:func:`simulation.gram_sensitivity`): client and server noise scaled by
     the ratio of the sensitivities (exact for replace-one, where the calibration is linear in
     Delta^2);
-  * ``central``: :func:`baselines.simulate_central` (SSP / Analyze Gauss).
+  * ``central``: :func:`simulation.simulate_central` (SSP / Analyze Gauss).
 
-Ratios are those of :mod:`analyzer.evaluation` (1 = the non-private optimum). Tables give mean,
+Ratios are those of :mod:`research.evaluation` (1 = the non-private optimum). Tables give mean,
 sample sd, median and the number of runs, and for variants the paired mean difference to
 ``today`` (or ``gram``) with its standard error. Simulation: numpy noise (never for real data).
 """
@@ -57,10 +57,11 @@ import scipy.sparse as sp
 from dpsketch.protocol import accounting, features, privacy
 from dpsketch.protocol.study import Study
 
-from . import baselines, evaluation, synthetic
-from .estimators import PCA, RidgeRegression
+from analyzer import error_ratios, simulation, synthetic
+from analyzer.estimators import PCA, RidgeRegression
+from analyzer.release import GramRelease, SketchRelease
+
 from .experiments import CLIP_QUANTILE, D, PCA_RANK, ROW_BOUND, design_study
-from .release import GramRelease, SketchRelease
 from .sketch_floor import cell_variance, ridge_floor
 
 #: The fraction of the Bai-Yin estimate the ``lambda97`` variant asks for.
@@ -124,7 +125,7 @@ class SketchDraw:
     def release(self, study: Study, rows: np.ndarray, *, secret_sign: bool = False) -> SketchRelease:
         a = rows * self.t[:, None] if secret_sign else rows
         y = np.asarray(self.S @ (a + study.sigma * self.z))
-        y = y + math.sqrt(baselines.server_noise_variance(study)) * self.e
+        y = y + math.sqrt(simulation.server_noise_variance(study)) * self.e
         return SketchRelease(study=study, sketch=y, n_reports=rows.shape[0])
 
 
@@ -170,7 +171,7 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
                                        tag1, secret_sign=False))
     d1 = SketchDraw(st1, half, rng)
     rel1 = d1.release(st1, pilot_rows, secret_sign=signed)
-    a1 = evaluation.default_alpha(half, ROW_BOUND)
+    a1 = error_ratios.default_alpha(half, ROW_BOUND)
     theta0 = ridge_coef(rel1, data.label, a1)
     g = rel1.gram(debias=True)
     fi = [i for i in range(data.d) if i != li]
@@ -181,7 +182,7 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
     x = np.delete(rest, li, axis=1)
     second = rest.copy()
     second[:, li] = b * (rest[:, li] - x @ theta0)
-    second = baselines.clip_rows(second, ROW_BOUND)
+    second = simulation.clip_rows(second, ROW_BOUND)
     m = n - half
     tag2 = (*tag, "second")
     st2 = (signed_design(list(data.columns), data.label, m, study_full.epsilon, tag2, sign_factor)
@@ -189,7 +190,7 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
                                        tag2, secret_sign=False))
     d2 = SketchDraw(st2, m, rng)
     rel2 = d2.release(st2, second, secret_sign=signed)
-    delta = ridge_coef(rel2, data.label, evaluation.default_alpha(m, ROW_BOUND))
+    delta = ridge_coef(rel2, data.label, error_ratios.default_alpha(m, ROW_BOUND))
     return theta0 + delta / b, {"b": b, "k1": st1.k, "k2": st2.k}
 
 
@@ -211,26 +212,26 @@ def sketch_run(task: str, n: int, epsilon: float, seed: int, variants: Sequence[
     study = design_study(list(data.columns), data.label, n, epsilon, "sketch", tag, secret_sign=False)
     draw = SketchDraw(study, n, rng)
     factor = sign_factor
-    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    alpha = error_ratios.default_alpha(n, ROW_BOUND)
     out: dict[str, Any] = {"task": task, "n": n, "epsilon": epsilon, "seed": seed, "k": study.k,
                            "lambda_star": study.lambda_star, "lambda_min": draw.lambda_min,
                            "ratios": {}, "notes": {}}
     if task == "ridge":
         li = data.columns.index(data.label)
         X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
-        best = evaluation.ridge_objective(X, y, evaluation.ridge_optimum(X, y, alpha), alpha)
+        best = error_ratios.ridge_objective(X, y, error_ratios.ridge_optimum(X, y, alpha), alpha)
 
         def ratio(theta: np.ndarray) -> float:
-            return evaluation.ridge_objective(X, y, theta, alpha) / best
+            return error_ratios.ridge_objective(X, y, theta, alpha) / best
 
         floor = ridge_floor(X, y, alpha, study.k,
-                            cell_variance(study.sigma, n, study.k, baselines.server_noise_variance(study)))
+                            cell_variance(study.sigma, n, study.k, simulation.server_noise_variance(study)))
         out["predicted"] = {"sketch": floor.sketch, "cross": floor.cross, "noise": floor.noise}
     else:
-        best = evaluation.pca_error(data.rows, evaluation.pca_optimum(data.rows, PCA_RANK))
+        best = error_ratios.pca_error(data.rows, error_ratios.pca_optimum(data.rows, PCA_RANK))
 
         def fit_pca(rel) -> float:
-            return evaluation.pca_error(data.rows, PCA(PCA_RANK).fit(rel).components_) / best
+            return error_ratios.pca_error(data.rows, PCA(PCA_RANK).fit(rel).components_) / best
 
     for v in variants:
         if v == "today":
@@ -277,17 +278,17 @@ def gram_run(task: str, n: int, epsilon: float, seed: int) -> dict[str, Any]:
     d = study.d
     exact = data.rows.T @ data.rows
     z = rng.standard_normal(d * (d + 1) // 2)
-    std = math.sqrt(study.sigma ** 2 * n + baselines.server_noise_variance(study))
-    ratio_m = (baselines.gram_sensitivity(study.row_bound, study.neighbouring)
+    std = math.sqrt(study.sigma ** 2 * n + simulation.server_noise_variance(study))
+    ratio_m = (simulation.gram_sensitivity(study.row_bound, study.neighbouring)
                / privacy.sensitivity(study.row_bound, study.neighbouring, "gram"))
     releases = {}
     for name, s in (("gram", std), ("gram_moments", std * ratio_m)):
         g = features.symmetric_from_upper(features.upper_triangle(exact) + s * z, d)
         releases[name] = GramRelease(columns=list(data.columns), n_reports=n, gram_matrix=g,
                                      gram_noise_scale=s * math.sqrt(2.0 * d))
-    releases["central"] = baselines.simulate_central(study, data.rows, rng)
-    alpha = evaluation.default_alpha(n, ROW_BOUND)
-    ratios = evaluation._fit_ratios(releases, data.rows, list(data.columns),
+    releases["central"] = simulation.simulate_central(study, data.rows, rng)
+    alpha = error_ratios.default_alpha(n, ROW_BOUND)
+    ratios = error_ratios.fit_ratios(releases, data.rows, list(data.columns),
                                     label=data.label if task == "ridge" else None,
                                     rank=PCA_RANK if task == "pca" else None, alpha=alpha, debias=True)[task]
     return {"task": task, "n": n, "epsilon": epsilon, "seed": seed, "kind": "gram",
@@ -328,15 +329,15 @@ def k_sweep_run(task: str, n: int, epsilon: float, seed: int, ks: Sequence[int],
     e = rng.standard_normal((max(ks), d))
     t = rng.choice(np.array([-1.0, 1.0]), size=n)
     rows = data.rows * t[:, None] if secret_sign else data.rows
-    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    alpha = error_ratios.default_alpha(n, ROW_BOUND)
     out: dict[str, Any] = {"task": task, "n": n, "epsilon": epsilon, "seed": seed, "secret_sign": secret_sign,
                            "ratios": {}, "studies": {}, "notes": {}}
     if task == "ridge":
         li = cols.index(data.label)
         X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
-        best = evaluation.ridge_objective(X, y, evaluation.ridge_optimum(X, y, alpha), alpha)
+        best = error_ratios.ridge_objective(X, y, error_ratios.ridge_optimum(X, y, alpha), alpha)
     else:
-        best = evaluation.pca_error(data.rows, evaluation.pca_optimum(data.rows, PCA_RANK))
+        best = error_ratios.pca_error(data.rows, error_ratios.pca_optimum(data.rows, PCA_RANK))
     for k in ks:
         study, _ = design(name="k", columns=cols, label=data.label, servers=["s1", "s2"], expected_reports=n,
                           epsilon=epsilon, delta=1e-6, row_bound=ROW_BOUND, k=int(k), seed="ab" * 32,
@@ -346,20 +347,20 @@ def k_sweep_run(task: str, n: int, epsilon: float, seed: int, ks: Sequence[int],
         out["studies"][str(k)] = {"sigma": study.sigma, "server_sigma": study.server_sigma,
                                   "lambda_star": study.lambda_star, "lambda_min": lam,
                                   "cell_variance": cell_variance(study.sigma, n, study.k,
-                                                                 baselines.server_noise_variance(study))}
+                                                                 simulation.server_noise_variance(study))}
         if lam - study.t < study.lambda_star:
             out["notes"][str(k)] = "certificate refused"
             continue
-        y_rel = np.asarray(S @ (rows + study.sigma * z)) + math.sqrt(baselines.server_noise_variance(study)) * e[:study.k]
+        y_rel = np.asarray(S @ (rows + study.sigma * z)) + math.sqrt(simulation.server_noise_variance(study)) * e[:study.k]
         rel = SketchRelease(study=study, sketch=y_rel, n_reports=n)
         if task == "ridge":
             for fit in fits:
                 a = alpha if fit == "bench" else None
                 coef = RidgeRegression(data.label, alpha=a).fit(rel).coef_
                 name = str(k) if fit == "bench" else f"{k}/{fit}"
-                out["ratios"][name] = evaluation.ridge_objective(X, y, coef, alpha) / best
+                out["ratios"][name] = error_ratios.ridge_objective(X, y, coef, alpha) / best
         else:
-            out["ratios"][str(k)] = evaluation.pca_error(data.rows, PCA(PCA_RANK).fit(rel).components_) / best
+            out["ratios"][str(k)] = error_ratios.pca_error(data.rows, PCA(PCA_RANK).fit(rel).components_) / best
     out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
 
@@ -382,7 +383,7 @@ def k_sweep(n: int, ks: Sequence[int], runs: int, epsilon: float = 1.0, jobs: in
     data = synthetic.regression_data(n, D, seed=0, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
     li = data.columns.index(data.label)
     X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
-    alpha = evaluation.default_alpha(n, ROW_BOUND)
+    alpha = error_ratios.default_alpha(n, ROW_BOUND)
     out = []
     for k in ks:
         first = next(r for r in done if r["task"] == "ridge")["studies"][str(k)]
@@ -419,12 +420,12 @@ def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
     ridge, pca = [], []
     for seed in range(runs):
         data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
-        ridge.append(evaluation.ridge_ratio(data.features(), data.target(), np.zeros(D),
-                                            evaluation.default_alpha(n, ROW_BOUND)))
+        ridge.append(error_ratios.ridge_ratio(data.features(), data.target(), np.zeros(D),
+                                            error_ratios.default_alpha(n, ROW_BOUND)))
         low = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
                                      row_bound=ROW_BOUND)
         q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((D, PCA_RANK)))
-        pca.append(evaluation.pca_ratio(low.rows, q.T))
+        pca.append(error_ratios.pca_ratio(low.rows, q.T))
     return {"ridge_theta_zero": stats(ridge), "pca_random_subspace": stats(pca)}
 
 
@@ -467,7 +468,7 @@ def _f(v: float) -> str:
 
 def markdown(records: list[dict[str, Any]], argv: Sequence[str], seconds: float) -> str:
     lines = ["# Design variants, repeated runs (issue 15)", "",
-             f"Generated by `python -m analyzer.accuracy_runs {' '.join(argv)}` in {seconds / 60:.1f} min "
+             f"Generated by `python -m research.accuracy_runs {' '.join(argv)}` in {seconds / 60:.1f} min "
              "(simulation: numpy block OSNAP and noise; see the module docstring for every variant). "
              "Cells: mean ± sd (median) over the runs; Δ: paired mean difference to the first "
              "column ± its standard error. d = 10, delta = 1e-6, replace-one, B = 1, 0.99-quantile "
@@ -521,7 +522,7 @@ def markdown(records: list[dict[str, Any]], argv: Sequence[str], seconds: float)
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m analyzer.accuracy_runs",
+    ap = argparse.ArgumentParser(prog="python -m research.accuracy_runs",
                                  description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     ap.add_argument("--n", type=float, nargs="+", default=[1e4, 1e5, 1e6])
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0])

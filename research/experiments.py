@@ -31,11 +31,11 @@ What runs, for every (task, n, epsilon, seed) and both study kinds (``sketch``, 
    (:meth:`Study.server_noise`, the function ``services/store.py`` adds at commit);
 4. **analyzer path**: the N aggregates added in uint64 (mod 2^64),
    :func:`analyzer.release.release_from_ring_sum`, then :class:`~analyzer.estimators.RidgeRegression`
-   / :class:`~analyzer.estimators.PCA` and the error ratios of :mod:`analyzer.evaluation`, with
-   the evaluation's ridge penalty ``default_alpha(n, B)`` for every mechanism (as ``_fit_ratios``).
+   / :class:`~analyzer.estimators.PCA` and the error ratios of :mod:`research.evaluation`, with
+   the evaluation's ridge penalty ``default_alpha(n, B)`` for every mechanism (as ``fit_ratios``).
 
 This is the same code the HTTP services run, called in process (no sockets, no SQLite). The local
-and central baselines (:func:`baselines.simulate_local`, :func:`baselines.simulate_central`) and
+and central baselines (:func:`simulation.simulate_local`, :func:`simulation.simulate_central`) and
 the central-model regression baselines AdaSSP, DGM-OLS and RMGM-OLS
 (:func:`evaluation.central_baselines`) are numpy-seeded simulations at the same (epsilon, delta),
 B and neighbouring notion.
@@ -69,8 +69,10 @@ import numpy as np
 from dpsketch.protocol import privacy, sketch
 from dpsketch.protocol.study import Study, design
 
-from . import baselines, evaluation, sketch_floor, synthetic
-from .release import SketchRelease, release_from_ring_sum
+from analyzer import error_ratios, simulation, synthetic
+from analyzer.release import SketchRelease, release_from_ring_sum
+
+from . import evaluation, sketch_floor
 
 SERVERS = ["s1", "s2"]
 DELTA = 1e-6
@@ -182,7 +184,7 @@ def design_study(columns: list[str], label: str | None, n: int, epsilon: float, 
 
 def simulate_pipeline(study: Study, rows: np.ndarray, rng: np.random.Generator) -> PipelineRun:
     """The release :func:`run_pipeline` makes, drawn in law instead of computed through the SDK
-    and the ring: :func:`baselines.simulate_ltm` (the study as designed, the protocol hash over
+    and the ring: :func:`simulation.simulate_ltm` (the study as designed, the protocol hash over
     random report ids, numpy Gaussian noise at the study's sigma and the N servers' noise), plus
     the servers' certificate on S S^T of the same ids (a refusal raises :class:`Refused`). The
     SDK's fixed-point rounding (2^-f) and 20-sigma redraw are left out; they change no figure at
@@ -193,16 +195,16 @@ def simulate_pipeline(study: Study, rows: np.ndarray, rng: np.random.Generator) 
     if n < study.min_reports:
         raise Refused(f"{n} reports < min_reports {study.min_reports}")
     if study.kind == "gram":  # the plain sum: S S^T = n exactly
-        return PipelineRun(baselines.simulate_ltm(study, rows, rng), study, time.perf_counter() - t0, 0.0,
+        return PipelineRun(simulation.simulate_ltm(study, rows, rng), study, time.perf_counter() - t0, 0.0,
                            float(n))
-    ids = baselines.random_report_ids(n, rng)
-    s_mat = baselines.sketch_matrix(study, ids)
+    ids = simulation.random_report_ids(n, rng)
+    s_mat = simulation.sketch_matrix(study, ids)
     if study.secret_sign:  # each client signs its clipped row before its noise (client_sdk/prepare.py)
-        rows = rows * baselines.secret_signs(rng, n)[:, None]
-    noisy = rows + baselines._truncated_normal(rng, study.sigma, rows.shape) if study.sigma > 0 else rows
+        rows = rows * simulation.secret_signs(rng, n)[:, None]
+    noisy = rows + simulation._truncated_normal(rng, study.sigma, rows.shape) if study.sigma > 0 else rows
     y = np.asarray(s_mat @ noisy)
     if study.server_sigma > 0:
-        y = y + rng.normal(0.0, math.sqrt(baselines.server_noise_variance(study)), size=y.shape)
+        y = y + rng.normal(0.0, math.sqrt(simulation.server_noise_variance(study)), size=y.shape)
     release = SketchRelease(study=study, sketch=y, n_reports=n)
     lam = float(np.linalg.eigvalsh((s_mat @ s_mat.T).toarray())[0])
     if lam - study.t < study.lambda_star:
@@ -241,12 +243,12 @@ def run_case(task: str, rows: np.ndarray, columns: list[str], label: str | None,
                      "client_s": round(run.client_s, 3), "server_s": round(run.server_s, 3)}
     if gram_study is None:  # the plain sum exists for any n >= 2; needed for the baselines' study
         gram_study = design_study(columns, label, n, epsilon, "gram", (tag, task, n, epsilon, seed))
-    releases["local"] = baselines.simulate_local(gram_study, rows, rng)
+    releases["local"] = simulation.simulate_local(gram_study, rows, rng)
     if gram_study.neighbouring == "replace-one":
-        releases["local_sign"] = baselines.simulate_local(gram_study, rows, rng, secret_sign=True)
-    releases["central"] = baselines.simulate_central(gram_study, rows, rng)
-    alpha = evaluation.default_alpha(n, ROW_BOUND)
-    ratios = evaluation._fit_ratios(
+        releases["local_sign"] = simulation.simulate_local(gram_study, rows, rng, secret_sign=True)
+    releases["central"] = simulation.simulate_central(gram_study, rows, rng)
+    alpha = error_ratios.default_alpha(n, ROW_BOUND)
+    ratios = error_ratios.fit_ratios(
         releases, rows, list(columns), label=label if task == "ridge" else None,
         rank=rank if task == "pca" else None, alpha=alpha, debias=True,
     )[task]
@@ -293,7 +295,7 @@ def predicted_sketch_excess(data: synthetic.Dataset, epsilon: float, info: dict 
     X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
     v = sketch_floor.cell_variance(info["sigma"], data.n, info["k"],
                                    info.get("n_servers", len(SERVERS)) * float(info.get("server_sigma", 0.0)) ** 2)
-    return sketch_floor.ridge_floor(X, y, evaluation.default_alpha(data.n, ROW_BOUND), info["k"], v).excess
+    return sketch_floor.ridge_floor(X, y, error_ratios.default_alpha(data.n, ROW_BOUND), info["k"], v).excess
 
 
 def refresh_predicted(records: list[dict[str, Any]]) -> None:
@@ -328,7 +330,7 @@ def prepare_real(x: np.ndarray) -> np.ndarray:
     z = (x - mu) / np.where(sd > 0, sd, 1.0)
     norms = np.linalg.norm(z, axis=1)
     c = ROW_BOUND / float(np.quantile(norms, CLIP_QUANTILE))
-    return baselines.clip_rows(z * c, ROW_BOUND)
+    return simulation.clip_rows(z * c, ROW_BOUND)
 
 
 def _names(prefix: str, k: int) -> list[str]:
@@ -554,7 +556,7 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
         "",
         f"Generated by `{cmd.strip()}` in {seconds / 60:.1f} min on {os.cpu_count()} cores "
         f"({platform.machine()}, Python {platform.python_version()}). See `docs/accuracy.md` for how to "
-        "read them and `analyzer/experiments.py` for exactly what runs.",
+        "read them and `research/experiments.py` for exactly what runs.",
         "",
         "Error ratio to the non-private optimum (1 is optimal): ridge F(theta)/F(theta*) with "
         "F = ||X theta - y||^2 + alpha ||theta||^2, alpha = 1e-3 n B^2 for every mechanism; PCA "
@@ -575,17 +577,17 @@ def results_markdown(summary: dict, records: list[dict], args: argparse.Namespac
          "ring shares; per-server `hash_report_ids` + `accumulate` + certificate; "
          "each server's own noise `study.server_noise()` (the floor, as `services/store.py` adds it); "
          "`release_from_ring_sum`; estimators). Not seedable: the sd is over independent runs."),
-        "* **local**, **central**: `baselines.simulate_local` / `simulate_central` (numpy-seeded "
+        "* **local**, **central**: `simulation.simulate_local` / `simulate_central` (numpy-seeded "
         "simulations; central = SSP for ridge, Analyze Gauss for PCA). **local (secret sign)**: the "
         "local model with each row signed before its noise, calibrated by the secret sign's "
-        "certified bound at lambda = 1 (`baselines.signed_local_sigma`, docs/secret_sign.md section 7a).",
+        "certified bound at lambda = 1 (`simulation.signed_local_sigma`, docs/secret_sign.md section 7a).",
     ]
     if extras:
         lines.append("* **AdaSSP**, **DGM-OLS**, **RMGM-OLS**: `evaluation.central_baselines` "
                      "(numpy-seeded simulations, same alpha).")
     lines += [
         "* *predicted sketch floor*: 1 + p/(k - p - 1) + noise x data + noise x noise "
-        "(`analyzer/sketch_floor.py`, docs/accuracy.md), on each run's data, averaged; a first-order "
+        "(`research/sketch_floor.py`, docs/accuracy.md), on each run's data, averaged; a first-order "
         "prediction (infinite when k <= p + 1, and not meaningful where the sketch kind saturates "
         "near predicting zero).",
         "",
@@ -702,7 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bounded form (< 60 s): n up to 1e5, epsilon 1, one seed, diabetes only")
     for flag, (module, what) in OTHER_HARNESSES.items():
         p.add_argument(f"--{flag}", action="store_true",
-                       help=f"instead: {what} (analyzer.{module}; honours --out and --quick)")
+                       help=f"instead: {what} (research.{module}; honours --out and --quick)")
     return p
 
 

@@ -26,7 +26,7 @@ carries the noise of every cell below it: at the defaults (n = 20,000, epsilon 0
 columns) each cell has N(0, 24^2) noise and the CDF near a positive column's lower tail sums
 about 90 mostly empty cells (sd about 1 % of n), twice the 0.5 % tail it is looking for. On
 simulated pilots (``benchmarks/bounds_choice.py``, 50 each of eleven column shapes) the plain
-quantiles of the noisy CDF (``analyzer.histogram.Quantiles``) gave a median range more than 100
+quantiles of the noisy CDF (``analyzer.analyses.histogram.Quantiles``) gave a median range more than 100
 times the data's for 8 of the 11 shapes, from noise in empty cells alone. So:
 
 1. Support: cells whose noisy count exceeds ``DETECTION_SIGMAS`` (5) noise standard deviations
@@ -52,20 +52,37 @@ scales, a constant, zero-inflated, bimodal): the mean share clamped per tail at 
 largest single one 0.87 %), the proposed range at most 1.94 times the data's 0.5-99.5 % range;
 with twice the noise 0.77 %, 0.91 % and 2.17. ``tests/test_pilot.py`` checks proposals on
 releases simulated in law and on real ones.
+
+The REST routes
+---------------
+``install`` adds the analyzer's routes for the bounds pilot (docs/bounds.md).
+
+``POST /v1/pilots`` creates the pilot: a marginal histogram study over the columns with the
+pilot's scale-free edges, through the same path as ``POST /v1/studies`` (designed, provisioned at
+every server, charged to the population's ledger). ``POST /v1/studies/{id}/analyses/bounds``
+reads a released histogram study and proposes bounds for its numeric columns.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dpsketch.protocol.histogram import Axis, HistogramSpec
+from dpsketch.protocol import ProblemError, privacy
+from dpsketch.protocol.histogram import MAX_MARGINAL_AXES, Axis, HistogramSpec
+from dpsketch.protocol.study import POPULATION_PATTERN
 
+from ..release import HistogramRelease, Release
 from .histogram import NoisyHistogram
+from .routes import json_finite, refuse
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 #: The mantissas of the pilot's edges in every decade (see the module docstring for why).
 MANTISSAS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
@@ -243,3 +260,80 @@ def propose_bounds(release, lower: float = DEFAULT_LOWER, upper: float = DEFAULT
     return BoundsProposal(bounds={p.column: [p.lower, p.upper] for p in columns}, columns=columns,
                           lower=lower, upper=upper, n_reports=hist.n_reports, noise_sd=sd,
                           skipped=[a.column for a in hist.spec.axes if not a.numeric])
+
+
+# ---------------------------------------------------------------------------------------------
+# the REST route
+
+
+class PilotRequest(BaseModel):
+    """A pilot: the columns the real study will have, and what the pilot may spend."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    columns: list[str] = Field(min_length=1, max_length=MAX_MARGINAL_AXES,
+                               description="the numeric columns to propose bounds for (1 to 64)")
+    expected_reports: int = Field(ge=2, le=1 << 36)
+    epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, le=100,
+                           description="what the pilot spends; charged to the population's ledger like "
+                           "any study (default 0.5: enough at 20,000 reports, docs/bounds.md)")
+    delta: float = Field(default=1e-6, gt=0, lt=1)
+    neighbouring: privacy.Neighbouring = "replace-one"
+    t: int = Field(default=0, ge=0)
+    epsilon_floor: float | None = Field(
+        default=None, gt=0, le=100, description="as for POST /v1/studies: omitted, max(4, epsilon); "
+        "null, no floor")
+    min_reports: int | None = Field(default=None, ge=1)
+    max_reports: int | None = Field(default=None, ge=1, description="default: twice expected_reports (a "
+                                    "pilot report is 1.2 KB a column; servers' storage policies count it)")
+    population: str | None = Field(default=None, pattern=POPULATION_PATTERN,
+                                   description="the population whose ledger the pilot is charged to")
+
+
+class BoundsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lower: float = Field(default=DEFAULT_LOWER, ge=0, lt=0.5,
+                         description="the share of reports a lower bound may leave out below it")
+    upper: float = Field(default=DEFAULT_UPPER, gt=0.5, le=1,
+                         description="1 - the share of reports an upper bound may leave out above it")
+
+
+#: the route below is named ``propose_bounds`` too (its name is its OpenAPI operation id)
+_propose_bounds = propose_bounds
+
+
+def install(app: FastAPI, released: Callable[[str], Release], auth: list,
+            create: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
+    """Add the pilot routes; ``create`` takes the fields of a ``POST /v1/studies`` body and
+    creates that study (the analyzer's own create route)."""
+
+    @app.post("/v1/pilots", status_code=201, dependencies=auth)
+    async def create_pilot(body: PilotRequest):
+        """Create a pilot study (a marginal histogram with scale-free edges) over ``columns``;
+        data owners submit their raw rows to it like to any histogram study."""
+        fields = body.model_dump(exclude={"columns"}, exclude_none=True)
+        if "epsilon_floor" in body.model_fields_set:
+            fields["epsilon_floor"] = body.epsilon_floor  # null: no floor
+        fields.setdefault("max_reports", default_max_reports(body.expected_reports))
+        try:
+            spec = pilot_spec(body.columns)
+        except ValidationError as exc:
+            raise ProblemError("invalid-study", f"pilot columns: {exc.errors()[0]['msg']}") from None
+        try:
+            return await create({**fields, "kind": "histogram", "histogram": spec})
+        except ValidationError as exc:
+            raise ProblemError("invalid-study", exc.errors()[0]["msg"]) from None
+
+    @app.post("/v1/studies/{study_id}/analyses/bounds", dependencies=auth)
+    def propose_bounds(study_id: str, body: BoundsRequest) -> dict[str, Any]:
+        """Bounds for the numeric columns of a released histogram study (a pilot's), with what
+        each would clamp; ``text`` is the form ``--bounds`` takes."""
+        rel = released(study_id)
+        if not isinstance(rel, HistogramRelease):
+            raise refuse(f"study {study_id} is a {rel.study.kind} study: bounds are proposed from a "
+                         f"histogram study's release (a pilot: POST /v1/pilots)")
+        try:
+            proposal = _propose_bounds(rel, lower=body.lower, upper=body.upper)
+        except ValueError as exc:
+            raise refuse(str(exc)) from None
+        return {"study_id": study_id, **json_finite(proposal.as_dict())}

@@ -3,12 +3,12 @@
 For each study kind, report count n and floor setting (none, epsilon_floor = 4, epsilon_floor =
 epsilon: the servers' noise alone, the DAP model), this designs the study exactly as the
 analyzer does for a three-server cluster, simulates its release with the real sketch hash, the
-calibrated client noise and the three servers' noise (``baselines.simulate_ltm``), and reports
+calibrated client noise and the three servers' noise (``simulation.simulate_ltm``), and reports
 ridge and PCA error ratios to the non-private optimum on the synthetic data of paper 000
 section 5 (``analyzer.synthetic``), the same data for every setting so that only the noise
 differs. The local and central models of the same rows are the yardsticks.
 
-    .venv/bin/python -m analyzer.trust_cost --n 1e4 1e5 1e6 --seeds 20
+    .venv/bin/python -m research.trust_cost --n 1e4 1e5 1e6 --seeds 20
 
 The figures in docs/trust.md come from that command (design()'s defaults: a sketch study is
 signed, docs/secret_sign.md). Cells: mean ± sample sd (median) over the seeds.
@@ -26,7 +26,9 @@ import numpy as np
 
 from dpsketch.protocol import design
 
-from . import baselines, evaluation, synthetic
+from analyzer import simulation, synthetic
+
+from . import evaluation
 
 FLOORS: dict[str, float | None | str] = {"none": None, "4": 4.0, "epsilon": "epsilon"}
 SERVERS = ["s1", "s2", "s3"]
@@ -62,7 +64,7 @@ def run(ns: Sequence[int], seeds: Sequence[int], *, d: int = 10, epsilon: float 
                                           servers=SERVERS, expected_reports=n, epsilon=epsilon,
                                           kind=kind, epsilon_floor=_floor(setting, epsilon))
                         rng = np.random.default_rng([seed, n, len(name), len(kind)])
-                        release = baselines.simulate_ltm(study, data.rows, rng)
+                        release = simulation.simulate_ltm(study, data.rows, rng)
                         ratios = evaluation.compare(data, study, release, rng=rng, tasks=(task,),
                                                     references=first)[task]
                         cell[task].append(ratios["ltm"])
@@ -109,7 +111,7 @@ def format_table(result: dict, epsilon: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analyzer.trust_cost", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m research.trust_cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", nargs="+", type=float, default=[1e4, 1e5, 1e6], help="report counts")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--d", type=int, default=10, help="feature columns (default: %(default)s)")

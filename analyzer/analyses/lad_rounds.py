@@ -58,10 +58,10 @@ from dpsketch.protocol import privacy
 from dpsketch.protocol.bounds import CONSTANT, ColumnMap
 from dpsketch.protocol.study import DEFAULT_EPSILON_FLOOR
 
-from . import uncertainty
-from .estimators import robust_solve, to_units, units_jacobian
-from .moments import StandardMoments, standard_moments
-from .release import noise_scale_of
+from .. import uncertainty
+from ..estimators import robust_solve, to_units, units_jacobian
+from ..moments import StandardMoments, standard_moments
+from ..release import noise_scale_of
 
 #: The column of a weighted round's study that holds the constant coordinate (weighted like the rest).
 ROUND_CONSTANT = "_1"

@@ -1,7 +1,7 @@
 """Accuracy of the product's robust regression (Huber rounds) and of LAD through the l1 sketch, against
 their peers (docs/lad.md).
 
-Research harness (like :mod:`analyzer.logistic_evaluation`): numpy-seeded simulations of each
+Research harness (like :mod:`research.logistic_evaluation`): numpy-seeded simulations of each
 mechanism on the same rows, at the same (epsilon, delta), row bound B and neighbouring notion.
 
 Data (synthetic, ``synthetic``): d = 6 features, x = [1, z] with z ~ N(0, Sigma) in 5 dimensions
@@ -27,25 +27,25 @@ default floor (epsilon_floor = max(4, epsilon), each server's noise) and min_rep
 calibration's lambda_star), two servers. Mechanisms (one record each per (n, noise model,
 epsilon, seed)):
 
-* ``nonprivate_lad``: :func:`analyzer.lad.lad_full` on the rows (the exact LP, HiGHS; the tests
+* ``nonprivate_lad``: :func:`analyzer.analyses.lad.lad_full` on the rows (the exact LP, HiGHS; the tests
   check it against statsmodels' QuantReg at q = 0.5);
 * ``nonprivate_ls``: ordinary least squares on the rows (what LAD is compared against);
-* ``ltm_rounds``: **the product's LAD** (:mod:`analyzer.lad_rounds`): ``DEFAULT_ROUNDS`` moments
+* ``ltm_rounds``: **the product's LAD** (:mod:`analyzer.analyses.lad_rounds`): ``DEFAULT_ROUNDS`` moments
   studies of the same clients, each at its share of (epsilon, delta) and of the floor
   (:func:`lad_rounds.round_budget`: they compose to the target), round 1 the rows, each later round
   the rows weighted by the previous round's published fit (:func:`lad_rounds.weighted_rows`),
-  every release simulated in law (:func:`analyzer.baselines.simulate_ltm`) and fitted by
+  every release simulated in law (:func:`analyzer.simulation.simulate_ltm`) and fitted by
   :class:`lad_rounds.RobustRegression`; the record is the last round's fit (the earlier rounds'
   errors are in ``round_errors``);
 * ``ltm_gram_ls``: the product's least squares on a gram study at the same (epsilon, delta)
-  (:class:`analyzer.estimators.LeastSquares` on :func:`baselines.simulate_ltm`'s release): what
+  (:class:`analyzer.estimators.LeastSquares` on :func:`simulation.simulate_ltm`'s release): what
   LAD has to beat;
 * ``ltm_l1``: the l1 study (``design(kind="l1")``: its sketch shape, lambda_star, client and server
   noise), simulated exactly: random 16-byte report ids, the real protocol map
   (:func:`dpsketch.protocol.l1sketch.hash_report_ids`, ``apply``) applied to A + G in chunks of
   ``CHUNK`` rows, G ~ N(0, sigma^2) per value, plus the servers' noise per cell; checked against
   the certificate (the largest leverage over the set, :func:`l1sketch.leverages`) as the servers
-  would; fitted by :meth:`analyzer.lad.LADRegression.fit_release` (no noise correction);
+  would; fitted by :meth:`analyzer.analyses.lad.LADRegression.fit_release` (no noise correction);
   ``ltm_l1_cal`` records the same fit with ``noise_correction="calibrate"``;
 * ``local``: each client adds N(0, sigma_local^2) to its row and publishes it; the same
   LADRegression (k = n rows of weight 1, no noise correction).
@@ -53,17 +53,15 @@ epsilon, seed)):
 Metrics: coefficient error ||beta - beta_true||_2 (intercept included), and the l1 objective
 ratio sum_i |y_i - x_i beta| / sum_i |y_i - x_i beta_LAD| on the rows (1 = the non-private LAD).
 
-``main()`` (``python -m analyzer.lad_evaluation`` or ``dpsketch experiments --lad``) writes
+``main()`` (``python -m research.lad_evaluation`` or ``dpsketch experiments --lad``) writes
 ``docs/experiments/lad_results.md``, ``lad_results.json`` and ``lad_error.png``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -74,11 +72,14 @@ import numpy as np
 from dpsketch.protocol import l1sketch, privacy
 from dpsketch.protocol.study import design
 
-from . import baselines
-from .estimators import LeastSquares
-from .lad import LADRegression, l1_objective, lad_full
-from .lad_rounds import DEFAULT_ROUNDS, DEFAULT_TUNING, RobustRegression, RoundWeights, round_budget, weighted_rows
-from .release import L1Release
+from analyzer import simulation
+from analyzer.analyses.lad import LADRegression, l1_objective, lad_full
+from analyzer.analyses.lad_rounds import (DEFAULT_ROUNDS, DEFAULT_TUNING, RobustRegression, RoundWeights,
+                                          round_budget, weighted_rows)
+from analyzer.estimators import LeastSquares
+from analyzer.release import L1Release
+
+from . import report
 
 DELTA = 1e-6
 ROW_BOUND = 1.0
@@ -90,10 +91,6 @@ D = len(BETA_TRUE)
 NOISE_MODELS = ("student_t", "outliers")
 OUTLIER_FRACTION = 0.05
 OUTLIER_VALUE = 100.0
-NS = (10_000, 100_000, 1_000_000)
-EPSILONS = (0.5, 1.0, 4.0)
-QUICK_NS = (10_000, 100_000)
-QUICK_EPSILONS = (1.0,)
 CHUNK = 200_000
 MECHANISMS = ("nonprivate_lad", "nonprivate_ls", "ltm_rounds", "ltm_gram_ls", "ltm_l1", "ltm_l1_cal", "local")
 LABELS = {"nonprivate_lad": "non-private LAD", "nonprivate_ls": "non-private least squares",
@@ -137,7 +134,7 @@ def preprocess(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, fl
     [x, y] has norm <= B = 1)."""
     f = R_X / float(np.quantile(np.linalg.norm(x, axis=1), CLIP_QUANTILE))
     xs = x * f
-    xs[:, 1:] = baselines.clip_rows(xs[:, 1:], math.sqrt(R_X ** 2 - f ** 2))
+    xs[:, 1:] = simulation.clip_rows(xs[:, 1:], math.sqrt(R_X ** 2 - f ** 2))
     return xs, np.clip(y * f, -C_Y, C_Y), f
 
 
@@ -163,7 +160,7 @@ class SketchSet:
         self.study = study
         self.spec, self.lambda_star = study.l1_spec, study.lambda_star
         self.seed = rng.bytes(32)
-        ids = baselines.random_report_ids(n, rng)
+        ids = simulation.random_report_ids(n, rng)
         self.rows, self.signs = l1sketch.hash_report_ids(self.seed, ids, self.spec)
         k = self.spec.k
         self.counts = l1sketch.apply(self.rows, self.signs, np.ones((n, 1)), k)[:, 0]
@@ -202,7 +199,7 @@ def rounds_fit(a: np.ndarray, f: float, n: int, eps: float, seed: int, rng: np.r
     for r, (eps_r, floor_r) in enumerate(budget):
         rows = weighted_rows(a[:, 1:], weights)
         study = _design(n, eps_r, "moments", seed * 16 + r, weights.round_columns, epsilon_floor=floor_r)
-        model = RobustRegression("y", weighted_by=weights, tuning=tuning).fit(baselines.simulate_ltm(study, rows, rng))
+        model = RobustRegression("y", weighted_by=weights, tuning=tuning).fit(simulation.simulate_ltm(study, rows, rng))
         beta = np.append(model.intercept_, model.coef_)
         errors.append(float(np.linalg.norm(beta - BETA_TRUE)))
         weights = model.next_weights_
@@ -258,7 +255,7 @@ def run_case(n: int, noise: str, epsilons: Sequence[float], seed: int,
         if "ltm_gram_ls" in mechanisms:
             t = time.perf_counter()
             study = _design(n, eps, "gram", seed)
-            ls = LeastSquares("y").fit(baselines.simulate_ltm(study, a, erng))
+            ls = LeastSquares("y").fit(simulation.simulate_ltm(study, a, erng))
             record("ltm_gram_ls", eps, ls.coef_, time.perf_counter() - t, sigma=study.sigma,
                    server_sigma=study.server_sigma)
         if "local" in mechanisms:
@@ -279,11 +276,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     percentile (``accuracy_runs.stats``)."""
     from .accuracy_runs import stats
 
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((r["noise"], r["n"], r["epsilon"], r["mechanism"]), []).append(r)
     out = {}
-    for key, rs in groups.items():
+    for key, rs in report.group(records, "noise", "n", "epsilon", "mechanism").items():
         s: dict[str, Any] = {"runs": len(rs)}
         for m in ("coef_error", "objective_ratio"):
             v = np.array([r[m] for r in rs], dtype=float)
@@ -366,10 +360,8 @@ def plot(summary: dict, epsilons: Sequence[float], path: str) -> None:
 
 def results_markdown(summary: dict, epsilons: Sequence[float], seconds: float, argv: Sequence[str]) -> str:
     lines = ["# Least absolute deviations: measured results", "",
-             f"Generated by `dpsketch experiments --lad {' '.join(argv)}`".rstrip() +
-             f" in {seconds:.0f} s on {platform.machine()} ({os.cpu_count()} cores); "
-             "`analyzer/lad_evaluation.py` says exactly what runs. Mean ± sample sd (median), p90 = the 90th "
-             "percentile over runs; "
+             report.generated_by("dpsketch experiments --lad", argv, seconds, "research/lad_evaluation.py") +
+             " Mean ± sample sd (median), p90 = the 90th percentile over runs; "
              f"d = {D} (intercept included), delta = 1e-6, replace-one, B = 1.", ""]
     first = (100_000, 1.0)
     for noise, title in (("student_t", "Student-t (2 degrees of freedom) label noise"),
@@ -404,12 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Robust regression (Huber rounds of moments studies) and LAD through "
                                 "the l1 sketch against the non-private LAD, the local model and least squares on a "
                                 "gram study.")
-    p.add_argument("--out", default="docs/experiments")
-    p.add_argument("--n", type=float, nargs="+", default=None, help="reports (default: 1e4 1e5 1e6)")
-    p.add_argument("--epsilons", type=float, nargs="+", default=None, help="default: 0.5 1 4")
-    p.add_argument("--seeds", type=int, default=None, help="runs per n (default 20; 2 at n >= 10^6; --quick 1)")
-    p.add_argument("--quick", action="store_true", help="bounded (< 30 s): n 1e4 1e5, epsilon 1, one run")
-    p.add_argument("--from-json", metavar="FILE", help="re-draw the plot and tables from a previous run's JSON")
+    report.add_grid_arguments(p, n="reports (default: 1e4 1e5 1e6)", epsilons="default: 0.5 1 4",
+                              seeds="runs per n (default 20; 2 at n >= 10^6; --quick 1)",
+                              quick="bounded (< 30 s): n 1e4 1e5, epsilon 1, one run",
+                              from_json="re-draw the plot and tables from a previous run's JSON")
     p.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS),
                    help="which mechanisms to run (default: all)")
     return p
@@ -418,40 +408,30 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else NS))]
-    epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else EPSILONS))]
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 20)
-    os.makedirs(args.out, exist_ok=True)
-    if args.from_json:
-        with open(args.from_json) as fh:
-            saved = json.load(fh)
+    run = report.grid(args, seeds=20)
+    if (saved := report.saved_run(args)) is not None:
         return write_outputs(saved["records"], saved["epsilons"], saved["seconds"], saved["argv"], args.out)
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = []
-    for n in ns:
+    for n in run.ns:
         for noise in NOISE_MODELS:
-            for seed in range(min(seeds, 2) if n >= 1_000_000 and args.seeds is None else seeds):
-                rs = run_case(n, noise, epsilons, seed, args.mechanisms)
+            for seed in range(min(run.seeds, 2) if n >= 1_000_000 and args.seeds is None else run.seeds):
+                rs = run_case(n, noise, run.epsilons, seed, args.mechanisms)
                 records.extend(rs)
                 print(f"[{time.perf_counter() - t0:6.0f}s] n={n} {noise} seed={seed}: " +
                       ", ".join(f"{r['mechanism']}@{r['epsilon']:g} {r['coef_error']:.3f}" for r in rs),
                       file=sys.stderr, flush=True)
     seconds = time.perf_counter() - t0
-    with open(os.path.join(args.out, "lad_results.json"), "w") as fh:
-        json.dump({"argv": argv, "seconds": round(seconds, 1), "epsilons": epsilons, "delta": DELTA,
-                   "beta_true": BETA_TRUE.tolist(), "records": records}, fh, indent=1, default=float)
-    return write_outputs(records, epsilons, seconds, argv, args.out)
+    report.save_run(args.out, "lad_results.json", {"argv": argv, "seconds": round(seconds, 1), "epsilons": run.epsilons,
+                                                   "delta": DELTA, "beta_true": BETA_TRUE.tolist(), "records": records})
+    return write_outputs(records, run.epsilons, seconds, argv, args.out)
 
 
 def write_outputs(records: list[dict[str, Any]], epsilons: Sequence[float], seconds: float, argv: Sequence[str],
                   out: str) -> int:
     summary = summarize(records)
     plot(summary, epsilons, os.path.join(out, "lad_error.png"))
-    md = results_markdown(summary, epsilons, seconds, argv)
-    with open(os.path.join(out, "lad_results.md"), "w") as fh:
-        fh.write(md)
-    print(md)
-    return 0
+    return report.publish(out, "lad_results.md", results_markdown(summary, epsilons, seconds, argv))
 
 
 if __name__ == "__main__":

@@ -5,25 +5,25 @@ held-out rows (test accuracy, AUC and mean log-loss):
 
 * **non-private**: ``sklearn.linear_model.LogisticRegression`` (lbfgs, its default C = 1) on the
   training features;
-* **LTM gram** / **LTM sketch**: :class:`analyzer.logistic.LogisticRegression` (defaults: Taylor
+* **LTM gram** / **LTM sketch**: :class:`analyzer.analyses.logistic.LogisticRegression` (defaults: Taylor
   surrogate direction, Gaussian calibration, noise-scaled ridge) on the study kind's release;
 * **local**: the same estimator on the local model's noisy rows (each client adds
-  N(0, sigma_local^2) to its clipped row, :func:`analyzer.baselines.simulate_local`) at the same
+  N(0, sigma_local^2) to its clipped row, :func:`analyzer.simulation.simulate_local`) at the same
   (epsilon, delta), B and neighbouring notion; the intercept from the noisy rows' sum;
 * **diffprivlib**: IBM diffprivlib's ``LogisticRegression`` (objective perturbation, Chaudhuri et
   al. 2011): a *trusted curator* with pure epsilon-DP (delta = 0) at the same epsilon, its default
   C = 1, ``data_norm`` = B on features scaled to the full row bound (its best case: the label is not
   part of its row norm).
 
-Releases are drawn from their exact noise law with :func:`analyzer.baselines.simulate_ltm` (the real
+Releases are drawn from their exact noise law with :func:`analyzer.simulation.simulate_ltm` (the real
 protocol hash for the sketch, the gram kind's sum plus N(0, n sigma^2 + N server_sigma^2) per
 coordinate), at the default floor (servers s1, s2 add their noise). ``tests/test_logistic_evaluation.py``
-checks this simulation against :func:`analyzer.experiments.run_pipeline` (SDK client path, server
+checks this simulation against :func:`research.experiments.run_pipeline` (SDK client path, server
 aggregation, certificate, analyzer decoding).
 
 Rows. A study's row must have norm at most B = 1, label included. The features are scaled so the
 0.99 quantile of the training rows' feature norms is R_X and clipped there (a fixed preprocessing,
-applied to the test rows too; the scale is taken from the data as in ``analyzer.experiments``), the
+applied to the test rows too; the scale is taken from the data as in ``research.experiments``), the
 label is coded (0, C_Y): gram and local rows are [x, C_Y y] with R_X = C_Y = 1/sqrt(2); sketch rows
 are [x, C_Y y, 1/2] with R_X = C_Y = 1/2 (the constant column gives the intercept: a sketch release
 has no row sum). So no row is clipped again by the client.
@@ -33,7 +33,7 @@ b = -1 (about 30 % positive), a fixed w (the non-private model's test AUC is 0.8
 real data from scikit-learn (no download): breast cancer (569 x 30) and digits (1,797 x 64, label
 "digit >= 5"), columns standardised on the training split, 5 random 80/20 splits.
 
-``main()`` (``python -m analyzer.logistic_evaluation`` or ``dpsketch experiments --logistic``) writes
+``main()`` (``python -m research.logistic_evaluation`` or ``dpsketch experiments --logistic``) writes
 ``docs/experiments/logistic_results.md``, ``logistic_results.json`` and ``logistic_auc.png``.
 """
 
@@ -42,10 +42,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
-import json
 import math
 import os
-import platform
 import sys
 import time
 import warnings
@@ -57,17 +55,15 @@ from scipy.special import expit
 
 from dpsketch.protocol.study import Study, design
 
-from . import baselines
-from .logistic import LogisticRegression
+from analyzer import simulation
+from analyzer.analyses.logistic import LogisticRegression
+
+from . import report
 
 SERVERS = ["s1", "s2"]
 DELTA = 1e-6
 ROW_BOUND = 1.0
 D = 10
-NS = (10_000, 100_000, 1_000_000)
-EPSILONS = (0.5, 1.0, 4.0)
-QUICK_NS = (10_000, 100_000)
-QUICK_EPSILONS = (1.0,)
 TEST_ROWS = 100_000
 CLIP_QUANTILE = 0.99
 #: (feature radius R_X, label code C_Y, constant column or None) per layout
@@ -163,7 +159,7 @@ def feature_scale(x: np.ndarray, radius: float) -> float:
 
 
 def scaled(x: np.ndarray, factor: float, radius: float) -> np.ndarray:
-    return baselines.clip_rows(x * factor, radius)
+    return simulation.clip_rows(x * factor, radius)
 
 
 def layout_rows(x: np.ndarray, y: np.ndarray, kind: str, factor: float) -> tuple[np.ndarray, list[str]]:
@@ -203,7 +199,7 @@ def fit_ltm(kind: str, data: dict[str, np.ndarray], epsilon: float, rng: np.rand
     """Simulate the study kind's release of the training rows and fit the estimator on it."""
     rows, cols = layout_rows(data["x"], data["y"], kind, factor)
     study = design_study(cols, len(rows), epsilon, kind, (kind, len(rows), epsilon))
-    release = baselines.simulate_ltm(study, rows, rng)
+    release = simulation.simulate_ltm(study, rows, rng)
     c_y = LAYOUTS[kind][1]
     model = LogisticRegression("y", classes=(0.0, c_y),
                                intercept_column="const" if kind == "sketch" else None).fit(release)
@@ -214,7 +210,7 @@ def fit_local(data: dict[str, np.ndarray], epsilon: float, rng: np.random.Genera
               factor: float) -> tuple[LogisticRegression, float]:
     rows, cols = layout_rows(data["x"], data["y"], "gram", factor)
     study = design_study(cols, len(rows), epsilon, "gram", ("local", len(rows), epsilon))
-    rel = baselines.simulate_local(study, rows, rng)
+    rel = simulation.simulate_local(study, rows, rng)
     model = LogisticRegression("y", classes=(0.0, LAYOUTS["gram"][1])).fit(
         rel.gram(debias=True), columns=cols, n_reports=rel.n_reports, row_sum=rel.noisy_rows.sum(axis=0),
         noise_scale=rel.gram_noise_scale)
@@ -281,11 +277,8 @@ def run_case(data: dict[str, np.ndarray], epsilons: Sequence[float], seed: int,
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((r["dataset"], r["n"], r["epsilon"], r["mechanism"]), []).append(r)
     out = {}
-    for key, rs in groups.items():
+    for key, rs in report.group(records, "dataset", "n", "epsilon", "mechanism").items():
         s: dict[str, Any] = {"runs": len(rs)}
         for m in ("accuracy", "auc", "log_loss"):
             v = np.array([r[m] for r in rs], dtype=float)
@@ -372,9 +365,8 @@ def results_markdown(summary: dict, records: list[dict[str, Any]], epsilons: Seq
                      argv: Sequence[str]) -> str:
     t = target(summary)
     lines = ["# Logistic regression: measured results", "",
-             f"Generated by `dpsketch experiments --logistic {' '.join(argv)}`".rstrip() +
-             f" in {seconds:.0f} s on {platform.machine()} ({os.cpu_count()} cores); "
-             "`analyzer/logistic_evaluation.py` says exactly what runs. Mean ± std over runs.", ""]
+             report.generated_by("dpsketch experiments --logistic", argv, seconds,
+                                 "research/logistic_evaluation.py") + " Mean ± std over runs.", ""]
     if t:
         lines += ["## Target: n = 10^5, d = 10, epsilon = 1 (synthetic)", "",
                   "| | LTM gram | non-private | diffprivlib |", "|---|---|---|---|",
@@ -408,28 +400,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpsketch experiments --logistic",
                                 description="Logistic regression: LTM gram and sketch kinds against non-private "
                                 "sklearn, the local model and diffprivlib (central, objective perturbation).")
-    p.add_argument("--out", default="docs/experiments")
-    p.add_argument("--n", type=float, nargs="+", default=None, help="training rows (default: 1e4 1e5 1e6)")
-    p.add_argument("--epsilons", type=float, nargs="+", default=None, help="default: 0.5 1 4")
-    p.add_argument("--seeds", type=int, default=None, help="runs per n (default 5; 3 at n >= 10^6; --quick 1)")
+    report.add_grid_arguments(p, n="training rows (default: 1e4 1e5 1e6)", epsilons="default: 0.5 1 4",
+                              seeds="runs per n (default 5; 3 at n >= 10^6; --quick 1)",
+                              quick="bounded: n 1e4 1e5, epsilon 1, one run",
+                              from_json="re-draw the plot and tables from a previous run's JSON")
     p.add_argument("--real-seeds", type=int, default=None, help="splits per real data set (default 5)")
     p.add_argument("--no-real-data", action="store_true")
-    p.add_argument("--quick", action="store_true", help="bounded: n 1e4 1e5, epsilon 1, one run")
-    p.add_argument("--from-json", metavar="FILE", help="re-draw the plot and tables from a previous run's JSON")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else NS))]
-    epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else EPSILONS))]
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 5)
+    run = report.grid(args, seeds=5)
+    ns, epsilons, seeds = run.ns, run.epsilons, run.seeds
     real_seeds = args.real_seeds if args.real_seeds is not None else (1 if args.quick else 5)
-    os.makedirs(args.out, exist_ok=True)
-    if args.from_json:
-        with open(args.from_json) as fh:
-            saved = json.load(fh)
+    if (saved := report.saved_run(args)) is not None:
         return write_outputs(saved["records"], saved["epsilons"], saved["seconds"], saved["argv"], args.out)
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = []
@@ -450,9 +436,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in range(real_seeds):
                 add(run_case(real_split(x, y, seed), epsilons, seed), name)
     seconds = time.perf_counter() - t0
-    with open(os.path.join(args.out, "logistic_results.json"), "w") as fh:
-        json.dump({"argv": argv, "seconds": round(seconds, 1), "epsilons": epsilons, "delta": DELTA,
-                   "target": target(summarize(records)), "records": records}, fh, indent=1, default=float)
+    report.save_run(args.out, "logistic_results.json", {
+        "argv": argv, "seconds": round(seconds, 1), "epsilons": epsilons, "delta": DELTA,
+        "target": target(summarize(records)), "records": records})
     return write_outputs(records, epsilons, seconds, argv, args.out)
 
 
@@ -460,11 +446,7 @@ def write_outputs(records: list[dict[str, Any]], epsilons: Sequence[float], seco
                   out: str) -> int:
     summary = summarize(records)
     plot(summary, epsilons, os.path.join(out, "logistic_auc.png"))
-    md = results_markdown(summary, records, epsilons, seconds, argv)
-    with open(os.path.join(out, "logistic_results.md"), "w") as fh:
-        fh.write(md)
-    print(md)
-    return 0
+    return report.publish(out, "logistic_results.md", results_markdown(summary, records, epsilons, seconds, argv))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,15 @@ into one 1-D histogram per axis (:meth:`NoisyHistogram.marginal`, :meth:`NoisyHi
 each cell with the same N(0, v) noise as the release (the blocks are disjoint cells, nothing is
 summed), and every one-column statistic runs on it as on a one-axis study. Statistics of the
 joint law (Kendall's tau, AUC, Gini-Simpson over all cells) need a joint grid and refuse it.
+
+The REST routes
+---------------
+``install`` adds the analyzer's routes for histogram studies (the view and the statistics above).
+Each route fits one estimator on the released histogram and answers its value, its standard
+error from the known noise law and a confidence interval. Wrong axes, a statistic the study's
+bins cannot give (quantiles of a categorical axis, Kendall's tau of one axis or of a marginal
+histogram) and non-histogram studies are 422 ``invalid-request``. A marginal histogram's view
+answers per axis; its one-column statistics take the axis by ``column``.
 """
 
 from __future__ import annotations
@@ -60,10 +69,19 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from dpsketch.protocol.histogram import OTHER, Axis, HistogramSpec
+
+from ..release import HistogramRelease, Release
+from .routes import fitting, json_finite, refuse
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 #: Entries of one materialised block of a per-axis matrix (8 MiB of float64).
 BLOCK_ENTRIES = 1 << 20
@@ -730,3 +748,140 @@ class GiniSimpson(_Estimator):
         self.se_ = squares_se / pairs
         self.ci_ = self._interval(diversity, self.se_, 0.0, 1.0)
         return self
+
+
+# ---------------------------------------------------------------------------------------------
+# the REST route
+
+
+class Confidence(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+
+class ColumnStatistic(Confidence):
+    column: str | None = Field(default=None, description="the axis; default: the study's only axis")
+
+
+class QuantilesRequest(ColumnStatistic):
+    probabilities: list[float] = Field(default=[0.25, 0.5, 0.75], min_length=1, max_length=1000)
+
+
+class AUCRequest(Confidence):
+    score: str = Field(description="the numeric (or ordered) axis that scores")
+    label: str = Field(description="the categorical axis holding the classes")
+    positive: str = Field(description="the positive class: one of the label axis' categories")
+
+
+class Statistic(BaseModel):
+    study_id: str
+    statistic: str
+    value: float
+    se: float = Field(description="standard error from the privacy noise (the data held fixed)")
+    ci: list[float] = Field(description="confidence interval [low, high] from that noise law")
+    confidence: float
+    n_reports: int
+    details: dict[str, Any] = {}
+
+
+def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> None:
+    """Add the histogram routes to the analyzer's app."""
+
+    def histogram_of(study_id: str) -> NoisyHistogram:
+        rel = released(study_id)
+        if not isinstance(rel, HistogramRelease):
+            raise refuse(f"study {study_id} is a {rel.study.kind} study, not a "
+                               f"histogram study")
+        return rel.histogram()
+
+    def fit(estimator, h: NoisyHistogram):
+        with fitting():
+            return estimator.fit(h)
+
+    def column_of(h: NoisyHistogram, column: str | None) -> str:
+        if column is not None:
+            return column
+        if len(h.spec.axes) != 1:
+            raise refuse(f"the histogram has {len(h.spec.axes)} axes "
+                               f"({', '.join(h.spec.columns)}): name the column")
+        return h.spec.columns[0]
+
+    def fit_column(study_id: str, body: ColumnStatistic, estimator) -> tuple[NoisyHistogram, str, Any]:
+        """A one-column statistic: the release, the column (default: the only axis), the fit."""
+        h = histogram_of(study_id)
+        column = column_of(h, body.column)
+        return h, column, fit(estimator(column, confidence=body.confidence), h)
+
+    def answer(study_id: str, name: str, h: NoisyHistogram, value: float, se: float, ci, confidence: float,
+               **details: Any) -> Statistic:
+        return Statistic(study_id=study_id, statistic=name, value=json_finite(float(value)), se=json_finite(float(se)),
+                         ci=json_finite([float(ci[0]), float(ci[1])]), confidence=confidence,
+                         n_reports=h.n_reports, details={k: json_finite(v) for k, v in details.items()})
+
+    @app.get("/v1/studies/{study_id}/histogram", dependencies=auth)
+    def counts(study_id: str, confidence: float = 0.95) -> dict[str, Any]:
+        """The noisy counts and proportions of every cell, with confidence intervals."""
+        if not 0 < confidence < 1:
+            raise refuse("confidence must lie strictly between 0 and 1")
+        h = histogram_of(study_id)
+        common = {"study_id": study_id, "shape": list(h.spec.shape), "n_reports": h.n_reports,
+                  "noise_variance": h.noise_variance, "confidence": confidence}
+
+        def cells(est: Counts) -> dict[str, Any]:
+            return {"counts": json_finite(est.counts_), "counts_ci": json_finite(est.counts_ci_),
+                    "proportions": json_finite(est.proportions_), "proportions_ci": json_finite(est.proportions_ci_),
+                    "nonnegative_counts": json_finite(est.nonnegative_counts_)}
+
+        if not h.is_joint:  # a marginal histogram: each axis' counts on their own (no grid)
+            return {**common, "marginal": True,
+                    "axes": [{"column": a.column, "labels": a.labels(),
+                              **cells(fit(Counts(confidence=confidence), h.marginal(a.column)))}
+                             for a in h.spec.axes]}
+        est = fit(Counts(confidence=confidence), h)
+        return {**common, "axes": [{"column": a.column, "labels": a.labels()} for a in h.spec.axes], **cells(est)}
+
+    @app.post("/v1/studies/{study_id}/analyses/quantiles", dependencies=auth)
+    def quantiles(study_id: str, body: QuantilesRequest) -> dict[str, Any]:
+        h = histogram_of(study_id)
+        column = column_of(h, body.column)
+        if any(not 0 <= p <= 1 for p in body.probabilities):
+            raise refuse("probabilities must lie in [0, 1]")
+        est = fit(Quantiles(column, probabilities=tuple(body.probabilities)), h)
+        _, axis = h.spec.axis(column)
+        return {"study_id": study_id, "column": column, "probabilities": body.probabilities,
+                "quantiles": json_finite(est.quantiles_), "clipped": np.asarray(est.clipped_).tolist(),
+                "edges": list(axis.edges or []), "cdf": json_finite(est.cdf_), "n_reports": h.n_reports}
+
+    @app.post("/v1/studies/{study_id}/analyses/moments", dependencies=auth)
+    def moments(study_id: str, body: ColumnStatistic) -> Statistic:
+        """Mean (value) and variance (details) of a binned numeric column."""
+        h, column, est = fit_column(study_id, body, BinnedMoments)
+        return answer(study_id, "mean", h, est.mean_, est.mean_se_, est.mean_ci_, body.confidence,
+                      column=column, variance=float(est.variance_), variance_se=float(est.variance_se_))
+
+    @app.post("/v1/studies/{study_id}/analyses/kendall-tau", dependencies=auth)
+    def kendall_tau(study_id: str, body: Confidence) -> Statistic:
+        h = histogram_of(study_id)
+        est = fit(KendallTau(confidence=body.confidence), h)
+        return answer(study_id, "kendall_tau_b", h, est.tau_, est.se_, est.ci_, body.confidence,
+                      tau_a=float(est.tau_a_), columns=h.spec.columns)
+
+    @app.post("/v1/studies/{study_id}/analyses/auc", dependencies=auth)
+    def auc(study_id: str, body: AUCRequest) -> Statistic:
+        h = histogram_of(study_id)
+        est = fit(AUC(body.score, body.label, body.positive, confidence=body.confidence), h)
+        return answer(study_id, "auc", h, est.auc_, est.se_, est.ci_, body.confidence,
+                      mann_whitney_u=float(est.u_), n_positive=float(est.n_positive_),
+                      n_negative=float(est.n_negative_))
+
+    @app.post("/v1/studies/{study_id}/analyses/gini-mean-difference", dependencies=auth)
+    def gini_mean_difference(study_id: str, body: ColumnStatistic) -> Statistic:
+        h, column, est = fit_column(study_id, body, GiniMeanDifference)
+        return answer(study_id, "gini_mean_difference", h, est.gmd_, est.se_, est.ci_, body.confidence,
+                      column=column)
+
+    @app.post("/v1/studies/{study_id}/analyses/gini-simpson", dependencies=auth)
+    def gini_simpson(study_id: str, body: ColumnStatistic) -> Statistic:
+        h, column, est = fit_column(study_id, body, GiniSimpson)
+        return answer(study_id, "gini_simpson", h, est.diversity_, est.se_, est.ci_, body.confidence,
+                      column=column)

@@ -3,8 +3,8 @@
 A research-harness measurement of the release a study with parties makes (the protocol is built:
 docs/vertical.md, docs/protocol.md sections 2d, 6a, 7), drawn in law::
 
-    .venv/bin/python -m analyzer.vertical_evaluation            # 20 runs per cell
-    .venv/bin/python -m analyzer.vertical_evaluation --quick --out /tmp/v   # ~6 s
+    .venv/bin/python -m research.vertical_evaluation            # 20 runs per cell
+    .venv/bin/python -m research.vertical_evaluation --quick --out /tmp/v   # ~6 s
     .venv/bin/dpsketch experiments --vertical                   # the same, through the harness
 
 Model. Each individual's row a = [a_1 | ... | a_P] (d = 10 columns including the label, split in
@@ -14,16 +14,16 @@ most B), adds N(0, sigma^2) per value with the sigma of a sketch study of the jo
 (:func:`dpsketch.protocol.study.design`), and shares its block under the individual's common
 report id. The servers apply the same OSNAP S to every block (S depends only on the report id),
 so the release is S(A + G) of the joined rows: identical in law to the sketch-kind release of
-the block-clipped rows. It is simulated exactly that way: :func:`baselines.simulate_ltm` of the
+the block-clipped rows. It is simulated exactly that way: :func:`simulation.simulate_ltm` of the
 design()ed study (with the servers' floor noise) on the block-clipped rows. The only difference
 from the single-owner sketch kind is the clipping, per block instead of joint; the joint-clipped
 sketch kind is reported as the reference line, simulated with the same random numbers (report
 ids, client and server noise), so the two differ by S(A_block - A_joint) only.
 
 Mechanisms (all at the same (epsilon, delta), replace-one, B = 1, ridge penalty
-``evaluation.default_alpha``), every ratio F(theta)/F(theta*) on the *same* rows: the
+``error_ratios.default_alpha``), every ratio F(theta)/F(theta*) on the *same* rows: the
 generator's rows (``synthetic.regression_data`` scaled so the 0.99 quantile of the norms is B,
-the rest clipped, as ``analyzer.experiments`` uses them):
+the rest clipped, as ``research.experiments`` uses them):
 
 * ``nonpriv_block``: the non-private ridge fit on the block-clipped rows (the clipping's own cost;
   the joint optimum is 1 by definition);
@@ -40,7 +40,7 @@ the rest clipped, as ``analyzer.experiments`` uses them):
 * ``ltm_party_sign_floor``: the same with the servers' noise of the unsigned study at that k (a
   floor that does not rest on the party key staying secret);
 * ``local``: the local model (each party publishes its noisy clipped block);
-* ``central``: SSP on the joined rows (:func:`baselines.simulate_central` + RidgeRegression),
+* ``central``: SSP on the joined rows (:func:`simulation.simulate_central` + RidgeRegression),
   and ``adassp`` (AdaSSP) -- a trusted curator holding all columns;
 * ``dgm_ols``, ``rmgm_ols``: paper 004's mechanisms on the block-clipped rows (each party
   releases its own noisy or mixed-and-noisy block with the shared public mixing matrix; the
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import os
 import platform
@@ -64,14 +63,12 @@ from typing import Any
 
 import numpy as np
 
-from . import baselines, evaluation, experiments, synthetic
+from analyzer import error_ratios, simulation, synthetic
+
+from . import baselines, evaluation, experiments, report
 
 D_TOTAL = 10  # columns including the label
 PARTIES = (2, 3)
-DEFAULT_NS = (10_000, 100_000, 1_000_000)
-DEFAULT_EPSILONS = (0.5, 1.0, 4.0)
-QUICK_NS = (10_000, 100_000)
-QUICK_EPSILONS = (1.0,)
 NEIGHBOURING = "replace-one"
 
 #: (key, label) in table and plot order.
@@ -123,7 +120,7 @@ def block_bounds(d: int, parties: int, row_bound: float) -> list[float]:
 
 def clip_blocks(rows: np.ndarray, parties: int, row_bound: float,
                 bounds: Sequence[float] | None = None) -> np.ndarray:
-    """Each party clips its own block to B_j (``baselines.clip_rows`` per block)."""
+    """Each party clips its own block to B_j (``simulation.clip_rows`` per block)."""
     a = np.asarray(rows, dtype=np.float64)
     bl = blocks(a.shape[1], parties)
     bounds = block_bounds(a.shape[1], parties, row_bound) if bounds is None else list(bounds)
@@ -131,14 +128,14 @@ def clip_blocks(rows: np.ndarray, parties: int, row_bound: float,
         raise ValueError("one bound per party")
     if abs(sum(b * b for b in bounds) - row_bound ** 2) > 1e-9 * row_bound ** 2:
         raise ValueError("sum_j B_j^2 must equal B^2")
-    return np.column_stack([baselines.clip_rows(a[:, lo:hi], bj) for (lo, hi), bj in zip(bl, bounds)])
+    return np.column_stack([simulation.clip_rows(a[:, lo:hi], bj) for (lo, hi), bj in zip(bl, bounds)])
 
 
 def simulate_party_ltm(study, rows: np.ndarray, parties: int, rng: np.random.Generator, **kw):
     """The per-party LTM release: each party's clipped block plus its N(0, sigma^2) noise,
     sketched by the servers with the report-id keyed S (the same for every block) and summed:
     S(A_blockclipped + G), the sketch study's release of the block-clipped rows."""
-    return baselines.simulate_ltm(study, clip_blocks(rows, parties, study.row_bound), rng, **kw)
+    return simulation.simulate_ltm(study, clip_blocks(rows, parties, study.row_bound), rng, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +149,7 @@ def _rng(*parts: Any) -> np.random.Generator:
 
 def _ratio(rows: np.ndarray, li: int, coef: np.ndarray, alpha: float) -> float:
     X, y = np.delete(rows, li, axis=1), rows[:, li]
-    return evaluation.ridge_ratio(X, y, coef, alpha)
+    return error_ratios.ridge_ratio(X, y, coef, alpha)
 
 
 def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES) -> list[dict[str, Any]]:
@@ -164,7 +161,7 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
     rows, cols, label = data.rows, list(data.columns), data.label
     li = cols.index(label)
     B = experiments.ROW_BOUND
-    alpha = evaluation.default_alpha(n, B)
+    alpha = error_ratios.default_alpha(n, B)
     kw = dict(epsilon=epsilon, delta=experiments.DELTA, row_bound=B, neighbouring=NEIGHBOURING)
     # unsigned: a study with parties cannot take the secret sign (the parties would need a common
     # sign per individual, docs/secret_sign.md section 7), and the joint reference shares its noise
@@ -179,10 +176,10 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
     unsigned_k = experiments.design_study(cols, label, n, epsilon, "sketch", ("vertical-signed", n, epsilon, seed),
                                           secret_sign=False, k=signed.k)
     signed_floor = signed.model_copy(update={"server_sigma": unsigned_k.server_sigma})
-    shared_rel = {"ltm_joint": baselines.simulate_ltm(study, rows, _rng("ltm", n, epsilon, seed)),
-                  "ltm_owner": baselines.simulate_ltm(signed, rows, _rng("ltm-signed", n, epsilon, seed)),
-                  "central": baselines.simulate_central(study, rows, rng)}
-    shared = evaluation._fit_ratios(shared_rel, rows, cols, label=label, rank=None, alpha=alpha,
+    shared_rel = {"ltm_joint": simulation.simulate_ltm(study, rows, _rng("ltm", n, epsilon, seed)),
+                  "ltm_owner": simulation.simulate_ltm(signed, rows, _rng("ltm-signed", n, epsilon, seed)),
+                  "central": simulation.simulate_central(study, rows, rng)}
+    shared = error_ratios.fit_ratios(shared_rel, rows, cols, label=label, rank=None, alpha=alpha,
                                     debias=True)["ridge"]
     shared.update(evaluation.central_baselines(rows, columns=cols, label=label, alpha=alpha, rng=rng,
                                                tasks=("ridge",), mechanisms=["adassp"], **kw)["ridge"])
@@ -191,15 +188,15 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
         t1 = time.perf_counter()
         prng = _rng("party", p, n, epsilon, seed)
         clipped = clip_blocks(rows, p, B)
-        rel = {"ltm_party": baselines.simulate_ltm(study, clipped, _rng("ltm", n, epsilon, seed)),
-               "ltm_party_sign": baselines.simulate_ltm(signed, clipped, _rng("ltm-signed", n, epsilon, seed)),
-               "ltm_party_sign_floor": baselines.simulate_ltm(signed_floor, clipped,
+        rel = {"ltm_party": simulation.simulate_ltm(study, clipped, _rng("ltm", n, epsilon, seed)),
+               "ltm_party_sign": simulation.simulate_ltm(signed, clipped, _rng("ltm-signed", n, epsilon, seed)),
+               "ltm_party_sign_floor": simulation.simulate_ltm(signed_floor, clipped,
                                                               _rng("ltm-signed", n, epsilon, seed)),
-               "local": baselines.simulate_local(study, clipped, prng)}
-        ratios = evaluation._fit_ratios(rel, rows, cols, label=label, rank=None, alpha=alpha,
+               "local": simulation.simulate_local(study, clipped, prng)}
+        ratios = error_ratios.fit_ratios(rel, rows, cols, label=label, rank=None, alpha=alpha,
                                         debias=True)["ridge"]
         Xc, yc = np.delete(clipped, li, axis=1), clipped[:, li]
-        ratios["nonpriv_block"] = _ratio(rows, li, evaluation.ridge_optimum(Xc, yc, alpha), alpha)
+        ratios["nonpriv_block"] = _ratio(rows, li, error_ratios.ridge_optimum(Xc, yc, alpha), alpha)
         for name, fit in (("dgm_ols", baselines.dgm_ols), ("rmgm_ols", baselines.rmgm_ols)):
             ratios[name] = _ratio(rows, li, fit(Xc, yc, rng=prng, alpha=alpha, **kw).coef, alpha)
         ratios.update(shared)
@@ -334,13 +331,13 @@ def markdown(summary: dict, records: list[dict], argv: list[str], seconds: float
     lines = [
         "# Vertically partitioned ridge: LTM vs paper 004's mechanisms",
         "",
-        f"Generated by `{' '.join(['python -m analyzer.vertical_evaluation', *argv])}`"
+        f"Generated by `{' '.join(['python -m research.vertical_evaluation', *argv])}`"
         f" in {seconds / 60:.1f} min on {os.cpu_count()} cores ({platform.machine()}, Python "
         f"{platform.python_version()}). See `docs/vertical.md` for how to read it and "
-        "`analyzer/vertical_evaluation.py` for exactly what runs.",
+        "`research/vertical_evaluation.py` for exactly what runs.",
         "",
         "Ridge ratio F(theta)/F(theta*) (F = ||X theta - y||^2 + alpha ||theta||^2, alpha = 1e-3 n B^2, "
-        "`evaluation.ridge_ratio` on the generator's jointly clipped rows for every mechanism), mean ± sample "
+        "`error_ratios.ridge_ratio` on the generator's jointly clipped rows for every mechanism), mean ± sample "
         "sd (median), p90 = the 90th percentile over runs. d = 10 columns incl. the label (the last party's), contiguous blocks, B_j^2 = B^2 d_j / d, "
         "delta = 1e-6, replace-one, B = 1, servers s1, s2 with design()'s floor noise.",
         "",
@@ -374,33 +371,28 @@ def markdown(summary: dict, records: list[dict], argv: list[str], seconds: float
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analyzer.vertical_evaluation",
+    p = argparse.ArgumentParser(prog="python -m research.vertical_evaluation",
                                 description="Ridge on column-partitioned data: LTM sketch (per-party and "
                                 "joint clipping) vs central, AdaSSP, local, DGM-OLS, RMGM-OLS.")
-    p.add_argument("--out", default="docs/experiments", help="folder for vertical_results.md/.json, vertical.png")
-    p.add_argument("--n", type=float, nargs="+", default=None, help="default 1e4 1e5 1e6 (--quick: 1e4 1e5)")
-    p.add_argument("--epsilons", type=float, nargs="+", default=None, help="default 0.5 1 4 (--quick: 1)")
-    p.add_argument("--seeds", type=int, default=None, help="runs per point (default 20; --quick 1)")
+    report.add_grid_arguments(p, out="folder for vertical_results.md/.json, vertical.png",
+                              n="default 1e4 1e5 1e6 (--quick: 1e4 1e5)", epsilons="default 0.5 1 4 (--quick: 1)",
+                              seeds="runs per point (default 20; --quick 1)",
+                              quick="n 1e4 1e5, epsilon 1, one run (< 40 s)",
+                              from_json="redraw from a previous vertical_results.json")
     p.add_argument("--seeds-1e6", type=int, default=None, help="runs at n >= 10^6 (default: --seeds)")
     p.add_argument("--parties", type=int, nargs="+", default=list(PARTIES))
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="n 1e4 1e5, epsilon 1, one run (< 40 s)")
-    p.add_argument("--from-json", metavar="FILE", help="redraw from a previous vertical_results.json")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    if args.from_json:
-        with open(args.from_json) as fh:
-            saved = json.load(fh)
+    if (saved := report.saved_run(args)) is not None:
         records, seconds, argv = saved["records"], saved["seconds"], saved["argv"]
     else:
-        ns = [int(n) for n in (args.n or (QUICK_NS if args.quick else DEFAULT_NS))]
-        epsilons = [float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else DEFAULT_EPSILONS))]
-        seeds = args.seeds if args.seeds is not None else (1 if args.quick else 20)
+        run = report.grid(args, seeds=20)
+        ns, epsilons, seeds = run.ns, run.epsilons, run.seeds
         seeds_big = args.seeds_1e6 if args.seeds_1e6 is not None else seeds
         jobs = [(n, e, s) for n in sorted(ns, reverse=True) for e in epsilons
                 for s in range(seeds_big if n >= 1_000_000 else seeds)]
@@ -423,15 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for j in jobs:
                 done(run_case(*j, tuple(args.parties)))
         seconds = time.perf_counter() - t0
-        with open(os.path.join(args.out, "vertical_results.json"), "w") as fh:
-            json.dump({"argv": argv, "seconds": round(seconds, 1), "delta": experiments.DELTA,
-                       "records": records}, fh, indent=1)
+        report.save_run(args.out, "vertical_results.json", {"argv": argv, "seconds": round(seconds, 1),
+                                                            "delta": experiments.DELTA, "records": records})
     summary = summarize(records)
     plot(summary, os.path.join(args.out, "vertical.png"))
-    md = markdown(summary, records, list(argv), seconds)
-    with open(os.path.join(args.out, "vertical_results.md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    report.publish(args.out, "vertical_results.md", markdown(summary, records, list(argv), seconds))
     print(f"vertical: wrote {args.out}/vertical_results.md, .json, vertical.png in {seconds:.0f} s", file=sys.stderr)
     return 0
 

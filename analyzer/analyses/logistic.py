@@ -70,20 +70,36 @@ column that holds the same positive constant in every row with ``intercept_colum
 read from its Gram diagonal, sqrt(G_cc / n)), or fit without intercept (``fit_intercept=False``).
 
 Everything here is post-processing of the release and its public parameters.
+
+The REST route
+--------------
+``install`` adds the analyzer's route for logistic regression, a thin layer over
+:class:`LogisticRegression`.
+
+``POST /v1/studies/{id}/analyses/logistic`` fits :class:`LogisticRegression` on
+a released gram or sketch study and answers the coefficients and intercept like ridge does. A
+histogram study, an unknown label or intercept column, classes that are not two distinct numbers,
+a sketch study without an intercept column (unless ``fit_intercept`` is false) are 422
+``invalid-request``; a study that is not released is 409 ``study-open`` (from ``released``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from .estimators import _as_matrix, default_ridge_alpha, robust_solve
-from .moments import standard_moments
-from .release import column_indices, noise_scale_of
+from ..estimators import _as_matrix, default_ridge_alpha, robust_solve
+from ..moments import release_columns, standard_moments
+from ..release import HistogramRelease, L1Release, Release, column_indices, noise_scale_of
+from .routes import NOT_FINITE, fitting, json_number, label_of, refuse, require_finite
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 CALIBRATIONS = ("gaussian", "taylor")
 
@@ -328,7 +344,7 @@ class LogisticRegression:
         sums M[:, const] / (scale kappa). NaN where the release declares no noise law."""
         from dpsketch.protocol.bounds import CONSTANT
 
-        from . import uncertainty
+        from .. import uncertainty
 
         study = release.study
         features = [c for c in m.columns if c != self.label] if self.features is None else list(self.features)
@@ -358,13 +374,13 @@ class LogisticRegression:
     def stderr(self) -> np.ndarray:
         """Standard errors of coef_ and (last) intercept_ over the release's noise, in units (a
         study with bounds; NaN otherwise)."""
-        from .uncertainty import standard_errors
+        from ..uncertainty import standard_errors
 
         return standard_errors(getattr(self, "noise_cov_", np.full((self.coef_.shape[1] + 1,) * 2, np.nan)))
 
     def conf_int(self, level: float = 0.95) -> np.ndarray:
         """(p + 1, 2) intervals [low, high] of coef_ and (last) intercept_ over the release's noise."""
-        from .uncertainty import intervals
+        from ..uncertainty import intervals
 
         cov = getattr(self, "noise_cov_", np.full((self.coef_.shape[1] + 1,) * 2, np.nan))
         _, low, high = intervals(np.append(self.coef_[0], self.intercept_), cov, level)
@@ -415,3 +431,73 @@ class LogisticRegression:
     def predict(self, X) -> np.ndarray:
         """classes_[1] where the decision function is positive, else classes_[0]."""
         return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# the REST route
+
+
+class LogisticRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str | None = Field(default=None, description="label column; default: the study's label")
+    classes: list[float] = Field(default=[0.0, 1.0], description="the label's (negative, positive) values")
+    alpha: float | None = Field(default=None, ge=0, description="ridge penalty on the surrogate (units of "
+                                "the Gram); default: chosen from the noise level")
+    debias: bool = Field(default=True, description="subtract the known noise energy from the Gram (sketch)")
+    fit_intercept: bool = True
+    intercept_column: str | None = Field(default=None, description="a column holding one positive constant "
+                                         "(needed for an intercept on a sketch study without bounds; a study "
+                                         "with bounds carries its own constant)")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="level of the confidence intervals")
+    calibration: Literal["gaussian", "taylor"] = Field(
+        default="gaussian", description="taylor: the Taylor-at-0 surrogate's minimiser (paper 002); gaussian: "
+        "its direction, with scale and intercept from the within-class score distribution (docs/logistic.md)")
+
+
+class LogisticResult(BaseModel):
+    study_id: str
+    label: str
+    classes: list[float]
+    features: list[str]
+    coef: list[float] = Field(description="per feature, on the log-odds scale per unit of the feature (in the "
+                              "data's units for a study with bounds)")
+    intercept: float
+    stderr: list[float | None] = Field(default_factory=list, description="per feature, then the intercept: "
+                                       "the standard error over the release's public noise law (a study "
+                                       "with bounds; null where not available)")
+    conf_int: list[list[float | None]] = Field(default_factory=list, description="per feature, then the "
+                                               "intercept: [low, high] at `confidence`")
+    confidence: float = 0.95
+    in_units: bool = Field(default=False, description="whether the study declared bounds, so coef is per unit "
+                           "of each feature in the data's units")
+    alpha: float
+    calibration: str
+    debias: bool
+    n_reports: int
+
+
+def install(app: FastAPI, released: Callable[[str], Release], auth: list) -> None:
+    """Add the logistic regression route to the analyzer's app."""
+
+    @app.post("/v1/studies/{study_id}/analyses/logistic", dependencies=auth)
+    def logistic(study_id: str, body: LogisticRequest) -> LogisticResult:
+        rel = released(study_id)
+        if isinstance(rel, (HistogramRelease, L1Release)):
+            raise refuse(f"study {study_id} is a {rel.study.kind} study: logistic regression needs a gram "
+                         f"or sketch study")
+        label = label_of(body.label, rel.study.label, release_columns(rel))
+        with fitting():
+            classes = check_classes(body.classes)
+            model = LogisticRegression(label=label, classes=classes, alpha=body.alpha, debias=body.debias,
+                                       fit_intercept=body.fit_intercept, intercept_column=body.intercept_column,
+                                       calibration=body.calibration).fit(rel)
+        require_finite(model.coef_[0], model.intercept_,
+                       message=NOT_FINITE + " (is alpha far larger than the data?)")
+        return LogisticResult(study_id=study_id, label=label, classes=list(classes),
+                              features=list(model.feature_names_), coef=model.coef_[0].tolist(),
+                              intercept=float(model.intercept_[0]), alpha=float(model.alpha_),
+                              calibration=model.calibration_, debias=body.debias, n_reports=rel.n_reports,
+                              in_units=bool(getattr(model, "in_units_", False)),
+                              stderr=[json_number(v) for v in model.stderr()],
+                              conf_int=[[json_number(a), json_number(b)] for a, b in model.conf_int(body.confidence)],
+                              confidence=body.confidence)

@@ -10,10 +10,10 @@ baselines on the same data at the same (epsilon, delta).
 
 Reproduce the benchmark tables (about a minute each)::
 
-    .venv/bin/python -m analyzer.evaluation --seeds 5                 # design() defaults
-    .venv/bin/python -m analyzer.evaluation --seeds 5 --k auto        # proposed_k
-    .venv/bin/python -m analyzer.evaluation --seeds 5 --clip-quantile 0.99
-    .venv/bin/python -m analyzer.evaluation --seeds 5 --central-baselines --n 1e3 1e4 1e5
+    .venv/bin/python -m research.evaluation --seeds 5                 # design() defaults
+    .venv/bin/python -m research.evaluation --seeds 5 --k auto        # proposed_k
+    .venv/bin/python -m research.evaluation --seeds 5 --clip-quantile 0.99
+    .venv/bin/python -m research.evaluation --seeds 5 --central-baselines --n 1e3 1e4 1e5
 
 Everything is seeded (data, sketch seed, report ids, noise), so a run is reproducible.
 """
@@ -28,185 +28,34 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from analyzer import error_ratios, simulation, synthetic
+from analyzer.error_ratios import (DEFAULT_ALPHA_PER_REPORT, default_alpha, fit_ratios, pca_optimum, pca_ratio,
+                                   ridge_optimum, ridge_ratio)
+from analyzer.release import SecondMoments
 from dpsketch.protocol import privacy
 from dpsketch.protocol.study import Study, design
 
-from . import baselines, synthetic
-from .estimators import PCA, RidgeRegression
-from .release import SecondMoments
-
-#: Default ridge penalty of the evaluation objective, per report and per B^2: alpha = 1e-3 n B^2.
-#: Proportional to n, so it is the same per-sample regulariser lambda = 1e-3 B^2 at every n
-#: (the objective does not change meaning as n grows); small against the feature Gram, whose
-#: eigenvalues are ~ n B^2 / (5 d) for the benchmark data, so F stays essentially least squares.
-DEFAULT_ALPHA_PER_REPORT = 1e-3
+from . import baselines
 
 
-# ---------------------------------------------------------------------------------------------
-# ridge
-
-
-def ridge_objective(X: np.ndarray, y: np.ndarray, theta: np.ndarray, alpha: float) -> float:
-    r = X @ theta - y
-    return float(r @ r + alpha * (theta @ theta))
-
-
-def ridge_optimum(X: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
-    """argmin F exactly (least squares through lstsq on the stacked system)."""
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if alpha > 0:
-        p = X.shape[1]
-        X = np.vstack([X, np.sqrt(alpha) * np.eye(p)])
-        y = np.concatenate([y, np.zeros(p)])
-    return np.linalg.lstsq(X, y, rcond=None)[0]
-
-
-def ridge_ratio(X: np.ndarray, y: np.ndarray, theta_hat: np.ndarray, alpha: float) -> float:
-    """F(theta_hat) / F(theta*) on the given data."""
-    best = ridge_objective(X, y, ridge_optimum(X, y, alpha), alpha)
-    return ridge_objective(X, y, theta_hat, alpha) / best
-
-
-# ---------------------------------------------------------------------------------------------
-# low rank
-
-
-def pca_error(A: np.ndarray, components: np.ndarray) -> float:
-    """||A - A V V^T||_F^2 for V with orthonormal columns, given as ``components`` (r x d rows)."""
-    v = np.atleast_2d(np.asarray(components, dtype=np.float64))
-    resid = A - (A @ v.T) @ v
-    return float(np.sum(resid * resid))
-
-
-def pca_optimum(A: np.ndarray, rank: int) -> np.ndarray:
-    """The exact top-``rank`` right singular vectors of A (rows)."""
-    _, _, vt = np.linalg.svd(np.asarray(A, dtype=np.float64), full_matrices=False)
-    return vt[:rank]
-
-
-def pca_ratio(A: np.ndarray, components: np.ndarray) -> float:
-    """||A - A V V^T||_F^2 / ||A - A V* V*^T||_F^2 with V* of the same rank."""
-    r = np.atleast_2d(components).shape[0]
-    return pca_error(A, components) / pca_error(A, pca_optimum(A, r))
-
-
-# ---------------------------------------------------------------------------------------------
-# comparison
-
-
-def default_alpha(n_reports: int, row_bound: float) -> float:
-    """The evaluation's ridge penalty: DEFAULT_ALPHA_PER_REPORT * n * B^2 (public)."""
-    return DEFAULT_ALPHA_PER_REPORT * n_reports * row_bound**2
-
-
-def _fit_ratios(
-    releases: dict[str, SecondMoments],
-    rows: np.ndarray,
-    columns: list[str],
-    *,
-    label: str | None,
-    rank: int | None,
-    alpha: float,
-    debias: bool,
-) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    if label is not None:
-        li = columns.index(label)
-        X, y = np.delete(rows, li, axis=1), rows[:, li]
-        best = ridge_objective(X, y, ridge_optimum(X, y, alpha), alpha)
-        out["ridge"] = {}
-        for name, rel in releases.items():
-            model = RidgeRegression(label, alpha=alpha, debias=debias).fit(rel)
-            out["ridge"][name] = ridge_objective(X, y, model.coef_, alpha) / best
-    if rank is not None:
-        best = pca_error(rows, pca_optimum(rows, rank))
-        out["pca"] = {}
-        for name, rel in releases.items():
-            model = PCA(rank, debias=debias).fit(rel)
-            out["pca"][name] = pca_error(rows, model.components_) / best
-    return out
-
-
-def compare(
-    data,
-    study: Study,
-    ltm_release: SecondMoments,
-    *,
-    label: str | None = None,
-    rank: int | None = None,
-    alpha: float | None = None,
-    rng: np.random.Generator | None = None,
-    debias: bool = True,
-    tasks: Sequence[str] = ("ridge", "pca"),
-    extra: Sequence[str] = (),
-    references: bool = True,
-) -> dict[str, dict[str, float]]:
-    """Error ratios of ridge and PCA for the LTM release and the local and central baselines.
-
-    ``data`` is the clients' data: a :class:`synthetic.Dataset` or an n x d array in the study's
-    column order (rows are clipped to the study's B, as the clients did). ``ltm_release`` is the
-    release over exactly these rows (from real servers or :func:`baselines.simulate_ltm`). The
-    local and central releases are simulated here, at the study's (epsilon, delta), B and
-    neighbouring notion, with ``rng`` (numpy; default seeded 0 -- a simulation).
-
-    ``label`` defaults to the study's (or the data set's) label; ridge is skipped without one.
-    ``rank`` defaults to the data set's rank, else 3 (at most d - 1). ``alpha`` is the ridge
-    penalty used by every mechanism and in F; default :func:`default_alpha`.
-
-    Returns ``{"ridge": {"ltm": r, "local": r, "central": r}, "pca": {...}}``, ratios >= 1 (up to
-    rounding), 1.0 being the non-private optimum.
-
-    ``extra`` adds more mechanisms of :func:`central_baselines` at the study's (epsilon, delta),
-    B and neighbouring notion, e.g. ``extra=EXTRA_BASELINES`` (optimum, plain SSP, AdaSSP,
-    DGM-OLS, RMGM-OLS); each name is added to the tasks it applies to (see
-    :data:`RIDGE_BASELINES`, :data:`PCA_BASELINES`). Default: none, the three above.
-    ``references=False`` leaves out local and central (only ``"ltm"`` and ``extra``): for a
-    caller that compares several releases of the same rows and simulated them once already.
-    """
-    rows = getattr(data, "rows", data)
-    rows = baselines.clip_rows(np.atleast_2d(np.asarray(rows, dtype=np.float64)), study.row_bound)
-    columns = list(study.columns)
-    if rows.shape[1] != len(columns):
-        raise ValueError(f"data has {rows.shape[1]} columns, the study {len(columns)}")
-    data_columns = getattr(data, "columns", None)
-    if data_columns is not None and list(data_columns) != columns:
-        raise ValueError("the data's columns differ from the study's")
-    if int(ltm_release.n_reports) != rows.shape[0]:
-        raise ValueError(
-            f"the release covers {ltm_release.n_reports} reports but the data has {rows.shape[0]} rows"
-        )
+def compare(data, study: Study, ltm_release: SecondMoments, *, extra: Sequence[str] = (),
+            rng: np.random.Generator | None = None, debias: bool = True, **options) -> dict[str, dict[str, float]]:
+    """:func:`analyzer.error_ratios.compare` (the LTM release next to the local and central
+    models; ``options``: its label, rank, alpha, tasks and references), and with ``extra`` more
+    mechanisms of :func:`central_baselines` at the study's (epsilon, delta), B and neighbouring
+    notion, e.g. ``extra=EXTRA_BASELINES`` (optimum, plain SSP, AdaSSP, DGM-OLS, RMGM-OLS); each
+    name is added to the tasks it applies to (see :data:`RIDGE_BASELINES`,
+    :data:`PCA_BASELINES`). Default: none, the three above."""
     rng = rng if rng is not None else np.random.default_rng(0)
-    label = label or study.label or getattr(data, "label", None)
-    if "ridge" not in tasks:
-        label = None
-    if "pca" in tasks:
-        rank = rank or getattr(data, "rank", None) or min(synthetic.DEFAULT_RANK, len(columns) - 1)
-    else:
-        rank = None
-    alpha = default_alpha(rows.shape[0], study.row_bound) if alpha is None else float(alpha)
-    releases: dict[str, SecondMoments] = {"ltm": ltm_release}
-    if references:
-        releases["local"] = baselines.simulate_local(study, rows, rng)
-        releases["central"] = baselines.simulate_central(study, rows, rng)
-    out = _fit_ratios(releases, rows, columns, label=label, rank=rank, alpha=alpha, debias=debias)
+    out = error_ratios.compare(data, study, ltm_release, rng=rng, debias=debias, **options)
     extra = [m for m in extra if m not in ("local", "central")]  # already there
     if extra:
+        options.pop("references", None)
+        rows, columns, label, rank, alpha = error_ratios.compare_inputs(data, study, ltm_release, **options)
         more = central_baselines(
-            rows,
-            columns=columns,
-            epsilon=study.epsilon,
-            delta=study.delta,
-            row_bound=study.row_bound,
-            neighbouring=study.neighbouring,
-            label=label,
-            rank=rank,
-            alpha=alpha,
-            rng=rng,
-            debias=debias,
-            tasks=tuple(t for t in tasks if t in out),
-            mechanisms=extra,
-        )
+            rows, columns=columns, epsilon=study.epsilon, delta=study.delta, row_bound=study.row_bound,
+            neighbouring=study.neighbouring, label=label, rank=rank, alpha=alpha, rng=rng, debias=debias,
+            tasks=tuple(t for t in options.get("tasks", ("ridge", "pca")) if t in out), mechanisms=extra)
         for task, res in more.items():
             out[task].update(res)
     return out
@@ -218,7 +67,7 @@ def compare(
 #: Ridge mechanisms of :func:`central_baselines`: the non-private optimum (ratio 1), the local
 #: model (noisy rows, fit by :class:`RidgeRegression`), ``central`` (the SSP release fit by
 #: :class:`RidgeRegression`, i.e. with its eigenvalue floor -- what :func:`compare` reports),
-#: plain SSP, AdaSSP, DGM-OLS and RMGM-OLS (:mod:`analyzer.baselines`).
+#: plain SSP, AdaSSP, DGM-OLS and RMGM-OLS (:mod:`research.baselines`).
 RIDGE_BASELINES = ("optimum", "local", "central", "ssp", "adassp", "dgm_ols", "rmgm_ols")
 #: PCA mechanisms: optimum, local, Analyze Gauss (noise on A^T A; :func:`compare`'s "central").
 PCA_BASELINES = ("optimum", "local", "analyze_gauss")
@@ -270,7 +119,7 @@ def central_baselines(
         row_bound = getattr(data, "row_bound", None)
         if row_bound is None:
             raise ValueError("row_bound is required for array data")
-    rows = baselines.clip_rows(rows, row_bound)
+    rows = simulation.clip_rows(rows, row_bound)
     if columns is None:
         columns = getattr(data, "columns", None)
     columns = [f"x{i}" for i in range(rows.shape[1])] if columns is None else list(columns)
@@ -288,16 +137,16 @@ def central_baselines(
     def gram_releases(wanted: set[str]) -> dict[str, SecondMoments]:
         rel: dict[str, SecondMoments] = {}
         if "local" in wanted:
-            rel["local"] = baselines.local_release(rows, columns, rng=rng, **kw)
+            rel["local"] = simulation.local_release(rows, columns, rng=rng, **kw)
         for name in ("central", "analyze_gauss"):
             if name in wanted:
-                rel[name] = baselines.central_gram(rows, columns, rng=rng, **kw)
+                rel[name] = simulation.central_gram(rows, columns, rng=rng, **kw)
         return rel
 
     out: dict[str, dict[str, float]] = {}
     if "ridge" in tasks and label is not None:
         want = [m for m in names if m in RIDGE_BASELINES]
-        res = _fit_ratios(
+        res = fit_ratios(
             gram_releases(set(want)), rows, columns, label=label, rank=None, alpha=alpha, debias=debias
         ).get("ridge", {})
         li = columns.index(label)
@@ -311,7 +160,7 @@ def central_baselines(
     if "pca" in tasks:
         want = [m for m in names if m in PCA_BASELINES]
         rank = rank or getattr(data, "rank", None) or min(synthetic.DEFAULT_RANK, len(columns) - 1)
-        res = _fit_ratios(
+        res = fit_ratios(
             gram_releases(set(want)), rows, columns, label=None, rank=rank, alpha=alpha, debias=debias
         ).get("pca", {})
         if "optimum" in want:
@@ -374,7 +223,7 @@ def run_benchmark(
     design_kwargs: dict | None = None,
 ) -> dict[int, dict[str, dict[str, list[float]]]]:
     """Ridge on :func:`synthetic.regression_data` and PCA on :func:`synthetic.lowrank_data`,
-    LTM simulated with :func:`baselines.simulate_ltm`; ratios per n, task, mechanism and seed.
+    LTM simulated with :func:`simulation.simulate_ltm`; ratios per n, task, mechanism and seed.
     ``auto_k`` uses :func:`proposed_k` instead of design()'s default k."""
     design_kwargs = dict(design_kwargs or {})
     results: dict[int, dict[str, dict[str, list[float]]]] = {}
@@ -388,7 +237,7 @@ def run_benchmark(
             if auto_k:
                 design_kwargs["k"] = proposed_k(n, len(reg.columns))
             st = benchmark_study(reg.columns, reg.label, n, seed, **design_kwargs)
-            ltm = baselines.simulate_ltm(st, reg.rows, rng)
+            ltm = simulation.simulate_ltm(st, reg.rows, rng)
             per.setdefault("k", {})["ridge"] = [st.k]
             r = compare(
                 reg, st, ltm, rng=rng, alpha=alpha_per_report * n * st.row_bound**2, tasks=("ridge",)
@@ -399,7 +248,7 @@ def run_benchmark(
             if auto_k:
                 design_kwargs["k"] = proposed_k(n, len(low.columns))
             st = benchmark_study(low.columns, None, n, seed, **design_kwargs)
-            ltm = baselines.simulate_ltm(st, low.rows, rng)
+            ltm = simulation.simulate_ltm(st, low.rows, rng)
             per["k"]["pca"] = [st.k]
             p = compare(low, st, ltm, rng=rng, tasks=("pca",))
             for task, res in (("ridge", r["ridge"]), ("pca", p["pca"])):

@@ -1,0 +1,490 @@
+"""A validity study's verification round at one share server (docs/protocol.md section 6d).
+
+Each server checks every report's proof (dpsketch/protocol/validity.py) and decides for itself;
+nothing travels from server to server, the analyzer carries every message. The round's steps
+and why each is stored before it is answered:
+
+* commit: the study takes no more uploads from the moment the request is taken (the upload
+  gate below), and this server's 32-byte contribution to the query seed is stored durably
+  before its commitment is answered: after a crash the server commits to the same value, so
+  the seed that comes out is the same, and no report is ever queried at two points (two
+  points would reveal two values of each wire polynomial, which the proof hides only once).
+* reveal: the N commitments are stored, and the contribution is answered only if this
+  server's own is at its position; another list later is refused forever.
+* query: the contributions are checked against the commitments, the query seed (a hash of all
+  of them) is stored, and the verifier share of every held report is answered, computed in
+  chunks of reports, vectorised over each chunk (``validity.verifier_shares``).
+* decide: the verifier shares are recomputed (deterministic from the stored shares and seed),
+  added to the others' sum the analyzer sent, and every report decided; the decided ids and
+  the refused ones are stored before the answer. A commit (store.py) then refuses an inclusion
+  set with a refused report or one this server did not decide.
+
+Why the upload gate is in the store and not the writer: the writer runs jobs in the order they
+were queued (services/writer.py), so a commit job queued under the gate's lock runs after
+every upload queued before it and before any queued after it, and every upload queued after
+it is refused under the same lock. The contribution is thus drawn after the last report this
+server will ever hold. Replicas sharing a PostgreSQL database learn of a closure another
+replica made from the database, under the study's row lock, before they store any upload
+(``Store._catch_up_uploads``); the commit takes that lock too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpsketch.protocol import field, messages, ring, validity
+from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.sketch import REPORT_ID_BYTES
+from dpsketch.protocol.verification import Commitment, Contribution
+
+from . import batches, idsets
+from .writer import CallJob
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .state import StudyRecord
+    from .store import Store
+
+log = logging.getLogger("dpsketch.server")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS verifications (
+    study          BIGINT PRIMARY KEY,
+    contribution   BLOB NOT NULL,
+    commitment     BLOB NOT NULL,
+    committed_at   REAL NOT NULL,
+    commitments    BLOB,
+    contributions  BLOB,
+    query_seed     BLOB,
+    decided_hash   BLOB,
+    decided        BLOB,
+    refused        BLOB,
+    decided_at     REAL
+)"""
+
+_COLUMNS = ("contribution, commitment, committed_at, commitments, contributions, query_seed, "
+            "decided_hash, decided, refused, decided_at")
+
+#: Working memory of one chunk of reports a query or decision computes at once (their stored
+#: payloads, as uint64 elements; the verifier computation holds a few times that).
+CHUNK_BYTES = 32 << 20
+
+
+@dataclass
+class Round:
+    """What this server stored of one study's round (None: that step is not done)."""
+
+    contribution: bytes
+    commitment: bytes
+    committed_at: float
+    commitments: bytes | None = None
+    contributions: bytes | None = None
+    query_seed: bytes | None = None
+    decided_hash: bytes | None = None
+    decided: bytes | None = None  # the decided ids, sorted, concatenated
+    refused: bytes | None = None  # the refused ids among them, sorted, concatenated
+    decided_at: float | None = None
+    _decided_halves: tuple[np.ndarray, np.ndarray] | None = None
+    _refused_halves: tuple[np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def of_row(cls, row: tuple) -> "Round":
+        c, m, at, cs, cb, seed, dh, dec, ref, dat = row
+        def b(v: Any) -> bytes | None:
+            return None if v is None else bytes(v)
+        return cls(bytes(c), bytes(m), float(at), b(cs), b(cb), b(seed), b(dh), b(dec), b(ref),
+                   None if dat is None else float(dat))
+
+    def halves(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        """The decided or refused ids as native uint64 halves (made once)."""
+        if which == "decided":
+            if self._decided_halves is None:
+                self._decided_halves = idsets.halves(self.decided or b"")
+            return self._decided_halves
+        if self._refused_halves is None:
+            self._refused_halves = idsets.halves(self.refused or b"")
+        return self._refused_halves
+
+    @property
+    def n_decided(self) -> int:
+        return len(self.decided or b"") // REPORT_ID_BYTES
+
+    @property
+    def n_refused(self) -> int:
+        return len(self.refused or b"") // REPORT_ID_BYTES
+
+
+@dataclass
+class Decision:
+    """A decision's answer: the refused ids (a report-id list) and the counts."""
+
+    refused: bytes
+    decided: int
+
+    @property
+    def n_refused(self) -> int:
+        return len(self.refused) // REPORT_ID_BYTES
+
+
+def _payload(got: Any, leader_width: int) -> tuple[np.ndarray, bool]:
+    """A stored batch's payloads for ``validity.server_shares``, and whether they are seeds:
+    (m, 32) uint8 seeds (a helper's batch, stored as sent: services/batches.py) or the leader's
+    (m, n + P) uint64 input and proof shares."""
+    m = len(got)
+    if batches.holds_seeds(len(got.shares), m, leader_width):
+        return np.frombuffer(got.shares, dtype=np.uint8).reshape(m, ring.SEED_BYTES), True
+    return got.share_matrix(leader_width), False
+
+
+class Rounds:
+    """The verification rounds of one store's validity studies."""
+
+    def __init__(self, store: "Store"):
+        self.store = store
+        self.backend = store.backend
+        self.server_id = store.settings.server_id
+        #: taken to queue an upload or a round's commit (module docstring)
+        self.gate = threading.Lock()
+        self._closed: set[int] = set()  # studies (seq) closed to uploads
+        self._rounds: dict[int, Round] = {}
+        self._lock = threading.Lock()
+
+    def load(self, conn: Any) -> None:
+        """At start: which studies are closed to uploads (their rounds are read when asked for)."""
+        self._closed = {int(seq) for (seq,) in conn.execute("SELECT study FROM verifications").fetchall()}
+
+    # --- uploads -----------------------------------------------------------------------------
+    def admit(self, record: "StudyRecord", submit: Callable[[], Any]) -> Any:
+        """``submit()`` (queue an upload to the writer) unless the study's round has begun: 409
+        uploads-closed. Under the gate, so that no upload is queued behind a round's commit."""
+        with self.gate:
+            if record.seq in self._closed:
+                raise ProblemError("uploads-closed", f"study {record.study_id} is being verified (its "
+                                   f"verification round began): it takes no more reports")
+            return submit()
+
+    def closed_in(self, conn: Any, record: "StudyRecord") -> bool:
+        """A store shared with other replicas, under the study's row lock: whether some replica
+        closed the study (taken into this one's gate too)."""
+        if record.study.validity is None:
+            return False
+        if record.seq not in self._closed and conn.execute(
+                "SELECT 1 FROM verifications WHERE study = ?", (record.seq,)).fetchone():
+            self._closed.add(record.seq)
+        return record.seq in self._closed
+
+    # --- state -------------------------------------------------------------------------------
+    def _read(self, conn: Any, seq: int) -> Round | None:
+        row = conn.execute(f"SELECT {_COLUMNS} FROM verifications WHERE study = ?", (seq,)).fetchone()
+        return None if row is None else Round.of_row(row)
+
+    def round(self, record: "StudyRecord") -> Round | None:
+        """The study's round as stored (cached; a shared store re-reads it)."""
+        with self._lock:
+            cached = self._rounds.get(record.seq)
+        if cached is not None and not self.store.shared:  # this process wrote every step
+            return cached
+        with self.store._reading() as conn:
+            got = self._read(conn, record.seq)
+        if got is not None:
+            with self._lock:
+                self._rounds[record.seq] = got
+        return got
+
+    def _store(self, fn: Callable[[Any], tuple[Any, Callable[[], None] | None]]) -> Any:
+        return self.store.writer.submit(CallJob(fn)).result()
+
+    def _remember(self, seq: int, rnd: Round) -> Callable[[], None]:
+        def apply() -> None:
+            with self._lock:
+                self._rounds[seq] = rnd
+            self._closed.add(seq)
+        return apply
+
+    @staticmethod
+    def _plan(record: "StudyRecord") -> Any:
+        study = record.study
+        if study.validity is None:
+            raise ProblemError("invalid-request", f"study {record.study_id} has no validity proofs: it "
+                               f"has no verification round")
+        return validity.plan(study)
+
+    def _position(self, record: "StudyRecord") -> int:
+        return record.study.servers.index(self.server_id)
+
+    @staticmethod
+    def _open(record: "StudyRecord") -> None:
+        if record.closure is not None:
+            raise ProblemError("study-closed", f"study {record.study_id} was {record.closure.reason}: it "
+                               f"releases nothing and is not verified")
+
+    def _started(self, record: "StudyRecord", step: str) -> Round:
+        rnd = self.round(record)
+        if rnd is None:
+            raise ProblemError("verification-pending", f"study {record.study_id}: {step} before "
+                               f"verify/commit; run the round's steps in order")
+        return rnd
+
+    # --- 1. commit ---------------------------------------------------------------------------
+    def commit(self, record: "StudyRecord") -> Commitment:
+        """Close the study to uploads, draw and store this server's contribution, answer its
+        commitment (the same on every repeat)."""
+        self._plan(record)
+        study = record.study
+        position = self._position(record)
+        rnd = self.round(record)
+        if rnd is None:
+            self._open(record)
+            if record.commit is not None:
+                raise ProblemError("study-closed", f"study {record.study_id} is committed; it is not verified")
+            contribution = validity.new_contribution()
+            fresh = Round(contribution, validity.commitment(study.study_id, position, contribution), time.time())
+
+            def fn(conn: Any) -> tuple[Round, Callable[[], None]]:
+                if self.store.shared:  # one round per study whichever replica is asked
+                    self.backend.lock_study(conn, record.seq)
+                stored = self._read(conn, record.seq)
+                if stored is None:
+                    if record.closure is not None:
+                        raise ProblemError("study-closed", f"study {record.study_id} was {record.closure.reason}")
+                    conn.execute("INSERT INTO verifications (study, contribution, commitment, committed_at) "
+                                 "VALUES (?, ?, ?, ?)", (record.seq, fresh.contribution, fresh.commitment,
+                                                         fresh.committed_at))
+                    stored = fresh
+                    log.info("study %s: closed to uploads for its verification round (%d reports held)",
+                             record.study_id, self.store.held(record))
+                return stored, self._remember(record.seq, stored)
+
+            with self.gate:  # every upload queued before this job is stored before it; none after
+                self._closed.add(record.seq)
+                future = self.store.writer.submit(CallJob(fn))
+            rnd = future.result()
+        return Commitment(study_id=study.study_id, server_id=self.server_id, position=position,
+                          commitment=rnd.commitment.hex())
+
+    # --- 2. reveal ---------------------------------------------------------------------------
+    def reveal(self, record: "StudyRecord", commitments: list[bytes]) -> Contribution:
+        """Store the N commitments (once), answer this server's contribution."""
+        self._plan(record)
+        study = record.study
+        position = self._position(record)
+        rnd = self._started(record, "verify/reveal")
+        if len(commitments) != study.n_servers:
+            raise ProblemError("verification-refused", f"the round of study {study.study_id} has "
+                               f"{study.n_servers} commitments, one per server; got {len(commitments)}")
+        if commitments[position] != rnd.commitment:
+            raise ProblemError("verification-refused", f"commitment {position} is not this server's "
+                               f"(server {self.server_id} is at position {position} of the study's servers)")
+        joined = b"".join(commitments)
+        if rnd.commitments is None:
+            def fn(conn: Any) -> tuple[Round, Callable[[], None]]:
+                stored = self._read(conn, record.seq)
+                assert stored is not None
+                if stored.commitments is None:
+                    conn.execute("UPDATE verifications SET commitments = ? WHERE study = ?", (joined, record.seq))
+                    stored.commitments = joined
+                return stored, self._remember(record.seq, stored)
+
+            rnd = self._store(fn)
+        if rnd.commitments != joined:
+            raise ProblemError("verification-conflict", f"study {study.study_id}: this server revealed its "
+                               f"contribution for another list of commitments; it reveals for no other")
+        return Contribution(study_id=study.study_id, server_id=self.server_id, position=position,
+                            contribution=rnd.contribution.hex())
+
+    # --- 3. query ----------------------------------------------------------------------------
+    def fix_seed(self, record: "StudyRecord", contributions: list[bytes]) -> tuple[Round, Any]:
+        """Check the contributions against the commitments and store the query seed (once)."""
+        plan = self._plan(record)
+        study = record.study
+        rnd = self._started(record, "verify/query")
+        if rnd.commitments is None:
+            raise ProblemError("verification-pending", f"study {study.study_id}: verify/query before "
+                               f"verify/reveal; run the round's steps in order")
+        if len(contributions) != study.n_servers:
+            raise ProblemError("verification-refused", f"the round of study {study.study_id} has "
+                               f"{study.n_servers} contributions, one per server; got {len(contributions)}")
+        commitments = [rnd.commitments[i * 32:(i + 1) * 32] for i in range(study.n_servers)]
+        wrong = [i for i, c in enumerate(contributions)
+                 if validity.commitment(study.study_id, i, c) != commitments[i]]
+        if wrong:
+            raise ProblemError("verification-refused", f"contribution(s) {wrong} do not open the commitments "
+                               f"this server stored for study {study.study_id}", extra={"positions": wrong})
+        seed = validity.query_seed(study.study_id, contributions)
+        if rnd.query_seed is None:
+            joined = b"".join(contributions)
+
+            def fn(conn: Any) -> tuple[Round, Callable[[], None]]:
+                stored = self._read(conn, record.seq)
+                assert stored is not None
+                if stored.query_seed is None:
+                    conn.execute("UPDATE verifications SET contributions = ?, query_seed = ? WHERE study = ?",
+                                 (joined, seed, record.seq))
+                    stored.contributions, stored.query_seed = joined, seed
+                    log.info("study %s: query seed fixed", study.study_id)
+                return stored, self._remember(record.seq, stored)
+
+            rnd = self._store(fn)
+        if rnd.query_seed != seed:  # the commitments bind the contributions: a hash collision
+            raise ProblemError("verification-conflict", f"study {study.study_id}: another query seed is fixed")
+        return rnd, plan
+
+    def _held_run(self, record: "StudyRecord") -> Any:
+        state = self.store.ensure_state(record)
+        if state is None:
+            raise ProblemError("study-closed", f"study {record.study_id} is no longer open")
+        with state.lock:
+            return state.ids.consolidate()  # its arrays never change once made
+
+    def _chunk_rows(self, plan: Any) -> int:
+        return max(256, CHUNK_BYTES // (8 * plan.leader_width))
+
+    def verifiers(self, record: "StudyRecord", plan: Any, seed: bytes, rowids: np.ndarray,
+                  ids: bytes) -> np.ndarray:
+        """(m, V, 2) verifier shares of the held reports with these rowids, in the given order
+        (``ids``: their ids, concatenated, to check the store against), computed per kind of
+        stored payload (seeds, the leader's shares) in one vectorised call each."""
+        order = np.argsort(rowids, kind="stable")
+        ascending = rowids[order]
+        out = np.empty((len(rowids), plan.verifier_len, 2), dtype=np.uint64)
+        parts: dict[bool, list[tuple[np.ndarray, bytes, np.ndarray]]] = {True: [], False: []}
+        at = 0
+        for got in self.store._fetch(record.seq, ascending.tolist()):
+            n = len(got)
+            payload, seeded = _payload(got, plan.leader_width)
+            parts[seeded].append((order[at:at + n], got.ids, payload))
+            at += n
+        got_ids = np.empty(len(rowids) * REPORT_ID_BYTES, dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
+        for seeded, pieces in parts.items():
+            if not pieces:
+                continue
+            where = np.concatenate([p[0] for p in pieces])
+            id_matrix = np.frombuffer(b"".join(p[1] for p in pieces), dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
+            payload = np.concatenate([p[2] for p in pieces])
+            inputs, proofs = validity.server_shares(plan, payload, seeded)
+            out[where] = validity.verifier_shares(plan, seed, id_matrix, inputs, proofs)
+            got_ids[where] = id_matrix
+        if got_ids.tobytes() != ids:  # never: rowids come from the report index
+            raise RuntimeError(f"store inconsistent: study {record.study_id}'s stored ids differ from its index")
+        return out
+
+    def query(self, record: "StudyRecord", contributions: list[bytes]) -> tuple[int, bytes, Iterator[bytes]]:
+        """Fix the seed; (how many reports, the seed, the answer's body in pieces): the
+        verifier share of every held report, by id, computed a chunk of reports at a time."""
+        rnd, plan = self.fix_seed(record, contributions)
+        seed = rnd.query_seed
+        assert seed is not None
+        run = self._held_run(record)
+        step = self._chunk_rows(plan)
+
+        def chunks() -> Iterator[bytes]:
+            # validity.encode_verifiers' layout, a piece at a time: the count, every id, then
+            # the shares of a chunk of reports after another (what its encoder joins whole)
+            yield struct.pack("<I", len(run))
+            for start in range(0, len(run), 1 << 16):
+                yield idsets.join_halves(run.hi[start:start + (1 << 16)], run.lo[start:start + (1 << 16)])
+            for start in range(0, len(run), step):
+                ids = idsets.join_halves(run.hi[start:start + step], run.lo[start:start + step])
+                shares = self.verifiers(record, plan, seed, np.asarray(run.rowid[start:start + step]), ids)
+                yield field.to_wire(np.ascontiguousarray(shares))
+
+        return len(run), seed, chunks()
+
+    # --- 4. decide ---------------------------------------------------------------------------
+    def decide(self, record: "StudyRecord", body: bytes) -> Decision:
+        """Add this server's verifier shares to the others' sum in ``body``, decide every report
+        it names, store the decided and refused ids; the same answer for the same body, 409
+        verification-conflict for any other."""
+        plan = self._plan(record)
+        study = record.study
+        rnd = self._started(record, "verify/decide")
+        if rnd.query_seed is None:
+            raise ProblemError("verification-pending", f"study {study.study_id}: verify/decide before "
+                               f"verify/query; run the round's steps in order")
+        digest = hashlib.sha256(body).digest()
+        if rnd.decided_hash is not None:
+            return self._repeat(record, rnd, digest)
+        try:
+            id_matrix, others = validity.decode_verifiers(body, plan)  # ids strictly ascending
+        except ValueError as exc:
+            raise ProblemError("malformed-body", f"a decision's body: {exc}") from None
+        ids = id_matrix.tobytes()
+        hi, lo = idsets.halves(ids)
+        run = self._held_run(record)
+        at = messages.locate(run.hi, run.lo, hi, lo)
+        missing = np.flatnonzero(at < 0)
+        if missing.size:
+            first = ids[int(missing[0]) * 16:int(missing[0]) * 16 + 16]
+            raise ProblemError("unknown-reports", f"{missing.size} of the {len(hi)} reports of the decision are "
+                               f"not held by this server (first: {first.hex()})",
+                               extra={"unknown_count": int(missing.size)})
+        rowids = np.asarray(run.rowid)[at]
+        step = self._chunk_rows(plan)
+        refused: list[np.ndarray] = []
+        seed = rnd.query_seed
+        for start in range(0, len(hi), step):
+            end = min(start + step, len(hi))
+            part = ids[start * 16:end * 16]
+            own = self.verifiers(record, plan, seed, rowids[start:end], part)
+            total = validity.add_verifiers(own, others[start:end])
+            ok = np.asarray(validity.decide(plan, np.frombuffer(part, dtype=np.uint8).reshape(-1, 16), total),
+                            dtype=bool)
+            refused.append(start + np.flatnonzero(~ok))
+        where = np.concatenate(refused) if refused else np.zeros(0, dtype=np.int64)
+        refused_ids = np.frombuffer(ids, dtype=np.uint8).reshape(-1, 16)[where].tobytes()
+        now = time.time()
+
+        def fn(conn: Any) -> tuple[Round, Callable[[], None]]:
+            stored = self._read(conn, record.seq)
+            assert stored is not None
+            if stored.decided_hash is None:
+                conn.execute("UPDATE verifications SET decided_hash = ?, decided = ?, refused = ?, decided_at = ? "
+                             "WHERE study = ?", (digest, ids, refused_ids, now, record.seq))
+                stored.decided_hash, stored.decided, stored.refused, stored.decided_at = (
+                    digest, ids, refused_ids, now)
+                log.info("study %s: decided %d reports, refused %d", study.study_id, len(hi), len(where))
+            return stored, self._remember(record.seq, stored)
+
+        return self._repeat(record, self._store(fn), digest)
+
+    @staticmethod
+    def _repeat(record: "StudyRecord", rnd: Round, digest: bytes) -> Decision:
+        if rnd.decided_hash != digest:
+            raise ProblemError("verification-conflict", f"study {record.study_id} was decided on other "
+                               f"verifier shares; a server decides each study once")
+        return Decision(rnd.refused or b"", rnd.n_decided)
+
+    # --- the commit's checks -----------------------------------------------------------------
+    def require_decided(self, record: "StudyRecord") -> Round | None:
+        """Before a validity study's commit: its round must have decided (409 verification-pending)."""
+        if record.study.validity is None:
+            return None
+        rnd = self.round(record)
+        if rnd is None or rnd.decided_at is None:
+            raise ProblemError("verification-pending", f"study {record.study_id} has validity proofs and "
+                               f"its verification round has not decided here: run verify/commit, reveal, "
+                               f"query and decide first")
+        return rnd
+
+    def check_inclusion(self, record: "StudyRecord", hi: np.ndarray, lo: np.ndarray) -> None:
+        """422 report-refused unless every included id was decided here and none was refused."""
+        rnd = self.require_decided(record)
+        if rnd is None:
+            return
+        dhi, dlo = rnd.halves("decided")
+        undecided = int(np.count_nonzero(messages.locate(dhi, dlo, hi, lo) < 0))
+        rhi, rlo = rnd.halves("refused")
+        refused = int(np.count_nonzero(messages.locate(rhi, rlo, hi, lo) >= 0)) if len(rhi) else 0
+        if undecided or refused:
+            raise ProblemError(
+                "report-refused", f"the inclusion set holds {refused} report(s) this server refused "
+                f"(their proofs do not verify) and {undecided} it did not decide; commit the reports every "
+                f"server accepted", extra={"refused": refused, "undecided": undecided})
