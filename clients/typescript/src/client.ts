@@ -10,7 +10,7 @@ import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, concat, hex, randomBytes } from "./bytes.js";
 import { plainBody, prepareBatch, type PreparedBatch, type ServerBatch } from "./batch.js";
 import type { RawValue } from "./features.js";
-import * as sealedLayout from "./sealing/v3.js";
+import * as sealedLayout from "./sealing/v4.js";
 import { checkDistinctKeys, currentKey, type HpkeKeys, type ServerKey, type SuiteName } from "./sealing/suites.js";
 import { studyId, validateStudy, width, type Study } from "./study.js";
 import { DEFAULT_RETRY, getJson, ProblemError, request, type FetchLike, type RetryPolicy, type UploadResult } from "./upload.js";

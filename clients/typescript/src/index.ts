@@ -8,6 +8,6 @@ export { draw, blockTable, noiseParameters } from "./noise.js";
 export { encode, decode, expandSeed } from "./ring.js";
 export { bind, commitment, reportId } from "./binding.js";
 export { osnap, l1Rows } from "./sketch.js";
-export * as sealedV3 from "./sealing/v3.js";
+export * as sealedV4 from "./sealing/v4.js";
 export { currentKey, keyId, type SuiteName } from "./sealing/suites.js";
 export { hex, unhex } from "./bytes.js";

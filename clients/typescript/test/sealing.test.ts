@@ -1,5 +1,5 @@
 /**
- * Sealing: the two version 3 batches of docs/protocol.md section 9 (`sealed_v3`) byte for byte,
+ * Sealing: the two version 4 batches of docs/protocol.md section 9 (`sealed_v4`) byte for byte,
  * conformance/sealing.json's key ids, decapsulations and key schedules, and a round trip through
  * the HPKE libraries of each suite (the X-Wing module's combiner against the vectors' bytes).
  */
@@ -13,7 +13,7 @@ import { XWing } from "@hpke/hybridkem-x-wing";
 import { MlKem768 } from "mlkem";
 import { sha3_256, shake256 } from "@noble/hashes/sha3.js";
 import { concat, hex, unhex } from "../src/bytes.js";
-import { fixedHeader, info3, seal, type SealInput } from "../src/sealing/v3.js";
+import { fixedHeader, info, seal, type SealInput } from "../src/sealing/v4.js";
 import { currentKey, keyId, suite, type SuiteName } from "../src/sealing/suites.js";
 import { section9, vectors } from "./helpers.js";
 
@@ -44,8 +44,8 @@ async function xwingDecap96(sk: Uint8Array, enc: Uint8Array) {
   return { ssM, ssX, pkX, ctX, ss: sha3_256(concat(ssM, ssX, ctX, pkX, LABEL)) };
 }
 
-for (const v of section9().sealed_v3) {
-  test(`sealed_v3 ${v.suite}: every deterministic byte of the batch`, async () => {
+for (const v of section9().sealed_v4) {
+  test(`sealed_v4 ${v.suite}: every deterministic byte of the batch`, async () => {
     const name = v.suite as SuiteName;
     const pk = unhex(v.public_key);
     assert.equal(keyId(pk), v.key_id);
@@ -60,17 +60,17 @@ for (const v of section9().sealed_v3) {
     };
     const fixed = fixedHeader(inp, unhex(v.batch_id));
     assert.equal(hex(fixed), v.fixed);
-    assert.equal(hex(info3(inp, fixed)), v.info);
+    assert.equal(hex(info(inp, fixed)), v.info);
     const body = await seal(inp, { batchId: unhex(v.batch_id), secret: unhex(v.secret), sealedSecret: unhex(v.sealed_secret) });
     assert.equal(hex(body), v.body);
     // a fresh seal has the documented length: 85 + Nenc + count (16 + 16 + len(plaintext))
     const fresh = await seal(inp);
-    assert.equal(fresh.length, 85 + suite(name).encBytes + inp.plaintexts.reduce((a, p) => a + 32 + p.length, 0));
+    assert.equal(fresh.length, 101 + suite(name).encBytes + inp.plaintexts.reduce((a, p) => a + 16 + p.length, 0));
   });
 }
 
-test("sealed_v3 classical: the vector's sealed secret opens with the library to its secret", async () => {
-  const v = section9().sealed_v3.find((x: any) => x.suite === "classical");
+test("sealed_v4 classical: the vector's sealed secret opens with the library to its secret", async () => {
+  const v = section9().sealed_v4.find((x: any) => x.suite === "classical");
   const s = suite("classical");
   const recipientKey = await s.hpke.kem.importKey("raw", unhex(v.private_key).buffer as ArrayBuffer, false);
   const ss = unhex(v.sealed_secret);
@@ -146,9 +146,9 @@ test("X-Wing module and the document agree: the module's encapsulation decapsula
 
 test("currentKey refuses a key id that does not match, a missing version, a shared key", () => {
   const pk = unhex("8f40c5adb68f25624ae5b214ea767a6ec94d829d3d7b5e1ad1ba6f3e2138285f");
-  const good = { kem_id: 32, current: keyId(pk), keys: [{ key_id: keyId(pk), public_key: hex(pk) }], versions: [3] };
-  assert.equal(currentKey(good, "classical", 3).keyId, "eedd883da0a94515");
-  assert.throws(() => currentKey({ ...good, versions: [1, 2] }, "classical", 3), /version 3/);
-  assert.throws(() => currentKey({ ...good, keys: [{ key_id: keyId(pk), public_key: hex(pk).replace(/^8f/, "8e") }] }, "classical", 3), /does not match/);
-  assert.throws(() => currentKey(good, "post-quantum", 3), /no post-quantum/);
+  const good = { kem_id: 32, current: keyId(pk), keys: [{ key_id: keyId(pk), public_key: hex(pk) }], versions: [4] };
+  assert.equal(currentKey(good, "classical", 4).keyId, "eedd883da0a94515");
+  assert.throws(() => currentKey({ ...good, versions: [3] }, "classical", 4), /version 4/);
+  assert.throws(() => currentKey({ ...good, keys: [{ key_id: keyId(pk), public_key: hex(pk).replace(/^8f/, "8e") }] }, "classical", 4), /does not match/);
+  assert.throws(() => currentKey(good, "post-quantum", 4), /no post-quantum/);
 });

@@ -1,9 +1,9 @@
 /**
- * Sealed layout version 3 (docs/protocol.md section 7a): one HPKE seal per batch and server of a
- * fresh 32-byte secret, then every record under ChaCha20-Poly1305 with a key derived from the
- * secret and the header's transcript, its place as nonce, the transcript and its report id as
- * associated data. A layout is this one module: another version is another module with the
- * same `seal` signature.
+ * Sealed layout version 4 (docs/protocol.md section 7a): one HPKE seal per batch and server of a
+ * fresh 32-byte secret, then all the records' plaintexts as one ChaCha20-Poly1305 message under a
+ * key derived from the secret and the header's transcript (zero nonce: the key is used once),
+ * with the transcript and every report id in order as associated data. A layout is this one
+ * module: another version is another module with the same exports (VERSION, MEDIA_TYPE, seal).
  */
 import { chacha20poly1305 } from "@noble/ciphers/chacha.js";
 import { hkdf } from "@noble/hashes/hkdf.js";
@@ -11,10 +11,10 @@ import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, concat, randomBytes, unhex } from "../bytes.js";
 import { hpkeSeal, suite, type ServerKey } from "./suites.js";
 
-export const VERSION = 3;
+export const VERSION = 4;
 export const MEDIA_TYPE = "application/x-dpsketch-sealed";
-const INFO = ascii("dpsketch/sealed/3");
-const RECORDS = ascii("dpsketch/sealed/3/records");
+const INFO = ascii("dpsketch/sealed/4");
+const RECORDS = ascii("dpsketch/sealed/4/records");
 
 export interface SealInput {
   studyId: string;
@@ -49,7 +49,7 @@ export function prefix(studyId: string, serverId: string): Uint8Array {
   return concat(unhex(studyId), Uint8Array.of(id.length), id);
 }
 
-export function info3(inp: SealInput, fixed: Uint8Array): Uint8Array {
+export function info(inp: SealInput, fixed: Uint8Array): Uint8Array {
   return concat(INFO, sha256(concat(prefix(inp.studyId, inp.serverId), fixed)));
 }
 
@@ -60,16 +60,11 @@ export async function seal(inp: SealInput, secrets?: SealSecrets): Promise<Uint8
   const batchId = secrets?.batchId ?? randomBytes(16);
   const secret = secrets?.secret ?? randomBytes(32);
   const fixed = fixedHeader(inp, batchId);
-  const sealedSecret = secrets?.sealedSecret ?? (await hpkeSeal(inp.key, info3(inp, fixed), secret));
+  const sealedSecret = secrets?.sealedSecret ?? (await hpkeSeal(inp.key, info(inp, fixed), secret));
   const header = concat(fixed, sealedSecret);
   const transcript = sha256(concat(prefix(inp.studyId, inp.serverId), header));
   const key = hkdf(sha256, secret, undefined, concat(RECORDS, transcript), 32);
-  const parts: Uint8Array[] = [header];
-  for (let i = 0; i < count; i++) {
-    const nonce = new Uint8Array(12);
-    new DataView(nonce.buffer).setUint32(8, i, false);
-    const aad = concat(transcript, inp.reportIds[i]);
-    parts.push(inp.reportIds[i], chacha20poly1305(key, nonce, aad).encrypt(inp.plaintexts[i]));
-  }
-  return concat(...parts);
+  const ids = concat(...inp.reportIds);
+  const sealed = chacha20poly1305(key, new Uint8Array(12), concat(transcript, ids)).encrypt(concat(...inp.plaintexts));
+  return concat(header, ids, sealed);
 }
