@@ -1,0 +1,221 @@
+/**
+ * The fully linear proof of docs/validity.md section 3 for the NormBound circuit (section 2),
+ * the client's side: the circuit's shape (group sizes minimising proof plus verifier length),
+ * the digits of a vector, joint randomness from the report id, prove, and the helpers' seeded
+ * shares (section 4).
+ */
+import { sha256 } from "@noble/hashes/sha2.js";
+import { ascii, concat } from "../bytes.js";
+import { add, add2, encodeInt, expand, mul, mul2, P, scale2, sub, type Fp, type Fp2 } from "./field.js";
+import { intt, nextPow2, ntt } from "./ntt.js";
+
+export const JOINT_DOMAIN = ascii("dpsketch/joint/1");
+export const JOINT_NONCE = sha256(JOINT_DOMAIN).subarray(0, 12);
+export const SHARE_NONCE = sha256(ascii("dpsketch/flp-share/1")).subarray(0, 12);
+export const QUERY_NONCE = sha256(ascii("dpsketch/query/1")).subarray(0, 12);
+
+/** F_p elements of proof plus verifier message that a ParallelSum of `count` groups costs. */
+export function parallelCost(items: number, count: number, innerArity: number, degree: number, weighted: boolean): number {
+  const calls = Math.ceil(items / count);
+  const arity = innerArity * count;
+  const polyLen = degree * (nextPow2(calls + 2) - 1) + 1;
+  return 2 * arity + (weighted ? 2 : 1) * polyLen + 2 * (arity + 1);
+}
+
+/** The group size with the smallest cost, the first of equals. */
+export function bestCount(items: number, innerArity: number, degree: number, weighted: boolean): number {
+  let best = 1, bestCost = Infinity;
+  for (let c = 1; c <= items; c++) {
+    const cost = parallelCost(items, c, innerArity, degree, weighted);
+    if (cost < bestCost) {
+      best = c;
+      bestCost = cost;
+    }
+  }
+  return best;
+}
+
+export interface Gadget {
+  kind: "range" | "mul";
+  weighted: boolean;
+  /** groups per call (L), wires per call (arity), calls (M), degree (D) */
+  count: number;
+  arity: number;
+  calls: number;
+  degree: number;
+  /** P = next_pow2(M + 2) */
+  wireLen: number;
+  /** D (P - 1) + 1 coefficients */
+  polyLen: number;
+}
+
+function gadget(kind: "range" | "mul", items: number, beta: number): Gadget {
+  const range = kind === "range";
+  const inner = range ? 1 : 2;
+  const degree = range ? beta : 2;
+  const count = bestCount(items, inner, degree, range);
+  const calls = Math.ceil(items / count);
+  const wireLen = nextPow2(calls + 2);
+  return { kind, weighted: range, count, arity: inner * count, calls, degree, wireLen, polyLen: degree * (wireLen - 1) + 1 };
+}
+
+export class NormBound {
+  readonly half: bigint;
+  readonly slackDigits: number;
+  readonly inputLen: number;
+  readonly gadgets: Gadget[];
+  constructor(readonly w: number, readonly beta: number, readonly q: number, readonly r2: bigint) {
+    this.half = BigInt(beta) ** BigInt(q) / 2n;
+    let qs = 1;
+    while (BigInt(beta) ** BigInt(qs) <= r2) qs++;
+    this.slackDigits = qs;
+    if (BigInt(w) * this.half * this.half + BigInt(beta) ** BigInt(qs) > P) throw new Error("the norm could wrap around p");
+    this.inputLen = w * q + qs;
+    this.gadgets = [gadget("range", this.inputLen, beta), gadget("mul", w, beta)];
+  }
+  get jointRandLen(): number {
+    return this.gadgets.filter((g) => g.weighted).length + 1;
+  }
+  get proveRandLen(): number {
+    return this.gadgets.reduce((a, g) => a + 2 * g.arity, 0);
+  }
+  get proofLen(): number {
+    return this.gadgets.reduce((a, g) => a + 2 * g.arity + (g.weighted ? 2 : 1) * g.polyLen, 0);
+  }
+  get verifierLen(): number {
+    return 1 + this.gadgets.reduce((a, g) => a + g.arity + 1, 0);
+  }
+
+  /** Integers u with |u_i| < H and sum u_i^2 <= R^2 -> the n digits (throws outside). */
+  encode(u: bigint[]): Fp[] {
+    if (u.length !== this.w) throw new Error(`a vector has ${this.w} coordinates`);
+    let norm2 = 0n;
+    const out: Fp[] = [];
+    const b = BigInt(this.beta);
+    for (const x of u) {
+      if (x < -this.half || x >= this.half) throw new Error("a coordinate is outside the validity range: redraw its noise");
+      norm2 += x * x;
+      let v = x + this.half;
+      for (let m = 0; m < this.q; m++) {
+        out.push(v % b);
+        v /= b;
+      }
+    }
+    if (norm2 > this.r2) throw new Error("a vector's squared norm exceeds the validity bound: redraw its noise");
+    let s = this.r2 - norm2;
+    for (let m = 0; m < this.slackDigits; m++) {
+      out.push(s % b);
+      s /= b;
+    }
+    return out;
+  }
+
+  /** x_i = sum_m beta^m d_(i,m) - H, from the digits (or a share: constant times constScale). */
+  coordinates(input: Fp[], constScale: Fp = 1n): Fp[] {
+    const out: Fp[] = [];
+    const c = mul(encodeInt(-this.half), constScale);
+    for (let i = 0; i < this.w; i++) {
+      let x = 0n, weight = 1n;
+      for (let m = 0; m < this.q; m++) {
+        x = add(x, mul(input[i * this.q + m], weight));
+        weight *= BigInt(this.beta);
+      }
+      out.push(add(x, c));
+    }
+    return out;
+  }
+
+  /** The wire values of every call of gadget g: [call][wire]. */
+  wires(g: number, input: Fp[]): Fp[][] {
+    const gd = this.gadgets[g];
+    const out: Fp[][] = [];
+    if (gd.kind === "range") {
+      for (let k = 0; k < gd.calls; k++) {
+        const row: Fp[] = [];
+        for (let j = 0; j < gd.count; j++) {
+          const i = k * gd.count + j;
+          row.push(i < input.length ? input[i] : 0n);
+        }
+        out.push(row);
+      }
+    } else {
+      const x = this.coordinates(input);
+      for (let k = 0; k < gd.calls; k++) {
+        const row: Fp[] = [];
+        for (let j = 0; j < gd.count; j++) {
+          const i = k * gd.count + j;
+          const v = i < this.w ? x[i] : 0n;
+          row.push(v, v);
+        }
+        out.push(row);
+      }
+    }
+    return out;
+  }
+}
+
+/** J pairs of F_(p^2) from the report id: the weighted gadgets' r, then rho. */
+export function jointRand(c: NormBound, reportId: Uint8Array): Fp2[] {
+  const key = sha256(concat(JOINT_DOMAIN, reportId));
+  const e = expand(key, 2 * c.jointRandLen, JOINT_NONCE);
+  const out: Fp2[] = [];
+  for (let i = 0; i < c.jointRandLen; i++) out.push([e[2 * i], e[2 * i + 1]]);
+  return out;
+}
+
+/** The proof of one report: per gadget its wire seeds (a_1, b_1, ...), then q_g's coefficients. */
+export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]): Fp[] {
+  const proof: Fp[] = [];
+  let rp = 0;
+  let weightedIdx = 0;
+  for (let g = 0; g < c.gadgets.length; g++) {
+    const gd = c.gadgets[g];
+    const calls = c.wires(g, input);
+    const evalSize = nextPow2(gd.polyLen);
+    const wireEvals: Fp[][] = [];
+    for (let j = 0; j < gd.arity; j++) {
+      const a = proveRand[rp++], b = proveRand[rp++];
+      proof.push(a, b);
+      const vals: Fp[] = new Array(gd.wireLen).fill(0n);
+      vals[0] = a;
+      for (let k = 0; k < gd.calls; k++) vals[k + 1] = calls[k][j];
+      vals[gd.calls + 1] = b;
+      wireEvals.push(ntt(intt(vals), evalSize));
+    }
+    if (gd.weighted) {
+      const r = joint[weightedIdx++];
+      const weights: Fp2[] = [[1n, 0n]];
+      for (let l = 1; l < gd.count; l++) weights.push(mul2(weights[l - 1], r));
+      const c0: Fp[] = new Array(evalSize), c1: Fp[] = new Array(evalSize);
+      for (let i = 0; i < evalSize; i++) {
+        let acc: Fp2 = [0n, 0n];
+        for (let l = 0; l < gd.count; l++) {
+          const x = wireEvals[l][i];
+          let prod = 1n;
+          for (let v = 0; v < c.beta; v++) prod = mul(prod, sub(x, BigInt(v)));
+          acc = add2(acc, scale2(weights[l], prod));
+        }
+        c0[i] = acc[0];
+        c1[i] = acc[1];
+      }
+      const k0 = intt(c0), k1 = intt(c1);
+      for (let i = 0; i < gd.polyLen; i++) proof.push(k0[i], k1[i]);
+    } else {
+      const vals: Fp[] = new Array(evalSize);
+      for (let i = 0; i < evalSize; i++) {
+        let acc = 0n;
+        for (let l = 0; l < gd.count; l++) acc = add(acc, mul(wireEvals[2 * l][i], wireEvals[2 * l + 1][i]));
+        vals[i] = acc;
+      }
+      const k = intt(vals);
+      for (let i = 0; i < gd.polyLen; i++) proof.push(k[i]);
+    }
+  }
+  return proof;
+}
+
+/** A helper's input share then proof share, from its 32-byte seed. */
+export function expandShare(c: NormBound, seed: Uint8Array): { input: Fp[]; proof: Fp[] } {
+  const e = expand(seed, c.inputLen + c.proofLen, SHARE_NONCE);
+  return { input: e.slice(0, c.inputLen), proof: e.slice(c.inputLen) };
+}
