@@ -140,3 +140,50 @@ def test_typescript_and_python_clients_release_the_exact_sum(built_package, exac
     noise = (dec - np.where(flipped[:, None], -ts_rows, ts_rows))[inside]
     assert np.std(noise) == pytest.approx(study.sigma, rel=0.1)
     assert 0.4 < flipped.mean() < 0.6
+
+
+def test_validity_study_typescript_proofs_verify_and_release_exactly(built_package, exact_cluster):
+    """A study with validity proofs (docs/protocol.md 4b, 4c): the Node client's proved batches
+    (plain and sealed, the leader rotating) and the Python SDK's pass every server's
+    verification round at finalize, and the release is the ring sketch of both clients' noisy
+    vectors exactly."""
+    from test_validity_e2e import encoded_vectors
+
+    c = exact_cluster
+    n_py, parts = 120, [("classical", 90, 30), ("none", 60, 25)]
+    n = n_py + sum(p[1] for p in parts)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts validity", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon_floor=None, validity=True)
+    study = Study.model_validate(created["study"])
+    assert study.validity == "norm-bound/1" and study.server_sigma == 0
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
+
+    rng = np.random.default_rng(4044)
+    ts_ids: list[bytes] = []
+    ts_vectors: list[list[int]] = []
+    for sealing, m, batch_size in parts:
+        rows = (0.9 * rng.uniform(-1, 1, size=(m, len(COLUMNS))) / np.sqrt(len(COLUMNS))).tolist()
+        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows,
+                           "sealing": sealing, "batchSize": batch_size})
+        assert out["accepted"] == [m] * 3, out
+        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
+        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
+
+    py_rows = 0.9 * rng.uniform(-1, 1, size=(n_py, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+    batch = prepare_batch(study, py_rows, full=1)
+    for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["accepted"] == n_py, r.text
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: every report checked
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        released = np.array(an.sketch(study.study_id)["sketch"])
+
+    ids = ts_ids + list(batch.report_ids)
+    encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)

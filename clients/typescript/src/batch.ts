@@ -10,6 +10,7 @@ import { Keystream } from "./keystream.js";
 import { draw } from "./noise.js";
 import { expandSeed, roundHalfEven } from "./ring.js";
 import { noisePlan, valueBound, type Study } from "./study.js";
+import { proveBatch, validityPlan } from "./validity/study.js";
 
 export const SHARES_TYPE = "application/x-dpsketch-shares";
 export const SEEDS_TYPE = "application/x-dpsketch-seeds";
@@ -74,6 +75,7 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
       noisy[i * W + c] = (BigInt(g) << shiftN) & MASK64;
     }
   }
+  if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped);
   // shares
   const shares: (BigUint64Array | null)[] = new Array(N).fill(null);
   const seeds: (Uint8Array[] | null)[] = new Array(N).fill(null);
@@ -126,4 +128,24 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
     servers.forEach((s, j) => s.proofs.push(b.proofs[j]));
   }
   return { reportIds, servers, signs, noisy, bytesUsed: ks.used, clamped: mp.clamped };
+}
+
+/**
+ * A validity study's batch (docs/protocol.md sections 4b, 4c): always seed-compressed, the
+ * leader at `full` receiving its input and proof shares (n + P field elements a report), every
+ * other server a seed; the keystream continues after the noise.
+ */
+function provedBatch(study: Study, studyIdHex: string, noisy: BigUint64Array, ks: Keystream, full: number,
+  signs: number[] | null, clamped: number[]): PreparedBatch {
+  const plan = validityPlan(study);
+  const b = proveBatch(study, studyIdHex, plan, noisy, ks, full);
+  const servers: ServerBatch[] = b.servers.map((s, j) => ({
+    position: j,
+    content: s.content,
+    mediaType: s.content === CONTENT_SEED ? SEEDS_TYPE : SHARES_TYPE,
+    payloads: s.payloads,
+    salts: [],
+    proofs: s.proofs,
+  }));
+  return { reportIds: b.reportIds, servers, signs, noisy, bytesUsed: ks.used, clamped };
 }

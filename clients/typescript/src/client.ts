@@ -134,7 +134,8 @@ export class Client {
   /** Prepare batch b (pure: no I/O); its full share at server b mod N when seeds are smaller. */
   prepare(rows: RawValue[][], key: Uint8Array, b: number): PreparedBatch {
     const N = this.study.servers.length;
-    const compress = width(this.study) > 4;
+    // seeds where they are smaller than a share; a validity study's batches always (its leader rotates)
+    const compress = width(this.study) > 4 || this.study.validity !== undefined;
     return prepareBatch(this.study, this.studyId, rows, key, { full: compress ? b % N : null });
   }
 
