@@ -3,12 +3,14 @@
  * secret signs, noise, shares (full or seed-compressed), salts; then binding (section 4a) and
  * the plaintext record layouts of section 7 (shares and seeds).
  */
-import { concat, MASK64, u64sToBytes } from "./bytes.js";
+import { concat, unhex } from "./bytes.js";
+
+if (new Uint8Array(new Uint32Array([1]).buffer)[0] !== 1) throw new Error("this client needs a little-endian platform");
 import { bind, CONTENT_SEED, CONTENT_SHARE } from "./binding.js";
 import { mapper, type RawValue } from "./features.js";
 import { Keystream } from "./keystream.js";
 import { draw } from "./noise.js";
-import { expandSeed, roundHalfEven } from "./ring.js";
+import { expandSeedBytes, roundHalfEven } from "./ring.js";
 import { noisePlan, valueBound, type Study } from "./study.js";
 import { proveBatch, validityPlan } from "./validity/study.js";
 
@@ -63,67 +65,77 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
   }
   const noise = plan.client ? draw(ks, m * W, plan.client.t, plan.client.limit) : null;
   const gridScale = 2 ** (f - plan.shift);
-  const shiftN = BigInt(plan.shift);
+  const unit = 2 ** plan.shift;
   const bound = (valueBound(study) + 20 * study.sigma) * 2 ** f;
-  const noisy = new BigUint64Array(m * W);
+  // ring values as little-endian 32-bit halves (every |value| < 2^53: exact doubles, no BigInt)
+  const noisyBuf = new ArrayBuffer(8 * m * W);
+  const noisyHalves = new Uint32Array(noisyBuf);
   for (let i = 0; i < m; i++) {
     const v = vectors[i];
     const sgn = signs ? signs[i] : 1;
     for (let c = 0; c < W; c++) {
-      const g = roundHalfEven(sgn * v[c] * gridScale) + (noise ? noise[i * W + c] : 0);
-      if (Math.abs(g) * 2 ** plan.shift > bound) throw new RangeError("a noisy value is outside the encodable range");
-      noisy[i * W + c] = (BigInt(g) << shiftN) & MASK64;
+      const x = (roundHalfEven(sgn * v[c] * gridScale) + (noise ? noise[i * W + c] : 0)) * unit;
+      if (!(Math.abs(x) <= bound) || Math.abs(x) >= 2 ** 53) throw new RangeError("a noisy value is outside the encodable range");
+      const hi = Math.floor(x / 4294967296);
+      noisyHalves[2 * (i * W + c)] = x - hi * 4294967296;
+      noisyHalves[2 * (i * W + c) + 1] = hi >>> 0;
     }
   }
+  const noisy = new BigUint64Array(noisyBuf);
   if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped);
-  // shares
-  const shares: (BigUint64Array | null)[] = new Array(N).fill(null);
+  // shares, as 32-bit halves: the others from the keystream (or their seeds' expansions), the full
+  // share the noisy vectors minus them mod 2^64
+  const shares: (Uint8Array | null)[] = new Array(N).fill(null);
   const seeds: (Uint8Array[] | null)[] = new Array(N).fill(null);
   const fullAt = opts.full === null ? N - 1 : opts.full;
-  const others: BigUint64Array[] = [];
+  const others: Uint32Array[] = [];
   for (let j = 0; j < N; j++) {
     if (j === fullAt) continue;
     if (opts.full === null) {
-      const b = ks.bytes(8 * m * W);
-      const arr = new BigUint64Array(m * W);
-      const dv = new DataView(b.buffer, b.byteOffset, b.length);
-      for (let x = 0; x < m * W; x++) arr[x] = dv.getBigUint64(8 * x, true);
-      shares[j] = arr;
-      others.push(arr);
+      const b = ks.bytes(8 * m * W).slice();
+      shares[j] = b;
+      others.push(new Uint32Array(b.buffer, b.byteOffset, 2 * m * W));
     } else {
       const b = ks.bytes(32 * m).slice();
       const list: Uint8Array[] = [];
-      const arr = new BigUint64Array(m * W);
+      const arr = new Uint8Array(8 * m * W);
       for (let i = 0; i < m; i++) {
         const seed = b.subarray(32 * i, 32 * i + 32);
         list.push(seed);
-        arr.set(expandSeed(seed, W), i * W);
+        arr.set(expandSeedBytes(seed, W), 8 * i * W);
       }
       seeds[j] = list;
       shares[j] = arr;
-      others.push(arr);
+      others.push(new Uint32Array(arr.buffer, 0, 2 * m * W));
     }
   }
-  const last = new BigUint64Array(m * W);
+  const last = new Uint32Array(2 * m * W);
   for (let x = 0; x < m * W; x++) {
-    let v = noisy[x];
-    for (const o of others) v -= o[x];
-    last[x] = v & MASK64;
+    let lo = noisyHalves[2 * x], hi = noisyHalves[2 * x + 1];
+    for (const o of others) {
+      const olo = o[2 * x];
+      const borrow = lo < olo ? 1 : 0;
+      lo = (lo - olo + 4294967296) % 4294967296;
+      hi = (hi - o[2 * x + 1] - borrow + 8589934592) % 4294967296;
+    }
+    last[2 * x] = lo;
+    last[2 * x + 1] = hi;
   }
-  shares[fullAt] = last;
+  shares[fullAt] = new Uint8Array(last.buffer);
   const saltBytes = ks.bytes(16 * N * m).slice();
   const servers: ServerBatch[] = [];
   for (let j = 0; j < N; j++) {
     const isSeed = seeds[j] !== null;
     const payloads: Uint8Array[] = [];
-    for (let i = 0; i < m; i++) payloads.push(isSeed ? seeds[j]![i] : u64sToBytes(shares[j]!.subarray(i * W, (i + 1) * W)));
+    for (let i = 0; i < m; i++) payloads.push(isSeed ? seeds[j]![i] : shares[j]!.subarray(8 * i * W, 8 * (i + 1) * W));
     const salts: Uint8Array[] = [];
     for (let i = 0; i < m; i++) salts.push(saltBytes.subarray(16 * (j * m + i), 16 * (j * m + i) + 16));
     servers.push({ position: j, content: isSeed ? CONTENT_SEED : CONTENT_SHARE, mediaType: isSeed ? SEEDS_TYPE : SHARES_TYPE, payloads, salts, proofs: [] });
   }
   const reportIds: Uint8Array[] = [];
+  const sid = unhex(studyIdHex);
   for (let i = 0; i < m; i++) {
-    const b = bind(studyIdHex, servers.map((s) => s.content), servers.map((s) => s.salts[i]), servers.map((s) => s.payloads[i]));
+    const b = bind(sid, servers.map((s) => s.content), servers.map((s) => s.salts[i]), servers.map((s) => s.payloads[i]));
     reportIds.push(b.reportId);
     servers.forEach((s, j) => s.proofs.push(b.proofs[j]));
   }

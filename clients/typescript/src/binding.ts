@@ -13,11 +13,14 @@ export const CONTENT_SHARE = 1;
 export const CONTENT_SEED = 2;
 
 export function commitment(position: number, content: number, salt: Uint8Array, payload: Uint8Array): Uint8Array {
-  return sha256(concat(COMMIT, Uint8Array.of(position, content), salt, payload)).subarray(0, 16);
+  return sha256.create().update(COMMIT).update(Uint8Array.of(position, content)).update(salt).update(payload).digest().subarray(0, 16);
 }
 
-export function reportId(studyIdHex: string, commitments: Uint8Array[]): Uint8Array {
-  return sha256(concat(REPORT, unhex(studyIdHex), ...commitments)).subarray(0, 16);
+/** The report id; the study id as hex or as its 32 bytes. */
+export function reportId(studyId: string | Uint8Array, commitments: Uint8Array[]): Uint8Array {
+  const h = sha256.create().update(REPORT).update(typeof studyId === "string" ? unhex(studyId) : studyId);
+  for (const c of commitments) h.update(c);
+  return h.digest().subarray(0, 16);
 }
 
 /** Server j's proof: its salt, then every commitment but its own. */
@@ -31,7 +34,7 @@ export interface BoundReport {
   proofs: Uint8Array[];
 }
 
-export function bind(studyIdHex: string, contents: number[], salts: Uint8Array[], payloads: Uint8Array[]): BoundReport {
+export function bind(studyIdHex: string | Uint8Array, contents: number[], salts: Uint8Array[], payloads: Uint8Array[]): BoundReport {
   const commitments = payloads.map((p, j) => commitment(j, contents[j], salts[j], p));
   return { reportId: reportId(studyIdHex, commitments), commitments, proofs: salts.map((s, j) => proof(j, s, commitments)) };
 }

@@ -30,8 +30,12 @@ export function roundHalfEven(v: number): number {
 
 /** A seed's width ring elements: the first 8 width bytes of its ChaCha20 keystream. */
 export function expandSeed(seed: Uint8Array, width: number): BigUint64Array {
-  const stream = chacha20(seed, SEED_NONCE, new Uint8Array(8 * width));
-  return readU64s(stream, width);
+  return readU64s(expandSeedBytes(seed, width), width);
+}
+
+/** The same expansion as its 8 width little-endian bytes. */
+export function expandSeedBytes(seed: Uint8Array, width: number): Uint8Array {
+  return chacha20(seed, SEED_NONCE, new Uint8Array(8 * width));
 }
 
 /** The last share: x minus the other shares, mod 2^64. */
