@@ -8,6 +8,9 @@ to a sketch study (sealed classical, sealed post-quantum and plain, seed-compres
 share rotating, upload tokens), the Python SDK submits other rows to the same study, and the
 release equals S(A + G) over both clients' encoded rows bit for bit (no server noise: the
 no-floor policy of test_e2e). Resubmitting with the same submission secret stores nothing new.
+A validity study: the Node client's proofs pass every server's verification round. (c) Headless
+Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
+and submits rows through a same-origin gateway (the servers send no CORS headers); exact release.
 Needs Node 20+ and npm (dependencies from the npm registry, cached in clients/typescript/
 node_modules by scripts/install.sh); the test fails, not skips, without them.
 """
@@ -187,3 +190,149 @@ def test_validity_study_typescript_proofs_verify_and_release_exactly(built_packa
     encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])
     expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
+
+
+GATEWAY_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>dpsketch TypeScript client</title>
+<script type="importmap">{"imports": {
+ "@noble/hashes/": "/static/clients/typescript/node_modules/@noble/hashes/",
+ "@noble/ciphers/": "/static/clients/typescript/node_modules/@noble/ciphers/",
+ "@hpke/core": "/static/clients/typescript/node_modules/@hpke/core/esm/mod.js",
+ "@hpke/common": "/static/clients/typescript/node_modules/@hpke/common/esm/mod.js",
+ "@hpke/dhkem-x25519": "/static/clients/typescript/node_modules/@hpke/dhkem-x25519/esm/mod.js",
+ "@hpke/chacha20poly1305": "/static/clients/typescript/node_modules/@hpke/chacha20poly1305/esm/mod.js",
+ "@hpke/hybridkem-x-wing": "/static/clients/typescript/node_modules/@hpke/hybridkem-x-wing/esm/mod.js",
+ "mlkem": "/static/clients/typescript/node_modules/mlkem/esm/mod.js"}}</script></head><body>
+<script type="module">
+import { Client, prepareBatch, studyId, hex, unhex } from "/static/clients/typescript/dist/index.js";
+try {
+  const cfg = await (await fetch("/config.json")).json();
+  // the sampler, sharing and binding in this browser: noise.json's batches from their keys
+  const vectors = (await (await fetch("/static/conformance/noise.json")).json()).vectors;
+  let batches = 0, matched = 0;
+  for (const v of vectors.filter((x) => x.type === "batch")) {
+    batches++;
+    const b = prepareBatch(v.study, studyId(v.study), v.rows, unhex(v.key), { full: v.compress ? v.full : null });
+    if (b.reportIds.map(hex).join() === v.report_ids.join() && b.bytesUsed === v.bytes_used) matched++;
+  }
+  const client = await Client.connect({ studyId: cfg.studyId, servers: cfg.servers, sealing: "classical" });
+  const t0 = performance.now();
+  const key = new Uint8Array(32);
+  for (let b = 0; b < 4; b++) client.prepare(cfg.timing_rows, key, b);
+  const us = (1000 * (performance.now() - t0)) / (4 * cfg.timing_rows.length);
+  const progress = [];
+  const r = await client.submit(cfg.rows, { batchSize: 50, keepVectors: true, onProgress: (p) => progress.push(p.rowsDone) });
+  window.RESULT = { batches, matched, us_per_row: us, reportIds: r.reportIds, accepted: r.accepted,
+                    vectors: r.vectors.map((v) => v.map(String)), progress, agent: navigator.userAgent };
+} catch (e) { window.ERROR = String(e && e.stack || e); }
+</script></body></html>"""
+
+
+class Gateway:
+    """The page's origin: static files (the built package, its node_modules, conformance/) and a
+    forwarder of /gw/{j}/... to share server j, since the servers send no CORS headers (the
+    README's gateway on the page's own origin)."""
+
+    def __init__(self, root: Path, servers: list[str], config: dict):
+        import http.server
+        import threading
+
+        gateway = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str]):
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _forward(self):
+                _, _, j, rest = self.path.split("/", 3)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                keep = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization", "accept")}
+                r = httpx.request(self.command, f"{servers[int(j)]}/{rest}", content=body, headers=keep, timeout=60)
+                gateway.forwarded += 1
+                out = {k: v for k, v in r.headers.items() if k.lower() in ("content-type", "retry-after")}
+                self._send(r.status_code, r.content, out)
+
+            def do_GET(self):
+                if self.path.startswith("/gw/"):
+                    return self._forward()
+                if self.path == "/page.html":
+                    return self._send(200, GATEWAY_PAGE.encode(), {"Content-Type": "text/html"})
+                if self.path == "/config.json":
+                    return self._send(200, json.dumps(config).encode(), {"Content-Type": "application/json"})
+                rel = self.path.removeprefix("/static/")
+                allowed = ("clients/typescript/dist/", "clients/typescript/node_modules/", "conformance/")
+                path = (root / rel).resolve()
+                if not rel.startswith(allowed) or not path.is_file() or root not in path.parents:
+                    return self._send(404, b"not found", {"Content-Type": "text/plain"})
+                kind = "application/json" if path.suffix == ".json" else "text/javascript"
+                return self._send(200, path.read_bytes(), {"Content-Type": kind})
+
+            def do_POST(self):
+                return self._forward()
+
+        self.forwarded = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_browser_page_submits_through_the_package(built_package, exact_cluster, tmp_path):
+    """Headless Chromium loads a page that imports the package (an import map over its npm
+    dependencies), reproduces noise.json's batches from their keys, and submits rows sealed to
+    the three servers through a same-origin gateway; the release is those rows' sketch exactly."""
+    import browser
+
+    chromium, chromedriver = browser.ensure()
+    c = exact_cluster
+    n = 150
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts browser", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    rng = np.random.default_rng(4444)
+    config = {"studyId": study.study_id,
+              "rows": rng.normal(0, 0.3, size=(n, len(COLUMNS))).tolist(),
+              "timing_rows": rng.normal(0, 0.3, size=(500, len(COLUMNS))).tolist()}
+    root = PACKAGE.parent.parent
+    gw = Gateway(root, c.server_urls, config)
+    config["servers"] = [{"url": f"{gw.url}/gw/{j}", "token": t} for j, t in enumerate(tokens)]
+    b = browser.Browser(chromium, chromedriver, tmp_path)
+    try:
+        b.driver.get(f"{gw.url}/page.html")
+        import time as _time
+        deadline = _time.monotonic() + 120
+        out = None
+        while _time.monotonic() < deadline:
+            out = b.driver.execute_script("return window.RESULT || (window.ERROR && {error: window.ERROR}) || null")
+            if out:
+                break
+            _time.sleep(0.3)
+    finally:
+        b.quit()
+        gw.close()
+    assert out and "error" not in out, out
+    assert "HeadlessChrome" in out["agent"]
+    assert out["batches"] == out["matched"] == 4  # every batch vector, draw for draw, in the browser
+    assert out["accepted"] == [n] * 3 and out["progress"][-1] == n
+    assert gw.forwarded >= 3 + 3 * 3  # study and info reads, three batches to each server
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)
+        assert fin["state"] == "released" and fin["n_reports"] == n
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    ids = [bytes.fromhex(i) for i in out["reportIds"]]
+    encoded = np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64)
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+    print(f"browser: {out['us_per_row']:.1f} us a row to prepare ({out['agent']})")

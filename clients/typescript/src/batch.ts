@@ -82,7 +82,7 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
     }
   }
   const noisy = new BigUint64Array(noisyBuf);
-  if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped);
+  if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped, study.kind === "histogram" ? vectors : null);
   // shares, as 32-bit halves: the others from the keystream (or their seeds' expansions), the full
   // share the noisy vectors minus them mod 2^64
   const shares: (Uint8Array | null)[] = new Array(N).fill(null);
@@ -148,9 +148,9 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
  * other server a seed; the keystream continues after the noise.
  */
 function provedBatch(study: Study, studyIdHex: string, noisy: BigUint64Array, ks: Keystream, full: number,
-  signs: number[] | null, clamped: number[]): PreparedBatch {
+  signs: number[] | null, clamped: number[], onehot: number[][] | null): PreparedBatch {
   const plan = validityPlan(study);
-  const b = proveBatch(study, studyIdHex, plan, noisy, ks, full);
+  const b = proveBatch(study, studyIdHex, plan, noisy, ks, full, onehot);
   const servers: ServerBatch[] = b.servers.map((s, j) => ({
     position: j,
     content: s.content,

@@ -38,6 +38,10 @@ export function bestCount(items: number, innerArity: number, degree: number, wei
 export interface Gadget {
   kind: "range" | "mul";
   weighted: boolean;
+  /** the range gadget's beta (2 for bits) */
+  beta: number;
+  /** the input columns a range gadget reads, call k slot j reading columns[k count + j] */
+  columns: number[];
   /** groups per call (L), wires per call (arity), calls (M), degree (D) */
   count: number;
   arity: number;
@@ -49,29 +53,46 @@ export interface Gadget {
   polyLen: number;
 }
 
-function gadget(kind: "range" | "mul", items: number, beta: number): Gadget {
-  const range = kind === "range";
-  const inner = range ? 1 : 2;
-  const degree = range ? beta : 2;
-  const count = bestCount(items, inner, degree, range);
-  const calls = Math.ceil(items / count);
+function rangeGadget(columns: number[], beta: number): Gadget {
+  const count = bestCount(columns.length, 1, beta, true);
+  const calls = Math.ceil(columns.length / count);
   const wireLen = nextPow2(calls + 2);
-  return { kind, weighted: range, count, arity: inner * count, calls, degree, wireLen, polyLen: degree * (wireLen - 1) + 1 };
+  return { kind: "range", weighted: true, beta, columns, count, arity: count, calls, degree: beta, wireLen, polyLen: beta * (wireLen - 1) + 1 };
 }
 
+function squaresGadget(w: number): Gadget {
+  const count = bestCount(w, 2, 2, false);
+  const calls = Math.ceil(w / count);
+  const wireLen = nextPow2(calls + 2);
+  return { kind: "mul", weighted: false, beta: 0, columns: [], count, arity: 2 * count, calls, degree: 2, wireLen, polyLen: 2 * (wireLen - 1) + 1 };
+}
+
+const span = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
+
+/**
+ * NormBound(w, beta, q, R^2) of docs/validity.md section 2, or with `oneHot` the histogram
+ * circuit OneHotNorm of section 9: x_i = unit b_i + e_i, b one-hot in each block, the noise e
+ * bounded as NormBound bounds x; its input is the w bits, then e's digits, then the slack's.
+ */
 export class NormBound {
   readonly half: bigint;
   readonly slackDigits: number;
   readonly inputLen: number;
   readonly gadgets: Gadget[];
-  constructor(readonly w: number, readonly beta: number, readonly q: number, readonly r2: bigint) {
+  /** where the digits start: 0, or w after a one-hot circuit's bits */
+  readonly digitsAt: number;
+  constructor(readonly w: number, readonly beta: number, readonly q: number, readonly r2: bigint,
+    readonly oneHot: { blocks: [number, number][]; unit: bigint } | null = null) {
     this.half = BigInt(beta) ** BigInt(q) / 2n;
     let qs = 1;
     while (BigInt(beta) ** BigInt(qs) <= r2) qs++;
     this.slackDigits = qs;
     if (BigInt(w) * this.half * this.half + BigInt(beta) ** BigInt(qs) > P) throw new Error("the norm could wrap around p");
-    this.inputLen = w * q + qs;
-    this.gadgets = [gadget("range", this.inputLen, beta), gadget("mul", w, beta)];
+    this.digitsAt = oneHot ? w : 0;
+    this.inputLen = this.digitsAt + w * q + qs;
+    this.gadgets = oneHot
+      ? [rangeGadget(span(0, w), 2), rangeGadget(span(w, this.inputLen), beta), squaresGadget(w)]
+      : [rangeGadget(span(0, this.inputLen), beta), squaresGadget(w)];
   }
   get jointRandLen(): number {
     return this.gadgets.filter((g) => g.weighted).length + 1;
@@ -86,13 +107,26 @@ export class NormBound {
     return 1 + this.gadgets.reduce((a, g) => a + g.arity + 1, 0);
   }
 
-  /** Integers u with |u_i| < H and sum u_i^2 <= R^2 -> the n digits (throws outside). */
-  encode(u: bigint[]): Fp[] {
+  /**
+   * Integers u (grid units) -> the input (throws outside the predicate). With oneHot, `bits`
+   * are the row's one-hot cells and the noise u - unit b is what the digits carry.
+   */
+  encode(u: bigint[], bits: number[] | null = null): Fp[] {
     if (u.length !== this.w) throw new Error(`a vector has ${this.w} coordinates`);
-    let norm2 = 0n;
     const out: Fp[] = [];
+    let e = u;
+    if (this.oneHot) {
+      const oh = this.oneHot;
+      if (!bits || bits.length !== this.w || bits.some((b) => b !== 0 && b !== 1)) throw new Error("a one-hot row of 0/1 is needed");
+      for (const [start, len] of oh.blocks) {
+        if (bits.slice(start, start + len).reduce((a, b) => a + b, 0) !== 1) throw new Error("every block of a row holds exactly one 1");
+      }
+      out.push(...bits.map((b) => BigInt(b)));
+      e = u.map((x, i) => x - oh.unit * BigInt(bits[i]));
+    }
+    let norm2 = 0n;
     const b = BigInt(this.beta);
-    for (const x of u) {
+    for (const x of e) {
       if (x < -this.half || x >= this.half) throw new Error("a coordinate is outside the validity range: redraw its noise");
       norm2 += x * x;
       let v = x + this.half;
@@ -110,14 +144,14 @@ export class NormBound {
     return out;
   }
 
-  /** x_i = sum_m beta^m d_(i,m) - H, from the digits (or a share: constant times constScale). */
-  coordinates(input: Fp[], constScale: Fp = 1n): Fp[] {
+  /** The bounded coordinates sum_m beta^m d_(i,m) - H (x for NormBound, the noise e for OneHotNorm). */
+  noise(input: Fp[]): Fp[] {
     const out: Fp[] = [];
-    const c = mul(encodeInt(-this.half), constScale);
+    const c = encodeInt(-this.half);
     for (let i = 0; i < this.w; i++) {
       let x = 0n, weight = 1n;
       for (let m = 0; m < this.q; m++) {
-        x = add(x, mul(input[i * this.q + m], weight));
+        x = add(x, mul(input[this.digitsAt + i * this.q + m], weight));
         weight *= BigInt(this.beta);
       }
       out.push(add(x, c));
@@ -129,26 +163,18 @@ export class NormBound {
   wires(g: number, input: Fp[]): Fp[][] {
     const gd = this.gadgets[g];
     const out: Fp[][] = [];
-    if (gd.kind === "range") {
-      for (let k = 0; k < gd.calls; k++) {
-        const row: Fp[] = [];
-        for (let j = 0; j < gd.count; j++) {
-          const i = k * gd.count + j;
-          row.push(i < input.length ? input[i] : 0n);
-        }
-        out.push(row);
-      }
-    } else {
-      const x = this.coordinates(input);
-      for (let k = 0; k < gd.calls; k++) {
-        const row: Fp[] = [];
-        for (let j = 0; j < gd.count; j++) {
-          const i = k * gd.count + j;
+    const x = gd.kind === "mul" ? this.noise(input) : [];
+    for (let k = 0; k < gd.calls; k++) {
+      const row: Fp[] = [];
+      for (let j = 0; j < gd.count; j++) {
+        const i = k * gd.count + j;
+        if (gd.kind === "range") row.push(i < gd.columns.length ? input[gd.columns[i]] : 0n);
+        else {
           const v = i < this.w ? x[i] : 0n;
           row.push(v, v);
         }
-        out.push(row);
       }
+      out.push(row);
     }
     return out;
   }
@@ -192,7 +218,7 @@ export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]):
         for (let l = 0; l < gd.count; l++) {
           const x = wireEvals[l][i];
           let prod = 1n;
-          for (let v = 0; v < c.beta; v++) prod = mul(prod, sub(x, BigInt(v)));
+          for (let v = 0; v < gd.beta; v++) prod = mul(prod, sub(x, BigInt(v)));
           acc = add2(acc, scale2(weights[l], prod));
         }
         c0[i] = acc[0];

@@ -25,16 +25,31 @@ export interface ValidityPlan {
 
 export function validityPlan(study: Study): ValidityPlan {
   if (study.validity !== "norm-bound/1") throw new Error("not a validity study");
-  if (study.kind !== "sketch") throw new Error(`validity proofs of a ${study.kind} study are not implemented by this client`);
+  if (study.kind !== "sketch" && study.kind !== "histogram") throw new Error(`a ${study.kind} study has no validity proofs`);
   const h = spacing(study);
   const t = Math.max(1, Math.ceil(study.sigma / h));
   const w = width(study);
   const a = 64 * Math.log(2);
-  const r = study.row_bound / h + t * Math.sqrt(w + 2 * Math.sqrt(w * a) + 2 * a);
+  // a histogram's one-hot part is proved exactly: its bound is the noise allowance alone
+  const rowBound = study.kind === "histogram" ? 0 : study.row_bound;
+  const r = rowBound / h + t * Math.sqrt(w + 2 * Math.sqrt(w * a) + 2 * a);
   const r2 = BigInt(Math.ceil(r * r));
   let q = 1;
   while ((BigInt(BETA) ** BigInt(q) / 2n) ** 2n <= r2) q++;
-  const circuit = new NormBound(w, BETA, q, r2);
+  let oneHot: { blocks: [number, number][]; unit: bigint } | null = null;
+  if (study.kind === "histogram") {
+    const sizes = study.histogram!.axes.map((ax) => (ax.edges ?? ax.categories ?? []).length + 1);
+    const blocks: [number, number][] = [];
+    if (study.histogram!.marginal) {
+      let o = 0;
+      for (const n of sizes) {
+        blocks.push([o, n]);
+        o += n;
+      }
+    } else blocks.push([0, w]);
+    oneHot = { blocks, unit: 1n << BigInt(study.frac_bits - gridShift(study)) };
+  }
+  const circuit = new NormBound(w, BETA, q, r2, oneHot);
   return { shift: gridShift(study), t, r2, q, circuit, leaderWidth: circuit.inputLen + circuit.proofLen };
 }
 
@@ -47,7 +62,8 @@ export interface ProvedBatch {
 }
 
 /** The proved batch from the noisy ring vectors (m rows of width values), leader at `full`. */
-export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan, noisy: BigUint64Array, ks: Keystream, full: number): ProvedBatch {
+export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan, noisy: BigUint64Array, ks: Keystream, full: number,
+  onehot: number[][] | null = null): ProvedBatch {
   const c = plan.circuit;
   const w = c.w;
   const m = noisy.length / w;
@@ -60,7 +76,7 @@ export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan,
       if (x % (1n << BigInt(plan.shift)) !== 0n) throw new Error("a value is not on the study's noise grid");
       u.push(x >> BigInt(plan.shift));
     }
-    inputs.push(c.encode(u));
+    inputs.push(c.encode(u, onehot ? onehot[i] : null));
   }
   // the helpers' seeds (m each, helper by helper in server order), the leader's input shares
   const seeds: (Uint8Array[] | null)[] = [];
