@@ -24,4 +24,5 @@ process.stdout.write(JSON.stringify({
   vectors: r.vectors.map((v) => v.map(String)),
   progress,
   retries,
+  promise: client.promise,
 }));

@@ -1,7 +1,7 @@
 /**
  * A data owner's client: fetch the study from every server and check it (same id everywhere,
- * recomputed; the protocol's structural rules; each server's published policy; open for
- * uploads; sealing keys), then submit rows in batches: each batch keyed from a submission secret
+ * recomputed; the protocol's structural rules; its epsilon and floor where this client can
+ * recompute them; each server's published policy; open for uploads; sealing keys), then submit rows in batches: each batch keyed from a submission secret
  * (so a rerun with the same secret rebuilds the same reports and nothing is counted twice), the
  * full share rotating over the servers, sealed or not, every POST retried, progress reported.
  */
@@ -12,6 +12,7 @@ import { plainBody, prepareBatch, type PreparedBatch, type ServerBatch } from ".
 import type { RawValue } from "./features.js";
 import * as sealedLayout from "./sealing/v4.js";
 import { checkDistinctKeys, currentKey, type HpkeKeys, type ServerKey, type SuiteName } from "./sealing/suites.js";
+import { checkPromise, type PromiseCheck } from "./accounting.js";
 import { studyId, validateStudy, width, type Study } from "./study.js";
 import { DEFAULT_RETRY, getJson, ProblemError, request, type FetchLike, type RetryPolicy, type UploadResult } from "./upload.js";
 
@@ -87,6 +88,8 @@ export class Client {
     private readonly keys: ServerKey[] | null,
     private readonly fetchFn: FetchLike,
     private readonly retry: RetryPolicy,
+    /** the study's epsilon and floor as this client recomputed them (accounting.ts) */
+    readonly promise: PromiseCheck,
   ) {}
 
   static async connect(opts: ConnectOptions): Promise<Client> {
@@ -102,6 +105,7 @@ export class Client {
       if (info.status !== "open") throw new Error(`${opts.servers[j].url}: the study is ${info.status}, not open for uploads`);
     }
     validateStudy(study);
+    const promise = checkPromise(study); // throws if the noise does not give what the study promises
     // order the endpoints as the study's servers: share j goes to server j
     const byId = new Map(infos.map((info, j) => [info.server_id, j]));
     const order = study.servers.map((sid) => {
@@ -120,7 +124,7 @@ export class Client {
       keys = order.map((j) => currentKey(infos[j].hpke, sealing, sealedLayout.VERSION));
       checkDistinctKeys(keys);
     }
-    return new Client(study, opts.studyId, endpoints, keys, fetchFn, retry);
+    return new Client(study, opts.studyId, endpoints, keys, fetchFn, retry, promise);
   }
 
   /** Turn rows given as objects (by column name) into arrays in study order. */
