@@ -6,7 +6,7 @@
  */
 import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, concat } from "../bytes.js";
-import { add, add2, encodeInt, expand, mul, mul2, P, scale2, sub, type Fp, type Fp2 } from "./field.js";
+import { add, encodeInt, expand, mul, mul2, P, type Fp, type Fp2 } from "./field.js";
 import { intt, nextPow2, ntt } from "./ntt.js";
 
 export const JOINT_DOMAIN = ascii("dpsketch/joint/1");
@@ -213,16 +213,21 @@ export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]):
       const weights: Fp2[] = [[1n, 0n]];
       for (let l = 1; l < gd.count; l++) weights.push(mul2(weights[l - 1], r));
       const c0: Fp[] = new Array(evalSize), c1: Fp[] = new Array(evalSize);
+      const w0 = weights.map((x) => x[0]), w1 = weights.map((x) => x[1]);
+      const vs = Array.from({ length: gd.beta }, (_, v) => BigInt(v));
       for (let i = 0; i < evalSize; i++) {
-        let acc: Fp2 = [0n, 0n];
+        // unreduced sums of exact products, one reduction per point (BigInt has no overflow)
+        let a0 = 0n, a1 = 0n;
         for (let l = 0; l < gd.count; l++) {
           const x = wireEvals[l][i];
-          let prod = 1n;
-          for (let v = 0; v < gd.beta; v++) prod = mul(prod, sub(x, BigInt(v)));
-          acc = add2(acc, scale2(weights[l], prod));
+          let prod = x;
+          for (let v = 1; v < gd.beta; v++) prod *= x - vs[v];
+          prod %= P;
+          a0 += w0[l] * prod;
+          a1 += w1[l] * prod;
         }
-        c0[i] = acc[0];
-        c1[i] = acc[1];
+        c0[i] = ((a0 % P) + P) % P;
+        c1[i] = ((a1 % P) + P) % P;
       }
       const k0 = intt(c0), k1 = intt(c1);
       for (let i = 0; i < gd.polyLen; i++) proof.push(k0[i], k1[i]);
@@ -230,8 +235,8 @@ export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]):
       const vals: Fp[] = new Array(evalSize);
       for (let i = 0; i < evalSize; i++) {
         let acc = 0n;
-        for (let l = 0; l < gd.count; l++) acc = add(acc, mul(wireEvals[2 * l][i], wireEvals[2 * l + 1][i]));
-        vals[i] = acc;
+        for (let l = 0; l < gd.count; l++) acc += wireEvals[2 * l][i] * wireEvals[2 * l + 1][i];
+        vals[i] = acc % P;
       }
       const k = intt(vals);
       for (let i = 0; i < gd.polyLen; i++) proof.push(k[i]);

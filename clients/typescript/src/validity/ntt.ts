@@ -18,8 +18,39 @@ export const nextPow2 = (n: number): number => {
   return p;
 };
 
+/** Per stage twiddles of a size-n transform with root w (cached: a proof runs the same sizes). */
+const twiddleCache = new Map<string, Fp[][]>();
+function twiddles(n: number, w: Fp): Fp[][] {
+  const key = `${n}/${w}`;
+  const hit = twiddleCache.get(key);
+  if (hit) return hit;
+  const stages: Fp[][] = [];
+  for (let len = 2; len <= n; len <<= 1) {
+    const wl = pow(w, BigInt(n / len));
+    const half = len >> 1;
+    const tw: Fp[] = new Array(half);
+    tw[0] = 1n;
+    for (let k = 1; k < half; k++) tw[k] = mul(tw[k - 1], wl);
+    stages.push(tw);
+  }
+  twiddleCache.set(key, stages);
+  return stages;
+}
+
+const rootCache = new Map<number, { w: Fp; wInv: Fp; nInv: Fp }>();
+function roots(n: number) {
+  let r = rootCache.get(n);
+  if (!r) {
+    const w = rootOfUnity(n);
+    r = { w, wInv: inv(w), nInv: inv(BigInt(n)) };
+    rootCache.set(n, r);
+  }
+  return r;
+}
+
 function transform(a: Fp[], w: Fp): Fp[] {
   const n = a.length;
+  const stages = twiddles(n, w);
   const out = a.slice();
   // bit-reversal permutation, then iterative butterflies
   for (let i = 1, j = 0; i < n; i++) {
@@ -28,12 +59,9 @@ function transform(a: Fp[], w: Fp): Fp[] {
     j ^= bit;
     if (i < j) [out[i], out[j]] = [out[j], out[i]];
   }
-  for (let len = 2; len <= n; len <<= 1) {
-    const wl = pow(w, BigInt(n / len));
+  for (let len = 2, st = 0; len <= n; len <<= 1, st++) {
     const half = len >> 1;
-    const tw: Fp[] = new Array(half);
-    tw[0] = 1n;
-    for (let k = 1; k < half; k++) tw[k] = mul(tw[k - 1], wl);
+    const tw = stages[st];
     for (let i = 0; i < n; i += len) {
       for (let k = 0; k < half; k++) {
         const u = out[i + k], v = mul(out[i + k + half], tw[k]);
@@ -49,13 +77,14 @@ function transform(a: Fp[], w: Fp): Fp[] {
 export function ntt(coeffs: Fp[], n: number): Fp[] {
   const a = coeffs.slice(0, n);
   while (a.length < n) a.push(0n);
-  return transform(a, rootOfUnity(n));
+  return transform(a, roots(n).w);
 }
 
 /** Coefficients of the polynomial of degree < n with these values at w_n^i. */
 export function intt(values: Fp[]): Fp[] {
   const n = values.length;
-  const out = transform(values, inv(rootOfUnity(n)));
-  const ninv = inv(BigInt(n));
+  const r = roots(n);
+  const out = transform(values, r.wInv);
+  const ninv = r.nInv;
   return out.map((x) => mul(x, ninv));
 }
