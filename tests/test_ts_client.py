@@ -336,3 +336,38 @@ def test_browser_page_submits_through_the_package(built_package, exact_cluster, 
     expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
     print(f"browser: {out['us_per_row']:.1f} us a row to prepare ({out['agent']})")
+
+
+def test_histogram_validity_study_from_node_releases_its_noisy_counts(built_package, exact_cluster):
+    """A marginal histogram study with proofs (OneHotNorm): raw values binned by the package,
+    proved and sealed post-quantum; every report passes the round, and the release is the sum of
+    the Node client's noisy one-hot vectors plus the servers' floor noise alone (a floor: design()
+    misses epsilon by 1% on a histogram study with proofs and no floor, test_validity_e2e)."""
+    c = exact_cluster
+    n = 300
+    histogram = {"axes": [{"column": "age", "edges": [18, 30.5, 65]}, {"column": "city", "categories": ["a", "b"]}],
+                 "marginal": True}
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts histogram validity", histogram=histogram, expected_reports=n,
+                                  min_reports=n, epsilon_floor=4.0, validity=True)
+    study = Study.model_validate(created["study"])
+    assert study.kind == "histogram" and study.validity == "norm-bound/1" and study.server_sigma > 0
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    rng = np.random.default_rng(40044)
+    ages, cities = rng.uniform(0, 90, n), rng.choice(["a", "b", " b ", "zz"], n)
+    rows = [[float(a), str(city)] for a, city in zip(ages, cities)]
+    out = node_submit({"studyId": study.study_id, "servers": [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)],
+                       "rows": rows, "sealing": "post-quantum", "batchSize": 100})
+    assert out["accepted"] == [n] * 3, out
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: every report checked
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        counts = np.array(an.sketch(study.study_id)["sketch"]).ravel()
+    sent = np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64).sum(axis=0, dtype=np.uint64)
+    floor_noise = counts - ring.decode(sent, study.frac_bits)  # the three servers' noise alone
+    assert np.all(np.abs(floor_noise) < 6 * np.sqrt(3) * study.server_sigma) and np.any(floor_noise != 0)
+    truth = np.concatenate([np.bincount(np.searchsorted([18, 30.5, 65], ages, side="right"), minlength=4),
+                            [np.sum(np.char.strip(cities.astype(str)) == "a"), np.sum(np.char.strip(cities.astype(str)) == "b"),
+                             np.sum(np.char.strip(cities.astype(str)) == "zz")]])
+    sd = np.sqrt(n * study.sigma**2 + 3 * study.server_sigma**2)
+    assert np.all(np.abs(counts - truth) < 6 * sd), (counts, truth)
