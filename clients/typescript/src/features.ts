@@ -3,7 +3,7 @@
  * and 5): bounds mapping, clipping to B', the kind's vector (the row, phi, psi, one-hot cells).
  */
 import { columnMap, toBall, type ColumnMap } from "./bounds.js";
-import { clipBound, rowWidth, type Study } from "./study.js";
+import { clipBound, type Study } from "./study.js";
 
 export type RawValue = number | string;
 
@@ -117,6 +117,5 @@ export function mapper(study: Study): Mapper {
     if (study.kind === "moments") return psi(a);
     return a;
   };
-  void rowWidth;
   return { map, clipBound: Bp, clamped, vector };
 }

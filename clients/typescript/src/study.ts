@@ -269,11 +269,3 @@ export function validateStudy(study: Study): void {
   const cells = study.validity ? 0 : (study.max_reports * (valueBound(study) + 20 * sd) + N * 20 * study.server_sigma * Math.sqrt(sPrime(study))) * 2 ** study.frac_bits;
   if (!(cells < 2 ** 63)) fail("overflow bound");
 }
-
-/** What every server must agree on: the same study (by recomputed id) at every server. */
-export function checkSameStudy(expectedId: string, studies: Study[]): void {
-  for (const [j, s] of studies.entries()) {
-    const id = studyId(s);
-    if (id !== expectedId) throw new Error(`server ${j} holds study ${id}, not ${expectedId}`);
-  }
-}
