@@ -8,7 +8,9 @@ to a sketch study (sealed classical, sealed post-quantum and plain, seed-compres
 share rotating, upload tokens), the Python SDK submits other rows to the same study, and the
 release equals S(A + G) over both clients' encoded rows bit for bit (no server noise: the
 no-floor policy of test_e2e). Resubmitting with the same submission secret stores nothing new.
-A validity study: the Node client's proofs pass every server's verification round. (c) Headless
+A validity study (sketch; marginal histogram): the Node client's proofs pass every server's
+verification round. A study with parties: one party's blocks from Node, the other's from Python,
+joined by pseudonym. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows through a same-origin gateway (the servers send no CORS headers); exact release.
 Needs Node 20+ and npm (dependencies from the npm registry, cached in clients/typescript/
@@ -27,7 +29,7 @@ import numpy as np
 import pytest
 
 from analyzer.client import AnalyzerClient
-from client_sdk.prepare import prepare_batch
+from client_sdk.prepare import prepare_batch, prepare_blocks
 from conftest import cluster_for_module
 from dpsketch.protocol import Study, messages, ring, sketch
 from test_e2e import NO_FLOOR_POLICY, direct_sketch
@@ -371,3 +373,48 @@ def test_histogram_validity_study_from_node_releases_its_noisy_counts(built_pack
                              np.sum(np.char.strip(cities.astype(str)) == "zz")]])
     sd = np.sqrt(n * study.sigma**2 + 3 * study.server_sigma**2)
     assert np.all(np.abs(counts - truth) < 6 * sd), (counts, truth)
+
+
+def test_parties_study_node_and_python_blocks_join_exactly(built_package, exact_cluster):
+    """A study with parties (docs/protocol.md 2d): party "bank" uploads its blocks from Node,
+    party "shop" from the Python SDK, each with its own upload tokens; both derive the same
+    pseudonyms from the shared party key, so every individual is complete, and the release is the
+    sketch of the joined noisy rows, hashed by pseudonym, exactly."""
+    from dpsketch.protocol import parties as _parties
+
+    c = exact_cluster
+    n = 160
+    parties = [{"name": "bank", "columns": ["x1", "x2"]}, {"name": "shop", "columns": ["y"]}]
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts parties", parties=parties, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    assert study.parties is not None and study.server_sigma == 0
+    key = bytes(range(32))
+    customers = [f"customer-{i:05d}" for i in range(n)]
+    rng = np.random.default_rng(4242)
+    bank_rows, shop_rows = rng.normal(0, 0.3, (n, 2)), rng.normal(0, 0.3, (n, 1))
+
+    bank_tokens = c.upload_tokens(study.study_id, quota=None, party="bank")
+    out = node_submit({"studyId": study.study_id, "servers": [{"url": u, "token": t} for u, t in zip(c.server_urls, bank_tokens)],
+                       "rows": bank_rows.tolist(), "party": "bank", "partyKey": key.hex(), "individuals": customers,
+                       "batchSize": 70})
+    assert out["accepted"] == [n] * 3, out
+
+    shop_tokens = c.upload_tokens(study.study_id, quota=None, party="shop")
+    pseudonyms = _parties.pseudonyms(key, study.study_id, customers)
+    batch = prepare_blocks(study, "shop", pseudonyms, shop_rows)
+    for j, (url, token) in enumerate(zip(c.server_urls, shop_tokens)):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["accepted"] == n, r.text
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # only complete individuals: the pseudonyms agree
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    joined = np.hstack([np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64),
+                        ring.reconstruct(batch.shares)])
+    expected = ring.decode(direct_sketch(study, pseudonyms, joined), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+

@@ -9,13 +9,17 @@ const cfg = JSON.parse(Buffer.concat(chunks).toString("utf8"));
 const client = await Client.connect({ studyId: cfg.studyId, servers: cfg.servers, sealing: cfg.sealing ?? "none" });
 const progress = [];
 const retries = [];
-const r = await client.submit(cfg.rows, {
+const opts = {
   batchSize: cfg.batchSize ?? 1000,
   secret: cfg.secret ? unhex(cfg.secret) : undefined,
   keepVectors: true,
   onProgress: (p) => progress.push(p),
   onRetry: (server, attempt, why) => retries.push({ server, attempt, why }),
-});
+};
+// a party's blocks: {"party", "partyKey" (hex), "individuals"} besides the rows
+const r = cfg.party
+  ? await client.submitBlocks(cfg.party, unhex(cfg.partyKey), cfg.individuals, cfg.rows, opts)
+  : await client.submit(cfg.rows, opts);
 process.stdout.write(JSON.stringify({
   reportIds: r.reportIds,
   accepted: r.accepted,

@@ -54,7 +54,6 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
   const W = plan.width;
   const m = rows.length;
   const N = study.servers.length;
-  const f = study.frac_bits;
   const mp = mapper(study);
   const vectors = rows.map((r) => mp.vector(r));
   const ks = new Keystream(key);
@@ -63,11 +62,52 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
     const bits = ks.bits(m);
     signs = Array.from(bits, (b) => (b ? -1 : 1));
   }
+  const { noisy, halves } = encodeNoisy(study, vectors, signs, ks, W);
+  if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped, study.kind === "histogram" ? vectors : null);
+  const servers = shareAndSalt(halves, m, W, N, ks, opts.full);
+  const reportIds: Uint8Array[] = [];
+  const sid = unhex(studyIdHex);
+  for (let i = 0; i < m; i++) {
+    const b = bind(sid, servers.map((s) => s.content), servers.map((s) => s.salts[i]), servers.map((s) => s.payloads[i]));
+    reportIds.push(b.reportId);
+    servers.forEach((s, j) => s.proofs.push(b.proofs[j]));
+  }
+  return { reportIds, servers, signs, noisy, bytesUsed: ks.used, clamped: mp.clamped };
+}
+
+/**
+ * A validity study's batch (docs/protocol.md sections 4b, 4c): always seed-compressed, the
+ * leader at `full` receiving its input and proof shares (n + P field elements a report), every
+ * other server a seed; the keystream continues after the noise.
+ */
+function provedBatch(study: Study, studyIdHex: string, noisy: BigUint64Array, ks: Keystream, full: number,
+  signs: number[] | null, clamped: number[], onehot: number[][] | null): PreparedBatch {
+  const plan = validityPlan(study);
+  const b = proveBatch(study, studyIdHex, plan, noisy, ks, full, onehot);
+  const servers: ServerBatch[] = b.servers.map((s, j) => ({
+    position: j,
+    content: s.content,
+    mediaType: s.content === CONTENT_SEED ? SEEDS_TYPE : SHARES_TYPE,
+    payloads: s.payloads,
+    salts: [],
+    proofs: s.proofs,
+  }));
+  return { reportIds: b.reportIds, servers, signs, noisy, bytesUsed: ks.used, clamped };
+}
+
+/**
+ * Step 2 of the draw order: the vectors (signed already) rounded to the grid plus the client
+ * noise, as ring values; also their little-endian 32-bit halves (every |value| < 2^53 is an exact
+ * double, so no BigInt per value).
+ */
+export function encodeNoisy(study: Study, vectors: number[][], signs: number[] | null, ks: Keystream, W: number): { noisy: BigUint64Array; halves: Uint32Array } {
+  const plan = noisePlan(study);
+  const m = vectors.length;
+  const f = study.frac_bits;
   const noise = plan.client ? draw(ks, m * W, plan.client.t, plan.client.limit) : null;
   const gridScale = 2 ** (f - plan.shift);
   const unit = 2 ** plan.shift;
   const bound = (valueBound(study) + 20 * study.sigma) * 2 ** f;
-  // ring values as little-endian 32-bit halves (every |value| < 2^53: exact doubles, no BigInt)
   const noisyBuf = new ArrayBuffer(8 * m * W);
   const noisyHalves = new Uint32Array(noisyBuf);
   for (let i = 0; i < m; i++) {
@@ -82,7 +122,16 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
     }
   }
   const noisy = new BigUint64Array(noisyBuf);
-  if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped, study.kind === "histogram" ? vectors : null);
+  return { noisy, halves: noisyHalves };
+}
+
+/**
+ * Steps 3 and 4: the other servers' shares (full: Words64; seed-compressed with the full share
+ * at `full`: seeds), the full share as the noisy values minus them mod 2^64, and the salts.
+ */
+export function shareAndSalt(halves: Uint32Array, m: number, W: number, N: number, ks: Keystream, full: number | null): ServerBatch[] {
+  const noisyHalves = halves;
+  const opts = { full };
   // shares, as 32-bit halves: the others from the keystream (or their seeds' expansions), the full
   // share the noisy vectors minus them mod 2^64
   const shares: (Uint8Array | null)[] = new Array(N).fill(null);
@@ -132,32 +181,5 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
     for (let i = 0; i < m; i++) salts.push(saltBytes.subarray(16 * (j * m + i), 16 * (j * m + i) + 16));
     servers.push({ position: j, content: isSeed ? CONTENT_SEED : CONTENT_SHARE, mediaType: isSeed ? SEEDS_TYPE : SHARES_TYPE, payloads, salts, proofs: [] });
   }
-  const reportIds: Uint8Array[] = [];
-  const sid = unhex(studyIdHex);
-  for (let i = 0; i < m; i++) {
-    const b = bind(sid, servers.map((s) => s.content), servers.map((s) => s.salts[i]), servers.map((s) => s.payloads[i]));
-    reportIds.push(b.reportId);
-    servers.forEach((s, j) => s.proofs.push(b.proofs[j]));
-  }
-  return { reportIds, servers, signs, noisy, bytesUsed: ks.used, clamped: mp.clamped };
-}
-
-/**
- * A validity study's batch (docs/protocol.md sections 4b, 4c): always seed-compressed, the
- * leader at `full` receiving its input and proof shares (n + P field elements a report), every
- * other server a seed; the keystream continues after the noise.
- */
-function provedBatch(study: Study, studyIdHex: string, noisy: BigUint64Array, ks: Keystream, full: number,
-  signs: number[] | null, clamped: number[], onehot: number[][] | null): PreparedBatch {
-  const plan = validityPlan(study);
-  const b = proveBatch(study, studyIdHex, plan, noisy, ks, full, onehot);
-  const servers: ServerBatch[] = b.servers.map((s, j) => ({
-    position: j,
-    content: s.content,
-    mediaType: s.content === CONTENT_SEED ? SEEDS_TYPE : SHARES_TYPE,
-    payloads: s.payloads,
-    salts: [],
-    proofs: s.proofs,
-  }));
-  return { reportIds: b.reportIds, servers, signs, noisy, bytesUsed: ks.used, clamped };
+  return servers;
 }

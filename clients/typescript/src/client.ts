@@ -9,6 +9,7 @@ import { hmac } from "@noble/hashes/hmac.js";
 import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, concat, hex, randomBytes } from "./bytes.js";
 import { plainBody, prepareBatch, type PreparedBatch, type ServerBatch } from "./batch.js";
+import { blockMediaType, blocksBody, prepareBlocks, pseudonym, type PreparedBlocks } from "./parties.js";
 import type { RawValue } from "./features.js";
 import * as sealedLayout from "./sealing/v4.js";
 import { checkDistinctKeys, currentKey, type HpkeKeys, type ServerKey, type SuiteName } from "./sealing/suites.js";
@@ -183,6 +184,7 @@ export class Client {
   }
 
   async submit(rowsIn: (RawValue[] | Record<string, RawValue>)[], opts: SubmitOptions = {}): Promise<SubmitResult> {
+    if (this.study.parties) throw new Error("a study with parties takes blocks: submitBlocks(party, ...)");
     const rows = this.toArrays(rowsIn);
     const batchSize = opts.batchSize ?? 1000;
     if (!(batchSize >= 1)) throw new Error("batchSize must be at least 1");
@@ -211,6 +213,59 @@ export class Client {
       opts.onProgress?.({ batch: b + 1, batches, rowsDone: Math.min(rows.length, (b + 1) * batchSize), rowsTotal: rows.length, accepted: accepted.slice(), duplicates: duplicates.slice() });
     }
     return { reportIds, accepted, duplicates, secret, clamped, ...(opts.keepVectors ? { vectors } : {}) };
+  }
+
+  /** POST a party's blocks [lo, hi) to server j (plaintext: blocks are not sealed), halving on 413. */
+  private async postBlocks(p: PreparedBlocks, j: number, lo: number, hi: number, onRetry?: SubmitOptions["onRetry"]): Promise<UploadResult> {
+    const e = this.endpoints[j];
+    const part: PreparedBlocks = { ...p, blockIds: p.blockIds.slice(lo, hi), pseudonyms: p.pseudonyms.slice(lo, hi),
+      servers: p.servers.map((s) => ({ proofs: s.proofs.slice(lo, hi), payloads: s.payloads.slice(lo, hi) })) };
+    const headers: Record<string, string> = { "Content-Type": blockMediaType(p.party), Accept: "application/json" };
+    if (e.token) headers.Authorization = `Bearer ${e.token}`;
+    try {
+      const resp = await request(this.fetchFn, `${e.url}/v1/studies/${this.studyId}/batches`,
+        { method: "POST", headers, body: blocksBody(part, j) as unknown as BodyInit }, this.retry, (a, why) => onRetry?.(this.study.servers[j], a, why));
+      return (await resp.json()) as UploadResult;
+    } catch (err) {
+      if (err instanceof ProblemError && err.status === 413 && hi - lo > 1) {
+        const mid = lo + Math.floor((hi - lo) / 2);
+        const a = await this.postBlocks(p, j, lo, mid, onRetry);
+        const b = await this.postBlocks(p, j, mid, hi, onRetry);
+        return { accepted: a.accepted + b.accepted, duplicates: a.duplicates + b.duplicates, report_count: b.report_count };
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * A party's blocks of a study with parties (section 2d): `individuals` are the individuals'
+   * keys (customer numbers), turned into this study's pseudonyms with the parties' shared 32-byte
+   * `partyKey`; `rows` the party's columns of each. The upload tokens must be this party's.
+   */
+  async submitBlocks(party: string, partyKey: Uint8Array, individuals: (string | Uint8Array)[], rows: number[][], opts: SubmitOptions = {}): Promise<SubmitResult & { blockIds: string[] }> {
+    if (!this.study.parties) throw new Error("the study has no parties");
+    if (this.keys) throw new Error("blocks are uploaded in plaintext (TLS): connect without sealing");
+    const batchSize = opts.batchSize ?? 1000;
+    const secret = opts.secret ?? randomBytes(32);
+    const N = this.study.servers.length;
+    const accepted = new Array(N).fill(0), duplicates = new Array(N).fill(0);
+    const blockIds: string[] = [];
+    const vectors: bigint[][] = [];
+    const batches = Math.ceil(rows.length / batchSize);
+    const d = this.study.parties.find((p) => p.name === party)?.columns.length ?? 0;
+    for (let b = 0; b < batches; b++) {
+      const ids = individuals.slice(b * batchSize, (b + 1) * batchSize).map((x) => pseudonym(partyKey, this.studyId, x));
+      const p = prepareBlocks(this.study, this.studyId, party, ids, rows.slice(b * batchSize, (b + 1) * batchSize), batchKey(secret, b));
+      const results = await Promise.all(p.servers.map((_, j) => this.postBlocks(p, j, 0, ids.length, opts.onRetry)));
+      results.forEach((r, j) => {
+        accepted[j] += r.accepted;
+        duplicates[j] += r.duplicates;
+      });
+      for (const id of p.blockIds) blockIds.push(hex(id));
+      if (opts.keepVectors) for (let i = 0; i < ids.length; i++) vectors.push(Array.from(p.noisy.subarray(i * d, (i + 1) * d)));
+      opts.onProgress?.({ batch: b + 1, batches, rowsDone: Math.min(rows.length, (b + 1) * batchSize), rowsTotal: rows.length, accepted: accepted.slice(), duplicates: duplicates.slice() });
+    }
+    return { reportIds: blockIds, blockIds, accepted, duplicates, secret, clamped: [], ...(opts.keepVectors ? { vectors } : {}) };
   }
 }
 

@@ -12,3 +12,4 @@ export * as sealedV4 from "./sealing/v4.js";
 export { currentKey, keyId, type SuiteName } from "./sealing/suites.js";
 export { hex, unhex } from "./bytes.js";
 export { checkPromise, replaceOneEpsilon, gaussianEpsilon, type PromiseCheck } from "./accounting.js";
+export { pseudonym, prepareBlocks, blocksBody, blockMediaType, type PreparedBlocks } from "./parties.js";
