@@ -226,7 +226,9 @@ class PCAResult(BaseModel):
     components: list[list[float]]
     explained_variance: list[float] = Field(description="the rows' variance along each component (in the "
                                             "data's units squared for a study with bounds)")
-    explained_variance_ratio: list[float] = Field(default_factory=list)
+    explained_variance_ratio: list[float | None] = Field(
+        default_factory=list, description="each component's share of the trace; null when the noisy "
+        "Gram's trace is not positive (so few or such small rows that the noise dominates)")
     mean: list[float] = Field(default_factory=list, description="the column means the rows were centred "
                               "on (zeros when not centred)")
     centered: bool = False
@@ -534,7 +536,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return PCAResult(study_id=study_id, columns=names,
                          components=finite(model.components_, "components"),
                          explained_variance=finite(model.explained_variance_, "explained variance"),
-                         explained_variance_ratio=[float(v) for v in model.explained_variance_ratio_],
+                         explained_variance_ratio=[float(v) if np.isfinite(v) else None
+                                                   for v in model.explained_variance_ratio_],
                          mean=finite(model.mean_, "mean"), centered=model.centered_,
                          debias=body.debias, n_reports=rel.n_reports)
 

@@ -76,7 +76,8 @@ class Stored:
 def study_payloads(stored: Stored, study: Study) -> tuple[np.ndarray, bool]:
     """A study with validity proofs: its stored records as uint64 rows, the leader's (m, n + P)
     F_p values or each helper's seed as 4 words, and whether they are seeds (one kind per
-    Stored: a scan never joins records of two lengths). What proved_shares.payload_rows made."""
+    Stored: a scan never joins records of two lengths). What proved_shares.payload_rows made;
+    proved_shares.server_shares turns them into input and proof shares."""
     width = proved_shares.upload_width(study)
     if not stored.holds_shares_of(width):
         raise ValueError(f"{len(stored.shares)} stored bytes are not {len(stored)} records of study {study.study_id}")

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsketch.protocol import field, messages, ring, validity
+from dpsketch.protocol import field, messages, proved_shares, validity
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.verification import Commitment, Contribution
@@ -132,16 +132,6 @@ class Decision:
     @property
     def n_refused(self) -> int:
         return len(self.refused) // REPORT_ID_BYTES
-
-
-def _payload(got: Any, leader_width: int) -> tuple[np.ndarray, bool]:
-    """A stored batch's payloads for ``validity.server_shares``, and whether they are seeds:
-    (m, 32) uint8 seeds (a helper's batch, stored as sent: services/batches.py) or the leader's
-    (m, n + P) uint64 input and proof shares."""
-    m = len(got)
-    if batches.holds_seeds(len(got.shares), m, leader_width):
-        return np.frombuffer(got.shares, dtype=np.uint8).reshape(m, ring.SEED_BYTES), True
-    return got.share_matrix(leader_width), False
 
 
 class Rounds:
@@ -359,7 +349,7 @@ class Rounds:
         at = 0
         for got in self.store._fetch(record.seq, ascending.tolist()):
             n = len(got)
-            payload, seeded = _payload(got, plan.leader_width)
+            payload, seeded = batches.study_payloads(got, record.study)
             parts[seeded].append((order[at:at + n], got.ids, payload))
             at += n
         got_ids = np.empty(len(rowids) * REPORT_ID_BYTES, dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
@@ -369,7 +359,7 @@ class Rounds:
             where = np.concatenate([p[0] for p in pieces])
             id_matrix = np.frombuffer(b"".join(p[1] for p in pieces), dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
             payload = np.concatenate([p[2] for p in pieces])
-            inputs, proofs = validity.server_shares(plan, payload, seeded)
+            inputs, proofs = proved_shares.server_shares(record.study, payload, seeded)
             out[where] = validity.verifier_shares(plan, seed, id_matrix, inputs, proofs)
             got_ids[where] = id_matrix
         if got_ids.tobytes() != ids:  # never: rowids come from the report index

@@ -255,3 +255,22 @@ def test_honest_noise_stays_well_inside_the_allowance():
         e = N.encoded_noise((40_000 // (d // 10), st.width), st.sigma, grid).view(np.int64) >> grid.shift
         ratio = np.sqrt((e.astype(np.float64) ** 2).sum(axis=1)).max() / allowance
         assert 0.2 < ratio < 0.8, (d, ratio)
+
+
+def test_studies_without_server_noise_widen_their_noise_for_the_coarse_grid():
+    """Without server noise the grid's rounding radius comes out of the clients' noise
+    (Study.mechanism): a validity study's coarse grid would cost about 3% of epsilon, so design
+    widens sigma to sqrt(sigma^2 + r^2) and the study keeps its epsilon (it was refused by its
+    own check before)."""
+    from dpsketch.protocol import smoothing
+
+    spec = {"axes": [{"column": "age", "edges": [0, 20, 40]}]}
+    for kw in (dict(kind="histogram", histogram=spec, columns=["age"], label=None),
+               dict(columns=["a", "b", "y"], label="y")):
+        plain = S.design(name="w", servers=SERVERS, expected_reports=10_000, epsilon_floor=None, **kw)[0]
+        proved = S.design(name="w", servers=SERVERS, expected_reports=10_000, epsilon_floor=None,
+                          validity=True, **kw)[0]
+        r = smoothing.rounding_radius(proved.noise_grid.spacing, proved.k)
+        assert proved.server_sigma == 0 and proved.sigma >= (plain.sigma ** 2 + r ** 2) ** 0.5
+        assert proved.sigma < 1.05 * plain.sigma
+        assert proved.report_epsilon(proved.lambda_star) <= proved.epsilon

@@ -1,6 +1,6 @@
 """A validity study's data path over real processes (docs/protocol.md section 4c): the SDK over
 HTTP, real share servers on SQLite, a real analyzer process creating and finalizing the study
-(without the verification round).
+(its finalize runs the verification round, section 6d: every honest report here passes it).
 
 * N = 2 and N = 3, plaintext and sealed: every batch is seed-compressed with the leader rotating
   over the servers, and the release is exactly the ring sketch of the reports' encoded vectors,

@@ -21,6 +21,7 @@ from client_sdk.prepare import prepare_batch
 from dpsketch.protocol import field, messages, proved_shares, sketch, validity
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, decode_aggregate
 from dpsketch.protocol.study import Study, design
+from conftest import BOTH_STORES
 from test_server_unit import AN, Server
 
 ROWS = 300
@@ -132,6 +133,7 @@ def test_leader_and_helper_batches_are_stored_and_folded_as_field_halves(server)
     np.testing.assert_array_equal(server.totals(study), running(study, got))
 
 
+@BOTH_STORES
 @pytest.mark.parametrize("kept", [0.9, 0.4], ids=["subtract-excluded", "sum-included"])
 def test_commit_releases_exactly_the_field_share_of_the_included_reports(server, kept):
     study = validity_study()
@@ -153,6 +155,7 @@ def test_commit_releases_exactly_the_field_share_of_the_included_reports(server,
     assert (released < field.P).all()
 
 
+@BOTH_STORES
 def test_checkpoint_of_the_halves_restores_what_a_rebuild_holds(store_location, monkeypatch):
     from services import checkpoint, state as state_module
     from services.store import Store
@@ -235,3 +238,26 @@ def test_sealed_leader_and_helper_bodies_split_and_open_at_the_leaders_width():
         (a, pa), (b, pb) = opened(first), opened(second)
         assert a + b == batch.report_ids and len(a) == 4
         np.testing.assert_array_equal(np.concatenate([pa, pb]), sent)
+
+
+def test_kept_records_give_back_the_input_and_proof_shares_sent(server):
+    """What the verification round reads: a server's kept records (batches.study_payloads) give
+    back exactly the input and proof shares the client made for it, leader's and helper's."""
+    from services import batches as stored_batches
+
+    study = validity_study()
+    assert server.provision(study).status_code == 201
+    got = batches(study, seed=6, sizes=(30, 30))  # s1 leads batch 0, helps in batch 1
+    for b in got:
+        upload(server, study, b)
+    store = server.app.state.store
+    with store._reading() as conn:
+        kept = list(stored_batches.scan(conn, store.record(study.study_id).seq))
+    plan = validity.plan(study)
+    for chunk, batch in zip(kept, got):
+        rows, seeded = stored_batches.study_payloads(chunk, study)
+        assert seeded == (batch.seeds[0] is not None)
+        inputs, proofs = proved_shares.server_shares(study, rows, seeded)
+        sent = batch.share(0)
+        np.testing.assert_array_equal(inputs, sent[:, :plan.input_len])
+        np.testing.assert_array_equal(proofs, sent[:, plan.input_len:])

@@ -6,9 +6,14 @@ per batch (the *leader*) holds explicit shares of the proof's input and of the p
 elements a report, while the others (the *helpers*) hold a 32-byte seed that expands to theirs
 by ``field.expand``, never by ``ring.expand_seeds`` (docs/protocol.md section 4c). Every place
 that decodes, seals, stores, re-reads, folds or releases a share asks this module what a share
-of the study is, so the two kinds of study differ here and nowhere else. For a study without
-``validity`` every function answers what the code did before (``study.width``, ring seeds,
-``ring.reconstruct``), so callers need no branch of their own.
+of the study is. For a study without ``validity``, :func:`upload_width`, :func:`state_width`,
+:func:`expand_seeds`, :func:`released` and :func:`reconstruct` answer what the code did before
+(``study.width``, ring seeds, ``ring.reconstruct``), so those callers need no branch of their
+own; :func:`payload_rows` and :func:`addends` are a validity study's only.
+
+What a validity study's server keeps of a record is what it received: the leader's n + P
+values, or the helper's seed (32 bytes: the seed is the share). Only its sums expand a seed, to
+the n input elements they need (``validity.input_shares``), never the P of the proof share.
 
 The running totals of a validity study are the low and high 32-bit halves of the servers' F_p
 coordinate shares (``validity.aggregand``: 2 w columns), summed as exact integers by the ring's
@@ -32,7 +37,7 @@ SEED_BYTES = ring.SEED_BYTES
 
 def is_proved(study: Study) -> bool:
     """Whether every report of the study carries a validity proof (``Study.validity`` is set)."""
-    return getattr(study, "validity", None) is not None
+    return study.validity is not None
 
 
 def upload_width(study: Study) -> int:
@@ -77,14 +82,21 @@ def payload_rows(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray
     return field.elements(payloads, "a leader's share value")
 
 
+def server_shares(study: Study, rows: np.ndarray, seeded: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A server's input shares (m, n) and proof shares (m, P) of kept records (:func:`payload_rows`;
+    what the verification round queries): ``validity.server_shares`` of them."""
+    return validity.server_shares(validity.plan(study), rows, seeded)  # seeds as words: reinterpreted
+
+
 def addends(study: Study, rows: np.ndarray, seeded: bool) -> np.ndarray:
     """What a validity study's server adds to its running aggregate for these records
     (:func:`payload_rows`): the low and high 32-bit halves of its F_p coordinate shares,
     (m, 2 w) uint64 (``validity.aggregand`` of the input shares; a seed expands to its n input
-    elements only, validity.input_shares)."""
+    elements only, validity.input_shares; a leader's rows are already canonical, checked when
+    they came: payload_rows)."""
     plan = validity.plan(study)
-    payload = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), SEED_BYTES) if seeded else rows
-    return validity.aggregand(plan, validity.input_shares(plan, payload, seeded))
+    inputs = validity.input_shares(plan, rows, True) if seeded else rows[:, :plan.input_len]
+    return validity.aggregand(plan, inputs)
 
 
 def released(study: Study, running: np.ndarray) -> np.ndarray:

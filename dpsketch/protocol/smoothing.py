@@ -113,6 +113,14 @@ def smoothing_error_log2(beta: float, dimension: int) -> float:
     return -math.log2(math.expm1(x))
 
 
+def rounding_radius(spacing: float, k: int) -> float:
+    """The radius r the grid's rounding argument is made for: 2 h sqrt(ln(2 k (1 + 1/eps2)) / pi),
+    eps2 = 2^ROUNDING_ERROR_LOG2 (a study without server noise gives up r^2 of its clients'
+    noise variance, Study.mechanism)."""
+    eps2 = 2.0 ** ROUNDING_ERROR_LOG2
+    return 2.0 * spacing * math.sqrt(math.log(2.0 * k * (1.0 + 1.0 / eps2)) / math.pi)
+
+
 def argument(*, nonzeros: int, k: int, columns: int, max_reports: int, client_sigma: float,
              server_noise_std: float, grid: Grid) -> Argument:
     """The argument for a study whose sketch columns have ``nonzeros`` unit entries, k rows,
@@ -122,8 +130,7 @@ def argument(*, nonzeros: int, k: int, columns: int, max_reports: int, client_si
     sigma_c = grid.scale(client_sigma) * h if client_sigma > 0 else 0.0
     tau_c = grid.scale(server_noise_std) * h if server_noise_std > 0 else 0.0
     rounding_log2 = ROUNDING_ERROR_LOG2
-    eps2 = 2.0 ** rounding_log2
-    r = 2.0 * h * math.sqrt(math.log(2.0 * k * (1.0 + 1.0 / eps2)) / math.pi)
+    r = rounding_radius(h, k)
 
     def result(covered: bool, reason: str, linear_log2: float) -> Argument:
         return Argument(covered, reason, h, sigma_c, tau_c, r, linear_log2, rounding_log2, columns)

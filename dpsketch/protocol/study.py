@@ -805,6 +805,11 @@ def design(
     if validity:  # valid reports reach R h per coordinate (a little above B + the noise allowance)
         allowed = 1.01 * (row_bound + _validity.norm_allowance(sigma, width))
         frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
+        if server_sigma == 0 and sigma > 0 and neighbouring == "replace-one":
+            sigma = _validity.widened_sigma(sigma, k, frac_bits)  # the coarse grid's rounding
+            bound = value_bound(kind, row_bound, sigma)
+            allowed = 1.01 * (row_bound + _validity.norm_allowance(sigma, width))
+            frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
     else:
         frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)
     study = _validated(

@@ -131,6 +131,25 @@ def noise_grid(smallest_std: float, frac_bits: int):
     return Grid(frac_bits, shift)
 
 
+def widened_sigma(sigma: float, k: int, frac_bits: int) -> float:
+    """The client noise a replace-one validity study without server noise needs: on its coarse
+    grid (step h, GRID_STEPS steps per sigma) the rounding argument costs r^2 of the noise's
+    variance (smoothing.rounding_radius, Study.mechanism), which a fine grid makes negligible and
+    this one does not (about 3% of epsilon). So the calibrated sigma is widened to
+    sqrt(sigma^2 + r^2), r of the grid the widened sigma itself gets (a fixed point, reached in a
+    step or two: the grid moves only by powers of two)."""
+    from .smoothing import rounding_radius
+
+    wide = sigma
+    for _ in range(8):
+        r = rounding_radius(noise_grid(wide, frac_bits).spacing, k)
+        nxt = math.sqrt(sigma * sigma + r * r) * (1.0 + 1e-12)
+        if nxt <= wide:
+            return wide
+        wide = nxt
+    return wide
+
+
 def norm_bound_units(row_bound: float, spacing: float, t: int, w: int) -> int:
     """R^2 (grid units): (B / h + the noise allowance)^2, rounded up. A histogram's one-hot part
     is proved exactly, so its bound is the allowance alone (``row_bound`` = 0)."""
@@ -280,11 +299,16 @@ def prepare(study, encoded: np.ndarray, stream: Keystream, full: int | None = No
 
 # --- server: storage and aggregation ---------------------------------------------------------------
 
+def _seed_bytes(payload) -> np.ndarray:
+    """Seeds as (m, 32) bytes, reinterpreting (never casting) whatever words hold them."""
+    return np.ascontiguousarray(payload).view(np.uint8).reshape(-1, flp.SEED_BYTES)
+
+
 def server_shares(plan: Plan, payload: np.ndarray, seeded: bool) -> tuple[np.ndarray, np.ndarray]:
     """A server's input shares (m, n) and proof shares (m, P) of the reports of one batch: a
     helper's from its (m, 32) seeds, a leader's from its (m, n + P) payload."""
     if seeded:
-        return flp.expand_share(plan.circuit, np.asarray(payload, dtype=np.uint8).reshape(-1, flp.SEED_BYTES))
+        return flp.expand_share(plan.circuit, _seed_bytes(payload))
     a = field.elements(payload, "leader share")
     if a.ndim != 2 or a.shape[1] != plan.leader_width:
         raise ValidityError(f"a leader's share has {plan.leader_width} elements per report")
@@ -295,8 +319,7 @@ def input_shares(plan: Plan, payload: np.ndarray, seeded: bool) -> np.ndarray:
     """The input shares alone (what aggregation needs; a helper expands only n elements: the
     accepted words of a seed's expansion are the same whatever their count)."""
     if seeded:
-        return field.expand(np.asarray(payload, dtype=np.uint8).reshape(-1, flp.SEED_BYTES),
-                            plan.input_len, flp.SHARE_NONCE)
+        return field.expand(_seed_bytes(payload), plan.input_len, flp.SHARE_NONCE)
     return server_shares(plan, payload, False)[0]
 
 
