@@ -183,7 +183,7 @@ function checkBatch(v: any): void {
   assert.equal(b.bytesUsed, v.bytes_used, v.id);
 }
 
-test("docs/protocol.md section 9: binding, bounds, seed expansion", () => {
+test("docs/protocol.md section 9: binding, bounds, seed expansion, ring, canonical JSON, sketch", () => {
   const s9 = section9();
   const bd = s9.binding;
   const r = bind(bd.study_id, bd.servers.map((s: any) => s.content), bd.servers.map((s: any) => unhex(s.salt)), bd.servers.map((s: any) => unhex(s.payload)));
@@ -203,6 +203,14 @@ test("docs/protocol.md section 9: binding, bounds, seed expansion", () => {
   assert.deepEqual(clamped, bv.clamped);
   for (const e of s9.seed_expansion) {
     assert.deepEqual(Array.from(expandSeed(unhex(e.seed), e.share.length), String), e.share);
+  }
+  for (const e of s9.ring) {
+    assert.equal(encode(e.x, e.frac_bits, 1e6).toString(), BigInt(e.encoded).toString());
+  }
+  for (const e of s9.canonical_json) {
+    const text = canonical(e.value as Json);
+    assert.equal(text, e.canonical);
+    assert.equal(hex(sha256(new TextEncoder().encode(text))), e.sha256);
   }
   for (const e of s9.sketch) {
     const o = osnap(s9.seed, e.k, e.s, unhex(e.report_id));

@@ -59,7 +59,7 @@ export function section9(): any {
   const doc = readFileSync(join(repoRoot(), "docs", "protocol.md"), "utf8");
   const start = doc.indexOf("## 9. Test vectors");
   const block = doc.slice(start).split("```json")[1].split("```")[0];
-  return JSON.parse(block);
+  return parseJsonExact(block);
 }
 
 export function closeTo(got: number, want: number, tol: { rtol: number; atol: number }): boolean {
