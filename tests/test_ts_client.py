@@ -418,3 +418,30 @@ def test_parties_study_node_and_python_blocks_join_exactly(built_package, exact_
     expected = ring.decode(direct_sketch(study, pseudonyms, joined), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
 
+
+
+def test_readme_node_snippet_runs_as_written(built_package, exact_cluster):
+    """The README's data-owner snippet (its ```js block), run by node from the repository root
+    with only the example server URLs replaced by the cluster's and the ids and tokens in the
+    environment it reads: two rows stored at every server."""
+    import os
+    import re
+
+    readme = (PACKAGE.parent.parent / "README.md").read_text()
+    section = readme.split("### The TypeScript client (Node and browsers)", 1)[1]
+    code = re.search(r"```js\n(.*?)```", section, re.S).group(1)
+    c = exact_cluster
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts readme", columns=["age", "income", "y"], label="y", expected_reports=100,
+                                  k=16, s=4, epsilon_floor=None)
+    study_id = created["study_id"]
+    tokens = c.upload_tokens(study_id, quota=None)
+    for j, url in enumerate(c.server_urls):
+        code = code.replace(f"https://s{j + 1}.example.org", url)
+    env = {**os.environ, "STUDY_ID": study_id, **{f"T{j + 1}": t for j, t in enumerate(tokens)}}
+    r = subprocess.run(["node", "--input-type=module", "-e", code], cwd=PACKAGE.parent.parent, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2/2" in r.stdout and "[ 2, 2, 2 ] [ 0, 0, 0 ]" in r.stdout, r.stdout
+    for url in c.server_urls:
+        assert httpx.get(f"{url}/v1/studies/{study_id}").json()["report_count"] == 2
