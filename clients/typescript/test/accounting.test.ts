@@ -24,9 +24,11 @@ for (const { id, study } of studies) {
       const weaker = { ...study, sigma: study.sigma / 2, server_sigma: study.server_sigma / 2 };
       assert.throws(() => checkPromise(weaker), /promises epsilon/);
     } else {
-      // the plain Gaussian bound is above the mixture's epsilon the study was calibrated to
+      // the plain Gaussian's epsilon is above the target; the sign mixture's delta bound meets it
       assert.ok(eps > study.epsilon);
-      assert.equal(checkPromise(study).status, "unverified");
+      assert.equal(checkPromise(study).status, "verified");
+      const weaker = { ...study, sigma: study.sigma * 0.9, server_sigma: study.server_sigma * 0.9 };
+      assert.throws(() => checkPromise(weaker), /promises epsilon/);
     }
   });
 }
