@@ -30,6 +30,19 @@ EXTRAS=${DPSKETCH_EXTRAS:-test}
 # fatal: without numba's cache the processes compile or fall back as they would anyway.
 .venv/bin/python -c "import sys; from services.store import warm_kernels; sys.exit(not warm_kernels())" \
   || echo "install: could not compile numba's loops ahead (each process will compile them)" >&2
+# The TypeScript client (clients/typescript): its npm dependencies, pinned by its package-lock.json,
+# for tests/test_ts_client.py (node --test and the interop test). Needs Node 20+ and npm; skipped
+# with a note when they are missing (that test then fails, saying so). `npm ci` runs only when
+# the lock file is newer than what node_modules was installed from.
+if command -v npm >/dev/null 2>&1; then
+  ts=clients/typescript
+  if [ ! -f "$ts/node_modules/.package-lock.json" ] || [ "$ts/package-lock.json" -nt "$ts/node_modules/.package-lock.json" ]; then
+    (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error) \
+      || echo "install: npm ci in $ts failed (the TypeScript client's tests will fail)" >&2
+  fi
+else
+  echo "install: npm not found; the TypeScript client's tests (tests/test_ts_client.py) need Node 20+" >&2
+fi
 # The commands are in .venv/bin, which is not on PATH: say how to put it there (README, Quickstart).
 cat >&2 <<HINT
 install: done. The dpsketch command is $PWD/.venv/bin/dpsketch; to run it as plain \`dpsketch\`,

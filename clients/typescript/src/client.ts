@@ -1,0 +1,292 @@
+/**
+ * A data owner's client: fetch the study from every server and check it (same id everywhere,
+ * recomputed; the protocol's structural rules; its epsilon and floor where this client can
+ * recompute them; each server's published policy; open for uploads; sealing keys), then submit rows in batches: each batch keyed from a submission secret
+ * (so a rerun with the same secret rebuilds the same reports and nothing is counted twice), the
+ * full share rotating over the servers, sealed or not, every POST retried, progress reported.
+ */
+import { hmac } from "@noble/hashes/hmac.js";
+import { sha256 } from "@noble/hashes/sha2.js";
+import { ascii, concat, hex, randomBytes } from "./bytes.js";
+import { plainBody, prepareBatch, type PreparedBatch, type ServerBatch } from "./batch.js";
+import { blockMediaType, blocksBody, prepareBlocks, pseudonym, type PreparedBlocks } from "./parties.js";
+import type { RawValue } from "./features.js";
+import * as sealedLayout from "./sealing/v4.js";
+import { checkDistinctKeys, currentKey, type HpkeKeys, type ServerKey, type SuiteName } from "./sealing/suites.js";
+import { checkPromise, type PromiseCheck } from "./accounting.js";
+import { studyId, validateStudy, width, type Study } from "./study.js";
+import { DEFAULT_RETRY, getJson, ProblemError, request, type FetchLike, type RetryPolicy, type UploadResult } from "./upload.js";
+
+export interface ServerEndpoint {
+  url: string;
+  /** this server's upload token for the study (Authorization: Bearer), if it requires one */
+  token?: string;
+}
+
+export interface ConnectOptions {
+  studyId: string;
+  servers: ServerEndpoint[];
+  /** "none" (default), "classical" or "post-quantum": seal every batch to its server (section 7a) */
+  sealing?: "none" | SuiteName;
+  fetch?: FetchLike;
+  retry?: Partial<RetryPolicy>;
+}
+
+export interface Progress {
+  batch: number;
+  batches: number;
+  rowsDone: number;
+  rowsTotal: number;
+  accepted: number[];
+  duplicates: number[];
+}
+
+export interface SubmitOptions {
+  /** rows per batch (default 1000) */
+  batchSize?: number;
+  /**
+   * 32-byte submission secret: batch b is keyed HMAC-SHA256(secret, "dpsketch/submission-batch/1"
+   * || b as 8 bytes big-endian). Keep it until every server holds the submission: submitting the
+   * same rows with it again resends the same reports (duplicates, counted once). Fresh by default.
+   */
+  secret?: Uint8Array;
+  onProgress?: (p: Progress) => void;
+  onRetry?: (server: string, attempt: number, why: string) => void;
+  /** keep each batch's noisy ring vectors in the result (tests and audits of one's own reports) */
+  keepVectors?: boolean;
+}
+
+export interface SubmitResult {
+  reportIds: string[];
+  accepted: number[];
+  duplicates: number[];
+  secret: Uint8Array;
+  /** per column, how many values the study's bounds clamped */
+  clamped: number[];
+  vectors?: bigint[][];
+}
+
+interface ServerInfo {
+  study_id: string;
+  server_id: string;
+  status: string;
+  study: Study;
+  hpke?: HpkeKeys | null;
+}
+
+export function batchKey(secret: Uint8Array, b: number): Uint8Array {
+  const be = new Uint8Array(8);
+  new DataView(be.buffer).setBigUint64(0, BigInt(b), false);
+  return hmac(sha256, secret, concat(ascii("dpsketch/submission-batch/1"), be));
+}
+
+export class Client {
+  private constructor(
+    readonly study: Study,
+    readonly studyId: string,
+    /** endpoints in the study's server order */
+    readonly endpoints: ServerEndpoint[],
+    private readonly keys: ServerKey[] | null,
+    private readonly fetchFn: FetchLike,
+    private readonly retry: RetryPolicy,
+    /** the study's epsilon and floor as this client recomputed them (accounting.ts) */
+    readonly promise: PromiseCheck,
+  ) {}
+
+  static async connect(opts: ConnectOptions): Promise<Client> {
+    const fetchFn: FetchLike = opts.fetch ?? ((u, i) => globalThis.fetch(u, i));
+    const retry = { ...DEFAULT_RETRY, ...(opts.retry ?? {}) };
+    const infos = await Promise.all(
+      opts.servers.map((s) => getJson<ServerInfo>(fetchFn, `${s.url.replace(/\/$/, "")}/v1/studies/${opts.studyId}`, retry)),
+    );
+    const study = infos[0].study;
+    for (const [j, info] of infos.entries()) {
+      const got = studyId(info.study);
+      if (got !== opts.studyId) throw new Error(`${opts.servers[j].url} holds a study whose id is ${got}, not ${opts.studyId}`);
+      if (info.status !== "open") throw new Error(`${opts.servers[j].url}: the study is ${info.status}, not open for uploads`);
+    }
+    validateStudy(study);
+    const promise = checkPromise(study); // throws if the noise does not give what the study promises
+    // order the endpoints as the study's servers: share j goes to server j
+    const byId = new Map(infos.map((info, j) => [info.server_id, j]));
+    const order = study.servers.map((sid) => {
+      const j = byId.get(sid);
+      if (j === undefined) throw new Error(`no endpoint given for the study's server ${sid}`);
+      return j;
+    });
+    if (new Set(order).size !== opts.servers.length) throw new Error("the endpoints are not the study's servers, each once");
+    const endpoints = order.map((j) => ({ ...opts.servers[j], url: opts.servers[j].url.replace(/\/$/, "") }));
+    // each server's published policy: the study must be one it would serve
+    const policies = await Promise.all(endpoints.map((e) => getJson<{ policy?: Record<string, unknown> }>(fetchFn, `${e.url}/v1/info`, retry)));
+    policies.forEach((p, j) => checkPolicy(study, p.policy ?? null, endpoints[j].url));
+    let keys: ServerKey[] | null = null;
+    const sealing = opts.sealing ?? "none";
+    if (sealing !== "none") {
+      keys = order.map((j) => currentKey(infos[j].hpke, sealing, sealedLayout.VERSION));
+      checkDistinctKeys(keys);
+    }
+    return new Client(study, opts.studyId, endpoints, keys, fetchFn, retry, promise);
+  }
+
+  /** Turn rows given as objects (by column name) into arrays in study order. */
+  private toArrays(rows: (RawValue[] | Record<string, RawValue>)[]): RawValue[][] {
+    return rows.map((r) => (Array.isArray(r) ? r : this.study.columns.map((c) => {
+      if (!(c in r)) throw new Error(`a row has no value for column ${c}`);
+      return r[c];
+    })));
+  }
+
+  /** Prepare batch b (pure: no I/O); its full share at server b mod N when seeds are smaller. */
+  prepare(rows: RawValue[][], key: Uint8Array, b: number): PreparedBatch {
+    const N = this.study.servers.length;
+    // seeds where they are smaller than a share; a validity study's batches always (its leader rotates)
+    const compress = width(this.study) > 4 || this.study.validity !== undefined;
+    return prepareBatch(this.study, this.studyId, rows, key, { full: compress ? b % N : null });
+  }
+
+  /** One server's body for records [lo, hi) of a prepared batch: plaintext or sealed. */
+  async body(p: PreparedBatch, sb: ServerBatch, lo = 0, hi = p.reportIds.length): Promise<{ body: Uint8Array; type: string }> {
+    const ids = p.reportIds.slice(lo, hi);
+    const part: ServerBatch = { ...sb, proofs: sb.proofs.slice(lo, hi), payloads: sb.payloads.slice(lo, hi), salts: sb.salts.slice(lo, hi) };
+    if (!this.keys) return { body: plainBody(ids, part), type: sb.mediaType };
+    const body = await sealedLayout.seal({
+      studyId: this.studyId,
+      serverId: this.study.servers[sb.position],
+      key: this.keys[sb.position],
+      content: sb.content,
+      reportIds: ids,
+      plaintexts: ids.map((_, i) => concat(part.proofs[i], part.payloads[i])),
+    });
+    return { body, type: sealedLayout.MEDIA_TYPE };
+  }
+
+  /** POST records [lo, hi) to server j, halving on 413 (the same records, so idempotent). */
+  private async post(p: PreparedBatch, j: number, lo: number, hi: number, onRetry?: SubmitOptions["onRetry"]): Promise<UploadResult> {
+    const e = this.endpoints[j];
+    const { body, type } = await this.body(p, p.servers[j], lo, hi);
+    const headers: Record<string, string> = { "Content-Type": type, Accept: "application/json" };
+    if (e.token) headers.Authorization = `Bearer ${e.token}`;
+    try {
+      const resp = await request(this.fetchFn, `${e.url}/v1/studies/${this.studyId}/batches`, { method: "POST", headers, body: body as unknown as BodyInit }, this.retry,
+        (a, why) => onRetry?.(this.study.servers[j], a, why));
+      const r = (await resp.json()) as UploadResult;
+      if (r.accepted + r.duplicates !== hi - lo) throw new Error(`${e.url} acknowledged ${r.accepted} + ${r.duplicates} of ${hi - lo} records`);
+      return r;
+    } catch (err) {
+      if (err instanceof ProblemError && err.status === 413 && hi - lo > 1) {
+        const mid = lo + Math.floor((hi - lo) / 2);
+        const a = await this.post(p, j, lo, mid, onRetry);
+        const b = await this.post(p, j, mid, hi, onRetry);
+        return { accepted: a.accepted + b.accepted, duplicates: a.duplicates + b.duplicates, report_count: b.report_count };
+      }
+      throw err;
+    }
+  }
+
+  async submit(rowsIn: (RawValue[] | Record<string, RawValue>)[], opts: SubmitOptions = {}): Promise<SubmitResult> {
+    if (this.study.parties) throw new Error("a study with parties takes blocks: submitBlocks(party, ...)");
+    const rows = this.toArrays(rowsIn);
+    const batchSize = opts.batchSize ?? 1000;
+    if (!(batchSize >= 1)) throw new Error("batchSize must be at least 1");
+    const secret = opts.secret ?? randomBytes(32);
+    if (secret.length !== 32) throw new Error("the submission secret is 32 bytes");
+    const N = this.study.servers.length;
+    const batches = Math.ceil(rows.length / batchSize);
+    const accepted = new Array(N).fill(0), duplicates = new Array(N).fill(0);
+    const reportIds: string[] = [];
+    const clamped = new Array(this.study.columns.length).fill(0);
+    const vectors: bigint[][] = [];
+    for (let b = 0; b < batches; b++) {
+      const chunk = rows.slice(b * batchSize, (b + 1) * batchSize);
+      const p = this.prepare(chunk, batchKey(secret, b), b);
+      p.clamped.forEach((c, i) => (clamped[i] += c));
+      const results = await Promise.all(p.servers.map((_, j) => this.post(p, j, 0, chunk.length, opts.onRetry)));
+      results.forEach((r, j) => {
+        accepted[j] += r.accepted;
+        duplicates[j] += r.duplicates;
+      });
+      for (const id of p.reportIds) reportIds.push(hex(id));
+      if (opts.keepVectors) {
+        const W = width(this.study);
+        for (let i = 0; i < chunk.length; i++) vectors.push(Array.from(p.noisy.subarray(i * W, (i + 1) * W)));
+      }
+      opts.onProgress?.({ batch: b + 1, batches, rowsDone: Math.min(rows.length, (b + 1) * batchSize), rowsTotal: rows.length, accepted: accepted.slice(), duplicates: duplicates.slice() });
+    }
+    return { reportIds, accepted, duplicates, secret, clamped, ...(opts.keepVectors ? { vectors } : {}) };
+  }
+
+  /** POST a party's blocks [lo, hi) to server j (plaintext: blocks are not sealed), halving on 413. */
+  private async postBlocks(p: PreparedBlocks, j: number, lo: number, hi: number, onRetry?: SubmitOptions["onRetry"]): Promise<UploadResult> {
+    const e = this.endpoints[j];
+    const part: PreparedBlocks = { ...p, blockIds: p.blockIds.slice(lo, hi), pseudonyms: p.pseudonyms.slice(lo, hi),
+      servers: p.servers.map((s) => ({ proofs: s.proofs.slice(lo, hi), payloads: s.payloads.slice(lo, hi) })) };
+    const headers: Record<string, string> = { "Content-Type": blockMediaType(p.party), Accept: "application/json" };
+    if (e.token) headers.Authorization = `Bearer ${e.token}`;
+    try {
+      const resp = await request(this.fetchFn, `${e.url}/v1/studies/${this.studyId}/batches`,
+        { method: "POST", headers, body: blocksBody(part, j) as unknown as BodyInit }, this.retry, (a, why) => onRetry?.(this.study.servers[j], a, why));
+      return (await resp.json()) as UploadResult;
+    } catch (err) {
+      if (err instanceof ProblemError && err.status === 413 && hi - lo > 1) {
+        const mid = lo + Math.floor((hi - lo) / 2);
+        const a = await this.postBlocks(p, j, lo, mid, onRetry);
+        const b = await this.postBlocks(p, j, mid, hi, onRetry);
+        return { accepted: a.accepted + b.accepted, duplicates: a.duplicates + b.duplicates, report_count: b.report_count };
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * A party's blocks of a study with parties (section 2d): `individuals` are the individuals'
+   * keys (customer numbers), turned into this study's pseudonyms with the parties' shared 32-byte
+   * `partyKey`; `rows` the party's columns of each. The upload tokens must be this party's.
+   */
+  async submitBlocks(party: string, partyKey: Uint8Array, individuals: (string | Uint8Array)[], rows: number[][], opts: SubmitOptions = {}): Promise<SubmitResult & { blockIds: string[] }> {
+    if (!this.study.parties) throw new Error("the study has no parties");
+    if (this.keys) throw new Error("blocks are uploaded in plaintext (TLS): connect without sealing");
+    const batchSize = opts.batchSize ?? 1000;
+    const secret = opts.secret ?? randomBytes(32);
+    const N = this.study.servers.length;
+    const accepted = new Array(N).fill(0), duplicates = new Array(N).fill(0);
+    const blockIds: string[] = [];
+    const vectors: bigint[][] = [];
+    const batches = Math.ceil(rows.length / batchSize);
+    const d = this.study.parties.find((p) => p.name === party)?.columns.length ?? 0;
+    for (let b = 0; b < batches; b++) {
+      const ids = individuals.slice(b * batchSize, (b + 1) * batchSize).map((x) => pseudonym(partyKey, this.studyId, x));
+      const p = prepareBlocks(this.study, this.studyId, party, ids, rows.slice(b * batchSize, (b + 1) * batchSize), batchKey(secret, b));
+      const results = await Promise.all(p.servers.map((_, j) => this.postBlocks(p, j, 0, ids.length, opts.onRetry)));
+      results.forEach((r, j) => {
+        accepted[j] += r.accepted;
+        duplicates[j] += r.duplicates;
+      });
+      for (const id of p.blockIds) blockIds.push(hex(id));
+      if (opts.keepVectors) for (let i = 0; i < ids.length; i++) vectors.push(Array.from(p.noisy.subarray(i * d, (i + 1) * d)));
+      opts.onProgress?.({ batch: b + 1, batches, rowsDone: Math.min(rows.length, (b + 1) * batchSize), rowsTotal: rows.length, accepted: accepted.slice(), duplicates: duplicates.slice() });
+    }
+    return { reportIds: blockIds, blockIds, accepted, duplicates, secret, clamped: [], ...(opts.keepVectors ? { vectors } : {}) };
+  }
+}
+
+/**
+ * The study against a server's published policy (section 6): what it would refuse at
+ * provisioning, checked again by the client (absent members: no limit known).
+ */
+export function checkPolicy(study: Study, policy: Record<string, unknown> | null, url: string): void {
+  if (!policy) return;
+  const num = (k: string) => (typeof policy[k] === "number" ? (policy[k] as number) : null);
+  const refuse = (why: string) => {
+    throw new Error(`${url}: the study is outside the server's published policy: ${why}`);
+  };
+  const maxEps = num("max_epsilon");
+  if (maxEps !== null && study.epsilon > maxEps) refuse(`epsilon ${study.epsilon} > max_epsilon ${maxEps}`);
+  const maxDelta = num("max_delta");
+  if (maxDelta !== null && study.delta > maxDelta) refuse(`delta ${study.delta} > max_delta ${maxDelta}`);
+  const minReports = num("min_reports_floor");
+  if (minReports !== null && study.min_reports < minReports) refuse(`min_reports ${study.min_reports} < ${minReports}`);
+  const minLambda = num("min_lambda_star");
+  if (minLambda !== null && study.lambda_star < minLambda) refuse(`lambda_star ${study.lambda_star} < ${minLambda}`);
+  const maxFloor = num("max_floor_epsilon");
+  if (maxFloor !== null && (study.epsilon_floor === null || study.epsilon_floor > maxFloor)) refuse(`floor ${study.epsilon_floor} above max_floor_epsilon ${maxFloor}`);
+}

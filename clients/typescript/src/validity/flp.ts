@@ -1,0 +1,252 @@
+/**
+ * The fully linear proof of docs/validity.md section 3 for the NormBound circuit (section 2),
+ * the client's side: the circuit's shape (group sizes minimising proof plus verifier length),
+ * the digits of a vector, joint randomness from the report id, prove, and the helpers' seeded
+ * shares (section 4).
+ */
+import { sha256 } from "@noble/hashes/sha2.js";
+import { ascii, concat } from "../bytes.js";
+import { add, encodeInt, expand, mul, mul2, P, type Fp, type Fp2 } from "./field.js";
+import { intt, nextPow2, ntt } from "./ntt.js";
+
+export const JOINT_DOMAIN = ascii("dpsketch/joint/1");
+export const JOINT_NONCE = sha256(JOINT_DOMAIN).subarray(0, 12);
+export const SHARE_NONCE = sha256(ascii("dpsketch/flp-share/1")).subarray(0, 12);
+export const QUERY_NONCE = sha256(ascii("dpsketch/query/1")).subarray(0, 12);
+
+/** F_p elements of proof plus verifier message that a ParallelSum of `count` groups costs. */
+export function parallelCost(items: number, count: number, innerArity: number, degree: number, weighted: boolean): number {
+  const calls = Math.ceil(items / count);
+  const arity = innerArity * count;
+  const polyLen = degree * (nextPow2(calls + 2) - 1) + 1;
+  return 2 * arity + (weighted ? 2 : 1) * polyLen + 2 * (arity + 1);
+}
+
+/** The group size with the smallest cost, the first of equals. */
+export function bestCount(items: number, innerArity: number, degree: number, weighted: boolean): number {
+  let best = 1, bestCost = Infinity;
+  for (let c = 1; c <= items; c++) {
+    const cost = parallelCost(items, c, innerArity, degree, weighted);
+    if (cost < bestCost) {
+      best = c;
+      bestCost = cost;
+    }
+  }
+  return best;
+}
+
+export interface Gadget {
+  kind: "range" | "mul";
+  weighted: boolean;
+  /** the range gadget's beta (2 for bits) */
+  beta: number;
+  /** the input columns a range gadget reads, call k slot j reading columns[k count + j] */
+  columns: number[];
+  /** groups per call (L), wires per call (arity), calls (M), degree (D) */
+  count: number;
+  arity: number;
+  calls: number;
+  degree: number;
+  /** P = next_pow2(M + 2) */
+  wireLen: number;
+  /** D (P - 1) + 1 coefficients */
+  polyLen: number;
+}
+
+function rangeGadget(columns: number[], beta: number): Gadget {
+  const count = bestCount(columns.length, 1, beta, true);
+  const calls = Math.ceil(columns.length / count);
+  const wireLen = nextPow2(calls + 2);
+  return { kind: "range", weighted: true, beta, columns, count, arity: count, calls, degree: beta, wireLen, polyLen: beta * (wireLen - 1) + 1 };
+}
+
+function squaresGadget(w: number): Gadget {
+  const count = bestCount(w, 2, 2, false);
+  const calls = Math.ceil(w / count);
+  const wireLen = nextPow2(calls + 2);
+  return { kind: "mul", weighted: false, beta: 0, columns: [], count, arity: 2 * count, calls, degree: 2, wireLen, polyLen: 2 * (wireLen - 1) + 1 };
+}
+
+const span = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
+
+/**
+ * NormBound(w, beta, q, R^2) of docs/validity.md section 2, or with `oneHot` the histogram
+ * circuit OneHotNorm of section 9: x_i = unit b_i + e_i, b one-hot in each block, the noise e
+ * bounded as NormBound bounds x; its input is the w bits, then e's digits, then the slack's.
+ */
+export class NormBound {
+  readonly half: bigint;
+  readonly slackDigits: number;
+  readonly inputLen: number;
+  readonly gadgets: Gadget[];
+  /** where the digits start: 0, or w after a one-hot circuit's bits */
+  readonly digitsAt: number;
+  constructor(readonly w: number, readonly beta: number, readonly q: number, readonly r2: bigint,
+    readonly oneHot: { blocks: [number, number][]; unit: bigint } | null = null) {
+    this.half = BigInt(beta) ** BigInt(q) / 2n;
+    let qs = 1;
+    while (BigInt(beta) ** BigInt(qs) <= r2) qs++;
+    this.slackDigits = qs;
+    if (BigInt(w) * this.half * this.half + BigInt(beta) ** BigInt(qs) > P) throw new Error("the norm could wrap around p");
+    this.digitsAt = oneHot ? w : 0;
+    this.inputLen = this.digitsAt + w * q + qs;
+    this.gadgets = oneHot
+      ? [rangeGadget(span(0, w), 2), rangeGadget(span(w, this.inputLen), beta), squaresGadget(w)]
+      : [rangeGadget(span(0, this.inputLen), beta), squaresGadget(w)];
+  }
+  get jointRandLen(): number {
+    return this.gadgets.filter((g) => g.weighted).length + 1;
+  }
+  get proveRandLen(): number {
+    return this.gadgets.reduce((a, g) => a + 2 * g.arity, 0);
+  }
+  get proofLen(): number {
+    return this.gadgets.reduce((a, g) => a + 2 * g.arity + (g.weighted ? 2 : 1) * g.polyLen, 0);
+  }
+  get verifierLen(): number {
+    return 1 + this.gadgets.reduce((a, g) => a + g.arity + 1, 0);
+  }
+
+  /**
+   * Integers u (grid units) -> the input (throws outside the predicate). With oneHot, `bits`
+   * are the row's one-hot cells and the noise u - unit b is what the digits carry.
+   */
+  encode(u: bigint[], bits: number[] | null = null): Fp[] {
+    if (u.length !== this.w) throw new Error(`a vector has ${this.w} coordinates`);
+    const out: Fp[] = [];
+    let e = u;
+    if (this.oneHot) {
+      const oh = this.oneHot;
+      if (!bits || bits.length !== this.w || bits.some((b) => b !== 0 && b !== 1)) throw new Error("a one-hot row of 0/1 is needed");
+      for (const [start, len] of oh.blocks) {
+        if (bits.slice(start, start + len).reduce((a, b) => a + b, 0) !== 1) throw new Error("every block of a row holds exactly one 1");
+      }
+      out.push(...bits.map((b) => BigInt(b)));
+      e = u.map((x, i) => x - oh.unit * BigInt(bits[i]));
+    }
+    let norm2 = 0n;
+    const b = BigInt(this.beta);
+    for (const x of e) {
+      if (x < -this.half || x >= this.half) throw new Error("a coordinate is outside the validity range: redraw its noise");
+      norm2 += x * x;
+      let v = x + this.half;
+      for (let m = 0; m < this.q; m++) {
+        out.push(v % b);
+        v /= b;
+      }
+    }
+    if (norm2 > this.r2) throw new Error("a vector's squared norm exceeds the validity bound: redraw its noise");
+    let s = this.r2 - norm2;
+    for (let m = 0; m < this.slackDigits; m++) {
+      out.push(s % b);
+      s /= b;
+    }
+    return out;
+  }
+
+  /** The bounded coordinates sum_m beta^m d_(i,m) - H (x for NormBound, the noise e for OneHotNorm). */
+  noise(input: Fp[]): Fp[] {
+    const out: Fp[] = [];
+    const c = encodeInt(-this.half);
+    for (let i = 0; i < this.w; i++) {
+      let x = 0n, weight = 1n;
+      for (let m = 0; m < this.q; m++) {
+        x = add(x, mul(input[this.digitsAt + i * this.q + m], weight));
+        weight *= BigInt(this.beta);
+      }
+      out.push(add(x, c));
+    }
+    return out;
+  }
+
+  /** The wire values of every call of gadget g: [call][wire]. */
+  wires(g: number, input: Fp[]): Fp[][] {
+    const gd = this.gadgets[g];
+    const out: Fp[][] = [];
+    const x = gd.kind === "mul" ? this.noise(input) : [];
+    for (let k = 0; k < gd.calls; k++) {
+      const row: Fp[] = [];
+      for (let j = 0; j < gd.count; j++) {
+        const i = k * gd.count + j;
+        if (gd.kind === "range") row.push(i < gd.columns.length ? input[gd.columns[i]] : 0n);
+        else {
+          const v = i < this.w ? x[i] : 0n;
+          row.push(v, v);
+        }
+      }
+      out.push(row);
+    }
+    return out;
+  }
+}
+
+/** J pairs of F_(p^2) from the report id: the weighted gadgets' r, then rho. */
+export function jointRand(c: NormBound, reportId: Uint8Array): Fp2[] {
+  const key = sha256(concat(JOINT_DOMAIN, reportId));
+  const e = expand(key, 2 * c.jointRandLen, JOINT_NONCE);
+  const out: Fp2[] = [];
+  for (let i = 0; i < c.jointRandLen; i++) out.push([e[2 * i], e[2 * i + 1]]);
+  return out;
+}
+
+/** The proof of one report: per gadget its wire seeds (a_1, b_1, ...), then q_g's coefficients. */
+export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]): Fp[] {
+  const proof: Fp[] = [];
+  let rp = 0;
+  let weightedIdx = 0;
+  for (let g = 0; g < c.gadgets.length; g++) {
+    const gd = c.gadgets[g];
+    const calls = c.wires(g, input);
+    const evalSize = nextPow2(gd.polyLen);
+    const wireEvals: Fp[][] = [];
+    for (let j = 0; j < gd.arity; j++) {
+      const a = proveRand[rp++], b = proveRand[rp++];
+      proof.push(a, b);
+      const vals: Fp[] = new Array(gd.wireLen).fill(0n);
+      vals[0] = a;
+      for (let k = 0; k < gd.calls; k++) vals[k + 1] = calls[k][j];
+      vals[gd.calls + 1] = b;
+      wireEvals.push(ntt(intt(vals), evalSize));
+    }
+    if (gd.weighted) {
+      const r = joint[weightedIdx++];
+      const weights: Fp2[] = [[1n, 0n]];
+      for (let l = 1; l < gd.count; l++) weights.push(mul2(weights[l - 1], r));
+      const c0: Fp[] = new Array(evalSize), c1: Fp[] = new Array(evalSize);
+      const w0 = weights.map((x) => x[0]), w1 = weights.map((x) => x[1]);
+      const vs = Array.from({ length: gd.beta }, (_, v) => BigInt(v));
+      for (let i = 0; i < evalSize; i++) {
+        // unreduced sums of exact products, one reduction per point (BigInt has no overflow)
+        let a0 = 0n, a1 = 0n;
+        for (let l = 0; l < gd.count; l++) {
+          const x = wireEvals[l][i];
+          let prod = x;
+          for (let v = 1; v < gd.beta; v++) prod *= x - vs[v];
+          prod %= P;
+          a0 += w0[l] * prod;
+          a1 += w1[l] * prod;
+        }
+        c0[i] = ((a0 % P) + P) % P;
+        c1[i] = ((a1 % P) + P) % P;
+      }
+      const k0 = intt(c0), k1 = intt(c1);
+      for (let i = 0; i < gd.polyLen; i++) proof.push(k0[i], k1[i]);
+    } else {
+      const vals: Fp[] = new Array(evalSize);
+      for (let i = 0; i < evalSize; i++) {
+        let acc = 0n;
+        for (let l = 0; l < gd.count; l++) acc += wireEvals[2 * l][i] * wireEvals[2 * l + 1][i];
+        vals[i] = acc % P;
+      }
+      const k = intt(vals);
+      for (let i = 0; i < gd.polyLen; i++) proof.push(k[i]);
+    }
+  }
+  return proof;
+}
+
+/** A helper's input share then proof share, from its 32-byte seed. */
+export function expandShare(c: NormBound, seed: Uint8Array): { input: Fp[]; proof: Fp[] } {
+  const e = expand(seed, c.inputLen + c.proofLen, SHARE_NONCE);
+  return { input: e.slice(0, c.inputLen), proof: e.slice(c.inputLen) };
+}

@@ -1,0 +1,128 @@
+/**
+ * A validity study's reports (docs/protocol.md sections 4b and 4c): the plan every party
+ * derives from the study (grid, R^2, digits, the circuit), and the client's proved batch from its
+ * noisy ring vectors: digits, the helpers' seeds, binding of the leader's input share and the
+ * seeds, joint randomness, proof, the leader's input and proof shares.
+ */
+import { u64sToBytes } from "../bytes.js";
+import { bind, CONTENT_SEED, CONTENT_SHARE } from "../binding.js";
+import type { Keystream } from "../keystream.js";
+import { gridShift, spacing, width, type Study } from "../study.js";
+import { sample, sub, type Fp } from "./field.js";
+import { expandShare, jointRand, NormBound, prove } from "./flp.js";
+
+export const BETA = 4;
+
+export interface ValidityPlan {
+  shift: number;
+  t: number;
+  r2: bigint;
+  q: number;
+  circuit: NormBound;
+  /** n + P: the leader's elements per report */
+  leaderWidth: number;
+}
+
+export function validityPlan(study: Study): ValidityPlan {
+  if (study.validity !== "norm-bound/1") throw new Error("not a validity study");
+  if (study.kind !== "sketch" && study.kind !== "histogram") throw new Error(`a ${study.kind} study has no validity proofs`);
+  const h = spacing(study);
+  const t = Math.max(1, Math.ceil(study.sigma / h));
+  const w = width(study);
+  const a = 64 * Math.log(2);
+  // a histogram's one-hot part is proved exactly: its bound is the noise allowance alone
+  const rowBound = study.kind === "histogram" ? 0 : study.row_bound;
+  const r = rowBound / h + t * Math.sqrt(w + 2 * Math.sqrt(w * a) + 2 * a);
+  const r2 = BigInt(Math.ceil(r * r));
+  let q = 1;
+  while ((BigInt(BETA) ** BigInt(q) / 2n) ** 2n <= r2) q++;
+  let oneHot: { blocks: [number, number][]; unit: bigint } | null = null;
+  if (study.kind === "histogram") {
+    const sizes = study.histogram!.axes.map((ax) => (ax.edges ?? ax.categories ?? []).length + 1);
+    const blocks: [number, number][] = [];
+    if (study.histogram!.marginal) {
+      let o = 0;
+      for (const n of sizes) {
+        blocks.push([o, n]);
+        o += n;
+      }
+    } else blocks.push([0, w]);
+    oneHot = { blocks, unit: 1n << BigInt(study.frac_bits - gridShift(study)) };
+  }
+  const circuit = new NormBound(w, BETA, q, r2, oneHot);
+  return { shift: gridShift(study), t, r2, q, circuit, leaderWidth: circuit.inputLen + circuit.proofLen };
+}
+
+export interface ProvedBatch {
+  reportIds: Uint8Array[];
+  /** per server: content kind, payloads (leader: 8 (n + P) bytes; helper: 32-byte seed), binding proofs */
+  servers: { content: number; payloads: Uint8Array[]; proofs: Uint8Array[] }[];
+  inputs: Fp[][];
+  proofs: Fp[][];
+}
+
+/** The proved batch from the noisy ring vectors (m rows of width values), leader at `full`. */
+export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan, noisy: BigUint64Array, ks: Keystream, full: number,
+  onehot: number[][] | null = null): ProvedBatch {
+  const c = plan.circuit;
+  const w = c.w;
+  const m = noisy.length / w;
+  const N = study.servers.length;
+  const inputs: Fp[][] = [];
+  for (let i = 0; i < m; i++) {
+    const u: bigint[] = [];
+    for (let j = 0; j < w; j++) {
+      const x = BigInt.asIntN(64, noisy[i * w + j]);
+      if (x % (1n << BigInt(plan.shift)) !== 0n) throw new Error("a value is not on the study's noise grid");
+      u.push(x >> BigInt(plan.shift));
+    }
+    inputs.push(c.encode(u, onehot ? onehot[i] : null));
+  }
+  // the helpers' seeds (m each, helper by helper in server order), the leader's input shares
+  const seeds: (Uint8Array[] | null)[] = [];
+  const leaderIn = inputs.map((x) => x.slice());
+  const helperProofs: Fp[][][] = [];
+  for (let j = 0; j < N; j++) {
+    if (j === full) {
+      seeds.push(null);
+      continue;
+    }
+    const b = ks.bytes(32 * m).slice();
+    const list: Uint8Array[] = [];
+    const hp: Fp[][] = [];
+    for (let i = 0; i < m; i++) {
+      const seed = b.subarray(32 * i, 32 * i + 32);
+      list.push(seed);
+      const e = expandShare(c, seed);
+      leaderIn[i] = leaderIn[i].map((x, k) => sub(x, e.input[k]));
+      hp.push(e.proof);
+    }
+    seeds.push(list);
+    helperProofs.push(hp);
+  }
+  // binding: the leader's input share, the helpers' seeds; salts from the keystream
+  const saltBytes = ks.bytes(16 * N * m).slice();
+  const contents = seeds.map((s) => (s === null ? CONTENT_SHARE : CONTENT_SEED));
+  const reportIds: Uint8Array[] = [];
+  const bindingProofs: Uint8Array[][] = Array.from({ length: N }, () => []);
+  for (let i = 0; i < m; i++) {
+    const salts = Array.from({ length: N }, (_, j) => saltBytes.subarray(16 * (j * m + i), 16 * (j * m + i) + 16));
+    const payloads = seeds.map((s) => (s === null ? u64sToBytes(leaderIn[i]) : s[i]));
+    const b = bind(studyIdHex, contents, salts, payloads);
+    reportIds.push(b.reportId);
+    b.proofs.forEach((p, j) => bindingProofs[j].push(p));
+  }
+  // the proofs, after the ids fix the joint randomness
+  const R = c.proveRandLen;
+  const rand = sample(ks, m * R);
+  const proofs: Fp[][] = [];
+  const servers: ProvedBatch["servers"] = seeds.map((s, j) => ({ content: contents[j], payloads: s === null ? [] : s, proofs: bindingProofs[j] }));
+  for (let i = 0; i < m; i++) {
+    const proof = prove(c, inputs[i], jointRand(c, reportIds[i]), rand.slice(i * R, (i + 1) * R));
+    proofs.push(proof);
+    let lp = proof;
+    for (const hp of helperProofs) lp = lp.map((x, k) => sub(x, hp[i][k]));
+    servers[full].payloads.push(u64sToBytes([...leaderIn[i], ...lp]));
+  }
+  return { reportIds, servers, inputs, proofs };
+}

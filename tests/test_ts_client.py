@@ -1,0 +1,447 @@
+"""The TypeScript client (clients/typescript) against the product, over real processes.
+
+(a) The package builds with tsc and its own tests pass under ``node --test``: every conformance
+vector a client needs (study ids, ring, sketch, noise sampler and secret sign, whole batches,
+binding, bounds, sealing of both suites), reproduced by code written from docs/protocol.md.
+(b) Three real share servers and a real analyzer: a Node process using the package submits rows
+to a sketch study (sealed classical, sealed post-quantum and plain, seed-compressed with the full
+share rotating, upload tokens), the Python SDK submits other rows to the same study, and the
+release equals S(A + G) over both clients' encoded rows bit for bit (no server noise: the
+no-floor policy of test_e2e). Resubmitting with the same submission secret stores nothing new.
+A validity study (sketch; marginal histogram): the Node client's proofs pass every server's
+verification round. A study with parties: one party's blocks from Node, the other's from Python,
+joined by pseudonym. (c) Headless
+Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
+and submits rows through a same-origin gateway (the servers send no CORS headers); exact release.
+Needs Node 20+ and npm (dependencies from the npm registry, cached in clients/typescript/
+node_modules by scripts/install.sh); the test fails, not skips, without them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from analyzer.client import AnalyzerClient
+from client_sdk.prepare import prepare_batch, prepare_blocks
+from conftest import cluster_for_module
+from dpsketch.protocol import Study, messages, ring, sketch
+from test_e2e import NO_FLOOR_POLICY, direct_sketch
+
+PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "typescript"
+COLUMNS = ["x0", "x1", "x2", "x3", "y"]
+
+
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=PACKAGE, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def built_package() -> Path:
+    """The package's dependencies (npm ci, once: node_modules is kept) and its build."""
+    assert shutil.which("node") and shutil.which("npm"), "the TypeScript client needs node and npm"
+    major = int(_run(["node", "-p", "process.versions.node.split('.')[0]"]).stdout)
+    assert major >= 20, f"Node 20+ needed, found {major}"
+    lock = PACKAGE / "package-lock.json"
+    stamp = PACKAGE / "node_modules" / ".package-lock.json"
+    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
+        r = _run(["npm", "ci", "--no-audit", "--no-fund"])
+        assert r.returncode == 0, r.stderr[-2000:]
+    r = _run(["npx", "tsc", "-p", "tsconfig.test.json"])
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    r = _run(["npx", "tsc", "-p", "tsconfig.json"])
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    return PACKAGE
+
+
+def test_node_test_runner_reproduces_the_vectors(built_package):
+    r = _run(["node", "--test", "dist-test/test/"])
+    assert r.returncode == 0, r.stdout[-6000:]
+    summary = {line.split()[1]: int(line.split()[2]) for line in r.stdout.splitlines()
+               if line.startswith("# ") and len(line.split()) == 3 and line.split()[2].isdigit()}
+    assert summary["fail"] == 0 and summary["pass"] == summary["tests"] >= 86, summary
+
+
+@pytest.fixture(scope="module")
+def exact_cluster(tmp_path_factory):
+    with cluster_for_module(tmp_path_factory, "ts-client",
+                            server_env={f"s{j + 1}": NO_FLOOR_POLICY for j in range(3)}) as c:
+        yield c
+
+
+def node_submit(config: dict) -> dict:
+    r = _run(["node", "scripts/submit.mjs"], input=json.dumps(config))
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout)
+
+
+def test_typescript_and_python_clients_release_the_exact_sum(built_package, exact_cluster):
+    c = exact_cluster
+    n_py, parts = 400, [("classical", 300, 100), ("post-quantum", 120, 50), ("none", 150, 1000)]
+    n = n_py + sum(p[1] for p in parts)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts interop", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    assert study.server_sigma == 0 and study.secret_sign  # exact release; signed rows
+    tokens = c.upload_tokens(study.study_id, quota=None)  # from now on the study requires them
+    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
+
+    rng = np.random.default_rng(44)  # test data; the privacy noise comes from each client's CSPRNG
+    ts_ids: list[bytes] = []
+    ts_vectors: list[list[int]] = []
+    first = None
+    for sealing, m, batch_size in parts:
+        rows = rng.normal(0, 0.3, size=(m, len(COLUMNS))).tolist()
+        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows,
+                           "sealing": sealing, "batchSize": batch_size})
+        assert out["accepted"] == [m] * 3 and out["duplicates"] == [0] * 3, out
+        assert [p["rowsDone"] for p in out["progress"]][-1] == m
+        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
+        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
+        if first is None:
+            first = (rows, out, sealing, batch_size)
+
+    # idempotent resubmission: the same rows with the same submission secret are the same reports
+    rows, out, sealing, batch_size = first
+    again = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows,
+                         "sealing": sealing, "batchSize": batch_size, "secret": out["secret"]})
+    assert again["reportIds"] == out["reportIds"]
+    assert again["accepted"] == [0] * 3 and again["duplicates"] == [len(rows)] * 3
+
+    # the Python SDK's reports of the same study, with the same upload tokens
+    py_rows = rng.normal(0, 0.3, size=(n_py, len(COLUMNS)))
+    batch = prepare_batch(study, py_rows)
+    for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": messages.SHARES_MEDIA_TYPE,
+                                "Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["accepted"] == n_py, r.text
+    py_encoded = ring.reconstruct(batch.shares)
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        assert [s["report_count"] for s in an.progress(study.study_id)["servers"]] == [n] * 3
+        fin = an.finalize(study.study_id)
+        assert fin["state"] == "released" and fin["n_reports"] == n
+        released = np.array(an.sketch(study.study_id)["sketch"])
+
+    ids = ts_ids + list(batch.report_ids)
+    encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), py_encoded])
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)  # bit for bit
+    assert fin["inclusion_hash"] == messages.inclusion_hash(sorted(ids))
+    # the TypeScript client's noise is of the study's size and its signs are coin flips: each
+    # decoded vector is t a + g with t = +-1 secret and g the noise (rows inside the ball: unclipped)
+    ts_rows = np.array(first[0])
+    dec = ring.decode(np.array(ts_vectors[:len(ts_rows)], dtype=np.uint64), study.frac_bits)
+    flipped = np.linalg.norm(dec + ts_rows, axis=1) < np.linalg.norm(dec - ts_rows, axis=1)
+    inside = np.linalg.norm(ts_rows, axis=1) < 0.99
+    noise = (dec - np.where(flipped[:, None], -ts_rows, ts_rows))[inside]
+    assert np.std(noise) == pytest.approx(study.sigma, rel=0.1)
+    assert 0.4 < flipped.mean() < 0.6
+
+
+def test_validity_study_typescript_proofs_verify_and_release_exactly(built_package, exact_cluster):
+    """A study with validity proofs (docs/protocol.md 4b, 4c): the Node client's proved batches
+    (plain and sealed, the leader rotating) and the Python SDK's pass every server's
+    verification round at finalize, and the release is the ring sketch of both clients' noisy
+    vectors exactly."""
+    from test_validity_e2e import encoded_vectors
+
+    c = exact_cluster
+    n_py, parts = 120, [("classical", 90, 30), ("none", 60, 25)]
+    n = n_py + sum(p[1] for p in parts)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts validity", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon_floor=None, validity=True)
+    study = Study.model_validate(created["study"])
+    assert study.validity == "norm-bound/1" and study.server_sigma == 0
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
+
+    rng = np.random.default_rng(4044)
+    ts_ids: list[bytes] = []
+    ts_vectors: list[list[int]] = []
+    for sealing, m, batch_size in parts:
+        rows = (0.9 * rng.uniform(-1, 1, size=(m, len(COLUMNS))) / np.sqrt(len(COLUMNS))).tolist()
+        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows,
+                           "sealing": sealing, "batchSize": batch_size})
+        assert out["accepted"] == [m] * 3, out
+        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
+        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
+
+    py_rows = 0.9 * rng.uniform(-1, 1, size=(n_py, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+    batch = prepare_batch(study, py_rows, full=1)
+    for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["accepted"] == n_py, r.text
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: every report checked
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        released = np.array(an.sketch(study.study_id)["sketch"])
+
+    ids = ts_ids + list(batch.report_ids)
+    encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+
+
+GATEWAY_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>dpsketch TypeScript client</title>
+<script type="importmap">{"imports": {
+ "@noble/hashes/": "/static/clients/typescript/node_modules/@noble/hashes/",
+ "@noble/ciphers/": "/static/clients/typescript/node_modules/@noble/ciphers/",
+ "@hpke/core": "/static/clients/typescript/node_modules/@hpke/core/esm/mod.js",
+ "@hpke/common": "/static/clients/typescript/node_modules/@hpke/common/esm/mod.js",
+ "@hpke/dhkem-x25519": "/static/clients/typescript/node_modules/@hpke/dhkem-x25519/esm/mod.js",
+ "@hpke/chacha20poly1305": "/static/clients/typescript/node_modules/@hpke/chacha20poly1305/esm/mod.js",
+ "@hpke/hybridkem-x-wing": "/static/clients/typescript/node_modules/@hpke/hybridkem-x-wing/esm/mod.js",
+ "mlkem": "/static/clients/typescript/node_modules/mlkem/esm/mod.js"}}</script></head><body>
+<script type="module">
+import { Client, prepareBatch, studyId, hex, unhex } from "/static/clients/typescript/dist/index.js";
+try {
+  const cfg = await (await fetch("/config.json")).json();
+  // the sampler, sharing and binding in this browser: noise.json's batches from their keys
+  const vectors = (await (await fetch("/static/conformance/noise.json")).json()).vectors;
+  let batches = 0, matched = 0;
+  for (const v of vectors.filter((x) => x.type === "batch")) {
+    batches++;
+    const b = prepareBatch(v.study, studyId(v.study), v.rows, unhex(v.key), { full: v.compress ? v.full : null });
+    if (b.reportIds.map(hex).join() === v.report_ids.join() && b.bytesUsed === v.bytes_used) matched++;
+  }
+  const client = await Client.connect({ studyId: cfg.studyId, servers: cfg.servers, sealing: "classical" });
+  const t0 = performance.now();
+  const key = new Uint8Array(32);
+  for (let b = 0; b < 4; b++) client.prepare(cfg.timing_rows, key, b);
+  const us = (1000 * (performance.now() - t0)) / (4 * cfg.timing_rows.length);
+  const progress = [];
+  const r = await client.submit(cfg.rows, { batchSize: 50, keepVectors: true, onProgress: (p) => progress.push(p.rowsDone) });
+  window.RESULT = { batches, matched, us_per_row: us, reportIds: r.reportIds, accepted: r.accepted,
+                    vectors: r.vectors.map((v) => v.map(String)), progress, agent: navigator.userAgent };
+} catch (e) { window.ERROR = String(e && e.stack || e); }
+</script></body></html>"""
+
+
+class Gateway:
+    """The page's origin: static files (the built package, its node_modules, conformance/) and a
+    forwarder of /gw/{j}/... to share server j, since the servers send no CORS headers (the
+    README's gateway on the page's own origin)."""
+
+    def __init__(self, root: Path, servers: list[str], config: dict):
+        import http.server
+        import threading
+
+        gateway = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str]):
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _forward(self):
+                _, _, j, rest = self.path.split("/", 3)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                keep = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization", "accept")}
+                r = httpx.request(self.command, f"{servers[int(j)]}/{rest}", content=body, headers=keep, timeout=60)
+                gateway.forwarded += 1
+                out = {k: v for k, v in r.headers.items() if k.lower() in ("content-type", "retry-after")}
+                self._send(r.status_code, r.content, out)
+
+            def do_GET(self):
+                if self.path.startswith("/gw/"):
+                    return self._forward()
+                if self.path == "/page.html":
+                    return self._send(200, GATEWAY_PAGE.encode(), {"Content-Type": "text/html"})
+                if self.path == "/config.json":
+                    return self._send(200, json.dumps(config).encode(), {"Content-Type": "application/json"})
+                rel = self.path.removeprefix("/static/")
+                allowed = ("clients/typescript/dist/", "clients/typescript/node_modules/", "conformance/")
+                path = (root / rel).resolve()
+                if not rel.startswith(allowed) or not path.is_file() or root not in path.parents:
+                    return self._send(404, b"not found", {"Content-Type": "text/plain"})
+                kind = "application/json" if path.suffix == ".json" else "text/javascript"
+                return self._send(200, path.read_bytes(), {"Content-Type": kind})
+
+            def do_POST(self):
+                return self._forward()
+
+        self.forwarded = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_browser_page_submits_through_the_package(built_package, exact_cluster, tmp_path):
+    """Headless Chromium loads a page that imports the package (an import map over its npm
+    dependencies), reproduces noise.json's batches from their keys, and submits rows sealed to
+    the three servers through a same-origin gateway; the release is those rows' sketch exactly."""
+    import browser
+
+    chromium, chromedriver = browser.ensure()
+    c = exact_cluster
+    n = 150
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts browser", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    rng = np.random.default_rng(4444)
+    config = {"studyId": study.study_id,
+              "rows": rng.normal(0, 0.3, size=(n, len(COLUMNS))).tolist(),
+              "timing_rows": rng.normal(0, 0.3, size=(500, len(COLUMNS))).tolist()}
+    root = PACKAGE.parent.parent
+    gw = Gateway(root, c.server_urls, config)
+    config["servers"] = [{"url": f"{gw.url}/gw/{j}", "token": t} for j, t in enumerate(tokens)]
+    b = browser.Browser(chromium, chromedriver, tmp_path)
+    try:
+        b.driver.get(f"{gw.url}/page.html")
+        import time as _time
+        deadline = _time.monotonic() + 120
+        out = None
+        while _time.monotonic() < deadline:
+            out = b.driver.execute_script("return window.RESULT || (window.ERROR && {error: window.ERROR}) || null")
+            if out:
+                break
+            _time.sleep(0.3)
+    finally:
+        b.quit()
+        gw.close()
+    assert out and "error" not in out, out
+    assert "HeadlessChrome" in out["agent"]
+    assert out["batches"] == out["matched"] == 4  # every batch vector, draw for draw, in the browser
+    assert out["accepted"] == [n] * 3 and out["progress"][-1] == n
+    assert gw.forwarded >= 3 + 3 * 3  # study and info reads, three batches to each server
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)
+        assert fin["state"] == "released" and fin["n_reports"] == n
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    ids = [bytes.fromhex(i) for i in out["reportIds"]]
+    encoded = np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64)
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+    print(f"browser: {out['us_per_row']:.1f} us a row to prepare ({out['agent']})")
+
+
+def test_histogram_validity_study_from_node_releases_its_noisy_counts(built_package, exact_cluster):
+    """A marginal histogram study with proofs (OneHotNorm): raw values binned by the package,
+    proved and sealed post-quantum; every report passes the round, and the release is the sum of
+    the Node client's noisy one-hot vectors plus the servers' floor noise alone (a floor: design()
+    misses epsilon by 1% on a histogram study with proofs and no floor, test_validity_e2e)."""
+    c = exact_cluster
+    n = 300
+    histogram = {"axes": [{"column": "age", "edges": [18, 30.5, 65]}, {"column": "city", "categories": ["a", "b"]}],
+                 "marginal": True}
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts histogram validity", histogram=histogram, expected_reports=n,
+                                  min_reports=n, epsilon_floor=4.0, validity=True)
+    study = Study.model_validate(created["study"])
+    assert study.kind == "histogram" and study.validity == "norm-bound/1" and study.server_sigma > 0
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    rng = np.random.default_rng(40044)
+    ages, cities = rng.uniform(0, 90, n), rng.choice(["a", "b", " b ", "zz"], n)
+    rows = [[float(a), str(city)] for a, city in zip(ages, cities)]
+    out = node_submit({"studyId": study.study_id, "servers": [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)],
+                       "rows": rows, "sealing": "post-quantum", "batchSize": 100})
+    assert out["accepted"] == [n] * 3, out
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: every report checked
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        counts = np.array(an.sketch(study.study_id)["sketch"]).ravel()
+    sent = np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64).sum(axis=0, dtype=np.uint64)
+    floor_noise = counts - ring.decode(sent, study.frac_bits)  # the three servers' noise alone
+    assert np.all(np.abs(floor_noise) < 6 * np.sqrt(3) * study.server_sigma) and np.any(floor_noise != 0)
+    truth = np.concatenate([np.bincount(np.searchsorted([18, 30.5, 65], ages, side="right"), minlength=4),
+                            [np.sum(np.char.strip(cities.astype(str)) == "a"), np.sum(np.char.strip(cities.astype(str)) == "b"),
+                             np.sum(np.char.strip(cities.astype(str)) == "zz")]])
+    sd = np.sqrt(n * study.sigma**2 + 3 * study.server_sigma**2)
+    assert np.all(np.abs(counts - truth) < 6 * sd), (counts, truth)
+
+
+def test_parties_study_node_and_python_blocks_join_exactly(built_package, exact_cluster):
+    """A study with parties (docs/protocol.md 2d): party "bank" uploads its blocks from Node,
+    party "shop" from the Python SDK, each with its own upload tokens; both derive the same
+    pseudonyms from the shared party key, so every individual is complete, and the release is the
+    sketch of the joined noisy rows, hashed by pseudonym, exactly."""
+    from dpsketch.protocol import parties as _parties
+
+    c = exact_cluster
+    n = 160
+    parties = [{"name": "bank", "columns": ["x1", "x2"]}, {"name": "shop", "columns": ["y"]}]
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts parties", parties=parties, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    assert study.parties is not None and study.server_sigma == 0
+    key = bytes(range(32))
+    customers = [f"customer-{i:05d}" for i in range(n)]
+    rng = np.random.default_rng(4242)
+    bank_rows, shop_rows = rng.normal(0, 0.3, (n, 2)), rng.normal(0, 0.3, (n, 1))
+
+    bank_tokens = c.upload_tokens(study.study_id, quota=None, party="bank")
+    out = node_submit({"studyId": study.study_id, "servers": [{"url": u, "token": t} for u, t in zip(c.server_urls, bank_tokens)],
+                       "rows": bank_rows.tolist(), "party": "bank", "partyKey": key.hex(), "individuals": customers,
+                       "batchSize": 70})
+    assert out["accepted"] == [n] * 3, out
+
+    shop_tokens = c.upload_tokens(study.study_id, quota=None, party="shop")
+    pseudonyms = _parties.pseudonyms(key, study.study_id, customers)
+    batch = prepare_blocks(study, "shop", pseudonyms, shop_rows)
+    for j, (url, token) in enumerate(zip(c.server_urls, shop_tokens)):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["accepted"] == n, r.text
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # only complete individuals: the pseudonyms agree
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    joined = np.hstack([np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64),
+                        ring.reconstruct(batch.shares)])
+    expected = ring.decode(direct_sketch(study, pseudonyms, joined), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+
+
+
+def test_readme_node_snippet_runs_as_written(built_package, exact_cluster):
+    """The README's data-owner snippet (its ```js block), run by node from the repository root
+    with only the example server URLs replaced by the cluster's and the ids and tokens in the
+    environment it reads: two rows stored at every server."""
+    import os
+    import re
+
+    readme = (PACKAGE.parent.parent / "README.md").read_text()
+    section = readme.split("### The TypeScript client (Node and browsers)", 1)[1]
+    code = re.search(r"```js\n(.*?)```", section, re.S).group(1)
+    c = exact_cluster
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts readme", columns=["age", "income", "y"], label="y", expected_reports=100,
+                                  k=16, s=4, epsilon_floor=None)
+    study_id = created["study_id"]
+    tokens = c.upload_tokens(study_id, quota=None)
+    for j, url in enumerate(c.server_urls):
+        code = code.replace(f"https://s{j + 1}.example.org", url)
+    env = {**os.environ, "STUDY_ID": study_id, **{f"T{j + 1}": t for j, t in enumerate(tokens)}}
+    r = subprocess.run(["node", "--input-type=module", "-e", code], cwd=PACKAGE.parent.parent, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2/2" in r.stdout and "[ 2, 2, 2 ] [ 0, 0, 0 ]" in r.stdout, r.stdout
+    for url in c.server_urls:
+        assert httpx.get(f"{url}/v1/studies/{study_id}").json()["report_count"] == 2
