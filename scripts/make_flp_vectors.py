@@ -117,20 +117,26 @@ def render() -> str:
     return json.dumps(vectors(), indent=1) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def vectors_cli(render_text, default_out: Path, generator: str, argv: list[str] | None = None) -> int:
+    """The command line of a vectors script: write the file, or with --check exit 1 if it would
+    change (shared with scripts/make_validity_vectors.py)."""
+    parser = argparse.ArgumentParser(description=f"Write {default_out.name} (see {generator}'s docstring).")
     parser.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
-    parser.add_argument("--out", type=Path, default=OUT, help="file to write (default: conformance/flp.json)")
+    parser.add_argument("--out", type=Path, default=default_out, help=f"file to write (default: conformance/{default_out.name})")
     args = parser.parse_args(argv)
-    text = render()
+    text = render_text()
     if args.check:
         if not args.out.exists() or args.out.read_text() != text:
-            print(f"out of date: {args.out} (run scripts/make_flp_vectors.py)")
+            print(f"out of date: {args.out} (run scripts/{generator})")
             return 1
         return 0
     args.out.write_text(text)
     print(f"wrote {args.out}: {len(json.loads(text)['vectors'])} vectors")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return vectors_cli(render, OUT, "make_flp_vectors.py", argv)
 
 
 if __name__ == "__main__":

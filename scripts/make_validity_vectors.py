@@ -20,7 +20,6 @@ hashes with hashlib.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -148,19 +147,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
-    parser.add_argument("--out", type=Path, default=OUT, help="file to write (default: conformance/validity.json)")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not args.out.exists() or args.out.read_text() != text:
-            print(f"out of date: {args.out} (run scripts/make_validity_vectors.py)")
-            return 1
-        return 0
-    args.out.write_text(text)
-    print(f"wrote {args.out}: {len(json.loads(text)['vectors'])} vectors")
-    return 0
+    from scripts.make_flp_vectors import vectors_cli
+
+    return vectors_cli(render, OUT, "make_validity_vectors.py", argv)
 
 
 if __name__ == "__main__":

@@ -144,6 +144,18 @@ def invalid_reports(study: Study, honest_proved: V.Proved, honest_encoded: np.nd
     return out
 
 
+def honest_and_invalid(cluster, n: int, name: str, seed: int):
+    """A validity study holding n honest reports and the invalid ones of :func:`invalid_reports`,
+    uploaded to every server: (study, honest ring vectors, honest batch, attacks, their ids)."""
+    study = create(cluster, n, name)
+    encoded, proved = honest(study, n, seed=seed)
+    upload(cluster, study, proved)
+    attacks = invalid_reports(study, proved, encoded)
+    for bad in attacks.values():
+        upload(cluster, study, bad)
+    return study, encoded, proved, attacks, {rid for bad in attacks.values() for rid in bad.report_ids}
+
+
 def released(cluster, study: Study) -> np.ndarray:
     with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an:
         return np.array(an.sketch(study.study_id)["sketch"])
@@ -156,13 +168,7 @@ def expected(study: Study, ids: list[bytes], encoded: np.ndarray) -> np.ndarray:
 def test_invalid_reports_are_refused_everywhere_and_the_release_is_as_without_them(no_floor_module_cluster):
     c = no_floor_module_cluster
     n = 300
-    study = create(c, n, "attacks")
-    encoded, proved = honest(study, n, seed=3)
-    upload(c, study, proved)
-    attacks = invalid_reports(study, proved, encoded)
-    for bad in attacks.values():
-        upload(c, study, bad)
-    bad_ids = {rid for bad in attacks.values() for rid in bad.report_ids}
+    study, encoded, proved, attacks, bad_ids = honest_and_invalid(c, n, "attacks", seed=3)
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         assert [s["report_count"] for s in an.progress(study.study_id)["servers"]] == [n + len(attacks)] * 3
         fin = an.finalize(study.study_id)
@@ -319,13 +325,7 @@ def test_what_a_lying_analyzer_can_and_cannot_do(no_floor_module_cluster):
     them: an invalid report reaches no release while one server is told the truth."""
     c = no_floor_module_cluster
     n = 150
-    study = create(c, n, "liar")
-    encoded, proved = honest(study, n, seed=8)
-    upload(c, study, proved)
-    attacks = invalid_reports(study, proved, encoded)
-    for bad in attacks.values():
-        upload(c, study, bad)
-    bad_ids = {rid for bad in attacks.values() for rid in bad.report_ids}
+    study, encoded, proved, attacks, bad_ids = honest_and_invalid(c, n, "liar", seed=8)
     plan = V.plan(study)
     tokens = [s.analyst_token for s in c.specs]
     urls = c.server_urls
