@@ -173,3 +173,26 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "content": {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}},
         }
     return out
+
+
+def cors_middleware():
+    """Starlette's CORS middleware, answering a refused preflight in the problem format (403
+    origin-not-allowed) instead of its plain-text 400: what a browser page may call is a server
+    setting (services/settings.py ``cors_origins``), and a refusal says which setting."""
+    from starlette.datastructures import Headers
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.responses import Response
+
+    class ProblemCORS(CORSMiddleware):
+        def preflight_response(self, request_headers: Headers) -> Response:
+            response = super().preflight_response(request_headers)
+            if response.status_code < 400:
+                return response
+            origin = request_headers.get("origin", "")
+            err = ProblemError("origin-not-allowed",
+                               f"a preflight from {origin[:100]!r} (or for a method or header this server "
+                               f"does not take from pages): the server's operator lists the allowed "
+                               f"origins ($DPSKETCH_CORS_ORIGINS)")
+            return problem_response(err)
+
+    return ProblemCORS

@@ -341,6 +341,15 @@ def create_app(settings: Settings) -> FastAPI:
     # everything else goes on to them and the routes below (services/uploads.py)
     app.add_outer_middleware(FastReports, store=store, metrics=metrics, server_id=settings.server_id,
                              admission=admission, max_body_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        # outermost of all: a browser's preflight (OPTIONS) is answered before anything else, and
+        # every answer to an allowed page carries Access-Control-Allow-Origin (data owners' pages
+        # submitting rows from the TypeScript client; clients/typescript/README.md)
+        app.add_outer_middleware(errors.cors_middleware(), allow_origins=list(settings.cors_origins),
+                                 allow_methods=["GET", "POST", "PUT", "DELETE"],
+                                 allow_headers=["Authorization", "Content-Type"],
+                                 expose_headers=["Retry-After", "Location"], allow_credentials=False,
+                                 max_age=600)
     roles = Roles(settings)
     if settings.tokens_file is not None:
         _install_sighup(roles.registry)

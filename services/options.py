@@ -15,6 +15,11 @@ from .settings import (DEFAULT_POPULATION, DEFAULT_POPULATION_EPSILON, DEFAULT_P
 from .state import INDEX_BYTES_PER_REPORT
 
 
+def origins(value: str) -> tuple[str, ...]:
+    """Comma-separated web origins (Settings checks each)."""
+    return tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
+
+
 def _env(name: str, default: Any, kind):
     value = os.environ.get(name)
     if value is None or value.strip() == "":
@@ -136,6 +141,11 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-open-studies", type=int, default=_env("DPSKETCH_MAX_OPEN_STUDIES", 1000, int),
                    help="most studies open at once; provisioning more is refused "
                         "($DPSKETCH_MAX_OPEN_STUDIES; default: %(default)s)")
+    g.add_argument("--cors-origins", type=origins, default=_env("DPSKETCH_CORS_ORIGINS", (), origins),
+                   metavar="ORIGIN,...",
+                   help="web pages allowed to call this server from a browser (CORS), e.g. "
+                        "https://survey.example.org, comma-separated, or '*' for any page; upload "
+                        "tokens still gate uploads ($DPSKETCH_CORS_ORIGINS; default: none)")
     g.add_argument("--tokens-file", type=Path, default=_env("DPSKETCH_TOKENS_FILE", None, Path),
                    help='JSON {"operator": [...], "analyst": [...]} of more tokens ("sha256:<hex>" digests or '
                         "plain tokens), re-read when it changes or on SIGHUP ($DPSKETCH_TOKENS_FILE)")
@@ -151,4 +161,4 @@ def policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_floor_epsilon",
         "max_excluded_fraction", "upload_auth", "max_study_bytes", "max_study_memory", "memory_budget",
         "tokens_file", "retention_after_commit_s", "population_epsilon", "population_floor_epsilon",
-        "default_population", "study_expiry_s", "max_open_studies") if hasattr(args, name)}
+        "default_population", "study_expiry_s", "max_open_studies", "cors_origins") if hasattr(args, name)}

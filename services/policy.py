@@ -24,7 +24,7 @@ from dpsketch.protocol.study import Study
 from .settings import Settings
 
 
-def describe(settings: Settings) -> dict[str, float | int | str | None]:
+def describe(settings: Settings) -> dict[str, float | int | str | list[str] | None]:
     """The policy as published in ServerInfo.policy."""
     return {
         "max_epsilon": settings.max_epsilon,
@@ -48,6 +48,7 @@ def describe(settings: Settings) -> dict[str, float | int | str | None]:
         "default_population": settings.default_population,
         "study_expiry_seconds": settings.study_expiry_s,
         "max_open_studies": settings.max_open_studies,
+        "cors_origins": list(settings.cors_origins),
     }
 
 

@@ -28,6 +28,17 @@ def _env_float(name: str, default: float | None) -> float | None:
         raise ValueError(f"${name} = {value!r} is not a number") from None
 
 
+#: An origin a browser sends: scheme, host and an optional port, nothing after.
+ORIGIN_PATTERN = r"^https?://[A-Za-z0-9.\-\[\]:]+$"
+
+
+def _env_origins(name: str) -> tuple[str, ...]:
+    """Comma-separated web origins from the environment (empty: none)."""
+    from .options import origins
+
+    return origins(os.environ.get(name, ""))
+
+
 def _env_budget(name: str, default: float) -> float | None:
     """A budget from the environment: unset or empty gives ``default`` (budgets are on by
     default); "none" switches it off explicitly (logged as a warning at startup)."""
@@ -103,6 +114,11 @@ class Settings:
         default_factory=lambda: int(_env_float("DPSKETCH_MAX_OPEN_STUDIES", 1000)))
     population_neighbouring: str = field(
         default_factory=lambda: os.environ.get("DPSKETCH_POPULATION_NEIGHBOURING", "").strip() or "replace-one")
+    #: Web pages allowed to call this server from a browser (CORS): exact origins such as
+    #: "https://survey.example.org", or "*" for any page. Empty (the default): none, and a
+    #: browser refuses a page on another origin. Upload tokens still gate every upload; no
+    #: cookies are used, so no credentials are allowed. $DPSKETCH_CORS_ORIGINS (comma-separated).
+    cors_origins: tuple[str, ...] = field(default_factory=lambda: _env_origins("DPSKETCH_CORS_ORIGINS"))
     #: Batch rule: refuse a commit whose inclusion set leaves out more than this fraction of the
     #: reports this server acknowledged (an analyst cannot pick a victim and its own reports).
     max_excluded_fraction: float = 0.1
@@ -202,6 +218,11 @@ class Settings:
             raise ValueError("retention_sweep_s must be > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+        for origin in self.cors_origins:
+            if origin != "*" and not re.match(ORIGIN_PATTERN, origin):
+                raise ValueError(f"CORS origin {origin!r} is not an origin (scheme://host[:port], no "
+                                 f"path) nor '*' ($DPSKETCH_CORS_ORIGINS)")
         if self.max_floor_epsilon is not None and not 0 < self.max_floor_epsilon <= 100:
             raise ValueError("max_floor_epsilon must be in (0, 100] (or None: no floor required)")
         if self.population_epsilon is not None and not 0 < self.population_epsilon <= 1e6:

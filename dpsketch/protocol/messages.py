@@ -623,7 +623,7 @@ class ServerInfo(BaseModel):
     version: str
     #: The server's privacy, storage and retention policy (services/policy.py); optional, servers
     #: that do not publish one leave it out.
-    policy: dict[str, float | int | str | None] | None = None
+    policy: dict[str, float | int | str | list[str] | None] | None = None
     #: The server's HPKE public keys for sealed shares (section 7a); optional.
     hpke: HpkeKeys | None = None
 

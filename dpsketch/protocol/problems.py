@@ -15,6 +15,7 @@ CATALOGUE: dict[str, tuple[int, str]] = {
     "malformed-request": (400, "The request is not valid HTTP/1.1"),
     "unauthorized": (401, "A valid bearer token is required"),
     "forbidden": (403, "This token may not do that"),
+    "origin-not-allowed": (403, "This server does not take requests from that web page's origin"),
     "not-found": (404, "No such resource"),
     "unknown-study": (404, "No such study on this server"),
     "method-not-allowed": (405, "Method not allowed"),
