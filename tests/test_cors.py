@@ -61,3 +61,13 @@ def test_a_malformed_origin_setting_stops_the_server_with_a_clear_error(servers,
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode != 0
     assert "CORS origin 'survey.example.org/form' is not an origin" in (r.stderr + r.stdout)
+
+
+def test_a_client_ignores_policy_members_of_any_type():
+    """A newer server's policy member of a type an older client did not expect (the list of
+    cors_origins was one) must not make the client refuse the server."""
+    from dpsketch.protocol.messages import ServerInfo
+
+    info = ServerInfo.model_validate({"server_id": "s1", "protocol": "dpsketch/2", "version": "9.9",
+                                      "policy": {"cors_origins": ["*"], "future": {"a": [1, None, "x"]}}})
+    assert info.policy["cors_origins"] == ["*"]

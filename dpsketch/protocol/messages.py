@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from . import binding, ring
 from .sketch import REPORT_ID_BYTES
@@ -622,8 +622,9 @@ class ServerInfo(BaseModel):
     protocol: str
     version: str
     #: The server's privacy, storage and retention policy (services/policy.py); optional, servers
-    #: that do not publish one leave it out.
-    policy: dict[str, float | int | str | list[str] | None] | None = None
+    #: that do not publish one leave it out. Any JSON value per member: a client ignores members
+    #: it does not know, whatever their type (a narrower type refused a newer server's list)
+    policy: dict[str, JsonValue] | None = None
     #: The server's HPKE public keys for sealed shares (section 7a); optional.
     hpke: HpkeKeys | None = None
 
