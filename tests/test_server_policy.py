@@ -43,7 +43,9 @@ POLICY_KEYS = {"max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star
                # issue 41: every population's budget (both bounds), expiry and the open-study cap
                "population_epsilon", "population_floor_epsilon", "population_delta",
                "population_neighbouring", "default_population", "study_expiry_seconds",
-               "max_open_studies"}
+               "max_open_studies",
+               # issue 44: the web pages allowed to call the server from a browser
+               "cors_origins"}
 
 
 def test_info_publishes_the_policy(tmp_path: Path):
@@ -90,6 +92,7 @@ def test_default_policy(tmp_path: Path):
                 pol["population_neighbouring"], pol["default_population"]) == (
             4.0, 12.0, 1e-6, "replace-one", "default")
         assert (pol["study_expiry_seconds"], pol["max_open_studies"]) == (7 * 24 * 3600.0, 1000)
+        assert pol["cors_origins"] == []  # no browser page on another origin unless the operator says so
         # a study designed with design()'s default floor is inside the default policy
         st = make_study(epsilon_floor="default")
         assert st.epsilon_floor == 4.0
