@@ -263,6 +263,12 @@ def test_a_flood_from_many_addresses_leaves_a_legitimate_client_answered(servers
         assert [s for s, _ in legit] == [200] * 8, legit
         assert max(latencies) < LEGIT_BOUND, latencies
         assert held <= 4096 + 64  # the cap holds: the flood did not get more slots
+        # the server logs the first refusal at once and then one summary per period (a flood
+        # costs a few lines), so the evictions appear at the next summary: wait for it
+        deadline = time.monotonic() + 15
+        while "evicted: waited longest" not in log and time.monotonic() < deadline:
+            time.sleep(0.25)
+            log = proc.log_path.read_text(errors="replace")
         assert "evicted: waited longest" in log
         # the flood is still held (evictions took the oldest only): most connections still open
         closed, _ = wait_closed(flood, until=time.monotonic() + 0.5)
