@@ -196,6 +196,16 @@ def _step(url: str, token: str, study: Study, path: str, **kw) -> httpx.Response
                       headers={"Authorization": f"Bearer {token}", **kw.pop("headers", {})}, **kw)
 
 
+def query_every_server(urls, tokens, study: Study, plan) -> list:
+    """The round's first three steps as an analyzer would run them (commit, reveal, query at
+    every server): each server's (ids, verifier shares)."""
+    commitments = [_step(u, t, study, "commit").json()["commitment"] for u, t in zip(urls, tokens)]
+    contributions = [_step(u, t, study, "reveal", json={"commitments": commitments}).json()["contribution"]
+                     for u, t in zip(urls, tokens)]
+    return [V.decode_verifiers(_step(u, t, study, "query", json={"contributions": contributions}).content, plan)
+            for u, t in zip(urls, tokens)]
+
+
 def test_a_server_killed_between_any_two_steps_comes_back_with_the_same_round(no_floor_module_cluster):
     c = no_floor_module_cluster
     n = 120
@@ -294,13 +304,8 @@ def test_the_analyzers_view_of_verifier_messages_has_the_same_law_for_two_rows(n
         proved = V.prepare(study, encoded, stream, full=0)
         upload(c, study, proved)
         ids_of[label] = set(proved.report_ids)
-    tokens = [s.analyst_token for s in c.specs]
-    urls = c.server_urls
-    commitments = [_step(u, t, study, "commit").json()["commitment"] for u, t in zip(urls, tokens)]
-    contributions = [_step(u, t, study, "reveal", json={"commitments": commitments}).json()["contribution"]
-                     for u, t in zip(urls, tokens)]
-    views = [V.decode_verifiers(_step(u, t, study, "query", json={"contributions": contributions}).content, plan)
-             for u, t in zip(urls, tokens)]
+    tokens, urls = [s.analyst_token for s in c.specs], c.server_urls
+    views = query_every_server(urls, tokens, study, plan)
     ids = [bytes(r) for r in views[0][0]]
     group = np.array([rid in ids_of["a"] for rid in ids])
     total = views[0][1]
@@ -327,13 +332,8 @@ def test_what_a_lying_analyzer_can_and_cannot_do(no_floor_module_cluster):
     n = 150
     study, encoded, proved, attacks, bad_ids = honest_and_invalid(c, n, "liar", seed=8)
     plan = V.plan(study)
-    tokens = [s.analyst_token for s in c.specs]
-    urls = c.server_urls
-    commitments = [_step(u, t, study, "commit").json()["commitment"] for u, t in zip(urls, tokens)]
-    contributions = [_step(u, t, study, "reveal", json={"commitments": commitments}).json()["contribution"]
-                     for u, t in zip(urls, tokens)]
-    views = [V.decode_verifiers(_step(u, t, study, "query", json={"contributions": contributions}).content, plan)
-             for u, t in zip(urls, tokens)]
+    tokens, urls = [s.analyst_token for s in c.specs], c.server_urls
+    views = query_every_server(urls, tokens, study, plan)
     ids = views[0][0]
     position = {bytes(r): i for i, r in enumerate(ids)}
     bodies = []
