@@ -410,4 +410,4 @@ def release_from_ring_sum(study: Study, ring_sum: np.ndarray, n_reports: int) ->
         raise TypeError(f"ring sum must be uint64, got {z.dtype}")
     if z.shape != study.aggregate_shape:
         raise ValueError(f"ring sum must be {study.aggregate_shape[0]} x {study.aggregate_shape[1]}, got {z.shape}")
-    return release_from_values(study, ring.decode(z, study.frac_bits) * study.entry_scale, n_reports)
+    return release_from_values(study, ring.decode(z, study.frac_bits) * study.release_scale, n_reports)

@@ -13,7 +13,7 @@ import numpy as np
 
 from dpsketch.protocol import features, ring
 from dpsketch.protocol.keystream import Keystream
-from dpsketch.protocol.noise import encoded_noise
+from dpsketch.protocol.noise import encoded_noise, scaled_noise
 from dpsketch.protocol.study import Study
 
 
@@ -68,7 +68,13 @@ def client_vectors(rows: np.ndarray, study: Study) -> np.ndarray:
     ``rows`` then holds the values, ``HistogramValueError`` if one has no cell)."""
     if study.histogram is not None:
         return study.histogram.one_hot(study.histogram.cell_index(rows))
-    return features.client_vectors(study.kind, clip_rows(ball_rows(rows, study), study.clip_bound))
+    return features.client_vectors(study.kind, clipped_rows(rows, study))
+
+
+def clipped_rows(rows: np.ndarray, study: Study) -> np.ndarray:
+    """The rows mapped into the study's row space and clipped to its clip bound: what the
+    features are made of (and a gram validity study's proof multiplies, validity.witness_rows)."""
+    return clip_rows(ball_rows(rows, study), study.clip_bound)
 
 
 def limited_counts(rows: np.ndarray, study: Study) -> tuple[np.ndarray, int]:
@@ -89,6 +95,11 @@ def noisy_encoded(vectors: np.ndarray, study: Study, stream: Keystream | None = 
     every coordinate, encoded on the ring (uint64). Every value stays within
     ``study.value_bound`` (the noise is cut at 20 sigma less one grid step)."""
     grid = study.noise_grid
+    if study.proved_features:  # raw products, their noise scaled alike (features.proved_scale)
+        scale = study.feature_scale
+        encoded = ring.encode_on_grid(np.asarray(vectors) * scale, study.frac_bits, grid.shift, study.value_bound)
+        encoded += scaled_noise(len(encoded), study.sigma, scale, grid, stream)
+        return encoded.view(np.uint64)
     encoded = ring.encode_on_grid(vectors, study.frac_bits, grid.shift, study.value_bound)
     if study.sigma > 0:  # 0: the servers' noise carries the whole guarantee (DAP model)
         encoded += encoded_noise(encoded.shape, study.sigma, grid, stream)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpsketch.protocol import binding, envelope, messages, proved_shares, ring, validity
+from dpsketch.protocol import binding, envelope, features, messages, proved_shares, ring, validity
 from dpsketch.protocol.histogram import HistogramValueError
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.study import Study
@@ -107,6 +107,7 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
     stream = stream if stream is not None else Keystream()  # every random bit of this batch: noise, shares, salts
     clamped, clipped = None, 0
     onehot = None  # a histogram's cells: a validity study's proof separates them from the noise
+    witness = None  # a gram validity study's clipped rows
     if study.histogram is not None:  # raw values: the bins decide what they mean
         rows = _data.check_values(rows, study.d)
         try:
@@ -119,11 +120,15 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
         clamped, clipped = noise.limited_counts(rows, study)
         if study.secret_sign:
             encoded = noise.noisy_encoded(signed_vectors(rows, study, stream), study, stream)
+        elif study.proved_features:  # a gram validity study: its proof multiplies the clipped rows
+            witness = noise.clipped_rows(rows, study)
+            encoded = noise.noisy_encoded(features.client_vectors(study.kind, witness), study, stream)
         else:
             encoded = noise.privatize_encoded(rows, study, stream)
     n = study.n_servers
     if proved_shares.is_proved(study):  # always seed-compressed: the leader's F_p shares, seeds elsewhere
-        return _proved_batch(study, encoded, n - 1 if full is None else full, stream, clamped, clipped, onehot)
+        return _proved_batch(study, encoded, n - 1 if full is None else full, stream, clamped, clipped, onehot,
+                             witness)
     if compress:
         full = n - 1 if full is None else full
         if not 0 <= full < n:
@@ -141,14 +146,15 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
 
 
 def _proved_batch(study: Study, encoded: np.ndarray, full: int, stream: Keystream,
-                  clamped: np.ndarray | None, clipped: int, onehot: np.ndarray | None = None) -> PreparedBatch:
+                  clamped: np.ndarray | None, clipped: int, onehot: np.ndarray | None = None,
+                  rows: np.ndarray | None = None) -> PreparedBatch:
     """A batch of a study with validity proofs: ``validity.prepare`` shares the encoded noisy
     vectors in F_p and proves each valid (a histogram's with its one-hot rows); ``full`` is the
     leader (explicit input and proof shares), every other server a helper (a seed per report)."""
     n = study.n_servers
     if not 0 <= full < n:
         raise ValueError(f"full={full}: a server position, 0 to {n - 1}")
-    proved = validity.prepare(study, encoded, stream, full, onehot=onehot)
+    proved = validity.prepare(study, encoded, stream, full, onehot=onehot, rows=rows)
     seeds = list(proved.seeds)
     shares: list[np.ndarray | None] = [proved.leader if j == proved.full else None for j in range(n)]
     return PreparedBatch(list(proved.report_ids), list(proved.binding), shares, seeds,

@@ -206,10 +206,10 @@ def test_histogram_reports_prove_one_cell_per_block_and_bounded_noise():
     assert _decide(hs, ids, control).all()
 
 
-def test_only_sketch_and_histogram_studies_without_parties_take_proofs():
-    with pytest.raises(ValueError, match="sketch and histogram studies only"):
+def test_l1_studies_take_no_proofs_yet():
+    with pytest.raises(ValueError, match="sketch, histogram, gram and moments studies"):
         S.design(name="g", columns=["a", "b"], label="a", servers=SERVERS, expected_reports=20_000,
-                 kind="gram", validity=True)
+                 kind="l1", validity=True)
 
 
 def test_conformance_vectors_match_their_generator_and_the_round_hashes():

@@ -31,7 +31,7 @@ from analyzer.estimators import RidgeRegression
 from analyzer.release import release_from_ring_sum
 from client_sdk import Client, SDKError
 from conftest import OPEN_UPLOADS, Servers
-from dpsketch.protocol import envelope, field, messages, proved_shares, ring, sketch, validity
+from dpsketch.protocol import envelope, features, field, messages, proved_shares, ring, sketch, validity
 from dpsketch.protocol.messages import BLOCKS_MEDIA_TYPE, SEALED_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE
 from dpsketch.protocol.study import Study
 from studies import bind_at, record_batches
@@ -199,6 +199,36 @@ def test_histogram_study_with_proofs_releases_its_noisy_counts_exactly(pool, mon
     assert np.all(np.abs(floor_noise) < 6 * np.sqrt(2) * study.server_sigma) and np.any(floor_noise != 0)
     truth = np.bincount(study.histogram.cell_index(ages), minlength=study.width)
     assert np.all(np.abs(counts - truth) < 6 * np.sqrt(served["noise_variance"])), (counts, truth)
+
+
+@pytest.mark.parametrize("kind,sealed", [("gram", False), ("moments", True)])
+def test_gram_and_moments_studies_with_proofs_release_the_sent_features_exactly(pool, monkeypatch, kind, sealed):
+    """Circuit GramNorm (docs/validity.md section 12): the SDK shares the raw products with their
+    noise scaled alike and proves them products of a row of bounded norm; every report passes the
+    round, and the release is exactly the sum of the sent shares, divided per column by the
+    proved scale (the strict upper triangle times sqrt(2)), so that the analyzer's ridge equals
+    this process's and lies within the noise of the data's."""
+    n = 1500
+    study = create(pool, 2, n, f"v-{kind}", kind=kind, k=None, s=None)
+    assert study.kind == kind and study.k == 1 and study.proved_features
+    rows = data(n, seed=61)
+    sent = record_batches(monkeypatch)
+    with Client(pool.urls(2), encrypt=sealed) as client:
+        assert client.submit_many(study.study_id, rows, batch_size=500).n_reports == n
+    fin = finalize(pool, 2, study)
+    assert fin["n_reports"] == n
+    expected = ring_sketch(study, sent)
+    release = release_from_ring_sum(study, expected, n)
+    np.testing.assert_array_equal(np.array(fin["sketch"]["sketch"]).reshape(-1), release.values)  # exact
+    # the release is the features of a study without proofs: the products' sum, scaled back,
+    # within the noise of n reports (sigma per coordinate in the release's units)
+    want = features.client_vectors(kind, rows).sum(axis=0)
+    z = (release.values - want) / (study.sigma * np.sqrt(n))
+    assert np.abs(z).max() < 5.5
+    with pool.analyst(2) as an:
+        served = np.array(an.ridge(study.study_id, label="y")["coef"])
+    local = RidgeRegression(label="y").fit(release).coef_
+    np.testing.assert_allclose(served, local, rtol=1e-9, atol=1e-12)
 
 
 def test_sigkilled_server_restarts_and_releases_the_same_aggregate(pool, monkeypatch):

@@ -35,7 +35,8 @@ from scipy import stats
 
 from analyzer.client import AnalyzerClient
 from client_sdk import noise, prepare
-from dpsketch.protocol import Study, binding, field, flp, messages, ring, sketch
+from analyzer.release import release_from_ring_sum
+from dpsketch.protocol import Study, binding, features, field, flp, messages, ring, sketch
 from dpsketch.protocol import validity as V
 from dpsketch.protocol.circuits import to_digits
 from dpsketch.protocol.keystream import Keystream
@@ -189,6 +190,72 @@ def test_invalid_reports_are_refused_everywhere_and_the_release_is_as_without_th
     coords = field.add(coords, V.coordinate_shares(V.plan(study), flp.expand_share(V.plan(study).circuit,
                                                                                      far.seeds[2])[0]))
     assert abs(ring.decode(V.to_ring(coords), study.frac_bits)[0, 0]) > 1000 * study.row_bound
+
+
+def gram_attacks(study: Study, honest_proved: V.Proved, witness: np.ndarray) -> dict[str, V.Proved]:
+    """The gram study's attacks (circuit GramNorm), each correctly bound (every server stores
+    it) and proved by the honest prover code on whatever it is given."""
+    c = V.plan(study).circuit
+    h = study.noise_grid.spacing
+    stream = Keystream.from_key(b"\xa9" * 32)
+    zero_noise = np.zeros((1, c.w), dtype=np.int64)
+    honest_inputs = c.encode(witness[:1], zero_noise)
+    out = {}
+    # the issue's attack: -10,935 added to the x1*y feature only (the product P of columns 1 and 3)
+    k = c.d + list(zip(*np.triu_indices(c.d, k=1), strict=True)).index((1, 3))
+    x = honest_inputs.copy()
+    x[0, c.at_products + k] = field.add(x[0, c.at_products + k], field.encode_int(np.array([round(-10_935 / h)]))[0])
+    out["x1*y moved by -10,935"] = prove_inputs(study, x, 0, stream)
+    # the Gram diagonal at -115,657 (no row's square is negative)
+    x = honest_inputs.copy()
+    x[0, c.at_products] = field.encode_int(np.array([round(-115_657 / h)]))[0]
+    out["negative square"] = prove_inputs(study, x, 1, stream)
+    # the sketch table's row [1000, 0, -40000] with its true products: the row's digits out of
+    # range, the row slack made to hold mod p
+    r = np.array([[round(1000 / h ** 0.5), 0, round(-40_000 / h ** 0.5), 0]], dtype=object)
+    x = honest_inputs.copy()
+    x[0, :c.at_products] = to_digits(np.full((1, c.d), c.half_row, dtype=np.uint64), c.beta, c.q_row)[0]
+    for i in (0, 2):
+        x[0, i * c.q_row] = (int(x[0, i * c.q_row]) + int(r[0, i])) % field.P
+    prods = [int(r[0, i]) * int(r[0, j]) % field.P for i, j in zip(*c.pairs, strict=True)]
+    x[0, c.at_products:c.at_noise] = np.array(prods, dtype=np.uint64)
+    row_slack = (c.r2_row - sum(int(v) ** 2 for v in r[0])) % field.P
+    x[0, c.at_row_slack:c.at_slack] = 0
+    x[0, c.at_row_slack] = row_slack
+    out["row 4 10^4 B, true products"] = prove_inputs(study, x, 1, stream)
+    # honest report 0's proof replayed with another valid report's shares
+    other = c.encode(witness[5:6] // 2, zero_noise)
+    out["replayed proof"] = prove_inputs(study, other, 0, stream, proof=whole_proof(study, honest_proved, 0))
+    return out
+
+
+def test_gram_attacks_are_refused_everywhere_and_the_release_is_as_without_them(no_floor_module_cluster):
+    """The issue's gram attacks over real processes: each refused at every server, and the
+    release (the analyzer's Gram, sum and count) is exactly that of the honest reports alone."""
+    cl = no_floor_module_cluster
+    n = 200
+    with AnalyzerClient(cl.analyzer.url, cl.api_token) as an:
+        view = an.create_study(name="gram-attacks", columns=COLUMNS, label="y", expected_reports=n, kind="gram",
+                               min_reports=100, epsilon_floor=None, validity=True)
+    study = Study.model_validate(view["study"])
+    rows = np.random.default_rng(8).normal(0, 0.3, (n, study.d))
+    clipped = noise.clipped_rows(rows, study)
+    stream = Keystream.from_key(b"\x08" * 32)
+    encoded = noise.noisy_encoded(features.client_vectors("gram", clipped), study, stream)
+    proved = V.prepare(study, encoded, stream, full=2, rows=clipped)
+    upload(cl, study, proved)
+    attacks = gram_attacks(study, proved, V.witness_rows(V.plan(study), clipped))
+    for bad in attacks.values():
+        upload(cl, study, bad)
+    with AnalyzerClient(cl.analyzer.url, cl.api_token) as an:
+        fin = an.finalize(study.study_id)
+        served = np.array(an.sketch(study.study_id)["sketch"]).reshape(-1)
+    assert fin["state"] == "released" and fin["n_reports"] == n
+    assert fin["verification"]["refused_by_server"] == {"s1": len(attacks), "s2": len(attacks), "s3": len(attacks)}
+    total = np.zeros(study.width, dtype=np.uint64)
+    for row in encoded:
+        total += row  # wraps mod 2^64, as the ring sum
+    np.testing.assert_array_equal(served, release_from_ring_sum(study, total[None], n).values)
 
 
 def _step(url: str, token: str, study: Study, path: str, **kw) -> httpx.Response:

@@ -10,6 +10,9 @@
   construction) and that sum_i x_i^2 + s - R^2 == 0 (so sum_i x_i^2 <= R^2 over the integers).
   x_i = sum_m beta^m d_(i,m) - H is affine in the digits: the servers aggregate x from their
   digit shares (:attr:`NormBound.coordinates`).
+* :class:`OneHotNorm`: a histogram's one-hot cells plus noise of bounded norm.
+* :class:`GramNorm`: a gram or moments study's quadratic features: the products of a row of
+  bounded norm (each product stated by a MulSub gadget), plus noise of bounded (weighted) norm.
 
 Digits are little-endian: digit m of a value has weight beta^m. Each circuit groups its gadget
 calls into ParallelSums; the group sizes default to those minimising proof plus verifier length
@@ -21,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import field, ntt
-from .flp import Affine, Circuit, GadgetCalls, Mul, ParallelSum, Range
+from .flp import Affine, Circuit, GadgetCalls, Mul, MulSub, ParallelSum, Range
 
 P = field.P
 
@@ -250,3 +253,183 @@ class OneHotNorm(Circuit):
     def describe(self) -> dict:
         return {**super().describe(), "w": self.w, "blocks": self.blocks, "unit": self.unit, "beta": self.beta,
                 "q": self.q, "r2": self.r2, "H": self.half, "slack_digits": self.slack_digits}
+
+
+def _slack_digits(beta: int, r2: int) -> int:
+    q = 1
+    while beta ** q <= r2:
+        q += 1
+    return q
+
+
+class GramNorm(Circuit):
+    """A gram (``linear``) or moments report over a row of d columns: x = psi(r) + e, with
+
+    * r in Z^d the row's witness (|r_i| < H_r = beta^q_r / 2, sum r_i^2 <= R_r^2), in units of
+      the witness grid g;
+    * psi(r) the quadratic features in units of the noise grid h = g^2: [lin r_i (gram only),
+      the products P_k = r_i r_j for i <= j (the diagonal, then the strict upper triangle row
+      by row, as features.upper_triangle), count (gram only)], where lin = g / h and count = 1 / h;
+    * e integer noise with every |e_i| < H = beta^q / 2 and sum_i c_i e_i^2 <= R^2, c_i = 2 on
+      the strict upper triangle and 1 elsewhere: the norm of the noise in the release's own units
+      (the upper triangle carries sqrt(2) times a product, features.py), so that the bound is
+      the same whichever way a report spends it.
+
+    Input: the q_r digits of r_i + H_r for each column, the D = d(d+1)/2 products, the q digits
+    of e_i + H for each of the w coordinates, the digits of the row slack R_r^2 - sum_i P_ii,
+    then of the noise slack R^2 - sum_i c_i e_i^2. Checks: every digit in range; every product
+    r_i r_j - P_k = 0 (a weighted ParallelSum of MulSub: a wrong product in a call cannot cancel
+    another); sum_i P_ii + row slack = R_r^2 (the row's norm, affine once the diagonal is
+    proved); sum_i c_i e_i^2 + noise slack = R^2. d H_r^2 + beta^(q_rs) <= p and
+    sum_i c_i H^2 + beta^(q_s) <= p are required, so neither norm can wrap around p. x is
+    affine in the input (:attr:`coordinates`): what the servers aggregate."""
+
+    name = "GramNorm"
+
+    def __init__(self, d: int, linear: bool, lin: int, count_unit: int, beta: int, q_row: int, r2_row: int,
+                 q: int, r2: int):
+        if d < 1 or q_row < 1 or q < 1 or r2_row < 0 or r2 < 0 or lin < 1 or count_unit < 1:
+            raise ValueError("need d >= 1, digits >= 1, bounds >= 0 and units >= 1")
+        self.d, self.linear, self.lin, self.count_unit = d, bool(linear), int(lin), int(count_unit)
+        self.beta, self.q_row, self.r2_row, self.q, self.r2 = beta, q_row, int(r2_row), q, int(r2)
+        self.half_row = beta ** q_row // 2
+        self.half = beta ** q // 2
+        iu, ju = np.triu_indices(d, k=1)
+        self.pairs = (np.concatenate([np.arange(d), iu]), np.concatenate([np.arange(d), ju]))
+        n_prod = len(self.pairs[0])
+        self.w = n_prod + (d + 1 if self.linear else 0)
+        off = d + (d if self.linear else 0)  # first strict-upper coordinate of x
+        self.norm_weights = np.ones(self.w, dtype=np.int64)
+        self.norm_weights[off:off + n_prod - d] = 2
+        self.row_slack_digits = _slack_digits(beta, self.r2_row)
+        self.slack_digits = _slack_digits(beta, self.r2)
+        if d * self.half_row ** 2 + beta ** self.row_slack_digits > P:
+            raise ValueError("d H_r^2 + beta^q_rs exceeds p: the row's norm could wrap around mod p")
+        if int(self.norm_weights.sum()) * self.half ** 2 + beta ** self.slack_digits > P:
+            raise ValueError("sum c_i H^2 + beta^q_s exceeds p: the noise's norm could wrap around mod p")
+        # the input's layout
+        self.at_products = d * q_row
+        self.at_noise = self.at_products + n_prod
+        self.at_row_slack = self.at_noise + self.w * q
+        self.at_slack = self.at_row_slack + self.row_slack_digits
+        n = self.at_slack + self.slack_digits
+        digit_cols = np.concatenate([np.arange(self.at_products), np.arange(self.at_noise, n)])
+        ranges = _range_over(digit_cols, n, beta, None)
+        # r_i = sum_m beta^m digit - H_r: the (column, digit, weight) entries of each r_i
+        r_col = np.repeat(np.arange(d), q_row)
+        r_digit = np.arange(d * q_row)
+        r_weight = np.array([beta ** m for m in range(q_row)] * d, dtype=object)
+        # products: slot k of the ParallelSum(MulSub) reads (r_i, r_j, P_k)
+        count = best_count(n_prod, 3, 2, True)
+        calls = -(-n_prod // count)
+        prod_rows, prod_cols, prod_vals, prod_const = [], [], [], {}
+        for k, (i, j) in enumerate(zip(*self.pairs, strict=True)):
+            for slot, col in ((0, int(i)), (1, int(j))):
+                row = 3 * k + slot
+                sel = r_col == col
+                prod_rows.append(np.full(int(sel.sum()), row))
+                prod_cols.append(r_digit[sel])
+                prod_vals.append(r_weight[sel])
+                prod_const[row] = -self.half_row
+            prod_rows.append(np.array([3 * k + 2]))
+            prod_cols.append(np.array([self.at_products + k]))
+            prod_vals.append(np.array([1], dtype=object))
+        products = GadgetCalls(ParallelSum(MulSub(), count, weighted=True), calls,
+                               Affine.build(3 * calls * count, n, np.concatenate(prod_rows),
+                                            np.concatenate(prod_cols), list(np.concatenate(prod_vals)),
+                                            const=prod_const))
+        # noise squares: slot i of the ParallelSum(Mul) reads (c_i e_i, e_i)
+        sq_count = best_count(self.w, 2, 2, False)
+        sq_calls = -(-self.w // sq_count)
+        e_coord = np.repeat(np.arange(self.w), q)
+        e_digit = self.at_noise + np.arange(self.w * q)
+        e_weight = np.array([beta ** m for m in range(q)] * self.w, dtype=object)
+        left = e_weight * self.norm_weights[e_coord].astype(object)
+        sq_const = {2 * i: -self.half * int(self.norm_weights[i]) for i in range(self.w)}
+        sq_const.update({2 * i + 1: -self.half for i in range(self.w)})
+        squares = GadgetCalls(ParallelSum(Mul(), sq_count, weighted=False), sq_calls,
+                              Affine.build(2 * sq_calls * sq_count, n, np.concatenate([2 * e_coord, 2 * e_coord + 1]),
+                                           np.concatenate([e_digit, e_digit]), list(left) + list(e_weight),
+                                           const=sq_const))
+        # checks: each range call, each product call, the row's norm, the noise's norm
+        c_r, c_p = ranges.calls, products.calls
+        rows = c_r + c_p + 2
+        out_r = np.concatenate([np.arange(c_r + c_p), np.full(sq_calls, c_r + c_p + 1)])
+        out_c = np.concatenate([np.arange(c_r + c_p), c_r + c_p + np.arange(sq_calls)])
+        checks_out = Affine.build(rows, c_r + c_p + sq_calls, out_r, out_c, np.ones(len(out_r), dtype=np.int64))
+        row_norm, noise_norm = c_r + c_p, c_r + c_p + 1
+        in_r = ([row_norm] * d + [row_norm] * self.row_slack_digits + [noise_norm] * self.slack_digits)
+        in_c = (list(self.at_products + np.arange(d)) + list(self.at_row_slack + np.arange(self.row_slack_digits))
+                + list(self.at_slack + np.arange(self.slack_digits)))
+        in_v = ([1] * d + [beta ** m for m in range(self.row_slack_digits)]
+                + [beta ** m for m in range(self.slack_digits)])
+        checks_in = Affine.build(rows, n, in_r, in_c, in_v, const={row_norm: -self.r2_row, noise_norm: -self.r2})
+        super().__init__(n, [ranges, products, squares], checks_in, checks_out)
+        # x = psi(r) + e
+        x_rows, x_cols, x_vals = [e_coord], [e_digit], [e_weight]
+        const = {i: -self.half for i in range(self.w)}
+        at = 0
+        if self.linear:
+            x_rows.append(r_col)
+            x_cols.append(r_digit)
+            x_vals.append(r_weight * self.lin)
+            for i in range(d):
+                const[i] -= self.lin * self.half_row
+            at = d
+        x_rows.append(at + np.arange(n_prod))
+        x_cols.append(self.at_products + np.arange(n_prod))
+        x_vals.append(np.ones(n_prod, dtype=object))
+        if self.linear:
+            const[self.w - 1] += self.count_unit
+        #: x (m, w) from the input (or a share of it, with const_scale 1/N)
+        self.coordinates = Affine.build(self.w, n, np.concatenate(x_rows), np.concatenate(x_cols),
+                                        list(np.concatenate(x_vals)), const=const)
+
+    def features(self, rows) -> np.ndarray:
+        """psi(r) (m, w) as int64 for witness rows r (m, d): what an honest x is before noise."""
+        r = np.asarray(rows, dtype=np.int64)
+        prods = r[:, self.pairs[0]] * r[:, self.pairs[1]]
+        if not self.linear:
+            return prods
+        count = np.full((len(r), 1), self.count_unit, dtype=np.int64)
+        return np.concatenate([self.lin * r, prods, count], axis=1)
+
+    def within(self, rows, noise) -> np.ndarray:
+        """Which reports (witness rows, noise) satisfy both norm bounds and the ranges."""
+        r = np.asarray(rows, dtype=np.int64)
+        e = np.asarray(noise, dtype=np.int64)
+        ok = ((r >= -self.half_row) & (r < self.half_row)).all(axis=1)
+        ok &= ((e >= -self.half) & (e < self.half)).all(axis=1)
+        rm = np.minimum(np.abs(r), self.half_row).astype(np.uint64)
+        em = np.minimum(np.abs(e), self.half).astype(np.uint64)
+        ok &= (rm * rm).sum(axis=1, dtype=np.uint64) <= np.uint64(self.r2_row)
+        ok &= (em * em * self.norm_weights.astype(np.uint64)).sum(axis=1, dtype=np.uint64) <= np.uint64(self.r2)
+        return ok
+
+    def encode(self, rows, noise) -> np.ndarray:
+        """Witness rows (m, d) and noise (m, w), integers, -> (m, n) input (ValueError for a
+        report outside the predicate: an honest client cannot prove it)."""
+        r = np.asarray(rows)
+        e = np.asarray(noise)
+        if r.ndim != 2 or r.shape[1] != self.d or e.shape != (len(r), self.w) or r.dtype.kind not in "iu" \
+                or e.dtype.kind not in "iu":
+            raise ValueError(f"rows are (m, {self.d}) and noise (m, {self.w}) integers")
+        r = r.astype(np.int64)
+        e = e.astype(np.int64)
+        if not self.within(r, e).all():
+            raise ValueError("a report is outside the predicate (a range or a norm bound)")
+        prods = r[:, self.pairs[0]] * r[:, self.pairs[1]]
+        row_slack = np.uint64(self.r2_row) - (r * r).sum(axis=1).astype(np.uint64)
+        em = np.abs(e).astype(np.uint64)
+        slack = np.uint64(self.r2) - (em * em * self.norm_weights.astype(np.uint64)).sum(axis=1, dtype=np.uint64)
+        return np.concatenate([to_digits((r + self.half_row).astype(np.uint64), self.beta, self.q_row),
+                               field.encode_int(prods),
+                               to_digits((e + self.half).astype(np.uint64), self.beta, self.q),
+                               to_digits(row_slack[:, None], self.beta, self.row_slack_digits),
+                               to_digits(slack[:, None], self.beta, self.slack_digits)], axis=1)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "d": self.d, "linear": self.linear, "lin": self.lin,
+                "count_unit": self.count_unit, "beta": self.beta, "q_row": self.q_row, "r2_row": self.r2_row,
+                "H_row": self.half_row, "q": self.q, "r2": self.r2, "H": self.half,
+                "row_slack_digits": self.row_slack_digits, "slack_digits": self.slack_digits}

@@ -125,6 +125,21 @@ def client_vectors(kind: Kind, clipped_rows: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown study kind {kind!r}")
 
 
+def proved_scale(kind: Kind, d: int) -> np.ndarray:
+    """What a validity study's client multiplies its features by (width values): 1/sqrt(2) on
+    the strict upper triangle, 1 elsewhere, so that it shares the raw products a_i a_j, which
+    its proof can state as products (circuits.GramNorm), instead of sqrt(2) a_i a_j. Its noise
+    is scaled the same way (the strict upper triangle's is sigma / sqrt(2)), so the release
+    divided by this vector is the feature release of a study without proofs, with the same
+    noise law but for the grid (docs/validity.md section 12). All ones for the other kinds."""
+    if kind not in GRAM_KINDS:
+        return np.ones(width(kind, d))
+    start = d if kind == "gram" else 0
+    scale = np.ones(width(kind, d))
+    scale[start + d:start + d * (d + 1) // 2] = 1.0 / math.sqrt(2.0)
+    return scale
+
+
 def split_gram_sum(vector: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray, float]:
     """(sum of rows, Gram matrix, count) from a released gram-kind sum of width d + d(d+1)/2 + 1."""
     v = np.asarray(vector, dtype=np.float64).reshape(-1)

@@ -113,6 +113,24 @@ class Mul(Gadget):
         return "Mul"
 
 
+class MulSub(Gadget):
+    """G(a, b, c) = a b - c (degree 2): zero iff c is the product a b. A gram study's proof
+    states each of its products with it (a weighted ParallelSum, so that no two wrong products
+    of one call cancel)."""
+
+    arity = 3
+    degree = 2
+
+    def on_values(self, wires, weights=None):
+        return field.sub(field.mul(wires[..., 0, :], wires[..., 1, :]), wires[..., 2, :])
+
+    def on_ext(self, wires, weights=None):
+        return field.sub(field.ext_mul(wires[..., 0, :], wires[..., 1, :]), wires[..., 2, :])
+
+    def describe(self) -> str:
+        return "MulSub"
+
+
 class Range(Gadget):
     """G(x) = prod_{v < beta} (x - v) (degree beta, a power of two): zero iff x is a base-beta
     digit. Evaluated as a polynomial of degree beta/2 in u = (x - c)^2, c = (beta - 1)/2:

@@ -97,6 +97,21 @@ def encoded_noise(shape: int | tuple[int, ...], std: float, grid: Grid,
     return x.reshape(shape)
 
 
+def scaled_noise(rows: int, std: float, scale: np.ndarray, grid: Grid,
+                 stream: Keystream | None = None) -> np.ndarray:
+    """(rows, len(scale)) noise whose column i has standard deviation std scale[i] (a gram
+    validity study's strict upper triangle takes 1/sqrt(2) of the rest): the columns of each
+    distinct scale, in the order the scales first appear, drawn as one (rows, columns) block of
+    :func:`encoded_noise`. With every scale 1 this is encoded_noise((rows, w)), draw for draw."""
+    scale = np.asarray(scale, dtype=np.float64)
+    stream = stream or Keystream()
+    out = np.empty((rows, len(scale)), dtype=np.int64)
+    for value in dict.fromkeys(scale.tolist()):
+        cols = np.flatnonzero(scale == value)
+        out[:, cols] = encoded_noise((rows, len(cols)), std * value, grid, stream)
+    return out
+
+
 def prepare(std: float, grid: Grid) -> None:
     """Build (and cache) what :func:`encoded_noise` of ``std`` on ``grid`` draws from: its block
     table, 0.06-0.15 s of exact decimal arithmetic once per process and parameter. A share

@@ -122,13 +122,16 @@ def rounding_radius(spacing: float, k: int) -> float:
 
 
 def argument(*, nonzeros: int, k: int, columns: int, max_reports: int, client_sigma: float,
-             server_noise_std: float, grid: Grid) -> Argument:
+             server_noise_std: float, grid: Grid, spacing_factor: float = 1.0) -> Argument:
     """The argument for a study whose sketch columns have ``nonzeros`` unit entries, k rows,
     ``columns`` released columns, with client noise ``client_sigma`` and per-cell server noise
-    ``server_noise_std`` (unscaled) sampled on ``grid``."""
-    h = grid.spacing
-    sigma_c = grid.scale(client_sigma) * h if client_sigma > 0 else 0.0
-    tau_c = grid.scale(server_noise_std) * h if server_noise_std > 0 else 0.0
+    ``server_noise_std`` (unscaled) sampled on ``grid``. ``spacing_factor`` > 1 makes the
+    argument for the grid that much coarser with the same noise (a gram validity study's strict
+    upper triangle lies on sqrt(2) h in the release's units, with noise at least sigma there;
+    both facts only get harder as the step grows, so that covers every coordinate)."""
+    sigma_c = grid.scale(client_sigma) * grid.spacing if client_sigma > 0 else 0.0
+    tau_c = grid.scale(server_noise_std) * grid.spacing if server_noise_std > 0 else 0.0
+    h = grid.spacing * spacing_factor
     rounding_log2 = ROUNDING_ERROR_LOG2
     r = rounding_radius(h, k)
 

@@ -299,6 +299,9 @@ class Study(BaseModel):
         2^-f grid, or a coarser 2^(shift - f) when the noise is wider than 2^24 steps; for a
         validity study the coarsest with its smallest noise at 64 steps or more (validity.py)."""
         largest = max(self.sigma, self.server_noise_std)
+        if self.validity is not None and self.sigma > 0 and self.kind in features.GRAM_KINDS:
+            return _validity.gram_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0) / math.sqrt(2.0),
+                                       self.frac_bits)
         if self.validity is not None and self.sigma > 0:  # coarser: a proof costs digits per bit
             return _validity.noise_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0), self.frac_bits)
         return _noise.grid_for(largest, self.frac_bits) if largest > 0 else _noise.Grid(self.frac_bits, 0)
@@ -309,7 +312,37 @@ class Study(BaseModel):
         return smoothing.argument(nonzeros=self.s + 1 if self.kind == "l1" else self.s, k=self.k,
                                   columns=self.width, max_reports=self.max_reports,
                                   client_sigma=self.sigma, server_noise_std=self.server_noise_std,
-                                  grid=self.noise_grid)
+                                  grid=self.noise_grid, spacing_factor=self._spacing_factor)
+
+    @property
+    def _spacing_factor(self) -> float:
+        """sqrt(2) for a gram or moments validity study: in the release's units its strict upper
+        triangle lies on the grid sqrt(2) h (it shares raw products, features.proved_scale), so the
+        argument is made for that coarser grid, which covers the diagonal's h too; 1 otherwise."""
+        return math.sqrt(2.0) if self.proved_features else 1.0
+
+    @property
+    def proved_features(self) -> bool:
+        """Whether clients share the raw products (a gram or moments study with proofs)."""
+        return self.validity is not None and self.kind in features.GRAM_KINDS
+
+    @property
+    def feature_scale(self) -> "np.ndarray":
+        """What a client multiplies its features (and their noise) by: features.proved_scale for
+        a gram or moments study with proofs, ones otherwise."""
+        import numpy as np
+
+        if self.proved_features:
+            return features.proved_scale(self.kind, self.row_width)
+        return np.ones(self.width)
+
+    @property
+    def release_scale(self) -> "float | np.ndarray":
+        """What the analyzer multiplies the decoded sum by: :attr:`entry_scale`, over
+        :attr:`feature_scale` per column where clients shared raw products."""
+        if self.proved_features:
+            return self.entry_scale / self.feature_scale
+        return self.entry_scale
 
     def report_epsilon(self, honest_lambda: float) -> float:
         """epsilon at the study's delta for one honest report when lambda_min(S_H S_H^T) >=
@@ -344,7 +377,7 @@ class Study(BaseModel):
     def clip_bound(self) -> float:
         """The norm clients clip to: a little under B, so that rounding the clipped vector to the
         noise grid (at most h sqrt(w) / 2 in norm) keeps the sensitivity the study promises."""
-        slack = self.noise_grid.spacing * math.sqrt(self.width)
+        slack = self.noise_grid.spacing * math.sqrt(self.width) * self._spacing_factor
         return _clip_bound(self.kind, self.row_bound, slack)
 
     @property
@@ -397,6 +430,8 @@ class Study(BaseModel):
 
         if self.server_sigma == 0:
             return np.zeros(self.aggregate_shape, dtype=np.uint64)
+        if self.proved_features:  # the strict upper triangle at 1/sqrt(2), as the clients' (k = 1)
+            return _noise.scaled_noise(1, self.server_noise_std, self.feature_scale, self.noise_grid).view(np.uint64)
         return _noise.encoded_noise(self.aggregate_shape, self.server_noise_std, self.noise_grid).view(np.uint64)
 
     def guarantees(self) -> dict[str, float | str | None]:
@@ -803,12 +838,12 @@ def design(
     bound = value_bound(kind, row_bound, sigma)
     server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * math.sqrt(s + 1 if kind == "l1" else s)
     if validity:  # valid reports reach R h per coordinate (a little above B + the noise allowance)
-        allowed = 1.01 * (row_bound + _validity.norm_allowance(sigma, width))
+        allowed = _validity.allowed_value(kind, row_bound, sigma, width)
         frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
-        if server_sigma == 0 and sigma > 0 and neighbouring == "replace-one":
+        if server_sigma == 0 and sigma > 0 and neighbouring == "replace-one" and kind not in features.GRAM_KINDS:
             sigma = _validity.widened_sigma(sigma, k, frac_bits)  # the coarse grid's rounding
             bound = value_bound(kind, row_bound, sigma)
-            allowed = 1.01 * (row_bound + _validity.norm_allowance(sigma, width))
+            allowed = _validity.allowed_value(kind, row_bound, sigma, width)
             frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
     else:
         frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)

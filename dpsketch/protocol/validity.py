@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import binding, field, flp
-from .circuits import NormBound, OneHotNorm
+from . import binding, features, field, flp
+from .circuits import GramNorm, NormBound, OneHotNorm
 from .keystream import Keystream
 
 PREDICATE = "norm-bound/1"
@@ -68,6 +68,12 @@ _HALF_WORD = np.uint64(0xFFFFFFFF)
 #: row by h sqrt(w) / 2 at most), and coarse enough that a coordinate needs about 12 bits
 #: instead of the 26 of the default grid (2^24 steps per sigma of the widest noise)
 GRID_STEPS = 64
+#: a gram or moments study's grid puts its smallest noise (the strict upper triangle's, sigma /
+#: sqrt(2)) at this many steps or more: its features are rounded to the grid, so a step of 1/4096
+#: of the noise keeps what rounding can bias a sum (every row the same) below 1/8192 of one
+#: report's noise, while its witness grid g = sqrt(h) stays fine enough that the witness row's
+#: rounding adds little to the allowance (docs/validity.md section 12)
+GRAM_GRID_STEPS = 4096
 
 
 class ValidityError(ValueError):
@@ -86,7 +92,7 @@ class Plan:
     """What a validity study's reports are, derived from the study alone (every party computes
     the same): the circuit, the grid shift, and the sizes of each message."""
 
-    circuit: NormBound | OneHotNorm
+    circuit: NormBound | OneHotNorm | GramNorm
     w: int
     shift: int
     n_servers: int
@@ -131,6 +137,21 @@ def noise_grid(smallest_std: float, frac_bits: int):
     return Grid(frac_bits, shift)
 
 
+def gram_grid(smallest_std: float, frac_bits: int):
+    """A gram or moments validity study's grid h = 4^-m, with witness grid g = 2^-m = sqrt(h)
+    (so that a product of two witness values is an integer number of steps): the least m >= 0
+    that puts ``smallest_std`` at GRAM_GRID_STEPS steps or more."""
+    from .noise import Grid
+
+    m = 0
+    while smallest_std * 4.0 ** m < GRAM_GRID_STEPS:
+        m += 1
+    if 2 * m > frac_bits:
+        raise ValueError(f"the noise ({smallest_std:.3g}) is too small for the study's {frac_bits} fractional "
+                         "bits: a validity gram study needs its grid 4^-m on the ring")
+    return Grid(frac_bits, frac_bits - 2 * m)
+
+
 def widened_sigma(sigma: float, k: int, frac_bits: int) -> float:
     """The client noise a replace-one validity study without server noise needs: on its coarse
     grid (step h, GRID_STEPS steps per sigma) the rounding argument costs r^2 of the noise's
@@ -165,11 +186,22 @@ def _r2(study) -> int:
 
 def bound_value(study) -> float:
     """The largest |coordinate| a valid report can have, in the study's units: R h for a sketch
-    study, 1 + R h for a histogram (its cell plus the noise): what the overflow rule must allow
-    per report instead of the ring's value bound."""
+    study, 1 + R h for a histogram (its cell plus the noise), the features of a row of norm R_r g
+    plus R h for a gram or moments study: what the overflow rule must allow per report instead
+    of the ring's value bound."""
     spacing = study.noise_grid.spacing
+    if study.kind in features.GRAM_KINDS:
+        c = plan(study).circuit
+        return (features.coordinate_bound(study.kind, math.sqrt(c.r2_row) * math.sqrt(spacing))
+                + math.sqrt(c.r2) * spacing)
     reach = math.sqrt(_r2(study)) * spacing
     return 1.0 + reach if study.kind == "histogram" else reach
+
+
+def allowed_value(kind: str, row_bound: float, sigma: float, width: int) -> float:
+    """What design() allows per coordinate before the grid is known (a little above
+    :func:`bound_value`): the feature bound plus the noise allowance."""
+    return 1.01 * (features.coordinate_bound(kind, row_bound) + norm_allowance(sigma, width))
 
 
 def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
@@ -186,9 +218,9 @@ def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
 def check_study(study) -> None:
     """What a validity study must be (ValueError otherwise): a sketch study without parties or
     a histogram study, with client noise (the allowance is the noise's), whose sums fit F_p."""
-    if study.kind not in ("sketch", "histogram"):
-        raise ValueError(f"validity proofs exist for sketch and histogram studies only, not {study.kind} "
-                         "studies (yet)")
+    if study.kind not in ("sketch", "histogram", "gram", "moments"):
+        raise ValueError(f"validity proofs exist for sketch, histogram, gram and moments studies, not "
+                         f"{study.kind} studies (yet)")
     if study.parties is not None:
         raise ValueError("validity proofs are not yet available for a study with parties")
     if not study.sigma > 0:
@@ -214,11 +246,47 @@ def _plan(w: int, shift: int, r2: int, n_servers: int, blocks: tuple | None = No
     return Plan(circuit, w, shift, n_servers)
 
 
+@functools.lru_cache(maxsize=64)
+def _gram_plan(d: int, linear: bool, m: int, r2_row: int, r2: int, shift: int, n_servers: int) -> Plan:
+    try:
+        circuit = GramNorm(d, linear, 1 << m, 1 << (2 * m), BETA, _digits_for(r2_row), r2_row, _digits_for(r2), r2)
+    except ValueError as exc:
+        raise ValueError(f"no validity circuit for this study: {exc}") from None
+    return Plan(circuit, circuit.w, shift, n_servers)
+
+
+def gram_bounds(kind: str, d: int, row_bound: float, grid, t_eff: float) -> tuple[int, int]:
+    """(R_r^2, R^2) of a gram or moments study, in witness and grid units squared.
+
+    The witness r = round(a / g) of a row of norm <= B has ||r|| <= B / g + sqrt(d) / 2 = R_r.
+    What the client shares, x = round_h(psi(a)) + e, differs from psi(r) by e, by the rounding
+    to the grid (at most h / 2 a coordinate, sqrt(sum c_i) h / 2 in the weighted norm) and by
+    psi(a) - psi(r g), whose weighted norm is that of the features in the release's units:
+    ||a - r g|| <= delta = g sqrt(d) / 2 for the linear part and ||a a^T - (r g)(r g)^T||_F <=
+    delta (2 B + delta). So R = the noise allowance of t_eff + those, over h."""
+    h = grid.spacing
+    g = math.sqrt(h)
+    w = features.width(kind, d)
+    weights = 1.0 / features.proved_scale(kind, d) ** 2
+    delta = g * math.sqrt(d) / 2.0
+    residual = math.hypot(delta if kind == "gram" else 0.0, delta * (2.0 * row_bound + delta))
+    r = norm_allowance(t_eff, w) + residual / h + math.sqrt(float(weights.sum())) / 2.0
+    r_row = row_bound / g + math.sqrt(d) / 2.0
+    return math.ceil(r_row * r_row), math.ceil(r * r)
+
+
 def plan(study) -> Plan:
     """The study's validity plan (cached per parameters): NormBound for a sketch study,
     OneHotNorm (one block of cells per axis of a marginal histogram, one for a grid) for a
-    histogram study, whose unit is one count in grid units, 2^(f - shift)."""
+    histogram study, whose unit is one count in grid units, 2^(f - shift), GramNorm for a gram
+    or moments study (its noise parameter t on the diagonal, ceil(t / sqrt(2)) on the strict upper
+    triangle: t_eff = the larger of t and sqrt(2) times that)."""
     grid = study.noise_grid
+    if study.kind in features.GRAM_KINDS:
+        t_eff = max(grid.scale(study.sigma), math.sqrt(2.0) * grid.scale(study.sigma / math.sqrt(2.0)))
+        r2_row, r2 = gram_bounds(study.kind, study.row_width, study.row_bound, grid, t_eff)
+        m = (grid.frac_bits - grid.shift) // 2
+        return _gram_plan(study.row_width, study.kind == "gram", m, r2_row, r2, grid.shift, study.n_servers)
     if study.kind == "histogram":
         spec = study.histogram
         if spec.marginal:
@@ -264,26 +332,43 @@ class Proved:
     seeds: list[np.ndarray | None]
 
 
+def witness_rows(plan: Plan, rows: np.ndarray) -> np.ndarray:
+    """A gram or moments client's witness: its clipped row in units of the witness grid g =
+    sqrt(h), rounded to the nearest integer (ties to even), int64 (m, d)."""
+    m = plan.circuit.lin.bit_length() - 1  # g = 2^-m
+    return np.rint(np.ldexp(np.asarray(rows, dtype=np.float64), m)).astype(np.int64)
+
+
 def prepare(study, encoded: np.ndarray, stream: Keystream, full: int | None = None,
-            onehot: np.ndarray | None = None) -> Proved:
+            onehot: np.ndarray | None = None, rows: np.ndarray | None = None) -> Proved:
     """Digits, sharing, binding, joint randomness, proof: how a validity study's batch of noisy
     vectors (ring-encoded, as noise.noisy_encoded makes them) becomes what its servers receive.
     ``full``: the leader's position (default the last server). A histogram study needs the
     clients' one-hot rows (``onehot``, (m, w) of 0/1): its proof separates the cell from the
-    noise."""
+    noise; a gram or moments study the clipped rows (``rows``, (m, d)) its features came from:
+    their witness is what its proof multiplies."""
     p = plan(study)
     n = p.n_servers
     full = n - 1 if full is None else full
     if not 0 <= full < n:
         raise ValueError(f"full={full}: a server position, 0 to {n - 1}")
     units = grid_units(p, encoded)
-    if isinstance(p.circuit, OneHotNorm):
-        if onehot is None or np.shape(onehot) != units.shape:
-            raise ValueError("a histogram study's proof needs the one-hot rows")
-        units = units - p.circuit.unit * np.asarray(onehot, dtype=np.int64)  # the noise alone
-    if not within(p, units).all():
-        raise ValidityError("a vector is outside the study's validity bound: redraw its noise")
-    inputs = p.circuit.encode(onehot, units) if isinstance(p.circuit, OneHotNorm) else p.circuit.encode(units)
+    if isinstance(p.circuit, GramNorm):
+        if rows is None or np.shape(rows) != (len(units), p.circuit.d):
+            raise ValueError(f"a {study.kind} study's proof needs the clipped rows")
+        witness = witness_rows(p, rows)
+        noise = units - p.circuit.features(witness)
+        if not p.circuit.within(witness, noise).all():
+            raise ValidityError("a vector is outside the study's validity bound: redraw its noise")
+        inputs = p.circuit.encode(witness, noise)
+    else:
+        if isinstance(p.circuit, OneHotNorm):
+            if onehot is None or np.shape(onehot) != units.shape:
+                raise ValueError("a histogram study's proof needs the one-hot rows")
+            units = units - p.circuit.unit * np.asarray(onehot, dtype=np.int64)  # the noise alone
+        if not within(p, units).all():
+            raise ValidityError("a vector is outside the study's validity bound: redraw its noise")
+        inputs = p.circuit.encode(onehot, units) if isinstance(p.circuit, OneHotNorm) else p.circuit.encode(units)
     shares = flp.share_inputs(p.circuit, inputs, n, stream)
     helpers = iter(shares.helper_seeds)
     seeds: list[np.ndarray | None] = [None if j == full else next(helpers) for j in range(n)]
@@ -359,7 +444,8 @@ def release_share(plan: Plan, running: np.ndarray) -> np.ndarray:
 
 
 def field_noise(study) -> np.ndarray:
-    """One server's floor noise (study.server_noise, on the grid) as F_p elements."""
+    """One server's floor noise (study.server_noise, on the grid; a gram study's strict upper
+    triangle at 1/sqrt(2) of it, as its clients') as F_p elements."""
     return field.encode_int(study.server_noise().view(np.int64))
 
 
