@@ -345,10 +345,9 @@ class Coordinator:
         elif auto and design_args.get("parties") is not None:
             auto, design_args["kind"] = False, "sketch"
             chosen = ["Kind: auto chose sketch: only a sketch study can have parties (docs/vertical.md)."]
-        elif auto and ((design_args.get("k") or 1) > 1 or design_args.get("secret_sign") or design_args.get("validity")):
+        elif auto and ((design_args.get("k") or 1) > 1 or design_args.get("secret_sign")):
             auto, design_args["kind"] = False, "sketch"
-            chosen = ["Kind: auto chose sketch: the request sets the sketch's shape (k > 1), its secret sign "
-                      "or validity proofs."]
+            chosen = ["Kind: auto chose sketch: the request sets the sketch's shape (k > 1) or its secret sign."]
         if auto:
             from .recommend import recommend
 
@@ -360,6 +359,9 @@ class Coordinator:
             )
             design_args["kind"] = rec.kind
             chosen = [f"Kind: auto chose {rec.kind} (the most accurate kind that fits): " + " ".join(rec.reasons)]
+            if design_args.get("validity") and rec.kind not in ("sketch", "gram", "moments"):
+                design_args["kind"] = "sketch"
+                chosen = [f"Kind: auto chose sketch: {rec.kind} studies take no validity proofs yet."]
         study, explanation = design(servers=self.config.server_ids, **design_args)  # ValueError: 422
         explanation = chosen + explanation
         if auto and study.kind == "gram":

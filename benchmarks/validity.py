@@ -1,6 +1,7 @@
 """What validity proofs cost a study (issue 40), as ratios to the same study without them, in one run.
 
-For a sketch study of d columns designed twice from the same arguments, once with
+For a sketch study (with ``--kind``, a gram or moments study, whose client is then the SDK's
+``prepare_batch`` on both sides) of d columns designed twice from the same arguments, once with
 ``validity=True`` (dpsketch/protocol/validity.py) and once without, the same rows go through:
 
 * client: ``prepare_batch`` (seed-compressed) against ``validity.prepare`` after the same
@@ -19,6 +20,7 @@ is what transfers, not the figures.
 
     .venv/bin/python benchmarks/validity.py                    # d = 10 and 100, 20,000 reports
     .venv/bin/python benchmarks/validity.py --d 100 --m 100000 --reps 5 --json
+    .venv/bin/python benchmarks/validity.py --kind gram --d 10 --m 5000
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from dpsketch.protocol.study import design  # noqa: E402
 SERVERS = ["s0", "s1", "s2"]
 
 
-def _studies(d: int, expected: int):
+def _studies(d: int, expected: int, kind: str = "sketch"):
     args = dict(name="bench", columns=[f"c{i}" for i in range(d)], label="c0", servers=SERVERS,
-                expected_reports=expected)
+                expected_reports=expected, kind=kind)
     return design(**args)[0], design(**args, validity=True)[0]
 
 
@@ -56,13 +58,16 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
-def measure(d: int, m: int, reps: int, expected: int) -> dict:
-    plain, proved = _studies(d, expected)
+def measure(d: int, m: int, reps: int, expected: int, kind: str = "sketch") -> dict:
+    plain, proved = _studies(d, expected, kind)
     plan = validity.plan(proved)
     rows = np.random.default_rng(d).normal(size=(m, d)) * (0.6 / np.sqrt(d))
     stream = Keystream()
-    encoded = client_noise.noisy_encoded(signed_vectors(rows, proved, stream), proved, stream)
-    batch = validity.prepare(proved, encoded, stream)  # warm the compiled loops
+    if kind == "sketch":
+        encoded = client_noise.noisy_encoded(signed_vectors(rows, proved, stream), proved, stream)
+        batch = validity.prepare(proved, encoded, stream)  # warm the compiled loops
+    else:  # a gram or moments study: the SDK's path (features, scaled noise, witness, proof)
+        batch = prepare_batch(proved, rows)
     plain_batch = prepare_batch(plain, rows, compress=True)
     helper_seeds = next(s for s in batch.seeds if s is not None)
     plain_seeds = next(s for s in plain_batch.seeds if s is not None)
@@ -70,6 +75,9 @@ def measure(d: int, m: int, reps: int, expected: int) -> dict:
     client_plain, client_proved, server_plain, server_proved = [], [], [], []
 
     def proved_client():
+        if kind != "sketch":
+            prepare_batch(proved, rows)
+            return
         s = Keystream()
         enc = client_noise.noisy_encoded(signed_vectors(rows, proved, s), proved, s)
         validity.prepare(proved, enc, s)
@@ -98,7 +106,7 @@ def measure(d: int, m: int, reps: int, expected: int) -> dict:
     upload_proved = 8 * plan.leader_width + 32 * (n - 1)
     med = statistics.median
     return {
-        "d": d, "m": m, "reps": reps, "load": os.getloadavg()[0],
+        "kind": kind, "d": d, "w": plan.w, "m": m, "reps": reps, "load": os.getloadavg()[0],
         "input_len": plan.input_len, "proof_len": plan.proof_len, "verifier_len": plan.verifier_len,
         "digits_per_coordinate": plan.circuit.q, "slack_digits": plan.circuit.slack_digits,
         "upload_bytes": upload_proved, "upload_bytes_plain": upload_plain,
@@ -119,17 +127,19 @@ def main(argv=None) -> None:
     parser.add_argument("--m", type=int, default=20_000, help="reports per repetition")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--expected", type=int, default=100_000, help="the studies' expected reports")
+    parser.add_argument("--kind", choices=["sketch", "gram", "moments"], default="sketch",
+                        help="the study kind (gram and moments: circuit GramNorm, d columns give w features)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    results = [measure(d, args.m, args.reps, args.expected) for d in args.d]
+    results = [measure(d, args.m, args.reps, args.expected, args.kind) for d in args.d]
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print("| d | digits/coord | n | proof | upload B (plain) | upload x | client us (plain) | client x "
+    print("| kind | d (w) | digits/coord | n | proof | upload B (plain) | upload x | client us (plain) | client x "
           "| server us (plain) | server x | verifier B/server | soundness (2^64 tries) | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['d']} | {r['digits_per_coordinate']} | {r['input_len']} | {r['proof_len']} | "
+        print(f"| {r['kind']} | {r['d']} ({r['w']}) | {r['digits_per_coordinate']} | {r['input_len']} | {r['proof_len']} | "
               f"{r['upload_bytes']:,} ({r['upload_bytes_plain']}) | {r['upload_ratio']:.1f}x | "
               f"{r['client_us']:.1f} ({r['client_us_plain']:.2f}) | {r['client_ratio']:.1f}x | "
               f"{r['server_us']:.1f} ({r['server_us_plain']:.2f}) | {r['server_ratio']:.1f}x | "

@@ -9,7 +9,9 @@ fixed bytes. Each vector is one study with ``validity = "norm-bound/1"`` (its JS
 and a batch of reports through the whole path an independent client and server must reproduce:
 the plan derived from the study (grid, R^2, digits), the noisy vectors as ring integers (the
 input of ``validity.prepare``: clipping, sign and noise are pinned by conformance/ already), the
-grid units (of the noise alone for a histogram, whose one-hot rows are given too), the input digits, the client keystream's draws in order (helpers' seeds, binding
+grid units (of the noise alone for a histogram, whose one-hot rows are given too; of the noise
+e = u - psi(r) for a gram or moments study, whose clipped rows, witness and proved scale are given
+too), the input digits, the client keystream's draws in order (helpers' seeds, binding
 salts, prove randomness), the report ids, the joint randomness, the proofs, the leader's shares,
 each server's coordinate shares and split words, the round (contributions, commitments, query
 seed, t), each server's verifier shares, their sum and the decisions; and one tampered report
@@ -32,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from client_sdk import noise as client_noise  # noqa: E402
 from client_sdk.prepare import signed_vectors  # noqa: E402
-from dpsketch.protocol import field, flp, validity  # noqa: E402
+from dpsketch.protocol import features, field, flp, validity  # noqa: E402
 from dpsketch.protocol.keystream import Keystream  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
 
@@ -56,7 +58,8 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
                        histogram=spec, expected_reports=10_000, seed=_fixed(label + "/study").hex(),
                        validity=True)[0]
     else:
-        study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers,
+        kind = label.split("-")[0] if label.split("-")[0] in ("gram", "moments") else "sketch"
+        study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers, kind=kind,
                        expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True)[0]
     plan = validity.plan(study)
     grid = study.noise_grid
@@ -68,13 +71,19 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
         encoded = client_noise.privatize_encoded(values, study, noise_stream)
         units = validity.grid_units(plan, encoded) - plan.circuit.unit * onehot.astype(np.int64)
         inputs = plan.circuit.encode(onehot, units)
+    elif study.proved_features:  # gram, moments: the features of the clipped rows, their witness
+        clipped = client_noise.clipped_rows(np.array(rows, dtype=np.float64), study)
+        encoded = client_noise.noisy_encoded(features.client_vectors(study.kind, clipped), study, noise_stream)
+        witness = validity.witness_rows(plan, clipped)
+        units = validity.grid_units(plan, encoded) - plan.circuit.features(witness)  # the noise e
+        inputs = plan.circuit.encode(witness, units)
     else:
         a = np.array(rows, dtype=np.float64)
         encoded = client_noise.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
         units = validity.grid_units(plan, encoded)
         inputs = plan.circuit.encode(units)
     proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(label + "/client")), full=full,
-                              onehot=onehot)
+                              onehot=onehot, rows=clipped if study.proved_features else None)
     ids = proved.report_ids
     jr = flp.joint_rand(plan.circuit, ids)
     views = []
@@ -101,7 +110,15 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
                  "r2": plan.bound, "beta": plan.circuit.beta, "q": plan.circuit.q, "H": plan.circuit.half,
                  "slack_digits": plan.circuit.slack_digits, "input_len": plan.input_len,
                  "proof_len": plan.proof_len, "verifier_len": plan.verifier_len,
-                 "leader_width": plan.leader_width},
+                 "leader_width": plan.leader_width,
+                 **({"t_upper": grid.scale(study.sigma / 2 ** 0.5), "lin": plan.circuit.lin,
+                     "count_unit": plan.circuit.count_unit, "r2_row": plan.circuit.r2_row,
+                     "q_row": plan.circuit.q_row, "H_row": plan.circuit.half_row,
+                     "row_slack_digits": plan.circuit.row_slack_digits}
+                    if study.proved_features else {})},
+        **({"clipped": np.asarray(clipped).tolist(), "witness": witness.tolist(),
+            "proved_scale": features.proved_scale(study.kind, study.row_width).tolist()}
+           if study.proved_features else {}),
         "rows": rows, "onehot": None if onehot is None else onehot.astype(int).tolist(),
         "encoded": _dec(encoded), "units": units.tolist(), "input": _dec(inputs),
         "full": full, "client_key": _fixed(label + "/client").hex(),
@@ -122,7 +139,7 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
 def vectors() -> dict:
     return {
         "format": "dpsketch-conformance/1",
-        "spec_version": "validity-draft-2",
+        "spec_version": "validity-draft-3",
         "protocol": "dpsketch/2",
         "category": "validity",
         "description": (
@@ -138,6 +155,8 @@ def vectors() -> dict:
             study_vector("two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
             study_vector("three-servers-leader-last", ["s0", "s1", "s2"], 2, [[-0.6, 0.1, 0.2]]),
             study_vector("histogram-marginal", ["s0", "s1", "s2"], 1, [[12.5, "b"], [77.0, "zz"]]),
+            study_vector("gram-two-servers", ["s0", "s1"], 1, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
+            study_vector("moments-three-servers", ["s0", "s1", "s2"], 0, [[-0.6, 0.1, 0.2]]),
         ],
     }
 

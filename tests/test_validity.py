@@ -238,6 +238,16 @@ def test_conformance_vectors_match_their_generator_and_the_round_hashes():
         units = np.array(vec["units"], dtype=np.int64)
         if vec["onehot"] is not None:  # a histogram's units are its noise; the cell is unit b
             units = units + vec["plan"]["unit"] * np.array(vec["onehot"], dtype=np.int64)
+        if "witness" in vec:  # a gram or moments study's units are its noise; the features psi(r)
+            r = np.array(vec["witness"], dtype=np.int64)
+            d = r.shape[1]
+            i, j = np.concatenate([np.arange(d), np.triu_indices(d, 1)[0]]), np.concatenate(
+                [np.arange(d), np.triu_indices(d, 1)[1]])
+            psi = r[:, i] * r[:, j]
+            if vec["study"]["kind"] == "gram":
+                psi = np.concatenate([vec["plan"]["lin"] * r, psi, np.full((len(r), 1), vec["plan"]["count_unit"])],
+                                     axis=1)
+            units = units + psi
         assert (field.decode_int(total) == units << vec["plan"]["grid_shift"]).all()
 
 

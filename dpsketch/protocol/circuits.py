@@ -359,10 +359,10 @@ class GramNorm(Circuit):
         checks_out = Affine.build(rows, c_r + c_p + sq_calls, out_r, out_c, np.ones(len(out_r), dtype=np.int64))
         row_norm, noise_norm = c_r + c_p, c_r + c_p + 1
         in_r = ([row_norm] * d + [row_norm] * self.row_slack_digits + [noise_norm] * self.slack_digits)
-        in_c = (list(self.at_products + np.arange(d)) + list(self.at_row_slack + np.arange(self.row_slack_digits))
-                + list(self.at_slack + np.arange(self.slack_digits)))
-        in_v = ([1] * d + [beta ** m for m in range(self.row_slack_digits)]
-                + [beta ** m for m in range(self.slack_digits)])
+        in_c = np.concatenate([self.at_products + np.arange(d), self.at_row_slack + np.arange(self.row_slack_digits),
+                               self.at_slack + np.arange(self.slack_digits)])
+        in_v: list[int] = ([1] * d + [beta ** m for m in range(self.row_slack_digits)]
+                           + [beta ** m for m in range(self.slack_digits)])
         checks_in = Affine.build(rows, n, in_r, in_c, in_v, const={row_norm: -self.r2_row, noise_norm: -self.r2})
         super().__init__(n, [ranges, products, squares], checks_in, checks_out)
         # x = psi(r) + e

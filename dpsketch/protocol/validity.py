@@ -192,13 +192,14 @@ def bound_value(study) -> float:
     spacing = study.noise_grid.spacing
     if study.kind in features.GRAM_KINDS:
         c = plan(study).circuit
+        assert isinstance(c, GramNorm)
         return (features.coordinate_bound(study.kind, math.sqrt(c.r2_row) * math.sqrt(spacing))
                 + math.sqrt(c.r2) * spacing)
     reach = math.sqrt(_r2(study)) * spacing
     return 1.0 + reach if study.kind == "histogram" else reach
 
 
-def allowed_value(kind: str, row_bound: float, sigma: float, width: int) -> float:
+def allowed_value(kind: features.Kind, row_bound: float, sigma: float, width: int) -> float:
     """What design() allows per coordinate before the grid is known (a little above
     :func:`bound_value`): the feature bound plus the noise allowance."""
     return 1.01 * (features.coordinate_bound(kind, row_bound) + norm_allowance(sigma, width))
@@ -255,7 +256,7 @@ def _gram_plan(d: int, linear: bool, m: int, r2_row: int, r2: int, shift: int, n
     return Plan(circuit, circuit.w, shift, n_servers)
 
 
-def gram_bounds(kind: str, d: int, row_bound: float, grid, t_eff: float) -> tuple[int, int]:
+def gram_bounds(kind: features.Kind, d: int, row_bound: float, grid, t_eff: float) -> tuple[int, int]:
     """(R_r^2, R^2) of a gram or moments study, in witness and grid units squared.
 
     The witness r = round(a / g) of a row of norm <= B has ||r|| <= B / g + sqrt(d) / 2 = R_r.
@@ -267,10 +268,10 @@ def gram_bounds(kind: str, d: int, row_bound: float, grid, t_eff: float) -> tupl
     h = grid.spacing
     g = math.sqrt(h)
     w = features.width(kind, d)
-    weights = 1.0 / features.proved_scale(kind, d) ** 2
+    weights = np.where(features.proved_scale(kind, d) < 1.0, 2, 1)  # c_i: 2 on the strict upper triangle
     delta = g * math.sqrt(d) / 2.0
     residual = math.hypot(delta if kind == "gram" else 0.0, delta * (2.0 * row_bound + delta))
-    r = norm_allowance(t_eff, w) + residual / h + math.sqrt(float(weights.sum())) / 2.0
+    r = norm_allowance(t_eff, w) + residual / h + math.sqrt(int(weights.sum())) / 2.0
     r_row = row_bound / g + math.sqrt(d) / 2.0
     return math.ceil(r_row * r_row), math.ceil(r * r)
 
@@ -335,6 +336,8 @@ class Proved:
 def witness_rows(plan: Plan, rows: np.ndarray) -> np.ndarray:
     """A gram or moments client's witness: its clipped row in units of the witness grid g =
     sqrt(h), rounded to the nearest integer (ties to even), int64 (m, d)."""
+    if not isinstance(plan.circuit, GramNorm):
+        raise ValueError("only a gram or moments study's proof takes a witness row")
     m = plan.circuit.lin.bit_length() - 1  # g = 2^-m
     return np.rint(np.ldexp(np.asarray(rows, dtype=np.float64), m)).astype(np.int64)
 

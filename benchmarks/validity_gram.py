@@ -1,0 +1,137 @@
+"""What validity proofs do to a gram study's answers (issue 40; docs/validity.md section 12), in
+process, over repeated releases: the accuracy they cost and the influence they bound.
+
+A gram study of d columns (the label last) with the default floor, designed twice from the same
+arguments (with and without ``validity``); n rows of a linear model inside the ball. Every
+release is the ring sum of the clients' noisy features (the SDK's own noise: raw products with
+the strict upper triangle's noise at sigma / sqrt(2) for the study with proofs) plus N servers'
+noise, decoded as the analyzer decodes it; the ridge coefficients are fitted on it.
+
+* accuracy: ||theta_hat - theta|| with and without proofs on the same rows, and their ratio;
+* influence (the study with proofs): the shift of the coefficients when one more report is added:
+  the issue's attack in a study without proofs (-10,935 on the x1*y feature only, which the study
+  with proofs refuses: tests/test_validity_round_attacks.py), the strongest report the study
+  with proofs accepts in that direction (a row of norm R_r g with x1 = -y, its noise all on
+  x1*y at the weighted bound R), and an honest report at the bound (x1 = -y, norm B', its noise).
+
+Figures: mean +- sd (median), 90th percentile over the seeds.
+
+    .venv/bin/python benchmarks/validity_gram.py                     # n = 10^5, d = 10, 20 seeds
+    .venv/bin/python benchmarks/validity_gram.py --n 20000 --seeds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analyzer.estimators import RidgeRegression  # noqa: E402
+from analyzer.release import release_from_ring_sum  # noqa: E402
+from client_sdk import noise as client_noise  # noqa: E402
+from dpsketch.protocol import ring, validity  # noqa: E402
+from dpsketch.protocol.keystream import Keystream  # noqa: E402
+from dpsketch.protocol.study import design  # noqa: E402
+
+
+def _ring_sum(encoded: np.ndarray) -> np.ndarray:
+    return encoded.view(np.uint64).sum(axis=0, dtype=np.uint64)[None]  # wraps mod 2^64, as the ring
+
+
+def _fit(study, ring_sum, n) -> np.ndarray:
+    return RidgeRegression(label=study.label).fit(release_from_ring_sum(study, ring_sum, n)).coef_
+
+
+def _strongest_valid(study, d: int) -> np.ndarray:
+    """The ring encoding of the valid report that moves x1*y furthest down: the witness row with
+    x1 = -y at norm R_r g, and its noise all on the x1*y coordinate at the weighted bound."""
+    plan = validity.plan(study)
+    c = plan.circuit
+    grid = study.noise_grid
+    reach = math.isqrt(c.r2_row) / math.sqrt(2.0)  # witness units, each of the two coordinates
+    r = np.zeros((1, d), dtype=np.int64)
+    r[0, 0], r[0, -1] = math.floor(reach), -math.floor(reach)
+    e = np.zeros((1, c.w), dtype=np.int64)
+    k = d + d + list(zip(*np.triu_indices(d, k=1), strict=True)).index((0, d - 1))
+    e[0, k] = -math.isqrt(c.r2 // 2)
+    assert c.within(r, e).all()
+    units = c.features(r) + e
+    return (units << grid.shift).view(np.uint64)
+
+
+def run(n: int, d: int, seeds: int) -> dict:
+    columns = [f"x{i}" for i in range(d - 1)] + ["y"]
+    args = dict(name="gram-validity", columns=columns, label="y", servers=["s0", "s1", "s2"],
+                expected_reports=n, kind="gram")
+    plain, proved = design(**args)[0], design(**args, validity=True)[0]
+    attack = np.zeros((1, plain.width))
+    k = d + d + list(zip(*np.triu_indices(d, k=1), strict=True)).index((0, d - 1))
+    attack[0, k] = -10_935 * math.sqrt(2.0)  # the feature is sqrt(2) x1 y: the Gram entry moves by -10,935
+    strongest = _strongest_valid(proved, d)
+    bound_row = np.zeros((1, d))
+    bound_row[0, 0], bound_row[0, -1] = 1.0, -1.0
+    bound_row *= proved.clip_bound / math.sqrt(2.0)
+    errors: dict[str, list[float]] = {"without proofs": [], "with proofs": [], "ratio": []}
+    shifts: dict[str, list[float]] = {"the attack, study without proofs": [], "strongest valid report": [],
+                                      "honest report at the bound": []}
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        theta = rng.normal(size=d - 1)
+        x = rng.normal(size=(n, d - 1))
+        rows = np.column_stack([x, x @ theta + rng.normal(size=n)])
+        rows /= np.quantile(np.linalg.norm(rows, axis=1), 0.99)
+        fits = {}
+        for name, study in (("without proofs", plain), ("with proofs", proved)):
+            stream = Keystream()
+            total = _ring_sum(client_noise.privatize_encoded(rows, study, stream))
+            for _ in range(study.n_servers):
+                total = total + study.server_noise()
+            fits[name] = (study, total, _fit(study, total, n))
+            errors[name].append(float(np.linalg.norm(fits[name][2] - theta)))
+        errors["ratio"].append(errors["with proofs"][-1] / errors["without proofs"][-1])
+        study, base, honest_plain = fits["without proofs"]
+        moved = _fit(study, base + ring.encode(attack, study.frac_bits, 1e5), n + 1)
+        shifts["the attack, study without proofs"].append(float(np.linalg.norm(moved - honest_plain)))
+        study, base, honest = fits["with proofs"]
+        for name, vec in (("strongest valid report", strongest),
+                          ("honest report at the bound", client_noise.privatize_encoded(bound_row, study))):
+            moved = _fit(study, base + vec, n + 1)
+            shifts[name].append(float(np.linalg.norm(moved - honest)))
+    return {"n": n, "d": d, "seeds": seeds, "errors": errors, "shifts": shifts,
+            "sigma": proved.sigma, "allowance_sigmas": math.sqrt(validity.plan(proved).bound)
+            * proved.noise_grid.spacing / proved.sigma}
+
+
+def _summary(values: list[float]) -> str:
+    return (f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g} "
+            f"({statistics.median(values):.4g}), p90 {float(np.quantile(values, 0.9)):.4g}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--d", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=20)
+    args = parser.parse_args(argv)
+    out = run(args.n, args.d, args.seeds)
+    print(f"gram study, n = {out['n']}, d = {out['d']}, {out['seeds']} seeds; sigma = {out['sigma']:.4g}, "
+          f"noise allowance {out['allowance_sigmas']:.1f} sigma")
+    print("| ridge error ||theta_hat - theta|| | mean ± sd (median), p90 |")
+    print("|---|---|")
+    for name, values in out["errors"].items():
+        print(f"| {name} | {_summary(values)} |")
+    print()
+    print("| report added | ||theta' - theta_hat|| mean ± sd (median), p90 |")
+    print("|---|---|")
+    for name, values in out["shifts"].items():
+        print(f"| {name} | {_summary(values)} |")
+
+
+if __name__ == "__main__":
+    main()
