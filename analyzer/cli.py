@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every client proves its report valid (within the row bound plus a noise allowance) "
                    "and every server refuses reports whose proofs fail: one client then moves a release no "
                    "more than an honest one at the bound can (docs/validity.md). Sketch (without parties), "
-                   "histogram, gram and moments studies; under auto the kind is chosen among those")
+                   "histogram, gram, moments and l1 studies; under auto the kind is chosen among those")
     c.add_argument("--population", metavar="ID",
                    help="the population the study is meant for (advisory): refused now if a server's "
                    "ledger of it has no room; the servers charge the populations their operators issue "

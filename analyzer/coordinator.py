@@ -359,7 +359,7 @@ class Coordinator:
             )
             design_args["kind"] = rec.kind
             chosen = [f"Kind: auto chose {rec.kind} (the most accurate kind that fits): " + " ".join(rec.reasons)]
-            if design_args.get("validity") and rec.kind not in ("sketch", "gram", "moments"):
+            if design_args.get("validity") and rec.kind not in ("sketch", "gram", "moments", "l1"):
                 design_args["kind"] = "sketch"
                 chosen = [f"Kind: auto chose sketch: {rec.kind} studies take no validity proofs yet."]
         study, explanation = design(servers=self.config.server_ids, **design_args)  # ValueError: 422

@@ -58,7 +58,7 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
                        histogram=spec, expected_reports=10_000, seed=_fixed(label + "/study").hex(),
                        validity=True)[0]
     else:
-        kind = label.split("-")[0] if label.split("-")[0] in ("gram", "moments") else "sketch"
+        kind = label.split("-")[0] if label.split("-")[0] in ("gram", "moments", "l1") else "sketch"
         study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers, kind=kind,
                        expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True)[0]
     plan = validity.plan(study)
@@ -77,9 +77,10 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
         witness = validity.witness_rows(plan, clipped)
         units = validity.grid_units(plan, encoded) - plan.circuit.features(witness)  # the noise e
         inputs = plan.circuit.encode(witness, units)
-    else:
+    else:  # a sketch study's rows are signed (its secret sign); an l1 study's are not
         a = np.array(rows, dtype=np.float64)
-        encoded = client_noise.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
+        encoded = (client_noise.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
+                   if study.secret_sign else client_noise.privatize_encoded(a, study, noise_stream))
         units = validity.grid_units(plan, encoded)
         inputs = plan.circuit.encode(units)
     proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(label + "/client")), full=full,
@@ -157,6 +158,7 @@ def vectors() -> dict:
             study_vector("histogram-marginal", ["s0", "s1", "s2"], 1, [[12.5, "b"], [77.0, "zz"]]),
             study_vector("gram-two-servers", ["s0", "s1"], 1, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
             study_vector("moments-three-servers", ["s0", "s1", "s2"], 0, [[-0.6, 0.1, 0.2]]),
+            study_vector("l1-two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [0.1, 0.9, -0.4]]),
         ],
     }
 

@@ -206,10 +206,10 @@ def test_histogram_reports_prove_one_cell_per_block_and_bounded_noise():
     assert _decide(hs, ids, control).all()
 
 
-def test_l1_studies_take_no_proofs_yet():
-    with pytest.raises(ValueError, match="sketch, histogram, gram and moments studies"):
-        S.design(name="g", columns=["a", "b"], label="a", servers=SERVERS, expected_reports=20_000,
-                 kind="l1", validity=True)
+def test_studies_with_parties_take_no_proofs_yet():
+    with pytest.raises(ValueError, match="not yet available for a study with parties"):
+        S.design(name="g", columns=[], label=None, servers=SERVERS, expected_reports=20_000, validity=True,
+                 parties=[{"name": "p1", "columns": ["a"]}, {"name": "p2", "columns": ["b"]}])
 
 
 def test_conformance_vectors_match_their_generator_and_the_round_hashes():

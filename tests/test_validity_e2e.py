@@ -232,6 +232,27 @@ def test_gram_and_moments_studies_with_proofs_release_the_sent_features_exactly(
     np.testing.assert_allclose(served, local, rtol=1e-9, atol=1e-12)
 
 
+def test_l1_study_with_proofs_releases_the_l1_sketch_of_the_sent_shares(pool, monkeypatch):
+    """An l1 study (docs/lad.md) with proofs: its clients prove the sketch predicate (NormBound:
+    the row within the bound plus the noise allowance), the servers sum the proved F_p shares
+    through the l1 sketch (s + 1 entries a report), and the release is that sketch of the sent
+    shares plus the two servers' floor noise (the l1 kind needs server noise for the discrete
+    argument)."""
+    n = 8500  # an l1 study needs 256 reports in each of its 32 level-0 buckets
+    study = create(pool, 2, n, "v-l1", kind="l1", k=None, s=None, epsilon_floor=4.0, floor=True)
+    assert study.kind == "l1" and study.server_sigma > 0 and validity.plan(study).circuit.name == "NormBound"
+    rows = data(n, seed=71)
+    sent = record_batches(monkeypatch)
+    with Client(pool.urls(2)) as client:
+        assert client.submit_many(study.study_id, rows, batch_size=2125).n_reports == n
+    fin = finalize(pool, 2, study)
+    assert fin["n_reports"] == n and fin["verification"]["refused"] == 0
+    served = np.array(fin["sketch"]["sketch"])
+    expected = ring.decode(ring_sketch(study, sent), study.frac_bits) * study.entry_scale
+    floor_noise = served - expected  # the servers' noise alone
+    assert np.all(np.abs(floor_noise) < 6 * np.sqrt(2) * study.server_noise_std) and np.any(floor_noise != 0)
+
+
 def test_sigkilled_server_restarts_and_releases_the_same_aggregate(pool, monkeypatch):
     n1, n2, partial = 1200, 800, 60
     study = create(pool, 3, n1 + n2 + partial, "v-kill")

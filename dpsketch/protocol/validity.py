@@ -219,9 +219,9 @@ def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
 def check_study(study) -> None:
     """What a validity study must be (ValueError otherwise): a sketch study without parties or
     a histogram study, with client noise (the allowance is the noise's), whose sums fit F_p."""
-    if study.kind not in ("sketch", "histogram", "gram", "moments"):
-        raise ValueError(f"validity proofs exist for sketch, histogram, gram and moments studies, not "
-                         f"{study.kind} studies (yet)")
+    if study.kind not in ("sketch", "histogram", "gram", "moments", "l1"):
+        raise ValueError(f"validity proofs exist for sketch, histogram, gram, moments and l1 studies, not "
+                         f"{study.kind} studies")
     if study.parties is not None:
         raise ValueError("validity proofs are not yet available for a study with parties")
     if not study.sigma > 0:
