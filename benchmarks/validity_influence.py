@@ -1,5 +1,5 @@
-"""How far one report moves a sketch study's ridge answer, with and without validity proofs
-(issue 40's table), in process, over repeated releases.
+"""How far one report moves a sketch (or gram) study's ridge answer, with and without validity
+proofs (issue 40's table), in process, over repeated releases.
 
 A sketch study of d columns (the label last) with the secret sign and the default floor, n
 honest rows of a linear model inside the ball; every release is the ring sum of the sketch of
@@ -18,13 +18,25 @@ Reported: the shift of the coefficients from the honest fit, ||theta' - theta||,
 (median) and the 90th percentile over the seeds, and the honest fit's own error against the
 model, for scale.
 
+With ``--kind gram`` (docs/validity.md section 12): a gram study with the default floor, designed
+twice (with and without ``validity``) on the same rows; every release is the ring sum of the
+clients' noisy features (the SDK's own noise: raw products with the strict upper triangle's noise
+at sigma / sqrt(2) for the study with proofs) plus N servers' noise, decoded as the analyzer
+decodes it. Reported: the ridge error ||theta_hat - theta|| with and without proofs and their
+ratio per seed, and the shift of the coefficients when one more report is added: the issue's
+gram attack in a study without proofs (-10,935 on the x1*y feature only), the strongest report
+the study with proofs accepts in that direction (a row of norm R_r g with x1 = -y, its noise all
+on x1*y at the weighted bound R), and an honest report at the bound (x1 = -y, norm B').
+
     .venv/bin/python benchmarks/validity_influence.py                 # n = 10^5, d = 10, 20 seeds
     .venv/bin/python benchmarks/validity_influence.py --n 20000 --seeds 20
+    .venv/bin/python benchmarks/validity_influence.py --kind gram     # n = 10^5, d = 10, 20 seeds
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analyzer.estimators import RidgeRegression  # noqa: E402
-from analyzer.release import SketchRelease  # noqa: E402
+from analyzer.release import SketchRelease, release_from_ring_sum  # noqa: E402
 from client_sdk import noise as client_noise  # noqa: E402
 from client_sdk.prepare import signed_vectors  # noqa: E402
 from dpsketch.protocol import ring, sketch, validity  # noqa: E402
@@ -96,6 +108,74 @@ def run(n: int, d: int, seeds: int) -> dict:
             "honest_error": errors, "shifts": shifts}
 
 
+def _ring_sum(encoded: np.ndarray) -> np.ndarray:
+    return encoded.view(np.uint64).sum(axis=0, dtype=np.uint64)[None]  # wraps mod 2^64, as the ring
+
+
+def _fit_gram(study, ring_sum, n) -> np.ndarray:
+    return RidgeRegression(label=study.label).fit(release_from_ring_sum(study, ring_sum, n)).coef_
+
+
+def _strongest_valid(study, d: int) -> np.ndarray:
+    """The ring encoding of the valid report that moves x1*y furthest down: the witness row with
+    x1 = -y at norm R_r g, and its noise all on the x1*y coordinate at the weighted bound."""
+    plan = validity.plan(study)
+    c = plan.circuit
+    grid = study.noise_grid
+    reach = math.isqrt(c.r2_row) / math.sqrt(2.0)  # witness units, each of the two coordinates
+    r = np.zeros((1, d), dtype=np.int64)
+    r[0, 0], r[0, -1] = math.floor(reach), -math.floor(reach)
+    e = np.zeros((1, c.w), dtype=np.int64)
+    k = d + d + list(zip(*np.triu_indices(d, k=1), strict=True)).index((0, d - 1))
+    e[0, k] = -math.isqrt(c.r2 // 2)
+    assert c.within(r, e).all()
+    units = c.features(r) + e
+    return (units << grid.shift).view(np.uint64)
+
+
+def run_gram(n: int, d: int, seeds: int) -> dict:
+    columns = [f"x{i}" for i in range(d - 1)] + ["y"]
+    args = dict(name="gram-validity", columns=columns, label="y", servers=["s0", "s1", "s2"],
+                expected_reports=n, kind="gram")
+    plain, proved = design(**args)[0], design(**args, validity=True)[0]
+    attack = np.zeros((1, plain.width))
+    k = d + d + list(zip(*np.triu_indices(d, k=1), strict=True)).index((0, d - 1))
+    attack[0, k] = -10_935 * math.sqrt(2.0)  # the feature is sqrt(2) x1 y: the Gram entry moves by -10,935
+    strongest = _strongest_valid(proved, d)
+    bound_row = np.zeros((1, d))
+    bound_row[0, 0], bound_row[0, -1] = 1.0, -1.0
+    bound_row *= proved.clip_bound / math.sqrt(2.0)
+    errors: dict[str, list[float]] = {"without proofs": [], "with proofs": [], "ratio": []}
+    shifts: dict[str, list[float]] = {"the attack, study without proofs": [], "strongest valid report": [],
+                                      "honest report at the bound": []}
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        theta = rng.normal(size=d - 1)
+        x = rng.normal(size=(n, d - 1))
+        rows = np.column_stack([x, x @ theta + rng.normal(size=n)])
+        rows /= np.quantile(np.linalg.norm(rows, axis=1), 0.99)
+        fits = {}
+        for name, study in (("without proofs", plain), ("with proofs", proved)):
+            stream = Keystream()
+            total = _ring_sum(client_noise.privatize_encoded(rows, study, stream))
+            for _ in range(study.n_servers):
+                total = total + study.server_noise()
+            fits[name] = (study, total, _fit_gram(study, total, n))
+            errors[name].append(float(np.linalg.norm(fits[name][2] - theta)))
+        errors["ratio"].append(errors["with proofs"][-1] / errors["without proofs"][-1])
+        study, base, honest_plain = fits["without proofs"]
+        moved = _fit_gram(study, base + ring.encode(attack, study.frac_bits, 1e5), n + 1)
+        shifts["the attack, study without proofs"].append(float(np.linalg.norm(moved - honest_plain)))
+        study, base, honest = fits["with proofs"]
+        for name, vec in (("strongest valid report", strongest),
+                          ("honest report at the bound", client_noise.privatize_encoded(bound_row, study))):
+            moved = _fit_gram(study, base + vec, n + 1)
+            shifts[name].append(float(np.linalg.norm(moved - honest)))
+    return {"n": n, "d": d, "seeds": seeds, "errors": errors, "shifts": shifts,
+            "sigma": proved.sigma, "allowance_sigmas": math.sqrt(validity.plan(proved).bound)
+            * proved.noise_grid.spacing / proved.sigma}
+
+
 def _summary(values: list[float]) -> str:
     return (f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g} "
             f"({statistics.median(values):.4g}), p90 {float(np.quantile(values, 0.9)):.4g}")
@@ -106,13 +186,25 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--d", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--kind", choices=["sketch", "gram"], default="sketch")
     args = parser.parse_args(argv)
-    out = run(args.n, args.d, args.seeds)
-    print(f"n = {out['n']}, d = {out['d']}, {out['seeds']} seeds; a valid report's norm is at most "
-          f"{out['reach']:.3f} (B = {out['row_bound']:g})")
-    print("| report added | ||theta' - theta|| mean ± sd (median), p90 |")
+    if args.kind == "gram":
+        out = run_gram(args.n, args.d, args.seeds)
+        print(f"gram study, n = {out['n']}, d = {out['d']}, {out['seeds']} seeds; sigma = {out['sigma']:.4g}, "
+              f"noise allowance {out['allowance_sigmas']:.1f} sigma")
+        print("| ridge error ||theta_hat - theta|| | mean ± sd (median), p90 |")
+        print("|---|---|")
+        for name, values in out["errors"].items():
+            print(f"| {name} | {_summary(values)} |")
+        print()
+    else:
+        out = run(args.n, args.d, args.seeds)
+        print(f"n = {out['n']}, d = {out['d']}, {out['seeds']} seeds; a valid report's norm is at most "
+              f"{out['reach']:.3f} (B = {out['row_bound']:g})")
+    print("| report added | ||theta' - theta_hat|| mean ± sd (median), p90 |")
     print("|---|---|")
-    print(f"| (honest fit's own error against the model) | {_summary(out['honest_error'])} |")
+    if "honest_error" in out:
+        print(f"| (honest fit's own error against the model) | {_summary(out['honest_error'])} |")
     for name, values in out["shifts"].items():
         print(f"| {name} | {_summary(values)} |")
 

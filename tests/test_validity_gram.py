@@ -11,6 +11,7 @@ from client_sdk import prepare
 from dpsketch.protocol import features, field, flp, ring, study as S, validity as V
 from dpsketch.protocol.circuits import GramNorm, to_digits
 from dpsketch.protocol.keystream import Keystream
+from test_validity import _forged
 
 SERVERS = ["a", "b", "c"]
 
@@ -35,19 +36,6 @@ def _decide(study, ids, views, seed=b"\x01" * 32):
 def _batch_views(study, batch):
     return _views(study, [(s, False) if s is not None else (seed, True)
                           for s, seed in zip(batch.shares, batch.seeds, strict=True)])
-
-
-def _forged(study, inputs):
-    """An adversary's inputs, proved by the honest prover code and shared as a client would."""
-    plan = V.plan(study)
-    c = plan.circuit
-    m = len(inputs)
-    stream = Keystream.from_key(b"\x09" * 32)
-    shares = flp.share_inputs(c, inputs, plan.n_servers, stream)
-    ids = [bytes([i]) * 16 for i in range(1, m + 1)]
-    proof = flp.prove(c, inputs, flp.joint_rand(c, ids), flp.prove_rand(c, m, stream))
-    flp.share_proofs(shares, proof)
-    return ids, [flp.expand_share(c, s) for s in shares.helper_seeds] + [(shares.leader_inputs, shares.leader_proofs)]
 
 
 def test_the_plan_bounds_an_honest_report_and_the_accounting_covers_the_grid(study):
