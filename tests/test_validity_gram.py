@@ -46,7 +46,7 @@ def test_the_plan_bounds_an_honest_report_and_the_accounting_covers_the_grid(stu
     h = grid.spacing
     assert c.lin ** 2 == c.count_unit == round(1 / h)  # g = sqrt(h): products of witnesses are steps
     # the smallest noise (the strict upper triangle's) has >= 4096 steps; the allowance is the
-    # 2^-64 noise tail plus the rounding residuals, a little over 16 sigma at w = 21
+    # 2^-96 noise tail plus the rounding residuals, a little over 16 sigma at w = 21
     assert grid.scale(study.sigma / math.sqrt(2)) >= V.GRAM_GRID_STEPS
     allowance = math.sqrt(c.r2) * h
     assert V.norm_allowance(study.sigma, c.w) < allowance < 1.1 * V.norm_allowance(study.sigma, c.w)

@@ -452,7 +452,7 @@ def test_what_a_lying_analyzer_can_and_cannot_do(no_floor_module_cluster):
 @pytest.mark.filterwarnings("ignore::client_sdk.client.DataLimitedWarning")  # rows at the bound, on purpose
 def test_honest_reports_through_the_sdk_are_never_refused(no_floor_module_cluster):
     """10^5 honest rows (norms up to the bound) through the SDK's own upload: the round refuses
-    none of them (an honest report is outside the predicate with probability <= 2^-64, and its
+    none of them (an honest report is outside the predicate with probability <= 2^-96, and its
     client draws that noise again), and the release holds every one."""
     from client_sdk import Client
 

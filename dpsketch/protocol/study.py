@@ -840,8 +840,8 @@ def design(
     if validity:  # valid reports reach R h per coordinate (a little above B + the noise allowance)
         allowed = _validity.allowed_value(kind, row_bound, sigma, width)
         frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
-        if server_sigma == 0 and sigma > 0 and neighbouring == "replace-one" and kind not in features.GRAM_KINDS:
-            sigma = _validity.widened_sigma(sigma, k, frac_bits)  # the coarse grid's rounding
+        if server_sigma == 0 and sigma > 0 and neighbouring == "replace-one":
+            sigma = _validity.widened_sigma(sigma, k, frac_bits, kind)  # the coarse grid's rounding
             bound = value_bound(kind, row_bound, sigma)
             allowed = _validity.allowed_value(kind, row_bound, sigma, width)
             frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)

@@ -33,7 +33,7 @@ export function validityPlan(study: Study): ValidityPlan {
   const h = spacing(study);
   const t = Math.max(1, Math.ceil(study.sigma / h));
   const w = width(study);
-  const a = 64 * Math.log(2);
+  const a = 96 * Math.log(2); // an honest report is outside with probability <= 2^-96
   // a histogram's one-hot part is proved exactly: its bound is the noise allowance alone
   const rowBound = study.kind === "histogram" ? 0 : study.row_bound;
   const r = rowBound / h + t * Math.sqrt(w + 2 * Math.sqrt(w * a) + 2 * a);
