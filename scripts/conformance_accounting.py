@@ -5,7 +5,8 @@ scripts/make_conformance.py; docs/protocol.md sections 5 and 10).
   against Q = N(0, I_width), both directions, as the reference computes it (pessimistic
   privacy-loss distributions on the 10^-3 grid, or coarser for a very wide law; ratio 1: the
   Gaussian's closed form); ``signed``: the secret sign's mixture on width + 1 columns instead.
-* ``study_guarantee``: an add/remove study, as a server would serve it, and what a client checking
+* ``study_guarantee``: a study (add/remove of every kind; replace-one for the same check's other
+  branch: the Gaussian, and the sign mixture's bound), as a server would serve it, and what a client checking
   it must find: its epsilon at lambda_star and at 1 (the floor) for the noise really drawn
   (``Study.report_epsilon``: section 5a's argument included; null when unbounded) and the verdict, ``accepted`` or
   ``refused`` (the reference's ``Study`` refuses it: the noise does not give the promised epsilon
@@ -24,7 +25,8 @@ from dpsketch.protocol.study import Study, design
 DESCRIPTION = ("The add/remove accounting (docs/protocol.md section 5, 'Per-report epsilon'). type presence: "
                "epsilon at delta of N(shift e_1, ratio I_width) against N(0, I_width) in both directions "
                "(signed: the secret sign's mixture on width + 1 columns), from pessimistic privacy-loss "
-               "distributions on a 1e-3 loss grid. type study_guarantee: an add/remove study; epsilon and "
+               "distributions on a 1e-3 loss grid. type study_guarantee: a study (add/remove, or replace-one); "
+               "epsilon and "
                "floor_epsilon are its per-report epsilon at lambda_star and at 1 for the noise really drawn "
                "(section 5a), verdict whether a client accepts it (its noise gives epsilon and epsilon_floor "
                "within 1e-9 relative) or refuses it.")
@@ -123,6 +125,24 @@ def study_vectors() -> list[dict[str, Any]]:
     out.append(_vector("histogram-no-server-noise", "the histogram study without its server noise (refused: "
                        "with no other honest report its presence shows)", designed["histogram"],
                        {"server_sigma": 0.0}))
+    # replace-one: the Gaussian and the sign mixture's branch of the same check
+    base = dict(columns=["x1", "x2", "y"], label="y", servers=["s1", "s2"], expected_reports=10_000, epsilon=1.0)
+    ro = {"replace-one-sketch-signed": design(name="accounting ro signed", seed="88" * 32, **base)[0],
+          "replace-one-sketch": design(name="accounting ro", seed="88" * 32, secret_sign=False, **base)[0],
+          "replace-one-gram": design(name="accounting ro gram", kind="gram", seed="89" * 32, **base)[0]}
+    for vid, study in ro.items():
+        out.append(_vector(vid, f"a replace-one {study.kind} study{' with the secret sign' if study.secret_sign else ''}"
+                           ", as designed", study))
+    unsigned = ro["replace-one-sketch"]
+    eps = unsigned.report_epsilon(unsigned.lambda_star)
+    out.append(_vector("replace-one-sketch-epsilon-tight", "the unsigned replace-one study promising 1e-7 less "
+                       "than its noise gives (refused)", unsigned, {"epsilon": eps * (1 - 1e-7)}))
+    out.append(_vector("replace-one-sketch-epsilon-within", "the same promising 5e-10 less (accepted)", unsigned,
+                       {"epsilon": eps * (1 - 5e-10)}))
+    signed = ro["replace-one-sketch-signed"]
+    out.append(_vector("replace-one-sketch-signed-tight", "the signed replace-one study promising 1e-6 less than "
+                       "the mixture's bound gives (refused)", signed,
+                       {"epsilon": signed.report_epsilon(signed.lambda_star) * (1 - 1e-6)}))
     return out
 
 

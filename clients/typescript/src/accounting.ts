@@ -1,19 +1,18 @@
 /**
  * What a client recomputes of a study's promise (docs/protocol.md section 5, "Per-report
- * epsilon"), and refuses the study when the noise does not give it.
+ * epsilon"), exactly as the reference's `Study.report_epsilon` does, so that a TypeScript and a
+ * Python client accept and refuse the same studies (conformance/accounting.json):
  *
- * replace-one: the Gaussian mechanism's epsilon, at lambda_star (the study's epsilon) and at
- * lambda = 1 (its floor), mu = Delta_replace / sqrt(sigma^2 max(1, lambda) + server_sigma^2),
- * epsilon the root of delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (up to the
- * discrete-noise slacks, below 1e-12); a signed study's is the smaller of this and the sign
- * mixture's (secret_sign.ts).
+ * - the noise really drawn (section 5a's argument: the client noise on its grid, the server
+ *   variance less the rounding radius, the slacks taken off delta and added to epsilon);
+ * - replace-one: the Gaussian mechanism's epsilon at mu = Delta_replace / sqrt(sigma^2
+ *   max(1, lambda) + tau^2), the root of delta = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2);
+ *   a signed study's is the smaller of this and the sign mixture's (secret_sign.ts);
+ * - add/remove: the privacy-loss distribution of the presence pair (pld.ts), or of its signed
+ *   mixture, read at delta;
  *
- * add/remove: exactly what the reference's `Study.report_epsilon` computes, so that a client
- * reaches the same verdict on the same study (conformance/accounting.json): the noise really
- * drawn (section 5a's argument: the client noise on its grid, the server variance less the
- * rounding radius, the slacks taken off delta and added to epsilon), then the privacy-loss
- * distribution of the presence pair (pld.ts), or of its signed mixture, read at delta; checked
- * against the targets with the reference's tolerance (1e-9 relative).
+ * at lambda_star (the study's epsilon) and at lambda = 1 (its floor), checked against the
+ * targets with the reference's relative tolerance, 1e-9.
  */
 import { MAX_EPSILON, MAX_RADIUS, replaceDelta } from "./secret_sign.js";
 import { addRemoveEpsilon, presenceEpsilon } from "./pld.js";
@@ -96,10 +95,16 @@ export function replaceSensitivity(study: Study): number {
   }
 }
 
+/**
+ * The replace-one Gaussian epsilon of one honest report with lambda worth of certified honest
+ * reports, for the noise really drawn (Study.report_epsilon without the sign):
+ * mu = Delta_replace / sqrt(sigma^2 max(1, lambda) + tau^2) read at delta, section 5a's slacks included.
+ */
 export function replaceOneEpsilon(study: Study, lambda: number): number {
-  const v = study.sigma ** 2 * Math.max(1, lambda) + study.server_sigma ** 2;
-  if (v === 0) return Infinity;
-  return gaussianEpsilon(replaceSensitivity(study) / Math.sqrt(v), study.delta);
+  const m = studyMechanism(study);
+  const v = m.sigma ** 2 * Math.max(1, lambda) + m.tau ** 2;
+  if (!(v > 0)) return Infinity;
+  return gaussianEpsilon(replaceSensitivity(study) / Math.sqrt(v), m.delta) + m.epsilonSlack;
 }
 
 /** Delta_presence: the largest ||x|| of a report's shared vector (section 5; 2a, 2b). */
@@ -216,17 +221,39 @@ export function presenceMechanismEpsilon(study: Study, sigma: number, tau: numbe
 }
 
 /**
+ * The continuous mechanism a study's release is a post-processing of (Study.mechanism and
+ * Study.report_epsilon): the clients' noise on its grid (sigma_c = t_c h >= sigma), the servers'
+ * less the rounding radius r (without server noise, replace-one gives up r^2 of the clients'
+ * variance and add/remove r^2 / sigma_c^2 of lambda), delta less the argument's and the tail
+ * cut's shares, and the argument's epsilon slack to add. A study the argument does not cover is
+ * accounted as the continuous mechanism it approximates.
+ */
+export interface StudyMechanism {
+  sigma: number;
+  tau: number;
+  lambdaLoss: number;
+  delta: number;
+  epsilonSlack: number;
+}
+
+export function studyMechanism(study: Study): StudyMechanism {
+  const arg = discreteArgument(study);
+  if (!arg.covered) return { sigma: study.sigma, tau: study.server_sigma, lambdaLoss: 0, delta: study.delta, epsilonSlack: 0 };
+  let sigma = arg.clientStd, tau = 0;
+  if (arg.serverStd > 0) tau = (Math.sqrt(Math.max(0, arg.serverStd ** 2 - arg.radius ** 2)) * study.server_sigma) / serverStd(study);
+  else if (study.neighbouring === "replace-one" && sigma > 0) sigma = Math.sqrt(sigma ** 2 - arg.radius ** 2);
+  const lambdaLoss = study.neighbouring === "add-remove" && arg.serverStd === 0 && arg.clientStd > 0 ? (arg.radius / arg.clientStd) ** 2 : 0;
+  const delta = study.delta - deltaSlack(arg, study.delta, study.epsilon) - tailDelta(study);
+  return { sigma, tau, lambdaLoss, delta, epsilonSlack: epsilonSlack(arg) };
+}
+
+/**
  * The study's epsilon for one honest report under add/remove with lambda worth of certified
  * honest reports (1: the floor), for the noise really drawn (Study.report_epsilon).
  */
 export function addRemoveStudyEpsilon(study: Study, lambda: number): number {
-  const arg = discreteArgument(study);
-  if (!arg.covered) return presenceMechanismEpsilon(study, study.sigma, study.server_sigma, lambda, study.delta);
-  const sstd = serverStd(study);
-  const tau = arg.serverStd > 0 ? (Math.sqrt(Math.max(0, arg.serverStd ** 2 - arg.radius ** 2)) * study.server_sigma) / sstd : 0;
-  const lambdaLoss = arg.serverStd > 0 || arg.clientStd === 0 ? 0 : (arg.radius / arg.clientStd) ** 2;
-  const delta = study.delta - deltaSlack(arg, study.delta, study.epsilon) - tailDelta(study);
-  return presenceMechanismEpsilon(study, arg.clientStd, tau, lambda - lambdaLoss, delta) + epsilonSlack(arg);
+  const m = studyMechanism(study);
+  return presenceMechanismEpsilon(study, m.sigma, m.tau, lambda - m.lambdaLoss, m.delta) + m.epsilonSlack;
 }
 
 /** The checks of section 5 and 5a a study must pass before its epsilons mean anything. */
@@ -247,32 +274,35 @@ export interface PromiseCheck {
 }
 
 /**
- * Whether the noise gives epsilon at delta for one honest report with lambda worth of certified
- * honest reports (replace-one): the Gaussian mechanism's epsilon, or for a signed study the
- * smaller of it and the mixture's (its certified delta bound at the target epsilon).
+ * Whether the noise gives epsilon for one honest report with lambda worth of certified honest
+ * reports (replace-one), as the reference decides it: the Gaussian mechanism's epsilon, or for a
+ * signed study the smaller of it and the mixture's, within `rtol` of the target (the mixture's
+ * certified delta bound at the target, less the slack, against the study's delta less its share).
  */
 export function replaceOneHolds(study: Study, lambda: number, epsilon: number, rtol: number): { holds: boolean; gaussian: number } {
   const gaussian = replaceOneEpsilon(study, lambda);
-  if (gaussian <= epsilon * (1 + rtol)) return { holds: true, gaussian };
-  if (!study.secret_sign || epsilon > MAX_EPSILON) return { holds: false, gaussian };
-  const v = study.sigma ** 2 * Math.max(1, lambda) + study.server_sigma ** 2;
+  const target = epsilon * (1 + rtol);
+  if (gaussian <= target) return { holds: true, gaussian };
+  const m = studyMechanism(study);
+  const at = target - m.epsilonSlack;
+  if (!study.secret_sign || at > MAX_EPSILON) return { holds: false, gaussian };
+  const v = m.sigma ** 2 * Math.max(1, lambda) + m.tau ** 2;
   const r = study.row_bound / Math.sqrt(v);
   if (!(r <= MAX_RADIUS)) return { holds: false, gaussian };
-  const limit = study.delta * (1 + rtol);
-  return { holds: replaceDelta(r, epsilon * (1 + rtol), limit) <= limit, gaussian };
+  return { holds: replaceDelta(r, at, m.delta) <= m.delta, gaussian };
 }
 
 /**
- * The study's epsilon and floor recomputed, refused (throws) when the noise does not give them.
- * replace-one within `rtol` of the targets (floating-point differences from the reference: its
- * calibration leaves about 1e-6 to spare); add/remove within the reference's own 1e-9.
+ * The study's epsilon and floor recomputed as the reference recomputes them, refused (throws)
+ * when the noise does not give them within the reference's relative tolerance (1e-9): the same
+ * verdict a Python client reaches (conformance/accounting.json).
  */
-export function checkPromise(study: Study, rtol = 1e-6): PromiseCheck {
+export function checkPromise(study: Study, rtol = SIGMA_RTOL): PromiseCheck {
   checkSlacks(study);
   if (study.neighbouring === "add-remove") {
     const eps = addRemoveStudyEpsilon(study, study.lambda_star);
     const floor = study.epsilon_floor === null ? null : addRemoveStudyEpsilon(study, 1);
-    if (eps <= study.epsilon * (1 + SIGMA_RTOL) && (floor === null || floor <= study.epsilon_floor! * (1 + SIGMA_RTOL)))
+    if (eps <= study.epsilon * (1 + rtol) && (floor === null || floor <= study.epsilon_floor! * (1 + rtol)))
       return { status: "verified", epsilon: eps, floorEpsilon: floor,
         why: study.secret_sign ? "add/remove, privacy-loss distributions of the sign mixture and of the Gaussian pair"
           : "add/remove, privacy-loss distribution of the presence pair" };

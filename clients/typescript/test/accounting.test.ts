@@ -39,7 +39,7 @@ test("Gaussian delta: mu = 1, eps = 1 (Balle and Wang's closed form)", () => {
 });
 
 /*
- * conformance/accounting.json: the add/remove accounting as the reference computes it. Every
+ * conformance/accounting.json: the accounting as the reference computes it. Every
  * presence pair's epsilon (plain and signed, on the 1e-3 grid and a coarser one) and every
  * add/remove study's epsilon and floor within the vector's tolerance, and the same verdict: the
  * designed studies accepted, the ones promising 1e-7 more than their noise gives (or with their
@@ -65,8 +65,13 @@ for (const v of accounting.filter((v) => v.type === "presence")) {
 for (const v of accounting.filter((v) => v.type === "study_guarantee")) {
   test(`accounting.json ${v.id} (${v.verdict})`, () => {
     const study = v.study as Study;
-    near(addRemoveStudyEpsilon(study, study.lambda_star), v.epsilon, v.tolerance, `${v.id} epsilon`);
-    near(addRemoveStudyEpsilon(study, 1), v.floor_epsilon, v.tolerance, `${v.id} floor`);
+    // add/remove: the presence pair's PLD; replace-one: the Gaussian (a signed replace-one
+    // study's epsilon is the mixture's root, which this client only tests at the target: verdict)
+    const of = study.neighbouring === "add-remove" ? addRemoveStudyEpsilon : study.secret_sign ? null : replaceOneEpsilon;
+    if (of) {
+      near(of(study, study.lambda_star), v.epsilon, v.tolerance, `${v.id} epsilon`);
+      near(of(study, 1), v.floor_epsilon, v.tolerance, `${v.id} floor`);
+    }
     if (v.verdict === "accepted") assert.equal(checkPromise(study).status, "verified");
     else assert.throws(() => checkPromise(study), /promises epsilon/);
   });
@@ -79,5 +84,8 @@ test("accounting.json covers every kind, the sign, both verdicts and a coarse gr
   assert.ok(studies.some((v) => (v.study as Study).secret_sign && v.verdict === "refused"));
   assert.ok(studies.some((v) => (v.study as Study).parties));
   assert.ok(studies.filter((v) => v.verdict === "refused").length >= 5);
+  for (const notion of ["add-remove", "replace-one"])
+    for (const verdict of ["accepted", "refused"])
+      assert.ok(studies.some((v) => (v.study as Study).neighbouring === notion && v.verdict === verdict), `${notion} ${verdict}`);
   assert.ok(accounting.some((v) => v.type === "presence" && v.ratio >= 10 && v.width >= 200));
 });
