@@ -143,7 +143,7 @@ def _counts(url: str, study_id: str) -> dict:
 def test_sealed_blocks_at_real_servers(shared_party_cluster, monkeypatch):
     """Three parties seal their blocks (the bank and the shop through the SDK, the clinic by hand
     so that its bodies can be attacked); every attack at a real server is a 4xx that stores
-    nothing; the genuine bodies are accepted once (a replay is duplicates); the release is the
+    nothing; a token's quota is judged before decryption; the genuine bodies are accepted once (a replay is duplicates); the release is the
     sketch of the joined noisy rows of every individual, bit for bit (no server noise)."""
     c = shared_party_cluster
     n = 120
@@ -230,6 +230,12 @@ def test_sealed_blocks_at_real_servers(shared_party_cluster, monkeypatch):
         assert (r.status_code, r.json()["type"]) == (status, f"urn:dpsketch:problem:{slug}"), (name, r.text)
     r = _post(c.server_urls[1], sid, a, ctype, tokens["clinic"][1])  # s1's batch replayed to s2
     assert r.status_code == 422 and "unknown key id" in r.json()["detail"]
+    # the quota is judged on the clear block ids before any decryption: a body that would not
+    # even open gets 403 from a token with room for one block, as the genuine one does
+    small = c.upload_tokens(sid, quota=1, party="clinic")[0]
+    for body in (a, a[:-1] + bytes([a[-1] ^ 1])):
+        r = _post(s1, sid, body, ctype, small)
+        assert (r.status_code, r.json()["type"]) == (403, "urn:dpsketch:problem:upload-quota-exceeded"), r.text
     assert [_counts(u, sid) for u in c.server_urls] == [before] * 3
     # the genuine batches; a replay is only duplicates, and the attacks still store nothing
     assert _post(s1, sid, a, ctype, clinic_t).json()["accepted"] == half
