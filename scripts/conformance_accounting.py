@@ -33,8 +33,7 @@ DESCRIPTION = ("The add/remove accounting (docs/protocol.md section 5, 'Per-repo
 
 #: (shift, ratio, width) of the presence vectors: a narrow and a wide shift, width 1 (no variance
 #: part), a wide one (231 = a gram study of d = 20), a large ratio whose law needs a coarser grid
-PAIRS = [(1.0, 1.01, 10), (0.5, 1.5, 1), (2.0, 1.001, 100), (1.2, 1.2, 231), (0.3, 3.0, 50), (0.8, 10.0, 200),
-         (0.7, 1.0, 4)]
+PAIRS = [(1.0, 1.01, 10), (0.5, 1.5, 1), (2.0, 1.001, 100), (1.2, 1.2, 231), (0.8, 10.0, 200), (0.7, 1.0, 4)]
 TOLERANCE = {"rtol": 1e-8, "atol": 0.0}
 
 
@@ -103,8 +102,9 @@ def _finite(x: float) -> float | None:
 
 def study_vectors() -> list[dict[str, Any]]:
     out = []
-    designed = {vid: study for vid, _, study in _designs()}
-    for vid, description, study in _designs():
+    designs = _designs()
+    designed = {vid: study for vid, _, study in designs}
+    for vid, description, study in designs:
         out.append(_vector(vid, description + ", as designed", study))
     sketch = designed["sketch"]
     eps, floor = sketch.report_epsilon(sketch.lambda_star), sketch.report_epsilon(1.0)
