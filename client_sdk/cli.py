@@ -98,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="send the upload tokens over plain http:// to a host other than this machine "
                         "(refused by default: the token would cross the network in clear)")
     p.add_argument("--encrypt", action="store_true",
-                   help="seal each share to its server's HPKE public key (docs/protocol.md section 7a)")
+                   help="seal each share (or a party's block) to its server's HPKE public key "
+                        "(docs/protocol.md section 7a, docs/sealing.md)")
     p.add_argument("--sealing", choices=("classical", "post-quantum", "prefer-post-quantum"),
                    help="the HPKE suite to seal with (implies --encrypt): classical X25519 (the "
                         "default), post-quantum MLKEM768-X25519 at every server (refused unless "

@@ -65,7 +65,7 @@ from .errors import (
     UploadInterrupted,
     cert_error,
 )
-from .prepare import count_records, prepare_batch
+from .prepare import prepare_batch
 from .upload import MAX_BATCH_BYTES, Progress, UploadRun, batch_rows
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
@@ -481,7 +481,7 @@ class Client:
                       media_type: str = messages.SHARES_MEDIA_TYPE) -> messages.UploadResult:
         """POST one binary batch to server j; on 413 split it in halves (same bytes per report)."""
         path = f"/v1/studies/{study_id}/batches"
-        m = count_records(body, media_type, study)
+        m = _sealing.count_records(body, media_type, study)
         try:
             resp = self._request(j, "POST", path, content=body, cancel=cancel,
                                  headers={"Content-Type": media_type})
@@ -719,7 +719,9 @@ class Client:
         ``key_column``. ``party_key`` is the 32-byte key the parties share (never a server):
         it turns each key into the pseudonym the servers see (``client_sdk.parties``). The
         client's token must be one of the party's upload tokens. Returns the block ids. Blocks
-        go as full shares to every server (``compress`` does not apply to them).
+        go as full shares to every server (``compress`` does not apply to them); with
+        ``encrypt=True`` each batch is sealed to its server (the pseudonyms inside the ciphertext,
+        docs/sealing.md section 3a).
 
         A block is one per individual and party: sending the same bytes again is harmless
         (:meth:`resend` after an :class:`IncompleteUpload`), but preparing an individual's block
@@ -729,9 +731,6 @@ class Client:
 
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        if self.encrypt:
-            raise SDKError("block uploads travel as plaintext full shares (over TLS); sealed "
-                           "blocks are not supported yet")
         study = self._open_study(study_id, blocks=True)
         if proved_shares.is_proved(study):
             raise SDKError(f"study {study_id[:12]}... proves every report valid ({study.validity}): it "

@@ -22,6 +22,10 @@ before it) is refused before anything is sent (versions 1 and 2, one HPKE seal p
 dropped in issue 41; version 3, an AEAD per record, in issue 46). A batch cannot be cut at a
 record boundary (its count and order are sealed), so a body the server refuses as too large
 (413) is cut in its plaintext and each half sealed again (:class:`SealedBody`).
+
+A party's blocks (a study with parties) are sealed the same way, as content 0x03 with the
+party's index bound and the pseudonym inside the ciphertext (docs/sealing.md section 3a), and
+sent as ``application/x-dpsketch-sealed; party=NAME``.
 """
 
 from __future__ import annotations
@@ -131,12 +135,33 @@ class SealedBody(bytes):
 
 def wire(recipient: envelope.Recipient, study: Study, study_id: str, body: bytes,
          media_type: str) -> tuple[SealedBody, str]:
-    """A prepared plaintext body sealed to ``recipient`` in its layout (``recipient.version``)."""
-    sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type,
-                                           proved_shares.upload_width(study), study.n_servers))
+    """A prepared plaintext body sealed to ``recipient`` in its layout (``recipient.version``):
+    a share or seed batch as ``application/x-dpsketch-sealed``, a party's block batch as
+    ``application/x-dpsketch-sealed; party=NAME``."""
+    name = messages.party_of_media_type(media_type)
+    if name is not None:
+        index, declared = study.party(name)
+        sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type, declared.width,
+                                               study.n_servers, party=index))
+        wire_type = f"{messages.SEALED_MEDIA_TYPE}; party={name}"
+    else:
+        sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type,
+                                               proved_shares.upload_width(study), study.n_servers))
+        wire_type = messages.SEALED_MEDIA_TYPE
     sealed.recipient, sealed.study, sealed.study_id = recipient, study, study_id
     sealed.plain, sealed.plain_media_type = body, media_type
-    return sealed, messages.SEALED_MEDIA_TYPE
+    return sealed, wire_type
+
+
+def count_records(body: bytes, media_type: str, study: Study) -> int:
+    """Reports (or blocks) in an upload body: a sealed body the SDK made counts its plaintext's."""
+    if isinstance(body, SealedBody):
+        return prepare.count_records(body.plain, body.plain_media_type, study)
+    name = messages.party_of_media_type(media_type)
+    if media_type.split(";", 1)[0].strip() == messages.SEALED_MEDIA_TYPE and name is not None:
+        index, declared = study.party(name)  # a sealed block batch read back (a journal's pending one)
+        return envelope.count_records(body, declared.width, study.n_servers, index)
+    return prepare.count_records(body, media_type, study)
 
 
 def split_body(body: bytes, media_type: str, study: Study) -> tuple[bytes, bytes]:

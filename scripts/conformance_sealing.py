@@ -4,7 +4,8 @@ find which step of a sealed batch it gets wrong. Imported by make_conformance.py
 
 HPKE is randomized, so the inputs are fixed ciphertexts: the two version 4 batches of
 docs/protocol.md section 9 (``sealed_v4``, whose ``sealed_secret`` is enc || wrapped), and a
-post-quantum ciphertext altered to show ML-KEM's implicit rejection. Every intermediate value is
+post-quantum ciphertext altered to show ML-KEM's implicit rejection; and a sealed batch of a
+party's blocks whose HPKE seal is written out from a fixed ephemeral key. Every intermediate value is
 computed here from RFC 9180, FIPS 203's rejection rule and X-Wing's combiner, and checked against
 the ``cryptography`` package (the product's HPKE): the key and nonce must open the wrapped secret,
 and ``cryptography`` must open the same bytes to the same secret. tests/test_conformance.py
@@ -19,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
@@ -32,7 +34,11 @@ DESCRIPTION = (
     "shared_secret, with the X-Wing intermediates (ct_m, ct_x, ss_m, ss_x, pk_x) or the DHKEM ones (dh, "
     "kem_context). hpke_open: RFC 9180 base mode, single shot, HKDF-SHA256 and ChaCha20-Poly1305: "
     "shared_secret and info -> psk_id_hash, info_hash, key_schedule_context, secret, key, base_nonce; "
-    "ciphertext (sealed with aad empty, sequence 0) opens to plaintext.")
+    "ciphertext (sealed with aad empty, sequence 0) opens to plaintext. sealed_blocks: a version 4 batch of "
+    "one party's blocks (docs/sealing.md section 3a, content 0x03) at one server: from the inputs (party key, "
+    "individuals, shares, salts, the suite's private key, the ephemeral X25519 key, batch_id, secret) every "
+    "byte: pseudonyms, commitments, block ids, plaintexts (pseudonym || proof || share), context (study id, "
+    "server id, party index), info, sealed_secret (enc || wrapped), transcript, record_key, aad, sealed, body.")
 
 XWING_LABEL = bytes.fromhex("5c2e2f2f5e5c")  # "\\.//^\\"
 
@@ -157,7 +163,75 @@ def sealing_vectors(root: Path) -> list[dict[str, Any]]:
             out.append({"id": "decapsulation-post-quantum-implicit-rejection", "type": "kem_decapsulation",
                         "suite": suite.name, "kem_id": vec["kem_id"], "private_key": vec["private_key"],
                         "enc": bytes(bad).hex(), **_hex(rejected)})
+    out.append(sealed_blocks_vector(_section9(root)["sealed_v4"][0]))
     return out
+
+
+def sealed_blocks_vector(classical: dict[str, Any]) -> dict[str, Any]:
+    """One classical batch of two blocks of party "shop" (index 1, two columns) for server s2
+    (position 1) of a three-server study with parties, every byte deterministic: the HPKE seal's
+    ephemeral key is an input (DHKEM encapsulation written out: enc = X25519(e, 9), the shared
+    secret as the server's decapsulation computes it)."""
+    from dpsketch.protocol import binding, parties
+    from dpsketch.protocol.keystream import Keystream
+
+    suite = envelope.CLASSICAL
+    study_id = hashlib.sha256(b"dpsketch/conformance/sealed-blocks/study").hexdigest()
+    servers, position, server_id = ["s1", "s2", "s3"], 1, "s2"
+    party, index, width = "shop", 1, 2
+    party_key = hashlib.sha256(b"dpsketch/conformance/sealed-blocks/party-key").digest()
+    individuals = ["customer-00017", "customer-00042"]
+    pseudonyms = parties.pseudonyms(party_key, study_id, individuals)
+    shares = [np.array([[1 + 3 * j + 7 * i, (1 << 64) - 1 - j - i] for i in range(2)], dtype=np.uint64)
+              for j in range(3)]
+    salt_key = hashlib.sha256(b"dpsketch/conformance/sealed-blocks/salts").digest()
+    ids, proofs = binding.bind(study_id, [binding.CONTENT_SHARE] * 3, shares,
+                               binding.block_prefixes(study_id, index, pseudonyms), Keystream.from_key(salt_key))
+    records = []
+    for i in range(2):
+        share = shares[position][i].astype("<u8").tobytes()
+        records.append({"individual": individuals[i], "pseudonym": pseudonyms[i].hex(), "block_id": ids[i].hex(),
+                        "proof": proofs[position][i].tobytes().hex(), "share": share.hex(),
+                        "plaintext": (pseudonyms[i] + proofs[position][i].tobytes() + share).hex()})
+    private_key = bytes.fromhex(classical["private_key"])
+    public = suite.public_key_of(private_key)
+    ephemeral = hashlib.sha256(b"dpsketch/conformance/sealed-blocks/ephemeral").digest()
+    enc = x25519.X25519PrivateKey.from_private_bytes(ephemeral).public_key().public_bytes_raw()
+    batch_id = bytes(range(0xa0, 0xb0))
+    secret = bytes(range(0xe0, 0x100))
+    header = envelope.BatchHeader(batch_id, envelope.key_id(public), suite, envelope.CONTENT_BLOCK, 2, b"")
+    fixed = header.fixed()
+    info = envelope.info_v4(study_id, server_id, fixed, index)
+    context = bytes.fromhex(study_id) + bytes([len(server_id)]) + server_id.encode() + bytes([index])
+    assert info == envelope.INFO_LABEL + hashlib.sha256(context + fixed).digest()
+    kem = dhkem_decapsulate(private_key, enc)
+    schedule = key_schedule(suite, kem["shared_secret"], info)
+    wrapped = ChaCha20Poly1305(schedule["key"]).encrypt(schedule["base_nonce"], secret, b"")
+    sealed_secret = enc + wrapped
+    assert suite.hpke_suite.decrypt(sealed_secret, suite.load_private_key(private_key), info=info) == secret
+    head = fixed + sealed_secret
+    transcript = envelope.transcript_v4(study_id, server_id, head, index)
+    assert transcript == hashlib.sha256(context + head).digest()
+    joined_ids = b"".join(ids)
+    plain = b"".join(bytes.fromhex(r["plaintext"]) for r in records)
+    sealed = envelope.seal_records(secret, transcript, joined_ids, plain)[len(joined_ids):]
+    body = head + joined_ids + sealed
+    opened = envelope.open_batch(body, width, 3, study_id, server_id,
+                                 lambda kid: suite.load_private_key(private_key), index)
+    opened.verify(study_id, 3, position)  # the blocks' binding holds after opening
+    assert opened.pseudonyms == pseudonyms and opened.party == index
+    return {"id": "sealed-blocks-classical", "type": "sealed_blocks", "suite": suite.name,
+            "kem_id": suite.kem_id, "kdf_id": suite.kdf_id, "aead_id": suite.aead_id, "version": envelope.VERSION_4,
+            "private_key": private_key.hex(), "public_key": public.hex(), "key_id": envelope.key_id(public).hex(),
+            "study_id": study_id, "servers": servers, "server_id": server_id, "position": position,
+            "party": party, "party_index": index, "width": width, "party_key": party_key.hex(),
+            "content": envelope.CONTENT_BLOCK, "count": 2, "records": records,
+            "shares": [[[str(int(x)) for x in row] for row in shares[j]] for j in range(3)],
+            "salt_key": salt_key.hex(), "ephemeral_key": ephemeral.hex(), "batch_id": batch_id.hex(),
+            "secret": secret.hex(), "fixed": fixed.hex(), "context": context.hex(), "info": info.hex(),
+            "sealed_secret": sealed_secret.hex(), "transcript": transcript.hex(),
+            "record_key": envelope.record_key(secret, transcript).hex(), "report_ids": joined_ids.hex(),
+            "aad": envelope.records_aad(transcript, joined_ids).hex(), "sealed": sealed.hex(), "body": body.hex()}
 
 
 def doc_block(vectors: list[dict[str, Any]]) -> dict[str, Any]:

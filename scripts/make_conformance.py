@@ -13,7 +13,7 @@ are computed with the product's code (``dpsketch.protocol`` and the analyzer's H
 implementation reads the same files (each is self-describing: see its ``description`` and every
 vector's ``type``) and checks itself against them.
 
-Six files, one per category:
+Seven files, one per category:
 
 * ``study_ids.json``: JSON values and studies -> canonical bytes (hex) -> SHA-256 / study id;
 * ``ring.json``: fixed-point encoding and decoding, additive sharing, seed-compressed sharing;
@@ -24,7 +24,9 @@ Six files, one per category:
 * ``noise.json``: a keystream key -> the sampler's draws, the secret signs and a whole client batch,
   bit for bit (``conformance_noise.py``);
 * ``sealing.json``: the sealing suites' KEMs (X-Wing's combiner) and HPKE key schedule, byte for
-  byte (``conformance_sealing.py``).
+  byte, and a sealed batch of a party's blocks (``conformance_sealing.py``);
+* ``accounting.json``: the add/remove accounting: the presence pair's epsilon and add/remove
+  studies' guarantees with the verdict a client must reach (``conformance_accounting.py``).
 """
 
 from __future__ import annotations
@@ -511,8 +513,15 @@ def sealing_file() -> dict[str, Any]:
     return {**header("sealing", DESCRIPTION), "vectors": sealing_vectors(ROOT)}
 
 
+def accounting_file() -> dict[str, Any]:
+    from conformance_accounting import DESCRIPTION, accounting_vectors
+
+    return {**header("accounting", DESCRIPTION), "vectors": accounting_vectors()}
+
+
 FILES = {"study_ids.json": study_id_vectors, "ring.json": ring_vectors, "sketch.json": sketch_vectors,
-         "analyses.json": analysis_vectors, "noise.json": noise_file, "sealing.json": sealing_file}
+         "analyses.json": analysis_vectors, "noise.json": noise_file, "sealing.json": sealing_file,
+         "accounting.json": accounting_file}
 
 
 def matches(got: Any, want: Any, tolerance: dict | None = None) -> bool:

@@ -207,16 +207,18 @@ def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, key
     return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds, addends
 
 
-def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> None:
+def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None, party: int | None = None) -> None:
     """What a sealed batch is judged on before any decryption work (issue 41): its layout and
     length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
     is addressed to a key this server holds (422 sealed-share-refused), and that its upload
     token may add its new reports, read from the records' report ids, which travel in the clear
     (403 upload-quota-exceeded). Only then are its one KEM and its one AEAD run; each record's
-    binding is inside its ciphertext, so it is checked after opening, before anything is stored."""
+    binding is inside its ciphertext, so it is checked after opening, before anything is stored.
+    ``party``: a sealed block batch of that party (its block ids are the clear ids)."""
     study = record.study
+    width = proved_shares.upload_width(study) if party is None else (study.parties or [])[party].width
     try:
-        header = envelope.parse_batch(body, proved_shares.upload_width(study), study.n_servers)
+        header = envelope.parse_batch(body, width, study.n_servers, party)
     except envelope.SealError as exc:  # a suite this server does not know
         raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
@@ -229,17 +231,23 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None) -> 
         granted = record.upload_tokens.get(token)
         room = granted.room() if granted is not None else 0
         if room is not None and header.count > room:  # retries cost nothing: count the new ones
-            new = store.count_new(record, envelope.record_ids(body, header, proved_shares.upload_width(study),
-                                                              study.n_servers))
+            new = store.count_new(record, envelope.record_ids(body, header, width, study.n_servers))
             if new > room:
                 raise quota_problem(room, record.study_id, new)
 
 
-def _parse_blocks(body: bytes, study: Study, party: int, server_id: str) -> Upload:
-    """Decode one party's block batch and check every block's binding (worker thread)."""
+def _parse_blocks(body: bytes, study: Study, party: int, server_id: str, keys=None) -> Upload:
+    """Decode one party's block batch (or, with this server's key ring ``keys``, open a sealed
+    one: docs/sealing.md section 3a) and check every block's binding (worker thread)."""
     width = (study.parties or [])[party].width
     try:
-        upload = decode_blocks(body, party, width, study.n_servers)
+        if keys is not None:
+            upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
+                                         keys.private_key_for, party)
+        else:
+            upload = decode_blocks(body, party, width, study.n_servers)
+    except envelope.SealError as exc:
+        raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
         raise ProblemError("malformed-body", str(exc)) from None
     verified_shares(upload, study, server_id)
@@ -252,11 +260,12 @@ def _block_party(study: Study, content_type: str, token_party: str | None) -> in
     if study.parties is None:  # the media type is the wrong one for this study: 415, as any other
         raise ProblemError("unsupported-media-type", f"study {study.study_id} has no parties: it takes "
                            f"{SHARES_MEDIA_TYPE}, {SEEDS_MEDIA_TYPE} or {SEALED_MEDIA_TYPE} batches, "
-                           f"not {BLOCKS_MEDIA_TYPE}")
+                           f"not a party's blocks ({BLOCKS_MEDIA_TYPE} or {SEALED_MEDIA_TYPE} with party=NAME)")
     name = party_of_media_type(content_type)
     if name is None:
         raise ProblemError("unsupported-media-type", f"a block batch names its party: Content-Type "
-                           f"{BLOCKS_MEDIA_TYPE}; party=NAME (parties: {[p.name for p in study.parties]})")
+                           f"{BLOCKS_MEDIA_TYPE}; party=NAME, or {SEALED_MEDIA_TYPE}; party=NAME "
+                           f"(parties: {[p.name for p in study.parties]})")
     try:
         index, _ = study.party(name)
     except ValueError as exc:
@@ -572,7 +581,8 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"post-quantum, the only sealed layout; docs/sealing.md); or, for a study "
                                  f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
                                  f"16-byte block id, 16-byte pseudonym, proof and the share of "
-                                 f"the party's columns (section 2d)",
+                                 f"the party's columns (section 2d), or its blocks sealed as "
+                                 f"{SEALED_MEDIA_TYPE}; party=NAME (docs/sealing.md section 3a)",
                   "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
@@ -589,19 +599,25 @@ def create_app(settings: Settings) -> FastAPI:
             raise ProblemError("study-closed", f"study {study_id} is "
                                f"{'committed' if record.commit is not None else record.closure.reason}; "
                                f"it takes no more reports")
-        if media_type == BLOCKS_MEDIA_TYPE:
+        content_type = request.headers.get("content-type", "")
+        if media_type == BLOCKS_MEDIA_TYPE or (media_type == SEALED_MEDIA_TYPE and (
+                record.study.parties is not None or party_of_media_type(content_type) is not None)):
             granted = record.upload_tokens.get(token) if token is not None else None
-            party = _block_party(record.study, request.headers.get("content-type", ""),
-                                 granted.party if granted is not None else None)
+            party = _block_party(record.study, content_type, granted.party if granted is not None else None)
             body = await request.body()
-            upload = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id)
+            sealed = media_type == SEALED_MEDIA_TYPE
+            if sealed:
+                await run_in_threadpool(_sealed_precheck, store, record, body, token, party)
+            upload = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id,
+                                             store.keys if sealed else None)
             result = await asyncio.wrap_future(store.submit_upload(
                 record, upload.ids, upload.payloads, None, None, token, upload.pseudonyms, party))
             metrics.uploaded(study_id, result)
             return json_response(result)
         if record.study.parties is not None:
             raise ProblemError("unsupported-media-type", f"study {study_id} has parties: each uploads "
-                               f"its blocks as {BLOCKS_MEDIA_TYPE}; party=NAME batches")
+                               f"its blocks as {BLOCKS_MEDIA_TYPE}; party=NAME or {SEALED_MEDIA_TYPE}; "
+                               f"party=NAME batches")
         body = await request.body()
         if media_type == SEALED_MEDIA_TYPE:
             await run_in_threadpool(_sealed_precheck, store, record, body, token)

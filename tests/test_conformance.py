@@ -26,7 +26,8 @@ from dpsketch.protocol.study import Study
 ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "conformance"
 U64 = 1 << 64
-FILES = ("study_ids.json", "ring.json", "sketch.json", "analyses.json", "noise.json", "sealing.json")
+FILES = ("study_ids.json", "ring.json", "sketch.json", "analyses.json", "noise.json", "sealing.json",
+         "accounting.json")
 
 HEADER = {"format", "spec_version", "protocol", "category", "description", "tolerance_rule", "vectors"}
 #: The fields every vector of a type must carry (docs/protocol.md section 10).
@@ -63,6 +64,13 @@ REQUIRED = {
     "hpke_open": {"id", "type", "suite", "kem_id", "kdf_id", "aead_id", "shared_secret", "info", "psk_id_hash",
                   "info_hash", "key_schedule_context", "secret", "key", "base_nonce", "aad", "ciphertext",
                   "plaintext"},
+    "sealed_blocks": {"id", "type", "suite", "private_key", "public_key", "key_id", "study_id", "server_id",
+                      "position", "party", "party_index", "width", "party_key", "content", "count", "records",
+                      "shares", "salt_key", "ephemeral_key", "batch_id", "secret", "fixed", "context", "info",
+                      "sealed_secret", "transcript", "record_key", "aad", "sealed", "body"},
+    # accounting.json (tests/test_conformance_accounting.py recomputes them)
+    "presence": {"id", "type", "shift", "ratio", "width", "delta", "signed", "epsilon", "tolerance"},
+    "study_guarantee": {"id", "type", "description", "study", "epsilon", "floor_epsilon", "verdict", "tolerance"},
 }
 ANALYSIS = {"id", "method", "path", "request", "response", "tolerance"}
 #: Response members per analysis path (docs/protocol.md sections 6b and 6c).

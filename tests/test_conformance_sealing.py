@@ -154,3 +154,79 @@ def test_sealing_md_shows_the_same_vectors():
     batch = next(v for v in section9["sealed_v4"] if v["suite"] == "post-quantum")
     assert batch["sealed_secret"][:2240] == dec["enc"] and batch["private_key"] == dec["private_key"]
     assert batch["info"] == opened["info"] and batch["secret"] == opened["plaintext"]
+
+
+def _hpke_seal_classical(pk: bytes, ephemeral: bytes, info: bytes, plaintext: bytes) -> bytes:
+    """RFC 9180 base mode single-shot seal with DHKEM(X25519) from a given ephemeral key, written
+    from the text (enc || ciphertext)."""
+    e = x25519.X25519PrivateKey.from_private_bytes(ephemeral)
+    enc = e.public_key().public_bytes_raw()
+    dh = e.exchange(x25519.X25519PublicKey.from_public_bytes(pk))
+    kem_suite = b"KEM" + (0x0020).to_bytes(2, "big")
+    shared = labeled_expand(kem_suite, labeled_extract(kem_suite, b"", b"eae_prk", dh), b"shared_secret",
+                            enc + pk, 32)
+    suite_id = b"HPKE" + bytes.fromhex("002000010003")
+    context = (b"\x00" + labeled_extract(suite_id, b"", b"psk_id_hash", b"")
+               + labeled_extract(suite_id, b"", b"info_hash", info))
+    secret = labeled_extract(suite_id, shared, b"secret", b"")
+    key = labeled_expand(suite_id, secret, b"key", context, 32)
+    nonce = labeled_expand(suite_id, secret, b"base_nonce", context, 12)
+    return enc + ChaCha20Poly1305(key).encrypt(nonce, plaintext, b"")
+
+
+@pytest.mark.parametrize("vec", of_type("sealed_blocks"), ids=lambda v: v["id"])
+def test_sealed_blocks_every_byte_from_the_text(vec):
+    """docs/sealing.md section 3a, written here from the text: pseudonyms (protocol.md 2d),
+    commitments and block ids (4a), the plaintexts (pseudonym, proof, share), the context with
+    the party's index, the HPKE seal of the secret, the records' key and their one message; and
+    the product's opener gives back the pseudonyms, the party and bound blocks."""
+    sid, server, j, pos = bytes.fromhex(vec["study_id"]), vec["server_id"], vec["party_index"], vec["position"]
+    n = len(vec["servers"])
+    key = bytes.fromhex(vec["party_key"])
+    from dpsketch.protocol.keystream import Keystream
+
+    salts = Keystream.from_key(bytes.fromhex(vec["salt_key"])).array(16 * n * vec["count"]).tobytes()
+    plains, ids = [], []
+    for i, rec in enumerate(vec["records"]):
+        x = rec["individual"].encode()
+        pseudonym = hmac.new(key, b"dpsketch/individual/1" + sid + len(x).to_bytes(4, "big") + x,
+                             hashlib.sha256).digest()[:16]
+        assert pseudonym.hex() == rec["pseudonym"]
+        shares = [b"".join(int(v).to_bytes(8, "little") for v in vec["shares"][s][i]) for s in range(n)]
+        salt = [salts[16 * (s * vec["count"] + i):16 * (s * vec["count"] + i + 1)] for s in range(n)]
+        commits = [hashlib.sha256(b"dpsketch/commit/2" + bytes([s, 0x01]) + salt[s] + shares[s]).digest()[:16]
+                   for s in range(n)]
+        block_id = hashlib.sha256(b"dpsketch/block/2" + sid + bytes([j]) + pseudonym + b"".join(commits)).digest()[:16]
+        proof = salt[pos] + b"".join(c for s, c in enumerate(commits) if s != pos)
+        assert (block_id.hex(), proof.hex(), shares[pos].hex()) == (rec["block_id"], rec["proof"], rec["share"])
+        assert rec["plaintext"] == (pseudonym + proof + shares[pos]).hex()
+        plains.append(pseudonym + proof + shares[pos])
+        ids.append(block_id)
+    public = bytes.fromhex(vec["public_key"])
+    assert x25519.X25519PrivateKey.from_private_bytes(bytes.fromhex(vec["private_key"])).public_key() \
+        .public_bytes_raw() == public
+    fixed = (bytes.fromhex(vec["batch_id"]) + hashlib.sha256(public).digest()[:8] + bytes([0x80, 4])
+             + bytes.fromhex("002000010003") + bytes([0x03]) + vec["count"].to_bytes(4, "big"))
+    context = sid + bytes([len(server)]) + server.encode() + bytes([j])
+    info = b"dpsketch/sealed/4" + hashlib.sha256(context + fixed).digest()
+    sealed_secret = _hpke_seal_classical(public, bytes.fromhex(vec["ephemeral_key"]), info,
+                                         bytes.fromhex(vec["secret"]))
+    header = fixed + sealed_secret
+    transcript = hashlib.sha256(context + header).digest()
+    record_key = hkdf_expand(hkdf_extract(b"", bytes.fromhex(vec["secret"])),
+                             b"dpsketch/sealed/4/records" + transcript, 32)
+    aad = transcript + b"".join(ids)
+    sealed = ChaCha20Poly1305(record_key).encrypt(bytes(12), b"".join(plains), aad)
+    got = {"fixed": fixed, "context": context, "info": info, "sealed_secret": sealed_secret,
+           "transcript": transcript, "record_key": record_key, "report_ids": b"".join(ids), "aad": aad,
+           "sealed": sealed, "body": header + b"".join(ids) + sealed}
+    assert {k: v.hex() for k, v in got.items()} == {k: vec[k] for k in got}
+    # the product opens it to the same blocks, bound, for this party only
+    sk = envelope.CLASSICAL.load_private_key(bytes.fromhex(vec["private_key"]))
+    body = bytes.fromhex(vec["body"])
+    up = envelope.open_batch(body, vec["width"], n, vec["study_id"], server, lambda kid: sk, j)
+    assert up.ids == ids and up.party == j and [p.hex() for p in up.pseudonyms] == [r["pseudonym"] for r in vec["records"]]
+    up.verify(vec["study_id"], n, pos)
+    for other in (None, j ^ 1):  # as a share batch, or as another party's: it does not open
+        with pytest.raises((envelope.SealError, envelope.MalformedSealedBatch)):
+            envelope.open_batch(body, vec["width"], n, vec["study_id"], server, lambda kid: sk, other)

@@ -307,6 +307,8 @@ def test_dpsketch_submit_party_uploads_each_party_from_its_own_csv(shared_party_
         tokens = ",".join(c.upload_tokens(study.study_id, quota=n, party=q.name))
         args = ["--study", study.study_id, "--servers", ",".join(c.server_urls), "--token", tokens,
                 "--party", q.name, "--party-key", str(key_file), "--id-column", "customer", "-q", str(path)]
+        if q.name == "shop":  # one party seals its blocks, post-quantum (docs/sealing.md section 3a)
+            args = ["--sealing", "post-quantum", *args]
         assert main(args) == 0, capsys.readouterr().err
     # a second run of the same file is a conflict (fresh noise), refused with a clear message
     assert main(args) == 1

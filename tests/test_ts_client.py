@@ -9,8 +9,8 @@ share rotating, upload tokens), the Python SDK submits other rows to the same st
 release equals S(A + G) over both clients' encoded rows bit for bit (no server noise: the
 no-floor policy of test_e2e). Resubmitting with the same submission secret stores nothing new.
 A validity study (sketch; marginal histogram): the Node client's proofs pass every server's
-verification round. A study with parties: one party's blocks from Node, the other's from Python,
-joined by pseudonym. (c) Headless
+verification round. A study with parties: one party's blocks sealed from Node, the other's sealed
+by the Python SDK, joined by pseudonym. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows to the share servers across origins (they allow the page's origin by CORS,
 $DPSKETCH_CORS_ORIGINS); exact release.
@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 from analyzer.client import AnalyzerClient
-from client_sdk.prepare import prepare_batch, prepare_blocks
+from client_sdk import Client
+from client_sdk.prepare import prepare_batch
 from conftest import cluster_for_module
 from dpsketch.protocol import Study, messages, ring, sketch
 from test_e2e import NO_FLOOR_POLICY, direct_sketch
@@ -386,11 +387,13 @@ def test_histogram_validity_study_from_node_releases_its_noisy_counts(built_pack
     assert np.all(np.abs(counts - truth) < 6 * sd), (counts, truth)
 
 
-def test_parties_study_node_and_python_blocks_join_exactly(built_package, exact_cluster):
-    """A study with parties (docs/protocol.md 2d): party "bank" uploads its blocks from Node,
-    party "shop" from the Python SDK, each with its own upload tokens; both derive the same
+def test_parties_study_node_and_python_sealed_blocks_join_exactly(built_package, exact_cluster, monkeypatch):
+    """A study with parties (docs/protocol.md 2d) whose blocks travel sealed (docs/sealing.md 3a):
+    party "bank" seals its blocks from Node (post-quantum), party "shop" from the Python SDK
+    (classical, ``encrypt=True``), each with its own upload tokens; both derive the same
     pseudonyms from the shared party key, so every individual is complete, and the release is the
-    sketch of the joined noisy rows, hashed by pseudonym, exactly."""
+    sketch of the joined noisy rows, hashed by pseudonym, exactly (no server noise)."""
+    import client_sdk.parties as sdk_parties
     from dpsketch.protocol import parties as _parties
 
     c = exact_cluster
@@ -409,23 +412,26 @@ def test_parties_study_node_and_python_blocks_join_exactly(built_package, exact_
     bank_tokens = c.upload_tokens(study.study_id, quota=None, party="bank")
     out = node_submit({"studyId": study.study_id, "servers": [{"url": u, "token": t} for u, t in zip(c.server_urls, bank_tokens)],
                        "rows": bank_rows.tolist(), "party": "bank", "partyKey": key.hex(), "individuals": customers,
-                       "batchSize": 70})
+                       "batchSize": 70, "sealing": "post-quantum"})
     assert out["accepted"] == [n] * 3, out
 
+    prepared = []
+    real = sdk_parties.prepare_blocks
+    monkeypatch.setattr(sdk_parties, "prepare_blocks",
+                        lambda *a: prepared.append(real(*a)) or prepared[-1])
     shop_tokens = c.upload_tokens(study.study_id, quota=None, party="shop")
+    with Client(c.server_urls, token=shop_tokens, encrypt=True) as client:
+        result = client.submit_blocks(study.study_id, "shop", shop_rows, party_key=key, keys=customers)
+    assert result.n_reports == n and len(prepared) == 1
     pseudonyms = _parties.pseudonyms(key, study.study_id, customers)
-    batch = prepare_blocks(study, "shop", pseudonyms, shop_rows)
-    for j, (url, token) in enumerate(zip(c.server_urls, shop_tokens)):
-        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
-                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
-        assert r.status_code == 200 and r.json()["accepted"] == n, r.text
+    assert prepared[0].pseudonyms == pseudonyms
 
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         fin = an.finalize(study.study_id)  # only complete individuals: the pseudonyms agree
         assert fin["state"] == "released" and fin["n_reports"] == n, fin
         released = np.array(an.sketch(study.study_id)["sketch"])
     joined = np.hstack([np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64),
-                        ring.reconstruct(batch.shares)])
+                        ring.reconstruct(prepared[0].shares)])
     expected = ring.decode(direct_sketch(study, pseudonyms, joined), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
 

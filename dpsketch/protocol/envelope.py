@@ -60,6 +60,14 @@ section 4). The salt is inside the ciphertext on purpose: a relay that saw it co
 of the row against the commitment together with colluding servers. ``key_id`` is the first 8
 bytes of SHA-256 of the server's raw public key (32 bytes X25519; 1216 bytes ML-KEM-768 ||
 X25519 for the hybrid). Integers are big-endian, as in RFC 9180.
+
+**Blocks** (a study with parties, docs/sealing.md section 3a): ``content`` 0x03, one party's
+blocks. The batch names its party as the plaintext block batch does (``Content-Type:
+application/x-dpsketch-sealed; party=NAME``), and binds it: the context's prefix is followed by
+the party's index j (one byte) in both ``info4`` and the transcript. The clear id of a record is
+its block id; its plaintext is the pseudonym, then the proof and the share of the party's d_j
+columns, so a relay sees block ids only, which differ between the parties of one individual,
+and cannot join the parties' uploads.
 """
 
 from __future__ import annotations
@@ -93,6 +101,9 @@ INFO_LABEL = b"dpsketch/sealed/4"
 #: HKDF ``info`` label of a batch's record key (followed by the batch's transcript).
 RECORD_KEY_LABEL = b"dpsketch/sealed/4/records"
 VERSION_4 = 4
+#: The content kind of a sealed batch of one party's blocks: pseudonym, proof and share sealed,
+#: the block id in the clear (a header byte only: the blocks' commitments are of kind 0x01).
+CONTENT_BLOCK = 0x03
 #: Every sealed layout this code seals and opens (published in ``/v1/info`` as ``hpke.versions``).
 VERSIONS = (VERSION_4,)
 #: Layouts recognised only to be refused by name (1 and 2: an HPKE seal per record, issue 41; 3:
@@ -289,19 +300,31 @@ def _server_bytes(server_id: str) -> bytes:
     return bytes([len(sid)]) + sid
 
 
-def info_v4(study_id: str, server_id: str, fixed: bytes) -> bytes:
+def _prefix(study_id: str, server_id: str, party: int | None) -> bytes:
+    """study_id || len(server_id) || server_id, then the party's index (a block batch only)."""
+    tail = b""
+    if party is not None:
+        if not 0 <= party < 256:
+            raise ValueError("a party's index is one byte")
+        tail = bytes([party])
+    return _study_bytes(study_id) + _server_bytes(server_id) + tail
+
+
+def info_v4(study_id: str, server_id: str, fixed: bytes, party: int | None = None) -> bytes:
     """The HPKE ``info`` of a batch header: ``"dpsketch/sealed/4" || SHA-256(study_id ||
     len(server_id) || server_id || fixed)``, ``fixed`` the header's first 37 bytes (batch id, key
-    id, 0x80, version, suite ids, content, count)."""
+    id, 0x80, version, suite ids, content, count); for a block batch (``party``, its index) the
+    index follows the server id."""
     if len(fixed) != FIXED_BYTES:
         raise ValueError(f"a batch header has {FIXED_BYTES} bytes before enc")
-    return INFO_LABEL + hashlib.sha256(_study_bytes(study_id) + _server_bytes(server_id) + fixed).digest()
+    return INFO_LABEL + hashlib.sha256(_prefix(study_id, server_id, party) + fixed).digest()
 
 
-def transcript_v4(study_id: str, server_id: str, header: bytes) -> bytes:
+def transcript_v4(study_id: str, server_id: str, header: bytes, party: int | None = None) -> bytes:
     """SHA-256 of ``study_id || len(server_id) || server_id || header``, the whole batch header
-    (``enc`` and the wrapped secret included): what the records' key and associated data bind."""
-    return hashlib.sha256(_study_bytes(study_id) + _server_bytes(server_id) + bytes(header)).digest()
+    (``enc`` and the wrapped secret included): what the records' key and associated data bind
+    (for a block batch, the party's index after the server id)."""
+    return hashlib.sha256(_prefix(study_id, server_id, party) + bytes(header)).digest()
 
 
 def record_key(secret: bytes, transcript: bytes) -> bytes:
@@ -326,8 +349,10 @@ def payload_bytes(content: int, width: int) -> int:
         return 8 * width
     if content == CONTENT_SEED:
         return SEED_BYTES
-    raise MalformedSealedBatch(f"unknown content kind 0x{content:02x} (0x01 share, 0x02 seed; "
-                               f"0x80 marks a versioned record)")
+    if content == CONTENT_BLOCK:  # the pseudonym, then the share of the party's columns
+        return REPORT_ID_BYTES + 8 * width
+    raise MalformedSealedBatch(f"unknown content kind 0x{content:02x} (0x01 share, 0x02 seed, "
+                               f"0x03 block; 0x80 marks a versioned record)")
 
 
 def plaintext_bytes(content: int, width: int, n_servers: int) -> int:
@@ -434,7 +459,7 @@ def seal_records(secret: bytes, transcript: bytes, report_ids: Sequence[bytes] |
 
 
 def _seal_v4(recipient: Recipient, study_id: str, ids: bytes, content: int, plain: bytes | memoryview,
-             plaintext_len: int) -> bytes:
+             plaintext_len: int, party: int | None = None) -> bytes:
     """One batch: a fresh batch id and secret, one HPKE seal of the secret, then the report ids
     ``ids`` (concatenated) and the concatenated plaintexts ``plain`` sealed as one message."""
     m = len(ids) // REPORT_ID_BYTES
@@ -451,8 +476,10 @@ def _seal_v4(recipient: Recipient, study_id: str, ids: bytes, content: int, plai
     secret = os.urandom(SECRET_BYTES)
     head = BatchHeader(os.urandom(BATCH_ID_BYTES), recipient.key_id, suite, content, m, b"")
     fixed = head.fixed()
-    header = fixed + suite.hpke_suite.encrypt(secret, pk, info=info_v4(study_id, recipient.server_id, fixed))
-    transcript = transcript_v4(study_id, recipient.server_id, header)
+    if (content == CONTENT_BLOCK) != (party is not None):
+        raise ValueError("a block batch (content 0x03), and only one, names its party")
+    header = fixed + suite.hpke_suite.encrypt(secret, pk, info=info_v4(study_id, recipient.server_id, fixed, party))
+    transcript = transcript_v4(study_id, recipient.server_id, header, party)
     return header + seal_records(secret, transcript, ids, plain)
 
 
@@ -479,16 +506,20 @@ def seal_batch(recipient: Recipient, study_id: str, report_ids: Sequence[bytes],
 
 
 def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str, width: int,
-              n_servers: int, version: int | None = None) -> bytes:
-    """Seal a plaintext batch body (``application/x-dpsketch-shares`` or ``-seeds``): the sealed
-    body holds the same reports, in the same order, with the same proofs and payloads. The
-    body's ids and plaintexts are cut apart as two array copies, and sealed in one AEAD call."""
-    from .messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, record_bytes as plain_record_bytes
+              n_servers: int, version: int | None = None, party: int | None = None) -> bytes:
+    """Seal a plaintext batch body (``application/x-dpsketch-shares`` or ``-seeds``, or a party's
+    ``application/x-dpsketch-blocks`` with ``party`` its index and ``width`` its columns): the
+    sealed body holds the same records, in the same order, with the same proofs and payloads
+    (a block's pseudonym sealed with them). The body's ids and plaintexts are cut apart as two
+    array copies, and sealed in one AEAD call."""
+    from .messages import BLOCKS_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, record_bytes as plain_record_bytes
 
     if media_type == SHARES_MEDIA_TYPE:
         content = CONTENT_SHARE
     elif media_type == SEEDS_MEDIA_TYPE:
         content = CONTENT_SEED
+    elif media_type.split(";", 1)[0].strip() == BLOCKS_MEDIA_TYPE and party is not None:
+        content = CONTENT_BLOCK
     else:
         raise ValueError(f"cannot seal a body of type {media_type!r}")
     _version_4(recipient.version if version is None else version)
@@ -497,7 +528,7 @@ def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str,
         raise ValueError(f"not a whole number of {record}-byte records")
     rows = np.frombuffer(body, dtype=np.uint8).reshape(-1, record)
     return _seal_v4(recipient, study_id, rows[:, :REPORT_ID_BYTES].tobytes(), content,
-                    rows[:, REPORT_ID_BYTES:].tobytes(), record - REPORT_ID_BYTES)
+                    rows[:, REPORT_ID_BYTES:].tobytes(), record - REPORT_ID_BYTES, party)
 
 
 # --- parse and open --------------------------------------------------------------------------
@@ -520,10 +551,16 @@ def _suite_of(ids: bytes, where: str) -> SealingSuite:
     return suite
 
 
-def _check_content(content: int, where: str) -> None:
-    if content not in (CONTENT_SHARE, CONTENT_SEED):
+def _check_content(content: int, where: str, party: int | None = None) -> None:
+    if content not in (CONTENT_SHARE, CONTENT_SEED, CONTENT_BLOCK):
         raise MalformedSealedBatch(f"{where}: unknown content kind 0x{content:02x} (0x01 share, "
-                                   f"0x02 seed)")
+                                   f"0x02 seed, 0x03 block)")
+    if party is not None and content != CONTENT_BLOCK:
+        raise MalformedSealedBatch(f"{where}: a study with parties takes sealed blocks (content 0x03), "
+                                   f"not content 0x{content:02x}")
+    if party is None and content == CONTENT_BLOCK:
+        raise MalformedSealedBatch(f"{where}: sealed blocks (content 0x03) are for a study with parties, "
+                                   f"sent as application/x-dpsketch-sealed; party=NAME")
 
 
 def check_layout(body: bytes) -> None:
@@ -544,18 +581,19 @@ def check_layout(body: bytes) -> None:
                                "version, 4)")
 
 
-def parse_batch(body: bytes, width: int, n_servers: int) -> BatchHeader:
+def parse_batch(body: bytes, width: int, n_servers: int, party: int | None = None) -> BatchHeader:
     """The header of a batch body, checked against the body's length (no decryption):
     MalformedSealedBatch if it is short, names an unknown kind or no records, or the body is not
     exactly its header, ``count`` report ids and their sealed plaintexts (truncated, padded or
-    spliced); UnknownSuite for a suite not known here."""
+    spliced); UnknownSuite for a suite not known here. ``party``: the index of the party whose
+    blocks the batch must hold (``width`` its columns); None: shares or seeds."""
     check_layout(body)
     if len(body) < FIXED_BYTES:
         raise MalformedSealedBatch(f"{len(body)} bytes: a sealed batch has a header of at "
                                    f"least {FIXED_BYTES} bytes")
     at = BATCH_ID_BYTES + KEY_ID_BYTES + 2
     content = body[at + 6]
-    _check_content(content, "sealed batch")
+    _check_content(content, "sealed batch", party)
     suite = _suite_of(body[at:at + 6], "sealed batch")
     count = int.from_bytes(body[at + 7:FIXED_BYTES], "big")
     if count == 0:
@@ -573,8 +611,8 @@ def parse_batch(body: bytes, width: int, n_servers: int) -> BatchHeader:
                        suite, content, count, bytes(body[FIXED_BYTES:head]))
 
 
-def count_records(body: bytes, width: int, n_servers: int) -> int:
-    return parse_batch(body, width, n_servers).count
+def count_records(body: bytes, width: int, n_servers: int, party: int | None = None) -> int:
+    return parse_batch(body, width, n_servers, party).count
 
 
 def record_ids(body: bytes, header: BatchHeader, width: int, n_servers: int) -> bytes:
@@ -607,11 +645,11 @@ def _key_of(private_key_for: Callable[[bytes], Any], kid: bytes, suite: SealingS
     return _check_suite(key, kid, suite, what)
 
 
-def open_secret(private_key, study_id: str, server_id: str, header: BatchHeader) -> bytes:
+def open_secret(private_key, study_id: str, server_id: str, header: BatchHeader, party: int | None = None) -> bytes:
     """A batch's secret (HPKE single-shot open of its header under ``info_v4``)."""
     try:
         secret = header.suite.hpke_suite.decrypt(header.sealed_secret, private_key,
-                                                 info=info_v4(study_id, server_id, header.fixed()))
+                                                 info=info_v4(study_id, server_id, header.fixed(), party))
     except InvalidTag:
         raise SealError(f"sealed batch {header.batch_id.hex()}: its key does not open here (sealed "
                         f"for another server or study, or its header altered in transit)") from None
@@ -639,32 +677,40 @@ def open_records(secret: bytes, transcript: bytes, records: bytes | memoryview, 
     return ids, plain
 
 
-def _upload(ids: bytes, plain: bytes, content: int, width: int, n_servers: int):
-    from .messages import IdList, Upload
+def _upload(ids: bytes, plain: bytes, content: int, width: int, n_servers: int, party: int | None = None):
+    from .messages import IdList, Upload, split_ids
 
     m = len(ids) // REPORT_ID_BYTES
     rows = np.frombuffer(plain, dtype=np.uint8).reshape(m, -1)
+    pseudonyms = None
+    if content == CONTENT_BLOCK:  # a block: its pseudonym first, then a share's proof and payload
+        pseudonyms = split_ids(rows[:, :REPORT_ID_BYTES].tobytes())
+        rows, content = rows[:, REPORT_ID_BYTES:], CONTENT_SHARE
     proof_len = binding.proof_bytes(n_servers)
     proofs = np.ascontiguousarray(rows[:, :proof_len])
     payload = np.ascontiguousarray(rows[:, proof_len:])
     if content == CONTENT_SHARE:
         payload = payload.view("<u8").reshape(m, width).astype(np.uint64, copy=False)
+    if pseudonyms is not None:
+        return Upload(split_ids(ids), proofs, payload, content, pseudonyms, party)
     return Upload(IdList(ids), proofs, payload, content)
 
 
 def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id: str,
-               private_key_for: Callable[[bytes], Any]):
+               private_key_for: Callable[[bytes], Any], party: int | None = None):
     """Open a sealed body (one batch) into a ``messages.Upload`` (ids, proofs, payloads of one
     kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private key of
     either suite, or None. All or nothing: a body that does not parse raises
     MalformedSealedBatch before any key is used (a body of the dropped layouts 1 to 3 too;
-    UnknownSuite for a suite not known here), a header or records that do not open SealError."""
-    header = parse_batch(body, width, n_servers)
+    UnknownSuite for a suite not known here), a header or records that do not open SealError.
+    ``party``: the index of the party whose blocks the batch must hold (``width`` its columns):
+    the Upload carries their pseudonyms and the party, as a plaintext block batch's does."""
+    header = parse_batch(body, width, n_servers, party)
     where = f"sealed batch {header.batch_id.hex()}"
     key = _key_of(private_key_for, header.key_id, header.suite, where)
-    secret = open_secret(key, study_id, server_id, header)
+    secret = open_secret(key, study_id, server_id, header, party)
     head = batch_header_bytes(header.suite)
-    transcript = transcript_v4(study_id, server_id, body[:head])
+    transcript = transcript_v4(study_id, server_id, body[:head], party)
     ids, plain = open_records(secret, transcript, memoryview(body)[head:], header.count,
                               plaintext_bytes(header.content, width, n_servers), header.batch_id)
-    return _upload(ids, plain, header.content, width, n_servers)
+    return _upload(ids, plain, header.content, width, n_servers, party)

@@ -215,16 +215,32 @@ export class Client {
     return { reportIds, accepted, duplicates, secret, clamped, ...(opts.keepVectors ? { vectors } : {}) };
   }
 
-  /** POST a party's blocks [lo, hi) to server j (plaintext: blocks are not sealed), halving on 413. */
+  /** Server j's body of a party's blocks: plaintext, or sealed (docs/sealing.md section 3a). */
+  async blocksBody(p: PreparedBlocks, j: number): Promise<{ body: Uint8Array; type: string }> {
+    if (!this.keys) return { body: blocksBody(p, j), type: blockMediaType(p.party) };
+    const body = await sealedLayout.seal({
+      studyId: this.studyId,
+      serverId: this.study.servers[j],
+      key: this.keys[j],
+      content: sealedLayout.CONTENT_BLOCK,
+      party: this.study.parties!.findIndex((q) => q.name === p.party),
+      reportIds: p.blockIds,
+      plaintexts: p.blockIds.map((_, i) => concat(p.pseudonyms[i], p.servers[j].proofs[i], p.servers[j].payloads[i])),
+    });
+    return { body, type: sealedLayout.blocksMediaType(p.party) };
+  }
+
+  /** POST a party's blocks [lo, hi) to server j (sealed when connected with sealing), halving on 413. */
   private async postBlocks(p: PreparedBlocks, j: number, lo: number, hi: number, onRetry?: SubmitOptions["onRetry"]): Promise<UploadResult> {
     const e = this.endpoints[j];
     const part: PreparedBlocks = { ...p, blockIds: p.blockIds.slice(lo, hi), pseudonyms: p.pseudonyms.slice(lo, hi),
       servers: p.servers.map((s) => ({ proofs: s.proofs.slice(lo, hi), payloads: s.payloads.slice(lo, hi) })) };
-    const headers: Record<string, string> = { "Content-Type": blockMediaType(p.party), Accept: "application/json" };
+    const { body, type } = await this.blocksBody(part, j);
+    const headers: Record<string, string> = { "Content-Type": type, Accept: "application/json" };
     if (e.token) headers.Authorization = `Bearer ${e.token}`;
     try {
       const resp = await request(this.fetchFn, `${e.url}/v1/studies/${this.studyId}/batches`,
-        { method: "POST", headers, body: blocksBody(part, j) as unknown as BodyInit }, this.retry, (a, why) => onRetry?.(this.study.servers[j], a, why));
+        { method: "POST", headers, body: body as unknown as BodyInit }, this.retry, (a, why) => onRetry?.(this.study.servers[j], a, why));
       return (await resp.json()) as UploadResult;
     } catch (err) {
       if (err instanceof ProblemError && err.status === 413 && hi - lo > 1) {
@@ -244,7 +260,6 @@ export class Client {
    */
   async submitBlocks(party: string, partyKey: Uint8Array, individuals: (string | Uint8Array)[], rows: number[][], opts: SubmitOptions = {}): Promise<SubmitResult & { blockIds: string[] }> {
     if (!this.study.parties) throw new Error("the study has no parties");
-    if (this.keys) throw new Error("blocks are uploaded in plaintext (TLS): connect without sealing");
     const batchSize = opts.batchSize ?? 1000;
     const secret = opts.secret ?? randomBytes(32);
     const N = this.study.servers.length;

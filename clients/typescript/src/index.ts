@@ -11,5 +11,5 @@ export { osnap, l1Rows } from "./sketch.js";
 export * as sealedV4 from "./sealing/v4.js";
 export { currentKey, keyId, type SuiteName } from "./sealing/suites.js";
 export { hex, unhex } from "./bytes.js";
-export { checkPromise, replaceOneEpsilon, gaussianEpsilon, type PromiseCheck } from "./accounting.js";
+export { addRemoveStudyEpsilon, checkPromise, replaceOneEpsilon, gaussianEpsilon, type PromiseCheck } from "./accounting.js";
 export { pseudonym, prepareBlocks, blocksBody, blockMediaType, type PreparedBlocks } from "./parties.js";

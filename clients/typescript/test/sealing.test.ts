@@ -13,7 +13,8 @@ import { XWing } from "@hpke/hybridkem-x-wing";
 import { MlKem768 } from "mlkem";
 import { sha3_256, shake256 } from "@noble/hashes/sha3.js";
 import { concat, hex, unhex } from "../src/bytes.js";
-import { fixedHeader, info, seal, type SealInput } from "../src/sealing/v4.js";
+import { CONTENT_BLOCK, fixedHeader, info, prefix, seal, type SealInput } from "../src/sealing/v4.js";
+import { pseudonym } from "../src/parties.js";
 import { currentKey, keyId, suite, type SuiteName } from "../src/sealing/suites.js";
 import { section9, vectors } from "./helpers.js";
 
@@ -151,4 +152,31 @@ test("currentKey refuses a key id that does not match, a missing version, a shar
   assert.throws(() => currentKey({ ...good, versions: [3] }, "classical", 4), /version 4/);
   assert.throws(() => currentKey({ ...good, keys: [{ key_id: keyId(pk), public_key: hex(pk).replace(/^8f/, "8e") }] }, "classical", 4), /does not match/);
   assert.throws(() => currentKey(good, "post-quantum", 4), /no post-quantum/);
+});
+
+test("sealing.json sealed-blocks-classical: a party's sealed blocks byte for byte (docs/sealing.md 3a)", async () => {
+  const v = vectors("sealing.json").find((x) => x.type === "sealed_blocks")!;
+  const pk = unhex(v.public_key);
+  const key = { suite: "classical" as SuiteName, keyId: keyId(pk), publicKey: pk };
+  for (const r of v.records) assert.equal(hex(pseudonym(unhex(v.party_key), v.study_id, r.individual)), r.pseudonym);
+  const inp: SealInput = {
+    studyId: v.study_id,
+    serverId: v.server_id,
+    key,
+    content: CONTENT_BLOCK,
+    party: v.party_index,
+    reportIds: v.records.map((r: any) => unhex(r.block_id)),
+    plaintexts: v.records.map((r: any) => concat(unhex(r.pseudonym), unhex(r.proof), unhex(r.share))),
+  };
+  const fixed = fixedHeader(inp, unhex(v.batch_id));
+  assert.equal(hex(fixed), v.fixed);
+  assert.equal(hex(prefix(v.study_id, v.server_id, v.party_index)), v.context);
+  assert.equal(hex(info(inp, fixed)), v.info);
+  const body = await seal(inp, { batchId: unhex(v.batch_id), secret: unhex(v.secret), sealedSecret: unhex(v.sealed_secret) });
+  assert.equal(hex(body), v.body);
+  // a block batch must name its party, and only a block batch may
+  await assert.rejects(seal({ ...inp, party: undefined }), /names its party/);
+  await assert.rejects(seal({ ...inp, content: 0x01 }), /names its party/);
+  const fresh = await seal(inp);
+  assert.equal(fresh.length, 101 + 32 + inp.plaintexts.reduce((a, p) => a + 16 + p.length, 0));
 });
