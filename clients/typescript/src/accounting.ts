@@ -127,8 +127,8 @@ export const SIGMA_RTOL = 1e-9;
 /** Section 5a's error bounds the argument is made for: eps1 <= 2^-100, eps2 = 2^-300. */
 const MAX_ERROR_LOG2 = -100;
 const ROUNDING_ERROR_LOG2 = -300;
-/** An honest validity report redrawn outside the predicate's bound (section 4b): 2^-64 each. */
-const REFUSAL_LOG2 = -64;
+/** An honest validity report redrawn outside the predicate's bound (section 4b): 2^-96 each. */
+const REFUSAL_LOG2 = -96;
 
 /** Section 5a's discrete-noise argument for a study (`smoothing.argument`). */
 export interface DiscreteArgument {
