@@ -165,12 +165,16 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
     half = n // 2
     li = data.columns.index(data.label)
     pilot_rows, rest = data.rows[:half], data.rows[half:]
-    tag1 = (*tag, "pilot")
-    st1 = (signed_design(list(data.columns), data.label, half, study_full.epsilon, tag1, sign_factor)
-           if signed else design_study(list(data.columns), data.label, half, study_full.epsilon, "sketch",
-                                       tag1, secret_sign=False))
-    d1 = SketchDraw(st1, half, rng)
-    rel1 = d1.release(st1, pilot_rows, secret_sign=signed)
+
+    def round_release(rows: np.ndarray, name: str) -> tuple[Study, SketchRelease]:
+        """One round: its own sketch study over its rows (signed or not), and its release."""
+        count = rows.shape[0]
+        study = (signed_design(list(data.columns), data.label, count, study_full.epsilon, (*tag, name), sign_factor)
+                 if signed else design_study(list(data.columns), data.label, count, study_full.epsilon, "sketch",
+                                             (*tag, name), secret_sign=False))
+        return study, SketchDraw(study, count, rng).release(study, rows, secret_sign=signed)
+
+    st1, rel1 = round_release(pilot_rows, "pilot")
     a1 = error_ratios.default_alpha(half, ROW_BOUND)
     theta0 = ridge_coef(rel1, data.label, a1)
     g = rel1.gram(debias=True)
@@ -183,14 +187,8 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
     second = rest.copy()
     second[:, li] = b * (rest[:, li] - x @ theta0)
     second = simulation.clip_rows(second, ROW_BOUND)
-    m = n - half
-    tag2 = (*tag, "second")
-    st2 = (signed_design(list(data.columns), data.label, m, study_full.epsilon, tag2, sign_factor)
-           if signed else design_study(list(data.columns), data.label, m, study_full.epsilon, "sketch",
-                                       tag2, secret_sign=False))
-    d2 = SketchDraw(st2, m, rng)
-    rel2 = d2.release(st2, second, secret_sign=signed)
-    delta = ridge_coef(rel2, data.label, error_ratios.default_alpha(m, ROW_BOUND))
+    st2, rel2 = round_release(second, "second")
+    delta = ridge_coef(rel2, data.label, error_ratios.default_alpha(n - half, ROW_BOUND))
     return theta0 + delta / b, {"b": b, "k1": st1.k, "k2": st2.k}
 
 
