@@ -49,6 +49,23 @@ from .release import GramRelease, GramSumRelease, SecondMomentsBase, SketchRelea
 # helpers
 
 
+@dataclass(frozen=True)
+class Target:
+    """A release's privacy target: (epsilon, delta)-DP for rows of L2 norm at most ``row_bound``
+    under the ``neighbouring`` notion. Every release simulated here and every baseline of
+    ``research/baselines.py`` is calibrated to one, which is what makes their errors comparable;
+    :meth:`of` reads a study's."""
+
+    epsilon: float
+    delta: float
+    row_bound: float
+    neighbouring: privacy.Neighbouring = "replace-one"
+
+    @classmethod
+    def of(cls, study: Study) -> Target:
+        return cls(study.epsilon, study.delta, study.row_bound, study.neighbouring)
+
+
 def clip_rows(rows: np.ndarray, row_bound: float) -> np.ndarray:
     """Scale each row to L2 norm at most ``row_bound`` (a <- a min(1, B/||a||)), as clients do."""
     a = np.asarray(rows, dtype=np.float64)
@@ -113,23 +130,16 @@ def central_sigma(epsilon: float, delta: float, row_bound: float, neighbouring: 
     return privacy.gaussian_sigma(epsilon, delta, gram_sensitivity(row_bound, neighbouring))
 
 
-def central_gram(
-    rows: np.ndarray,
-    columns: Sequence[str],
-    *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
-    rng: np.random.Generator,
-) -> GramRelease:
+def central_gram(rows: np.ndarray, columns: Sequence[str], target: Target, *,
+                 rng: np.random.Generator) -> GramRelease:
     """SSP / Analyze Gauss: u(A^T A) + N(0, sigma_c^2 I), sigma_c = Delta_gram / mu_star.
 
     In matrix form the noise W is symmetric with W_ii ~ N(0, sigma_c^2) and W_ij ~
     N(0, sigma_c^2 / 2) (i != j); it has mean zero (nothing to debias) and spectral norm about
     2 sqrt(d) sigma_c / sqrt(2) = sqrt(2 d) sigma_c (Wigner semicircle), the release's
-    ``gram_noise_scale``. Rows are clipped to ``row_bound`` first.
+    ``gram_noise_scale``. Rows are clipped to the target's row bound first.
     """
+    epsilon, delta, row_bound, neighbouring = target.epsilon, target.delta, target.row_bound, target.neighbouring
     a = clip_rows(np.atleast_2d(np.asarray(rows, dtype=np.float64)), row_bound)
     d = a.shape[1]
     if d != len(columns):
@@ -152,15 +162,7 @@ def central_gram(
 
 def simulate_central(study: Study, rows: np.ndarray, rng: np.random.Generator) -> GramRelease:
     """:func:`central_gram` at the study's epsilon, delta, row bound and neighbouring notion."""
-    return central_gram(
-        rows,
-        study.columns,
-        epsilon=study.epsilon,
-        delta=study.delta,
-        row_bound=study.row_bound,
-        neighbouring=study.neighbouring,
-        rng=rng,
-    )
+    return central_gram(rows, study.columns, Target.of(study), rng=rng)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,27 +220,17 @@ def signed_local_sigma(epsilon: float, delta: float, row_bound: float,
     return math.sqrt(secret_sign.variance_needed(row_bound, epsilon, delta))
 
 
-def local_release(
-    clipped_rows: np.ndarray,
-    columns: Sequence[str],
-    *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
-    rng: np.random.Generator,
-    secret_sign: bool = False,
-) -> LocalRelease:
+def local_release(clipped_rows: np.ndarray, columns: Sequence[str], target: Target, *,
+                  rng: np.random.Generator, secret_sign: bool = False) -> LocalRelease:
     """Each client adds N(0, sigma_local^2), sigma_local = privacy.local_sigma(...), to its
     (already clipped) row and publishes it; with ``secret_sign`` it first multiplies the row by a
     secret +-1 and sigma_local is :func:`signed_local_sigma`. The Gram of the published rows has
     the same law either way ((t a)(t a)^T = a a^T), so the estimators are unchanged."""
     rows = np.asarray(clipped_rows, dtype=np.float64)
+    calibration = signed_local_sigma if secret_sign else privacy.local_sigma
+    sigma_l = calibration(target.epsilon, target.delta, target.row_bound, target.neighbouring)
     if secret_sign:
-        sigma_l = signed_local_sigma(epsilon, delta, row_bound, neighbouring)
         rows = rows * secret_signs(rng, rows.shape[0])[:, None]
-    else:
-        sigma_l = privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
     noisy = rows + rng.normal(0.0, sigma_l, size=rows.shape)
     return LocalRelease(columns=list(columns), noisy_rows=noisy, sigma=sigma_l)
 
@@ -246,9 +238,8 @@ def local_release(
 def simulate_local(study: Study, rows: np.ndarray, rng: np.random.Generator, *,
                    secret_sign: bool = False) -> LocalRelease:
     """:func:`local_release` of the rows clipped to the study's B, at its privacy target."""
-    return local_release(_check_rows(study, rows), study.columns, epsilon=study.epsilon,
-                         delta=study.delta, row_bound=study.row_bound,
-                         neighbouring=study.neighbouring, rng=rng, secret_sign=secret_sign)
+    return local_release(_check_rows(study, rows), study.columns, Target.of(study), rng=rng,
+                         secret_sign=secret_sign)
 
 
 def secret_signs(rng: np.random.Generator, n: int) -> np.ndarray:

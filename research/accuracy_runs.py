@@ -165,12 +165,16 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
     half = n // 2
     li = data.columns.index(data.label)
     pilot_rows, rest = data.rows[:half], data.rows[half:]
-    tag1 = (*tag, "pilot")
-    st1 = (signed_design(list(data.columns), data.label, half, study_full.epsilon, tag1, sign_factor)
-           if signed else design_study(list(data.columns), data.label, half, study_full.epsilon, "sketch",
-                                       tag1, secret_sign=False))
-    d1 = SketchDraw(st1, half, rng)
-    rel1 = d1.release(st1, pilot_rows, secret_sign=signed)
+
+    def round_release(rows: np.ndarray, name: str) -> tuple[Study, SketchRelease]:
+        """One round: its own sketch study over its rows (signed or not), and its release."""
+        count = rows.shape[0]
+        study = (signed_design(list(data.columns), data.label, count, study_full.epsilon, (*tag, name), sign_factor)
+                 if signed else design_study(list(data.columns), data.label, count, study_full.epsilon, "sketch",
+                                             (*tag, name), secret_sign=False))
+        return study, SketchDraw(study, count, rng).release(study, rows, secret_sign=signed)
+
+    st1, rel1 = round_release(pilot_rows, "pilot")
     a1 = error_ratios.default_alpha(half, ROW_BOUND)
     theta0 = ridge_coef(rel1, data.label, a1)
     g = rel1.gram(debias=True)
@@ -183,14 +187,8 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
     second = rest.copy()
     second[:, li] = b * (rest[:, li] - x @ theta0)
     second = simulation.clip_rows(second, ROW_BOUND)
-    m = n - half
-    tag2 = (*tag, "second")
-    st2 = (signed_design(list(data.columns), data.label, m, study_full.epsilon, tag2, sign_factor)
-           if signed else design_study(list(data.columns), data.label, m, study_full.epsilon, "sketch",
-                                       tag2, secret_sign=False))
-    d2 = SketchDraw(st2, m, rng)
-    rel2 = d2.release(st2, second, secret_sign=signed)
-    delta = ridge_coef(rel2, data.label, error_ratios.default_alpha(m, ROW_BOUND))
+    st2, rel2 = round_release(second, "second")
+    delta = ridge_coef(rel2, data.label, error_ratios.default_alpha(n - half, ROW_BOUND))
     return theta0 + delta / b, {"b": b, "k1": st1.k, "k2": st2.k}
 
 
@@ -198,16 +196,26 @@ def two_round(study_full: Study, data: synthetic.Dataset, rng: np.random.Generat
 # one run
 
 
+def benchmark_data(task: str, n: int, seed: int) -> synthetic.Dataset:
+    """The benchmark's data set for ``task``: regression rows for ridge, low-rank rows for PCA
+    (D columns, clipped at the CLIP_QUANTILE quantile of the norms, row bound ROW_BOUND)."""
+    if task == "ridge":
+        return synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+    return synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+
+
+def run_rng(stream: int, task: str, n: int, epsilon: float, seed: int) -> np.random.Generator:
+    """The noise generator of one run: its own ``stream`` (one per kind of run) and the run's
+    cell, so that runs are reproducible one by one and independent of each other."""
+    return np.random.default_rng(np.random.SeedSequence([stream, n, seed, int(round(epsilon * 1000)),
+                                                         task == "ridge"]))
+
+
 def sketch_run(task: str, n: int, epsilon: float, seed: int, variants: Sequence[str],
                sign_factor: float | None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    rng = np.random.default_rng(np.random.SeedSequence([0xACC, n, seed, int(round(epsilon * 1000)),
-                                                        task == "ridge"]))
-    if task == "ridge":
-        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
-    else:
-        data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
-                                      row_bound=ROW_BOUND)
+    rng = run_rng(0xACC, task, n, epsilon, seed)
+    data = benchmark_data(task, n, seed)
     tag = ("accuracy-runs", task, n, epsilon, seed)
     study = design_study(list(data.columns), data.label, n, epsilon, "sketch", tag, secret_sign=False)
     draw = SketchDraw(study, n, rng)
@@ -267,13 +275,8 @@ def sketch_run(task: str, n: int, epsilon: float, seed: int, variants: Sequence[
 
 def gram_run(task: str, n: int, epsilon: float, seed: int) -> dict[str, Any]:
     """``gram``, ``gram_moments`` and ``central`` on the same data and the same standard normals."""
-    rng = np.random.default_rng(np.random.SeedSequence([0x6A, n, seed, int(round(epsilon * 1000)),
-                                                        task == "ridge"]))
-    if task == "ridge":
-        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
-    else:
-        data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
-                                      row_bound=ROW_BOUND)
+    rng = run_rng(0x6A, task, n, epsilon, seed)
+    data = benchmark_data(task, n, seed)
     study = design_study(list(data.columns), data.label, n, epsilon, "gram", ("accuracy-runs", task, n, epsilon, seed))
     d = study.d
     exact = data.rows.T @ data.rows
@@ -317,12 +320,8 @@ def k_sweep_run(task: str, n: int, epsilon: float, seed: int, ks: Sequence[int],
     from dpsketch.protocol import design
 
     t0 = time.perf_counter()
-    rng = np.random.default_rng(np.random.SeedSequence([0x5C, n, seed, int(round(epsilon * 1000)), task == "ridge"]))
-    if task == "ridge":
-        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
-    else:
-        data = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
-                                      row_bound=ROW_BOUND)
+    rng = run_rng(0x5C, task, n, epsilon, seed)
+    data = benchmark_data(task, n, seed)
     cols = list(data.columns)
     d = len(cols)
     z = rng.standard_normal((n, d))
@@ -380,7 +379,7 @@ def k_sweep(n: int, ks: Sequence[int], runs: int, epsilon: float = 1.0, jobs: in
         done = [k_sweep_run(*a) for a in tasks]
     if records is not None:
         records.extend(done)
-    data = synthetic.regression_data(n, D, seed=0, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+    data = benchmark_data("ridge", n, 0)
     li = data.columns.index(data.label)
     X, y = np.delete(data.rows, li, axis=1), data.rows[:, li]
     alpha = error_ratios.default_alpha(n, ROW_BOUND)
@@ -419,11 +418,10 @@ def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
     zero")."""
     ridge, pca = [], []
     for seed in range(runs):
-        data = synthetic.regression_data(n, D, seed=seed, clip_quantile=CLIP_QUANTILE, row_bound=ROW_BOUND)
+        data = benchmark_data("ridge", n, seed)
         ridge.append(error_ratios.ridge_ratio(data.features(), data.target(), np.zeros(D),
                                             error_ratios.default_alpha(n, ROW_BOUND)))
-        low = synthetic.lowrank_data(n, D, rank=PCA_RANK, seed=seed, clip_quantile=CLIP_QUANTILE,
-                                     row_bound=ROW_BOUND)
+        low = benchmark_data("pca", n, seed)
         q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((D, PCA_RANK)))
         pca.append(error_ratios.pca_ratio(low.rows, q.T))
     return {"ridge_theta_zero": stats(ridge), "pca_random_subspace": stats(pca)}

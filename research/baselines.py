@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analyzer.simulation import central_gram, clip_rows, gram_sensitivity, local_release
+from analyzer.simulation import Target, central_gram, clip_rows, gram_sensitivity, local_release
 from dpsketch.protocol import privacy
 from dpsketch.protocol.features import symmetric_from_upper, upper_triangle
 
@@ -29,9 +29,10 @@ from dpsketch.protocol.features import symmetric_from_upper, upper_triangle
 # central-model regression baselines: plain SSP, AdaSSP (Wang 2018), DGM-OLS and RMGM-OLS
 # (Wu et al. 2022, papers/004)
 #
-# All of them take the rows' label split (X, y) and the study's privacy parameters explicitly,
-# so they run on anyone's data without a Study. Rows [x, y] are clipped jointly to L2 norm
-# ``row_bound`` = B first (idempotent on already clipped data), so ||x|| <= B, |y| <= B and
+# All of them take the rows' label split (X, y) and a privacy target (analyzer.simulation.Target:
+# epsilon, delta, row bound, neighbouring notion; Target.of(study) is a study's), so they run on
+# anyone's data without a Study. Rows [x, y] are clipped jointly to L2 norm
+# ``target.row_bound`` = B first (idempotent on already clipped data), so ||x|| <= B, |y| <= B and
 # ||x|| |y| <= (||x||^2 + y^2) / 2 <= B^2 / 2.
 #
 # Privacy: every mechanism is a (composition of) Gaussian mechanism(s) with L2 sensitivity
@@ -103,11 +104,8 @@ def lambda_min_sensitivity(row_bound: float, neighbouring: privacy.Neighbouring)
 def ssp(
     X: np.ndarray,
     y: np.ndarray,
+    target: Target,
     *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
     rng: np.random.Generator,
     alpha: float = 0.0,
 ) -> PrivateFit:
@@ -118,13 +116,10 @@ def ssp(
     u(A^T A)) and solves (G_xx + alpha I) theta = G_xy with a plain solve: no eigenvalue floor,
     no adaptive ridge. ``alpha`` is the penalty of the ridge objective being targeted (0: OLS).
     """
-    X, y = _clip_xy(X, y, row_bound)
+    X, y = _clip_xy(X, y, target.row_bound)
     p = X.shape[1]
     cols = [f"x{i}" for i in range(p)] + ["y"]
-    rel = central_gram(
-        np.column_stack([X, y]), cols, epsilon=epsilon, delta=delta, row_bound=row_bound,
-        neighbouring=neighbouring, rng=rng,
-    )
+    rel = central_gram(np.column_stack([X, y]), cols, target, rng=rng)
     g = rel.gram(debias=False)
     coef = _solve(g[:p, :p] + float(alpha) * np.eye(p), g[:p, p])
     return PrivateFit(coef=coef, mechanism="ssp", info={**rel.info, "alpha": float(alpha)})
@@ -134,9 +129,7 @@ def ssp(
 ADASSP_RHO = 0.05
 
 
-def adassp_sigmas(
-    epsilon: float, delta: float, row_bound: float, neighbouring: privacy.Neighbouring
-) -> dict[str, float]:
+def adassp_sigmas(target: Target) -> dict[str, float]:
     """The three noise stds of :func:`adassp` and their sensitivities.
 
     The budget is split into three equal Gaussian mechanisms in GDP: mu_star^2 = 3 mu_part^2,
@@ -151,11 +144,12 @@ def adassp_sigmas(
       B^2 add/remove);
     * X^T y: Delta = :func:`xty_sensitivity` (B^2 replace-one, B^2/2 add/remove).
     """
-    unit = math.sqrt(3.0) * privacy.unit_sigma(epsilon, delta)
+    unit = math.sqrt(3.0) * privacy.unit_sigma(target.epsilon, target.delta)
+    bound, neighbouring = target.row_bound, target.neighbouring
     sens = {
-        "lambda_min": lambda_min_sensitivity(row_bound, neighbouring),
-        "gram": gram_sensitivity(row_bound, neighbouring),
-        "xty": xty_sensitivity(row_bound, neighbouring),
+        "lambda_min": lambda_min_sensitivity(bound, neighbouring),
+        "gram": gram_sensitivity(bound, neighbouring),
+        "xty": xty_sensitivity(bound, neighbouring),
     }
     out = {f"sigma_{k}": v * unit for k, v in sens.items()}
     out.update({f"sensitivity_{k}": v for k, v in sens.items()})
@@ -165,11 +159,8 @@ def adassp_sigmas(
 def adassp(
     X: np.ndarray,
     y: np.ndarray,
+    target: Target,
     *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
     rng: np.random.Generator,
     alpha: float = 0.0,
     rho: float = ADASSP_RHO,
@@ -194,15 +185,15 @@ def adassp(
     Returns the coefficients and, in ``info``, the noise stds, sensitivities, lambda_tilde
     (released) and lambda.
     """
-    X, y = _clip_xy(X, y, row_bound)
+    X, y = _clip_xy(X, y, target.row_bound)
     p = X.shape[1]
-    s = adassp_sigmas(epsilon, delta, row_bound, neighbouring)
+    s = adassp_sigmas(target)
     gram = X.T @ X
     lam_min = float(np.linalg.eigvalsh(gram)[0])
     lam_tilde = max(
         0.0,
         lam_min + s["sigma_lambda_min"] * rng.standard_normal()
-        - math.sqrt(math.log(6.0 / delta)) * s["sigma_lambda_min"],
+        - math.sqrt(math.log(6.0 / target.delta)) * s["sigma_lambda_min"],
     )
     lam = max(0.0, math.sqrt(p * math.log(2.0 * p * p / rho)) * s["sigma_gram"] - lam_tilde)
     noisy_gram = symmetric_from_upper(
@@ -230,9 +221,7 @@ def adassp(
 WU_RIDGE_PER_REPORT = 1e-5
 
 
-def data_release_sigma(
-    epsilon: float, delta: float, row_bound: float, neighbouring: privacy.Neighbouring
-) -> float:
+def data_release_sigma(target: Target) -> float:
     """Noise std per entry of the DGM / RMGM released matrix: Delta / mu_star, Delta = 2B
     (replace-one) or B (add/remove), the local model's sigma (:func:`privacy.local_sigma`).
 
@@ -242,37 +231,30 @@ def data_release_sigma(
     the released matrix is the whole row [x, y] (one data owner, or the parties' column blocks
     together), and the noise is the exact analytic Gaussian one.
     """
-    return privacy.local_sigma(epsilon, delta, row_bound, neighbouring)
+    return privacy.local_sigma(target.epsilon, target.delta, target.row_bound, target.neighbouring)
 
 
 def dgm_release(
     X: np.ndarray,
     y: np.ndarray,
+    target: Target,
     *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
     rng: np.random.Generator,
 ) -> np.ndarray:
     """DGM data release (paper 004, Algorithm 1): [X, y] + R, R i.i.d. N(0, sigma^2),
     sigma = :func:`data_release_sigma`. Replacing (adding) a row moves the n x (p+1) matrix by
     at most 2B (B) in Frobenius norm, so this is exactly mu_star-GDP. It is the same release as
     the local model (:func:`analyzer.simulation.simulate_local`); only the training algorithm differs."""
-    X, y = _clip_xy(X, y, row_bound)
+    X, y = _clip_xy(X, y, target.row_bound)
     d = np.column_stack([X, y])
-    return local_release(d, [f"c{i}" for i in range(d.shape[1])], epsilon=epsilon, delta=delta,
-                         row_bound=row_bound, neighbouring=neighbouring, rng=rng).noisy_rows
+    return local_release(d, [f"c{i}" for i in range(d.shape[1])], target, rng=rng).noisy_rows
 
 
 def dgm_ols(
     X: np.ndarray,
     y: np.ndarray,
+    target: Target,
     *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
     rng: np.random.Generator,
     alpha: float | None = None,
 ) -> PrivateFit:
@@ -286,14 +268,12 @@ def dgm_ols(
     objective. No eigenvalue floor: the de-biased Hessian can have tiny or negative eigenvalues,
     the "small eigenvalue problem" that the paper documents and RMGM avoids.
     """
-    z = dgm_release(
-        X, y, epsilon=epsilon, delta=delta, row_bound=row_bound, neighbouring=neighbouring, rng=rng
-    )
+    z = dgm_release(X, y, target, rng=rng)
     n = z.shape[0]
-    sigma = data_release_sigma(epsilon, delta, row_bound, neighbouring)
-    coef, alpha, h = _released_ols(z, n, row_bound, alpha, noise_energy=n * sigma**2)
+    sigma = data_release_sigma(target)
+    coef, alpha, h = _released_ols(z, n, target.row_bound, alpha, noise_energy=n * sigma**2)
     return PrivateFit(coef=coef, mechanism="dgm_ols", info={
-        "sigma": sigma, "sensitivity": privacy.sensitivity(row_bound, neighbouring), "alpha": alpha,
+        "sigma": sigma, "sensitivity": privacy.sensitivity(target.row_bound, target.neighbouring), "alpha": alpha,
         "hessian_lambda_min": float(np.linalg.eigvalsh(h)[0])})
 
 
@@ -347,11 +327,8 @@ def mixing_matrix(k: int, n: int, rng: np.random.Generator, mixing: str = "radem
 def rmgm_release(
     X: np.ndarray,
     y: np.ndarray,
+    target: Target,
     *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
     rng: np.random.Generator,
     k: int | None = None,
     mixing: str = "rademacher",
@@ -371,10 +348,10 @@ def rmgm_release(
 
     Returns (release (k x (p+1)), k, sigma). M is drawn from ``rng`` in chunks of rows.
     """
-    X, y = _clip_xy(X, y, row_bound)
+    X, y = _clip_xy(X, y, target.row_bound)
     d = np.column_stack([X, y])
     n, cols = d.shape
-    k = rmgm_k(n, epsilon, delta, cols - 1) if k is None else int(k)
+    k = rmgm_k(n, target.epsilon, target.delta, cols - 1) if k is None else int(k)
     if k < 1:
         raise ValueError("k must be at least 1")
     if mixing not in ("rademacher", "gaussian"):
@@ -383,18 +360,15 @@ def rmgm_release(
     for start in range(0, n, RMGM_CHUNK):
         block = d[start : start + RMGM_CHUNK]
         out += mixing_matrix(k, block.shape[0], rng, mixing) @ block
-    sigma = data_release_sigma(epsilon, delta, row_bound, neighbouring)
+    sigma = data_release_sigma(target)
     return out + rng.normal(0.0, sigma, size=out.shape), k, sigma
 
 
 def rmgm_ols(
     X: np.ndarray,
     y: np.ndarray,
+    target: Target,
     *,
-    epsilon: float,
-    delta: float,
-    row_bound: float,
-    neighbouring: privacy.Neighbouring,
     rng: np.random.Generator,
     alpha: float | None = None,
     k: int | None = None,
@@ -410,12 +384,9 @@ def rmgm_ols(
     stays positive definite and the bias vanishes as n grows). ``debias=True`` subtracts
     k sigma^2 I anyway (not in the paper). ``alpha`` defaults to the paper's 1e-5 n B^2.
     """
-    z, k, sigma = rmgm_release(
-        X, y, epsilon=epsilon, delta=delta, row_bound=row_bound, neighbouring=neighbouring,
-        rng=rng, k=k, mixing=mixing,
-    )
+    z, k, sigma = rmgm_release(X, y, target, rng=rng, k=k, mixing=mixing)
     n = np.asarray(y).reshape(-1).shape[0]
-    coef, alpha, _ = _released_ols(z, n, row_bound, alpha, noise_energy=k * sigma**2 if debias else 0.0)
+    coef, alpha, _ = _released_ols(z, n, target.row_bound, alpha, noise_energy=k * sigma**2 if debias else 0.0)
     return PrivateFit(coef=coef, mechanism="rmgm_ols", info={
-        "sigma": sigma, "sensitivity": privacy.sensitivity(row_bound, neighbouring), "k": k,
+        "sigma": sigma, "sensitivity": privacy.sensitivity(target.row_bound, target.neighbouring), "k": k,
         "mixing": mixing, "alpha": alpha, "debias": debias})

@@ -132,15 +132,15 @@ def central_baselines(
     rng = rng if rng is not None else np.random.default_rng(0)
     label = label or getattr(data, "label", None)
     alpha = default_alpha(rows.shape[0], row_bound) if alpha is None else float(alpha)
-    kw = dict(epsilon=epsilon, delta=delta, row_bound=row_bound, neighbouring=neighbouring)
+    target = simulation.Target(epsilon, delta, row_bound, neighbouring)
 
     def gram_releases(wanted: set[str]) -> dict[str, SecondMoments]:
         rel: dict[str, SecondMoments] = {}
         if "local" in wanted:
-            rel["local"] = simulation.local_release(rows, columns, rng=rng, **kw)
+            rel["local"] = simulation.local_release(rows, columns, target, rng=rng)
         for name in ("central", "analyze_gauss"):
             if name in wanted:
-                rel[name] = simulation.central_gram(rows, columns, rng=rng, **kw)
+                rel[name] = simulation.central_gram(rows, columns, target, rng=rng)
         return rel
 
     out: dict[str, dict[str, float]] = {}
@@ -155,7 +155,7 @@ def central_baselines(
             if name == "optimum":
                 res[name] = ridge_ratio(X, y, ridge_optimum(X, y, alpha), alpha)
             elif name in _DIRECT_FITS:
-                res[name] = ridge_ratio(X, y, _DIRECT_FITS[name](X, y, rng=rng, alpha=alpha, **kw).coef, alpha)
+                res[name] = ridge_ratio(X, y, _DIRECT_FITS[name](X, y, target, rng=rng, alpha=alpha).coef, alpha)
         out["ridge"] = {m: res[m] for m in want}
     if "pca" in tasks:
         want = [m for m in names if m in PCA_BASELINES]

@@ -72,7 +72,7 @@ from dpsketch.protocol.study import Study, design
 from analyzer import error_ratios, simulation, synthetic
 from analyzer.release import SketchRelease, release_from_ring_sum
 
-from . import evaluation, sketch_floor
+from . import evaluation, report, sketch_floor
 
 SERVERS = ["s1", "s2"]
 DELTA = 1e-6
@@ -743,8 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.argv_echo = saved["argv"]
         if args.refresh_predicted:
             refresh_predicted(saved["records"])
-            with open(os.path.join(args.out, "results.json"), "w") as fh:
-                json.dump(saved, fh, indent=1, default=float)
+            report.save_run(args.out, "results.json", saved)
         return write_outputs(saved["records"], args, saved["epsilons"], saved["extras"], saved["seconds"])
 
     t0 = time.perf_counter()
@@ -767,9 +766,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for fn, a in jobs:
             done(fn(*a))
     seconds = time.perf_counter() - t0
-    with open(os.path.join(args.out, "results.json"), "w") as fh:
-        json.dump({"argv": argv, "seconds": round(seconds, 1), "ns": ns, "epsilons": epsilons,
-                   "delta": DELTA, "extras": extras, "records": records}, fh, indent=1, default=float)
+    report.save_run(args.out, "results.json", {"argv": argv, "seconds": round(seconds, 1), "ns": ns,
+                                               "epsilons": epsilons, "delta": DELTA, "extras": extras,
+                                               "records": records})
     return write_outputs(records, args, epsilons, extras, seconds)
 
 
@@ -779,10 +778,8 @@ def write_outputs(records: list[dict[str, Any]], args: argparse.Namespace, epsil
     summary = summarize(records)
     for task in ("ridge", "pca"):
         plot(summary, task, epsilons, extras, os.path.join(args.out, f"{task}.png"))
-    md = results_markdown(summary, records, args, extras, seconds, pipeline_timing(records))
-    with open(os.path.join(args.out, "results.md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    report.publish(args.out, "results.md",
+                   results_markdown(summary, records, args, extras, seconds, pipeline_timing(records)))
     print(f"experiments: wrote {args.out}/ridge.png, pca.png, results.md, results.json in {seconds:.0f} s",
           file=sys.stderr)
     return 0

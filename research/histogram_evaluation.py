@@ -52,6 +52,8 @@ from dpsketch.protocol.study import Study, design
 
 from analyzer.analyses.histogram import AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau, NoisyHistogram, Quantiles
 
+from . import report
+
 SERVERS = ("s1", "s2", "s3")
 DELTA = 1e-6
 NEIGHBOURING = "replace-one"
@@ -783,16 +785,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         real = run_real(epsilons, real_runs, args.seed, log)
         seconds["real data"] = time.perf_counter() - t0
 
-    md = results_markdown(stats, targets, real, args, ns, epsilons, seconds, pngs)
-    with open(os.path.join(args.out, "histogram_results.md"), "w") as fh:
-        fh.write(md)
-    with open(os.path.join(args.out, "histogram_results.json"), "w") as fh:
-        json.dump({"argv": argv, "seconds": {k: round(v, 1) for k, v in seconds.items()}, "ns": ns,
-                   "epsilons": epsilons, "delta": DELTA, "neighbouring": NEIGHBOURING, "servers": list(SERVERS),
-                   "runs": runs, "targets": targets,
-                   "target_records": _jsonable(target_records, keep_runs=False),
-                   "synthetic": _jsonable(records), "real": _jsonable(real)}, fh, indent=1, default=float)
-    print(md)
+    report.save_run(args.out, "histogram_results.json", {
+        "argv": argv, "seconds": {k: round(v, 1) for k, v in seconds.items()}, "ns": ns,
+        "epsilons": epsilons, "delta": DELTA, "neighbouring": NEIGHBOURING, "servers": list(SERVERS),
+        "runs": runs, "targets": targets, "target_records": _jsonable(target_records, keep_runs=False),
+        "synthetic": _jsonable(records), "real": _jsonable(real)})
+    report.publish(args.out, "histogram_results.md",
+                   results_markdown(stats, targets, real, args, ns, epsilons, seconds, pngs))
     log(f"histogram evaluation: wrote {', '.join(pngs)}, histogram_results.md, histogram_results.json "
         f"in {args.out} ({sum(seconds.values()):.0f} s)")
     return 0

@@ -198,7 +198,7 @@ def run_case(n: int, epsilon: float, seed: int, parties: Sequence[int] = PARTIES
         Xc, yc = np.delete(clipped, li, axis=1), clipped[:, li]
         ratios["nonpriv_block"] = _ratio(rows, li, error_ratios.ridge_optimum(Xc, yc, alpha), alpha)
         for name, fit in (("dgm_ols", baselines.dgm_ols), ("rmgm_ols", baselines.rmgm_ols)):
-            ratios[name] = _ratio(rows, li, fit(Xc, yc, rng=prng, alpha=alpha, **kw).coef, alpha)
+            ratios[name] = _ratio(rows, li, fit(Xc, yc, simulation.Target(**kw), rng=prng, alpha=alpha).coef, alpha)
         ratios.update(shared)
         out.append({
             "n": n, "epsilon": epsilon, "seed": seed, "parties": p,

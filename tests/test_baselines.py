@@ -14,6 +14,7 @@ import pytest
 from scipy.stats import norm
 
 from analyzer import simulation, synthetic
+from analyzer.simulation import Target
 from research import baselines
 from research.evaluation import (
     EXTRA_BASELINES,
@@ -48,7 +49,7 @@ def ball_point(rng: np.random.Generator, dim: int, radius: float, on_sphere: boo
 @pytest.mark.parametrize("neighbouring", NOTIONS)
 def test_adassp_three_parts_compose_to_exactly_epsilon_delta(neighbouring):
     B = 1.3
-    s = baselines.adassp_sigmas(EPS, DELTA, B, neighbouring)
+    s = baselines.adassp_sigmas(Target(EPS, DELTA, B, neighbouring))
     mus = [s[f"sensitivity_{p}"] / s[f"sigma_{p}"] for p in ("lambda_min", "gram", "xty")]
     # three equal parts
     assert mus[0] == pytest.approx(mus[1], rel=1e-12) and mus[1] == pytest.approx(mus[2], rel=1e-12)
@@ -73,7 +74,7 @@ def test_adassp_composition_checked_by_pld_accountant():
     (noise multipliers sigma_i / Delta_i) and finds epsilon at the target delta."""
     from dp_accounting import ComposedDpEvent, GaussianDpEvent, pld
 
-    s = baselines.adassp_sigmas(EPS, DELTA, 1.0, "replace-one")
+    s = baselines.adassp_sigmas(Target(EPS, DELTA, 1.0, "replace-one"))
     events = [GaussianDpEvent(s[f"sigma_{p}"] / s[f"sensitivity_{p}"]) for p in ("lambda_min", "gram", "xty")]
     acc = pld.PLDAccountant()
     acc.compose(ComposedDpEvent(events))
@@ -89,14 +90,14 @@ def test_adassp_released_noise_has_the_calibrated_stds():
     rows = simulation.clip_rows(rng.standard_normal((n, p + 1)), 1.0)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)  # all on the sphere: lambda_min ~ n / (p+1)
     X, y = rows[:, :p], rows[:, p]
-    s = baselines.adassp_sigmas(EPS, DELTA, 1.0, "replace-one")
+    s = baselines.adassp_sigmas(Target(EPS, DELTA, 1.0, "replace-one"))
     lam_min = float(np.linalg.eigvalsh(X.T @ X)[0])
     shift = math.sqrt(math.log(6 / DELTA)) * s["sigma_lambda_min"]
     assert lam_min - shift > 5 * s["sigma_lambda_min"]  # so the max(0, .) never clips below
     reps = 400
     dg, off, dxy, lt = [], [], [], []
     for _ in range(reps):
-        fit = baselines.adassp(X, y, epsilon=EPS, delta=DELTA, row_bound=1.0, neighbouring="replace-one", rng=rng)
+        fit = baselines.adassp(X, y, Target(EPS, DELTA, 1.0, "replace-one"), rng=rng)
         w = fit.info["gram"] - X.T @ X
         assert np.allclose(w, w.T)
         dg.extend(np.diag(w))
@@ -116,17 +117,17 @@ def test_adassp_released_noise_has_the_calibrated_stds():
 def test_dgm_and_rmgm_noise_is_the_local_sigma(neighbouring):
     B = 0.7
     sigma = privacy.unit_sigma(EPS, DELTA) * (2 * B if neighbouring == "replace-one" else B)
-    assert baselines.data_release_sigma(EPS, DELTA, B, neighbouring) == pytest.approx(sigma, rel=1e-12)
+    assert baselines.data_release_sigma(Target(EPS, DELTA, B, neighbouring)) == pytest.approx(sigma, rel=1e-12)
     # one Gaussian mechanism with sensitivity 2B (B): exactly (epsilon, delta)
     delta_sens = privacy.sensitivity(B, neighbouring)
     assert gdp_delta(delta_sens / sigma, EPS) == pytest.approx(DELTA, rel=1e-6)
     rng = np.random.default_rng(3)
-    kw = dict(epsilon=EPS, delta=DELTA, row_bound=B, neighbouring=neighbouring, rng=rng)
+    target = Target(EPS, DELTA, B, neighbouring)
     zeros_x, zeros_y = np.zeros((3000, 4)), np.zeros(3000)
-    z = baselines.dgm_release(zeros_x, zeros_y, **kw)
+    z = baselines.dgm_release(zeros_x, zeros_y, target, rng=rng)
     assert z.shape == (3000, 5)
     assert np.std(z) == pytest.approx(sigma, rel=0.03)
-    zr, k, sr = baselines.rmgm_release(zeros_x[:20], zeros_y[:20], k=3000, **kw)
+    zr, k, sr = baselines.rmgm_release(zeros_x[:20], zeros_y[:20], target, rng=rng, k=3000)
     assert (k, sr) == (3000, pytest.approx(sigma))
     assert zr.shape == (3000, 5)
     assert np.std(zr) == pytest.approx(sigma, rel=0.03)
@@ -234,8 +235,8 @@ def test_rmgm_release_is_the_mixed_data_plus_noise():
     n, p = baselines.RMGM_CHUNK + 123, 3
     rng_data = np.random.default_rng(9)
     rows = simulation.clip_rows(rng_data.standard_normal((n, p + 1)), 1.0)
-    kw = dict(epsilon=EPS, delta=DELTA, row_bound=1.0, neighbouring="replace-one")
-    z, k, sigma = baselines.rmgm_release(rows[:, :p], rows[:, p], rng=np.random.default_rng(1), k=50, **kw)
+    z, k, sigma = baselines.rmgm_release(rows[:, :p], rows[:, p], Target(EPS, DELTA, 1.0, "replace-one"),
+                                         rng=np.random.default_rng(1), k=50)
     rng = np.random.default_rng(1)
     mixed = baselines.mixing_matrix(50, baselines.RMGM_CHUNK, rng) @ rows[: baselines.RMGM_CHUNK]
     mixed += baselines.mixing_matrix(50, 123, rng) @ rows[baselines.RMGM_CHUNK :]

@@ -50,3 +50,25 @@ def test_the_research_harness_outside_a_checkout_is_one_line(monkeypatch, capsys
     assert cli.main(["experiments", "--quick"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dpsketch experiments: ") and "source checkout" in err, err
+
+
+def test_a_demo_against_running_services_needs_no_extra(monkeypatch, capsys):
+    """`dpsketch demo --analyzer URL --servers URLs` (the compose demo service, in the client image)
+    starts nothing, so it asks for no extra; `dpsketch demo` alone starts a cluster and needs the
+    server and analyzer extras."""
+    asked = []
+
+    def missing(extras):
+        asked.append(extras)
+        return ["fastapi"] if extras else []
+
+    monkeypatch.setattr(cli, "missing_distributions", missing)
+    assert cli.main(["demo", "--clients", "10"]) == 2
+    assert asked == [("server", "analyzer")] and "needs the server and analyzer extras" in capsys.readouterr().err
+    ran = []
+    monkeypatch.setattr(cli.importlib, "import_module",
+                        lambda name: type("M", (), {"main": staticmethod(lambda argv: ran.append(argv) or 0)}))
+    for argv in (["--analyzer", "https://analyzer:8100", "--servers", "https://s1:8101,https://s2:8101"],
+                 ["--analyzer=https://analyzer:8100", "--servers=https://s1:8101,https://s2:8101"]):
+        assert cli.main(["demo", *argv]) == 0
+    assert len(ran) == 2 and asked == [("server", "analyzer")]  # no extra was looked up for them

@@ -22,6 +22,7 @@ only the first run on a machine pays for it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -224,7 +225,7 @@ def test_build_context_holds_only_what_the_image_copies():
     assert tops <= {".dockerignore", "deploy", "pyproject.toml", "README.md", "dpsketch",
                     "client_sdk", "services", "analyzer", "tools"}, tops
     assert not [p for p in included if p.endswith((".pem", ".sqlite3", ".pyc")) or "/." in p
-                or p.startswith("deploy/") and p != "deploy/Dockerfile"]
+                or p.startswith("deploy/") and p not in ("deploy/Dockerfile", "deploy/image-role.py")]
     # every source the Dockerfile COPYs from the context is still in it
     copied = [line.split()[1] for line in (DEPLOY / "Dockerfile").read_text().splitlines()
               if line.startswith("COPY ") and "--from" not in line]
@@ -239,7 +240,7 @@ def test_image_ships_the_compiled_loops(compose_cluster):
     it compiles none (about 16 s of CPU each time a new volume, replica or replacement task
     opened its first large study) and writes nothing to the cache."""
     out = compose_cluster.docker.containers.run(
-        "dpsketch:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
+        "dpsketch-server:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
         command=["-c", "from services.store import warm_kernels; print('ready', warm_kernels())"]).decode()
     assert "ready True" in out, out[-2000:]
     loaded = [line for line in out.splitlines() if line.startswith("[cache] data loaded from")]
@@ -252,11 +253,38 @@ def test_image_ships_the_compiled_loops(compose_cluster):
              'import numba\nfrom services.store import warm_kernels\n'
              'print("ready", warm_kernels(), numba.config.CPU_NAME)\n')
     out = compose_cluster.docker.containers.run(
-        "dpsketch:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
+        "dpsketch-server:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
         command=["-c", other]).decode()
     assert "ready True generic" in out, out[-2000:]
     generic = [line for line in out.splitlines() if line.startswith("[cache] data loaded from")]
     assert len(generic) == len(loaded) and "saved to" not in out, out[-3000:]
+
+
+#: image -> modules it must hold and modules it must not (its role's libraries only: docs/install.md)
+ROLE_MODULES = {
+    "dpsketch-server:local": (("fastapi", "uvicorn", "psycopg", "numba", "services.app"), ()),
+    "dpsketch-analyzer:local": (("fastapi", "uvicorn", "analyzer.app"), ("numba", "psycopg", "threadpoolctl")),
+    "dpsketch-client:local": (("client_sdk", "httpx", "numpy", "scipy", "cryptography", "tools.demo"),
+                              ("fastapi", "starlette", "uvicorn", "psycopg", "prometheus_client", "numba")),
+}
+
+
+def test_each_roles_image_holds_its_libraries_and_no_others(compose_cluster):
+    """The three images compose builds (deploy/Dockerfile's targets) hold their role's libraries
+    and not the others'; the client image is the smallest. Their sizes are printed (docs/install.md
+    states them as deploy/build-images.sh measures them)."""
+    compose_cluster.compose("--profile", "demo", "build", "demo", timeout=1200)  # the client image
+    probe = ("import importlib.util, json, sys; "
+             "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))")
+    sizes = {}
+    for image, (present, absent) in ROLE_MODULES.items():
+        out = compose_cluster.docker.containers.run(image, entrypoint="python", remove=True,
+                                                    command=["-c", probe, *present, *absent]).decode()
+        found = json.loads(out)
+        assert all(found[m] for m in present) and not any(found[m] for m in absent), (image, found)
+        sizes[image] = compose_cluster.docker.images.get(image).attrs["Size"]
+    print("image sizes (MB):", {k: round(v / 1e6) for k, v in sizes.items()})
+    assert sizes["dpsketch-client:local"] < sizes["dpsketch-analyzer:local"] < sizes["dpsketch-server:local"]
 
 
 def _regression_rows(n: int, seed: int) -> np.ndarray:

@@ -82,9 +82,7 @@ def test_central_noise_has_calibrated_scale():
     draws = np.array(
         [
             simulation.upper_triangle(
-                simulation.central_gram(
-                    rows, cols, epsilon=1.0, delta=1e-6, row_bound=1.0, neighbouring="replace-one", rng=rng
-                ).gram()
+                simulation.central_gram(rows, cols, simulation.Target(1.0, 1e-6, 1.0, "replace-one"), rng=rng).gram()
             )
             for _ in range(300)
         ]

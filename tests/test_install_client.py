@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 from analyzer.client import AnalyzerClient
+import dpsketch
 from conftest import Cluster, Servers
 from dpsketch.protocol import messages
 from envguard import unavailable
@@ -111,6 +112,16 @@ def test_the_client_install_has_none_of_the_server_libraries(client_env):
     found = json.loads(probe.stdout)
     assert not any(found[m] for m in NOT_IN_THE_CLIENT), found
     assert all(found[m] for m in ("numpy", "httpx", "cryptography", "pydantic", "client_sdk")), found
+
+
+def test_the_installed_version_is_the_trees_one(client_env):
+    """The wheel's metadata and the installed `dpsketch --version` both say dpsketch.__version__
+    (pyproject.toml reads it: docs/install.md, "Versions and releases")."""
+    out = _run([str(client_env / "dpsketch"), "--version"], 60, cwd="/")
+    assert out.returncode == 0 and out.stdout == f"dpsketch {dpsketch.__version__}\n", (out.stdout, out.stderr)
+    meta = _run([str(client_env / "python"), "-c", "from importlib.metadata import version; print(version('dpsketch'))"],
+                60, cwd="/")
+    assert meta.returncode == 0 and meta.stdout.strip() == dpsketch.__version__, (meta.stdout, meta.stderr)
 
 
 def test_a_server_command_names_the_extra_in_one_line(client_env, tmp_path):

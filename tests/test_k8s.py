@@ -34,9 +34,13 @@ def _workloads(base: str) -> list[dict]:
             for d in _docs(p) if d["kind"] in ("Deployment", "StatefulSet")]
 
 
-def _containers(base: str, image: str = "dpsketch:local") -> list[dict]:
+#: each base's dpsketch image: the role's own target of deploy/Dockerfile (deploy/build-images.sh)
+IMAGES = {"share-server": "dpsketch-server:local", "analyzer": "dpsketch-analyzer:local"}
+
+
+def _containers(base: str) -> list[dict]:
     return [c for w in _workloads(base) for c in w["spec"]["template"]["spec"]["containers"]
-            if c["image"] == image]
+            if c["image"] == IMAGES[base]]
 
 
 def _env_file_keys(path: Path) -> set[str]:
@@ -148,7 +152,7 @@ def test_pods_run_as_the_images_user_and_a_share_server_runs_replicas_on_postgre
     for base in ("share-server", "analyzer"):
         for w in _workloads(base):
             spec = w["spec"]["template"]["spec"]
-            if any(c["image"] == "dpsketch:local" for c in spec["containers"]):
+            if any(c["image"] == IMAGES[base] for c in spec["containers"]):
                 assert spec["securityContext"]["runAsUser"] == uid
                 assert spec["securityContext"]["runAsNonRoot"] is True
     (deployment,) = [w for w in _workloads("share-server") if w["kind"] == "Deployment"]

@@ -36,6 +36,11 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "recommend": ("analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost", ()),
 }
 
+#: command -> its option that points it at running services instead of starting them: given that
+#: option the command only talks HTTP, and the client's install runs it (the compose demo service,
+#: in the client image, runs ``dpsketch demo --analyzer ...``)
+REMOTE_OPTION = {"demo": "--analyzer"}
+
 #: the top-level packages of dpsketch itself: a missing one of these is a broken install, not an extra
 OWN_PACKAGES = ("dpsketch", "client_sdk", "services", "analyzer", "tools", "research")
 
@@ -111,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpsketch {name}: {RESEARCH_MISSING}", file=sys.stderr)
         return 2
     wants_help = any(a in ("-h", "--help") for a in rest)  # help needs no extra
+    remote = name in REMOTE_OPTION and any(a.split("=")[0] == REMOTE_OPTION[name] for a in rest)
+    if remote:
+        extras = ()
     missing = [] if wants_help or not extras else missing_distributions(extras)
     if missing:
         what = f"the {extras[0]} extra" if len(extras) == 1 else f"the {' and '.join(extras)} extras"
