@@ -11,7 +11,7 @@ import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, hex, unhex } from "../src/bytes.js";
 import { encodeNoisy } from "../src/batch.js";
 import { mapper } from "../src/features.js";
-import { provedScale, studyId, width, type Study } from "../src/study.js";
+import { provedScale, studyId, validateStudy, width, type Study } from "../src/study.js";
 import type { NormBound } from "../src/validity/flp.js";
 import { GramNorm, hypot } from "../src/validity/gram.js";
 import { validityPlan, proveBatch, witnessRows } from "../src/validity/study.js";
@@ -101,4 +101,14 @@ test("hypot is Python's math.hypot (correctly rounded) where Math.hypot is an ul
   }
   assert.equal(hypot(0, 0.5), 0.5);
   assert.equal(hypot(3, 4), 5);
+});
+
+test("validateStudy accepts validity on every kind without parties, and refuses it with parties", () => {
+  const studies = vectors("validity.json").map((v) => v.study as Study);
+  assert.deepEqual([...new Set(studies.map((s) => s.kind))].sort(), ["gram", "histogram", "l1", "moments", "sketch"]);
+  for (const s of studies) validateStudy(s);
+  const sketch = studies.find((s) => s.kind === "sketch")!;
+  const parties = { ...sketch, secret_sign: undefined, parties: [{ name: "a", columns: sketch.columns, row_bound: 1 }] };
+  assert.throws(() => validateStudy(parties), /validity: only a study without parties/);
+  assert.throws(() => validateStudy({ ...sketch, sigma: 0 }), /validity/);
 });
