@@ -132,6 +132,20 @@ export function productWires(gd: Gadget, items: Fp[][]): Fp[][] {
   return out;
 }
 
+/** The least q with (beta^q / 2)^2 > r2: the digits of a value bounded by sqrt(r2). */
+export function digitsFor(r2: bigint, beta: number): number {
+  let q = 1;
+  while ((BigInt(beta) ** BigInt(q) / 2n) ** 2n <= r2) q++;
+  return q;
+}
+
+/** The least q with beta^q > r2: the digits of a slack in [0, r2]. */
+export function slackDigitsFor(r2: bigint, beta: number): number {
+  let q = 1;
+  while (BigInt(beta) ** BigInt(q) <= r2) q++;
+  return q;
+}
+
 export const span = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
 
 /**
@@ -149,8 +163,7 @@ export class NormBound implements Circuit {
   constructor(readonly w: number, readonly beta: number, readonly q: number, readonly r2: bigint,
     readonly oneHot: { blocks: [number, number][]; unit: bigint } | null = null) {
     this.half = BigInt(beta) ** BigInt(q) / 2n;
-    let qs = 1;
-    while (BigInt(beta) ** BigInt(qs) <= r2) qs++;
+    const qs = slackDigitsFor(r2, beta);
     this.slackDigits = qs;
     if (BigInt(w) * this.half * this.half + BigInt(beta) ** BigInt(qs) > P) throw new Error("the norm could wrap around p");
     this.digitsAt = oneHot ? w : 0;

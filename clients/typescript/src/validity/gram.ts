@@ -6,21 +6,8 @@
  * R^2) and the witness, computed as the reference computes them, double for double.
  */
 import { encodeInt, mul, add, P, type Fp } from "./field.js";
-import { gadgetLengths, mulSubGadget, productWires, rangeGadget, rangeWires, span, squaresGadget, type Circuit, type Gadget } from "./flp.js";
+import { gadgetLengths, mulSubGadget, slackDigitsFor, productWires, rangeGadget, rangeWires, span, squaresGadget, type Circuit, type Gadget } from "./flp.js";
 import { roundHalfEven } from "../ring.js";
-
-/** The least q with (beta^q / 2)^2 > r2: the digits of a value bounded by sqrt(r2). */
-export function digitsFor(r2: bigint, beta: number): number {
-  let q = 1;
-  while ((BigInt(beta) ** BigInt(q) / 2n) ** 2n <= r2) q++;
-  return q;
-}
-
-function slackDigitsFor(r2: bigint, beta: number): number {
-  let q = 1;
-  while (BigInt(beta) ** BigInt(q) <= r2) q++;
-  return q;
-}
 
 /** The q little-endian base-beta digits of a non-negative integer v < beta^q. */
 function digits(v: bigint, beta: number, q: number, out: Fp[]): void {

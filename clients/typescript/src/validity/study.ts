@@ -9,8 +9,8 @@ import { bind, CONTENT_SEED, CONTENT_SHARE } from "../binding.js";
 import type { Keystream } from "../keystream.js";
 import { gridShift, provedFeatures, rowWidth, spacing, width, type Study } from "../study.js";
 import { sample, sub, type Fp } from "./field.js";
-import { expandShare, jointRand, NormBound, prove } from "./flp.js";
-import { digitsFor, GramNorm, gramBounds, witnessRow } from "./gram.js";
+import { digitsFor, expandShare, jointRand, NormBound, prove } from "./flp.js";
+import { GramNorm, gramBounds, witnessRow } from "./gram.js";
 
 export const BETA = 4;
 
@@ -59,8 +59,7 @@ export function validityPlan(study: Study): ValidityPlan {
   const rowBound = study.kind === "histogram" ? 0 : study.row_bound;
   const r = rowBound / h + t * Math.sqrt(w + 2 * Math.sqrt(w * a) + 2 * a);
   const r2 = BigInt(Math.ceil(r * r));
-  let q = 1;
-  while ((BigInt(BETA) ** BigInt(q) / 2n) ** 2n <= r2) q++;
+  const q = digitsFor(r2, BETA);
   let oneHot: { blocks: [number, number][]; unit: bigint } | null = null;
   if (study.kind === "histogram") {
     const sizes = study.histogram!.axes.map((ax) => (ax.edges ?? ax.categories ?? []).length + 1);
