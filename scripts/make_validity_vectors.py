@@ -112,7 +112,7 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
                  "slack_digits": plan.circuit.slack_digits, "input_len": plan.input_len,
                  "proof_len": plan.proof_len, "verifier_len": plan.verifier_len,
                  "leader_width": plan.leader_width,
-                 **({"t_upper": grid.scale(study.sigma / 2 ** 0.5), "lin": plan.circuit.lin,
+                 **({"t_upper": grid.scale(study.sigma * features.UPPER_SCALE), "lin": plan.circuit.lin,
                      "count_unit": plan.circuit.count_unit, "r2_row": plan.circuit.r2_row,
                      "q_row": plan.circuit.q_row, "H_row": plan.circuit.half_row,
                      "row_slack_digits": plan.circuit.row_slack_digits}

@@ -8,9 +8,9 @@ to a sketch study (sealed classical, sealed post-quantum and plain, seed-compres
 share rotating, upload tokens), the Python SDK submits other rows to the same study, and the
 release equals S(A + G) over both clients' encoded rows bit for bit (no server noise: the
 no-floor policy of test_e2e). Resubmitting with the same submission secret stores nothing new.
-A validity study (sketch; marginal histogram): the Node client's proofs pass every server's
-verification round. A study with parties: one party's blocks sealed from Node, the other's sealed
-by the Python SDK, joined by pseudonym. (c) Headless
+A validity study (sketch; marginal histogram; gram, with the Python SDK's reports beside): the
+Node client's proofs pass every server's verification round. A study with parties: one party's
+blocks sealed from Node, the other's sealed by the Python SDK, joined by pseudonym. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows to the share servers across origins (they allow the page's origin by CORS,
 $DPSKETCH_CORS_ORIGINS); exact release.
@@ -201,6 +201,64 @@ def test_validity_study_typescript_proofs_verify_and_release_exactly(built_packa
     encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])
     expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
+
+
+def test_gram_validity_study_typescript_and_python_proofs_release_exactly(built_package, exact_cluster):
+    """A gram study with proofs (circuit GramNorm, docs/validity.md section 12): the Node client
+    shares raw products (the strict upper triangle times 1/sqrt(2), its noise a block of its own at
+    sigma / sqrt(2)) with a witness row and its products proved, the Python SDK the same; every
+    report of both passes every server's verification round, the release (no floor) is exactly
+    the sum of both clients' noisy vectors scaled back per column (release_from_ring_sum), and
+    it lies within the noise of the rows' true features, so the Node client's scaling is the
+    protocol's and not only self-consistent."""
+    from analyzer.release import release_from_ring_sum
+    from dpsketch.protocol import features
+    from test_validity_e2e import encoded_vectors
+
+    c = exact_cluster
+    n_py, parts = 100, [("classical", 80, 40), ("none", 60, 60)]
+    n = n_py + sum(p[1] for p in parts)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts gram validity", columns=COLUMNS, label="y", kind="gram",
+                                  expected_reports=n, min_reports=n, epsilon_floor=None, validity=True)
+    study = Study.model_validate(created["study"])
+    assert study.kind == "gram" and study.proved_features and study.server_sigma == 0
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
+
+    rng = np.random.default_rng(4045)
+    ts_rows, ts_ids, ts_vectors = [], [], []
+    for sealing, m, batch_size in parts:
+        rows = 0.9 * rng.uniform(-1, 1, size=(m, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows.tolist(),
+                           "sealing": sealing, "batchSize": batch_size})
+        assert out["accepted"] == [m] * 3, out
+        ts_rows.append(rows)
+        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
+        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
+
+    py_rows = 0.9 * rng.uniform(-1, 1, size=(n_py, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+    batch = prepare_batch(study, py_rows, full=2)
+    for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["accepted"] == n_py, r.text
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: every report checked
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        assert fin["verification"]["refused"] == 0, fin["verification"]
+        released = np.array(an.sketch(study.study_id)["sketch"]).reshape(-1)
+
+    ids = ts_ids + list(batch.report_ids)
+    encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])
+    total = np.zeros(study.aggregate_shape, dtype=np.uint64)
+    hashed_rows, signs = study.hash_report_ids(ids)
+    sketch.accumulate(total, hashed_rows, signs, encoded)
+    np.testing.assert_array_equal(released, release_from_ring_sum(study, total, n).values)  # exact
+    want = features.client_vectors("gram", np.vstack([*ts_rows, py_rows])).sum(axis=0)
+    z = (released - want) / (study.sigma * np.sqrt(n))  # sigma a coordinate in the release's units
+    assert np.abs(z).max() < 5.5, z
 
 
 GATEWAY_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>dpsketch TypeScript client</title>

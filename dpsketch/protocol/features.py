@@ -125,6 +125,12 @@ def client_vectors(kind: Kind, clipped_rows: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown study kind {kind!r}")
 
 
+#: 1 / sqrt(2) as a double (0.7071067811865475): a validity study's strict upper triangle scale,
+#: and every noise sd there is sigma times this double (never sigma / sqrt(2), which differs in the
+#: last bit for some sigma and then in the sampler's parameter)
+UPPER_SCALE = 1.0 / math.sqrt(2.0)
+
+
 def proved_scale(kind: Kind, d: int) -> np.ndarray:
     """What a validity study's client multiplies its features by (width values): 1/sqrt(2) on
     the strict upper triangle, 1 elsewhere, so that it shares the raw products a_i a_j, which
@@ -136,7 +142,7 @@ def proved_scale(kind: Kind, d: int) -> np.ndarray:
         return np.ones(width(kind, d))
     start = d if kind == "gram" else 0
     scale = np.ones(width(kind, d))
-    scale[start + d:start + d * (d + 1) // 2] = 1.0 / math.sqrt(2.0)
+    scale[start + d:start + d * (d + 1) // 2] = UPPER_SCALE
     return scale
 
 

@@ -300,7 +300,7 @@ class Study(BaseModel):
         validity study the coarsest with its smallest noise at 64 steps or more (validity.py)."""
         largest = max(self.sigma, self.server_noise_std)
         if self.validity is not None and self.sigma > 0 and self.kind in features.GRAM_KINDS:
-            return _validity.gram_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0) / math.sqrt(2.0),
+            return _validity.gram_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0) * features.UPPER_SCALE,
                                        self.frac_bits)
         if self.validity is not None and self.sigma > 0:  # coarser: a proof costs digits per bit
             return _validity.noise_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0), self.frac_bits)

@@ -168,7 +168,7 @@ def widened_sigma(sigma: float, k: int, frac_bits: int, kind: str = "sketch") ->
     gram = kind in features.GRAM_KINDS  # its grid (gram_grid) and the sqrt(2) h its argument is made for
     wide = sigma
     for _ in range(8):
-        r = (rounding_radius(math.sqrt(2.0) * gram_grid(wide / math.sqrt(2.0), frac_bits).spacing, k) if gram
+        r = (rounding_radius(math.sqrt(2.0) * gram_grid(wide * features.UPPER_SCALE, frac_bits).spacing, k) if gram
              else rounding_radius(noise_grid(wide, frac_bits).spacing, k))
         nxt = math.sqrt(sigma * sigma + r * r) * (1.0 + 1e-12)
         if nxt <= wide:
@@ -291,11 +291,11 @@ def plan(study) -> Plan:
     """The study's validity plan (cached per parameters): NormBound for a sketch study,
     OneHotNorm (one block of cells per axis of a marginal histogram, one for a grid) for a
     histogram study, whose unit is one count in grid units, 2^(f - shift), GramNorm for a gram
-    or moments study (its noise parameter t on the diagonal, ceil(t / sqrt(2)) on the strict upper
-    triangle: t_eff = the larger of t and sqrt(2) times that)."""
+    or moments study (its noise parameter t on the diagonal, t_o = ceil(sigma UPPER_SCALE / h) on
+    the strict upper triangle: t_eff = the larger of t and sqrt(2) t_o)."""
     grid = study.noise_grid
     if study.kind in features.GRAM_KINDS:
-        t_eff = max(grid.scale(study.sigma), math.sqrt(2.0) * grid.scale(study.sigma / math.sqrt(2.0)))
+        t_eff = max(grid.scale(study.sigma), math.sqrt(2.0) * grid.scale(study.sigma * features.UPPER_SCALE))
         r2_row, r2 = gram_bounds(study.kind, study.row_width, study.row_bound, grid, t_eff)
         m = (grid.frac_bits - grid.shift) // 2
         return _gram_plan(study.row_width, study.kind == "gram", m, r2_row, r2, grid.shift, study.n_servers)

@@ -11,7 +11,7 @@ import { mapper, type RawValue } from "./features.js";
 import { Keystream } from "./keystream.js";
 import { draw } from "./noise.js";
 import { expandSeedBytes, roundHalfEven } from "./ring.js";
-import { noisePlan, valueBound, type Study } from "./study.js";
+import { noisePlan, provedFeatures, provedScale, valueBound, type Study } from "./study.js";
 import { proveBatch, validityPlan } from "./validity/study.js";
 
 export const SHARES_TYPE = "application/x-dpsketch-shares";
@@ -55,7 +55,9 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
   const m = rows.length;
   const N = study.servers.length;
   const mp = mapper(study);
-  const vectors = rows.map((r) => mp.vector(r));
+  // a study with proved features: its proof multiplies the clipped rows (the witness)
+  const clippedRows = provedFeatures(study) ? rows.map((r) => mp.clipped(r)) : null;
+  const vectors = clippedRows ? clippedRows.map((a) => mp.features(a)) : rows.map((r) => mp.vector(r));
   const ks = new Keystream(key);
   let signs: number[] | null = null;
   if (study.secret_sign) {
@@ -63,7 +65,7 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
     signs = Array.from(bits, (b) => (b ? -1 : 1));
   }
   const { noisy, halves } = encodeNoisy(study, vectors, signs, ks, W);
-  if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped, study.kind === "histogram" ? vectors : null);
+  if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped, study.kind === "histogram" ? vectors : null, clippedRows);
   const servers = shareAndSalt(halves, m, W, N, ks, opts.full);
   const reportIds: Uint8Array[] = [];
   const sid = unhex(studyIdHex);
@@ -81,9 +83,9 @@ export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][
  * other server a seed; the keystream continues after the noise.
  */
 function provedBatch(study: Study, studyIdHex: string, noisy: BigUint64Array, ks: Keystream, full: number,
-  signs: number[] | null, clamped: number[], onehot: number[][] | null): PreparedBatch {
+  signs: number[] | null, clamped: number[], onehot: number[][] | null, clippedRows: number[][] | null): PreparedBatch {
   const plan = validityPlan(study);
-  const b = proveBatch(study, studyIdHex, plan, noisy, ks, full, onehot);
+  const b = proveBatch(study, studyIdHex, plan, noisy, ks, full, onehot, clippedRows);
   const servers: ServerBatch[] = b.servers.map((s, j) => ({
     position: j,
     content: s.content,
@@ -96,15 +98,41 @@ function provedBatch(study: Study, studyIdHex: string, noisy: BigUint64Array, ks
 }
 
 /**
- * Step 2 of the draw order: the vectors (signed already) rounded to the grid plus the client
- * noise, as ring values; also their little-endian 32-bit halves (every |value| < 2^53 is an exact
- * double, so no BigInt per value).
+ * The client noise of m rows of W values, row-major, in grid units. A study with proved features
+ * (section 4b) draws it in two blocks: every column of scale 1 as one (m, w_1) block, then the
+ * strict upper triangle's as an (m, W - w_1) block with sd sigma / sqrt(2).
+ */
+function clientNoise(study: Study, ks: Keystream, m: number, W: number): Int32Array | Float64Array | null {
+  const plan = noisePlan(study);
+  if (!plan.client) return null;
+  if (!plan.clientUpper) return draw(ks, m * W, plan.client.t, plan.client.limit);
+  const scale = provedScale(study);
+  const out = new Float64Array(m * W);
+  const columns = scale.map((_, c) => c);
+  const blocks = [
+    { ...plan.client, cols: columns.filter((c) => scale[c] === 1) },
+    { ...plan.clientUpper, cols: columns.filter((c) => scale[c] !== 1) },
+  ];
+  for (const { t, limit, cols } of blocks) {
+    if (cols.length === 0) continue;
+    const block = draw(ks, m * cols.length, t, limit);
+    for (let i = 0; i < m; i++) cols.forEach((c, k) => (out[i * W + c] = block[i * cols.length + k]));
+  }
+  return out;
+}
+
+/**
+ * Step 2 of the draw order: the vectors (signed already; times provedScale in a study with proved
+ * features) rounded to the grid plus the client noise, as ring values; also their little-endian
+ * 32-bit halves (every |value| < 2^53 is an exact double, so no BigInt per value).
  */
 export function encodeNoisy(study: Study, vectors: number[][], signs: number[] | null, ks: Keystream, W: number): { noisy: BigUint64Array; halves: Uint32Array } {
   const plan = noisePlan(study);
   const m = vectors.length;
   const f = study.frac_bits;
-  const noise = plan.client ? draw(ks, m * W, plan.client.t, plan.client.limit) : null;
+  const scale = provedFeatures(study) ? provedScale(study) : null;
+  if (scale) vectors = vectors.map((v) => v.map((x, c) => x * scale[c]));
+  const noise = clientNoise(study, ks, m, W);
   const gridScale = 2 ** (f - plan.shift);
   const unit = 2 ** plan.shift;
   const bound = (valueBound(study) + 20 * study.sigma) * 2 ** f;

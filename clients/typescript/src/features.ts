@@ -92,6 +92,10 @@ export interface Mapper {
   /** clamped values per column, summed over the rows mapped */
   clamped: number[];
   vector(row: RawValue[]): number[];
+  /** the row mapped by the bounds and clipped to B' (not for a histogram): what the features are made of */
+  clipped(row: RawValue[]): number[];
+  /** the kind's vector of a clipped row: the row, phi or psi */
+  features(a: number[]): number[];
 }
 
 /** The clipped, mapped vector of each row (before the secret sign and the grid). */
@@ -100,8 +104,7 @@ export function mapper(study: Study): Mapper {
   const constant = study.kind !== "gram" && study.kind !== "histogram";
   const map = study.bounds ? columnMap(study.bounds, Bp, constant) : null;
   const clamped = new Array(study.columns.length).fill(0);
-  const vector = (row: RawValue[]): number[] => {
-    if (study.kind === "histogram") return histogramVector(study, row);
+  const clipped = (row: RawValue[]): number[] => {
     if (row.length !== study.columns.length) throw new Error(`a row has ${row.length} values, the study ${study.columns.length} columns`);
     let a: number[];
     if (map) {
@@ -112,10 +115,13 @@ export function mapper(study: Study): Mapper {
       for (const v of row) if (typeof v !== "number" || !Number.isFinite(v)) throw new Error("a row value is not a finite number");
       a = row as number[];
     }
-    a = clip(a, Bp);
+    return clip(a, Bp);
+  };
+  const features = (a: number[]): number[] => {
     if (study.kind === "gram") return phi(a);
     if (study.kind === "moments") return psi(a);
     return a;
   };
-  return { map, clipBound: Bp, clamped, vector };
+  const vector = (row: RawValue[]): number[] => (study.kind === "histogram" ? histogramVector(study, row) : features(clipped(row)));
+  return { map, clipBound: Bp, clamped, vector, clipped, features };
 }

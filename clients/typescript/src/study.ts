@@ -120,9 +120,42 @@ export function serverStd(study: Study): number {
   return study.server_sigma * Math.sqrt(sPrime(study));
 }
 
+/**
+ * Whether clients share raw products (a gram or moments study with validity proofs, section 4b):
+ * their features times `provedScale`, the strict upper triangle's noise at sigma / sqrt(2).
+ */
+export function provedFeatures(study: Study): boolean {
+  return study.validity !== undefined && (study.kind === "gram" || study.kind === "moments");
+}
+
+/** 1 / sqrt(2) as the reference computes it (1.0 / math.sqrt(2.0)): not Math.SQRT1_2, one ulp above. */
+export const INV_SQRT2 = 1 / Math.SQRT2;
+
+/**
+ * What a client multiplies its features (and their noise's sd) by (features.proved_scale): 1 /
+ * sqrt(2) on the strict upper triangle of a study with proved features, 1 elsewhere.
+ */
+export function provedScale(study: Study): number[] {
+  const w = width(study);
+  const scale = new Array(w).fill(1);
+  if (!provedFeatures(study)) return scale;
+  const d = rowWidth(study);
+  const start = study.kind === "gram" ? d : 0;
+  for (let i = start + d; i < start + (d * (d + 1)) / 2; i++) scale[i] = INV_SQRT2;
+  return scale;
+}
+
 /** shift of the noise grid (section 5; section 4b for a validity study). */
 export function gridShift(study: Study): number {
   const f = study.frac_bits;
+  if (provedFeatures(study) && study.sigma > 0) {
+    // h = 4^-m for the least m with the strict upper triangle's noise at 4096 steps or more
+    const smallest = Math.min(...[study.sigma, serverStd(study)].filter((x) => x > 0)) * INV_SQRT2;
+    let m = 0;
+    while (smallest * 4 ** m < 4096) m++;
+    if (2 * m > f) throw new Error(`the noise (${smallest}) is too small for the study's ${f} fractional bits: a validity gram study needs its grid 4^-m on the ring`);
+    return f - 2 * m;
+  }
   if (study.validity !== undefined) {
     const cand = [study.sigma, serverStd(study)].filter((x) => x > 0);
     if (cand.length === 0) return 0;
@@ -168,7 +201,8 @@ function sensitivities(study: Study): { replace: Sens; presence: Sens } {
 export function clipBound(study: Study): number {
   const B = study.row_bound;
   if (study.kind === "histogram") return B;
-  const rho = spacing(study) * Math.sqrt(width(study));
+  // a study with proved features lies on sqrt(2) h on its strict upper triangle (section 4b)
+  const rho = spacing(study) * Math.sqrt(width(study)) * (provedFeatures(study) ? Math.SQRT2 : 1);
   const { replace, presence } = sensitivities(study);
   const rB = replace(B), pB = presence(B);
   let lo = 0, hi = B;
@@ -193,6 +227,8 @@ export interface NoisePlan {
   clipBound: number;
   width: number;
   client: { t: number; limit: number } | null;
+  /** the strict upper triangle's client noise (sd sigma / sqrt(2)) of a study with proved features */
+  clientUpper: { t: number; limit: number } | null;
   server: { std: number; t: number; limit: number } | null;
 }
 
@@ -205,6 +241,7 @@ export function noisePlan(study: Study): NoisePlan {
     clipBound: clipBound(study),
     width: width(study),
     client: study.sigma > 0 ? noiseParameters(study.sigma, h) : null,
+    clientUpper: study.sigma > 0 && provedFeatures(study) ? noiseParameters(study.sigma * INV_SQRT2, h) : null,
     server: study.server_sigma > 0 ? { std: sstd, ...noiseParameters(sstd, h) } : null,
   };
 }
@@ -254,7 +291,7 @@ export function validateStudy(study: Study): void {
   if (!(Number.isInteger(study.min_reports) && study.t < study.min_reports && study.min_reports <= study.max_reports)) fail("min_reports");
   if (!(Number.isInteger(study.frac_bits) && study.frac_bits >= 0 && study.frac_bits <= 62)) fail("frac_bits");
   if (study.secret_sign === true && !(study.kind === "sketch" && study.k > 1 && !study.parties)) fail("secret_sign only in a sketch study with k > 1 and no parties");
-  if (study.validity !== undefined && (study.validity !== "norm-bound/1" || !((study.kind === "sketch" && !study.parties) || study.kind === "histogram") || !(study.sigma > 0))) fail("validity: only a sketch study without parties or a histogram study, with client noise");
+  if (study.validity !== undefined && (study.validity !== "norm-bound/1" || study.parties || !(study.sigma > 0))) fail("validity: only a study without parties, with client noise");
   if (study.bounds !== undefined) {
     if (study.kind === "histogram" || study.parties) fail("bounds not in a histogram study or one with parties");
     if (study.bounds.length !== d) fail("bounds: one pair per column");

@@ -1,8 +1,8 @@
 /**
- * The fully linear proof of docs/validity.md section 3 for the NormBound circuit (section 2),
- * the client's side: the circuit's shape (group sizes minimising proof plus verifier length),
- * the digits of a vector, joint randomness from the report id, prove, and the helpers' seeded
- * shares (section 4).
+ * The fully linear proof of docs/validity.md section 3 for the NormBound circuit (section 2; the
+ * gram circuit GramNorm of section 12 is gram.ts), the client's side: the circuit's shape (group
+ * sizes minimising proof plus verifier length), the digits of a vector, joint randomness from the
+ * report id, prove, and the helpers' seeded shares (section 4).
  */
 import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, concat } from "../bytes.js";
@@ -36,7 +36,8 @@ export function bestCount(items: number, innerArity: number, degree: number, wei
 }
 
 export interface Gadget {
-  kind: "range" | "mul";
+  /** range: ParallelSum(Range(beta)); mul: ParallelSum(Mul) of (a, b) pairs; mulsub: ParallelSum(MulSub) of (a, b, c) */
+  kind: "range" | "mul" | "mulsub";
   weighted: boolean;
   /** the range gadget's beta (2 for bits) */
   beta: number;
@@ -53,28 +54,106 @@ export interface Gadget {
   polyLen: number;
 }
 
-function rangeGadget(columns: number[], beta: number): Gadget {
+export function rangeGadget(columns: number[], beta: number): Gadget {
   const count = bestCount(columns.length, 1, beta, true);
   const calls = Math.ceil(columns.length / count);
   const wireLen = nextPow2(calls + 2);
   return { kind: "range", weighted: true, beta, columns, count, arity: count, calls, degree: beta, wireLen, polyLen: beta * (wireLen - 1) + 1 };
 }
 
-function squaresGadget(w: number): Gadget {
-  const count = bestCount(w, 2, 2, false);
-  const calls = Math.ceil(w / count);
+/** A ParallelSum of a degree-2 gadget over `items` inner calls: Mul (plain) or MulSub (weighted). */
+function productGadget(kind: "mul" | "mulsub", items: number): Gadget {
+  const inner = kind === "mul" ? 2 : 3;
+  const weighted = kind === "mulsub";
+  const count = bestCount(items, inner, 2, weighted);
+  const calls = Math.ceil(items / count);
   const wireLen = nextPow2(calls + 2);
-  return { kind: "mul", weighted: false, beta: 0, columns: [], count, arity: 2 * count, calls, degree: 2, wireLen, polyLen: 2 * (wireLen - 1) + 1 };
+  return { kind, weighted, beta: 0, columns: [], count, arity: inner * count, calls, degree: 2, wireLen, polyLen: 2 * (wireLen - 1) + 1 };
 }
 
-const span = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
+export function squaresGadget(w: number): Gadget {
+  return productGadget("mul", w);
+}
+
+/** ParallelSum(MulSub, count, weighted) over `items` products: slot (a, b, c) states c = a b. */
+export function mulSubGadget(items: number): Gadget {
+  return productGadget("mulsub", items);
+}
+
+/** What prove() needs of a circuit: its gadgets and the wire values of their calls. */
+export interface Circuit {
+  readonly inputLen: number;
+  readonly gadgets: Gadget[];
+  readonly jointRandLen: number;
+  readonly proveRandLen: number;
+  readonly proofLen: number;
+  readonly verifierLen: number;
+  /** The wire values of every call of gadget g: [call][wire]. */
+  wires(g: number, input: Fp[]): Fp[][];
+}
+
+/** Joint randomness, prove randomness, proof and verifier lengths of a list of gadgets. */
+export function gadgetLengths(gadgets: Gadget[]): { jointRandLen: number; proveRandLen: number; proofLen: number; verifierLen: number } {
+  return {
+    jointRandLen: gadgets.filter((g) => g.weighted).length + 1,
+    proveRandLen: gadgets.reduce((a, g) => a + 2 * g.arity, 0),
+    proofLen: gadgets.reduce((a, g) => a + 2 * g.arity + (g.weighted ? 2 : 1) * g.polyLen, 0),
+    verifierLen: 1 + gadgets.reduce((a, g) => a + g.arity + 1, 0),
+  };
+}
+
+/** A range gadget's calls: call k, slot j reads input column columns[k count + j] (0 past the end). */
+export function rangeWires(gd: Gadget, input: Fp[]): Fp[][] {
+  const out: Fp[][] = [];
+  for (let k = 0; k < gd.calls; k++) {
+    const row: Fp[] = [];
+    for (let j = 0; j < gd.count; j++) {
+      const i = k * gd.count + j;
+      row.push(i < gd.columns.length ? input[gd.columns[i]] : 0n);
+    }
+    out.push(row);
+  }
+  return out;
+}
+
+/** A product gadget's calls from its items' wire groups (each `inner` values; zeros past the end). */
+export function productWires(gd: Gadget, items: Fp[][]): Fp[][] {
+  const inner = gd.arity / gd.count;
+  const out: Fp[][] = [];
+  for (let k = 0; k < gd.calls; k++) {
+    const row: Fp[] = [];
+    for (let j = 0; j < gd.count; j++) {
+      const i = k * gd.count + j;
+      if (i < items.length) row.push(...items[i]);
+      else for (let x = 0; x < inner; x++) row.push(0n);
+    }
+    out.push(row);
+  }
+  return out;
+}
+
+/** The least q with (beta^q / 2)^2 > r2: the digits of a value bounded by sqrt(r2). */
+export function digitsFor(r2: bigint, beta: number): number {
+  let q = 1;
+  while ((BigInt(beta) ** BigInt(q) / 2n) ** 2n <= r2) q++;
+  return q;
+}
+
+/** The least q with beta^q > r2: the digits of a slack in [0, r2]. */
+export function slackDigitsFor(r2: bigint, beta: number): number {
+  let q = 1;
+  while (BigInt(beta) ** BigInt(q) <= r2) q++;
+  return q;
+}
+
+export const span = (a: number, b: number) => Array.from({ length: b - a }, (_, i) => a + i);
 
 /**
  * NormBound(w, beta, q, R^2) of docs/validity.md section 2, or with `oneHot` the histogram
  * circuit OneHotNorm of section 9: x_i = unit b_i + e_i, b one-hot in each block, the noise e
  * bounded as NormBound bounds x; its input is the w bits, then e's digits, then the slack's.
  */
-export class NormBound {
+export class NormBound implements Circuit {
   readonly half: bigint;
   readonly slackDigits: number;
   readonly inputLen: number;
@@ -84,8 +163,7 @@ export class NormBound {
   constructor(readonly w: number, readonly beta: number, readonly q: number, readonly r2: bigint,
     readonly oneHot: { blocks: [number, number][]; unit: bigint } | null = null) {
     this.half = BigInt(beta) ** BigInt(q) / 2n;
-    let qs = 1;
-    while (BigInt(beta) ** BigInt(qs) <= r2) qs++;
+    const qs = slackDigitsFor(r2, beta);
     this.slackDigits = qs;
     if (BigInt(w) * this.half * this.half + BigInt(beta) ** BigInt(qs) > P) throw new Error("the norm could wrap around p");
     this.digitsAt = oneHot ? w : 0;
@@ -95,16 +173,16 @@ export class NormBound {
       : [rangeGadget(span(0, this.inputLen), beta), squaresGadget(w)];
   }
   get jointRandLen(): number {
-    return this.gadgets.filter((g) => g.weighted).length + 1;
+    return gadgetLengths(this.gadgets).jointRandLen;
   }
   get proveRandLen(): number {
-    return this.gadgets.reduce((a, g) => a + 2 * g.arity, 0);
+    return gadgetLengths(this.gadgets).proveRandLen;
   }
   get proofLen(): number {
-    return this.gadgets.reduce((a, g) => a + 2 * g.arity + (g.weighted ? 2 : 1) * g.polyLen, 0);
+    return gadgetLengths(this.gadgets).proofLen;
   }
   get verifierLen(): number {
-    return 1 + this.gadgets.reduce((a, g) => a + g.arity + 1, 0);
+    return gadgetLengths(this.gadgets).verifierLen;
   }
 
   /**
@@ -162,26 +240,13 @@ export class NormBound {
   /** The wire values of every call of gadget g: [call][wire]. */
   wires(g: number, input: Fp[]): Fp[][] {
     const gd = this.gadgets[g];
-    const out: Fp[][] = [];
-    const x = gd.kind === "mul" ? this.noise(input) : [];
-    for (let k = 0; k < gd.calls; k++) {
-      const row: Fp[] = [];
-      for (let j = 0; j < gd.count; j++) {
-        const i = k * gd.count + j;
-        if (gd.kind === "range") row.push(i < gd.columns.length ? input[gd.columns[i]] : 0n);
-        else {
-          const v = i < this.w ? x[i] : 0n;
-          row.push(v, v);
-        }
-      }
-      out.push(row);
-    }
-    return out;
+    if (gd.kind === "range") return rangeWires(gd, input);
+    return productWires(gd, this.noise(input).map((v) => [v, v]));
   }
 }
 
 /** J pairs of F_(p^2) from the report id: the weighted gadgets' r, then rho. */
-export function jointRand(c: NormBound, reportId: Uint8Array): Fp2[] {
+export function jointRand(c: Circuit, reportId: Uint8Array): Fp2[] {
   const key = sha256(concat(JOINT_DOMAIN, reportId));
   const e = expand(key, 2 * c.jointRandLen, JOINT_NONCE);
   const out: Fp2[] = [];
@@ -190,7 +255,7 @@ export function jointRand(c: NormBound, reportId: Uint8Array): Fp2[] {
 }
 
 /** The proof of one report: per gadget its wire seeds (a_1, b_1, ...), then q_g's coefficients. */
-export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]): Fp[] {
+export function prove(c: Circuit, input: Fp[], joint: Fp2[], proveRand: Fp[]): Fp[] {
   const proof: Fp[] = [];
   let rp = 0;
   let weightedIdx = 0;
@@ -219,10 +284,17 @@ export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]):
         // unreduced sums of exact products, one reduction per point (BigInt has no overflow)
         let a0 = 0n, a1 = 0n;
         for (let l = 0; l < gd.count; l++) {
-          const x = wireEvals[l][i];
-          let prod = x;
-          for (let v = 1; v < gd.beta; v++) prod *= x - vs[v];
-          prod %= P;
+          let prod: bigint;
+          if (gd.kind === "mulsub") {
+            // MulSub(a, b, c) = a b - c
+            prod = (wireEvals[3 * l][i] * wireEvals[3 * l + 1][i] - wireEvals[3 * l + 2][i]) % P;
+          } else {
+            // Range(beta)(x) = prod_v (x - v)
+            const x = wireEvals[l][i];
+            prod = x;
+            for (let v = 1; v < gd.beta; v++) prod *= x - vs[v];
+            prod %= P;
+          }
           a0 += w0[l] * prod;
           a1 += w1[l] * prod;
         }
@@ -246,7 +318,7 @@ export function prove(c: NormBound, input: Fp[], joint: Fp2[], proveRand: Fp[]):
 }
 
 /** A helper's input share then proof share, from its 32-byte seed. */
-export function expandShare(c: NormBound, seed: Uint8Array): { input: Fp[]; proof: Fp[] } {
+export function expandShare(c: Circuit, seed: Uint8Array): { input: Fp[]; proof: Fp[] } {
   const e = expand(seed, c.inputLen + c.proofLen, SHARE_NONCE);
   return { input: e.slice(0, c.inputLen), proof: e.slice(c.inputLen) };
 }

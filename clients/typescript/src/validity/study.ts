@@ -7,39 +7,58 @@
 import { u64sToBytes } from "../bytes.js";
 import { bind, CONTENT_SEED, CONTENT_SHARE } from "../binding.js";
 import type { Keystream } from "../keystream.js";
-import { gridShift, spacing, width, type Study } from "../study.js";
+import { gridShift, INV_SQRT2, provedFeatures, rowWidth, spacing, width, type Study } from "../study.js";
 import { sample, sub, type Fp } from "./field.js";
-import { expandShare, jointRand, NormBound, prove } from "./flp.js";
+import { digitsFor, expandShare, jointRand, NormBound, prove } from "./flp.js";
+import { GramNorm, gramBounds, normAllowance, witnessRow } from "./gram.js";
 
 export const BETA = 4;
 
 export interface ValidityPlan {
   shift: number;
   t: number;
+  /** a gram or moments study: the strict upper triangle's sampler parameter t_o */
+  tUpper: number | null;
   r2: bigint;
   q: number;
-  circuit: NormBound;
+  circuit: NormBound | GramNorm;
   /** n + P: the leader's elements per report */
   leaderWidth: number;
 }
 
+/**
+ * A gram or moments study's plan (docs/protocol.md section 4b, validity.plan): GramNorm with
+ * t_e = max(t, sqrt(2) t_o), the witness grid g = 2^-m = sqrt(h).
+ */
+function gramPlan(study: Study): ValidityPlan {
+  const shift = gridShift(study);
+  const h = spacing(study);
+  const m = (study.frac_bits - shift) / 2;
+  const t = Math.max(1, Math.ceil(study.sigma / h));
+  const tUpper = Math.max(1, Math.ceil((study.sigma * INV_SQRT2) / h));
+  const tEff = Math.max(t, Math.SQRT2 * tUpper);
+  const d = rowWidth(study);
+  const gram = study.kind === "gram";
+  const { r2Row, r2 } = gramBounds(gram, d, width(study), study.row_bound, h, tEff);
+  const q = digitsFor(r2, BETA);
+  const circuit = new GramNorm(d, gram, 1n << BigInt(m), 1n << BigInt(2 * m), BETA, digitsFor(r2Row, BETA), r2Row, q, r2);
+  return { shift, t, tUpper, r2, q, circuit, leaderWidth: circuit.inputLen + circuit.proofLen };
+}
+
 export function validityPlan(study: Study): ValidityPlan {
   if (study.validity !== "norm-bound/1") throw new Error("not a validity study");
-  // an l1 study proves what a sketch study does (its noisy row); gram and moments studies' proofs
-  // (circuit GramNorm, docs/validity.md section 12) are not in this client yet
-  if (study.kind !== "sketch" && study.kind !== "histogram" && study.kind !== "l1") {
-    throw new Error(`a ${study.kind} study's validity proofs are not supported by this client yet (a ${study.kind} study has no validity proofs here)`);
-  }
+  if (study.parties) throw new Error("validity proofs are not yet available for a study with parties");
+  // an l1 study proves what a sketch study does (its noisy row); gram and moments studies their
+  // features' witness row and noise (circuit GramNorm, docs/validity.md section 12)
+  if (provedFeatures(study)) return gramPlan(study);
   const h = spacing(study);
   const t = Math.max(1, Math.ceil(study.sigma / h));
   const w = width(study);
-  const a = 96 * Math.log(2); // an honest report is outside with probability <= 2^-96
   // a histogram's one-hot part is proved exactly: its bound is the noise allowance alone
   const rowBound = study.kind === "histogram" ? 0 : study.row_bound;
-  const r = rowBound / h + t * Math.sqrt(w + 2 * Math.sqrt(w * a) + 2 * a);
+  const r = rowBound / h + normAllowance(t, w);
   const r2 = BigInt(Math.ceil(r * r));
-  let q = 1;
-  while ((BigInt(BETA) ** BigInt(q) / 2n) ** 2n <= r2) q++;
+  const q = digitsFor(r2, BETA);
   let oneHot: { blocks: [number, number][]; unit: bigint } | null = null;
   if (study.kind === "histogram") {
     const sizes = study.histogram!.axes.map((ax) => (ax.edges ?? ax.categories ?? []).length + 1);
@@ -54,7 +73,7 @@ export function validityPlan(study: Study): ValidityPlan {
     oneHot = { blocks, unit: 1n << BigInt(study.frac_bits - gridShift(study)) };
   }
   const circuit = new NormBound(w, BETA, q, r2, oneHot);
-  return { shift: gridShift(study), t, r2, q, circuit, leaderWidth: circuit.inputLen + circuit.proofLen };
+  return { shift: gridShift(study), t, tUpper: null, r2, q, circuit, leaderWidth: circuit.inputLen + circuit.proofLen };
 }
 
 export interface ProvedBatch {
@@ -65,13 +84,26 @@ export interface ProvedBatch {
   proofs: Fp[][];
 }
 
-/** The proved batch from the noisy ring vectors (m rows of width values), leader at `full`. */
+/** The witness rows of a gram or moments study's clipped rows (validity.witness_rows). */
+export function witnessRows(plan: ValidityPlan, clipped: number[][]): bigint[][] {
+  const c = plan.circuit;
+  if (!(c instanceof GramNorm)) throw new Error("only a gram or moments study's proof takes a witness row");
+  const m = c.lin.toString(2).length - 1; // g = 2^-m
+  return clipped.map((a) => witnessRow(a, m));
+}
+
+/**
+ * The proved batch from the noisy ring vectors (m rows of width values), leader at `full`; a
+ * histogram's one-hot rows, a gram or moments study's clipped rows (its witness's source).
+ */
 export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan, noisy: BigUint64Array, ks: Keystream, full: number,
-  onehot: number[][] | null = null): ProvedBatch {
+  onehot: number[][] | null = null, clipped: number[][] | null = null): ProvedBatch {
   const c = plan.circuit;
   const w = c.w;
   const m = noisy.length / w;
   const N = study.servers.length;
+  const witness = c instanceof GramNorm ? witnessRows(plan, clipped ?? []) : null;
+  if (witness && (witness.length !== m || witness.some((r) => r.length !== (c as GramNorm).d))) throw new Error(`a ${study.kind} study's proof needs the clipped rows`);
   const inputs: Fp[][] = [];
   for (let i = 0; i < m; i++) {
     const u: bigint[] = [];
@@ -80,7 +112,11 @@ export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan,
       if (x % (1n << BigInt(plan.shift)) !== 0n) throw new Error("a value is not on the study's noise grid");
       u.push(x >> BigInt(plan.shift));
     }
-    inputs.push(c.encode(u, onehot ? onehot[i] : null));
+    if (c instanceof GramNorm) {
+      // the noise e = u - psi(r) of the witness r
+      const psi = c.features(witness![i]);
+      inputs.push(c.encode(witness![i], u.map((x, j) => x - psi[j])));
+    } else inputs.push(c.encode(u, onehot ? onehot[i] : null));
   }
   // the helpers' seeds (m each, helper by helper in server order), the leader's input shares
   const seeds: (Uint8Array[] | null)[] = [];
