@@ -24,7 +24,7 @@ from client_sdk import (
 )
 from client_sdk import cli, data, noise
 from client_sdk.upload import batch_rows, default_batch_rows
-from dpsketch.protocol import binding, messages, ring
+from dpsketch.protocol import binding, messages, report, ring
 from dpsketch.protocol import noise as sampler
 from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, PROTOCOL, design
 
@@ -94,7 +94,7 @@ def test_privatized_rows_always_encode(study, monkeypatch):
         signs = np.where(np.arange(shape[1]) % 2, -1, 1)
         return np.broadcast_to(signs * (grid_.limit(std) << grid_.shift), shape).astype(np.int64)
 
-    monkeypatch.setattr(noise, "encoded_noise", extreme)
+    monkeypatch.setattr(report, "encoded_noise", extreme)
     noisy = noise.privatize(rows, study)
     assert np.abs(noisy).max() <= study.value_bound
     assert np.abs(noisy).max() > study.value_bound - 2 * grid.spacing - B  # the cut was reached
@@ -108,7 +108,7 @@ def test_shares_reconstruct_exactly_to_the_encoded_noisy_rows(study, monkeypatch
     rows = rng.normal(scale=8.0, size=(500, study.d))
     grid = study.noise_grid
     known = rng.integers(-3 * grid.scale(study.sigma), 3 * grid.scale(study.sigma), size=rows.shape) << grid.shift
-    monkeypatch.setattr(noise, "encoded_noise", lambda shape, std, grid_, stream=None: known)
+    monkeypatch.setattr(report, "encoded_noise", lambda shape, std, grid_, stream=None: known)
     batch = prepare_batch(study, rows)
     encoded = ring.encode_on_grid(noise.clip_rows(rows, study.clip_bound), study.frac_bits, grid.shift,
                                   study.row_bound)

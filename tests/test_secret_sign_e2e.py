@@ -179,17 +179,17 @@ def test_release_of_a_signed_study_is_the_sketch_of_the_signed_rows(no_floor_mod
     half of them by -1, with the study's noise added after; and the release's Gram is within the
     law of an unsigned release at the same noise (epsilon = 4 here, so the sketch's own
     distortion, the same with or without the sign, dominates)."""
-    import client_sdk.prepare as prep
+    from dpsketch.protocol import report
 
     signed_rows = []
-    real = prep.signed_vectors
+    real = report.signed  # the report path's sign step
 
-    def recording(rows, study, stream):
-        out = real(rows, study, stream)
+    def recording(vectors, stream):
+        out = real(vectors, stream)
         signed_rows.append(out.copy())
         return out
 
-    monkeypatch.setattr(prep, "signed_vectors", recording)
+    monkeypatch.setattr(report, "signed", recording)
     c = no_floor_module_cluster
     n = 4000
     data = strong_signal_data(n, 99)
