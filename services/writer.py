@@ -637,11 +637,11 @@ class Writer:
             return None
         with state.lock:
             at = state.ids.lookup(b"".join(ids), ids) if len(state.ids) else np.full(len(ids), -1, dtype=np.int64)
-        known = at >= 0
-        fresh_ids = [rid for rid, k in zip(ids, known.tolist()) if not k]
+        known = (at >= 0).tolist()  # Python bools: a group is tens of requests of one id
+        fresh_ids = [rid for rid, k in zip(ids, known) if not k]
         if len(set(fresh_ids)) != len(fresh_ids):
             return None
-        if known.any() and not self._same_as_stored(group, at, state):
+        if len(fresh_ids) != len(ids) and not self._same_as_stored(group, at, state):
             return None
         n_new = len(fresh_ids)
         held = len(state.ids)
@@ -653,10 +653,11 @@ class Writer:
         for job in group:
             mine = known[start:start + len(job.ids)]
             start += len(job.ids)
-            if not mine.any():
+            if not any(mine):
                 new, duplicates = None, 0
             else:
-                new, duplicates = np.flatnonzero(~mine), int(np.count_nonzero(mine))
+                new = np.array([i for i, k in enumerate(mine) if not k], dtype=np.int64)
+                duplicates = sum(mine)
             n = len(job.ids) - duplicates
             if job.token is not None and n:
                 per_token[job.token] = per_token.get(job.token, 0) + n
