@@ -618,8 +618,8 @@ class Writer:
         loop to hand the GIL back).
 
         Re-sends (ids already held) stay on this path (issue 46: in a retry storm almost every
-        group held one, and each group fell to :meth:`_plan`, 2.9x the writer's CPU per request
-        of a group of fresh uploads): the stored copies of every held id of the group are read
+        group held one, and each group fell to :meth:`_plan`, 2.2-3.2x the writer's CPU per
+        request of a group of fresh uploads; 1.05-1.4x now, benchmarks/resend_groups.py): the stored copies of every held id of the group are read
         in one pass and compared byte for byte, as :meth:`_classify` does; a held id counts as a
         duplicate when its bytes are the same, and anything else (different bytes, a copy
         deleted by retention, an id new here twice in the group) leaves the group to :meth:`_plan`."""
@@ -641,7 +641,7 @@ class Writer:
         fresh_ids = [rid for rid, k in zip(ids, known) if not k]
         if len(set(fresh_ids)) != len(fresh_ids):
             return None
-        if len(fresh_ids) != len(ids) and not self._same_as_stored(group, at, state):
+        if len(fresh_ids) != len(ids) and not self._same_as_stored(group, at):
             return None
         n_new = len(fresh_ids)
         held = len(state.ids)
@@ -670,7 +670,7 @@ class Writer:
                 return None
         return plans
 
-    def _same_as_stored(self, group: list[UploadJob], at: np.ndarray, state: StudyState) -> bool:
+    def _same_as_stored(self, group: list[UploadJob], at: np.ndarray) -> bool:
         """Whether every held id of the group (``at``: the rowid of each of the group's ids in
         order, -1 where not held) is held with the bytes its request sends, read from the store
         in one pass (not for a study with validity proofs, whose records :meth:`_classify`
@@ -679,9 +679,9 @@ class Writer:
         if proved_shares.is_proved(study):
             return False
         wanted = np.unique(at[at >= 0])
+        width = group[0].shares.shape[1]
         stored: dict[int, bytes] = {}
         for got in batches.read(self.conn, self.backend, group[0].record.seq, wanted):
-            width = group[0].shares.shape[1]
             if not got.holds_shares_of(width):
                 return False  # deleted (retention): a conflict, which _plan answers
             for rowid, share in zip(got.rowids.tolist(), got.share_matrix(width)):
