@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         out = retry_storm.storm(proc.url, study, token, base, seconds=args.seconds, calm_seconds=args.calm_seconds,
                                 fresh_clients=args.fresh_clients, storm_clients=args.storm_clients,
                                 resend_batch_rows=args.batch_rows,
-                                crowd_seconds=args.crowd_seconds, seed=1)
+                                crowd_seconds=args.crowd_seconds, seed=1, server_pid=proc.proc.pid)
         held = retry_storm.held(proc.url, study, spec.operator_token)
     finally:
         proc.stop()

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from dpsketch.protocol.problems import ProblemError
 
 from . import batches, db
@@ -130,6 +132,11 @@ class SqliteBackend:
         def take(column: str, width: int | None) -> bytes:
             with conn.blobopen("batches", column, first, readonly=True) as blob:
                 width = len(blob) // m if width is None else width
+                if len(offsets) * batches.SLICE_READ_BYTES >= len(blob):
+                    # dense enough: one read of the column and a numpy pick costs less than a
+                    # Python seek + read per record (about 1-2 us each: 0.09 s of a 10^6-report
+                    # commit's 0.2 s of CPU when it read back 3 % excluded records one by one)
+                    return batches.pick(blob.read(), np.asarray(offsets, dtype=np.int64), width)
                 out = bytearray()
                 for o in offsets:
                     blob.seek(o * width)

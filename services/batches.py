@@ -38,6 +38,10 @@ from dpsketch.protocol.study import Study
 SCAN_REPORTS = 65536
 #: :func:`read` takes a whole batch instead of slices when it wants at least this share of it.
 WHOLE_FRACTION = 0.25
+#: A SQLite store reads a batch's column in one piece instead of record by record when it wants
+#: at least one record per this many bytes of the column: a blob seek + read from Python costs
+#: about what copying a few kilobytes does.
+SLICE_READ_BYTES = 4096
 
 
 @dataclass
@@ -251,16 +255,16 @@ def read(conn: Any, backend: Any, seq: int, rowids: np.ndarray | list[int],
                          (first,))[0]
             whole = _stored(row)
             width = len(whole.shares) // m if m else 0
-            yield Stored(rowids[part], _pick(whole.ids, offsets, REPORT_ID_BYTES),
-                         _pick(whole.shares, offsets, width),
-                         None if whole.pseudonyms is None else _pick(whole.pseudonyms, offsets, REPORT_ID_BYTES),
+            yield Stored(rowids[part], pick(whole.ids, offsets, REPORT_ID_BYTES),
+                         pick(whole.shares, offsets, width),
+                         None if whole.pseudonyms is None else pick(whole.pseudonyms, offsets, REPORT_ID_BYTES),
                          whole.party)
         else:
             ids, shares, pseudonyms, party = backend.read_slices(conn, first, m, offsets.tolist())
             yield Stored(rowids[part], ids, shares, pseudonyms, party)
 
 
-def _pick(blob: bytes, offsets: np.ndarray, width: int) -> bytes:
+def pick(blob: bytes, offsets: np.ndarray, width: int) -> bytes:
     """The ``width``-byte records at ``offsets`` of a blob of such records, concatenated."""
     if width == 0:
         return b""

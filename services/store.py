@@ -907,8 +907,8 @@ class Store:
             aggregate[:] = 0
             gram[:] = 0
         for got in self._fetch(record.seq, wanted):
-            rids, shares = got.id_list(), batches.study_addends(got, study)
-            rows, signs = study.hash_report_ids(rids)
+            shares = batches.study_addends(got, study)
+            rows, signs = study.hash_report_ids(IdList(got.ids), got.ids)  # no Python bytes per id
             add_into(aggregate, rows, signs, shares, sign)
             sketch.accumulate_gram(gram, rows, signs, sign)
         return aggregate, gram

@@ -15,6 +15,10 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import numpy as np
+import pytest
+
+from dpsketch.protocol.problems import ProblemError
 from services import idsets
 from services.writer import CallJob
 from test_server_unit import Reports, Server, _assert_released, make_study
@@ -93,3 +97,71 @@ def test_disjoint_large_requests_of_a_group_are_taken_whole_without_classifying_
         assert classified == [150]  # only the overlapping one, found by the first one's arrays
         assert srv.count(st) == 600
         _assert_released(srv, st, rs.ids, rs.shares)
+
+
+def _counting_plan(monkeypatch) -> list[int]:
+    """Record the ids of every request the writer plans one by one (Writer._plan)."""
+    from services.writer import Writer
+
+    planned: list[int] = []
+    real = Writer._plan
+
+    def counting(self, job, *args, **kwargs):
+        planned.append(len(job.ids))
+        return real(self, job, *args, **kwargs)
+
+    monkeypatch.setattr(Writer, "_plan", counting)
+    return planned
+
+
+def _held_singles(store, record, parts: list[Reports]):
+    """Queue one-report requests while a call holds the writer: one group of single uploads."""
+    gate = threading.Event()
+    held = store.writer.submit(CallJob(lambda conn: (gate.wait(30), None)))
+    queued = [store.submit_upload(record, part.ids, part.shares) for part in parts]
+    gate.set()
+    assert held.result(30) is True
+    return [f.result(30) for f in queued]
+
+
+def test_a_group_of_single_uploads_with_resends_is_checked_at_once_and_counts_each_report_once(tmp_path, monkeypatch):
+    """Issue 46's retry storm: a group of single uploads holding re-sends of stored reports (one of
+    them twice) stays on the grouped path (no request planned one by one); every re-send with the
+    same bytes is a duplicate, every fresh report is stored once, the released aggregate is
+    exactly theirs."""
+    planned = _counting_plan(monkeypatch)
+    with _study_holding_ten(tmp_path / "resend.db", 200) as (srv, st, rs, store, record):
+        planned.clear()
+        order = [10, 3, 11, 12, 7, 3, 13, 0, 14]  # 3, 7, 0 held; 3 twice
+        replies = _held_singles(store, record, [rs[[i]] for i in order])
+        assert [(r.accepted, r.duplicates) for r in replies] == [(0, 1) if i < 10 else (1, 0) for i in order]
+        assert planned == []  # one check for the whole group
+        assert [r.report_count for r in replies if r.accepted] == [11, 12, 13, 14, 15]
+        assert srv.count(st) == 15
+        assert srv.batch(st, rs[15:]).json()["accepted"] == 185  # up to min_reports, to release
+        _assert_released(srv, st, rs.ids, rs.shares)
+
+
+def test_a_resend_with_other_bytes_in_a_group_is_refused_alone(tmp_path, monkeypatch):
+    """A re-sent id with different bytes leaves the grouped path: each request is planned on its
+    own, the conflicting one refused (409 report-conflict), the rest of the group stored."""
+    planned = _counting_plan(monkeypatch)
+    with _study_holding_ten(tmp_path / "conflict.db", 200) as (srv, st, rs, store, record):
+        changed = rs[[4]]
+        changed.shares = changed.shares.copy()
+        changed.shares[0, 0] += np.uint64(1)
+        planned.clear()
+        gate = threading.Event()
+        held = store.writer.submit(CallJob(lambda conn: (gate.wait(30), None)))
+        queued = [store.submit_upload(record, part.ids, part.shares) for part in (rs[[10]], rs[[5]], changed, rs[[11]])]
+        gate.set()
+        assert held.result(30) is True
+        with pytest.raises(ProblemError) as refused:
+            queued[2].result(30)
+        assert refused.value.slug == "report-conflict"
+        assert [(f.result(30).accepted, f.result(30).duplicates) for f in (queued[0], queued[1], queued[3])] \
+            == [(1, 0), (0, 1), (1, 0)]
+        assert planned == [1, 1, 1, 1]
+        assert srv.count(st) == 12
+        assert srv.batch(st, rs[12:]).json()["accepted"] == 188
+        _assert_released(srv, st, rs.ids, rs.shares)  # the stored copy of report 4, not the changed one

@@ -8,8 +8,9 @@ re-send acknowledged as duplicates only (``accepted`` 0), every fresh report as 
 the server then holds exactly the base plus the fresh reports acknowledged, every one of them in
 its report-id list. And, as ratios within the run (generous: the suite runs on a loaded 2-core
 machine; the measured figures are in docs/operations.md from benchmarks/retry_storm.py): a
-fresh client gets at least half the answers a second a re-sending client gets (the re-sends do
-not crowd fresh uploads out of the server: measured about 1.0), and the server answers at least
+fresh client gets at least 0.8 of the answers a second a re-sending client gets (the re-sends do
+not crowd fresh uploads out of the server: measured 1.00-1.04 in every run of issue 46's
+sessions, at load 8-19), and the server answers at least
 half as many upload requests a second in the storm as it answers fresh ones when calm (a
 re-send request costs at most about what a fresh one does: measured 1.3-1.8x as many; on the
 code before issue 46's re-send fix, which read every batch header per re-send, 0.38, 0.40 and
@@ -53,7 +54,7 @@ def test_a_retry_storm_answers_every_request_and_counts_every_fresh_report_once(
         ids = retry_storm.held_ids(proc.url, study, spec.analyst_token)
         assert len(ids) == BASE + len(fresh) and ids.issuperset(fresh) and ids.issuperset(base.ids)
         figures = {k: v for k, v in out.items() if k not in ("phases", "fresh_acked", "problems")}
-        assert out["fresh_share_per_client"] >= 0.5, figures
+        assert out["fresh_share_per_client"] >= 0.8, figures
         assert out["storm_requests_over_calm"] >= 0.5, figures
     finally:
         proc.stop()

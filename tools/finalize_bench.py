@@ -25,6 +25,7 @@ one machine state: finalize seconds per 10^6 reports should stay flat from one s
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import shutil
@@ -173,10 +174,12 @@ def _status_kib(pid: int, field: str) -> int | None:
 
 def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, repeats: int = 1,
                    missing: float = 0.01, workdir: Path | None = None, pg: bool = False,
-                   seed: int = 5) -> dict[str, Any]:
+                   seed: int = 5, profile: str | None = None) -> dict[str, Any]:
     """Finalize ``repeats`` studies of each size on a 3-server cluster of real processes (module
     docstring); per size the median finalize seconds, seconds per 10^6 reports, the phases, the
-    servers' own commit + aggregate seconds and peak RSS, and the load."""
+    servers' own commit + aggregate seconds and peak RSS, and the load. ``profile``: a path
+    prefix; each finalization's cProfile of the analyzer (this process, every thread that
+    calls into the profiled function's own thread only) is written to ``<profile>.n<n>.<rep>``."""
     import httpx
 
     from analyzer.config import ClusterConfig, ServerEndpoint
@@ -231,9 +234,17 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                         marks: list[tuple[float, str]] = []
                         coordinator = Coordinator(config, astore, log=partial(_mark, marks))
                         load = os.getloadavg()[0]
+                        cpu0 = [_cpu_seconds(p.proc.pid) for p in procs] + [time.process_time()]
+                        profiler = cProfile.Profile() if profile else None
                         t0 = time.perf_counter()
-                        rec = coordinator.finalize(study.study_id)
+                        if profiler is not None:
+                            rec = profiler.runcall(coordinator.finalize, study.study_id)
+                        else:
+                            rec = coordinator.finalize(study.study_id)
                         seconds = time.perf_counter() - t0
+                        if profiler is not None:
+                            profiler.dump_stats(f"{profile}.n{n}.{len(runs)}")
+                        cpu1 = [_cpu_seconds(p.proc.pid) for p in procs] + [time.process_time()]
                         coordinator.close()
                         assert rec.state == "released", rec.state
                         metrics_after = [http.get(f"{p.url}/metrics",
@@ -242,7 +253,9 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                         server_s = [(_metric(a, "dpsketch_commit_duration_seconds") - _metric(b, "dpsketch_commit_duration_seconds"))
                                     + (_metric(a, "dpsketch_aggregate_duration_seconds") - _metric(b, "dpsketch_aggregate_duration_seconds"))
                                     for a, b in zip(metrics_after, metrics_before)]
+                        cpu = [b - a for a, b in zip(cpu0, cpu1)]
                         runs.append({"seconds": seconds, "n_reports": rec.n_reports, "load": load,
+                                     "cpu_s": cpu,
                                      "server_commit_aggregate_s": server_s,
                                      "phases": [(round(t - t0, 3), m[:90]) for t, m in marks]})
                     peak = [_status_kib(p.proc.pid, "VmHWM") for p in procs]
@@ -255,6 +268,11 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                    "server_rss_before_mib": [round(x / 1024) for x in rss_before if x],
                    "server_peak_rss_mib": [round(x / 1024) for x in peak if x],
                    "load_average_1min": [round(r["load"], 2) for r in runs],
+                   # CPU seconds each server process and the analyzer (this process) used during
+                   # each finalize, and their sum over the wall time: near the number of cores
+                   # (2 here), the finalize is CPU-bound and more cores would shorten it
+                   "cpu_s_servers_analyzer": [[round(x, 2) for x in r["cpu_s"]] for r in runs],
+                   "cpu_over_wall": [round(sum(r["cpu_s"]) / r["seconds"], 2) for r in runs],
                    "phases": runs[0]["phases"]}
             out["sizes"].append(row)
             print(json.dumps(row), flush=True)
@@ -280,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="studies finalized per size (median)")
     p.add_argument("--pg", action="store_true", help="the servers on PostgreSQL (scripts/ensure-postgres.sh)")
     p.add_argument("--workdir", type=Path)
+    p.add_argument("--profile", metavar="PREFIX", help="write each finalization's cProfile of the analyzer's "
+                   "calling thread to PREFIX.n<n>.<rep> (pstats)")
     args = p.parse_args(argv)
     print(json.dumps(bench_finalize([int(x) for x in args.sizes], d=args.d, repeats=args.repeats,
-                                    workdir=args.workdir, pg=args.pg)))
+                                    workdir=args.workdir, pg=args.pg,
+                                    profile=args.profile)))
     return 0
 
 

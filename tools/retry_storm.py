@@ -26,6 +26,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -113,6 +114,19 @@ class Phase:
     statuses: dict[int, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # non-2xx, transport errors, wrong counts
     fresh_acked: list[bytes] = field(default_factory=list)
+    #: CPU seconds the server process used in the phase (None: not measured); per request
+    #: answered it is what a request costs the server whatever else runs on the machine
+    server_cpu_s: float | None = None
+
+    @property
+    def requests(self) -> int:
+        return len(self.fresh_acked) + len(self.resend_latencies)
+
+    @property
+    def server_cpu_ms_per_request(self) -> float | None:
+        if self.server_cpu_s is None or not self.requests:
+            return None
+        return self.server_cpu_s / self.requests * 1e3
 
     @property
     def fresh_rate(self) -> float:
@@ -129,6 +143,8 @@ class Phase:
                 "resend_requests_per_s": round(len(self.resend_latencies) / self.seconds) if self.seconds else 0,
                 "resent_records": self.resent_records, "resend_p50_ms": ms(self.resend_latencies, 0.5),
                 "resend_p99_ms": ms(self.resend_latencies, 0.99), "statuses": dict(sorted(self.statuses.items())),
+                "server_cpu_ms_per_request": (None if self.server_cpu_ms_per_request is None
+                                              else round(self.server_cpu_ms_per_request, 3)),
                 "problems": len(self.problems), "first_problems": self.problems[:5]}
 
 
@@ -251,22 +267,29 @@ def held_ids(url: str, study: "Study", analyst_token: str) -> set[bytes]:
 
 def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds: float, calm_seconds: float,
           fresh_clients: int = 8, storm_clients: int = 64, resend_batch_rows: int = 8,
-          crowd_seconds: float = 0.0, seed: int = 0) -> dict[str, Any]:
+          crowd_seconds: float = 0.0, seed: int = 0, server_pid: int | None = None) -> dict[str, Any]:
     """Calm, storm, calm (module docstring) against a server holding ``base``; the phases and
     the ratio of the fresh rate in the storm to the calm rate (both calm phases pooled).
     ``crowd_seconds``: then as many clients as in the storm, every one sending fresh reports
-    (the control: the server's rate at the storm's concurrency when nothing is a re-send)."""
+    (the control: the server's rate at the storm's concurrency when nothing is a re-send).
+    ``server_pid``: the server's process, to measure its CPU per request answered in each phase."""
     rng = np.random.default_rng(seed)
     fresh = Fresh(study, rng)
     pool = resend_pool(base, 4096, 512 if resend_batch_rows else 0, resend_batch_rows, rng)
 
+    async def measured(*args) -> Phase:
+        cpu0 = _cpu_seconds(server_pid) if server_pid else None
+        phase = await run_phase(url, study, token, *args)
+        if cpu0 is not None:
+            phase.server_cpu_s = _cpu_seconds(server_pid) - cpu0
+        return phase
+
     async def phases() -> list[Phase]:
-        before = await run_phase(url, study, token, "calm before", calm_seconds / 2, fresh, fresh_clients)
-        during = await run_phase(url, study, token, "storm", seconds, fresh, fresh_clients, pool, storm_clients,
-                                 seed)
-        after = await run_phase(url, study, token, "calm after", calm_seconds / 2, fresh, fresh_clients)
-        crowd = (await run_phase(url, study, token, "fresh crowd", crowd_seconds, fresh,
-                                 fresh_clients + storm_clients) if crowd_seconds else None)
+        before = await measured("calm before", calm_seconds / 2, fresh, fresh_clients)
+        during = await measured("storm", seconds, fresh, fresh_clients, pool, storm_clients, seed)
+        after = await measured("calm after", calm_seconds / 2, fresh, fresh_clients)
+        crowd = (await measured("fresh crowd", crowd_seconds, fresh, fresh_clients + storm_clients)
+                 if crowd_seconds else None)
         return [before, during, after, crowd]
 
     before, during, after, crowd = asyncio.run(phases())
@@ -302,6 +325,12 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
         "storm_resend_p50_ms": median_ms(storm_resend),
         "resend_over_fresh_latency": (round(storm_resend[len(storm_resend) // 2] / storm_fresh[len(storm_fresh) // 2], 3)
                                       if storm_resend and storm_fresh else None),
+        # the server's CPU per request answered, in the storm against the fresh crowd (same
+        # number of clients): what a re-send costs the server against a fresh upload, measured
+        # apart from the machine's other load (which moves the rates above)
+        "storm_cpu_per_request_over_crowd": (
+            round(during.server_cpu_ms_per_request / crowd.server_cpu_ms_per_request, 3)
+            if crowd and during.server_cpu_ms_per_request and crowd.server_cpu_ms_per_request else None),
         "fresh_acked": [rid for p in (before, during, after, crowd) if p for rid in p.fresh_acked],
         "problems": [m for p in (before, during, after, crowd) if p for m in p.problems],
     }
@@ -328,6 +357,12 @@ def start_server(workdir, env: dict[str, str] | None = None, d: int = 4, max_rep
         proc.stop()
         raise
     return proc, spec, study, token
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat; 10 ms ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> float:

@@ -402,9 +402,11 @@ def intersect_held(lists: Sequence[np.ndarray]) -> tuple[bytes, list[np.ndarray]
     masks[shortest] = on_all
     for j, at in positions.items():
         masks[j][at[on_all]] = True
-    common = np.empty((int(np.count_nonzero(on_all)), 2), dtype=">u8")
-    common[:, 0], common[:, 1] = base_hi[on_all], base_lo[on_all]
-    return common.tobytes(), masks
+    # the common ids as whole 16-byte records of the shortest list (its bytes are the ids' own):
+    # one gather, 2x faster at 10^7 than writing both byte-swapped halves back (0.19-0.24 s
+    # against 0.31-0.43 s)
+    rows = np.ascontiguousarray(lists[shortest]).view("V16").reshape(-1)
+    return rows[on_all].tobytes(), masks
 
 
 def locate(hi: np.ndarray, lo: np.ndarray, query_hi: np.ndarray, query_lo: np.ndarray) -> np.ndarray:
