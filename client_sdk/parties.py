@@ -84,4 +84,6 @@ def prepared_blocks(study, party: str, party_key: bytes, chunks) -> Iterator[Pre
         if not seen.isdisjoint(pseudonyms) or len(set(pseudonyms)) != len(pseudonyms):
             raise _data.InvalidDataError("an individual key appears twice: one row per individual")
         seen.update(pseudonyms)
-        yield prepare_blocks(study, party, pseudonyms, values)
+        # a signed study: every party signs an individual's block with the same party-key sign
+        signs = _parties.signs(party_key, study.study_id, pseudonyms) if study.secret_sign else None
+        yield prepare_blocks(study, party, pseudonyms, values, signs=signs)

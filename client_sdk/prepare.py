@@ -35,11 +35,12 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
     return report.prepare(study, _data.check_rows(rows, study.d), compress, full, stream)
 
 
-def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray) -> PreparedBatch:
+def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray,
+                   signs: np.ndarray | None = None) -> PreparedBatch:
     """Check one party's rows of m individuals, then the protocol's path for blocks
-    (:func:`dpsketch.protocol.report.prepare_blocks`)."""
+    (:func:`dpsketch.protocol.report.prepare_blocks`; ``signs`` for a signed study)."""
     _, declared = study.party(party)
-    return report.prepare_blocks(study, party, pseudonyms, _data.check_rows(rows, declared.width))
+    return report.prepare_blocks(study, party, pseudonyms, _data.check_rows(rows, declared.width), signs=signs)
 
 
 def record_bytes(media_type: str, study: Study) -> int:

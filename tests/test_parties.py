@@ -85,8 +85,8 @@ def test_three_parties_release_the_sketch_of_the_joined_rows_of_complete_individ
 
     real = sdk_parties.prepare_blocks
 
-    def recording(study_, party, pseudonyms, rows):
-        batch = real(study_, party, pseudonyms, rows)
+    def recording(study_, party, pseudonyms, rows, signs=None):
+        batch = real(study_, party, pseudonyms, rows, signs=signs)
         prepared.setdefault(party, []).append(batch)
         return batch
 

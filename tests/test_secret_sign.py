@@ -386,12 +386,18 @@ def test_a_signed_studys_noise_is_not_enough_without_the_sign():
     dict(k=1),
     dict(kind="histogram", histogram={"axes": [{"column": "c0", "edges": [0.0, 1.0, 2.0]}]},
          columns=[], label=None),
-    dict(parties=[{"name": "p", "columns": ["c0", "c1"]}, {"name": "q", "columns": ["c2"]}],
-         columns=["c0", "c1", "c2"], label=None),
 ])
 def test_kinds_without_the_option_refuse_it(kw):
     with pytest.raises(ValueError, match="secret_sign"):
         _design(secret_sign=True, **kw)
+
+
+def test_parties_sign_only_when_asked():
+    """A study with parties takes the party-key sign on request (docs/vertical.md), never by default."""
+    kw = dict(parties=[{"name": "p", "columns": ["c0", "c1"]}, {"name": "q", "columns": ["c2"]}],
+              columns=["c0", "c1", "c2"], label=None)
+    assert not _design(**kw).secret_sign
+    assert _design(secret_sign=True, **kw).secret_sign
 
 
 def test_a_validated_study_refuses_the_option_for_gram():

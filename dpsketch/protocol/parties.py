@@ -33,11 +33,14 @@ import os
 import re
 from collections.abc import Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .sketch import REPORT_ID_BYTES
 
 PSEUDONYM_DOMAIN = b"dpsketch/individual/1"
+#: the domain of the party-key sign of a signed study with parties (:func:`signs`)
+SIGN_DOMAIN = b"dpsketch/sign/1"
 PARTY_KEY_BYTES = 32
 MAX_PARTIES = 16
 
@@ -126,3 +129,31 @@ def pseudonyms(key: bytes, study_id: str, individual_keys: Sequence[str | bytes]
         h.update(len(raw).to_bytes(4, "big") + raw)
         out.append(h.digest()[:REPORT_ID_BYTES])
     return out
+
+
+def signs(key: bytes, study_id: str, pseudonyms_: Sequence[bytes]) -> np.ndarray:
+    """The party-key sign of each individual in a signed study with parties (docs/vertical.md,
+    "Parties and the secret sign"): t = -1 where the low bit of the first byte of
+
+        HMAC-SHA256(party key, "dpsketch/sign/1" || study id (32 bytes) || pseudonym (16 bytes))
+
+    is set (a bool array, True = -1). Every party holds the key, so every party's block of an
+    individual gets the same sign and the joined row is one signed report; the servers and the
+    analyst, who do not hold the key, cannot tell the sign, as they cannot tell a one-owner
+    client's. A party that colludes with them can: the study's guarantees say what is left then
+    (``Study.guarantees``: ``floor_epsilon_if_a_party_colludes``)."""
+    if len(key) != PARTY_KEY_BYTES:
+        raise ValueError(f"a party key is {PARTY_KEY_BYTES} bytes, got {len(key)}")
+    study = bytes.fromhex(study_id)
+    if len(study) != 32:
+        raise ValueError("a study id is 64 hex characters")
+    base = hmac.new(key, SIGN_DOMAIN + study, hashlib.sha256)
+    out = np.empty(len(pseudonyms_), dtype=bool)
+    for i, p in enumerate(pseudonyms_):
+        if len(p) != REPORT_ID_BYTES:
+            raise ValueError(f"a pseudonym is {REPORT_ID_BYTES} bytes")
+        h = base.copy()
+        h.update(bytes(p))
+        out[i] = bool(h.digest()[0] & 1)
+    return out
+

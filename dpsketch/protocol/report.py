@@ -282,11 +282,13 @@ def prepare(study: Study, rows: np.ndarray, compress: bool = False, full: int | 
 
 
 def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray,
-                   stream: Keystream | None = None) -> PreparedBatch:
+                   stream: Keystream | None = None, signs: np.ndarray | None = None) -> PreparedBatch:
     """The path for one party's blocks of m individuals (rows already checked, (m, d_j)): clip
-    each block to the party's bound B_j, add the study's discrete Gaussian noise to every value,
-    encode, share and bind (each block id commits to its shares, the party and the individual's
-    pseudonym; docs/vertical.md).
+    each block to the party's bound B_j, multiply it by the individual's party-key sign in a
+    signed study (``signs``: parties.signs, True = -1; every party the same, so the joined row is
+    signed whole), add the study's discrete Gaussian noise to every value, encode, share and bind
+    (each block id commits to its shares, the party and the individual's pseudonym;
+    docs/vertical.md).
 
     The joined row of an individual (every party's block) then has norm at most B and noise
     N(0, sigma^2 I_d): a single owner's report, so the study's calibration holds unchanged."""
@@ -296,7 +298,14 @@ def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.n
     stream = stream if stream is not None else Keystream()
     # a hair under B_j: rounding the block to the grid moves it by at most h sqrt(d_j) / 2
     rounding = study.noise_grid.spacing * math.sqrt(declared.width) / 2.0
-    encoded = noisy_encoded(clip_rows(rows, max(0.0, declared.row_bound - rounding)), study, stream)
+    blocks = clip_rows(rows, max(0.0, declared.row_bound - rounding))
+    if study.secret_sign:
+        if signs is None or np.shape(signs) != (len(blocks),):
+            raise ValueError("a signed study with parties needs each individual's party-key sign (parties.signs)")
+        blocks[np.asarray(signs, dtype=bool)] *= -1.0
+    elif signs is not None:
+        raise ValueError("signs are for a signed study with parties only")
+    encoded = noisy_encoded(blocks, study, stream)
     n = study.n_servers
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares,

@@ -442,15 +442,25 @@ class Study(BaseModel):
         * ``floor_epsilon``: with no other honest report at all (every other report a Sybil) and
           every server but one colluding, from the report's own noise and one server's noise;
           computed from the noise, so it is finite for replace-one even without server noise
-          (then it is weak) and infinite for add/remove without server noise.
+          (then it is weak) and infinite for add/remove without server noise;
+        * for a signed study with parties, whose signs come from the party key: the same two if a
+          party colludes with the servers and the analyst and so reveals every sign
+          (``epsilon_if_a_party_colludes``, ``floor_epsilon_if_a_party_colludes``: the unsigned
+          accounting of the same noise).
         """
-        return {"neighbouring": self.neighbouring, "delta": self.delta,
-                "epsilon": self.report_epsilon(self.lambda_star),
-                "epsilon_target": self.epsilon, "lambda_star": self.lambda_star,
-                "floor_epsilon": self.report_epsilon(1.0),
-                "floor_epsilon_target": self.epsilon_floor,
-                "discrete_noise": self.discrete_argument.covered,
-                "secret_sign": self.secret_sign}
+        out: dict[str, float | str | None] = {
+            "neighbouring": self.neighbouring, "delta": self.delta,
+            "epsilon": self.report_epsilon(self.lambda_star),
+            "epsilon_target": self.epsilon, "lambda_star": self.lambda_star,
+            "floor_epsilon": self.report_epsilon(1.0),
+            "floor_epsilon_target": self.epsilon_floor,
+            "discrete_noise": self.discrete_argument.covered,
+            "secret_sign": self.secret_sign}
+        if self.secret_sign and self.parties is not None:
+            known = self.model_copy(update={"secret_sign": False})
+            out["epsilon_if_a_party_colludes"] = known.report_epsilon(self.lambda_star)
+            out["floor_epsilon_if_a_party_colludes"] = known.report_epsilon(1.0)
+        return out
 
     @property
     def share_bytes(self) -> int:
@@ -518,29 +528,28 @@ def _forget_study_id(key: int, ref: weakref.ref) -> None:
 
 
 def check_secret_sign(kind: str, k: int, has_parties: bool) -> None:
-    """The secret sign is for a sketch study with k > 1 and no parties (ValueError otherwise).
+    """The secret sign is for a sketch study with k > 1 (ValueError otherwise).
 
     Only second moments survive a sign: (t a)(t a)^T = a a^T, so the OSNAP sketch's Y^T Y keeps
     its law (S diag(t) is again a block OSNAP). A gram study shares [a, u(a a^T), 1]: a sign
     flips the first-moment block a and the constant 1 (their sums would be destroyed), and a
     sign on the whole vector would flip the second-moment block too. A histogram sums one-hot
-    vectors (first moments), a sketch study with k = 1 is the plain sum of the rows, an l1
-    study's estimator reads first moments of its buckets, and with parties each party holds a
-    block of the same individual, so they would have to share the individual's sign."""
+    vectors (first moments), a sketch study with k = 1 is the plain sum of the rows, and an l1
+    study's estimator reads first moments of its buckets. With parties each party holds a block
+    of the same individual, so they share the individual's sign, derived from the party key
+    (parties.signs; docs/vertical.md): allowed, never by default (:func:`signs_by_default`), since
+    a party that colludes with the servers then knows every sign."""
     if kind != "sketch":
         raise ValueError(f"secret_sign is only for a sketch study, not a {kind} study: a sign flip "
                          f"corrupts the first moments (sums of a, the intercept) the {kind} kind releases")
     if k == 1:
         raise ValueError("secret_sign needs k > 1: a sketch study with k = 1 is the plain sum of the "
                          "rows (first moments), which a sign flip corrupts")
-    if has_parties:
-        raise ValueError("secret_sign is not available with parties: every party's block of an "
-                         "individual would need the same secret sign")
 
 
 def signs_by_default(kind: str, k: int, has_parties: bool) -> bool:
-    """Whether :func:`design` signs a study's rows when not told (``secret_sign=None``): wherever
-    :func:`check_secret_sign` allows it, i.e. a sketch study with k > 1 and no parties."""
+    """Whether :func:`design` signs a study's rows when not told (``secret_sign=None``): a sketch
+    study with k > 1 and no parties (with parties the sign rests on the party key: asked for only)."""
     return kind == "sketch" and k > 1 and not has_parties
 
 

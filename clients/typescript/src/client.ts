@@ -260,6 +260,9 @@ export class Client {
    */
   async submitBlocks(party: string, partyKey: Uint8Array, individuals: (string | Uint8Array)[], rows: number[][], opts: SubmitOptions = {}): Promise<SubmitResult & { blockIds: string[] }> {
     if (!this.study.parties) throw new Error("the study has no parties");
+    // a signed study with parties signs every block with the party-key sign (docs/vertical.md,
+    // protocol section 2d); this client does not derive it yet and must not send unsigned blocks
+    if (this.study.secret_sign) throw new Error("a signed study with parties (party-key sign) is not supported by this client yet: submit its blocks with the Python SDK");
     const batchSize = opts.batchSize ?? 1000;
     const secret = opts.secret ?? randomBytes(32);
     const N = this.study.servers.length;
