@@ -1620,8 +1620,9 @@ def test_a_group_of_single_uploads_is_judged_as_request_by_request(tmp_path, mon
     finally:
         for srv in servers:
             srv.close()
-    # the group check took the clean groups and handed on every other one
-    assert taken == [True, False, False, False, True, True, False, False], taken
+    # the group check took the clean groups and a group holding a re-send of the same bytes (the
+    # stored copy compared in one pass, issue 46), and handed on every other one
+    assert taken == [True, True, False, False, True, True, False, False], taken
 
 
 def test_fast_path_singles_are_bound_as_a_group_and_only_the_unbound_refused(server: Server, study: Study):

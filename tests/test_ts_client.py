@@ -96,7 +96,7 @@ def test_typescript_and_python_clients_release_the_exact_sum(built_package, exac
     n = n_py + sum(p[1] for p in parts)
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="ts interop", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+                                  k=16, s=4, min_reports=3 * n // 4, epsilon_floor=None)
     study = Study.model_validate(created["study"])
     assert study.server_sigma == 0 and study.secret_sign  # exact release; signed rows
     tokens = c.upload_tokens(study.study_id, quota=None)  # from now on the study requires them
@@ -168,7 +168,7 @@ def test_validity_study_typescript_proofs_verify_and_release_exactly(built_packa
     n = n_py + sum(p[1] for p in parts)
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="ts validity", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n, epsilon_floor=None, validity=True)
+                                  k=16, s=4, min_reports=3 * n // 4, epsilon_floor=None, validity=True)
     study = Study.model_validate(created["study"])
     assert study.validity == "norm-bound/1" and study.server_sigma == 0
     tokens = c.upload_tokens(study.study_id, quota=None)
@@ -368,7 +368,7 @@ def test_browser_page_submits_through_the_package(built_package, exact_cluster, 
     n = 150
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="ts browser", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+                                  k=16, s=4, min_reports=3 * n // 4, epsilon_floor=None)
     study = Study.model_validate(created["study"])
     tokens = c.upload_tokens(study.study_id, quota=None)
     rng = np.random.default_rng(4444)
@@ -459,7 +459,7 @@ def test_parties_study_node_and_python_sealed_blocks_join_exactly(built_package,
     parties = [{"name": "bank", "columns": ["x1", "x2"]}, {"name": "shop", "columns": ["y"]}]
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="ts parties", parties=parties, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+                                  k=16, s=4, min_reports=3 * n // 4, epsilon_floor=None)
     study = Study.model_validate(created["study"])
     assert study.parties is not None and study.server_sigma == 0
     key = bytes(range(32))

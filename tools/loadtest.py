@@ -23,6 +23,7 @@ import asyncio
 import os
 import ssl
 import statistics
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -141,16 +142,24 @@ async def drive(url: str, request: Request, *, seconds: float, clients: int = 64
             if r.status_code != 200:
                 errors.append(f"{r.status_code}: {r.text[:200]}")
 
-    async def sample() -> None:
+    def sample() -> None:
+        # a thread of its own, not a coroutine: the event loop, busy with the clients' CPU work
+        # (every request bound and encoded here), starved a sampling coroutine for seconds on a
+        # loaded machine, and the memory check then had no samples in one half of the run
         while time.monotonic() < stop_at:
             rss.append((time.monotonic() - start, rss_kib(pid)))
-            await asyncio.sleep(0.2)
+            time.sleep(0.2)
 
+    sampler = threading.Thread(target=sample, name="rss-sampler", daemon=True) if pid else None
     cpu0 = cpu_seconds(pid) if pid else float("nan")
     try:
-        await asyncio.gather(*([sample()] if pid else []), *(client(http) for http in https))
+        if sampler is not None:
+            sampler.start()
+        await asyncio.gather(*(client(http) for http in https))
         elapsed = time.monotonic() - start
     finally:
+        if sampler is not None:
+            sampler.join()
         for http in https:
             await http.aclose()
     return LoadResult(seconds=seconds, clients=clients, elapsed=elapsed, latencies=latencies,
