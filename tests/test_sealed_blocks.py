@@ -159,8 +159,8 @@ def test_sealed_blocks_at_real_servers(shared_party_cluster, monkeypatch):
     prepared: dict[str, list] = {}
     real = sdk_parties.prepare_blocks
 
-    def recording(study_, party, pseudonyms, rows):
-        batch = real(study_, party, pseudonyms, rows)
+    def recording(study_, party, pseudonyms, rows, signs=None):
+        batch = real(study_, party, pseudonyms, rows, signs=signs)
         prepared.setdefault(party, []).append(batch)
         return batch
 

@@ -476,7 +476,7 @@ def test_parties_study_node_and_python_sealed_blocks_join_exactly(built_package,
     prepared = []
     real = sdk_parties.prepare_blocks
     monkeypatch.setattr(sdk_parties, "prepare_blocks",
-                        lambda *a: prepared.append(real(*a)) or prepared[-1])
+                        lambda *a, **kw: prepared.append(real(*a, **kw)) or prepared[-1])
     shop_tokens = c.upload_tokens(study.study_id, quota=None, party="shop")
     with Client(c.server_urls, token=shop_tokens, encrypt=True) as client:
         result = client.submit_blocks(study.study_id, "shop", shop_rows, party_key=key, keys=customers)
