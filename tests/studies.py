@@ -55,6 +55,22 @@ def record_batches(monkeypatch) -> list:
     return sent
 
 
+def record_blocks(monkeypatch) -> dict:
+    """Every party's PreparedBatch of blocks the SDK sends from now on, by party name, in order."""
+    import client_sdk.parties as sdk_parties
+
+    prepared: dict = {}
+    real = sdk_parties.prepare_blocks
+
+    def recording(study, party, pseudonyms, rows, *args, **kwargs):
+        batch = real(study, party, pseudonyms, rows, *args, **kwargs)
+        prepared.setdefault(party, []).append(batch)
+        return batch
+
+    monkeypatch.setattr(sdk_parties, "prepare_blocks", recording)
+    return prepared
+
+
 def provision_with_token(url: str, operator_token: str, study: Study) -> str:
     """PUT the study on one server as its operator, then issue one upload token without a quota:
     the token (what a data owner would be handed)."""

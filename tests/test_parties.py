@@ -22,6 +22,7 @@ from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from client_sdk.prepare import prepare_blocks
 from conftest import NO_BUDGET, Cluster, cluster_for_module
+from studies import record_blocks
 from test_e2e import direct_sketch  # S(A + G) with Python ints, hashed by the ids given (here: pseudonyms)
 from dpsketch.protocol import Study, messages, parties, ring, sketch
 from dpsketch.protocol.study import design
@@ -80,17 +81,7 @@ def test_three_parties_release_the_sketch_of_the_joined_rows_of_complete_individ
     # overlapping sets: the shop lacks 20 people, the clinic 9 (and 12 of its blocks never reach s3)
     held = {"bank": list(range(n)), "shop": list(range(20, n)), "clinic": [i for i in range(n) if i % 111 != 7]}
 
-    prepared: dict[str, list] = {}
-    import client_sdk.parties as sdk_parties
-
-    real = sdk_parties.prepare_blocks
-
-    def recording(study_, party, pseudonyms, rows, signs=None):
-        batch = real(study_, party, pseudonyms, rows, signs=signs)
-        prepared.setdefault(party, []).append(batch)
-        return batch
-
-    monkeypatch.setattr(sdk_parties, "prepare_blocks", recording)
+    prepared = record_blocks(monkeypatch)
     tokens = {name: c.upload_tokens(study.study_id, quota=None, party=name) for name in held}
     for name in ("bank", "shop"):  # through the SDK
         who = held[name]

@@ -24,6 +24,7 @@ from client_sdk import Client
 from conftest import NO_BUDGET, Cluster, cluster_for_module
 from dpsketch.protocol import Study, parties, ring, sketch
 from dpsketch.protocol.study import design
+from studies import record_blocks
 from test_e2e import direct_sketch
 
 PARTIES = [{"name": "bank", "columns": ["x1", "x2"]}, {"name": "clinic", "columns": ["x3", "y"]}]
@@ -82,17 +83,7 @@ def test_signed_parties_release_the_sketch_of_the_joined_signed_rows(cluster, mo
     people = [f"person-{i:05d}" for i in range(n)]
     cols = {"bank": slice(0, 2), "clinic": slice(2, 4)}
 
-    prepared: dict[str, list] = {}
-    import client_sdk.parties as sdk_parties
-
-    real = sdk_parties.prepare_blocks
-
-    def recording(study_, party, pseudonyms, rows, signs=None):
-        batch = real(study_, party, pseudonyms, rows, signs=signs)
-        prepared.setdefault(party, []).append(batch)
-        return batch
-
-    monkeypatch.setattr(sdk_parties, "prepare_blocks", recording)
+    prepared = record_blocks(monkeypatch)
     for name in ("bank", "clinic"):
         tokens = c.upload_tokens(study.study_id, quota=None, party=name)
         with Client(c.server_urls, token=tokens) as client:

@@ -10,13 +10,13 @@ import httpx
 import numpy as np
 import pytest
 
-import client_sdk.parties as sdk_parties
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
 from client_sdk import sealing as sdk_sealing
 from client_sdk.prepare import prepare_blocks
 from dpsketch.protocol import binding, envelope, messages, parties, ring, sketch
 
+from studies import record_blocks
 from test_e2e import direct_sketch
 from test_parties import PARTIES, _create, shared_party_cluster  # noqa: F401 (a fixture)
 
@@ -156,15 +156,7 @@ def test_sealed_blocks_at_real_servers(shared_party_cluster, monkeypatch):
     data = rng.normal(0, 0.3, size=(n, 5))
     cols = {"bank": slice(0, 2), "shop": slice(2, 3), "clinic": slice(3, 5)}
     tokens = {p["name"]: c.upload_tokens(sid, quota=None, party=p["name"]) for p in PARTIES}
-    prepared: dict[str, list] = {}
-    real = sdk_parties.prepare_blocks
-
-    def recording(study_, party, pseudonyms, rows, signs=None):
-        batch = real(study_, party, pseudonyms, rows, signs=signs)
-        prepared.setdefault(party, []).append(batch)
-        return batch
-
-    monkeypatch.setattr(sdk_parties, "prepare_blocks", recording)
+    prepared = record_blocks(monkeypatch)
     for name in ("bank", "shop"):
         with Client(c.server_urls, token=tokens[name], encrypt=True) as client:
             assert client.sealing_suites(sid) == ["classical"] * 3

@@ -171,36 +171,44 @@ def test_validity_study_typescript_proofs_verify_and_release_exactly(built_packa
                                   k=16, s=4, min_reports=3 * n // 4, epsilon_floor=None, validity=True)
     study = Study.model_validate(created["study"])
     assert study.validity == "norm-bound/1" and study.server_sigma == 0
-    tokens = c.upload_tokens(study.study_id, quota=None)
-    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
-
-    rng = np.random.default_rng(4044)
-    ts_ids: list[bytes] = []
-    ts_vectors: list[list[int]] = []
-    for sealing, m, batch_size in parts:
-        rows = (0.9 * rng.uniform(-1, 1, size=(m, len(COLUMNS))) / np.sqrt(len(COLUMNS))).tolist()
-        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows,
-                           "sealing": sealing, "batchSize": batch_size})
-        assert out["accepted"] == [m] * 3, out
-        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
-        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
-
-    py_rows = 0.9 * rng.uniform(-1, 1, size=(n_py, len(COLUMNS))) / np.sqrt(len(COLUMNS))
-    batch = prepare_batch(study, py_rows, full=1)
-    for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
-        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
-                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
-        assert r.status_code == 200 and r.json()["accepted"] == n_py, r.text
-
-    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
-        fin = an.finalize(study.study_id)  # the verification round: every report checked
-        assert fin["state"] == "released" and fin["n_reports"] == n, fin
-        released = np.array(an.sketch(study.study_id)["sketch"])
+    _, ts_ids, ts_vectors, _, batch, _, released = _proved_from_both_clients(c, study, parts, n_py, 1, 4044)
 
     ids = ts_ids + list(batch.report_ids)
     encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])
     expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
+
+
+def _proved_from_both_clients(c, study: Study, parts, n_py: int, full: int, seed: int):
+    """A validity study's reports from Node (``parts``: (sealing, rows, batch size) each) and from
+    the Python SDK (``n_py`` rows, its leader ``full``), then the analyzer's finalize (the
+    verification round: every report checked and none refused): (Node rows, Node report ids, Node
+    noisy vectors, Python rows, the Python batch, finalize's answer, the released sketch)."""
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
+    rng = np.random.default_rng(seed)
+    ts_rows, ts_ids, ts_vectors = [], [], []
+    for sealing, m, batch_size in parts:
+        rows = 0.9 * rng.uniform(-1, 1, size=(m, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows.tolist(),
+                           "sealing": sealing, "batchSize": batch_size})
+        assert out["accepted"] == [m] * 3, out
+        ts_rows.append(rows)
+        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
+        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
+    py_rows = 0.9 * rng.uniform(-1, 1, size=(n_py, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+    batch = prepare_batch(study, py_rows, full=full)
+    for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["accepted"] == n_py, r.text
+    n = n_py + sum(p[1] for p in parts)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: every report checked
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        assert fin["verification"]["refused"] == 0, fin["verification"]
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    return ts_rows, ts_ids, ts_vectors, py_rows, batch, fin, released
 
 
 def test_gram_validity_study_typescript_and_python_proofs_release_exactly(built_package, exact_cluster):
@@ -223,32 +231,9 @@ def test_gram_validity_study_typescript_and_python_proofs_release_exactly(built_
                                   expected_reports=n, min_reports=n, epsilon_floor=None, validity=True)
     study = Study.model_validate(created["study"])
     assert study.kind == "gram" and study.proved_features and study.server_sigma == 0
-    tokens = c.upload_tokens(study.study_id, quota=None)
-    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
-
-    rng = np.random.default_rng(4045)
-    ts_rows, ts_ids, ts_vectors = [], [], []
-    for sealing, m, batch_size in parts:
-        rows = 0.9 * rng.uniform(-1, 1, size=(m, len(COLUMNS))) / np.sqrt(len(COLUMNS))
-        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows.tolist(),
-                           "sealing": sealing, "batchSize": batch_size})
-        assert out["accepted"] == [m] * 3, out
-        ts_rows.append(rows)
-        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
-        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
-
-    py_rows = 0.9 * rng.uniform(-1, 1, size=(n_py, len(COLUMNS))) / np.sqrt(len(COLUMNS))
-    batch = prepare_batch(study, py_rows, full=2)
-    for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
-        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
-                       headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
-        assert r.status_code == 200 and r.json()["accepted"] == n_py, r.text
-
-    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
-        fin = an.finalize(study.study_id)  # the verification round: every report checked
-        assert fin["state"] == "released" and fin["n_reports"] == n, fin
-        assert fin["verification"]["refused"] == 0, fin["verification"]
-        released = np.array(an.sketch(study.study_id)["sketch"]).reshape(-1)
+    ts_rows, ts_ids, ts_vectors, py_rows, batch, _, released = _proved_from_both_clients(c, study, parts, n_py, 2,
+                                                                                         4045)
+    released = released.reshape(-1)
 
     ids = ts_ids + list(batch.report_ids)
     encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])

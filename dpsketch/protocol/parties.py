@@ -112,14 +112,20 @@ def new_key() -> bytes:
     return os.urandom(PARTY_KEY_BYTES)
 
 
-def pseudonyms(key: bytes, study_id: str, individual_keys: Sequence[str | bytes]) -> list[bytes]:
-    """The 16-byte pseudonym of each individual key (str keys are UTF-8 encoded) in this study."""
+def _keyed(key: bytes, domain: bytes, study_id: str):
+    """HMAC-SHA256 under the party key, fed the domain and the study id (32 bytes): what every
+    value the parties derive per individual starts from."""
     if len(key) != PARTY_KEY_BYTES:
         raise ValueError(f"a party key is {PARTY_KEY_BYTES} bytes, got {len(key)}")
     study = bytes.fromhex(study_id)
     if len(study) != 32:
         raise ValueError("a study id is 64 hex characters")
-    base = hmac.new(key, PSEUDONYM_DOMAIN + study, hashlib.sha256)
+    return hmac.new(key, domain + study, hashlib.sha256)
+
+
+def pseudonyms(key: bytes, study_id: str, individual_keys: Sequence[str | bytes]) -> list[bytes]:
+    """The 16-byte pseudonym of each individual key (str keys are UTF-8 encoded) in this study."""
+    base = _keyed(key, PSEUDONYM_DOMAIN, study_id)
     out = []
     for individual in individual_keys:
         raw = individual.encode("utf-8") if isinstance(individual, str) else bytes(individual)
@@ -142,12 +148,7 @@ def signs(key: bytes, study_id: str, pseudonyms_: Sequence[bytes]) -> np.ndarray
     analyst, who do not hold the key, cannot tell the sign, as they cannot tell a one-owner
     client's. A party that colludes with them can: the study's guarantees say what is left then
     (``Study.guarantees``: ``floor_epsilon_if_a_party_colludes``)."""
-    if len(key) != PARTY_KEY_BYTES:
-        raise ValueError(f"a party key is {PARTY_KEY_BYTES} bytes, got {len(key)}")
-    study = bytes.fromhex(study_id)
-    if len(study) != 32:
-        raise ValueError("a study id is 64 hex characters")
-    base = hmac.new(key, SIGN_DOMAIN + study, hashlib.sha256)
+    base = _keyed(key, SIGN_DOMAIN, study_id)
     out = np.empty(len(pseudonyms_), dtype=bool)
     for i, p in enumerate(pseudonyms_):
         if len(p) != REPORT_ID_BYTES:
