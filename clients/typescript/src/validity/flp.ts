@@ -102,6 +102,25 @@ export function gadgetLengths(gadgets: Gadget[]): { jointRandLen: number; proveR
   };
 }
 
+/** A circuit as its gadgets: the lengths every message takes follow from them (gadgetLengths). */
+export abstract class GadgetCircuit implements Circuit {
+  abstract readonly inputLen: number;
+  abstract readonly gadgets: Gadget[];
+  abstract wires(g: number, input: Fp[]): Fp[][];
+  get jointRandLen(): number {
+    return gadgetLengths(this.gadgets).jointRandLen;
+  }
+  get proveRandLen(): number {
+    return gadgetLengths(this.gadgets).proveRandLen;
+  }
+  get proofLen(): number {
+    return gadgetLengths(this.gadgets).proofLen;
+  }
+  get verifierLen(): number {
+    return gadgetLengths(this.gadgets).verifierLen;
+  }
+}
+
 /** A range gadget's calls: call k, slot j reads input column columns[k count + j] (0 past the end). */
 export function rangeWires(gd: Gadget, input: Fp[]): Fp[][] {
   const out: Fp[][] = [];
@@ -153,7 +172,7 @@ export const span = (a: number, b: number) => Array.from({ length: b - a }, (_, 
  * circuit OneHotNorm of section 9: x_i = unit b_i + e_i, b one-hot in each block, the noise e
  * bounded as NormBound bounds x; its input is the w bits, then e's digits, then the slack's.
  */
-export class NormBound implements Circuit {
+export class NormBound extends GadgetCircuit {
   readonly half: bigint;
   readonly slackDigits: number;
   readonly inputLen: number;
@@ -162,6 +181,7 @@ export class NormBound implements Circuit {
   readonly digitsAt: number;
   constructor(readonly w: number, readonly beta: number, readonly q: number, readonly r2: bigint,
     readonly oneHot: { blocks: [number, number][]; unit: bigint } | null = null) {
+    super();
     this.half = BigInt(beta) ** BigInt(q) / 2n;
     const qs = slackDigitsFor(r2, beta);
     this.slackDigits = qs;
@@ -171,18 +191,6 @@ export class NormBound implements Circuit {
     this.gadgets = oneHot
       ? [rangeGadget(span(0, w), 2), rangeGadget(span(w, this.inputLen), beta), squaresGadget(w)]
       : [rangeGadget(span(0, this.inputLen), beta), squaresGadget(w)];
-  }
-  get jointRandLen(): number {
-    return gadgetLengths(this.gadgets).jointRandLen;
-  }
-  get proveRandLen(): number {
-    return gadgetLengths(this.gadgets).proveRandLen;
-  }
-  get proofLen(): number {
-    return gadgetLengths(this.gadgets).proofLen;
-  }
-  get verifierLen(): number {
-    return gadgetLengths(this.gadgets).verifierLen;
   }
 
   /**

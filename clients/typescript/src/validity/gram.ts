@@ -6,7 +6,7 @@
  * R^2) and the witness, computed as the reference computes them, double for double.
  */
 import { encodeInt, mul, add, P, type Fp } from "./field.js";
-import { gadgetLengths, mulSubGadget, slackDigitsFor, productWires, rangeGadget, rangeWires, span, squaresGadget, type Circuit, type Gadget } from "./flp.js";
+import { GadgetCircuit, mulSubGadget, slackDigitsFor, productWires, rangeGadget, rangeWires, span, squaresGadget, type Gadget } from "./flp.js";
 import { roundHalfEven } from "../ring.js";
 
 /** The q little-endian base-beta digits of a non-negative integer v < beta^q. */
@@ -26,7 +26,7 @@ function digits(v: bigint, beta: number, q: number, out: Fp[]): void {
  * digits of e_i + H, of the row slack and of the noise slack. Gadgets: Range(beta) over every
  * digit (weighted), MulSub over the products (weighted), Mul over (c_i e_i, e_i) (plain).
  */
-export class GramNorm implements Circuit {
+export class GramNorm extends GadgetCircuit {
   readonly half: bigint;
   readonly halfRow: bigint;
   readonly w: number;
@@ -44,6 +44,7 @@ export class GramNorm implements Circuit {
   readonly gadgets: Gadget[];
   constructor(readonly d: number, readonly linear: boolean, readonly lin: bigint, readonly countUnit: bigint, readonly beta: number,
     readonly qRow: number, readonly r2Row: bigint, readonly q: number, readonly r2: bigint) {
+    super();
     if (d < 1 || qRow < 1 || q < 1 || r2Row < 0n || r2 < 0n || lin < 1n || countUnit < 1n) throw new Error("need d >= 1, digits >= 1, bounds >= 0 and units >= 1");
     this.halfRow = BigInt(beta) ** BigInt(qRow) / 2n;
     this.half = BigInt(beta) ** BigInt(q) / 2n;
@@ -67,18 +68,6 @@ export class GramNorm implements Circuit {
     this.inputLen = this.atSlack + this.slackDigits;
     const digitColumns = [...span(0, this.atProducts), ...span(this.atNoise, this.inputLen)];
     this.gadgets = [rangeGadget(digitColumns, beta), mulSubGadget(nProd), squaresGadget(this.w)];
-  }
-  get jointRandLen(): number {
-    return gadgetLengths(this.gadgets).jointRandLen;
-  }
-  get proveRandLen(): number {
-    return gadgetLengths(this.gadgets).proveRandLen;
-  }
-  get proofLen(): number {
-    return gadgetLengths(this.gadgets).proofLen;
-  }
-  get verifierLen(): number {
-    return gadgetLengths(this.gadgets).verifierLen;
   }
 
   /** psi(r) in grid units: what an honest x is before noise. */
