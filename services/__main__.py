@@ -255,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpsketch server: {refused}; nothing was created", file=sys.stderr)
         return 1
 
+    # The store's warm-up thread imports dp-accounting, whose absl.logging makes a logging handler
+    # as it is imported; made while uvicorn's dictConfig clears every handler (just after
+    # create_app starts that thread), a half-built handler without its lock crashed a server at
+    # startup in CI ("'StreamHandler' object has no attribute 'lock'"). Imported here, first.
+    import absl.logging  # noqa: F401
+
     from .app import create_app
 
     created = _new_files(args.db)

@@ -119,9 +119,8 @@ def test_create_refuses_the_sign_where_it_does_not_apply(no_floor_module_cluster
         before = an.studies()
         for extra in ({"kind": "gram"}, {"kind": "l1", "expected_reports": 100_000}, {"k": 1},
                       {"kind": "histogram", "columns": [],
-                       "histogram": {"axes": [{"column": "age", "edges": [18, 30, 50]}]}},
-                      {"columns": [], "parties": [{"name": "p", "columns": ["x0", "x1"]},
-                                                  {"name": "q", "columns": ["y"]}]}):
+                       "histogram": {"axes": [{"column": "age", "edges": [18, 30, 50]}]}}):
+            # (a study with parties takes the party-key sign on request: tests/test_parties_sign.py)
             body = {"name": "no-sign", "columns": COLUMNS, "label": None, "expected_reports": 5000,
                     "secret_sign": True}
             body.update(extra)

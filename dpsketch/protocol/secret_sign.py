@@ -42,6 +42,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
+# at import, not in the functions: this module is imported on first use, often from one of a
+# client's upload threads; a scipy import made inside a function by two threads at once could
+# hand one of them a partially initialised scipy.optimize ("cannot import name 'brentq'", seen in
+# CI), while the import of this module is serialised by its own import lock
+from scipy.optimize import brentq
+from scipy.special import ndtr
 
 if TYPE_CHECKING:
     from .accounting import LossLaw
@@ -89,8 +95,6 @@ class _Factor:
     stop-loss E[(A - x)_+] = (alpha_j - x) S_j + tail[j+1], j the first atom above x."""
 
     def __init__(self, a: float, cell: float):
-        from scipy.special import ndtr
-
         self.a = a
         x = np.arange(0.0, a + TAIL_SIGMAS + cell, cell)
         # P(|X| > x) = P(X > x) + P(X < -x): two upper tails, each accurate in relative terms
@@ -217,8 +221,6 @@ def replace_ok(r: float, epsilon: float, delta: float) -> bool:
 
 def pair_epsilon(a: float, b: float, delta: float) -> float:
     """The smallest epsilon (to about 1e-12, rounded up) with pair_delta(a, b, epsilon) <= delta."""
-    from scipy.optimize import brentq
-
     if pair_delta(a, b, 0.0) <= delta:
         return 0.0
     hi = 1.0
@@ -395,7 +397,6 @@ def _mixture_loss(shift: float, ratio: float, upper: bool) -> LossLaw:
     ln cosh(M y / R), c = -ln(R)/2 - M^2/2R, A = (1 - 1/R)/2, increases with |y|, so each loss
     bin is a pair of |y| intervals; their ends come from a bisection that keeps every |y| in a
     bin at or below the bin's top loss (pessimistic)."""
-    from scipy.special import ndtr
 
     m, r = float(shift), float(ratio)
     c, quad, slope = -0.5 * math.log(r) - m * m / (2.0 * r), 0.5 * (1.0 - 1.0 / r), m / r
