@@ -13,9 +13,9 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
 import yaml
 
+from envguard import unavailable
 from tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_docker_compose_accepts_the_files():
     the default file and the HTTP overlay and resolves each service to its role's target."""
     if shutil.which("docker") is None or subprocess.run(["docker", "compose", "version"],
                                                        capture_output=True).returncode != 0:
-        pytest.skip("no docker compose CLI on this machine (the YAML checks above still ran)")
+        unavailable("no docker compose CLI on this machine (the YAML checks above still ran)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPSKETCH_", "COMPOSE_"))}
     env.update({f"S{i}_{kind}_TOKEN": "t" * 32 for i in (1, 2, 3) for kind in ("OPERATOR", "ANALYST")})
     env["ANALYZER_API_TOKEN"] = "t" * 32
