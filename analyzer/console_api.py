@@ -68,7 +68,7 @@ MEDIA_TYPES = {
 def console_files() -> dict[str, tuple[bytes, str]]:
     """Every file of the console (path relative to ``analyzer/console/`` -> bytes, media type),
     read once from the installed package (a wheel ships them as package data, pyproject.toml)."""
-    root = resources.files("analyzer") / "console"
+    root = resources.files("dpsketch.analyzer") / "console"
     files: dict[str, tuple[bytes, str]] = {}
 
     def walk(node, prefix: str) -> None:

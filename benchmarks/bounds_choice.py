@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from analyzer.estimators import LeastSquares
+from dpsketch.analyzer.estimators import LeastSquares
 from research.experiments import simulate_pipeline
-from analyzer.analyses.histogram import NoisyHistogram, Quantiles
-from analyzer.analyses.pilot import pilot_spec, propose_bounds
+from dpsketch.analyzer.analyses.histogram import NoisyHistogram, Quantiles
+from dpsketch.analyzer.analyses.pilot import pilot_spec, propose_bounds
 from dpsketch.protocol.study import design
 
 COLUMNS = ["age", "hours", "wage"]

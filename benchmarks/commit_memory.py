@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpsketch.protocol import binding, design, inclusion, messages  # noqa: E402
-from tools.cluster import ServerSpec, free_port, share_server  # noqa: E402
+from dpsketch.tools.cluster import ServerSpec, free_port, share_server  # noqa: E402
 
 
 def status(pid: int) -> dict[str, int]:

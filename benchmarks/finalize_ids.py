@@ -66,7 +66,7 @@ def _parties_methods(n: int, n_servers: int, n_parties: int):
     """The block indexes of a study with parties, and the two ways to judge them."""
     from types import SimpleNamespace
 
-    from analyzer.coordinator import completeness
+    from dpsketch.analyzer.coordinator import completeness
 
     names = [f"p{j}" for j in range(n_parties)]
     server_ids = [f"s{i}" for i in range(n_servers)]

@@ -25,7 +25,7 @@ def main() -> None:
     p.add_argument("--servers", type=int, default=3)
     p.add_argument("--d", type=int, default=10)
     args = p.parse_args()
-    from client_sdk.prepare import prepare_batch
+    from dpsketch.client_sdk.prepare import prepare_batch
     from dpsketch.protocol import chacha
     from dpsketch.protocol.study import design
 

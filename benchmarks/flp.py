@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client_sdk.prepare import prepare_batch  # noqa: E402
+from dpsketch.client_sdk.prepare import prepare_batch  # noqa: E402
 from dpsketch.protocol import binding, chacha, circuits, field, flp  # noqa: E402
 from dpsketch.protocol.keystream import Keystream  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402

@@ -3,7 +3,7 @@
 On a shared VM the same bench moves by 20-40 % between runs (the echo, the exact sketch and the
 server alike), so a change is measured by running the trees alternately, each in fresh server
 processes with ``PYTHONPATH=<tree>``, round after round, and comparing the rounds pairwise. Each
-round runs ``python -m tools.server_bench <which>`` once per tree (the order alternates), and the
+round runs ``python -m dpsketch.tools.server_bench <which>`` once per tree (the order alternates), and the
 script prints every round's figures and each tree's median. A tree is a checkout of this
 repository (``git worktree add /tmp/before <commit>``); its compiled loops are loaded once
 before the first round, so no round compiles them.
@@ -35,7 +35,7 @@ FIGURES = {
 def run(tree: Path, which: str, extra: list[str]) -> dict:
     """One bench run of ``tree`` in its own processes; the bench's figures."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-m", "tools.server_bench", which, *extra], env=env, cwd=tree,
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.server_bench", which, *extra], env=env, cwd=tree,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])[which]
 

@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analyzer import simulation
-from analyzer import uncertainty as U
-from analyzer.estimators import default_ridge_alpha, robust_solve
-from analyzer.analyses.logistic import LogisticRegression
-from analyzer.release import GramSumRelease
+from dpsketch.analyzer import simulation
+from dpsketch.analyzer import uncertainty as U
+from dpsketch.analyzer.estimators import default_ridge_alpha, robust_solve
+from dpsketch.analyzer.analyses.logistic import LogisticRegression
+from dpsketch.analyzer.release import GramSumRelease
 from dpsketch.protocol import features
 from dpsketch.protocol.study import Study, design
 

@@ -25,7 +25,7 @@ import time
 import numpy as np
 from scipy.special import ndtri
 
-from client_sdk.prepare import prepare_batch
+from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import binding, noise
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.study import design

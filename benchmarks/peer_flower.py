@@ -202,7 +202,7 @@ class LocalCluster:
         self.stack = contextlib.ExitStack()
 
     def __enter__(self) -> "LocalCluster":
-        from tools.cluster import ServerSpec, analyzer, share_server, start_all
+        from dpsketch.tools.cluster import ServerSpec, analyzer, share_server, start_all
 
         self.specs = [ServerSpec(f"s{j + 1}", secrets.token_urlsafe(16), secrets.token_urlsafe(16),
                                  self.workdir / f"s{j + 1}.sqlite3") for j in range(self.n_servers)]
@@ -235,7 +235,7 @@ class LocalCluster:
     def issue_tokens(self, study_id: str, count: int, quota: int) -> list[list[str]]:
         """``count`` upload tokens from every server (what each organisation hands its enrolled
         clients): tokens[j][i] is client i's token at server j."""
-        from services.admin import ServerAdmin
+        from dpsketch.services.admin import ServerAdmin
 
         out = []
         for url, spec in zip(self.server_urls, self.specs):
@@ -247,8 +247,8 @@ class LocalCluster:
 def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: float, delta: float,
                  workers: int = 1, progress: bool = True) -> dict[str, Any]:
     """One plain-sum study over ``data`` through path ``single`` or ``bulk``; times and checks."""
-    import client_sdk.client as sdk
-    from analyzer.client import AnalyzerClient
+    import dpsketch.client_sdk.client as sdk
+    from dpsketch.analyzer.client import AnalyzerClient
     from dpsketch.protocol import Study, ring
 
     n, d = data.shape

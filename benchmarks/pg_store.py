@@ -52,9 +52,9 @@ def _new_database(admin_url: str) -> str:
 def rebuild(db, n: int, d: int, chunk_rows: int = 20_000) -> dict:
     """Load n reports through the store's writer (in-process), close, reopen as a restart does
     and time rebuilding the study's totals (Store.ensure_state streams every report back)."""
-    from tools import server_bench as bench
-    from services.settings import Settings
-    from services.store import Store
+    from dpsketch.tools import server_bench as bench
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.store import Store
 
     rng = np.random.default_rng(5)
     settings = Settings(server_id="bench", db_path=db, operator_token=bench.OPERATOR,
@@ -87,7 +87,7 @@ def rebuild(db, n: int, d: int, chunk_rows: int = 20_000) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools import server_bench as bench
+    from dpsketch.tools import server_bench as bench
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=200_000, help="bulk-upload rows (default: %(default)s)")

@@ -33,10 +33,10 @@ import numpy as np
 
 def run(n: int, m: int, d: int, reps: int, workdir: Path) -> dict:
     from dpsketch.protocol.study import design
-    from services import backend as backends
-    from services import batches
-    from services.settings import Settings
-    from services.store import Store
+    from dpsketch.services import backend as backends
+    from dpsketch.services import batches
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.store import Store
 
     db = workdir / "resend.sqlite3"
     settings = Settings(server_id="s1", db_path=db, operator_token="operator-token-0123456789",

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def run(n: int, group: int, resends: int, rounds: int, workdir: Path, d: int = 4) -> dict:
     from dpsketch.protocol.messages import IdList
     from dpsketch.protocol.study import design
-    from services.settings import Settings
-    from services.store import Store
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.store import Store
 
     settings = Settings(server_id="s1", db_path=workdir / "groups.sqlite3", operator_token="operator-token-0123456789",
                         analyst_token="analyst-token-0123456789", upload_auth="open", max_floor_epsilon=None,

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _restart(settings, study_id: str):
-    from services.store import Store
+    from dpsketch.services.store import Store
 
     t0 = time.perf_counter()
     store = Store(settings)
@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
                    "instead of a SQLite file")
     args = p.parse_args(argv)
 
-    from tools import server_bench as bench
-    from services.settings import Settings
-    from services.store import Store
-    from services.writer import CallJob
+    from dpsketch.tools import server_bench as bench
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.store import Store
+    from dpsketch.services.writer import CallJob
 
     directory = admin = None
     with tempfile.TemporaryDirectory(prefix="dpsketch-restart-") as wd:

@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client_sdk.prepare import prepare_batch  # noqa: E402
+from dpsketch.client_sdk.prepare import prepare_batch  # noqa: E402
 from dpsketch.protocol import envelope, validity  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
 

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from analyzer.estimators import LeastSquares
+from dpsketch.analyzer.estimators import LeastSquares
 from research.experiments import run_pipeline
 from dpsketch.protocol.study import design
 

@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client_sdk import noise as client_noise  # noqa: E402
-from client_sdk.prepare import prepare_batch, signed_vectors  # noqa: E402
+from dpsketch.protocol import report as report_path  # noqa: E402
+from dpsketch.client_sdk.prepare import prepare_batch, signed_vectors  # noqa: E402
 from dpsketch.protocol import ring, sketch, validity  # noqa: E402
 from dpsketch.protocol.keystream import Keystream  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
@@ -64,7 +64,7 @@ def measure(d: int, m: int, reps: int, expected: int, kind: str = "sketch") -> d
     rows = np.random.default_rng(d).normal(size=(m, d)) * (0.6 / np.sqrt(d))
     stream = Keystream()
     if kind == "sketch":
-        encoded = client_noise.noisy_encoded(signed_vectors(rows, proved, stream), proved, stream)
+        encoded = report_path.noisy_encoded(signed_vectors(rows, proved, stream), proved, stream)
         batch = validity.prepare(proved, encoded, stream)  # warm the compiled loops
     else:  # a gram or moments study: the SDK's path (features, scaled noise, witness, proof)
         batch = prepare_batch(proved, rows)
@@ -79,7 +79,7 @@ def measure(d: int, m: int, reps: int, expected: int, kind: str = "sketch") -> d
             prepare_batch(proved, rows)
             return
         s = Keystream()
-        enc = client_noise.noisy_encoded(signed_vectors(rows, proved, s), proved, s)
+        enc = report_path.noisy_encoded(signed_vectors(rows, proved, s), proved, s)
         validity.prepare(proved, enc, s)
 
     def plain_server():

@@ -45,10 +45,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analyzer.estimators import RidgeRegression  # noqa: E402
-from analyzer.release import SketchRelease, release_from_ring_sum  # noqa: E402
-from client_sdk import noise as client_noise  # noqa: E402
-from client_sdk.prepare import signed_vectors  # noqa: E402
+from dpsketch.analyzer.estimators import RidgeRegression  # noqa: E402
+from dpsketch.analyzer.release import SketchRelease, release_from_ring_sum  # noqa: E402
+from dpsketch.protocol import report as report_path  # noqa: E402
+from dpsketch.client_sdk.prepare import signed_vectors  # noqa: E402
 from dpsketch.protocol import ring, sketch, validity  # noqa: E402
 from dpsketch.protocol.keystream import Keystream  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
@@ -87,7 +87,7 @@ def run(n: int, d: int, seeds: int) -> dict:
         scale = 1.0 / np.quantile(np.linalg.norm(rows, axis=1), 0.99)
         rows *= scale
         stream = Keystream()
-        encoded = client_noise.noisy_encoded(signed_vectors(rows, study, stream), study, stream)
+        encoded = report_path.noisy_encoded(signed_vectors(rows, study, stream), study, stream)
         ids = [stream.array(16).tobytes() for _ in range(n)]
         base = _ring_sketch(study, ids, encoded)
         for _ in range(study.n_servers):
@@ -98,7 +98,7 @@ def run(n: int, d: int, seeds: int) -> dict:
         attack = ring.encode(direction[None, :], study.frac_bits, 1e5)
         valid = ring.encode_on_grid(unit[None, :] * (reach - grid.spacing), study.frac_bits, grid.shift,
                                     1e3).view(np.uint64)
-        at_bound = client_noise.noisy_encoded(unit[None, :] * study.clip_bound, study, stream)
+        at_bound = report_path.noisy_encoded(unit[None, :] * study.clip_bound, study, stream)
         for name, vec in (("attack without proofs", attack), ("strongest valid report", valid),
                           ("honest report at the bound", at_bound)):
             moved = _fit(study, base + _ring_sketch(study, extra_id, vec), n + 1)
@@ -157,7 +157,7 @@ def run_gram(n: int, d: int, seeds: int) -> dict:
         fits = {}
         for name, study in (("without proofs", plain), ("with proofs", proved)):
             stream = Keystream()
-            total = _ring_sum(client_noise.privatize_encoded(rows, study, stream))
+            total = _ring_sum(report_path.privatize_encoded(rows, study, stream))
             for _ in range(study.n_servers):
                 total = total + study.server_noise()
             fits[name] = (study, total, _fit_gram(study, total, n))
@@ -168,7 +168,7 @@ def run_gram(n: int, d: int, seeds: int) -> dict:
         shifts["the attack, study without proofs"].append(float(np.linalg.norm(moved - honest_plain)))
         study, base, honest = fits["with proofs"]
         for name, vec in (("strongest valid report", strongest),
-                          ("honest report at the bound", client_noise.privatize_encoded(bound_row, study))):
+                          ("honest report at the bound", report_path.privatize_encoded(bound_row, study))):
             moved = _fit_gram(study, base + vec, n + 1)
             shifts[name].append(float(np.linalg.norm(moved - honest)))
     return {"n": n, "d": d, "seeds": seeds, "errors": errors, "shifts": shifts,

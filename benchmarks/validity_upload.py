@@ -61,7 +61,7 @@ def body_bytes(study, batch) -> tuple[float, float]:
 
 
 def prepare_rates(proved, plain, rows: np.ndarray, reps: int) -> dict:
-    from client_sdk.prepare import prepare_batch
+    from dpsketch.client_sdk.prepare import prepare_batch
 
     best = {"validity": float("inf"), "plain": float("inf")}
     sizes = {}
@@ -80,8 +80,8 @@ def ingest_costs(proved, plain, rows: np.ndarray, reps: int) -> dict:
     """A server's parse of one batch (decode, binding check, a validity leader's field check, the
     seed expansion or the digits' map to what its totals fold: services.app._parse_batch), us a
     report, best of ``reps``, as the leader (explicit shares) and as a helper (seeds)."""
-    from client_sdk.prepare import prepare_batch
-    from services.app import _parse_batch
+    from dpsketch.client_sdk.prepare import prepare_batch
+    from dpsketch.services.app import _parse_batch
 
     out = {}
     for name, study in (("validity", proved), ("plain", plain)):
@@ -101,8 +101,8 @@ def ingest_costs(proved, plain, rows: np.ndarray, reps: int) -> dict:
 def submit_rates(proved, plain, rows: np.ndarray, reps: int, n_servers: int, workdir: Path) -> dict:
     import httpx
 
-    from client_sdk import Client
-    from tools.cluster import ServerSpec, share_server, start_all, stop_all
+    from dpsketch.client_sdk import Client
+    from dpsketch.tools.cluster import ServerSpec, share_server, start_all, stop_all
 
     env = {"DPSKETCH_UPLOAD_AUTH": "open", "DPSKETCH_POPULATION_EPSILON": "none",
            "DPSKETCH_POPULATION_FLOOR_EPSILON": "none", "DPSKETCH_MAX_FLOOR_EPSILON": "none",

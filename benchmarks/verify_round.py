@@ -46,7 +46,7 @@ def _studies(n: int, d: int, k: int):
 
 
 def _upload(http, urls: list[str], study, n: int, batch: int, seed: int) -> None:
-    from client_sdk.prepare import prepare_batch
+    from dpsketch.client_sdk.prepare import prepare_batch
 
     rng = np.random.default_rng(seed)
     for i, start in enumerate(range(0, n, batch)):
@@ -65,11 +65,11 @@ def _mark(marks: list, message: str) -> None:
 def bench(sizes: list[int], d: int, k: int, batch: int, workdir: Path | None) -> list[dict]:
     import httpx
 
-    from analyzer.config import ClusterConfig, ServerEndpoint
-    from analyzer.coordinator import Coordinator
-    from analyzer.store import AnalyzerStore
+    from dpsketch.analyzer.config import ClusterConfig, ServerEndpoint
+    from dpsketch.analyzer.coordinator import Coordinator
+    from dpsketch.analyzer.store import AnalyzerStore
     from dpsketch.protocol import validity
-    from tools.cluster import ServerSpec, share_server, start_all, stop_all
+    from dpsketch.tools.cluster import ServerSpec, share_server, start_all, stop_all
 
     base = workdir or Path(tempfile.mkdtemp(prefix="dpsketch-bench-verify-"))
     rows = []

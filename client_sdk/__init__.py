@@ -4,7 +4,7 @@ Each row is clipped to the study's norm bound, given exact discrete Gaussian noi
 keystream keyed from os.urandom, encoded in Z_(2^64) and split into N additive shares, one per
 server; no server (nor any N-1 of them) learns anything about the row. See docs/protocol.md.
 
-    from client_sdk import Client
+    from dpsketch.client_sdk import Client
     with Client(["https://a.example", "https://b.example", "https://c.example"]) as c:
         c.study(study_id)                 # verified at every server
         c.submit(study_id, [0.3, 1.2, 5.0])

@@ -50,7 +50,7 @@ from dpsketch.protocol.study import Study
 
 from . import data as _data
 from . import journal as _journal
-from . import noise as _noise
+from dpsketch.protocol import report as _report
 from . import sealing as _sealing
 from .errors import (
     BatchFailure,
@@ -638,7 +638,7 @@ class Client:
                         submission.check_first_batch(batch.report_ids)  # ResumeMismatch: nothing sent
                 if not raw:  # what the map into the ball changed, skipped batches included
                     clamped, clipped = ((batch.clamped, batch.clipped) if batch is not None else
-                                        _noise.limited_counts(_data.check_rows(chunk, study.d), study))
+                                        _report.limited_counts(_data.check_rows(chunk, study.d), study))
                     limited["clamped"] += clamped
                     limited["clipped"] += clipped
                 yield i, first, None if skip else batch, len(chunk)

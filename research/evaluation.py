@@ -28,10 +28,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from analyzer import error_ratios, simulation, synthetic
-from analyzer.error_ratios import (DEFAULT_ALPHA_PER_REPORT, default_alpha, fit_ratios, pca_optimum, pca_ratio,
+from dpsketch.analyzer import error_ratios, simulation, synthetic
+from dpsketch.analyzer.error_ratios import (DEFAULT_ALPHA_PER_REPORT, default_alpha, fit_ratios, pca_optimum, pca_ratio,
                                    ridge_optimum, ridge_ratio)
-from analyzer.release import SecondMoments
+from dpsketch.analyzer.release import SecondMoments
 from dpsketch.protocol import privacy
 from dpsketch.protocol.study import Study, design
 

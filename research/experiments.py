@@ -69,8 +69,8 @@ import numpy as np
 from dpsketch.protocol import privacy, sketch
 from dpsketch.protocol.study import Study, design
 
-from analyzer import error_ratios, simulation, synthetic
-from analyzer.release import SketchRelease, release_from_ring_sum
+from dpsketch.analyzer import error_ratios, simulation, synthetic
+from dpsketch.analyzer.release import SketchRelease, release_from_ring_sum
 
 from . import evaluation, report, sketch_floor
 
@@ -122,7 +122,7 @@ class PipelineRun:
 
 def run_pipeline(study: Study, rows: np.ndarray, chunk_rows: int = CHUNK_ROWS) -> PipelineRun:
     """Rows -> ``prepare_batch`` -> per-server sketch aggregation + certificate -> release."""
-    from client_sdk.client import prepare_batch
+    from dpsketch.client_sdk.client import prepare_batch
 
     n_servers = study.n_servers
     aggregates = [np.zeros(study.aggregate_shape, dtype=np.uint64) for _ in range(n_servers)]

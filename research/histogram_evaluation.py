@@ -50,7 +50,7 @@ from dpsketch.protocol import privacy
 from dpsketch.protocol.histogram import HistogramSpec
 from dpsketch.protocol.study import Study, design
 
-from analyzer.analyses.histogram import AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau, NoisyHistogram, Quantiles
+from dpsketch.analyzer.analyses.histogram import AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau, NoisyHistogram, Quantiles
 
 from . import report
 

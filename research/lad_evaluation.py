@@ -72,12 +72,12 @@ import numpy as np
 from dpsketch.protocol import l1sketch, privacy
 from dpsketch.protocol.study import design
 
-from analyzer import simulation
-from analyzer.analyses.lad import LADRegression, l1_objective, lad_full
-from analyzer.analyses.lad_rounds import (DEFAULT_ROUNDS, DEFAULT_TUNING, RobustRegression, RoundWeights,
+from dpsketch.analyzer import simulation
+from dpsketch.analyzer.analyses.lad import LADRegression, l1_objective, lad_full
+from dpsketch.analyzer.analyses.lad_rounds import (DEFAULT_ROUNDS, DEFAULT_TUNING, RobustRegression, RoundWeights,
                                           round_budget, weighted_rows)
-from analyzer.estimators import LeastSquares
-from analyzer.release import L1Release
+from dpsketch.analyzer.estimators import LeastSquares
+from dpsketch.analyzer.release import L1Release
 
 from . import report
 

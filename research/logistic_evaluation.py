@@ -55,8 +55,8 @@ from scipy.special import expit
 
 from dpsketch.protocol.study import Study, design
 
-from analyzer import simulation
-from analyzer.analyses.logistic import LogisticRegression
+from dpsketch.analyzer import simulation
+from dpsketch.analyzer.analyses.logistic import LogisticRegression
 
 from . import report
 

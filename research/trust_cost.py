@@ -26,7 +26,7 @@ import numpy as np
 
 from dpsketch.protocol import design
 
-from analyzer import simulation, synthetic
+from dpsketch.analyzer import simulation, synthetic
 
 from . import evaluation
 

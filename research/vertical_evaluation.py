@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer import error_ratios, simulation, synthetic
+from dpsketch.analyzer import error_ratios, simulation, synthetic
 
 from . import baselines, evaluation, experiments, report
 

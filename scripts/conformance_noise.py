@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from client_sdk import noise as client_noise
-from client_sdk.prepare import prepare_batch
+from dpsketch.protocol import report as report_path
+from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import binding, noise, ring
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.study import Study, design
@@ -199,7 +199,7 @@ def batch_vectors() -> list[dict[str, Any]]:
         batch = prepare_batch(study, values, compress=compress, full=full, stream=stream)
         # the same stream again, step by step, for the intermediate values the vector states
         replay = Keystream.from_key(key)
-        vectors = client_noise.client_vectors(values, study)
+        vectors = report_path.client_vectors(values, study)
         signs = None
         if study.secret_sign:
             flips = replay.bits(m)

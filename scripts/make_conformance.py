@@ -328,7 +328,7 @@ def analyzer_client(study: Study, ring_sum: np.ndarray, n_reports: int):
     this released ring sum (the analyses are the app's routes, byte for byte)."""
     from fastapi.testclient import TestClient
 
-    from analyzer.app import create_app
+    from dpsketch.analyzer.app import create_app
 
     record = SimpleNamespace(study=study, state="released", ring_sum=ring_sum, n_reports=n_reports,
                              explanation=[], inclusion_hash="00" * 32)

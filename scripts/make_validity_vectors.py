@@ -32,8 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from client_sdk import noise as client_noise  # noqa: E402
-from client_sdk.prepare import signed_vectors  # noqa: E402
+from dpsketch.protocol import report as report_path  # noqa: E402
+from dpsketch.client_sdk.prepare import signed_vectors  # noqa: E402
 from dpsketch.protocol import features, field, flp, validity  # noqa: E402
 from dpsketch.protocol.keystream import Keystream  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
@@ -68,19 +68,19 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
     if histogram:
         values = np.array(rows, dtype=object)
         onehot = study.histogram.one_hot(study.histogram.cell_index(values))
-        encoded = client_noise.privatize_encoded(values, study, noise_stream)
+        encoded = report_path.privatize_encoded(values, study, noise_stream)
         units = validity.grid_units(plan, encoded) - plan.circuit.unit * onehot.astype(np.int64)
         inputs = plan.circuit.encode(onehot, units)
     elif study.proved_features:  # gram, moments: the features of the clipped rows, their witness
-        clipped = client_noise.clipped_rows(np.array(rows, dtype=np.float64), study)
-        encoded = client_noise.noisy_encoded(features.client_vectors(study.kind, clipped), study, noise_stream)
+        clipped = report_path.clipped_rows(np.array(rows, dtype=np.float64), study)
+        encoded = report_path.noisy_encoded(features.client_vectors(study.kind, clipped), study, noise_stream)
         witness = validity.witness_rows(plan, clipped)
         units = validity.grid_units(plan, encoded) - plan.circuit.features(witness)  # the noise e
         inputs = plan.circuit.encode(witness, units)
     else:  # a sketch study's rows are signed (its secret sign); an l1 study's are not
         a = np.array(rows, dtype=np.float64)
-        encoded = (client_noise.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
-                   if study.secret_sign else client_noise.privatize_encoded(a, study, noise_stream))
+        encoded = (report_path.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
+                   if study.secret_sign else report_path.privatize_encoded(a, study, noise_stream))
         units = validity.grid_units(plan, encoded)
         inputs = plan.circuit.encode(units)
     proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(label + "/client")), full=full,

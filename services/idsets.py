@@ -42,7 +42,7 @@ from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
 #: the compiled merge of two sorted runs (services/_index_kernel.py; the numpy merges below are
 #: its reference)
-MERGE = kernels.Kernel("services._index_kernel", "the report index's merges")
+MERGE = kernels.Kernel("dpsketch.services._index_kernel", "the report index's merges")
 
 #: small additions (single uploads) stay in a dict until it holds this many ids
 _RECENT_LIMIT = 4096

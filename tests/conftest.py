@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.cluster import ManagedProcess, ServerSpec, share_server, stop_all
+from dpsketch.tools.cluster import ManagedProcess, ServerSpec, share_server, stop_all
 
 #: The environment that lets a test server take uploads without upload tokens, and provision
 #: studies without charging a population budget (tests of other features put more studies on a
@@ -120,7 +120,7 @@ class Cluster:
         """``server_env`` maps a server id to extra environment (e.g. its policy variables)."""
         import json
 
-        from tools.cluster import analyzer, start_all
+        from dpsketch.tools.cluster import analyzer, start_all
 
         self.specs = [pool.spec(f"s{j + 1}") for j in range(n)]
         base = OPEN_UPLOADS if open_uploads else {}
@@ -149,7 +149,7 @@ class Cluster:
                       population: str | None = None) -> list[str]:
         """One upload token per server for one data owner (or party), issued by each server's
         operator for ``population`` (None: each server's default population)."""
-        from services.admin import issue_for_data_owner
+        from dpsketch.services.admin import issue_for_data_owner
 
         return issue_for_data_owner([(p.url, s.operator_token) for s, p in zip(self.specs, self.procs)],
                                     study_id, quota, party=party, population=population)

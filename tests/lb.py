@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tools import loadbalancer
+from dpsketch.tools import loadbalancer
 from envguard import unavailable
 
 

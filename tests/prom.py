@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from tools.cluster import terminate
+from dpsketch.tools.cluster import terminate
 
 from envguard import unavailable
 

@@ -41,7 +41,7 @@ def bound_body(study: Study, position: int, shares):
 def record_batches(monkeypatch) -> list:
     """Every PreparedBatch the SDK sends from now on (shares, seeds, report ids), in order: what
     an exact-reconstruction test sums itself."""
-    import client_sdk.client as sdk
+    import dpsketch.client_sdk.client as sdk
 
     sent: list = []
     real = sdk.prepare_batch
@@ -57,7 +57,7 @@ def record_batches(monkeypatch) -> list:
 
 def record_blocks(monkeypatch) -> dict:
     """Every party's PreparedBatch of blocks the SDK sends from now on, by party name, in order."""
-    import client_sdk.parties as sdk_parties
+    import dpsketch.client_sdk.parties as sdk_parties
 
     prepared: dict = {}
     real = sdk_parties.prepare_blocks

@@ -21,10 +21,10 @@ import time
 import httpx
 import numpy as np
 
-from client_sdk import Client
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import design
 from dpsketch.protocol.study import Study
-from services.admin import ServerAdmin
+from dpsketch.services.admin import ServerAdmin
 
 SERVERS = ["s1", "s2"]
 WIDTH, K = 4000, 1024

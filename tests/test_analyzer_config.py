@@ -13,10 +13,10 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from analyzer.client import AnalyzerClient
-from analyzer.config import ClusterConfig
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.config import ClusterConfig
 from dpsketch.protocol import ProblemError
-from tools.cluster import analyzer
+from dpsketch.tools.cluster import analyzer
 
 
 def _config(**top) -> dict:
@@ -97,7 +97,7 @@ def test_analyzer_refuses_to_start_on_an_unreadable_token_file(tmp_path):
     raw = _config()
     raw["servers"][0] = {"server_id": "s1", "url": "http://a:1", "analyst_token_file": str(tmp_path / "gone")}
     path.write_text(json.dumps(raw))
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "analyzer", "--config", str(path),
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "analyzer", "--config", str(path),
                           "--db", str(tmp_path / "a.sqlite3")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "cannot load the cluster configuration" in out.stderr and str(tmp_path / "gone") in out.stderr

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from analyzer import simulation, synthetic
-from analyzer.simulation import Target
+from dpsketch.analyzer import simulation, synthetic
+from dpsketch.analyzer.simulation import Target
 from research import baselines
 from research.evaluation import (
     EXTRA_BASELINES,

@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
-from client_sdk.upload import default_batch_rows
+from dpsketch.client_sdk.upload import default_batch_rows
 
 
 @pytest.mark.parametrize("which", ["upload", "sealed"])
 def test_quick_upload_benches_store_every_row(which, tmp_path):
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "bench", which, "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "bench", which, "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     figures = json.loads(out.read_text())
@@ -73,7 +73,7 @@ def test_commit_bench_loads_commits_and_rebuilds(tmp_path):
     """The commit bench in a small form: every report loaded is held (the file holds every share),
     the commit leaves out 1 % and releases a k x d aggregate, and the in-process load is set
     against the reference sketch of the same rows."""
-    from tools import server_bench
+    from dpsketch.tools import server_bench
 
     n, d, k = 20_000, 10, 40
     r = server_bench.bench_commit(n=n, d=d, k=k, s=2, chunk_rows=3_000, workdir=tmp_path)

@@ -18,12 +18,12 @@ import re
 import numpy as np
 import pytest
 
-from analyzer.cli import main as study_cli
-from analyzer.client import AnalyzerClient
-from analyzer.estimators import LeastSquares, RidgeRegression
+from dpsketch.analyzer.cli import main as study_cli
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.estimators import LeastSquares, RidgeRegression
 from research.experiments import run_pipeline
-from client_sdk import Client
-from client_sdk.prepare import prepare_batch
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.prepare import prepare_batch
 from conftest import cluster_for_module
 from dpsketch.protocol import bounds as bounds_mod
 from dpsketch.protocol.study import design
@@ -152,7 +152,7 @@ def test_pca_is_centred_and_in_units():
     x = wages(20000, seed=11)
     study, _ = design(name="w", columns=list(BOUNDS), label="wage", servers=SERVERS, expected_reports=len(x),
                       kind="gram", bounds=BOUNDS)
-    from analyzer.estimators import PCA
+    from dpsketch.analyzer.estimators import PCA
 
     model = PCA(2).fit(run_pipeline(study, x).release)
     assert model.centered_
@@ -255,7 +255,7 @@ def test_intervals_in_units_cover_the_non_private_fit_at_their_rate():
     squares on the same (clamped) rows 90-99% of the time for every coefficient and the
     intercept, and their width is honest (mean se within 0.8-1.25 of the estimates' spread). This
     is the units map and the plumbing of analyzer.uncertainty (its own tests check the law)."""
-    from analyzer.release import GramSumRelease
+    from dpsketch.analyzer.release import GramSumRelease
     from dpsketch.protocol import features
 
     x = wages(20000, seed=21)

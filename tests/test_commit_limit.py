@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import numpy as np
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from conftest import Cluster
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE
 

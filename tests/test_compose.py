@@ -39,10 +39,10 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import Study, messages, ring, sketch
-from tools.cluster import free_ports
+from dpsketch.tools.cluster import free_ports
 from envguard import unavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
@@ -108,7 +108,7 @@ class ComposeCluster:
         population of the study's own: the module runs more studies than one population's
         default budget takes (eight default studies, docs/ledger.md), and the demo spends the
         default population's."""
-        from services.admin import issue_for_data_owner
+        from dpsketch.services.admin import issue_for_data_owner
 
         return issue_for_data_owner(list(zip(self.server_urls, self.operator_tokens)), study_id, rows,
                                     verify=self.verify, population=f"test-{study_id[:12]}")
@@ -262,9 +262,9 @@ def test_image_ships_the_compiled_loops(compose_cluster):
 
 #: image -> modules it must hold and modules it must not (its role's libraries only: docs/install.md)
 ROLE_MODULES = {
-    "dpsketch-server:local": (("fastapi", "uvicorn", "psycopg", "numba", "services.app"), ()),
-    "dpsketch-analyzer:local": (("fastapi", "uvicorn", "analyzer.app"), ("numba", "psycopg", "threadpoolctl")),
-    "dpsketch-client:local": (("client_sdk", "httpx", "numpy", "scipy", "cryptography", "tools.demo"),
+    "dpsketch-server:local": (("fastapi", "uvicorn", "psycopg", "numba", "dpsketch.services.app"), ()),
+    "dpsketch-analyzer:local": (("fastapi", "uvicorn", "dpsketch.analyzer.app"), ("numba", "psycopg", "threadpoolctl")),
+    "dpsketch-client:local": (("dpsketch.client_sdk", "httpx", "numpy", "scipy", "cryptography", "dpsketch.tools.demo"),
                               ("fastapi", "starlette", "uvicorn", "psycopg", "prometheus_client", "numba")),
 }
 
@@ -373,7 +373,7 @@ def test_study_through_published_ports(compose_cluster):
         hashes.add(r.headers[messages.INCLUSION_HASH_HEADER])
     assert hashes == {fin["inclusion_hash"]}
     # the README's host command: the study CLI with the CA file
-    listed = _run([sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer_url,
+    listed = _run([sys.executable, "-m", "dpsketch.tools.cli", "study", "--analyzer", c.analyzer_url,
                    "--ca-file", str(c.certs / "ca.pem"), "--token", c.api_token, "list"], timeout=60).stdout
     assert sid in listed
     assert not any(np.array_equal(s, np.zeros_like(s)) for s in shares)
@@ -771,7 +771,7 @@ def test_swarm_stack_with_replicas(compose_cluster, tmp_path):
                                       k=8, s=2, min_reports=n)
         sid = created["study_id"]
         study = Study.model_validate(created["study"])
-        from services.admin import issue_for_data_owner
+        from dpsketch.services.admin import issue_for_data_owner
 
         tokens = issue_for_data_owner(list(zip(urls, c.operator_tokens)), sid, n, verify=ca,
                                       population=f"test-{sid[:12]}")

@@ -471,7 +471,7 @@ RELEASES = DOCS["analyses.json"]["vectors"]
 def analyzer_client(study: Study, ring_sum: np.ndarray, n_reports: int):
     from fastapi.testclient import TestClient
 
-    from analyzer.app import create_app
+    from dpsketch.analyzer.app import create_app
 
     record = SimpleNamespace(study=study, state="released", ring_sum=ring_sum, n_reports=n_reports,
                              explanation=[], inclusion_hash="00" * 32)

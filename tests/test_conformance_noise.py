@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from client_sdk.prepare import prepare_batch
+from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import noise
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.study import Study

@@ -65,7 +65,7 @@ def chrome():
 def _warm_sdk() -> None:
     from dpsketch.protocol import accounting
 
-    import client_sdk  # noqa: F401
+    import dpsketch.client_sdk  # noqa: F401
 
     accounting.warm_up()
 
@@ -81,7 +81,7 @@ def cluster(tmp_path_factory, chrome):
 
 @pytest.fixture(scope="module")
 def an(cluster):
-    from analyzer.client import AnalyzerClient
+    from dpsketch.analyzer.client import AnalyzerClient
 
     with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as client:
         yield client
@@ -265,7 +265,7 @@ def wage_rows(n: int, seed: int) -> np.ndarray:
 
 
 def upload(cluster, study_id, rows):
-    from client_sdk import Client
+    from dpsketch.client_sdk import Client
 
     with Client(cluster.server_urls, token=cluster.upload_tokens(study_id, quota=len(rows))) as client:
         assert client.submit_many(study_id, rows).n_reports == len(rows)
@@ -292,7 +292,7 @@ def finalize_in_page(driver, shots=None, name=None):
 def test_console_files_ship_in_the_package_and_are_served_with_strict_headers(cluster):
     files = sorted(p.relative_to(CONSOLE).as_posix() for p in CONSOLE.rglob("*") if p.is_file())
     # every file is package data (so a wheel install serves it): pyproject.toml's globs cover it
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["analyzer"]
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["dpsketch.analyzer"]
     packaged = {p.relative_to(ROOT / "analyzer").as_posix() for pattern in patterns for p in (ROOT / "analyzer").glob(pattern)}
     assert {f"console/{f}" for f in files} <= packaged
     assert "index.html" in files and "js/main.js" in files
@@ -710,7 +710,7 @@ def test_a_page_of_another_origin_cannot_create_or_read_studies(driver, cluster,
         def log_message(self, *args):
             pass
 
-    from tools.cluster import free_port
+    from dpsketch.tools.cluster import free_port
 
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), Attacker)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

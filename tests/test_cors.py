@@ -54,7 +54,7 @@ def test_a_malformed_origin_setting_stops_the_server_with_a_clear_error(servers,
     import sys
 
     spec = servers.spec("s3")
-    r = subprocess.run([sys.executable, "-m", "services", "--server-id", "s3", "--db", str(spec.db_path),
+    r = subprocess.run([sys.executable, "-m", "dpsketch.services", "--server-id", "s3", "--db", str(spec.db_path),
                         "--port", "0", "--cors-origins", "survey.example.org/form"],
                        env={"PATH": "/usr/bin:/bin", "DPSKETCH_OPERATOR_TOKEN": spec.operator_token,
                             "DPSKETCH_ANALYST_TOKEN": spec.analyst_token},

@@ -25,7 +25,7 @@ import numpy as np
 
 from dpsketch.protocol import design, messages
 from dpsketch.protocol.study import Study
-from services.admin import ServerAdmin
+from dpsketch.services.admin import ServerAdmin
 
 from studies import bound_body
 

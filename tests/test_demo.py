@@ -19,7 +19,7 @@ import httpx
 def _demo_cluster_processes() -> set[str]:
     """Servers and analyzers started by a demo (their databases live in a dpsketch-demo- dir)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if "dpsketch-demo-" in line and "tools.cli" in line}
+    return {line.split()[0] for line in out.splitlines() if "dpsketch-demo-" in line and "dpsketch.tools.cli" in line}
 
 
 def _keep_and_stop(proc: subprocess.Popen) -> tuple[str, str]:
@@ -55,7 +55,7 @@ def _keep_and_stop(proc: subprocess.Popen) -> tuple[str, str]:
 def test_demo_json_reports_both_kinds_and_the_baselines_and_stops_its_processes():
     before = _demo_cluster_processes()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.cli", "demo", "--clients", "4000", "--d", "6", "--rank", "2",
+        [sys.executable, "-m", "dpsketch.tools.cli", "demo", "--clients", "4000", "--d", "6", "--rank", "2",
          "--epsilon", "2", "--json", "--keep"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -14,11 +14,11 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from analyzer.estimators import LeastSquares, RidgeRegression
-from analyzer.release import SketchRelease
-from client_sdk import Client
-from client_sdk.prepare import prepare_batch
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.estimators import LeastSquares, RidgeRegression
+from dpsketch.analyzer.release import SketchRelease
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.prepare import prepare_batch
 from conftest import BOTH_STORES, Cluster, cluster_for_module
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 

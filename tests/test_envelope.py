@@ -16,11 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
-import client_sdk.client as sdk_client
-from analyzer.client import AnalyzerClient
-from client_sdk import Client, StudyMismatch
+import dpsketch.client_sdk.client as sdk_client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client, StudyMismatch
 from dpsketch.protocol import Study, binding, envelope, messages, ring, sketch
-from tools.client_bench import bench_encryption
+from dpsketch.tools.client_bench import bench_encryption
 
 from studies import bind_at
 from test_e2e import COLUMNS, direct_sketch, exact_cluster, no_floor_module_cluster  # noqa: F401 (a fixture)
@@ -766,7 +766,7 @@ def test_key_rotation_mid_study_and_keys_survive_a_restart(no_floor_cluster, mon
 
 def test_client_without_published_keys_refuses_to_encrypt():
     """A server that publishes no hpke member: encrypt=True refuses before any upload."""
-    from client_sdk import SDKError
+    from dpsketch.client_sdk import SDKError
 
     study_servers = ["s1", "s2"]
     from dpsketch.protocol.study import design
@@ -813,8 +813,8 @@ def test_random_sealed_bodies_get_400_or_422_never_500(tmp_path: Path):
     from fastapi.testclient import TestClient
 
     from dpsketch.protocol.study import design
-    from services.app import create_app
-    from services.settings import Settings
+    from dpsketch.services.app import create_app
+    from dpsketch.services.settings import Settings
 
     op = "op-" + "1" * 16
     settings = Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token=op,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer import simulation, synthetic
-from analyzer.estimators import PCA, LeastSquares, RidgeRegression, default_ridge_alpha, robust_solve
-from analyzer.error_ratios import ridge_optimum
-from analyzer.release import GramRelease, SecondMoments, SketchRelease
+from dpsketch.analyzer import simulation, synthetic
+from dpsketch.analyzer.estimators import PCA, LeastSquares, RidgeRegression, default_ridge_alpha, robust_solve
+from dpsketch.analyzer.error_ratios import ridge_optimum
+from dpsketch.analyzer.release import GramRelease, SecondMoments, SketchRelease
 from dpsketch.protocol import ring, sketch
 
 import studies
@@ -397,7 +397,7 @@ def test_fuller_option_is_fullers_modification_and_only_for_sketch_releases():
     """``fuller=a`` adds (1 - h) k v + a k v / (k - 1) to the debiased feature Gram (h = 1 when the
     smallest eigenvalue of the undebiased feature Gram exceeds (1 + 1/(k-1)) k v), so with a
     well-resolved Gram it is ridge with a k v / (k - 1) more penalty; it leaves Gram releases alone."""
-    from analyzer.estimators import fuller_adjustment
+    from dpsketch.analyzer.estimators import fuller_adjustment
 
     rng = np.random.default_rng(5)
     data = synthetic.regression_data(20_000, 5, seed=5, clip_quantile=0.99)

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from analyzer import simulation, synthetic
-from analyzer.estimators import PCA, RidgeRegression
-from analyzer.error_ratios import (
+from dpsketch.analyzer import simulation, synthetic
+from dpsketch.analyzer.estimators import PCA, RidgeRegression
+from dpsketch.analyzer.error_ratios import (
     compare,
     pca_error,
     pca_optimum,

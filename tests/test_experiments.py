@@ -79,7 +79,7 @@ def test_pipeline_adds_each_servers_noise():
     per coordinate, the release's ``coordinate_noise_std``."""
     import numpy as np
 
-    from analyzer import synthetic
+    from dpsketch.analyzer import synthetic
     from dpsketch.protocol import features
 
     data = synthetic.regression_data(1000, 10, seed=0)
@@ -98,7 +98,7 @@ def test_pipeline_adds_each_servers_noise():
 
 
 def test_cli_registers_the_subcommand(capsys):
-    from tools import cli
+    from dpsketch.tools import cli
 
     assert cli.main(["--help"]) == 0
     assert "experiments" in capsys.readouterr().out

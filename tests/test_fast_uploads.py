@@ -21,8 +21,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from dpsketch.protocol.messages import Report
-from services.app import create_app
-from services.uploads import FastReports
+from dpsketch.services.app import create_app
+from dpsketch.services.uploads import FastReports
 from conftest import NO_BUDGET
 from studies import provision_with_token
 from test_server_unit import bound, make_study, settings_for
@@ -358,8 +358,8 @@ def test_the_fast_path_keeps_the_admission_limit_and_counts(servers):
 
 def test_the_acknowledgement_is_the_models_json():
     from dpsketch.protocol.messages import UploadResult
-    from services.uploads import result_json
-    from services.writer import Acknowledgement
+    from dpsketch.services.uploads import result_json
+    from dpsketch.services.writer import Acknowledgement
 
     for accepted, duplicates, count in [(1, 0, 1), (0, 1, None), (1, 0, 10**12), (0, 0, 0), (7, 3, None)]:
         result = UploadResult(accepted=accepted, duplicates=duplicates, report_count=count)

@@ -27,13 +27,13 @@ import httpx
 import numpy as np
 import pytest
 
-import client_sdk.client as sdk
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+import dpsketch.client_sdk.client as sdk
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import ProblemError, Study, messages, ring, sketch
 from dpsketch.protocol.study import design
-from tools import loadtest, server_bench
-from tools.cluster import ManagedProcess, analyzer as analyzer_process, share_server
+from dpsketch.tools import loadtest, server_bench
+from dpsketch.tools.cluster import ManagedProcess, analyzer as analyzer_process, share_server
 
 import studies
 from conftest import BOTH_STORES, OPEN_UPLOADS, Cluster
@@ -338,7 +338,7 @@ class CommitBlackhole:
     after committing at the servers before this one."""
 
     def __init__(self, upstream_port: int):
-        from tools.cluster import free_port
+        from dpsketch.tools.cluster import free_port
 
         self.upstream_port = upstream_port
         self.port = free_port()
@@ -413,7 +413,7 @@ class CommitBlackhole:
 
 
 def test_analyzer_sigkilled_mid_finalize_resumes_with_the_recorded_set(servers):
-    from tools.cluster import start_all
+    from dpsketch.tools.cluster import start_all
 
     specs = [servers.spec(f"s{j + 1}") for j in range(3)]
     procs = [share_server(spec, servers.workdir, {**OPEN_UPLOADS, **NO_FLOOR}) for spec in specs]
@@ -697,7 +697,7 @@ def test_server_sigkilled_while_writing_large_batches_in_place_keeps_exactly_wha
     the others' batches in flight. After a restart the file must hold every acknowledged report
     with the exact bytes sent, and any other report it holds exactly too: a row whose fill the
     kill cut short would hold zeros. Resending everything then completes the store exactly."""
-    from services import db as store_db
+    from dpsketch.services import db as store_db
 
     spec = servers.spec("s1")
     proc = servers.start(spec)

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.coordinator import Coordinator, UpstreamError
-from analyzer.store import AnalyzerStore
+from dpsketch.analyzer.coordinator import Coordinator, UpstreamError
+from dpsketch.analyzer.store import AnalyzerStore
 from dpsketch.protocol import inclusion, messages
 from dpsketch.protocol.messages import CommitResult, ServerInfo
 from dpsketch.protocol.problems import ProblemError

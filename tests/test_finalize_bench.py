@@ -5,7 +5,7 @@ and the figures it reports are there."""
 
 from __future__ import annotations
 
-from tools.finalize_bench import bench_finalize
+from dpsketch.tools.finalize_bench import bench_finalize
 
 
 def test_finalize_bench_releases_over_what_every_server_holds(tmp_path):

@@ -38,8 +38,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import binding, messages
 from dpsketch.protocol.problems import CATALOGUE
 from dpsketch.protocol.study import design

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analyzer import error_ratios, simulation, synthetic
-from analyzer.client import AnalyzerClient
-from analyzer.estimators import PCA, RidgeRegression
-from analyzer.recommend import recommend
-from analyzer.release import GramSumRelease, release_from_ring_sum
-from client_sdk import Client
-from client_sdk.client import prepare_batch
+from dpsketch.analyzer import error_ratios, simulation, synthetic
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.estimators import PCA, RidgeRegression
+from dpsketch.analyzer.recommend import recommend
+from dpsketch.analyzer.release import GramSumRelease, release_from_ring_sum
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.client import prepare_batch
 from dpsketch.protocol import ProblemError, Study, features, privacy, ring, sketch
 from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, design
 

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import pytest
 
-from client_sdk.prepare import prepare_blocks
+from dpsketch.client_sdk.prepare import prepare_blocks
 from dpsketch.protocol import messages, parties, sketch
 from dpsketch.protocol.messages import decode_aggregate
 from dpsketch.protocol.study import Study, design

@@ -90,7 +90,7 @@ def test_server_admits_at_exactly_the_population_budget_and_refuses_a_thousandth
 def test_a_data_owners_limit_admits_at_the_limit_and_refuses_past_it(tmp_path):
     """client_sdk's own limit (the same ledger.check on the owner's file): at the composed epsilon
     the second study is admitted; 0.1 % under it, refused with PrivacyLimitExceeded."""
-    from client_sdk.budget import PrivacyLimit, PrivacyLimitExceeded
+    from dpsketch.client_sdk.budget import PrivacyLimit, PrivacyLimitExceeded
 
     first, second = _study("one", 1.0), _study("two", 0.7)
     needed = _composed(first, second)
@@ -226,7 +226,7 @@ def test_the_analyzer_shows_the_ledger_the_servers_charge_a_study_to():
     """issue 41: the study's own population is advisory; the analyzer's study ledger follows what
     the servers say they charge it to (StudyInfo.populations), the study's name only as a tie-break
     or before any charge."""
-    from analyzer.app import charged_population
+    from dpsketch.analyzer.app import charged_population
 
     assert charged_population("clinic", [["clinic", "other"], ["clinic"]]) == "clinic"
     assert charged_population("renamed", [["clinic"], ["clinic", "z"]]) == "clinic"  # a name escapes nothing

@@ -66,8 +66,8 @@ def test_one_writer_group_charges_a_token_once_for_all_its_requests(tmp_path):
 
     import numpy as np
 
-    from services.auth import digest_of
-    from services.writer import CallJob
+    from dpsketch.services.auth import digest_of
+    from dpsketch.services.writer import CallJob
 
     srv = Server(tmp_path / "group.db", upload_auth="tokens")
     st = make_study()
@@ -99,7 +99,7 @@ def test_a_block_batch_with_two_blocks_of_one_individual_is_refused(tmp_path):
     rows of that party: refused, and nothing of it stored."""
     import numpy as np
 
-    from client_sdk.prepare import prepare_blocks
+    from dpsketch.client_sdk.prepare import prepare_blocks
     from dpsketch.protocol import messages, parties
     from dpsketch.protocol.study import design
 

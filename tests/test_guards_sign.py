@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from client_sdk import noise as client_noise
-from client_sdk.prepare import prepare_batch, signed_vectors
+from dpsketch.protocol import report as report_path
+from dpsketch.client_sdk.prepare import prepare_batch, signed_vectors
 from dpsketch.protocol.keystream import Keystream
 from studies import make_study
 
@@ -32,7 +32,7 @@ def test_each_row_gets_its_own_keystream_sign(study):
     rows = np.random.default_rng(0).normal(0, 1, size=(n, 3))
     key = bytes(range(32))
     signed = signed_vectors(rows, study, Keystream.from_key(key))
-    clipped = client_noise.client_vectors(rows, study)
+    clipped = report_path.client_vectors(rows, study)
     bits = Keystream.from_key(key).bits(n)
     assert np.array_equal(signed[bits], -clipped[bits])
     assert np.array_equal(signed[~bits], clipped[~bits])
@@ -44,7 +44,7 @@ def test_signs_are_fair_and_independent_of_the_row(study):
     of the same rows get different signs (fresh keystream per batch)."""
     n = 200_000
     rows = np.tile([[0.3, -0.2, 0.1]], (n, 1))
-    clipped = client_noise.client_vectors(rows[:1], study)[0]
+    clipped = report_path.client_vectors(rows[:1], study)[0]
     signed = signed_vectors(rows, study, Keystream())
     flipped = np.all(signed == -clipped, axis=1)
     kept = np.all(signed == clipped, axis=1)
@@ -62,6 +62,6 @@ def test_a_prepared_batch_of_a_signed_study_shares_the_signed_rows(study):
     batch = prepare_batch(study, rows)
     total = sum(batch.share(j).astype(np.uint64) for j in range(study.n_servers))
     values = total.view(np.int64)[:, 0].astype(np.float64) * 2.0 ** -study.frac_bits
-    clip = client_noise.client_vectors(rows[:1], study)[0, 0]
+    clip = report_path.client_vectors(rows[:1], study)[0, 0]
     near_plus = np.abs(values - clip) < np.abs(values + clip)
     assert abs(near_plus.mean() - 0.5) < 5 * math.sqrt(0.25 / n) + 2 * math.erfc(clip / study.sigma / math.sqrt(2))

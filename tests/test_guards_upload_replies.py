@@ -22,8 +22,8 @@ import httpx
 import numpy as np
 import pytest
 
-from client_sdk import sealing
-from client_sdk.prepare import prepare_batch, prepare_blocks
+from dpsketch.client_sdk import sealing
+from dpsketch.client_sdk.prepare import prepare_batch, prepare_blocks
 from dpsketch.protocol import envelope, messages, parties
 from dpsketch.protocol.study import Study, design
 from test_server_unit import Server, make_study

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from dpsketch.protocol.problems import ProblemError
-from services import idsets
-from services.writer import CallJob
+from dpsketch.services import idsets
+from dpsketch.services.writer import CallJob
 from test_server_unit import Reports, Server, _assert_released, make_study
 
 
@@ -77,7 +77,7 @@ def test_disjoint_large_requests_of_a_group_are_taken_whole_without_classifying_
     """The other side of the same checks: requests with nothing in common take the fast path (no
     report-by-report classification, which is what keeps ingest at the sketch's speed, issue 46),
     and the overlap of the previous test is found by the arrays of an earlier request taken whole."""
-    from services.writer import Writer
+    from dpsketch.services.writer import Writer
 
     classified: list[int] = []
     real = Writer._classify
@@ -101,7 +101,7 @@ def test_disjoint_large_requests_of_a_group_are_taken_whole_without_classifying_
 
 def _counting_plan(monkeypatch) -> list[int]:
     """Record the ids of every request the writer plans one by one (Writer._plan)."""
-    from services.writer import Writer
+    from dpsketch.services.writer import Writer
 
     planned: list[int] = []
     real = Writer._plan

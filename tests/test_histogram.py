@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client, InvalidDataError
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client, InvalidDataError
 from dpsketch.protocol import ProblemError, Study, ring
 from dpsketch.protocol.histogram import Axis, HistogramSpec, HistogramValueError
 
@@ -100,7 +100,7 @@ def test_histogram_study_end_to_end_is_exact_and_keeps_out_of_range_values(exact
 
 def test_malformed_values_are_refused_before_anything_is_sent(exact_cluster, tmp_path):
     c = exact_cluster
-    study_cli = [sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer.url, "--token", c.api_token]
+    study_cli = [sys.executable, "-m", "dpsketch.tools.cli", "study", "--analyzer", c.analyzer.url, "--token", c.api_token]
     out = subprocess.run(study_cli + ["create", "--name", "hist-bad", "--kind", "histogram", "--axis",
                                       "age:18,30,50,70", "--expected-reports", "200", "--min-reports", "100",
                                       "--no-floor"], capture_output=True, text=True, timeout=120)
@@ -121,12 +121,12 @@ def test_malformed_values_are_refused_before_anything_is_sent(exact_cluster, tmp
         assert set(client.report_counts(sid).values()) == {0}  # nothing reached any server
     csv = tmp_path / "ages.csv"
     csv.write_text("age\n20\n35\nunknown\n40\n")
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "submit", "--study", sid, "--servers",
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "submit", "--study", sid, "--servers",
                           ",".join(c.server_urls), str(csv)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "'unknown' is not a number" in out.stderr
     assert all(httpx.get(f"{u}/v1/studies/{sid}").json()["report_count"] == 0 for u in c.server_urls)
     csv.write_text("age\n20\n35\n99\n40\n")
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "submit", "--study", sid, "--servers",
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "submit", "--study", sid, "--servers",
                           ",".join(c.server_urls), "--compress", str(csv)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
@@ -165,7 +165,7 @@ def test_statistics_over_rest_and_their_refusals(servers):
                 an.statistic(sid, name, **body)
             refusals.append((err.value.status, err.value.slug))
     assert refusals == [(422, "invalid-request")] * 5
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
                           c.api_token, "auc", sid, "--score", "score", "--label", "label", "--positive", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -188,7 +188,7 @@ def test_statistics_over_rest_and_their_refusals(servers):
 def test_recommend_says_where_a_histogram_stops_fitting():
     """The plan's storage is what the servers will check (Study.max_storage_bytes of the designed
     study), and its noise is the designed study's; beyond the default storage it says so."""
-    from analyzer.recommend import histogram_plan
+    from dpsketch.analyzer.recommend import histogram_plan
     from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES, design
 
     spec = {"axes": [{"column": "x", "edges": list(range(1, 12))}, {"column": "y", "edges": list(range(1, 12))}]}
@@ -201,7 +201,7 @@ def test_recommend_says_where_a_histogram_stops_fitting():
     cells = plan["max_cells_in_default_storage"]
     assert histogram_plan(cells, 10**6)["fits_default_server_storage"]
     assert not histogram_plan(cells + 1, 10**6)["fits_default_server_storage"]
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "recommend", "--histogram-cells", "8192",
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "recommend", "--histogram-cells", "8192",
                           "--expected-reports", "100000"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "over their default 32 GiB" in out.stdout
     assert histogram_plan(8192, 100_000)["server_storage_bytes"] > DEFAULT_MAX_STUDY_BYTES

@@ -20,8 +20,8 @@ import pytest
 import scipy.stats
 from sklearn.metrics import roc_auc_score
 
-from analyzer.analyses import histogram as hg
-from analyzer.analyses.histogram import (AUC, BinnedMoments, Counts, GiniMeanDifference, GiniSimpson,
+from dpsketch.analyzer.analyses import histogram as hg
+from dpsketch.analyzer.analyses.histogram import (AUC, BinnedMoments, Counts, GiniMeanDifference, GiniSimpson,
                                 KendallTau, NoisyHistogram, QuadraticForm, Quantiles,
                                 estimate_forms)
 from dpsketch.protocol.histogram import OTHER, Axis, HistogramSpec

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from research import histogram_evaluation as he
-from analyzer.release import HistogramRelease
+from dpsketch.analyzer.release import HistogramRelease
 from dpsketch.protocol import privacy
 from dpsketch.protocol.histogram import HistogramSpec
 

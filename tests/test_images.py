@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from envguard import unavailable
-from tools import cli
+from dpsketch.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
+from dpsketch.analyzer.client import AnalyzerClient
 import dpsketch
 from conftest import Cluster, Servers
 from dpsketch.protocol import messages
@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: what the wheel is built from (nothing else of the tree: no tests, no stale build/ directory)
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "dpsketch", "client_sdk", "services", "analyzer", "tools")
 #: modules that belong to the server, analyzer or fast extras, never to the client's install
+#: the runtime parts' folder names, which the wheel installs only as dpsketch.<name>
+BARE_NAMES = ("services", "analyzer", "client_sdk", "tools")
 NOT_IN_THE_CLIENT = ("fastapi", "starlette", "uvicorn", "psycopg", "prometheus_client", "numba")
 WHEELHOUSE = Path(os.environ.get("DPSKETCH_WHEELHOUSE", Path.home() / ".cache" / "dpsketch" / "client-wheelhouse"))
 N_ROWS = 400
@@ -49,12 +51,12 @@ COLUMNS = ["x0", "x1", "y"]
 #: the installed client's side: submit a CSV with the SDK, print the report ids it returns
 SUBMIT = """
 import json, sys
-import client_sdk
-from client_sdk import Client
+import dpsketch.client_sdk
+from dpsketch.client_sdk import Client
 study_id, csv_path, urls = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 with Client(urls) as client:
     ids = client.submit_many(study_id, csv_path)
-print(json.dumps({"sdk": client_sdk.__file__, "ids": list(ids)}))
+print(json.dumps({"sdk": dpsketch.client_sdk.__file__, "ids": list(ids)}))
 """
 
 
@@ -107,11 +109,14 @@ def test_the_client_install_has_none_of_the_server_libraries(client_env):
     probe = _run([str(client_env / "python"), "-c",
                   "import importlib.util, json, sys; "
                   "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))",
-                  *NOT_IN_THE_CLIENT, "numpy", "httpx", "cryptography", "pydantic", "client_sdk"], 60, cwd="/")
+                  *NOT_IN_THE_CLIENT, *BARE_NAMES, "numpy", "httpx", "cryptography", "pydantic", "dpsketch.client_sdk"],
+                 60, cwd="/")
     assert probe.returncode == 0, probe.stderr
     found = json.loads(probe.stdout)
     assert not any(found[m] for m in NOT_IN_THE_CLIENT), found
-    assert all(found[m] for m in ("numpy", "httpx", "cryptography", "pydantic", "client_sdk")), found
+    # one namespace: the wheel puts no generic top-level package into site-packages (issue 42)
+    assert not any(found[m] for m in BARE_NAMES), found
+    assert all(found[m] for m in ("numpy", "httpx", "cryptography", "pydantic", "dpsketch.client_sdk")), found
 
 
 def test_the_installed_version_is_the_trees_one(client_env):

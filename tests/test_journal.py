@@ -11,7 +11,7 @@ import stat
 import numpy as np
 import pytest
 
-from client_sdk import (
+from dpsketch.client_sdk import (
     IncompleteUpload,
     InputChanged,
     InvalidDataError,
@@ -20,7 +20,7 @@ from client_sdk import (
     SDKError,
     prepare_batch,
 )
-from client_sdk.journal import Journal, batch_key, fingerprint_rows
+from dpsketch.client_sdk.journal import Journal, batch_key, fingerprint_rows
 from dpsketch.protocol.keystream import Keystream
 from test_sdk_unit import COLUMNS, SERVER_IDS, _client, fakes, study  # noqa: F401 (fixtures)
 

@@ -107,7 +107,7 @@ def test_analyzer_overlay_mounts_the_cluster_secret_it_generates():
     mount = next(m for m in c["volumeMounts"] if m["name"] == "cluster")
     assert c["args"][c["args"].index("--config") + 1] == mount["mountPath"] + "/cluster.json"
     # the example is a configuration the analyzer accepts (same parser as --config)
-    from analyzer.config import ClusterConfig
+    from dpsketch.analyzer.config import ClusterConfig
 
     example = (K8S / "analyzer" / "cluster.json.example").read_text()
     config = ClusterConfig.model_validate_json(example)
@@ -119,8 +119,8 @@ def _expand(args: list[str], env: dict[str, str]) -> list[str]:
 
 
 def test_container_arguments_parse_with_the_real_command_line():
-    from analyzer.__main__ import build_parser as analyzer_parser
-    from services.__main__ import build_parser as server_parser
+    from dpsketch.analyzer.__main__ import build_parser as analyzer_parser
+    from dpsketch.services.__main__ import build_parser as server_parser
 
     (server,) = _containers("share-server")
     env = {e["name"]: "s1" for e in server["env"]}
@@ -167,8 +167,8 @@ def test_pods_run_as_the_images_user_and_a_share_server_runs_replicas_on_postgre
 def test_probe_paths_answer_on_a_real_app(tmp_path):
     from fastapi.testclient import TestClient
 
-    from services.app import create_app
-    from services.settings import Settings
+    from dpsketch.services.app import create_app
+    from dpsketch.services.settings import Settings
 
     (server,) = _containers("share-server")
     paths = {server[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
@@ -184,7 +184,7 @@ def test_the_startup_allowances_outlast_the_database_wait():
     """A share server waits up to --db-wait for its PostgreSQL before it listens (services/pg.py):
     the k8s startupProbe and the swarm healthcheck must not restart it sooner, or a pod started
     beside its database would be killed while it waits, as it was restarted before the wait."""
-    from services.__main__ import build_parser
+    from dpsketch.services.__main__ import build_parser
 
     (server,) = _containers("share-server")
     env = {e["name"]: "s1" for e in server["env"]}
@@ -205,7 +205,7 @@ def test_the_pods_serve_https_only():
     """TLS is on by default (issue 41): every dpsketch container serves HTTPS with a mounted
     certificate, its probes speak HTTPS, and the analyzer reaches the servers over https with a
     CA to verify them against."""
-    from analyzer.config import ClusterConfig
+    from dpsketch.analyzer.config import ClusterConfig
 
     for base in ("share-server", "analyzer"):
         (c,) = _containers(base)

@@ -8,8 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import ProblemError, Study, l1sketch, messages, ring, sketch
 
 from conftest import Cluster
@@ -81,7 +81,7 @@ def test_l1_study_releases_the_exact_sketch_and_refuses_a_lonely_bucket(servers,
     assert lad["features"] == ["a", "b"] and lad["n_reports"] == N
     # the route is the estimator on the release with the study public noise law (10,000 rows at
     # epsilon 1 are far too few for an accurate fit: docs/lad.md measures accuracy against n)
-    from analyzer.analyses.lad import LADRegression
+    from dpsketch.analyzer.analyses.lad import LADRegression
 
     local = LADRegression(label="y").fit(np.asarray(view["sketch"]), study.l1_spec.weights(), columns=study.columns,
                                          sigma=study.sigma, n_reports=N, spec=study.l1_spec,

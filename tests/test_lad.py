@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from research import lad_evaluation
-from analyzer.analyses.lad import GLOB_MIN_ROWS, LADRegression, _lp, l1_objective, lad_full
+from dpsketch.analyzer.analyses.lad import GLOB_MIN_ROWS, LADRegression, _lp, l1_objective, lad_full
 
 
 def _data(n: int, rng: np.random.Generator, p: int = 4):
@@ -108,7 +108,7 @@ def test_recommend_points_to_the_l1_kind():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "recommend", "--d", "6", "-n", "100000",
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "recommend", "--d", "6", "-n", "100000",
                           "--no-predict"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--kind l1" in out.stdout and "docs/lad.md" in out.stdout and "docs/logistic.md" in out.stdout

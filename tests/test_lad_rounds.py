@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from research import lad_evaluation
-from analyzer.analyses.lad_rounds import RobustRegression, RoundWeights, huber_weights, round_budget, weighted_rows
-from analyzer.release import GramSumRelease
+from dpsketch.analyzer.analyses.lad_rounds import RobustRegression, RoundWeights, huber_weights, round_budget, weighted_rows
+from dpsketch.analyzer.release import GramSumRelease
 from dpsketch.protocol import features, privacy
 from dpsketch.protocol.study import design
 
@@ -119,10 +119,10 @@ def test_two_rounds_over_real_servers_the_route_the_owners_cli_and_bad_input(no_
     import csv
     import json
 
-    from analyzer.cli import main as study_cli
-    from analyzer.client import AnalyzerClient
-    from analyzer.release import release_from_values
-    from client_sdk import Client
+    from dpsketch.analyzer.cli import main as study_cli
+    from dpsketch.analyzer.client import AnalyzerClient
+    from dpsketch.analyzer.release import release_from_values
+    from dpsketch.client_sdk import Client
     from dpsketch.protocol import ProblemError, Study
 
     c = no_floor_module_cluster

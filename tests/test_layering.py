@@ -1,4 +1,4 @@
-"""The import arrows between the top-level packages point one way (README, "Architecture").
+"""The import arrows between the layers point one way (README, "Architecture").
 
     research  ->  tools  ->  services, client_sdk, analyzer  ->  dpsketch (protocol/ and the shared
                                                                  service infrastructure: serving,
@@ -12,6 +12,11 @@
 * nothing in the runtime packages (dpsketch/, services/, client_sdk/, analyzer/, tools/) imports
   ``research``: the evaluation harness is not installed with them, so an import of it would
   fail in every install (research/ may import them all).
+
+The runtime parts are folders at the top of the repository (``services/``, ``client_sdk/``,
+``analyzer/``, ``tools/``) and are imported, and installed, under the one ``dpsketch`` namespace
+(``dpsketch.services`` ...: ``dpsketch/services`` is a link to ``services/``; issue 42). Their bare
+top-level names are never imported: the wheel has no ``services`` or ``tools`` to collide with.
 
 Read from the source with ``ast`` (no imports run, no servers): every ``import`` and
 ``from ... import`` anywhere in a module, at the top or inside a function, relative ones resolved,
@@ -39,10 +44,26 @@ ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:
+    """The name a file is imported by: ``services/app.py`` is ``dpsketch.services.app``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in (*PARTS, TOOLS):
+        parts.insert(0, CORE)
     return ".".join(parts)
+
+
+def layer(module: str) -> str | None:
+    """Which layer a module belongs to: one of PARTS, TOOLS, CORE or RESEARCH, ``bare`` for a
+    part's bare top-level name (never to be imported), None for anything not ours."""
+    head = module.split(".")
+    if head[0] == CORE:
+        return head[1] if len(head) > 1 and head[1] in (*PARTS, TOOLS) else CORE
+    if head[0] == RESEARCH:
+        return RESEARCH
+    if head[0] in (*PARTS, TOOLS):
+        return "bare"
+    return None
 
 
 def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
@@ -74,15 +95,13 @@ def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple
 def edges() -> list[tuple[str, int, str, str]]:
     """(file, line, importing module, imported module) for every import leaving its own
     top-level package towards one of ours."""
-    ours = {CORE, TOOLS, RESEARCH, *PARTS}
     out = []
-    for top in (CORE, *PARTS, TOOLS):
-        for path in sorted((ROOT / top).rglob("*.py")):
+    for top in (CORE, *PARTS, TOOLS, RESEARCH):
+        for path in sorted((ROOT / top).rglob("*.py")):  # rglob does not follow dpsketch/'s links
             module = module_name(path)
             for line, target in imports_of(path.read_text(encoding="utf-8"), module,
                                            is_package=path.name == "__init__.py"):
-                target_top = target.split(".")[0]
-                if target_top in ours and target_top != top:
+                if layer(target) is not None and layer(target) != layer(module):
                     out.append((str(path.relative_to(ROOT)), line, module, target))
     return out
 
@@ -93,46 +112,68 @@ def _where(found: list[tuple[str, int, str, str]]) -> str:
 
 def test_the_scanner_sees_every_kind_of_import():
     source = (
-        "import tools.cluster\n"
+        "import dpsketch.tools.cluster\n"
         "from . import sibling\n"
         "from ..other import thing\n"
         "def f():\n"
-        "    from services.admin import ServerAdmin\n"
+        "    from dpsketch.services.admin import ServerAdmin\n"
         "    import importlib\n"
-        "    return importlib.import_module('tools.demo'), __import__('client_sdk')\n"
+        "    return importlib.import_module('dpsketch.tools.demo'), __import__('client_sdk')\n"
     )
-    names = sorted(name for _, name in imports_of(source, "analyzer.sub.mod"))
-    assert names == sorted(["tools.cluster", "analyzer.sub", "analyzer.other", "services.admin", "importlib",
-                            "tools.demo", "client_sdk"])
-    assert sorted(name for _, name in imports_of("from .client import Client\n", "client_sdk",
-                                                   is_package=True)) == ["client_sdk.client"]
+    names = sorted(name for _, name in imports_of(source, "dpsketch.analyzer.sub.mod"))
+    assert names == sorted(["dpsketch.tools.cluster", "dpsketch.analyzer.sub", "dpsketch.analyzer.other",
+                            "dpsketch.services.admin", "importlib", "dpsketch.tools.demo", "client_sdk"])
+    assert sorted(name for _, name in imports_of("from .client import Client\n", "dpsketch.client_sdk",
+                                                   is_package=True)) == ["dpsketch.client_sdk.client"]
+    assert [layer(n) for n in ("dpsketch.services.app", "dpsketch.protocol.ring", "dpsketch.tools.cli",
+                               "research.report", "client_sdk.client", "numpy")] == [
+        "services", CORE, TOOLS, RESEARCH, "bare", None]
+    assert module_name(ROOT / "services" / "app.py") == "dpsketch.services.app"
     # and it finds the arrows that are meant to be there (services on the core), so an empty
     # answer below is not a scanner reading nothing
-    assert any(module.startswith("services.") and target.startswith("dpsketch.protocol")
+    assert any(module.startswith("dpsketch.services.") and target.startswith("dpsketch.protocol")
                for _, _, module, target in edges())
 
 
+def test_nothing_imports_a_part_by_its_bare_name():
+    """``import services`` would load a second copy of the module in a checkout (the folder is on
+    the path there) and fail in an install (the wheel has only ``dpsketch``)."""
+    found = [e for e in edges() if layer(e[3]) == "bare"]
+    for top in ("tests", "benchmarks", "scripts", "examples", "deploy"):  # not layers, but no bare names either
+        for path in sorted((ROOT / top).rglob("*.py")):
+            found += [(str(path.relative_to(ROOT)), line, path.stem, target)
+                      for line, target in imports_of(path.read_text(encoding="utf-8"), path.stem) if layer(target) == "bare"]
+    assert not found, ("import the parts as dpsketch.services, dpsketch.analyzer, dpsketch.client_sdk, "
+                       "dpsketch.tools:\n" + _where(found))
+
+
+def test_the_parts_are_linked_into_the_namespace():
+    for part in (*PARTS, TOOLS):
+        link = ROOT / CORE / part
+        assert link.is_symlink() and link.resolve() == (ROOT / part).resolve(), link
+
+
 def test_nothing_below_tools_imports_tools():
-    found = [e for e in edges() if e[3].split(".")[0] == TOOLS]
+    found = [e for e in edges() if layer(e[3]) == TOOLS and layer(e[2]) != RESEARCH]
     assert not found, ("tools/ starts and drives the parts; they must not import it "
                        "(move what they need into the part or into dpsketch/):\n" + _where(found))
 
 
 def test_the_core_imports_none_of_the_parts():
-    found = [e for e in edges() if e[2].split(".")[0] == CORE]
+    found = [e for e in edges() if layer(e[2]) == CORE]
     assert not found, ("dpsketch/ is the core the parts import; it imports none of them "
                        "(the tools that drive them live in tools/):\n" + _where(found))
 
 
 def test_the_parts_import_each_other_only_where_allowed():
     found = [e for e in edges()
-             if e[2].split(".")[0] in PARTS and e[3].split(".")[0] in PARTS and (e[2], e[3]) not in ALLOWED]
+             if layer(e[2]) in PARTS and layer(e[3]) in PARTS and (e[2], e[3]) not in ALLOWED]
     assert not found, ("services, client_sdk and analyzer talk over HTTP, not by import; an import "
                        "between them needs a reason in ALLOWED (tests/test_layering.py):\n" + _where(found))
 
 
 def test_no_runtime_package_imports_the_research_harness():
-    found = [e for e in edges() if e[3].split(".")[0] == RESEARCH]
+    found = [e for e in edges() if layer(e[3]) == RESEARCH]
     assert not found, ("research/ is not installed with dpsketch; what a runtime package needs from it "
                        "belongs in that package (the analyzer's simulations are analyzer/simulation.py):\n"
                        + _where(found))
@@ -140,7 +181,7 @@ def test_no_runtime_package_imports_the_research_harness():
     # answer above is not a scanner that never looked at research/ as a target)
     harness = ROOT / RESEARCH
     assert (harness / "__init__.py").is_file()
-    assert any(target.split(".")[0] == "analyzer" for path in harness.glob("*.py")
+    assert any(layer(target) == "analyzer" for path in harness.glob("*.py")
                for _, target in imports_of(path.read_text(encoding="utf-8"), module_name(path)))
 
 
@@ -149,7 +190,7 @@ def test_the_wheel_leaves_the_research_harness_out():
     import tomllib
 
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert not any(pattern.split(".")[0].rstrip("*") == RESEARCH for pattern in include), include
+    assert include == ["dpsketch*"], include  # one namespace; research/ is outside it
 
 
 def test_every_allowed_edge_is_still_there():

@@ -26,10 +26,10 @@ from dp_accounting import get_epsilon_gaussian
 from dp_accounting.pld import privacy_loss_distribution as dp_pld
 from pydantic import ValidationError
 
-from analyzer.cli import main as study_cli
-from analyzer.client import AnalyzerClient
-from client_sdk import Client, ProblemError
-from client_sdk.budget import LedgerFileError, PrivacyLimit, PrivacyLimitExceeded
+from dpsketch.analyzer.cli import main as study_cli
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client, ProblemError
+from dpsketch.client_sdk.budget import LedgerFileError, PrivacyLimit, PrivacyLimitExceeded
 from dpsketch.protocol import design, ledger
 from dpsketch.protocol.study import Study
 
@@ -417,8 +417,8 @@ def test_analyzer_passes_a_servers_budget_refusal_on_with_every_member(tmp_path)
     members and the server's id (docs/protocol.md section 6b), and forgets the study."""
     from types import SimpleNamespace
 
-    from analyzer.coordinator import Coordinator, UpstreamError
-    from analyzer.store import AnalyzerStore
+    from dpsketch.analyzer.coordinator import Coordinator, UpstreamError
+    from dpsketch.analyzer.store import AnalyzerStore
 
     members = {"population": POP, "neighbouring": "replace-one", "budget_epsilon": 2.0, "budget_delta": 1e-6,
                "spent_epsilon": 1.9, "studies_charged": 3, "needed_epsilon": 2.6, "study_epsilon": 0.9}

@@ -17,10 +17,10 @@ import pytest
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from analyzer.client import AnalyzerClient
-from analyzer.analyses.logistic import LogisticRegression
-from analyzer.release import GramSumRelease, release_from_values
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.analyses.logistic import LogisticRegression
+from dpsketch.analyzer.release import GramSumRelease, release_from_values
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import ProblemError, features
 from dpsketch.protocol.study import design
 
@@ -229,12 +229,12 @@ def test_logistic_over_rest_matches_sklearn_on_held_out_rows(servers):
     acc = np.mean(((xt @ np.asarray(out["coef"]) + out["intercept"]) > 0) == (yt > 0.5))
     assert acc > np.mean(sk.predict(xt) == yt) - 0.03
     # and the CLI says the same
-    cli = subprocess.run([sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
+    cli = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
                           c.api_token, "logistic", sid, "--classes", "0,0.5"], capture_output=True, text=True,
                          timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["coef"] == out["coef"]
-    bad = subprocess.run([sys.executable, "-m", "tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
+    bad = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "study", "--analyzer", c.analyzer.url, "--token",
                           c.api_token, "logistic", sid, "--classes", "0,x"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "--classes" in bad.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer import simulation
+from dpsketch.analyzer import simulation
 from research import experiments
 from research import logistic_evaluation as le
 from dpsketch.protocol import features

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import messages
 from dpsketch.protocol.messages import SHARES_MEDIA_TYPE
 from dpsketch.protocol.study import Study

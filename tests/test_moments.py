@@ -18,10 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer import error_ratios, synthetic
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
-from client_sdk.client import prepare_batch
+from dpsketch.analyzer import error_ratios, synthetic
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.client import prepare_batch
 from dpsketch.protocol import ProblemError, Study, design, features, privacy, ring
 from dpsketch.protocol.noise import NOISE_TAIL_SIGMAS
 
@@ -175,9 +175,9 @@ def _simulate(runs: int = 4000, n: int = 5_000, sets: int = 12, draws: int = 1_0
     noise (what ``simulation.simulate_ltm`` draws for these kinds), the analyzer's ridge; then the
     ratio of mean excess over one run per data set, resampled ``draws`` times, and the same for a
     kind that changed nothing (gram against gram)."""
-    from analyzer import simulation
-    from analyzer.estimators import RidgeRegression
-    from analyzer.release import GramSumRelease
+    from dpsketch.analyzer import simulation
+    from dpsketch.analyzer.estimators import RidgeRegression
+    from dpsketch.analyzer.release import GramSumRelease
 
     rng = np.random.default_rng(seed)
     excess = np.zeros((sets, 2, runs))

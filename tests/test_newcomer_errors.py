@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.cluster import free_port
+from dpsketch.tools.cluster import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY_ID = "ab" * 32
@@ -37,20 +37,20 @@ def _undocumented(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
 
 def test_every_option_has_help_text(monkeypatch):
     monkeypatch.setenv("DPSKETCH_DB", "unused.sqlite3")  # --db is required without it
-    from analyzer.__main__ import build_parser as analyzer
-    from client_sdk.cli import _parser as submit
-    from services.__main__ import build_parser as server
-    from services.admin import build_parser as tokens
+    from dpsketch.analyzer.__main__ import build_parser as analyzer
+    from dpsketch.client_sdk.cli import _parser as submit
+    from dpsketch.services.__main__ import build_parser as server
+    from dpsketch.services.admin import build_parser as tokens
 
     parsers = {"submit": submit(), "server": server(), "tokens": tokens(), "analyzer": analyzer()}
     assert {name: _undocumented(p, name) for name, p in parsers.items()} == {name: [] for name in parsers}
 
 
 def test_a_refused_connection_names_the_url(capsys):
-    from analyzer.client import AnalyzerClient, AnalyzerUnreachable
-    from client_sdk import Client, ServerUnreachable
-    from client_sdk.cli import main as submit
-    from services.admin import main as tokens
+    from dpsketch.analyzer.client import AnalyzerClient, AnalyzerUnreachable
+    from dpsketch.client_sdk import Client, ServerUnreachable
+    from dpsketch.client_sdk.cli import main as submit
+    from dpsketch.services.admin import main as tokens
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with AnalyzerClient(url) as an, pytest.raises(AnalyzerUnreachable) as err:
@@ -77,7 +77,7 @@ def test_a_refused_connection_names_the_url(capsys):
     line = capsys.readouterr().err.strip()
     assert line.startswith(f"dpsketch tokens: cannot reach {url}: connection refused"), line
 
-    from analyzer.cli import main as study
+    from dpsketch.analyzer.cli import main as study
 
     assert study(["--analyzer", url, "progress", STUDY_ID]) == 1
     line = capsys.readouterr().err.strip()
@@ -85,7 +85,7 @@ def test_a_refused_connection_names_the_url(capsys):
 
 
 def test_a_malformed_cluster_configuration_names_the_field(tmp_path):
-    from analyzer.config import ClusterConfig
+    from dpsketch.analyzer.config import ClusterConfig
 
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"servers": [
@@ -94,7 +94,7 @@ def test_a_malformed_cluster_configuration_names_the_field(tmp_path):
     with pytest.raises(ValueError) as err:
         ClusterConfig.load(path)
     assert str(err.value) == f"{path}: servers.1.url: Field required; api_tokn: Extra inputs are not permitted"
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "analyzer", "--config", str(path),
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "analyzer", "--config", str(path),
                           "--db", str(tmp_path / "a.sqlite3")], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert out.returncode == 2

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from client_sdk import noise as client_noise
-from client_sdk.prepare import prepare_batch
+from dpsketch.protocol import report as report_path
+from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import noise, ring, smoothing
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.study import _clip_bound, design
@@ -155,11 +155,11 @@ def test_rounding_to_a_coarse_grid_keeps_the_sensitivity():
         h = math.ldexp(1.0, shift - frac_bits)
         b = _clip_bound("sketch", 1.0, h * math.sqrt(5))
         assert b < 1.0
-        rounded = ring.encode_on_grid(client_noise.clip_rows(rows, b), frac_bits, shift, 2.0)
+        rounded = ring.encode_on_grid(report_path.clip_rows(rows, b), frac_bits, shift, 2.0)
         norms = np.linalg.norm(rounded / 2.0 ** frac_bits, axis=1)
         assert norms.max() <= 1.0
         if shift:  # the coarse grid really moves values: without the margin B would be exceeded
-            plain = ring.encode_on_grid(client_noise.clip_rows(rows, 1.0), frac_bits, shift, 2.0)
+            plain = ring.encode_on_grid(report_path.clip_rows(rows, 1.0), frac_bits, shift, 2.0)
             assert np.linalg.norm(plain / 2.0 ** frac_bits, axis=1).max() > 1.0
 
 

@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
-from client_sdk.prepare import prepare_blocks
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.prepare import prepare_blocks
 from conftest import NO_BUDGET, Cluster, cluster_for_module
 from studies import record_blocks
 from test_e2e import direct_sketch  # S(A + G) with Python ints, hashed by the ids given (here: pseudonyms)
@@ -266,11 +266,11 @@ def test_the_joined_row_meets_the_study_epsilon():
 
 
 def test_dpsketch_submit_party_uploads_each_party_from_its_own_csv(shared_party_cluster, tmp_path, capsys):
-    from client_sdk.cli import main
+    from dpsketch.client_sdk.cli import main
 
     import json
 
-    from analyzer.cli import main as study_cli
+    from dpsketch.analyzer.cli import main as study_cli
 
     c = shared_party_cluster
     n = 400

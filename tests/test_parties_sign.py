@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from conftest import NO_BUDGET, Cluster, cluster_for_module
 from dpsketch.protocol import Study, parties, ring, sketch
 from dpsketch.protocol.study import design

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from analyzer.analyses.histogram import KendallTau, NoisyHistogram, Quantiles
-from analyzer.analyses.pilot import pilot_edges, pilot_spec, propose_bounds
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.analyses.histogram import KendallTau, NoisyHistogram, Quantiles
+from dpsketch.analyzer.analyses.pilot import pilot_edges, pilot_spec, propose_bounds
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import ProblemError, Study, privacy
 from dpsketch.protocol.bounds import parse_bounds
 from dpsketch.protocol.histogram import HistogramSpec
@@ -214,7 +214,7 @@ def test_two_step_flow_pilot_proposes_bounds_then_the_real_study_answers_in_unit
         assert study.width == 3 * (len(pilot_edges()) + 1) and study.max_reports == 2 * n
         assert any("Marginal histogram" in line for line in pilot["explanation"])
         # step 1: data owners send their raw rows, with the ordinary command
-        out = subprocess.run([sys.executable, "-m", "tools.cli", "submit", "--study", sid, "--servers",
+        out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "submit", "--study", sid, "--servers",
                               ",".join(c.server_urls), str(csv)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         with pytest.raises(ProblemError) as early:

@@ -29,7 +29,7 @@ from dp_accounting import get_epsilon_gaussian
 from dpsketch.protocol import design, messages
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
-from services.admin import ServerAdmin
+from dpsketch.services.admin import ServerAdmin
 
 from studies import bound_body
 
@@ -220,8 +220,8 @@ def test_an_upgrade_expires_no_study_at_once(tmp_path):
     never deletes, at its first start, a study that was still collecting."""
     import sqlite3
 
-    from services.settings import Settings
-    from services.store import Store
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.store import Store
 
     def settings(expiry):
         return Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token="op-" + "1" * 16,

@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
-from client_sdk import Client, SDKError, sealing
-from client_sdk.cli import main as cli_main
+from dpsketch.client_sdk import Client, SDKError, sealing
+from dpsketch.client_sdk.cli import main as cli_main
 from dpsketch.protocol import envelope, messages, ring, sketch
 
 from studies import bind_at
@@ -311,8 +311,8 @@ def test_a_database_from_before_the_suite_gains_a_pq_key_and_keeps_its_classical
     keeps its classical key and gets a post-quantum one at the next start; that one persists."""
     from fastapi.testclient import TestClient
 
-    from services.app import create_app
-    from services.settings import Settings
+    from dpsketch.services.app import create_app
+    from dpsketch.services.settings import Settings
 
     settings = Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token="op-" + "1" * 16,
                         analyst_token="an-" + "2" * 16, upload_auth="open")

@@ -28,7 +28,7 @@ from dpsketch.protocol import binding, messages, ring
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.ring import EncodingRangeError
 from dpsketch.protocol.study import NAME_PATTERN, Study, design
-from services.store import parse_inclusion
+from dpsketch.services.store import parse_inclusion
 
 PROPS = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -339,7 +339,7 @@ def test_completeness_on_arrays_is_the_set_computation(n_parties, n_servers, dat
     a high half (near_ids) included."""
     from types import SimpleNamespace
 
-    from analyzer.coordinator import completeness
+    from dpsketch.analyzer.coordinator import completeness
     from benchmarks.finalize_ids import completeness_by_sets
 
     names = [f"p{j}" for j in range(n_parties)]

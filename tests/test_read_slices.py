@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from services import backend as backends
-from services import batches, db
+from dpsketch.services import backend as backends
+from dpsketch.services import batches, db
 
 
 @pytest.mark.parametrize("wanted", [3, 40, 1999])  # 3 x 4 KiB is below the 64 KB share column; 40 and 1999 above

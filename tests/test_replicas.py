@@ -19,11 +19,11 @@ from dataclasses import replace
 import httpx
 import numpy as np
 
-import client_sdk.client as sdk
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
+import dpsketch.client_sdk.client as sdk
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
 from dpsketch.protocol import Study
-from tools.cluster import analyzer as analyzer_process, free_ports, share_server, start_all
+from dpsketch.tools.cluster import analyzer as analyzer_process, free_ports, share_server, start_all
 
 from conftest import OPEN_UPLOADS
 from lb import running_haproxy

@@ -20,9 +20,9 @@ import pytest
 
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import design
-from services.settings import Settings
-from services.store import Store
-from services.writer import CallJob
+from dpsketch.services.settings import Settings
+from dpsketch.services.store import Store
+from dpsketch.services.writer import CallJob
 
 D = 3
 

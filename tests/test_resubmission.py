@@ -30,9 +30,9 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk.journal import Journal, batch_key
-from client_sdk.prepare import prepare_batch
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk.journal import Journal, batch_key
+from dpsketch.client_sdk.prepare import prepare_batch
 from conftest import cluster_for_module
 from dpsketch.protocol import Study, messages, ring, sketch
 from dpsketch.protocol.keystream import Keystream
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SUBMIT_MANY = """\
 import sys, numpy as np
-from client_sdk import Client, UploadInterrupted
+from dpsketch.client_sdk import Client, UploadInterrupted
 urls, tokens, sid, path, encrypt = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
 rows = np.load(path)
 with Client(urls, token=tokens, encrypt=encrypt) as client:
@@ -166,10 +166,10 @@ def test_dpsketch_submit_killed_and_rerun_stores_each_row_once(cluster, tmp_path
     np.savetxt(csv, rows, delimiter=",", header=",".join(COLUMNS), comments="", fmt="%.17g")
     journal = tmp_path / "journal"
     env = {**os.environ, "DPSKETCH_SUBMISSIONS_DIR": str(journal)}
-    argv = [sys.executable, "-m", "tools.cli", "submit", "--study", sid,
+    argv = [sys.executable, "-m", "dpsketch.tools.cli", "submit", "--study", sid,
             "--servers", ",".join(cluster.server_urls), "--token", ",".join(tokens),
             "--batch-size", str(BATCH), "--quiet", str(csv)]
-    from client_sdk.cli import main as submit
+    from dpsketch.client_sdk.cli import main as submit
 
     in_process = argv[4:-2] + ["--journal-dir", str(journal), str(csv)]  # with its summary
     rng = random.Random()
@@ -250,7 +250,7 @@ def test_submit_many_killed_and_rerun_stores_each_row_once(cluster, tmp_path):
             assert code == 130 and out.startswith("INTERRUPTED"), log
     # the completing run (in this process) seals its shares (fresh HPKE randomness): the servers
     # open them and find the same reports as before
-    from client_sdk import Client
+    from dpsketch.client_sdk import Client
 
     with Client(cluster.server_urls, token=tokens, journal=journal, encrypt=True) as client:
         done = client.submit_many(sid, np.load(path), batch_size=BATCH)

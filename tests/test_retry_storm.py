@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tools import retry_storm
+from dpsketch.tools import retry_storm
 
 BASE = 20_000
 

@@ -17,8 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
-from client_sdk import Client, ProblemError, StudyMismatch, cli, prepare_batch
-from client_sdk.noise import clip_rows
+from dpsketch.client_sdk import Client, ProblemError, StudyMismatch, cli, prepare_batch
+from dpsketch.protocol.report import clip_rows
 from dpsketch.protocol import messages, ring
 from dpsketch.protocol.study import design
 
@@ -252,6 +252,6 @@ def test_command_line_submit(cluster, tmp_path: Path, capsys):
 
 
 def test_dpsketch_submit_entry_point_help():
-    r = subprocess.run([sys.executable, "-m", "tools.cli", "submit", "--help"],
+    r = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "submit", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--servers" in r.stdout

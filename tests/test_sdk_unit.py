@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from client_sdk import (
+from dpsketch.client_sdk import (
     Client,
     IncompleteUpload,
     InvalidDataError,
@@ -22,8 +22,9 @@ from client_sdk import (
     StudyMismatch,
     prepare_batch,
 )
-from client_sdk import cli, data, noise
-from client_sdk.upload import batch_rows, default_batch_rows
+from dpsketch.client_sdk import cli, data
+from dpsketch.protocol import report as report_path
+from dpsketch.client_sdk.upload import batch_rows, default_batch_rows
 from dpsketch.protocol import binding, messages, report, ring
 from dpsketch.protocol import noise as sampler
 from dpsketch.protocol.study import NOISE_TAIL_SIGMAS, PROTOCOL, design
@@ -62,8 +63,8 @@ def test_tail_delta_is_negligible_and_checked(monkeypatch):
 def test_clip_rows():
     a = np.array([[3.0, 4.0, 0.0], [0.1, -0.2, 0.3], [1e200, -1e200, 0.0], [0.0, 0.0, 0.0],
                   [-7.0, 0.0, 0.0]])
-    c = noise.clip_rows(a, 1.0)
-    norms = noise.row_norms(c)
+    c = report_path.clip_rows(a, 1.0)
+    norms = report_path.row_norms(c)
     assert np.all(norms <= 1.0)
     assert np.allclose(c[0], [0.6, 0.8, 0.0])
     assert np.array_equal(c[1], a[1])  # inside the ball: untouched
@@ -72,10 +73,10 @@ def test_clip_rows():
     assert np.allclose(c[4], [-1.0, 0.0, 0.0])
     rng = np.random.default_rng(0)  # test data only
     big = rng.normal(size=(10_000, 7)) * rng.uniform(0.1, 1e6, size=(10_000, 1))
-    c = noise.clip_rows(big, 3.0)
-    assert np.all(noise.row_norms(c) <= 3.0)
+    c = report_path.clip_rows(big, 3.0)
+    assert np.all(report_path.row_norms(c) <= 3.0)
     # direction is kept
-    cos = np.sum(c * big, axis=1) / (noise.row_norms(c) * noise.row_norms(big))
+    cos = np.sum(c * big, axis=1) / (report_path.row_norms(c) * report_path.row_norms(big))
     assert np.allclose(cos, 1.0)
 
 
@@ -95,7 +96,7 @@ def test_privatized_rows_always_encode(study, monkeypatch):
         return np.broadcast_to(signs * (grid_.limit(std) << grid_.shift), shape).astype(np.int64)
 
     monkeypatch.setattr(report, "encoded_noise", extreme)
-    noisy = noise.privatize(rows, study)
+    noisy = report_path.privatize(rows, study)
     assert np.abs(noisy).max() <= study.value_bound
     assert np.abs(noisy).max() > study.value_bound - 2 * grid.spacing - B  # the cut was reached
 
@@ -110,7 +111,7 @@ def test_shares_reconstruct_exactly_to_the_encoded_noisy_rows(study, monkeypatch
     known = rng.integers(-3 * grid.scale(study.sigma), 3 * grid.scale(study.sigma), size=rows.shape) << grid.shift
     monkeypatch.setattr(report, "encoded_noise", lambda shape, std, grid_, stream=None: known)
     batch = prepare_batch(study, rows)
-    encoded = ring.encode_on_grid(noise.clip_rows(rows, study.clip_bound), study.frac_bits, grid.shift,
+    encoded = ring.encode_on_grid(report_path.clip_rows(rows, study.clip_bound), study.frac_bits, grid.shift,
                                   study.row_bound)
     assert len(batch.shares) == study.n_servers == 3
     # design()'s sketch study signs each row whole with a secret +-1 before the noise: the shares

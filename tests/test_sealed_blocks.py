@@ -10,10 +10,10 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
-from client_sdk import sealing as sdk_sealing
-from client_sdk.prepare import prepare_blocks
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk import sealing as sdk_sealing
+from dpsketch.client_sdk.prepare import prepare_blocks
 from dpsketch.protocol import binding, envelope, messages, parties, ring, sketch
 
 from studies import record_blocks

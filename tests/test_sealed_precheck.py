@@ -23,7 +23,7 @@ import statistics
 import httpx
 
 from dpsketch.protocol import design, envelope, messages, ring
-from services.admin import ServerAdmin
+from dpsketch.services.admin import ServerAdmin
 
 from conftest import NO_BUDGET
 from studies import bind_at

@@ -409,21 +409,21 @@ def test_a_validated_study_refuses_the_option_for_gram():
 
 
 def test_client_prep_signs_each_row_before_its_noise():
-    from client_sdk import noise
-    from client_sdk.prepare import signed_vectors
+    from dpsketch.protocol import report as report_path
+    from dpsketch.client_sdk.prepare import signed_vectors
     from dpsketch.protocol import ring
 
     study = _design(secret_sign=True)
     rng = np.random.default_rng(6)
     rows = rng.uniform(-1, 1, (4000, 10)) / 10.0
-    clipped = noise.client_vectors(rows, study)
+    clipped = report_path.client_vectors(rows, study)
     signed = signed_vectors(rows, study, Keystream.from_key(b"k" * 32))
     flipped = np.all(signed == -clipped, axis=1)
     kept = np.all(signed == clipped, axis=1)
     assert np.all(flipped | kept)
     assert 0.45 < flipped.mean() < 0.55
     # what is encoded is the signed row plus the study's noise
-    encoded = ring.decode(noise.noisy_encoded(signed, study, Keystream.from_key(b"n" * 32)), study.frac_bits)
+    encoded = ring.decode(report_path.noisy_encoded(signed, study, Keystream.from_key(b"n" * 32)), study.frac_bits)
     resid = encoded - signed
     assert abs(resid.std() / study.sigma - 1.0) < 0.05
     # the second moments are untouched by the sign

@@ -23,11 +23,11 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from analyzer.error_ratios import pca_ratio
-from analyzer.release import SketchRelease
-from client_sdk import Client
-from client_sdk.prepare import prepare_batch
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.error_ratios import pca_ratio
+from dpsketch.analyzer.release import SketchRelease
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import ProblemError, Study, ring, sketch
 from test_e2e import direct_sketch, no_floor_module_cluster, upload  # noqa: F401 (a fixture)
 
@@ -153,7 +153,7 @@ def test_study_cli_signs_by_default_and_opts_out(no_floor_module_cluster, capsys
     a gram study is refused (exit 1, the problem on stderr) and provisions nothing."""
     import json
 
-    from analyzer.cli import main as study_cli
+    from dpsketch.analyzer.cli import main as study_cli
 
     c = no_floor_module_cluster
     base = ["--analyzer", c.analyzer.url, "--token", c.api_token, "create", "--columns", "x0,x1,y",
@@ -208,9 +208,9 @@ def test_release_of_a_signed_study_is_the_sketch_of_the_signed_rows(no_floor_mod
     np.testing.assert_array_equal(released, expected)
     # what was encoded: each clipped row times its own sign, plus the study's noise
     (signed,) = signed_rows
-    from client_sdk import noise
+    from dpsketch.protocol import report as report_path
 
-    clipped = noise.client_vectors(data, study)
+    clipped = report_path.client_vectors(data, study)
     flipped = np.all(signed == -clipped, axis=1)
     assert np.all(flipped | np.all(signed == clipped, axis=1))
     assert 0.45 < flipped.mean() < 0.55
@@ -286,7 +286,7 @@ def _simulate(runs_per_set: int, sets: int = 4, draws: int = 200_000, seed: int 
     the ratio of mean errors over 8 runs resampled from it, and the same for a sign that changed
     nothing (both sides unsigned)."""
     from research.accuracy_runs import SketchDraw
-    from analyzer.estimators import PCA, RidgeRegression
+    from dpsketch.analyzer.estimators import PCA, RidgeRegression
     from dpsketch.protocol.study import design
 
     n, rng = 3000, np.random.default_rng(seed)
@@ -325,13 +325,13 @@ def _simulate_exact_law(draws: int = 500_000, seed: int = 2) -> None:
     statistics over ``draws`` releases (about 1 ms each), their far quantiles and how many
     releases fall outside the bounds."""
     from research.accuracy_runs import SketchDraw
-    from client_sdk import noise
+    from dpsketch.protocol import report as report_path
     from dpsketch.protocol.study import design
 
     n, rng = 4000, np.random.default_rng(seed)
     study = design(name="exact-sign", columns=COLUMNS, label="y", servers=["s1", "s2", "s3"], expected_reports=n,
                    k=20, epsilon=4.0, min_reports=n, epsilon_floor=None, secret_sign=True)[0]
-    clipped = noise.client_vectors(strong_signal_data(n, 99), study)
+    clipped = report_path.client_vectors(strong_signal_data(n, 99), study)
     out = np.empty((draws, 2))
     for r in range(draws):
         release = SketchDraw(study, n, rng).release(study, clipped, secret_sign=True)

@@ -22,8 +22,8 @@ import stat
 import numpy as np
 import pytest
 
-from client_sdk import Client, SDKError
-from client_sdk import cli as submit_cli
+from dpsketch.client_sdk import Client, SDKError
+from dpsketch.client_sdk import cli as submit_cli
 from dpsketch.protocol import design, ring
 
 from conftest import Cluster

@@ -10,14 +10,14 @@ import time
 import httpx
 import numpy as np
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
-from client_sdk.prepare import prepare_batch
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import Study, binding, messages, ring, sketch
-from tools.client_bench import bench_compression
+from dpsketch.tools.client_bench import bench_compression
 
 from conftest import BOTH_STORES
-from services import batches
+from dpsketch.services import batches
 from test_e2e import COLUMNS, direct_sketch, exact_cluster, no_floor_module_cluster  # noqa: F401 (a fixture)
 
 
@@ -234,7 +234,7 @@ def test_bench_compression_figures():
 
 
 def test_cli_sends_seeds_by_default_and_full_shares_with_no_compress():
-    from client_sdk.cli import _parser
+    from dpsketch.client_sdk.cli import _parser
 
     base = ["--study", "ab" * 32, "--servers", "http://a,http://b", "x.csv"]
     assert _parser().parse_args(base).compress is True

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from services.app import create_app
-from services.auth import digest_text, parse_tokens
-from services.settings import Settings
+from dpsketch.services.app import create_app
+from dpsketch.services.auth import digest_text, parse_tokens
+from dpsketch.services.settings import Settings
 from conftest import BOTH_STORES
 from test_server_unit import (
     AN,
@@ -131,7 +131,7 @@ def test_memory_budget_counts_what_reports_touch(tmp_path: Path):
     so n reports count 8 min(k, s n) (width + k) bytes, plus 95 a report of index
     (services/state.py INDEX_BYTES_PER_REPORT). An empty study counts nothing, so studies the
     analyst opens and never fills lock no memory; reports past the budget are refused."""
-    from services.state import INDEX_BYTES_PER_REPORT
+    from dpsketch.services.state import INDEX_BYTES_PER_REPORT
 
     assert INDEX_BYTES_PER_REPORT == 95
     srv = Server(tmp_path / "s1.sqlite3", max_study_memory=704, memory_budget=900)
@@ -155,8 +155,8 @@ def test_memory_budget_counts_what_reports_touch(tmp_path: Path):
 def test_memory_budget_help_names_the_bytes_counted_per_report():
     """``dpsketch server --help`` says what the budget counts per held report: the figure the
     store charges (it said 160, the former dict index's cost, while the store charged 80)."""
-    from services.__main__ import build_parser
-    from services.state import INDEX_BYTES_PER_REPORT
+    from dpsketch.services.__main__ import build_parser
+    from dpsketch.services.state import INDEX_BYTES_PER_REPORT
 
     action = next(a for a in build_parser()._actions if "--memory-budget" in a.option_strings)
     assert f"about {INDEX_BYTES_PER_REPORT} bytes per held report" in action.help
@@ -183,14 +183,14 @@ def test_storage_policy_counts_max_reports_shares_and_ids(tmp_path: Path):
 @pytest.mark.parametrize("text, size", [("4096", 4096), ("512M", 512 << 20), ("50G", 50 << 30),
                                         ("2TiB", 2 << 40), ("1.5k", 1536), (" 3 MB ", 3 << 20)])
 def test_max_study_bytes_flag_takes_binary_units(text, size):
-    from services.options import byte_size
+    from dpsketch.services.options import byte_size
 
     assert byte_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "G", "lots", "-5M", "0", "1e30"])
 def test_max_study_bytes_flag_refuses_what_is_not_a_size(text):
-    from services.options import byte_size
+    from dpsketch.services.options import byte_size
 
     with pytest.raises(ValueError):
         byte_size(text)
@@ -300,7 +300,7 @@ def test_env_tokens_and_tokens_file_are_both_valid(tmp_path: Path):
 
 def test_reload_request_rereads_an_unchanged_looking_file(tmp_path: Path):
     """What SIGHUP does: re-read even when the file's stat did not change."""
-    from services.auth import TokenRegistry, digest_of
+    from dpsketch.services.auth import TokenRegistry, digest_of
 
     path = tmp_path / "tokens.json"
     write_tokens(path, ["op-a-0123456789abc"], ["an-a-0123456789abc"])

@@ -173,7 +173,7 @@ def test_sigterm_stops_cleanly_and_keeps_everything(servers):
 
 def test_refuses_to_start_without_tokens(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPSKETCH_")}
-    argv = [sys.executable, "-m", "tools.cli", "server", "--server-id", "s1", "--db", str(tmp_path / "x.db")]
+    argv = [sys.executable, "-m", "dpsketch.tools.cli", "server", "--server-id", "s1", "--db", str(tmp_path / "x.db")]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "DPSKETCH_OPERATOR_TOKEN" in out.stderr and "DPSKETCH_ANALYST_TOKEN" in out.stderr
@@ -188,8 +188,8 @@ def test_refuses_to_start_without_tokens(tmp_path):
 def test_admission_flags_override_the_environment(tmp_path, monkeypatch):
     """--max-inflight-uploads / --max-inflight-upload-bytes reach the admission middleware (which
     reads the environment when the app is built); a bad value stops the command with usage."""
-    from services import __main__ as server_main
-    from services.admission import DEFAULT_MAX_BYTES, Admission
+    from dpsketch.services import __main__ as server_main
+    from dpsketch.services.admission import DEFAULT_MAX_BYTES, Admission
 
     monkeypatch.setenv("DPSKETCH_MAX_INFLIGHT_UPLOADS", "7")
     monkeypatch.setenv("DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES", "")  # empty: the default (restored after)
@@ -203,7 +203,7 @@ def test_admission_flags_override_the_environment(tmp_path, monkeypatch):
     server_main._export_admission_limits(args)
     limits = Admission.from_env()
     assert (limits.max_requests, limits.max_bytes) == (3, 0)  # the flags win
-    argv = [sys.executable, "-m", "tools.cli", "server", *base, "--max-inflight-uploads", "-1"]
+    argv = [sys.executable, "-m", "dpsketch.tools.cli", "server", *base, "--max-inflight-uploads", "-1"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--max-inflight-uploads" in out.stderr
     assert not (tmp_path / "x.db").exists()
@@ -262,7 +262,7 @@ def test_a_server_started_before_its_database_waits_for_it(servers, postgres):
     connections. The same process waits and serves once the database comes up, instead of
     exiting to be restarted; a server whose wait runs out exits with a message saying so; and a
     database that refuses (no such database) is not waited for."""
-    from tools.cluster import share_server
+    from dpsketch.tools.cluster import share_server
 
     spec = servers.spec("s1")  # a new database in the running cluster
     other = servers.spec("s3")

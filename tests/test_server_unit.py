@@ -43,8 +43,8 @@ from dpsketch.protocol.messages import (
     inclusion_hash,
 )
 from dpsketch.protocol.study import Study, design
-from services.app import create_app
-from services.settings import Settings
+from dpsketch.services.app import create_app
+from dpsketch.services.settings import Settings
 from conftest import BOTH_STORES
 from studies import bind_at
 
@@ -798,8 +798,8 @@ def test_a_group_of_uploads_is_stored_as_one_batch_holding_every_byte_sent(store
     group is queued."""
     import threading
 
-    from services import db as store_db
-    from services.writer import CallJob
+    from dpsketch.services import db as store_db
+    from dpsketch.services.writer import CallJob
 
     db = store_location("in-place")
     st = make_study(columns=[f"c{i}" for i in range(64)], expected_reports=1000)
@@ -932,7 +932,7 @@ def test_a_writer_group_of_seeds_and_full_shares_stores_a_row_of_each(store_loca
     import threading
 
     from dpsketch.protocol import ring
-    from services.writer import CallJob
+    from dpsketch.services.writer import CallJob
 
     db = store_location("mixed")
     srv = Server(db)
@@ -1264,10 +1264,10 @@ def test_restart_from_a_checkpoint_holds_what_a_full_rebuild_holds(store_locatio
     checkpoint plus the reports stored after it, and equals a rebuild from every stored share
     (totals, s S S^T and the index); a checkpoint that does not fit the study is ignored; the
     commit after such a restart releases exactly the sum of the shares."""
-    from services import checkpoint, state as state_module
-    from services.idsets import join_halves
-    from services.store import Store
-    from services.writer import CallJob
+    from dpsketch.services import checkpoint, state as state_module
+    from dpsketch.services.idsets import join_halves
+    from dpsketch.services.store import Store
+    from dpsketch.services.writer import CallJob
 
     monkeypatch.setattr(checkpoint, "CHECKPOINT_MIN_REPORTS", 100)
     db = store_location("s1")
@@ -1343,9 +1343,9 @@ def test_incremental_checkpoints_append_segments_compact_and_restore_exactly(sto
     crash at any point the state is the checkpoint (base + segments) plus the tail, equal to a
     rebuild from every share; a segment that does not continue the stored checkpoint (another
     replica moved it) is not written, and the checkpoint stays loadable."""
-    from services import checkpoint, state as state_module
-    from services.store import Store
-    from services.writer import CallJob
+    from dpsketch.services import checkpoint, state as state_module
+    from dpsketch.services.store import Store
+    from dpsketch.services.writer import CallJob
 
     monkeypatch.setattr(checkpoint, "CHECKPOINT_MIN_REPORTS", 100)
     db = store_location("s1")
@@ -1457,7 +1457,7 @@ def test_one_group_keeps_requests_independent(server: Server, study: Study):
     own against what the requests before it stored (duplicate, conflict, capacity)."""
     import threading
 
-    from services.writer import CallJob
+    from dpsketch.services.writer import CallJob
 
     store = server.app.state.store
     record = store.record(study.study_id)
@@ -1498,8 +1498,8 @@ def test_large_requests_in_one_group_are_checked_on_their_sorted_ids(server: Ser
     what is held."""
     import threading
 
-    from services import idsets
-    from services.writer import CallJob
+    from dpsketch.services import idsets
+    from dpsketch.services.writer import CallJob
 
     store = server.app.state.store
     record = store.record(study.study_id)
@@ -1547,8 +1547,8 @@ def test_a_group_of_single_uploads_is_judged_as_request_by_request(tmp_path, mon
     and an upload token's quota, just inside and just past each."""
     import threading
 
-    from services.writer import CallJob, Writer
-    from services.auth import digest_of
+    from dpsketch.services.writer import CallJob, Writer
+    from dpsketch.services.auth import digest_of
 
     st = make_study(max_reports=110)
     taken = []
@@ -1635,7 +1635,7 @@ def test_fast_path_singles_are_bound_as_a_group_and_only_the_unbound_refused(ser
     import asyncio
     import threading
 
-    from services.writer import CallJob, Unbound
+    from dpsketch.services.writer import CallJob, Unbound
 
     store = server.app.state.store
     record = store.record(study.study_id)
@@ -1740,8 +1740,8 @@ def test_report_index_is_exact_against_a_dict(presorted, engine, monkeypatch):
     buffer), bulk runs, merges (numpy's or the compiled loop's) and a restore, also where crafted
     ids share a 64-bit prefix; and so it does with batches sorted beforehand (idsets.SortedIds,
     as a server's worker sorts them)."""
-    from services import idsets
-    from services.idsets import ReportIndex, join_halves
+    from dpsketch.services import idsets
+    from dpsketch.services.idsets import ReportIndex, join_halves
 
     if engine == "reference":
         monkeypatch.setattr(idsets, "MERGE", kernels_reference(idsets.MERGE))
@@ -1807,8 +1807,8 @@ def test_report_index_filter_answers_most_new_ids_from_one_bit(monkeypatch):
     fresh ids per step), takes 2-8 bytes per held id, and so a batch of new ids is searched in
     the runs only for those few; ids crafted to share held prefixes are still answered exactly
     (they cost searches)."""
-    from services import idsets
-    from services.idsets import ReportIndex
+    from dpsketch.services import idsets
+    from dpsketch.services.idsets import ReportIndex
 
     rng = np.random.default_rng(11)
     index, rowid, held = ReportIndex(), 1, []
@@ -1848,7 +1848,7 @@ def test_report_index_merge_by_insertion_equals_the_sort(monkeypatch, engine):
     crafted-ties flag): by the compiled merge (services/_index_kernel.py) where it is loaded;
     by numpy otherwise, runs past idsets._INSERT_FROM ids by insertion and a high half held by
     both runs (crafted) by the sort, which still orders those ids by their low half."""
-    from services import idsets
+    from dpsketch.services import idsets
 
     merge = idsets.MERGE
     if engine == "reference":
@@ -1913,8 +1913,8 @@ def test_warm_start_imports_the_privacy_accounting_before_any_study(tmp_path: Pa
 
     code = f"""
 import sys, threading, time
-from services.settings import Settings
-from services.store import Store
+from dpsketch.services.settings import Settings
+from dpsketch.services.store import Store
 store = Store(Settings(server_id="s1", db_path={str(tmp_path / "w.sqlite3")!r}, operator_token="o" * 20,
                        analyst_token="a" * 20, warm_start={warm_start}))
 deadline = time.monotonic() + 60

@@ -25,7 +25,7 @@ import pytest
 from dpsketch.protocol import Study, messages
 from dpsketch.protocol.study import design
 from dpsketch.serving import DEFAULT_GRACEFUL_TIMEOUT
-from tools.cluster import ManagedProcess, ServerSpec, analyzer, share_server, start_all
+from dpsketch.tools.cluster import ManagedProcess, ServerSpec, analyzer, share_server, start_all
 from conftest import OPEN_UPLOADS
 from studies import bound_body
 from test_tls import make_certs
@@ -214,12 +214,12 @@ def test_analyzer_sigterm_with_idle_tls_keepalive_client(servers, certs):
 
 def test_graceful_timeout_flag_in_help_and_validated():
     for command in ("server", "analyzer"):
-        out = subprocess.run([sys.executable, "-m", "tools.cli", command, "--help"],
+        out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", command, "--help"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "--graceful-timeout" in out.stdout, out.stdout
         assert "exits with status 0" in " ".join(out.stdout.split())
     env = dict(os.environ, DPSKETCH_OPERATOR_TOKEN="op-token-0123456789", DPSKETCH_ANALYST_TOKEN="an-token-0123456789")
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "server", "--server-id", "s1", "--db",
+    out = subprocess.run([sys.executable, "-m", "dpsketch.tools.cli", "server", "--server-id", "s1", "--db",
                           os.devnull, "--graceful-timeout", "0"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "--graceful-timeout must be > 0" in out.stderr

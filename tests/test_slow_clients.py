@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from conftest import Servers
-from tools.cluster import ManagedProcess, share_server
+from dpsketch.tools.cluster import ManagedProcess, share_server
 from envguard import unavailable
 
 FLOOD = 1100

@@ -21,10 +21,10 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
-from client_sdk.errors import ServerUnreachable
-from tools.cluster import analyzer, share_server, start_all
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.errors import ServerUnreachable
+from dpsketch.tools.cluster import analyzer, share_server, start_all
 
 MAKE_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "make-certs.py"
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
@@ -194,7 +194,7 @@ def test_plain_http_to_an_https_port_fails(tls_cluster):
 
 
 def test_submit_cli_ca_file(tls_cluster, tmp_path, capsys):
-    from client_sdk.cli import main as submit
+    from dpsketch.client_sdk.cli import main as submit
 
     c = tls_cluster
     csv = tmp_path / "rows.csv"

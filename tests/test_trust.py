@@ -26,10 +26,10 @@ import httpx
 import numpy as np
 import pytest
 
-from client_sdk import Client, prepare_batch
+from dpsketch.client_sdk import Client, prepare_batch
 from dpsketch.protocol import accounting, binding, design, envelope, messages, ring
 from dpsketch.protocol.study import Study
-from services.admin import ServerAdmin
+from dpsketch.services.admin import ServerAdmin
 
 from conftest import Servers
 
@@ -163,7 +163,7 @@ _SENT: dict[bytes, list[np.ndarray]] = {}  # report id -> the shares the SDK sen
 @pytest.fixture(autouse=True)
 def _record_victim_shares(monkeypatch):
     """Keep every share the SDK sends (colluding servers know the shares they received)."""
-    import client_sdk.client as sdk
+    import dpsketch.client_sdk.client as sdk
 
     real = sdk.prepare_batch
 

@@ -29,13 +29,13 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
-from client_sdk.prepare import prepare_batch
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.prepare import prepare_batch
 from conftest import cluster_for_module
 from dpsketch.protocol import Study, messages, ring, sketch
 from test_e2e import NO_FLOOR_POLICY, direct_sketch
-from tools.cluster import free_port
+from dpsketch.tools.cluster import free_port
 
 PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "typescript"
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
@@ -219,7 +219,7 @@ def test_gram_validity_study_typescript_and_python_proofs_release_exactly(built_
     the sum of both clients' noisy vectors scaled back per column (release_from_ring_sum), and
     it lies within the noise of the rows' true features, so the Node client's scaling is the
     protocol's and not only self-consistent."""
-    from analyzer.release import release_from_ring_sum
+    from dpsketch.analyzer.release import release_from_ring_sum
     from dpsketch.protocol import features
     from test_validity_e2e import encoded_vectors
 
@@ -436,7 +436,7 @@ def test_parties_study_node_and_python_sealed_blocks_join_exactly(built_package,
     (classical, ``encrypt=True``), each with its own upload tokens; both derive the same
     pseudonyms from the shared party key, so every individual is complete, and the release is the
     sketch of the joined noisy rows, hashed by pseudonym, exactly (no server noise)."""
-    import client_sdk.parties as sdk_parties
+    import dpsketch.client_sdk.parties as sdk_parties
     from dpsketch.protocol import parties as _parties
 
     c = exact_cluster

@@ -31,7 +31,7 @@ def test_mypy_finds_nothing_in_the_protocol_core_and_the_sdk():
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     # it checked what it should: both packages are in the configured files
     config = (ROOT / "pyproject.toml").read_text()
-    assert 'files = ["dpsketch/protocol", "client_sdk"]' in config
+    assert 'files = ["dpsketch/protocol", "dpsketch/client_sdk"]' in config
 
 
 def test_the_gate_catches_a_wrong_annotation(tmp_path):

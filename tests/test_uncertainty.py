@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pytest
 
-from analyzer import uncertainty as U
-from analyzer.estimators import robust_solve
-from analyzer.release import GramSumRelease, HistogramRelease, SketchRelease
+from dpsketch.analyzer import uncertainty as U
+from dpsketch.analyzer.estimators import robust_solve
+from dpsketch.analyzer.release import GramSumRelease, HistogramRelease, SketchRelease
 from benchmarks import intervals as B
 from dpsketch.protocol import features
 from dpsketch.protocol.study import design

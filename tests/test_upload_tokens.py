@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from client_sdk import Client
-from client_sdk import cli as submit_cli
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk import cli as submit_cli
 from dpsketch.protocol import ProblemError
 
 from test_e2e import COLUMNS

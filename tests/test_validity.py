@@ -6,7 +6,9 @@ real servers is tested with the services)."""
 import numpy as np
 import pytest
 
-from client_sdk import noise, prepare
+from dpsketch.client_sdk import prepare
+
+from dpsketch.protocol import report as report_path
 from dpsketch.protocol import field, flp, study as S, validity as V
 from dpsketch.protocol.circuits import to_digits
 from dpsketch.protocol.keystream import Keystream
@@ -24,7 +26,7 @@ def study():
 def batch(study):
     rows = np.random.default_rng(3).normal(size=(300, study.d)) * 0.4
     stream = Keystream.from_key(b"\x07" * 32)
-    encoded = noise.noisy_encoded(prepare.signed_vectors(rows, study, stream), study, stream)
+    encoded = report_path.noisy_encoded(prepare.signed_vectors(rows, study, stream), study, stream)
     return encoded, V.prepare(study, encoded, stream, full=1)
 
 
@@ -188,7 +190,7 @@ def test_histogram_reports_prove_one_cell_per_block_and_bounded_noise():
     values = np.array([[5.0, "a"], [70.0, "b"], [33.0, "zz"]], dtype=object)
     onehot = hs.histogram.one_hot(hs.histogram.cell_index(values))
     stream = Keystream.from_key(b"\x0b" * 32)
-    encoded = noise.privatize_encoded(values, hs, stream)
+    encoded = report_path.privatize_encoded(values, hs, stream)
     proved = V.prepare(hs, encoded, stream, full=0, onehot=onehot)
     views = _server_views(hs, proved)
     assert _decide(hs, proved.report_ids, views).all()

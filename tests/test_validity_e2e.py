@@ -26,17 +26,17 @@ import httpx
 import numpy as np
 import pytest
 
-from analyzer.client import AnalyzerClient
-from analyzer.estimators import RidgeRegression
-from analyzer.release import release_from_ring_sum
-from client_sdk import Client, SDKError
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.analyzer.estimators import RidgeRegression
+from dpsketch.analyzer.release import release_from_ring_sum
+from dpsketch.client_sdk import Client, SDKError
 from conftest import OPEN_UPLOADS, Servers
 from dpsketch.protocol import envelope, features, field, messages, proved_shares, ring, sketch, validity
 from dpsketch.protocol.messages import BLOCKS_MEDIA_TYPE, SEALED_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE
 from dpsketch.protocol.study import Study
 from studies import bind_at, record_batches
 from test_e2e import NO_FLOOR_POLICY
-from tools.cluster import analyzer, share_server, start_all
+from dpsketch.tools.cluster import analyzer, share_server, start_all
 
 COLUMNS = ["x0", "x1", "x2", "y"]
 API_TOKEN = "analyst-api-token"
@@ -267,7 +267,7 @@ def test_sigkilled_server_restarts_and_releases_the_same_aggregate(pool, monkeyp
     with Client(urls) as client:
         client.submit_many(study.study_id, data(n2, seed=22), batch_size=400)
     # reports that reach s1 and s3 only: excluded everywhere at the commit (taken out of the totals)
-    from client_sdk.prepare import prepare_batch
+    from dpsketch.client_sdk.prepare import prepare_batch
 
     extra = prepare_batch(study, data(partial, seed=23), full=0)
     for j in (0, 2):
@@ -299,7 +299,7 @@ def test_a_rerun_after_an_incomplete_upload_rebuilds_the_same_reports(pool, monk
     """Exactly once (client_sdk/journal.py) for a validity study: the rerun rebuilds the same
     proved batches byte for byte (the journal keys noise, shares, salts and proofs), so every
     server holds each row once and the release is the sketch of one copy of each."""
-    from client_sdk import IncompleteUpload
+    from dpsketch.client_sdk import IncompleteUpload
 
     n = 1200
     study = create(pool, 3, n, "v-resume")
@@ -342,7 +342,7 @@ def test_malformed_validity_uploads_get_4xx_and_change_nothing(pool, monkeypatch
     before = [held(u, s.analyst_token, study) for u, s in zip(urls, pool.specs)]
     assert all(len(h) == 16 * n for h in before)
 
-    from client_sdk.prepare import prepare_batch
+    from dpsketch.client_sdk.prepare import prepare_batch
 
     fresh = prepare_batch(study, data(4, seed=34), full=0)  # server 0 leads it
     leader = fresh.shares[0]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from client_sdk import prepare
+from dpsketch.client_sdk import prepare
 from dpsketch.protocol import features, field, flp, ring, study as S, validity as V
 from dpsketch.protocol.circuits import GramNorm, to_digits
 from dpsketch.protocol.keystream import Keystream

@@ -33,9 +33,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analyzer.client import AnalyzerClient
-from client_sdk import noise, prepare
-from analyzer.release import release_from_ring_sum
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import prepare
+from dpsketch.protocol import report as report_path
+from dpsketch.analyzer.release import release_from_ring_sum
 from dpsketch.protocol import Study, binding, features, field, flp, messages, ring, sketch
 from dpsketch.protocol import validity as V
 from dpsketch.protocol.circuits import to_digits
@@ -59,7 +60,7 @@ def honest(study: Study, n: int, seed: int, full: int = 0):
     """n honest reports (rows of norm <= 1, the SDK's noise): their ring vectors and proofs."""
     rows = np.random.default_rng(seed).normal(0, 0.3, (n, study.d))
     stream = Keystream.from_key(bytes([seed % 256]) * 32)
-    encoded = noise.noisy_encoded(prepare.signed_vectors(rows, study, stream), study, stream)
+    encoded = report_path.noisy_encoded(prepare.signed_vectors(rows, study, stream), study, stream)
     return encoded, V.prepare(study, encoded, stream, full=full)
 
 
@@ -239,9 +240,9 @@ def test_gram_attacks_are_refused_everywhere_and_the_release_is_as_without_them(
                                min_reports=100, epsilon_floor=None, validity=True)
     study = Study.model_validate(view["study"])
     rows = np.random.default_rng(8).normal(0, 0.3, (n, study.d))
-    clipped = noise.clipped_rows(rows, study)
+    clipped = report_path.clipped_rows(rows, study)
     stream = Keystream.from_key(b"\x08" * 32)
-    encoded = noise.noisy_encoded(features.client_vectors("gram", clipped), study, stream)
+    encoded = report_path.noisy_encoded(features.client_vectors("gram", clipped), study, stream)
     proved = V.prepare(study, encoded, stream, full=2, rows=clipped)
     upload(cl, study, proved)
     attacks = gram_attacks(study, proved, V.witness_rows(V.plan(study), clipped))
@@ -449,12 +450,12 @@ def test_what_a_lying_analyzer_can_and_cannot_do(no_floor_module_cluster):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::client_sdk.client.DataLimitedWarning")  # rows at the bound, on purpose
+@pytest.mark.filterwarnings("ignore::dpsketch.client_sdk.client.DataLimitedWarning")  # rows at the bound, on purpose
 def test_honest_reports_through_the_sdk_are_never_refused(no_floor_module_cluster):
     """10^5 honest rows (norms up to the bound) through the SDK's own upload: the round refuses
     none of them (an honest report is outside the predicate with probability <= 2^-96, and its
     client draws that noise again), and the release holds every one."""
-    from client_sdk import Client
+    from dpsketch.client_sdk import Client
 
     c = no_floor_module_cluster
     n = int(os.environ.get("DPSKETCH_HONEST_REPORTS", "100000"))
@@ -479,7 +480,7 @@ def test_replicas_refuse_uploads_once_any_of_them_closed_the_study(servers, post
     from conftest import OPEN_UPLOADS
     from dpsketch.protocol.study import design
     from test_e2e import NO_FLOOR_POLICY
-    from tools.cluster import free_ports, share_server, start_all
+    from dpsketch.tools.cluster import free_ports, share_server, start_all
 
     spec = replace(servers.spec("s1"), db_path=postgres.new_database("s1"))
     (second,) = free_ports(1)

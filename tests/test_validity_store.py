@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client_sdk.prepare import prepare_batch
+from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import field, messages, proved_shares, sketch, validity
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, decode_aggregate
 from dpsketch.protocol.study import Study, design
@@ -157,9 +157,9 @@ def test_commit_releases_exactly_the_field_share_of_the_included_reports(server,
 
 @BOTH_STORES
 def test_checkpoint_of_the_halves_restores_what_a_rebuild_holds(store_location, monkeypatch):
-    from services import checkpoint, state as state_module
-    from services.store import Store
-    from services.writer import CallJob
+    from dpsketch.services import checkpoint, state as state_module
+    from dpsketch.services.store import Store
+    from dpsketch.services.writer import CallJob
 
     monkeypatch.setattr(checkpoint, "CHECKPOINT_MIN_REPORTS", 100)
     db = store_location("s1")
@@ -210,8 +210,8 @@ def test_sealed_leader_and_helper_bodies_split_and_open_at_the_leaders_width():
     on 413) seals each half again into bodies that open to the two halves."""
     from cryptography.hazmat.primitives.asymmetric import x25519
 
-    from client_sdk import prepare as sdk_prepare
-    from client_sdk import sealing
+    from dpsketch.client_sdk import prepare as sdk_prepare
+    from dpsketch.client_sdk import sealing
     from dpsketch.protocol import envelope
 
     study = validity_study()
@@ -243,7 +243,7 @@ def test_sealed_leader_and_helper_bodies_split_and_open_at_the_leaders_width():
 def test_kept_records_give_back_the_input_and_proof_shares_sent(server):
     """What the verification round reads: a server's kept records (batches.study_payloads) give
     back exactly the input and proof shares the client made for it, leader's and helper's."""
-    from services import batches as stored_batches
+    from dpsketch.services import batches as stored_batches
 
     study = validity_study()
     assert server.provision(study).status_code == 201

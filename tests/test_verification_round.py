@@ -10,19 +10,20 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from analyzer.config import ClusterConfig, ServerEndpoint
-from analyzer.coordinator import Coordinator, UpstreamError
-from analyzer.store import AnalyzerStore
-from client_sdk import noise, prepare
+from dpsketch.analyzer.config import ClusterConfig, ServerEndpoint
+from dpsketch.analyzer.coordinator import Coordinator, UpstreamError
+from dpsketch.analyzer.store import AnalyzerStore
+from dpsketch.client_sdk import prepare
+from dpsketch.protocol import report as report_path
 from conftest import BOTH_STORES
 from dpsketch.protocol import field, messages, study as S, validity as V
 from dpsketch.protocol.keystream import Keystream
 from dpsketch.protocol.problems import ProblemError
-from services import batches
-from services.app import create_app
-from services.settings import Settings
-from services.state import new_state
-from services.writer import CallJob
+from dpsketch.services import batches
+from dpsketch.services.app import create_app
+from dpsketch.services.settings import Settings
+from dpsketch.services.state import new_state
+from dpsketch.services.writer import CallJob
 
 SERVERS = ["s1", "s2", "s3"]
 AN, OP = "an-" + "a" * 20, "op-" + "o" * 20
@@ -38,7 +39,7 @@ def make_study(**kw):
 def proved_batch(study, m: int, seed: int = 1, full: int = 2):
     rows = np.random.default_rng(seed).normal(size=(m, study.d)) * 0.3
     stream = Keystream.from_key(bytes([seed]) * 32)
-    encoded = noise.noisy_encoded(prepare.signed_vectors(rows, study, stream), study, stream)
+    encoded = report_path.noisy_encoded(prepare.signed_vectors(rows, study, stream), study, stream)
     return V.prepare(study, encoded, stream, full=full)
 
 
@@ -180,7 +181,7 @@ def test_the_round_refuses_exactly_the_tampered_reports_at_every_server(rnd, stu
     summary = rnd.coordinator.record(study.study_id).verification
     assert summary["decided"] == 200 and summary["refused"] == 3
     # what `dpsketch study show / finalize / progress` print of it (table output)
-    from analyzer import cli_tables
+    from dpsketch.analyzer import cli_tables
 
     line = cli_tables.verification(summary)
     assert "200 reports checked by every server, 3 refused (by server: s1 3, s2 3, s3 3)" in line

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from analyzer import simulation, synthetic
+from dpsketch.analyzer import simulation, synthetic
 from research import vertical_evaluation as ve
 from dpsketch.protocol.study import design
 

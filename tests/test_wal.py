@@ -13,8 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from services import db
-from services.backend import SqliteBackend
+from dpsketch.services import db
+from dpsketch.services.backend import SqliteBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW_BYTES = 200_000  # about 6 pages of 32 KiB a transaction
@@ -85,7 +85,7 @@ def test_without_the_checkpointer_the_log_holds_every_transaction(tmp_path):
 _KILLED_WRITER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from services.backend import SqliteBackend
+    from dpsketch.services.backend import SqliteBackend
     backend = SqliteBackend(Path(sys.argv[1]), 5.0)
     conn = backend.initialise()
     backend.checkpointer.interval_s = 0.01

@@ -35,7 +35,7 @@
                  holding 10^4, 10^5, 10^6 reports (d = 100, k = 400, s = 4, each server missing
                  1 %), end to end with its phases, the servers' own commit + aggregate time and
                  peak RSS, and seconds per 10^6 reports at each size (linear growth: flat); the
-                 same with more sizes or PostgreSQL: ``python -m tools.finalize_bench``; not
+                 same with more sizes or PostgreSQL: ``python -m dpsketch.tools.finalize_bench``; not
                  part of ``all``;
 * ``histogram`` - the whole path of a histogram study (10^6 clients, 10 bins x 3 classes, through
                  the SDK to 3 servers, finalize, every statistic over REST) with its times and
@@ -56,7 +56,7 @@ from typing import Any
 
 def bench_accuracy(ns: list[int], d: int = 10, epsilon: float = 1.0, delta: float = 1e-6,
                    seed: int = 0) -> list[dict[str, Any]]:
-    from tools import demo
+    from dpsketch.tools import demo
 
     rows = []
     for n in ns:
@@ -88,11 +88,11 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
 
     import numpy as np
 
-    from analyzer.client import AnalyzerClient
-    from client_sdk import Client
-    from tools import demo
-    from client_sdk.prepare import prepare_batch
-    from client_sdk.upload import default_batch_rows
+    from dpsketch.analyzer.client import AnalyzerClient
+    from dpsketch.client_sdk import Client
+    from dpsketch.tools import demo
+    from dpsketch.client_sdk.prepare import prepare_batch
+    from dpsketch.client_sdk.upload import default_batch_rows
     from dpsketch.protocol import Study
     from dpsketch.protocol.histogram import HistogramSpec
 
@@ -137,7 +137,7 @@ def bench_histogram(n: int = 10**6, seed: int = 0) -> dict[str, Any]:
                    "mean": an.statistic(sid, "moments", column="x")}
             quantiles = an.statistic(sid, "quantiles", column="x", probabilities=[0.1, 0.5, 0.9])
             out["statistics_s"] = round(time.perf_counter() - t0, 2)
-    from analyzer.analyses.histogram import (AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau,
+    from dpsketch.analyzer.analyses.histogram import (AUC, BinnedMoments, GiniMeanDifference, GiniSimpson, KendallTau,
                                     NoisyHistogram)
 
     h = HistogramSpec.model_validate(spec)
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="also write the figures as JSON to this file")
     args = p.parse_args(argv)
 
-    from tools import server_bench
+    from dpsketch.tools import server_bench
 
     figures: dict[str, Any] = {}
     if args.which in ("commit", "all"):
@@ -200,14 +200,14 @@ def main(argv: list[str] | None = None) -> int:
             clients=64, seconds=1.5 if args.quick else 20.0, d=32)
         print(json.dumps({"single_upload": figures["single_upload"]}), flush=True)
     if args.which == "sealed":
-        from tools.client_bench import bench_encryption
+        from dpsketch.tools.client_bench import bench_encryption
 
         figures["sealed_envelope"] = bench_encryption(n=2_000 if args.quick else 20_000, d=32, n_servers=3)
         print(json.dumps({"sealed_envelope": figures["sealed_envelope"]}), flush=True)
         figures["sealed_upload"] = server_bench.bench_sealed_upload(n=20_000 if args.quick else 100_000, d=32)
         print(json.dumps({"sealed_upload": figures["sealed_upload"]}), flush=True)
     if args.which == "seeds":
-        from tools.client_bench import bench_compression
+        from dpsketch.tools.client_bench import bench_compression
 
         n = 10_000 if args.quick else 100_000
         figures["seeds_warm_up"] = server_bench.bench_seed_warm_up()
@@ -218,14 +218,14 @@ def main(argv: list[str] | None = None) -> int:
                 figures[key] = fig
                 print(json.dumps({key: fig}), flush=True)
     if args.which == "load":
-        from tools import loadtest
+        from dpsketch.tools import loadtest
 
         seconds = args.seconds or (5.0 if args.quick else 60.0)
         figures["load"] = loadtest.bench_load(seconds=seconds, clients=args.clients)
         print(json.dumps({"load": figures["load"]}), flush=True)
         print(loadtest.summary(figures["load"]), flush=True)
     if args.which == "overload":
-        from tools import loadtest
+        from dpsketch.tools import loadtest
 
         seconds = args.seconds or (4.0 if args.quick else 10.0)
         rate = None  # the second run is offered the first one's rate: one offered load, two servers
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({key: figures[key]}), flush=True)
             print(loadtest.overload_summary(figures[key]), flush=True)
     if args.which == "finalize":
-        from tools.finalize_bench import bench_finalize
+        from dpsketch.tools.finalize_bench import bench_finalize
 
         figures["finalize"] = bench_finalize([10**4, 10**5] if args.quick else [10**4, 10**5, 10**6])
         print(json.dumps({"finalize": figures["finalize"]}), flush=True)

@@ -24,16 +24,16 @@ from pathlib import Path
 
 #: command -> (module whose main() runs it, what it does, the extras it needs beyond the base)
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "server": ("services.__main__", "run one share server (FastAPI + SQLite or PostgreSQL)", ("server",)),
-    "analyzer": ("analyzer.__main__", "run the analyzer service (create, finalize, analyse)", ("analyzer",)),
-    "tokens": ("services.admin", "a share server operator's upload tokens: issue, list, revoke", ()),
-    "submit": ("client_sdk.cli", "submit rows from a CSV file to the share servers", ()),
-    "study": ("analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse", ()),
-    "demo": ("tools.demo", "run a local cluster end to end and print the error ratios", ("server", "analyzer")),
-    "bench": ("tools.bench", "measure commit, upload and accuracy figures on this machine", ("server", "analyzer")),
+    "server": ("dpsketch.services.__main__", "run one share server (FastAPI + SQLite or PostgreSQL)", ("server",)),
+    "analyzer": ("dpsketch.analyzer.__main__", "run the analyzer service (create, finalize, analyse)", ("analyzer",)),
+    "tokens": ("dpsketch.services.admin", "a share server operator's upload tokens: issue, list, revoke", ()),
+    "submit": ("dpsketch.client_sdk.cli", "submit rows from a CSV file to the share servers", ()),
+    "study": ("dpsketch.analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse", ()),
+    "demo": ("dpsketch.tools.demo", "run a local cluster end to end and print the error ratios", ("server", "analyzer")),
+    "bench": ("dpsketch.tools.bench", "measure commit, upload and accuracy figures on this machine", ("server", "analyzer")),
     "experiments": ("research.experiments", "paper 000 section 5 figures and tables on the real code paths",
                     ("research",)),
-    "recommend": ("analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost", ()),
+    "recommend": ("dpsketch.analyzer.recommend", "which study kind (gram or sketch) suits d and n, and its cost", ()),
 }
 
 #: command -> its option that points it at running services instead of starting them: given that
@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 REMOTE_OPTION = {"demo": "--analyzer"}
 
 #: the top-level packages of dpsketch itself: a missing one of these is a broken install, not an extra
-OWN_PACKAGES = ("dpsketch", "client_sdk", "services", "analyzer", "tools", "research")
+OWN_PACKAGES = ("dpsketch", "research")
 
 USAGE = "usage: dpsketch <command> [options]   (dpsketch <command> --help for each)\n\ncommands:\n" + "\n".join(
     f"  {name:<11} {text}" for name, (_, text, _) in COMMANDS.items()

@@ -11,7 +11,7 @@ import numpy as np
 from dpsketch.protocol import binding, envelope, messages, ring
 from dpsketch.protocol.study import design
 
-from client_sdk.prepare import prepare_batch
+from dpsketch.client_sdk.prepare import prepare_batch
 
 
 def bench_compression(n: int = 100_000, d: int = 6, n_servers: int = 3,

@@ -1,7 +1,7 @@
 """Start share servers and the analyzer as real processes on loopback ports.
 
 Used by ``dpsketch demo``, the benchmarks and the tests: every process is a real uvicorn server
-with its own SQLite file, started with ``python -m tools.cli ...`` exactly as an operator would.
+with its own SQLite file, started with ``python -m dpsketch.tools.cli ...`` exactly as an operator would.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tools.cli", *args]
+    return [sys.executable, "-m", "dpsketch.tools.cli", *args]
 
 
 def _tls_args(scheme: str, certfile: Path | None, keyfile: Path | None) -> list[str]:

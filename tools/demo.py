@@ -90,7 +90,7 @@ class Cluster:
     def upload_tokens(self, study_id: str, rows: int) -> list[str] | None:
         """What each organisation hands the demo's data owner: a token for ``rows`` reports
         (None without the operators' tokens: then the servers must take open uploads)."""
-        from services.admin import issue_for_data_owner
+        from dpsketch.services.admin import issue_for_data_owner
 
         if not self.operator_tokens:
             return None
@@ -103,7 +103,7 @@ def _log(quiet: bool, msg: str) -> None:
 
 
 def start_local_cluster(n_servers: int, workdir: Path, stack: ExitStack) -> Cluster:
-    from tools.cluster import ServerSpec, analyzer, share_server, start_all
+    from dpsketch.tools.cluster import ServerSpec, analyzer, share_server, start_all
 
     specs = [
         ServerSpec(f"s{j + 1}", secrets.token_urlsafe(16), secrets.token_urlsafe(16),
@@ -137,10 +137,10 @@ def run_study(cluster: Cluster, task: str, kind: str, data: Any, args: argparse.
     local and central references only if ``references``: they depend on the data, not the kind)."""
     from tqdm import tqdm
 
-    from analyzer.client import AnalyzerClient
-    from analyzer.error_ratios import compare, default_alpha
-    from analyzer.release import release_from_values
-    from client_sdk import Client
+    from dpsketch.analyzer.client import AnalyzerClient
+    from dpsketch.analyzer.error_ratios import compare, default_alpha
+    from dpsketch.analyzer.release import release_from_values
+    from dpsketch.client_sdk import Client
     from dpsketch.protocol import Study
 
     n = data.rows.shape[0]
@@ -226,7 +226,7 @@ def hold_until_interrupted(cluster: Cluster, workdir: Path) -> None:
 def run(args: argparse.Namespace, show=None) -> dict[str, Any]:
     """Run the demo and return its result; ``show(result)``, if given, is called while the cluster
     is still up (so ``--keep`` prints the table before it waits)."""
-    from analyzer import synthetic
+    from dpsketch.analyzer import synthetic
 
     quiet = args.json
     workdir = None

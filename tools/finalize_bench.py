@@ -59,8 +59,8 @@ def fill_store(db: str | Path, server_id: str, keep: np.ndarray, seed: int, *, s
     through its writer; seconds taken. ``db``: a SQLite path or a postgresql:// URL."""
     from dpsketch.protocol import ring
     from dpsketch.protocol.messages import IdList
-    from services.settings import Settings
-    from services.store import Store, warm_kernels
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.store import Store, warm_kernels
 
     rng = np.random.default_rng(seed)
     url = str(db).startswith("postgresql://")
@@ -182,10 +182,10 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
     calls into the profiled function's own thread only) is written to ``<profile>.n<n>.<rep>``."""
     import httpx
 
-    from analyzer.config import ClusterConfig, ServerEndpoint
-    from analyzer.coordinator import Coordinator
-    from analyzer.store import AnalyzerStore
-    from tools.cluster import ServerSpec, share_server, start_all, stop_all
+    from dpsketch.analyzer.config import ClusterConfig, ServerEndpoint
+    from dpsketch.analyzer.coordinator import Coordinator
+    from dpsketch.analyzer.store import AnalyzerStore
+    from dpsketch.tools.cluster import ServerSpec, share_server, start_all, stop_all
 
     out: dict[str, Any] = {"d": d, "k": k, "s": s, "servers": len(SERVERS), "missing_per_server": missing,
                            "store": "postgresql" if pg else "sqlite", "sizes": []}
@@ -291,7 +291,7 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tools.finalize_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dpsketch.tools.finalize_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e5, 1e6])
     p.add_argument("--d", type=int, default=100)

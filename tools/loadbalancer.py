@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from tools.cluster import terminate
+from dpsketch.tools.cluster import terminate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -35,7 +35,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from dpsketch.protocol.study import Study
-    from tools.cluster import ServerSpec
+    from dpsketch.tools.cluster import ServerSpec
 
 Request = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
 
@@ -200,7 +200,7 @@ def _provisioned_and_warm(url: str, spec: "ServerSpec", study: "Study", d: int) 
     (tools/server_bench.provision, as the operator), and load the server's compiled loops, so RSS
     and rates are taken from steady state (server_bench.warm_server, with a study of ``d``
     columns); the token."""
-    from tools.server_bench import provision, warm_server
+    from dpsketch.tools.server_bench import provision, warm_server
 
     token = provision(url, study, spec.operator_token)
     warm_server(url, d, np.random.default_rng(0), spec.operator_token)
@@ -217,7 +217,7 @@ def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float
     import shutil
     import tempfile
 
-    from tools.cluster import ServerSpec, share_server
+    from dpsketch.tools.cluster import ServerSpec, share_server
     from dpsketch.protocol.study import design
 
     wd = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="dpsketch-load-"))
@@ -493,7 +493,7 @@ def bench_overload(seconds: float = 10.0, factor: float = 2.0, batch_rows: int =
     import shutil
     import tempfile
 
-    from tools.cluster import ServerSpec, share_server
+    from dpsketch.tools.cluster import ServerSpec, share_server
     from dpsketch.protocol.messages import SHARES_MEDIA_TYPE
     from dpsketch.protocol.study import design
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from tools.loadtest import RawConnection, _host_port
+from dpsketch.tools.loadtest import RawConnection, _host_port
 
 if TYPE_CHECKING:
     from dpsketch.protocol.study import Study
@@ -342,8 +342,8 @@ def start_server(workdir, env: dict[str, str] | None = None, d: int = 4, max_rep
     import secrets
 
     from dpsketch.protocol.study import design
-    from tools.cluster import ServerSpec, share_server
-    from tools.loadtest import _provisioned_and_warm
+    from dpsketch.tools.cluster import ServerSpec, share_server
+    from dpsketch.tools.loadtest import _provisioned_and_warm
 
     spec = ServerSpec(server_id="s1", operator_token="op-" + secrets.token_hex(12),
                       analyst_token="an-" + secrets.token_hex(12), db_path=workdir / "s1.sqlite3")

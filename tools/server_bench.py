@@ -55,13 +55,13 @@ from typing import Any
 
 import numpy as np
 
-from client_sdk.upload import default_batch_rows
+from dpsketch.client_sdk.upload import default_batch_rows
 from dpsketch.protocol import binding, chacha, messages, ring, sketch
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, encode_batch
 from dpsketch.protocol.study import Study, design
-from tools.cluster import free_port, terminate
-from services import batches as services_batches
-from tools.loadtest import status_kib
+from dpsketch.tools.cluster import free_port, terminate
+from dpsketch.services import batches as services_batches
+from dpsketch.tools.loadtest import status_kib
 
 OPERATOR = "bench-operator-token-0123456789"
 ANALYST = "bench-analyst-token-0123456789"
@@ -158,9 +158,9 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
     fetching the aggregate, with the peak RSS of that phase; then the scipy.sparse baseline and
     (optionally) a rebuild from the file."""
     from dpsketch.protocol import kernels
-    from services.settings import Settings
-    from services.state import load_state
-    from services.store import Store, warm_kernels
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.state import load_state
+    from dpsketch.services.store import Store, warm_kernels
 
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {"n": n, "d": d, "k": k, "s": s, "excluded_fraction": excluded_fraction}
@@ -218,8 +218,8 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
             store.close()
         out["db_mib"] = round(db.stat().st_size / 2**20, 1)
         if rebuild:  # what a restart costs: stream every report back and redo the totals
-            from services.db import connect
-            from services.state import StudyRecord
+            from dpsketch.services.db import connect
+            from dpsketch.services.state import StudyRecord
 
             conn = connect(db, 5.0, readonly=True)
             t0 = time.perf_counter()
@@ -248,7 +248,7 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
 def _start_server(wd: Path, server_id: str = "s1", db: Path | str | None = None):
     """A real server process on a SQLite file in ``wd`` or on ``db`` (a file or a
     postgresql:// URL of an empty database)."""
-    from tools.cluster import ServerSpec, share_server
+    from dpsketch.tools.cluster import ServerSpec, share_server
 
     spec = ServerSpec(server_id=server_id, operator_token=OPERATOR, analyst_token=ANALYST,
                       db_path=db if db is not None else wd / f"{server_id}.sqlite3")
@@ -266,8 +266,8 @@ def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
         finally:
             proc.stop()
         return
-    from tools import loadbalancer
-    from tools.cluster import free_port
+    from dpsketch.tools import loadbalancer
+    from dpsketch.tools.cluster import free_port
 
     if db is None or not str(db).startswith("postgresql://"):
         raise ValueError("replicas share a PostgreSQL database: give db as a postgresql:// URL")
@@ -286,7 +286,7 @@ def _serving(wd: Path, db: Path | str | None, replicas: int = 1):
 
 
 def _start_replica(wd: Path, db: str, i: int):
-    from tools.cluster import ServerSpec, share_server
+    from dpsketch.tools.cluster import ServerSpec, share_server
 
     spec = ServerSpec(server_id="s1", operator_token=OPERATOR, analyst_token=ANALYST, db_path=db)
     proc = share_server(spec, wd)
@@ -299,7 +299,7 @@ def provision(url: str, study: Study, operator: str = OPERATOR) -> str:
     (token ``operator``) as the server's default policy requires."""
     import httpx
 
-    from services.admin import ServerAdmin
+    from dpsketch.services.admin import ServerAdmin
 
     r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(), timeout=60,
                   headers={"Authorization": f"Bearer {operator}", "Content-Type": "application/json"})
@@ -559,7 +559,7 @@ def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], study: 
     (``db.INSERT_BATCH``, the limit of this store), or (``one_statement`` False) as a plain
     ``executemany`` of one row per report into a table of (rowid, study, id, share), one
     transaction per batch (what issue 16 measured as "raw SQLite inserts")."""
-    from services import db
+    from dpsketch.services import db
 
     conn = db.initialise(path, 5.0)
     conn.execute("INSERT INTO studies (study_id, canonical, created_at) VALUES ('x', x'', 0)")
@@ -793,7 +793,7 @@ def _run(coro):
 
 
 def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
-    from services import db
+    from dpsketch.services import db
 
     conn = db.initialise(path, 5.0)
     conn.execute("INSERT INTO studies (study_id, canonical, created_at) VALUES ('x', x'', 0)")
@@ -972,10 +972,10 @@ def bench_seed_warm_up() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tools.server_bench [commit|bulk|single] [--n N] ...``: print the figures as JSON."""
+    """``python -m dpsketch.tools.server_bench [commit|bulk|single] [--n N] ...``: print the figures as JSON."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tools.server_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dpsketch.tools.server_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["commit", "bulk", "single", "all"])
     p.add_argument("--n", type=int, help="reports (default: commit 10^6, bulk 200,000)")
