@@ -57,9 +57,15 @@ def expected_aggregate(study: Study, ids: list[bytes], shares: np.ndarray) -> np
     return (signs.dot(shares.astype(object)) % (1 << 64)).astype(np.uint64)
 
 
+#: httpx's default 5 s is too short for a server that has just reconnected to a restarted
+#: PostgreSQL on a loaded machine (a provision timed out at load 9); these are not speed checks
+TIMEOUT = 60
+
+
 def provision(url: str, token: str, study: Study) -> None:
     r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
-                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                  timeout=TIMEOUT)
     assert r.status_code in (200, 201), r.text
 
 
@@ -67,13 +73,14 @@ def upload_bound(url: str, study: Study, n: int) -> list[bytes]:
     """Upload n fresh bound reports in one batch; their ids, once acknowledged."""
     ids, proofs, shares = bound_reports(study, n)
     r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=encode_batch(ids, proofs, shares),
-                   headers={"Content-Type": SHARES_MEDIA_TYPE})
+                   headers={"Content-Type": SHARES_MEDIA_TYPE}, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     return ids
 
 
 def held(url: str, token: str, study: Study) -> list[bytes]:
-    r = httpx.get(f"{url}/v1/studies/{study.study_id}/report-ids", headers={"Authorization": f"Bearer {token}"})
+    r = httpx.get(f"{url}/v1/studies/{study.study_id}/report-ids", headers={"Authorization": f"Bearer {token}"},
+                  timeout=TIMEOUT)
     assert r.status_code == 200
     return decode_report_ids(r.content)
 
