@@ -107,9 +107,7 @@ class NormBound(Circuit):
             raise ValueError("need w >= 1, q >= 1 and R^2 >= 0")
         self.w, self.beta, self.q, self.r2 = w, beta, q, int(r2)
         self.half = beta ** q // 2  # H
-        self.slack_digits = 1
-        while beta ** self.slack_digits <= self.r2:
-            self.slack_digits += 1
+        self.slack_digits = slack_digits(beta, self.r2)
         if w * self.half ** 2 + beta ** self.slack_digits > P:
             raise ValueError(f"w H^2 + beta^q_s = {w * self.half ** 2 + beta ** self.slack_digits} exceeds p: "
                              "the norm could wrap around mod p")
@@ -191,9 +189,7 @@ class OneHotNorm(Circuit):
             raise ValueError("the blocks must cover the w cells in order, without overlap")
         self.w, self.blocks, self.unit, self.beta, self.q, self.r2 = w, list(blocks), int(unit), beta, q, int(r2)
         self.half = beta ** q // 2
-        self.slack_digits = 1
-        while beta ** self.slack_digits <= self.r2:
-            self.slack_digits += 1
+        self.slack_digits = slack_digits(beta, self.r2)
         if w * self.half ** 2 + beta ** self.slack_digits > P:
             raise ValueError("w H^2 + beta^q_s exceeds p: the noise's norm could wrap around mod p")
         n = w + w * q + self.slack_digits
@@ -255,11 +251,22 @@ class OneHotNorm(Circuit):
                 "q": self.q, "r2": self.r2, "H": self.half, "slack_digits": self.slack_digits}
 
 
-def _slack_digits(beta: int, r2: int) -> int:
+def _least_digits(beta: int, r2: int, halved_square: bool) -> int:
     q = 1
-    while beta ** q <= r2:
+    while (beta ** q // 2) ** 2 <= r2 if halved_square else beta ** q <= r2:
         q += 1
     return q
+
+
+def slack_digits(beta: int, r2: int) -> int:
+    """The least q >= 1 with beta^q > r2: digits enough for a slack R^2 - (a norm) in [0, R^2]."""
+    return _least_digits(beta, r2, halved_square=False)
+
+
+def coordinate_digits(beta: int, r2: int) -> int:
+    """The least q >= 1 with H^2 > R^2, H = beta^q / 2: digits enough for every coordinate u_i of a
+    vector of norm at most R to be written as u_i + H in [0, beta^q)."""
+    return _least_digits(beta, r2, halved_square=True)
 
 
 class GramNorm(Circuit):
@@ -301,8 +308,8 @@ class GramNorm(Circuit):
         off = d + (d if self.linear else 0)  # first strict-upper coordinate of x
         self.norm_weights = np.ones(self.w, dtype=np.int64)
         self.norm_weights[off:off + n_prod - d] = 2
-        self.row_slack_digits = _slack_digits(beta, self.r2_row)
-        self.slack_digits = _slack_digits(beta, self.r2)
+        self.row_slack_digits = slack_digits(beta, self.r2_row)
+        self.slack_digits = slack_digits(beta, self.r2)
         if d * self.half_row ** 2 + beta ** self.row_slack_digits > P:
             raise ValueError("d H_r^2 + beta^q_rs exceeds p: the row's norm could wrap around mod p")
         if int(self.norm_weights.sum()) * self.half ** 2 + beta ** self.slack_digits > P:
@@ -322,21 +329,21 @@ class GramNorm(Circuit):
         # products: slot k of the ParallelSum(MulSub) reads (r_i, r_j, P_k)
         count = best_count(n_prod, 3, 2, True)
         calls = -(-n_prod // count)
-        prod_rows, prod_cols, prod_vals, prod_const = [], [], [], {}
-        for k, (i, j) in enumerate(zip(*self.pairs, strict=True)):
-            for slot, col in ((0, int(i)), (1, int(j))):
-                row = 3 * k + slot
-                sel = r_col == col
-                prod_rows.append(np.full(int(sel.sum()), row))
-                prod_cols.append(r_digit[sel])
-                prod_vals.append(r_weight[sel])
-                prod_const[row] = -self.half_row
-            prod_rows.append(np.array([3 * k + 2]))
-            prod_cols.append(np.array([self.at_products + k]))
-            prod_vals.append(np.array([1], dtype=object))
+        # per product k, in order: r_i's q_row digits (row 3k), r_j's (row 3k + 1), P_k (row 3k + 2);
+        # built as arrays (d(d+1)/2 products: 32,896 at d = 256), not a loop over them
+        ks = np.arange(n_prod)
+        digit_of = np.arange(q_row)
+        i_cols = self.pairs[0][:, None] * q_row + digit_of
+        j_cols = self.pairs[1][:, None] * q_row + digit_of
+        prod_rows = np.concatenate([np.repeat(3 * ks, q_row).reshape(n_prod, q_row),
+                                    np.repeat(3 * ks + 1, q_row).reshape(n_prod, q_row),
+                                    (3 * ks + 2)[:, None]], axis=1).ravel()
+        prod_cols = np.concatenate([i_cols, j_cols, (self.at_products + ks)[:, None]], axis=1).ravel()
+        powers = [beta ** m for m in range(q_row)]
+        prod_vals = (powers + powers + [1]) * n_prod
+        prod_const = {row: -self.half_row for k in range(n_prod) for row in (3 * k, 3 * k + 1)}
         products = GadgetCalls(ParallelSum(MulSub(), count, weighted=True), calls,
-                               Affine.build(3 * calls * count, n, np.concatenate(prod_rows),
-                                            np.concatenate(prod_cols), list(np.concatenate(prod_vals)),
+                               Affine.build(3 * calls * count, n, prod_rows, prod_cols, prod_vals,
                                             const=prod_const))
         # noise squares: slot i of the ParallelSum(Mul) reads (c_i e_i, e_i)
         sq_count = best_count(self.w, 2, 2, False)

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import binding, features, field, flp
-from .circuits import GramNorm, NormBound, OneHotNorm
+from .circuits import GramNorm, NormBound, OneHotNorm, coordinate_digits
 from .keystream import Keystream
 
 PREDICATE = "norm-bound/1"
@@ -241,10 +241,7 @@ def check_study(study) -> None:
 
 
 def _digits_for(r2: int) -> int:
-    q = 1
-    while (BETA ** q // 2) ** 2 <= r2:  # H^2 > R^2: every |u_i| <= R < H
-        q += 1
-    return q
+    return coordinate_digits(BETA, r2)  # H^2 > R^2: every |u_i| <= R < H
 
 
 @functools.lru_cache(maxsize=64)
