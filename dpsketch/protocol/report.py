@@ -285,6 +285,23 @@ def prepare(study: Study, rows: np.ndarray, compress: bool = False, full: int | 
     return PreparedBatch(ids, proofs, list(full_shares), clamped=clamped, clipped=clipped)
 
 
+def block_vectors(study: Study, party: str, rows: np.ndarray, signs: np.ndarray | None = None) -> np.ndarray:
+    """One party's blocks before noise: each clipped to a hair under the party's bound B_j
+    (rounding the block to the grid moves it by at most h sqrt(d_j) / 2, so the rounded block
+    stays within B_j), times the individual's party-key sign in a signed study (``signs``:
+    parties.signs, True = -1)."""
+    _, declared = study.party(party)
+    rounding = study.noise_grid.spacing * math.sqrt(declared.width) / 2.0
+    blocks = clip_rows(rows, max(0.0, declared.row_bound - rounding))
+    if study.secret_sign:
+        if signs is None or np.shape(signs) != (len(blocks),):
+            raise ValueError("a signed study with parties needs each individual's party-key sign (parties.signs)")
+        blocks[np.asarray(signs, dtype=bool)] *= -1.0
+    elif signs is not None:
+        raise ValueError("signs are for a signed study with parties only")
+    return blocks
+
+
 def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray,
                    stream: Keystream | None = None, signs: np.ndarray | None = None,
                    full: int | None = None) -> PreparedBatch:
@@ -302,20 +319,11 @@ def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.n
     (validity.party_plan: its noisy signed block within B_j plus the noise allowance of d_j
     columns), shares it as its reports are (the leader ``full``, default the last server, gets
     its input and proof shares, every other server a seed) and binds it as a block."""
-    index, declared = study.party(party)
+    index, _ = study.party(party)
     if len(pseudonyms) != len(rows):
         raise ValueError(f"{len(pseudonyms)} pseudonyms for {len(rows)} rows")
     stream = stream if stream is not None else Keystream()
-    # a hair under B_j: rounding the block to the grid moves it by at most h sqrt(d_j) / 2
-    rounding = study.noise_grid.spacing * math.sqrt(declared.width) / 2.0
-    blocks = clip_rows(rows, max(0.0, declared.row_bound - rounding))
-    if study.secret_sign:
-        if signs is None or np.shape(signs) != (len(blocks),):
-            raise ValueError("a signed study with parties needs each individual's party-key sign (parties.signs)")
-        blocks[np.asarray(signs, dtype=bool)] *= -1.0
-    elif signs is not None:
-        raise ValueError("signs are for a signed study with parties only")
-    encoded = noisy_encoded(blocks, study, stream)
+    encoded = noisy_encoded(block_vectors(study, party, rows, signs), study, stream)
     n = study.n_servers
     if proved_shares.is_proved(study):  # the leader's F_p shares, seeds elsewhere, as a report's
         proved = validity.prepare(study, encoded, stream, _leader(study, full), party=index,
