@@ -6,7 +6,7 @@ loopback ports, real SQLite files.
   block is proved with its party's bound, the leader turning over the servers batch by batch,
   and the release is exactly the sketch of the joined rows the parties shared, reconstructed in
   this process from the very shares the SDK sent: what the same shares would release without
-  proofs.
+  proofs; a server SIGKILLed and restarted before the round keeps every block.
 * Attacks, each block correctly bound so that every server stores it, uploaded as raw bodies:
   a party's block far outside its bound with a proof made for it, a block whose proof fails
   (a share altered after proving), a valid block replayed under another pseudonym and under
@@ -99,6 +99,13 @@ def test_honest_parties_proved_blocks_release_the_sketch_of_their_joined_rows(no
         leaders = [[j for j in range(3) if b.seeds[j] is None] for b in sent[name]]
         assert leaders == [[0], [1], [2]]
         assert all(b.shares[lead[0]].shape[1] == plan.leader_width for b, lead in zip(sent[name], leaders))
+    if not sealed:  # a server SIGKILLed and restarted rebuilds its block index from the stored
+        # leader's values and seeds (of both parties' widths), and verifies and sums them the same
+        c.procs[1].kill()
+        c.procs[1].start()
+        info = httpx.get(f"{c.server_urls[1]}/v1/studies/{study.study_id}",
+                         headers={"Authorization": f"Bearer {c.specs[1].analyst_token}"}, timeout=30).json()
+        assert info["report_count"] == n and info["party_counts"] == {"bank": n, "clinic": n}
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         fin = an.finalize(study.study_id)
         served = np.array(an.sketch(study.study_id)["sketch"])
