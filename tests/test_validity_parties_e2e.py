@@ -14,6 +14,10 @@ loopback ports, real SQLite files.
   binding-refused). Every attacked block is refused at every server, its individual is left out
   whole (the other party's honest block of it too), and the release is bit for bit that of the
   honest individuals alone.
+* Malformed proved block uploads (a value >= p, an input share changed after binding, a block
+  seed batch cut short or sent as a leader's record, a leader's record at a helper, a block
+  seed batch relabelled to another party or naming none, block seeds to a study with parties
+  but no proofs, in the clear and sealed as content 0x04) get their 4xx and store nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pytest
 
 from analyzer.client import AnalyzerClient
 from client_sdk import Client
-from dpsketch.protocol import Study, binding, field, flp, messages, parties, report, ring, sketch
+from dpsketch.protocol import Study, binding, envelope, field, flp, messages, parties, report, ring, sketch
 from dpsketch.protocol import validity as V
 from dpsketch.protocol.circuits import to_digits
 from dpsketch.protocol.keystream import Keystream
@@ -263,3 +267,56 @@ def test_a_malicious_partys_blocks_are_refused_everywhere_and_their_individuals_
         part = V.coordinate_shares(plan, share)
         coords = part if coords is None else field.add(coords, part)
     assert abs(ring.decode(V.to_ring(coords), study.frac_bits)[0, 0]) > 1000 * study.parties[0].row_bound
+
+
+def test_malformed_proved_block_uploads_get_4xx_and_change_nothing(no_floor_module_cluster):
+    c = no_floor_module_cluster
+    study = create(c, 200, "vp-malformed")
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        unproved = Study.model_validate(an.create_study(name="vp-unproved", label="y", expected_reports=200, k=16,
+                                                        s=4, parties=PARTIES, epsilon_floor=None)["study"])
+    assert unproved.validity is None
+    key = parties.new_key()
+    ps = parties.pseudonyms(key, study.study_id, [f"m{i}" for i in range(4)])
+    block = report.prepare_blocks(study, "bank", ps, data(4, seed=3)[:, :2], full=0)
+    seeds = messages.encode_block_seeds(block.report_ids, block.pseudonyms, block.proofs[1], block.seeds[1])
+    leader = block.shares[0]
+    plan = V.party_plan(study, 0)
+    bad = leader.copy()
+    bad[1, plan.input_len + 2] = np.uint64(field.P + 5)  # a proof-share value >= p
+    tampered = leader.copy()
+    tampered[2, 0] = (int(tampered[2, 0]) + 1) % field.P  # an input share changed after binding
+    u0, u1 = c.server_urls[0], c.server_urls[1]
+    attempts = [
+        (u0, messages.blocks_media_type("bank"),
+         messages.encode_blocks(block.report_ids, block.pseudonyms, block.proofs[0], bad), 400, "malformed-body"),
+        (u0, messages.blocks_media_type("bank"),
+         messages.encode_blocks(block.report_ids, block.pseudonyms, block.proofs[0], tampered), 422, "binding-refused"),
+        (u1, messages.blocks_media_type("bank", True), seeds[:-5], 400, "malformed-body"),  # cut short
+        (u1, messages.blocks_media_type("bank"), seeds, 400, "malformed-body"),  # seeds as a leader's record
+        (u1, messages.blocks_media_type("bank"),  # the leader's record at a helper
+         messages.encode_blocks(block.report_ids, block.pseudonyms, block.proofs[0], leader), 422, "binding-refused"),
+        (u1, messages.blocks_media_type("clinic", True), seeds, 422, "binding-refused"),  # relabelled party
+        (u1, messages.BLOCK_SEEDS_MEDIA_TYPE, seeds, 415, "unsupported-media-type"),  # no party named
+    ]
+    for url, media, body, status, slug in attempts:
+        r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=body, timeout=60,
+                       headers={"Content-Type": media})
+        assert (r.status_code, r.json()["type"]) == (status, f"urn:dpsketch:problem:{slug}"), (media, r.text)
+    # block seeds to a study with parties but no proofs: 415 in the clear, 400 sealed (content 0x04)
+    r = httpx.post(f"{u1}/v1/studies/{unproved.study_id}/batches", content=seeds, timeout=60,
+                   headers={"Content-Type": messages.blocks_media_type("bank", True)})
+    assert r.status_code == 415 and r.json()["type"].endswith("unsupported-media-type"), r.text
+    with Client(c.server_urls, encrypt=True) as sealer:
+        sealer.study(unproved.study_id)
+        recipient = sealer._recipients[unproved.study_id][1]
+    sealed = envelope.seal_body(recipient, unproved.study_id, seeds, messages.blocks_media_type("bank", True),
+                                2, 3, party=0)
+    r = httpx.post(f"{u1}/v1/studies/{unproved.study_id}/batches", content=sealed, timeout=60,
+                   headers={"Content-Type": f"{messages.SEALED_MEDIA_TYPE}; party=bank"})
+    assert r.status_code == 400 and r.json()["type"].endswith("malformed-body"), r.text
+    # nothing was stored anywhere
+    for url, s in ((u0, study), (u1, study), (u1, unproved)):
+        info = httpx.get(f"{url}/v1/studies/{s.study_id}", timeout=30,
+                         headers={"Authorization": f"Bearer {c.specs[0 if url == u0 else 1].analyst_token}"}).json()
+        assert info["report_count"] == 0 and info["party_counts"] == {"bank": 0, "clinic": 0}
