@@ -729,6 +729,7 @@ class Coordinator:
                 f"needs min_reports = {study.min_reports} (missing per party: {state.missing_by_party}). "
                 f"Wait for more uploads.", extra={"n_reports": state.complete, "min_reports": study.min_reports,
                                                   "missing_by_party": state.missing_by_party})
+        verdict = " (or that has a block some server refused)" if study.validity is not None else ""
         for server in self.servers:
             fraction = (server.server_info().policy or {}).get("max_excluded_fraction")
             here = state.complete_by_server[server.endpoint.server_id]
@@ -736,7 +737,7 @@ class Coordinator:
                 raise ProblemError(
                     "inclusion-refused",
                     f"server {server.endpoint.server_id} holds {here - state.complete} complete "
-                    f"individuals that some other server lacks a block of; its policy lets a release "
+                    f"individuals that some other server lacks a block of{verdict}; its policy lets a release "
                     f"leave out at most {float(fraction):g} of its {here}. Nothing was committed. Have "
                     f"the parties resend what is missing, then finalize again",
                     extra={"server_id": server.endpoint.server_id, "excluded": here - state.complete,
