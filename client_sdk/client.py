@@ -173,7 +173,8 @@ class Client:
     (``study.validity``; docs/protocol.md section 4c) is always seed-compressed, whatever
     ``compress`` says: the leader of each batch (rotating as above) gets its F_p input and proof
     shares, every other server a seed; its single reports go as one-record batches (it takes
-    no single-report JSON) and it takes no blocks.
+    no single-report JSON), and with parties each party's blocks go the same way, each proved
+    with the party's bound (docs/validity.md section 13).
 
     With ``encrypt=True`` every share (or seed) is sealed to its server with HPKE (X25519,
     HKDF-SHA256, ChaCha20-Poly1305; docs/protocol.md section 7a) under the server's current
