@@ -57,7 +57,9 @@ def upload_width(study: Study, party: int | None = None) -> int:
 def state_width(study: Study) -> int:
     """Columns of a server's running aggregate: 2 w (the halves of the F_p coordinate shares)
     for a validity study, else the study's width."""
-    return validity.plan(study).state_width if is_proved(study) else study.width
+    # 2 w (Plan.state_width), known without building a circuit: a study with parties has one per
+    # party, none of its whole width
+    return 2 * study.width if is_proved(study) else study.width
 
 
 def bound_part(study: Study, payloads: np.ndarray, seeded: bool, party: int | None = None) -> np.ndarray:
@@ -115,7 +117,7 @@ def released(study: Study, running: np.ndarray) -> np.ndarray:
     coordinate share (``validity.release_share``) + ``validity.field_noise`` in F_p."""
     if not is_proved(study):
         return running + study.server_noise()
-    share = validity.release_share(validity.plan(study), running)
+    share = validity.join_words(running)  # validity.release_share, which needs no plan
     return field.add(share, validity.field_noise(study))
 
 
