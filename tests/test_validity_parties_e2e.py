@@ -14,6 +14,8 @@ loopback ports, real SQLite files.
   binding-refused). Every attacked block is refused at every server, its individual is left out
   whole (the other party's honest block of it too), and the release is bit for bit that of the
   honest individuals alone.
+* A party whose refused blocks leave out more individuals than the batch rule allows stops the
+  release before any commit (422 inclusion-refused, the refused blocks named).
 * Malformed proved block uploads (a value >= p, an input share changed after binding, a block
   seed batch cut short or sent as a leader's record, a leader's record at a helper, a block
   seed batch relabelled to another party or naming none, block seeds to a study with parties
@@ -320,3 +322,36 @@ def test_malformed_proved_block_uploads_get_4xx_and_change_nothing(no_floor_modu
         info = httpx.get(f"{url}/v1/studies/{s.study_id}", timeout=30,
                          headers={"Authorization": f"Bearer {c.specs[0 if url == u0 else 1].analyst_token}"}).json()
         assert info["report_count"] == 0 and info["party_counts"] == {"bank": 0, "clinic": 0}
+
+
+def test_refused_blocks_beyond_the_batch_rule_stop_the_release_before_any_commit(no_floor_module_cluster):
+    """A party whose invalid blocks leave out more individuals than a server's batch rule allows
+    (max_excluded_fraction 0.1: 15 of 100) makes the analyzer refuse before any commit (422
+    inclusion-refused naming the refused blocks): every server still holds its blocks
+    uncommitted. (The round closed the study to uploads: this is the availability cost
+    docs/trust.md states, bounded by the party's upload quota.)"""
+    c = no_floor_module_cluster
+    n, bad_n = 100, 15
+    study = create(c, n, "vp-batch-rule")
+    key = parties.new_key()
+    ps = parties.pseudonyms(key, study.study_id, [f"b{i}" for i in range(n)])
+    rows = data(n, seed=19)
+    stream = Keystream.from_key(b"\x4d" * 32)
+    upload_prepared(c, study, report.prepare_blocks(study, "clinic", ps, rows[:, COLS["clinic"]], stream, full=1))
+    upload_prepared(c, study, report.prepare_blocks(study, "bank", ps[bad_n:], rows[bad_n:, COLS["bank"]], stream))
+    plan = V.party_plan(study, 0)
+    for i in range(bad_n):  # valid digits, the leader's proof share altered after proving
+        units = V.grid_units(plan, ring.encode_on_grid(rows[i:i + 1, COLS["bank"]] * 0.5, study.frac_bits,
+                                                       study.noise_grid.shift, study.value_bound).view(np.uint64))
+        bad = prove_block(study, 0, ps[i], plan.circuit.encode(units), i % 3, stream)
+        bad.leader[0, plan.input_len] = int(field.add(np.uint64(bad.leader[0, plan.input_len]), np.uint64(1)))
+        upload_proved(c, study, "bank", ps[i], bad)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        r = httpx.post(f"{c.analyzer.url}/v1/studies/{study.study_id}/finalize", timeout=120,
+                       headers={"Authorization": f"Bearer {c.api_token}"})
+        assert r.status_code == 422 and r.json()["type"].endswith("inclusion-refused"), r.text
+        assert "refused" in r.json()["detail"] and r.json()["excluded"] == bad_n and r.json()["held"] == n
+        progress = an.progress(study.study_id)
+    assert progress["verification"]["refused"] == bad_n
+    for url in c.server_urls:
+        assert httpx.get(f"{url}/v1/studies/{study.study_id}", timeout=30).json()["status"] == "open"
