@@ -112,7 +112,8 @@ class CreateStudy(PrivacyTarget):
         default=False, description="every client proves in zero knowledge that its report is valid "
         "(its noisy vector within the row bound plus a noise allowance) and every share server "
         "refuses reports whose proofs do not verify, so one client moves a release no more than an "
-        "honest one at the bound can (docs/validity.md). Sketch (without parties), histogram, gram, "
+        "honest one at the bound can (docs/validity.md). Sketch (parties too: each block proved with its "
+        "party's bound), histogram, gram, "
         "moments and l1 studies; under auto the kind is chosen among those")
 
 

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--validity", action="store_true",
                    help="every client proves its report valid (within the row bound plus a noise allowance) "
                    "and every server refuses reports whose proofs fail: one client then moves a release no "
-                   "more than an honest one at the bound can (docs/validity.md). Sketch (without parties), "
+                   "more than an honest one at the bound can (docs/validity.md). Sketch (parties too: each block "
+                   "proved with its party's bound), "
                    "histogram, gram, moments and l1 studies; under auto the kind is chosen among those")
     c.add_argument("--population", metavar="ID",
                    help="the population the study is meant for (advisory): refused now if a server's "

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass
 
 import httpx
@@ -186,7 +187,7 @@ class ShareServerClient:
         return verification.Contribution.model_validate(r.json())
 
     def verify_query(self, study_id: str, contributions: list[bytes],
-                     plan: validity.Plan) -> tuple[np.ndarray, np.ndarray]:
+                     plan: validity.Plan | int) -> tuple[np.ndarray, np.ndarray]:
         """This server's verifier shares of every report it holds: (ids (m, 16) uint8 ascending,
         shares (m, V, 2)), checked."""
         r = self._request("POST", f"/v1/studies/{study_id}/verify/query", token=self.endpoint.analyst_token,
@@ -628,7 +629,7 @@ class Coordinator:
         mask of them over its sorted held ids (its commit bitmap), and how many each holds;
         records how many reports each server refused."""
         study = self.record(study_id).study
-        plan = validity.plan(study)
+        plan = validity.verifier_len(study)  # a study with parties: its widest party's
         ids = [s.endpoint.server_id for s in self.servers]
         if ids != list(study.servers):
             raise ProblemError("invalid-request", f"the cluster's servers {ids} are not the study's "
@@ -685,8 +686,8 @@ class Coordinator:
         summary = verification.VerificationSummary(query_seed=seed.hex(), decided=n_common, refused=n_refused,
                                                    refused_by_server=by_server)
         self.store.record_verification(study_id, summary.model_dump(mode="json"))
-        self.log(f"every server decided {n_common} reports; refused: {n_refused} "
-                 f"({', '.join(f'{k} {v}' for k, v in by_server.items())})")
+        self.log(f"every server decided {n_common} {'blocks' if study.parties else 'reports'}; refused: "
+                 f"{n_refused} ({', '.join(f'{k} {v}' for k, v in by_server.items())})")
         return common, masks, held
 
     def _party_inclusion(self, study_id: str) -> bytes:
@@ -694,7 +695,30 @@ class Coordinator:
         at every server; refused (nothing committed) below min_reports or when a server's batch
         rule would refuse it."""
         study = self.record(study_id).study
-        state = self.completeness(study_id)
+        held = [server.blocks(study_id) for server in self.servers]
+        server_ids = [s.endpoint.server_id for s in self.servers]
+        state = completeness(study, held, server_ids)
+        self._check_party_state(study, state)
+        if study.validity is not None:
+            # every server checks every block's proof (section 6d), once the blocks that could
+            # make a release are there; an individual with a block refused anywhere is left out
+            # whole: its blocks are dropped from every server's index and completeness is counted
+            # again, so the batch rule counts it as one excluded individual
+            accepted, _masks, _held = self.verify(study_id)
+            a_hi, a_lo = messages.native_halves(messages.report_id_halves(accepted))
+            kept = [h[messages.locate(a_hi, a_lo, h["id_hi"].astype(np.uint64), h["id_lo"].astype(np.uint64)) >= 0]
+                    for h in held]
+            before = state.complete
+            # each server's batch rule counts against the individuals complete there, refused or not
+            state = dataclasses.replace(completeness(study, kept, server_ids),
+                                        complete_by_server=state.complete_by_server)
+            self.log(f"{before - state.complete} individuals left out for a block some server refused")
+            self._check_party_state(study, state)
+        return self.store.fix_inclusion(study_id, state.included)
+
+    def _check_party_state(self, study: Study, state: Completeness) -> None:
+        """Refuse (nothing committed) too few complete individuals, or a set some server's batch
+        rule would refuse."""
         self.log(f"{state.complete} of {state.individuals_seen} individuals have every party's block at "
                  f"every server; missing per party: "
                  + ", ".join(f"{name} {n}" for name, n in state.missing_by_party.items()))
@@ -705,6 +729,7 @@ class Coordinator:
                 f"needs min_reports = {study.min_reports} (missing per party: {state.missing_by_party}). "
                 f"Wait for more uploads.", extra={"n_reports": state.complete, "min_reports": study.min_reports,
                                                   "missing_by_party": state.missing_by_party})
+        verdict = " (or that has a block some server refused)" if study.validity is not None else ""
         for server in self.servers:
             fraction = (server.server_info().policy or {}).get("max_excluded_fraction")
             here = state.complete_by_server[server.endpoint.server_id]
@@ -712,9 +737,8 @@ class Coordinator:
                 raise ProblemError(
                     "inclusion-refused",
                     f"server {server.endpoint.server_id} holds {here - state.complete} complete "
-                    f"individuals that some other server lacks a block of; its policy lets a release "
+                    f"individuals that some other server lacks a block of{verdict}; its policy lets a release "
                     f"leave out at most {float(fraction):g} of its {here}. Nothing was committed. Have "
                     f"the parties resend what is missing, then finalize again",
                     extra={"server_id": server.endpoint.server_id, "excluded": here - state.complete,
                            "held": here, "missing_by_party": state.missing_by_party})
-        return self.store.fix_inclusion(study_id, state.included)

@@ -21,6 +21,7 @@ is what transfers, not the figures.
     .venv/bin/python benchmarks/validity.py                    # d = 10 and 100, 20,000 reports
     .venv/bin/python benchmarks/validity.py --d 100 --m 100000 --reps 5 --json
     .venv/bin/python benchmarks/validity.py --kind gram --d 10 --m 5000
+    .venv/bin/python benchmarks/validity.py --kind parties --d 10 100 --m 5000
 """
 
 from __future__ import annotations
@@ -121,16 +122,77 @@ def measure(d: int, m: int, reps: int, expected: int, kind: str = "sketch") -> d
     }
 
 
+def measure_parties(d: int, m: int, reps: int, expected: int) -> dict:
+    """A study with two parties (the first d // 2 columns, then the rest), designed with and
+    without ``validity``: every party's blocks of m individuals through ``report.prepare_blocks``
+    (clip, noise, share and bind; with proofs, prove and share in F_p, the leader rotating), the
+    median client time of ``reps`` interleaved repetitions, and every byte an individual's
+    blocks cost on the wire to all N servers (records with their block ids, pseudonyms and
+    binding proofs, the leader's explicit elements or a helper's seed; without proofs every
+    server gets a full share: blocks are never seed-compressed)."""
+    from dpsketch.protocol import parties, report
+
+    cols = [f"c{i}" for i in range(d)]
+    spec = [{"name": "a", "columns": cols[:d // 2]}, {"name": "b", "columns": cols[d // 2:]}]
+    args = dict(name="bench-parties", columns=cols, label="c0", servers=SERVERS, expected_reports=expected,
+                parties=spec)
+    plain, proved = design(**args)[0], design(**args, validity=True)[0]
+    rows = np.random.default_rng(d).normal(size=(m, d)) * (0.6 / np.sqrt(d))
+    key = parties.new_key()
+    ps = parties.pseudonyms(key, plain.study_id, [str(i) for i in range(m)])
+
+    def run(study):
+        out = []
+        for index, q in enumerate(study.parties):
+            cut = parties.slices(study.parties)[index]
+            out.append(report.prepare_blocks(study, q.name, ps, rows[:, cut], full=index % len(SERVERS)))
+        return out
+
+    wire = {}
+    for name, study in (("plain", plain), ("proved", proved)):
+        batches = run(study)  # warm
+        wire[name] = sum(len(b.body(j)) for b in batches for j in range(len(SERVERS))) / m
+    times: dict[str, list[float]] = {"plain": [], "proved": []}
+    for _ in range(reps):
+        for name, study in (("plain", plain), ("proved", proved)):
+            times[name].append(_time(lambda s=study: run(s)))
+    med = statistics.median
+    plans = validity.plans(proved)
+    return {"kind": "parties", "d": d, "m": m, "reps": reps, "load": os.getloadavg()[0],
+            "party_widths": [q.width for q in proved.parties],
+            "input_len": [p.input_len for p in plans], "proof_len": [p.proof_len for p in plans],
+            "verifier_len": validity.verifier_len(proved),
+            "wire_bytes": wire["proved"], "wire_bytes_plain": wire["plain"],
+            "wire_ratio": wire["proved"] / wire["plain"],
+            "client_us": 1e6 * med(times["proved"]) / m, "client_us_plain": 1e6 * med(times["plain"]) / m,
+            "client_ratio": med(times["proved"]) / med(times["plain"])}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--m", type=int, default=20_000, help="reports per repetition")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--expected", type=int, default=100_000, help="the studies' expected reports")
-    parser.add_argument("--kind", choices=["sketch", "gram", "moments"], default="sketch",
-                        help="the study kind (gram and moments: circuit GramNorm, d columns give w features)")
+    parser.add_argument("--kind", choices=["sketch", "gram", "moments", "parties"], default="sketch",
+                        help="the study kind (gram and moments: circuit GramNorm, d columns give w features; "
+                             "parties: a sketch study with two parties, measure_parties)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.kind == "parties":
+        found = [measure_parties(d, args.m, args.reps, args.expected) for d in args.d]
+        if args.json:
+            print(json.dumps(found, indent=2))
+            return
+        print("| d (party widths) | n per party | proof per party | wire B per individual (plain) | wire x "
+              "| client us per individual (plain) | client x | verifier B/server | load |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in found:
+            print(f"| {r['d']} ({', '.join(map(str, r['party_widths']))}) | {r['input_len']} | {r['proof_len']} | "
+                  f"{r['wire_bytes']:,.0f} ({r['wire_bytes_plain']:,.0f}) | {r['wire_ratio']:.1f}x | "
+                  f"{r['client_us']:.1f} ({r['client_us_plain']:.2f}) | {r['client_ratio']:.1f}x | "
+                  f"{16 * r['verifier_len']} | {r['load']:.1f} |")
+        return
     results = [measure(d, args.m, args.reps, args.expected, args.kind) for d in args.d]
     if args.json:
         print(json.dumps(results, indent=2))

@@ -31,6 +31,11 @@ on x1*y at the weighted bound R), and an honest report at the bound (x1 = -y, no
     .venv/bin/python benchmarks/validity_influence.py                 # n = 10^5, d = 10, 20 seeds
     .venv/bin/python benchmarks/validity_influence.py --n 20000 --seeds 20
     .venv/bin/python benchmarks/validity_influence.py --kind gram     # n = 10^5, d = 10, 20 seeds
+    .venv/bin/python benchmarks/validity_influence.py --kind parties  # two parties, n = 10^5, d = 10
+
+With ``--kind parties`` (docs/validity.md section 13): a signed sketch study with two parties and
+validity, one more individual whose second party's block is the attack, the strongest block the
+party's predicate accepts, or an honest block at the party's bound (:func:`run_parties`).
 """
 
 from __future__ import annotations
@@ -176,6 +181,75 @@ def run_gram(n: int, d: int, seeds: int) -> dict:
             * proved.noise_grid.spacing / proved.sigma}
 
 
+def run_parties(n: int, d: int, seeds: int) -> dict:
+    """A signed sketch study with two parties (the first half of the columns, then the rest with
+    the label) and validity: n honest individuals (each party's block clipped to its bound, signed
+    with the party-key sign, its noise; report_path.block_vectors), and one more individual whose first
+    party's block is honest and whose second party's block is (a) the issue's attack in a study
+    without proofs (its label at -40,000 B), (b) the strongest block a study with proofs accepts
+    from that party (the same direction at its norm bound R_j h, checked to satisfy its party's
+    predicate), (c) an honest block at the party's bound B_j (the same direction, its own noise);
+    and, for scale, (d) an honest individual at the bound in every party (the same direction in
+    the second party's columns). The shift of the ridge coefficients from the honest fit."""
+    from dpsketch.protocol import parties
+
+    columns = [f"x{i}" for i in range(d - 1)] + ["y"]
+    half = d // 2
+    spec = [{"name": "a", "columns": columns[:half]}, {"name": "b", "columns": columns[half:]}]
+    study = design(name="influence-parties", columns=columns, label="y", servers=["s0", "s1", "s2"],
+                   expected_reports=n, parties=spec, secret_sign=True, validity=True)[0]
+    grid = study.noise_grid
+    plan = validity.party_plan(study, 1)
+    reach = math.sqrt(plan.bound) * grid.spacing  # R_j h: the largest norm a valid block of party b has
+    direction = np.zeros(d - half)
+    direction[0], direction[-1] = 1000.0, -40000.0
+    unit = direction / np.linalg.norm(direction)
+    names = ("attack without proofs", "strongest valid block", "honest block at the party's bound",
+             "honest individual at the bound")
+    shifts: dict[str, list[float]] = {name: [] for name in names}
+    errors = []
+    key = parties.new_key()
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        theta = rng.normal(size=d - 1)
+        x = rng.normal(size=(n, d - 1))
+        rows = np.column_stack([x, x @ theta + rng.normal(size=n)])
+        rows /= np.quantile(np.linalg.norm(rows, axis=1), 0.99)
+        ids = parties.pseudonyms(key, study.study_id, [f"{seed}/{i}" for i in range(n + 1)])
+        signs = parties.signs(key, study.study_id, ids)
+        stream = Keystream()
+        encoded = np.concatenate(
+            [report_path.noisy_encoded(report_path.block_vectors(study, q.name, rows[:, cols], signs[:n]), study, stream)
+             for q, cols in zip(study.parties, parties.slices(study.parties))], axis=1)
+        base = _ring_sketch(study, ids[:n], encoded)
+        for _ in range(study.n_servers):
+            base += study.server_noise()
+        honest = _fit(study, base, n)
+        errors.append(float(np.linalg.norm(honest - theta)))
+        first = report_path.noisy_encoded(report_path.block_vectors(study, "a", rows[:1, :half] * 0, signs[n:]),
+                                           study, stream)
+        valid = ring.encode_on_grid(unit[None, :] * (reach - grid.spacing), study.frac_bits, grid.shift,
+                                    1e3).view(np.uint64)
+        assert validity.within(plan, validity.grid_units(plan, valid)).all()
+        blocks = {"attack without proofs": ring.encode(direction[None, :], study.frac_bits, 1e5),
+                  "strongest valid block": valid,
+                  "honest block at the party's bound": report_path.noisy_encoded(
+                      report_path.block_vectors(study, "b", unit[None, :] * study.parties[1].row_bound, signs[n:]),
+                      study, stream)}
+        whole = np.zeros((1, d))
+        whole[0, half:] = unit * study.row_bound
+        at_bound = np.concatenate([report_path.noisy_encoded(report_path.block_vectors(
+            study, q.name, whole[:, cols], signs[n:]), study, stream)
+            for q, cols in zip(study.parties, parties.slices(study.parties))], axis=1)
+        for name in names:
+            extra = at_bound if name == "honest individual at the bound" else np.concatenate([first, blocks[name]], axis=1)
+            moved = _fit(study, base + _ring_sketch(study, ids[n:], extra), n + 1)
+            shifts[name].append(float(np.linalg.norm(moved - honest)))
+    allowance = validity.norm_allowance(grid.scale(study.sigma), study.parties[1].width) * grid.spacing
+    return {"n": n, "d": d, "seeds": seeds, "reach": reach, "row_bound": study.parties[1].row_bound,
+            "allowance": allowance, "sigma": study.sigma, "honest_error": errors, "shifts": shifts}
+
+
 def _summary(values: list[float]) -> str:
     return (f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g} "
             f"({statistics.median(values):.4g}), p90 {float(np.quantile(values, 0.9)):.4g}")
@@ -186,7 +260,7 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--d", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--kind", choices=["sketch", "gram"], default="sketch")
+    parser.add_argument("--kind", choices=["sketch", "gram", "parties"], default="sketch")
     args = parser.parse_args(argv)
     if args.kind == "gram":
         out = run_gram(args.n, args.d, args.seeds)
@@ -197,6 +271,10 @@ def main(argv=None) -> None:
         for name, values in out["errors"].items():
             print(f"| {name} | {_summary(values)} |")
         print()
+    elif args.kind == "parties":
+        out = run_parties(args.n, args.d, args.seeds)
+        print(f"parties, n = {out['n']}, d = {out['d']}, {out['seeds']} seeds; a valid block of the second "
+              f"party has norm at most {out['reach']:.3f} (its B_j = {out['row_bound']:.4g})")
     else:
         out = run(args.n, args.d, args.seeds)
         print(f"n = {out['n']}, d = {out['d']}, {out['seeds']} seeds; a valid report's norm is at most "

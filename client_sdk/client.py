@@ -173,7 +173,8 @@ class Client:
     (``study.validity``; docs/protocol.md section 4c) is always seed-compressed, whatever
     ``compress`` says: the leader of each batch (rotating as above) gets its F_p input and proof
     shares, every other server a seed; its single reports go as one-record batches (it takes
-    no single-report JSON) and it takes no blocks.
+    no single-report JSON), and with parties each party's blocks go the same way, each proved
+    with the party's bound (docs/validity.md section 13).
 
     With ``encrypt=True`` every share (or seed) is sealed to its server with HPKE (X25519,
     HKDF-SHA256, ChaCha20-Poly1305; docs/protocol.md section 7a) under the server's current
@@ -719,7 +720,10 @@ class Client:
         ``key_column``. ``party_key`` is the 32-byte key the parties share (never a server):
         it turns each key into the pseudonym the servers see (``client_sdk.parties``). The
         client's token must be one of the party's upload tokens. Returns the block ids. Blocks
-        go as full shares to every server (``compress`` does not apply to them); with
+        go as full shares to every server (``compress`` does not apply to them), except in a
+        study with validity proofs, where each block is proved valid with the party's bound and
+        goes as a report of such a study does (the leader's input and proof shares, rotated over
+        the servers batch by batch, a seed to every other server; docs/protocol.md 4c); with
         ``encrypt=True`` each batch is sealed to its server (the pseudonyms inside the ciphertext,
         docs/sealing.md section 3a).
 
@@ -732,14 +736,13 @@ class Client:
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         study = self._open_study(study_id, blocks=True)
-        if proved_shares.is_proved(study):
-            raise SDKError(f"study {study_id[:12]}... proves every report valid ({study.validity}): it "
-                           f"has no parties and takes no blocks; submit whole rows with submit_many")
         try:
-            _index, declared = study.party(party)
+            index, declared = study.party(party)
         except ValueError as exc:
             raise StudyMismatch(str(exc)) from None
-        record = messages.record_bytes(messages.blocks_media_type(party), declared.width, study.n_servers)
+        # a study with validity proofs: the leader's record (input and proof shares) is the largest
+        record = messages.record_bytes(messages.blocks_media_type(party),
+                                       proved_shares.upload_width(study, index), study.n_servers)
         batch_size = batch_rows(batch_size, record, self.max_batch_bytes)
         chunks = keyed_chunks(rows, declared.columns, batch_size, keys=keys, key_column=key_column)
         if keys is not None:

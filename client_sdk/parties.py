@@ -79,11 +79,13 @@ def keyed_chunks(rows: Any, columns: Sequence[str], chunk_size: int, *, keys: Se
 def prepared_blocks(study, party: str, party_key: bytes, chunks) -> Iterator[PreparedBatch]:
     """Pseudonymise and prepare each chunk of (keys, values)."""
     seen: set[bytes] = set()
-    for keys, values in chunks:
+    for i, (keys, values) in enumerate(chunks):
         pseudonyms = _parties.pseudonyms(party_key, study.study_id, keys)
         if not seen.isdisjoint(pseudonyms) or len(set(pseudonyms)) != len(pseudonyms):
             raise _data.InvalidDataError("an individual key appears twice: one row per individual")
         seen.update(pseudonyms)
         # a signed study: every party signs an individual's block with the same party-key sign
         signs = _parties.signs(party_key, study.study_id, pseudonyms) if study.secret_sign else None
-        yield prepare_blocks(study, party, pseudonyms, values, signs=signs)
+        # a study with validity proofs: the leader (explicit shares) turns over the servers batch
+        # by batch, as submit_many's full share does
+        yield prepare_blocks(study, party, pseudonyms, values, signs=signs, full=i % study.n_servers)

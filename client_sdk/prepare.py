@@ -36,18 +36,19 @@ def prepare_batch(study: Study, rows: np.ndarray, compress: bool = False, full: 
 
 
 def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray,
-                   signs: np.ndarray | None = None) -> PreparedBatch:
+                   signs: np.ndarray | None = None, full: int | None = None) -> PreparedBatch:
     """Check one party's rows of m individuals, then the protocol's path for blocks
     (:func:`dpsketch.protocol.report.prepare_blocks`; ``signs`` for a signed study)."""
     _, declared = study.party(party)
-    return report.prepare_blocks(study, party, pseudonyms, _data.check_rows(rows, declared.width), signs=signs)
+    return report.prepare_blocks(study, party, pseudonyms, _data.check_rows(rows, declared.width), signs=signs,
+                                 full=full)
 
 
 def record_bytes(media_type: str, study: Study) -> int:
     """Bytes of one record of a plaintext batch body for this study (a block batch: of the
     party its media type names)."""
     party = messages.party_of_media_type(media_type)
-    width = study.party(party)[1].width if party is not None else proved_shares.upload_width(study)
+    width = proved_shares.upload_width(study, None if party is None else study.party(party)[0])
     return messages.record_bytes(media_type, width, study.n_servers)
 
 

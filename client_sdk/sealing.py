@@ -141,8 +141,9 @@ def wire(recipient: envelope.Recipient, study: Study, study_id: str, body: bytes
     name = messages.party_of_media_type(media_type)
     if name is not None:
         index, declared = study.party(name)
-        sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type, declared.width,
-                                               study.n_servers, party=index))
+        sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type,
+                                               proved_shares.upload_width(study, index), study.n_servers,
+                                               party=index))
         wire_type = f"{messages.SEALED_MEDIA_TYPE}; party={name}"
     else:
         sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type,
@@ -159,8 +160,8 @@ def count_records(body: bytes, media_type: str, study: Study) -> int:
         return prepare.count_records(body.plain, body.plain_media_type, study)
     name = messages.party_of_media_type(media_type)
     if media_type.split(";", 1)[0].strip() == messages.SEALED_MEDIA_TYPE and name is not None:
-        index, declared = study.party(name)  # a sealed block batch read back (a journal's pending one)
-        return envelope.count_records(body, declared.width, study.n_servers, index)
+        index, _ = study.party(name)  # a sealed block batch read back (a journal's pending one)
+        return envelope.count_records(body, proved_shares.upload_width(study, index), study.n_servers, index)
     return prepare.count_records(body, media_type, study)
 
 

@@ -32,9 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpsketch.protocol import report as report_path  # noqa: E402
 from dpsketch.client_sdk.prepare import signed_vectors  # noqa: E402
-from dpsketch.protocol import features, field, flp, validity  # noqa: E402
+from dpsketch.protocol import binding, features, field, flp, parties, report, validity  # noqa: E402
 from dpsketch.protocol.keystream import Keystream  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
 
@@ -68,24 +67,62 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
     if histogram:
         values = np.array(rows, dtype=object)
         onehot = study.histogram.one_hot(study.histogram.cell_index(values))
-        encoded = report_path.privatize_encoded(values, study, noise_stream)
+        encoded = report.privatize_encoded(values, study, noise_stream)
         units = validity.grid_units(plan, encoded) - plan.circuit.unit * onehot.astype(np.int64)
         inputs = plan.circuit.encode(onehot, units)
     elif study.proved_features:  # gram, moments: the features of the clipped rows, their witness
-        clipped = report_path.clipped_rows(np.array(rows, dtype=np.float64), study)
-        encoded = report_path.noisy_encoded(features.client_vectors(study.kind, clipped), study, noise_stream)
+        clipped = report.clipped_rows(np.array(rows, dtype=np.float64), study)
+        encoded = report.noisy_encoded(features.client_vectors(study.kind, clipped), study, noise_stream)
         witness = validity.witness_rows(plan, clipped)
         units = validity.grid_units(plan, encoded) - plan.circuit.features(witness)  # the noise e
         inputs = plan.circuit.encode(witness, units)
     else:  # a sketch study's rows are signed (its secret sign); an l1 study's are not
         a = np.array(rows, dtype=np.float64)
-        encoded = (report_path.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
-                   if study.secret_sign else report_path.privatize_encoded(a, study, noise_stream))
+        encoded = (report.noisy_encoded(signed_vectors(a, study, noise_stream), study, noise_stream)
+                   if study.secret_sign else report.privatize_encoded(a, study, noise_stream))
         units = validity.grid_units(plan, encoded)
         inputs = plan.circuit.encode(units)
     proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(label + "/client")), full=full,
                               onehot=onehot, rows=clipped if study.proved_features else None)
+    return {
+        "id": label, "type": "validity_study",
+        "study": study.model_dump(mode="json"), "study_id": study.study_id,
+        "plan": {**_plan(study, plan),
+                 **({"t_upper": grid.scale(study.sigma * features.UPPER_SCALE), "lin": plan.circuit.lin,
+                     "count_unit": plan.circuit.count_unit, "r2_row": plan.circuit.r2_row,
+                     "q_row": plan.circuit.q_row, "H_row": plan.circuit.half_row,
+                     "row_slack_digits": plan.circuit.row_slack_digits}
+                    if study.proved_features else {})},
+        **({"clipped": np.asarray(clipped).tolist(), "witness": witness.tolist(),
+            "proved_scale": features.proved_scale(study.kind, study.row_width).tolist()}
+           if study.proved_features else {}),
+        "rows": rows, "onehot": None if onehot is None else onehot.astype(int).tolist(),
+        "encoded": _dec(encoded), "units": units.tolist(), "input": _dec(inputs),
+        **_proved(label, study, plan, proved, full),
+    }
+
+
+def _plan(study, plan) -> dict:
+    """A plan as the vectors give it: the grid, the bound, the digits and every length."""
+    grid = study.noise_grid
+    return {"circuit": plan.circuit.name, "grid_shift": grid.shift, "frac_bits": grid.frac_bits,
+            "t": grid.scale(study.sigma), "unit": getattr(plan.circuit, "unit", None),
+            "blocks": getattr(plan.circuit, "blocks", None),
+            "r2": plan.bound, "beta": plan.circuit.beta, "q": plan.circuit.q, "H": plan.circuit.half,
+            "slack_digits": plan.circuit.slack_digits, "input_len": plan.input_len,
+            "proof_len": plan.proof_len, "verifier_len": plan.verifier_len,
+            "leader_width": plan.leader_width}
+
+
+def _proved(label: str, study, plan, proved, full: int, verifier_len: int | None = None,
+            client: str | None = None) -> dict:
+    """A proved batch through the round: the client keystream's draws and what they made (ids,
+    joint randomness, proofs, the leader's shares), each server's coordinate shares and split
+    words, the round's contributions, commitments, query seed and point, each server's verifier
+    shares (padded with zeros to ``verifier_len``: a study with parties) and their sum, the
+    decisions, and those of a tampered copy (the leader's first input element of report 0 + 1)."""
     ids = proved.report_ids
+    servers = study.servers
     jr = flp.joint_rand(plan.circuit, ids)
     views = []
     for seed in proved.seeds:
@@ -102,27 +139,10 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
     tampered = list(shares)
     tampered[full] = validity.verifier_shares(plan, query_seed, ids, *validity.server_shares(plan, leader, False))
     proofs = flp.reconstruct([p for _, p in views])
+    pad = (lambda v: v) if verifier_len is None else (
+        lambda v: np.concatenate([v, np.zeros((len(v), verifier_len - v.shape[1], 2), dtype=np.uint64)], axis=1))
     return {
-        "id": label, "type": "validity_study",
-        "study": study.model_dump(mode="json"), "study_id": study.study_id,
-        "plan": {"circuit": plan.circuit.name, "grid_shift": grid.shift, "frac_bits": grid.frac_bits,
-                 "t": grid.scale(study.sigma), "unit": getattr(plan.circuit, "unit", None),
-                 "blocks": getattr(plan.circuit, "blocks", None),
-                 "r2": plan.bound, "beta": plan.circuit.beta, "q": plan.circuit.q, "H": plan.circuit.half,
-                 "slack_digits": plan.circuit.slack_digits, "input_len": plan.input_len,
-                 "proof_len": plan.proof_len, "verifier_len": plan.verifier_len,
-                 "leader_width": plan.leader_width,
-                 **({"t_upper": grid.scale(study.sigma * features.UPPER_SCALE), "lin": plan.circuit.lin,
-                     "count_unit": plan.circuit.count_unit, "r2_row": plan.circuit.r2_row,
-                     "q_row": plan.circuit.q_row, "H_row": plan.circuit.half_row,
-                     "row_slack_digits": plan.circuit.row_slack_digits}
-                    if study.proved_features else {})},
-        **({"clipped": np.asarray(clipped).tolist(), "witness": witness.tolist(),
-            "proved_scale": features.proved_scale(study.kind, study.row_width).tolist()}
-           if study.proved_features else {}),
-        "rows": rows, "onehot": None if onehot is None else onehot.astype(int).tolist(),
-        "encoded": _dec(encoded), "units": units.tolist(), "input": _dec(inputs),
-        "full": full, "client_key": _fixed(label + "/client").hex(),
+        "full": full, "client_key": _fixed(client or label + "/client").hex(),
         "helper_seeds": {str(j): s.tobytes().hex() for j, s in enumerate(proved.seeds) if s is not None},
         "binding": [b.tobytes().hex() for b in proved.binding],
         "report_ids": [i.hex() for i in ids], "joint_rand": _dec(jr), "proof": _dec(proofs),
@@ -131,16 +151,56 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
         "aggregands": [_dec(validity.aggregand(plan, x)) for x, _ in views],
         "contributions": [c.hex() for c in contributions], "commitments": [c.hex() for c in commitments],
         "query_seed": query_seed.hex(), "t": _dec(flp.query_point(query_seed)),
-        "verifier_shares": [_dec(s) for s in shares], "verifier": _dec(total),
+        "verifier_shares": [_dec(pad(s)) for s in shares], "verifier": _dec(pad(total)),
         "decisions": validity.decide(plan, ids, total).tolist(),
         "tampered_decisions": validity.decide(plan, ids, flp.reconstruct(tampered)).tolist(),
     }
 
 
+def parties_vector(label: str, servers: list[str], people: list[str], rows: list[list]) -> dict:
+    """A signed sketch study with two parties (x1 | x2, y) and validity: each party's blocks of
+    the same individuals (docs/validity.md section 13), from the party key's pseudonyms and signs
+    to the decisions. Per party: its plan (NormBound of its width and its own bound B_j), its
+    clipped signed blocks before noise (report.block_vectors), the noisy ring vectors (noise from
+    Keystream.from_key(noise_key)), the digits, and everything of a proved batch as above with its
+    own client keystream; the block ids hash the block prefix (docs/protocol.md 2d: domain,
+    study id, party index, pseudonym) where a report id hashes the report domain and study id.
+    The round is the study's: one query seed for both parties' blocks, each verifier share
+    padded with zeros to the widest party's length (``verifier_len``)."""
+    study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers,
+                   parties=[{"name": "bank", "columns": ["x1"]}, {"name": "clinic", "columns": ["x2", "y"]}],
+                   secret_sign=True, expected_reports=10_000, seed=_fixed(label + "/study").hex(),
+                   validity=True)[0]
+    key = _fixed(label + "/party-key")
+    pseudonyms = parties.pseudonyms(key, study.study_id, people)
+    signs = parties.signs(key, study.study_id, pseudonyms)
+    a = np.array(rows, dtype=np.float64)
+    out = []
+    for index, declared in enumerate(study.parties or []):
+        plan = validity.party_plan(study, index)
+        blocks = report.block_vectors(study, declared.name, a[:, parties.slices(study.parties)[index]], signs)
+        encoded = report.noisy_encoded(blocks, study, Keystream.from_key(_fixed(f"{label}/{declared.name}/noise")))
+        units = validity.grid_units(plan, encoded)
+        full = index % len(servers)
+        proved = validity.prepare(study, encoded, Keystream.from_key(_fixed(f"{label}/{declared.name}/client")),
+                                  full=full, party=index, pseudonyms=pseudonyms)
+        out.append({"party": declared.name, "index": index, "row_bound": declared.row_bound,
+                    "plan": _plan(study, plan), "blocks": blocks.tolist(),
+                    "noise_key": _fixed(f"{label}/{declared.name}/noise").hex(),
+                    "encoded": _dec(encoded), "units": units.tolist(), "input": _dec(plan.circuit.encode(units)),
+                    "block_prefixes": [b.hex() for b in binding.block_prefixes(study.study_id, index, pseudonyms)],
+                    **_proved(label, study, plan, proved, full, validity.verifier_len(study),
+                              f"{label}/{declared.name}/client")})
+    return {"id": label, "type": "validity_parties_study", "study": study.model_dump(mode="json"),
+            "study_id": study.study_id, "party_key": key.hex(), "individuals": people,
+            "pseudonyms": [p.hex() for p in pseudonyms], "signs": signs.astype(int).tolist(), "rows": rows,
+            "verifier_len": validity.verifier_len(study), "parties": out}
+
+
 def vectors() -> dict:
     return {
         "format": "dpsketch-conformance/1",
-        "spec_version": "validity-draft-3",
+        "spec_version": "validity-draft-4",
         "protocol": "dpsketch/2",
         "category": "validity",
         "description": (
@@ -150,7 +210,9 @@ def vectors() -> dict:
             "(Keystream.from_key(client_key)) is drawn in this order: the helpers' seeds (32 bytes a "
             "report, helper by helper in server order), the binding salts (docs/protocol.md 4a), the "
             "prove randomness (F_p elements by rejection, flp.prove_rand). tampered_decisions: the "
-            "leader's first input element of report 0 plus one."),
+            "leader's first input element of report 0 plus one. A validity_parties_study (draft 4) "
+            "holds one such batch per party, proved with the party's own plan, bound as blocks "
+            "(block_prefixes), its verifier shares padded with zeros to the study's verifier_len."),
         "tolerance_rule": "exact",
         "vectors": [
             study_vector("two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
@@ -159,6 +221,7 @@ def vectors() -> dict:
             study_vector("gram-two-servers", ["s0", "s1"], 1, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
             study_vector("moments-three-servers", ["s0", "s1", "s2"], 0, [[-0.6, 0.1, 0.2]]),
             study_vector("l1-two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [0.1, 0.9, -0.4]]),
+            parties_vector("parties-two-servers", ["s0", "s1"], ["alice", "bob"], [[0.3, -0.2, 0.5], [0.9, 0.8, -0.7]]),
         ],
     }
 

@@ -15,6 +15,7 @@ import threading
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 from fastapi import Depends, FastAPI, Request, Response, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -28,6 +29,7 @@ from dpsketch.protocol import binding, envelope, inclusion, proved_shares
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
+    BLOCK_SEEDS_MEDIA_TYPE,
     BLOCKS_MEDIA_TYPE,
     INCLUSION_HASH_HEADER,
     REPORT_IDS_MEDIA_TYPE,
@@ -216,7 +218,7 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None, par
     binding is inside its ciphertext, so it is checked after opening, before anything is stored.
     ``party``: a sealed block batch of that party (its block ids are the clear ids)."""
     study = record.study
-    width = proved_shares.upload_width(study) if party is None else (study.parties or [])[party].width
+    width = proved_shares.upload_width(study, party)  # a validity study's leader: input and proof shares
     try:
         header = envelope.parse_batch(body, width, study.n_servers, party)
     except envelope.SealError as exc:  # a suite this server does not know
@@ -236,22 +238,27 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None, par
                 raise quota_problem(room, record.study_id, new)
 
 
-def _parse_blocks(body: bytes, study: Study, party: int, server_id: str, keys=None) -> Upload:
-    """Decode one party's block batch (or, with this server's key ring ``keys``, open a sealed
-    one: docs/sealing.md section 3a) and check every block's binding (worker thread)."""
-    width = (study.parties or [])[party].width
+def _parse_blocks(body: bytes, study: Study, party: int, server_id: str, keys=None,
+                  seeds: bool = False) -> tuple[Upload, np.ndarray]:
+    """Decode one party's block batch (``seeds``: a block seed batch; or, with this server's key
+    ring ``keys``, open a sealed one: docs/sealing.md section 3a) and check every block's binding
+    (worker thread); the upload and what the server keeps of its records (a validity study's:
+    the leader's n_j + P_j values, checked < p, or the helper's seeds as words)."""
+    width = proved_shares.upload_width(study, party)  # a validity study's leader: input and proof shares
     try:
         if keys is not None:
             upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
                                          keys.private_key_for, party)
         else:
-            upload = decode_blocks(body, party, width, study.n_servers)
+            upload = decode_blocks(body, party, width, study.n_servers, seeds)
     except envelope.SealError as exc:
         raise ProblemError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:
         raise ProblemError("malformed-body", str(exc)) from None
-    verified_shares(upload, study, server_id)
-    return upload
+    if upload.content == binding.CONTENT_SEED and not proved_shares.is_proved(study):
+        raise ProblemError("malformed-body", f"study {study.study_id} has no validity proofs: each of its "
+                           f"servers takes a party's blocks as shares (content 0x03), not seeds (0x04)")
+    return upload, verified_shares(upload, study, server_id, party=party)
 
 
 def _block_party(study: Study, content_type: str, token_party: str | None) -> int:
@@ -582,36 +589,43 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"with parties, {BLOCKS_MEDIA_TYPE}; party=NAME: m records of a "
                                  f"16-byte block id, 16-byte pseudonym, proof and the share of "
                                  f"the party's columns (section 2d), or its blocks sealed as "
-                                 f"{SEALED_MEDIA_TYPE}; party=NAME (docs/sealing.md section 3a)",
+                                 f"{SEALED_MEDIA_TYPE}; party=NAME (docs/sealing.md section 3a); a "
+                                 f"study with parties and validity proofs takes each block's seed at a "
+                                 f"helper as {BLOCK_SEEDS_MEDIA_TYPE}; party=NAME (section 4c)",
                   "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
-                              BLOCKS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
+                              BLOCKS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
+                              BLOCK_SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
     async def upload_batch(study_id: str, request: Request,
                            token: bytes | None = Depends(upload_allowed)) -> Response:
         """Upload many reports at once, as full shares, as seeds (expanded to the same shares
         before anything else, so duplicates are judged on the share bytes) or sealed to this
         server with HPKE (opened first, then the same); all-or-nothing, acknowledged once durable."""
         media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SEALED_MEDIA_TYPE,
-                                        BLOCKS_MEDIA_TYPE)
+                                        BLOCKS_MEDIA_TYPE, BLOCK_SEEDS_MEDIA_TYPE)
         record = store.record(study_id)
         if not record.is_open:
             raise ProblemError("study-closed", f"study {study_id} is "
                                f"{'committed' if record.commit is not None else record.closure.reason}; "
                                f"it takes no more reports")
         content_type = request.headers.get("content-type", "")
-        if media_type == BLOCKS_MEDIA_TYPE or (media_type == SEALED_MEDIA_TYPE and (
+        if media_type in (BLOCKS_MEDIA_TYPE, BLOCK_SEEDS_MEDIA_TYPE) or (media_type == SEALED_MEDIA_TYPE and (
                 record.study.parties is not None or party_of_media_type(content_type) is not None)):
             granted = record.upload_tokens.get(token) if token is not None else None
             party = _block_party(record.study, content_type, granted.party if granted is not None else None)
+            if media_type == BLOCK_SEEDS_MEDIA_TYPE and not proved_shares.is_proved(record.study):
+                raise ProblemError("unsupported-media-type", f"study {study_id} has no validity proofs: its "
+                                   f"parties upload {BLOCKS_MEDIA_TYPE}; party=NAME batches, not block seeds")
             body = await request.body()
             sealed = media_type == SEALED_MEDIA_TYPE
             if sealed:
                 await run_in_threadpool(_sealed_precheck, store, record, body, token, party)
-            upload = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id,
-                                             store.keys if sealed else None)
+            upload, kept = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id,
+                                                   store.keys if sealed else None,
+                                                   media_type == BLOCK_SEEDS_MEDIA_TYPE)
             result = await asyncio.wrap_future(store.submit_upload(
-                record, upload.ids, upload.payloads, None, None, token, upload.pseudonyms, party))
+                record, upload.ids, kept, None, None, token, upload.pseudonyms, party))
             metrics.uploaded(study_id, result)
             return json_response(result)
         if record.study.parties is not None:

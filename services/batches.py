@@ -82,7 +82,7 @@ def study_payloads(stored: Stored, study: Study) -> tuple[np.ndarray, bool]:
     F_p values or each helper's seed as 4 words, and whether they are seeds (one kind per
     Stored: a scan never joins records of two lengths). What proved_shares.payload_rows made;
     proved_shares.server_shares turns them into input and proof shares."""
-    width = proved_shares.upload_width(study)
+    width = proved_shares.upload_width(study, stored.party)  # a party's blocks: that party's
     if not stored.holds_shares_of(width):
         raise ValueError(f"{len(stored.shares)} stored bytes are not {len(stored)} records of study {study.study_id}")
     seeded = holds_seeds(len(stored.shares), len(stored), width)
@@ -92,11 +92,11 @@ def study_payloads(stored: Stored, study: Study) -> tuple[np.ndarray, bool]:
 def study_addends(stored: Stored, study: Study) -> np.ndarray:
     """What stored reports of ``study`` add to its running aggregate: their (m, width) shares,
     seeds expanded; for a study with validity proofs the halves of their F_p coordinate shares
-    (proved_shares.addends: (m, 2 w))."""
+    (proved_shares.addends: (m, 2 w); one party's blocks: (m, 2 d_j))."""
     if not proved_shares.is_proved(study):
         return stored.share_matrix(study.width)
     rows, seeded = study_payloads(stored, study)
-    return proved_shares.addends(study, rows, seeded)
+    return proved_shares.addends(study, rows, seeded, stored.party)
 
 
 def stores_seeds(width: int) -> bool:

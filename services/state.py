@@ -279,7 +279,10 @@ def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any =
     in :func:`load_state`."""
     study = record.study
     state = into if into is not None else new_state(study)
-    widths = [8 * p.width for p in study.parties or ()]
+    # a record's bytes per party: its share (a validity study: the leader's n_j + P_j values, or a
+    # helper's 32-byte seed; proved_shares.upload_width)
+    widths = [8 * proved_shares.upload_width(study, j) for j in range(len(study.parties or ()))]
+    seeded = proved_shares.is_proved(study)
     skipped = 0
     for chunk in batches.scan(conn, record.seq, into.last_rowid if into is not None else 0, chunk_rows):
         by_party: dict[int, tuple[list, list, list]] = {}
@@ -294,7 +297,8 @@ def _load_blocks(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any =
         seen: set[bytes] = set()
         for i, (rowid, bid, is_held) in enumerate(zip(chunk.rowids.tolist(), bids, held)):
             pseudonym = pseudonyms_of[i] if i < len(pseudonyms_of) else b""
-            sound = (width >= 0 and len(chunk.shares) == width * len(chunk)
+            sound = (width >= 0 and (len(chunk.shares) == width * len(chunk)
+                                     or (seeded and len(chunk.shares) == proved_shares.SEED_BYTES * len(chunk)))
                      and len(pseudonym) == 16 and len(bid) == REPORT_ID_BYTES and not is_held
                      and bid not in seen and pseudonym + bytes((party,)) not in state.slots)
             if not sound:  # cannot happen with a single writer; never count a block twice

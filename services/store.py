@@ -929,12 +929,20 @@ class Store:
                 rowid_of, _excluded, n_missing, missing = _match(state, block_ids)
             rowids = np.sort(rowid_of[rowid_of >= 0]).tolist()
             complete_here = state.complete
+            if study.validity is not None and not n_missing:  # only blocks every check accepted here
+                if isinstance(block_ids, BitmapInclusion):
+                    run = state.ids.consolidate()
+                    self.verification.check_inclusion(record, run.hi[block_ids.mask], run.lo[block_ids.mask])
+                else:
+                    self.verification.check_inclusion(record, block_ids.hi, block_ids.lo)
         if n_missing:
             raise ProblemError(
                 "unknown-reports",
                 f"{n_missing} of the {len(block_ids)} block ids are not held by this server (first: "
                 f"{missing.hex()}); commit the blocks every server holds", extra={"unknown_count": n_missing})
-        aggregate = np.zeros(study.aggregate_shape, dtype=np.uint64)
+        proved = proved_shares.is_proved(study)
+        # a validity study: the low and the high halves of its F_p shares, w columns each
+        aggregate = np.zeros((study.k, proved_shares.state_width(study)), dtype=np.uint64)
         gram = np.zeros((study.k, study.k), dtype=np.int64)
         columns = parties.slices(study.parties or [])
         blocks_of: dict[bytes, int] = {}
@@ -943,9 +951,18 @@ class Store:
             pseudonyms = got.pseudonym_list()
             for p in pseudonyms:
                 blocks_of[p] = blocks_of.get(p, 0) + 1
-            shares = np.frombuffer(got.shares, dtype="<u8").reshape(len(got), -1)
             hashed, signs = study.hash_report_ids(pseudonyms)
-            add_into(aggregate[:, columns[j]], hashed, signs, shares)
+            if proved:  # the party's (m, 2 d_j) halves into its columns of each half
+                halves = batches.study_addends(got, study)
+                part = np.zeros((study.k, halves.shape[1]), dtype=np.uint64)
+                add_into(part, hashed, signs, halves)
+                d_j = halves.shape[1] // 2
+                lo, hi = columns[j], slice(study.width + columns[j].start, study.width + columns[j].stop)
+                aggregate[:, lo] += part[:, :d_j]
+                aggregate[:, hi] += part[:, d_j:]
+            else:
+                shares = np.frombuffer(got.shares, dtype="<u8").reshape(len(got), -1)
+                add_into(aggregate[:, columns[j]], hashed, signs, shares)
             if j == 0:  # one block per individual: S S^T counts each individual once
                 sketch.accumulate_gram(gram, hashed, signs, +1)
         partial = sum(1 for count in blocks_of.values() if count != n_parties)

@@ -94,16 +94,18 @@ def result_json(result: UploadResult) -> bytes:
         result.accepted, result.duplicates, b"null" if count is None else b"%d" % count)
 
 
-def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str | None = None) -> np.ndarray:
+def verified_shares(upload: Upload, study: Study, server_id: str, study_id: str | None = None,
+                    party: int | None = None) -> np.ndarray:
     """The shares of an upload whose every record is bound to its report id at this server
     (422 binding-refused otherwise: a substituted, corrupted or misdirected share is never stored).
     ``study_id``: the study's id if the caller has it (the store's key of the study), which
     spares hashing the study's canonical form again. A study with validity proofs: the records
-    as it keeps them (proved_shares.payload_rows; a leader's value >= p: 400 malformed-body)."""
+    as it keeps them (proved_shares.payload_rows; a leader's value >= p: 400 malformed-body);
+    ``party``: one party's blocks (its index), proved with that party's plan."""
     seeded = upload.content == binding.CONTENT_SEED
     proved = proved_shares.is_proved(study)
     bound = upload if not proved else dataclasses.replace(
-        upload, payloads=proved_shares.bound_part(study, upload.payloads, seeded))
+        upload, payloads=proved_shares.bound_part(study, upload.payloads, seeded, party))
     try:
         bound.verify(study_id or study.study_id, study.n_servers, study.servers.index(server_id))
     except binding.BindingError as exc:

@@ -200,12 +200,14 @@ class Rounds:
         return apply
 
     @staticmethod
-    def _plan(record: "StudyRecord") -> Any:
+    def _plan(record: "StudyRecord") -> list[Any]:
+        """The study's plans: its reports' one, or one per party (a block is proved with its
+        party's: validity.plans)."""
         study = record.study
         if study.validity is None:
             raise ProblemError("invalid-request", f"study {record.study_id} has no validity proofs: it "
                                f"has no verification round")
-        return validity.plan(study)
+        return validity.plans(study)
 
     def _position(self, record: "StudyRecord") -> int:
         return record.study.servers.index(self.server_id)
@@ -334,37 +336,41 @@ class Rounds:
         with state.lock:
             return state.ids.consolidate()  # its arrays never change once made
 
-    def _chunk_rows(self, plan: Any) -> int:
-        return max(256, CHUNK_BYTES // (8 * plan.leader_width))
+    def _chunk_rows(self, plans: list[Any]) -> int:
+        return max(256, CHUNK_BYTES // (8 * max(p.leader_width for p in plans)))
 
-    def verifiers(self, record: "StudyRecord", plan: Any, seed: bytes, rowids: np.ndarray,
-                  ids: bytes) -> np.ndarray:
+    def verifiers(self, record: "StudyRecord", plans: list[Any], seed: bytes, rowids: np.ndarray,
+                  ids: bytes) -> tuple[np.ndarray, np.ndarray]:
         """(m, V, 2) verifier shares of the held reports with these rowids, in the given order
         (``ids``: their ids, concatenated, to check the store against), computed per kind of
-        stored payload (seeds, the leader's shares) in one vectorised call each."""
+        stored payload (seeds, the leader's shares) and per party (a study with parties: each
+        block with its party's plan, its share in the first V_j elements and 0 after them) in
+        one vectorised call each; and each report's plan (its index in ``plans``)."""
         order = np.argsort(rowids, kind="stable")
         ascending = rowids[order]
-        out = np.empty((len(rowids), plan.verifier_len, 2), dtype=np.uint64)
-        parts: dict[bool, list[tuple[np.ndarray, bytes, np.ndarray]]] = {True: [], False: []}
+        out = np.zeros((len(rowids), validity.verifier_len(record.study), 2), dtype=np.uint64)
+        which = np.zeros(len(rowids), dtype=np.int64)
+        parts: dict[tuple[int, bool], list[tuple[np.ndarray, bytes, np.ndarray]]] = {}
         at = 0
         for got in self.store._fetch(record.seq, ascending.tolist()):
             n = len(got)
             payload, seeded = batches.study_payloads(got, record.study)
-            parts[seeded].append((order[at:at + n], got.ids, payload))
+            parts.setdefault((got.party or 0, seeded), []).append((order[at:at + n], got.ids, payload))
             at += n
         got_ids = np.empty(len(rowids) * REPORT_ID_BYTES, dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
-        for seeded, pieces in parts.items():
-            if not pieces:
-                continue
+        for (party, seeded), pieces in parts.items():
             where = np.concatenate([p[0] for p in pieces])
             id_matrix = np.frombuffer(b"".join(p[1] for p in pieces), dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
             payload = np.concatenate([p[2] for p in pieces])
-            inputs, proofs = proved_shares.server_shares(record.study, payload, seeded)
-            out[where] = validity.verifier_shares(plan, seed, id_matrix, inputs, proofs)
+            plan = plans[party]
+            inputs, proofs = proved_shares.server_shares(
+                record.study, payload, seeded, None if record.study.parties is None else party)
+            out[where, :plan.verifier_len] = validity.verifier_shares(plan, seed, id_matrix, inputs, proofs)
+            which[where] = party
             got_ids[where] = id_matrix
         if got_ids.tobytes() != ids:  # never: rowids come from the report index
             raise RuntimeError(f"store inconsistent: study {record.study_id}'s stored ids differ from its index")
-        return out
+        return out, which
 
     def query(self, record: "StudyRecord", contributions: list[bytes]) -> tuple[int, bytes, Iterator[bytes]]:
         """Fix the seed; (how many reports, the seed, the answer's body in pieces): the
@@ -383,7 +389,7 @@ class Rounds:
                 yield idsets.join_halves(run.hi[start:start + (1 << 16)], run.lo[start:start + (1 << 16)])
             for start in range(0, len(run), step):
                 ids = idsets.join_halves(run.hi[start:start + step], run.lo[start:start + step])
-                shares = self.verifiers(record, plan, seed, np.asarray(run.rowid[start:start + step]), ids)
+                shares, _ = self.verifiers(record, plan, seed, np.asarray(run.rowid[start:start + step]), ids)
                 yield field.to_wire(np.ascontiguousarray(shares))
 
         return len(run), seed, chunks()
@@ -403,7 +409,7 @@ class Rounds:
         if rnd.decided_hash is not None:
             return self._repeat(record, rnd, digest)
         try:
-            id_matrix, others = validity.decode_verifiers(body, plan)  # ids strictly ascending
+            id_matrix, others = validity.decode_verifiers(body, validity.verifier_len(study))  # ids strictly ascending
         except ValueError as exc:
             raise ProblemError("malformed-body", f"a decision's body: {exc}") from None
         ids = id_matrix.tobytes()
@@ -423,10 +429,15 @@ class Rounds:
         for start in range(0, len(hi), step):
             end = min(start + step, len(hi))
             part = ids[start * 16:end * 16]
-            own = self.verifiers(record, plan, seed, rowids[start:end], part)
+            own, which = self.verifiers(record, plan, seed, rowids[start:end], part)
             total = validity.add_verifiers(own, others[start:end])
-            ok = np.asarray(validity.decide(plan, np.frombuffer(part, dtype=np.uint8).reshape(-1, 16), total),
-                            dtype=bool)
+            part_ids = np.frombuffer(part, dtype=np.uint8).reshape(-1, 16)
+            ok = np.zeros(end - start, dtype=bool)
+            for j, plan_j in enumerate(plan):  # a block by its party's circuit (the padding is not read)
+                mine = np.flatnonzero(which == j)
+                if mine.size:
+                    ok[mine] = np.asarray(validity.decide(plan_j, part_ids[mine], total[mine, :plan_j.verifier_len]),
+                                          dtype=bool)
             refused.append(start + np.flatnonzero(~ok))
         where = np.concatenate(refused) if refused else np.zeros(0, dtype=np.int64)
         refused_ids = np.frombuffer(ids, dtype=np.uint8).reshape(-1, 16)[where].tobytes()

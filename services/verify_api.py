@@ -116,7 +116,7 @@ def add_routes(app: FastAPI, store: Store, settings: Settings, analyst: Any, aut
             raise ProblemError("invalid-request", f"study {study_id} has no validity proofs: it has no "
                                f"verification round")
         held = store.held(record)
-        limit = decide_body_limit(held, validity.plan(record.study).verifier_len)
+        limit = decide_body_limit(held, validity.verifier_len(record.study))
         with store.reserve(decide_memory(limit, held), "this decision"):
             body = await errors.read_within(request, limit, "a verifier message over every report this "
                                             "server holds")

@@ -739,7 +739,7 @@ class Writer:
             study = job.record.study
             proved = proved_shares.is_proved(study)
             # a validity study: its records as it stores them (leader's values or a helper's seed)
-            width = proved_shares.upload_width(study) if proved else mine.shape[1]
+            width = proved_shares.upload_width(study, job.party) if proved else mine.shape[1]
             for got in batches.read(self.conn, self.backend, job.record.seq, wanted):
                 if not got.holds_shares_of(width):
                     continue  # deleted (retention): nothing to be the same as, so a conflict

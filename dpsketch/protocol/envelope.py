@@ -67,7 +67,8 @@ application/x-dpsketch-sealed; party=NAME``), and binds it: the context's prefix
 the party's index j (one byte) in both ``info4`` and the transcript. The clear id of a record is
 its block id; its plaintext is the pseudonym, then the proof and the share of the party's d_j
 columns, so a relay sees block ids only, which differ between the parties of one individual,
-and cannot join the parties' uploads.
+and cannot join the parties' uploads. A validity study's helper (docs/protocol.md section 4c)
+gets its blocks as ``content`` 0x04: the pseudonym, then the proof and a 32-byte seed.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ VERSION_4 = 4
 #: The content kind of a sealed batch of one party's blocks: pseudonym, proof and share sealed,
 #: the block id in the clear (a header byte only: the blocks' commitments are of kind 0x01).
 CONTENT_BLOCK = 0x03
+#: The same for a validity study's helper: pseudonym, proof and a 32-byte seed (docs/sealing.md 3a).
+CONTENT_BLOCK_SEED = 0x04
+#: The kinds that hold one party's blocks (and name their party in the context).
+BLOCK_CONTENTS = (CONTENT_BLOCK, CONTENT_BLOCK_SEED)
 #: Every sealed layout this code seals and opens (published in ``/v1/info`` as ``hpke.versions``).
 VERSIONS = (VERSION_4,)
 #: Layouts recognised only to be refused by name (1 and 2: an HPKE seal per record, issue 41; 3:
@@ -351,8 +356,10 @@ def payload_bytes(content: int, width: int) -> int:
         return SEED_BYTES
     if content == CONTENT_BLOCK:  # the pseudonym, then the share of the party's columns
         return REPORT_ID_BYTES + 8 * width
+    if content == CONTENT_BLOCK_SEED:  # the pseudonym, then a helper's seed
+        return REPORT_ID_BYTES + SEED_BYTES
     raise MalformedSealedBatch(f"unknown content kind 0x{content:02x} (0x01 share, 0x02 seed, "
-                               f"0x03 block; 0x80 marks a versioned record)")
+                               f"0x03 block, 0x04 block seed; 0x80 marks a versioned record)")
 
 
 def plaintext_bytes(content: int, width: int, n_servers: int) -> int:
@@ -476,8 +483,8 @@ def _seal_v4(recipient: Recipient, study_id: str, ids: bytes, content: int, plai
     secret = os.urandom(SECRET_BYTES)
     head = BatchHeader(os.urandom(BATCH_ID_BYTES), recipient.key_id, suite, content, m, b"")
     fixed = head.fixed()
-    if (content == CONTENT_BLOCK) != (party is not None):
-        raise ValueError("a block batch (content 0x03), and only one, names its party")
+    if (content in BLOCK_CONTENTS) != (party is not None):
+        raise ValueError("a block batch (content 0x03 or 0x04), and only one, names its party")
     header = fixed + suite.hpke_suite.encrypt(secret, pk, info=info_v4(study_id, recipient.server_id, fixed, party))
     transcript = transcript_v4(study_id, recipient.server_id, header, party)
     return header + seal_records(secret, transcript, ids, plain)
@@ -512,7 +519,8 @@ def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str,
     sealed body holds the same records, in the same order, with the same proofs and payloads
     (a block's pseudonym sealed with them). The body's ids and plaintexts are cut apart as two
     array copies, and sealed in one AEAD call."""
-    from .messages import BLOCKS_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, record_bytes as plain_record_bytes
+    from .messages import (BLOCK_SEEDS_MEDIA_TYPE, BLOCKS_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE,
+                           record_bytes as plain_record_bytes)
 
     if media_type == SHARES_MEDIA_TYPE:
         content = CONTENT_SHARE
@@ -520,6 +528,8 @@ def seal_body(recipient: Recipient, study_id: str, body: bytes, media_type: str,
         content = CONTENT_SEED
     elif media_type.split(";", 1)[0].strip() == BLOCKS_MEDIA_TYPE and party is not None:
         content = CONTENT_BLOCK
+    elif media_type.split(";", 1)[0].strip() == BLOCK_SEEDS_MEDIA_TYPE and party is not None:
+        content = CONTENT_BLOCK_SEED
     else:
         raise ValueError(f"cannot seal a body of type {media_type!r}")
     _version_4(recipient.version if version is None else version)
@@ -552,15 +562,15 @@ def _suite_of(ids: bytes, where: str) -> SealingSuite:
 
 
 def _check_content(content: int, where: str, party: int | None = None) -> None:
-    if content not in (CONTENT_SHARE, CONTENT_SEED, CONTENT_BLOCK):
+    if content not in (CONTENT_SHARE, CONTENT_SEED, *BLOCK_CONTENTS):
         raise MalformedSealedBatch(f"{where}: unknown content kind 0x{content:02x} (0x01 share, "
-                                   f"0x02 seed, 0x03 block)")
-    if party is not None and content != CONTENT_BLOCK:
-        raise MalformedSealedBatch(f"{where}: a study with parties takes sealed blocks (content 0x03), "
-                                   f"not content 0x{content:02x}")
-    if party is None and content == CONTENT_BLOCK:
-        raise MalformedSealedBatch(f"{where}: sealed blocks (content 0x03) are for a study with parties, "
-                                   f"sent as application/x-dpsketch-sealed; party=NAME")
+                                   f"0x02 seed, 0x03 block, 0x04 block seed)")
+    if party is not None and content not in BLOCK_CONTENTS:
+        raise MalformedSealedBatch(f"{where}: a study with parties takes sealed blocks (content 0x03 or "
+                                   f"0x04), not content 0x{content:02x}")
+    if party is None and content in BLOCK_CONTENTS:
+        raise MalformedSealedBatch(f"{where}: sealed blocks (content 0x03 or 0x04) are for a study with "
+                                   f"parties, sent as application/x-dpsketch-sealed; party=NAME")
 
 
 def check_layout(body: bytes) -> None:
@@ -683,9 +693,10 @@ def _upload(ids: bytes, plain: bytes, content: int, width: int, n_servers: int, 
     m = len(ids) // REPORT_ID_BYTES
     rows = np.frombuffer(plain, dtype=np.uint8).reshape(m, -1)
     pseudonyms = None
-    if content == CONTENT_BLOCK:  # a block: its pseudonym first, then a share's proof and payload
+    if content in BLOCK_CONTENTS:  # a block: its pseudonym first, then a share's (seed's) proof and payload
         pseudonyms = split_ids(rows[:, :REPORT_ID_BYTES].tobytes())
-        rows, content = rows[:, REPORT_ID_BYTES:], CONTENT_SHARE
+        rows = rows[:, REPORT_ID_BYTES:]
+        content = CONTENT_SHARE if content == CONTENT_BLOCK else CONTENT_SEED
     proof_len = binding.proof_bytes(n_servers)
     proofs = np.ascontiguousarray(rows[:, :proof_len])
     payload = np.ascontiguousarray(rows[:, proof_len:])

@@ -15,6 +15,9 @@ JSON bodies are pydantic models; bulk data travels as little-endian binary:
 * a block batch (``application/x-dpsketch-blocks; party=NAME``): one party's blocks of a study with
   parties (``parties``): m records of 16-byte block id, 16-byte pseudonym, proof and the share of
   the party's columns;
+* a block seed batch (``application/x-dpsketch-block-seeds; party=NAME``): a validity study's
+  blocks at a helper (docs/protocol.md section 4c): m records of block id, pseudonym, proof and
+  a 32-byte seed that expands to the helper's input and proof shares;
 * a block index (``application/x-dpsketch-block-index``): m records of block id, pseudonym and
   party index (one byte), in ascending block-id order.
 """
@@ -47,6 +50,8 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 #: One party's blocks (``parties``); the party's name is the media type's ``party`` parameter.
 BLOCKS_MEDIA_TYPE = "application/x-dpsketch-blocks"
 BLOCK_INDEX_MEDIA_TYPE = "application/x-dpsketch-block-index"
+#: One party's blocks of a study with validity proofs at a helper: a seed where a block has its share.
+BLOCK_SEEDS_MEDIA_TYPE = "application/x-dpsketch-block-seeds"
 
 #: Response header carrying the inclusion hash next to an aggregate share.
 INCLUSION_HASH_HEADER = "X-Dpsketch-Inclusion-Hash"
@@ -158,13 +163,19 @@ def block_dtype(width: int, n_servers: int) -> np.dtype:
                      ("proof", np.uint8, (binding.proof_bytes(n_servers),)), ("share", "<u8", (width,))])
 
 
+def block_seed_dtype(n_servers: int) -> np.dtype:
+    """One record of ``application/x-dpsketch-block-seeds``: block id, pseudonym, proof, seed."""
+    return np.dtype([("id", f"V{REPORT_ID_BYTES}"), ("pseudonym", f"V{REPORT_ID_BYTES}"),
+                     ("proof", np.uint8, (binding.proof_bytes(n_servers),)), ("seed", np.uint8, (ring.SEED_BYTES,))])
+
+
 BLOCK_INDEX_DTYPE = np.dtype([("id", f"V{REPORT_ID_BYTES}"), ("pseudonym", f"V{REPORT_ID_BYTES}"),
                               ("party", np.uint8)])
 
 
-def blocks_media_type(party: str) -> str:
-    """The Content-Type of a block batch of this party."""
-    return f"{BLOCKS_MEDIA_TYPE}; party={party}"
+def blocks_media_type(party: str, seeds: bool = False) -> str:
+    """The Content-Type of a block batch of this party (``seeds``: a block seed batch)."""
+    return f"{BLOCK_SEEDS_MEDIA_TYPE if seeds else BLOCKS_MEDIA_TYPE}; party={party}"
 
 
 def party_of_media_type(content_type: str) -> str | None:
@@ -190,17 +201,32 @@ def encode_blocks(block_ids: list[bytes], pseudonyms: list[bytes], proofs: np.nd
     return records.tobytes()
 
 
-def decode_blocks(body: bytes, party: int, width: int, n_servers: int) -> Upload:
-    """Split a block batch of party ``party`` (``width`` columns) into its records."""
-    dtype = block_dtype(width, n_servers)
+def encode_block_seeds(block_ids: list[bytes], pseudonyms: list[bytes], proofs: np.ndarray,
+                       seeds: np.ndarray) -> bytes:
+    """An ``application/x-dpsketch-block-seeds`` body."""
+    proofs = np.asarray(proofs, dtype=np.uint8)
+    n_servers = (proofs.shape[1] - binding.SALT_BYTES) // binding.COMMITMENT_BYTES + 1
+    records = np.empty(len(seeds), dtype=block_seed_dtype(n_servers))
+    records["id"] = _ids_field(block_ids)
+    records["pseudonym"] = _ids_field(pseudonyms)
+    records["proof"] = proofs
+    records["seed"] = np.asarray(seeds, dtype=np.uint8).reshape(len(seeds), ring.SEED_BYTES)
+    return records.tobytes()
+
+
+def decode_blocks(body: bytes, party: int, width: int, n_servers: int, seeds: bool = False) -> Upload:
+    """Split a block batch of party ``party`` (``width`` values a share) into its records; with
+    ``seeds``, a block seed batch (a 32-byte seed where a block has its share)."""
+    dtype = block_seed_dtype(n_servers) if seeds else block_dtype(width, n_servers)
     if len(body) == 0 or len(body) % dtype.itemsize:
         raise ValueError(
             f"a block batch of this party is a whole number of {dtype.itemsize}-byte records "
             f"(16-byte block id, 16-byte pseudonym, {binding.proof_bytes(n_servers)}-byte proof, "
-            f"{width} x 8-byte share); got {len(body)} bytes")
+            f"{'a 32-byte seed' if seeds else f'{width} x 8-byte share'}); got {len(body)} bytes")
     records = np.frombuffer(body, dtype=dtype)
     return Upload(split_ids(records["id"].tobytes()), np.ascontiguousarray(records["proof"]),
-                  np.ascontiguousarray(records["share"]), binding.CONTENT_SHARE,
+                  np.ascontiguousarray(records["seed" if seeds else "share"]),
+                  binding.CONTENT_SEED if seeds else binding.CONTENT_SHARE,
                   split_ids(records["pseudonym"].tobytes()), party)
 
 
@@ -236,6 +262,8 @@ def record_bytes(media_type: str, width: int, n_servers: int) -> int:
     is the party's)."""
     if media_type.split(";", 1)[0].strip() == BLOCKS_MEDIA_TYPE:
         return block_dtype(width, n_servers).itemsize
+    if media_type.split(";", 1)[0].strip() == BLOCK_SEEDS_MEDIA_TYPE:
+        return block_seed_dtype(n_servers).itemsize
     if media_type == SEEDS_MEDIA_TYPE:
         return seed_dtype(n_servers).itemsize
     if media_type == SHARES_MEDIA_TYPE:

@@ -40,33 +40,43 @@ def is_proved(study: Study) -> bool:
     return study.validity is not None
 
 
-def upload_width(study: Study) -> int:
+def plan_of(study: Study, party: int | None = None) -> validity.Plan:
+    """The validity plan of a study's reports, or of one party's blocks (``party``, its index)."""
+    return validity.plan(study) if party is None else validity.party_plan(study, party)
+
+
+def upload_width(study: Study, party: int | None = None) -> int:
     """uint64 values of an explicit share record: the leader's n + P (input share, then proof
-    share) for a validity study, else the study's width."""
-    return validity.plan(study).leader_width if is_proved(study) else study.width
+    share) for a validity study, else the study's width; of one party's blocks (``party``, its
+    index): its leader's n_j + P_j, or its d_j columns."""
+    if is_proved(study):
+        return plan_of(study, party).leader_width
+    return study.width if party is None else (study.parties or [])[party].width
 
 
 def state_width(study: Study) -> int:
     """Columns of a server's running aggregate: 2 w (the halves of the F_p coordinate shares)
     for a validity study, else the study's width."""
-    return validity.plan(study).state_width if is_proved(study) else study.width
+    # 2 w (Plan.state_width), known without building a circuit: a study with parties has one per
+    # party, none of its whole width
+    return 2 * study.width if is_proved(study) else study.width
 
 
-def bound_part(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray:
+def bound_part(study: Study, payloads: np.ndarray, seeded: bool, party: int | None = None) -> np.ndarray:
     """What a record's binding commitment covers: a seed whole; an explicit share whole, except
     a validity leader's, whose commitment covers only its input share (the first n columns:
     its proof share is made after the report id, which fixes the joint randomness)."""
     if seeded or not is_proved(study):
         return payloads
-    return np.ascontiguousarray(payloads[:, :validity.plan(study).input_len])
+    return np.ascontiguousarray(payloads[:, :plan_of(study, party).input_len])
 
 
-def expand_seeds(study: Study, seeds: np.ndarray) -> np.ndarray:
+def expand_seeds(study: Study, seeds: np.ndarray, party: int | None = None) -> np.ndarray:
     """The (m, upload_width) explicit shares m seeds ((m, 32) uint8) expand to: a helper's input
     then proof shares by field expansion (validity.server_shares), or a ring share."""
     if not is_proved(study):
         return ring.expand_seeds(seeds, study.width)
-    inputs, proofs = validity.server_shares(validity.plan(study), seeds, True)
+    inputs, proofs = validity.server_shares(plan_of(study, party), seeds, True)
     return np.concatenate([inputs, proofs], axis=1)
 
 
@@ -82,19 +92,21 @@ def payload_rows(study: Study, payloads: np.ndarray, seeded: bool) -> np.ndarray
     return field.elements(payloads, "a leader's share value")
 
 
-def server_shares(study: Study, rows: np.ndarray, seeded: bool) -> tuple[np.ndarray, np.ndarray]:
+def server_shares(study: Study, rows: np.ndarray, seeded: bool,
+                  party: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A server's input shares (m, n) and proof shares (m, P) of kept records (:func:`payload_rows`;
     what the verification round queries): ``validity.server_shares`` of them."""
-    return validity.server_shares(validity.plan(study), rows, seeded)  # seeds as words: reinterpreted
+    return validity.server_shares(plan_of(study, party), rows, seeded)  # seeds as words: reinterpreted
 
 
-def addends(study: Study, rows: np.ndarray, seeded: bool) -> np.ndarray:
+def addends(study: Study, rows: np.ndarray, seeded: bool, party: int | None = None) -> np.ndarray:
     """What a validity study's server adds to its running aggregate for these records
     (:func:`payload_rows`): the low and high 32-bit halves of its F_p coordinate shares,
     (m, 2 w) uint64 (``validity.aggregand`` of the input shares; a seed expands to its n input
     elements only, validity.input_shares; a leader's rows are already canonical, checked when
-    they came: payload_rows)."""
-    plan = validity.plan(study)
+    they came: payload_rows). One party's blocks (``party``): (m, 2 d_j), the halves of its
+    columns' shares, which the server folds into its party's columns of each half."""
+    plan = plan_of(study, party)
     inputs = validity.input_shares(plan, rows, True) if seeded else rows[:, :plan.input_len]
     return validity.aggregand(plan, inputs)
 
@@ -105,7 +117,7 @@ def released(study: Study, running: np.ndarray) -> np.ndarray:
     coordinate share (``validity.release_share``) + ``validity.field_noise`` in F_p."""
     if not is_proved(study):
         return running + study.server_noise()
-    share = validity.release_share(validity.plan(study), running)
+    share = validity.join_words(running)  # validity.release_share, which needs no plan
     return field.add(share, validity.field_noise(study))
 
 

@@ -196,18 +196,22 @@ class PreparedBatch:
         """Server j's (m, width) share (expanded from its seeds if it gets seeds)."""
         if self._seeded(j):
             if self.study is not None:
-                return proved_shares.expand_seeds(self.study, self.seeds[j])  # type: ignore[index, arg-type]
+                party = None if self.party is None else self.study.party(self.party)[0]
+                return proved_shares.expand_seeds(self.study, self.seeds[j], party)  # type: ignore[index, arg-type]
             width = next(s for s in self.shares if s is not None).shape[1]
             return ring.expand_seeds(self.seeds[j], width)  # type: ignore[index, arg-type]
         return self.shares[j]  # type: ignore[return-value]
 
     def media_type(self, j: int) -> str:
         if self.party is not None:
-            return messages.blocks_media_type(self.party)
+            return messages.blocks_media_type(self.party, self._seeded(j))
         return messages.SEEDS_MEDIA_TYPE if self._seeded(j) else messages.SHARES_MEDIA_TYPE
 
     def body(self, j: int) -> bytes:
         """Server j's body, of media type ``media_type(j)``."""
+        if self.party is not None and self._seeded(j):  # a validity study's helper: block seeds
+            return messages.encode_block_seeds(self.report_ids, self.pseudonyms or [], self.proofs[j],
+                                               self.seeds[j])  # type: ignore[index, arg-type]
         if self.party is not None:
             return messages.encode_blocks(self.report_ids, self.pseudonyms or [], self.proofs[j], self.shares[j])  # type: ignore[arg-type]  # a party's batch has full shares
         if self._seeded(j):
@@ -281,22 +285,12 @@ def prepare(study: Study, rows: np.ndarray, compress: bool = False, full: int | 
     return PreparedBatch(ids, proofs, list(full_shares), clamped=clamped, clipped=clipped)
 
 
-def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray,
-                   stream: Keystream | None = None, signs: np.ndarray | None = None) -> PreparedBatch:
-    """The path for one party's blocks of m individuals (rows already checked, (m, d_j)): clip
-    each block to the party's bound B_j, multiply it by the individual's party-key sign in a
-    signed study (``signs``: parties.signs, True = -1; every party the same, so the joined row is
-    signed whole), add the study's discrete Gaussian noise to every value, encode, share and bind
-    (each block id commits to its shares, the party and the individual's pseudonym;
-    docs/vertical.md).
-
-    The joined row of an individual (every party's block) then has norm at most B and noise
-    N(0, sigma^2 I_d): a single owner's report, so the study's calibration holds unchanged."""
-    index, declared = study.party(party)
-    if len(pseudonyms) != len(rows):
-        raise ValueError(f"{len(pseudonyms)} pseudonyms for {len(rows)} rows")
-    stream = stream if stream is not None else Keystream()
-    # a hair under B_j: rounding the block to the grid moves it by at most h sqrt(d_j) / 2
+def block_vectors(study: Study, party: str, rows: np.ndarray, signs: np.ndarray | None = None) -> np.ndarray:
+    """One party's blocks before noise: each clipped to a hair under the party's bound B_j
+    (rounding the block to the grid moves it by at most h sqrt(d_j) / 2, so the rounded block
+    stays within B_j), times the individual's party-key sign in a signed study (``signs``:
+    parties.signs, True = -1)."""
+    _, declared = study.party(party)
     rounding = study.noise_grid.spacing * math.sqrt(declared.width) / 2.0
     blocks = clip_rows(rows, max(0.0, declared.row_bound - rounding))
     if study.secret_sign:
@@ -305,8 +299,38 @@ def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.n
         blocks[np.asarray(signs, dtype=bool)] *= -1.0
     elif signs is not None:
         raise ValueError("signs are for a signed study with parties only")
-    encoded = noisy_encoded(blocks, study, stream)
+    return blocks
+
+
+def prepare_blocks(study: Study, party: str, pseudonyms: list[bytes], rows: np.ndarray,
+                   stream: Keystream | None = None, signs: np.ndarray | None = None,
+                   full: int | None = None) -> PreparedBatch:
+    """The path for one party's blocks of m individuals (rows already checked, (m, d_j)): clip
+    each block to the party's bound B_j, multiply it by the individual's party-key sign in a
+    signed study (``signs``: parties.signs, True = -1; every party the same, so the joined row is
+    signed whole), add the study's discrete Gaussian noise to every value, encode, share and bind
+    (each block id commits to its shares, the party and the individual's pseudonym;
+    docs/vertical.md).
+
+    The joined row of an individual (every party's block) then has norm at most B and noise
+    N(0, sigma^2 I_d): a single owner's report, so the study's calibration holds unchanged.
+
+    A study with validity proofs proves each block valid with the party's own bound
+    (validity.party_plan: its noisy signed block within B_j plus the noise allowance of d_j
+    columns), shares it as its reports are (the leader ``full``, default the last server, gets
+    its input and proof shares, every other server a seed) and binds it as a block."""
+    index, _ = study.party(party)
+    if len(pseudonyms) != len(rows):
+        raise ValueError(f"{len(pseudonyms)} pseudonyms for {len(rows)} rows")
+    stream = stream if stream is not None else Keystream()
+    encoded = noisy_encoded(block_vectors(study, party, rows, signs), study, stream)
     n = study.n_servers
+    if proved_shares.is_proved(study):  # the leader's F_p shares, seeds elsewhere, as a report's
+        proved = validity.prepare(study, encoded, stream, _leader(study, full), party=index,
+                                  pseudonyms=list(pseudonyms))
+        leader: list[np.ndarray | None] = [proved.leader if j == proved.full else None for j in range(n)]
+        return PreparedBatch(list(proved.report_ids), list(proved.binding), leader, list(proved.seeds),
+                             party=party, pseudonyms=list(pseudonyms), study=study)
     shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, shares,
                                binding.block_prefixes(study.study_id, index, pseudonyms), stream)

@@ -370,7 +370,8 @@ class Study(BaseModel):
             if std > 0:
                 mp += count * _noise.tail_probability(grid.scale(std), grid.limit(std))
         if self.validity is not None:  # an honest vector redrawn outside the predicate's bound
-            mp += self.max_reports * 2.0 ** _validity.REFUSAL_LOG2
+            # one proved vector a report, or a block per party of each individual (parties)
+            mp += self.max_reports * len(self.parties or (None,)) * 2.0 ** _validity.REFUSAL_LOG2
         return privacy.truncation_delta(self.epsilon, mp)
 
     @property
@@ -466,8 +467,8 @@ class Study(BaseModel):
     def share_bytes(self) -> int:
         """Bytes of the largest share a server stores per report: 8 width, or for a validity
         study the leader's input and proof shares, 8 (n + P) (validity.Plan.leader_width)."""
-        if self.validity is not None:
-            return 8 * _validity.plan(self).leader_width
+        if self.validity is not None:  # with parties: an individual's blocks, a leader's of each
+            return 8 * sum(p.leader_width for p in _validity.plans(self))
         return 8 * self.width
 
     @property
@@ -771,7 +772,7 @@ def design(
     share server's default policy refuses such a study).
     ``validity`` has every client prove its report valid and every server check it
     (validity.py, docs/validity.md): one report then moves the release no more than an honest
-    report at the bound can. Sketch studies without parties, histogram, gram, moments and l1 studies.
+    report at the bound can. Sketch studies (with parties too: each block proved with its party's bound), histogram, gram, moments and l1 studies.
     ``bounds`` ({column: [lower, upper]} or pairs in column order) are the public range of every
     column: clients clamp to them and map each row into the ball (bounds.py), and the analyzer
     answers in the data's units; without them rows must already be scaled into the ball.

@@ -223,7 +223,8 @@ def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
 
 
 def check_study(study) -> None:
-    """What a validity study must be (ValueError otherwise): a sketch study without parties, or a
+    """What a validity study must be (ValueError otherwise): a sketch study (with or without
+    parties: each party's blocks then proved with its own bound, :func:`party_plan`), or a
     histogram, gram, moments or l1 study, with client noise (its grid is set by the smallest
     noise for the proof's digits; a study whose servers' noise carries the whole guarantee, as
     when epsilon is at the floor, would need that noise widened for the coarse grid: not done),
@@ -231,13 +232,13 @@ def check_study(study) -> None:
     if study.kind not in ("sketch", "histogram", "gram", "moments", "l1"):
         raise ValueError(f"validity proofs exist for sketch, histogram, gram, moments and l1 studies, not "
                          f"{study.kind} studies")
-    if study.parties is not None:
-        raise ValueError("validity proofs are not yet available for a study with parties")
+    if study.parties is not None and study.kind != "sketch":
+        raise ValueError("only a sketch study has parties")
     if not study.sigma > 0:
         raise ValueError(f"a validity study needs client noise (sigma > 0); at epsilon = {study.epsilon:g} with "
                          f"epsilon_floor = {study.epsilon_floor} the servers' noise carries the whole guarantee: "
                          "ask for an epsilon below the floor, or a higher floor")
-    plan(study)
+    plans(study)
 
 
 def _digits_for(r2: int) -> int:
@@ -306,6 +307,37 @@ def plan(study) -> Plan:
     return _plan(study.width, grid.shift, _r2(study), study.n_servers)
 
 
+def party_plan(study, party: int) -> Plan:
+    """The plan of party ``party``'s blocks in a validity study with parties: what it shares is
+    its block of an individual's row (clipped to its own bound B_j, times the individual's sign
+    in a signed study, rounded to the study's grid) plus the study's noise on each of its d_j
+    columns, so its predicate is the sketch predicate of width d_j and bound B_j:
+    NormBound(d_j, 4, q_j, R_j^2), R_j = B_j / h + t sqrt(d_j + 2 sqrt(d_j a) + 2 a). A valid
+    block then moves the joined row no more than an honest block at B_j with its noise at the
+    2^-96 tail, whatever the other parties do (docs/validity.md section 13)."""
+    if study.parties is None:
+        raise ValueError("only a study with parties has party plans")
+    declared = study.parties[party]
+    grid = study.noise_grid
+    r2 = norm_bound_units(declared.row_bound, grid.spacing, grid.scale(study.sigma), declared.width)
+    return _plan(declared.width, grid.shift, r2, study.n_servers)
+
+
+def plans(study) -> list[Plan]:
+    """Every circuit a validity study's reports are proved with: one per party (in the study's
+    order) for a study with parties, else the study's one (:func:`plan`)."""
+    if study.parties is None:
+        return [plan(study)]
+    return [party_plan(study, j) for j in range(len(study.parties))]
+
+
+def verifier_len(study) -> int:
+    """F_(p^2) elements of one report's (or block's) verifier share in the round's messages: its
+    plan's, or for a study with parties the largest party's (a block of a narrower party fills
+    its party's first elements and 0 after them: docs/protocol.md section 6d)."""
+    return max(p.verifier_len for p in plans(study))
+
+
 # --- client ----------------------------------------------------------------------------------------
 
 def grid_units(plan: Plan, encoded: np.ndarray) -> np.ndarray:
@@ -351,14 +383,21 @@ def witness_rows(plan: Plan, rows: np.ndarray) -> np.ndarray:
 
 
 def prepare(study, encoded: np.ndarray, stream: Keystream, full: int | None = None,
-            onehot: np.ndarray | None = None, rows: np.ndarray | None = None) -> Proved:
+            onehot: np.ndarray | None = None, rows: np.ndarray | None = None,
+            party: int | None = None, pseudonyms: Sequence[bytes] | None = None) -> Proved:
     """Digits, sharing, binding, joint randomness, proof: how a validity study's batch of noisy
     vectors (ring-encoded, as noise.noisy_encoded makes them) becomes what its servers receive.
     ``full``: the leader's position (default the last server). A histogram study needs the
     clients' one-hot rows (``onehot``, (m, w) of 0/1): its proof separates the cell from the
     noise; a gram or moments study the clipped rows (``rows``, (m, d)) its features came from:
-    their witness is what its proof multiplies."""
-    p = plan(study)
+    their witness is what its proof multiplies. One party's blocks of a study with parties
+    (``party``, its index, and each block's individual's ``pseudonyms``): proved with the
+    party's plan (:func:`party_plan`) and bound as blocks (binding.block_prefixes), so that the
+    block id, hence the proof's joint randomness, commits to the party and the pseudonym too."""
+    if (party is None) != (pseudonyms is None) or (party is None) != (study.parties is None):
+        raise ValueError("a study with parties proves one party's blocks (party and pseudonyms), "
+                         "a study without parties whole reports")
+    p = plan(study) if party is None else party_plan(study, party)
     n = p.n_servers
     full = n - 1 if full is None else full
     if not 0 <= full < n:
@@ -385,7 +424,8 @@ def prepare(study, encoded: np.ndarray, stream: Keystream, full: int | None = No
     seeds: list[np.ndarray | None] = [None if j == full else next(helpers) for j in range(n)]
     contents = [binding.CONTENT_SHARE if s is None else binding.CONTENT_SEED for s in seeds]
     payloads = [shares.leader_inputs if s is None else s for s in seeds]
-    ids, proofs = binding.bind(study.study_id, contents, payloads, stream=stream)
+    prefixes = None if party is None else binding.block_prefixes(study.study_id, party, list(pseudonyms or ()))
+    ids, proofs = binding.bind(study.study_id, contents, payloads, prefixes, stream=stream)
     jr = flp.joint_rand(p.circuit, ids)
     proof = flp.prove(p.circuit, inputs, jr, flp.prove_rand(p.circuit, len(ids), stream))
     flp.share_proofs(shares, proof)
@@ -525,19 +565,21 @@ def encode_verifiers(report_ids, shares: np.ndarray) -> bytes:
     return struct.pack("<I", len(ids)) + ids.tobytes() + field.to_wire(np.ascontiguousarray(shares))
 
 
-def decode_verifiers(body: bytes, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+def decode_verifiers(body: bytes, plan: Plan | int) -> tuple[np.ndarray, np.ndarray]:
     """(ids (m, 16) uint8, shares (m, V, 2)); ValidityError for a malformed body (length,
-    an element >= p, ids not strictly ascending)."""
+    an element >= p, ids not strictly ascending). ``plan``: the study's plan, or V itself
+    (:func:`verifier_len`: a study with parties)."""
     if len(body) < 4:
         raise ValidityError("a verifier message starts with its 4-byte count")
     (m,) = struct.unpack_from("<I", body)
-    per = 16 + 16 * plan.verifier_len
+    v_len = plan if isinstance(plan, int) else plan.verifier_len
+    per = 16 + 16 * v_len
     if len(body) != 4 + m * per:
         raise ValidityError(f"a verifier message of {m} reports is {4 + m * per} bytes, got {len(body)}")
     ids = np.frombuffer(body, dtype=np.uint8, count=16 * m, offset=4).reshape(m, 16)
     raw = np.frombuffer(body, dtype="<u8", offset=4 + 16 * m)
     try:
-        shares = field.elements(raw, "verifier share").reshape(m, plan.verifier_len, 2)
+        shares = field.elements(raw, "verifier share").reshape(m, v_len, 2)
     except field.FieldError as exc:
         raise ValidityError(str(exc)) from None
     if m > 1:

@@ -38,6 +38,10 @@ export interface PreparedBlocks {
 export function prepareBlocks(study: Study, studyIdHex: string, party: string, pseudonyms: Uint8Array[], rows: number[][], key: Uint8Array): PreparedBlocks {
   const index = (study.parties ?? []).findIndex((p) => p.name === party);
   if (index < 0) throw new Error(`the study has no party ${party}`);
+  // its blocks must each carry a proof with the party's bound (docs/protocol.md sections 2d and 4c,
+  // docs/validity.md section 13); unproved blocks would be refused by every server
+  if (study.validity !== undefined)
+    throw new Error(`the study proves every block valid (${study.validity}): this client does not prove a party's blocks yet; submit them with the Python SDK (Client.submit_blocks)`);
   const d = study.parties![index].columns.length;
   if (pseudonyms.length !== rows.length) throw new Error(`${pseudonyms.length} pseudonyms for ${rows.length} rows`);
   const bound = partyClipBounds(study)![index].clip_bound;

@@ -15,9 +15,26 @@ import { provedScale, studyId, validateStudy, width, type Study } from "../src/s
 import type { NormBound } from "../src/validity/flp.js";
 import { GramNorm, hypot } from "../src/validity/gram.js";
 import { validityPlan, proveBatch, witnessRows } from "../src/validity/study.js";
+import { prepareBlocks } from "../src/parties.js";
 import { vectors } from "./helpers.js";
 
 for (const v of vectors("validity.json")) {
+  if (v.type === "validity_parties_study") {
+    // a study with parties and validity (docs/validity.md section 13): this client validates the
+    // study and refuses, clearly and before any request, to prepare its blocks (it cannot prove them)
+    test(`validity.json ${v.id}: a study with parties is refused for blocks, not sent unproved`, () => {
+      const study = v.study as Study;
+      validateStudy(study);
+      assert.equal(studyId(study), v.study_id);
+      for (const p of v.parties) {
+        const rows = (v.rows as number[][]).map((r) => r.slice(p.index === 0 ? 0 : 1, p.index === 0 ? 1 : 3));
+        assert.throws(() => prepareBlocks(study, v.study_id, p.party, v.pseudonyms.map(unhex), rows, new Uint8Array(32)),
+                      /does not prove a party's blocks yet; submit them with the Python SDK/);
+      }
+      assert.throws(() => validityPlan(study), /not yet available for a study with parties/);
+    });
+    continue;
+  }
   if (v.plan.circuit === "GramNorm") {
     // a gram or moments study (circuit GramNorm, docs/validity.md section 12): from the rows
     // themselves, the clipped rows, the proved scale, the noise in two blocks, the witness and the
@@ -103,12 +120,11 @@ test("hypot is Python's math.hypot (correctly rounded) where Math.hypot is an ul
   assert.equal(hypot(3, 4), 5);
 });
 
-test("validateStudy accepts validity on every kind without parties, and refuses it with parties", () => {
+test("validateStudy accepts validity on every kind, with parties too, and refuses it without client noise", () => {
   const studies = vectors("validity.json").map((v) => v.study as Study);
   assert.deepEqual([...new Set(studies.map((s) => s.kind))].sort(), ["gram", "histogram", "l1", "moments", "sketch"]);
   for (const s of studies) validateStudy(s);
+  assert.ok(studies.some((s) => s.parties));
   const sketch = studies.find((s) => s.kind === "sketch")!;
-  const parties = { ...sketch, secret_sign: undefined, parties: [{ name: "a", columns: sketch.columns, row_bound: 1 }] };
-  assert.throws(() => validateStudy(parties), /validity: only a study without parties/);
   assert.throws(() => validateStudy({ ...sketch, sigma: 0 }), /validity/);
 });
