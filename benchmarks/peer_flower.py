@@ -44,7 +44,7 @@ import os
 import platform
 import secrets
 import shutil
-import ssl
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,6 +63,8 @@ if str(ROOT) not in sys.path:  # run as a file from a checkout
 FLOWER_MODULUS = 1 << 32
 #: Flower's default quantization range
 FLOWER_DEFAULT_QRANGE = 1 << 22
+#: HTTP requests a one-row plaintext client sends each server: GET the study, POST its share
+REQUESTS_PER_SERVER = 2
 TABLE_START = "<!-- peer-table:start -->"
 TABLE_END = "<!-- peer-table:end -->"
 MISSING_FLWR = ("Flower is not installed: the Flower side of this benchmark needs the optional extra "
@@ -209,8 +211,10 @@ class LocalCluster:
         # the servers' policy must accept a study without a noise floor (its release is exact),
         # and a study per path and size of one population: no population budget (issue 41 made
         # one the default; the benchmark's synthetic rows are nobody's data)
+        # (and any min_reports from 2 on: the dry-run test sums 5 clients' rows; a server's
+        # default floor of 50 is a privacy policy, which synthetic rows do not need)
         env = {"DPSKETCH_MAX_FLOOR_EPSILON": "none", "DPSKETCH_POPULATION_EPSILON": "none",
-               "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+               "DPSKETCH_POPULATION_FLOOR_EPSILON": "none", "DPSKETCH_MIN_REPORTS": "2"}
         procs = [share_server(s, self.workdir, env) for s in self.specs]
         for p in procs:
             self.stack.callback(p.stop)
@@ -245,7 +249,7 @@ class LocalCluster:
 
 
 def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: float, delta: float,
-                 workers: int = 1, progress: bool = True) -> dict[str, Any]:
+                 workers: int = 1, progress: bool = True, cold_check: bool = False) -> dict[str, Any]:
     """One plain-sum study over ``data`` through path ``single`` or ``bulk``; times and checks."""
     import client_sdk.client as sdk
     from analyzer.client import AnalyzerClient
@@ -274,15 +278,24 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
 
     sdk.prepare_batch = recording
     requests = 0
-    # One TLS context for every simulated client, built once as a device builds its own once:
-    # httpx builds a fresh one per connection pool otherwise (loading the CA bundle, about 60 ms
-    # here, three times per Client), which would time the simulation rather than the protocol.
-    tls = ssl.create_default_context()
+    if cold_check:  # every client checks the study's guarantee itself, as a fresh device does
+        from client_sdk import verified
+        from dpsketch.protocol import accounting
+
+    def check_cold() -> None:
+        verified.forget()
+        accounting.report_epsilon.cache_clear()
+
+    load0 = os.getloadavg()[0]
     try:
         t0 = time.perf_counter()
         if path == "single":
             def one(i: int) -> None:
-                with sdk.Client(cluster.server_urls, token=[t[i] for t in tokens], verify=tls) as client:
+                # everything a real one-row client does, with its own tokens, connections and
+                # TLS setup: fetch the study from every server, check it, prepare, upload
+                if cold_check:
+                    check_cold()
+                with sdk.Client(cluster.server_urls, token=[t[i] for t in tokens], journal=False) as client:
                     client.submit(study_id, data[i])
 
             done = 0
@@ -292,7 +305,7 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
                     if progress and done % max(1, n // 10) == 0:
                         print(f"  single: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)",
                               file=sys.stderr, flush=True)
-            requests = n * 3 * study.n_servers  # per client: GET study + GET info + POST, per server
+            requests = n * REQUESTS_PER_SERVER * study.n_servers  # per client and server: GET study, POST
         elif path == "bulk":
             with sdk.Client(cluster.server_urls, token=[t[0] for t in tokens]) as client:
                 client.submit_many(study_id, data)
@@ -305,6 +318,7 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         seconds = time.perf_counter() - t0
     finally:
         sdk.prepare_batch = real_prepare
+    load1 = os.getloadavg()[0]
     assert fin["n_reports"] == n, fin
 
     total = np.zeros(d, dtype=np.uint64)
@@ -320,9 +334,11 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         "seconds": seconds,
         "upload_seconds": upload_s,
         "finalize_seconds": seconds - upload_s,
-        "http_requests_per_client": 3 * study.n_servers if path == "single" else None,
+        "http_requests_per_client": REQUESTS_PER_SERVER * study.n_servers if path == "single" else None,
         "http_requests": requests or None,
         "workers": workers if path == "single" else None,
+        "cold_check": cold_check if path == "single" else None,
+        "load_before": load0, "load_after": load1,
         "epsilon": epsilon, "delta": delta, "sigma": study.sigma, "frac_bits": study.frac_bits,
         "release_equals_ring_sum": bool(np.array_equal(released, exact)),
         "max_abs_error_vs_ring_sum": float(np.max(np.abs(released - exact))),
@@ -338,51 +354,84 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
 # --- the table --------------------------------------------------------------------------------
 
 
+def _runs(results: list[dict[str, Any]], system: str, n: int) -> list[dict[str, Any]]:
+    return [r for r in results if r["system"] == system and r["n"] == n]
+
+
+def median_seconds(results: list[dict[str, Any]], system: str, n: int) -> float | None:
+    times = [r["seconds"] for r in _runs(results, system, n)]
+    return float(np.median(times)) if times else None
+
+
+def ratios(results: list[dict[str, Any]], slow: str, fast: str, n: int) -> list[float]:
+    """slow's time over fast's at n, within each repetition (the pairs measured side by side;
+    results merged from another run, without a rep, pair in order)."""
+    a, b = _runs(results, slow, n), _runs(results, fast, n)
+    return [x["seconds"] / y["seconds"] for x, y in zip(a, b)]
+
+
 def exponent(results: list[dict[str, Any]], system: str, n0: int, n1: int) -> float | None:
-    """The slope of log(time) against log(n) from n0 to n1 (1 = linear), if both were measured."""
-    times = {r["n"]: r["seconds"] for r in results if r["system"] == system}
-    if n0 not in times or n1 not in times or n0 == n1:
+    """The slope of log(median time) against log(n) from n0 to n1 (1 = linear), if both were measured."""
+    t0, t1 = median_seconds(results, system, n0), median_seconds(results, system, n1)
+    if t0 is None or t1 is None or n0 == n1:
         return None
-    return math.log(times[n1] / times[n0]) / math.log(n1 / n0)
+    return math.log(t1 / t0) / math.log(n1 / n0)
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _spread(values: list[float], spec: str) -> str:
+    """The median, and with several runs their range: "17.2 (16.0-18.1)"."""
+    if not values:
+        return "—"
+    mid = format(float(np.median(values)), spec)
+    if len(values) == 1:
+        return mid
+    return f"{mid} ({format(min(values), spec)}-{format(max(values), spec)})"
+
+
 def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ns = sorted({r["n"] for r in results})
-    by = {(r["system"], r["n"]): r for r in results}
     stacks = sorted({f"FastAPI {r['fastapi_version']}, uvicorn {r['uvicorn_version']}"
                      for r in results if "fastapi_version" in r})
+    reps = max([sum(1 for r in results if r["system"] == sys_ and r["n"] == n)
+                for sys_ in ("flower-secagg+", "dpsketch-single", "dpsketch-bulk") for n in ns] or [1])
+    workers = sorted({r["workers"] for r in results if r.get("workers")})
+    cold = {r.get("cold_check") for r in results if r["system"] == "dpsketch-single"}
     lines = [
-        f"d = {meta['d']}; one run each; {meta['machine']}; "
-        f"flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
-        f"{' / '.join(stacks) or '—'}; {meta['date']}",
+        f"d = {meta['d']}; {'one run each' if reps == 1 else f'median (range) of {reps} interleaved runs'}; "
+        f"{meta['machine']}; flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
+        f"{' / '.join(stacks) or '—'}; single path: {'/'.join(map(str, workers)) or '—'} clients at a time"
+        f"{', each checking the study itself' if cold == {True} else ''}; {meta['date']}",
         "",
         "| n | Flower SecAgg+ round (s) | Flower simulation total (s) | dpsketch single (s) | "
         "dpsketch bulk (s) | Flower / single | Flower / bulk | Flower max abs error | "
-        "dpsketch release = ring sum | dpsketch max error / noise sd |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "dpsketch release = ring sum | dpsketch max error / noise sd | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in ns:
-        f, s, b = by.get(("flower-secagg+", n)), by.get(("dpsketch-single", n)), by.get(("dpsketch-bulk", n))
-        exact = [r["release_equals_ring_sum"] for r in (s, b) if r]
-        errs = [r["max_abs_error_in_sd"] for r in (s, b) if r]
+        f, s, b = (_runs(results, name, n) for name in ("flower-secagg+", "dpsketch-single", "dpsketch-bulk"))
+        exact = [r["release_equals_ring_sum"] for r in s + b]
+        errs = [r["max_abs_error_in_sd"] for r in s + b]
+        loads = [x for r in f + s + b for x in (r.get("load_before"), r.get("load_after")) if x is not None]
         lines.append(
-            f"| {n:,} | {_fmt(f and f['seconds'], '.1f')} | {_fmt(f and f['total_seconds'], '.1f')} | "
-            f"{_fmt(s and s['seconds'], '.2f')} | {_fmt(b and b['seconds'], '.2f')} | "
-            f"{_fmt(f['seconds'] / s['seconds'] if f and s else None, '.1f')} | "
-            f"{_fmt(f['seconds'] / b['seconds'] if f and b else None, '.0f')} | "
-            f"{_fmt(f and f['max_abs_error'], '.1e')} | "
+            f"| {n:,} | {_spread([r['seconds'] for r in f], '.1f')} | "
+            f"{_spread([r['total_seconds'] for r in f], '.1f')} | "
+            f"{_spread([r['seconds'] for r in s], '.2f')} | {_spread([r['seconds'] for r in b], '.2f')} | "
+            f"{_spread(ratios(results, 'flower-secagg+', 'dpsketch-single', n), '.1f')} | "
+            f"{_spread(ratios(results, 'flower-secagg+', 'dpsketch-bulk', n), '.0f')} | "
+            f"{_fmt(max(r['max_abs_error'] for r in f) if f else None, '.1e')} | "
             f"{('yes' if all(exact) else 'NO') if exact else '—'} | "
-            f"{_fmt(max(errs) if errs else None, '.2f')} |")
+            f"{_fmt(max(errs) if errs else None, '.2f')} | "
+            f"{f'{min(loads):.1f}-{max(loads):.1f}' if loads else '—'} |")
     if len(ns) >= 2:
         systems = [(label, name) for label, name in (("Flower SecAgg+ round", "flower-secagg+"),
                                                      ("dpsketch single", "dpsketch-single"),
                                                      ("dpsketch bulk", "dpsketch-bulk"))
                    if any(r["system"] == name for r in results)]
-        lines += ["", "Scaling exponent of the time in n, log(t1 / t0) / log(n1 / n0) (1 = linear):", "",
+        lines += ["", "Scaling exponent of the median time in n, log(t1 / t0) / log(n1 / n0) (1 = linear):", "",
                   "| from n to n | " + " | ".join(label for label, _ in systems) + " |",
                   "|---|" + "---|" * len(systems)]
         for n0, n1 in zip(ns, ns[1:]):
@@ -425,8 +474,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the results of an earlier --json run to the table (e.g. the dpsketch side "
                    "measured in the product's venv, the Flower side in the peer venv)")
     p.add_argument("--write-docs", metavar="MD", help="replace the table block of this page (docs/peer.md)")
+    p.add_argument("--reps", type=int, default=1,
+                   help="repetitions, interleaved: each rep measures every system at every n (default: %(default)s)")
+    p.add_argument("--flower-python", metavar="PYTHON",
+                   help="run the Flower side with this interpreter (a venv with the 'peer' extra), in a child "
+                   "process per round, interleaved with the dpsketch side measured here")
+    p.add_argument("--cold-check", action="store_true",
+                   help="dpsketch single path: every client checks the study's guarantee itself (clears the "
+                   "process's verified studies and accounting cache before each client), as a fresh device does")
     p.add_argument("--verbose", action="store_true", help="Flower's own log")
     return p
+
+
+def flower_in_child(python: str, n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """One Flower round run by this script under another interpreter (a venv with the ``peer``
+    extra: Flower pins older FastAPI, Starlette and uvicorn than the product's venv holds)."""
+    out = workdir / f"flower-{n}-{time.monotonic_ns()}.json"
+    cmd = [python, str(Path(__file__).resolve()), "--skip-dpsketch", "--n", str(n), "--d", str(args.d),
+           "--seed", str(args.seed), "--num-shares", str(args.num_shares), "--threshold", str(args.threshold),
+           "--cpus-per-client", str(args.cpus_per_client), "--json", str(out)]
+    load0 = os.getloadavg()[0]
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=None if args.verbose else subprocess.DEVNULL)
+    if done.returncode:
+        raise SystemExit(f"the Flower side failed under {python} (status {done.returncode}); "
+                         f"run it alone with --verbose")
+    res = json.loads(out.read_text())["results"][0]
+    res["load_before"], res["load_after"] = load0, os.getloadavg()[0]
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,16 +510,19 @@ def main(argv: list[str] | None = None) -> int:
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
     if any(x not in ("single", "bulk") for x in paths):
         raise SystemExit("--paths takes single and/or bulk")
-    if not args.skip_dpsketch and min(ns, default=50) < 50:
-        raise SystemExit("the dpsketch side needs n >= 50: a share server's default policy refuses "
-                         "studies with min_reports below 50")
-    if not args.skip_flower and not have_flwr():
+    if not args.skip_dpsketch and min(ns, default=2) < 2:
+        raise SystemExit("the dpsketch side needs n >= 2 (a study's min_reports exceeds t = 0 and the "
+                         "release must hold more than one report)")
+    flower_child = args.flower_python and not args.skip_flower
+    if not args.skip_flower and not flower_child and not have_flwr():
         print(MISSING_FLWR, file=sys.stderr)
         return 2
     meta: dict[str, Any] = {
         "d": args.d,
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
+        "reps": args.reps,
+        "workers": args.workers,
     }
     results: list[dict[str, Any]] = []
     for name in args.merge:
@@ -453,28 +531,42 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in earlier.get("meta", {}).items():
             meta.setdefault(key, value)
 
-    def report(res: dict[str, Any]) -> None:
+    def report(res: dict[str, Any], rep: int) -> None:
+        res["rep"] = rep
+        if res["system"] == "flower-secagg+":
+            meta["flwr_version"] = res["flwr_version"]
         results.append(res)
         print(json.dumps(res), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
+    def flower(n: int, rep: int) -> None:
+        print(f"Flower SecAgg+, n = {n}, rep {rep + 1} ...", file=sys.stderr, flush=True)
+        if flower_child:
+            report(flower_in_child(args.flower_python, n, args, workdir), rep)
+        else:
+            report(run_flower(n, args.d, args.seed, args.num_shares, args.threshold,
+                              args.cpus_per_client, workdir, args.verbose), rep)
+
     workdir = Path(tempfile.mkdtemp(prefix="dpsketch-peer-"))
     try:
-        if not args.skip_dpsketch:
-            print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
-            with LocalCluster(workdir) as cluster:
+        with contextlib.ExitStack() as stack:
+            cluster = None
+            if not args.skip_dpsketch:
+                print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
+                cluster = stack.enter_context(LocalCluster(workdir))
+            # interleaved: every repetition measures each system at each n before the next one
+            # starts, so a change in the machine's other load falls on both sides alike
+            for rep in range(args.reps):
                 for n in ns:
-                    data = rows(args.seed, n, args.d)
-                    for path in paths:
-                        print(f"dpsketch {path}, n = {n} ...", file=sys.stderr, flush=True)
-                        report(run_dpsketch(cluster, path, data, args.epsilon, args.delta, args.workers))
-        if not args.skip_flower:
-            meta["flwr_version"] = __import__("flwr").__version__
-            for n in ns:
-                print(f"Flower SecAgg+, n = {n} ...", file=sys.stderr, flush=True)
-                report(run_flower(n, args.d, args.seed, args.num_shares, args.threshold,
-                                  args.cpus_per_client, workdir, args.verbose))
+                    if cluster is not None:
+                        data = rows(args.seed, n, args.d)
+                        for path in paths:
+                            print(f"dpsketch {path}, n = {n}, rep {rep + 1} ...", file=sys.stderr, flush=True)
+                            report(run_dpsketch(cluster, path, data, args.epsilon, args.delta, args.workers,
+                                                cold_check=args.cold_check), rep)
+                    if not args.skip_flower:
+                        flower(n, rep)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
