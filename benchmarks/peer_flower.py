@@ -248,9 +248,85 @@ class LocalCluster:
         return out
 
 
+@contextlib.contextmanager
+def shares_sent(n_servers: int, d: int):
+    """Record every batch the SDK prepares in this process; yields a list that holds, on exit,
+    the ring sum (uint64, d) of the shares those batches carried: what the servers must add up."""
+    import client_sdk.client as sdk
+    from dpsketch.protocol import ring
+
+    sent: list = []
+    real_prepare, lock = sdk.prepare_batch, threading.Lock()
+
+    def recording(study_, rows_, *args, **kwargs):  # whatever the SDK passes (full, stream, ...)
+        batch = real_prepare(study_, rows_, *args, **kwargs)
+        with lock:
+            sent.append(batch)
+        return batch
+
+    sdk.prepare_batch = recording
+    out: list[np.ndarray] = []
+    try:
+        yield out
+    finally:
+        sdk.prepare_batch = real_prepare
+        total = np.zeros(d, dtype=np.uint64)
+        for batch in sent:
+            total += ring.reconstruct([batch.share(j) for j in range(n_servers)]).sum(axis=0, dtype=np.uint64)
+        out.append(total)
+
+
+def one_row_clients(urls: list[str], study_id: str, tokens: list[list[str]], data: np.ndarray, threads: int,
+                    cold_check: bool, n_servers: int, progress: str | None = None) -> np.ndarray:
+    """Client i (its own ``Client``, tokens[i] its own token per server) submits data[i], ``threads``
+    clients at a time; the ring sum of every share they sent.
+
+    Each client does everything a real one-row client does, with its own tokens, connections and
+    TLS setup: fetch the study from every server and check it, prepare its row, upload a share to
+    each server. What clients of one process share: the loaded code, and (without
+    ``cold_check``) the process's memory of studies it has verified (client_sdk/verified.py) and
+    its accounting cache; with ``cold_check`` both are cleared before each client."""
+    import client_sdk.client as sdk
+    from client_sdk import verified
+    from dpsketch.protocol import accounting
+
+    def one(i: int) -> None:
+        if cold_check:
+            verified.forget()
+            accounting.report_epsilon.cache_clear()
+        with sdk.Client(urls, token=tokens[i], journal=False) as client:
+            client.submit(study_id, data[i])
+
+    t0, n = time.perf_counter(), len(data)
+    with shares_sent(n_servers, data.shape[1]) as total, ThreadPoolExecutor(max_workers=threads) as pool:
+        for done, _ in enumerate(pool.map(one, range(n)), 1):
+            if progress and done % max(1, n // 10) == 0:
+                print(f"  {progress}: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
+                      flush=True)
+    return total[0]
+
+
+def _client_process_ready(_: int = 0) -> int:
+    """Run in each client process before the clock starts: the SDK loaded (a device has it
+    installed and running), nothing about the study known."""
+    import client_sdk.client  # noqa: F401
+
+    time.sleep(0.5)  # hold this worker so that the next warm-up task starts the next process
+    return os.getpid()
+
+
+def _client_process(job: tuple) -> np.ndarray:
+    return one_row_clients(*job)
+
+
 def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: float, delta: float,
-                 workers: int = 1, progress: bool = True, cold_check: bool = False) -> dict[str, Any]:
-    """One plain-sum study over ``data`` through path ``single`` or ``bulk``; times and checks."""
+                 workers: int = 1, progress: bool = True, cold_check: bool = False,
+                 processes: int = 1) -> dict[str, Any]:
+    """One plain-sum study over ``data`` through path ``single`` or ``bulk``; times and checks.
+
+    ``single`` runs ``workers`` clients at a time, in ``processes`` client processes (each
+    ``workers / processes`` threads; real clients run on machines of their own, and one Python
+    process serialises its threads' Python code)."""
     import client_sdk.client as sdk
     from analyzer.client import AnalyzerClient
     from dpsketch.protocol import Study, ring
@@ -265,65 +341,45 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     study_id = study.study_id
     # enrolment, not timed: one token per client and server (single), one per server (bulk)
     tokens = cluster.issue_tokens(study_id, n if path == "single" else 1, 1 if path == "single" else n)
-
-    sent: list = []  # every PreparedBatch the SDK builds, to sum the clients' shares ourselves
-    real_prepare = sdk.prepare_batch
-    lock = threading.Lock()
-
-    def recording(study_, rows_, *args, **kwargs):  # whatever the SDK passes (full, stream, ...)
-        batch = real_prepare(study_, rows_, *args, **kwargs)
-        with lock:
-            sent.append(batch)
-        return batch
-
-    sdk.prepare_batch = recording
+    per_client = [[t[i] for t in tokens] for i in range(len(tokens[0]))]
     requests = 0
-    if cold_check:  # every client checks the study's guarantee itself, as a fresh device does
-        from client_sdk import verified
-        from dpsketch.protocol import accounting
+    processes = max(1, min(processes, workers, n)) if path == "single" else 1
+    totals: list[np.ndarray] = []
+    with contextlib.ExitStack() as stack:
+        if processes > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
-    def check_cold() -> None:
-        verified.forget()
-        accounting.report_epsilon.cache_clear()
-
-    load0 = os.getloadavg()[0]
-    try:
+            pool = stack.enter_context(ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")))
+            assert len(set(pool.map(_client_process_ready, range(processes)))) == processes
+        load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
-        if path == "single":
-            def one(i: int) -> None:
-                # everything a real one-row client does, with its own tokens, connections and
-                # TLS setup: fetch the study from every server, check it, prepare, upload
-                if cold_check:
-                    check_cold()
-                with sdk.Client(cluster.server_urls, token=[t[i] for t in tokens], journal=False) as client:
-                    client.submit(study_id, data[i])
-
-            done = 0
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                for _ in pool.map(one, range(n)):
-                    done += 1
-                    if progress and done % max(1, n // 10) == 0:
-                        print(f"  single: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)",
-                              file=sys.stderr, flush=True)
-            requests = n * REQUESTS_PER_SERVER * study.n_servers  # per client and server: GET study, POST
+        if path == "single" and processes > 1:
+            threads = max(1, workers // processes)
+            jobs = [(cluster.server_urls, study_id, per_client[k::processes], data[k::processes], threads,
+                     cold_check, study.n_servers) for k in range(processes)]
+            totals.extend(pool.map(_client_process, jobs))
+        elif path == "single":
+            totals.append(one_row_clients(cluster.server_urls, study_id, per_client, data, workers, cold_check,
+                                          study.n_servers, "single" if progress else None))
         elif path == "bulk":
-            with sdk.Client(cluster.server_urls, token=[t[0] for t in tokens]) as client:
-                client.submit_many(study_id, data)
+            with shares_sent(study.n_servers, d) as total:
+                with sdk.Client(cluster.server_urls, token=per_client[0]) as client:
+                    client.submit_many(study_id, data)
+            totals.extend(total)
         else:
             raise ValueError(f"unknown path {path!r}")
+        if path == "single":
+            requests = n * REQUESTS_PER_SERVER * study.n_servers  # per client and server: GET study, POST
         upload_s = time.perf_counter() - t0
         with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
             fin = an.finalize(study_id)
             released = np.asarray(an.sketch(study_id)["sketch"], dtype=np.float64).reshape(-1)
         seconds = time.perf_counter() - t0
-    finally:
-        sdk.prepare_batch = real_prepare
     load1 = os.getloadavg()[0]
     assert fin["n_reports"] == n, fin
 
-    total = np.zeros(d, dtype=np.uint64)
-    for batch in sent:
-        total += ring.reconstruct([batch.share(j) for j in range(study.n_servers)]).sum(axis=0, dtype=np.uint64)
+    total = np.sum(totals, axis=0, dtype=np.uint64)  # wraps mod 2^64, as the servers' sums do
     exact = ring.decode(total[None, :], study.frac_bits).reshape(-1)
     truth = data.sum(axis=0)
     noise_sd = math.sqrt(n) * study.sigma
@@ -338,6 +394,7 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         "http_requests": requests or None,
         "workers": workers if path == "single" else None,
         "cold_check": cold_check if path == "single" else None,
+        "client_processes": processes if path == "single" else None,
         "load_before": load0, "load_after": load1,
         "epsilon": epsilon, "delta": delta, "sigma": study.sigma, "frac_bits": study.frac_bits,
         "release_equals_ring_sum": bool(np.array_equal(released, exact)),
@@ -399,11 +456,13 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     reps = max([sum(1 for r in results if r["system"] == sys_ and r["n"] == n)
                 for sys_ in ("flower-secagg+", "dpsketch-single", "dpsketch-bulk") for n in ns] or [1])
     workers = sorted({r["workers"] for r in results if r.get("workers")})
+    procs = sorted({r["client_processes"] for r in results if r.get("client_processes")})
     cold = {r.get("cold_check") for r in results if r["system"] == "dpsketch-single"}
     lines = [
         f"d = {meta['d']}; {'one run each' if reps == 1 else f'median (range) of {reps} interleaved runs'}; "
         f"{meta['machine']}; flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
         f"{' / '.join(stacks) or '—'}; single path: {'/'.join(map(str, workers)) or '—'} clients at a time"
+        f"{' in ' + '/'.join(map(str, procs)) + ' processes' if procs and procs != [1] else ''}"
         f"{', each checking the study itself' if cold == {True} else ''}; {meta['date']}",
         "",
         "| n | Flower SecAgg+ round (s) | Flower simulation total (s) | dpsketch single (s) | "
@@ -479,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flower-python", metavar="PYTHON",
                    help="run the Flower side with this interpreter (a venv with the 'peer' extra), in a child "
                    "process per round, interleaved with the dpsketch side measured here")
+    p.add_argument("--client-processes", type=int, default=1,
+                   help="dpsketch single path: client processes the --workers clients at a time are spread over "
+                   "(default: %(default)s; real clients do not share one interpreter's lock)")
     p.add_argument("--cold-check", action="store_true",
                    help="dpsketch single path: every client checks the study's guarantee itself (clears the "
                    "process's verified studies and accounting cache before each client), as a fresh device does")
@@ -564,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                         for path in paths:
                             print(f"dpsketch {path}, n = {n}, rep {rep + 1} ...", file=sys.stderr, flush=True)
                             report(run_dpsketch(cluster, path, data, args.epsilon, args.delta, args.workers,
-                                                cold_check=args.cold_check), rep)
+                                                cold_check=args.cold_check, processes=args.client_processes), rep)
                     if not args.skip_flower:
                         flower(n, rep)
     finally:
