@@ -319,6 +319,58 @@ def _client_process(job: tuple) -> np.ndarray:
     return one_row_clients(*job)
 
 
+#: what one fresh device runs: a new Python process that imports the SDK, makes a Client with its
+#: own tokens, and submits its one row (study fetched from every server and checked, row prepared,
+#: a share uploaded to each); it prints its own phase times
+FRESH_CLIENT = """
+import json, sys, time
+t0 = time.perf_counter()
+from client_sdk import Client
+t1 = time.perf_counter()
+urls, tokens, study_id, row = json.loads(sys.argv[1])
+with Client(urls, token=tokens, journal=False) as client:
+    study = client.study(study_id)
+    t2 = time.perf_counter()
+    client.submit(study_id, row)
+t3 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "study": t2 - t1, "submit": t3 - t2}))
+"""
+
+
+def run_fresh_clients(cluster: LocalCluster, k: int, d: int, seed: int, epsilon: float, delta: float) -> dict[str, Any]:
+    """k one-row clients, one after another, each a fresh process (FRESH_CLIENT): wall and CPU time
+    per device, the interpreter's start included, with each phase's median."""
+    from analyzer.client import AnalyzerClient
+    from dpsketch.protocol import Study
+
+    with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
+        created = an.create_study(name=f"peer-fresh-{k}", columns=[f"x{c}" for c in range(d)], label=None,
+                                  expected_reports=max(k, 2), min_reports=max(k, 2), kind="sketch", k=1, s=1,
+                                  epsilon=epsilon, delta=delta, row_bound=1.0, epsilon_floor=None)
+    study_id = Study.model_validate(created["study"]).study_id
+    tokens = cluster.issue_tokens(study_id, k, 1)
+    data = rows(seed, k, d)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    walls, cpus, phases = [], [], []
+    load0 = os.getloadavg()[0]
+    for i in range(k):
+        job = json.dumps([cluster.server_urls, [t[i] for t in tokens], study_id, data[i].tolist()])
+        before = os.times()
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", FRESH_CLIENT, job], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        after = os.times()
+        if done.returncode:
+            raise RuntimeError(f"a fresh client failed: {done.stderr[-2000:]}")
+        cpus.append(after.children_user - before.children_user + after.children_system - before.children_system)
+        phases.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {"system": "dpsketch-fresh-process", "n": k, "d": d, "wall_seconds": float(np.median(walls)),
+            "cpu_seconds": float(np.median(cpus)),
+            **{f"{name}_seconds": float(np.median([p[name] for p in phases])) for name in phases[0]},
+            "load_before": load0, "load_after": os.getloadavg()[0]}
+
+
 def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: float, delta: float,
                  workers: int = 1, progress: bool = True, cold_check: bool = False,
                  processes: int = 1) -> dict[str, Any]:
@@ -450,6 +502,8 @@ def _spread(values: list[float], spec: str) -> str:
 
 
 def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    fresh = [r for r in results if r["system"] == "dpsketch-fresh-process"]
+    results = [r for r in results if r["system"] != "dpsketch-fresh-process"]
     ns = sorted({r["n"] for r in results})
     stacks = sorted({f"FastAPI {r['fastapi_version']}, uvicorn {r['uvicorn_version']}"
                      for r in results if "fastapi_version" in r})
@@ -496,6 +550,17 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         for n0, n1 in zip(ns, ns[1:]):
             lines.append(f"| {n0:,} to {n1:,} | " + " | ".join(
                 _fmt(exponent(results, name, n0, n1)) for _, name in systems) + " |")
+    if fresh:
+        loads = [x for r in fresh for x in (r["load_before"], r["load_after"])]
+        lines += ["", f"One-row clients, each a fresh Python process, one after another ({len(fresh)} run(s) of "
+                  f"{fresh[0]['n']} processes; medians per process; load {min(loads):.1f}-{max(loads):.1f}):", "",
+                  "| wall (s) | CPU (s) | import the SDK (s) | Client + fetch and check the study (s) | "
+                  "prepare and upload (s) |", "|---|---|---|---|---|",
+                  f"| {_spread([r['wall_seconds'] for r in fresh], '.2f')} | "
+                  f"{_spread([r['cpu_seconds'] for r in fresh], '.2f')} | "
+                  f"{_spread([r['import_seconds'] for r in fresh], '.2f')} | "
+                  f"{_spread([r['study_seconds'] for r in fresh], '.3f')} | "
+                  f"{_spread([r['submit_seconds'] for r in fresh], '.3f')} |"]
     return "\n".join(lines)
 
 
@@ -544,6 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cold-check", action="store_true",
                    help="dpsketch single path: every client checks the study's guarantee itself (clears the "
                    "process's verified studies and accounting cache before each client), as a fresh device does")
+    p.add_argument("--fresh-processes", type=int, default=0, metavar="K",
+                   help="also run K one-row clients one after another, each a fresh Python process (a device "
+                   "that starts, imports the SDK, checks the study and submits), and report their median wall "
+                   "and CPU time (default: %(default)s)")
     p.add_argument("--verbose", action="store_true", help="Flower's own log")
     return p
 
@@ -629,6 +698,11 @@ def main(argv: list[str] | None = None) -> int:
                                                 cold_check=args.cold_check, processes=args.client_processes), rep)
                     if not args.skip_flower:
                         flower(n, rep)
+                if cluster is not None and args.fresh_processes:
+                    print(f"dpsketch: {args.fresh_processes} fresh client processes, rep {rep + 1} ...",
+                          file=sys.stderr, flush=True)
+                    report(run_fresh_clients(cluster, args.fresh_processes, args.d, args.seed, args.epsilon,
+                                             args.delta), rep)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:

@@ -7,7 +7,13 @@ leaves the machine:
   server returns; a server cannot quietly lower sigma or change the sketch), and
 * share j goes to the server the study names as server j, with N distinct servers. A URL listed
   twice, or two URLs for the same server, would hand one organisation two shares of a report -
-  with N = 2 that is the row itself. Each URL's ``GET /v1/info`` must name ``study.servers[j]``.
+  with N = 2 that is the row itself. Each URL's ``GET /v1/studies/{id}`` must name
+  ``study.servers[j]`` as its ``server_id`` (and, when sealing, its ``GET /v1/info`` too).
+
+A one-row plaintext client therefore sends each server two requests, the study and its share,
+over one kept-alive connection per server. The study's check (its guarantee recomputed) runs once
+per distinct study JSON in a process (client_sdk/verified.py), however many servers or clients
+return it, and without dp-accounting's import for a replace-one study (accounting.gaussian_epsilon).
 
 Uploads are idempotent by report id: a report's id and its share bytes are fixed once, so a retry
 after a timeout, a 5xx, a 429 or a 503 resends the same bytes and the server acknowledges it as a
