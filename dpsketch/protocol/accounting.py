@@ -157,8 +157,8 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
     dp-accounting's ``get_epsilon_gaussian`` solves it (tests/test_gaussian_closed_form.py holds
     the two within 1e-10 of each other). Written out because it is every replace-one study's
     check, which every client runs on the study it fetched: importing dp-accounting for it (which
-    imports scipy.optimize, scipy.stats and scipy.signal) cost a fresh client process about 1.5 s
-    of CPU on this 2-core machine when idle, more than its whole submission."""
+    imports scipy.optimize, scipy.stats and scipy.signal) cost a fresh client process 1.2-2.0 s
+    of CPU on this 2-core machine at load 14, more than the rest of its one-row submission."""
     if mu <= 0 or delta >= 1:
         return 0.0
     if not math.isfinite(mu) or delta <= 0:
