@@ -17,21 +17,27 @@ every value lies in [-1, 1]). Both systems must deliver the sum of the n vectors
   servers started with ``DPSKETCH_MAX_FLOOR_EPSILON=none`` and no population budget, since the
   run makes a study per path and size). Two upload paths, each in a fresh
   study and both timed from the first upload to the released sum at the analyzer:
-  ``single``: every client is its own ``client_sdk.Client`` with its own upload tokens and
-  calls ``submit`` once (it fetches and verifies the study at every server, then posts its share
-  to each: 3 N = 9 HTTP requests); ``bulk``: one ``Client.submit_many`` of all n rows.
+  ``single``: every client is its own ``client_sdk.Client`` with its own upload tokens,
+  connections and TLS setup and calls ``submit`` once (it fetches and checks the study at every
+  server, then posts its share to each: 2 N = 6 HTTP requests), ``--workers`` at a time over
+  ``--client-processes`` processes (``one_row_clients`` says what they share); ``bulk``: one
+  ``Client.submit_many`` of all n rows. ``--fresh-processes`` adds one-row clients that are each
+  a new Python process, as a device that starts and submits is.
 
 Correctness is checked on both sides: Flower's sum against the true sum (max abs error, from its
 stochastic quantization); dpsketch's release against the exact ring sum of what the clients sent
 (it must be equal bit for bit) and against the true sum in units of its noise sd sqrt(n) sigma
 (the clients' Gaussian noise at epsilon = 1, delta = 1e-6 is part of the protocol).
 
-Run it with Flower installed (``pip install -e '.[peer]'``, best in a venv of its own)::
+Run it from the product's venv with Flower in a venv of its own (``pip install -e '.[peer]'``
+there: Flower pins older FastAPI and uvicorn than the servers use), both sides interleaved::
 
-    python benchmarks/peer_flower.py --n 100,1000 --write-docs docs/peer.md
+    python benchmarks/peer_flower.py --n 1000 --workers 64 --client-processes 2 --cold-check \
+        --reps 3 --flower-python /tmp/peer-venv/bin/python --write-docs docs/peer.md
 
-``--skip-flower`` measures dpsketch alone with the product's own dependencies. Wall times are of
-one run each; the machine's other load moves them.
+``--skip-flower`` measures dpsketch alone with the product's own dependencies. Each repetition
+measures every system at every n before the next starts, with the load average recorded beside
+each run; the table gives medians and ranges, and ratios within a repetition.
 """
 
 from __future__ import annotations
