@@ -17,21 +17,27 @@ every value lies in [-1, 1]). Both systems must deliver the sum of the n vectors
   servers started with ``DPSKETCH_MAX_FLOOR_EPSILON=none`` and no population budget, since the
   run makes a study per path and size). Two upload paths, each in a fresh
   study and both timed from the first upload to the released sum at the analyzer:
-  ``single``: every client is its own ``client_sdk.Client`` with its own upload tokens and
-  calls ``submit`` once (it fetches and verifies the study at every server, then posts its share
-  to each: 3 N = 9 HTTP requests); ``bulk``: one ``Client.submit_many`` of all n rows.
+  ``single``: every client is its own ``client_sdk.Client`` with its own upload tokens,
+  connections and TLS setup and calls ``submit`` once (it fetches and checks the study at every
+  server, then posts its share to each: 2 N = 6 HTTP requests), ``--workers`` at a time over
+  ``--client-processes`` processes (``one_row_clients`` says what they share); ``bulk``: one
+  ``Client.submit_many`` of all n rows. ``--fresh-processes`` adds one-row clients that are each
+  a new Python process, as a device that starts and submits is.
 
 Correctness is checked on both sides: Flower's sum against the true sum (max abs error, from its
 stochastic quantization); dpsketch's release against the exact ring sum of what the clients sent
 (it must be equal bit for bit) and against the true sum in units of its noise sd sqrt(n) sigma
 (the clients' Gaussian noise at epsilon = 1, delta = 1e-6 is part of the protocol).
 
-Run it with Flower installed (``pip install -e '.[peer]'``, best in a venv of its own)::
+Run it from the product's venv with Flower in a venv of its own (``pip install -e '.[peer]'``
+there: Flower pins older FastAPI and uvicorn than the servers use), both sides interleaved::
 
-    python benchmarks/peer_flower.py --n 100,1000 --write-docs docs/peer.md
+    python benchmarks/peer_flower.py --n 1000 --workers 64 --client-processes 2 --cold-check \
+        --reps 3 --flower-python /tmp/peer-venv/bin/python --write-docs docs/peer.md
 
-``--skip-flower`` measures dpsketch alone with the product's own dependencies. Wall times are of
-one run each; the machine's other load moves them.
+``--skip-flower`` measures dpsketch alone with the product's own dependencies. Each repetition
+measures every system at every n before the next starts, with the load average recorded beside
+each run; the table gives medians and ranges, and ratios within a repetition.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import os
 import platform
 import secrets
 import shutil
-import ssl
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,6 +69,8 @@ if str(ROOT) not in sys.path:  # run as a file from a checkout
 FLOWER_MODULUS = 1 << 32
 #: Flower's default quantization range
 FLOWER_DEFAULT_QRANGE = 1 << 22
+#: HTTP requests a one-row plaintext client sends each server: GET the study, POST its share
+REQUESTS_PER_SERVER = 2
 TABLE_START = "<!-- peer-table:start -->"
 TABLE_END = "<!-- peer-table:end -->"
 MISSING_FLWR = ("Flower is not installed: the Flower side of this benchmark needs the optional extra "
@@ -209,8 +217,10 @@ class LocalCluster:
         # the servers' policy must accept a study without a noise floor (its release is exact),
         # and a study per path and size of one population: no population budget (issue 41 made
         # one the default; the benchmark's synthetic rows are nobody's data)
+        # (and any min_reports from 2 on: the dry-run test sums 5 clients' rows; a server's
+        # default floor of 50 is a privacy policy, which synthetic rows do not need)
         env = {"DPSKETCH_MAX_FLOOR_EPSILON": "none", "DPSKETCH_POPULATION_EPSILON": "none",
-               "DPSKETCH_POPULATION_FLOOR_EPSILON": "none"}
+               "DPSKETCH_POPULATION_FLOOR_EPSILON": "none", "DPSKETCH_MIN_REPORTS": "2"}
         procs = [share_server(s, self.workdir, env) for s in self.specs]
         for p in procs:
             self.stack.callback(p.stop)
@@ -244,9 +254,137 @@ class LocalCluster:
         return out
 
 
+@contextlib.contextmanager
+def shares_sent(n_servers: int, d: int):
+    """Record every batch the SDK prepares in this process; yields a list that holds, on exit,
+    the ring sum (uint64, d) of the shares those batches carried: what the servers must add up."""
+    import dpsketch.client_sdk.client as sdk
+    from dpsketch.protocol import ring
+
+    sent: list = []
+    real_prepare, lock = sdk.prepare_batch, threading.Lock()
+
+    def recording(study_, rows_, *args, **kwargs):  # whatever the SDK passes (full, stream, ...)
+        batch = real_prepare(study_, rows_, *args, **kwargs)
+        with lock:
+            sent.append(batch)
+        return batch
+
+    sdk.prepare_batch = recording
+    out: list[np.ndarray] = []
+    try:
+        yield out
+    finally:
+        sdk.prepare_batch = real_prepare
+        total = np.zeros(d, dtype=np.uint64)
+        for batch in sent:
+            total += ring.reconstruct([batch.share(j) for j in range(n_servers)]).sum(axis=0, dtype=np.uint64)
+        out.append(total)
+
+
+def one_row_clients(urls: list[str], study_id: str, tokens: list[list[str]], data: np.ndarray, threads: int,
+                    cold_check: bool, n_servers: int, progress: str | None = None) -> np.ndarray:
+    """Client i (its own ``Client``, tokens[i] its own token per server) submits data[i], ``threads``
+    clients at a time; the ring sum of every share they sent.
+
+    Each client does everything a real one-row client does, with its own tokens, connections and
+    TLS setup: fetch the study from every server and check it, prepare its row, upload a share to
+    each server. What clients of one process share: the loaded code, and (without
+    ``cold_check``) the process's memory of studies it has verified (client_sdk/verified.py) and
+    its accounting cache; with ``cold_check`` both are cleared before each client."""
+    import dpsketch.client_sdk.client as sdk
+    from dpsketch.client_sdk import verified
+    from dpsketch.protocol import accounting
+
+    def one(i: int) -> None:
+        if cold_check:
+            verified.forget()
+            accounting.report_epsilon.cache_clear()
+        with sdk.Client(urls, token=tokens[i], journal=False) as client:
+            client.submit(study_id, data[i])
+
+    t0, n = time.perf_counter(), len(data)
+    with shares_sent(n_servers, data.shape[1]) as total, ThreadPoolExecutor(max_workers=threads) as pool:
+        for done, _ in enumerate(pool.map(one, range(n)), 1):
+            if progress and done % max(1, n // 10) == 0:
+                print(f"  {progress}: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
+                      flush=True)
+    return total[0]
+
+
+def _client_process_ready(_: int = 0) -> int:
+    """Run in each client process before the clock starts: the SDK loaded (a device has it
+    installed and running), nothing about the study known."""
+    import dpsketch.client_sdk.client  # noqa: F401
+
+    time.sleep(0.5)  # hold this worker so that the next warm-up task starts the next process
+    return os.getpid()
+
+
+def _client_process(job: tuple) -> np.ndarray:
+    return one_row_clients(*job)
+
+
+#: what one fresh device runs: a new Python process that imports the SDK, makes a Client with its
+#: own tokens, and submits its one row (study fetched from every server and checked, row prepared,
+#: a share uploaded to each); it prints its own phase times
+FRESH_CLIENT = """
+import json, sys, time
+t0 = time.perf_counter()
+from dpsketch.client_sdk import Client
+t1 = time.perf_counter()
+urls, tokens, study_id, row = json.loads(sys.argv[1])
+with Client(urls, token=tokens, journal=False) as client:
+    study = client.study(study_id)
+    t2 = time.perf_counter()
+    client.submit(study_id, row)
+t3 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "study": t2 - t1, "submit": t3 - t2}))
+"""
+
+
+def run_fresh_clients(cluster: LocalCluster, k: int, d: int, seed: int, epsilon: float, delta: float) -> dict[str, Any]:
+    """k one-row clients, one after another, each a fresh process (FRESH_CLIENT): wall and CPU time
+    per device, the interpreter's start included, with each phase's median."""
+    from dpsketch.analyzer.client import AnalyzerClient
+    from dpsketch.protocol import Study
+
+    with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
+        created = an.create_study(name=f"peer-fresh-{k}", columns=[f"x{c}" for c in range(d)], label=None,
+                                  expected_reports=max(k, 2), min_reports=max(k, 2), kind="sketch", k=1, s=1,
+                                  epsilon=epsilon, delta=delta, row_bound=1.0, epsilon_floor=None)
+    study_id = Study.model_validate(created["study"]).study_id
+    tokens = cluster.issue_tokens(study_id, k, 1)
+    data = rows(seed, k, d)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    walls, cpus, phases = [], [], []
+    load0 = os.getloadavg()[0]
+    for i in range(k):
+        job = json.dumps([cluster.server_urls, [t[i] for t in tokens], study_id, data[i].tolist()])
+        before = os.times()
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", FRESH_CLIENT, job], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        after = os.times()
+        if done.returncode:
+            raise RuntimeError(f"a fresh client failed: {done.stderr[-2000:]}")
+        cpus.append(after.children_user - before.children_user + after.children_system - before.children_system)
+        phases.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {"system": "dpsketch-fresh-process", "n": k, "d": d, "wall_seconds": float(np.median(walls)),
+            "cpu_seconds": float(np.median(cpus)),
+            **{f"{name}_seconds": float(np.median([p[name] for p in phases])) for name in phases[0]},
+            "load_before": load0, "load_after": os.getloadavg()[0]}
+
+
 def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: float, delta: float,
-                 workers: int = 1, progress: bool = True) -> dict[str, Any]:
-    """One plain-sum study over ``data`` through path ``single`` or ``bulk``; times and checks."""
+                 workers: int = 1, progress: bool = True, cold_check: bool = False,
+                 processes: int = 1) -> dict[str, Any]:
+    """One plain-sum study over ``data`` through path ``single`` or ``bulk``; times and checks.
+
+    ``single`` runs ``workers`` clients at a time, in ``processes`` client processes (each
+    ``workers / processes`` threads; real clients run on machines of their own, and one Python
+    process serialises its threads' Python code)."""
     import dpsketch.client_sdk.client as sdk
     from dpsketch.analyzer.client import AnalyzerClient
     from dpsketch.protocol import Study, ring
@@ -261,55 +399,45 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     study_id = study.study_id
     # enrolment, not timed: one token per client and server (single), one per server (bulk)
     tokens = cluster.issue_tokens(study_id, n if path == "single" else 1, 1 if path == "single" else n)
-
-    sent: list = []  # every PreparedBatch the SDK builds, to sum the clients' shares ourselves
-    real_prepare = sdk.prepare_batch
-    lock = threading.Lock()
-
-    def recording(study_, rows_, *args, **kwargs):  # whatever the SDK passes (full, stream, ...)
-        batch = real_prepare(study_, rows_, *args, **kwargs)
-        with lock:
-            sent.append(batch)
-        return batch
-
-    sdk.prepare_batch = recording
+    per_client = [[t[i] for t in tokens] for i in range(len(tokens[0]))]
     requests = 0
-    # One TLS context for every simulated client, built once as a device builds its own once:
-    # httpx builds a fresh one per connection pool otherwise (loading the CA bundle, about 60 ms
-    # here, three times per Client), which would time the simulation rather than the protocol.
-    tls = ssl.create_default_context()
-    try:
-        t0 = time.perf_counter()
-        if path == "single":
-            def one(i: int) -> None:
-                with sdk.Client(cluster.server_urls, token=[t[i] for t in tokens], verify=tls) as client:
-                    client.submit(study_id, data[i])
+    processes = max(1, min(processes, workers, n)) if path == "single" else 1
+    totals: list[np.ndarray] = []
+    with contextlib.ExitStack() as stack:
+        if processes > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
-            done = 0
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                for _ in pool.map(one, range(n)):
-                    done += 1
-                    if progress and done % max(1, n // 10) == 0:
-                        print(f"  single: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)",
-                              file=sys.stderr, flush=True)
-            requests = n * 3 * study.n_servers  # per client: GET study + GET info + POST, per server
+            pool = stack.enter_context(ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")))
+            assert len(set(pool.map(_client_process_ready, range(processes)))) == processes
+        load0 = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        if path == "single" and processes > 1:
+            threads = max(1, workers // processes)
+            jobs = [(cluster.server_urls, study_id, per_client[k::processes], data[k::processes], threads,
+                     cold_check, study.n_servers) for k in range(processes)]
+            totals.extend(pool.map(_client_process, jobs))
+        elif path == "single":
+            totals.append(one_row_clients(cluster.server_urls, study_id, per_client, data, workers, cold_check,
+                                          study.n_servers, "single" if progress else None))
         elif path == "bulk":
-            with sdk.Client(cluster.server_urls, token=[t[0] for t in tokens]) as client:
-                client.submit_many(study_id, data)
+            with shares_sent(study.n_servers, d) as total:
+                with sdk.Client(cluster.server_urls, token=per_client[0]) as client:
+                    client.submit_many(study_id, data)
+            totals.extend(total)
         else:
             raise ValueError(f"unknown path {path!r}")
+        if path == "single":
+            requests = n * REQUESTS_PER_SERVER * study.n_servers  # per client and server: GET study, POST
         upload_s = time.perf_counter() - t0
         with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
             fin = an.finalize(study_id)
             released = np.asarray(an.sketch(study_id)["sketch"], dtype=np.float64).reshape(-1)
         seconds = time.perf_counter() - t0
-    finally:
-        sdk.prepare_batch = real_prepare
+    load1 = os.getloadavg()[0]
     assert fin["n_reports"] == n, fin
 
-    total = np.zeros(d, dtype=np.uint64)
-    for batch in sent:
-        total += ring.reconstruct([batch.share(j) for j in range(study.n_servers)]).sum(axis=0, dtype=np.uint64)
+    total = np.sum(totals, axis=0, dtype=np.uint64)  # wraps mod 2^64, as the servers' sums do
     exact = ring.decode(total[None, :], study.frac_bits).reshape(-1)
     truth = data.sum(axis=0)
     noise_sd = math.sqrt(n) * study.sigma
@@ -320,9 +448,12 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         "seconds": seconds,
         "upload_seconds": upload_s,
         "finalize_seconds": seconds - upload_s,
-        "http_requests_per_client": 3 * study.n_servers if path == "single" else None,
+        "http_requests_per_client": REQUESTS_PER_SERVER * study.n_servers if path == "single" else None,
         "http_requests": requests or None,
         "workers": workers if path == "single" else None,
+        "cold_check": cold_check if path == "single" else None,
+        "client_processes": processes if path == "single" else None,
+        "load_before": load0, "load_after": load1,
         "epsilon": epsilon, "delta": delta, "sigma": study.sigma, "frac_bits": study.frac_bits,
         "release_equals_ring_sum": bool(np.array_equal(released, exact)),
         "max_abs_error_vs_ring_sum": float(np.max(np.abs(released - exact))),
@@ -338,56 +469,104 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
 # --- the table --------------------------------------------------------------------------------
 
 
+def _runs(results: list[dict[str, Any]], system: str, n: int) -> list[dict[str, Any]]:
+    return [r for r in results if r["system"] == system and r["n"] == n]
+
+
+def median_seconds(results: list[dict[str, Any]], system: str, n: int) -> float | None:
+    times = [r["seconds"] for r in _runs(results, system, n)]
+    return float(np.median(times)) if times else None
+
+
+def ratios(results: list[dict[str, Any]], slow: str, fast: str, n: int) -> list[float]:
+    """slow's time over fast's at n, within each repetition (the pairs measured side by side;
+    results merged from another run, without a rep, pair in order)."""
+    a, b = _runs(results, slow, n), _runs(results, fast, n)
+    return [x["seconds"] / y["seconds"] for x, y in zip(a, b)]
+
+
 def exponent(results: list[dict[str, Any]], system: str, n0: int, n1: int) -> float | None:
-    """The slope of log(time) against log(n) from n0 to n1 (1 = linear), if both were measured."""
-    times = {r["n"]: r["seconds"] for r in results if r["system"] == system}
-    if n0 not in times or n1 not in times or n0 == n1:
+    """The slope of log(median time) against log(n) from n0 to n1 (1 = linear), if both were measured."""
+    t0, t1 = median_seconds(results, system, n0), median_seconds(results, system, n1)
+    if t0 is None or t1 is None or n0 == n1:
         return None
-    return math.log(times[n1] / times[n0]) / math.log(n1 / n0)
+    return math.log(t1 / t0) / math.log(n1 / n0)
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _spread(values: list[float], spec: str) -> str:
+    """The median, and with several runs their range: "17.2 (16.0-18.1)"."""
+    if not values:
+        return "—"
+    mid = format(float(np.median(values)), spec)
+    if len(values) == 1:
+        return mid
+    return f"{mid} ({format(min(values), spec)}-{format(max(values), spec)})"
+
+
 def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    fresh = [r for r in results if r["system"] == "dpsketch-fresh-process"]
+    results = [r for r in results if r["system"] != "dpsketch-fresh-process"]
     ns = sorted({r["n"] for r in results})
-    by = {(r["system"], r["n"]): r for r in results}
     stacks = sorted({f"FastAPI {r['fastapi_version']}, uvicorn {r['uvicorn_version']}"
                      for r in results if "fastapi_version" in r})
+    reps = max([sum(1 for r in results if r["system"] == sys_ and r["n"] == n)
+                for sys_ in ("flower-secagg+", "dpsketch-single", "dpsketch-bulk") for n in ns] or [1])
+    workers = sorted({r["workers"] for r in results if r.get("workers")})
+    procs = sorted({r["client_processes"] for r in results if r.get("client_processes")})
+    cold = {r.get("cold_check") for r in results if r["system"] == "dpsketch-single"}
     lines = [
-        f"d = {meta['d']}; one run each; {meta['machine']}; "
-        f"flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
-        f"{' / '.join(stacks) or '—'}; {meta['date']}",
+        f"d = {meta['d']}; {'one run each' if reps == 1 else f'median (range) of {reps} interleaved runs'}; "
+        f"{meta['machine']}; flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
+        f"{' / '.join(stacks) or '—'}; single path: {'/'.join(map(str, workers)) or '—'} clients at a time"
+        f"{' in ' + '/'.join(map(str, procs)) + ' processes' if procs and procs != [1] else ''}"
+        f"{', each checking the study itself' if cold == {True} else ''}; {meta['date']}",
         "",
         "| n | Flower SecAgg+ round (s) | Flower simulation total (s) | dpsketch single (s) | "
         "dpsketch bulk (s) | Flower / single | Flower / bulk | Flower max abs error | "
-        "dpsketch release = ring sum | dpsketch max error / noise sd |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "dpsketch release = ring sum | dpsketch max error / noise sd | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in ns:
-        f, s, b = by.get(("flower-secagg+", n)), by.get(("dpsketch-single", n)), by.get(("dpsketch-bulk", n))
-        exact = [r["release_equals_ring_sum"] for r in (s, b) if r]
-        errs = [r["max_abs_error_in_sd"] for r in (s, b) if r]
+        f, s, b = (_runs(results, name, n) for name in ("flower-secagg+", "dpsketch-single", "dpsketch-bulk"))
+        exact = [r["release_equals_ring_sum"] for r in s + b]
+        errs = [r["max_abs_error_in_sd"] for r in s + b]
+        loads = [x for r in f + s + b for x in (r.get("load_before"), r.get("load_after")) if x is not None]
         lines.append(
-            f"| {n:,} | {_fmt(f and f['seconds'], '.1f')} | {_fmt(f and f['total_seconds'], '.1f')} | "
-            f"{_fmt(s and s['seconds'], '.2f')} | {_fmt(b and b['seconds'], '.2f')} | "
-            f"{_fmt(f['seconds'] / s['seconds'] if f and s else None, '.1f')} | "
-            f"{_fmt(f['seconds'] / b['seconds'] if f and b else None, '.0f')} | "
-            f"{_fmt(f and f['max_abs_error'], '.1e')} | "
+            f"| {n:,} | {_spread([r['seconds'] for r in f], '.1f')} | "
+            f"{_spread([r['total_seconds'] for r in f], '.1f')} | "
+            f"{_spread([r['seconds'] for r in s], '.2f')} | {_spread([r['seconds'] for r in b], '.2f')} | "
+            f"{_spread(ratios(results, 'flower-secagg+', 'dpsketch-single', n), '.1f')} | "
+            f"{_spread(ratios(results, 'flower-secagg+', 'dpsketch-bulk', n), '.0f')} | "
+            f"{_fmt(max(r['max_abs_error'] for r in f) if f else None, '.1e')} | "
             f"{('yes' if all(exact) else 'NO') if exact else '—'} | "
-            f"{_fmt(max(errs) if errs else None, '.2f')} |")
+            f"{_fmt(max(errs) if errs else None, '.2f')} | "
+            f"{f'{min(loads):.1f}-{max(loads):.1f}' if loads else '—'} |")
     if len(ns) >= 2:
         systems = [(label, name) for label, name in (("Flower SecAgg+ round", "flower-secagg+"),
                                                      ("dpsketch single", "dpsketch-single"),
                                                      ("dpsketch bulk", "dpsketch-bulk"))
                    if any(r["system"] == name for r in results)]
-        lines += ["", "Scaling exponent of the time in n, log(t1 / t0) / log(n1 / n0) (1 = linear):", "",
+        lines += ["", "Scaling exponent of the median time in n, log(t1 / t0) / log(n1 / n0) (1 = linear):", "",
                   "| from n to n | " + " | ".join(label for label, _ in systems) + " |",
                   "|---|" + "---|" * len(systems)]
         for n0, n1 in zip(ns, ns[1:]):
             lines.append(f"| {n0:,} to {n1:,} | " + " | ".join(
                 _fmt(exponent(results, name, n0, n1)) for _, name in systems) + " |")
+    if fresh:
+        loads = [x for r in fresh for x in (r["load_before"], r["load_after"])]
+        lines += ["", f"One-row clients, each a fresh Python process, one after another ({len(fresh)} run(s) of "
+                  f"{fresh[0]['n']} processes; medians per process; load {min(loads):.1f}-{max(loads):.1f}):", "",
+                  "| wall (s) | CPU (s) | import the SDK (s) | Client + fetch and check the study (s) | "
+                  "prepare and upload (s) |", "|---|---|---|---|---|",
+                  f"| {_spread([r['wall_seconds'] for r in fresh], '.2f')} | "
+                  f"{_spread([r['cpu_seconds'] for r in fresh], '.2f')} | "
+                  f"{_spread([r['import_seconds'] for r in fresh], '.2f')} | "
+                  f"{_spread([r['study_seconds'] for r in fresh], '.3f')} | "
+                  f"{_spread([r['submit_seconds'] for r in fresh], '.3f')} |"]
     return "\n".join(lines)
 
 
@@ -425,8 +604,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the results of an earlier --json run to the table (e.g. the dpsketch side "
                    "measured in the product's venv, the Flower side in the peer venv)")
     p.add_argument("--write-docs", metavar="MD", help="replace the table block of this page (docs/peer.md)")
+    p.add_argument("--reps", type=int, default=1,
+                   help="repetitions, interleaved: each rep measures every system at every n (default: %(default)s)")
+    p.add_argument("--flower-python", metavar="PYTHON",
+                   help="run the Flower side with this interpreter (a venv with the 'peer' extra), in a child "
+                   "process per round, interleaved with the dpsketch side measured here")
+    p.add_argument("--client-processes", type=int, default=1,
+                   help="dpsketch single path: client processes the --workers clients at a time are spread over "
+                   "(default: %(default)s; real clients do not share one interpreter's lock)")
+    p.add_argument("--cold-check", action="store_true",
+                   help="dpsketch single path: every client checks the study's guarantee itself (clears the "
+                   "process's verified studies and accounting cache before each client), as a fresh device does")
+    p.add_argument("--fresh-processes", type=int, default=0, metavar="K",
+                   help="also run K one-row clients one after another, each a fresh Python process (a device "
+                   "that starts, imports the SDK, checks the study and submits), and report their median wall "
+                   "and CPU time (default: %(default)s)")
     p.add_argument("--verbose", action="store_true", help="Flower's own log")
     return p
+
+
+def flower_in_child(python: str, n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """One Flower round run by this script under another interpreter (a venv with the ``peer``
+    extra: Flower pins older FastAPI, Starlette and uvicorn than the product's venv holds)."""
+    out = workdir / f"flower-{n}-{time.monotonic_ns()}.json"
+    cmd = [python, str(Path(__file__).resolve()), "--skip-dpsketch", "--n", str(n), "--d", str(args.d),
+           "--seed", str(args.seed), "--num-shares", str(args.num_shares), "--threshold", str(args.threshold),
+           "--cpus-per-client", str(args.cpus_per_client), "--json", str(out)]
+    load0 = os.getloadavg()[0]
+    done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=None if args.verbose else subprocess.DEVNULL)
+    if done.returncode:
+        raise SystemExit(f"the Flower side failed under {python} (status {done.returncode}); "
+                         f"run it alone with --verbose")
+    res = json.loads(out.read_text())["results"][0]
+    res["load_before"], res["load_after"] = load0, os.getloadavg()[0]
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,16 +647,19 @@ def main(argv: list[str] | None = None) -> int:
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
     if any(x not in ("single", "bulk") for x in paths):
         raise SystemExit("--paths takes single and/or bulk")
-    if not args.skip_dpsketch and min(ns, default=50) < 50:
-        raise SystemExit("the dpsketch side needs n >= 50: a share server's default policy refuses "
-                         "studies with min_reports below 50")
-    if not args.skip_flower and not have_flwr():
+    if not args.skip_dpsketch and min(ns, default=2) < 2:
+        raise SystemExit("the dpsketch side needs n >= 2 (a study's min_reports exceeds t = 0 and the "
+                         "release must hold more than one report)")
+    flower_child = args.flower_python and not args.skip_flower
+    if not args.skip_flower and not flower_child and not have_flwr():
         print(MISSING_FLWR, file=sys.stderr)
         return 2
     meta: dict[str, Any] = {
         "d": args.d,
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),
+        "reps": args.reps,
+        "workers": args.workers,
     }
     results: list[dict[str, Any]] = []
     for name in args.merge:
@@ -453,28 +668,47 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in earlier.get("meta", {}).items():
             meta.setdefault(key, value)
 
-    def report(res: dict[str, Any]) -> None:
+    def report(res: dict[str, Any], rep: int) -> None:
+        res["rep"] = rep
+        if res["system"] == "flower-secagg+":
+            meta["flwr_version"] = res["flwr_version"]
         results.append(res)
         print(json.dumps(res), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
+    def flower(n: int, rep: int) -> None:
+        print(f"Flower SecAgg+, n = {n}, rep {rep + 1} ...", file=sys.stderr, flush=True)
+        if flower_child:
+            report(flower_in_child(args.flower_python, n, args, workdir), rep)
+        else:
+            report(run_flower(n, args.d, args.seed, args.num_shares, args.threshold,
+                              args.cpus_per_client, workdir, args.verbose), rep)
+
     workdir = Path(tempfile.mkdtemp(prefix="dpsketch-peer-"))
     try:
-        if not args.skip_dpsketch:
-            print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
-            with LocalCluster(workdir) as cluster:
+        with contextlib.ExitStack() as stack:
+            cluster = None
+            if not args.skip_dpsketch:
+                print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
+                cluster = stack.enter_context(LocalCluster(workdir))
+            # interleaved: every repetition measures each system at each n before the next one
+            # starts, so a change in the machine's other load falls on both sides alike
+            for rep in range(args.reps):
                 for n in ns:
-                    data = rows(args.seed, n, args.d)
-                    for path in paths:
-                        print(f"dpsketch {path}, n = {n} ...", file=sys.stderr, flush=True)
-                        report(run_dpsketch(cluster, path, data, args.epsilon, args.delta, args.workers))
-        if not args.skip_flower:
-            meta["flwr_version"] = __import__("flwr").__version__
-            for n in ns:
-                print(f"Flower SecAgg+, n = {n} ...", file=sys.stderr, flush=True)
-                report(run_flower(n, args.d, args.seed, args.num_shares, args.threshold,
-                                  args.cpus_per_client, workdir, args.verbose))
+                    if cluster is not None:
+                        data = rows(args.seed, n, args.d)
+                        for path in paths:
+                            print(f"dpsketch {path}, n = {n}, rep {rep + 1} ...", file=sys.stderr, flush=True)
+                            report(run_dpsketch(cluster, path, data, args.epsilon, args.delta, args.workers,
+                                                cold_check=args.cold_check, processes=args.client_processes), rep)
+                    if not args.skip_flower:
+                        flower(n, rep)
+                if cluster is not None and args.fresh_processes:
+                    print(f"dpsketch: {args.fresh_processes} fresh client processes, rep {rep + 1} ...",
+                          file=sys.stderr, flush=True)
+                    report(run_fresh_clients(cluster, args.fresh_processes, args.d, args.seed, args.epsilon,
+                                             args.delta), rep)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:

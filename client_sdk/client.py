@@ -7,7 +7,13 @@ leaves the machine:
   server returns; a server cannot quietly lower sigma or change the sketch), and
 * share j goes to the server the study names as server j, with N distinct servers. A URL listed
   twice, or two URLs for the same server, would hand one organisation two shares of a report -
-  with N = 2 that is the row itself. Each URL's ``GET /v1/info`` must name ``study.servers[j]``.
+  with N = 2 that is the row itself. Each URL's ``GET /v1/studies/{id}`` must name
+  ``study.servers[j]`` as its ``server_id`` (and, when sealing, its ``GET /v1/info`` too).
+
+A one-row plaintext client therefore sends each server two requests, the study and its share,
+over one kept-alive connection per server. The study's check (its guarantee recomputed) runs once
+per distinct study JSON in a process (client_sdk/verified.py), however many servers or clients
+return it, and without dp-accounting's import for a replace-one study (accounting.gaussian_epsilon).
 
 Uploads are idempotent by report id: a report's id and its share bytes are fixed once, so a retry
 after a timeout, a 5xx, a 429 or a 503 resends the same bytes and the server acknowledges it as a
@@ -52,6 +58,7 @@ from . import data as _data
 from . import journal as _journal
 from dpsketch.protocol import report as _report
 from . import sealing as _sealing
+from . import verified as _verified
 from .errors import (
     BatchFailure,
     FloorTooWeak,
@@ -147,6 +154,39 @@ def _plain_http_to_another_host(url: str) -> bool:
         return not ipaddress.ip_address(host).is_loopback
     except ValueError:
         return True
+
+
+def _tls_context(urls: Sequence[str], verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
+    """One TLS context for all of a client's servers, built only if one of them speaks https.
+
+    httpx builds a context per connection pool otherwise: N loads of the CA bundle (about 60 ms
+    each on a small machine) for a client that submits one row, and N for plain-http loopback
+    URLs that never use them. The same context verifies every server, as N would."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    if not any(httpx.URL(u).scheme == "https" for u in urls):
+        # no TLS handshake can happen (http URLs; redirects are not followed), yet httpx makes a
+        # context for every pool: give it one unverifying context, made once per process
+        global _NO_TLS
+        if _NO_TLS is None:
+            _NO_TLS = httpx.create_ssl_context(verify=False)
+        return _NO_TLS
+    return httpx.create_ssl_context(verify=verify)
+
+
+_NO_TLS: ssl.SSLContext | None = None
+
+
+_chacha_warmed = threading.Event()
+
+
+def _warm_chacha() -> None:
+    """Load the seed expansion's compiled loop in a background thread, once per process, while a
+    bulk submission fetches its study (a one-row ``submit`` sends full shares and never needs it:
+    loading numba would be about a second of CPU for nothing)."""
+    if not _chacha_warmed.is_set():
+        _chacha_warmed.set()
+        threading.Thread(target=chacha.warm_up, name="chacha20-warm-up", daemon=True).start()
 
 
 class Client:
@@ -256,8 +296,6 @@ class Client:
         self.queue_depth = queue_depth
         self.max_batch_bytes = max_batch_bytes
         self.compress = compress
-        if compress:  # load the seed expansion's compiled loop while the study is fetched
-            threading.Thread(target=chacha.warm_up, name="chacha20-warm-up", daemon=True).start()
         self.encrypt = encrypt
         self.sealing = _sealing.check_policy(sealing)
         if sealing != _sealing.CLASSICAL and not encrypt:
@@ -271,11 +309,12 @@ class Client:
                         _journal.Journal(None if journal is True else journal))
         self._recipients: dict[str, list[envelope.Recipient]] = {}
         self._http = []
+        tls = _tls_context(urls, verify) if transport is None else verify
         for url, tok in zip(urls, tokens):
             headers = {"User-Agent": f"dpsketch-client/{__version__}"}
             if tok:
                 headers["Authorization"] = f"Bearer {tok}"
-            self._http.append(httpx.Client(base_url=url, timeout=timeout, http2=http2, verify=verify,
+            self._http.append(httpx.Client(base_url=url, timeout=timeout, http2=http2, verify=tls,
                                            headers=headers, transport=transport))
         self._pool = ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="dpsketch-client")
         self._studies: dict[str, Study] = {}
@@ -398,13 +437,19 @@ class Client:
         if not isinstance(study_id, str) or not STUDY_ID.match(study_id):
             raise ValueError("a study id is 64 lower-case hex characters")
 
-        def fetch(j: int) -> tuple[messages.ServerInfo, messages.StudyInfo | None]:
-            # the study first, then the info: a HPKE key read here was current after the study
-            # existed, so the server keeps it until the study is committed (section 7a)
+        def fetch(j: int) -> tuple[messages.ServerInfo | None, messages.StudyInfo]:
+            # the study first, then (sealing only) the info: a HPKE key read here was current
+            # after the study existed, so the server keeps it until the study is committed
+            # (section 7a). Without sealing the study's own answer names the server (server_id),
+            # so a plaintext client asks each server one question before it uploads.
             resp = self._request(j, "GET", f"/v1/studies/{study_id}")
-            info = self._json(j, self._request(j, "GET", "/v1/info"), messages.ServerInfo)
+            info = (self._json(j, self._request(j, "GET", "/v1/info"), messages.ServerInfo)
+                    if self.encrypt else None)
             try:
-                return info, messages.StudyInfo.model_validate(resp.json())
+                body = resp.json()
+                if isinstance(body, dict) and "study" in body:  # checked once per process (verified.py)
+                    body = {**body, "study": _verified.study(body["study"])}
+                return info, messages.StudyInfo.model_validate(body)
             except ValidationError as exc:
                 raise StudyMismatch(f"{self.urls[j]} returned study parameters that fail the "
                                     f"protocol's checks: {exc}") from None
@@ -424,12 +469,13 @@ class Client:
                 f"the study splits each report among {study.n_servers} servers "
                 f"({', '.join(study.servers)}) but {len(self.urls)} URLs were given")
         for j, (info, sinfo) in enumerate(fetched):
-            if info.protocol != study.protocol:
+            if info is not None and info.protocol != study.protocol:
                 raise StudyMismatch(f"{self.urls[j]} speaks {info.protocol!r}, the study is "
                                     f"{study.protocol!r}")
-            if info.server_id != study.servers[j] or sinfo.server_id != study.servers[j]:
+            named = sinfo.server_id if info is None or info.server_id == study.servers[j] else info.server_id
+            if named != study.servers[j] or sinfo.server_id != study.servers[j]:
                 raise StudyMismatch(
-                    f"URL {j + 1} ({self.urls[j]}) is server {info.server_id!r}, but the study sends "
+                    f"URL {j + 1} ({self.urls[j]}) is server {named!r}, but the study sends "
                     f"share {j + 1} to {study.servers[j]!r}; give the URLs in the study's server "
                     f"order: {', '.join(study.servers)}")
         if self.max_floor_epsilon is not None:
@@ -440,7 +486,7 @@ class Client:
                     f"epsilon = {floor:.4g} (server_sigma = {study.server_sigma:g}), above this "
                     f"client's max_floor_epsilon = {self.max_floor_epsilon:g}; refusing to submit")
         if self.encrypt:
-            self._recipients[study_id] = self._recipients_of(study, [info for info, _ in fetched])
+            self._recipients[study_id] = self._recipients_of(study, [info for info, _ in fetched if info is not None])
         self._committed[study_id] = [s.server_id for _, s in fetched if s.status != "open"]
         self._studies[study_id] = study
         return study
@@ -576,6 +622,8 @@ class Client:
         """
         if batch_size is not None and batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if self.compress:
+            _warm_chacha()
         study = self._open_study(study_id)
         proved = proved_shares.is_proved(study)
         record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, proved_shares.upload_width(study),
