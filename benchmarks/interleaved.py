@@ -43,7 +43,7 @@ def run(tree: Path, which: str, extra: list[str]) -> dict:
 def warm(tree: Path) -> None:
     """Load (compiling on first use) the tree's compiled loops into its numba cache."""
     code = ("from dpsketch.protocol import kernels; kernels.warm_up_all()\n"
-            "try:\n    from services import idsets; idsets.MERGE.warm_up()\nexcept (ImportError, AttributeError):\n    pass")
+            "try:\n    from dpsketch.services import idsets; idsets.MERGE.warm_up()\nexcept (ImportError, AttributeError):\n    pass")
     subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(tree)), cwd=tree, check=True)
 
 

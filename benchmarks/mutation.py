@@ -496,7 +496,7 @@ def baseline(copy: Path, guards: list[Guard], timeout: float, log=print) -> dict
 def warm(copy: Path) -> None:
     """numba's loops compiled once into the copy's cache (else the first mutants pay it)."""
     env = {**os.environ, "PYTHONPATH": str(copy)}
-    subprocess.run([sys.executable, "-c", "from services.store import warm_kernels; warm_kernels()"],
+    subprocess.run([sys.executable, "-c", "from dpsketch.services.store import warm_kernels; warm_kernels()"],
                    cwd=copy, env=env, check=False, capture_output=True)
 
 

@@ -241,7 +241,7 @@ def test_image_ships_the_compiled_loops(compose_cluster):
     opened its first large study) and writes nothing to the cache."""
     out = compose_cluster.docker.containers.run(
         "dpsketch-server:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
-        command=["-c", "from services.store import warm_kernels; print('ready', warm_kernels())"]).decode()
+        command=["-c", "from dpsketch.services.store import warm_kernels; print('ready', warm_kernels())"]).decode()
     assert "ready True" in out, out[-2000:]
     loaded = [line for line in out.splitlines() if line.startswith("[cache] data loaded from")]
     assert len(loaded) >= 10 and "saved to" not in out, out[-3000:]
@@ -250,7 +250,7 @@ def test_image_ships_the_compiled_loops(compose_cluster):
              'path = os.path.join(os.environ["NUMBA_CACHE_DIR"], "dpsketch-build-cpu.json")\n'
              'built = json.load(open(path))\n'
              'json.dump({"name": "not-" + built["name"], "features": ""}, open(path, "w"))\n'
-             'import numba\nfrom services.store import warm_kernels\n'
+             'import numba\nfrom dpsketch.services.store import warm_kernels\n'
              'print("ready", warm_kernels(), numba.config.CPU_NAME)\n')
     out = compose_cluster.docker.containers.run(
         "dpsketch-server:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,

@@ -26,6 +26,8 @@ and ``importlib.import_module("...")`` / ``__import__("...")`` with a literal na
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 
@@ -145,6 +147,33 @@ def test_nothing_imports_a_part_by_its_bare_name():
                       for line, target in imports_of(path.read_text(encoding="utf-8"), path.stem) if layer(target) == "bare"]
     assert not found, ("import the parts as dpsketch.services, dpsketch.analyzer, dpsketch.client_sdk, "
                        "dpsketch.tools:\n" + _where(found))
+
+
+#: An import statement of a part by its bare name anywhere in the tree's text: Python source, but
+#: also code inside strings (``python -c "from services.store import ..."`` in deploy/Dockerfile
+#: and scripts/install.sh, subprocess arguments, docstrings and docs), which ast does not see.
+BARE_IN_TEXT = re.compile(r"(^|[;\"'`]|\\n)\s*(>>> )?(from (services|analyzer|client_sdk|tools)(\.\w+)* import\b"
+                          r"|import (services|analyzer|client_sdk|tools)(\.\w+)*(?!\w))", re.M)
+
+
+def test_no_text_in_the_tree_imports_a_part_by_its_bare_name():
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    found = []
+    for name in files:
+        path = ROOT / name
+        if not name or name in ("CHANGELOG.md", "tests/test_layering.py") or name.startswith(("clients/", "conformance/")) \
+                or path.is_symlink() or not path.is_file() or path.stat().st_size > 2_000_000:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"  {name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0).strip()}"
+                  for m in BARE_IN_TEXT.finditer(text)]
+    assert not found, "the parts are dpsketch.services, dpsketch.analyzer, dpsketch.client_sdk, dpsketch.tools:\n" + "\n".join(found)
+    # and the pattern sees the forms it is for (one of them hid in deploy/Dockerfile's build step)
+    assert BARE_IN_TEXT.search('python -c "import sys; from services.store import warm_kernels"')
+    assert BARE_IN_TEXT.search("import client_sdk.cli") and not BARE_IN_TEXT.search("from x import analyzer")
 
 
 def test_the_parts_are_linked_into_the_namespace():

@@ -968,7 +968,7 @@ def bench_seed_warm_up() -> dict[str, Any]:
         cold_s = fresh(warm, env)
         cached_s = fresh(warm, env)
     return {"compile_seconds": cold_s, "cached_seconds": cached_s,
-            "baseline_import_client_cli_seconds": fresh("import client_sdk.cli", dict(os.environ))}
+            "baseline_import_client_cli_seconds": fresh("import dpsketch.client_sdk.cli", dict(os.environ))}
 
 
 def main(argv: list[str] | None = None) -> int:
