@@ -171,3 +171,35 @@ def test_the_release_does_not_write_the_inclusion_set_again(tmp_path):
     reopened = AnalyzerStore(path)
     assert reopened.inclusion(study.study_id) == ids and reopened.get(study.study_id).state == "released"
     reopened.close()
+
+
+def test_the_chunked_search_of_ascending_queries_finds_what_one_search_finds(monkeypatch):
+    """messages.locate(ascending=True) searches a sorted list's ids chunk by chunk, each in the
+    stretch its first and last query bound (cache-sized at 10^7): the same positions as one
+    search, at every chunk boundary, with queries before, between and past the list's ids and
+    high halves shared by several ids (which only crafted ids have)."""
+    from dpsketch.protocol import messages as m
+
+    rng = np.random.default_rng(46)
+    hi = np.sort(rng.integers(0, 1000, size=600, dtype=np.uint64))  # many shared high halves
+    lo = rng.integers(0, 2**63, size=600, dtype=np.uint64)
+    order = np.lexsort((lo, hi))
+    hi, lo = hi[order], lo[order]
+    keep = np.ones(len(hi), dtype=bool)
+    keep[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    hi, lo = hi[keep], lo[keep]
+    picks = np.sort(rng.choice(len(hi), size=300, replace=False))
+    q_hi = np.concatenate([[0], hi[picks], rng.integers(0, 1100, size=200, dtype=np.uint64)])
+    q_lo = np.concatenate([[1], lo[picks], rng.integers(0, 2**63, size=200, dtype=np.uint64)])
+    order = np.lexsort((q_lo, q_hi))
+    q_hi, q_lo = q_hi[order], q_lo[order]
+    whole = m.locate(hi, lo, q_hi, q_lo)
+    for chunk in (1, 7, 64, 10**6):
+        monkeypatch.setattr(m, "SEARCH_CHUNK", chunk)
+        assert np.array_equal(m.locate(hi, lo, q_hi, q_lo, ascending=True), whole), chunk
+    assert int(np.count_nonzero(whole >= 0)) >= 300
+    # every high half once (the one-search case), chunked the same
+    u_hi, first = np.unique(hi, return_index=True)
+    u_lo = lo[first]
+    monkeypatch.setattr(m, "SEARCH_CHUNK", 5)
+    assert np.array_equal(m.locate(u_hi, u_lo, q_hi, q_lo, ascending=True), m.locate(u_hi, u_lo, q_hi, q_lo))

@@ -395,7 +395,7 @@ def intersect_held(lists: Sequence[np.ndarray]) -> tuple[bytes, list[np.ndarray]
         if j == shortest:
             continue
         hi, lo = native_halves(ids)
-        at = locate(hi, lo, base_hi, base_lo)
+        at = locate(hi, lo, base_hi, base_lo, ascending=True)
         on_all &= at >= 0
         positions[j] = at
         del hi, lo
@@ -409,20 +409,50 @@ def intersect_held(lists: Sequence[np.ndarray]) -> tuple[bytes, list[np.ndarray]
     return rows[on_all].tobytes(), masks
 
 
-def locate(hi: np.ndarray, lo: np.ndarray, query_hi: np.ndarray, query_lo: np.ndarray) -> np.ndarray:
+#: Queries searched at once by :func:`_search_ascending`: their stretch of a list of 10^7 ids
+#: is a few hundred KiB, which stays in the CPU's cache for the whole binary search.
+SEARCH_CHUNK = 1 << 15
+
+
+def _search_ascending(hi: np.ndarray, query_hi: np.ndarray, side: str) -> np.ndarray:
+    """``np.searchsorted(hi, query_hi, side)`` for ascending queries, chunk by chunk, each
+    chunk searched only in the stretch of ``hi`` its first and last query bound. Why: one
+    search of 10^7 queries over 10^7 ids probes the whole 80 MB list from every query, and
+    past the CPU's cache each probe is a miss (the intersection grew 12-14x from 10^6 to 10^7
+    ids); a chunk's stretch stays in cache, so the time grows with the number of ids."""
+    m = len(query_hi)
+    if m <= SEARCH_CHUNK:
+        return np.searchsorted(hi, query_hi, side=side)
+    out = np.empty(m, dtype=np.intp)
+    # the stretches' bounds: where each chunk's first query would go, and past its last one's
+    firsts = np.searchsorted(hi, query_hi[::SEARCH_CHUNK], side="left")
+    lasts = np.searchsorted(hi, query_hi[SEARCH_CHUNK - 1::SEARCH_CHUNK], side="right")
+    lasts = np.append(lasts, len(hi))
+    for c, start in enumerate(range(0, m, SEARCH_CHUNK)):
+        a, b = int(firsts[c]), int(lasts[c])
+        out[start:start + SEARCH_CHUNK] = np.searchsorted(hi[a:b], query_hi[start:start + SEARCH_CHUNK], side=side)
+        out[start:start + SEARCH_CHUNK] += a
+    return out
+
+
+def locate(hi: np.ndarray, lo: np.ndarray, query_hi: np.ndarray, query_lo: np.ndarray,
+           ascending: bool = False) -> np.ndarray:
     """The position of each queried id in a strictly ascending id list (both given by their
     halves; native uint64 arrays are the fast case, :func:`native_halves`), -1 where it is not
     on it: a binary search of the high half, then a comparison of the low half (ids sharing a
-    high half, which only crafted ones do, are scanned exactly)."""
+    high half, which only crafted ones do, are scanned exactly). ``ascending``: the queries'
+    high halves are in ascending order (a sorted id list), which lets the search go chunk by
+    chunk (:func:`_search_ascending`)."""
     n = len(hi)
     if n == 0:
         return np.full(len(query_hi), -1, dtype=np.int64)
-    left = np.searchsorted(hi, query_hi, side="left")
+    search = _search_ascending if ascending else (lambda h, q, side: np.searchsorted(h, q, side=side))
+    left = search(hi, query_hi, "left")
     if n < 2 or not bool(np.any(hi[1:] == hi[:-1])):  # every high half once: one search decides
         at = np.minimum(left, n - 1)
         hit = (hi[at] == query_hi) & (lo[at] == query_lo)
         return np.where(hit, left, -1).astype(np.int64, copy=False)
-    right = np.searchsorted(hi, query_hi, side="right")
+    right = search(hi, query_hi, "right")
     at = np.full(len(query_hi), -1, dtype=np.int64)
     single = np.flatnonzero(right - left == 1)
     hit = lo[left[single]] == query_lo[single]
