@@ -11,12 +11,18 @@ their ratio, every upload request answered a second in the storm against the cal
 and against the crowd's (what a re-send request costs the server against a fresh one), a fresh client's answers a
 second against a re-sending client's (1: a fair share), the median latencies of a re-send and a
 fresh upload in the storm, every non-200 answer, and whether the server holds exactly the base
-plus the fresh reports acknowledged. ``--max-inflight`` sets the server's upload admission
-limit (``DPSKETCH_MAX_INFLIGHT_UPLOADS``; 64 is the default, under which more than 64 clients
-with a request in flight get 503 + Retry-After for the excess by design).
+plus the fresh reports acknowledged; the server's RSS after each phase and its peak, and its
+held re-send answers (services/resend_gate.py: held at most at once, in all, past a cap).
+``--max-inflight`` sets the server's upload admission limit (``DPSKETCH_MAX_INFLIGHT_UPLOADS``;
+64 is the default, under which more than 64 clients with a request in flight get 503 +
+Retry-After for the excess by design); ``--hold-s`` the longest wait of a re-send's answer while
+fresh uploads arrive (``DPSKETCH_RESEND_HOLD_S``; 0: answered at once, the fair share before);
+``--rounds`` splits the storm into parts between calm parts (calm and storm under the same drift
+of the machine's load).
 
     .venv/bin/python benchmarks/retry_storm.py [--n 1000000] [--seconds 10] [--calm-seconds 10]
         [--crowd-seconds 5] [--storm-clients 64] [--fresh-clients 8] [--batch-rows 8] [--max-inflight 128]
+        [--hold-s S] [--rounds R]
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ spends more CPU per request than the server, and would set the pace of both phas
 
 A run has three phases of fresh uploads by ``fresh_clients`` clients: calm (only them), storm
 (them plus ``storm_clients`` re-senders) and calm again, so a machine whose load drifts weighs
-on the calm rate from both sides of the storm. The figure is the ratio of the fresh clients'
-rate during the storm to their calm rate, measured in the same run.
+on the calm rate from both sides of the storm (``rounds``: the storm in parts, each between two
+calm parts). The figure is the ratio of the fresh clients' rate during the storm to their calm
+rate, measured in the same run. The server holds a re-send's answer while fresh uploads arrive
+(services/resend_gate.py), so the storm's clients, one request in flight each, slow down.
 """
 
 from __future__ import annotations
