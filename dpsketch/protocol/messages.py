@@ -319,16 +319,41 @@ def encode_report_ids(report_ids: Sequence[bytes] | bytes | np.ndarray) -> bytes
             raise ValueError(f"report ids are {REPORT_ID_BYTES} bytes each")
         pairs = np.frombuffer(joined, dtype=">u8").reshape(-1, 2)
     hi, lo = pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64)
-    order = np.argsort(hi, kind="stable")
+    order = _order_by_high_bits(hi)
     hi, lo = hi[order], lo[order]
-    if len(hi) > 1 and bool(np.any(hi[1:] == hi[:-1])):  # a shared high half: sort by both
-        order = np.lexsort((lo, hi))
-        hi, lo = hi[order], lo[order]
+    # in order by all 128 bits where neighbours share the high bits the sort saw (about 45 pairs
+    # of 10^7 random ids; a repeated id; crafted ids): those few, sorted among themselves, go
+    # back to the same places (a shared prefix keeps them together and apart from the others)
+    tied = np.flatnonzero((hi[1:] >> _shift(len(hi))) == (hi[:-1] >> _shift(len(hi))))
+    if len(tied):
+        at = np.union1d(tied, tied + 1)
+        sub = np.lexsort((lo[at], hi[at]))
+        hi[at], lo[at] = hi[at][sub], lo[at][sub]
     keep = np.ones(len(hi), dtype=bool)
     keep[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
     out = np.empty((int(np.count_nonzero(keep)), 2), dtype=">u8")
     out[:, 0], out[:, 1] = hi[keep], lo[keep]
     return out.tobytes()
+
+
+def _shift(n: int) -> np.uint64:
+    """The low bits of a high half that :func:`_order_by_high_bits` gives over to positions."""
+    return np.uint64(max(1, (n - 1).bit_length()))
+
+
+def _order_by_high_bits(hi: np.ndarray) -> np.ndarray:
+    """An order of ``hi`` ascending by all but its low ``_shift(n)`` bits (ties: by position).
+    Why not ``np.argsort``: numpy's sort of the values alone is 4-10x faster than its argsort of
+    them (2.4 s stable, 1.1 s not, at 10^7 against 0.24 s), so each value's low bits carry its
+    position through one ``np.sort``; the caller orders the few neighbours whose remaining high
+    bits tie."""
+    n = len(hi)
+    shift = _shift(n)
+    key = (hi >> shift) << shift
+    key |= np.arange(n, dtype=np.uint64)
+    key.sort()
+    key &= (np.uint64(1) << shift) - np.uint64(1)
+    return key.astype(np.intp, copy=False)
 
 
 def strictly_ascending(hi: np.ndarray, lo: np.ndarray) -> bool:
