@@ -337,7 +337,7 @@ def create_app(settings: Settings) -> FastAPI:
     errors.install(app)
     admission = Admission.from_env()
     # re-sends' answers wait while fresh uploads arrive (services/resend_gate.py)
-    gate = ResendGate.from_env()
+    gate = ResendGate.from_env(admission)
     app.state.resend_gate = gate
     metrics = ServerMetrics(store, app, admission, gate)
     app.state.metrics = metrics
@@ -569,7 +569,7 @@ def create_app(settings: Settings) -> FastAPI:
         services/uploads.py.)"""
         record, ids, shares = checked_report(store, settings.server_id, study_id, report)
         result = await stored_report(store, metrics, study_id, record, ids, shares, token)
-        await hold_route_answer(gate, admission, request.scope, result)
+        await hold_route_answer(gate, request.scope, result)
         return json_response(result)
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
@@ -619,7 +619,7 @@ def create_app(settings: Settings) -> FastAPI:
             result = await asyncio.wrap_future(store.submit_upload(
                 record, upload.ids, upload.payloads, None, None, token, upload.pseudonyms, party))
             metrics.uploaded(study_id, result)
-            await hold_route_answer(gate, admission, request.scope, result)
+            await hold_route_answer(gate, request.scope, result)
             return json_response(result)
         if record.study.parties is not None:
             raise ProblemError("unsupported-media-type", f"study {study_id} has parties: each uploads "
@@ -634,7 +634,7 @@ def create_app(settings: Settings) -> FastAPI:
                                                                sorted_ids=sorted_ids, seeds=seeds,
                                                                addends=addends))
         metrics.uploaded(study_id, result)
-        await hold_route_answer(gate, admission, request.scope, result)
+        await hold_route_answer(gate, request.scope, result)
         return json_response(result)
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],

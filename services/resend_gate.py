@@ -26,7 +26,8 @@ Bounded, so it opens no denial path:
   clients, who all began at once, do not all come back at once either (a burst of 64 re-sends
   at every bound cost fresh uploads a tenth of their rate: 1 s without the spread, 0.77x calm,
   against 0.97x at 2 s; benchmarks/retry_storm.py); none waits at all when no fresh upload was acknowledged in the last
-  ``QUIET_S`` (a storm alone runs at the server's full rate: there is nothing to prefer);
+  ``QUIET_S`` or no other upload is being worked on (a storm alone, or one client sending its
+  reports one after another, runs at the server's full rate: there is nothing to prefer);
   every held answer is released at once when fresh uploads stop;
 * at most ``max_held`` answers (``$DPSKETCH_RESEND_HOLD_MAX``, default 4096, the default
   connection cap) and ``max_held_bytes`` of their request bodies (``$DPSKETCH_RESEND_HOLD_BYTES``,
@@ -79,7 +80,10 @@ class ResendGate:
     """The held answers of one server (one event loop; module docstring)."""
 
     def __init__(self, hold_s: float = DEFAULT_HOLD_S, max_held: int = DEFAULT_MAX_HELD,
-                 max_held_bytes: int = DEFAULT_MAX_HELD_BYTES):
+                 max_held_bytes: int = DEFAULT_MAX_HELD_BYTES, admission=None):
+        #: the upload admission counts (services/admission.py): whether other uploads are being
+        #: worked on, and where a held one stops counting
+        self.admission = admission
         self.hold_s = hold_s
         self.max_held = max_held
         self.max_held_bytes = max_held_bytes
@@ -94,10 +98,10 @@ class ResendGate:
         self._tick: asyncio.TimerHandle | None = None
 
     @classmethod
-    def from_env(cls) -> "ResendGate":
+    def from_env(cls, admission=None) -> "ResendGate":
         return cls(_env_number("DPSKETCH_RESEND_HOLD_S", DEFAULT_HOLD_S),
                    _env_number("DPSKETCH_RESEND_HOLD_MAX", DEFAULT_MAX_HELD, int),
-                   _env_number("DPSKETCH_RESEND_HOLD_BYTES", DEFAULT_MAX_HELD_BYTES, int))
+                   _env_number("DPSKETCH_RESEND_HOLD_BYTES", DEFAULT_MAX_HELD_BYTES, int), admission)
 
     def fresh(self) -> None:
         """An upload stored something new: fresh work is arriving."""
@@ -107,14 +111,22 @@ class ResendGate:
         """Whether a fresh upload was acknowledged within the last QUIET_S."""
         return monotonic() - self._last_fresh < QUIET_S
 
-    async def answered(self, result, size: int, admission=None) -> None:
+    def others_in_flight(self, counted: bool) -> bool:
+        """Whether uploads other than this one (``counted``: this one is in the admission counts)
+        are being worked on. Without admission counts: assumed so."""
+        if self.admission is None:
+            return True
+        return self.admission.requests - (1 if counted else 0) > 0
+
+    async def answered(self, result, size: int, counted: bool = False) -> None:
         """Before an upload's answer is sent: if it stored something new, note it; if it was
-        re-sends only, hold it (module docstring). ``size``: the request's body bytes;
-        ``admission``: the upload limits it counts in while it waits it does not."""
+        re-sends only and fresh uploads are arriving while other uploads are being worked on,
+        hold it (module docstring). ``size``: the request's body bytes; ``counted``: it is in
+        the admission counts (and leaves them while it waits)."""
         if result.accepted:
             self.fresh()
             return
-        if not result.duplicates or not self.hold_s or not self.busy():
+        if not result.duplicates or not self.hold_s or not self.busy() or not self.others_in_flight(counted):
             return
         if self.held >= self.max_held or (self.held and self.held_bytes + size > self.max_held_bytes):
             self.over_cap += 1
@@ -129,6 +141,7 @@ class ResendGate:
         self.held_bytes += size
         self.held_total += 1
         self.peak = max(self.peak, self.held)
+        admission = self.admission if counted else None
         if admission is not None:
             admission.requests -= 1
             admission.bytes -= size
@@ -155,10 +168,10 @@ class ResendGate:
             self._tick = asyncio.get_running_loop().call_later(TICK_S, self._release)
 
 
-async def hold_route_answer(gate: ResendGate | None, admission, scope, result) -> None:
-    """:meth:`ResendGate.answered` for an upload a route answers: its body size and admission
-    as the admission layers left them in ``scope`` (none: it was not counted there)."""
+async def hold_route_answer(gate: ResendGate | None, scope, result) -> None:
+    """:meth:`ResendGate.answered` for an upload a route answers: its body size as the
+    admission layers left it in ``scope`` (none: it was not counted there)."""
     if gate is None:
         return
     size = scope.get(ADMITTED_BYTES_KEY)
-    await gate.answered(result, size or 0, admission if size is not None else None)
+    await gate.answered(result, size or 0, counted=size is not None)

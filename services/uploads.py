@@ -324,7 +324,7 @@ class FastReports:
         acknowledged = False
         try:
             if self.gate is not None:  # a re-send's answer waits while fresh uploads arrive
-                await self.gate.answered(result, size, self.admission)
+                await self.gate.answered(result, size, counted=True)
             # what json_response(result) sends (starlette's Response: the same headers, in its order)
             body = result_json(result)
             await send({"type": "http.response.start", "status": 200,
