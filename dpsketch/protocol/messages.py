@@ -403,11 +403,13 @@ def intersect_held(lists: Sequence[np.ndarray]) -> tuple[bytes, list[np.ndarray]
     (dpsketch/protocol/inclusion.py) from one pass, with no second fetch of any list.
 
     On arrays, never a Python object per id (issue 46): the shortest list's ids are located in
-    each other list by one binary search of their native high halves (:func:`locate`; ids
+    each other list by binary searches of their native high halves, a cache-sized stretch at a
+    time (:func:`locate_ascending`, :func:`locate`; ids
     sharing a high half, which only crafted ones do, are resolved exactly on the low half), so
     k - 1 searches of n sorted ids, about 35 ms each at 10^6. Equality is always decided on all
-    128 bits. Working memory: the shortest list and one other as native halves (16 bytes an
-    id each) and one position per id of the shortest list (8 bytes)."""
+    128 bits. Working memory: the shortest list as native halves (16 bytes an id), each other
+    list's high halves (8 bytes an id), one position per id of the shortest list and other list
+    (8 bytes)."""
     k = len(lists)
     masks = [np.zeros(len(ids), dtype=bool) for ids in lists]
     if k == 0:
@@ -419,11 +421,9 @@ def intersect_held(lists: Sequence[np.ndarray]) -> tuple[bytes, list[np.ndarray]
     for j, ids in enumerate(lists):
         if j == shortest:
             continue
-        hi, lo = native_halves(ids)
-        at = locate(hi, lo, base_hi, base_lo, ascending=True)
+        at = locate_ascending(ids, base_hi, base_lo)
         on_all &= at >= 0
         positions[j] = at
-        del hi, lo
     masks[shortest] = on_all
     for j, at in positions.items():
         masks[j][at[on_all]] = True
@@ -434,50 +434,53 @@ def intersect_held(lists: Sequence[np.ndarray]) -> tuple[bytes, list[np.ndarray]
     return rows[on_all].tobytes(), masks
 
 
-#: Queries searched at once by :func:`_search_ascending`: their stretch of a list of 10^7 ids
-#: is a few hundred KiB, which stays in the CPU's cache for the whole binary search.
+#: Queries located at once by :func:`locate_ascending`: their stretch of a list of 10^7 ids is
+#: a few hundred KiB, which stays in the CPU's cache for the whole search.
 SEARCH_CHUNK = 1 << 15
 
 
-def _search_ascending(hi: np.ndarray, query_hi: np.ndarray, side: str) -> np.ndarray:
-    """``np.searchsorted(hi, query_hi, side)`` for ascending queries, chunk by chunk, each
-    chunk searched only in the stretch of ``hi`` its first and last query bound. Why: one
-    search of 10^7 queries over 10^7 ids probes the whole 80 MB list from every query, and
-    past the CPU's cache each probe is a miss (the intersection grew 12-14x from 10^6 to 10^7
-    ids); a chunk's stretch stays in cache, so the time grows with the number of ids."""
-    m = len(query_hi)
-    if m <= SEARCH_CHUNK:
-        return np.searchsorted(hi, query_hi, side=side)
-    out = np.empty(m, dtype=np.intp)
-    # the stretches' bounds: where each chunk's first query would go, and past its last one's
+def locate_ascending(ids: np.ndarray, query_hi: np.ndarray, query_lo: np.ndarray) -> np.ndarray:
+    """:func:`locate` of ascending queries (a sorted id list's native halves) in the sorted id
+    list ``ids`` (an (n, 2) big-endian array, as :func:`report_id_halves` gives it), chunk by
+    chunk: each chunk of SEARCH_CHUNK queries is searched only in the stretch of ``ids`` its
+    first and last query bound, whose low halves are made native there. Why: one search of
+    10^7 queries over 10^7 ids probes the whole 80 MB list from every query, past the CPU's
+    cache, and every step made a fresh 80 MB array (positions, gathered halves, comparisons)
+    whose pages the kernel hands out one fault at a time; the intersection grew 12-14x from
+    10^6 to 10^7 ids. Chunk by chunk the search stays in cache and the temporaries are small;
+    only the high halves are made native whole (one array)."""
+    m, n = len(query_hi), len(ids)
+    out = np.full(m, -1, dtype=np.int64)
+    if n == 0 or m == 0:
+        return out
+    hi = np.ascontiguousarray(ids[:, 0], dtype=np.uint64)
     firsts = np.searchsorted(hi, query_hi[::SEARCH_CHUNK], side="left")
-    lasts = np.searchsorted(hi, query_hi[SEARCH_CHUNK - 1::SEARCH_CHUNK], side="right")
-    lasts = np.append(lasts, len(hi))
+    lasts = np.append(np.searchsorted(hi, query_hi[SEARCH_CHUNK - 1::SEARCH_CHUNK], side="right"), n)
     for c, start in enumerate(range(0, m, SEARCH_CHUNK)):
         a, b = int(firsts[c]), int(lasts[c])
-        out[start:start + SEARCH_CHUNK] = np.searchsorted(hi[a:b], query_hi[start:start + SEARCH_CHUNK], side=side)
-        out[start:start + SEARCH_CHUNK] += a
+        if a == b:
+            continue
+        stop = start + SEARCH_CHUNK
+        at = locate(hi[a:b], ids[a:b, 1].astype(np.uint64), query_hi[start:stop], query_lo[start:stop])
+        found = at >= 0
+        out[start:stop][found] = at[found] + a
     return out
 
 
-def locate(hi: np.ndarray, lo: np.ndarray, query_hi: np.ndarray, query_lo: np.ndarray,
-           ascending: bool = False) -> np.ndarray:
+def locate(hi: np.ndarray, lo: np.ndarray, query_hi: np.ndarray, query_lo: np.ndarray) -> np.ndarray:
     """The position of each queried id in a strictly ascending id list (both given by their
     halves; native uint64 arrays are the fast case, :func:`native_halves`), -1 where it is not
     on it: a binary search of the high half, then a comparison of the low half (ids sharing a
-    high half, which only crafted ones do, are scanned exactly). ``ascending``: the queries'
-    high halves are in ascending order (a sorted id list), which lets the search go chunk by
-    chunk (:func:`_search_ascending`)."""
+    high half, which only crafted ones do, are scanned exactly)."""
     n = len(hi)
     if n == 0:
         return np.full(len(query_hi), -1, dtype=np.int64)
-    search = _search_ascending if ascending else (lambda h, q, side: np.searchsorted(h, q, side=side))
-    left = search(hi, query_hi, "left")
+    left = np.searchsorted(hi, query_hi, side="left")
     if n < 2 or not bool(np.any(hi[1:] == hi[:-1])):  # every high half once: one search decides
         at = np.minimum(left, n - 1)
         hit = (hi[at] == query_hi) & (lo[at] == query_lo)
         return np.where(hit, left, -1).astype(np.int64, copy=False)
-    right = search(hi, query_hi, "right")
+    right = np.searchsorted(hi, query_hi, side="right")
     at = np.full(len(query_hi), -1, dtype=np.int64)
     single = np.flatnonzero(right - left == 1)
     hit = lo[left[single]] == query_lo[single]
