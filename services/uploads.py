@@ -1,9 +1,9 @@
 """What the upload routes share, and the fast path of the hot one (POST /v1/studies/{study_id}/reports).
 
 Both upload routes (services/app.py) check the study's upload token with :func:`upload_token`
-and every record's binding with :func:`verified_shares`; a single report is then stored and
-stored by :func:`stored_report` and answered as JSON, whichever way the request came (its
-answer held while fresh uploads arrive if it was a re-send: services/resend_gate.py).
+and every record's binding with :func:`verified_shares`; a single report is then stored by
+:func:`stored_report` and answered as JSON, whichever way the request came (the answer held
+while fresh uploads arrive if it was a re-send: services/resend_gate.py).
 
 Why a fast path: a single report is a few hundred bytes, so per request the framework costs more
 than the work. Under 64 concurrent clients FastAPI's routing, dependency solving and request
