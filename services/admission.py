@@ -49,6 +49,9 @@ ROUTE_KEY = "dpsketch.route"
 #: Set by a layer outside that admitted the upload itself and hands it on (services/uploads.py
 #: FastReports: it holds the upload's place in the counts until the answer): not counted again.
 ADMITTED_KEY = "dpsketch.admitted"
+#: The body size of an upload admitted by one of these layers (services/resend_gate.py moves it
+#: out of the counts while the upload's answer is held).
+ADMITTED_BYTES_KEY = "dpsketch.admitted_bytes"
 
 _UPLOAD_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/(?P<kind>reports|batches)$")
 
@@ -162,6 +165,7 @@ class UploadAdmission:
             # one event loop runs every request: nothing runs between the check and the update
             st.requests += 1
             st.bytes += size
+            scope[ADMITTED_BYTES_KEY] = size
         try:
             await self.app(scope, replaying(messages, receive), send)
         finally:

@@ -63,7 +63,8 @@ from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .metrics import ServerMetrics
 from .settings import Settings
 from .store import Store
-from .uploads import FastReports, checked_report, json_response, store_report, upload_token, verified_shares
+from .resend_gate import ResendGate, hold_route_answer
+from .uploads import FastReports, checked_report, json_response, stored_report, upload_token, verified_shares
 from .writer import quota_problem
 
 log = logging.getLogger("dpsketch.server")
@@ -342,7 +343,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     admission = Admission.from_env()
-    metrics = ServerMetrics(store, app, admission)
+    # re-sends' answers wait while fresh uploads arrive (services/resend_gate.py)
+    gate = ResendGate.from_env(admission)
+    app.state.resend_gate = gate
+    metrics = ServerMetrics(store, app, admission, gate)
     app.state.metrics = metrics
     # Outside FastAPI's own layers (ShareServerAPI), outermost last:
     # inside the body limit: it reads upload bodies through it, then admits or refuses (503)
@@ -356,7 +360,7 @@ def create_app(settings: Settings) -> FastAPI:
     # routing and dependency solving, passing the same checks and counted the same way;
     # everything else goes on to them and the routes below (services/uploads.py)
     app.add_outer_middleware(FastReports, store=store, metrics=metrics, server_id=settings.server_id,
-                             admission=admission, max_body_bytes=settings.max_body_bytes)
+                             admission=admission, max_body_bytes=settings.max_body_bytes, gate=gate)
     if settings.cors_origins:
         # outermost of all: a browser's preflight (OPTIONS) is answered before anything else, and
         # every answer to an allowed page carries Access-Control-Allow-Origin (data owners' pages
@@ -565,13 +569,15 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/studies/{study_id}/reports", response_model=UploadResult, tags=["reports"],
               responses=problem_responses(400, 401, 403, 404, 409, 413, 422, 503))
-    async def upload_report(study_id: str, report: Report,
+    async def upload_report(study_id: str, report: Report, request: Request,
                             token: bytes | None = Depends(upload_allowed)) -> Response:
         """Upload one report's share with its proof; acknowledged once it is durable.
         (A well-formed upload is answered by the same functions before it reaches this route:
         services/uploads.py.)"""
         record, ids, shares = checked_report(store, settings.server_id, study_id, report)
-        return await store_report(store, metrics, study_id, record, ids, shares, token)
+        result = await stored_report(store, metrics, study_id, record, ids, shares, token)
+        await hold_route_answer(gate, request.scope, result)
+        return json_response(result)
 
     @app.post("/v1/studies/{study_id}/batches", response_model=UploadResult, tags=["reports"],
               responses=problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 503),
@@ -627,6 +633,7 @@ def create_app(settings: Settings) -> FastAPI:
             result = await asyncio.wrap_future(store.submit_upload(
                 record, upload.ids, kept, None, None, token, upload.pseudonyms, party))
             metrics.uploaded(study_id, result)
+            await hold_route_answer(gate, request.scope, result)
             return json_response(result)
         if record.study.parties is not None:
             raise ProblemError("unsupported-media-type", f"study {study_id} has parties: each uploads "
@@ -641,6 +648,7 @@ def create_app(settings: Settings) -> FastAPI:
                                                                sorted_ids=sorted_ids, seeds=seeds,
                                                                addends=addends))
         metrics.uploaded(study_id, result)
+        await hold_route_answer(gate, request.scope, result)
         return json_response(result)
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],

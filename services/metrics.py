@@ -36,7 +36,7 @@ SLOW_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 
 class ServerMetrics:
-    def __init__(self, store: Any, app: Any, admission: Any = None):
+    def __init__(self, store: Any, app: Any, admission: Any = None, gate: Any = None):
         self.store = store
         self.registry = CollectorRegistry()
         self.http = HttpMetrics(self.registry)
@@ -60,7 +60,7 @@ class ServerMetrics:
         self.aggregate_seconds = Histogram(
             "dpsketch_aggregate_duration_seconds", "Time the store took to answer an aggregate request",
             ["outcome"], buckets=SLOW_BUCKETS, registry=r)
-        r.register(_LiveCollector(store, app, admission))
+        r.register(_LiveCollector(store, app, admission, gate))
         tally = self.http.tally  # updates per upload, added to the series when scraped
         self.reports_of = tally.counter(self.reports)
         self.upload_requests_of = tally.counter(self.upload_requests)
@@ -149,8 +149,8 @@ class ServerMetrics:
 class _LiveCollector:
     """Levels read at scrape time from the store, the writer, the admission limits and uvicorn."""
 
-    def __init__(self, store: Any, app: Any, admission: Any):
-        self.store, self.app, self.admission = store, app, admission
+    def __init__(self, store: Any, app: Any, admission: Any, gate: Any = None):
+        self.store, self.app, self.admission, self.gate = store, app, admission, gate
 
     def describe(self) -> list:
         return []  # metrics are produced at collect time only (no registration-time scrape)
@@ -200,6 +200,20 @@ class _LiveCollector:
             yield GaugeMetricFamily("dpsketch_upload_bytes_in_flight", "Body bytes of the uploads in flight "
                                     "(more are refused with 503 at $DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES)",
                                     value=float(self.admission.bytes))
+        gate = self.gate
+        if gate is not None:
+            yield GaugeMetricFamily("dpsketch_resends_held", "Answers to re-sent uploads held now while fresh "
+                                    "uploads arrive (at most $DPSKETCH_RESEND_HOLD_MAX; services/resend_gate.py)",
+                                    value=float(gate.held))
+            yield GaugeMetricFamily("dpsketch_resends_held_peak", "Most answers to re-sent uploads held at once "
+                                    "since start", value=float(gate.peak))
+            answers = CounterMetricFamily("dpsketch_resend_answers", "Answers to re-sent uploads that would "
+                                          "have been held, by whether they were (held: fresh uploads arriving) or "
+                                          "were answered at once because a cap was reached (over_cap)",
+                                          labels=["outcome"])
+            answers.add_metric(["held"], float(gate.held_total))
+            answers.add_metric(["over_cap"], float(gate.over_cap))
+            yield answers
         conns = open_connections(self.app)
         if conns is not None:
             yield GaugeMetricFamily("dpsketch_open_connections", "Client connections open now (capped "

@@ -1,8 +1,9 @@
 """What the upload routes share, and the fast path of the hot one (POST /v1/studies/{study_id}/reports).
 
 Both upload routes (services/app.py) check the study's upload token with :func:`upload_token`
-and every record's binding with :func:`verified_shares`; a single report is then stored and
-answered by :func:`store_report`, whichever way the request came.
+and every record's binding with :func:`verified_shares`; a single report is then stored by
+:func:`stored_report` and answered as JSON, whichever way the request came (the answer held
+while fresh uploads arrive if it was a re-send: services/resend_gate.py).
 
 Why a fast path: a single report is a few hundred bytes, so per request the framework costs more
 than the work. Under 64 concurrent clients FastAPI's routing, dependency solving and request
@@ -61,8 +62,9 @@ from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, Repo
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
-from .admission import ADMITTED_KEY, ROUTE_KEY, Admission, read_body, replaying
+from .admission import ADMITTED_BYTES_KEY, ADMITTED_KEY, ROUTE_KEY, Admission, read_body, replaying
 from .auth import digest_of
+from .resend_gate import ResendGate
 from .writer import Unbound
 
 if TYPE_CHECKING:
@@ -186,12 +188,6 @@ async def stored_report(store: "Store", metrics: "ServerMetrics", study_id: str,
     return result
 
 
-async def store_report(store: "Store", metrics: "ServerMetrics", study_id: str, record, ids: list[bytes],
-                       shares: np.ndarray, token: bytes | None) -> Response:
-    """:func:`stored_report`, answered as JSON."""
-    return json_response(await stored_report(store, metrics, study_id, record, ids, shares, token))
-
-
 def bearer_credentials(scope: Scope) -> str | None:
     """The bearer token of the request's first Authorization header, as FastAPI's HTTPBearer
     (auto_error off) reads it: None when absent, empty or of another scheme."""
@@ -218,8 +214,9 @@ class FastReports:
     answered here passes as it would there."""
 
     def __init__(self, app: ASGIApp, store: "Store", metrics: "ServerMetrics", server_id: str,
-                 admission: Admission, max_body_bytes: int):
+                 admission: Admission, max_body_bytes: int, gate: ResendGate | None = None):
         self.app = app
+        self.gate = gate
         self.store = store
         self.metrics = metrics
         self.server_id = server_id
@@ -267,6 +264,7 @@ class FastReports:
                 # answers every request: a refusal of its own, or its 500 for what nobody foresaw.
                 # It keeps this admission: the admission layer lets it pass (ADMITTED_KEY).
                 scope[ADMITTED_KEY] = True
+                scope[ADMITTED_BYTES_KEY] = size
                 await self._hand_on(scope, start, replaying(messages, receive), send)
                 return
             await self._store(scope, receive, send, start, messages, study_id, record, fields, token, size)
@@ -319,6 +317,7 @@ class FastReports:
                 raise
         except Unbound:  # nothing was stored: the route answers it, keeping this admission
             scope[ADMITTED_KEY] = True
+            scope[ADMITTED_BYTES_KEY] = size
             await self._hand_on(scope, start, replaying(messages, receive), send)
             return
         except BaseException as exc:
@@ -326,6 +325,8 @@ class FastReports:
             return
         acknowledged = False
         try:
+            if self.gate is not None:  # a re-send's answer waits while fresh uploads arrive
+                await self.gate.answered(result, size, counted=True)
             # what json_response(result) sends (starlette's Response: the same headers, in its order)
             body = result_json(result)
             await send({"type": "http.response.start", "status": 200,

@@ -171,3 +171,52 @@ def test_the_release_does_not_write_the_inclusion_set_again(tmp_path):
     reopened = AnalyzerStore(path)
     assert reopened.inclusion(study.study_id) == ids and reopened.get(study.study_id).state == "released"
     reopened.close()
+
+
+def test_the_chunked_search_of_ascending_queries_finds_what_one_search_finds(monkeypatch):
+    """messages.locate_ascending (the intersection's search) locates a sorted list's ids chunk
+    by chunk, each in the stretch its first and last query bound (cache-sized at 10^7): the
+    same positions as one search (messages.locate), at every chunk boundary, with queries
+    before, between and past the list's ids and high halves shared by several ids (which only
+    crafted ids have)."""
+    from dpsketch.protocol import messages as m
+
+    rng = np.random.default_rng(46)
+
+    def sorted_ids(hi, lo):
+        order = np.lexsort((lo, hi))
+        hi, lo = hi[order], lo[order]
+        keep = np.ones(len(hi), dtype=bool)
+        keep[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+        return hi[keep], lo[keep]
+
+    hi, lo = sorted_ids(rng.integers(0, 1000, size=600, dtype=np.uint64),  # many shared high halves
+                        rng.integers(0, 2**63, size=600, dtype=np.uint64))
+    picks = np.sort(rng.choice(len(hi), size=300, replace=False))
+    q_hi, q_lo = sorted_ids(np.concatenate([[0], hi[picks], rng.integers(0, 1100, size=200, dtype=np.uint64)]),
+                            np.concatenate([[1], lo[picks], rng.integers(0, 2**63, size=200, dtype=np.uint64)]))
+    for list_hi, list_lo in ((hi, lo), np.unique(hi, return_index=True)):
+        if list_lo.dtype != np.uint64:  # (np.unique gave the first index of each high half)
+            list_lo = lo[list_lo]
+        ids = np.empty((len(list_hi), 2), dtype=">u8")
+        ids[:, 0], ids[:, 1] = list_hi, list_lo
+        whole = m.locate(list_hi, list_lo, q_hi, q_lo)
+        assert int(np.count_nonzero(whole >= 0)) >= 100
+        for chunk in (1, 7, 64, 10**6):
+            monkeypatch.setattr(m, "SEARCH_CHUNK", chunk)
+            assert np.array_equal(m.locate_ascending(ids, q_hi, q_lo), whole), chunk
+    assert len(m.locate_ascending(np.empty((0, 2), dtype=">u8"), q_hi, q_lo)) == len(q_hi)
+
+
+def test_encode_report_ids_orders_ids_whose_high_halves_differ_only_in_their_low_bits():
+    """encode_report_ids sorts the high halves with each one's position in its low bits
+    (messages._order_by_high_bits); ids that differ only there (or not at all in the high half,
+    or are repeated) are put in order by all 128 bits afterwards: 5,000 such ids, shuffled."""
+    rng = np.random.default_rng(46)
+    base = int(rng.integers(0, 2**50)) << 13
+    ids = [(base + int(rng.integers(0, 2**13))).to_bytes(8, "big") + int(rng.integers(0, 2**64 - 1, dtype=np.uint64)).to_bytes(8, "big")
+           for _ in range(4_000)]
+    ids += ids[:500] + [ids[0][:8] + bytes(8)] * 3  # repeats, and a low half of zeros
+    ids += [rng.bytes(16) for _ in range(497)]
+    rng.shuffle(ids)
+    assert messages.encode_report_ids(ids) == b"".join(sorted(set(ids)))

@@ -150,7 +150,7 @@ def test_nothing_imports_a_part_by_its_bare_name():
 
 
 #: An import statement of a part by its bare name anywhere in the tree's text: Python source, but
-#: also code inside strings (``python -c "from services.store import ..."`` in deploy/Dockerfile
+#: also code inside strings (``python -c "from dpsketch.services.store import ..."`` in deploy/Dockerfile
 #: and scripts/install.sh, subprocess arguments, docstrings and docs), which ast does not see.
 BARE_IN_TEXT = re.compile(r"(^|[;\"'`]|\\n)\s*(>>> )?(from (services|analyzer|client_sdk|tools)(\.\w+)* import\b"
                           r"|import (services|analyzer|client_sdk|tools)(\.\w+)*(?!\w))", re.M)
@@ -172,8 +172,8 @@ def test_no_text_in_the_tree_imports_a_part_by_its_bare_name():
                   for m in BARE_IN_TEXT.finditer(text)]
     assert not found, "the parts are dpsketch.services, dpsketch.analyzer, dpsketch.client_sdk, dpsketch.tools:\n" + "\n".join(found)
     # and the pattern sees the forms it is for (one of them hid in deploy/Dockerfile's build step)
-    assert BARE_IN_TEXT.search('python -c "import sys; from services.store import warm_kernels"')
-    assert BARE_IN_TEXT.search("import client_sdk.cli") and not BARE_IN_TEXT.search("from x import analyzer")
+    assert BARE_IN_TEXT.search('python -c "import sys; from dpsketch.services.store import warm_kernels"')
+    assert BARE_IN_TEXT.search("import dpsketch.client_sdk.cli") and not BARE_IN_TEXT.search("from x import analyzer")
 
 
 def test_the_parts_are_linked_into_the_namespace():

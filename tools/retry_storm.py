@@ -14,8 +14,10 @@ spends more CPU per request than the server, and would set the pace of both phas
 
 A run has three phases of fresh uploads by ``fresh_clients`` clients: calm (only them), storm
 (them plus ``storm_clients`` re-senders) and calm again, so a machine whose load drifts weighs
-on the calm rate from both sides of the storm. The figure is the ratio of the fresh clients'
-rate during the storm to their calm rate, measured in the same run.
+on the calm rate from both sides of the storm (``rounds``: the storm in parts, each between two
+calm parts). The figure is the ratio of the fresh clients' rate during the storm to their calm
+rate, measured in the same run. The server holds a re-send's answer while fresh uploads arrive
+(services/resend_gate.py), so the storm's clients, one request in flight each, slow down.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from dpsketch.tools.loadtest import RawConnection, _host_port
+from dpsketch.tools.loadtest import RawConnection, _host_port, status_kib
 
 if TYPE_CHECKING:
     from dpsketch.protocol.study import Study
@@ -108,6 +110,9 @@ class Phase:
 
     name: str
     seconds: float = 0.0
+    #: from the start to the last fresh client's last answer: the fresh rate's denominator (a
+    #: storm's phase lasts until its last held re-send is answered, after the fresh clients stopped)
+    fresh_seconds: float = 0.0
     fresh_latencies: list[float] = field(default_factory=list)
     resend_latencies: list[float] = field(default_factory=list)
     resent_records: int = 0           # records acknowledged as duplicates
@@ -117,6 +122,24 @@ class Phase:
     #: CPU seconds the server process used in the phase (None: not measured); per request
     #: answered it is what a request costs the server whatever else runs on the machine
     server_cpu_s: float | None = None
+
+    @classmethod
+    def pooled(cls, name: str, phases: list["Phase"]) -> "Phase":
+        """Several phases of one kind (interleaved rounds) as one."""
+        out = cls(name)
+        for p in phases:
+            out.seconds += p.seconds
+            out.fresh_seconds += p.fresh_seconds
+            out.fresh_latencies += p.fresh_latencies
+            out.resend_latencies += p.resend_latencies
+            out.resent_records += p.resent_records
+            for status, count in p.statuses.items():
+                out.statuses[status] = out.statuses.get(status, 0) + count
+            out.problems += p.problems
+            out.fresh_acked += p.fresh_acked
+            if p.server_cpu_s is not None:
+                out.server_cpu_s = (out.server_cpu_s or 0.0) + p.server_cpu_s
+        return out
 
     @property
     def requests(self) -> int:
@@ -130,7 +153,7 @@ class Phase:
 
     @property
     def fresh_rate(self) -> float:
-        return len(self.fresh_acked) / self.seconds if self.seconds else 0.0
+        return len(self.fresh_acked) / self.fresh_seconds if self.fresh_seconds else 0.0
 
     def figures(self) -> dict[str, Any]:
         def ms(values: list[float], q: float) -> float | None:
@@ -193,10 +216,17 @@ async def run_phase(url: str, study: "Study", token: str | None, name: str, seco
     phase = Phase(name)
     pick = random.Random(seed)
     conns = [RawConnection(host, port) for _ in range(fresh_clients + storm_clients)]
-    stop_at = time.monotonic() + seconds
+    start = time.monotonic()
+    stop_at = start + seconds
 
     async def fresh_client(conn: RawConnection) -> None:
         headers = {"Content-Type": "application/json", **auth}
+        try:
+            await fresh_loop(conn, headers)
+        finally:
+            phase.fresh_seconds = max(phase.fresh_seconds, time.monotonic() - start)
+
+    async def fresh_loop(conn: RawConnection, headers: dict) -> None:
         while time.monotonic() < stop_at:
             rid, body = fresh.next()
             got = await _exchange(conn, reports_path, headers, body, phase)
@@ -224,7 +254,6 @@ async def run_phase(url: str, study: "Study", token: str | None, name: str, seco
             phase.resend_latencies.append(latency)
             phase.resent_records += records
 
-    start = time.monotonic()
     try:
         await asyncio.gather(*(fresh_client(c) for c in conns[:fresh_clients]),
                              *(storm_client(c) for c in conns[fresh_clients:]))
@@ -267,33 +296,50 @@ def held_ids(url: str, study: "Study", analyst_token: str) -> set[bytes]:
 
 def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds: float, calm_seconds: float,
           fresh_clients: int = 8, storm_clients: int = 64, resend_batch_rows: int = 8,
-          crowd_seconds: float = 0.0, seed: int = 0, server_pid: int | None = None) -> dict[str, Any]:
+          crowd_seconds: float = 0.0, seed: int = 0, server_pid: int | None = None, rounds: int = 1
+          ) -> dict[str, Any]:
     """Calm, storm, calm (module docstring) against a server holding ``base``; the phases and
     the ratio of the fresh rate in the storm to the calm rate (both calm phases pooled).
     ``crowd_seconds``: then as many clients as in the storm, every one sending fresh reports
     (the control: the server's rate at the storm's concurrency when nothing is a re-send).
-    ``server_pid``: the server's process, to measure its CPU per request answered in each phase."""
+    ``server_pid``: the server's process, to measure its CPU per request answered in each phase.
+    ``rounds``: the storm in that many parts, each between two calm parts (calm, storm, calm,
+    ..., calm; the calm time shared among them), pooled: on a machine whose load drifts (other
+    work), calm and storm are then measured under the same drift."""
     rng = np.random.default_rng(seed)
     fresh = Fresh(study, rng)
     pool = resend_pool(base, 4096, 512 if resend_batch_rows else 0, resend_batch_rows, rng)
+
+    rss_mib: dict[str, float] = {}
 
     async def measured(*args) -> Phase:
         cpu0 = _cpu_seconds(server_pid) if server_pid else None
         phase = await run_phase(url, study, token, *args)
         if cpu0 is not None:
             phase.server_cpu_s = _cpu_seconds(server_pid) - cpu0
+            # the server's resident memory after each phase, and its peak so far
+            rss_mib[f"after {phase.name}"] = round(status_kib("VmRSS", server_pid) / 1024, 1)
+            rss_mib[f"peak after {phase.name}"] = round(status_kib("VmHWM", server_pid) / 1024, 1)
         return phase
 
     async def phases() -> list[Phase]:
-        before = await measured("calm before", calm_seconds / 2, fresh, fresh_clients)
-        during = await measured("storm", seconds, fresh, fresh_clients, pool, storm_clients, seed)
-        after = await measured("calm after", calm_seconds / 2, fresh, fresh_clients)
+        if server_pid:
+            rss_mib["start"] = round(status_kib("VmRSS", server_pid) / 1024, 1)
+        calm_part = calm_seconds / (rounds + 1)
+        before = await measured("calm before", calm_part, fresh, fresh_clients)
+        storms, calms = [], []
+        for r in range(rounds):
+            storms.append(await measured("storm", seconds / rounds, fresh, fresh_clients, pool, storm_clients,
+                                         seed + r))
+            calms.append(await measured("calm after", calm_part, fresh, fresh_clients))
+        during = storms[0] if rounds == 1 else Phase.pooled("storm", storms)
+        after = calms[0] if rounds == 1 else Phase.pooled("calm after", calms)
         crowd = (await measured("fresh crowd", crowd_seconds, fresh, fresh_clients + storm_clients)
                  if crowd_seconds else None)
         return [before, during, after, crowd]
 
     before, during, after, crowd = asyncio.run(phases())
-    calm_rate = (len(before.fresh_acked) + len(after.fresh_acked)) / (before.seconds + after.seconds)
+    calm_rate = (len(before.fresh_acked) + len(after.fresh_acked)) / (before.fresh_seconds + after.fresh_seconds)
     calm_lat = sorted(before.fresh_latencies + after.fresh_latencies)
     storm_fresh = sorted(during.fresh_latencies)
     storm_resend = sorted(during.resend_latencies)
@@ -323,6 +369,8 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
                                    if during.resend_latencies and fresh_clients else None),
         "calm_fresh_p50_ms": median_ms(calm_lat), "storm_fresh_p50_ms": median_ms(storm_fresh),
         "storm_resend_p50_ms": median_ms(storm_resend),
+        "storm_resend_max_ms": round(storm_resend[-1] * 1e3, 1) if storm_resend else None,
+        "server_rss_mib": rss_mib or None,
         "resend_over_fresh_latency": (round(storm_resend[len(storm_resend) // 2] / storm_fresh[len(storm_fresh) // 2], 3)
                                       if storm_resend and storm_fresh else None),
         # the server's CPU per request answered, in the storm against the fresh crowd (same
@@ -334,6 +382,23 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
         "fresh_acked": [rid for p in (before, during, after, crowd) if p for rid in p.fresh_acked],
         "problems": [m for p in (before, during, after, crowd) if p for m in p.problems],
     }
+
+
+def gate_figures(url: str, operator_token: str) -> dict[str, float]:
+    """The server's held re-send answers (services/resend_gate.py), from its /metrics: held
+    now, the most held at once, held in all, answered at once past a cap."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {operator_token}"}, timeout=30)
+    r.raise_for_status()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            if sample.name in ("dpsketch_resends_held", "dpsketch_resends_held_peak"):
+                out[sample.name.removeprefix("dpsketch_")] = sample.value
+            elif sample.name == "dpsketch_resend_answers_total":
+                out["resend_answers_" + sample.labels["outcome"]] = sample.value
+    return out
 
 
 def start_server(workdir, env: dict[str, str] | None = None, d: int = 4, max_reports: int = 10**8):
