@@ -172,8 +172,9 @@ def test_no_text_in_the_tree_imports_a_part_by_its_bare_name():
                   for m in BARE_IN_TEXT.finditer(text)]
     assert not found, "the parts are dpsketch.services, dpsketch.analyzer, dpsketch.client_sdk, dpsketch.tools:\n" + "\n".join(found)
     # and the pattern sees the forms it is for (one of them hid in deploy/Dockerfile's build step)
-    assert BARE_IN_TEXT.search('python -c "import sys; from dpsketch.services.store import warm_kernels"')
-    assert BARE_IN_TEXT.search("import dpsketch.client_sdk.cli") and not BARE_IN_TEXT.search("from x import analyzer")
+    bare = "services"  # spelled apart, so that no rewrite of the tree's imports touches these samples
+    assert BARE_IN_TEXT.search(f'python -c "import sys; from {bare}.store import warm_kernels"')
+    assert BARE_IN_TEXT.search("import " + "client_sdk.cli") and not BARE_IN_TEXT.search("from x import analyzer")
 
 
 def test_the_parts_are_linked_into_the_namespace():
