@@ -32,10 +32,12 @@ server holds and completes the rest: each row is stored once.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import os
 import random
 import re
+import signal
 import ssl
 import threading
 import time
@@ -187,6 +189,33 @@ def _warm_chacha() -> None:
     if not _chacha_warmed.is_set():
         _chacha_warmed.set()
         threading.Thread(target=chacha.warm_up, name="chacha20-warm-up", daemon=True).start()
+
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(aborted: threading.Event, interrupted: threading.Event):
+    """While an upload runs in the main thread under Python's default SIGINT handler, Ctrl-C
+    also sets ``aborted`` (the upload workers stop at once) and ``interrupted`` (the caller raises
+    UploadInterrupted after the workers finish), before raising KeyboardInterrupt as usual. A
+    KeyboardInterrupt raised where Python swallows exceptions (a ``__del__``, a weakref or GC
+    callback: "Exception ignored in ...") would otherwise be lost, and the upload would run on to
+    "DONE" after the data owner asked it to stop (seen once in CI). A handler the program set
+    itself, or a run outside the main thread, is left alone."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        aborted.set()
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Client:
@@ -709,20 +738,24 @@ class Client:
                         on_stored=submission.record_done if submission is not None else None)
         journal = str(submission.file) if submission is not None else None
         consumed = skipped = 0
+        interrupted = threading.Event()
         try:
-            for index, first_row, batch, n_rows in batches:
-                if batch is None:
-                    skipped += n_rows
-                    if progress is not None:
-                        progress(n_rows)
-                else:
-                    # a batch prepared while the run aborted is put too: it becomes pending at
-                    # every server, so every prepared row is either stored or handed back to resend
-                    run.put(batch, first_row, index)
-                consumed = first_row + n_rows
-                if run.aborted.is_set():
-                    break
-            run.finish()
+            with _ctrl_c_stops(run.aborted, interrupted):
+                for index, first_row, batch, n_rows in batches:
+                    if batch is None:
+                        skipped += n_rows
+                        if progress is not None:
+                            progress(n_rows)
+                    else:
+                        # a batch prepared while the run aborted is put too: it becomes pending at
+                        # every server, so every prepared row is either stored or handed back to resend
+                        run.put(batch, first_row, index)
+                    consumed = first_row + n_rows
+                    if run.aborted.is_set():
+                        break
+                run.finish()
+                if interrupted.is_set():  # a Ctrl-C whose KeyboardInterrupt was swallowed on its way
+                    raise KeyboardInterrupt
         except Exception as exc:
             # bad input (or a failing reader) part-way: let the batches already queued finish,
             # so every row prepared so far is held by all servers, then say what was sent

@@ -263,3 +263,40 @@ def test_submit_many_killed_and_rerun_stores_each_row_once(cluster, tmp_path):
     assert again.already_complete and again.n_reports == again.skipped == N_ROWS and not again
     print("submit_many:", log)
     _check_release(cluster, study, rows, keys, compress=ring.seed_is_smaller(study.width))
+
+
+def test_a_ctrl_c_swallowed_on_its_way_still_stops_the_upload(cluster):
+    """Python drops an exception raised where it cannot propagate (a ``__del__``, a GC or weakref
+    callback: "Exception ignored in ..."), a KeyboardInterrupt from Ctrl-C included. A run in CI
+    once printed DONE after a SIGINT sent part-way. The SDK's own handler records the Ctrl-C
+    whatever happens to the exception: here the data owner's reader swallows it, as a __del__
+    would, a third of the way in; the upload stops with UploadInterrupted and sends nothing more."""
+    from dpsketch.client_sdk import Client, UploadInterrupted
+
+    study, tokens = _study(cluster, "swallowed-ctrl-c")
+    rows = np.random.default_rng(5).normal(0, 0.3, size=(N_ROWS, len(COLUMNS)))
+    calls = []
+
+    def reader():
+        for i, row in enumerate(rows):
+            if i == N_ROWS // 3:
+                handler = signal.getsignal(signal.SIGINT)
+                calls.append(handler)
+                try:
+                    handler(signal.SIGINT, None)
+                except KeyboardInterrupt:
+                    pass  # lost on its way, as in a __del__
+            yield row
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # what a plain script runs under
+    try:
+        with Client(cluster.server_urls, token=tokens) as client:
+            with pytest.raises(UploadInterrupted) as stopped:
+                client.submit_many(study.study_id, reader(), batch_size=BATCH)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(calls) == 1 and calls[0] is not signal.default_int_handler  # the SDK's handler ran
+    counts = _counts(cluster, study.study_id)
+    # nothing past the batch the Ctrl-C fell in was prepared, so at most a batch beyond it is stored
+    assert max(counts) <= N_ROWS // 3 + BATCH and stopped.value.rows_stored <= N_ROWS // 3 + BATCH, counts
