@@ -519,7 +519,8 @@ def small_study(max_reports: int = 100_000) -> Study:
 
 def provision(url: str, token: str, study: Study) -> None:
     r = httpx.put(f"{url}/v1/studies/{study.study_id}", content=study.canonical(),
-                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+                  timeout=60)  # not httpx's 5 s: a provision computes the study's check (timed out at load 19)
     assert r.status_code in (200, 201), r.text
 
 

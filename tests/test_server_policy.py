@@ -333,7 +333,7 @@ def test_process_rotates_tokens_from_file_and_on_sighup(servers, tmp_path: Path)
 
     def put(token: str) -> int:
         return httpx.put(f"{proc.url}/v1/studies/{st.study_id}", content=st.canonical(),
-                         headers={"Authorization": f"Bearer {token}"}).status_code
+                         headers={"Authorization": f"Bearer {token}"}, timeout=60).status_code
 
     assert httpx.get(f"{proc.url}/v1/info").json()["policy"]["max_epsilon"] == 5.0
     def tokens(token: str) -> int:  # operator only

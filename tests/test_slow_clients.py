@@ -39,7 +39,9 @@ PER_IP = 100
 HEADER_TIMEOUT = 2.0
 DEFAULT_MIN_RATE = 500.0
 PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"  # a request head that never ends
-AT_ONCE = 0.5  # "closed at once": within this long of connecting
+#: "closed at once": a refused connection is closed this long before the held ones' deadline at the
+#: latest (the refusals were measured at 0.0-0.57 s on a machine at load 13-19, the deadline is 2.06 s)
+AT_ONCE_BEFORE_DEADLINE = 1.0
 EARLY = 0.05  # clock slack: a deadline may not be met earlier than this
 LATE = 1.0  # and not later than this (timer, scheduling, a busy CI machine)
 LEGIT_BOUND = 2.0  # a legitimate GET /healthz during the flood answers within this
@@ -184,10 +186,14 @@ def test_slowloris_flood_from_one_address_leaves_the_server_reachable(servers, m
         sampler.join()
 
         after = [closed[s] - t for s, t in flood.items() if s in closed]
-        at_once = [d for d in after if d < AT_ONCE]
-        kept = [d for d in after if d >= AT_ONCE]
+        # held (within the per-IP cap) or refused is told by what the server sent, not by a
+        # timing threshold a loaded machine can cross: a held connection is answered 408 at its
+        # header deadline, a refused one is closed without a word
+        held = {s for s in flood if got[s].startswith(b"HTTP/1.1 408 ")}
+        at_once = [closed[s] - t for s, t in flood.items() if s in closed and s not in held]
+        kept = [closed[s] - t for s, t in flood.items() if s in closed and s in held]
         expected = HEADER_TIMEOUT + len(PARTIAL) / DEFAULT_MIN_RATE  # the deadline, bytes included
-        answered_408 = sum(got[s].startswith(b"HTTP/1.1 408 ") for s in flood)
+        answered_408 = len(held)
         latencies = [lat for _, lat in legit]
         print(f"\nflood: {FLOOD} connections from 127.0.0.2 opened in {opened:.2f}s against RLIMIT_NOFILE "
               f"{NOFILE}:{NOFILE}; closed at once (per-IP cap {PER_IP}): {len(at_once)}, "
@@ -205,8 +211,8 @@ def test_slowloris_flood_from_one_address_leaves_the_server_reachable(servers, m
         assert max(latencies) < LEGIT_BOUND, latencies
         assert len(after) == FLOOD, "the server left flood connections open past the header timeout"
         assert len(kept) == PER_IP and len(at_once) == FLOOD - PER_IP
-        assert legit_done[0] < min(closed[s] for s in flood if closed[s] - flood[s] >= AT_ONCE), \
-            "the legitimate requests must run while the flood is held"
+        assert max(at_once) <= expected - AT_ONCE_BEFORE_DEADLINE, max(at_once)  # refused, not held
+        assert legit_done[0] < min(closed[s] for s in held), "the legitimate requests must run while the flood is held"
         assert expected - EARLY <= min(kept) and max(kept) <= expected + LATE, (min(kept), max(kept))
         assert answered_408 == PER_IP  # each had sent part of a request: told why
         assert peak[0] <= base_fds + PER_IP + 16, (base_fds, peak[0])

@@ -388,6 +388,6 @@ def test_one_report_to_the_largest_study_pins_only_its_declared_totals(servers):
     huge, _ = design(name="huge", columns=columns, label=None, servers=servers_, expected_reports=10 ** 4,
                      k=1600, s=4)
     r = httpx.put(f"{procs[1].url}/v1/studies/{huge.study_id}", json=huge.model_dump(mode="json"),
-                  headers={"Authorization": f"Bearer {specs[1].analyst_token}"})
+                  headers={"Authorization": f"Bearer {specs[1].analyst_token}"}, timeout=60)
     assert r.status_code == 422 and r.json()["policy_rule"] == "max_study_memory"
     assert os.path.exists(specs[0].db_path)
