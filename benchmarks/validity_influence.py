@@ -59,6 +59,17 @@ from dpsketch.protocol.keystream import Keystream  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
 
 
+
+def regression_rows(seed: int, n: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """(theta, rows): n rows of d - 1 standard normal features and y = x theta + N(0, 1), scaled
+    so that 99 % of rows lie in the unit ball (the study's bound), as every part of this
+    benchmark draws them."""
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=d - 1)
+    x = rng.normal(size=(n, d - 1))
+    rows = np.column_stack([x, x @ theta + rng.normal(size=n)])
+    return theta, rows / np.quantile(np.linalg.norm(rows, axis=1), 0.99)
+
 def _ring_sketch(study, ids, encoded) -> np.ndarray:
     acc = np.zeros(study.aggregate_shape, dtype=np.uint64)
     rows, signs = study.hash_report_ids(ids)
@@ -84,13 +95,7 @@ def run(n: int, d: int, seeds: int) -> dict:
                                       "honest report at the bound": []}
     errors = []
     for seed in range(seeds):
-        rng = np.random.default_rng(seed)
-        theta = rng.normal(size=d - 1)
-        x = rng.normal(size=(n, d - 1))
-        y = x @ theta + rng.normal(size=n)
-        rows = np.column_stack([x, y])
-        scale = 1.0 / np.quantile(np.linalg.norm(rows, axis=1), 0.99)
-        rows *= scale
+        theta, rows = regression_rows(seed, n, d)
         stream = Keystream()
         encoded = report_path.noisy_encoded(signed_vectors(rows, study, stream), study, stream)
         ids = [stream.array(16).tobytes() for _ in range(n)]
@@ -154,11 +159,7 @@ def run_gram(n: int, d: int, seeds: int) -> dict:
     shifts: dict[str, list[float]] = {"the attack, study without proofs": [], "strongest valid report": [],
                                       "honest report at the bound": []}
     for seed in range(seeds):
-        rng = np.random.default_rng(seed)
-        theta = rng.normal(size=d - 1)
-        x = rng.normal(size=(n, d - 1))
-        rows = np.column_stack([x, x @ theta + rng.normal(size=n)])
-        rows /= np.quantile(np.linalg.norm(rows, axis=1), 0.99)
+        theta, rows = regression_rows(seed, n, d)
         fits = {}
         for name, study in (("without proofs", plain), ("with proofs", proved)):
             stream = Keystream()
@@ -210,11 +211,7 @@ def run_parties(n: int, d: int, seeds: int) -> dict:
     errors = []
     key = parties.new_key()
     for seed in range(seeds):
-        rng = np.random.default_rng(seed)
-        theta = rng.normal(size=d - 1)
-        x = rng.normal(size=(n, d - 1))
-        rows = np.column_stack([x, x @ theta + rng.normal(size=n)])
-        rows /= np.quantile(np.linalg.norm(rows, axis=1), 0.99)
+        theta, rows = regression_rows(seed, n, d)
         ids = parties.pseudonyms(key, study.study_id, [f"{seed}/{i}" for i in range(n + 1)])
         signs = parties.signs(key, study.study_id, ids)
         stream = Keystream()

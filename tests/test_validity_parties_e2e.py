@@ -30,11 +30,12 @@ import pytest
 
 from dpsketch.analyzer.client import AnalyzerClient
 from dpsketch.client_sdk import Client
-from dpsketch.protocol import Study, binding, envelope, field, flp, messages, parties, report, ring, sketch
+from dpsketch.protocol import Study, envelope, field, flp, messages, parties, report, ring, sketch
 from dpsketch.protocol import validity as V
 from dpsketch.protocol.circuits import to_digits
 from dpsketch.protocol.keystream import Keystream
 from studies import record_blocks
+from test_validity_round_attacks import prove_inputs
 from test_e2e import direct_sketch, no_floor_module_cluster  # noqa: F401 (a fixture)
 
 PARTIES = [{"name": "bank", "columns": ["x0", "x1"]}, {"name": "clinic", "columns": ["x2", "y"]}]
@@ -128,22 +129,9 @@ def test_honest_parties_proved_blocks_release_the_sketch_of_their_joined_rows(no
 
 def prove_block(study: Study, party: int, pseudonym: bytes, inputs: np.ndarray, full: int, stream: Keystream,
                 proof: np.ndarray | None = None) -> V.Proved:
-    """What a malicious party sends for arbitrary input digits of one block: shared and bound as
-    a party shares and binds blocks (so every server stores it), proved by the honest prover on
-    whatever it is given, or carrying ``proof`` (made for another block)."""
-    plan = V.party_plan(study, party)
-    c, n = plan.circuit, plan.n_servers
-    shares = flp.share_inputs(c, inputs, n, stream)
-    helpers = iter(shares.helper_seeds)
-    seeds = [None if j == full else next(helpers) for j in range(n)]
-    contents = [binding.CONTENT_SHARE if s is None else binding.CONTENT_SEED for s in seeds]
-    payloads = [shares.leader_inputs if s is None else s for s in seeds]
-    ids, proofs = binding.bind(study.study_id, contents, payloads,
-                               binding.block_prefixes(study.study_id, party, [pseudonym]), stream)
-    if proof is None:
-        proof = flp.prove(c, inputs, flp.joint_rand(c, ids), flp.prove_rand(c, len(ids), stream))
-    flp.share_proofs(shares, proof)
-    return V.Proved(ids, proofs, full, np.concatenate([shares.leader_inputs, shares.leader_proofs], axis=1), seeds)
+    """What a malicious party sends for arbitrary input digits of one block (the round attacks'
+    forger, bound and proved as the party's block), or carrying ``proof`` (made for another block)."""
+    return prove_inputs(study, inputs, full, stream, proof, block=(party, pseudonym))
 
 
 def whole_proof(study: Study, party: int, batch, i: int) -> np.ndarray:

@@ -65,18 +65,21 @@ def honest(study: Study, n: int, seed: int, full: int = 0):
 
 
 def prove_inputs(study: Study, inputs: np.ndarray, full: int, stream: Keystream,
-                 proof: np.ndarray | None = None) -> V.Proved:
+                 proof: np.ndarray | None = None, block: tuple[int, bytes] | None = None) -> V.Proved:
     """What a malicious client sends for arbitrary input digits: shared and bound as a client
     shares and binds (so every server stores it), proved by the honest prover code on whatever
-    it is given, or carrying ``proof`` (one made for other inputs and another id)."""
-    plan = V.plan(study)
+    it is given, or carrying ``proof`` (one made for other inputs and another id). ``block``
+    (party index, pseudonym): one block of a study with parties, bound and proved as that
+    party's (tests/test_validity_parties_e2e.py)."""
+    plan = V.plan(study) if block is None else V.party_plan(study, block[0])
     c, n = plan.circuit, plan.n_servers
     shares = flp.share_inputs(c, inputs, n, stream)
     helpers = iter(shares.helper_seeds)
     seeds = [None if j == full else next(helpers) for j in range(n)]
     contents = [binding.CONTENT_SHARE if s is None else binding.CONTENT_SEED for s in seeds]
     payloads = [shares.leader_inputs if s is None else s for s in seeds]
-    ids, proofs = binding.bind(study.study_id, contents, payloads, stream=stream)
+    prefixes = None if block is None else binding.block_prefixes(study.study_id, block[0], [block[1]])
+    ids, proofs = binding.bind(study.study_id, contents, payloads, prefixes, stream=stream)
     if proof is None:
         proof = flp.prove(c, inputs, flp.joint_rand(c, ids), flp.prove_rand(c, len(ids), stream))
     flp.share_proofs(shares, proof)
