@@ -151,6 +151,8 @@ def _logistic_rows(recs: list[dict[str, Any]], head: list[Any]) -> list[Row]:
                 row["values"][f"{r['mechanism']}/{metric}"] = r[metric]
         if r.get("note") and str(r["note"]).startswith("refused"):
             row["notes"][r["mechanism"]] = r["note"]
+        elif r.get("note") in ("gaussian", "taylor"):  # the calibration used: Taylor when the noisy v <= 0
+            row["values"][f"{r['mechanism']}/taylor_fallback"] = float(r["note"] == "taylor")
     return list(rows.values())
 
 
