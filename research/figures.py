@@ -231,6 +231,8 @@ RIDGE_COLUMNS = (("local", "local"), ("local_sign", "local (secret sign)"), ("lt
                  ("dgm_ols", "DGM-OLS"), ("rmgm_ols", "RMGM-OLS"), ("predicted", "predicted sketch"))
 PCA_COLUMNS = (("local", "local"), ("local_sign", "local (secret sign)"), ("ltm_sketch", "LTM sketch"),
                ("ltm_gram", "LTM Gram"), ("central", "central (Analyze Gauss)"))
+README_COLUMNS = (("ltm_sketch", "LTM sketch"), ("local", "local"), ("local_sign", "local, signed"),
+                  ("ltm_gram", "LTM Gram"), ("central", "central"))
 LOGISTIC_MECHS = (("nonprivate", "non-private (sklearn)"), ("ltm_gram", "LTM gram"), ("ltm_sketch", "LTM sketch"),
                   ("local", "local model"), ("diffprivlib", "diffprivlib"))
 LAD_COLUMNS = (("nonprivate_lad", "non-private LAD"), ("nonprivate_ls", "non-private LS"),
@@ -240,11 +242,13 @@ LAD_COLUMNS = (("nonprivate_lad", "non-private LAD"), ("nonprivate_ls", "non-pri
                ("rounds_beat_ls", "rounds < gram LS (fraction)"))
 VERTICAL_COLUMNS = (("ltm_party", "per-party clip"), ("ltm_joint", "joint clip"),
                     ("ltm_owner", "one owner (signed)"), ("ltm_party_sign", "party-key sign"),
-                    ("ltm_party_sign_floor", "party-key sign, unsigned floor"), ("local", "local"),
-                    ("central", "central (SSP)"), ("adassp", "AdaSSP"), ("dgm_ols", "DGM-OLS"),
-                    ("rmgm_ols", "RMGM-OLS"), ("nonpriv_block", "non-private, per-party clip"),
-                    ("party_over_owner", "per-party / one owner"),
-                    ("party_sign_over_owner", "party-key sign / one owner"))
+                    ("local", "local"), ("central", "central (SSP)"), ("dgm_ols", "DGM-OLS"),
+                    ("rmgm_ols", "RMGM-OLS"))
+VERTICAL_SIGN_COLUMNS = (("ltm_party", "unsigned (default)"), ("ltm_party_sign", "party-key sign"),
+                         ("ltm_party_sign_floor", "party-key sign, unsigned floor"),
+                         ("ltm_owner", "one owner (signed)"), ("party_over_owner", "unsigned / one owner, per run"),
+                         ("party_sign_over_owner", "party-key sign / one owner, per run"), ("adassp", "AdaSSP"),
+                         ("nonpriv_block", "non-private, per-party clip"))
 LOGISTIC_EPSILONS = (0.5, 1.0, 4.0)
 REAL_DATA = (("diabetes", "ridge"), ("fair", "ridge"), ("randhie", "ridge"), ("breast_cancer", "pca"),
              ("diabetes", "pca"), ("digits", "pca"), ("randhie", "pca"), ("wine", "pca"))
@@ -260,7 +264,8 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
     FigureSet("synthetic", "README.md (accuracy table), docs/accuracy.md 'Measured' and 'Targets'", run_synthetic,
               lambda ns: [(t, n, 1.0) for n in sorted(_ns(NS, ns), reverse=True) for t in ("ridge", "pca")],
               ("task", "n", "epsilon"),
-              (("ridge", RIDGE_COLUMNS), ("pca", PCA_COLUMNS)), info=("k",)),
+              (("ridge", RIDGE_COLUMNS), ("pca", PCA_COLUMNS), ("ridge (README)", README_COLUMNS),
+               ("pca (README)", README_COLUMNS)), info=("k",)),
     FigureSet("synthetic_eps", "docs/accuracy.md: the sketch kind at n = 10^6, epsilon 0.5 and 4", run_synthetic,
               lambda ns: [(t, n, e) for n in _ns((1_000_000,), ns) for e in (0.5, 4.0) for t in ("ridge", "pca")],
               ("task", "n", "epsilon"),
@@ -294,7 +299,9 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
     FigureSet("vertical", "docs/vertical.md 'Measured' and 'Parties and the secret sign'", run_vertical,
               lambda ns: [(n, e) for n in sorted(_ns((10_000, 100_000, 1_000_000), ns), reverse=True)
                           for e in (1.0, 0.5, 4.0)],
-              ("parties", "epsilon", "n"), (("ridge ratio", VERTICAL_COLUMNS),), info=("k", "signed_k")),
+              ("parties", "epsilon", "n"),
+              (("ridge ratio", VERTICAL_COLUMNS), ("parties' designs", VERTICAL_SIGN_COLUMNS)),
+              info=("k", "signed_k")),
 )}
 
 
@@ -436,7 +443,7 @@ def tables(summary: dict[str, Any]) -> str:
         out += [f"## {name}", "", f"Quoted in {f.where}. `python -m research.figures --only {name}`; "
                 f"load average {min(loads):.1f}-{max(loads):.1f} over its runs; mean ± sd (median), p90.", ""]
         for title, columns in f.tables:
-            rows = [row for row in fig["rows"] if row["row"][0] == title]  # a table per task ...
+            rows = [row for row in fig["rows"] if title and row["row"][0] == title.split()[0]]  # per task ...
             rows = rows or fig["rows"]  # ... or one of every row
             cols = [(m, lab) for m, lab in columns if any(m in row["stats"] for row in rows)]
             if not rows or not cols:
