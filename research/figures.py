@@ -201,6 +201,20 @@ def run_vertical(n: int, epsilon: float, seed: int) -> list[Row]:
     return out
 
 
+def run_trust_cost(n: int, seed: int) -> list[Row]:
+    """:func:`trust_cost.run` for one data set: the floor's price per kind and floor setting, and
+    the local and central references."""
+    from . import trust_cost
+
+    r = trust_cost.run([n], [seed])
+    out = [{"row": [kind, n, floor], "values": {"ridge": cell["ridge"][0], "pca": cell["pca"][0]},
+            "info": {"sigma": round(cell["sigma"], 4), "server_sigma": round(cell["server_sigma"], 4)}}
+           for kind, by_n in r["kinds"].items() for floor, cell in by_n[n].items()]
+    refs = r["references"][n]
+    out.append({"row": ["references", n, "-"], "values": {k: v[0] for k, v in refs.items()}})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # the figure sets
 
@@ -296,6 +310,11 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
     FigureSet("lad", "README.md and docs/lad.md 'Measured'", run_lad,
               lambda ns: [(n, noise, 1.0) for n in _ns((100_000,), ns) for noise in ("student_t", "outliers")],
               ("noise", "n", "epsilon"), (("coefficient error", LAD_COLUMNS),)),
+    FigureSet("trust_cost", "docs/trust.md 'The price of the floor'", run_trust_cost,
+              lambda ns: [(n,) for n in _ns((10_000, 100_000, 1_000_000), ns)], ("kind", "n", "floor"),
+              (("", (("ridge", "ridge"), ("pca", "PCA"), ("ridge_local", "ridge local"),
+                     ("ridge_central", "ridge central"), ("pca_local", "PCA local"),
+                     ("pca_central", "PCA central"))),), info=("sigma", "server_sigma")),
     FigureSet("vertical", "docs/vertical.md 'Measured' and 'Parties and the secret sign'", run_vertical,
               lambda ns: [(n, e) for n in sorted(_ns((10_000, 100_000, 1_000_000), ns), reverse=True)
                           for e in (1.0, 0.5, 4.0)],
