@@ -234,6 +234,8 @@ class FigureSet:
     #: runs of a job, as a multiple of ``--runs`` (a tail target asks for 50)
     runs_factor: Callable[[tuple], float] = field(default=lambda job: 1.0)
     info: tuple[str, ...] = ()
+    #: a job's privacy target, for ``--epsilons`` (None: the job runs every epsilon of the set)
+    epsilon_of: Callable[[tuple], float | None] = field(default=lambda job: None)
 
 
 def _ns(default: Sequence[int], given: Sequence[int] | None) -> list[int]:
@@ -279,11 +281,11 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
               lambda ns: [(t, n, 1.0) for n in sorted(_ns(NS, ns), reverse=True) for t in ("ridge", "pca")],
               ("task", "n", "epsilon"),
               (("ridge", RIDGE_COLUMNS), ("pca", PCA_COLUMNS), ("ridge (README)", README_COLUMNS),
-               ("pca (README)", README_COLUMNS)), info=("k",)),
+               ("pca (README)", README_COLUMNS)), info=("k",), epsilon_of=lambda job: job[2]),
     FigureSet("synthetic_eps", "docs/accuracy.md: the sketch kind at n = 10^6, epsilon 0.5 and 4", run_synthetic,
               lambda ns: [(t, n, e) for n in _ns((1_000_000,), ns) for e in (0.5, 4.0) for t in ("ridge", "pca")],
               ("task", "n", "epsilon"),
-              (("ridge", RIDGE_COLUMNS), ("pca", PCA_COLUMNS)), info=("k",)),
+              (("ridge", RIDGE_COLUMNS), ("pca", PCA_COLUMNS)), info=("k",), epsilon_of=lambda job: job[2]),
     FigureSet("trivial", "docs/accuracy.md: where the sketch kind is no better than predicting zero", run_trivial,
               lambda ns: [(n,) for n in _ns(NS[:3], ns)], ("n",),
               (("", (("ridge_theta_zero", "ridge, theta = 0"), ("pca_random_subspace", "PCA, random subspace"))),)),
@@ -320,7 +322,7 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
                           for e in (1.0, 0.5, 4.0)],
               ("parties", "epsilon", "n"),
               (("ridge ratio", VERTICAL_COLUMNS), ("parties' designs", VERTICAL_SIGN_COLUMNS)),
-              info=("k", "signed_k")),
+              info=("k", "signed_k"), epsilon_of=lambda job: job[1]),
 )}
 
 
@@ -340,13 +342,18 @@ def _task(name: str, job: tuple, seed: int) -> dict[str, Any]:
             "ended": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
-def planned(names: Sequence[str], runs: int, ns: Sequence[int] | None) -> list[tuple[str, tuple, int]]:
+def planned(names: Sequence[str], runs: int, ns: Sequence[int] | None,
+            epsilons: Sequence[float] | None = None) -> list[tuple[str, tuple, int]]:
     """Every (set, job, seed) to run, seed by seed across the whole grid (so a stopped run leaves
-    every point with about the same number of runs)."""
+    every point with about the same number of runs); ``epsilons`` keeps the jobs at those
+    privacy targets (and the jobs that run every target)."""
     per: list[tuple[str, tuple, int]] = []
     for name in names:
         f = FIGURES[name]
         for job in f.jobs(ns):
+            eps = f.epsilon_of(job)
+            if epsilons and eps is not None and not any(abs(eps - e) < 1e-12 for e in epsilons):
+                continue
             per.append((name, job, max(1, int(round(runs * f.runs_factor(job))))))
     most = max((r for _, _, r in per), default=0)
     return [(name, job, seed) for seed in range(most) for name, job, r in per if seed < r]
@@ -506,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "k sweep runs 2.5x this at 10^5)")
     p.add_argument("--n", type=float, nargs="+", default=None,
                    help="replace every set's report counts (a bounded run; the test uses a tiny n)")
+    p.add_argument("--epsilons", type=float, nargs="+", default=None,
+                   help="only the points at these privacy targets (of the sets whose jobs have one)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default %(default)s)")
     p.add_argument("--out", default=DEFAULT_OUT,
                    help="OUT.jsonl (every run, appended), OUT.json (summaries), OUT.md (tables); default "
@@ -530,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     jsonl = args.out + ".jsonl"
     if not args.tables:
         have = {_key(r["figure"], tuple(r["job"]), r["seed"]) for r in load_records(jsonl)}
-        todo = [t for t in planned(names, args.runs, ns) if _key(t[0], t[1], t[2]) not in have]
+        todo = [t for t in planned(names, args.runs, ns, args.epsilons) if _key(t[0], t[1], t[2]) not in have]
         until = None
         if args.until:
             hh, mm = map(int, args.until.split(":"))

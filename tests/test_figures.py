@@ -37,6 +37,9 @@ def test_runs_go_seed_by_seed_and_the_tail_target_gets_more():
         per[(name, job)] = per.get((name, job), 0) + 1
     assert per[("synthetic", ("ridge", 1_000_000, 1.0))] == 4
     assert per[("k_sweep", ("ridge", 100_000, 1.0, (20, 60, 100, 140)))] == 10  # 2.5x: 50 at the default 20
+    only = figures.planned(["vertical", "logistic"], 1, [10_000], [0.5, 4.0])
+    assert sorted(job for name, job, _ in only if name == "vertical") == [(10_000, 0.5), (10_000, 4.0)]
+    assert [job for name, job, _ in only if name == "logistic"] == [(10_000, (0.5, 1.0, 4.0))]  # all targets at once
 
 
 def test_one_command_at_tiny_n(tmp_path, capsys):
