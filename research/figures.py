@@ -156,6 +156,18 @@ def _logistic_rows(recs: list[dict[str, Any]], head: list[Any]) -> list[Row]:
     return list(rows.values())
 
 
+def logistic_differences(values: dict[str, float]) -> dict[str, float]:
+    """The gram kind's paired differences to the non-private model and to diffprivlib on the same
+    split (their spread is the noise's alone; the data's is in every mechanism's own sd)."""
+    out = {}
+    for metric in ("auc", "log_loss"):
+        for other in ("nonprivate", "diffprivlib"):
+            a, b = values.get(f"ltm_gram/{metric}"), values.get(f"{other}/{metric}")
+            if a is not None and b is not None:
+                out[f"gram_minus_{other}/{metric}"] = a - b
+    return out
+
+
 def run_logistic_real(name: str, epsilons: Sequence[float], seed: int) -> list[Row]:
     """:func:`logistic_evaluation.run_case` on a random 80/20 split of a scikit-learn data set."""
     from . import logistic_evaluation
@@ -234,6 +246,9 @@ class FigureSet:
     #: runs of a job, as a multiple of ``--runs`` (a tail target asks for 50)
     runs_factor: Callable[[tuple], float] = field(default=lambda job: 1.0)
     info: tuple[str, ...] = ()
+    #: values computed from a run's values when summarising (paired differences), so that runs
+    #: recorded before a difference was asked for have it too
+    derive: Callable[[dict[str, float]], dict[str, float]] = field(default=lambda values: {})
     #: a job's privacy target, for ``--epsilons`` (None: the job runs every epsilon of the set)
     epsilon_of: Callable[[tuple], float | None] = field(default=lambda job: None)
 
@@ -304,7 +319,14 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
               lambda ns: [(n, LOGISTIC_EPSILONS) for n in _ns((10_000, 100_000, 1_000_000), ns)],
               ("data", "n", "epsilon"),
               (("test AUC", tuple((f"{m}/auc", lab) for m, lab in LOGISTIC_MECHS)),
-               ("test log-loss", tuple((f"{m}/log_loss", lab) for m, lab in LOGISTIC_MECHS))), digits=4),
+               ("test log-loss", tuple((f"{m}/log_loss", lab) for m, lab in LOGISTIC_MECHS)),
+               ("paired differences", (("gram_minus_nonprivate/auc", "AUC, gram - non-private"),
+                                       ("gram_minus_diffprivlib/auc", "AUC, gram - diffprivlib"),
+                                       ("gram_minus_nonprivate/log_loss", "log-loss, gram - non-private"),
+                                       ("gram_minus_diffprivlib/log_loss", "log-loss, gram - diffprivlib"),
+                                       ("ltm_gram/taylor_fallback", "gram: Taylor scale kept (fraction)"),
+                                       ("ltm_sketch/taylor_fallback", "sketch: Taylor scale kept (fraction)")))),
+              digits=4, derive=logistic_differences),
     FigureSet("logistic_real", "docs/logistic.md 'Real data'", run_logistic_real,
               lambda ns: [(name, LOGISTIC_EPSILONS) for name in ("breast_cancer", "digits>=5")],
               ("data", "n", "epsilon"),
@@ -429,7 +451,8 @@ def summarize(records: Sequence[dict[str, Any]], names: Sequence[str] | None = N
             key = json.dumps(row["row"], default=float)
             cell = fig["rows"].setdefault(key, {"row": row["row"], "values": {}, "info": row.get("info", {}),
                                                 "notes": {}, "seeds": set(), "loads": [], "seconds": 0.0})
-            for m, v in row["values"].items():
+            derived = FIGURES[r["figure"]].derive(row["values"]) if r["figure"] in FIGURES else {}
+            for m, v in {**row["values"], **derived}.items():
                 if v is not None and math.isfinite(v):
                     cell["values"].setdefault(m, []).append(float(v))
             for m in row.get("notes") or {}:
@@ -483,7 +506,8 @@ def tables(summary: dict[str, Any]) -> str:
                 cells.append(str(row["runs"]))
                 for m, _ in cols:
                     s = row["stats"].get(m)
-                    txt = report.cell(s, f.digits, near_one=not m.endswith(("/auc", "/log_loss", "/accuracy")))
+                    digits = 2 if "_minus_" in m or m.endswith("fallback") else f.digits  # differences, fractions
+                    txt = report.cell(s, digits, near_one="/" not in m)
                     if s and s["runs"] != row["runs"]:
                         txt += f" [{s['runs']} runs]"
                     refused = row["refused"].get(m.split("/")[0])
