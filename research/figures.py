@@ -109,11 +109,12 @@ def run_moments(task: str, n: int, epsilon: float, seed: int) -> list[Row]:
     return [{"row": [task, n, epsilon], "values": dict(r["ratios"])}]
 
 
-def run_k_sweep(task: str, n: int, epsilon: float, ks: Sequence[int], seed: int) -> list[Row]:
-    """:func:`accuracy_runs.k_sweep_run`: design()'s signed study at each k on common random numbers."""
+def run_k_sweep(task: str, n: int, epsilon: float, ks: Sequence[int], seed: int, signed: bool = True) -> list[Row]:
+    """:func:`accuracy_runs.k_sweep_run`: design()'s study (signed unless told) at each k on common
+    random numbers."""
     from . import accuracy_runs
 
-    r = accuracy_runs.k_sweep_run(task, n, epsilon, seed, tuple(ks), True, ("bench", "product"))
+    r = accuracy_runs.k_sweep_run(task, n, epsilon, seed, tuple(ks), signed, ("bench", "product"))
     out = []
     for k in ks:
         v = {}
@@ -285,6 +286,11 @@ REAL_DATA = (("diabetes", "ridge"), ("fair", "ridge"), ("randhie", "ridge"), ("b
              ("diabetes", "pca"), ("digits", "pca"), ("randhie", "pca"), ("wine", "pca"))
 
 
+def run_k_sweep_unsigned(task: str, n: int, epsilon: float, ks: Sequence[int], seed: int) -> list[Row]:
+    """:func:`run_k_sweep` of the unsigned study (what a study with parties is by default)."""
+    return run_k_sweep(task, n, epsilon, ks, seed, signed=False)
+
+
 def _k_sweep_jobs(ns: Sequence[int] | None) -> list[tuple]:
     grid = ((100_000, (20, 60, 100, 140)), (1_000_000, (200, 400))) if not ns else \
         tuple((n, tuple(sorted({max(8, n // 1000), max(8, n // 500)}))) for n in ns)
@@ -312,6 +318,9 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
               _k_sweep_jobs, ("n", "epsilon", "k"),
               (("", (("ridge", "ridge"), ("ridge_product", "ridge, product's penalty"), ("pca", "PCA"))),),
               runs_factor=lambda job: 2.5 if job[1] == 100_000 else 1.0),
+    FigureSet("k_sweep_unsigned", "docs/vertical.md: no k helps an unsigned study at 10^5", run_k_sweep_unsigned,
+              lambda ns: [("ridge", n, 1.0, (20, 40, 80) if not ns else (8, 16)) for n in _ns((100_000,), ns)],
+              ("n", "epsilon", "k"), (("", (("ridge", "ridge"), ("ridge_product", "ridge, product's penalty"))),)),
     FigureSet("real", "docs/accuracy.md 'Real data'", run_real,
               lambda ns: [(name, task, 1.0) for name, task in REAL_DATA], ("data set", "task", "n", "d", "epsilon"),
               (("", PCA_COLUMNS),)),
