@@ -28,6 +28,21 @@ def test_stats_and_cell_are_the_docs_form():
     assert report.cell(report.stats([])) == "-"
 
 
+def test_paired_differences_are_derived_when_summarising():
+    """A value asked for after the runs were recorded (logistic's gram - non-private) comes from
+    each run's own values, so the difference's spread is the noise's, not the data's."""
+    rec = {"figure": "logistic", "job": [1000, [1.0]], "seed": 0, "load": 1.0, "seconds": 1.0,
+           "rows": [{"row": ["synthetic", 1000, 1.0],
+                     "values": {"ltm_gram/auc": 0.80, "nonprivate/auc": 0.83, "diffprivlib/auc": 0.79}}]}
+    recs = [rec, {**rec, "seed": 1, "rows": [{**rec["rows"][0], "values": {
+        "ltm_gram/auc": 0.70, "nonprivate/auc": 0.72, "diffprivlib/auc": 0.70}}]}]
+    (row,) = figures.summarize(recs)["logistic"]["rows"]
+    assert row["stats"]["gram_minus_nonprivate/auc"]["mean"] == pytest.approx(-0.025)
+    assert row["stats"]["gram_minus_nonprivate/auc"]["sd"] == pytest.approx(0.00707, abs=1e-5)
+    assert row["stats"]["gram_minus_diffprivlib/auc"]["median"] == pytest.approx(0.005)
+    assert row["runs"] == 2
+
+
 def test_runs_go_seed_by_seed_and_the_tail_target_gets_more():
     plan = figures.planned(["synthetic", "k_sweep"], 4, None)
     seeds = [seed for _, _, seed in plan]
