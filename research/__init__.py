@@ -14,5 +14,8 @@ process); none of them imports it (tests/test_layering.py).
 * ``accuracy_runs``, ``sketch_floor``, ``trust_cost``: the sketch kind's repeated runs, its
   predicted floor, and what trusting fewer servers costs;
 * ``histogram_evaluation``, ``logistic_evaluation``, ``lad_evaluation``, ``vertical_evaluation``:
-  each analysis' figures and tables; ``report`` is the scaffold they share.
+  each analysis' figures and tables; ``report`` is the scaffold they share (its ``stats`` and
+  ``cell``: mean ± sd (median), p90);
+* ``figures``: every accuracy figure the docs quote, from one command
+  (``python -m research.figures``), through the modules above.
 """

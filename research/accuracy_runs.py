@@ -62,6 +62,7 @@ from dpsketch.analyzer.estimators import PCA, RidgeRegression
 from dpsketch.analyzer.release import GramRelease, SketchRelease
 
 from .experiments import CLIP_QUANTILE, D, PCA_RANK, ROW_BOUND, design_study
+from .report import stats
 from .sketch_floor import cell_variance, ridge_floor
 
 #: The fraction of the Bai-Yin estimate the ``lambda97`` variant asks for.
@@ -70,16 +71,6 @@ PROPOSED_SAFETY = 0.97
 SKETCH_RIDGE = ("today", "lambda97", "fuller1", "fuller4", "sign", "two_round", "two_round_sign")
 SKETCH_PCA = ("today", "lambda97", "sign")
 GRAM = ("gram", "gram_moments", "central")
-
-
-def stats(values: Sequence[float]) -> dict[str, float]:
-    """mean, sample sd (ddof 1), median, 90th percentile, largest value and number of runs."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return {"mean": math.nan, "sd": math.nan, "median": math.nan, "p90": math.nan, "max": math.nan, "runs": 0}
-    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0,
-            "median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "max": float(v.max()),
-            "runs": int(v.size)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,19 +403,22 @@ def k_sweep_line(n: int, epsilon: float, row: dict[str, Any]) -> str:
             f"{extra}; PCA {cell(row['pca'])}; {row['ridge']['runs']} runs")
 
 
+def trivial_run(n: int, seed: int) -> dict[str, float]:
+    """One data set's ratios of estimates that learn nothing, on the benchmark's data: ridge with
+    theta = 0 and PCA with a random 3-dimensional subspace (the yardstick for "no better than
+    predicting zero")."""
+    data = benchmark_data("ridge", n, seed)
+    low = benchmark_data("pca", n, seed)
+    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((D, PCA_RANK)))
+    return {"ridge_theta_zero": error_ratios.ridge_ratio(data.features(), data.target(), np.zeros(D),
+                                                         error_ratios.default_alpha(n, ROW_BOUND)),
+            "pca_random_subspace": error_ratios.pca_ratio(low.rows, q.T)}
+
+
 def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
-    """The ratios of estimates that learn nothing, on the benchmark's data: ridge with theta = 0
-    and PCA with a random 3-dimensional subspace (the yardstick for "no better than predicting
-    zero")."""
-    ridge, pca = [], []
-    for seed in range(runs):
-        data = benchmark_data("ridge", n, seed)
-        ridge.append(error_ratios.ridge_ratio(data.features(), data.target(), np.zeros(D),
-                                            error_ratios.default_alpha(n, ROW_BOUND)))
-        low = benchmark_data("pca", n, seed)
-        q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((D, PCA_RANK)))
-        pca.append(error_ratios.pca_ratio(low.rows, q.T))
-    return {"ridge_theta_zero": stats(ridge), "pca_random_subspace": stats(pca)}
+    """:func:`trivial_run` over seeds 0..runs-1, summarised."""
+    done = [trivial_run(n, seed) for seed in range(runs)]
+    return {key: stats([r[key] for r in done]) for key in ("ridge_theta_zero", "pca_random_subspace")}
 
 
 # ---------------------------------------------------------------------------------------------

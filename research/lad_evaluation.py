@@ -273,15 +273,13 @@ def run_case(n: int, noise: str, epsilons: Sequence[float], seed: int,
 
 def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     """(noise, n, epsilon, mechanism) -> runs, and per metric its mean, sample sd, median and 90th
-    percentile (``accuracy_runs.stats``)."""
-    from .accuracy_runs import stats
-
+    percentile (``report.stats``)."""
     out = {}
     for key, rs in report.group(records, "noise", "n", "epsilon", "mechanism").items():
         s: dict[str, Any] = {"runs": len(rs)}
         for m in ("coef_error", "objective_ratio"):
             v = np.array([r[m] for r in rs], dtype=float)
-            st = stats(v[np.isfinite(v)])
+            st = report.stats(v[np.isfinite(v)])
             s[m], s[m + "_std"], s[m + "_median"], s[m + "_p90"] = st["mean"], st["sd"], st["median"], st["p90"]
         for extra in ("k", "lambda_star", "sigma"):
             if extra in rs[0]:

@@ -282,17 +282,20 @@ def summarize(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
         s: dict[str, Any] = {"runs": len(rs)}
         for m in ("accuracy", "auc", "log_loss"):
             v = np.array([r[m] for r in rs], dtype=float)
-            v = v[np.isfinite(v)]
-            s[m] = float(v.mean()) if len(v) else float("nan")
-            s[m + "_std"] = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+            st = report.stats(v[np.isfinite(v)])
+            s[m], s[m + "_std"], s[m + "_median"], s[m + "_p90"] = st["mean"], st["sd"], st["median"], st["p90"]
         out[key] = s
     return out
 
 
 def _cell(s: dict | None, metric: str) -> str:
+    """mean ± sd (median), p90 (``report.cell``), 3 decimals as before."""
     if s is None or not np.isfinite(s[metric]):
         return "-"
-    return f"{s[metric]:.3f} ± {s[metric + '_std']:.3f}" if s["runs"] > 1 else f"{s[metric]:.3f}"
+    if s["runs"] < 2:
+        return f"{s[metric]:.3f}"
+    return (f"{s[metric]:.3f} ± {s[metric + '_std']:.3f} ({s[metric + '_median']:.3f}), "
+            f"p90 {s[metric + '_p90']:.3f}")
 
 
 def table(summary: dict, dataset: str, metric: str, epsilons: Sequence[float]) -> str:

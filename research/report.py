@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 #: Where the figures, the saved runs and the reports go by default.
 DEFAULT_OUT = "docs/experiments"
@@ -54,6 +57,46 @@ def grid(args: argparse.Namespace, *, seeds: int) -> Grid:
     return Grid(ns=[int(n) for n in (args.n or (QUICK_NS if args.quick else NS))],
                 epsilons=[float(e) for e in (args.epsilons or (QUICK_EPSILONS if args.quick else EPSILONS))],
                 seeds=args.seeds if args.seeds is not None else (1 if args.quick else seeds))
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    """mean, sample sd (ddof 1), median, 90th percentile, largest value and number of runs: the
+    summary every figure in the docs quotes (a right-skewed ratio needs its median and tail, not
+    its mean alone)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {"mean": math.nan, "sd": math.nan, "median": math.nan, "p90": math.nan, "max": math.nan, "runs": 0}
+    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+            "median": float(np.median(v)), "p90": float(np.percentile(v, 90)), "max": float(v.max()),
+            "runs": int(v.size)}
+
+
+def number(v: float, digits: int = 3) -> str:
+    """``digits`` significant digits (no exponent for ordinary sizes)."""
+    if not math.isfinite(v):
+        return str(v)
+    if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-4):
+        return f"{v:.{max(digits - 1, 1)}e}"
+    if abs(v) >= 10 ** digits:
+        return f"{v:.0f}"
+    out = f"{v:#.{digits}g}"
+    return out.rstrip(".") if "e" not in out else out
+
+
+def cell(s: dict[str, float], digits: int = 3, *, near_one: bool = True) -> str:
+    """The docs' form of a summary: "mean ± sd (median), p90 x"; a ratio within 1 % above 1 as
+    "1 + excess" so its excess stays readable; one run alone as its value; no runs as "-"."""
+    if not s or s.get("runs", 0) == 0 or not math.isfinite(s["mean"]):
+        return "-"
+    if near_one and 1.0 <= s["mean"] < 1.01 and s["median"] >= 1.0:
+        ex = lambda v: f"{v - 1.0:.1e}"  # noqa: E731
+        if s["runs"] == 1:
+            return f"1 + {ex(s['mean'])}"
+        return f"1 + {ex(s['mean'])} ± {s['sd']:.1e} ({ex(s['median'])}), p90 1 + {ex(s['p90'])}"
+    if s["runs"] == 1:
+        return number(s["mean"], digits)
+    return (f"{number(s['mean'], digits)} ± {number(s['sd'], 2)} ({number(s['median'], digits)}), "
+            f"p90 {number(s['p90'], digits)}")
 
 
 def group(records: Sequence[dict[str, Any]], *fields: str) -> dict[tuple, list[dict[str, Any]]]:

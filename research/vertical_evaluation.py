@@ -225,9 +225,11 @@ def summarize(records: list[dict]) -> dict[tuple, dict[str, tuple[float, float, 
         cell = acc.setdefault((r["parties"], r["epsilon"], r["n"]), {})
         for m, v in r["ratios"].items():
             cell.setdefault(m, []).append(v)
-    return {k: {m: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v),
-                    float(np.median(v)), float(np.percentile(v, 90))) for m, v in cell.items()}
-            for k, cell in acc.items()}
+    def row(v: list[float]) -> tuple[float, float, int, float, float]:
+        s = report.stats(v)
+        return s["mean"], s["sd"], s["runs"], s["median"], s["p90"]
+
+    return {k: {m: row(v) for m, v in cell.items()} for k, cell in acc.items()}
 
 
 def _num(v: float) -> str:
