@@ -199,7 +199,7 @@ def _ctrl_c_stops(aborted: threading.Event, interrupted: threading.Event):
     UploadInterrupted after the workers finish), before raising KeyboardInterrupt as usual. A
     KeyboardInterrupt raised where Python swallows exceptions (a ``__del__``, a weakref or GC
     callback: "Exception ignored in ...") would otherwise be lost, and the upload would run on to
-    "DONE" after the data owner asked it to stop (seen once in CI). A handler the program set
+    the end after the data owner asked it to stop. A handler the program set
     itself, or a run outside the main thread, is left alone."""
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:

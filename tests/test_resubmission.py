@@ -248,6 +248,10 @@ def test_submit_many_killed_and_rerun_stores_each_row_once(cluster, tmp_path):
         assert all(c <= N_ROWS for c in _counts(cluster, sid)), log
         if sig == signal.SIGINT and code != 0:
             assert code == 130 and out.startswith("INTERRUPTED"), log
+    # a signal sent on a count read from a loaded server can reach a run that has already
+    # finished (seen twice in CI at load 13-19: the count read said 43-47 %, the run had printed
+    # DONE): then every server holds every row and the rerun below has nothing left to send
+    finished = log[-1][2] == 0 and "DONE" in log[-1][4]
     # the completing run (in this process) seals its shares (fresh HPKE randomness): the servers
     # open them and find the same reports as before
     from dpsketch.client_sdk import Client
@@ -255,7 +259,7 @@ def test_submit_many_killed_and_rerun_stores_each_row_once(cluster, tmp_path):
     with Client(cluster.server_urls, token=tokens, journal=journal, encrypt=True) as client:
         done = client.submit_many(sid, np.load(path), batch_size=BATCH)
     log.append(("rerun sealed", None, 0, _counts(cluster, sid), f"{done.n_reports} {done.skipped}"))
-    assert done.n_reports == N_ROWS and not done.already_complete, log
+    assert done.n_reports == N_ROWS and done.already_complete == finished, log
     assert _counts(cluster, sid) == [N_ROWS] * 3, log
     assert any(at is not None and at < 1 for _, at, *_ in log[:2]), log
     with Client(cluster.server_urls, token=tokens, journal=journal) as client:  # sends nothing
@@ -267,8 +271,7 @@ def test_submit_many_killed_and_rerun_stores_each_row_once(cluster, tmp_path):
 
 def test_a_ctrl_c_swallowed_on_its_way_still_stops_the_upload(cluster):
     """Python drops an exception raised where it cannot propagate (a ``__del__``, a GC or weakref
-    callback: "Exception ignored in ..."), a KeyboardInterrupt from Ctrl-C included. A run in CI
-    once printed DONE after a SIGINT sent part-way. The SDK's own handler records the Ctrl-C
+    callback: "Exception ignored in ..."), a KeyboardInterrupt from Ctrl-C included. The SDK's own handler records the Ctrl-C
     whatever happens to the exception: here the data owner's reader swallows it, as a __del__
     would, a third of the way in; the upload stops with UploadInterrupted and sends nothing more."""
     from dpsketch.client_sdk import Client, UploadInterrupted
