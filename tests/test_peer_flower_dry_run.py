@@ -67,12 +67,6 @@ def test_the_table_pairs_each_repetition_and_takes_medians():
     assert table.rstrip().endswith("| 2.0-3.5 |")
 
 
-@pytest.mark.slow
-def test_peer_flower_runs_a_secagg_round_when_flower_is_installed(tmp_path):
-    pytest.importorskip("flwr", reason="Flower is the optional extra 'peer'")
-    peer = _peer()
-    out = tmp_path / "flower.json"
-    assert peer.main(["--skip-dpsketch", "--n", "5", "--d", "4", "--json", str(out)]) == 0
-    (r,) = json.loads(out.read_text())["results"]
-    assert r["clients_aggregated"] == 5 and r["failures"] == 0
-    assert r["max_abs_error"] < 10 * r["quantization_step"] * 5, r  # stochastic rounding only
+# The Flower side is not run here: Flower (the 'peer' extra) would downgrade FastAPI, Starlette and
+# uvicorn under the share servers, so it lives in its own venv (docs/peer.md, --flower-python) and
+# the test install has none; a test that could only skip in CI is left out rather than skipped.
