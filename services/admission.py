@@ -56,16 +56,19 @@ ADMITTED_BYTES_KEY = "dpsketch.admitted_bytes"
 _UPLOAD_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/(?P<kind>reports|batches)$")
 
 
-def _env_int(name: str, default: int) -> int:
+def env_limit(name: str, default, kind=int):
+    """A limit from the environment (unset or empty: ``default``), a whole number unless ``kind``
+    is float, never negative (0 switches it off); ValueError naming the variable. The upload
+    admission's and the re-send gate's variables (services/resend_gate.py)."""
     value = os.environ.get(name, "").strip()
     if not value:
         return default
     try:
-        n = int(value)
+        n = kind(value)
     except ValueError:
-        raise ValueError(f"${name} = {value!r} is not a whole number") from None
+        raise ValueError(f"${name} = {value!r} is not a {'whole ' if kind is int else ''}number") from None
     if n < 0:
-        raise ValueError(f"${name} must be >= 0 (0 disables the limit)")
+        raise ValueError(f"${name} must be >= 0 (0 switches it off)")
     return n
 
 
@@ -119,8 +122,8 @@ class Admission:
 
     @classmethod
     def from_env(cls) -> "Admission":
-        return cls(_env_int("DPSKETCH_MAX_INFLIGHT_UPLOADS", DEFAULT_MAX_REQUESTS),
-                   _env_int("DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES", DEFAULT_MAX_BYTES))
+        return cls(env_limit("DPSKETCH_MAX_INFLIGHT_UPLOADS", DEFAULT_MAX_REQUESTS),
+                   env_limit("DPSKETCH_MAX_INFLIGHT_UPLOAD_BYTES", DEFAULT_MAX_BYTES))
 
     def admits(self, size: int) -> bool:
         if self.max_requests and self.requests >= self.max_requests:

@@ -46,11 +46,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import os
 from random import random
 from time import monotonic
 
-from .admission import ADMITTED_BYTES_KEY
+from .admission import ADMITTED_BYTES_KEY, env_limit
 
 DEFAULT_HOLD_S = 2.0
 DEFAULT_MAX_HELD = 4096
@@ -61,19 +60,6 @@ DEFAULT_MAX_HELD_BYTES = 32 << 20
 QUIET_S = 0.25
 #: How often the held answers are looked at (release when due or when fresh uploads stopped).
 TICK_S = 0.05
-
-
-def _env_number(name: str, default: float, kind=float):
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        n = kind(value)
-    except ValueError:
-        raise ValueError(f"${name} = {value!r} is not a {'whole ' if kind is int else ''}number") from None
-    if n < 0:
-        raise ValueError(f"${name} must be >= 0")
-    return n
 
 
 class ResendGate:
@@ -99,9 +85,9 @@ class ResendGate:
 
     @classmethod
     def from_env(cls, admission=None) -> "ResendGate":
-        return cls(_env_number("DPSKETCH_RESEND_HOLD_S", DEFAULT_HOLD_S),
-                   _env_number("DPSKETCH_RESEND_HOLD_MAX", DEFAULT_MAX_HELD, int),
-                   _env_number("DPSKETCH_RESEND_HOLD_BYTES", DEFAULT_MAX_HELD_BYTES, int), admission)
+        return cls(env_limit("DPSKETCH_RESEND_HOLD_S", DEFAULT_HOLD_S, float),
+                   env_limit("DPSKETCH_RESEND_HOLD_MAX", DEFAULT_MAX_HELD),
+                   env_limit("DPSKETCH_RESEND_HOLD_BYTES", DEFAULT_MAX_HELD_BYTES), admission)
 
     def fresh(self) -> None:
         """An upload stored something new: fresh work is arriving."""
