@@ -23,7 +23,8 @@ EXTRAS=${DPSKETCH_EXTRAS:-test}
 # compiles about 45 modules from source in every server, analyzer and CLI process it starts:
 # about 0.13 s of CPU each (a share server's start went from 1.3-1.45 to 1.2-1.35 s of CPU).
 # compileall writes the caches whatever that variable says; a stale one is simply not used.
-.venv/bin/python -m compileall -q -j 0 dpsketch
+# (the parts' folders by name: compileall does not follow dpsketch/'s links to them)
+.venv/bin/python -m compileall -q -j 0 dpsketch services analyzer client_sdk tools
 # Compile numba's loops (sketch hash, running totals, ChaCha20, the binding's SHA-256, the report
 # index's merges) once into their on-disk cache, about 15 s: the servers, clients and tests started
 # afterwards load them in about a second instead of each compiling them at the same time. Not
