@@ -8,7 +8,8 @@ its 422. Now a report-id list is bounded by --max-body-bytes and the compact bit
 bit per held report, and the commit's working memory is reserved against the memory budget
 before the body is read. Measured here with the server's peak RSS reset before each probe
 (/proc/PID/clear_refs): 256 MiB of junk, streamed as either form, is refused with 413 and moves
-the peak by a few MiB; a commit that would not fit the budget's room is refused with 409 before
+the peak by a few MiB (the least of three probes: the server's own warm-up threads allocate on
+their schedule); a commit that would not fit the budget's room is refused with 409 before
 a byte is read; the study then commits with a bitmap of a few dozen bytes.
 """
 
@@ -67,11 +68,19 @@ def test_junk_and_oversized_commits_cannot_take_the_server_past_its_memory(serve
                 status = type(exc).__name__
             return status, _status(pid)["VmHWM"] - base
 
+        # The server allocates on its own schedule too: its warm-up threads (services/store.py:
+        # the accounting's imports at startup, the release's sampler table when a study opens)
+        # can run late under load, and in CI the first probe grew the peak by 16.8 MiB against
+        # 2.9 on a quiet machine. So each form is probed
+        # three times and the smallest growth counts: a body that is read into memory grows the
+        # peak by its 256 MiB at every probe; a background allocation happens once.
         for media_type in (inclusion.MEDIA_TYPE, messages.REPORT_IDS_MEDIA_TYPE):
-            status, grown = junk(media_type)
-            print(f"\n256 MiB of junk as {media_type}: {status}, server peak RSS +{grown / MIB:.1f} MiB")
-            assert status in (413, "RemoteProtocolError", "WriteError", "ReadError"), status
-            assert grown < 16 * MIB
+            probes = [junk(media_type) for _ in range(3)]
+            for status, grown in probes:
+                print(f"\n256 MiB of junk as {media_type}: {status}, server peak RSS +{grown / MIB:.1f} MiB")
+                assert status in (413, "RemoteProtocolError", "WriteError", "ReadError"), status
+            assert min(grown for _, grown in probes) < 8 * MIB
+            assert max(grown for _, grown in probes) < 64 * MIB  # never the body, even with a warm-up
         held = http.get(f"/v1/studies/{study.study_id}/report-ids", headers=analyst).content
         assert len(held) == 200 * 16
         keep = np.frombuffer(held, dtype="S16")[:190].tobytes()
