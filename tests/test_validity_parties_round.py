@@ -22,7 +22,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 
-from dpsketch.protocol import Study, field, messages, parties, report, ring
+from dpsketch.protocol import field, messages, parties, report, ring, sketch
 from dpsketch.protocol import validity as V
 from dpsketch.protocol.circuits import to_digits
 from dpsketch.protocol.keystream import Keystream
@@ -149,6 +149,5 @@ def test_what_a_lying_analyzer_can_and_cannot_do_with_blocks(no_floor_module_clu
         got = httpx.get(f"{u}/v1/studies/{study.study_id}/aggregate", headers={"Authorization": f"Bearer {t}"})
         share = messages.decode_aggregate(got.content, study.k, study.width)
         total = share if total is None else field.add(total, share)
-    from dpsketch.protocol import sketch
     released = ring.decode(V.to_ring(total), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected_release(study, {"bank": [bank], "clinic": [clinic]}, keep))
