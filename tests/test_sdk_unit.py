@@ -606,3 +606,40 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
                      "--max-retries", "0", "--timeout", "2", str(p)])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err and "127.0.0.1:9" in err
+
+
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy", "ALL_PROXY"])
+def test_a_proxy_in_the_environment_is_still_used(monkeypatch, variable):
+    """The SDK makes its pools with trust_env=False only when no proxy variable is set (httpx's
+    scan of the environment costs about 1 ms a pool); with one set, every pool routes through it,
+    as before. A loopback HTTP server answers the pools made without a proxy; with the variable
+    pointing at a closed port, the same request goes to the proxy and fails to connect."""
+    import http.server
+
+    from dpsketch.client_sdk import Client
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+                     "all_proxy", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        with Client([url, url + "/b"], journal=False) as plain:
+            assert all(not http._mounts and not http.trust_env for http in plain._http)
+            assert plain._http[0].get("/v1/info").status_code == 204
+        monkeypatch.setenv(variable, "http://127.0.0.1:9")
+        with Client([url, url + "/b"], journal=False) as proxied:
+            assert all(http.trust_env and http._mounts for http in proxied._http)
+            with pytest.raises(httpx.ConnectError):
+                proxied._http[0].get("/v1/info")
+    finally:
+        server.shutdown()
