@@ -13,7 +13,8 @@ export DPSKETCH_FUZZ_EXAMPLES=${DPSKETCH_FUZZ_EXAMPLES:-15}
 # Two workers (DPSKETCH_TEST_WORKERS; 0 runs in one process): most tests wait on server processes,
 # so two files at a time take about 0.6 of the time on 2 cores; a file stays in one worker.
 workers=${DPSKETCH_TEST_WORKERS:-2}
+# the 25 slowest tests close every run's report: where the suite's 20-minute budget goes
 if [ "$workers" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
+  exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --durations=25 "$@"
 fi
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest --durations=25 "$@"
