@@ -497,19 +497,22 @@ process.stdout.write(JSON.stringify({ pseudonyms: ps.map(hex), signs, batches: o
 """
 
 
-def test_node_proved_blocks_are_the_python_sdks_bytes(built_package):
+@pytest.mark.parametrize("proved", [True, False], ids=["validity", "no-validity"])
+def test_node_proved_blocks_are_the_python_sdks_bytes(built_package, proved):
     """The Node client's proved blocks (docs/protocol.md 2d, 4b, 4c) of a signed validity study
     with parties, for each party and each leader position, are byte for byte the Python SDK's
     (report.prepare_blocks) from the same batch key: pseudonyms, party-key signs, clipping, noise,
     the party's plan, digits, the helpers' seeds, salts, block ids, proofs and every server's body
-    and media type (the leader's blocks record, the helpers' block-seeds records)."""
+    and media type (the leader's blocks record, the helpers' block-seeds records). Without
+    validity, the signed study's full-share blocks likewise (the leader position unused)."""
     from dpsketch.protocol import parties as _parties, report
     from dpsketch.protocol.keystream import Keystream
     from dpsketch.protocol.study import design
 
     study = design(name="ts blocks bytes", columns=["x0", "x1", "x2", "y"], label="y", servers=["s1", "s2", "s3"],
                    parties=[{"name": "bank", "columns": ["x0"]}, {"name": "clinic", "columns": ["x1", "x2", "y"]}],
-                   secret_sign=True, expected_reports=5000, validity=True)[0]
+                   secret_sign=True, expected_reports=5000, validity=proved)[0]
+    assert (study.validity is not None) == proved and study.secret_sign
     key, batch_key = bytes(range(32)), bytes(range(100, 132))
     people = [f"p{i}" for i in range(6)]
     rows = np.random.default_rng(5).normal(0, 0.5, (6, 4))
@@ -522,7 +525,7 @@ def test_node_proved_blocks_are_the_python_sdks_bytes(built_package):
         r = _run(["node", "--input-type=module", "-e", NODE_BLOCKS], input=json.dumps({
             "study": json.loads(study.model_dump_json(exclude_none=True)), "studyId": study.study_id, "party": name,
             "partyKey": key.hex(), "individuals": people, "rows": block_rows.tolist(), "key": batch_key.hex(),
-            "leaders": [0, 1, 2]}))
+            "leaders": [0, 1, 2] if proved else [0]}))
         assert r.returncode == 0, r.stderr[-3000:]
         out = json.loads(r.stdout)
         assert out["pseudonyms"] == [p.hex() for p in ps] and out["signs"] == [-1 if s else 1 for s in signs]
@@ -532,7 +535,7 @@ def test_node_proved_blocks_are_the_python_sdks_bytes(built_package):
             for j, got in enumerate(bodies):
                 assert got["type"] == want.media_type(j), (name, full, j)
                 assert got["body"] == want.body(j).hex(), (name, full, j)
-            assert [j for j in range(3) if "block-seeds" not in bodies[j]["type"]] == [full]
+            assert [j for j in range(3) if "block-seeds" not in bodies[j]["type"]] == ([full] if proved else [0, 1, 2])
 
 
 def test_parties_validity_study_node_proved_blocks_verify_and_join_exactly(built_package, exact_cluster, monkeypatch):
