@@ -5,6 +5,11 @@ on the same rows of the same study, in the same run, modes and clients interleav
 
     .venv/bin/python benchmarks/ts_client.py --rows 20000 --d 10 --repeats 3
     .venv/bin/python benchmarks/ts_client.py --rows 2000 --batch 500 --repeats 3 --validity
+    .venv/bin/python benchmarks/ts_client.py --rows 2000 --batch 500 --repeats 3 --validity --parties --d 10
+
+``--parties``: a signed study with two parties (the first d/2 columns, the rest), timing the
+first party's blocks (d_j = d/2; proved with the party's own plan under ``--validity``), the
+leader rotating batch by batch, each individual a fresh pseudonym.
 
 Needs clients/typescript built (``npx tsc -p tsconfig.test.json`` there; tests/test_ts_client.py
 does it). CPU seconds: time.process_time for Python, process.cpuUsage for Node (each one thread).
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,23 +31,32 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dpsketch.client_sdk.prepare import prepare_batch  # noqa: E402
-from dpsketch.protocol import envelope, validity  # noqa: E402
+from dpsketch.client_sdk.prepare import prepare_batch, prepare_blocks  # noqa: E402
+from dpsketch.protocol import envelope, parties, proved_shares  # noqa: E402
 from dpsketch.protocol.study import design  # noqa: E402
 
 PACKAGE = ROOT / "clients" / "typescript"
 
 
 def python_run(study, rows: np.ndarray, batch: int, sealed: bool, recipients) -> float:
-    width = validity.plan(study).leader_width if study.validity else study.width  # sealed at the leader's width
+    party = None if study.parties is None else study.parties[0].name
+    width = proved_shares.upload_width(study, None if party is None else 0)  # sealed at the leader's width
+    key = parties.new_key() if party else None
     t0 = time.process_time()
     n = study.n_servers
     for b in range(0, len(rows), batch):
-        p = prepare_batch(study, rows[b:b + batch], compress=True, full=(b // batch) % n)
+        chunk = rows[b:b + batch]
+        if party is None:
+            p = prepare_batch(study, chunk, compress=True, full=(b // batch) % n)
+        else:  # as client_sdk.parties.prepared_blocks: fresh pseudonyms, their party-key signs
+            ps = [os.urandom(16) for _ in range(len(chunk))]
+            p = prepare_blocks(study, party, ps, chunk, signs=parties.signs(key, study.study_id, ps) if study.secret_sign
+                               else None, full=(b // batch) % n)
         for j in range(n):
             body = p.body(j)
             if sealed:
-                envelope.seal_body(recipients[j], study.study_id, body, p.media_type(j), width, n)
+                envelope.seal_body(recipients[j], study.study_id, body, p.media_type(j), width, n,
+                                   **({} if party is None else {"party": 0}))
     return time.process_time() - t0
 
 
@@ -53,16 +68,23 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--validity", action="store_true", help="a study with validity proofs (norm-bound/1)")
+    ap.add_argument("--parties", action="store_true", help="a signed study with two parties: the first one's blocks")
     args = ap.parse_args()
-    study = design(name="ts bench", columns=[f"x{i}" for i in range(args.d)], label=None,
+    columns = [f"x{i}" for i in range(args.d)]
+    split = {} if not args.parties else {
+        "parties": [{"name": "a", "columns": columns[:args.d // 2]}, {"name": "b", "columns": columns[args.d // 2:]}],
+        "secret_sign": True}
+    study = design(name="ts bench", columns=columns, label=None,
                    servers=[f"s{j + 1}" for j in range(args.servers)], expected_reports=100_000, k=40, s=4,
-                   validity=args.validity)[0]
-    rows = np.random.default_rng(0).normal(0.0, 0.3 / np.sqrt(args.d / 3), size=(args.rows, args.d))
+                   validity=args.validity, **split)[0]
+    d = args.d // 2 if args.parties else args.d
+    rows = np.random.default_rng(0).normal(0.0, 0.3 / np.sqrt(d / 3), size=(args.rows, d))
     keys = [envelope.generate_private_key() for _ in range(args.servers)]
     recipients = [envelope.Recipient(f"s{j + 1}", envelope.public_key_of(k), version=envelope.VERSION_4)
                   for j, k in enumerate(keys)]
     cfg = {"study": json.loads(study.model_dump_json(exclude_none=False)), "studyId": study.study_id,
-           "rows": rows.tolist(), "batchSize": args.batch, "repeats": 1}
+           "rows": rows.tolist(), "batchSize": args.batch, "repeats": 1,
+           **({"party": study.parties[0].name} if args.parties else {})}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg, f)
         path = f.name
@@ -77,7 +99,8 @@ def main() -> None:
         got = json.loads(out)
         for k in node:
             node[k] += got["seconds"][k]
-    print(f"study: d = {args.d} ({study.width} values a row), {args.servers} servers, k = {study.k}, "
+    what = f"party a's blocks (d_j = {d}, of 2 parties)" if args.parties else f"{study.width} values a row"
+    print(f"study: d = {args.d} ({what}), {args.servers} servers, k = {study.k}, "
           f"signed = {bool(study.secret_sign)}, validity = {study.validity}, seed-compressed; "
           f"{args.rows} rows in batches of {args.batch}; "
           f"node {got['node']}")

@@ -10,7 +10,9 @@ release equals S(A + G) over both clients' encoded rows bit for bit (no server n
 no-floor policy of test_e2e). Resubmitting with the same submission secret stores nothing new.
 A validity study (sketch; marginal histogram; gram, with the Python SDK's reports beside): the
 Node client's proofs pass every server's verification round. A study with parties: one party's
-blocks sealed from Node, the other's sealed by the Python SDK, joined by pseudonym. (c) Headless
+blocks sealed from Node, the other's sealed by the Python SDK, joined by pseudonym; with validity
+and signs, Node's proved blocks are the Python SDK's bytes from the same key, and a Node party's
+proved blocks (plain and sealed) and a Python party's pass every server's round and join exactly. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows to the share servers across origins (they allow the page's origin by CORS,
 $DPSKETCH_CORS_ORIGINS); exact release.
@@ -478,6 +480,131 @@ def test_parties_study_node_and_python_sealed_blocks_join_exactly(built_package,
     expected = ring.decode(direct_sketch(study, pseudonyms, joined), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
 
+
+NODE_BLOCKS = """
+import { prepareBlocks, blocksBody, blocksMediaType, partySigns, pseudonym, hex, unhex } from "./dist/index.js";
+const chunks = [];
+for await (const c of process.stdin) chunks.push(c);
+const cfg = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+const ps = cfg.individuals.map((x) => pseudonym(unhex(cfg.partyKey), cfg.studyId, x));
+const signs = partySigns(unhex(cfg.partyKey), cfg.studyId, ps);
+const out = [];
+for (const full of cfg.leaders) {
+  const p = prepareBlocks(cfg.study, cfg.studyId, cfg.party, ps, cfg.rows, unhex(cfg.key), { signs, full });
+  out.push(cfg.study.servers.map((_, j) => ({ type: blocksMediaType(p, j), body: hex(blocksBody(p, j)) })));
+}
+process.stdout.write(JSON.stringify({ pseudonyms: ps.map(hex), signs, batches: out }));
+"""
+
+
+@pytest.mark.parametrize("proved", [True, False], ids=["validity", "no-validity"])
+def test_node_proved_blocks_are_the_python_sdks_bytes(built_package, proved):
+    """The Node client's proved blocks (docs/protocol.md 2d, 4b, 4c) of a signed validity study
+    with parties, for each party and each leader position, are byte for byte the Python SDK's
+    (report.prepare_blocks) from the same batch key: pseudonyms, party-key signs, clipping, noise,
+    the party's plan, digits, the helpers' seeds, salts, block ids, proofs and every server's body
+    and media type (the leader's blocks record, the helpers' block-seeds records). Without
+    validity, the signed study's full-share blocks likewise (the leader position unused)."""
+    from dpsketch.protocol import parties as _parties, report
+    from dpsketch.protocol.keystream import Keystream
+    from dpsketch.protocol.study import design
+
+    study = design(name="ts blocks bytes", columns=["x0", "x1", "x2", "y"], label="y", servers=["s1", "s2", "s3"],
+                   parties=[{"name": "bank", "columns": ["x0"]}, {"name": "clinic", "columns": ["x1", "x2", "y"]}],
+                   secret_sign=True, expected_reports=5000, validity=proved)[0]
+    assert (study.validity is not None) == proved and study.secret_sign
+    key, batch_key = bytes(range(32)), bytes(range(100, 132))
+    people = [f"p{i}" for i in range(6)]
+    rows = np.random.default_rng(5).normal(0, 0.5, (6, 4))
+    rows[0] *= 10  # clipped to the party's bound
+    ps = _parties.pseudonyms(key, study.study_id, people)
+    signs = _parties.signs(key, study.study_id, ps)
+    assert 0 < signs.sum() < len(signs)  # both signs occur
+    for name, cols in (("bank", slice(0, 1)), ("clinic", slice(1, 4))):
+        block_rows = rows[:, cols]
+        r = _run(["node", "--input-type=module", "-e", NODE_BLOCKS], input=json.dumps({
+            "study": json.loads(study.model_dump_json(exclude_none=True)), "studyId": study.study_id, "party": name,
+            "partyKey": key.hex(), "individuals": people, "rows": block_rows.tolist(), "key": batch_key.hex(),
+            "leaders": [0, 1, 2] if proved else [0]}))
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = json.loads(r.stdout)
+        assert out["pseudonyms"] == [p.hex() for p in ps] and out["signs"] == [-1 if s else 1 for s in signs]
+        for full, bodies in enumerate(out["batches"]):
+            want = report.prepare_blocks(study, name, ps, block_rows, stream=Keystream.from_key(batch_key),
+                                         signs=signs, full=full)
+            for j, got in enumerate(bodies):
+                assert got["type"] == want.media_type(j), (name, full, j)
+                assert got["body"] == want.body(j).hex(), (name, full, j)
+            assert [j for j in range(3) if "block-seeds" not in bodies[j]["type"]] == ([full] if proved else [0, 1, 2])
+
+
+def test_parties_validity_study_node_proved_blocks_verify_and_join_exactly(built_package, exact_cluster, monkeypatch):
+    """A signed study with parties and validity (docs/validity.md section 13): party "bank"
+    proves its blocks from Node, half plain and half sealed (classical), the leader rotating over
+    the three servers batch by batch; party "clinic" proves its blocks with the Python SDK
+    (sealed). Every block passes every server's verification round (2n decided, none refused),
+    and the release is exactly the sketch of the joined rows the blocks' shares carry (Node's
+    noisy vectors beside the Python SDK's reconstructed from the shares it sent), hashed by
+    pseudonym. Prints the Node client's time per proved block at d_j = 2 (with the load)."""
+    import os
+    import time
+
+    from dpsketch.protocol import parties as _parties
+    from studies import record_blocks
+    from test_validity_parties_e2e import joined_vectors
+
+    c = exact_cluster
+    n, half = 120, 60
+    declared = [{"name": "bank", "columns": ["x0", "x1"]}, {"name": "clinic", "columns": ["x2", "x3", "y"]}]
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts parties validity", parties=declared, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n - 20, epsilon_floor=None, validity=True, secret_sign=True)
+    study = Study.model_validate(created["study"])
+    assert study.validity == "norm-bound/1" and study.parties is not None and study.secret_sign
+    key = bytes(range(32, 64))
+    customers = [f"customer-{i:05d}" for i in range(n)]
+    rows = 0.95 * np.random.default_rng(4343).uniform(-1, 1, (n, 5)) / np.sqrt(5)
+    rows[0] = [1.0, -1.0, 1.0, -1.0, 1.0]  # beyond both parties' bounds: clipped by each
+
+    bank_tokens = c.upload_tokens(study.study_id, quota=None, party="bank")
+    servers = [{"url": u, "token": t} for u, t in zip(c.server_urls, bank_tokens)]
+    vectors, t0 = [], time.perf_counter()
+    for sealing, part in (("none", slice(0, half)), ("classical", slice(half, n))):
+        out = node_submit({"studyId": study.study_id, "servers": servers, "rows": rows[part, :2].tolist(),
+                           "party": "bank", "partyKey": key.hex(), "individuals": customers[part],
+                           "batchSize": 20, "sealing": sealing})
+        assert out["accepted"] == [half] * 3 and out["duplicates"] == [0] * 3, out
+        assert [p["batch"] for p in out["progress"]] == [1, 2, 3]  # the leader at server 0, 1, 2
+        vectors += [[int(x) for x in v] for v in out["vectors"]]
+    node_seconds = time.perf_counter() - t0
+    print(f"Node: {n} proved blocks (d_j = 2, 3 servers, plain and sealed, with the HTTP round trips) in "
+          f"{node_seconds:.2f} s, {1000 * node_seconds / n:.1f} ms a block; load {os.getloadavg()[0]:.1f}")
+
+    sent = record_blocks(monkeypatch)
+    clinic_tokens = c.upload_tokens(study.study_id, quota=None, party="clinic")
+    with Client(c.server_urls, token=clinic_tokens, encrypt=True) as client:
+        result = client.submit_blocks(study.study_id, "clinic", rows[:, 2:], party_key=key, keys=customers,
+                                      batch_size=50)
+    assert result.n_reports == n
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: every block of both parties
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        assert fin["verification"]["decided"] == 2 * n and fin["verification"]["refused"] == 0, fin["verification"]
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    pseudonyms = _parties.pseudonyms(key, study.study_id, customers)
+    clinic = np.vstack([joined_vectors(study, b, 1) for b in sent["clinic"]])
+    assert [p for b in sent["clinic"] for p in b.pseudonyms] == pseudonyms
+    joined = np.hstack([np.array(vectors, dtype=np.uint64), clinic])
+    expected = ring.decode(direct_sketch(study, pseudonyms, joined), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+    # Node's blocks are the party-key-signed clipped rows plus the study's noise, not zeros
+    signs = np.where(_parties.signs(key, study.study_id, pseudonyms), -1.0, 1.0)
+    bank = ring.decode(np.array(vectors, dtype=np.uint64), study.frac_bits)
+    clip = study.parties[0].row_bound - study.noise_grid.spacing * np.sqrt(2) / 2
+    assert np.linalg.norm(bank[0] * signs[0]) == pytest.approx(clip, abs=8 * study.sigma)
+    z = (bank * signs[:, None] - rows[:, :2])[1:] / study.sigma
+    assert abs(z.mean()) < 0.5 and 0.7 < z.std() < 1.3, (z.mean(), z.std())
 
 
 def test_readme_node_snippet_runs_as_written(built_package, exact_cluster):

@@ -1,17 +1,21 @@
 /**
  * Rows per CPU second to prepare (clip, signs, exact noise, seed-compressed shares, binding,
  * bodies) and to prepare and seal (version 4, classical, to fresh keys) in Node, one thread.
- * Input: a JSON file {study, studyId, rows, batchSize, repeats}; output: JSON on stdout.
+ * Input: a JSON file {study, studyId, rows, batchSize, repeats, party?}; output: JSON on stdout.
+ * With `party` (a study with parties) the rows are that party's blocks (prepareBlocks, proved in a
+ * validity study), each individual a fresh pseudonym with its party-key sign.
  * benchmarks/ts_client.py runs it against the Python SDK on the same rows in the same run.
  */
 import { readFileSync } from "node:fs";
 import { plainBody, prepareBatch } from "../src/batch.js";
 import { concat, randomBytes } from "../src/bytes.js";
-import { seal } from "../src/sealing/v4.js";
+import { CONTENT_SEED } from "../src/binding.js";
+import { blocksBody, partySigns, prepareBlocks } from "../src/parties.js";
+import { CONTENT_BLOCK, CONTENT_BLOCK_SEED, seal } from "../src/sealing/v4.js";
 import { keyId, suite, type ServerKey } from "../src/sealing/suites.js";
 import type { Study } from "../src/study.js";
 
-const cfg = JSON.parse(readFileSync(process.argv[2], "utf8")) as { study: Study; studyId: string; rows: number[][]; batchSize: number; repeats: number };
+const cfg = JSON.parse(readFileSync(process.argv[2], "utf8")) as { study: Study; studyId: string; rows: number[][]; batchSize: number; repeats: number; party?: string };
 const N = cfg.study.servers.length;
 const cpu = () => {
   const u = process.cpuUsage();
@@ -29,7 +33,35 @@ async function keys(): Promise<ServerKey[]> {
   return out;
 }
 
+/** A party's blocks, batch by batch, the leader rotating (Client.submitBlocks without the I/O). */
+async function runBlocks(sealed: boolean, ks: ServerKey[], party: string): Promise<{ seconds: number; bytes: number }> {
+  const partyKey = randomBytes(32);
+  const index = cfg.study.parties!.findIndex((q) => q.name === party);
+  const t0 = cpu();
+  let bytes = 0;
+  const B = cfg.batchSize;
+  for (let b = 0; b * B < cfg.rows.length; b++) {
+    const rows = cfg.rows.slice(b * B, (b + 1) * B);
+    const ps = rows.map(() => randomBytes(16));
+    const signs = cfg.study.secret_sign ? partySigns(partyKey, cfg.studyId, ps) : null;
+    const p = prepareBlocks(cfg.study, cfg.studyId, party, ps, rows, randomBytes(32), { signs, full: b % N });
+    for (let j = 0; j < N; j++) {
+      if (!sealed) bytes += blocksBody(p, j).length;
+      else {
+        const body = await seal({
+          studyId: cfg.studyId, serverId: cfg.study.servers[j], key: ks[j], party: index,
+          content: p.servers[j].content === CONTENT_SEED ? CONTENT_BLOCK_SEED : CONTENT_BLOCK,
+          reportIds: p.blockIds, plaintexts: p.blockIds.map((_, i) => concat(p.pseudonyms[i], p.servers[j].proofs[i], p.servers[j].payloads[i])),
+        });
+        bytes += body.length;
+      }
+    }
+  }
+  return { seconds: cpu() - t0, bytes };
+}
+
 async function run(sealed: boolean, ks: ServerKey[]): Promise<{ seconds: number; bytes: number }> {
+  if (cfg.party) return runBlocks(sealed, ks, cfg.party);
   const t0 = cpu();
   let bytes = 0;
   const B = cfg.batchSize;

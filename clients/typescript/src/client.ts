@@ -9,7 +9,8 @@ import { hmac } from "@noble/hashes/hmac.js";
 import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, concat, hex, randomBytes } from "./bytes.js";
 import { plainBody, prepareBatch, type PreparedBatch, type ServerBatch } from "./batch.js";
-import { blockMediaType, blocksBody, prepareBlocks, pseudonym, type PreparedBlocks } from "./parties.js";
+import { CONTENT_SEED } from "./binding.js";
+import { blocksBody, blocksMediaType, partySigns, prepareBlocks, pseudonym, type PreparedBlocks } from "./parties.js";
 import type { RawValue } from "./features.js";
 import * as sealedLayout from "./sealing/v4.js";
 import { checkDistinctKeys, currentKey, type HpkeKeys, type ServerKey, type SuiteName } from "./sealing/suites.js";
@@ -215,15 +216,18 @@ export class Client {
     return { reportIds, accepted, duplicates, secret, clamped, ...(opts.keepVectors ? { vectors } : {}) };
   }
 
-  /** Server j's body of a party's blocks: plaintext, or sealed (docs/sealing.md section 3a). */
+  /**
+   * Server j's body of a party's blocks: plaintext, or sealed (docs/sealing.md section 3a:
+   * content 0x03, or 0x04 for a validity study's helper, whose records carry seeds).
+   */
   async blocksBody(p: PreparedBlocks, j: number): Promise<{ body: Uint8Array; type: string }> {
-    if (!this.keys) return { body: blocksBody(p, j), type: blockMediaType(p.party) };
+    if (!this.keys) return { body: blocksBody(p, j), type: blocksMediaType(p, j) };
     const body = await sealedLayout.seal({
       studyId: this.studyId,
       serverId: this.study.servers[j],
       key: this.keys[j],
-      content: sealedLayout.CONTENT_BLOCK,
-      party: this.study.parties!.findIndex((q) => q.name === p.party),
+      content: p.servers[j].content === CONTENT_SEED ? sealedLayout.CONTENT_BLOCK_SEED : sealedLayout.CONTENT_BLOCK,
+      party: p.index,
       reportIds: p.blockIds,
       plaintexts: p.blockIds.map((_, i) => concat(p.pseudonyms[i], p.servers[j].proofs[i], p.servers[j].payloads[i])),
     });
@@ -234,7 +238,7 @@ export class Client {
   private async postBlocks(p: PreparedBlocks, j: number, lo: number, hi: number, onRetry?: SubmitOptions["onRetry"]): Promise<UploadResult> {
     const e = this.endpoints[j];
     const part: PreparedBlocks = { ...p, blockIds: p.blockIds.slice(lo, hi), pseudonyms: p.pseudonyms.slice(lo, hi),
-      servers: p.servers.map((s) => ({ proofs: s.proofs.slice(lo, hi), payloads: s.payloads.slice(lo, hi) })) };
+      servers: p.servers.map((s) => ({ content: s.content, proofs: s.proofs.slice(lo, hi), payloads: s.payloads.slice(lo, hi) })) };
     const { body, type } = await this.blocksBody(part, j);
     const headers: Record<string, string> = { "Content-Type": type, Accept: "application/json" };
     if (e.token) headers.Authorization = `Bearer ${e.token}`;
@@ -256,13 +260,15 @@ export class Client {
   /**
    * A party's blocks of a study with parties (section 2d): `individuals` are the individuals'
    * keys (customer numbers), turned into this study's pseudonyms with the parties' shared 32-byte
-   * `partyKey`; `rows` the party's columns of each. The upload tokens must be this party's.
+   * `partyKey`; `rows` the party's columns of each. The upload tokens must be this party's. In a
+   * signed study every block is multiplied by its individual's party-key sign; in a study with
+   * validity every block is proved with the party's own bound, the leader (its input and proof
+   * shares) rotating over the servers batch by batch, a seed to every other server (section 4c).
    */
   async submitBlocks(party: string, partyKey: Uint8Array, individuals: (string | Uint8Array)[], rows: number[][], opts: SubmitOptions = {}): Promise<SubmitResult & { blockIds: string[] }> {
     if (!this.study.parties) throw new Error("the study has no parties");
-    // a signed study with parties signs every block with the party-key sign (docs/vertical.md,
-    // protocol section 2d); this client does not derive it yet and must not send unsigned blocks
-    if (this.study.secret_sign) throw new Error("a signed study with parties (party-key sign) is not supported by this client yet: submit its blocks with the Python SDK");
+    if (partyKey.length !== 32) throw new Error("the party key is 32 bytes");
+    if (individuals.length !== rows.length) throw new Error(`${individuals.length} individuals for ${rows.length} rows`);
     const batchSize = opts.batchSize ?? 1000;
     const secret = opts.secret ?? randomBytes(32);
     const N = this.study.servers.length;
@@ -273,7 +279,9 @@ export class Client {
     const d = this.study.parties.find((p) => p.name === party)?.columns.length ?? 0;
     for (let b = 0; b < batches; b++) {
       const ids = individuals.slice(b * batchSize, (b + 1) * batchSize).map((x) => pseudonym(partyKey, this.studyId, x));
-      const p = prepareBlocks(this.study, this.studyId, party, ids, rows.slice(b * batchSize, (b + 1) * batchSize), batchKey(secret, b));
+      const signs = this.study.secret_sign ? partySigns(partyKey, this.studyId, ids) : null;
+      const p = prepareBlocks(this.study, this.studyId, party, ids, rows.slice(b * batchSize, (b + 1) * batchSize), batchKey(secret, b),
+        { signs, full: b % N });
       const results = await Promise.all(p.servers.map((_, j) => this.postBlocks(p, j, 0, ids.length, opts.onRetry)));
       results.forEach((r, j) => {
         accepted[j] += r.accepted;

@@ -12,4 +12,6 @@ export * as sealedV4 from "./sealing/v4.js";
 export { currentKey, keyId, type SuiteName } from "./sealing/suites.js";
 export { hex, unhex } from "./bytes.js";
 export { addRemoveStudyEpsilon, checkPromise, replaceOneEpsilon, gaussianEpsilon, type PromiseCheck } from "./accounting.js";
-export { pseudonym, prepareBlocks, blocksBody, blockMediaType, type PreparedBlocks } from "./parties.js";
+export { pseudonym, partySigns, prepareBlocks, blocksBody, blockMediaType, blocksMediaType, type BlockOptions, type PreparedBlocks } from "./parties.js";
+export { blockPrefixes, blockId } from "./binding.js";
+export { partyPlan, validityPlan, type ValidityPlan } from "./validity/study.js";

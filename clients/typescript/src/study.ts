@@ -291,7 +291,7 @@ export function validateStudy(study: Study): void {
   if (!(Number.isInteger(study.min_reports) && study.t < study.min_reports && study.min_reports <= study.max_reports)) fail("min_reports");
   if (!(Number.isInteger(study.frac_bits) && study.frac_bits >= 0 && study.frac_bits <= 62)) fail("frac_bits");
   if (study.secret_sign === true && !(study.kind === "sketch" && study.k > 1)) fail("secret_sign only in a sketch study with k > 1");
-  // (a study with parties may have validity: this client validates it, and refuses to prove its blocks, parties.ts)
+  // (a study with parties may have validity: each party's blocks proved with its own plan, parties.ts)
   if (study.validity !== undefined && (study.validity !== "norm-bound/1" || !(study.sigma > 0))) fail("validity: norm-bound/1, with client noise");
   if (study.bounds !== undefined) {
     if (study.kind === "histogram" || study.parties) fail("bounds not in a histogram study or one with parties");

@@ -13,7 +13,7 @@ import { XWing } from "@hpke/hybridkem-x-wing";
 import { MlKem768 } from "mlkem";
 import { sha3_256, shake256 } from "@noble/hashes/sha3.js";
 import { concat, hex, unhex } from "../src/bytes.js";
-import { CONTENT_BLOCK, fixedHeader, info, prefix, seal, type SealInput } from "../src/sealing/v4.js";
+import { CONTENT_BLOCK, CONTENT_BLOCK_SEED, fixedHeader, info, prefix, seal, type SealInput } from "../src/sealing/v4.js";
 import { pseudonym } from "../src/parties.js";
 import { currentKey, keyId, suite, type SuiteName } from "../src/sealing/suites.js";
 import { section9, vectors } from "./helpers.js";
@@ -179,4 +179,25 @@ test("sealing.json sealed-blocks-classical: a party's sealed blocks byte for byt
   await assert.rejects(seal({ ...inp, content: 0x01 }), /names its party/);
   const fresh = await seal(inp);
   assert.equal(fresh.length, 101 + 32 + inp.plaintexts.reduce((a, p) => a + 16 + p.length, 0));
+});
+
+test("a validity study's helper seals its block seeds as content 0x04, naming its party (docs/sealing.md 3a)", async () => {
+  const v = vectors("sealing.json").find((x) => x.type === "sealed_blocks")!;
+  const pk = unhex(v.public_key);
+  const key = { suite: "classical" as SuiteName, keyId: keyId(pk), publicKey: pk };
+  const N = 2;
+  const inp: SealInput = {
+    studyId: v.study_id, serverId: v.server_id, key, content: CONTENT_BLOCK_SEED, party: v.party_index,
+    reportIds: v.records.map((r: any) => unhex(r.block_id)),
+    plaintexts: v.records.map((r: any) => concat(unhex(r.pseudonym), new Uint8Array(16 * N), new Uint8Array(32).fill(7))),
+  };
+  const fixed = fixedHeader(inp, unhex(v.batch_id));
+  const blockFixed = fixedHeader({ ...inp, content: CONTENT_BLOCK }, unhex(v.batch_id));
+  assert.equal(fixed[32], 0x04);
+  assert.deepEqual([...fixed.subarray(0, 32), ...fixed.subarray(33)], [...blockFixed.subarray(0, 32), ...blockFixed.subarray(33)]);
+  assert.equal(hex(prefix(v.study_id, v.server_id, v.party_index)), v.context);
+  const body = await seal(inp);
+  // as long as the plaintext block-seeds body (64 + 16 N bytes a record) plus the header and tag
+  assert.equal(body.length, 101 + 32 + inp.reportIds.length * (64 + 16 * N));
+  await assert.rejects(seal({ ...inp, party: undefined }), /names its party/);
 });

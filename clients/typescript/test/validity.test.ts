@@ -2,7 +2,8 @@
  * conformance/validity.json: validity studies (N = 2 and 3; sketch, histogram, l1, gram and
  * moments) from their noisy ring vectors to what each server receives: the plan, digits, helpers'
  * seeds, binding, joint randomness, proofs and the leader's shares, from the client key; a gram
- * or moments study's also from its rows (clipping, proved scale, two noise blocks, witness).
+ * or moments study's also from its rows (clipping, proved scale, two noise blocks, witness); a
+ * study with parties' blocks from its party key, individuals and rows (partiesVector).
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -14,25 +15,117 @@ import { mapper } from "../src/features.js";
 import { provedScale, studyId, validateStudy, width, type Study } from "../src/study.js";
 import type { NormBound } from "../src/validity/flp.js";
 import { GramNorm, hypot } from "../src/validity/gram.js";
-import { validityPlan, proveBatch, witnessRows } from "../src/validity/study.js";
-import { prepareBlocks } from "../src/parties.js";
+import { partyPlan, validityPlan, proveBatch, witnessRows, type ValidityPlan } from "../src/validity/study.js";
+import { blockMediaType, blocksBody, partySigns, prepareBlocks, pseudonym } from "../src/parties.js";
+import { blockPrefixes, CONTENT_SEED, CONTENT_SHARE } from "../src/binding.js";
+import { clip } from "../src/features.js";
+import { partyClipBounds } from "../src/study.js";
 import { vectors } from "./helpers.js";
+
+function checkPlan(plan: ValidityPlan, want: any, label: string): void {
+  assert.equal(plan.shift, want.grid_shift, label);
+  assert.equal(plan.t, want.t, label);
+  assert.equal(plan.r2, BigInt(want.r2), label);
+  assert.equal(plan.q, want.q, label);
+  assert.equal(plan.circuit.half, BigInt(want.H), label);
+  assert.equal(plan.circuit.slackDigits, want.slack_digits, label);
+  assert.equal(plan.circuit.inputLen, want.input_len, label);
+  assert.equal(plan.circuit.proofLen, want.proof_len, label);
+  assert.equal(plan.circuit.verifierLen, want.verifier_len, label);
+  assert.equal(plan.leaderWidth, want.leader_width, label);
+}
+
+/** The leader's payloads as decimal strings, one list per report. */
+function leaderElements(payloads: Uint8Array[]): string[][] {
+  return payloads.map((p) => {
+    const dv = new DataView(p.buffer, p.byteOffset, p.length);
+    return Array.from({ length: p.length / 8 }, (_, k) => dv.getBigUint64(8 * k, true).toString());
+  });
+}
+
+/**
+ * A signed study with two parties and validity (docs/validity.md section 13): from the vector's
+ * inputs (party key, individuals, rows; each party's noise and client keys) every party's
+ * pseudonyms, signs, plan, clipped signed blocks, noisy ring vectors, digits, block prefixes,
+ * helpers' seeds, binding, block ids, joint randomness, proofs and the leader's shares, byte for
+ * byte; then the client's one-keystream path (prepareBlocks) against the same steps, and its bodies.
+ */
+function partiesVector(v: any): void {
+  const study = v.study as Study;
+  test(`validity.json ${v.id}: pseudonyms, party-key signs, the parties' plans`, () => {
+    validateStudy(study);
+    assert.equal(studyId(study), v.study_id);
+    const key = unhex(v.party_key);
+    const ps = (v.individuals as string[]).map((x) => pseudonym(key, v.study_id, x));
+    assert.deepEqual(ps.map(hex), v.pseudonyms);
+    assert.deepEqual(partySigns(key, v.study_id, ps), (v.signs as number[]).map((s) => (s ? -1 : 1)));
+    assert.throws(() => validityPlan(study), /partyPlan/);
+    assert.equal(Math.max(...study.parties!.map((_, j) => partyPlan(study, j).circuit.verifierLen)), v.verifier_len);
+    for (const p of v.parties) checkPlan(partyPlan(study, p.index), p.plan, p.party);
+  });
+  for (const p of v.parties) {
+    test(`validity.json ${v.id}: party ${p.party}'s proved blocks, byte for byte`, () => {
+      const plan = partyPlan(study, p.index);
+      const cols = study.parties![p.index].columns.map((c) => study.columns.indexOf(c));
+      const rows = (v.rows as number[][]).map((r) => cols.map((c) => r[c]));
+      const signs = (v.signs as number[]).map((s) => (s ? -1 : 1));
+      const bound = partyClipBounds(study)![p.index].clip_bound;
+      const clipped = rows.map((r) => clip(r, bound));
+      assert.deepEqual(clipped.map((r, i) => r.map((x) => signs[i] * x)), p.blocks);
+      const d = cols.length;
+      const { noisy } = encodeNoisy(study, clipped, signs, new Keystream(unhex(p.noise_key)), d);
+      assert.deepEqual(Array.from(noisy, String), p.encoded.flat());
+      const pseudonyms = (v.pseudonyms as string[]).map(unhex);
+      const prefixes = blockPrefixes(v.study_id, p.index, pseudonyms);
+      assert.deepEqual(prefixes.map(hex), p.block_prefixes);
+      const b = proveBatch(study, v.study_id, plan, noisy, new Keystream(unhex(p.client_key)), p.full, null, null, prefixes);
+      assert.deepEqual(b.inputs.map((r) => r.map(String)), p.input);
+      assert.deepEqual(b.reportIds.map(hex), p.report_ids);
+      b.servers.forEach((s, j) => {
+        assert.equal(s.content, j === p.full ? CONTENT_SHARE : CONTENT_SEED);
+        assert.equal(hex(Uint8Array.from(s.proofs.flatMap((x) => Array.from(x)))), p.binding[j], `binding ${j}`);
+        if (j !== p.full) assert.equal(hex(Uint8Array.from(s.payloads.flatMap((x) => Array.from(x)))), p.helper_seeds[String(j)], `seeds ${j}`);
+      });
+      assert.deepEqual(b.proofs.map((r) => r.map(String)), p.proof);
+      assert.deepEqual(leaderElements(b.servers[p.full].payloads), p.leader);
+      // the same blocks as report ids would be other ids (the prefix is what makes them blocks)
+      const asReports = proveBatch(study, v.study_id, plan, noisy, new Keystream(unhex(p.client_key)), p.full);
+      assert.notDeepEqual(asReports.reportIds.map(hex), p.report_ids);
+    });
+  }
+  test(`validity.json ${v.id}: prepareBlocks is noise then proof from one keystream, with plaintext bodies of section 4c`, () => {
+    const key = sha256(ascii("a party's batch key"));
+    const pseudonyms = (v.pseudonyms as string[]).map(unhex);
+    const signs = (v.signs as number[]).map((s) => (s ? -1 : 1));
+    const N = study.servers.length;
+    for (const p of v.parties) {
+      const cols = study.parties![p.index].columns.map((c) => study.columns.indexOf(c));
+      const rows = (v.rows as number[][]).map((r) => cols.map((c) => r[c]));
+      for (let full = 0; full < N; full++) {
+        const got = prepareBlocks(study, v.study_id, p.party, pseudonyms, rows, key, { signs, full });
+        const ks = new Keystream(key);
+        const bound = partyClipBounds(study)![p.index].clip_bound;
+        const { noisy } = encodeNoisy(study, rows.map((r) => clip(r, bound)), signs, ks, cols.length);
+        const want = proveBatch(study, v.study_id, partyPlan(study, p.index), noisy, ks, full, null, null, blockPrefixes(v.study_id, p.index, pseudonyms));
+        assert.deepEqual(got.blockIds.map(hex), want.reportIds.map(hex));
+        assert.deepEqual(got.servers, want.servers);
+        for (let j = 0; j < N; j++) {
+          const body = blocksBody(got, j);
+          const share = j === full ? 8 * p.plan.leader_width : 32;
+          assert.equal(body.length, rows.length * (32 + 16 * N + share));
+          assert.equal(hex(body.subarray(16, 32)), v.pseudonyms[0]);
+          assert.equal(blockMediaType(p.party, j !== full), j === full ? `application/x-dpsketch-blocks; party=${p.party}` : `application/x-dpsketch-block-seeds; party=${p.party}`);
+        }
+      }
+      assert.throws(() => prepareBlocks(study, v.study_id, p.party, pseudonyms, rows, key), /party-key sign/);
+      assert.throws(() => prepareBlocks(study, v.study_id, p.party, pseudonyms, rows, key, { signs, full: N }), /a server position/);
+    }
+  });
+}
 
 for (const v of vectors("validity.json")) {
   if (v.type === "validity_parties_study") {
-    // a study with parties and validity (docs/validity.md section 13): this client validates the
-    // study and refuses, clearly and before any request, to prepare its blocks (it cannot prove them)
-    test(`validity.json ${v.id}: a study with parties is refused for blocks, not sent unproved`, () => {
-      const study = v.study as Study;
-      validateStudy(study);
-      assert.equal(studyId(study), v.study_id);
-      for (const p of v.parties) {
-        const rows = (v.rows as number[][]).map((r) => r.slice(p.index === 0 ? 0 : 1, p.index === 0 ? 1 : 3));
-        assert.throws(() => prepareBlocks(study, v.study_id, p.party, v.pseudonyms.map(unhex), rows, new Uint8Array(32)),
-                      /does not prove a party's blocks yet; submit them with the Python SDK/);
-      }
-      assert.throws(() => validityPlan(study), /not yet available for a study with parties/);
-    });
+    partiesVector(v);
     continue;
   }
   if (v.plan.circuit === "GramNorm") {
@@ -73,16 +166,7 @@ for (const v of vectors("validity.json")) {
     const study = v.study as Study;
     assert.equal(studyId(study), v.study_id);
     const plan = validityPlan(study);
-    assert.equal(plan.shift, v.plan.grid_shift);
-    assert.equal(plan.t, v.plan.t);
-    assert.equal(plan.r2, BigInt(v.plan.r2));
-    assert.equal(plan.q, v.plan.q);
-    assert.equal(plan.circuit.half, BigInt(v.plan.H));
-    assert.equal(plan.circuit.slackDigits, v.plan.slack_digits);
-    assert.equal(plan.circuit.inputLen, v.plan.input_len);
-    assert.equal(plan.circuit.proofLen, v.plan.proof_len);
-    assert.equal(plan.circuit.verifierLen, v.plan.verifier_len);
-    assert.equal(plan.leaderWidth, v.plan.leader_width);
+    checkPlan(plan, v.plan, v.id);
     const noisy = BigUint64Array.from(v.encoded.flat().map((x: string) => BigInt(x)));
     const ks = new Keystream(unhex(v.client_key));
     const b = proveBatch(study, v.study_id, plan, noisy, ks, v.full, v.onehot, v.clipped ?? null);
@@ -95,11 +179,7 @@ for (const v of vectors("validity.json")) {
       if (j !== v.full) assert.equal(hex(Uint8Array.from(s.payloads.flatMap((p) => Array.from(p)))), v.helper_seeds[String(j)], `seeds ${j}`);
     });
     assert.deepEqual(b.proofs.map((r) => r.map(String)), v.proof);
-    const leader = b.servers[v.full].payloads.map((p) => {
-      const dv = new DataView(p.buffer, p.byteOffset, p.length);
-      return Array.from({ length: p.length / 8 }, (_, k) => dv.getBigUint64(8 * k, true).toString());
-    });
-    assert.deepEqual(leader, v.leader);
+    assert.deepEqual(leaderElements(b.servers[v.full].payloads), v.leader);
   });
 }
 

@@ -3,8 +3,9 @@
  * fresh 32-byte secret, then all the records' plaintexts as one ChaCha20-Poly1305 message under a
  * key derived from the secret and the header's transcript (zero nonce: the key is used once),
  * with the transcript and every report id in order as associated data. A party's blocks
- * (docs/sealing.md section 3a) are content 0x03: the block id in the clear, the pseudonym sealed
- * before the proof and the share, and the party's index bound after the server id. A layout is
+ * (docs/sealing.md section 3a) are content 0x03 (a validity study's helper's: 0x04, a seed for
+ * the share): the block id in the clear, the pseudonym sealed before the proof and the share, and
+ * the party's index bound after the server id. A layout is
  * this one module: another version is another module with the same exports (VERSION, MEDIA_TYPE, seal).
  */
 import { chacha20poly1305 } from "@noble/ciphers/chacha.js";
@@ -17,6 +18,8 @@ export const VERSION = 4;
 export const MEDIA_TYPE = "application/x-dpsketch-sealed";
 /** The content kind of a sealed batch of one party's blocks. */
 export const CONTENT_BLOCK = 0x03;
+/** A validity study's helper's blocks (docs/sealing.md section 3a): pseudonym, proof, 32-byte seed. */
+export const CONTENT_BLOCK_SEED = 0x04;
 
 /** The Content-Type of a party's sealed blocks. */
 export function blocksMediaType(party: string): string {
@@ -30,7 +33,7 @@ export interface SealInput {
   serverId: string;
   key: ServerKey;
   content: number;
-  /** a block batch (content 0x03): the party's 0-based index, bound in the context */
+  /** a block batch (content 0x03 or 0x04): the party's 0-based index, bound in the context */
   party?: number;
   reportIds: Uint8Array[];
   /** proof || payload of every record, in order */
@@ -69,7 +72,8 @@ export function info(inp: SealInput, fixed: Uint8Array): Uint8Array {
 export async function seal(inp: SealInput, secrets?: SealSecrets): Promise<Uint8Array> {
   const count = inp.reportIds.length;
   if (count < 1) throw new Error("a sealed batch has at least one record");
-  if ((inp.content === CONTENT_BLOCK) !== (inp.party !== undefined)) throw new Error("a block batch (content 0x03), and only one, names its party");
+  const block = inp.content === CONTENT_BLOCK || inp.content === CONTENT_BLOCK_SEED;
+  if (block !== (inp.party !== undefined)) throw new Error("a block batch (content 0x03 or 0x04), and only one, names its party");
   if (inp.party !== undefined && !(Number.isInteger(inp.party) && inp.party >= 0 && inp.party < 256)) throw new Error("a party's index is one byte");
   const batchId = secrets?.batchId ?? randomBytes(16);
   const secret = secrets?.secret ?? randomBytes(32);

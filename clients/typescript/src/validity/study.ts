@@ -47,18 +47,11 @@ function gramPlan(study: Study): ValidityPlan {
 
 export function validityPlan(study: Study): ValidityPlan {
   if (study.validity !== "norm-bound/1") throw new Error("not a validity study");
-  if (study.parties) throw new Error("validity proofs are not yet available for a study with parties");
+  if (study.parties) throw new Error("a study with parties proves each party's blocks with the party's own plan (partyPlan)");
   // an l1 study proves what a sketch study does (its noisy row); gram and moments studies their
   // features' witness row and noise (circuit GramNorm, docs/validity.md section 12)
   if (provedFeatures(study)) return gramPlan(study);
-  const h = spacing(study);
-  const t = Math.max(1, Math.ceil(study.sigma / h));
   const w = width(study);
-  // a histogram's one-hot part is proved exactly: its bound is the noise allowance alone
-  const rowBound = study.kind === "histogram" ? 0 : study.row_bound;
-  const r = rowBound / h + normAllowance(t, w);
-  const r2 = BigInt(Math.ceil(r * r));
-  const q = digitsFor(r2, BETA);
   let oneHot: { blocks: [number, number][]; unit: bigint } | null = null;
   if (study.kind === "histogram") {
     const sizes = study.histogram!.axes.map((ax) => (ax.edges ?? ax.categories ?? []).length + 1);
@@ -72,6 +65,29 @@ export function validityPlan(study: Study): ValidityPlan {
     } else blocks.push([0, w]);
     oneHot = { blocks, unit: 1n << BigInt(study.frac_bits - gridShift(study)) };
   }
+  // a histogram's one-hot part is proved exactly: its bound is the noise allowance alone
+  return normBoundPlan(study, w, study.kind === "histogram" ? 0 : study.row_bound, oneHot);
+}
+
+/**
+ * Party `index`'s plan in a validity study with parties (docs/protocol.md section 4b's last
+ * bullet, validity.party_plan): the sketch predicate of width d_j and bound B_j = row_bound_j,
+ * NormBound(d_j, 4, q_j, R2_j), with the study's grid and noise.
+ */
+export function partyPlan(study: Study, index: number): ValidityPlan {
+  if (study.validity !== "norm-bound/1") throw new Error("not a validity study");
+  const party = study.parties?.[index];
+  if (!party) throw new Error("only a study with parties has party plans, one per party");
+  return normBoundPlan(study, party.columns.length, party.row_bound, null);
+}
+
+/** NormBound(w, 4, q, R2) with R2 = ceil((B / h + t sqrt(w + 2 sqrt(w a) + 2 a))^2) (doubles). */
+function normBoundPlan(study: Study, w: number, rowBound: number, oneHot: { blocks: [number, number][]; unit: bigint } | null): ValidityPlan {
+  const h = spacing(study);
+  const t = Math.max(1, Math.ceil(study.sigma / h));
+  const r = rowBound / h + normAllowance(t, w);
+  const r2 = BigInt(Math.ceil(r * r));
+  const q = digitsFor(r2, BETA);
   const circuit = new NormBound(w, BETA, q, r2, oneHot);
   return { shift: gridShift(study), t, tUpper: null, r2, q, circuit, leaderWidth: circuit.inputLen + circuit.proofLen };
 }
@@ -94,14 +110,19 @@ export function witnessRows(plan: ValidityPlan, clipped: number[][]): bigint[][]
 
 /**
  * The proved batch from the noisy ring vectors (m rows of width values), leader at `full`; a
- * histogram's one-hot rows, a gram or moments study's clipped rows (its witness's source).
+ * histogram's one-hot rows, a gram or moments study's clipped rows (its witness's source). One
+ * party's blocks (`prefixes`: binding.blockPrefixes of the party and each block's pseudonym, with
+ * the party's plan) are bound under block ids, so the proofs' joint randomness commits to the
+ * party and the pseudonym too (docs/protocol.md section 4b, last bullet).
  */
 export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan, noisy: BigUint64Array, ks: Keystream, full: number,
-  onehot: number[][] | null = null, clipped: number[][] | null = null): ProvedBatch {
+  onehot: number[][] | null = null, clipped: number[][] | null = null, prefixes: Uint8Array[] | null = null): ProvedBatch {
   const c = plan.circuit;
   const w = c.w;
   const m = noisy.length / w;
   const N = study.servers.length;
+  if (!(Number.isInteger(full) && full >= 0 && full < N)) throw new Error(`full=${full}: a server position, 0 to ${N - 1}`);
+  if (prefixes && prefixes.length !== m) throw new Error(`${prefixes.length} block prefixes for ${m} blocks`);
   const witness = c instanceof GramNorm ? witnessRows(plan, clipped ?? []) : null;
   if (witness && (witness.length !== m || witness.some((r) => r.length !== (c as GramNorm).d))) throw new Error(`a ${study.kind} study's proof needs the clipped rows`);
   const inputs: Fp[][] = [];
@@ -148,7 +169,7 @@ export function proveBatch(study: Study, studyIdHex: string, plan: ValidityPlan,
   for (let i = 0; i < m; i++) {
     const salts = Array.from({ length: N }, (_, j) => saltBytes.subarray(16 * (j * m + i), 16 * (j * m + i) + 16));
     const payloads = seeds.map((s) => (s === null ? u64sToBytes(leaderIn[i]) : s[i]));
-    const b = bind(studyIdHex, contents, salts, payloads);
+    const b = bind(studyIdHex, contents, salts, payloads, prefixes ? prefixes[i] : undefined);
     reportIds.push(b.reportId);
     b.proofs.forEach((p, j) => bindingProofs[j].push(p));
   }
