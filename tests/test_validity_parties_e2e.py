@@ -172,35 +172,46 @@ def upload_proved(cluster, study: Study, name: str, pseudonym: bytes, proved: V.
     upload_blocks(cluster, study, name, proved.report_ids, [pseudonym], proved.binding, proved.leader, proved.seeds)
 
 
+def honest_individuals(cluster, study: Study, n: int, extra: int, seed: int, key: bytes, clinic_full: int):
+    """Honest blocks uploaded: the bank's of individuals 0..n-1 (leader server 0), the clinic's of
+    all n + extra (leader ``clinic_full``), from one keystream. (pseudonyms, rows, the keystream,
+    the bank's and the clinic's prepared batches)."""
+    ps = parties.pseudonyms(parties.new_key(), study.study_id, [f"p{i}" for i in range(n + extra)])
+    rows = data(n + extra, seed=seed)
+    stream = Keystream.from_key(key * 32)
+    bank = report.prepare_blocks(study, "bank", ps[:n], rows[:n, COLS["bank"]], stream, full=0)
+    clinic = report.prepare_blocks(study, "clinic", ps, rows[:, COLS["clinic"]], stream, full=clinic_full)
+    upload_prepared(cluster, study, bank)
+    upload_prepared(cluster, study, clinic)
+    return ps, rows, stream, bank, clinic
+
+
+def far_block(study: Study, pseudonym: bytes, stream: Keystream, full: int) -> V.Proved:
+    """The issue's attack as a bank block: its first coordinate at 40,000 times the party's bound,
+    the norm equation made to hold in F_p by an out-of-range digit and the slack, proved by the
+    prover on those digits (so every server stores it; only the round can refuse it)."""
+    circ = V.party_plan(study, 0).circuit
+    w, q = circ.w, circ.q
+    r = int(circ.r2 ** 0.5)
+    far = np.zeros((1, circ.input_len), dtype=np.uint64)
+    far[0, :w * q] = to_digits(np.full((1, w), circ.half, dtype=np.uint64), circ.beta, q)[0]  # u = 0
+    far[0, 0] = (int(far[0, 0]) + 40_000 * r) % field.P
+    far[0, w * q] = (circ.r2 - (40_000 * r) ** 2) % field.P
+    return prove_block(study, 0, pseudonym, far, full, stream)
+
+
 def test_a_malicious_partys_blocks_are_refused_everywhere_and_their_individuals_left_out_whole(no_floor_module_cluster):
     c = no_floor_module_cluster
     n = 300
     study = create(c, n, "vp-attacks")
-    key = parties.new_key()
-    people = [f"p{i}" for i in range(n + 3)]
-    ps = parties.pseudonyms(key, study.study_id, people)
-    rows = data(n + 3, seed=11)
-    stream = Keystream.from_key(b"\x3c" * 32)
     # honest blocks: the bank's of individuals 0..n-1, the clinic's of all n + 3 (the last three
     # get a bank block only from the attacker below)
-    bank = report.prepare_blocks(study, "bank", ps[:n], rows[:n, COLS["bank"]], stream, full=0)
-    clinic = report.prepare_blocks(study, "clinic", ps, rows[:, COLS["clinic"]], stream, full=2)
-    upload_prepared(c, study, bank)
-    upload_prepared(c, study, clinic)
-
+    ps, rows, stream, bank, clinic = honest_individuals(c, study, n, 3, seed=11, key=b"\x3c", clinic_full=2)
     plan = V.party_plan(study, 0)
     circ = plan.circuit
-    w, q = circ.w, circ.q
-    r = int(circ.r2 ** 0.5)
-    zero = to_digits(np.full((1, w), circ.half, dtype=np.uint64), circ.beta, q)[0]  # u = 0
     attacks: dict[str, bytes] = {}
-    # 1. individual n: the bank's block at 40,000 times its bound, the norm equation made to hold
-    #    in F_p by an out-of-range digit and the slack, proved by the prover on those digits
-    far = np.zeros((1, circ.input_len), dtype=np.uint64)
-    far[0, :w * q] = zero
-    far[0, 0] = (int(zero[0]) + 40_000 * r) % field.P
-    far[0, w * q] = (circ.r2 - (40_000 * r) ** 2) % field.P
-    forged = prove_block(study, 0, ps[n], far, 1, stream)
+    # 1. individual n: the bank's block at 40,000 times its bound, proved for its digits
+    forged = far_block(study, ps[n], stream, full=1)
     upload_proved(c, study, "bank", ps[n], forged)
     attacks["far outside its bound"] = forged.report_ids[0]
     # 2. individual n + 1: a valid block whose leader's proof share is altered after proving
@@ -220,7 +231,7 @@ def test_a_malicious_partys_blocks_are_refused_everywhere_and_their_individuals_
     # 4. the bank's block of individual 1 (a valid proof) replayed as the clinic's block (the two
     #    parties have the same width) of a fresh individual: re-bound under party 1 and the new
     #    pseudonym, its proof kept; the individual also gets an honest bank block, so it is complete
-    extra = parties.pseudonyms(key, study.study_id, ["replayed-into-clinic"])[0]
+    extra = parties.pseudonyms(parties.new_key(), study.study_id, ["replayed-into-clinic"])[0]
     inputs1 = V.party_plan(study, 1).circuit.encode(V.grid_units(plan, joined_vectors(study, bank, 0)[1:2]))
     cross = prove_block(study, 1, extra, inputs1, 1, stream, proof=whole_proof(study, 0, bank, 1))
     upload_proved(c, study, "clinic", extra, cross)

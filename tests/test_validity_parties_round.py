@@ -22,14 +22,13 @@ from __future__ import annotations
 import httpx
 import numpy as np
 
-from dpsketch.protocol import field, messages, parties, report, ring, sketch
+from dpsketch.protocol import field, messages, parties, ring, sketch
 from dpsketch.protocol import validity as V
-from dpsketch.protocol.circuits import to_digits
 from dpsketch.protocol.keystream import Keystream
 from test_e2e import no_floor_module_cluster  # noqa: F401 (a fixture)
-from test_validity_parties_e2e import COLS, create, data, expected_release, prove_block, upload_blocks, \
-    upload_prepared, upload_proved
-from test_validity_round_attacks import _same_law, _step, _top_bits, query_every_server
+from test_validity_parties_e2e import create, expected_release, far_block, honest_individuals, upload_blocks, \
+    upload_proved
+from test_validity_round_attacks import _same_law, _top_bits, commit_ids, decide_with, query_every_server
 
 
 def _others(views, j: int) -> np.ndarray:
@@ -93,22 +92,8 @@ def test_what_a_lying_analyzer_can_and_cannot_do_with_blocks(no_floor_module_clu
     c = no_floor_module_cluster
     n = 150
     study = create(c, n + 1, "vp-liar")
-    key = parties.new_key()
-    ps = parties.pseudonyms(key, study.study_id, [f"q{i}" for i in range(n + 1)])
-    rows = data(n + 1, seed=21)
-    stream = Keystream.from_key(b"\x5a" * 32)
-    bank = report.prepare_blocks(study, "bank", ps[:n], rows[:n, COLS["bank"]], stream, full=0)
-    clinic = report.prepare_blocks(study, "clinic", ps, rows[:, COLS["clinic"]], stream, full=1)
-    upload_prepared(c, study, bank)
-    upload_prepared(c, study, clinic)
-    circ = V.party_plan(study, 0).circuit
-    w, q = circ.w, circ.q
-    r = int(circ.r2 ** 0.5)
-    far = np.zeros((1, circ.input_len), dtype=np.uint64)
-    far[0, :w * q] = to_digits(np.full((1, w), circ.half, dtype=np.uint64), circ.beta, q)[0]
-    far[0, 0] = (int(far[0, 0]) + 40_000 * r) % field.P
-    far[0, w * q] = (circ.r2 - (40_000 * r) ** 2) % field.P
-    forged = prove_block(study, 0, ps[n], far, 2, stream)
+    ps, _rows, stream, bank, clinic = honest_individuals(c, study, n, 1, seed=21, key=b"\x5a", clinic_full=1)
+    forged = far_block(study, ps[n], stream, full=2)
     upload_proved(c, study, "bank", ps[n], forged)
     bad = forged.report_ids[0]
 
@@ -121,18 +106,13 @@ def test_what_a_lying_analyzer_can_and_cannot_do_with_blocks(no_floor_module_clu
     rows_of = [position[v] for v in victims]
     bodies[1][rows_of, 1, 0] = field.add(bodies[1][rows_of, 1, 0], np.uint64(1))
     bodies[2][position[bad]] = field.sub(np.zeros_like(views[2][1][position[bad]]), views[2][1][position[bad]])
-    refused = [set(messages.split_ids(_step(u, t, study, "decide", content=V.encode_verifiers(ids, bodies[j]),
-                                            headers={"Content-Type": V.VERIFIERS_MEDIA_TYPE}).content))
-               for j, (u, t) in enumerate(zip(urls, tokens))]
+    refused = decide_with(urls, tokens, study, ids, bodies)
     assert refused[0] == {bad}
     assert refused[1] == {bad} | set(victims)
     assert refused[2] == set()  # told what to decide
 
     def commit(j: int, included) -> httpx.Response:
-        return httpx.post(f"{urls[j]}/v1/studies/{study.study_id}/commit", timeout=60,
-                          content=messages.encode_report_ids(sorted(included)),
-                          headers={"Authorization": f"Bearer {tokens[j]}",
-                                   "Content-Type": messages.REPORT_IDS_MEDIA_TYPE})
+        return commit_ids(urls[j], tokens[j], study, included)
 
     everyone = set(bank.report_ids) | set(clinic.report_ids) | {bad}
     r = commit(0, everyone - set(victims) - {clinic.report_ids[i] for i in range(10, 15)})

@@ -346,6 +346,21 @@ def test_a_server_killed_between_any_two_steps_comes_back_with_the_same_round(no
     np.testing.assert_array_equal(released(c, study), expected(study, proved.report_ids, encoded))
 
 
+def decide_with(urls, tokens, study: Study, ids, bodies) -> list[set[bytes]]:
+    """Each server's decide step told bodies[j] (what an analyzer, honest or not, sends it):
+    the ids each refuses."""
+    return [set(messages.split_ids(_step(u, t, study, "decide", content=V.encode_verifiers(ids, bodies[j]),
+                                         headers={"Content-Type": V.VERIFIERS_MEDIA_TYPE}).content))
+            for j, (u, t) in enumerate(zip(urls, tokens))]
+
+
+def commit_ids(url: str, token: str, study: Study, included) -> httpx.Response:
+    """A commit of exactly these report (or block) ids at one server, as a report-id list."""
+    return httpx.post(f"{url}/v1/studies/{study.study_id}/commit", timeout=60,
+                      content=messages.encode_report_ids(sorted(included)),
+                      headers={"Authorization": f"Bearer {token}", "Content-Type": messages.REPORT_IDS_MEDIA_TYPE})
+
+
 def _top_bits(x: np.ndarray) -> np.ndarray:
     return (np.asarray(x, dtype=np.uint64) >> np.uint64(61)).astype(np.int64)
 
@@ -418,18 +433,13 @@ def test_what_a_lying_analyzer_can_and_cannot_do(no_floor_module_cluster):
     bodies[1][victims, 1, 0] = field.add(bodies[1][victims, 1, 0], np.uint64(1))
     forged = [position[r] for r in bad_ids]
     bodies[2][forged] = field.sub(np.zeros_like(views[2][1][forged]), views[2][1][forged])
-    refused = [set(messages.split_ids(_step(u, t, study, "decide", content=V.encode_verifiers(ids, bodies[j]),
-                                            headers={"Content-Type": V.VERIFIERS_MEDIA_TYPE}).content))
-               for j, (u, t) in enumerate(zip(urls, tokens))]
+    refused = decide_with(urls, tokens, study, ids, bodies)
     assert refused[0] == bad_ids
     assert refused[1] == bad_ids | set(proved.report_ids[10:15])
     assert refused[2] == set()  # told what to decide
 
     def commit(j: int, included) -> httpx.Response:
-        return httpx.post(f"{urls[j]}/v1/studies/{study.study_id}/commit", timeout=60,
-                          content=messages.encode_report_ids(sorted(included)),
-                          headers={"Authorization": f"Bearer {tokens[j]}",
-                                   "Content-Type": messages.REPORT_IDS_MEDIA_TYPE})
+        return commit_ids(urls[j], tokens[j], study, included)
 
     with_invalid = set(proved.report_ids[:10]) | set(proved.report_ids[15:]) | bad_ids
     r = commit(0, with_invalid)
