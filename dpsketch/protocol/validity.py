@@ -83,6 +83,9 @@ GRAM_GRID_STEPS = 4096
 #: each, in the worst case all the same way) moves a cell by at most 1/FLOOR_BIAS of one
 #: server's noise: no client noise grows with n to cover it (docs/validity.md section 14)
 FLOOR_BIAS = 16
+#: ... but with at most this many steps per server noise: a finer grid would need more digits a
+#: coordinate than F_p holds the norm of (w H^2 < p; at 2^20, R = B / h stays near 2^20 B / tau)
+FLOOR_MAX_STEPS = 1 << 20
 
 
 class ValidityError(ValueError):
@@ -164,9 +167,11 @@ def gram_grid(smallest_std: float, frac_bits: int):
 def floor_grid(server_std: float, max_reports: int, frac_bits: int, gram: bool):
     """The grid of a validity study without client noise: the coarsest of its kind (2^(shift - f),
     or 4^-m for a gram or moments study, ``server_std`` then the strict upper triangle's) whose
-    step h keeps max_reports h / 2 <= server_std / FLOOR_BIAS, and at least the GRID_STEPS (or
-    GRAM_GRID_STEPS) steps per server noise a study with client noise has."""
-    cap = server_std / max(GRID_STEPS, FLOOR_BIAS * max_reports / 2)  # the largest step allowed
+    step h keeps max_reports h / 2 <= server_std / FLOOR_BIAS, with at least the GRID_STEPS (or
+    GRAM_GRID_STEPS) steps per server noise a study with client noise has and at most
+    FLOOR_MAX_STEPS (from max_reports = 2^17 on, the bias bound is max_reports 2^-21 server_std)."""
+    steps = min(max(GRID_STEPS, FLOOR_BIAS * max_reports / 2), FLOOR_MAX_STEPS)
+    cap = server_std / steps  # the largest step allowed
     return gram_grid(cap * GRAM_GRID_STEPS, frac_bits) if gram else noise_grid(cap * GRID_STEPS, frac_bits)
 
 

@@ -164,9 +164,10 @@ export function gridShift(study: Study): number {
   const f = study.frac_bits;
   if (study.validity !== undefined && study.sigma === 0 && serverStd(study) > 0) {
     // epsilon at the floor, no client noise (validity.floor_grid): the coarsest grid whose step h
-    // keeps max_reports h / 2 <= (the servers' smallest noise) / 16, and >= 64 (4096) steps per it
+    // keeps max_reports h / 2 <= (the servers' smallest noise) / 16, with >= 64 (4096) steps per
+    // it and at most 2^20 steps (F_p's room for the norm)
     const gram = provedFeatures(study);
-    const cap = (serverStd(study) * (gram ? INV_SQRT2 : 1)) / Math.max(64, (16 * study.max_reports) / 2);
+    const cap = (serverStd(study) * (gram ? INV_SQRT2 : 1)) / Math.min(Math.max(64, (16 * study.max_reports) / 2), 2 ** 20);
     return gram ? gramShift(cap * 4096, f) : validityShift(cap * 64, f);
   }
   if (provedFeatures(study) && study.sigma > 0) {
