@@ -64,7 +64,6 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list], ep
                        expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True,
                        epsilon=epsilon)[0]
     plan = validity.plan(study)
-    grid = study.noise_grid
     noise_stream = Keystream.from_key(_fixed(label + "/noise"))
     onehot = None
     if histogram:
