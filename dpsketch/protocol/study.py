@@ -780,7 +780,8 @@ def design(
     share server's default policy refuses such a study).
     ``validity`` has every client prove its report valid and every server check it
     (validity.py, docs/validity.md): one report then moves the release no more than an honest
-    report at the bound can. Sketch studies (with parties too: each block proved with its party's bound), histogram, gram, moments and l1 studies.
+    report at the bound can. Sketch studies (with parties too: each block proved with its party's bound), histogram, gram, moments and l1 studies,
+    at any epsilon (at the floor, sigma = 0, the servers' noise sets the grid: docs/validity.md section 14).
     ``bounds`` ({column: [lower, upper]} or pairs in column order) are the public range of every
     column: clients clamp to them and map each row into the ball (bounds.py), and the analyzer
     answers in the data's units; without them rows must already be scaled into the ball.
