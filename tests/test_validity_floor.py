@@ -127,3 +127,16 @@ def test_without_any_noise_a_validity_study_is_refused():
     st = floor_study("sketch")
     with pytest.raises(ValueError, match="needs noise"):
         V.check_study(st.model_copy(update={"server_sigma": 0.0}))
+
+
+@pytest.mark.parametrize("kind", ["sketch", "gram"])
+def test_the_floor_grid_stops_at_2_to_the_20_steps(kind):
+    """From max_reports = 2^17 on the bias rule would ask for more than 2^20 steps per server
+    noise, more digits than F_p holds the norm of at a wide study: the grid stops there (between
+    2^20 and 2^21 steps, 2^22 for a grid 4^-m), and a study of 10^7 expected reports is designed."""
+    st = floor_study(kind, expected=10 ** 7)
+    smallest = st.server_noise_std * (features.UPPER_SCALE if kind == "gram" else 1.0)
+    steps = smallest / st.noise_grid.spacing
+    assert 2 ** 20 <= steps < 2 ** (22 if kind == "gram" else 21)
+    assert st.max_reports * st.noise_grid.spacing / 2 > smallest / V.FLOOR_BIAS  # the rule gave way
+    assert V.plan(st).input_len > 0 and st.report_epsilon(1.0) <= st.epsilon_floor

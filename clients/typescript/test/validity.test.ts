@@ -229,5 +229,9 @@ test("a study at the floor: the grid from the servers' noise and max_reports, t 
     if (study.kind === "sketch") assert.equal(plan.r2, BigInt(Math.ceil((study.row_bound / h) ** 2)));
     if (study.kind === "histogram") assert.equal(plan.r2, 0n);
     if (study.kind === "gram") assert.equal(plan.tUpper, 0);
+    // from max_reports = 2^17 on, at most 2^20 steps per server noise (validity.FLOOR_MAX_STEPS)
+    const big = { ...study, max_reports: 10_000_000 };
+    const steps = smallest / spacing(big);
+    assert.ok(steps >= 2 ** 20 && steps < 2 ** (study.kind === "gram" ? 22 : 21), `${v.id}: ${steps}`);
   }
 });
