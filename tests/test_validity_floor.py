@@ -140,3 +140,32 @@ def test_the_floor_grid_stops_at_2_to_the_20_steps(kind):
     assert 2 ** 20 <= steps < 2 ** (22 if kind == "gram" else 21)
     assert st.max_reports * st.noise_grid.spacing / 2 > smallest / V.FLOOR_BIAS  # the rule gave way
     assert V.plan(st).input_len > 0 and st.report_epsilon(1.0) <= st.epsilon_floor
+
+
+def test_party_blocks_at_their_bounds_prove_and_verify():
+    """A study with parties at the floor: each party's blocks clipped to a hair under B_j (half a
+    grid diagonal: the rounded block is within B_j) and rounded, no noise, verify under the
+    party's plan R_j = B_j / h, for blocks at and beyond B_j; one step beyond R_j is refused."""
+    from dpsketch.protocol import parties
+
+    st = floor_study("parties")
+    rng = np.random.default_rng(9)
+    key = parties.new_key()
+    ids = parties.pseudonyms(key, st.study_id, [f"p{i}" for i in range(120)])
+    signs = parties.signs(key, st.study_id, ids) if st.secret_sign else None
+    for index, declared in enumerate(st.parties):
+        plan = V.party_plan(st, index)
+        assert plan.bound == math.ceil((declared.row_bound / st.noise_grid.spacing) ** 2)
+        rows = rng.normal(size=(120, declared.width))
+        rows *= (declared.row_bound * np.resize([1.0, 4.0], 120) / np.linalg.norm(rows, axis=1))[:, None]
+        blocks = report_path.block_vectors(st, declared.name, rows, signs)
+        encoded = report_path.noisy_encoded(blocks, st, Keystream.from_key(bytes([index]) * 32))
+        units = V.grid_units(plan, encoded)
+        assert V.within(plan, units).all()
+        proved = V.prepare(st, encoded, Keystream.from_key(b"\x22" * 32), party=index, pseudonyms=ids)
+        views = [V.server_shares(plan, proved.leader if s is None else s, s is not None) for s in proved.seeds]
+        total = flp.reconstruct([V.verifier_shares(plan, b"\x06" * 32, proved.report_ids, x, p) for x, p in views])
+        assert V.decide(plan, proved.report_ids, total).all()
+        beyond = np.zeros((1, plan.w), dtype=np.int64)
+        beyond[0, 0] = math.isqrt(plan.bound) + 1
+        assert not V.within(plan, beyond).all()
