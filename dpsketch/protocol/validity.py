@@ -182,8 +182,8 @@ def widened_server_sigma(server_sigma: float, per_cell: float, k: int, max_repor
     the grid), which the calibration did not give up; so server_sigma is widened to
     sqrt(server_sigma^2 + r^2 / per_cell^2) (per_cell: server_noise_std / server_sigma, sqrt(s) or
     sqrt(s + 1)), r of the grid the widened noise itself gets (a fixed point: the grid moves only
-    by powers of two). On :func:`floor_grid` r is at most 1/1000 of the noise, so this is a
-    relative 10^-6 or less."""
+    by powers of two). On :func:`floor_grid` at max_reports >= 1,000 (design()'s least) r is at
+    most 1/480 of the noise, so this is a relative 2 10^-6 or less."""
     from .smoothing import rounding_radius
 
     gram = kind in features.GRAM_KINDS
