@@ -48,20 +48,22 @@ def _fixed(label: str, size: int = 32) -> bytes:
     return hashlib.sha256(b"dpsketch/validity-vector/1/" + label.encode()).digest()[:size]
 
 
-def study_vector(label: str, servers: list[str], full: int, rows: list[list]) -> dict:
+def study_vector(label: str, servers: list[str], full: int, rows: list[list], epsilon: float = 1.0) -> dict:
+    """One validity study's batch; ``epsilon`` = 4 (the default floor) gives a study without
+    client noise (sigma = 0: its grid from the servers' noise, validity.floor_grid; t = 0)."""
     histogram = label.startswith("histogram")
     if histogram:
         spec = {"axes": [{"column": "age", "edges": [0, 40]}, {"column": "city", "categories": ["a", "b"]}],
                 "marginal": True}
         study = design(name=label, columns=["age", "city"], label=None, servers=servers, kind="histogram",
                        histogram=spec, expected_reports=10_000, seed=_fixed(label + "/study").hex(),
-                       validity=True)[0]
+                       validity=True, epsilon=epsilon)[0]
     else:
         kind = label.split("-")[0] if label.split("-")[0] in ("gram", "moments", "l1") else "sketch"
         study = design(name=label, columns=["x1", "x2", "y"], label="y", servers=servers, kind=kind,
-                       expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True)[0]
+                       expected_reports=10_000, seed=_fixed(label + "/study").hex(), validity=True,
+                       epsilon=epsilon)[0]
     plan = validity.plan(study)
-    grid = study.noise_grid
     noise_stream = Keystream.from_key(_fixed(label + "/noise"))
     onehot = None
     if histogram:
@@ -88,7 +90,7 @@ def study_vector(label: str, servers: list[str], full: int, rows: list[list]) ->
         "id": label, "type": "validity_study",
         "study": study.model_dump(mode="json"), "study_id": study.study_id,
         "plan": {**_plan(study, plan),
-                 **({"t_upper": grid.scale(study.sigma * features.UPPER_SCALE), "lin": plan.circuit.lin,
+                 **({"t_upper": validity.client_scale(study, study.sigma * features.UPPER_SCALE), "lin": plan.circuit.lin,
                      "count_unit": plan.circuit.count_unit, "r2_row": plan.circuit.r2_row,
                      "q_row": plan.circuit.q_row, "H_row": plan.circuit.half_row,
                      "row_slack_digits": plan.circuit.row_slack_digits}
@@ -106,7 +108,7 @@ def _plan(study, plan) -> dict:
     """A plan as the vectors give it: the grid, the bound, the digits and every length."""
     grid = study.noise_grid
     return {"circuit": plan.circuit.name, "grid_shift": grid.shift, "frac_bits": grid.frac_bits,
-            "t": grid.scale(study.sigma), "unit": getattr(plan.circuit, "unit", None),
+            "t": validity.client_scale(study, study.sigma), "unit": getattr(plan.circuit, "unit", None),
             "blocks": getattr(plan.circuit, "blocks", None),
             "r2": plan.bound, "beta": plan.circuit.beta, "q": plan.circuit.q, "H": plan.circuit.half,
             "slack_digits": plan.circuit.slack_digits, "input_len": plan.input_len,
@@ -212,7 +214,9 @@ def vectors() -> dict:
             "prove randomness (F_p elements by rejection, flp.prove_rand). tampered_decisions: the "
             "leader's first input element of report 0 plus one. A validity_parties_study (draft 4) "
             "holds one such batch per party, proved with the party's own plan, bound as blocks "
-            "(block_prefixes), its verifier shares padded with zeros to the study's verifier_len."),
+            "(block_prefixes), its verifier shares padded with zeros to the study's verifier_len. The "
+            "studies at epsilon = 4 (floor-three-servers, histogram-floor, gram-floor) have no client "
+            "noise: sigma = 0, t = 0, the grid from the servers' noise (docs/validity.md section 14)."),
         "tolerance_rule": "exact",
         "vectors": [
             study_vector("two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
@@ -221,6 +225,11 @@ def vectors() -> dict:
             study_vector("gram-two-servers", ["s0", "s1"], 1, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]]),
             study_vector("moments-three-servers", ["s0", "s1", "s2"], 0, [[-0.6, 0.1, 0.2]]),
             study_vector("l1-two-servers", ["s0", "s1"], 0, [[0.3, -0.2, 0.5], [0.1, 0.9, -0.4]]),
+            # epsilon at the default floor of 4: no client noise (sigma = 0, t = 0), the grid from the
+            # servers' noise and max_reports (validity.floor_grid; docs/validity.md section 14)
+            study_vector("floor-three-servers", ["s0", "s1", "s2"], 1, [[0.3, -0.2, 0.5], [1.0, 1.0, 1.0]], epsilon=4.0),
+            study_vector("histogram-floor", ["s0", "s1"], 0, [[12.5, "b"], [77.0, "zz"]], epsilon=4.0),
+            study_vector("gram-floor", ["s0", "s1", "s2"], 2, [[0.3, -0.2, 0.5], [-0.6, 0.1, 0.2]], epsilon=4.0),
             parties_vector("parties-two-servers", ["s0", "s1"], ["alice", "bob"], [[0.3, -0.2, 0.5], [0.9, 0.8, -0.7]]),
         ],
     }

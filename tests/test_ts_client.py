@@ -181,6 +181,35 @@ def test_validity_study_typescript_proofs_verify_and_release_exactly(built_packa
     np.testing.assert_array_equal(released, expected)
 
 
+def test_validity_study_at_the_floor_node_and_python_proofs_verify(built_package, exact_cluster):
+    """A validity study at epsilon = its floor (docs/validity.md section 14: sigma = 0, the grid
+    from the servers' noise and max_reports, t = 0): the Node client's proved batches (plain and
+    sealed) and the Python SDK's pass every server's round (none refused), so Node computed the
+    grid and plan the servers verify against; its vectors are its rows rounded to that grid, no
+    noise; and the release is the exact sketch of both clients' vectors plus the servers' floor
+    noise alone."""
+    from test_validity_e2e import encoded_vectors
+
+    c = exact_cluster
+    n_py, parts = 100, [("classical", 80, 40), ("none", 60, 30)]
+    n = n_py + sum(p[1] for p in parts)
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts validity floor", columns=COLUMNS, label="y", expected_reports=n,
+                                  k=16, s=4, min_reports=n, epsilon=4.0, validity=True)
+    study = Study.model_validate(created["study"])
+    assert study.validity == "norm-bound/1" and study.sigma == 0 and study.server_sigma > 0
+    ts_rows, ts_ids, ts_vectors, _, batch, fin, released = _proved_from_both_clients(c, study, parts, n_py, 2, 4045)
+    h = study.noise_grid.spacing
+    dec = ring.decode(np.array(ts_vectors, dtype=np.uint64), study.frac_bits)
+    np.testing.assert_allclose(np.abs(dec), np.abs(np.vstack(ts_rows)), rtol=0, atol=h / 2 * (1 + 1e-9))
+    ids = ts_ids + list(batch.report_ids)
+    encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64), encoded_vectors(study, batch)])
+    exact = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    floor_noise = (released - exact).ravel()  # the three servers' noise alone
+    sd = np.sqrt(3) * study.server_sigma
+    assert np.all(np.abs(floor_noise) < 6 * sd) and floor_noise.std() == pytest.approx(sd, rel=0.35)
+
+
 def _proved_from_both_clients(c, study: Study, parts, n_py: int, full: int, seed: int):
     """A validity study's reports from Node (``parts``: (sealing, rows, batch size) each) and from
     the Python SDK (``n_py`` rows, its leader ``full``), then the analyzer's finalize (the

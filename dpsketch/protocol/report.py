@@ -134,7 +134,8 @@ def noisy_encoded(vectors: np.ndarray, study: Study, stream: Keystream | None = 
     if study.proved_features:
         scale = study.feature_scale
         encoded = ring.encode_on_grid(np.asarray(vectors) * scale, study.frac_bits, grid.shift, study.value_bound)
-        encoded += scaled_noise(len(encoded), study.sigma, scale, grid, stream)
+        if study.sigma > 0:  # 0: epsilon at the floor, the servers' noise alone (docs/validity.md 14)
+            encoded += scaled_noise(len(encoded), study.sigma, scale, grid, stream)
         return encoded.view(np.uint64)
     encoded = ring.encode_on_grid(vectors, study.frac_bits, grid.shift, study.value_bound)
     if study.sigma > 0:  # 0: the servers' noise carries the whole guarantee (DAP model)

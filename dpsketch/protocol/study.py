@@ -297,8 +297,13 @@ class Study(BaseModel):
     def noise_grid(self) -> _noise.Grid:
         """The lattice every noise term and every client value of this study lies on: the ring's
         2^-f grid, or a coarser 2^(shift - f) when the noise is wider than 2^24 steps; for a
-        validity study the coarsest with its smallest noise at 64 steps or more (validity.py)."""
+        validity study the coarsest with its smallest noise at 64 steps or more (validity.py), or
+        without client noise the one validity.floor_grid takes from the servers' noise."""
         largest = max(self.sigma, self.server_noise_std)
+        if self.validity is not None and self.sigma == 0 and self.server_noise_std > 0:  # epsilon at the floor
+            gram = self.kind in features.GRAM_KINDS
+            return _validity.floor_grid(self.server_noise_std * (features.UPPER_SCALE if gram else 1.0),
+                                        self.max_reports, self.frac_bits, gram)
         if self.validity is not None and self.sigma > 0 and self.kind in features.GRAM_KINDS:
             return _validity.gram_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0) * features.UPPER_SCALE,
                                        self.frac_bits)
@@ -775,7 +780,8 @@ def design(
     share server's default policy refuses such a study).
     ``validity`` has every client prove its report valid and every server check it
     (validity.py, docs/validity.md): one report then moves the release no more than an honest
-    report at the bound can. Sketch studies (with parties too: each block proved with its party's bound), histogram, gram, moments and l1 studies.
+    report at the bound can. Sketch studies (with parties too: each block proved with its party's bound), histogram, gram, moments and l1 studies,
+    at any epsilon (at the floor, sigma = 0, the servers' noise sets the grid: docs/validity.md section 14).
     ``bounds`` ({column: [lower, upper]} or pairs in column order) are the public range of every
     column: clients clamp to them and map each row into the ball (bounds.py), and the analyzer
     answers in the data's units; without them rows must already be scaled into the ball.
@@ -857,6 +863,11 @@ def design(
             sigma = _validity.widened_sigma(sigma, k, frac_bits, kind)  # the coarse grid's rounding
             bound = value_bound(kind, row_bound, sigma)
             allowed = _validity.allowed_value(kind, row_bound, sigma, width)
+            frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
+        if sigma == 0 and server_sigma > 0:  # epsilon at the floor: the grid's rounding radius
+            per_cell = math.sqrt(s + 1 if kind == "l1" else s)
+            server_sigma = _validity.widened_server_sigma(server_sigma, per_cell, k, max_reports, frac_bits, kind)
+            server_bound = len(servers) * NOISE_TAIL_SIGMAS * server_sigma * per_cell
             frac_bits = _validity.max_frac_bits(max_reports, max(bound, allowed), server_bound)
     else:
         frac_bits = ring.max_frac_bits(max_reports, bound, server_bound)

@@ -78,6 +78,14 @@ GRID_STEPS = 64
 #: report's noise, while its witness grid g = sqrt(h) stays fine enough that the witness row's
 #: rounding adds little to the allowance (docs/validity.md section 12)
 GRAM_GRID_STEPS = 4096
+#: a validity study without client noise (epsilon at its floor: the servers' noise carries the
+#: whole guarantee) has its grid fine enough that rounding max_reports rows (h / 2 a coordinate
+#: each, in the worst case all the same way) moves a cell by at most 1/FLOOR_BIAS of one
+#: server's noise: no client noise grows with n to cover it (docs/validity.md section 14)
+FLOOR_BIAS = 16
+#: ... but with at most this many steps per server noise: a finer grid would need more digits a
+#: coordinate than F_p holds the norm of (w H^2 < p; at 2^20, R = B / h stays near 2^20 B / tau)
+FLOOR_MAX_STEPS = 1 << 20
 
 
 class ValidityError(ValueError):
@@ -156,6 +164,41 @@ def gram_grid(smallest_std: float, frac_bits: int):
     return Grid(frac_bits, frac_bits - 2 * m)
 
 
+def floor_grid(server_std: float, max_reports: int, frac_bits: int, gram: bool):
+    """The grid of a validity study without client noise: the coarsest of its kind (2^(shift - f),
+    or 4^-m for a gram or moments study, ``server_std`` then the strict upper triangle's) whose
+    step h keeps max_reports h / 2 <= server_std / FLOOR_BIAS, with at least the GRID_STEPS (or
+    GRAM_GRID_STEPS) steps per server noise a study with client noise has and at most
+    FLOOR_MAX_STEPS (from max_reports = 2^17 on, the bias bound is max_reports 2^-21 server_std)."""
+    steps = min(max(GRID_STEPS, FLOOR_BIAS * max_reports / 2), FLOOR_MAX_STEPS)
+    cap = server_std / steps  # the largest step allowed
+    return gram_grid(cap * GRAM_GRID_STEPS, frac_bits) if gram else noise_grid(cap * GRID_STEPS, frac_bits)
+
+
+def widened_server_sigma(server_sigma: float, per_cell: float, k: int, max_reports: int, frac_bits: int,
+                         kind: str = "sketch") -> float:
+    """The server noise a validity study without client noise needs: the discrete-noise argument
+    keeps tau_c^2 - r^2 of a server's per-cell variance (Study.mechanism, r the rounding radius of
+    the grid), which the calibration did not give up; so server_sigma is widened to
+    sqrt(server_sigma^2 + r^2 / per_cell^2) (per_cell: server_noise_std / server_sigma, sqrt(s) or
+    sqrt(s + 1)), r of the grid the widened noise itself gets (a fixed point: the grid moves only
+    by powers of two). On :func:`floor_grid` at max_reports >= 1,000 (design()'s least) r is at
+    most 1/480 of the noise, so this is a relative 2 10^-6 or less."""
+    from .smoothing import rounding_radius
+
+    gram = kind in features.GRAM_KINDS
+    wide = server_sigma
+    for _ in range(8):
+        std = wide * per_cell
+        grid = floor_grid(std * features.UPPER_SCALE if gram else std, max_reports, frac_bits, gram)
+        r = rounding_radius((math.sqrt(2.0) if gram else 1.0) * grid.spacing, k)
+        nxt = math.sqrt(server_sigma ** 2 + (r / per_cell) ** 2) * (1.0 + 1e-12)
+        if nxt <= wide:
+            return wide
+        wide = nxt
+    return wide
+
+
 def widened_sigma(sigma: float, k: int, frac_bits: int, kind: str = "sketch") -> float:
     """The client noise a replace-one validity study without server noise needs: on its coarse
     grid (step h, GRID_STEPS steps per sigma) the rounding argument costs r^2 of the noise's
@@ -184,10 +227,16 @@ def norm_bound_units(row_bound: float, spacing: float, t: int, w: int) -> int:
     return math.ceil(r * r)
 
 
+def client_scale(study, std: float) -> int:
+    """The client noise's parameter t in grid steps: grid.scale(std), or 0 in a study without
+    client noise (Grid.scale's floor of 1 is for noise that is drawn; none is here)."""
+    return study.noise_grid.scale(std) if study.sigma > 0 else 0
+
+
 def _r2(study) -> int:
     grid = study.noise_grid
     row = 0.0 if study.kind == "histogram" else study.row_bound
-    return norm_bound_units(row, grid.spacing, grid.scale(study.sigma), study.width)
+    return norm_bound_units(row, grid.spacing, client_scale(study, study.sigma), study.width)
 
 
 def bound_value(study) -> float:
@@ -225,19 +274,18 @@ def max_frac_bits(max_reports: int, bound: float, extra: float) -> int:
 def check_study(study) -> None:
     """What a validity study must be (ValueError otherwise): a sketch study (with or without
     parties: each party's blocks then proved with its own bound, :func:`party_plan`), or a
-    histogram, gram, moments or l1 study, with client noise (its grid is set by the smallest
-    noise for the proof's digits; a study whose servers' noise carries the whole guarantee, as
-    when epsilon is at the floor, would need that noise widened for the coarse grid: not done),
+    histogram, gram, moments or l1 study, with noise (its grid is set by the smallest client or
+    server noise for the proof's digits; without client noise, as when epsilon is at the floor,
+    by the servers' noise and max_reports, :func:`floor_grid`, and the predicate has t = 0),
     whose sums fit F_p."""
     if study.kind not in ("sketch", "histogram", "gram", "moments", "l1"):
         raise ValueError(f"validity proofs exist for sketch, histogram, gram, moments and l1 studies, not "
                          f"{study.kind} studies")
     if study.parties is not None and study.kind != "sketch":
         raise ValueError("only a sketch study has parties")
-    if not study.sigma > 0:
-        raise ValueError(f"a validity study needs client noise (sigma > 0); at epsilon = {study.epsilon:g} with "
-                         f"epsilon_floor = {study.epsilon_floor} the servers' noise carries the whole guarantee: "
-                         "ask for an epsilon below the floor, or a higher floor")
+    if not (study.sigma > 0 or study.server_sigma > 0):
+        raise ValueError("a validity study needs noise: its grid is set by the clients' noise, or without it "
+                         "(epsilon at the floor) by the servers' (docs/validity.md section 14)")
     plans(study)
 
 
@@ -293,7 +341,8 @@ def plan(study) -> Plan:
     the strict upper triangle: t_eff = the larger of t and sqrt(2) t_o)."""
     grid = study.noise_grid
     if study.kind in features.GRAM_KINDS:
-        t_eff = max(grid.scale(study.sigma), math.sqrt(2.0) * grid.scale(study.sigma * features.UPPER_SCALE))
+        t_eff = max(client_scale(study, study.sigma),
+                    math.sqrt(2.0) * client_scale(study, study.sigma * features.UPPER_SCALE))
         r2_row, r2 = gram_bounds(study.kind, study.row_width, study.row_bound, grid, t_eff)
         m = (grid.frac_bits - grid.shift) // 2
         return _gram_plan(study.row_width, study.kind == "gram", m, r2_row, r2, grid.shift, study.n_servers)
@@ -319,7 +368,7 @@ def party_plan(study, party: int) -> Plan:
         raise ValueError("only a study with parties has party plans")
     declared = study.parties[party]
     grid = study.noise_grid
-    r2 = norm_bound_units(declared.row_bound, grid.spacing, grid.scale(study.sigma), declared.width)
+    r2 = norm_bound_units(declared.row_bound, grid.spacing, client_scale(study, study.sigma), declared.width)
     return _plan(declared.width, grid.shift, r2, study.n_servers)
 
 

@@ -145,23 +145,39 @@ export function provedScale(study: Study): number[] {
   return scale;
 }
 
+/** The grid 4^-m of a gram or moments validity study: the least m with smallest 4^m >= 4096. */
+function gramShift(smallest: number, f: number): number {
+  let m = 0;
+  while (smallest * 4 ** m < 4096) m++;
+  if (2 * m > f) throw new Error(`the noise (${smallest}) is too small for the study's ${f} fractional bits: a validity gram study needs its grid 4^-m on the ring`);
+  return f - 2 * m;
+}
+
+/** The coarsest power-of-two grid of a validity study with `smallest` at 64 steps or more. */
+function validityShift(smallest: number, f: number): number {
+  for (let shift = f; shift >= 0; shift--) if (smallest * 2 ** (f - shift) >= 64) return shift;
+  return 0;
+}
+
 /** shift of the noise grid (section 5; section 4b for a validity study). */
 export function gridShift(study: Study): number {
   const f = study.frac_bits;
+  if (study.validity !== undefined && study.sigma === 0 && serverStd(study) > 0) {
+    // epsilon at the floor, no client noise (validity.floor_grid): the coarsest grid whose step h
+    // keeps max_reports h / 2 <= (the servers' smallest noise) / 16, with >= 64 (4096) steps per
+    // it and at most 2^20 steps (F_p's room for the norm)
+    const gram = provedFeatures(study);
+    const cap = (serverStd(study) * (gram ? INV_SQRT2 : 1)) / Math.min(Math.max(64, (16 * study.max_reports) / 2), 2 ** 20);
+    return gram ? gramShift(cap * 4096, f) : validityShift(cap * 64, f);
+  }
   if (provedFeatures(study) && study.sigma > 0) {
     // h = 4^-m for the least m with the strict upper triangle's noise at 4096 steps or more
-    const smallest = Math.min(...[study.sigma, serverStd(study)].filter((x) => x > 0)) * INV_SQRT2;
-    let m = 0;
-    while (smallest * 4 ** m < 4096) m++;
-    if (2 * m > f) throw new Error(`the noise (${smallest}) is too small for the study's ${f} fractional bits: a validity gram study needs its grid 4^-m on the ring`);
-    return f - 2 * m;
+    return gramShift(Math.min(...[study.sigma, serverStd(study)].filter((x) => x > 0)) * INV_SQRT2, f);
   }
   if (study.validity !== undefined) {
     const cand = [study.sigma, serverStd(study)].filter((x) => x > 0);
     if (cand.length === 0) return 0;
-    const smallest = Math.min(...cand);
-    for (let shift = f; shift >= 0; shift--) if (smallest * 2 ** (f - shift) >= 64) return shift;
-    return 0;
+    return validityShift(Math.min(...cand), f);
   }
   const big = Math.max(study.sigma, serverStd(study));
   if (big === 0) return 0;
@@ -292,7 +308,7 @@ export function validateStudy(study: Study): void {
   if (!(Number.isInteger(study.frac_bits) && study.frac_bits >= 0 && study.frac_bits <= 62)) fail("frac_bits");
   if (study.secret_sign === true && !(study.kind === "sketch" && study.k > 1)) fail("secret_sign only in a sketch study with k > 1");
   // (a study with parties may have validity: each party's blocks proved with its own plan, parties.ts)
-  if (study.validity !== undefined && (study.validity !== "norm-bound/1" || !(study.sigma > 0))) fail("validity: norm-bound/1, with client noise");
+  if (study.validity !== undefined && (study.validity !== "norm-bound/1" || !(study.sigma > 0 || study.server_sigma > 0))) fail("validity: norm-bound/1, with client or server noise");
   if (study.bounds !== undefined) {
     if (study.kind === "histogram" || study.parties) fail("bounds not in a histogram study or one with parties");
     if (study.bounds.length !== d) fail("bounds: one pair per column");

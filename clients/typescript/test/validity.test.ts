@@ -12,7 +12,7 @@ import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, hex, unhex } from "../src/bytes.js";
 import { encodeNoisy } from "../src/batch.js";
 import { mapper } from "../src/features.js";
-import { provedScale, studyId, validateStudy, width, type Study } from "../src/study.js";
+import { INV_SQRT2, provedScale, serverStd, spacing, studyId, validateStudy, width, type Study } from "../src/study.js";
 import type { NormBound } from "../src/validity/flp.js";
 import { GramNorm, hypot } from "../src/validity/gram.js";
 import { partyPlan, validityPlan, proveBatch, witnessRows, type ValidityPlan } from "../src/validity/study.js";
@@ -200,11 +200,38 @@ test("hypot is Python's math.hypot (correctly rounded) where Math.hypot is an ul
   assert.equal(hypot(3, 4), 5);
 });
 
-test("validateStudy accepts validity on every kind, with parties too, and refuses it without client noise", () => {
+test("validateStudy accepts validity on every kind, with parties too, at the floor too, and refuses it without any noise", () => {
   const studies = vectors("validity.json").map((v) => v.study as Study);
   assert.deepEqual([...new Set(studies.map((s) => s.kind))].sort(), ["gram", "histogram", "l1", "moments", "sketch"]);
   for (const s of studies) validateStudy(s);
   assert.ok(studies.some((s) => s.parties));
   const sketch = studies.find((s) => s.kind === "sketch")!;
-  assert.throws(() => validateStudy({ ...sketch, sigma: 0 }), /validity/);
+  assert.throws(() => validateStudy({ ...sketch, sigma: 0, server_sigma: 0 }), /validity/);
+  // epsilon at the floor: no client noise, the servers' alone (docs/validity.md section 14)
+  const floors = studies.filter((s) => s.sigma === 0);
+  assert.deepEqual(floors.map((s) => s.kind).sort(), ["gram", "histogram", "sketch"]);
+  for (const s of floors) assert.ok(s.server_sigma > 0 && s.epsilon === s.epsilon_floor);
+});
+
+test("a study at the floor: the grid from the servers' noise and max_reports, t = 0, R^2 = ceil((B / h)^2)", () => {
+  // validity.floor_grid: the coarsest grid with max_reports h / 2 <= (a server's noise) / 16,
+  // and the plan's allowance t sqrt(...) is 0: R^2 = ceil((B / h)^2) for a sketch study, 0 for a
+  // histogram (its one-hot cell is proved exactly, and it has no noise of its own)
+  for (const v of vectors("validity.json").filter((x) => x.study.sigma === 0)) {
+    const study = v.study as Study;
+    const plan = validityPlan(study);
+    assert.equal(plan.t, 0, v.id);
+    const h = spacing(study);
+    const smallest = serverStd(study) * (study.kind === "gram" ? INV_SQRT2 : 1);
+    assert.ok((study.max_reports * h) / 2 <= smallest / 16, v.id);
+    const coarser = study.kind === "gram" ? 4 : 2; // a gram study's grid is 4^-m
+    assert.ok((study.max_reports * coarser * h) / 2 > smallest / 16, `${v.id}: the coarsest such grid`);
+    if (study.kind === "sketch") assert.equal(plan.r2, BigInt(Math.ceil((study.row_bound / h) ** 2)));
+    if (study.kind === "histogram") assert.equal(plan.r2, 0n);
+    if (study.kind === "gram") assert.equal(plan.tUpper, 0);
+    // from max_reports = 2^17 on, at most 2^20 steps per server noise (validity.FLOOR_MAX_STEPS)
+    const big = { ...study, max_reports: 10_000_000 };
+    const steps = smallest / spacing(big);
+    assert.ok(steps >= 2 ** 20 && steps < 2 ** (study.kind === "gram" ? 22 : 21), `${v.id}: ${steps}`);
+  }
 });

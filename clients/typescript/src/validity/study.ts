@@ -14,6 +14,14 @@ import { GramNorm, gramBounds, normAllowance, witnessRow } from "./gram.js";
 
 export const BETA = 4;
 
+/**
+ * The client noise's parameter t in grid steps (validity.client_scale): ceil(std / h), at least 1,
+ * or 0 in a study without client noise (epsilon at the floor: the predicate has no allowance).
+ */
+function clientScale(study: Study, std: number, h: number): number {
+  return study.sigma > 0 ? Math.max(1, Math.ceil(std / h)) : 0;
+}
+
 export interface ValidityPlan {
   shift: number;
   t: number;
@@ -34,8 +42,8 @@ function gramPlan(study: Study): ValidityPlan {
   const shift = gridShift(study);
   const h = spacing(study);
   const m = (study.frac_bits - shift) / 2;
-  const t = Math.max(1, Math.ceil(study.sigma / h));
-  const tUpper = Math.max(1, Math.ceil((study.sigma * INV_SQRT2) / h));
+  const t = clientScale(study, study.sigma, h);
+  const tUpper = clientScale(study, study.sigma * INV_SQRT2, h);
   const tEff = Math.max(t, Math.SQRT2 * tUpper);
   const d = rowWidth(study);
   const gram = study.kind === "gram";
@@ -84,7 +92,7 @@ export function partyPlan(study: Study, index: number): ValidityPlan {
 /** NormBound(w, 4, q, R2) with R2 = ceil((B / h + t sqrt(w + 2 sqrt(w a) + 2 a))^2) (doubles). */
 function normBoundPlan(study: Study, w: number, rowBound: number, oneHot: { blocks: [number, number][]; unit: bigint } | null): ValidityPlan {
   const h = spacing(study);
-  const t = Math.max(1, Math.ceil(study.sigma / h));
+  const t = clientScale(study, study.sigma, h);
   const r = rowBound / h + normAllowance(t, w);
   const r2 = BigInt(Math.ceil(r * r));
   const q = digitsFor(r2, BETA);
