@@ -136,6 +136,26 @@ def sub(a, b, out):
 
 
 @njit_cached(**_OPTIONS)
+def binary_2d(op, a, b, out):
+    """out = a + b (op 0), a - b (1) or a b (2) on (m, n) arrays of any strides (views of wider
+    shares: no contiguous copies first)."""
+    m, n = out.shape
+    for i in range(m):
+        ai = a[i]
+        bi = b[i]
+        oi = out[i]
+        if op == 0:
+            for j in range(n):
+                oi[j] = addmod(ai[j], bi[j])
+        elif op == 1:
+            for j in range(n):
+                oi[j] = submod(ai[j], bi[j])
+        else:
+            for j in range(n):
+                oi[j] = mulmod(ai[j], bi[j])
+
+
+@njit_cached(**_OPTIONS)
 def power(a, e, out):
     for i in range(out.size):
         out[i] = powmod(a[i], e)
@@ -332,6 +352,26 @@ def sparse_apply(xt, indptr, indices, data, out):
 
 
 @njit_cached(**_OPTIONS)
+def sparse_apply_rows(x, indptr, indices, data, const, out):
+    """out[i, r] = const[r] + sum_e data[e] x[i, indices[e]] over the entries e of row r (CSR):
+    x (m, n) the inputs of m reports in rows (any strides: a view of a wider share), out
+    (m, rows). For maps with few entries per row (a coordinate's digits), where transposing
+    the inputs to lanes would cost more than the map."""
+    m = x.shape[0]
+    rows = out.shape[1]
+    for i in range(m):
+        xi = x[i]
+        oi = out[i]
+        for r in range(rows):
+            lo = _ZERO
+            mid = _ZERO
+            top = _ZERO
+            for e in range(indptr[r], indptr[r + 1]):
+                lo, mid, top = accumulate(lo, mid, top, data[e], xi[indices[e]])
+            oi[r] = addmod(settle(lo, mid, top), const[r])
+
+
+@njit_cached(**_OPTIONS)
 def horner(coeffs, x, out):
     """out[i] = c(x[i]) for one polynomial c (highest degree first), a block of elements at a
     time in a scratch array, so that the loop over elements is innermost (independent,
@@ -387,6 +427,177 @@ def ext_horner_lanes(coeffs, points, out):
             out[1, i] = addmod(r1, c1[i])
 
 
+@numba.njit(inline="always")
+def accumulate_plain(lo, mid, v):
+    """(lo, mid) += v: a two-word unreduced sum of elements."""
+    lo = lo + v
+    mid = mid + (_ONE if lo < v else _ZERO)
+    return lo, mid
+
+
+@njit_cached(**_OPTIONS)
+def square_poly_sums(x, centre, coeffs, w, out):
+    """The prover's weighted ParallelSum of a polynomial in (x - centre)^2 (a Range gadget),
+    fused: out[k, c, i] = sum_l w[l, c, i] coeffs((x[k, l, i] - centre)^2), coeffs highest degree
+    first; x (K, L, m), w (L, 2, m), out (K, 2, m); lanes innermost. One pass over x instead
+    of the four whole-array passes (difference, square, polynomial, weighted sum) and their
+    temporaries."""
+    nk, nl, m = x.shape
+    nc = coeffs.size
+    lo0 = np.empty(m, np.uint64)
+    mid0 = np.empty(m, np.uint64)
+    top0 = np.empty(m, np.uint64)
+    lo1 = np.empty(m, np.uint64)
+    mid1 = np.empty(m, np.uint64)
+    top1 = np.empty(m, np.uint64)
+    u = np.empty(m, np.uint64)
+    v = np.empty(m, np.uint64)
+    c0 = coeffs[0]
+    for k in range(nk):
+        lo0[:] = 0
+        mid0[:] = 0
+        top0[:] = 0
+        lo1[:] = 0
+        mid1[:] = 0
+        top1[:] = 0
+        for j in range(nl):
+            xj = x[k, j]
+            for i in range(m):
+                d = submod(xj[i], centre)
+                u[i] = mulmod(d, d)
+                v[i] = c0
+            for e in range(1, nc):
+                ce = coeffs[e]
+                for i in range(m):
+                    v[i] = addmod(mulmod(v[i], u[i]), ce)
+            w0 = w[j, 0]
+            w1 = w[j, 1]
+            for i in range(m):
+                lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], w0[i], v[i])
+                lo1[i], mid1[i], top1[i] = accumulate(lo1[i], mid1[i], top1[i], w1[i], v[i])
+        o0 = out[k, 0]
+        o1 = out[k, 1]
+        for i in range(m):
+            o0[i] = settle(lo0[i], mid0[i], top0[i])
+            o1[i] = settle(lo1[i], mid1[i], top1[i])
+
+
+@njit_cached(**_OPTIONS)
+def product_sums(x, arity, w, weighted, out):
+    """The prover's ParallelSum of products (a Mul gadget, arity 2: a b; a MulSub, arity 3:
+    a b - c), fused: x (K, count arity, m) the wires of every slot, out (K, 2, m) if
+    ``weighted`` (w (count, 2, m)), else (K, 1, m) (w ignored); lanes innermost."""
+    nk, nw, m = x.shape
+    count = nw // arity
+    lo0 = np.empty(m, np.uint64)
+    mid0 = np.empty(m, np.uint64)
+    top0 = np.empty(m, np.uint64)
+    lo1 = np.empty(m, np.uint64)
+    mid1 = np.empty(m, np.uint64)
+    top1 = np.empty(m, np.uint64)
+    for k in range(nk):
+        lo0[:] = 0
+        mid0[:] = 0
+        top0[:] = 0
+        lo1[:] = 0
+        mid1[:] = 0
+        top1[:] = 0
+        for j in range(count):
+            a = x[k, j * arity]
+            b = x[k, j * arity + 1]
+            if not weighted:
+                if arity == 2:
+                    for i in range(m):
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], a[i], b[i])
+                else:
+                    c = x[k, j * arity + 2]
+                    for i in range(m):
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], a[i], b[i])
+                        lo1[i], mid1[i] = accumulate_plain(lo1[i], mid1[i], c[i])
+            else:
+                w0 = w[j, 0]
+                w1 = w[j, 1]
+                if arity == 2:
+                    for i in range(m):
+                        v = mulmod(a[i], b[i])
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], w0[i], v)
+                        lo1[i], mid1[i], top1[i] = accumulate(lo1[i], mid1[i], top1[i], w1[i], v)
+                else:
+                    c = x[k, j * arity + 2]
+                    for i in range(m):
+                        v = submod(mulmod(a[i], b[i]), c[i])
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], w0[i], v)
+                        lo1[i], mid1[i], top1[i] = accumulate(lo1[i], mid1[i], top1[i], w1[i], v)
+        o0 = out[k, 0]
+        if weighted:
+            o1 = out[k, 1]
+            for i in range(m):
+                o0[i] = settle(lo0[i], mid0[i], top0[i])
+                o1[i] = settle(lo1[i], mid1[i], top1[i])
+        elif arity == 2:
+            for i in range(m):
+                o0[i] = settle(lo0[i], mid0[i], top0[i])
+        else:
+            for i in range(m):
+                o0[i] = submod(settle(lo0[i], mid0[i], top0[i]), reduce(lo1[i], mid1[i]))
+
+
+@numba.njit(inline="always")
+def ext_mulmod(a0, a1, b0, b1):
+    return (addmod(mulmod(a0, b0), mulmod(_SEVEN, mulmod(a1, b1))),
+            addmod(mulmod(a0, b1), mulmod(a1, b0)))
+
+
+@njit_cached(**_OPTIONS)
+def ext_square_poly_sums(v, centre, coeffs, w, weighted, out):
+    """The decision's ParallelSum of a polynomial in (f - centre)^2 at one point of F_(p^2) per
+    report: out[i] = sum_l w[i, l] coeffs((v[i, l] - centre)^2) (w = 1 unless ``weighted``),
+    coeffs highest degree first; v (m, L, 2), w (m, L, 2), out (m, 2)."""
+    m, nl, _ = v.shape
+    nc = coeffs.size
+    for i in range(m):
+        s0 = _ZERO
+        s1 = _ZERO
+        for j in range(nl):
+            d0 = submod(v[i, j, 0], centre)
+            d1 = v[i, j, 1]
+            u0, u1 = ext_mulmod(d0, d1, d0, d1)
+            a0 = coeffs[0]
+            a1 = _ZERO
+            for e in range(1, nc):
+                a0, a1 = ext_mulmod(a0, a1, u0, u1)
+                a0 = addmod(a0, coeffs[e])
+            if weighted:
+                a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
+            s0 = addmod(s0, a0)
+            s1 = addmod(s1, a1)
+        out[i, 0] = s0
+        out[i, 1] = s1
+
+
+@njit_cached(**_OPTIONS)
+def ext_product_sums(v, arity, w, weighted, out):
+    """The decision's ParallelSum of products (Mul: a b, MulSub: a b - c) at one point of
+    F_(p^2) per report: v (m, count arity, 2), w (m, count, 2), out (m, 2)."""
+    m, nw, _ = v.shape
+    count = nw // arity
+    for i in range(m):
+        s0 = _ZERO
+        s1 = _ZERO
+        for j in range(count):
+            at = j * arity
+            a0, a1 = ext_mulmod(v[i, at, 0], v[i, at, 1], v[i, at + 1, 0], v[i, at + 1, 1])
+            if arity == 3:
+                a0 = submod(a0, v[i, at + 2, 0])
+                a1 = submod(a1, v[i, at + 2, 1])
+            if weighted:
+                a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
+            s0 = addmod(s0, a0)
+            s1 = addmod(s1, a1)
+        out[i, 0] = s0
+        out[i, 1] = s1
+
+
 def load():
     """The loops as a namespace, once each agrees with Python's integers on a probe of edge and
     random values (and the NTT with a schoolbook transform), else None."""
@@ -433,7 +644,10 @@ def load():
     matmul_t(np.ascontiguousarray(m2.T), k2, prod_t)
     if (prod_t != prod).any():
         return None
-    return SimpleNamespace(mul=mul, add=add, sub=sub, power=power, batch_inverse=batch_inverse, ntt=ntt,
+    return SimpleNamespace(mul=mul, add=add, sub=sub, binary_2d=binary_2d, power=power, batch_inverse=batch_inverse, ntt=ntt,
                            ntt_columns=ntt_columns, matmul=matmul, matmul_t=matmul_t,
-                           weighted_lanes=weighted_lanes, sparse_apply=sparse_apply, horner=horner,
-                           ext_mul=ext_mul, ext_horner_lanes=ext_horner_lanes)
+                           weighted_lanes=weighted_lanes, sparse_apply=sparse_apply,
+                           sparse_apply_rows=sparse_apply_rows, horner=horner,
+                           ext_mul=ext_mul, ext_horner_lanes=ext_horner_lanes,
+                           square_poly_sums=square_poly_sums, product_sums=product_sums,
+                           ext_square_poly_sums=ext_square_poly_sums, ext_product_sums=ext_product_sums)

@@ -182,6 +182,11 @@ class ParallelSum(Gadget):
         self.degree = inner.degree
 
     def on_values(self, wires, weights=None):
+        w = weights if self.weighted else None
+        if isinstance(self.inner, Range) and w is not None:  # fused: one pass, no temporaries
+            return field.square_poly_sums(wires, self.inner.centre, self.inner.in_u, w)
+        if isinstance(self.inner, (Mul, MulSub)):
+            return field.product_sums(wires, self.inner.arity, w)
         lead, m = wires.shape[:-2], wires.shape[-1]
         inner = self.inner.on_values(wires.reshape(lead + (self.count, self.inner.arity, m)))  # (..., count, m)
         if not self.weighted:
@@ -189,6 +194,11 @@ class ParallelSum(Gadget):
         return np.stack([field.weighted_lanes(inner, weights[:, c, :]) for c in (0, 1)], axis=-2)
 
     def on_ext(self, wires, weights=None):
+        w = weights if self.weighted else None
+        if wires.ndim == 3 and isinstance(self.inner, Range):  # (m, L, 2): the decision's layout
+            return field.ext_square_poly_sums(wires, self.inner.centre, self.inner.in_u, w)
+        if wires.ndim == 3 and isinstance(self.inner, (Mul, MulSub)):
+            return field.ext_product_sums(wires, self.inner.arity, w)
         lead = wires.shape[:-2]
         inner = self.inner.on_ext(wires.reshape(lead + (self.count, self.inner.arity, 2)))  # (..., count, 2)
         if self.weighted:
@@ -245,8 +255,15 @@ class Affine:
 
     def apply(self, x: np.ndarray, const_scale: int = 1) -> np.ndarray:
         """A x + const_scale c for every row of x (m, cols) -> (m, rows); a share uses
-        const_scale = 1/N so that the N shares' constants add up to c."""
-        return self.apply_lanes(np.asarray(x, dtype=np.uint64).T, const_scale).T
+        const_scale = 1/N so that the N shares' constants add up to c. Row by row where the
+        compiled loop is loaded (no transposed copy of x), else on lanes."""
+        x = np.asarray(x, dtype=np.uint64)
+        if x.ndim == 2 and x.shape[0] >= 16:
+            const = field.mul(self.const, np.uint64(const_scale % P)) if self.const.any() else self.const
+            out = field.sparse_apply_rows(x, self.indptr, self.indices, self.data, const)
+            if out is not None:
+                return out
+        return self.apply_lanes(x.T, const_scale).T
 
     def apply_lanes(self, xt: np.ndarray, const_scale: int = 1) -> np.ndarray:
         """The same on the columns of xt (cols, m) -> (rows, m) (m lanes innermost). By the
@@ -480,7 +497,8 @@ def _id_matrix(report_ids) -> np.ndarray:
     if isinstance(report_ids, np.ndarray):
         ids = np.ascontiguousarray(report_ids, dtype=np.uint8)
     else:
-        ids = np.frombuffer(b"".join(bytes(r) for r in report_ids), dtype=np.uint8)
+        ids = np.frombuffer(b"".join(report_ids if all(type(r) is bytes for r in report_ids)
+                                     else [bytes(r) for r in report_ids]), dtype=np.uint8)
     return ids.reshape(-1, REPORT_ID_BYTES)
 
 
@@ -553,12 +571,10 @@ def _prove_chunk(circuit: Circuit, x, jr, pr) -> np.ndarray:
         L, P_, K = calls.arity, calls.wire_len, calls.eval_len
         seeds = prt[seed_at:seed_at + 2 * L].reshape(L, 2, m)
         seed_at += 2 * L
-        evals = np.zeros((K, L, m), dtype=np.uint64)
-        evals[:P_] = ntt.ntt_columns(_wire_values(calls, xt, seeds, P_), inverse=True)
-        evals = ntt.ntt_columns(evals)
+        evals = ntt.extend_columns(_wire_values(calls, xt, seeds, P_), K)  # the wires on the size-K domain
         weights = circuit.weights(position, jr)
         lanes = None if weights is None else np.ascontiguousarray(weights.transpose(1, 2, 0))
-        q = ntt.ntt_columns(calls.gadget.on_values(evals, lanes), inverse=True)[:calls.poly_len]
+        q = ntt.ntt_columns(calls.gadget.on_values(evals, lanes), inverse=True, in_place=True)[:calls.poly_len]
         if calls.gadget.weighted:  # (poly_len, 2, m) -> (m, poly_len, 2): (c0, c1) pairs
             q = q.transpose(2, 0, 1).reshape(m, 2 * calls.poly_len)
         else:
@@ -715,13 +731,13 @@ def share_inputs(circuit: Circuit, inputs: np.ndarray, num_shares: int, stream: 
     x = field.elements(inputs, "input")
     m = len(x)
     seeds = [stream.array(SEED_BYTES * m).reshape(m, SEED_BYTES) for _ in range(num_shares - 1)]
-    leader = x
-    proof_sum = np.zeros((m, circuit.proof_len), dtype=np.uint64)
+    n = circuit.input_len
+    helpers = None  # the helpers' input and proof shares summed, (m, n + P), one pass per helper
     for s in seeds:
-        xs, ps = expand_share(circuit, s)
-        leader = field.sub(leader, xs)
-        proof_sum = field.add(proof_sum, ps)
-    return ClientShares(seeds, leader, proof_sum)
+        both = field.expand(s, n + circuit.proof_len, SHARE_NONCE)  # a view: the adds read it in place
+        helpers = both if helpers is None else field.add(helpers, both)
+    assert helpers is not None
+    return ClientShares(seeds, field.sub(x, helpers[:, :n]), helpers[:, n:])
 
 
 def share_proofs(shares: ClientShares, proofs: np.ndarray) -> ClientShares:
