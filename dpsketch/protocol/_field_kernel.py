@@ -286,24 +286,32 @@ def matmul(a, b, out):
 def matmul_t(at, b, out):
     """out = at^T b over F_p: at (n, m), b (n, k), out (m, k); the loop over the m outputs is
     innermost (contiguous rows of at, vectorised), so a product with few columns k (the
-    Lagrange weights, the powers of t: k = 2) does not run one short dot product per row."""
+    Lagrange weights, the powers of t: k = 2) does not run one short dot product per row. The
+    outputs go a block of lanes at a time, so that their three-word sums stay in the L1 cache
+    while every row of at passes over them."""
     n, m = at.shape
     k = b.shape[1]
-    lo = np.zeros((k, m), np.uint64)
-    mid = np.zeros((k, m), np.uint64)
-    top = np.zeros((k, m), np.uint64)
-    for j in range(n):
-        row = at[j]
+    block = 512
+    lo = np.empty((k, block), np.uint64)
+    mid = np.empty((k, block), np.uint64)
+    top = np.empty((k, block), np.uint64)
+    for start in range(0, m, block):
+        width = min(block, m - start)
+        lo[:] = 0
+        mid[:] = 0
+        top[:] = 0
+        for j in range(n):
+            row = at[j, start:start + width]
+            for c in range(k):
+                bjc = b[j, c]
+                lc = lo[c]
+                mc = mid[c]
+                tc = top[c]
+                for i in range(width):
+                    lc[i], mc[i], tc[i] = accumulate(lc[i], mc[i], tc[i], bjc, row[i])
         for c in range(k):
-            bjc = b[j, c]
-            lc = lo[c]
-            mc = mid[c]
-            tc = top[c]
-            for i in range(m):
-                lc[i], mc[i], tc[i] = accumulate(lc[i], mc[i], tc[i], bjc, row[i])
-    for c in range(k):
-        for i in range(m):
-            out[i, c] = settle(lo[c, i], mid[c, i], top[c, i])
+            for i in range(width):
+                out[start + i, c] = settle(lo[c, i], mid[c, i], top[c, i])
 
 
 @njit_cached(**_OPTIONS)
@@ -355,20 +363,34 @@ def sparse_apply(xt, indptr, indices, data, out):
 def sparse_apply_rows(x, indptr, indices, data, const, out):
     """out[i, r] = const[r] + sum_e data[e] x[i, indices[e]] over the entries e of row r (CSR):
     x (m, n) the inputs of m reports in rows (any strides: a view of a wider share), out
-    (m, rows). For maps with few entries per row (a coordinate's digits), where transposing
-    the inputs to lanes would cost more than the map."""
-    m = x.shape[0]
+    (m, rows). A block of reports at a time is transposed into a scratch array in the cache,
+    then summed with the reports innermost (independent, vectorised): no transposed copy of
+    the whole of x."""
+    m, n = x.shape
     rows = out.shape[1]
-    for i in range(m):
-        xi = x[i]
-        oi = out[i]
+    block = 128
+    buf = np.empty((n, block), np.uint64)
+    lo = np.empty(block, np.uint64)
+    mid = np.empty(block, np.uint64)
+    top = np.empty(block, np.uint64)
+    for start in range(0, m, block):
+        width = min(block, m - start)
+        for i in range(width):
+            xi = x[start + i]
+            for j in range(n):
+                buf[j, i] = xi[j]
         for r in range(rows):
-            lo = _ZERO
-            mid = _ZERO
-            top = _ZERO
+            lo[:] = 0
+            mid[:] = 0
+            top[:] = 0
             for e in range(indptr[r], indptr[r + 1]):
-                lo, mid, top = accumulate(lo, mid, top, data[e], xi[indices[e]])
-            oi[r] = addmod(settle(lo, mid, top), const[r])
+                coef = data[e]
+                col = buf[indices[e]]
+                for i in range(width):
+                    lo[i], mid[i], top[i] = accumulate(lo[i], mid[i], top[i], coef, col[i])
+            c = const[r]
+            for i in range(width):
+                out[start + i, r] = addmod(settle(lo[i], mid[i], top[i]), c)
 
 
 @njit_cached(**_OPTIONS)
@@ -552,13 +574,15 @@ def ext_mulmod(a0, a1, b0, b1):
 def ext_square_poly_sums(v, centre, coeffs, w, weighted, out):
     """The decision's ParallelSum of a polynomial in (f - centre)^2 at one point of F_(p^2) per
     report: out[i] = sum_l w[i, l] coeffs((v[i, l] - centre)^2) (w = 1 unless ``weighted``),
-    coeffs highest degree first; v (m, L, 2), w (m, L, 2), out (m, 2)."""
+    coeffs highest degree first; v (m, L, 2), w (m, L, 2), out (m, 2). Reports innermost: their
+    chains are independent, so the processor overlaps them."""
     m, nl, _ = v.shape
     nc = coeffs.size
     for i in range(m):
-        s0 = _ZERO
-        s1 = _ZERO
-        for j in range(nl):
+        out[i, 0] = _ZERO
+        out[i, 1] = _ZERO
+    for j in range(nl):
+        for i in range(m):
             d0 = submod(v[i, j, 0], centre)
             d1 = v[i, j, 1]
             u0, u1 = ext_mulmod(d0, d1, d0, d1)
@@ -569,33 +593,30 @@ def ext_square_poly_sums(v, centre, coeffs, w, weighted, out):
                 a0 = addmod(a0, coeffs[e])
             if weighted:
                 a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
-            s0 = addmod(s0, a0)
-            s1 = addmod(s1, a1)
-        out[i, 0] = s0
-        out[i, 1] = s1
+            out[i, 0] = addmod(out[i, 0], a0)
+            out[i, 1] = addmod(out[i, 1], a1)
 
 
 @njit_cached(**_OPTIONS)
 def ext_product_sums(v, arity, w, weighted, out):
     """The decision's ParallelSum of products (Mul: a b, MulSub: a b - c) at one point of
-    F_(p^2) per report: v (m, count arity, 2), w (m, count, 2), out (m, 2)."""
+    F_(p^2) per report: v (m, count arity, 2), w (m, count, 2), out (m, 2); reports innermost."""
     m, nw, _ = v.shape
     count = nw // arity
     for i in range(m):
-        s0 = _ZERO
-        s1 = _ZERO
-        for j in range(count):
-            at = j * arity
+        out[i, 0] = _ZERO
+        out[i, 1] = _ZERO
+    for j in range(count):
+        at = j * arity
+        for i in range(m):
             a0, a1 = ext_mulmod(v[i, at, 0], v[i, at, 1], v[i, at + 1, 0], v[i, at + 1, 1])
             if arity == 3:
                 a0 = submod(a0, v[i, at + 2, 0])
                 a1 = submod(a1, v[i, at + 2, 1])
             if weighted:
                 a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
-            s0 = addmod(s0, a0)
-            s1 = addmod(s1, a1)
-        out[i, 0] = s0
-        out[i, 1] = s1
+            out[i, 0] = addmod(out[i, 0], a0)
+            out[i, 1] = addmod(out[i, 1], a1)
 
 
 def load():

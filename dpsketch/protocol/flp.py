@@ -497,8 +497,11 @@ def _id_matrix(report_ids) -> np.ndarray:
     if isinstance(report_ids, np.ndarray):
         ids = np.ascontiguousarray(report_ids, dtype=np.uint8)
     else:
-        ids = np.frombuffer(b"".join(report_ids if all(type(r) is bytes for r in report_ids)
-                                     else [bytes(r) for r in report_ids]), dtype=np.uint8)
+        try:
+            joined = b"".join(report_ids)  # bytes-like ids: one C-level join, no per-id Python
+        except TypeError:
+            joined = b"".join(bytes(r) for r in report_ids)
+        ids = np.frombuffer(joined, dtype=np.uint8)
     return ids.reshape(-1, REPORT_ID_BYTES)
 
 
