@@ -368,7 +368,7 @@ def sparse_apply_rows(x, indptr, indices, data, const, out):
     the whole of x."""
     m, n = x.shape
     rows = out.shape[1]
-    block = 128
+    block = 32
     buf = np.empty((n, block), np.uint64)
     lo = np.empty(block, np.uint64)
     mid = np.empty(block, np.uint64)
@@ -570,53 +570,131 @@ def ext_mulmod(a0, a1, b0, b1):
             addmod(mulmod(a0, b1), mulmod(a1, b0)))
 
 
+#: reports per block in the decision's loops: their verifier rows (a few KiB each) stay in
+#: the L2 cache while the loop runs over slots with the reports innermost
+_DECIDE_BLOCK = 64
+
+
 @njit_cached(**_OPTIONS)
 def ext_square_poly_sums(v, centre, coeffs, w, weighted, out):
     """The decision's ParallelSum of a polynomial in (f - centre)^2 at one point of F_(p^2) per
     report: out[i] = sum_l w[i, l] coeffs((v[i, l] - centre)^2) (w = 1 unless ``weighted``),
-    coeffs highest degree first; v (m, L, 2), w (m, L, 2), out (m, 2). Reports innermost: their
-    chains are independent, so the processor overlaps them."""
+    coeffs highest degree first; v (m, L, 2), w (m, L, 2), out (m, 2). A block of reports at a
+    time is copied to lanes (slot, report) in the cache, then every step runs over the block's
+    reports innermost: independent elements, which the compiler vectorises."""
     m, nl, _ = v.shape
     nc = coeffs.size
-    for i in range(m):
-        out[i, 0] = _ZERO
-        out[i, 1] = _ZERO
-    for j in range(nl):
-        for i in range(m):
-            d0 = submod(v[i, j, 0], centre)
-            d1 = v[i, j, 1]
-            u0, u1 = ext_mulmod(d0, d1, d0, d1)
-            a0 = coeffs[0]
-            a1 = _ZERO
+    block = _DECIDE_BLOCK
+    f0 = np.empty((nl, block), np.uint64)
+    f1 = np.empty((nl, block), np.uint64)
+    w0 = np.empty((nl, block), np.uint64)
+    w1 = np.empty((nl, block), np.uint64)
+    u0 = np.empty(block, np.uint64)
+    u1 = np.empty(block, np.uint64)
+    a0 = np.empty(block, np.uint64)
+    a1 = np.empty(block, np.uint64)
+    s0 = np.empty(block, np.uint64)
+    s1 = np.empty(block, np.uint64)
+    for start in range(0, m, block):
+        width = min(block, m - start)
+        for i in range(width):
+            for j in range(nl):
+                f0[j, i] = v[start + i, j, 0]
+                f1[j, i] = v[start + i, j, 1]
+                if weighted:
+                    w0[j, i] = w[start + i, j, 0]
+                    w1[j, i] = w[start + i, j, 1]
+        s0[:] = 0
+        s1[:] = 0
+        for j in range(nl):
+            fj0 = f0[j]
+            fj1 = f1[j]
+            for i in range(width):
+                d0 = submod(fj0[i], centre)
+                d1 = fj1[i]
+                u0[i] = addmod(mulmod(d0, d0), mulmod(_SEVEN, mulmod(d1, d1)))
+                u1[i] = addmod(mulmod(d0, d1), mulmod(d1, d0))
+                a0[i] = coeffs[0]
+                a1[i] = _ZERO
             for e in range(1, nc):
-                a0, a1 = ext_mulmod(a0, a1, u0, u1)
-                a0 = addmod(a0, coeffs[e])
+                ce = coeffs[e]
+                for i in range(width):
+                    x0 = a0[i]
+                    x1 = a1[i]
+                    a0[i] = addmod(addmod(mulmod(x0, u0[i]), mulmod(_SEVEN, mulmod(x1, u1[i]))), ce)
+                    a1[i] = addmod(mulmod(x0, u1[i]), mulmod(x1, u0[i]))
             if weighted:
-                a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
-            out[i, 0] = addmod(out[i, 0], a0)
-            out[i, 1] = addmod(out[i, 1], a1)
+                wj0 = w0[j]
+                wj1 = w1[j]
+                for i in range(width):
+                    x0 = a0[i]
+                    x1 = a1[i]
+                    s0[i] = addmod(s0[i], addmod(mulmod(x0, wj0[i]), mulmod(_SEVEN, mulmod(x1, wj1[i]))))
+                    s1[i] = addmod(s1[i], addmod(mulmod(x0, wj1[i]), mulmod(x1, wj0[i])))
+            else:
+                for i in range(width):
+                    s0[i] = addmod(s0[i], a0[i])
+                    s1[i] = addmod(s1[i], a1[i])
+        for i in range(width):
+            out[start + i, 0] = s0[i]
+            out[start + i, 1] = s1[i]
 
 
 @njit_cached(**_OPTIONS)
 def ext_product_sums(v, arity, w, weighted, out):
     """The decision's ParallelSum of products (Mul: a b, MulSub: a b - c) at one point of
-    F_(p^2) per report: v (m, count arity, 2), w (m, count, 2), out (m, 2); reports innermost."""
+    F_(p^2) per report: v (m, count arity, 2), w (m, count, 2), out (m, 2); blocks of reports,
+    reports innermost."""
     m, nw, _ = v.shape
     count = nw // arity
     for i in range(m):
         out[i, 0] = _ZERO
         out[i, 1] = _ZERO
-    for j in range(count):
-        at = j * arity
-        for i in range(m):
-            a0, a1 = ext_mulmod(v[i, at, 0], v[i, at, 1], v[i, at + 1, 0], v[i, at + 1, 1])
-            if arity == 3:
-                a0 = submod(a0, v[i, at + 2, 0])
-                a1 = submod(a1, v[i, at + 2, 1])
-            if weighted:
-                a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
-            out[i, 0] = addmod(out[i, 0], a0)
-            out[i, 1] = addmod(out[i, 1], a1)
+    for start in range(0, m, _DECIDE_BLOCK):
+        stop = min(m, start + _DECIDE_BLOCK)
+        for j in range(count):
+            at = j * arity
+            for i in range(start, stop):
+                a0, a1 = ext_mulmod(v[i, at, 0], v[i, at, 1], v[i, at + 1, 0], v[i, at + 1, 1])
+                if arity == 3:
+                    a0 = submod(a0, v[i, at + 2, 0])
+                    a1 = submod(a1, v[i, at + 2, 1])
+                if weighted:
+                    a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
+                out[i, 0] = addmod(out[i, 0], a0)
+                out[i, 1] = addmod(out[i, 1], a1)
+
+
+@njit_cached(**_OPTIONS)
+def ext_powers(a, out):
+    """out[i, l] = a[i]^l in F_(p^2): a (s, 2), out (s, n, 2), one product per power."""
+    s, n, _ = out.shape
+    for i in range(s):
+        p0 = _ONE
+        p1 = _ZERO
+        a0 = a[i, 0]
+        a1 = a[i, 1]
+        for j in range(n):
+            out[i, j, 0] = p0
+            out[i, j, 1] = p1
+            p0, p1 = ext_mulmod(p0, p1, a0, a1)
+
+
+@njit_cached(**_OPTIONS)
+def transpose(x, out):
+    """out = x^T for x (m, n) of any strides, out (n, m) C-contiguous: in 32 x 32 tiles, so that
+    both the reads and the writes stay within a few cache lines per tile (numpy's copy of a
+    transposed view walks one of them with a stride of a whole row)."""
+    m, n = x.shape
+    tile = 32
+    for i0 in range(0, m, tile):
+        i1 = min(m, i0 + tile)
+        for j0 in range(0, n, tile):
+            j1 = min(n, j0 + tile)
+            for j in range(j0, j1):
+                oj = out[j]
+                for i in range(i0, i1):
+                    oj[i] = x[i, j]
 
 
 def load():
@@ -665,7 +743,8 @@ def load():
     matmul_t(np.ascontiguousarray(m2.T), k2, prod_t)
     if (prod_t != prod).any():
         return None
-    return SimpleNamespace(mul=mul, add=add, sub=sub, binary_2d=binary_2d, power=power, batch_inverse=batch_inverse, ntt=ntt,
+    return SimpleNamespace(mul=mul, add=add, sub=sub, binary_2d=binary_2d, transpose=transpose,
+                           ext_powers=ext_powers, power=power, batch_inverse=batch_inverse, ntt=ntt,
                            ntt_columns=ntt_columns, matmul=matmul, matmul_t=matmul_t,
                            weighted_lanes=weighted_lanes, sparse_apply=sparse_apply,
                            sparse_apply_rows=sparse_apply_rows, horner=horner,

@@ -402,6 +402,19 @@ def sparse_apply_rows(x, indptr: np.ndarray, indices: np.ndarray, data: np.ndarr
     return out
 
 
+def lanes(x) -> np.ndarray:
+    """x (m, n) (reports in rows, any strides) transposed to a C-contiguous (n, m): the layout
+    with reports innermost that the prover and the query run on, by the compiled loop's tiled
+    transpose where it is loaded."""
+    x = np.asarray(x, dtype=np.uint64)
+    loops = _loops(x.size)
+    if loops is None or x.ndim != 2 or x.size == 0:
+        return np.ascontiguousarray(x.T)
+    out = np.empty((x.shape[1], x.shape[0]), dtype=np.uint64)
+    loops.transpose(x, out)
+    return out
+
+
 def horner(coeffs, x) -> np.ndarray:
     """c(x) elementwise for one polynomial with F_p coefficients ``coeffs`` (lowest degree
     first) at every element of x (F_p)."""
@@ -611,6 +624,10 @@ def ext_powers(a, n: int) -> np.ndarray:
     a = np.asarray(a, dtype=np.uint64)
     out = np.empty(a.shape[:-1] + (n, 2), dtype=np.uint64)
     if n == 0:
+        return out
+    loops = _loops(out.size)
+    if loops is not None:
+        loops.ext_powers(np.ascontiguousarray(a).reshape(-1, 2), out.reshape(-1, n, 2))
         return out
     out[..., 0, :] = ext(np.ones(a.shape[:-1], dtype=np.uint64))
     step, power = 1, a  # power = a^step

@@ -566,8 +566,8 @@ def _prove_chunk(circuit: Circuit, x, jr, pr) -> np.ndarray:
     NTT, their values on the gadget's evaluation domain (K, L, m), G there, and q's
     coefficients by one more inverse NTT."""
     m = len(x)
-    xt = np.ascontiguousarray(x.T)
-    prt = np.ascontiguousarray(pr.T)
+    xt = field.lanes(x)
+    prt = field.lanes(pr)
     parts = []
     seed_at = 0
     for position, calls in enumerate(circuit.gadgets):
@@ -633,8 +633,8 @@ def _at_t(coeffs: np.ndarray, powers: np.ndarray) -> np.ndarray:
 def _query_chunk(circuit: Circuit, x, pi, jr, prepared: Query, inv_n: int) -> np.ndarray:
     """Reports innermost, as in the prover."""
     m = len(x)
-    xt = np.ascontiguousarray(x.T)
-    pit = np.ascontiguousarray(pi.T)
+    xt = field.lanes(x)
+    pit = field.lanes(pi)
     out = np.empty((m, circuit.verifier_len, 2), dtype=np.uint64)
     outputs = []
     at, col = 0, 1
