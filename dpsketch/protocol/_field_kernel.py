@@ -484,11 +484,21 @@ def square_poly_sums(x, centre, coeffs, w, out):
         top1[:] = 0
         for j in range(nl):
             xj = x[k, j]
-            for i in range(m):
-                d = submod(xj[i], centre)
-                u[i] = mulmod(d, d)
-                v[i] = c0
-            for e in range(1, nc):
+            first = 1
+            if c0 == _ONE and nc > 1:  # monic (a Range gadget's is): the first step is an addition
+                c1 = coeffs[1]
+                for i in range(m):
+                    d = submod(xj[i], centre)
+                    dd = mulmod(d, d)
+                    u[i] = dd
+                    v[i] = addmod(dd, c1)
+                first = 2
+            else:
+                for i in range(m):
+                    d = submod(xj[i], centre)
+                    u[i] = mulmod(d, d)
+                    v[i] = c0
+            for e in range(first, nc):
                 ce = coeffs[e]
                 for i in range(m):
                     v[i] = addmod(mulmod(v[i], u[i]), ce)
@@ -609,14 +619,19 @@ def ext_square_poly_sums(v, centre, coeffs, w, weighted, out):
         for j in range(nl):
             fj0 = f0[j]
             fj1 = f1[j]
+            monic = coeffs[0] == _ONE and nc > 1  # a Range gadget's: the first step is an addition
             for i in range(width):
                 d0 = submod(fj0[i], centre)
                 d1 = fj1[i]
                 u0[i] = addmod(mulmod(d0, d0), mulmod(_SEVEN, mulmod(d1, d1)))
                 u1[i] = addmod(mulmod(d0, d1), mulmod(d1, d0))
-                a0[i] = coeffs[0]
-                a1[i] = _ZERO
-            for e in range(1, nc):
+                if monic:
+                    a0[i] = addmod(u0[i], coeffs[1])
+                    a1[i] = u1[i]
+                else:
+                    a0[i] = coeffs[0]
+                    a1[i] = _ZERO
+            for e in range(2 if monic else 1, nc):
                 ce = coeffs[e]
                 for i in range(width):
                     x0 = a0[i]

@@ -284,6 +284,18 @@ class Affine:
         return out
 
     @functools.cached_property
+    def prefix_copy(self) -> int | None:
+        """k if the map copies the first k inputs to its first k rows, in order, and every other
+        row is 0 (no constant): a range check's wiring; else None."""
+        plan = self._plan
+        k = len(plan.picked)
+        if len(plan.summed) or len(plan.constant_rows) or not k:
+            return None
+        if (plan.picked != np.arange(k)).any() or (plan.picked_cols != np.arange(k)).any():
+            return None
+        return k
+
+    @functools.cached_property
     def _plan(self) -> SimpleNamespace:
         """``picked`` rows (one entry, coefficient 1) and the columns they copy; ``summed`` rows
         (several entries, or one other coefficient), each from the CSR of the distinct such rows
@@ -545,6 +557,30 @@ def _wire_values(calls: GadgetCalls, xt: np.ndarray, seeds: np.ndarray, length: 
     return vals
 
 
+def _wires_at_t(calls: GadgetCalls, xt: np.ndarray, seeds: np.ndarray, lagrange: np.ndarray,
+                inv_n: int) -> np.ndarray:
+    """f_j(t) for every wire j and lane, (L m, 2): sum_k L_k(t) times the values at w^0 ..
+    w^(M+1) (seeds, calls, seeds). Where the wire map copies the first inputs in order (a range
+    check's), the calls whose wires are all inputs are read in place from xt, and only the
+    seeds and the last, partly filled calls are copied."""
+    L, M, m = calls.arity, calls.calls, xt.shape[1]
+    prefix = calls.wires.prefix_copy
+    if prefix is None:
+        vals = _wire_values(calls, xt, seeds, M + 2, inv_n)  # the values at w^0 .. w^(M+1)
+        return field.matmul_t(vals.reshape(M + 2, L * m), lagrange[:M + 2])
+    full = min(prefix // L, M)  # calls 1 .. full: rows (k - 1) L .. k L - 1 of xt
+    rest = np.zeros((M - full + 2, L, m), dtype=np.uint64)  # seeds a, calls full + 1 .. M, seeds b
+    rest[0] = seeds[:, 0]
+    tail = xt[full * L:prefix]
+    rest[1:M - full + 1].reshape(-1, m)[:len(tail)] = tail
+    rest[-1] = seeds[:, 1]
+    weights = np.concatenate([lagrange[:1], lagrange[full + 1:M + 2]])
+    f_t = field.matmul_t(rest.reshape(len(rest), L * m), weights)
+    if full:
+        f_t = field.add(f_t, field.matmul_t(xt[:full * L].reshape(full, L * m), lagrange[1:full + 1]))
+    return f_t
+
+
 def prove(circuit: Circuit, inputs: np.ndarray, joint_rand: np.ndarray, prove_rand: np.ndarray) -> np.ndarray:
     """Proofs (m, proof_len) that each row of ``inputs`` (m, input_len) is valid, under each
     report's joint randomness (m, J, 2) and prove randomness (m, prove_rand_len)."""
@@ -646,15 +682,15 @@ def _query_chunk(circuit: Circuit, x, pi, jr, prepared: Query, inv_n: int) -> np
         shape = (calls.poly_len, 2, m) if calls.gadget.weighted else (calls.poly_len, m)
         coeffs = pit[at:at + width].reshape(shape)  # (c0, c1) pairs: rows 2j and 2j + 1
         at += width
-        vals = _wire_values(calls, xt, seeds, M + 2, inv_n)  # the values at w^0 .. w^(M+1)
-        f_t = field.matmul_t(vals.reshape(M + 2, L * m), prepared.lagrange[P_][:M + 2])  # (L m, 2)
+        f_t = _wires_at_t(calls, xt, seeds, prepared.lagrange[P_], inv_n)  # (L m, 2)
         out[:, col:col + L] = f_t.reshape(L, m, 2).transpose(1, 0, 2)
         out[:, col + L] = _at_t(coeffs, prepared.powers)
         # the outputs q(w^k) = (q mod X^P - 1)(w^k), k = 1..M: fold, then one NTT of size P
-        folds = -(-calls.poly_len // P_)
-        padded = np.zeros((folds * P_,) + coeffs.shape[1:], dtype=np.uint64)
-        padded[:calls.poly_len] = coeffs
-        y = ntt.ntt_columns(field.total(padded.reshape((folds, P_) + coeffs.shape[1:]), axis=0))[1:M + 1]
+        folded = np.zeros((P_,) + coeffs.shape[1:], dtype=np.uint64)
+        for start in range(0, calls.poly_len, P_):
+            part = coeffs[start:start + P_]
+            folded[:len(part)] = field.add(folded[:len(part)], part)
+        y = ntt.ntt_columns(folded, in_place=True)[1:M + 1]
         if not calls.gadget.weighted:
             y = np.stack([y, np.zeros_like(y)], axis=1)
         outputs.append(y)  # (M, 2, m)
