@@ -712,6 +712,97 @@ def transpose(x, out):
                     oj[i] = x[i, j]
 
 
+def _probe_fused(vals, p):
+    """The fused and strided loops against Python's integers on a small probe (edge and
+    random values): the gadget sums in both layouts, the 2-D operations on views, the
+    row-wise sparse map, the transpose and the powers in F_(p^2)."""
+    def ext_mul_py(a, b):
+        return ((a[0] * b[0] + 7 * a[1] * b[1]) % p, (a[0] * b[1] + a[1] * b[0]) % p)
+
+    v = np.array(vals[:24], dtype=np.uint64)
+    x = v.reshape(2, 3, 4)  # (K, L, m)
+    w = v[::-1].copy().reshape(3, 2, 4)  # (L, 2, m)
+    coeffs = np.array([1, vals[5], vals[9]], dtype=np.uint64)  # monic, highest first
+    centre = np.uint64(vals[3])
+    got = np.empty((2, 2, 4), np.uint64)
+    square_poly_sums(x, centre, coeffs, w, got)
+    for k in range(2):
+        for i in range(4):
+            polys = []
+            for j in range(3):
+                u = (int(x[k, j, i]) - int(centre)) ** 2 % p
+                polys.append((u * u + int(coeffs[1]) * u + int(coeffs[2])) % p)
+            for c in range(2):
+                if int(got[k, c, i]) != sum(int(w[j, c, i]) * polys[j] for j in range(3)) % p:
+                    return False
+    y = v.reshape(2, 6, 2)  # two slots of MulSub (K = 2, m = 2)
+    pw = v[:8].copy().reshape(2, 2, 2)
+    got = np.empty((2, 2, 2), np.uint64)
+    product_sums(y, 3, pw, True, got)
+    plain = np.empty((2, 1, 2), np.uint64)
+    product_sums(y, 2, pw, False, plain)
+    for k in range(2):
+        for i in range(2):
+            g = [(int(y[k, 3 * j, i]) * int(y[k, 3 * j + 1, i]) - int(y[k, 3 * j + 2, i])) % p for j in range(2)]
+            h = sum(int(y[k, 2 * j, i]) * int(y[k, 2 * j + 1, i]) for j in range(3)) % p
+            if int(plain[k, 0, i]) != h or any(int(got[k, c, i]) != sum(int(pw[j, c, i]) * g[j] for j in range(2)) % p
+                                               for c in range(2)):
+                return False
+    f = v.reshape(4, 3, 2)  # (m, L, 2) at the query point
+    fw = v[::-1].copy().reshape(4, 3, 2)
+    got = np.empty((4, 2), np.uint64)
+    ext_square_poly_sums(f, centre, coeffs, fw, True, got)
+    got_products = np.empty((4, 2), np.uint64)
+    ext_product_sums(v[:16].copy().reshape(4, 2, 2), 2, fw, False, got_products)
+    for i in range(4):
+        total = (0, 0)
+        for j in range(3):
+            d = ((int(f[i, j, 0]) - int(centre)) % p, int(f[i, j, 1]))
+            u = ext_mul_py(d, d)
+            a = ext_mul_py(ext_mul_py(u, u), (1, 0))
+            a = ((a[0] + int(coeffs[1]) * u[0] + int(coeffs[2])) % p, (a[1] + int(coeffs[1]) * u[1]) % p)
+            a = ext_mul_py(a, (int(fw[i, j, 0]), int(fw[i, j, 1])))
+            total = ((total[0] + a[0]) % p, (total[1] + a[1]) % p)
+        if (int(got[i, 0]), int(got[i, 1])) != total:
+            return False
+        q = v[:16].reshape(4, 2, 2)
+        if (int(got_products[i, 0]), int(got_products[i, 1])) != ext_mul_py(
+                (int(q[i, 0, 0]), int(q[i, 0, 1])), (int(q[i, 1, 0]), int(q[i, 1, 1]))):
+            return False
+    wide = np.array(vals[:30], dtype=np.uint64).reshape(3, 10)
+    a2, b2 = wide[:, 1:5], wide[:, 5:9]  # views of a wider array
+    out2 = np.empty((3, 4), np.uint64)
+    for op, fn in ((0, lambda s, t: (s + t) % p), (1, lambda s, t: (s - t) % p), (2, lambda s, t: s * t % p)):
+        binary_2d(op, a2, b2, out2)
+        if out2.tolist() != [[fn(int(s), int(t)) for s, t in zip(ra, rb)] for ra, rb in zip(a2, b2)]:
+            return False
+    t2 = np.empty((4, 3), np.uint64)
+    transpose(a2, t2)
+    if (t2 != a2.T).any():
+        return False
+    indptr = np.array([0, 2, 2, 3], np.int64)
+    indices = np.array([0, 3, 1], np.int64)
+    data = np.array([vals[4], vals[7], 1], np.uint64)
+    const = np.array([vals[2], 0, vals[8]], np.uint64)
+    rows_out = np.empty((3, 3), np.uint64)
+    sparse_apply_rows(a2, indptr, indices, data, const, rows_out)
+    for i in range(3):
+        r = a2[i].tolist()
+        expect = [(int(data[0]) * r[0] + int(data[1]) * r[3] + int(const[0])) % p, 0, (r[1] + int(const[2])) % p]
+        if rows_out[i].tolist() != expect:
+            return False
+    base = v[:4].copy().reshape(2, 2)
+    powers = np.empty((2, 5, 2), np.uint64)
+    ext_powers(base, powers)
+    for i in range(2):
+        acc = (1, 0)
+        for j in range(5):
+            if (int(powers[i, j, 0]), int(powers[i, j, 1])) != acc:
+                return False
+            acc = ext_mul_py(acc, (int(base[i, 0]), int(base[i, 1])))
+    return True
+
+
 def load():
     """The loops as a namespace, once each agrees with Python's integers on a probe of edge and
     random values (and the NTT with a schoolbook transform), else None."""
@@ -757,6 +848,8 @@ def load():
     prod_t = np.empty((2, 3), np.uint64)
     matmul_t(np.ascontiguousarray(m2.T), k2, prod_t)
     if (prod_t != prod).any():
+        return None
+    if not _probe_fused(vals, p):
         return None
     return SimpleNamespace(mul=mul, add=add, sub=sub, binary_2d=binary_2d, transpose=transpose,
                            ext_powers=ext_powers, power=power, batch_inverse=batch_inverse, ntt=ntt,
