@@ -146,6 +146,63 @@ def test_compiled_loops_and_numpy_reference_give_identical_proofs_and_verifier_s
     assert flp.decide(c, outputs[0][1], jr).all()
 
 
+def test_fused_gadget_sums_coset_evaluation_and_in_place_reads_match_the_reference():
+    """The fast paths of the prover, the query and the decision give the reference's bits on
+    arbitrary elements (edge values included, not only valid digits): the fused ParallelSum
+    loops for every inner gadget, weighted or plain, in both layouts; the wires' values on the
+    evaluation domain by cosets against the zero-padded NTT; the affine maps read row by row
+    from a view of a wider share against lanes; the query reading a range check's wires in
+    place against the copied wire values; the powers of the joint randomness."""
+    field.FIELD.require()
+    rng = np.random.default_rng(11)
+
+    def elems(*shape):
+        v = rng.integers(0, 1 << 63, size=shape, dtype=np.uint64) * np.uint64(2) % np.uint64(P)
+        flat = v.reshape(-1)
+        flat[:4] = [0, 1, P - 1, P - 2]  # edge values in every array
+        return v
+
+    m = 300
+    for gadget in (flp.ParallelSum(flp.Range(4), 7, True), flp.ParallelSum(flp.Range(2), 3, True),
+                   flp.ParallelSum(flp.Mul(), 3, False), flp.ParallelSum(flp.Mul(), 2, True),
+                   flp.ParallelSum(flp.MulSub(), 4, True), flp.ParallelSum(flp.MulSub(), 2, False)):
+        x, v = elems(8, gadget.arity, m), elems(m, gadget.arity, 2)
+        w = elems(gadget.count, 2, m) if gadget.weighted else None
+        w_ext = elems(m, gadget.count, 2) if gadget.weighted else None
+        fast = gadget.on_values(x, w), gadget.on_ext(v, w_ext)
+        with field.FIELD.reference():
+            slow = gadget.on_values(x, w), gadget.on_ext(v, w_ext)
+        assert all(a.shape == b.shape and (a == b).all() for a, b in zip(fast, slow)), gadget.describe()
+    for n, k in ((8, 32), (16, 64), (32, 64), (4, 4)):
+        vals = elems(n, 3, 40)
+        padded = np.zeros((k, 3, 40), dtype=np.uint64)
+        padded[:n] = ntt.ntt_columns(vals, inverse=True)
+        assert (ntt.extend_columns(vals, k) == ntt.ntt_columns(padded)).all()
+    r = elems(m, 2)
+    fast_powers = field.ext_powers(r, 9)
+    with field.FIELD.reference():
+        assert (field.ext_powers(r, 9) == fast_powers).all()
+    for c in (small(), circuits.GramNorm(3, True, 4, 16, 4, 3, 50, 4, 900)):
+        wide = elems(m, c.input_len + c.proof_len + 3)
+        x, pi = wide[:, 1:1 + c.input_len], wide[:, 1 + c.input_len:1 + c.input_len + c.proof_len]
+        for affine in [c.coordinates, c.checks_on_input] + [g.wires for g in c.gadgets]:
+            assert (affine.apply(x, 12345) == affine.apply_lanes(np.ascontiguousarray(x.T), 12345).T).all()
+        jr = elems(m, c.joint_rand_len, 2)
+        t = flp.Query(c, np.array([5, 9], dtype=np.uint64))
+        fast = flp.query(c, x, pi, jr, t, 3)
+        saved = [g.wires.prefix_copy for g in c.gadgets]
+        for g in c.gadgets:
+            g.wires.__dict__["prefix_copy"] = None  # the copied wire values instead
+        try:
+            assert (flp.query(c, x, pi, jr, t, 3) == fast).all()
+            with field.FIELD.reference():
+                assert (flp.query(c, x, pi, jr, t, 3) == fast).all()
+        finally:
+            for g, k in zip(c.gadgets, saved):
+                g.wires.__dict__["prefix_copy"] = k
+    assert small().gadgets[0].wires.prefix_copy == small().input_len  # the range check reads in place
+
+
 # --- soundness: attacks ---------------------------------------------------------------------------
 
 def raw_digits(c: circuits.NormBound, x_field: list[int], slack: int) -> np.ndarray:

@@ -136,6 +136,26 @@ def sub(a, b, out):
 
 
 @njit_cached(**_OPTIONS)
+def binary_2d(op, a, b, out):
+    """out = a + b (op 0), a - b (1) or a b (2) on (m, n) arrays of any strides (views of wider
+    shares: no contiguous copies first)."""
+    m, n = out.shape
+    for i in range(m):
+        ai = a[i]
+        bi = b[i]
+        oi = out[i]
+        if op == 0:
+            for j in range(n):
+                oi[j] = addmod(ai[j], bi[j])
+        elif op == 1:
+            for j in range(n):
+                oi[j] = submod(ai[j], bi[j])
+        else:
+            for j in range(n):
+                oi[j] = mulmod(ai[j], bi[j])
+
+
+@njit_cached(**_OPTIONS)
 def power(a, e, out):
     for i in range(out.size):
         out[i] = powmod(a[i], e)
@@ -266,24 +286,32 @@ def matmul(a, b, out):
 def matmul_t(at, b, out):
     """out = at^T b over F_p: at (n, m), b (n, k), out (m, k); the loop over the m outputs is
     innermost (contiguous rows of at, vectorised), so a product with few columns k (the
-    Lagrange weights, the powers of t: k = 2) does not run one short dot product per row."""
+    Lagrange weights, the powers of t: k = 2) does not run one short dot product per row. The
+    outputs go a block of lanes at a time, so that their three-word sums stay in the L1 cache
+    while every row of at passes over them."""
     n, m = at.shape
     k = b.shape[1]
-    lo = np.zeros((k, m), np.uint64)
-    mid = np.zeros((k, m), np.uint64)
-    top = np.zeros((k, m), np.uint64)
-    for j in range(n):
-        row = at[j]
+    block = 512
+    lo = np.empty((k, block), np.uint64)
+    mid = np.empty((k, block), np.uint64)
+    top = np.empty((k, block), np.uint64)
+    for start in range(0, m, block):
+        width = min(block, m - start)
+        lo[:] = 0
+        mid[:] = 0
+        top[:] = 0
+        for j in range(n):
+            row = at[j, start:start + width]
+            for c in range(k):
+                bjc = b[j, c]
+                lc = lo[c]
+                mc = mid[c]
+                tc = top[c]
+                for i in range(width):
+                    lc[i], mc[i], tc[i] = accumulate(lc[i], mc[i], tc[i], bjc, row[i])
         for c in range(k):
-            bjc = b[j, c]
-            lc = lo[c]
-            mc = mid[c]
-            tc = top[c]
-            for i in range(m):
-                lc[i], mc[i], tc[i] = accumulate(lc[i], mc[i], tc[i], bjc, row[i])
-    for c in range(k):
-        for i in range(m):
-            out[i, c] = settle(lo[c, i], mid[c, i], top[c, i])
+            for i in range(width):
+                out[start + i, c] = settle(lo[c, i], mid[c, i], top[c, i])
 
 
 @njit_cached(**_OPTIONS)
@@ -329,6 +357,40 @@ def sparse_apply(xt, indptr, indices, data, out):
         orow = out[r]
         for i in range(m):
             orow[i] = settle(lo[i], mid[i], top[i])
+
+
+@njit_cached(**_OPTIONS)
+def sparse_apply_rows(x, indptr, indices, data, const, out):
+    """out[i, r] = const[r] + sum_e data[e] x[i, indices[e]] over the entries e of row r (CSR):
+    x (m, n) the inputs of m reports in rows (any strides: a view of a wider share), out
+    (m, rows). A block of reports at a time is transposed into a scratch array in the cache,
+    then summed with the reports innermost (independent, vectorised): no transposed copy of
+    the whole of x."""
+    m, n = x.shape
+    rows = out.shape[1]
+    block = 32
+    buf = np.empty((n, block), np.uint64)
+    lo = np.empty(block, np.uint64)
+    mid = np.empty(block, np.uint64)
+    top = np.empty(block, np.uint64)
+    for start in range(0, m, block):
+        width = min(block, m - start)
+        for i in range(width):
+            xi = x[start + i]
+            for j in range(n):
+                buf[j, i] = xi[j]
+        for r in range(rows):
+            lo[:] = 0
+            mid[:] = 0
+            top[:] = 0
+            for e in range(indptr[r], indptr[r + 1]):
+                coef = data[e]
+                col = buf[indices[e]]
+                for i in range(width):
+                    lo[i], mid[i], top[i] = accumulate(lo[i], mid[i], top[i], coef, col[i])
+            c = const[r]
+            for i in range(width):
+                out[start + i, r] = addmod(settle(lo[i], mid[i], top[i]), c)
 
 
 @njit_cached(**_OPTIONS)
@@ -387,6 +449,360 @@ def ext_horner_lanes(coeffs, points, out):
             out[1, i] = addmod(r1, c1[i])
 
 
+@numba.njit(inline="always")
+def accumulate_plain(lo, mid, v):
+    """(lo, mid) += v: a two-word unreduced sum of elements."""
+    lo = lo + v
+    mid = mid + (_ONE if lo < v else _ZERO)
+    return lo, mid
+
+
+@njit_cached(**_OPTIONS)
+def square_poly_sums(x, centre, coeffs, w, out):
+    """The prover's weighted ParallelSum of a polynomial in (x - centre)^2 (a Range gadget),
+    fused: out[k, c, i] = sum_l w[l, c, i] coeffs((x[k, l, i] - centre)^2), coeffs highest degree
+    first; x (K, L, m), w (L, 2, m), out (K, 2, m); lanes innermost. One pass over x instead
+    of the four whole-array passes (difference, square, polynomial, weighted sum) and their
+    temporaries."""
+    nk, nl, m = x.shape
+    nc = coeffs.size
+    lo0 = np.empty(m, np.uint64)
+    mid0 = np.empty(m, np.uint64)
+    top0 = np.empty(m, np.uint64)
+    lo1 = np.empty(m, np.uint64)
+    mid1 = np.empty(m, np.uint64)
+    top1 = np.empty(m, np.uint64)
+    u = np.empty(m, np.uint64)
+    v = np.empty(m, np.uint64)
+    c0 = coeffs[0]
+    for k in range(nk):
+        lo0[:] = 0
+        mid0[:] = 0
+        top0[:] = 0
+        lo1[:] = 0
+        mid1[:] = 0
+        top1[:] = 0
+        for j in range(nl):
+            xj = x[k, j]
+            first = 1
+            if c0 == _ONE and nc > 1:  # monic (a Range gadget's is): the first step is an addition
+                c1 = coeffs[1]
+                for i in range(m):
+                    d = submod(xj[i], centre)
+                    dd = mulmod(d, d)
+                    u[i] = dd
+                    v[i] = addmod(dd, c1)
+                first = 2
+            else:
+                for i in range(m):
+                    d = submod(xj[i], centre)
+                    u[i] = mulmod(d, d)
+                    v[i] = c0
+            for e in range(first, nc):
+                ce = coeffs[e]
+                for i in range(m):
+                    v[i] = addmod(mulmod(v[i], u[i]), ce)
+            w0 = w[j, 0]
+            w1 = w[j, 1]
+            for i in range(m):
+                lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], w0[i], v[i])
+                lo1[i], mid1[i], top1[i] = accumulate(lo1[i], mid1[i], top1[i], w1[i], v[i])
+        o0 = out[k, 0]
+        o1 = out[k, 1]
+        for i in range(m):
+            o0[i] = settle(lo0[i], mid0[i], top0[i])
+            o1[i] = settle(lo1[i], mid1[i], top1[i])
+
+
+@njit_cached(**_OPTIONS)
+def product_sums(x, arity, w, weighted, out):
+    """The prover's ParallelSum of products (a Mul gadget, arity 2: a b; a MulSub, arity 3:
+    a b - c), fused: x (K, count arity, m) the wires of every slot, out (K, 2, m) if
+    ``weighted`` (w (count, 2, m)), else (K, 1, m) (w ignored); lanes innermost."""
+    nk, nw, m = x.shape
+    count = nw // arity
+    lo0 = np.empty(m, np.uint64)
+    mid0 = np.empty(m, np.uint64)
+    top0 = np.empty(m, np.uint64)
+    lo1 = np.empty(m, np.uint64)
+    mid1 = np.empty(m, np.uint64)
+    top1 = np.empty(m, np.uint64)
+    for k in range(nk):
+        lo0[:] = 0
+        mid0[:] = 0
+        top0[:] = 0
+        lo1[:] = 0
+        mid1[:] = 0
+        top1[:] = 0
+        for j in range(count):
+            a = x[k, j * arity]
+            b = x[k, j * arity + 1]
+            if not weighted:
+                if arity == 2:
+                    for i in range(m):
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], a[i], b[i])
+                else:
+                    c = x[k, j * arity + 2]
+                    for i in range(m):
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], a[i], b[i])
+                        lo1[i], mid1[i] = accumulate_plain(lo1[i], mid1[i], c[i])
+            else:
+                w0 = w[j, 0]
+                w1 = w[j, 1]
+                if arity == 2:
+                    for i in range(m):
+                        v = mulmod(a[i], b[i])
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], w0[i], v)
+                        lo1[i], mid1[i], top1[i] = accumulate(lo1[i], mid1[i], top1[i], w1[i], v)
+                else:
+                    c = x[k, j * arity + 2]
+                    for i in range(m):
+                        v = submod(mulmod(a[i], b[i]), c[i])
+                        lo0[i], mid0[i], top0[i] = accumulate(lo0[i], mid0[i], top0[i], w0[i], v)
+                        lo1[i], mid1[i], top1[i] = accumulate(lo1[i], mid1[i], top1[i], w1[i], v)
+        o0 = out[k, 0]
+        if weighted:
+            o1 = out[k, 1]
+            for i in range(m):
+                o0[i] = settle(lo0[i], mid0[i], top0[i])
+                o1[i] = settle(lo1[i], mid1[i], top1[i])
+        elif arity == 2:
+            for i in range(m):
+                o0[i] = settle(lo0[i], mid0[i], top0[i])
+        else:
+            for i in range(m):
+                o0[i] = submod(settle(lo0[i], mid0[i], top0[i]), reduce(lo1[i], mid1[i]))
+
+
+@numba.njit(inline="always")
+def ext_mulmod(a0, a1, b0, b1):
+    return (addmod(mulmod(a0, b0), mulmod(_SEVEN, mulmod(a1, b1))),
+            addmod(mulmod(a0, b1), mulmod(a1, b0)))
+
+
+#: reports per block in the decision's loops: their verifier rows (a few KiB each) stay in
+#: the L2 cache while the loop runs over slots with the reports innermost
+_DECIDE_BLOCK = 64
+
+
+@njit_cached(**_OPTIONS)
+def ext_square_poly_sums(v, centre, coeffs, w, weighted, out):
+    """The decision's ParallelSum of a polynomial in (f - centre)^2 at one point of F_(p^2) per
+    report: out[i] = sum_l w[i, l] coeffs((v[i, l] - centre)^2) (w = 1 unless ``weighted``),
+    coeffs highest degree first; v (m, L, 2), w (m, L, 2), out (m, 2). A block of reports at a
+    time is copied to lanes (slot, report) in the cache, then every step runs over the block's
+    reports innermost: independent elements, which the compiler vectorises."""
+    m, nl, _ = v.shape
+    nc = coeffs.size
+    block = _DECIDE_BLOCK
+    f0 = np.empty((nl, block), np.uint64)
+    f1 = np.empty((nl, block), np.uint64)
+    w0 = np.empty((nl, block), np.uint64)
+    w1 = np.empty((nl, block), np.uint64)
+    u0 = np.empty(block, np.uint64)
+    u1 = np.empty(block, np.uint64)
+    a0 = np.empty(block, np.uint64)
+    a1 = np.empty(block, np.uint64)
+    s0 = np.empty(block, np.uint64)
+    s1 = np.empty(block, np.uint64)
+    for start in range(0, m, block):
+        width = min(block, m - start)
+        for i in range(width):
+            for j in range(nl):
+                f0[j, i] = v[start + i, j, 0]
+                f1[j, i] = v[start + i, j, 1]
+                if weighted:
+                    w0[j, i] = w[start + i, j, 0]
+                    w1[j, i] = w[start + i, j, 1]
+        s0[:] = 0
+        s1[:] = 0
+        for j in range(nl):
+            fj0 = f0[j]
+            fj1 = f1[j]
+            monic = coeffs[0] == _ONE and nc > 1  # a Range gadget's: the first step is an addition
+            for i in range(width):
+                d0 = submod(fj0[i], centre)
+                d1 = fj1[i]
+                u0[i] = addmod(mulmod(d0, d0), mulmod(_SEVEN, mulmod(d1, d1)))
+                u1[i] = addmod(mulmod(d0, d1), mulmod(d1, d0))
+                if monic:
+                    a0[i] = addmod(u0[i], coeffs[1])
+                    a1[i] = u1[i]
+                else:
+                    a0[i] = coeffs[0]
+                    a1[i] = _ZERO
+            for e in range(2 if monic else 1, nc):
+                ce = coeffs[e]
+                for i in range(width):
+                    x0 = a0[i]
+                    x1 = a1[i]
+                    a0[i] = addmod(addmod(mulmod(x0, u0[i]), mulmod(_SEVEN, mulmod(x1, u1[i]))), ce)
+                    a1[i] = addmod(mulmod(x0, u1[i]), mulmod(x1, u0[i]))
+            if weighted:
+                wj0 = w0[j]
+                wj1 = w1[j]
+                for i in range(width):
+                    x0 = a0[i]
+                    x1 = a1[i]
+                    s0[i] = addmod(s0[i], addmod(mulmod(x0, wj0[i]), mulmod(_SEVEN, mulmod(x1, wj1[i]))))
+                    s1[i] = addmod(s1[i], addmod(mulmod(x0, wj1[i]), mulmod(x1, wj0[i])))
+            else:
+                for i in range(width):
+                    s0[i] = addmod(s0[i], a0[i])
+                    s1[i] = addmod(s1[i], a1[i])
+        for i in range(width):
+            out[start + i, 0] = s0[i]
+            out[start + i, 1] = s1[i]
+
+
+@njit_cached(**_OPTIONS)
+def ext_product_sums(v, arity, w, weighted, out):
+    """The decision's ParallelSum of products (Mul: a b, MulSub: a b - c) at one point of
+    F_(p^2) per report: v (m, count arity, 2), w (m, count, 2), out (m, 2); blocks of reports,
+    reports innermost."""
+    m, nw, _ = v.shape
+    count = nw // arity
+    for i in range(m):
+        out[i, 0] = _ZERO
+        out[i, 1] = _ZERO
+    for start in range(0, m, _DECIDE_BLOCK):
+        stop = min(m, start + _DECIDE_BLOCK)
+        for j in range(count):
+            at = j * arity
+            for i in range(start, stop):
+                a0, a1 = ext_mulmod(v[i, at, 0], v[i, at, 1], v[i, at + 1, 0], v[i, at + 1, 1])
+                if arity == 3:
+                    a0 = submod(a0, v[i, at + 2, 0])
+                    a1 = submod(a1, v[i, at + 2, 1])
+                if weighted:
+                    a0, a1 = ext_mulmod(a0, a1, w[i, j, 0], w[i, j, 1])
+                out[i, 0] = addmod(out[i, 0], a0)
+                out[i, 1] = addmod(out[i, 1], a1)
+
+
+@njit_cached(**_OPTIONS)
+def ext_powers(a, out):
+    """out[i, l] = a[i]^l in F_(p^2): a (s, 2), out (s, n, 2), one product per power."""
+    s, n, _ = out.shape
+    for i in range(s):
+        p0 = _ONE
+        p1 = _ZERO
+        a0 = a[i, 0]
+        a1 = a[i, 1]
+        for j in range(n):
+            out[i, j, 0] = p0
+            out[i, j, 1] = p1
+            p0, p1 = ext_mulmod(p0, p1, a0, a1)
+
+
+@njit_cached(**_OPTIONS)
+def transpose(x, out):
+    """out = x^T for x (m, n) of any strides, out (n, m) C-contiguous: in 32 x 32 tiles, so that
+    both the reads and the writes stay within a few cache lines per tile (numpy's copy of a
+    transposed view walks one of them with a stride of a whole row)."""
+    m, n = x.shape
+    tile = 32
+    for i0 in range(0, m, tile):
+        i1 = min(m, i0 + tile)
+        for j0 in range(0, n, tile):
+            j1 = min(n, j0 + tile)
+            for j in range(j0, j1):
+                oj = out[j]
+                for i in range(i0, i1):
+                    oj[i] = x[i, j]
+
+
+def _probe_fused(vals, p):
+    """The fused and strided loops against Python's integers on a small probe (edge and
+    random values): the gadget sums in both layouts, the 2-D operations on views, the
+    row-wise sparse map, the transpose and the powers in F_(p^2)."""
+    def ext_mul_py(a, b):
+        return ((a[0] * b[0] + 7 * a[1] * b[1]) % p, (a[0] * b[1] + a[1] * b[0]) % p)
+
+    v = np.array(vals[:24], dtype=np.uint64)
+    x = v.reshape(2, 3, 4)  # (K, L, m)
+    w = v[::-1].copy().reshape(3, 2, 4)  # (L, 2, m)
+    coeffs = np.array([1, vals[5], vals[9]], dtype=np.uint64)  # monic, highest first
+    centre = np.uint64(vals[3])
+    got = np.empty((2, 2, 4), np.uint64)
+    square_poly_sums(x, centre, coeffs, w, got)
+    for k in range(2):
+        for i in range(4):
+            polys = []
+            for j in range(3):
+                u = (int(x[k, j, i]) - int(centre)) ** 2 % p
+                polys.append((u * u + int(coeffs[1]) * u + int(coeffs[2])) % p)
+            for c in range(2):
+                if int(got[k, c, i]) != sum(int(w[j, c, i]) * polys[j] for j in range(3)) % p:
+                    return False
+    y = v.reshape(2, 6, 2)  # two slots of MulSub (K = 2, m = 2)
+    pw = v[:8].copy().reshape(2, 2, 2)
+    got = np.empty((2, 2, 2), np.uint64)
+    product_sums(y, 3, pw, True, got)
+    plain = np.empty((2, 1, 2), np.uint64)
+    product_sums(y, 2, pw, False, plain)
+    for k in range(2):
+        for i in range(2):
+            g = [(int(y[k, 3 * j, i]) * int(y[k, 3 * j + 1, i]) - int(y[k, 3 * j + 2, i])) % p for j in range(2)]
+            h = sum(int(y[k, 2 * j, i]) * int(y[k, 2 * j + 1, i]) for j in range(3)) % p
+            if int(plain[k, 0, i]) != h or any(int(got[k, c, i]) != sum(int(pw[j, c, i]) * g[j] for j in range(2)) % p
+                                               for c in range(2)):
+                return False
+    f = v.reshape(4, 3, 2)  # (m, L, 2) at the query point
+    fw = v[::-1].copy().reshape(4, 3, 2)
+    got = np.empty((4, 2), np.uint64)
+    ext_square_poly_sums(f, centre, coeffs, fw, True, got)
+    got_products = np.empty((4, 2), np.uint64)
+    ext_product_sums(v[:16].copy().reshape(4, 2, 2), 2, fw, False, got_products)
+    for i in range(4):
+        total = (0, 0)
+        for j in range(3):
+            d = ((int(f[i, j, 0]) - int(centre)) % p, int(f[i, j, 1]))
+            u = ext_mul_py(d, d)
+            a = ext_mul_py(ext_mul_py(u, u), (1, 0))
+            a = ((a[0] + int(coeffs[1]) * u[0] + int(coeffs[2])) % p, (a[1] + int(coeffs[1]) * u[1]) % p)
+            a = ext_mul_py(a, (int(fw[i, j, 0]), int(fw[i, j, 1])))
+            total = ((total[0] + a[0]) % p, (total[1] + a[1]) % p)
+        if (int(got[i, 0]), int(got[i, 1])) != total:
+            return False
+        q = v[:16].reshape(4, 2, 2)
+        if (int(got_products[i, 0]), int(got_products[i, 1])) != ext_mul_py(
+                (int(q[i, 0, 0]), int(q[i, 0, 1])), (int(q[i, 1, 0]), int(q[i, 1, 1]))):
+            return False
+    wide = np.array(vals[:30], dtype=np.uint64).reshape(3, 10)
+    a2, b2 = wide[:, 1:5], wide[:, 5:9]  # views of a wider array
+    out2 = np.empty((3, 4), np.uint64)
+    for op, fn in ((0, lambda s, t: (s + t) % p), (1, lambda s, t: (s - t) % p), (2, lambda s, t: s * t % p)):
+        binary_2d(op, a2, b2, out2)
+        if out2.tolist() != [[fn(int(s), int(t)) for s, t in zip(ra, rb)] for ra, rb in zip(a2, b2)]:
+            return False
+    t2 = np.empty((4, 3), np.uint64)
+    transpose(a2, t2)
+    if (t2 != a2.T).any():
+        return False
+    indptr = np.array([0, 2, 2, 3], np.int64)
+    indices = np.array([0, 3, 1], np.int64)
+    data = np.array([vals[4], vals[7], 1], np.uint64)
+    const = np.array([vals[2], 0, vals[8]], np.uint64)
+    rows_out = np.empty((3, 3), np.uint64)
+    sparse_apply_rows(a2, indptr, indices, data, const, rows_out)
+    for i in range(3):
+        r = a2[i].tolist()
+        expect = [(int(data[0]) * r[0] + int(data[1]) * r[3] + int(const[0])) % p, 0, (r[1] + int(const[2])) % p]
+        if rows_out[i].tolist() != expect:
+            return False
+    base = v[:4].copy().reshape(2, 2)
+    powers = np.empty((2, 5, 2), np.uint64)
+    ext_powers(base, powers)
+    for i in range(2):
+        acc = (1, 0)
+        for j in range(5):
+            if (int(powers[i, j, 0]), int(powers[i, j, 1])) != acc:
+                return False
+            acc = ext_mul_py(acc, (int(base[i, 0]), int(base[i, 1])))
+    return True
+
+
 def load():
     """The loops as a namespace, once each agrees with Python's integers on a probe of edge and
     random values (and the NTT with a schoolbook transform), else None."""
@@ -433,7 +849,13 @@ def load():
     matmul_t(np.ascontiguousarray(m2.T), k2, prod_t)
     if (prod_t != prod).any():
         return None
-    return SimpleNamespace(mul=mul, add=add, sub=sub, power=power, batch_inverse=batch_inverse, ntt=ntt,
+    if not _probe_fused(vals, p):
+        return None
+    return SimpleNamespace(mul=mul, add=add, sub=sub, binary_2d=binary_2d, transpose=transpose,
+                           ext_powers=ext_powers, power=power, batch_inverse=batch_inverse, ntt=ntt,
                            ntt_columns=ntt_columns, matmul=matmul, matmul_t=matmul_t,
-                           weighted_lanes=weighted_lanes, sparse_apply=sparse_apply, horner=horner,
-                           ext_mul=ext_mul, ext_horner_lanes=ext_horner_lanes)
+                           weighted_lanes=weighted_lanes, sparse_apply=sparse_apply,
+                           sparse_apply_rows=sparse_apply_rows, horner=horner,
+                           ext_mul=ext_mul, ext_horner_lanes=ext_horner_lanes,
+                           square_poly_sums=square_poly_sums, product_sums=product_sums,
+                           ext_square_poly_sums=ext_square_poly_sums, ext_product_sums=ext_product_sums)

@@ -232,6 +232,9 @@ def _bit_reversal(n: int) -> np.ndarray:
 
 # --- F_p arithmetic -------------------------------------------------------------------------
 
+_OPS = {"add": 0, "sub": 1, "mul": 2}
+
+
 def _binary(name: str, ref, a, b) -> np.ndarray:
     a = np.asarray(a, dtype=np.uint64)
     b = np.asarray(b, dtype=np.uint64)
@@ -245,6 +248,9 @@ def _binary(name: str, ref, a, b) -> np.ndarray:
     if b.shape != shape:
         b = np.broadcast_to(b, shape)
     out = np.empty(shape, dtype=np.uint64)
+    if len(shape) == 2 and not (a.flags.c_contiguous and b.flags.c_contiguous) and a.strides[1] and b.strides[1]:
+        loops.binary_2d(_OPS[name], a, b, out)  # views of wider arrays: no copies
+        return out
     getattr(loops, name)(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1), out.reshape(-1))
     return out
 
@@ -383,6 +389,32 @@ def sparse_apply(xt, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray) 
     return out
 
 
+def sparse_apply_rows(x, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, const: np.ndarray):
+    """A x_i + const for each row x_i of x (m, n) (reports in rows, any strides) and a sparse A
+    in CSR form -> (m, rows); None where the compiled loop is not loaded (the caller then works
+    on lanes, :func:`sparse_apply`)."""
+    x = np.asarray(x, dtype=np.uint64)
+    loops = _loops(x.shape[0] * max(len(data), 1))
+    if loops is None or x.ndim != 2 or x.shape[0] == 0:
+        return None
+    out = np.empty((x.shape[0], len(indptr) - 1), dtype=np.uint64)
+    loops.sparse_apply_rows(x, indptr, indices, data, np.ascontiguousarray(const, dtype=np.uint64), out)
+    return out
+
+
+def lanes(x) -> np.ndarray:
+    """x (m, n) (reports in rows, any strides) transposed to a C-contiguous (n, m): the layout
+    with reports innermost that the prover and the query run on, by the compiled loop's tiled
+    transpose where it is loaded."""
+    x = np.asarray(x, dtype=np.uint64)
+    loops = _loops(x.size)
+    if loops is None or x.ndim != 2 or x.size == 0:
+        return np.ascontiguousarray(x.T)
+    out = np.empty((x.shape[1], x.shape[0]), dtype=np.uint64)
+    loops.transpose(x, out)
+    return out
+
+
 def horner(coeffs, x) -> np.ndarray:
     """c(x) elementwise for one polynomial with F_p coefficients ``coeffs`` (lowest degree
     first) at every element of x (F_p)."""
@@ -396,6 +428,100 @@ def horner(coeffs, x) -> np.ndarray:
     out = np.full(x.shape, c[0], dtype=np.uint64)
     for cj in c[1:]:
         out = _add_ref(_mul_ref(out, x), cj)
+    return out
+
+
+def square_poly_sums(x, centre: int, coeffs, w) -> np.ndarray:
+    """sum_l w[l, :, i] c((x[..., l, i] - centre)^2) for each lane i (a weighted ParallelSum of
+    a Range gadget, in the prover's layout): x (..., L, m), c the polynomial ``coeffs`` (lowest
+    degree first), w (L, 2, m) F_(p^2) weights planar -> (..., 2, m). One compiled pass over x."""
+    x = np.asarray(x, dtype=np.uint64)
+    w = np.ascontiguousarray(w, dtype=np.uint64)
+    lead, (L, m) = x.shape[:-2], x.shape[-2:]
+    if w.shape != (L, 2, m):
+        raise ValueError(f"square_poly_sums takes (..., L, m) and (L, 2, m), got {x.shape} and {w.shape}")
+    loops = _loops(x.size)
+    if loops is None or x.size == 0:
+        u = sub(x, np.uint64(centre))
+        v = horner(coeffs, mul(u, u))
+        return np.stack([weighted_lanes(v, w[:, c, :]) for c in (0, 1)], axis=-2)
+    out = np.empty((int(np.prod(lead, dtype=np.int64)), 2, m), dtype=np.uint64)
+    high_first = np.ascontiguousarray(np.asarray(coeffs, dtype=np.uint64)[::-1])
+    loops.square_poly_sums(np.ascontiguousarray(x).reshape(-1, L, m), np.uint64(centre), high_first, w, out)
+    return out.reshape(lead + (2, m))
+
+
+_NO_WEIGHTS = np.zeros((1, 2, 1), dtype=np.uint64)
+
+
+def product_sums(x, arity: int, w=None) -> np.ndarray:
+    """A ParallelSum of products in the prover's layout: for each lane i, sum_l w[l, :, i] g_l
+    with g_l = a_l b_l (``arity`` 2) or a_l b_l - c_l (arity 3), the slots' wires consecutive:
+    x (..., count arity, m); w (count, 2, m) -> (..., 2, m), or None (the plain sum) -> (..., m)."""
+    if arity not in (2, 3):
+        raise ValueError("products of two wires, less a third")
+    x = np.asarray(x, dtype=np.uint64)
+    lead, (nw, m) = x.shape[:-2], x.shape[-2:]
+    count = nw // arity
+    if nw != count * arity or (w is not None and np.shape(w) != (count, 2, m)):
+        raise ValueError(f"product_sums takes (..., count {arity}, m) and (count, 2, m), got {x.shape}")
+    loops = _loops(x.size)
+    if loops is None or x.size == 0:
+        slots = x.reshape(lead + (count, arity, m))
+        g = mul(slots[..., 0, :], slots[..., 1, :])
+        if arity == 3:
+            g = sub(g, slots[..., 2, :])
+        if w is None:
+            return total(g, axis=-2)
+        w = np.ascontiguousarray(w, dtype=np.uint64)
+        return np.stack([weighted_lanes(g, w[:, c, :]) for c in (0, 1)], axis=-2)
+    rows = int(np.prod(lead, dtype=np.int64))
+    weighted = w is not None
+    out = np.empty((rows, 2 if weighted else 1, m), dtype=np.uint64)
+    lanes = np.ascontiguousarray(w, dtype=np.uint64) if weighted else _NO_WEIGHTS
+    loops.product_sums(np.ascontiguousarray(x).reshape(rows, nw, m), arity, lanes, weighted, out)
+    return out.reshape(lead + ((2, m) if weighted else (m,)))
+
+
+def ext_square_poly_sums(v, centre: int, coeffs, w=None) -> np.ndarray:
+    """sum_l w[i, l] c((v[i, l] - centre)^2) in F_(p^2) for each report i (the decision's
+    ParallelSum of a Range gadget): v (m, L, 2), w (m, L, 2) or None (every weight 1), c the
+    F_p polynomial ``coeffs`` (lowest degree first) -> (m, 2)."""
+    v = np.ascontiguousarray(v, dtype=np.uint64)
+    m, L = v.shape[:2]
+    loops = _loops(v.size * len(coeffs))
+    if loops is None or v.size == 0:
+        d = sub(v, ext(centre))
+        u = ext_mul(d, d)
+        c = np.asarray(coeffs, dtype=np.uint64)
+        acc = ext(np.full(u.shape[:-1], c[-1], dtype=np.uint64))
+        for cj in c[-2::-1]:
+            acc = add(ext_mul(acc, u), ext(cj))
+        return total(acc if w is None else ext_mul(acc, w), axis=-2)
+    out = np.empty((m, 2), dtype=np.uint64)
+    high_first = np.ascontiguousarray(np.asarray(coeffs, dtype=np.uint64)[::-1])
+    weights = np.ascontiguousarray(w, dtype=np.uint64) if w is not None else np.zeros((1, 1, 2), dtype=np.uint64)
+    loops.ext_square_poly_sums(v, np.uint64(centre), high_first, weights, w is not None, out)
+    return out
+
+
+def ext_product_sums(v, arity: int, w=None) -> np.ndarray:
+    """The decision's ParallelSum of products at one point of F_(p^2) per report: sum_l w[i, l]
+    g_l with g_l = a_l b_l (``arity`` 2) or a_l b_l - c_l (arity 3): v (m, count arity, 2),
+    w (m, count, 2) or None -> (m, 2)."""
+    v = np.ascontiguousarray(v, dtype=np.uint64)
+    m, nw = v.shape[:2]
+    count = nw // arity
+    loops = _loops(v.size)
+    if loops is None or v.size == 0:
+        slots = v.reshape(m, count, arity, 2)
+        g = ext_mul(slots[:, :, 0], slots[:, :, 1])
+        if arity == 3:
+            g = sub(g, slots[:, :, 2])
+        return total(g if w is None else ext_mul(g, w), axis=-2)
+    out = np.empty((m, 2), dtype=np.uint64)
+    weights = np.ascontiguousarray(w, dtype=np.uint64) if w is not None else np.zeros((1, 1, 2), dtype=np.uint64)
+    loops.ext_product_sums(v, arity, weights, w is not None, out)
     return out
 
 
@@ -498,6 +624,10 @@ def ext_powers(a, n: int) -> np.ndarray:
     a = np.asarray(a, dtype=np.uint64)
     out = np.empty(a.shape[:-1] + (n, 2), dtype=np.uint64)
     if n == 0:
+        return out
+    loops = _loops(out.size)
+    if loops is not None:
+        loops.ext_powers(np.ascontiguousarray(a).reshape(-1, 2), out.reshape(-1, n, 2))
         return out
     out[..., 0, :] = ext(np.ones(a.shape[:-1], dtype=np.uint64))
     step, power = 1, a  # power = a^step

@@ -182,6 +182,11 @@ class ParallelSum(Gadget):
         self.degree = inner.degree
 
     def on_values(self, wires, weights=None):
+        w = weights if self.weighted else None
+        if isinstance(self.inner, Range) and w is not None:  # fused: one pass, no temporaries
+            return field.square_poly_sums(wires, self.inner.centre, self.inner.in_u, w)
+        if isinstance(self.inner, (Mul, MulSub)):
+            return field.product_sums(wires, self.inner.arity, w)
         lead, m = wires.shape[:-2], wires.shape[-1]
         inner = self.inner.on_values(wires.reshape(lead + (self.count, self.inner.arity, m)))  # (..., count, m)
         if not self.weighted:
@@ -189,6 +194,11 @@ class ParallelSum(Gadget):
         return np.stack([field.weighted_lanes(inner, weights[:, c, :]) for c in (0, 1)], axis=-2)
 
     def on_ext(self, wires, weights=None):
+        w = weights if self.weighted else None
+        if wires.ndim == 3 and isinstance(self.inner, Range):  # (m, L, 2): the decision's layout
+            return field.ext_square_poly_sums(wires, self.inner.centre, self.inner.in_u, w)
+        if wires.ndim == 3 and isinstance(self.inner, (Mul, MulSub)):
+            return field.ext_product_sums(wires, self.inner.arity, w)
         lead = wires.shape[:-2]
         inner = self.inner.on_ext(wires.reshape(lead + (self.count, self.inner.arity, 2)))  # (..., count, 2)
         if self.weighted:
@@ -245,8 +255,15 @@ class Affine:
 
     def apply(self, x: np.ndarray, const_scale: int = 1) -> np.ndarray:
         """A x + const_scale c for every row of x (m, cols) -> (m, rows); a share uses
-        const_scale = 1/N so that the N shares' constants add up to c."""
-        return self.apply_lanes(np.asarray(x, dtype=np.uint64).T, const_scale).T
+        const_scale = 1/N so that the N shares' constants add up to c. Row by row where the
+        compiled loop is loaded (no transposed copy of x), else on lanes."""
+        x = np.asarray(x, dtype=np.uint64)
+        if x.ndim == 2 and x.shape[0] >= 16:
+            const = field.mul(self.const, np.uint64(const_scale % P)) if self.const.any() else self.const
+            out = field.sparse_apply_rows(x, self.indptr, self.indices, self.data, const)
+            if out is not None:
+                return out
+        return self.apply_lanes(x.T, const_scale).T
 
     def apply_lanes(self, xt: np.ndarray, const_scale: int = 1) -> np.ndarray:
         """The same on the columns of xt (cols, m) -> (rows, m) (m lanes innermost). By the
@@ -265,6 +282,18 @@ class Affine:
             shift = field.mul(self.const[plan.constant_rows], np.uint64(scale))[:, None]
             out[plan.constant_rows] = field.add(out[plan.constant_rows], shift)
         return out
+
+    @functools.cached_property
+    def prefix_copy(self) -> int | None:
+        """k if the map copies the first k inputs to its first k rows, in order, and every other
+        row is 0 (no constant): a range check's wiring; else None."""
+        plan = self._plan
+        k = len(plan.picked)
+        if len(plan.summed) or len(plan.constant_rows) or not k:
+            return None
+        if (plan.picked != np.arange(k)).any() or (plan.picked_cols != np.arange(k)).any():
+            return None
+        return k
 
     @functools.cached_property
     def _plan(self) -> SimpleNamespace:
@@ -480,7 +509,11 @@ def _id_matrix(report_ids) -> np.ndarray:
     if isinstance(report_ids, np.ndarray):
         ids = np.ascontiguousarray(report_ids, dtype=np.uint8)
     else:
-        ids = np.frombuffer(b"".join(bytes(r) for r in report_ids), dtype=np.uint8)
+        try:
+            joined = b"".join(report_ids)  # bytes-like ids: one C-level join, no per-id Python
+        except TypeError:
+            joined = b"".join(bytes(r) for r in report_ids)
+        ids = np.frombuffer(joined, dtype=np.uint8)
     return ids.reshape(-1, REPORT_ID_BYTES)
 
 
@@ -524,6 +557,30 @@ def _wire_values(calls: GadgetCalls, xt: np.ndarray, seeds: np.ndarray, length: 
     return vals
 
 
+def _wires_at_t(calls: GadgetCalls, xt: np.ndarray, seeds: np.ndarray, lagrange: np.ndarray,
+                inv_n: int) -> np.ndarray:
+    """f_j(t) for every wire j and lane, (L m, 2): sum_k L_k(t) times the values at w^0 ..
+    w^(M+1) (seeds, calls, seeds). Where the wire map copies the first inputs in order (a range
+    check's), the calls whose wires are all inputs are read in place from xt, and only the
+    seeds and the last, partly filled calls are copied."""
+    L, M, m = calls.arity, calls.calls, xt.shape[1]
+    prefix = calls.wires.prefix_copy
+    if prefix is None:
+        vals = _wire_values(calls, xt, seeds, M + 2, inv_n)  # the values at w^0 .. w^(M+1)
+        return field.matmul_t(vals.reshape(M + 2, L * m), lagrange[:M + 2])
+    full = min(prefix // L, M)  # calls 1 .. full: rows (k - 1) L .. k L - 1 of xt
+    rest = np.zeros((M - full + 2, L, m), dtype=np.uint64)  # seeds a, calls full + 1 .. M, seeds b
+    rest[0] = seeds[:, 0]
+    tail = xt[full * L:prefix]
+    rest[1:M - full + 1].reshape(-1, m)[:len(tail)] = tail
+    rest[-1] = seeds[:, 1]
+    weights = np.concatenate([lagrange[:1], lagrange[full + 1:M + 2]])
+    f_t = field.matmul_t(rest.reshape(len(rest), L * m), weights)
+    if full:
+        f_t = field.add(f_t, field.matmul_t(xt[:full * L].reshape(full, L * m), lagrange[1:full + 1]))
+    return f_t
+
+
 def prove(circuit: Circuit, inputs: np.ndarray, joint_rand: np.ndarray, prove_rand: np.ndarray) -> np.ndarray:
     """Proofs (m, proof_len) that each row of ``inputs`` (m, input_len) is valid, under each
     report's joint randomness (m, J, 2) and prove randomness (m, prove_rand_len)."""
@@ -545,20 +602,18 @@ def _prove_chunk(circuit: Circuit, x, jr, pr) -> np.ndarray:
     NTT, their values on the gadget's evaluation domain (K, L, m), G there, and q's
     coefficients by one more inverse NTT."""
     m = len(x)
-    xt = np.ascontiguousarray(x.T)
-    prt = np.ascontiguousarray(pr.T)
+    xt = field.lanes(x)
+    prt = field.lanes(pr)
     parts = []
     seed_at = 0
     for position, calls in enumerate(circuit.gadgets):
         L, P_, K = calls.arity, calls.wire_len, calls.eval_len
         seeds = prt[seed_at:seed_at + 2 * L].reshape(L, 2, m)
         seed_at += 2 * L
-        evals = np.zeros((K, L, m), dtype=np.uint64)
-        evals[:P_] = ntt.ntt_columns(_wire_values(calls, xt, seeds, P_), inverse=True)
-        evals = ntt.ntt_columns(evals)
+        evals = ntt.extend_columns(_wire_values(calls, xt, seeds, P_), K)  # the wires on the size-K domain
         weights = circuit.weights(position, jr)
         lanes = None if weights is None else np.ascontiguousarray(weights.transpose(1, 2, 0))
-        q = ntt.ntt_columns(calls.gadget.on_values(evals, lanes), inverse=True)[:calls.poly_len]
+        q = ntt.ntt_columns(calls.gadget.on_values(evals, lanes), inverse=True, in_place=True)[:calls.poly_len]
         if calls.gadget.weighted:  # (poly_len, 2, m) -> (m, poly_len, 2): (c0, c1) pairs
             q = q.transpose(2, 0, 1).reshape(m, 2 * calls.poly_len)
         else:
@@ -614,8 +669,8 @@ def _at_t(coeffs: np.ndarray, powers: np.ndarray) -> np.ndarray:
 def _query_chunk(circuit: Circuit, x, pi, jr, prepared: Query, inv_n: int) -> np.ndarray:
     """Reports innermost, as in the prover."""
     m = len(x)
-    xt = np.ascontiguousarray(x.T)
-    pit = np.ascontiguousarray(pi.T)
+    xt = field.lanes(x)
+    pit = field.lanes(pi)
     out = np.empty((m, circuit.verifier_len, 2), dtype=np.uint64)
     outputs = []
     at, col = 0, 1
@@ -627,15 +682,15 @@ def _query_chunk(circuit: Circuit, x, pi, jr, prepared: Query, inv_n: int) -> np
         shape = (calls.poly_len, 2, m) if calls.gadget.weighted else (calls.poly_len, m)
         coeffs = pit[at:at + width].reshape(shape)  # (c0, c1) pairs: rows 2j and 2j + 1
         at += width
-        vals = _wire_values(calls, xt, seeds, M + 2, inv_n)  # the values at w^0 .. w^(M+1)
-        f_t = field.matmul_t(vals.reshape(M + 2, L * m), prepared.lagrange[P_][:M + 2])  # (L m, 2)
+        f_t = _wires_at_t(calls, xt, seeds, prepared.lagrange[P_], inv_n)  # (L m, 2)
         out[:, col:col + L] = f_t.reshape(L, m, 2).transpose(1, 0, 2)
         out[:, col + L] = _at_t(coeffs, prepared.powers)
         # the outputs q(w^k) = (q mod X^P - 1)(w^k), k = 1..M: fold, then one NTT of size P
-        folds = -(-calls.poly_len // P_)
-        padded = np.zeros((folds * P_,) + coeffs.shape[1:], dtype=np.uint64)
-        padded[:calls.poly_len] = coeffs
-        y = ntt.ntt_columns(field.total(padded.reshape((folds, P_) + coeffs.shape[1:]), axis=0))[1:M + 1]
+        folded = np.zeros((P_,) + coeffs.shape[1:], dtype=np.uint64)
+        for start in range(0, calls.poly_len, P_):
+            part = coeffs[start:start + P_]
+            folded[:len(part)] = field.add(folded[:len(part)], part)
+        y = ntt.ntt_columns(folded, in_place=True)[1:M + 1]
         if not calls.gadget.weighted:
             y = np.stack([y, np.zeros_like(y)], axis=1)
         outputs.append(y)  # (M, 2, m)
@@ -715,13 +770,13 @@ def share_inputs(circuit: Circuit, inputs: np.ndarray, num_shares: int, stream: 
     x = field.elements(inputs, "input")
     m = len(x)
     seeds = [stream.array(SEED_BYTES * m).reshape(m, SEED_BYTES) for _ in range(num_shares - 1)]
-    leader = x
-    proof_sum = np.zeros((m, circuit.proof_len), dtype=np.uint64)
+    n = circuit.input_len
+    helpers = None  # the helpers' input and proof shares summed, (m, n + P), one pass per helper
     for s in seeds:
-        xs, ps = expand_share(circuit, s)
-        leader = field.sub(leader, xs)
-        proof_sum = field.add(proof_sum, ps)
-    return ClientShares(seeds, leader, proof_sum)
+        both = field.expand(s, n + circuit.proof_len, SHARE_NONCE)  # a view: the adds read it in place
+        helpers = both if helpers is None else field.add(helpers, both)
+    assert helpers is not None
+    return ClientShares(seeds, field.sub(x, helpers[:, :n]), helpers[:, n:])
 
 
 def share_proofs(shares: ClientShares, proofs: np.ndarray) -> ClientShares:

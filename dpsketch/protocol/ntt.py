@@ -76,6 +76,39 @@ def _table(n: int, inverse: bool) -> np.ndarray:
     return table
 
 
+@functools.cache
+def coset_twists(n: int, k: int) -> np.ndarray:
+    """(k / n - 1, n): row s - 1 holds w_k^(s i), i < n, for the cosets s = 1 .. k/n - 1 of the
+    domain of size n in the domain of size k (:func:`extend_columns`)."""
+    w = root(k)
+    out = np.stack([_powers(pow(w, s, field.P), n) for s in range(1, k // n)]) if k > n else np.zeros((0, n), np.uint64)
+    out.setflags(write=False)
+    return out
+
+
+def extend_columns(values, k: int) -> np.ndarray:
+    """The values on the domain of size k (k / n times the size n of axis 0) of the polynomials
+    of degree < n whose values on the domain of size n are the columns of ``values`` (n, ...):
+    (k, ...), the same as the transform of their coefficients padded with zeros to k, at less
+    cost. The point w_k^(s + (k/n) j) lies in the coset w_k^s of the small domain: s = 0 is the
+    small domain itself (the values, copied), and each other coset is one size-n transform of
+    the coefficients twisted by w_k^(s i) (the k-point transform's first log2(k/n) stages, done
+    on zeros, are skipped)."""
+    vals = np.ascontiguousarray(values, dtype=np.uint64)
+    n = vals.shape[0]
+    if not is_power_of_two(k) or k % n:
+        raise ValueError(f"extend a domain of size {n} to a multiple that is a power of two, got {k}")
+    ratio = k // n
+    out = np.empty((n, ratio) + vals.shape[1:], dtype=np.uint64)
+    out[:, 0] = vals
+    if ratio > 1:
+        coeffs = ntt_columns(vals, inverse=True)
+        flat = coeffs.reshape(n, -1)
+        for s, twist in enumerate(coset_twists(n, k), start=1):
+            out[:, s] = ntt_columns(field.mul(flat, twist[:, None]), in_place=True).reshape(vals.shape)
+    return out.reshape((k,) + vals.shape[1:])
+
+
 def _transform(a, inverse: bool) -> np.ndarray:
     a = np.asarray(a, dtype=np.uint64)
     n = a.shape[-1]
@@ -171,11 +204,13 @@ def lagrange_weights(n: int, t) -> np.ndarray:
     return field.ext_mul(field.ext_scale(inv, dom), scale)
 
 
-def ntt_columns(x, inverse: bool = False) -> np.ndarray:
+def ntt_columns(x, inverse: bool = False, in_place: bool = False) -> np.ndarray:
     """The transform (or its inverse) along axis 0 of x (n, ...): every x[:, j, ...] is one
     polynomial. The layout of the prover and the verifier (flp.py): the domain first, the
-    reports last and contiguous, so that the compiled loop vectorises over reports."""
-    out = np.array(x, dtype=np.uint64, order="C")
+    reports last and contiguous, so that the compiled loop vectorises over reports.
+    ``in_place``: transform x itself (a C-contiguous uint64 array the caller no longer needs)."""
+    x_is_ready = isinstance(x, np.ndarray) and x.dtype == np.uint64 and x.flags.c_contiguous
+    out = x if in_place and x_is_ready else np.array(x, dtype=np.uint64, order="C")
     n = out.shape[0]
     if not is_power_of_two(n) or n > MAX_SIZE:
         raise ValueError(f"NTT sizes are powers of two up to 2^20, got {n}")
