@@ -69,6 +69,7 @@ def run(ns: Sequence[int], seeds: Sequence[int], *, d: int = 10, epsilon: float 
                                                     references=first)[task]
                         cell[task].append(ratios["ltm"])
                         cell["sigma"], cell["server_sigma"] = study.sigma, study.server_sigma
+                        cell["k"], cell["signed"] = study.k, study.secret_sign
                         cell["cell_noise_variance"] = cell_noise_variance(study, n)
                         if first:
                             refs[f"{task}_local"].append(ratios["local"])
