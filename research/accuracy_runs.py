@@ -415,6 +415,70 @@ def trivial_run(n: int, seed: int) -> dict[str, float]:
             "pca_random_subspace": error_ratios.pca_ratio(low.rows, q.T)}
 
 
+# ---------------------------------------------------------------------------------------------
+# the secret sign's end-to-end pipeline in memory (tests/test_secret_sign_e2e.py runs it over HTTP)
+
+#: Columns and coefficients of :func:`strong_signal_data`.
+SIGN_COLUMNS = ["x0", "x1", "y"]
+SIGN_THETA = np.array([1.0, -0.6])
+
+
+def strong_signal_data(n: int, seed: int) -> np.ndarray:
+    """Rows [x, y] with x of i.i.d. +-1/sqrt(2) entries and y = x . SIGN_THETA + N(0, 0.1^2),
+    scaled by one constant to max norm 1: every row near the bound, so the signal in A^T A is as
+    large as the row bound allows (the secret sign's end-to-end data)."""
+    rng = np.random.default_rng(np.random.SeedSequence([0x516E, seed]))
+    x = rng.choice([-1.0, 1.0], size=(n, 2)) / np.sqrt(2.0)
+    a = np.column_stack([x, x @ SIGN_THETA + 0.1 * rng.standard_normal(n)])
+    return a / np.linalg.norm(a, axis=1).max()
+
+
+def sign_fit_errors(data: np.ndarray, coef: np.ndarray, components: np.ndarray) -> tuple[float, float]:
+    """(relative error of ridge coefficients against least squares on ``data`` (label last),
+    PCA's error ratio against the exact subspace of the same rank): what the secret sign's
+    end-to-end test and :func:`sign_pipeline_errors` score."""
+    x, y = data[:, :-1], data[:, -1]
+    truth = np.linalg.lstsq(x, y, rcond=None)[0]
+    return (float(np.linalg.norm(np.asarray(coef) - truth) / np.linalg.norm(truth)),
+            float(error_ratios.pca_ratio(data, np.asarray(components))))
+
+
+def sign_studies(n: int, k: int, epsilon: float = 1.0) -> dict[bool, Study]:
+    """The end-to-end test's signed and unsigned studies of :func:`strong_signal_data`: the
+    analyzer's design at ``epsilon``, the default floor, three servers, min_reports = n."""
+    from dpsketch.protocol import design
+
+    return {signed: design(name="law", columns=SIGN_COLUMNS, label="y", servers=["s1", "s2", "s3"],
+                           expected_reports=n, epsilon=epsilon, k=k, min_reports=n, secret_sign=signed)[0]
+            for signed in (True, False)}
+
+
+def sign_pipeline_errors(study: Study, data: np.ndarray, draw: SketchDraw, *, secret_sign: bool) -> tuple[float, float]:
+    """The end-to-end test's pipeline in memory for one release: ``draw``'s block OSNAP, the
+    clients' signs (if ``secret_sign``) and noise, the servers' noise, the analyzer's ridge (label
+    y) and rank-2 PCA; :func:`sign_fit_errors` of the result."""
+    release = draw.release(study, data, secret_sign=secret_sign)
+    return sign_fit_errors(data, RidgeRegression(label="y").fit(release).coef_,
+                           PCA(n_components=2).fit(release).components_)
+
+
+def sign_pair_run(n: int, k: int, epsilon: float, seed: int) -> dict[str, float]:
+    """One data set (:func:`strong_signal_data` at seed + 1, the test's data sets 1, 2, ...) under
+    the signed and the unsigned study on common random numbers (one S, client and server
+    normals, signs): each one's ridge coefficient error and PCA ratio, and signed / unsigned."""
+    studies = sign_studies(n, k, epsilon)
+    assert (studies[True].k, studies[True].s) == (studies[False].k, studies[False].s)  # one S fits both
+    data = strong_signal_data(n, seed + 1)
+    draw = SketchDraw(studies[True], n, np.random.default_rng(np.random.SeedSequence([0x5167, n, k, seed])))
+    out: dict[str, float] = {}
+    errors = {signed: sign_pipeline_errors(studies[signed], data, draw, secret_sign=signed) for signed in (True, False)}
+    for i, metric in enumerate(("ridge_coef", "pca")):
+        out[f"{metric}/signed"], out[f"{metric}/unsigned"] = errors[True][i], errors[False][i]
+        out[f"{metric}/signed_over_unsigned"] = errors[True][i] / errors[False][i]
+        out[f"{metric}/signed_better"] = float(errors[True][i] < errors[False][i])
+    return out
+
+
 def trivial_ratios(n: int, runs: int) -> dict[str, dict[str, float]]:
     """:func:`trivial_run` over seeds 0..runs-1, summarised."""
     done = [trivial_run(n, seed) for seed in range(runs)]

@@ -11,7 +11,8 @@ Each **figure set** is one table of README.md or docs/*.md (``--list`` says whic
 jobs (a data set size, privacy target, task ...), each run ``--runs`` times with seeds 0, 1, ...
 by the evaluation module that owns it (:mod:`research.experiments`, :mod:`research.accuracy_runs`,
 :mod:`research.logistic_evaluation`, :mod:`research.lad_evaluation`,
-:mod:`research.vertical_evaluation`): this module adds no mechanism and no data of its own. A run
+:mod:`research.vertical_evaluation`, :mod:`research.histogram_evaluation`, :mod:`research.trust_cost`):
+this module adds no mechanism and no data of its own. A run
 gives one or more table rows' values; every value is summarised over the runs by
 :func:`report.stats` (mean, sample sd, median, 90th percentile, largest, runs) and printed as
 :func:`report.cell` writes it, "mean ± sd (median), p90 x", the form every accuracy figure in the
@@ -221,11 +222,58 @@ def run_trust_cost(n: int, seed: int) -> list[Row]:
 
     r = trust_cost.run([n], [seed])
     out = [{"row": [kind, n, floor], "values": {"ridge": cell["ridge"][0], "pca": cell["pca"][0]},
-            "info": {"sigma": round(cell["sigma"], 4), "server_sigma": round(cell["server_sigma"], 4)}}
+            "info": {"k": cell["k"], "signed": cell["signed"], "sigma": round(cell["sigma"], 4),
+                     "server_sigma": round(cell["server_sigma"], 4),
+                     "cell_noise_variance": float(f"{cell['cell_noise_variance']:.4g}")}}
            for kind, by_n in r["kinds"].items() for floor, cell in by_n[n].items()]
     refs = r["references"][n]
     out.append({"row": ["references", n, "-"], "values": {k: v[0] for k, v in refs.items()}})
     return out
+
+
+def run_secret_sign(task: str, n: int, epsilon: float, seed: int) -> list[Row]:
+    """:func:`accuracy_runs.sketch_run`'s ``today`` (unsigned) and ``sign`` variants: design()'s
+    sketch study without and with the secret sign on the same data, S and normals."""
+    from . import accuracy_runs
+
+    r = accuracy_runs.sketch_run(task, n, epsilon, seed, ("today", "sign"), None)
+    unsigned, signed = r["ratios"]["today"], r["ratios"]["sign"]
+    return [{"row": [task, n, epsilon], "info": {"k": r["k"]},
+             "values": {"unsigned": unsigned, "signed": signed, "signed_over_unsigned": signed / unsigned,
+                        "signed_better": float(signed < unsigned)}}]
+
+
+#: The secret sign's end-to-end test: n = 3000 reports, k = 20 (tests/test_secret_sign_e2e.py).
+SIGN_E2E = (3_000, 20)
+
+
+def run_secret_sign_e2e(n: int, k: int, epsilon: float, seed: int) -> list[Row]:
+    """:func:`accuracy_runs.sign_pair_run`: the end-to-end test's pipeline in memory on one of its
+    data sets, signed and unsigned on common random numbers."""
+    from . import accuracy_runs
+
+    v = accuracy_runs.sign_pair_run(n, k, epsilon, seed)
+    return [{"row": [metric, n, k, epsilon], "values": {key.split("/", 1)[1]: x for key, x in v.items()
+                                                        if key.startswith(metric + "/")}}
+            for metric in ("ridge_coef", "pca")]
+
+
+#: Noise draws per mechanism in one run of the histogram set (20 runs: 2,000 draws).
+HISTOGRAM_DRAWS = 100
+
+
+def run_histogram(n: int, epsilon: float, seed: int) -> list[Row]:
+    """:func:`histogram_evaluation.run_synthetic` on one synthetic data set with HISTOGRAM_DRAWS
+    noise draws per mechanism, as :func:`histogram_evaluation.target_rows` sums it up: each
+    statistic's mean absolute error per mechanism over the draws, and the ratios LTM / central
+    and local / LTM of those means."""
+    from . import histogram_evaluation
+
+    recs = histogram_evaluation.run_synthetic([n], [epsilon], HISTOGRAM_DRAWS, seed)
+    return [{"row": [r["statistic"], n, epsilon],
+             "values": {"ltm": r["err_ltm"], "central": r["err_central"], "local": r["err_local"],
+                        "ltm_over_central": r["ltm_over_central"], "local_over_ltm": r["local_over_ltm"]}}
+            for r in histogram_evaluation.target_rows(recs)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,7 +395,23 @@ FIGURES: dict[str, FigureSet] = {f.name: f for f in (
               lambda ns: [(n,) for n in _ns((10_000, 100_000, 1_000_000), ns)], ("kind", "n", "floor"),
               (("", (("ridge", "ridge"), ("pca", "PCA"), ("ridge_local", "ridge local"),
                      ("ridge_central", "ridge central"), ("pca_local", "PCA local"),
-                     ("pca_central", "PCA central"))),), info=("sigma", "server_sigma")),
+                     ("pca_central", "PCA central"))),),
+              info=("k", "signed", "sigma", "server_sigma", "cell_noise_variance")),
+    FigureSet("secret_sign", "docs/secret_sign.md section 8 (in memory, on the benchmark's data)", run_secret_sign,
+              lambda ns: [(t, n, 1.0) for n in _ns((20_000,), ns) for t in ("ridge", "pca")],
+              ("task", "n", "epsilon"),
+              (("", (("unsigned", "unsigned"), ("signed", "signed"), ("signed_over_unsigned", "signed / unsigned"),
+                     ("signed_better", "signed better (fraction)"))),), info=("k",), epsilon_of=lambda job: job[2]),
+    FigureSet("secret_sign_e2e", "docs/secret_sign.md section 8 (the end-to-end test's pipeline in memory)",
+              run_secret_sign_e2e, lambda ns: [(n, SIGN_E2E[1], 1.0) for n in _ns((SIGN_E2E[0],), ns)],
+              ("error", "n", "k", "epsilon"),
+              (("", (("unsigned", "unsigned"), ("signed", "signed"), ("signed_over_unsigned", "signed / unsigned"),
+                     ("signed_better", "signed better (fraction)"))),), epsilon_of=lambda job: job[2]),
+    FigureSet("histogram", "docs/histogram.md 'Targets'", run_histogram,
+              lambda ns: [(n, 1.0) for n in _ns((100_000,), ns)], ("statistic", "n", "epsilon"),
+              (("", (("ltm", "LTM error"), ("central", "central error"), ("local", "local error"),
+                     ("ltm_over_central", "LTM / central"), ("local_over_ltm", "local / LTM"))),),
+              epsilon_of=lambda job: job[1]),
     FigureSet("vertical", "docs/vertical.md 'Measured' and 'Parties and the secret sign'", run_vertical,
               lambda ns: [(n, e) for n in sorted(_ns((10_000, 100_000, 1_000_000), ns), reverse=True)
                           for e in (1.0, 0.5, 4.0)],
@@ -489,6 +553,10 @@ def _field(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+#: Metrics that are a fraction of runs (a 0/1 per run): never printed as "1 + excess".
+FRACTIONS = ("fallback", "_better", "_beat_ls")
+
+
 def tables(summary: dict[str, Any]) -> str:
     """The markdown tables of every set in ``summary``: its rows' fields, runs, the load average
     range over its runs, and each column's "mean ± sd (median), p90"."""
@@ -515,8 +583,9 @@ def tables(summary: dict[str, Any]) -> str:
                 cells.append(str(row["runs"]))
                 for m, _ in cols:
                     s = row["stats"].get(m)
-                    digits = 2 if "_minus_" in m or m.endswith("fallback") else f.digits  # differences, fractions
-                    txt = report.cell(s, digits, near_one="/" not in m)
+                    fraction = m.endswith(FRACTIONS)
+                    digits = 2 if "_minus_" in m or fraction else f.digits  # differences, fractions
+                    txt = report.cell(s, digits, near_one="/" not in m and not fraction)
                     if s and s["runs"] != row["runs"]:
                         txt += f" [{s['runs']} runs]"
                     refused = row["refused"].get(m.split("/")[0])

@@ -10,8 +10,10 @@ differs. The local and central models of the same rows are the yardsticks.
 
     .venv/bin/python -m research.trust_cost --n 1e4 1e5 1e6 --seeds 20
 
-The figures in docs/trust.md come from that command (design()'s defaults: a sketch study is
-signed, docs/secret_sign.md). Cells: mean ± sample sd (median) over the seeds.
+The figures in docs/trust.md come from ``python -m research.figures --only trust_cost``, which
+runs :func:`run` one seed at a time and prints mean ± sd (median), p90 (design()'s defaults: a
+sketch study is signed, docs/secret_sign.md, its k from default_k). This command's own cells:
+mean ± sample sd (median) over the seeds.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def run(ns: Sequence[int], seeds: Sequence[int], *, d: int = 10, epsilon: float 
                                                     references=first)[task]
                         cell[task].append(ratios["ltm"])
                         cell["sigma"], cell["server_sigma"] = study.sigma, study.server_sigma
+                        cell["k"], cell["signed"] = study.k, study.secret_sign
                         cell["cell_noise_variance"] = cell_noise_variance(study, n)
                         if first:
                             refs[f"{task}_local"].append(ratios["local"])

@@ -89,3 +89,31 @@ def test_one_command_at_tiny_n(tmp_path, capsys):
     assert len(open(out + ".jsonl").read().splitlines()) == lines + 1
     again = json.load(open(out + ".json"))["sets"]["trivial"]["rows"][0]
     assert again["runs"] == 3 and again["stats"]["ridge_theta_zero"]["runs"] == 3
+
+
+def test_sign_and_histogram_sets_at_tiny_n(tmp_path, capsys):
+    """The secret sign's end-to-end pipeline in memory and the histogram targets: each run's ratio
+    is of that run's own values (signed / unsigned on the same data and draws; LTM / central and
+    local / LTM of the run's mean errors), a fraction of runs prints as a fraction, and the
+    histogram set covers every statistic of docs/histogram.md's target table."""
+    from research import histogram_evaluation
+
+    out = str(tmp_path / "fig")
+    assert figures.main(["--only", "secret_sign_e2e", "histogram", "--n", "2000", "--runs", "2", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    recs = figures.load_records(out + ".jsonl")
+    assert len(recs) == 4
+    for rec in recs:
+        for row in rec["rows"]:
+            v = row["values"]
+            if rec["figure"] == "secret_sign_e2e":
+                assert v["signed_over_unsigned"] == pytest.approx(v["signed"] / v["unsigned"])
+                assert v["signed_better"] == float(v["signed"] < v["unsigned"])
+            else:
+                assert v["ltm_over_central"] == pytest.approx(v["ltm"] / v["central"])
+                assert v["local_over_ltm"] == pytest.approx(v["local"] / v["ltm"])
+    summary = json.load(open(out + ".json"))["sets"]
+    assert {r["row"][0] for r in summary["secret_sign_e2e"]["rows"]} == {"ridge_coef", "pca"}
+    assert {r["row"][0] for r in summary["histogram"]["rows"]} == set(histogram_evaluation.STATISTICS)
+    better = [line for line in printed.splitlines() if line.startswith("| pca | 2,000 | 20 |")]
+    assert better and " 1 + " not in better[0]  # the fraction column is not printed as 1 + excess

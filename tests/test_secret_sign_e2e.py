@@ -24,25 +24,16 @@ import numpy as np
 import pytest
 
 from dpsketch.analyzer.client import AnalyzerClient
-from dpsketch.analyzer.error_ratios import pca_ratio
 from dpsketch.analyzer.release import SketchRelease
 from dpsketch.client_sdk import Client
 from dpsketch.client_sdk.prepare import prepare_batch
 from dpsketch.protocol import ProblemError, Study, ring, sketch
+from research.accuracy_runs import SIGN_COLUMNS, sign_fit_errors, strong_signal_data
 from test_e2e import direct_sketch, no_floor_module_cluster, upload  # noqa: F401 (a fixture)
 
-COLUMNS = ["x0", "x1", "y"]
-THETA = np.array([1.0, -0.6])
-
-
-def strong_signal_data(n: int, seed: int) -> np.ndarray:
-    """Rows [x, y] with x of i.i.d. +-1/sqrt(2) entries and y = x . THETA + N(0, 0.1^2), scaled by
-    one constant to max norm 1: every row near the bound, so the signal in A^T A is as large as
-    the row bound allows (test data; the privacy noise comes from the SDK's CSPRNG)."""
-    rng = np.random.default_rng(np.random.SeedSequence([0x516E, seed]))
-    x = rng.choice([-1.0, 1.0], size=(n, 2)) / np.sqrt(2.0)
-    a = np.column_stack([x, x @ THETA + 0.1 * rng.standard_normal(n)])
-    return a / np.linalg.norm(a, axis=1).max()
+#: the data, its columns and the two errors live in research (research.figures' secret_sign_e2e set
+#: runs this test's pipeline in memory, over more data sets)
+COLUMNS = SIGN_COLUMNS
 
 
 def _fit_errors(an: AnalyzerClient, study_id: str, data: np.ndarray) -> tuple[float, float]:
@@ -50,10 +41,7 @@ def _fit_errors(an: AnalyzerClient, study_id: str, data: np.ndarray) -> tuple[fl
     PCA's error ratio against the exact rank-2 subspace)."""
     ridge = an.ridge(study_id, label="y")
     pca = an.pca(study_id, n_components=2)
-    x, y = data[:, :-1], data[:, -1]
-    truth = np.linalg.lstsq(x, y, rcond=None)[0]
-    coef_error = float(np.linalg.norm(np.array(ridge["coef"]) - truth) / np.linalg.norm(truth))
-    return coef_error, pca_ratio(data, np.array(pca["components"]))
+    return sign_fit_errors(data, np.array(ridge["coef"]), np.array(pca["components"]))
 
 
 def _gram_error(release: SketchRelease, data: np.ndarray) -> float:
@@ -285,26 +273,17 @@ def _simulate(runs_per_set: int, sets: int = 4, draws: int = 200_000, seed: int 
     OSNAP, the clients' signs and noise, the servers' noise, the analyzer's ridge and PCA), then
     the ratio of mean errors over 8 runs resampled from it, and the same for a sign that changed
     nothing (both sides unsigned)."""
-    from research.accuracy_runs import SketchDraw
-    from dpsketch.analyzer.estimators import PCA, RidgeRegression
-    from dpsketch.protocol.study import design
+    from research.accuracy_runs import SketchDraw, sign_pipeline_errors, sign_studies
 
     n, rng = 3000, np.random.default_rng(seed)
-    studies = {signed: design(name="law", columns=COLUMNS, label="y", servers=["s1", "s2", "s3"],
-                              expected_reports=n, epsilon=1.0, k=20, min_reports=n,
-                              secret_sign=signed)[0] for signed in (True, False)}
+    studies = sign_studies(n, 20)
     errors = np.zeros((sets, 2, runs_per_set, 2))  # data set, (signed, unsigned), run, (ridge, PCA)
     for i in range(sets):
         data = strong_signal_data(n, i + 1)
-        truth = np.linalg.lstsq(data[:, :-1], data[:, -1], rcond=None)[0]
         for v, signed in enumerate((True, False)):
             study = studies[signed]
             for r in range(runs_per_set):
-                release = SketchDraw(study, n, rng).release(study, data, secret_sign=signed)
-                coef = RidgeRegression(label="y").fit(release).coef_
-                components = PCA(n_components=2).fit(release).components_
-                errors[i, v, r] = (np.linalg.norm(coef - truth) / np.linalg.norm(truth),
-                                   pca_ratio(data, components))
+                errors[i, v, r] = sign_pipeline_errors(study, data, SketchDraw(study, n, rng), secret_sign=signed)
     for v, name in enumerate(("signed", "unsigned")):
         e = errors[:, v].reshape(-1, 2)
         print(f"{name}: ridge error mean {e[:, 0].mean():.3f}, PCA ratio mean {e[:, 1].mean():.2f} "
