@@ -158,6 +158,14 @@ def test_typescript_and_python_clients_release_the_exact_sum(built_package, exac
     assert 0.4 < flipped.mean() < 0.6
 
 
+def _validity_study(cluster, name: str, n: int, **design) -> Study:
+    """A validity sketch study of COLUMNS (k = 16, s = 4) created through the analyzer."""
+    with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an:
+        created = an.create_study(name=name, columns=COLUMNS, label="y", expected_reports=n, k=16, s=4,
+                                  validity=True, **design)
+    return Study.model_validate(created["study"])
+
+
 def test_validity_study_typescript_proofs_verify_and_release_exactly(built_package, exact_cluster):
     """A study with validity proofs (docs/protocol.md 4b, 4c): the Node client's proved batches
     (plain and sealed, the leader rotating) and the Python SDK's pass every server's
@@ -168,10 +176,7 @@ def test_validity_study_typescript_proofs_verify_and_release_exactly(built_packa
     c = exact_cluster
     n_py, parts = 120, [("classical", 90, 30), ("none", 60, 25)]
     n = n_py + sum(p[1] for p in parts)
-    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
-        created = an.create_study(name="ts validity", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=3 * n // 4, epsilon_floor=None, validity=True)
-    study = Study.model_validate(created["study"])
+    study = _validity_study(c, "ts validity", n, min_reports=3 * n // 4, epsilon_floor=None)
     assert study.validity == "norm-bound/1" and study.server_sigma == 0
     _, ts_ids, ts_vectors, _, batch, _, released = _proved_from_both_clients(c, study, parts, n_py, 1, 4044)
 
@@ -193,10 +198,7 @@ def test_validity_study_at_the_floor_node_and_python_proofs_verify(built_package
     c = exact_cluster
     n_py, parts = 100, [("classical", 80, 40), ("none", 60, 30)]
     n = n_py + sum(p[1] for p in parts)
-    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
-        created = an.create_study(name="ts validity floor", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n, epsilon=4.0, validity=True)
-    study = Study.model_validate(created["study"])
+    study = _validity_study(c, "ts validity floor", n, min_reports=n, epsilon=4.0)
     assert study.validity == "norm-bound/1" and study.sigma == 0 and study.server_sigma > 0
     ts_rows, ts_ids, ts_vectors, _, batch, fin, released = _proved_from_both_clients(c, study, parts, n_py, 2, 4045)
     h = study.noise_grid.spacing
