@@ -26,10 +26,11 @@ EXTRAS=${DPSKETCH_EXTRAS:-test}
 # (the parts' folders by name: compileall does not follow dpsketch/'s links to them)
 .venv/bin/python -m compileall -q -j 0 dpsketch services analyzer client_sdk tools
 # Compile numba's loops (sketch hash, running totals, ChaCha20, the binding's SHA-256, the report
-# index's merges) once into their on-disk cache, about 15 s: the servers, clients and tests started
-# afterwards load them in about a second instead of each compiling them at the same time. Not
-# fatal: without numba's cache the processes compile or fall back as they would anyway.
-.venv/bin/python -c "import sys; from dpsketch.services.store import warm_kernels; sys.exit(not warm_kernels())" \
+# index's merges, and the validity proofs' field arithmetic) once into their on-disk cache, about
+# 45 s: the servers, clients and tests started afterwards load them in about a second instead of
+# each compiling them at the same time. Not fatal: without numba's cache the processes compile or
+# fall back as they would anyway.
+.venv/bin/python -c "import sys; from dpsketch.services.store import warm_install; sys.exit(not warm_install())" \
   || echo "install: could not compile numba's loops ahead (each process will compile them)" >&2
 # The TypeScript client (clients/typescript): its npm dependencies, pinned by its package-lock.json,
 # for tests/test_ts_client.py (node --test and the interop test). Needs Node 20+ and npm; skipped

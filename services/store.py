@@ -170,6 +170,20 @@ def warm_kernels() -> bool:
     return idsets.MERGE.warm_up() and ready
 
 
+def warm_install() -> bool:
+    """Every compiled loop a server of this install may run, compiled into numba's cache: the
+    ones :func:`warm_kernels` loads, and the field arithmetic of validity proofs
+    (dpsketch/protocol/_field_kernel.py), which a server loads only when it holds a validity
+    study. Compiling that one costs about 32 s of CPU (session 53, load 1), which a server
+    without it in its cache paid at its first proved batch, and every fresh container of an
+    image whose cache its user cannot write. scripts/install.sh and deploy/Dockerfile run this;
+    a running server never compiles the field loops ahead (warm_kernels)."""
+    from dpsketch.protocol import field
+
+    ready = warm_kernels()
+    return field.warm_up() and ready
+
+
 @functools.cache
 def _blas() -> threadpoolctl.ThreadpoolController:
     """The BLAS libraries loaded (at the first commit, or when a study opens: numpy's, whatever

@@ -236,12 +236,13 @@ def test_build_context_holds_only_what_the_image_copies():
 
 def test_image_ships_the_compiled_loops(compose_cluster):
     """A fresh container loads every compiled loop (the sketch hash, running totals, ChaCha20,
-    the binding's SHA-256, the index's merges) from the numba cache the image was built with:
+    the binding's SHA-256, the index's merges, the validity proofs' field arithmetic) from the
+    numba cache the image was built with:
     it compiles none (about 16 s of CPU each time a new volume, replica or replacement task
     opened its first large study) and writes nothing to the cache."""
     out = compose_cluster.docker.containers.run(
         "dpsketch-server:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
-        command=["-c", "from dpsketch.services.store import warm_kernels; print('ready', warm_kernels())"]).decode()
+        command=["-c", "from dpsketch.services.store import warm_install; print('ready', warm_install())"]).decode()
     assert "ready True" in out, out[-2000:]
     loaded = [line for line in out.splitlines() if line.startswith("[cache] data loaded from")]
     assert len(loaded) >= 10 and "saved to" not in out, out[-3000:]
@@ -250,8 +251,8 @@ def test_image_ships_the_compiled_loops(compose_cluster):
              'path = os.path.join(os.environ["NUMBA_CACHE_DIR"], "dpsketch-build-cpu.json")\n'
              'built = json.load(open(path))\n'
              'json.dump({"name": "not-" + built["name"], "features": ""}, open(path, "w"))\n'
-             'import numba\nfrom dpsketch.services.store import warm_kernels\n'
-             'print("ready", warm_kernels(), numba.config.CPU_NAME)\n')
+             'import numba\nfrom dpsketch.services.store import warm_install\n'
+             'print("ready", warm_install(), numba.config.CPU_NAME)\n')
     out = compose_cluster.docker.containers.run(
         "dpsketch-server:local", entrypoint="python", environment={"NUMBA_DEBUG_CACHE": "1"}, remove=True,
         command=["-c", other]).decode()
