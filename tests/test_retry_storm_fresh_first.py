@@ -8,11 +8,16 @@ the 4 fresh ones fell to a fraction of their calm rate (0.11-0.33x with 8 of 72 
 benchmarks/retry_storm.py; a fair share here is 4/36). Now a re-send's answer is held while
 fresh uploads arrive, so the storm's clients slow down and fresh uploads keep their pace.
 
-Asserted as a client sees it, as ratios within the run (the suite runs on a loaded 2-core
-machine; measured figures are in docs/operations.md): fresh uploads in the storm at least 0.6x
-their calm rate (measured 0.78-0.86 in two runs at load 10; with the hold off, as before the
-gate, 0.39-0.41, so it fails there); every answer 200, every
-re-send acknowledged as duplicates only and within its bound (2 s held at most, plus the time to
+Asserted as ratios within the run that the machine's other load does not move (the suite runs
+on a loaded 2-core machine, where another worker's CPU bursts can fall on the storm's seconds
+more than on the calm ones: the plain rate ratio, storm over calm, read 0.33 in one CI run at
+load 8.4 and 0.78-1.02 elsewhere; it is measured by benchmarks/retry_storm.py, figures in
+docs/operations.md). Fresh uploads answered per CPU second of the server, in the storm against
+calm, at least 0.5 (measured 0.90-0.93 at load 2-4 and 0.81 at load 8-9 with four CPU hogs
+beside it; with the hold off, as before the gate, 0.18-0.19); fresh uploads at least half of
+every upload request answered in the storm (measured 0.91-0.93 and 0.79-0.83 under the hogs;
+with the hold off 0.114-0.115, the clients' fair share 4/36 = 0.111), so the test fails without
+the gate whatever the load; every answer 200, every re-send acknowledged as duplicates only and within its bound (2 s held at most, plus the time to
 answer it: under 5 s), the storm's clients answered again and again (no re-send starves); the
 server then holds exactly the base plus the fresh reports acknowledged, each once; and its
 memory does not grow with the storm. The caps on held answers (count, bytes) and their leaving
@@ -67,8 +72,9 @@ def test_fresh_uploads_keep_their_rate_while_every_other_client_resends(tmp_path
     # the storm happened, both kinds of re-send, and every storm client was answered repeatedly
     assert len(during.resend_latencies) >= 32, figures
     assert during.resent_records > len(during.resend_latencies), figures  # batches among them
-    # the target: fresh uploads at (nearly) their calm rate, not a 4/36 share
-    assert out["storm_over_calm"] >= 0.6, figures
+    # the target: fresh uploads keep (nearly) their calm share of the server, not a 4/36 share
+    assert out["storm_over_calm_per_server_cpu"] >= 0.5, figures
+    assert out["storm_fresh_share"] >= 0.5, figures
     assert gate["resend_answers_held"] >= 32 and 1 <= gate["resends_held_peak"] <= 32, gate
     assert gate["resends_held"] == 0, gate  # nothing left waiting
     # bounded: no re-send waited much past its 2 s hold

@@ -349,11 +349,25 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
         return round(v[len(v) // 2] * 1e3, 2) if v else None
 
     crowd_rate = crowd.fresh_rate if crowd else None
+    calm_cpu = (before.server_cpu_s + after.server_cpu_s
+                if before.server_cpu_s is not None and after.server_cpu_s is not None else None)
     return {
         "phases": [p for p in (before, during, after, crowd) if p is not None],
         "fresh_clients": fresh_clients, "storm_clients": storm_clients, "resend_batch_rows": resend_batch_rows,
         "calm_fresh_per_s": round(calm_rate), "storm_fresh_per_s": round(during.fresh_rate),
         "storm_over_calm": round(during.fresh_rate / calm_rate, 3) if calm_rate else None,
+        # fresh uploads answered per CPU second of the server, in the storm against calm: the
+        # share of the server's work fresh uploads keep, whatever else runs on the machine (the
+        # rates above move with the CPU the machine's other work leaves the server and the
+        # clients; this does not). Near 1: re-sends cost the server next to nothing; a fair
+        # share of the server among all clients makes it about their share of the requests
+        "storm_over_calm_per_server_cpu": (
+            round((len(during.fresh_acked) / during.server_cpu_s)
+                  / ((len(before.fresh_acked) + len(after.fresh_acked)) / calm_cpu), 3)
+            if calm_cpu and during.server_cpu_s and before.fresh_acked else None),
+        # the fresh uploads' part of every upload request answered in the storm (a fair share
+        # among the clients: fresh_clients / (fresh_clients + storm_clients))
+        "storm_fresh_share": round(len(during.fresh_acked) / during.requests, 3) if during.requests else None,
         # every upload request answered in the storm (fresh and re-sent) against the calm fresh
         # rate: what a re-send request costs the server against a fresh one
         "storm_requests_per_s": round(storm_requests / during.seconds) if during.seconds else 0,
