@@ -12,7 +12,7 @@ import hashlib
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 import dataclasses
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from dpsketch.protocol import (ProblemError, Study, design, inclusion, ledger, messages, proved_shares, validity,
+from dpsketch.protocol import (ProblemError, Study, design, field, inclusion, ledger, messages, proved_shares, validity,
                                verification)
 from dpsketch.protocol.messages import CommitResult, PopulationLedger, ServerInfo, StudyInfo
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
@@ -197,11 +197,13 @@ class ShareServerClient:
         except ValueError as exc:
             raise UpstreamError(self.endpoint.server_id, f"a malformed verifier message: {exc}") from None
 
-    def verify_decide(self, study_id: str, body: bytes) -> tuple[bytes, int]:
-        """Send the sum of the other servers' verifier shares; (the ids this server refused, as a
-        sorted id list, and how many reports it decided)."""
+    def verify_decide(self, study_id: str, body: "bytes | OthersBody") -> tuple[bytes, int]:
+        """Send the sum of the other servers' verifier shares (whole, or made a chunk at a time
+        as it is sent: :class:`OthersBody`); (the ids this server refused, as a sorted id list,
+        and how many reports it decided)."""
         r = self._request("POST", f"/v1/studies/{study_id}/verify/decide", token=self.endpoint.analyst_token,
-                          content=body, headers={"Content-Type": verification.VERIFIERS_MEDIA_TYPE},
+                          content=body, headers={"Content-Type": verification.VERIFIERS_MEDIA_TYPE,
+                                                 "Content-Length": str(len(body))},
                           timeout=ROUND_TIMEOUT_S)
         try:
             messages.report_id_halves(r.content)
@@ -215,6 +217,30 @@ class ShareServerClient:
                           token=self.endpoint.analyst_token)
         share = messages.decode_aggregate(r.content, study.k, study.width)
         return share, r.headers.get(messages.INCLUSION_HASH_HEADER, "")
+
+
+class OthersBody:
+    """A decision's body for one server (docs/protocol.md section 6d: the sum of the other
+    servers' verifier shares), made a chunk of reports at a time while it is sent, as
+    ``total - own`` (every server's sum less this server's own shares): the analyzer then holds
+    one sum for every server instead of one per server, and no encoded copy of any. Iterable
+    again for a retry (httpx reads it once per attempt); its length is the Content-Length."""
+
+    CHUNK_REPORTS = 8192
+
+    def __init__(self, report_ids: np.ndarray, total: np.ndarray, own: np.ndarray):
+        self.report_ids, self.total, self.own = report_ids, total, own
+
+    def __len__(self) -> int:
+        m, v_len = self.total.shape[:2]
+        return 4 + m * (REPORT_ID_BYTES + 16 * v_len)
+
+    def __iter__(self) -> Iterator[bytes]:
+        m = len(self.total)
+        yield validity.verifiers_head(self.report_ids)
+        for a in range(0, m, self.CHUNK_REPORTS):
+            b = min(m, a + self.CHUNK_REPORTS)
+            yield field.to_wire(field.sub(self.total[a:b], self.own[a:b]))
 
 
 @dataclass(frozen=True)
@@ -652,22 +678,18 @@ class Coordinator:
         lists = [np.ascontiguousarray(a[0]).view(">u8").reshape(-1, 2) for a in answers]
         held = [len(x) for x in lists]
         common, masks = messages.intersect_held(lists)
-        own = [shares[mask] for (_ids, shares), mask in zip(answers, masks)]
+        # each server's shares of the reports held everywhere: a view of its answer where it
+        # holds nothing else (the usual case), a copy only of what it holds beyond
+        own = [shares if mask.all() else shares[mask] for (_ids, shares), mask in zip(answers, masks)]
         del answers
         n_common = len(common) // REPORT_ID_BYTES
         common_ids = np.frombuffer(common, dtype=np.uint8).reshape(n_common, REPORT_ID_BYTES)
         self.log(f"query seed {seed.hex()[:16]}...: {n_common} reports held by all {len(held)} servers")
-
-        def others(j: int) -> bytes:
-            total = None
-            for i, shares in enumerate(own):
-                if i != j:
-                    total = shares if total is None else validity.add_verifiers(total, shares)
-            assert total is not None
-            return validity.encode_verifiers(common_ids, total)
-
+        total = own[0]
+        for shares in own[1:]:
+            total = validity.add_verifiers(total, shares)
         decisions = self._each_or_raise(lambda server: server.verify_decide(
-            study_id, others(self.servers.index(server))))
+            study_id, OthersBody(common_ids, total, own[self.servers.index(server)])))
         for server, (_refused, decided) in zip(self.servers, decisions):
             if decided != n_common:
                 raise UpstreamError(server.endpoint.server_id, f"decided {decided} reports, not the {n_common} sent")

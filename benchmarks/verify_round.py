@@ -8,9 +8,10 @@ from the same arguments, one with ``validity=True``: the same rows are prepared 
 study is finalized and timed, wall clock, with the round's phases from the coordinator's log
 (commit + reveal, query, decide) and the bytes it moved: each server's query answer and the
 decision's body (4 + 16 m + 16 m V bytes each: the verifier message, docs/protocol.md section 7).
-Preparation and uploads are not timed.
+Preparation and uploads are not timed. ``--trace-memory``: the analyzer's peak of traced
+allocations during each finalization (tracemalloc; times are then not comparable).
 
-    .venv/bin/python benchmarks/verify_round.py --sizes 10000 100000 --d 10
+    .venv/bin/python benchmarks/verify_round.py --sizes 10000 100000 --d 10 [--trace-memory]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+import tracemalloc
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -62,7 +64,8 @@ def _mark(marks: list, message: str) -> None:
     marks.append((time.perf_counter(), message))
 
 
-def bench(sizes: list[int], d: int, k: int, batch: int, workdir: Path | None) -> list[dict]:
+def bench(sizes: list[int], d: int, k: int, batch: int, workdir: Path | None,
+          trace_memory: bool = False) -> list[dict]:
     import httpx
 
     from dpsketch.analyzer.config import ClusterConfig, ServerEndpoint
@@ -102,9 +105,17 @@ def bench(sizes: list[int], d: int, k: int, batch: int, workdir: Path | None) ->
             for study in (plain, proved):
                 marks: list = []
                 coordinator = Coordinator(config, astore, log=partial(_mark, marks))
+                if trace_memory:
+                    tracemalloc.start()
                 t0 = time.perf_counter()
                 rec = coordinator.finalize(study.study_id)
                 seconds = time.perf_counter() - t0
+                if trace_memory:
+                    # what the finalization allocated at most at once in this (the analyzer's)
+                    # process: numpy's arrays and the bodies httpx read, beyond what it started with
+                    row[f"{'validity' if study.validity else 'plain'}_analyzer_peak_mib"] = round(
+                        tracemalloc.get_traced_memory()[1] / 2**20, 1)
+                    tracemalloc.stop()
                 coordinator.close()
                 assert rec.state == "released" and rec.n_reports == n, (rec.state, rec.n_reports)
                 key = "validity" if study.validity else "plain"
@@ -129,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=64)
     ap.add_argument("--batch", type=int, default=5_000)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--trace-memory", action="store_true",
+                    help="report the analyzer's peak of traced allocations during each finalization "
+                         "(tracemalloc: slows it, so times are not comparable with a run without)")
     args = ap.parse_args(argv)
-    bench(args.sizes, args.d, args.k, args.batch, args.workdir)
+    bench(args.sizes, args.d, args.k, args.batch, args.workdir, args.trace_memory)
     return 0
 
 

@@ -349,3 +349,24 @@ def test_a_server_that_lies_in_its_reveal_stops_the_round(rnd, study):
     with pytest.raises(UpstreamError, match="does not open its commitment"):
         rnd.coordinator.verify(study.study_id)
     assert all(store.verification.round(store.record(study.study_id)).query_seed is None for store in rnd.stores)
+
+
+def test_a_decision_body_made_a_chunk_at_a_time_is_the_whole_message(monkeypatch):
+    """The analyzer sends each server the other servers' sum as total - own, made a chunk of
+    reports at a time as httpx sends it (OthersBody): the bytes are exactly the verifier message
+    of the others' sum, across chunk boundaries, again on a retry, with the length it declares."""
+    from dpsketch.analyzer.coordinator import OthersBody
+
+    rng = np.random.default_rng(5)
+    m, v_len = 23, 4
+    ids = np.sort(rng.integers(0, 256, size=(m, 16), dtype=np.uint8).view("V16").ravel()).view(np.uint8).reshape(m, 16)
+    shares = [rng.integers(0, field.P, size=(m, v_len, 2), dtype=np.uint64) for _ in range(3)]
+    total = field.add(field.add(shares[0], shares[1]), shares[2])
+    monkeypatch.setattr(OthersBody, "CHUNK_REPORTS", 5)
+    for j in range(3):
+        others = [s for i, s in enumerate(shares) if i != j]
+        expected = V.encode_verifiers(ids, field.add(others[0], others[1]))
+        body = OthersBody(ids, total, shares[j])
+        first, again = b"".join(body), b"".join(body)
+        assert first == expected and again == expected and len(body) == len(expected)
+        assert np.array_equal(V.decode_verifiers(first, v_len)[1], field.add(others[0], others[1]))

@@ -610,8 +610,14 @@ VERIFIERS_MEDIA_TYPE = "application/vnd.dpsketch.verifiers"
 def encode_verifiers(report_ids, shares: np.ndarray) -> bytes:
     """A verifier message: u32 count m (little-endian), the m 16-byte report ids (ascending),
     then the (m, V, 2) elements (8 bytes little-endian each)."""
+    return verifiers_head(report_ids) + field.to_wire(np.ascontiguousarray(shares))
+
+
+def verifiers_head(report_ids) -> bytes:
+    """A verifier message up to its elements (the count and the ids): a sender that makes the
+    elements a chunk of reports at a time sends this, then each chunk's ``field.to_wire``."""
     ids = flp._id_matrix(report_ids)
-    return struct.pack("<I", len(ids)) + ids.tobytes() + field.to_wire(np.ascontiguousarray(shares))
+    return struct.pack("<I", len(ids)) + ids.tobytes()
 
 
 def decode_verifiers(body: bytes, plan: Plan | int) -> tuple[np.ndarray, np.ndarray]:
