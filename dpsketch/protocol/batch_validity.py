@@ -181,11 +181,22 @@ def prove(plan: BatchPlan, units: np.ndarray, stream: Keystream, leader: int | N
     return prove_prefix(plan, prefix, stream, leader)
 
 
-def prove_prefix(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int | None = None,
-                 strict: bool = True) -> ProvedBatch:
-    """Sharing, parts, projections, wrap digits and proof for the input's first elements (x, roots,
-    remainder digits) as given. ``strict=False`` is a forger's: a projection outside its range
-    is written as (P_k + T) mod 4^q_w, the best digits it has (tests attack with it)."""
+@dataclass
+class Commitment:
+    """The first half of proving a batch: the shares of the input's prefix (x and the roots), each
+    server's part and the wrap seed they give; the projections are fixed from here on."""
+
+    prefix: np.ndarray
+    leader: int
+    seeds: list[bytes | None]
+    helpers: np.ndarray
+    leader_inputs: np.ndarray
+    parts: list[bytes]
+    wrap_seed: bytes
+
+
+def commit(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int | None = None) -> Commitment:
+    """Helper seeds (from ``stream``), the leader's share of the prefix, the parts, the wrap seed."""
     c = plan.circuit
     n_srv = plan.n_servers
     leader = n_srv - 1 if leader is None else leader
@@ -201,28 +212,44 @@ def prove_prefix(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader:
             share = _helper_shares(plan, s)
             helpers = share if helpers is None else field.add(helpers, share)
     assert helpers is not None
-    inputs = np.empty(c.input_len, dtype=np.uint64)
-    inputs[:c.at_wrap] = prefix
     leader_inputs = np.empty(c.input_len, dtype=np.uint64)
     leader_inputs[:c.at_wrap] = field.sub(prefix, helpers[:c.at_wrap])
     parts = [share_part(plan, j, leader_inputs) if s is None else seed_part(j, s) for j, s in enumerate(seeds)]
-    seed = wrap_seed(plan, parts)
-    table = wraparound.bits(seed, c.reps, c.v_len)
-    projections = field.decode_int(wraparound.project(prefix[:c.v_len], table))
+    return Commitment(prefix, leader, seeds, helpers, leader_inputs, parts, wrap_seed(plan, parts))
+
+
+def projections(plan: BatchPlan, committed: Commitment) -> np.ndarray:
+    """<z_k, v> of the committed batch, centred integers (r,)."""
+    c = plan.circuit
+    table = wraparound.bits(committed.wrap_seed, c.reps, c.v_len)
+    return field.decode_int(wraparound.project(committed.prefix[:c.v_len], table))
+
+
+def prove_prefix(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int | None = None,
+                 strict: bool = True) -> ProvedBatch:
+    """Sharing, parts, projections, wrap digits and proof for the input's first elements (x, roots)
+    as given. ``strict=False`` is a forger's: a projection outside its range is written as
+    (P_k + T) mod 4^q_w - T, the best digits it has (tests attack with it)."""
+    c = plan.circuit
+    committed = commit(plan, prefix, stream, leader)
+    proj = projections(plan, committed)
+    inputs = np.empty(c.input_len, dtype=np.uint64)
+    inputs[:c.at_wrap] = committed.prefix
     if strict:
         try:
-            inputs[c.at_wrap:] = c.wrap_input(projections)
+            inputs[c.at_wrap:] = c.wrap_input(proj)
         except ValueError as exc:
             raise validity.ValidityError(f"{exc}: redraw the batch's noise") from None
     else:
-        inputs[c.at_wrap:] = c.wrap_input(np.mod(projections + c.threshold, c.wrap_bound) - c.threshold)
+        inputs[c.at_wrap:] = c.wrap_input(np.mod(proj + c.threshold, c.wrap_bound) - c.threshold)
+    helpers, leader_inputs = committed.helpers, committed.leader_inputs
     leader_inputs[c.at_wrap:] = field.sub(inputs[c.at_wrap:], helpers[c.at_wrap:c.input_len])
-    digits = digits_part(plan, leader, leader_inputs)
-    bid = batch_id(seed, digits)
+    digits = digits_part(plan, committed.leader, leader_inputs)
+    bid = batch_id(committed.wrap_seed, digits)
     jr = flp.joint_rand(c, [bid])
     proof = flp.prove(c, inputs[None], jr, flp.prove_rand(c, 1, stream))[0]
     leader_proof = field.sub(proof, helpers[c.input_len:])
-    return ProvedBatch(leader, leader_inputs, leader_proof, seeds, parts, digits)
+    return ProvedBatch(committed.leader, leader_inputs, leader_proof, committed.seeds, committed.parts, digits)
 
 
 # --- servers ------------------------------------------------------------------------------------------
