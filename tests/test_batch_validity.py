@@ -242,7 +242,7 @@ def test_shares_tampered_after_proving_are_refused():
     plan = _plan(7, 10)
     x = _rows_near_bound(7, 10, 9)
     c = plan.circuit
-    for at in (0, c.at_a + 3, c.at_wrap + 1):  # a coordinate, a root, a wrap digit
+    for at in (0, c.k + c.w + 2, c.v_len - 1, c.at_wrap + 1):  # a coordinate, a root, a padding root, a digit
         batch = bv.prove(plan, x, _stream(f"tamper {at}"))
         batch.leader_inputs = batch.leader_inputs.copy()
         batch.leader_inputs[at] = field.add(batch.leader_inputs[at], np.uint64(1))
@@ -328,7 +328,7 @@ def test_construction_numbers():
     """The threshold covers an honest batch (Hoeffding at 2^-96 over all repetitions); the
     circuit refuses a batch whose rows' norms could wrap around p; the soundness figures."""
     c = _plan(100, 10).circuit
-    assert c.threshold ** 2 >= 2 * 100 * R2 * (math.log(2 * 128) + 96 * math.log(2))
+    assert c.rows >= 100 and c.threshold ** 2 >= 2 * c.rows * R2 * (math.log(2 * 128) + 96 * math.log(2))
     assert 4 ** c.wrap_digits > 2 * c.threshold and (c.w + c.squares) * (c.wrap_bound - 1) ** 2 < P
     with pytest.raises(ValueError, match="wrap around"):
         batch_circuit.BatchNorm(10 ** 6, 100, 2 ** 40)

@@ -197,31 +197,28 @@ class BatchNorm(Circuit):
         if self.r2 > 1 << 62:
             raise ValueError("R^2 above 2^62")
         self.squares = greedy_steps(self.r2) + EXACT  # the roots of a row's slack
-        self.threshold = wraparound.threshold(m, self.r2, reps) if threshold is None else int(threshold)
+        self.k = k = w + self.squares  # wires per row: its coordinates, then its slack's roots
+        # the rows: call c holds rows c L .. c L + L - 1, slot l wire j = element j of row c L + l;
+        # the rows past m (to fill the last call) are padding rows of norm R^2 in the input, so
+        # that the wire map copies the input's first (rows) K elements in order and the query
+        # reads them in place (flp.Affine.prefix_copy)
+        self.rows_per_call = L = rows_per_call or best_rows_per_call(m, k)
+        calls = -(-m // L)
+        self.rows = calls * L
+        # ||v||^2 = sum over every row (padding included) of R^2 exactly: Hoeffding's variance
+        self.threshold = wraparound.threshold(self.rows, self.r2, reps) if threshold is None else int(threshold)
         self.wrap_digits = wraparound.digits_for(self.threshold)
         self.wrap_bound = BASE ** self.wrap_digits  # every |v_j| below this, else 2^-r per try
-        self.k = k = w + self.squares  # wires per row: its coordinates, then its slack's roots
         if k * (self.wrap_bound - 1) ** 2 >= P:
             raise ValueError("(w + roots) (4^q_w - 1)^2 exceeds p: a row's norm could wrap around "
                              "(fewer rows per batch, or a smaller R^2)")
-        self.v_len = m * k
-        self.at_a = m * w
+        self.v_len = self.rows * k
         self.at_wrap = self.v_len
         n = self.at_wrap + reps * self.wrap_digits
         ranges = _range_over(np.arange(self.at_wrap, n), n, BASE, range_count)
-        # the rows: call c holds rows c L .. c L + L - 1, slot l wire j = row c L + l's element j
-        self.rows_per_call = L = rows_per_call or best_rows_per_call(m, k)
-        calls = -(-m // L)
-        i = np.arange(m)
-        j = np.arange(k)
-        cols = np.where(j[None, :] < w, i[:, None] * w + j[None, :], self.at_a + self.squares * i[:, None] + (j[None, :] - w))
-        wire_rows = (i[:, None] * k + j[None, :]).ravel()
-        # slots past the last row hold a constant row of norm R^2 (0, then the roots of R^2)
-        pad = np.concatenate([np.zeros(w, dtype=np.int64), slack_roots([self.r2], self.squares - EXACT)[0]])
-        const = {int(i * k + jj): int(pad[jj]) for i in range(m, calls * L) for jj in range(k) if pad[jj]}
+        wires = np.arange(self.v_len)
         rows = GadgetCalls(RowNorms(L, k, self.r2), calls,
-                           Affine.build(calls * L * k, n, wire_rows, cols.ravel(), np.ones(m * k, dtype=np.int64),
-                                        const=const))
+                           Affine.build(self.v_len, n, wires, wires, np.ones(self.v_len, dtype=np.int64)))
         # checks: range calls, row calls, repetitions
         c_r = ranges.calls
         self.first_wrap_check = c_r + calls
@@ -249,7 +246,8 @@ class BatchNorm(Circuit):
 
     def prefix(self, x) -> np.ndarray:
         """x (m, w) integers with every row's squared norm <= R^2 -> the input's first v_len
-        elements: x, then each row's roots of its slack (ValueError for a row outside)."""
+        elements: each row's coordinates then the roots of its slack, then the padding rows
+        (ValueError for a row outside)."""
         x = np.asarray(x)
         if x.shape != (self.m, self.w) or x.dtype.kind not in "iu":
             raise ValueError(f"x is an ({self.m}, {self.w}) integer array")
@@ -262,9 +260,19 @@ class BatchNorm(Circuit):
         return self.prefix_of(x, slack_roots(self.r2 - norm2, self.squares - EXACT))
 
     def prefix_of(self, x, roots) -> np.ndarray:
-        """The input's first v_len elements from any x (m, w) and roots (m, squares): integers (encoded
-        centred) or F_p elements (uint64): a forger's too, nothing is checked."""
-        return np.concatenate([_as_field(x).ravel(), _as_field(roots).ravel()])
+        """The input's first v_len elements from any x (m, w) and roots (m, squares): integers
+        (encoded centred) or F_p elements (uint64): a forger's too, nothing is checked. The
+        padding rows are x = 0 with the roots of R^2."""
+        out = np.empty((self.rows, self.k), dtype=np.uint64)
+        out[:self.m, :self.w] = _as_field(x)
+        out[:self.m, self.w:] = _as_field(roots)
+        out[self.m:, :self.w] = 0
+        out[self.m:, self.w:] = _as_field(slack_roots([self.r2], self.squares - EXACT))
+        return out.ravel()
+
+    def coordinates(self, inputs: np.ndarray) -> np.ndarray:
+        """x (m, w) from the input (or a share of it: the coordinates are input elements, no map)."""
+        return inputs[:self.m * self.k].reshape(self.m, self.k)[:, :self.w]
 
     def wrap_input(self, projections) -> np.ndarray:
         """The repetitions' digits of <z_k, v> + T (centred projections, Python or numpy
@@ -277,6 +285,7 @@ class BatchNorm(Circuit):
     def describe(self) -> dict:
         return {**super().describe(), "m": self.m, "w": self.w, "r2": self.r2, "reps": self.reps,
                 "threshold": self.threshold, "wrap_digits": self.wrap_digits, "rows_per_call": self.rows_per_call,
+                "rows": self.rows,
                 "squares": self.squares}
 
 

@@ -292,8 +292,8 @@ def receive(plan: BatchPlan, position: int, payload, parts: Sequence[bytes], dig
 
 def coordinate_shares(plan: BatchPlan, batch: ServerBatch) -> np.ndarray:
     """The server's F_p shares (m, w) of 2^shift x: the coordinates are input elements, no map."""
-    x = batch.inputs[:plan.m * plan.w].reshape(plan.m, plan.w)
-    return field.mul(x, np.uint64(pow(2, plan.shift, field.P))) if plan.shift else x
+    x = plan.circuit.coordinates(batch.inputs)
+    return field.mul(x, np.uint64(pow(2, plan.shift, field.P))) if plan.shift else np.ascontiguousarray(x)
 
 
 @functools.lru_cache(maxsize=8)
