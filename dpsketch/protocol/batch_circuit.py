@@ -5,35 +5,36 @@ Why. A per-report proof (circuits.NormBound) writes every coordinate as ~7 base-
 its norm cannot wrap around p: about 10 field elements a coordinate on the wire and in the
 prover. Here the coordinates are field elements themselves (centred integers mod p), and what
 keeps the norm from wrapping is the batch's wrap-around checks (wraparound.py), whose digits are
-shared by every row of the batch. Per row the input holds O(1) more elements: four squares and a
-small remainder for the slack.
+shared by every row of the batch. Per row the input holds O(1) more elements: the roots of its
+slack, whose squares add up to it exactly.
 
-Input (all F_p), for a batch of m rows:
+Input (all F_p), for a batch of m rows filled up to ``rows`` = a multiple of L:
 
-* x: the m w coordinates, row by row (integers encoded centred, as field.encode_int);
-* a: per row the four squares' roots a_i1..a_i4 of the slack s_i = R^2 - ||x_i||^2, found
-  greedily (a = isqrt(s), s -= a^2, four times: :func:`four_squares`);
-* rem: per row the q_rem base-4 digits of what the greedy chain leaves (at most
-  :func:`remainder_bound`, 52 for any R^2 < 2^62: three digits);
-* the q_w base-4 digits of <z_k, v> + T for each of the r repetitions (v = (x, a)).
+* per row, its w coordinates x_i (integers encoded centred, as field.encode_int), then the g + 4
+  roots a_i of its slack s_i = R^2 - ||x_i||^2: g greedy squares (a = isqrt(s), s -= a^2;
+  :func:`greedy_steps`: g = 1 for R^2 below 2^24, every sketch study of docs/validity.md section
+  10) and an exact four-square decomposition of what they leave (a table up to 8,191:
+  :func:`four_square_table`), so sum_j x_ij^2 + sum_k a_ik^2 = R^2 exactly; the rows past m
+  (padding, to fill the last call) are x = 0 with the roots of R^2;
+* the q_w base-4 digits of <z_k, v> + T for each of the r repetitions (v = the rows above).
 
-Gadgets: ParallelSum(Range(4), weighted) over every digit (rem and wrap); ParallelSum(Mul, L,
-weighted) over the rows' squares: slot l of a call reads row g L + l of group g, call j of the
-group coordinate j (both wires v_ij), its last call (rem_i - R^2) times 1. A group's calls add up
-to sum_l r^l (||x_i||^2 + ||a_i||^2 + rem_i - R^2) with r the gadget's joint randomness: a
-polynomial in r that is 0 only if every row of the group is, so wrong rows cannot cancel (the
-weights, not the check combination, separate them; m / L group checks instead of m row checks
-keep the combination's degree near 2 sqrt(m)).
+Gadgets: ParallelSum(Range(4), weighted) over the wrap digits; ParallelSum(RowNorm(w + g + 4,
+R^2), L, weighted) over the rows, RowNorm(a) = sum_j a_j^2 - R^2: a call adds up
+sum_l r^l G(row l) over its L rows with r the gadget's joint randomness, a polynomial in r that
+is 0 only if every row of the call is (the weights, not the check combination, separate the
+rows; m / L call checks instead of m row checks keep the combination's degree near 2 sqrt(m / K)).
+The wire map copies the rows in input order (the query reads them in place).
 
-Checks: each range call; each group (its calls' outputs add up to 0); each repetition
+Checks: each range call; each row call (its output is 0); each repetition
 sum_t 4^t d_kt - T - <z_k, v> = 0, linear in the input with coefficients z_kj in {-1, 0, 1} that
 depend on the batch's wrap seed: the circuit keeps only the digits' part as an Affine and
 :meth:`BatchNorm.checked` adds the projections (:class:`ProjectedChecks`), computed by
-wraparound.project instead of an r x m (w + 4) matrix.
+wraparound.project instead of an r x (rows K) matrix.
 
-Why this is sound (section 15): if every |v_j| < 4^q_w (the wrap checks, else 2^-r) then each
-row's equation, an integer in (-p, p) (checked at construction: (w + 4) (4^q_w - 1)^2 + 4^q_rem
-< p), is 0 over the integers, so ||x_i||^2 = R^2 - ||a_i||^2 - rem_i <= R^2. I/O-free.
+Why this is sound (section 15): if every |v_j| < 4^q_w (the wrap checks, else 2^-r per wrap
+seed) then each row's sum of squares minus R^2 is an integer in (-p, p) (checked at
+construction: (w + g + 4) (4^q_w - 1)^2 < p) that is 0 mod p, so 0: ||x_i||^2 = R^2 -
+||a_i||^2 <= R^2. I/O-free.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ BASE = 4
 def greedy_steps(r2: int) -> int:
     """How many greedy squares every slack in [0, R^2] needs before the table takes the rest:
     s - isqrt(s)^2 <= 2 isqrt(s) and isqrt is monotone, so after a step from s <= X the rest is
-    <= 2 isqrt(X). 0 up to R^2 = 8191, 1 up to 2^24 (the sketch studies of section 10), 2 up to 2^48."""
+    <= 2 isqrt(X). 0 up to R^2 = 8191, 1 below 2^24 (the sketch studies of section 10), 2 below 2^48."""
     bound, steps = int(r2), 0
     while bound > TABLE_LIMIT:
         bound, steps = 2 * math.isqrt(bound), steps + 1
