@@ -334,8 +334,8 @@ def test_construction_numbers():
         batch_circuit.BatchNorm(10 ** 6, 100, 2 ** 40)
     sound = c.soundness()
     assert float(sound["total"]) < 2.0 ** -115
-    # an honest batch's projections sit well inside [-T, T]: at most a few sd of sqrt(||v||^2 / 2)
+    # an honest batch's projections sit well inside [-T, T] (T is 17 sd of sqrt(||v||^2 / 2))
     x = _rows_near_bound(100, 10, 14)
     plan = _plan(100, 10)
     proj = bv.projections(plan, bv.commit(plan, c.prefix(x), _stream("honest projections")))
-    assert np.abs(proj).max() < c.threshold / 4
+    assert np.abs(proj).max() < c.threshold / 3

@@ -91,9 +91,10 @@ class BatchPlan:
         return {"leader": leader, "seeds": seeds, "parts": parts, "total": leader + seeds + parts}
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=4)
 def batch_plan(m: int, w: int, r2: int, shift: int, n_servers: int, reps: int = wraparound.REPETITIONS) -> BatchPlan:
-    """The plan of a batch of m rows (cached: building a large circuit takes seconds)."""
+    """The plan of a batch of m rows (cached, a few: building a large circuit takes seconds and
+    holds its wire map, tens of MB at 10^6 elements)."""
     if n_servers < 2:
         raise ValueError("need at least two servers")
     return BatchPlan(BatchNorm(m, w, r2, reps), shift, n_servers)
