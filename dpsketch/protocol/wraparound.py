@@ -1,0 +1,120 @@
+"""Wrap-around checks (the idea of PINE, draft-chen-cfrg-vdaf-pine): a batch's values are small
+integers, not merely elements of F_p whose squares happen to add up, checked by r random
+projections in range (docs/validity.md section 15).
+
+Why. A batch proof (batch_circuit.py) takes the coordinates x and the slack's roots a as field
+elements, without digits: its norm equation sum x^2 + sum a^2 = R^2 holds in F_p, and holds
+over the integers only if no element wraps around p (a coordinate at (p + 1) / 2 squares to
+1/4). Digits for every element would cost ~7 elements a coordinate (section 8). Instead the
+client shows that <z_k, v> + T is in [0, 4^q) for r random vectors z_k in {-1, 0, 1}^n,
+v = (x, a): q base-4 digits per repetition, for the whole batch.
+
+The z. z_k = b_k - b_0 with b_0, b_1, ..., b_r independent uniform vectors of bits: each z_kj is
+-1, 0, 1 with probabilities 1/4, 1/2, 1/4 (PINE's law), and a server adds up r + 1 bit rows,
+not 2 r. Soundness (per repetition k, conditioned on b_0 and on every other b_kj'): if some
+|v_j| >= 4^q (centred), the two values c and c + v_j that <z_k, v> takes as b_kj is 0 or 1
+cannot both lie in the accepted interval S = [-T, 4^q - T) (their difference would be the
+difference of two elements of S, below 4^q in absolute value), so Pr[pass] <= 1/2, and the r
+repetitions, independent given b_0, all pass with probability at most 2^-r. Completeness: each
+<z_k, v> is a sum of independent terms z_kj v_j in [-|v_j|, |v_j|] with mean 0, so by Hoeffding
+|<z_k, v>| <= T but for probability 2 exp(-T^2 / (2 ||v||^2)), ||v||^2 <= m R^2 (:func:`threshold`).
+
+The bits are derived from a wrap seed that commits to the batch's x and a (batch_validity.py),
+so a client fixes v before it learns them: AES-128-CTR (key = SHA-256("dpsketch/wrap-bits/1" ||
+seed)[:16], counter block 0) read as (ceil(n / 8), r + 1) bytes: byte [b, k] holds the bits of
+b_k for values 8 b .. 8 b + 7 (least significant first). I/O-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from . import field, kernels
+
+P = field.P
+BITS_DOMAIN = b"dpsketch/wrap-bits/1"
+#: the digits' base of the projections (the Range(4) gadget the batch's remainders use too)
+BASE = 4
+#: an honest batch fails a repetition with probability at most 2^REFUSAL_LOG2 over all of them
+REFUSAL_LOG2 = -96
+#: repetitions: 2^-128 per wrap seed, 2^-64 for a client that tries 2^64 of them
+REPETITIONS = 128
+
+WRAP = kernels.Kernel("._wrap_kernel", "the wrap-around projections")
+
+
+def threshold(m: int, r2: int, reps: int = REPETITIONS, refusal_log2: float = REFUSAL_LOG2) -> int:
+    """T with Pr[some |<z_k, v>| > T] <= 2^refusal_log2 for an honest batch of m rows: each
+    z_kj v_j is in [-|v_j|, |v_j|] with mean 0, so by Hoeffding Pr[|<z_k, v>| >= T] <= 2 exp(-T^2 /
+    (2 ||v||^2)), and ||v||^2 = sum_i (||x_i||^2 + ||a_i||^2) <= m R^2; a union over the reps:
+    T^2 = 2 m R^2 (ln(2 reps) - refusal_log2 ln 2), rounded up."""
+    t2 = 2.0 * m * r2 * (math.log(2.0 * reps) - refusal_log2 * math.log(2.0))
+    return math.isqrt(math.ceil(t2 * (1.0 + 1e-12))) + 1
+
+
+def digits_for(t: int) -> int:
+    """The least q with 4^q > 2 T: the accepted interval [-T, 4^q - T) holds [-T, T]."""
+    q = 1
+    while BASE ** q <= 2 * t:
+        q += 1
+    return q
+
+
+def bits(seed: bytes, reps: int, n: int) -> np.ndarray:
+    """The random bits of r repetitions over n values, (ceil(n / 8), r + 1) bytes (module doc)."""
+    if len(seed) != 32:
+        raise ValueError("a wrap seed is 32 bytes")
+    key = hashlib.sha256(BITS_DOMAIN + seed).digest()[:16]
+    blocks = -(-n // 8)
+    out = np.empty(blocks * (reps + 1), dtype=np.uint8)
+    enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    chunk = 1 << 20
+    zeros = bytes(min(chunk, len(out)))
+    view = out.data
+    for start in range(0, len(out), chunk):
+        size = min(chunk, len(out) - start)
+        enc.update_into(zeros[:size], view[start:start + size])
+    return out.reshape(blocks, reps + 1)
+
+
+def signs(table: np.ndarray, n: int) -> np.ndarray:
+    """z (r, n) int8 in {-1, 0, 1} from the bits: what the projections multiply (tests, reference)."""
+    unpacked = np.unpackbits(np.ascontiguousarray(table.T), axis=1, bitorder="little")[:, :n].astype(np.int8)
+    return unpacked[1:] - unpacked[:1]
+
+
+def _subset_sums_ref(values: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sums of the low and of the high 32-bit halves of the values under each bit row (numpy)."""
+    v = np.asarray(values, dtype=np.uint64)
+    rows = np.unpackbits(np.ascontiguousarray(table.T), axis=1, bitorder="little")[:, :len(v)]
+    lo = np.zeros(table.shape[1], dtype=np.uint64)
+    hi = np.zeros(table.shape[1], dtype=np.uint64)
+    step = 1 << 16
+    for start in range(0, len(v), step):  # uint64 matrix products, exact (sums < 2^63)
+        part = rows[:, start:start + step].astype(np.uint64)
+        lo += part @ (v[start:start + step] & np.uint64(0xFFFFFFFF))
+        hi += part @ (v[start:start + step] >> np.uint64(32))
+    return lo, hi
+
+
+def project(values: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """<z_k, v> mod p for every repetition k, (r,) F_p: values (n,) F_p (a client's v, or a
+    server's share of it: the projection is linear), the bits of :func:`bits`."""
+    v = np.ascontiguousarray(values, dtype=np.uint64).reshape(-1)
+    if table.shape[0] != -(-len(v) // 8) or table.shape[1] < 2:
+        raise ValueError("the bits do not match the values")
+    if len(v) >= 1 << 31:
+        raise ValueError("at most 2^31 values per projection (exact 64-bit sums)")
+    loop = WRAP.for_rows(len(v))
+    if loop is not None:
+        lo = np.zeros(table.shape[1], dtype=np.uint64)
+        hi = np.zeros(table.shape[1], dtype=np.uint64)
+        loop.subset_sums(v, np.ascontiguousarray(table), lo, hi)
+    else:
+        lo, hi = _subset_sums_ref(v, table)
+    sums = field.add(lo % np.uint64(P), field.mul(hi % np.uint64(P), np.uint64(1 << 32)))
+    return field.sub(sums[1:], sums[:1])
