@@ -181,6 +181,7 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
             bodies = [b"".join(ids) for ids, _ in chunks]  # the ids as a batch body holds them
             warm_kernels()  # the compiled loops loaded, as a server does at start
             written = _bytes_written(os.getpid())
+            waited, cpu = _runqueue_wait_s(os.getpid()), time.process_time()
             load_before = os.getloadavg()[0]
             t0 = time.perf_counter()
             window = []
@@ -198,7 +199,9 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
                 fut.result()
             load_s = time.perf_counter() - t0
             written = _bytes_written(os.getpid()) - written
+            waited, cpu = _runqueue_wait_s(os.getpid()) - waited, time.process_time() - cpu
             out.update(load_s=round(load_s, 3), load_rows_per_s=round(n / load_s),
+                       load_cpu_s=round(cpu, 3), load_runqueue_wait_s=round(waited, 3),
                        load_average_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
                        disk_bytes_per_report=round(written / n, 1))
             # the durable floor of the same bytes, each chunk synced as the writer syncs a commit:
@@ -460,6 +463,19 @@ def _thread_cpu_s(pid: int) -> dict[int, float]:
     return out
 
 
+def _runqueue_wait_s(pid: int) -> float:
+    """Seconds the threads of a process have spent runnable but waiting for a CPU so far
+    (/proc/PID/task/TID/schedstat, second field; 0 where the kernel keeps no such count): on a
+    machine whose cores are shared, how long the process was ready to work and could not."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 def _server_cpu(before: dict[int, dict[int, float]], after: dict[int, dict[int, float]], seconds: float,
                 rows: int) -> dict[str, float]:
     """Where a run's server CPU went, from :func:`_thread_cpu_s` of each server process before
@@ -589,6 +605,7 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
             token = provision(url, study)
             written = sum(_bytes_written(pid) for pid in pids)
             cpu = {pid: _thread_cpu_s(pid) for pid in pids}
+            waited = sum(_runqueue_wait_s(pid) for pid in pids)
             load_before = os.getloadavg()[0]
             client_cpu = time.process_time()
             post = partial(_post_batches_raw, port) if sender == "raw" else partial(_post_batches, url)
@@ -596,9 +613,13 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
                                               media_types, concurrency, timeout=120, token=token)
             client_cpu = time.process_time() - client_cpu
             cpu_after = {pid: _thread_cpu_s(pid) for pid in pids}
+            waited = sum(_runqueue_wait_s(pid) for pid in pids) - waited
             written = sum(_bytes_written(pid) for pid in pids) - written
             out.update(_server_cpu(cpu, cpu_after, elapsed, n),
                        client_cpu_s_per_million_rows=round(client_cpu * 1e6 / n, 3),
+                       # the server's threads runnable but not running (a CPU taken by other work),
+                       # per 10^6 rows: beside its CPU seconds, what the machine's load cost it
+                       server_runqueue_wait_s_per_million_rows=round(waited * 1e6 / n, 3),
                        load_average_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)])
             held = _report_count(url, study)
         if db is None:  # what the server wrote to its disk (log and checkpoints), against what the disk takes
