@@ -197,7 +197,7 @@ def write(conn: Any, seq: int, snap: Snapshot) -> str | None:
     # the base's ids go in a segment row of their own, the totals row keeps empty ones: every later
     # checkpoint rewrites the totals row, and SQLite rewrites a row whole, so a base held there was
     # read and written again each time (250-590 ms a checkpoint at a base of 2.5 x 10^5-10^6 ids on
-    # this VM, against 50-90 ms without; docs/operations.md)
+    # this VM, against 49-94 ms without; docs/operations.md)
     stored = conn.execute(_UPSERT, (seq, snap.last_rowid, snap.count, snap.aggregate, snap.gram, b"", b"",
                                     now)).rowcount
     if stored != 1:
