@@ -8,8 +8,8 @@ blobs, which become the index's sorted arrays (services/idsets.py; about 0.1 s p
 reports), after checking there is no repeated id; the reports stored after it (rowids above
 ``last_rowid``) are then folded in from the store as before.
 
-Incremental: a checkpoint's ids are a *base* (the ``checkpoints`` row, which also holds the
-totals) and *segments* (``checkpoint_segments``): a later checkpoint rewrites only the totals and
+Incremental: a checkpoint's ids are a *base* and *segments* (``checkpoint_segments``), its totals
+a ``checkpoints`` row: a later checkpoint rewrites only the totals and
 appends the ids stored since the previous one, as one segment in the order they were stored (the
 state keeps them as they come, ``StudyState.since_checkpoint``: taking them from the sorted index
 meant sorting the whole index and scanning it, each time). Rewriting the whole index
@@ -17,7 +17,10 @@ each time wrote about five times the final index over a study's life (one checkp
 growth) and was a sixth of the writer's time in a bulk upload. A checkpoint is written whole again
 (base replaced, segments deleted) when the segments would hold more than ``COMPACT_AFTER`` times
 the base, or number more than ``MAX_SEGMENTS``: about 2.3 times the final index in all, and a load
-sorts the parts together (a stable radix sort, about 0.1 s per 10^6 ids).
+sorts the parts together (a stable radix sort, about 0.1 s per 10^6 ids). The base is the first
+segment row, written in the same transaction as the totals row, whose ids stay empty (SQLite rewrites
+a row whole, so a base held beside the totals was read and written again at every later
+checkpoint); a base in the totals row, as servers before issue 46 wrote it, is read as before.
 
 Why it is sound: a study's rowids grow in the order its transactions committed (SQLite: the single
 writer counts them; PostgreSQL: per-transaction blocks taken under the study's row lock,
@@ -92,6 +95,8 @@ ON CONFLICT (study) DO UPDATE SET last_rowid = excluded.last_rowid,
     ids = excluded.ids, rowids = excluded.rowids, written_at = excluded.written_at
 WHERE excluded.last_rowid > checkpoints.last_rowid
 """
+
+_INSERT_SEGMENT = "INSERT INTO checkpoint_segments (study, last_rowid, ids, rowids) VALUES (?, ?, ?, ?)"
 
 # An incremental checkpoint: the totals move from the previous checkpoint (the one this state
 # knows) to this one, or nothing changes (another replica wrote one meanwhile).
@@ -187,14 +192,18 @@ def write(conn: Any, seq: int, snap: Snapshot) -> str | None:
                                            seq, snap.previous, snap.previous_count)).rowcount
         if advanced != 1:
             return None
-        conn.execute("INSERT INTO checkpoint_segments (study, last_rowid, ids, rowids) VALUES (?, ?, ?, ?)",
-                     (seq, snap.last_rowid, snap.ids, snap.rowids))
+        conn.execute(_INSERT_SEGMENT, (seq, snap.last_rowid, snap.ids, snap.rowids))
         return "segment"
-    stored = conn.execute(_UPSERT, (seq, snap.last_rowid, snap.count, snap.aggregate, snap.gram, snap.ids,
-                                    snap.rowids, now)).rowcount
+    # the base's ids go in a segment row of their own, the totals row keeps empty ones: every later
+    # checkpoint rewrites the totals row, and SQLite rewrites a row whole, so a base held there was
+    # read and written again each time (250-590 ms a checkpoint at a base of 2.5 x 10^5-10^6 ids on
+    # this VM, against 49-94 ms without; docs/operations.md)
+    stored = conn.execute(_UPSERT, (seq, snap.last_rowid, snap.count, snap.aggregate, snap.gram, b"", b"",
+                                    now)).rowcount
     if stored != 1:
         return None
     conn.execute("DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
+    conn.execute(_INSERT_SEGMENT, (seq, snap.last_rowid, snap.ids, snap.rowids))
     return "whole"
 
 
@@ -218,6 +227,8 @@ def load(conn: Any, record: StudyRecord, state: StudyState) -> bool:
     k, d = state.k, state.d
     count = int(count)
     parts = [(bytes(ids), bytes(rowids))] + [(bytes(i), bytes(r)) for i, r in segments]
+    if not parts[0][0] and len(parts) > 1:  # the base in the first segment (``write``), not in the totals row
+        parts = parts[1:]
     sizes = [len(i) // REPORT_ID_BYTES for i, _ in parts]
     if (len(aggregate) != 8 * k * d or len(gram) != 8 * k * k or sum(sizes) != count
             or any(len(i) != REPORT_ID_BYTES * n or len(r) != 8 * n for (i, r), n in zip(parts, sizes))):

@@ -84,3 +84,20 @@ def test_commit_bench_loads_commits_and_rebuilds(tmp_path):
     assert r["load_s"] > 0 and r["baseline_reference_sketch_s"] > 0 and r["rebuild_from_db_s"] > 0
     assert r["load_over_reference_sketch"] == pytest.approx(r["load_s"] / r["baseline_reference_sketch_s"],
                                                             rel=0.05, abs=0.02)
+
+
+def test_bulk_bench_lean_sender_stores_every_row_and_sets_it_against_the_durable_floor(tmp_path):
+    """``server_bench bulk --sender raw`` (prepared bodies posted from plain sockets): every row
+    reaches the server, the answers are read as the server sent them (no error counted), and the
+    durable floor of the same bytes is measured in the same run and set against the upload."""
+    from dpsketch.tools import server_bench
+
+    n, d = 3_000, 8
+    r = server_bench.bench_bulk_upload(n=n, d=d, batch_rows=700, sender="raw", reference_only=True,
+                                       workdir=tmp_path)
+    assert r["sender"] == "raw" and r["errors"] == 0 and r["server_report_count"] == n
+    assert r["baseline_durable_floor_rows_per_s"] > 0 and r["baseline_durable_floor_as_written_rows_per_s"] > 0
+    assert r["ratio_to_durable_floor"] == pytest.approx(r["rows_per_s"] / r["baseline_durable_floor_rows_per_s"],
+                                                        rel=0.01)
+    assert r["ratio_to_reference_sketch"] > 0 and "baseline_executemany_rows_per_s" not in r
+    assert 0 < r["client_cpu_s_per_million_rows"] and len(r["load_average_1min"]) == 2

@@ -1365,7 +1365,11 @@ def test_incremental_checkpoints_append_segments_compact_and_restore_exactly(sto
             segs = [int(n) for (n,) in conn.execute(
                 "SELECT length(ids) / 16 FROM checkpoint_segments WHERE study = ? ORDER BY last_rowid",
                 (record.seq,)).fetchall()]
-        return (int(base[0]) if base else 0), segs
+        if base is None:
+            return 0, segs
+        # the base is the first segment row; the totals row, rewritten by every checkpoint, holds no ids
+        assert int(base[0]) == 0 and segs, (base, segs)
+        return segs[0], segs[1:]
 
     seen = []
     batches = []
@@ -1420,6 +1424,19 @@ def test_incremental_checkpoints_append_segments_compact_and_restore_exactly(sto
         store.writer.submit(CallJob(lambda conn: (None, None))).result()
         again = store.record(st.study_id).state
         assert again.checkpointed == held + 400 and again.checkpoint_rowid == again.last_rowid
+        # a checkpoint as servers before issue 46 wrote it (the base in the totals row) still loads
+        def legacy(conn):
+            seq = record.seq
+            first = conn.execute("SELECT last_rowid, ids, rowids FROM checkpoint_segments WHERE study = ? "
+                                 "ORDER BY last_rowid LIMIT 1", (seq,)).fetchone()
+            conn.execute("UPDATE checkpoints SET ids = ?, rowids = ? WHERE study = ?", (first[1], first[2], seq))
+            conn.execute("DELETE FROM checkpoint_segments WHERE study = ? AND last_rowid = ?", (seq, first[0]))
+            return None, None
+        store.writer.submit(CallJob(legacy)).result()
+        store.record(st.study_id).state = None
+        old_layout = store.ensure_state(store.record(st.study_id))
+        assert old_layout.checkpointed == held + 400 and old_layout.ids == again.ids
+        assert np.array_equal(old_layout.aggregate, again.aggregate) and old_layout.last_rowid == again.last_rowid
     finally:
         b.close()
 

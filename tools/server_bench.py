@@ -50,6 +50,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,7 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
     fetching the aggregate, with the peak RSS of that phase; then the scipy.sparse baseline and
     (optionally) a rebuild from the file."""
     from dpsketch.protocol import kernels
+    from dpsketch.services import idsets
     from dpsketch.services.settings import Settings
     from dpsketch.services.state import load_state
     from dpsketch.services.store import Store, warm_kernels
@@ -176,18 +178,42 @@ def bench_commit(n: int = 10**6, d: int = 100, k: int = 400, s: int = 4, exclude
             record = store.record(study.study_id)
             chunks = [_random_rows(rng, min(chunk_rows, n - start), d) for start in range(0, n, chunk_rows)]
             all_ids = [rid for ids, _ in chunks for rid in ids]
+            bodies = [b"".join(ids) for ids, _ in chunks]  # the ids as a batch body holds them
             warm_kernels()  # the compiled loops loaded, as a server does at start
+            written = _bytes_written(os.getpid())
+            waited, cpu = _runqueue_wait_s(os.getpid()), time.process_time()
+            load_before = os.getloadavg()[0]
             t0 = time.perf_counter()
             window = []
-            for ids, shares in chunks:
-                rows, signs = sketch.hash_report_ids(study.seed_bytes, ids, k, s)
-                window.append(store.submit_upload(record, ids, shares, rows, signs))
+            for joined, (_, shares) in zip(bodies, chunks):
+                # what the batch route's worker thread hands the writer: the ids as an IdList over
+                # the body's bytes, hashed and sorted (app._parse_batch), so the writer takes the
+                # path of every batch upload (its checks on sorted arrays, no set of the ids)
+                id_list = messages.IdList(joined)
+                rows, signs = study.hash_report_ids(id_list, joined)
+                window.append(store.submit_upload(record, id_list, shares, rows, signs,
+                                                  sorted_ids=idsets.SortedIds(joined)))
                 if len(window) >= 4:
                     window.pop(0).result()
             for fut in window:
                 fut.result()
             load_s = time.perf_counter() - t0
-            out.update(load_s=round(load_s, 3), load_rows_per_s=round(n / load_s))
+            written = _bytes_written(os.getpid()) - written
+            waited, cpu = _runqueue_wait_s(os.getpid()) - waited, time.process_time() - cpu
+            out.update(load_s=round(load_s, 3), load_rows_per_s=round(n / load_s),
+                       load_cpu_s=round(cpu, 3), load_runqueue_wait_s=round(waited, 3),
+                       load_average_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+                       disk_bytes_per_report=round(written / n, 1))
+            # the durable floor of the same bytes, each chunk synced as the writer syncs a commit:
+            # what the store keeps (each byte once), and what this process wrote during the load
+            # (the WAL, then the checkpoints' copies)
+            stored = [_stored_bytes(study, len(ids), False) for ids, _ in chunks]
+            floor_s = _durable_floor_seconds(wd / "floor-probe", stored)
+            floor_written_s = _durable_floor_seconds(wd / "floor-probe", [round(b * written / sum(stored))
+                                                                          for b in stored])
+            out.update(baseline_durable_floor_s=round(floor_s, 3), load_over_durable_floor=round(load_s / floor_s, 2),
+                       baseline_durable_floor_as_written_s=round(floor_written_s, 3),
+                       load_over_durable_floor_as_written=round(load_s / floor_written_s, 2))
             if baseline:  # the same rows' reference sketch, in memory
                 x = np.concatenate([shares for _, shares in chunks])
                 with kernels.SKETCH.reference():
@@ -360,6 +386,59 @@ def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str | li
     return time.perf_counter() - t0, latencies, errors[0]
 
 
+def _post_batches_raw(port: int, path: str, bodies: list[bytes], media_type: str | list[str], concurrency: int,
+                      timeout: float, token: str) -> tuple[float, list[float], int]:
+    """:func:`_post_batches` from a lean sender: ``concurrency`` threads, each one keep-alive
+    HTTP/1.1 connection on a plain blocking socket, sending each prepared body with one
+    ``sendall`` of its head and one of the body (the kernel copies it; the GIL is released) and
+    reading the short JSON answer. What the sender costs is then a few system calls a batch, so
+    that on one machine the server's ingest, not the client's HTTP library, is what is timed (in a
+    deployment the client is another machine)."""
+    types = [media_type] * len(bodies) if isinstance(media_type, str) else media_type
+    todo = iter(zip(bodies, types))
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors = [0]
+
+    def worker() -> None:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        answers = sock.makefile("rb")
+        try:
+            while True:
+                with lock:
+                    body, content_type = next(todo, (None, None))
+                if body is None:
+                    return
+                head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+                t = time.perf_counter()
+                sock.sendall(head)
+                sock.sendall(body)
+                status = int(answers.readline().split()[1])
+                length = 0
+                while True:
+                    line = answers.readline()
+                    if line in (b"\r\n", b""):
+                        break
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                answers.read(length)
+                with lock:
+                    latencies.append(time.perf_counter() - t)
+                    errors[0] += status != 200
+        finally:
+            answers.close()
+            sock.close()
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for fut in [pool.submit(worker) for _ in range(concurrency)]:
+            fut.result()
+    return time.perf_counter() - t0, latencies, errors[0]
+
+
 def _bytes_written(pid: int) -> int:
     """The bytes a process has sent to the storage layer so far (/proc/PID/io, ``write_bytes``:
     counted when its pages are dirtied, every thread's)."""
@@ -382,6 +461,19 @@ def _thread_cpu_s(pid: int) -> dict[int, float]:
         fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces
         out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
     return out
+
+
+def _runqueue_wait_s(pid: int) -> float:
+    """Seconds the threads of a process have spent runnable but waiting for a CPU so far
+    (/proc/PID/task/TID/schedstat, second field; 0 where the kernel keeps no such count): on a
+    machine whose cores are shared, how long the process was ready to work and could not."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 def _server_cpu(before: dict[int, dict[int, float]], after: dict[int, dict[int, float]], seconds: float,
@@ -427,6 +519,34 @@ def _durable_write_mib_per_s(path: Path, seconds: float = 1.0, chunk: int = 32 <
     return sum(written) / 2**20 / (time.perf_counter() - t0)
 
 
+def _durable_floor_seconds(path: Path, batch_bytes: list[int]) -> float:
+    """What the disk needs at least to make a store's bytes durable the way the store commits
+    them: one writer appending each batch's stored bytes (``batch_bytes``: the report ids and
+    what is kept of the payloads, each byte once) to a new file and fdatasync-ing after each
+    batch, as the writer syncs each commit before it acknowledges; seconds for all of them. No
+    SQLite, no second copy (the WAL checkpoint's), no hashing: a store that writes less than
+    this, or syncs less often, would not hold what it acknowledged."""
+    data = os.urandom(max(batch_bytes))
+    view = memoryview(data)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t0 = time.perf_counter()
+        for size in batch_bytes:
+            os.write(fd, view[:size])
+            os.fdatasync(fd)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def _stored_bytes(study: Study, m: int, seeded: bool) -> int:
+    """The bytes a store holds of a batch of m reports: the ids, and the shares or (where a seed
+    is smaller, ``batches.stores_seeds``) the seeds."""
+    payload = ring.SEED_BYTES if seeded and services_batches.stores_seeds(study.width) else 8 * study.width
+    return m * (messages.REPORT_ID_BYTES + payload)
+
+
 def _report_count(url: str, study: Study) -> int:
     import httpx
 
@@ -439,15 +559,30 @@ def _report_count(url: str, study: Study) -> int:
 def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = None, concurrency: int = 2,
                       workdir: Path | None = None, seed: int = 2, db: Path | str | None = None,
                       baseline: bool = True, replicas: int = 1, seeds: bool = False,
-                      rotation: int = 0) -> dict[str, Any]:
+                      rotation: int = 0, sender: str = "httpx", reference_only: bool = False) -> dict[str, Any]:
     """POST n random rows in batches of ``batch_rows`` (default: the SDK's, client_sdk/upload.py)
     to a real server over loopback (its store: ``db``, default a new SQLite file; ``replicas`` >
     1: that many on one PostgreSQL ``db`` behind haproxy), as full shares, or (``seeds``) as the
     seeds a seed server receives, or (``rotation`` = N) as one server of N receives an SDK
     upload: batch i as full shares where i mod N is 0, else as seeds. The baselines then take
-    each kind's batches at its own rate."""
+    each kind's batches at its own rate.
+
+    Every body is made (noise-free random shares, bound and encoded as a client would) before
+    the clock starts: the client's preparation is another machine's work in a deployment.
+    ``sender``: what posts them, "httpx" (``concurrency`` threads, an ``httpx.Client`` each: a
+    client library, as before) or "raw" (:func:`_post_batches_raw`: plain sockets, a few system
+    calls a batch), so that the timed part is as near the server's own ingest over loopback as
+    one machine allows; ``client_cpu_s_per_million_rows`` is this process's CPU during the
+    upload either way. On SQLite the same run measures the durable floor of the same bytes
+    (:func:`_durable_floor_seconds`: each batch's stored bytes written once and fdatasync-ed,
+    as the writer syncs each commit): ``baseline_durable_floor_rows_per_s`` and
+    ``ratio_to_durable_floor``. ``reference_only``: of the baselines, only the reference sketch
+    (issue 16's, the issue's target) and the durable floor: a run of 10^6 rows at d = 100 on a
+    loaded 2-core machine then takes minutes less."""
     if seeds and rotation:
         raise ValueError("give seeds or rotation, not both")
+    if sender not in ("httpx", "raw"):
+        raise ValueError("sender is 'httpx' or 'raw'")
     rng = np.random.default_rng(seed)
     study = _study(n, d, 400, 4, [f"s{j + 1}" for j in range(max(2, rotation))])
     if batch_rows is None:  # the same rows the SDK puts in a batch of this study
@@ -463,19 +598,29 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
                            "payload": (f"one server of {rotation}: batch i as full shares where i mod {rotation} = 0, "
                                        f"else seeds" if rotation else "seeds" if seeds else "shares"),
                            "body_mib": round(len(batches[0][1]) / 2**20, 2), "n_servers": study.n_servers,
-                           "upload_auth": "tokens"}
+                           "upload_auth": "tokens", "sender": sender}
     with _Workdir(workdir) as wd:
-        with _serving(wd, db, replicas) as (url, _port, pids):
+        with _serving(wd, db, replicas) as (url, port, pids):
             warm_server(url, d, rng)
             token = provision(url, study)
             written = sum(_bytes_written(pid) for pid in pids)
             cpu = {pid: _thread_cpu_s(pid) for pid in pids}
-            elapsed, latencies, errors = _post_batches(
-                url, f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
-                media_types, concurrency, timeout=120, token=token)
+            waited = sum(_runqueue_wait_s(pid) for pid in pids)
+            load_before = os.getloadavg()[0]
+            client_cpu = time.process_time()
+            post = partial(_post_batches_raw, port) if sender == "raw" else partial(_post_batches, url)
+            elapsed, latencies, errors = post(f"/v1/studies/{study.study_id}/batches", [b for _, b in batches],
+                                              media_types, concurrency, timeout=120, token=token)
+            client_cpu = time.process_time() - client_cpu
             cpu_after = {pid: _thread_cpu_s(pid) for pid in pids}
+            waited = sum(_runqueue_wait_s(pid) for pid in pids) - waited
             written = sum(_bytes_written(pid) for pid in pids) - written
-            out.update(_server_cpu(cpu, cpu_after, elapsed, n))
+            out.update(_server_cpu(cpu, cpu_after, elapsed, n),
+                       client_cpu_s_per_million_rows=round(client_cpu * 1e6 / n, 3),
+                       # the server's threads runnable but not running (a CPU taken by other work),
+                       # per 10^6 rows: beside its CPU seconds, what the machine's load cost it
+                       server_runqueue_wait_s_per_million_rows=round(waited * 1e6 / n, 3),
+                       load_average_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)])
             held = _report_count(url, study)
         if db is None:  # what the server wrote to its disk (log and checkpoints), against what the disk takes
             # a quick run (CI's) probes a quarter of a second: each second writes about a GiB
@@ -484,6 +629,18 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
                        server_disk_write_mib_per_s=round(written / 2**20 / elapsed, 1),
                        baseline_disk_write_mib_per_s=round(disk, 1),
                        disk_bandwidth_used=round(written / 2**20 / elapsed / disk, 3))
+            # the durable floor of the same bytes, each batch synced as the writer syncs a
+            # commit: what the store keeps (each byte once), and what the server wrote (the WAL,
+            # then the checkpoints' copies)
+            stored = [_stored_bytes(study, m, k) for (m, _), k in zip(batches, kinds)]
+            floor_s = _durable_floor_seconds(wd / "floor-probe", stored)
+            floor_written_s = _durable_floor_seconds(wd / "floor-probe", [round(b * written / sum(stored))
+                                                                          for b in stored])
+            out.update(baseline_durable_floor_rows_per_s=round(n / floor_s),
+                       baseline_durable_floor_mib_per_s=round(sum(stored) / 2**20 / floor_s, 1),
+                       ratio_to_durable_floor=round(floor_s / elapsed, 3),
+                       baseline_durable_floor_as_written_rows_per_s=round(n / floor_written_s),
+                       ratio_to_durable_floor_as_written=round(floor_written_s / elapsed, 3))
         out.update(replicas=replicas, seconds=round(elapsed, 3), rows_per_s=round(n / elapsed), errors=errors,
                    server_report_count=held, mib_per_s=round(sum(len(b) for _, b in batches) / 2**20 / elapsed, 1),
                    **_percentiles(latencies))
@@ -501,13 +658,15 @@ def bench_bulk_upload(n: int = 200_000, d: int = 32, batch_rows: int | None = No
                     seconds += sum(m for m, _ in group) / fn(group, media_type, "seeds" if seeded else "shares")
                 return n / seconds
 
+            reference = rate(lambda group, mt, kind: _reference_sketch_rows_per_s(study, group, mt))
+            out.update(baseline_reference_sketch_rows_per_s=round(reference),
+                       ratio_to_reference_sketch=round(out["rows_per_s"] / reference, 3))
+            if reference_only:
+                return out
             raw = rate(lambda group, mt, kind: _raw_sqlite_rows_per_s(wd / f"raw-{kind}.sqlite3", group, study, mt))
             rows = rate(lambda group, mt, kind: _raw_sqlite_rows_per_s(wd / f"rows-{kind}.sqlite3", group, study, mt,
                                                                        one_statement=False))
             exact = rate(lambda group, mt, kind: _exact_sketch_rows_per_s(study, group, mt))
-            reference = rate(lambda group, mt, kind: _reference_sketch_rows_per_s(study, group, mt))
-            out.update(baseline_reference_sketch_rows_per_s=round(reference),
-                       ratio_to_reference_sketch=round(out["rows_per_s"] / reference, 3))
             out.update(baseline_raw_sqlite_rows_per_s=round(raw),
                        ratio_to_raw_sqlite=round(out["rows_per_s"] / raw, 3),
                        baseline_executemany_rows_per_s=round(rows),
@@ -994,6 +1153,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rotation", type=int, default=0, metavar="N",
                    help="bulk: what one server of N receives from the SDK (full shares in every Nth "
                         "batch, seeds in the others)")
+    p.add_argument("--sender", choices=["httpx", "raw"], default="httpx",
+                   help="bulk: what posts the prepared bodies: httpx clients (default, as before) or "
+                        "plain sockets (raw: a few system calls a batch, so the server's ingest is what is timed)")
+    p.add_argument("--reference-only", action="store_true",
+                   help="bulk: of the baselines only the reference sketch and the durable floor (faster)")
     p.add_argument("--workdir", type=Path)
     args = p.parse_args(argv)
     if args.seeds and args.rotation:
@@ -1005,7 +1169,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.which in ("bulk", "all"):
         kw = extra | ({"n": args.n} if args.n else {}) | ({"d": args.d} if args.d else {})
         print(json.dumps({"bulk": bench_bulk_upload(concurrency=args.concurrency, seeds=args.seeds,
-                                                    rotation=args.rotation, batch_rows=args.batch_rows, **kw)}))
+                                                    rotation=args.rotation, batch_rows=args.batch_rows,
+                                                    sender=args.sender, reference_only=args.reference_only,
+                                                    **kw)}))
     if args.which in ("single", "all"):
         kw = extra | ({"d": args.d} if args.d else {})
         print(json.dumps({"single": bench_single_upload(clients=args.clients, seconds=args.seconds,
