@@ -45,6 +45,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpcore  # noqa: F401 - loaded with the SDK, not by the first Client: httpx imports it (and
+# through it trio or anyio where installed) lazily in its first transport, a few tenths of a second of a
+# process's first one-row upload (issue 46's profile of 1,000 one-row clients)
 import httpx
 import numpy as np
 from pydantic import BaseModel, ValidationError
