@@ -11,7 +11,7 @@ leaves the machine:
   ``study.servers[j]`` as its ``server_id`` (and, when sealing, its ``GET /v1/info`` too).
 
 A one-row plaintext client therefore sends each server two requests, the study and its share,
-over one kept-alive connection per server. The study's check (its guarantee recomputed) runs once
+over one kept-alive connection per server, each handed straight to httpx's transport (Client._send). The study's check (its guarantee recomputed) runs once
 per distinct study JSON in a process (client_sdk/verified.py), however many servers or clients
 return it, and without dp-accounting's import for a replace-one study (accounting.gaussian_epsilon).
 
@@ -242,7 +242,8 @@ class Client:
     ``backoff * 2^attempt`` seconds (capped at ``max_backoff``, with jitter), or the server's
     ``Retry-After`` if longer (capped at ``max_retry_after``). Batches are cut to at most
     ``max_batch_bytes`` per request body; ``queue_depth`` batches per server may wait in memory.
-    ``transport`` is passed to httpx (tests use it to inject faults). ``compress`` (the default)
+    ``transport`` (an httpx transport) receives every request, as httpx's own connection pool
+    does otherwise (tests use it to inject faults). ``compress`` (the default)
     sends all servers but one a 32-byte seed per report from ``submit_many`` instead of their
     8d-byte share (``application/x-dpsketch-seeds``; docs/protocol.md section 4) where that is
     smaller (share width above 4; narrower shares all go whole), and the one its
