@@ -64,6 +64,7 @@ from .metrics import ServerMetrics
 from .settings import Settings
 from .store import Store
 from .resend_gate import ResendGate, hold_route_answer
+from .study_route import FastStudy
 from .uploads import FastReports, checked_report, json_response, stored_report, upload_token, verified_shares
 from .writer import quota_problem
 
@@ -163,12 +164,16 @@ class Roles:
         (public endpoints answer it more: exact counts of add/remove studies)."""
 
         async def check(creds: HTTPAuthorizationCredentials | None = Security(self.scheme)) -> bool:
-            if creds is None or not creds.credentials:
-                return False
-            given = digest_of(creds.credentials)
-            return any(matches(self.registry.digests(r), given) for r in ("operator", "analyst"))
+            return self.is_trusted(creds.credentials if creds is not None else None)
 
         return check
+
+    def is_trusted(self, credentials: str | None) -> bool:
+        """Whether bearer ``credentials`` are a valid operator or analyst token."""
+        if not credentials:
+            return False
+        given = digest_of(credentials)
+        return any(matches(self.registry.digests(r), given) for r in ("operator", "analyst"))
 
 
 def _install_sighup(registry: TokenRegistry) -> None:
@@ -361,6 +366,9 @@ def create_app(settings: Settings) -> FastAPI:
     # everything else goes on to them and the routes below (services/uploads.py)
     app.add_outer_middleware(FastReports, store=store, metrics=metrics, server_id=settings.server_id,
                              admission=admission, max_body_bytes=settings.max_body_bytes, gate=gate)
+    roles = Roles(settings)
+    # beside it: a client's read of an open study answered from cached bytes (services/study_route.py)
+    app.add_outer_middleware(FastStudy, store=store, metrics=metrics, is_trusted=roles.is_trusted)
     if settings.cors_origins:
         # outermost of all: a browser's preflight (OPTIONS) is answered before anything else, and
         # every answer to an allowed page carries Access-Control-Allow-Origin (data owners' pages
@@ -370,7 +378,6 @@ def create_app(settings: Settings) -> FastAPI:
                                  allow_headers=["Authorization", "Content-Type"],
                                  expose_headers=["Retry-After", "Location"], allow_credentials=False,
                                  max_age=600)
-    roles = Roles(settings)
     if settings.tokens_file is not None:
         _install_sighup(roles.registry)
     operator = Depends(roles.require("operator"))

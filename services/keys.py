@@ -100,6 +100,8 @@ class KeyRing:
         self.backend = backend
         self._keys: dict[bytes, _Key] = {}
         self._current: dict[str, bytes] = {}
+        #: moves whenever the keys are set (read, rotated, retired): what describe() says changed
+        self.generation = 0
         rows = {}
         created = []
         backend.begin(conn)
@@ -145,6 +147,7 @@ class KeyRing:
             if name not in current:  # cannot happen (one row always has NULL); never publish no key
                 raise RuntimeError(f"{TABLES[name]} has no current key")
         self._keys, self._current = keys, current
+        self.generation += 1
 
     # --- reads -------------------------------------------------------------------------------
     def private_key_for(self, key_id: bytes):

@@ -6,6 +6,7 @@ server id is refused before any share leaves, and the client's TLS setup."""
 
 from __future__ import annotations
 
+import json
 import ssl
 
 import httpx
@@ -125,3 +126,33 @@ def test_one_tls_context_per_client_and_none_for_http():
     assert https is not http and https.verify_mode == ssl.CERT_REQUIRED and https.check_hostname
     own = ssl.create_default_context()
     assert _tls_context(["https://a.test"], own) is own
+
+
+def test_requests_handed_to_the_transport_carry_what_httpx_client_sent(study):
+    """The SDK hands each request straight to its transport (Client._send), without
+    httpx.Client's layers: the requests must carry the same headers (each server's own token, the
+    client's User-Agent, httpx's defaults, the body's type), the client's timeout, and the body."""
+    seen: dict[str, list[httpx.Request]] = {}
+    fakes = Fakes(study)
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        seen.setdefault(request.url.host, []).append(request)
+        request.read()
+        return fakes.handler(request)
+
+    with Client([f"http://{s}.test" for s in SERVERS], token=[f"t-{s}" for s in SERVERS], journal=False,
+                allow_insecure_http=True, max_retries=0, timeout=7.5,
+                transport=httpx.MockTransport(recording)) as client:
+        reference = httpx.Client(headers=client._http[0].headers).build_request("GET", "http://s1.test/x")
+        client.submit(study.study_id, [0.1, 0.2])
+    for s in SERVERS:
+        get, post = seen[f"{s}.test"]
+        for request in (get, post):
+            assert request.headers["authorization"] == f"Bearer t-{s}"
+            assert request.headers["user-agent"].startswith("dpsketch-client/")
+            for name in ("accept", "accept-encoding", "connection"):  # httpx's defaults, as before
+                assert request.headers[name] == reference.headers[name]
+            assert request.extensions["timeout"] == httpx.Timeout(7.5).as_dict()
+        assert post.headers["content-type"] == "application/json"
+        body = json.loads(post.content)
+        assert set(body) == {"report_id", "proof", "share"} and int(post.headers["content-length"]) == len(post.content)
