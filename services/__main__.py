@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("DPSKETCH_VERIFY_CACHE_DIR", "").strip() or "auto",
                    help="where a validity study's query answer is kept for its decision, which then "
                         "reads it instead of computing it again; 'auto': <SQLite file>.verify-cache, or "
-                        "the system temp dir's dpsketch-verify-cache for a PostgreSQL store; 'off': "
+                        "the system temp dir's dpsketch-verify-cache-<hash of the URL> for a PostgreSQL store; 'off': "
                         "none, every decision recomputes (default: $DPSKETCH_VERIFY_CACHE_DIR or auto; "
                         "docs/operations.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")

@@ -51,19 +51,24 @@ STALE_TMP_S = 600.0
 _READ_BLOCK = 8 << 20
 
 
-def default_dir(db_path: Path | None) -> Path | None:
+def default_dir(db_path: Path | None, db_url: str | None = None) -> Path | None:
     """Where the cache goes unless the operator says: beside a SQLite file, in a directory of its
     own (``<file>.verify-cache``: two servers' files in one directory keep apart); a PostgreSQL
-    store's in the system's temporary directory (each machine or container its own; replicas
-    on one machine share it, which is correct: the file binds to the server, not the process)."""
+    store's in the system's temporary directory, one per database
+    (``dpsketch-verify-cache-<16 hex digits of the URL's hash, without its password>``: each
+    machine or container has its own; replicas of one server on one machine share it, which is
+    correct, since a file binds to the server, not the process)."""
     if db_path is None:
-        return Path(tempfile.gettempdir()) / "dpsketch-verify-cache"
+        from .backend import redact
+
+        tag = hashlib.sha256(redact(db_url or "").encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"dpsketch-verify-cache-{tag}"
     if str(db_path) == ":memory:":
         return None
     return db_path.with_name(db_path.name + ".verify-cache")
 
 
-def resolve(setting: str | Path | None, db_path: Path | None) -> Path | None:
+def resolve(setting: str | Path | None, db_path: Path | None, db_url: str | None = None) -> Path | None:
     """The setting (``$DPSKETCH_VERIFY_CACHE_DIR`` / ``--verify-cache-dir``): "auto" (or empty)
     the default above, "off" or "none" no cache, anything else that directory."""
     if setting is None:
@@ -72,7 +77,7 @@ def resolve(setting: str | Path | None, db_path: Path | None) -> Path | None:
     if text.lower() in ("off", "none"):
         return None
     if text.lower() in ("", "auto"):
-        return default_dir(db_path)
+        return default_dir(db_path, db_url)
     return Path(text)
 
 

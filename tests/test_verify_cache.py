@@ -202,11 +202,20 @@ def test_the_setting(tmp_path, monkeypatch):
     base = dict(server_id="s1", operator_token="op-" + "o" * 20, analyst_token="an-" + "a" * 20)
     monkeypatch.delenv("DPSKETCH_VERIFY_CACHE_DIR", raising=False)
     assert Settings(db_path=tmp_path / "s1.db", **base).verify_cache_dir == tmp_path / "s1.db.verify-cache"
-    assert Settings(db_url="postgresql://u@h/d", **base).verify_cache_dir.name == "dpsketch-verify-cache"
+    one, other = (Settings(db_url=f"postgresql://u:pw@h/{db}", **base).verify_cache_dir for db in ("d", "e"))
+    assert one.name.startswith("dpsketch-verify-cache-") and one != other  # one per database
     monkeypatch.setenv("DPSKETCH_VERIFY_CACHE_DIR", "off")
     assert Settings(db_path=tmp_path / "s1.db", **base).verify_cache_dir is None
     monkeypatch.setenv("DPSKETCH_VERIFY_CACHE_DIR", str(tmp_path / "c"))
     assert Settings(db_path=tmp_path / "s1.db", **base).verify_cache_dir == tmp_path / "c"
+    from dpsketch.services.__main__ import build_parser, settings_from_args
+
+    monkeypatch.setenv("DPSKETCH_OPERATOR_TOKEN", base["operator_token"])
+    monkeypatch.setenv("DPSKETCH_ANALYST_TOKEN", base["analyst_token"])
+    args = build_parser().parse_args(["--server-id", "s1", "--db", str(tmp_path / "s1.db"), "--verify-cache-dir", "off"])
+    assert settings_from_args(args).verify_cache_dir is None
+    args = build_parser().parse_args(["--server-id", "s1", "--db", str(tmp_path / "s1.db")])
+    assert settings_from_args(args).verify_cache_dir == tmp_path / "c"  # the environment's
     # a directory others may write to is not used (another user's file is never taken as ours)
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
