@@ -8,13 +8,17 @@ round's steps sent by the analyzer's own client (tests/test_verification_round.p
 from __future__ import annotations
 
 import os
+import threading
 import time
 
+import httpx
 import pytest
+import uvicorn
 
 from dpsketch.protocol import messages, validity as V
 from dpsketch.services import verification, verify_cache
-from test_verification_round import Round, make_study, proved_batch, tampered
+from dpsketch.tools.cluster import free_ports
+from test_verification_round import AN, Round, make_study, proved_batch, tampered
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +153,64 @@ def test_a_query_stopped_mid_answer_leaves_no_file(rnd, study, recomputed, monke
     assert decide(rnd, study, answers, 0) == (set(bad), 600)
     assert recomputed["s1"] == 3  # every chunk recomputed
     assert decide(rnd, study, answers, 1) == (set(bad), 600) and "s2" not in recomputed
+
+
+def test_a_client_that_leaves_mid_answer_over_http_leaves_no_file(rnd, study, recomputed, monkeypatch):
+    """Server 1's app under uvicorn on a loopback port: a client reads the start of the query's
+    answer and closes the connection while the second chunk is being computed. No complete file
+    appears at any time, the temporary one goes, and the decision recomputes and is right."""
+    monkeypatch.setattr(verification, "CHUNK_BYTES", 1)  # 256 reports a chunk: 3 chunks
+    proved = proved_batch(study, 600, seed=16)
+    views, bad = tampered(study, proved)
+    rnd.put(proved, views=views)
+    contributions, answers = query_all(rnd, study)
+    directory = rnd.stores[0].verification.cache.directory
+    for path in directory.iterdir():
+        path.unlink()
+    held, left = threading.Event(), threading.Event()
+    real = verification.Rounds.verifiers
+
+    def slow(self, *args, **kw):
+        if self.server_id == "s1" and recomputed.get("s1", 0) == 1:  # the second chunk (one done)
+            held.set()
+            left.wait(30)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(verification.Rounds, "verifiers", slow)  # counting still (the fixture's)
+    recomputed.clear()
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(rnd.apps[0], host="127.0.0.1", port=port, lifespan="off",
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not server.started and time.time() < deadline:
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{port}/v1/studies/{study.study_id}/verify/query"
+        with httpx.stream("POST", url, json={"contributions": [c.hex() for c in contributions]},
+                          headers={"Authorization": f"Bearer {AN}"}, timeout=30) as answer:
+            assert answer.status_code == 200
+            first_chunk = 4 + 600 * 16 + 256 * V.verifier_len(study) * 16  # count, ids, 256 reports' shares
+            got = 0
+            for piece in answer.iter_raw():  # read as far as the first chunk (a client that stops
+                got += len(piece)  # reading could stall the server's send instead)
+                if got >= first_chunk:
+                    break
+            assert held.wait(30)  # the server is computing the second chunk
+            assert [p.suffix for p in directory.iterdir()] == [".tmp"]  # being written, not complete
+        left.set()  # the client has gone
+        deadline = time.time() + 20
+        while any(directory.iterdir()) and time.time() < deadline:
+            assert not any(p.name.endswith(".verifiers") for p in directory.iterdir())
+            time.sleep(0.05)
+        assert kept(rnd, 0) == []
+    finally:
+        left.set()
+        server.should_exit = True
+        thread.join(30)
+    recomputed.clear()
+    assert decide(rnd, study, answers, 0) == (set(bad), 600) and recomputed["s1"] == 3
 
 
 def test_a_restart_between_query_and_decision(rnd, study, recomputed):
