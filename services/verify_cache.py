@@ -221,7 +221,22 @@ class VerifierCache:
     """The cache directory of one server (None-directory: off)."""
 
     def __init__(self, directory: Path | None):
-        self.directory = self._usable(directory)
+        #: None: off. A directory that exists is checked now (``_usable``); one that does not is
+        #: created and checked by the first query that keeps an answer (``_ready``), so a server
+        #: that never runs a round leaves no empty directory behind.
+        self.directory = directory
+        self._checked = False
+        if directory is not None and directory.exists():
+            self._ready()
+
+    def _ready(self, create: bool = True) -> Path | None:
+        """The directory once checked (None: off, or not there and ``create`` is false)."""
+        if self.directory is not None and not self._checked:
+            if not create and not self.directory.exists():
+                return None
+            self.directory = self._usable(self.directory)
+            self._checked = True
+        return self.directory
 
     @staticmethod
     def _usable(directory: Path | None) -> Path | None:
@@ -249,7 +264,7 @@ class VerifierCache:
     def writer(self, key: Key) -> Writer | None:
         """A writer for a query's answer, or None (off, or too little disk: leave at least the
         file's size free after it)."""
-        if self.directory is None:
+        if self._ready() is None:
             return None
         try:
             free = shutil.disk_usage(self.directory).free
@@ -264,7 +279,7 @@ class VerifierCache:
     def open(self, key: Key) -> Cached | None:
         """The cached answer for exactly this key, checked whole; None if there is none or it is
         not this key's (removed then: it will never be)."""
-        if self.directory is None:
+        if self._ready(create=False) is None:
             return None
         path = self.directory / key.name()
         try:
@@ -301,7 +316,7 @@ class VerifierCache:
 
     def discard(self, server_id: str, study_id: str, keep: Path | None = None) -> None:
         """Remove this server's files of a study (but ``keep``)."""
-        if self.directory is None:
+        if self._ready(create=False) is None:
             return
         for path in self.directory.glob(f"{study_id}-*-{server_id}{SUFFIX}"):
             if path != keep and self._parse(path.name) == (study_id, server_id):
@@ -310,7 +325,7 @@ class VerifierCache:
     def sweep(self, server_id: str, waiting: set[str]) -> None:
         """At start: remove this server's files of every study not in ``waiting`` (queried, not
         yet decided, open), and temporary files no writer touched for STALE_TMP_S."""
-        if self.directory is None:
+        if self._ready(create=False) is None:
             return
         now = time.time()
         try:

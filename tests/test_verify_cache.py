@@ -283,5 +283,12 @@ def test_the_setting(tmp_path, monkeypatch):
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
     assert verify_cache.VerifierCache(shared).directory is None
-    assert verify_cache.VerifierCache(tmp_path / "mine").directory == tmp_path / "mine"
-    assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o700
+    mine = verify_cache.VerifierCache(tmp_path / "mine")
+    assert not (tmp_path / "mine").exists()  # made by the first query that keeps an answer
+    assert mine._ready() == tmp_path / "mine" and (tmp_path / "mine").stat().st_mode & 0o777 == 0o700
+    # a directory another user made after the start is checked before anything is read from it
+    late = verify_cache.VerifierCache(tmp_path / "late")
+    (tmp_path / "late").mkdir(mode=0o777)
+    (tmp_path / "late").chmod(0o777)
+    key = verify_cache.Key("s1", "ab" * 32, b"s" * 32, 1, b"h" * 32, 4, 1)
+    assert late.open(key) is None and late.directory is None
