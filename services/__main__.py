@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "this long before the server exits; a refusal (wrong password, no such "
                         "database) exits at once; 0: no retry (default: $DPSKETCH_DB_WAIT_SECONDS "
                         "or 60)")
+    p.add_argument("--verify-cache-dir", metavar="DIR",
+                   default=os.environ.get("DPSKETCH_VERIFY_CACHE_DIR", "").strip() or "auto",
+                   help="where a validity study's query answer is kept for its decision, which then "
+                        "reads it instead of computing it again; 'auto': <SQLite file>.verify-cache, or "
+                        "the system temp dir's dpsketch-verify-cache-<hash of the URL> for a PostgreSQL store; 'off': "
+                        "none, every decision recomputes (default: $DPSKETCH_VERIFY_CACHE_DIR or auto; "
+                        "docs/operations.md)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8101, help="port to listen on (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=_whole, metavar="BYTES",
@@ -194,7 +201,7 @@ def settings_from_args(args: argparse.Namespace):
         store = {"db_url": args.db} if isinstance(args.db, str) else {"db_path": args.db}
         return Settings(server_id=args.server_id, **store, operator_token=operator,
                         analyst_token=analyst, max_body_bytes=args.max_body_bytes, db_wait_s=float(args.db_wait_s),
-                        **policy_kwargs(args))
+                        verify_cache_dir=args.verify_cache_dir, **policy_kwargs(args))
     except ValueError as exc:
         raise SystemExit(f"dpsketch server: {exc}") from None
 

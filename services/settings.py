@@ -167,6 +167,14 @@ class Settings:
     #: Replicas sharing a PostgreSQL store: how often a replica re-reads the HPKE keys, so a
     #: rotation or retirement done through another replica reaches it.
     key_refresh_s: float = 2.0
+    #: Where a validity study's query answer is kept for its decision (services/verify_cache.py):
+    #: "auto" (the default) is ``<SQLite file>.verify-cache`` beside a SQLite store, and the
+    #: system's temporary directory's ``dpsketch-verify-cache-<hash of the URL>`` for a PostgreSQL
+    #: one; "off" keeps none (every decision recomputes its shares); any other text is that
+    #: directory. Resolved to a Path or None by ``__post_init__``. $DPSKETCH_VERIFY_CACHE_DIR,
+    #: --verify-cache-dir.
+    verify_cache_dir: Path | str | None = field(
+        default_factory=lambda: os.environ.get("DPSKETCH_VERIFY_CACHE_DIR", "").strip() or "auto")
     #: SHA-256 digests (32 bytes) of the environment's tokens; filled in by ``__post_init__``.
     operator_digests: tuple[bytes, ...] = field(default=(), repr=False)
     analyst_digests: tuple[bytes, ...] = field(default=(), repr=False)
@@ -185,6 +193,10 @@ class Settings:
             raise ValueError(f"db_url must start with postgresql:// (got {self.db_url[:20]!r}...)")
         if self.db_path is not None:
             object.__setattr__(self, "db_path", Path(self.db_path))
+        if not isinstance(self.verify_cache_dir, Path):
+            from .verify_cache import resolve
+
+            object.__setattr__(self, "verify_cache_dir", resolve(self.verify_cache_dir, self.db_path, self.db_url))
         if not re.match(SERVER_ID_PATTERN, self.server_id):
             raise ValueError(f"server id {self.server_id!r} must match {SERVER_ID_PATTERN}")
         if self.operator_token and self.operator_token == self.analyst_token:

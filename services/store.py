@@ -1262,6 +1262,7 @@ class Store:
 
                 def apply() -> None:
                     record.closure = closure
+                    self.verification.forget(record)  # its kept query answer, if any
                     with record.load_lock:
                         record.state = None  # the totals are no longer needed; free them
                     for population in refunded:

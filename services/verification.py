@@ -13,11 +13,15 @@ and why each is stored before it is answered:
   server's own is at its position; another list later is refused forever.
 * query: the contributions are checked against the commitments, the query seed (a hash of all
   of them) is stored, and the verifier share of every held report is answered, computed in
-  chunks of reports, vectorised over each chunk (``validity.verifier_shares``).
-* decide: the verifier shares are recomputed (deterministic from the stored shares and seed),
-  added to the others' sum the analyzer sent, and every report decided; the decided ids and
-  the refused ones are stored before the answer. A commit (store.py) then refuses an inclusion
-  set with a refused report or one this server did not decide.
+  chunks of reports, vectorised over each chunk (``validity.verifier_shares``); the same
+  bytes are kept on disk for the decision.
+* decide: this server's verifier shares are read back from the query's answer kept on disk
+  (services/verify_cache.py: bound to this server, study, seed and held set, checked whole), or,
+  without a valid one, recomputed (deterministic from the stored shares and seed: always
+  correct), added to the others' sum the analyzer sent, and every report decided; the decided
+  ids and the refused ones are stored before the answer, then the kept answer is removed. A
+  commit (store.py) then refuses an inclusion set with a refused report or one this server did
+  not decide.
 
 Why the upload gate is in the store and not the writer: the writer runs jobs in the order they
 were queued (services/writer.py), so a commit job queued under the gate's lock runs after
@@ -46,7 +50,7 @@ from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.verification import Commitment, Contribution
 
-from . import batches, idsets
+from . import batches, idsets, verify_cache
 from .writer import CallJob
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,10 +150,34 @@ class Rounds:
         self._closed: set[int] = set()  # studies (seq) closed to uploads
         self._rounds: dict[int, Round] = {}
         self._lock = threading.Lock()
+        #: the queries' answers kept for the decisions (services/verify_cache.py)
+        self.cache = verify_cache.VerifierCache(store.settings.verify_cache_dir)
 
     def load(self, conn: Any) -> None:
-        """At start: which studies are closed to uploads (their rounds are read when asked for)."""
+        """At start: which studies are closed to uploads (their rounds are read when asked for);
+        the kept answers of every study not waiting for its decision are removed."""
         self._closed = {int(seq) for (seq,) in conn.execute("SELECT study FROM verifications").fetchall()}
+        if self.cache.enabled:
+            waiting = {str(sid) for (sid,) in conn.execute(
+                "SELECT s.study_id FROM verifications v JOIN studies s ON s.seq = v.study "
+                "LEFT JOIN closures x ON x.study = v.study "
+                "WHERE v.query_seed IS NOT NULL AND v.decided_hash IS NULL AND x.study IS NULL").fetchall()}
+            self.cache.sweep(self.server_id, waiting)
+
+    def forget(self, record: "StudyRecord") -> None:
+        """The study was dropped or expired: its kept answer goes (it will not be decided)."""
+        self.cache.discard(self.server_id, record.study_id)
+
+    def _cache_key(self, record: "StudyRecord", plans: list[Any], seed: bytes, run: Any) -> verify_cache.Key:
+        digest = hashlib.sha256()
+        for start in range(0, len(run), 1 << 16):
+            digest.update(idsets.join_halves(run.hi[start:start + (1 << 16)], run.lo[start:start + (1 << 16)]))
+        return self._key(record, plans, seed, len(run), digest.digest())
+
+    def _key(self, record: "StudyRecord", plans: list[Any], seed: bytes, count: int,
+             held_digest: bytes) -> verify_cache.Key:
+        return verify_cache.Key(self.server_id, record.study_id, seed, count, held_digest,
+                                validity.verifier_len(record.study), len(plans))
 
     # --- uploads -----------------------------------------------------------------------------
     def admit(self, record: "StudyRecord", submit: Callable[[], Any]) -> Any:
@@ -380,17 +408,34 @@ class Rounds:
         assert seed is not None
         run = self._held_run(record)
         step = self._chunk_rows(plan)
+        keep = self.cache.enabled and rnd.decided_hash is None and len(plan) <= 256
 
         def chunks() -> Iterator[bytes]:
             # validity.encode_verifiers' layout, a piece at a time: the count, every id, then
-            # the shares of a chunk of reports after another (what its encoder joins whole)
+            # the shares of a chunk of reports after another (what its encoder joins whole);
+            # the same bytes go to the cache for the decision, which counts only once whole
+            held = hashlib.sha256()
             yield struct.pack("<I", len(run))
             for start in range(0, len(run), 1 << 16):
-                yield idsets.join_halves(run.hi[start:start + (1 << 16)], run.lo[start:start + (1 << 16)])
-            for start in range(0, len(run), step):
-                ids = idsets.join_halves(run.hi[start:start + step], run.lo[start:start + step])
-                shares, _ = self.verifiers(record, plan, seed, np.asarray(run.rowid[start:start + step]), ids)
-                yield field.to_wire(np.ascontiguousarray(shares))
+                piece = idsets.join_halves(run.hi[start:start + (1 << 16)], run.lo[start:start + (1 << 16)])
+                held.update(piece)
+                yield piece
+            writer = self.cache.writer(self._key(record, plan, seed, len(run), held.digest())) if keep else None
+            try:
+                for start in range(0, len(run), step):
+                    ids = idsets.join_halves(run.hi[start:start + step], run.lo[start:start + step])
+                    shares, which = self.verifiers(record, plan, seed, np.asarray(run.rowid[start:start + step]), ids)
+                    wire = field.to_wire(np.ascontiguousarray(shares))
+                    if writer is not None:
+                        writer.add_ids(ids)
+                        writer.add_shares(start, wire, which)
+                    yield wire
+                if writer is not None:
+                    writer.finish()
+                    writer = None
+            finally:
+                if writer is not None:  # the answer was not all written: no file
+                    writer.abort()
 
         return len(run), seed, chunks()
 
@@ -407,6 +452,7 @@ class Rounds:
                                f"verify/query; run the round's steps in order")
         digest = hashlib.sha256(body).digest()
         if rnd.decided_hash is not None:
+            self.forget(record)
             return self._repeat(record, rnd, digest)
         try:
             id_matrix, others = validity.decode_verifiers(body, validity.verifier_len(study))  # ids strictly ascending
@@ -426,10 +472,14 @@ class Rounds:
         step = self._chunk_rows(plan)
         refused: list[np.ndarray] = []
         seed = rnd.query_seed
+        kept = self.cache.open(self._cache_key(record, plan, seed, run)) if self.cache.enabled else None
         for start in range(0, len(hi), step):
             end = min(start + step, len(hi))
             part = ids[start * 16:end * 16]
-            own, which = self.verifiers(record, plan, seed, rowids[start:end], part)
+            if kept is not None:  # the query's answer, bound to this held run: positions ``at``
+                own, which = kept.take(at[start:end])
+            else:
+                own, which = self.verifiers(record, plan, seed, rowids[start:end], part)
             total = validity.add_verifiers(own, others[start:end])
             part_ids = np.frombuffer(part, dtype=np.uint8).reshape(-1, 16)
             ok = np.zeros(end - start, dtype=bool)
@@ -442,6 +492,8 @@ class Rounds:
         where = np.concatenate(refused) if refused else np.zeros(0, dtype=np.int64)
         refused_ids = np.frombuffer(ids, dtype=np.uint8).reshape(-1, 16)[where].tobytes()
         now = time.time()
+        source = "from the query's kept answer" if kept is not None else "recomputed"
+        kept = None  # unmapped before the file goes
 
         def fn(conn: Any) -> tuple[Round, Callable[[], None]]:
             stored = self._read(conn, record.seq)
@@ -451,10 +503,13 @@ class Rounds:
                              "WHERE study = ?", (digest, ids, refused_ids, now, record.seq))
                 stored.decided_hash, stored.decided, stored.refused, stored.decided_at = (
                     digest, ids, refused_ids, now)
-                log.info("study %s: decided %d reports, refused %d", study.study_id, len(hi), len(where))
+                log.info("study %s: decided %d reports, refused %d (own shares %s)", study.study_id, len(hi),
+                         len(where), source)
             return stored, self._remember(record.seq, stored)
 
-        return self._repeat(record, self._store(fn), digest)
+        decided = self._store(fn)
+        self.forget(record)
+        return self._repeat(record, decided, digest)
 
     @staticmethod
     def _repeat(record: "StudyRecord", rnd: Round, digest: bytes) -> Decision:

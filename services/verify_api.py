@@ -8,6 +8,7 @@ of honest servers' shares that the analyst does not control)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -52,6 +53,31 @@ def decide_memory(body_bytes: int, held: int) -> int:
     return body_bytes + 40 * held + (128 << 20)
 
 
+class _ClosingStream(StreamingResponse):
+    """A streamed answer whose generator is closed when the response ends, however it ends: a
+    client that leaves mid-answer stops the stream with an exception and the generator would
+    otherwise wait for the garbage collector, keeping the query's half-written cache file
+    (services/verify_cache.py) on disk until then."""
+
+    def __init__(self, chunks: Iterator[bytes], **kw: Any):
+        super().__init__(iterate_in_threadpool(chunks), **kw)
+        self._chunks = chunks
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await run_in_threadpool(self._close)
+
+    def _close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            try:
+                close()
+            except ValueError:  # still running in a worker thread: it ends on its own
+                pass
+
+
 def _json(model_type: Any, body: bytes) -> Any:
     try:
         return model_type.model_validate_json(body or b"{}")
@@ -91,8 +117,8 @@ def add_routes(app: FastAPI, store: Store, settings: Settings, analyst: Any, aut
         record = store.record(study_id)
         ask = _json(QueryRequest, await request.body())
         count, seed, chunks = await run_in_threadpool(rounds.query, record, ask.as_bytes())
-        return StreamingResponse(iterate_in_threadpool(chunks), media_type=VERIFIERS_MEDIA_TYPE,
-                                 headers={QUERY_SEED_HEADER: seed.hex(), DECIDED_HEADER: str(count)})
+        return _ClosingStream(chunks, media_type=VERIFIERS_MEDIA_TYPE,
+                              headers={QUERY_SEED_HEADER: seed.hex(), DECIDED_HEADER: str(count)})
 
     @app.post("/v1/studies/{study_id}/verify/decide", tags=tags, dependencies=[analyst],
               response_class=Response,

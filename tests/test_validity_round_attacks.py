@@ -27,6 +27,7 @@ finalize (or step by step, as an adversary or a crash would have it).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -312,7 +313,11 @@ def test_a_server_killed_between_any_two_steps_comes_back_with_the_same_round(no
     answers = [_step(u, t, study, "query", json=query) for u, t in zip(urls, tokens)]
     seeds = {a.headers[QUERY_SEED_HEADER] for a in answers}
     assert seeds == {V.query_seed(study.study_id, [bytes.fromhex(x) for x in contributions]).hex()}
+    # each server kept its answer for its decision (services/verify_cache.py); a SIGKILL keeps it
+    kept = [Path(f"{s.db_path}.verify-cache") for s in c.specs]
+    assert all(len(list(k.glob(f"{study.study_id}-*.verifiers"))) == 1 for k in kept)
     kill_and_restart(2)  # between query and decide
+    assert len(list(kept[2].glob(f"{study.study_id}-*.verifiers"))) == 1
     again = _step(urls[2], tokens[2], study, "query", json=query)
     assert again.content == answers[2].content and again.headers[QUERY_SEED_HEADER] in seeds
     decoded = [V.decode_verifiers(a.content, plan) for a in answers]
@@ -330,6 +335,7 @@ def test_a_server_killed_between_any_two_steps_comes_back_with_the_same_round(no
               for j, (u, t) in enumerate(zip(urls, tokens))]
     assert all(d.status_code == 200 for d in decide)
     assert {d.content for d in decide} == {messages.encode_report_ids(bad.report_ids)}
+    assert not any(list(k.glob(f"{study.study_id}-*")) for k in kept)  # removed once decided
     kill_and_restart(1)  # after decide: the same decision, and a different body is refused
     repeat = _step(urls[1], tokens[1], study, "decide", content=others(1),
                    headers={"Content-Type": V.VERIFIERS_MEDIA_TYPE})
