@@ -42,6 +42,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from typing import cast
 
 import numpy as np
 
@@ -239,8 +240,10 @@ class BatchNorm(Circuit):
         if table.shape != (-(-self.v_len // 8), self.reps + 1):
             raise ValueError("the wrap bits do not fit this circuit")
         out = copy.copy(self)
-        out.checks_on_input = ProjectedChecks(self.checks_on_input, table, self.v_len, self.first_wrap_check,
-                                              self.reps)
+        # flp.query reads only rows, cols, const and apply_lanes of the check map, which
+        # ProjectedChecks provides (it is not an Affine: its z change with every batch)
+        out.checks_on_input = cast(Affine, ProjectedChecks(self.checks_on_input, table, self.v_len,
+                                                           self.first_wrap_check, self.reps))
         return out
 
     # --- the honest witness ---------------------------------------------------------------------
