@@ -542,7 +542,10 @@ def test_node_proved_blocks_are_the_python_sdks_bytes(built_package, proved):
 
     study = design(name="ts blocks bytes", columns=["x0", "x1", "x2", "y"], label="y", servers=["s1", "s2", "s3"],
                    parties=[{"name": "bank", "columns": ["x0"]}, {"name": "clinic", "columns": ["x1", "x2", "y"]}],
-                   secret_sign=True, expected_reports=5000, validity=proved)[0]
+                   secret_sign=True, expected_reports=5000, validity=proved,
+                   # a fixed sketch seed, hence study id, hence signs: drawn fresh, all six
+                   # individuals had one sign in 1 run of 32 (a CI run failed the check below)
+                   seed="c3" * 32)[0]
     assert (study.validity is not None) == proved and study.secret_sign
     key, batch_key = bytes(range(32)), bytes(range(100, 132))
     people = [f"p{i}" for i in range(6)]
