@@ -354,11 +354,11 @@ def warm_server(url: str, d: int, rng: np.random.Generator, operator: str = OPER
         raise RuntimeError("the warm-up batch was refused")
 
 
-def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str | list[str], concurrency: int,
-                  timeout: float, token: str) -> tuple[float, list[float], int]:
+def _post_from_threads(bodies: list[bytes], media_type: str | list[str], concurrency: int, connect
+                       ) -> tuple[float, list[float], int]:
     """POST every body (of ``media_type``, or of its own in a list of them) from ``concurrency``
-    threads; (seconds, per-request latencies, non-200s)."""
-    import httpx
+    threads, each with its own connection: ``connect()`` opens one and returns (post, close),
+    ``post(body, content_type)`` answering the status; (seconds, per-request latencies, non-200s)."""
     types = [media_type] * len(bodies) if isinstance(media_type, str) else media_type
     todo = iter(zip(bodies, types))
     lock = threading.Lock()
@@ -366,24 +366,42 @@ def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str | li
     errors = [0]
 
     def worker() -> None:
-        with httpx.Client(base_url=url, timeout=timeout) as client:
+        post, close = connect()
+        try:
             while True:
                 with lock:
                     body, content_type = next(todo, (None, None))
                 if body is None:
                     return
-                headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}"}
                 t = time.perf_counter()
-                r = client.post(path, content=body, headers=headers)
+                status = post(body, content_type)
                 with lock:
                     latencies.append(time.perf_counter() - t)
-                    errors[0] += r.status_code != 200
+                    errors[0] += status != 200
+        finally:
+            close()
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         for fut in [pool.submit(worker) for _ in range(concurrency)]:
             fut.result()
     return time.perf_counter() - t0, latencies, errors[0]
+
+
+def _post_batches(url: str, path: str, bodies: list[bytes], media_type: str | list[str], concurrency: int,
+                  timeout: float, token: str) -> tuple[float, list[float], int]:
+    """:func:`_post_from_threads` through httpx clients, one a thread."""
+    import httpx
+
+    def connect():
+        client = httpx.Client(base_url=url, timeout=timeout)
+
+        def post(body: bytes, content_type: str) -> int:
+            headers = {"Content-Type": content_type, "Authorization": f"Bearer {token}"}
+            return client.post(path, content=body, headers=headers).status_code
+        return post, client.close
+
+    return _post_from_threads(bodies, media_type, concurrency, connect)
 
 
 def _post_batches_raw(port: int, path: str, bodies: list[bytes], media_type: str | list[str], concurrency: int,
@@ -394,49 +412,35 @@ def _post_batches_raw(port: int, path: str, bodies: list[bytes], media_type: str
     reading the short JSON answer. What the sender costs is then a few system calls a batch, so
     that on one machine the server's ingest, not the client's HTTP library, is what is timed (in a
     deployment the client is another machine)."""
-    types = [media_type] * len(bodies) if isinstance(media_type, str) else media_type
-    todo = iter(zip(bodies, types))
-    lock = threading.Lock()
-    latencies: list[float] = []
-    errors = [0]
 
-    def worker() -> None:
+    def connect():
         sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         answers = sock.makefile("rb")
-        try:
+
+        def post(body: bytes, content_type: str) -> int:
+            head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                    f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            sock.sendall(head)
+            sock.sendall(body)
+            status = int(answers.readline().split()[1])
+            length = 0
             while True:
-                with lock:
-                    body, content_type = next(todo, (None, None))
-                if body is None:
-                    return
-                head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
-                        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-                t = time.perf_counter()
-                sock.sendall(head)
-                sock.sendall(body)
-                status = int(answers.readline().split()[1])
-                length = 0
-                while True:
-                    line = answers.readline()
-                    if line in (b"\r\n", b""):
-                        break
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                answers.read(length)
-                with lock:
-                    latencies.append(time.perf_counter() - t)
-                    errors[0] += status != 200
-        finally:
+                line = answers.readline()
+                if line in (b"\r\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            answers.read(length)
+            return status
+
+        def close() -> None:
             answers.close()
             sock.close()
+        return post, close
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        for fut in [pool.submit(worker) for _ in range(concurrency)]:
-            fut.result()
-    return time.perf_counter() - t0, latencies, errors[0]
+    return _post_from_threads(bodies, media_type, concurrency, connect)
 
 
 def _bytes_written(pid: int) -> int:
