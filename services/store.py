@@ -253,6 +253,7 @@ class Store:
         self._charge_warmer.shutdown(wait=False, cancel_futures=True)
         self.writer.stop()
         self._checkpoint_all()
+        self.verification.close()
         self.backend.close(self._conn)
 
     def _checkpoint_all(self) -> None:

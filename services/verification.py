@@ -164,6 +164,10 @@ class Rounds:
                 "WHERE v.query_seed IS NOT NULL AND v.decided_hash IS NULL AND x.study IS NULL").fetchall()}
             self.cache.sweep(self.server_id, waiting)
 
+    def close(self) -> None:
+        """At a clean shutdown (Store.close)."""
+        self.cache.close()
+
     def forget(self, record: "StudyRecord") -> None:
         """The study was dropped or expired: its kept answer goes (it will not be decided)."""
         self.cache.discard(self.server_id, record.study_id)

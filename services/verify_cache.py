@@ -226,15 +226,20 @@ class VerifierCache:
         #: that never runs a round leaves no empty directory behind.
         self.directory = directory
         self._checked = False
+        #: this process made the directory: it removes it at a clean shutdown if it is empty then
+        #: (each PostgreSQL database has its own under the temporary directory)
+        self._created = False
         if directory is not None and directory.exists():
             self._ready()
 
     def _ready(self, create: bool = True) -> Path | None:
         """The directory once checked (None: off, or not there and ``create`` is false)."""
         if self.directory is not None and not self._checked:
-            if not create and not self.directory.exists():
+            existed = self.directory.exists()
+            if not create and not existed:
                 return None
             self.directory = self._usable(self.directory)
+            self._created = self.directory is not None and not existed
             self._checked = True
         return self.directory
 
@@ -313,6 +318,17 @@ class VerifierCache:
             self._remove(path)
             return None
         return Cached(path, key)
+
+    def close(self) -> None:
+        """At a clean shutdown: the directory goes if this process made it and it is empty (a
+        decision still waiting keeps its file, hence the directory). A replica that shares it and
+        writes after this finds it gone, keeps no answer and recomputes its decision: the same
+        decision, slower."""
+        if self._created and self.directory is not None:
+            try:
+                self.directory.rmdir()
+            except OSError:
+                pass  # not empty, or already gone
 
     def discard(self, server_id: str, study_id: str, keep: Path | None = None) -> None:
         """Remove this server's files of a study (but ``keep``)."""

@@ -48,8 +48,10 @@ def recomputed(monkeypatch):
 
 
 def kept(rnd, j):
-    """Server j's cache directory's files (complete and temporary)."""
-    return sorted(p.name for p in rnd.stores[j].verification.cache.directory.iterdir())
+    """Server j's cache directory's files (complete and temporary); none if a clean shutdown
+    removed the emptied directory."""
+    directory = rnd.stores[j].verification.cache.directory
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
 
 
 def query_all(rnd, study):
@@ -292,3 +294,26 @@ def test_the_setting(tmp_path, monkeypatch):
     (tmp_path / "late").chmod(0o777)
     key = verify_cache.Key("s1", "ab" * 32, b"s" * 32, 1, b"h" * 32, 4, 1)
     assert late.open(key) is None and late.directory is None
+
+
+def test_a_clean_shutdown_removes_the_directory_it_made_once_empty(rnd, study):
+    """Each PostgreSQL database has its own directory under the temporary directory: a server
+    that made it removes it at a clean shutdown once its decisions are made; one that still
+    holds a waiting answer keeps it (the decision reads it after the restart); a directory the
+    operator made stays."""
+    proved = proved_batch(study, 120, seed=16)
+    rnd.put(proved)
+    _, answers = query_all(rnd, study)
+    dirs = [s.verification.cache.directory for s in rnd.stores]
+    assert all(len(list(d.iterdir())) == 1 for d in dirs)
+    assert decide(rnd, study, answers, 0) == (set(), 120)
+    rnd.stores[0].close()
+    rnd.stores[1].close()
+    assert not dirs[0].exists()  # decided: empty, made by this server
+    assert len(list(dirs[1].iterdir())) == 1  # waiting for its decision: kept
+    made = rnd.stores[2].verification.cache
+    made._created = False  # as if the operator had made it before the start
+    for path in dirs[2].iterdir():
+        path.unlink()
+    rnd.stores[2].close()
+    assert dirs[2].exists()
