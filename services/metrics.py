@@ -175,6 +175,15 @@ class _LiveCollector:
             in_use = float("nan")
         yield GaugeMetricFamily("dpsketch_store_memory_bytes", "Memory the open studies' running "
                                 "totals and report index take (what memory_budget limits)", value=in_use)
+        rounds = getattr(store, "verification", None)
+        if rounds is not None:
+            decided = CounterMetricFamily("dpsketch_verify_decisions", "Validity decisions this process "
+                                          "stored, by where its own verifier shares came from: the query's "
+                                          "kept answer (cache) or computed again (recomputed; "
+                                          "--verify-cache-dir)", labels=["source"])
+            for source, count in rounds.decided_from.items():
+                decided.add_metric([source], float(count))
+            yield decided
         writer = getattr(store, "writer", None)
         if writer is not None:
             yield GaugeMetricFamily("dpsketch_writer_queued_jobs", "Write requests waiting for the "

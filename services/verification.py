@@ -152,6 +152,9 @@ class Rounds:
         self._lock = threading.Lock()
         #: the queries' answers kept for the decisions (services/verify_cache.py)
         self.cache = verify_cache.VerifierCache(store.settings.verify_cache_dir)
+        #: decisions stored by this process, by where its own verifier shares came from ("cache":
+        #: the query's kept answer; "recomputed"): the dpsketch_verify_decisions metric
+        self.decided_from = {"cache": 0, "recomputed": 0}
 
     def load(self, conn: Any) -> None:
         """At start: which studies are closed to uploads (their rounds are read when asked for);
@@ -509,6 +512,7 @@ class Rounds:
                     digest, ids, refused_ids, now)
                 log.info("study %s: decided %d reports, refused %d (own shares %s)", study.study_id, len(hi),
                          len(where), source)
+                self.decided_from["cache" if source.startswith("from") else "recomputed"] += 1
             return stored, self._remember(record.seq, stored)
 
         decided = self._store(fn)

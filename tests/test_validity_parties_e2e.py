@@ -113,16 +113,31 @@ def test_honest_parties_proved_blocks_release_the_sketch_of_their_joined_rows(no
         info = httpx.get(f"{c.server_urls[1]}/v1/studies/{study.study_id}",
                          headers={"Authorization": f"Bearer {c.specs[1].analyst_token}"}, timeout=30).json()
         assert info["report_count"] == n and info["party_counts"] == {"bank": n, "clinic": n}
+    before = [decisions(c, j) for j in range(3)]
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         fin = an.finalize(study.study_id)
         served = np.array(an.sketch(study.study_id)["sketch"])
     assert fin["state"] == "released" and fin["n_reports"] == n
     assert fin["verification"]["decided"] == 2 * n and fin["verification"]["refused"] == 0
+    # every server decided from its query's kept answer (both parties' circuits in one file),
+    # none computed its verifier shares a second time
+    after = [decisions(c, j) for j in range(3)]
+    assert [(a["cache"] - b["cache"], a["recomputed"] - b["recomputed"]) for a, b in zip(after, before)] == [(1, 0)] * 3
     np.testing.assert_array_equal(served, expected_release(study, sent))  # bit for bit
     # the joined vectors are the signed clipped rows plus the study's noise: a real release
     joined = np.concatenate([ring.decode(joined_vectors(study, b, i), study.frac_bits)
                              for i, name in enumerate(("bank", "clinic")) for b in sent[name]])
     assert joined.std() == pytest.approx(np.sqrt(study.sigma ** 2 + np.mean(rows ** 2)), rel=0.15)
+
+
+def decisions(c, j: int) -> dict[str, float]:
+    """Server j's dpsketch_verify_decisions_total by source, scraped over HTTP."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{c.server_urls[j]}/metrics", timeout=30,
+                     headers={"Authorization": f"Bearer {c.specs[j].operator_token}"}).text
+    return {s.labels["source"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "dpsketch_verify_decisions" for s in f.samples if s.name.endswith("_total")}
 
 
 # --- attacks -------------------------------------------------------------------------------------
