@@ -8,6 +8,7 @@ round's steps sent by the analyzer's own client (tests/test_verification_round.p
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 
@@ -317,3 +318,32 @@ def test_a_clean_shutdown_removes_the_directory_it_made_once_empty(rnd, study):
         path.unlink()
     rnd.stores[2].close()
     assert dirs[2].exists()
+
+
+@pytest.mark.parametrize("store_kind", ["postgres"], indirect=True)
+def test_a_replica_on_another_machine_decides_without_the_file_as_the_others_do(store_location, study, tmp_path,
+                                                                               monkeypatch):
+    """Replicas of a server share its PostgreSQL database, not its cache directory: the query
+    answered by one replica, the decision taken by another (its own temporary directory, as on
+    another machine) recomputes its verifier shares and refuses exactly what the servers that
+    read their kept answers refuse."""
+    monkeypatch.delenv("DPSKETCH_VERIFY_CACHE_DIR", raising=False)
+    rnd = Round(store_location, study)
+    first = rnd.stores[0].verification.cache.directory
+    try:
+        proved = proved_batch(study, 200, seed=17)
+        views, bad = tampered(study, proved)
+        rnd.put(proved, views=views)
+        _, answers = query_all(rnd, study)
+        assert len(list(first.iterdir())) == 1
+        monkeypatch.setenv("DPSKETCH_VERIFY_CACHE_DIR", str(tmp_path / "another-machine"))
+        rnd.restart(0)  # server s1 is now served by a replica that never saw the query
+        assert rnd.stores[0].verification.cache.directory != first
+        assert decide(rnd, study, answers, 0) == (set(bad), 200)
+        assert decide(rnd, study, answers, 1) == (set(bad), 200)
+        assert rnd.stores[0].verification.decided_from == {"cache": 0, "recomputed": 1}
+        assert rnd.stores[1].verification.decided_from == {"cache": 1, "recomputed": 0}
+    finally:
+        rnd.close()
+        # the first replica's file of a study decided elsewhere: its next start would sweep it
+        shutil.rmtree(first, ignore_errors=True)
