@@ -185,10 +185,11 @@ def test_generator_is_deterministic(tmp_path):
     for name in FILES:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(FILES)
-    # flp.json and validity.json: the validity proofs' vectors, with their own generators
-    # (scripts/make_flp_vectors.py and make_validity_vectors.py, checked by tests/test_flp.py and
-    # tests/test_validity.py)
-    assert sorted(p.name for p in DIR.glob("*.json")) == sorted(FILES + ("flp.json", "validity.json"))
+    # flp.json, validity.json and batch_validity.json: the validity proofs' vectors, with their own
+    # generators (scripts/make_flp_vectors.py, make_validity_vectors.py and make_batch_vectors.py,
+    # checked by tests/test_flp.py, tests/test_validity.py and tests/test_batch_records.py)
+    assert sorted(p.name for p in DIR.glob("*.json")) == sorted(FILES + ("flp.json", "validity.json",
+                                                                          "batch_validity.json"))
 
 
 def test_check_compares_floats_within_each_vectors_tolerance():

@@ -103,6 +103,11 @@ class Study(BaseModel):
     #: every report carries a proof that it is valid, checked by every server (validity.py,
     #: docs/validity.md); absent: no proofs (a report's influence is unbounded)
     validity: Literal["norm-bound/1"] | None = None
+    #: besides per-report proofs, the servers take *batch proofs* (docs/protocol.md section 4d,
+    #: docs/validity.md section 15): a bulk owner proves m rows at once. A sketch or l1 study with
+    #: validity and without parties only; its tail delta counts the batches' redraws too
+    #: (:attr:`tail_delta`). Omitted when false, so every study from before keeps its id.
+    batch_proofs: bool = False
 
     @field_validator("columns")
     @classmethod
@@ -208,6 +213,8 @@ class Study(BaseModel):
                 raise ValueError(
                     f"server_sigma = {self.server_sigma} gives a floor of epsilon = {floor:.6g}, "
                     f"more than the study's epsilon_floor = {self.epsilon_floor}")
+        if self.batch_proofs:
+            check_batch_proofs(self)
         if self.validity is not None:
             _validity.check_study(self)
             f_max = _validity.max_frac_bits(self.max_reports, max(self.value_bound, _validity.bound_value(self)),
@@ -377,6 +384,9 @@ class Study(BaseModel):
         if self.validity is not None:  # an honest vector redrawn outside the predicate's bound
             # one proved vector a report, or a block per party of each individual (parties)
             mp += self.max_reports * len(self.parties or (None,)) * 2.0 ** _validity.REFUSAL_LOG2
+        if self.batch_proofs:  # and each batch redrawn for a wrap-around projection outside T: at
+            # most max_reports batches, 2^-96 each (docs/validity.md section 15, "Privacy charge")
+            mp += self.max_reports * 2.0 ** _validity.REFUSAL_LOG2
         return privacy.truncation_delta(self.epsilon, mp)
 
     @property
@@ -493,7 +503,7 @@ class Study(BaseModel):
     @model_serializer(mode="wrap")
     def _omit_absent_bins(self, handler):
         """``bounds``, ``histogram``, ``l1``, ``parties`` and ``population`` appear only in studies that have them,
-        ``validity`` only when set, ``secret_sign`` only when true: the JSON (and so the canonical encoding and the id) of a
+        ``validity`` only when set, ``secret_sign`` and ``batch_proofs`` only when true: the JSON (and so the canonical encoding and the id) of a
         sketch or gram study is what it was before them."""
         data = handler(self)
         if isinstance(data, dict):
@@ -502,6 +512,8 @@ class Study(BaseModel):
                     data.pop(member, None)
             if data.get("secret_sign") is False:
                 data.pop("secret_sign")
+            if data.get("batch_proofs") is False:
+                data.pop("batch_proofs")
         return data
 
     def canonical(self) -> bytes:
@@ -531,6 +543,21 @@ def _forget_study_id(key: int, ref: weakref.ref) -> None:
     hit = _STUDY_IDS.get(key)
     if hit is not None and hit[0] is ref:
         del _STUDY_IDS[key]
+
+
+def check_batch_proofs(study: "Study") -> None:
+    """Where batch proofs exist (ValueError otherwise): a sketch or l1 study (they prove the same
+    noisy row) with ``validity`` (the rows' predicate is its norm bound, section 4b) and without
+    parties (a party's blocks would need a batch per party and a join of the batches' row ids:
+    not designed)."""
+    if study.validity is None:
+        raise ValueError("batch_proofs needs validity: a batch proves every row's norm bound "
+                         "(docs/protocol.md section 4d)")
+    if study.kind not in ("sketch", "l1"):
+        raise ValueError(f"batch proofs exist for sketch and l1 studies, not {study.kind} studies "
+                         f"(docs/protocol.md section 4d)")
+    if study.parties is not None:
+        raise ValueError("batch proofs exist for studies without parties (docs/protocol.md section 4d)")
 
 
 def check_secret_sign(kind: str, k: int, has_parties: bool) -> None:
@@ -756,6 +783,7 @@ def design(
     secret_sign: bool | None = None,
     bounds: "dict[str, Sequence[float]] | Sequence[Sequence[float]] | None" = None,
     validity: bool = False,
+    batch_proofs: bool = False,
 ) -> tuple[Study, list[str]]:
     """Choose k, s, lambda_star, the client and server noise and f for a study; return it with a
     human explanation.
@@ -782,6 +810,8 @@ def design(
     (validity.py, docs/validity.md): one report then moves the release no more than an honest
     report at the bound can. Sketch studies (with parties too: each block proved with its party's bound), histogram, gram, moments and l1 studies,
     at any epsilon (at the floor, sigma = 0, the servers' noise sets the grid: docs/validity.md section 14).
+    ``batch_proofs`` (with ``validity``, a sketch or l1 study without parties) lets bulk owners
+    prove batches of rows at once besides per-report proofs (docs/protocol.md section 4d).
     ``bounds`` ({column: [lower, upper]} or pairs in column order) are the public range of every
     column: clients clamp to them and map each row into the ball (bounds.py), and the analyzer
     answers in the data's units; without them rows must already be scaled into the ball.
@@ -899,6 +929,7 @@ def design(
         frac_bits=frac_bits,
         secret_sign=secret_sign,
         validity=_validity.PREDICATE if validity else None,
+        batch_proofs=batch_proofs,
     )
     if kind == "histogram" and histogram.marginal:
         transform = (
