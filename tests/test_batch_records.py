@@ -227,3 +227,37 @@ def test_tail_charge_is_the_validity_term_doubled(epsilon, max_reports):
     if epsilon == 1.0 and max_reports == 10 ** 6:
         assert f"{(math.exp(epsilon) + 1.0) * term:.2g}" == "4.7e-23"  # this term; with the rows' term 9.4e-23
         assert (math.exp(epsilon) + 1.0) * 2 * term == pytest.approx(9.4e-23, rel=0.01)
+
+
+def test_read_header_judges_m_before_any_circuit_is_built(batch):
+    """A server reads m (for the upload token's quota) without building the batch's circuit: a
+    helper's 200-byte record claiming the most rows allowed builds nothing."""
+    study, plan, proved, recs = batch
+    built = batch_validity.batch_plan.cache_info().misses
+    header = br.read_header(study, 0, recs[0][0], _with_header(recs[0][1], m=br.max_rows(study)))
+    assert (header.m, header.leader, header.leading) == (br.max_rows(study), 1, False)
+    assert batch_validity.batch_plan.cache_info().misses == built
+
+
+def test_the_leaders_part_lets_the_helpers_test_guesses_until_it_is_blinded():
+    """What docs/protocol.md section 4d lists as open: at the floor (sigma = 0, no client noise) a
+    helper of a two-server batch confirms a guess of the rows from the leader's part, which hashes
+    the leader's share without a secret (share = prefix - the helper's own share). A report's salted
+    commitment (section 4a) prevents this. When the core blinds the leader's part, this test fails:
+    flip it to assert the guess is not confirmed."""
+    study = design(name="floor", columns=["x1", "x2", "x3", "y"], label="y", servers=["s0", "s1"],
+                   expected_reports=10_000, seed=SEED, validity=True, batch_proofs=True, epsilon=4.0)[0]
+    assert study.sigma == 0
+    plan = batch_validity.study_plan(study, 2)
+    c = plan.circuit
+    rows = np.array([[1, 0, 0, 0], [0, 0, 0, 0]], dtype=np.int64) * 100  # low-entropy rows
+    proved = batch_validity.prove(plan, rows, Keystream.from_key(b"\x02" * 32), leader=0)
+    mine = batch_validity._helper_shares(plan, proved.seeds[1])[:c.input_len]  # the helper's own share
+
+    def confirms(guess) -> bool:
+        leader_share = np.empty(c.input_len, dtype=np.uint64)
+        leader_share[:c.at_wrap] = field.sub(c.prefix(np.asarray(guess, dtype=np.int64)), mine[:c.at_wrap])
+        return batch_validity.share_part(plan, 0, leader_share) == proved.parts[0]
+
+    assert confirms(rows)
+    assert not confirms(rows[::-1]) and not confirms(rows + np.array([0, 0, 0, 1]))

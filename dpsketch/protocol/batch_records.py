@@ -8,9 +8,10 @@ any of that work starts, and every way it can be wrong must map to one documente
 this order and each before anything that costs more: the study takes batch proofs and the media
 type is one of the two below (else 415 ``unsupported-media-type``); the header is whole, names
 the study's N, a leader position that matches the media type and the receiving server, an m in
-[1, min(max_reports, MAX_BATCH_ROWS)], the study's w, R^2 and shift, and a body at least as long
-as m rows need, all before the batch's circuit is built; then the header is the study's plan for
-that m exactly (r, T), the body exactly its length and every leader element < p (else 400
+[1, min(max_reports, MAX_BATCH_ROWS)], the study's w, R^2, shift and r, and a body at least as
+long as m rows need, all before the batch's circuit is built (:func:`read_header`: a server judges
+the upload token's quota on m there); then the header's T is the study's plan's for that m, the
+body exactly its length and every leader element < p (else 400
 ``malformed-body``). :func:`receive` then runs the core's checks of the parts: a part that is not
 what the server's own payload gives is 422 ``binding-refused`` (the batch id is the binding).
 
@@ -182,16 +183,32 @@ def max_rows(study) -> int:
     return min(study.max_reports, MAX_BATCH_ROWS)
 
 
-def decode(study, position: int, media_type: str, body: bytes) -> tuple[BatchRecord, batch_validity.BatchPlan]:
-    """Server ``position``'s record of a study's batch, and the batch's plan, or
-    :class:`BatchRecordError` with the problem to answer (module doc: the order of the checks)."""
+@dataclass(frozen=True)
+class Header:
+    """A record header that passed the checks that need no circuit (:func:`read_header`)."""
+
+    m: int
+    w: int
+    r2: int
+    reps: int
+    threshold: int
+    n_servers: int
+    shift: int
+    leader: int
+    leading: bool
+
+
+def read_header(study, position: int, media_type: str, body: bytes) -> Header:
+    """The header of server ``position``'s record, judged on what needs no circuit: the study and
+    media type (415), the header's N, leader position, m, w, R^2, shift and r and the body's least
+    length (400). Cheap whatever m says, so that a server can judge the upload token's quota on m
+    (m reports) between this and :func:`decode`, which builds the batch's circuit."""
     if media_type not in MEDIA_TYPES:
         raise BatchRecordError("unsupported-media-type", f"{media_type[:80]!r} is not a batch record")
     if not getattr(study, "batch_proofs", False):
         raise BatchRecordError("unsupported-media-type",
                                "this study does not take batch proofs (its batch_proofs is false): send "
                                "per-report records (docs/protocol.md section 4c)")
-    body = bytes(body)
     n_srv = study.n_servers
     if not 0 <= position < n_srv:
         raise ValueError("the server's position is one of the study's")
@@ -227,21 +244,31 @@ def decode(study, position: int, media_type: str, body: bytes) -> tuple[BatchRec
         raise _malformed(f"a helper's record is {helper_length(n_srv)} bytes at N = {n_srv}; the body has {len(body)}")
     if reps != wraparound.REPETITIONS:
         raise _malformed(f"a batch has r = {wraparound.REPETITIONS} wrap-around checks; the header says {reps}")
+    return Header(m, w, r2, reps, threshold, n_srv, shift, leader, leading)
+
+
+def decode(study, position: int, media_type: str, body: bytes) -> tuple[BatchRecord, batch_validity.BatchPlan]:
+    """Server ``position``'s record of a study's batch, and the batch's plan, or
+    :class:`BatchRecordError` with the problem to answer (module doc: the order of the checks)."""
+    body = bytes(body)
+    h = read_header(study, position, media_type, body)
     try:
-        plan = batch_validity.study_plan(study, m)
+        plan = batch_validity.study_plan(study, h.m)
     except ValueError as exc:  # m too large for the field (K (4^q_w - 1)^2 >= p)
-        raise _malformed(f"no batch of {m} rows in this study: {exc}") from None
-    if threshold != plan.circuit.threshold:
-        raise _malformed(f"the batch header's T = {threshold} is not the plan's {plan.circuit.threshold} for m = {m}")
+        raise _malformed(f"no batch of {h.m} rows in this study: {exc}") from None
+    if h.threshold != plan.circuit.threshold:
+        raise _malformed(f"the batch header's T = {h.threshold} is not the plan's {plan.circuit.threshold} "
+                         f"for m = {h.m}")
+    n_srv = h.n_servers
+    fixed = HEADER_BYTES + PART_BYTES * (n_srv + 1)
     parts = tuple(body[HEADER_BYTES + PART_BYTES * j:HEADER_BYTES + PART_BYTES * (j + 1)] for j in range(n_srv))
-    digits = body[fixed - PART_BYTES:fixed]
-    common = dict(m=m, w=w, r2=r2, reps=reps, threshold=threshold, n_servers=n_srv, shift=shift, leader=leader,
-                  parts=parts, digits_part=digits)
-    if not leading:
+    common = dict(m=h.m, w=h.w, r2=h.r2, reps=h.reps, threshold=h.threshold, n_servers=n_srv, shift=h.shift,
+                  leader=h.leader, parts=parts, digits_part=body[fixed - PART_BYTES:fixed])
+    if not h.leading:
         return BatchRecord(**common, seed=body[fixed:]), plan
     c = plan.circuit
     if len(body) != leader_length(plan):
-        raise _malformed(f"a leader's record of {m} rows is {leader_length(plan)} bytes (n = {c.input_len}, "
+        raise _malformed(f"a leader's record of {h.m} rows is {leader_length(plan)} bytes (n = {c.input_len}, "
                          f"P = {c.proof_len}); the body has {len(body)}")
     values = np.frombuffer(body, dtype="<u8", offset=fixed).astype(np.uint64)
     above = np.flatnonzero(values >= np.uint64(field.P))
