@@ -17,7 +17,8 @@ client keystream's draws in order (the helpers' 32-byte seeds, helper by helper 
 order, then the prove randomness), the headers, every part, the wrap seed, the first bytes of the
 wrap bits and the SHA-256 of all of them, the projections, their digits, the digits part, the
 batch id, the row ids, the joint randomness, the leader's input and proof shares, each server's
-record (media type and hex bytes) and coordinate shares, at a fixed query seed each server's
+record (media type and hex bytes), input and proof shares (a helper's expanded from its seed) and
+coordinate shares, at a fixed query seed each server's
 verifier share, their sum and the decision, and the decision with the leader's first proof
 element plus one. Field elements are decimal strings, F_(p^2) elements pairs [c0, c1].
 """
@@ -87,6 +88,7 @@ def batch_vector(label: str, servers: list[str], leader: int, rows: list[list[fl
         servers_out.append({
             "position": position, "media_type": media_type, "record": body.hex(),
             "seed": None if rec.seed is None else rec.seed.hex(),
+            "input_share": _dec(batch.inputs), "proof_share": _dec(batch.proof),
             "coordinate_shares": _dec(batch_validity.coordinate_shares(plan, batch)),
             "verifier_share": _dec(share)})
     total = flp.reconstruct([np.asarray(v)[None] for _, v in messages])[0]

@@ -5,6 +5,7 @@ exactly the tail charge of docs/validity.md section 15. Seeds and keys are fixed
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -23,6 +24,10 @@ from dpsketch.protocol.study import Study, design
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = json.loads((ROOT / "conformance" / "batch_validity.json").read_text())
 SEED = "ab" * 32
+
+
+def _dec(a) -> list:
+    return [str(int(v)) for v in np.asarray(a, dtype=np.uint64).ravel()]
 
 
 def _study(servers=("s0", "s1", "s2"), **kw):
@@ -62,11 +67,27 @@ def test_vectors_hold_what_the_document_promises():
         assert header == struct.pack("<IIQIQIII", plan["m"], plan["w"], plan["r2"], plan["reps"], plan["threshold"],
                                      plan["n_servers"], plan["shift"], vec["leader"])
         assert header[:36] == bytes.fromhex(vec["plan_header"])
+        # the input shares add up to the prefix then the wrap digits; the coordinate shares to
+        # 2^shift times the rows in grid units (mod p)
+        total = np.zeros(plan["input_len"], dtype=np.uint64)
+        coords = np.zeros((plan["m"], plan["w"]), dtype=np.uint64)
+        for srv in vec["servers"]:
+            total = field.add(total, np.array([int(v) for v in srv["input_share"]], dtype=np.uint64))
+            coords = field.add(coords, np.array([[int(v) for v in r] for r in srv["coordinate_shares"]],
+                                                dtype=np.uint64))
+        assert _dec(total) == vec["prefix"] + vec["wrap_input"]
+        assert [[(int(v) + field.P // 2) % field.P - field.P // 2 for v in r] for r in coords] == [
+            [u << plan["shift"] for u in r] for r in vec["units"]]
         for srv in vec["servers"]:
             body = bytes.fromhex(srv["record"])
             rec, _ = br.decode(study, srv["position"], srv["media_type"], body)
             assert body[:40] == header and [p.hex() for p in rec.parts] == vec["parts"]
             assert rec.digits_part.hex() == vec["digits_part"]
+            if srv["position"] != vec["leader"]:  # a helper's shares: its seed's expansion (section 4d)
+                nonce = hashlib.sha256(b"dpsketch/batch-share/1").digest()[:12]
+                both = field.expand(np.frombuffer(rec.seed, dtype=np.uint8).reshape(1, 32),
+                                    plan["input_len"] + plan["proof_len"], nonce)[0]
+                assert _dec(both) == srv["input_share"] + srv["proof_share"]
             if srv["position"] == vec["leader"]:
                 assert srv["media_type"] == br.LEADER_MEDIA_TYPE and len(body) == plan["leader_length"]
                 assert [str(int(v)) for v in rec.inputs] == vec["leader_inputs"]
