@@ -15,8 +15,8 @@ m:
   ``batch_validity.prove`` (witness, sharing, parts, projections, proof);
 * server (one helper, in process): without proofs its seed expansion (``ring.expand_seeds``)
   and the sketch's accumulation; with batch proofs its seed's expansion and part check
-  (``batch_validity.receive``), the rows' ids from the batch id, the coordinates' split words into
-  the same accumulation, its verifier share at one query point (the wrap bits, the projections,
+  (``batch_validity.receive``), the rows' ids from the batch id, the signed F_p sums of its
+  coordinate shares into the same sketch cells (``batch_validity.aggregate``), its verifier share at one query point (the wrap bits, the projections,
   flp.query) and the batch's decision from the three servers' messages.
 
 Times are CPU seconds of this process (``time.process_time``: the machine is shared, and a
@@ -102,10 +102,9 @@ def measure(d: int, m: int, reps: int, expected: int) -> dict:
     def proved_server():
         view = batch_validity.receive(bplan, helper, batch.payload(helper), batch.parts, batch.digits_part,
                                       batch.leader)
-        acc = np.zeros((proved.k, 2 * c.w), dtype=np.uint64)
         ids = batch_validity.row_ids(view.batch_id, m)
         r, sg = proved.hash_report_ids(ids, joined=ids.tobytes())  # the compiled hash reads the joined ids
-        sketch.accumulate(acc, r, sg, validity.split_words(batch_validity.coordinate_shares(bplan, view)))
+        batch_validity.aggregate(bplan, view, r, sg, np.zeros((proved.k, c.w), dtype=np.uint64))
         mine = batch_validity.verifier_share(bplan, view, query_seed)
         msgs = [(view.batch_id, mine) if j == helper else messages[j] for j in range(n)]
         if not batch_validity.decide(bplan, msgs):

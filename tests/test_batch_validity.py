@@ -143,6 +143,77 @@ def test_the_servers_aggregate_is_the_exact_integer_sum_of_the_rows():
     assert bv.row_ids(views[0].batch_id, 100).shape == (100, 16)
 
 
+def test_one_long_keystream_is_the_protocols_chacha20():
+    """The wrap bits and a helper's expansion through OpenSSL's one long stream are chacha.py's
+    ChaCha20 (RFC 8439) and field.expand's elements exactly; a seed whose words include one at
+    or above p takes field.expand itself (forced here: no seed below 2^32 tries has one)."""
+    from dpsketch.protocol import chacha
+
+    for n in (1, 8, 13, 1000, 70_001):
+        seed = hashlib.sha256(b"bits %d" % n).digest()
+        b = wraparound.bits(seed, 128, n)
+        assert b.shape == (-(-n // 8), 129)
+        assert (b.ravel() == chacha.keystream(seed, wraparound.BITS_NONCE, b.size, compiled=False)[0]).all()
+        for count in (1, n, 3 * n + 5):
+            want = field.expand(np.frombuffer(seed, np.uint8).reshape(1, 32), count, bv.SHARE_NONCE)[0]
+            assert bv.expand_one(seed, count).tolist() == want.tolist()
+
+
+def test_expand_one_takes_field_expand_when_a_word_is_rejected(monkeypatch):
+    seed = hashlib.sha256(b"rejected").digest()
+    words = wraparound.keystream_into(seed, bv.SHARE_NONCE, np.empty(50, dtype=np.uint64))
+    forced = words.copy()
+    forced[17] = np.uint64(P + 5)  # a word >= p: field.expand skips it
+    monkeypatch.setattr(wraparound, "keystream_into", lambda key, nonce, out: np.copyto(out, forced) or out)
+    calls = []
+    real = field.expand
+    monkeypatch.setattr(field, "expand", lambda *a: calls.append(a) or real(*a))
+    got = bv.expand_one(seed, 50)
+    assert len(calls) == 1 and got.tolist() == real(np.frombuffer(seed, np.uint8).reshape(1, 32), 50,
+                                                     bv.SHARE_NONCE)[0].tolist()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_field_sums_into_sketch_cells_are_exact(compiled):
+    """aggregate's one-word lazy sums mod p (compiled) and its numpy reference against Python
+    integers: random elements, elements at 0, 1, p - 1 and p - 2, both signs and empty slots,
+    many rows into one cell (every sum overflows 2^64), a shift and a running aggregate."""
+    if compiled:
+        assert wraparound.WRAP.warm_up()  # else a batch below kernels.MIN_ROWS takes the reference
+    m, w, k = 300, 3, 4
+    rng = np.random.default_rng(8)
+    plan = _plan(m, w)
+    c = plan.circuit
+    values = rng.integers(0, P, size=(m, c.k), dtype=np.uint64)
+    values[:40, :w] = np.array([0, 1, P - 1, P - 2], dtype=np.uint64)[rng.integers(0, 4, size=(40, w))]
+    values[40:80, :w] = P - 1
+    rows = rng.integers(0, k, size=(m, 2))
+    rows[40:80] = 0  # 40 rows of p - 1 into cell 0: its word overflows 2^64 again and again
+    signs = rng.integers(-1, 2, size=(m, 2)).astype(np.int8)
+    signs[40:80] = 1
+    inputs = np.zeros(c.input_len, dtype=np.uint64)
+    inputs[:m * c.k] = values.ravel()
+    view = bv.ServerBatch(0, inputs, np.zeros(c.proof_len, dtype=np.uint64), bytes(32), bytes(16))
+    start = rng.integers(0, P, size=(k, w), dtype=np.uint64)
+    expected = [[int(start[r, j]) for j in range(w)] for r in range(k)]
+    for i in range(m):
+        for slot in range(2):
+            for j in range(w):
+                expected[rows[i, slot]][j] += int(signs[i, slot]) * int(values[i, j])
+    for shift in (0, 5):
+        plan_s = bv.BatchPlan(c, shift, N)
+        want = [[(e - int(start[r, j])) * (1 << shift) + int(start[r, j]) for j, e in enumerate(row)]
+                for r, row in enumerate(expected)]
+        if compiled:
+            got = bv.aggregate(plan_s, view, rows, signs, start)
+        else:
+            with wraparound.WRAP.reference():
+                got = bv.aggregate(plan_s, view, rows, signs, start)
+        assert got.tolist() == [[v % P for v in row] for row in want]
+    with pytest.raises(ValueError, match="outside"):
+        bv.aggregate(plan, view, rows + k, signs, start)
+
+
 # --- forgeries ----------------------------------------------------------------------------------------
 
 def _forge(plan: bv.BatchPlan, x_field: np.ndarray, roots_field: np.ndarray, label: str) -> bv.ProvedBatch:
