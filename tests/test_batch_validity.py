@@ -110,6 +110,7 @@ def test_the_slack_is_a_sum_of_squares_exactly():
 
 
 def test_projections_are_the_signed_sums_of_the_bits():
+    assert wraparound.WRAP.warm_up()  # the compiled loop, whatever the batch's size
     rng = np.random.default_rng(2)
     for n in (1, 8, 13, 1000):
         v = rng.integers(0, P, size=n, dtype=np.uint64)
@@ -123,6 +124,38 @@ def test_projections_are_the_signed_sums_of_the_bits():
     z = wraparound.signs(wraparound.bits(bytes(32), 64, 4000), 4000)
     freq = [(z == s).mean() for s in (-1, 0, 1)]
     assert abs(freq[0] - 0.25) < 0.01 and abs(freq[1] - 0.5) < 0.01 and abs(freq[2] - 0.25) < 0.01
+
+
+def test_the_subset_sums_loop_is_exact_on_edge_values():
+    """The compiled subset sums (256-entry tables mod p, a row's sum as a word plus its overflow
+    count) equal Python integers' sums mod p: values at 0, 1, p - 2, p - 1 (every table entry and
+    every row sum wraps), lengths not a multiple of 8 and a last chunk of fewer blocks, bit rows
+    all set and all clear."""
+    loop = wraparound.WRAP.require()
+    from dpsketch.protocol import _wrap_kernel
+
+    rng = np.random.default_rng(21)
+    chunk = 8 * _wrap_kernel.CHUNK
+    for n in (1, 7, 8, 9, chunk - 1, chunk, chunk + 1, 5 * chunk + 3):
+        for kind in ("random", "top", "mixed"):
+            if kind == "random":
+                v = rng.integers(0, P, size=n, dtype=np.uint64)
+            elif kind == "top":
+                v = np.full(n, P - 1, dtype=np.uint64)
+            else:
+                v = np.array([0, 1, P - 2, P - 1], dtype=np.uint64)[rng.integers(0, 4, size=n)]
+            table = rng.integers(0, 256, size=(-(-n // 8), 6), dtype=np.uint8)
+            table[:, 0] = 255
+            table[:, 1] = 0
+            ints = [int(a) for a in v]
+            want = []
+            for row in range(6):
+                chosen = [ints[j] for j in range(n) if (int(table[j // 8, row]) >> (j % 8)) & 1]
+                want.append(sum(chosen) % P)
+            assert wraparound.subset_sums(v, table, loop).tolist() == want, (n, kind)
+            assert wraparound.subset_sums(v, table).tolist() == want, (n, kind)
+    with pytest.raises(field.FieldError):
+        wraparound.project(np.array([P], dtype=np.uint64), np.zeros((1, 2), dtype=np.uint8))
 
 
 def test_the_servers_aggregate_is_the_exact_integer_sum_of_the_rows():

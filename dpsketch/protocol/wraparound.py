@@ -112,20 +112,25 @@ def _subset_sums_ref(values: np.ndarray, table: np.ndarray) -> tuple[np.ndarray,
     return lo, hi
 
 
+def subset_sums(values: np.ndarray, table: np.ndarray, loop=None) -> np.ndarray:
+    """The sum mod p of the values under each bit row, (rows,) F_p: by the compiled ``loop``
+    (_wrap_kernel.subset_sums) if given, else the numpy reference."""
+    if loop is None:
+        lo, hi = _subset_sums_ref(values, table)
+        return field.add(lo % np.uint64(P), field.mul(hi % np.uint64(P), np.uint64(1 << 32)))
+    total = np.zeros(table.shape[1], dtype=np.uint64)
+    carry = np.zeros(table.shape[1], dtype=np.uint64)
+    loop.subset_sums(values, np.ascontiguousarray(table), total, carry)
+    return field.add(total % np.uint64(P), field.mul(carry, np.uint64(2 ** 32 - 1)))  # 2^64 = 2^32 - 1
+
+
 def project(values: np.ndarray, table: np.ndarray) -> np.ndarray:
     """<z_k, v> mod p for every repetition k, (r,) F_p: values (n,) F_p (a client's v, or a
     server's share of it: the projection is linear), the bits of :func:`bits`."""
-    v = np.ascontiguousarray(values, dtype=np.uint64).reshape(-1)
+    v = field.elements(np.ascontiguousarray(values, dtype=np.uint64).reshape(-1), "projected values")
     if table.shape[0] != -(-len(v) // 8) or table.shape[1] < 2:
         raise ValueError("the bits do not match the values")
     if len(v) >= 1 << 31:
         raise ValueError("at most 2^31 values per projection (exact 64-bit sums)")
-    loop = WRAP.for_rows(len(v))
-    if loop is not None:
-        lo = np.zeros(table.shape[1], dtype=np.uint64)
-        hi = np.zeros(table.shape[1], dtype=np.uint64)
-        loop.subset_sums(v, np.ascontiguousarray(table), lo, hi)
-    else:
-        lo, hi = _subset_sums_ref(v, table)
-    sums = field.add(lo % np.uint64(P), field.mul(hi % np.uint64(P), np.uint64(1 << 32)))
+    sums = subset_sums(v, table, WRAP.for_rows(len(v)))
     return field.sub(sums[1:], sums[:1])
