@@ -158,6 +158,21 @@ def test_the_subset_sums_loop_is_exact_on_edge_values():
         wraparound.project(np.array([P], dtype=np.uint64), np.zeros((1, 2), dtype=np.uint8))
 
 
+def test_projections_drawn_a_piece_at_a_time_are_the_same():
+    """project_seeded (bits drawn and projected in pieces, the loop's sums carried over) equals
+    project on the whole table of bits, compiled and reference, across piece boundaries."""
+    assert wraparound.WRAP.warm_up()
+    rng = np.random.default_rng(22)
+    seed = hashlib.sha256(b"pieces").digest()
+    for n in (1, 9, 64, 1000, 4099):
+        v = rng.integers(0, P, size=n, dtype=np.uint64)
+        want = wraparound.project(v, wraparound.bits(seed, 7, n)).tolist()
+        for piece in (1, 3, 8, 1000, wraparound.PIECE_BLOCKS):
+            assert wraparound.project_seeded(v, seed, 7, piece).tolist() == want, (n, piece)
+        with wraparound.WRAP.reference():
+            assert wraparound.project_seeded(v, seed, 7).tolist() == want
+
+
 def test_the_servers_aggregate_is_the_exact_integer_sum_of_the_rows():
     study = design(name="batch-agg", columns=[f"c{i}" for i in range(10)], label="c0", servers=["a", "b", "c"],
                    expected_reports=100_000, validity=True)[0]

@@ -177,7 +177,7 @@ def expand_one(seed: bytes, count: int, nonce: bytes = SHARE_NONCE) -> np.ndarra
     takes); else field.expand itself. The same elements either way (tests compare them)."""
     if sys.byteorder == "little":
         words = wraparound.keystream_into(seed, nonce, np.empty(count, dtype=np.uint64))
-        if not (words >= np.uint64(field.P)).any():
+        if not count or words.max() < np.uint64(field.P):
             return words
     return field.expand(np.frombuffer(seed, dtype=np.uint8).reshape(1, SEED_BYTES), count, nonce)[0]
 
@@ -235,8 +235,7 @@ def commit(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int |
 def projections(plan: BatchPlan, committed: Commitment) -> np.ndarray:
     """<z_k, v> of the committed batch, centred integers (r,)."""
     c = plan.circuit
-    table = wraparound.bits(committed.wrap_seed, c.reps, c.v_len)
-    return field.decode_int(wraparound.project(committed.prefix[:c.v_len], table))
+    return field.decode_int(wraparound.project_seeded(committed.prefix[:c.v_len], committed.wrap_seed, c.reps))
 
 
 def prove_prefix(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int | None = None,
@@ -354,7 +353,7 @@ def _query(plan: BatchPlan, seed: bytes) -> flp.Query:
 def verifier_share(plan: BatchPlan, batch: ServerBatch, query_seed: bytes) -> np.ndarray:
     """The server's verifier share (V, 2) at the round's query point (validity.query_seed)."""
     c = plan.circuit
-    checked = c.checked(wraparound.bits(batch.wrap_seed, c.reps, c.v_len))
+    checked = c.checked(batch.wrap_seed)
     jr = flp.joint_rand(c, [batch.batch_id])
     return flp.query(checked, batch.inputs[None], batch.proof[None], jr, _query(plan, query_seed),
                      plan.n_servers)[0]
