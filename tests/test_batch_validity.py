@@ -164,11 +164,15 @@ def test_projections_drawn_a_piece_at_a_time_are_the_same():
     assert wraparound.WRAP.warm_up()
     rng = np.random.default_rng(22)
     seed = hashlib.sha256(b"pieces").digest()
-    for n in (1, 9, 64, 1000, 4099):
+    for n in (1, 9, 64, 1000, 4099, 3000):
         v = rng.integers(0, P, size=n, dtype=np.uint64)
         want = wraparound.project(v, wraparound.bits(seed, 7, n)).tolist()
         for piece in (1, 3, 8, 1000, wraparound.PIECE_BLOCKS):
             assert wraparound.project_seeded(v, seed, 7, piece).tolist() == want, (n, piece)
+        for threads in (2, 3):  # ranges from a multiple of 64 blocks, each its own keystream
+            assert wraparound.project_seeded(v, seed, 7, 5, threads=threads).tolist() == want, (n, threads)
+            assert wraparound.project_seeded(v, seed, 128, threads=threads).tolist() == \
+                wraparound.project(v, wraparound.bits(seed, 128, n)).tolist()
         with wraparound.WRAP.reference():
             assert wraparound.project_seeded(v, seed, 7).tolist() == want
 
@@ -188,7 +192,10 @@ def test_the_servers_aggregate_is_the_exact_integer_sum_of_the_rows():
     assert (per_row == x * (1 << plan.shift)).all()
     summed = flp.reconstruct([field.total(s, axis=0) for s in shares])  # each server's sum over rows
     assert field.decode_int(summed).tolist() == [int(v) << plan.shift for v in x.sum(axis=0)]
-    assert bv.row_ids(views[0].batch_id, 100).shape == (100, 16)
+    ids = bv.row_ids(views[0].batch_id, 100)
+    assert ids.shape == (100, 16) and len({bytes(i) for i in ids}) == 100
+    assert (ids[:, :12] == np.frombuffer(views[0].batch_id[:12], np.uint8)).all()
+    assert [int.from_bytes(bytes(i[12:]), "little") for i in ids] == list(range(100))
 
 
 def test_one_long_keystream_is_the_protocols_chacha20():

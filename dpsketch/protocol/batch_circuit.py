@@ -170,15 +170,16 @@ class ProjectedChecks:
     wrap seed, wraparound.project_seeded). Duck-types the part of :class:`flp.Affine` that
     flp.query uses."""
 
-    def __init__(self, base: Affine, wrap_seed: bytes, v_len: int, first_row: int, reps: int):
+    def __init__(self, base: Affine, wrap_seed: bytes, v_len: int, first_row: int, reps: int, threads: int = 1):
         self.base, self.wrap_seed, self.v_len, self.first_row, self.reps = base, wrap_seed, v_len, first_row, reps
+        self.threads = threads
         self.rows, self.cols, self.const = base.rows, base.cols, base.const
 
     def apply_lanes(self, xt: np.ndarray, const_scale: int = 1) -> np.ndarray:
         out = self.base.apply_lanes(xt, const_scale)
         rows = slice(self.first_row, self.first_row + self.reps)
         for lane in range(xt.shape[1]):  # one lane per batch: a verification handles one batch
-            proj = wraparound.project_seeded(xt[:self.v_len, lane], self.wrap_seed, self.reps)
+            proj = wraparound.project_seeded(xt[:self.v_len, lane], self.wrap_seed, self.reps, threads=self.threads)
             out[rows, lane] = field.sub(out[rows, lane], proj)
         return out
 
@@ -235,16 +236,17 @@ class BatchNorm(Circuit):
                                  const={self.first_wrap_check + r: -self.threshold for r in range(reps)})
         super().__init__(n, [ranges, rows], checks_in, checks_out)
 
-    def checked(self, wrap_seed: bytes) -> "BatchNorm":
+    def checked(self, wrap_seed: bytes, threads: int = 1) -> "BatchNorm":
         """This circuit with the projections of one batch's wrap bits (from its wrap seed) in its
-        checks: what a server queries with (the prover needs no checks)."""
+        checks: what a server queries with (the prover needs no checks); the projections on
+        ``threads`` threads (wraparound.project_seeded)."""
         if len(wrap_seed) != 32:
             raise ValueError("a wrap seed is 32 bytes")
         out = copy.copy(self)
         # flp.query reads only rows, cols, const and apply_lanes of the check map, which
         # ProjectedChecks provides (it is not an Affine: its z change with every batch)
         out.checks_on_input = cast(Affine, ProjectedChecks(self.checks_on_input, bytes(wrap_seed), self.v_len,
-                                                           self.first_wrap_check, self.reps))
+                                                           self.first_wrap_check, self.reps, threads))
         return out
 
     # --- the honest witness ---------------------------------------------------------------------

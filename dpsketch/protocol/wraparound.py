@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -145,25 +146,45 @@ def project(values: np.ndarray, table: np.ndarray) -> np.ndarray:
 PIECE_BLOCKS = 4096
 
 
-def project_seeded(values: np.ndarray, seed: bytes, reps: int, piece_blocks: int = PIECE_BLOCKS) -> np.ndarray:
+def project_seeded(values: np.ndarray, seed: bytes, reps: int, piece_blocks: int = PIECE_BLOCKS,
+                   threads: int = 1) -> np.ndarray:
     """project(values, bits(seed, reps, n)), the bits drawn and projected a piece at a time (the
     compiled loop's sums carry over from piece to piece): the 17 bytes of bits per value stay in
-    the cache between the keystream and the loop instead of going out to memory and back."""
+    the cache between the keystream and the loop instead of going out to memory and back.
+    ``threads`` > 1 cuts the values into that many ranges, each with its own keystream from its
+    block counter, run on threads (the loop and OpenSSL release the GIL): the same CPU time, less
+    wall time where cores are free."""
     v = _projected_values(values)
     loop = WRAP.for_rows(len(v))
     if loop is None:
         return project(v, bits(seed, reps, len(v)))
-    if len(seed) != 32 or reps < 1 or piece_blocks < 1:
-        raise ValueError("a 32-byte wrap seed, reps >= 1, pieces of at least one block")
+    if len(seed) != 32 or reps < 1 or piece_blocks < 1 or threads < 1:
+        raise ValueError("a 32-byte wrap seed, reps >= 1, pieces of at least one block, threads >= 1")
     blocks = -(-len(v) // 8)
-    enc = Cipher(algorithms.ChaCha20(seed, bytes(4) + BITS_NONCE), mode=None).encryptor()
-    buf = np.empty((min(piece_blocks, blocks), reps + 1), dtype=np.uint8)
-    zeros = bytes(buf.size)
-    total = np.zeros(reps + 1, dtype=np.uint64)
-    carry = np.zeros(reps + 1, dtype=np.uint64)
-    for start in range(0, blocks, piece_blocks):
-        part = buf[:min(piece_blocks, blocks - start)]
-        enc.update_into(zeros[:part.size], memoryview(part).cast("B"))
-        loop.subset_sums(v[8 * start:8 * (start + len(part))], part, total, carry)
-    sums = field.add(total % np.uint64(P), field.mul(carry, np.uint64(2 ** 32 - 1)))
+    # each range starts at a multiple of 64 blocks: 64 (r + 1) bytes, whole ChaCha20 blocks
+    inner = {64 * round(blocks * i / threads / 64) for i in range(1, threads)}
+    cuts = sorted({0, blocks} | {cut for cut in inner if 0 < cut < blocks})
+    ranges = list(zip(cuts[:-1], cuts[1:]))
+
+    def run(first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        counter = first * (reps + 1) // 64
+        enc = Cipher(algorithms.ChaCha20(seed, counter.to_bytes(4, "little") + BITS_NONCE), mode=None).encryptor()
+        buf = np.empty((min(piece_blocks, end - first), reps + 1), dtype=np.uint8)
+        zeros = bytes(buf.size)
+        total = np.zeros(reps + 1, dtype=np.uint64)
+        carry = np.zeros(reps + 1, dtype=np.uint64)
+        for start in range(first, end, piece_blocks):
+            part = buf[:min(piece_blocks, end - start)]
+            enc.update_into(zeros[:part.size], memoryview(part).cast("B"))
+            loop.subset_sums(v[8 * start:8 * (start + len(part))], part, total, carry)
+        return total, carry
+
+    if len(ranges) == 1:
+        results = [run(*ranges[0])]
+    else:
+        with ThreadPoolExecutor(len(ranges), thread_name_prefix="wrap-projection") as pool:
+            results = list(pool.map(lambda r: run(*r), ranges))
+    sums = np.zeros(reps + 1, dtype=np.uint64)
+    for total, carry in results:
+        sums = field.add(sums, field.add(total % np.uint64(P), field.mul(carry, np.uint64(2 ** 32 - 1))))
     return field.sub(sums[1:], sums[:1])
