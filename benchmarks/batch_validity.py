@@ -16,8 +16,11 @@ m:
 * server (one helper, in process): without proofs its seed expansion (``ring.expand_seeds``)
   and the sketch's accumulation; with batch proofs its seed's expansion and part check
   (``batch_validity.receive``), the rows' ids from the batch id, the signed F_p sums of its
-  coordinate shares into the same sketch cells (``batch_validity.aggregate``), its verifier share at one query point (the wrap bits, the projections,
-  flp.query) and the batch's decision from the three servers' messages.
+  coordinate shares into the same sketch cells (``batch_validity.aggregate``), its verifier
+  share at one query point (the wrap bits and projections, flp.query) and the batch's decision
+  from the three servers' messages. ``--threads N`` runs the projections on N threads and
+  measures the server's wall clock too (its CPU time stays the ratio that counts: the plain
+  side is one thread).
 
 Times are CPU seconds of this process (``time.process_time``: the machine is shared, and a
 descheduled wall-clock interval says nothing about the code), the median of ``--reps``
@@ -25,6 +28,7 @@ interleaved repetitions (plain, proved, plain, ...), per row; the load average i
 
     .venv/bin/python benchmarks/batch_validity.py                       # d = 10, 100; m = 1000, 5000, the SDK's
     .venv/bin/python benchmarks/batch_validity.py --d 10 --m 1000 --reps 3 --json
+    .venv/bin/python benchmarks/batch_validity.py --d 100 --m 9709 --threads 2
 """
 
 from __future__ import annotations
