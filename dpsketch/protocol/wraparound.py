@@ -75,7 +75,9 @@ def keystream_into(key: bytes, nonce: bytes, out: np.ndarray) -> np.ndarray:
     chacha.py's compiled loop, which is built for many short streams (one per row)."""
     if len(key) != 32 or len(nonce) != 12:
         raise ValueError("a ChaCha20 key is 32 bytes and its nonce 12")
-    view = memoryview(out).cast("B")
+    if not out.flags.c_contiguous:
+        raise ValueError("the keystream goes into a contiguous array")
+    view = out.reshape(-1).view(np.uint8).data
     enc = Cipher(algorithms.ChaCha20(key, bytes(4) + nonce), mode=None).encryptor()
     chunk = 1 << 20
     zeros = bytes(min(chunk, len(view)))
@@ -175,7 +177,7 @@ def project_seeded(values: np.ndarray, seed: bytes, reps: int, piece_blocks: int
         carry = np.zeros(reps + 1, dtype=np.uint64)
         for start in range(first, end, piece_blocks):
             part = buf[:min(piece_blocks, end - start)]
-            enc.update_into(zeros[:part.size], memoryview(part).cast("B"))
+            enc.update_into(zeros[:part.size], part.reshape(-1).data)
             loop.subset_sums(v[8 * start:8 * (start + len(part))], part, total, carry)
         return total, carry
 
