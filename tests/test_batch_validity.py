@@ -110,6 +110,7 @@ def test_the_slack_is_a_sum_of_squares_exactly():
 
 
 def test_projections_are_the_signed_sums_of_the_bits():
+    assert wraparound.WRAP.warm_up()  # the compiled loop, whatever the batch's size
     rng = np.random.default_rng(2)
     for n in (1, 8, 13, 1000):
         v = rng.integers(0, P, size=n, dtype=np.uint64)
@@ -123,6 +124,57 @@ def test_projections_are_the_signed_sums_of_the_bits():
     z = wraparound.signs(wraparound.bits(bytes(32), 64, 4000), 4000)
     freq = [(z == s).mean() for s in (-1, 0, 1)]
     assert abs(freq[0] - 0.25) < 0.01 and abs(freq[1] - 0.5) < 0.01 and abs(freq[2] - 0.25) < 0.01
+
+
+def test_the_subset_sums_loop_is_exact_on_edge_values():
+    """The compiled subset sums (256-entry tables mod p, a row's sum as a word plus its overflow
+    count) equal Python integers' sums mod p: values at 0, 1, p - 2, p - 1 (every table entry and
+    every row sum wraps), lengths not a multiple of 8 and a last chunk of fewer blocks, bit rows
+    all set and all clear."""
+    loop = wraparound.WRAP.require()
+    from dpsketch.protocol import _wrap_kernel
+
+    rng = np.random.default_rng(21)
+    chunk = 8 * _wrap_kernel.CHUNK
+    for n in (1, 7, 8, 9, chunk - 1, chunk, chunk + 1, 5 * chunk + 3):
+        for kind in ("random", "top", "mixed"):
+            if kind == "random":
+                v = rng.integers(0, P, size=n, dtype=np.uint64)
+            elif kind == "top":
+                v = np.full(n, P - 1, dtype=np.uint64)
+            else:
+                v = np.array([0, 1, P - 2, P - 1], dtype=np.uint64)[rng.integers(0, 4, size=n)]
+            table = rng.integers(0, 256, size=(-(-n // 8), 6), dtype=np.uint8)
+            table[:, 0] = 255
+            table[:, 1] = 0
+            ints = [int(a) for a in v]
+            want = []
+            for row in range(6):
+                chosen = [ints[j] for j in range(n) if (int(table[j // 8, row]) >> (j % 8)) & 1]
+                want.append(sum(chosen) % P)
+            assert wraparound.subset_sums(v, table, loop).tolist() == want, (n, kind)
+            assert wraparound.subset_sums(v, table).tolist() == want, (n, kind)
+    with pytest.raises(field.FieldError):
+        wraparound.project(np.array([P], dtype=np.uint64), np.zeros((1, 2), dtype=np.uint8))
+
+
+def test_projections_drawn_a_piece_at_a_time_are_the_same():
+    """project_seeded (bits drawn and projected in pieces, the loop's sums carried over) equals
+    project on the whole table of bits, compiled and reference, across piece boundaries."""
+    assert wraparound.WRAP.warm_up()
+    rng = np.random.default_rng(22)
+    seed = hashlib.sha256(b"pieces").digest()
+    for n in (1, 9, 64, 1000, 4099, 3000):
+        v = rng.integers(0, P, size=n, dtype=np.uint64)
+        want = wraparound.project(v, wraparound.bits(seed, 7, n)).tolist()
+        for piece in (1, 3, 8, 1000, wraparound.PIECE_BLOCKS):
+            assert wraparound.project_seeded(v, seed, 7, piece).tolist() == want, (n, piece)
+        for threads in (2, 3):  # ranges from a multiple of 64 blocks, each its own keystream
+            assert wraparound.project_seeded(v, seed, 7, 5, threads=threads).tolist() == want, (n, threads)
+            assert wraparound.project_seeded(v, seed, 128, threads=threads).tolist() == \
+                wraparound.project(v, wraparound.bits(seed, 128, n)).tolist()
+        with wraparound.WRAP.reference():
+            assert wraparound.project_seeded(v, seed, 7).tolist() == want
 
 
 def test_the_servers_aggregate_is_the_exact_integer_sum_of_the_rows():
@@ -140,7 +192,81 @@ def test_the_servers_aggregate_is_the_exact_integer_sum_of_the_rows():
     assert (per_row == x * (1 << plan.shift)).all()
     summed = flp.reconstruct([field.total(s, axis=0) for s in shares])  # each server's sum over rows
     assert field.decode_int(summed).tolist() == [int(v) << plan.shift for v in x.sum(axis=0)]
-    assert bv.row_ids(views[0].batch_id, 100).shape == (100, 16)
+    ids = bv.row_ids(views[0].batch_id, 100)
+    assert ids.shape == (100, 16) and len({bytes(i) for i in ids}) == 100
+    assert (ids[:, :12] == np.frombuffer(views[0].batch_id[:12], np.uint8)).all()
+    assert [int.from_bytes(bytes(i[12:]), "little") for i in ids] == list(range(100))
+
+
+def test_one_long_keystream_is_the_protocols_chacha20():
+    """The wrap bits and a helper's expansion through OpenSSL's one long stream are chacha.py's
+    ChaCha20 (RFC 8439) and field.expand's elements exactly; a seed whose words include one at
+    or above p takes field.expand itself (forced here: no seed below 2^32 tries has one)."""
+    from dpsketch.protocol import chacha
+
+    for n in (1, 8, 13, 1000, 70_001):
+        seed = hashlib.sha256(b"bits %d" % n).digest()
+        b = wraparound.bits(seed, 128, n)
+        assert b.shape == (-(-n // 8), 129)
+        assert (b.ravel() == chacha.keystream(seed, wraparound.BITS_NONCE, b.size, compiled=False)[0]).all()
+        for count in (1, n, 3 * n + 5):
+            want = field.expand(np.frombuffer(seed, np.uint8).reshape(1, 32), count, bv.SHARE_NONCE)[0]
+            assert bv.expand_one(seed, count).tolist() == want.tolist()
+
+
+def test_expand_one_takes_field_expand_when_a_word_is_rejected(monkeypatch):
+    seed = hashlib.sha256(b"rejected").digest()
+    words = wraparound.keystream_into(seed, bv.SHARE_NONCE, np.empty(50, dtype=np.uint64))
+    forced = words.copy()
+    forced[17] = np.uint64(P + 5)  # a word >= p: field.expand skips it
+    monkeypatch.setattr(wraparound, "keystream_into", lambda key, nonce, out: np.copyto(out, forced) or out)
+    calls = []
+    real = field.expand
+    monkeypatch.setattr(field, "expand", lambda *a: calls.append(a) or real(*a))
+    got = bv.expand_one(seed, 50)
+    assert len(calls) == 1 and got.tolist() == real(np.frombuffer(seed, np.uint8).reshape(1, 32), 50,
+                                                     bv.SHARE_NONCE)[0].tolist()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_field_sums_into_sketch_cells_are_exact(compiled):
+    """aggregate's one-word lazy sums mod p (compiled) and its numpy reference against Python
+    integers: random elements, elements at 0, 1, p - 1 and p - 2, both signs and empty slots,
+    many rows into one cell (every sum overflows 2^64), a shift and a running aggregate."""
+    if compiled:
+        assert wraparound.WRAP.warm_up()  # else a batch below kernels.MIN_ROWS takes the reference
+    m, w, k = 300, 3, 4
+    rng = np.random.default_rng(8)
+    plan = _plan(m, w)
+    c = plan.circuit
+    values = rng.integers(0, P, size=(m, c.k), dtype=np.uint64)
+    values[:40, :w] = np.array([0, 1, P - 1, P - 2], dtype=np.uint64)[rng.integers(0, 4, size=(40, w))]
+    values[40:80, :w] = P - 1
+    rows = rng.integers(0, k, size=(m, 2))
+    rows[40:80] = 0  # 40 rows of p - 1 into cell 0: its word overflows 2^64 again and again
+    signs = rng.integers(-1, 2, size=(m, 2)).astype(np.int8)
+    signs[40:80] = 1
+    inputs = np.zeros(c.input_len, dtype=np.uint64)
+    inputs[:m * c.k] = values.ravel()
+    view = bv.ServerBatch(0, inputs, np.zeros(c.proof_len, dtype=np.uint64), bytes(32), bytes(16))
+    start = rng.integers(0, P, size=(k, w), dtype=np.uint64)
+    expected = [[int(start[r, j]) for j in range(w)] for r in range(k)]
+    for i in range(m):
+        for slot in range(2):
+            for j in range(w):
+                expected[rows[i, slot]][j] += int(signs[i, slot]) * int(values[i, j])
+    for shift in (0, 5):
+        plan_s = bv.BatchPlan(c, shift, N)
+        want = [[(e - int(start[r, j])) * (1 << shift) + int(start[r, j]) for j, e in enumerate(row)]
+                for r, row in enumerate(expected)]
+        if compiled:
+            got = bv.aggregate(plan_s, view, rows, signs, start)
+        else:
+            with wraparound.WRAP.reference():
+                got = bv.aggregate(plan_s, view, rows, signs, start)
+        assert got.tolist() == [[v % P for v in row] for row in want]
+    with pytest.raises(ValueError, match="outside"):
+        bv.aggregate(plan, view, rows + k, signs, start)
 
 
 # --- forgeries ----------------------------------------------------------------------------------------

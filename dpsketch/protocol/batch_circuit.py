@@ -29,7 +29,7 @@ Checks: each range call; each row call (its output is 0); each repetition
 sum_t 4^t d_kt - T - <z_k, v> = 0, linear in the input with coefficients z_kj in {-1, 0, 1} that
 depend on the batch's wrap seed: the circuit keeps only the digits' part as an Affine and
 :meth:`BatchNorm.checked` adds the projections (:class:`ProjectedChecks`), computed by
-wraparound.project instead of an r x (rows K) matrix.
+wraparound.project_seeded instead of an r x (rows K) matrix.
 
 Why this is sound (section 15): if every |v_j| < 4^q_w (the wrap checks, else 2^-r per wrap
 seed) then each row's sum of squares minus R^2 is an integer in (-p, p) (checked at
@@ -167,17 +167,19 @@ def best_rows_per_call(m: int, k: int) -> int:
 class ProjectedChecks:
     """A batch circuit's check map for one batch: the circuit's Affine (digits, constants) less
     <z_k, v> on the repetitions' rows (v the input's first v_len elements; the z from the batch's
-    wrap bits). Duck-types the part of :class:`flp.Affine` that flp.query uses."""
+    wrap seed, wraparound.project_seeded). Duck-types the part of :class:`flp.Affine` that
+    flp.query uses."""
 
-    def __init__(self, base: Affine, table: np.ndarray, v_len: int, first_row: int, reps: int):
-        self.base, self.table, self.v_len, self.first_row, self.reps = base, table, v_len, first_row, reps
+    def __init__(self, base: Affine, wrap_seed: bytes, v_len: int, first_row: int, reps: int, threads: int = 1):
+        self.base, self.wrap_seed, self.v_len, self.first_row, self.reps = base, wrap_seed, v_len, first_row, reps
+        self.threads = threads
         self.rows, self.cols, self.const = base.rows, base.cols, base.const
 
     def apply_lanes(self, xt: np.ndarray, const_scale: int = 1) -> np.ndarray:
         out = self.base.apply_lanes(xt, const_scale)
         rows = slice(self.first_row, self.first_row + self.reps)
         for lane in range(xt.shape[1]):  # one lane per batch: a verification handles one batch
-            proj = wraparound.project(xt[:self.v_len, lane], self.table)
+            proj = wraparound.project_seeded(xt[:self.v_len, lane], self.wrap_seed, self.reps, threads=self.threads)
             out[rows, lane] = field.sub(out[rows, lane], proj)
         return out
 
@@ -234,16 +236,17 @@ class BatchNorm(Circuit):
                                  const={self.first_wrap_check + r: -self.threshold for r in range(reps)})
         super().__init__(n, [ranges, rows], checks_in, checks_out)
 
-    def checked(self, table: np.ndarray) -> "BatchNorm":
-        """This circuit with the projections of one batch's wrap bits in its checks: what a
-        server queries with (the prover needs no checks)."""
-        if table.shape != (-(-self.v_len // 8), self.reps + 1):
-            raise ValueError("the wrap bits do not fit this circuit")
+    def checked(self, wrap_seed: bytes, threads: int = 1) -> "BatchNorm":
+        """This circuit with the projections of one batch's wrap bits (from its wrap seed) in its
+        checks: what a server queries with (the prover needs no checks); the projections on
+        ``threads`` threads (wraparound.project_seeded)."""
+        if len(wrap_seed) != 32:
+            raise ValueError("a wrap seed is 32 bytes")
         out = copy.copy(self)
         # flp.query reads only rows, cols, const and apply_lanes of the check map, which
         # ProjectedChecks provides (it is not an Affine: its z change with every batch)
-        out.checks_on_input = cast(Affine, ProjectedChecks(self.checks_on_input, table, self.v_len,
-                                                           self.first_wrap_check, self.reps))
+        out.checks_on_input = cast(Affine, ProjectedChecks(self.checks_on_input, bytes(wrap_seed), self.v_len,
+                                                           self.first_wrap_check, self.reps, threads))
         return out
 
     # --- the honest witness ---------------------------------------------------------------------

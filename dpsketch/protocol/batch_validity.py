@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,6 @@ WRAP_DOMAIN = b"dpsketch/wrap-seed/1"
 BATCH_ID_DOMAIN = b"dpsketch/batch-id/1"
 SHARE_DOMAIN = b"dpsketch/batch-share/1"
 SHARE_NONCE = hashlib.sha256(SHARE_DOMAIN).digest()[:12]
-ROW_ID_DOMAIN = b"dpsketch/batch-row/1"
 SEED_BYTES = 32
 
 
@@ -153,20 +153,36 @@ def batch_id(seed: bytes, digits: bytes) -> bytes:
 
 
 def row_ids(bid: bytes, m: int) -> np.ndarray:
-    """The rows' ids (m, 16) uint8, what the sketch hashes (Study.hash_report_ids): SHA-256(
-    "dpsketch/batch-row/1" || batch id || i as 4 bytes little-endian)[:16] for row i. They
-    follow from the batch id, so a row's cell is fixed once the batch's shares are."""
-    from .binding import _hash_rows  # the binding's vectorised SHA-256 of many rows
-
-    index = np.arange(m, dtype="<u4").view(np.uint8).reshape(m, 4)
-    return np.ascontiguousarray(_hash_rows(m, [ROW_ID_DOMAIN + bid, index])[:, :flp.REPORT_ID_BYTES])
+    """The rows' ids (m, 16) uint8, what the sketch hashes (Study.hash_report_ids, a keyed hash):
+    the batch id's first 12 bytes then i as 4 bytes little-endian, for row i. Distinct within a
+    batch, and across batches but for a collision of 96-bit batch id prefixes; they follow from
+    the batch id, so a row's cell is fixed once the batch's shares are. (They were SHA-256 of the
+    batch id and i: the sketch's keyed hash makes that second hash add nothing but 0.13 us a row.)"""
+    if len(bid) != flp.REPORT_ID_BYTES or not 0 <= m < 1 << 32:
+        raise ValueError("a 16-byte batch id and fewer than 2^32 rows")
+    out = np.empty((m, flp.REPORT_ID_BYTES), dtype=np.uint8)
+    out[:, :12] = np.frombuffer(bid[:12], dtype=np.uint8)
+    out[:, 12:] = np.arange(m, dtype="<u4").view(np.uint8).reshape(m, 4)
+    return out
 
 
 def _helper_shares(plan: BatchPlan, seed: bytes) -> np.ndarray:
-    """A helper's input share then proof share, one row: n + P elements from its seed."""
+    """A helper's input share then proof share, one row: n + P elements from its seed
+    (:func:`expand_one`)."""
     c = plan.circuit
-    return field.expand(np.frombuffer(seed, dtype=np.uint8).reshape(1, SEED_BYTES), c.input_len + c.proof_len,
-                        SHARE_NONCE)[0]
+    return expand_one(seed, c.input_len + c.proof_len)
+
+
+def expand_one(seed: bytes, count: int, nonce: bytes = SHARE_NONCE) -> np.ndarray:
+    """field.expand of one seed, (count,): its first ``count`` keystream words when none of
+    them is >= p (all but about count 2^-32 of seeds), from OpenSSL's ChaCha20
+    (wraparound.keystream_into, one long stream: 3-4x faster than the per-row loop field.expand
+    takes); else field.expand itself. The same elements either way (tests compare them)."""
+    if sys.byteorder == "little":
+        words = wraparound.keystream_into(seed, nonce, np.empty(count, dtype=np.uint64))
+        if not count or words.max() < np.uint64(field.P):
+            return words
+    return field.expand(np.frombuffer(seed, dtype=np.uint8).reshape(1, SEED_BYTES), count, nonce)[0]
 
 
 # --- client -------------------------------------------------------------------------------------------
@@ -222,8 +238,7 @@ def commit(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int |
 def projections(plan: BatchPlan, committed: Commitment) -> np.ndarray:
     """<z_k, v> of the committed batch, centred integers (r,)."""
     c = plan.circuit
-    table = wraparound.bits(committed.wrap_seed, c.reps, c.v_len)
-    return field.decode_int(wraparound.project(committed.prefix[:c.v_len], table))
+    return field.decode_int(wraparound.project_seeded(committed.prefix[:c.v_len], committed.wrap_seed, c.reps))
 
 
 def prove_prefix(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int | None = None,
@@ -291,6 +306,42 @@ def receive(plan: BatchPlan, position: int, payload, parts: Sequence[bytes], dig
     return ServerBatch(position, inputs, proof, seed, batch_id(seed, digits))
 
 
+def aggregate(plan: BatchPlan, batch: ServerBatch, rows: np.ndarray, signs: np.ndarray,
+              acc: np.ndarray) -> np.ndarray:
+    """acc + the server's F_p shares of sum_i signs[i, l] 2^shift x_i in the sketch's cells
+    rows[i, l] ((k, w) F_p elements, acc's shape: the sketch's cells by the coordinates): one word a cell,
+    summed lazily mod p by the compiled loop (_wrap_kernel.accumulate_fp), the grid's 2^shift
+    applied once to the sums rather than to every row (it is linear)."""
+    c = plan.circuit
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    signs = np.ascontiguousarray(signs, dtype=np.int8)
+    if rows.shape != signs.shape or rows.ndim != 2 or len(rows) != c.m:
+        raise ValueError("one row of sketch cells and signs per batch row")
+    table = batch.inputs[:c.m * c.k].reshape(c.m, c.k)  # each row: its coordinates, then its roots
+    if acc.shape[1] != c.w or (rows.size and (rows.min() < 0 or rows.max() >= acc.shape[0])):
+        raise ValueError("sketch cells outside the aggregate")
+    loop = wraparound.WRAP.for_rows(c.m)
+    if loop is not None:
+        sums = np.zeros(acc.shape, dtype=np.uint64)
+        loop.accumulate_fp(sums, rows, signs, table, c.w)
+        sums %= np.uint64(field.P)
+    else:
+        sums = _field_sums_ref(np.zeros(acc.shape, dtype=np.uint64), rows, signs, table, c.w)
+    if plan.shift:
+        sums = field.mul(sums, np.uint64(pow(2, plan.shift, field.P)))
+    return field.add(field.elements(acc, "aggregate"), sums)
+
+
+def _field_sums_ref(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, values: np.ndarray, w: int) -> np.ndarray:
+    """acc + sum_i signs[i, l] values[i, :w] in cells rows[i, l], mod p (numpy: the split 32-bit
+    words of the per-report path, summed exactly by the sketch's accumulation, then joined)."""
+    from . import sketch
+
+    running = np.zeros((acc.shape[0], 2 * w), dtype=np.uint64)
+    sketch.accumulate(running, rows, signs, validity.split_words(np.ascontiguousarray(values[:, :w])))
+    return field.add(np.asarray(acc, dtype=np.uint64) % np.uint64(field.P), validity.join_words(running))
+
+
 def coordinate_shares(plan: BatchPlan, batch: ServerBatch) -> np.ndarray:
     """The server's F_p shares (m, w) of 2^shift x: the coordinates are input elements, no map."""
     x = plan.circuit.coordinates(batch.inputs)
@@ -302,10 +353,11 @@ def _query(plan: BatchPlan, seed: bytes) -> flp.Query:
     return flp.Query(plan.circuit, flp.query_point(seed))
 
 
-def verifier_share(plan: BatchPlan, batch: ServerBatch, query_seed: bytes) -> np.ndarray:
-    """The server's verifier share (V, 2) at the round's query point (validity.query_seed)."""
+def verifier_share(plan: BatchPlan, batch: ServerBatch, query_seed: bytes, threads: int = 1) -> np.ndarray:
+    """The server's verifier share (V, 2) at the round's query point (validity.query_seed); the
+    wrap projections on ``threads`` threads (the same share, less wall time where cores are free)."""
     c = plan.circuit
-    checked = c.checked(wraparound.bits(batch.wrap_seed, c.reps, c.v_len))
+    checked = c.checked(batch.wrap_seed, threads)
     jr = flp.joint_rand(c, [batch.batch_id])
     return flp.query(checked, batch.inputs[None], batch.proof[None], jr, _query(plan, query_seed),
                      plan.n_servers)[0]

@@ -407,6 +407,8 @@ def lanes(x) -> np.ndarray:
     with reports innermost that the prover and the query run on, by the compiled loop's tiled
     transpose where it is loaded."""
     x = np.asarray(x, dtype=np.uint64)
+    if x.ndim == 2 and x.shape[0] == 1:  # one report (a batch proof's): a copy, 3-4x faster than the tiled loop
+        return x.reshape(-1, 1).copy()
     loops = _loops(x.size)
     if loops is None or x.ndim != 2 or x.size == 0:
         return np.ascontiguousarray(x.T)
