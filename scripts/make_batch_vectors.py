@@ -115,6 +115,7 @@ def batch_vector(label: str, servers: list[str], leader: int, rows: list[list[fl
         "prefix": _dec(prefix),
         "client_key": _fixed(label + "/client").hex(), "leader": lead,
         "helper_seeds": {str(j): s.hex() for j, s in enumerate(proved.seeds) if s is not None},
+        "blind": proved.blind.hex(),
         "plan_header": plan.header.hex(), "record_header": batch_records.header_bytes(plan, lead).hex(),
         "parts": [p.hex() for p in proved.parts], "wrap_seed": seed.hex(),
         "wrap_bits_first": table_bytes[:WRAP_BYTES_SHOWN].hex(), "wrap_bits_bytes": len(table_bytes),
@@ -136,7 +137,7 @@ def batch_vector(label: str, servers: list[str], leader: int, rows: list[list[fl
 def vectors() -> dict:
     return {
         "format": "dpsketch-conformance/1",
-        "spec_version": "batch-draft-1",
+        "spec_version": "batch-draft-2",
         "protocol": "dpsketch/2",
         "category": "batch_validity",
         "description": (
@@ -146,7 +147,7 @@ def vectors() -> dict:
             "share and the decision. Field elements are decimal strings (F_p, p = 2^64 - 2^32 + 1), "
             "F_(p^2) elements pairs [c0, c1]. The client keystream (Keystream.from_key(client_key)) is "
             "drawn in this order: the helpers' 32-byte seeds (helper by helper in position order), "
-            "then the prove randomness (flp.prove_rand). wrap_bits_first: the first bytes of the "
+            "the leader's 32-byte blind, then the prove randomness (flp.prove_rand). wrap_bits_first: the first bytes of the "
             "(ceil(v_len / 8), r + 1) table, row-major. roots: each row's slack's roots (padding rows "
             "too). tampered_decision: the leader's first proof element plus one."),
         "tolerance_rule": "exact",

@@ -148,7 +148,7 @@ def test_every_malformed_record_is_refused_with_its_problem(batch):
     _refused(study, 0, help_type, helper + b"\0", "malformed-body", "helper's record is")
     # a value >= p in the input share and in the proof share
     for index in (0, c.input_len):
-        at = 40 + 32 * 4 + 8 * index
+        at = 40 + 32 * 4 + 32 + 8 * index  # header, 3 parts and the digits part, the blind
         for value in (field.P, 2 ** 64 - 1):
             forged = lead[:at] + struct.pack("<Q", value) + lead[at + 8:]
             _refused(study, 1, lead_type, forged, "malformed-body", f"element {index} of")
@@ -186,8 +186,11 @@ def test_every_malformed_record_is_refused_with_its_problem(batch):
     changed[-1 - 8 * c.proof_len] ^= 1  # the last input element (a wrap digit): the digits part
     _refused(study, 1, lead_type, bytes(changed), "binding-refused", "digits part")
     changed = bytearray(lead)
-    changed[40 + 32 * 4] ^= 1  # the first input element: the leader's part
+    changed[40 + 32 * 4 + 32] ^= 1  # the first input element: the leader's part
     _refused(study, 1, lead_type, bytes(changed), "binding-refused", "part for server 1")
+    changed = bytearray(lead)
+    changed[40 + 32 * 4] ^= 1  # the blind: both of the leader's parts
+    _refused(study, 1, lead_type, bytes(changed), "binding-refused", "digits part|part for server 1")
     changed = bytearray(helper)
     changed[40] ^= 1  # server 0's part
     _refused(study, 0, help_type, bytes(changed), "binding-refused", "part for server 0")
@@ -262,12 +265,12 @@ def test_read_header_judges_m_before_any_circuit_is_built(batch):
     assert batch_validity.batch_plan.cache_info().misses == built
 
 
-def test_the_leaders_part_lets_the_helpers_test_guesses_until_it_is_blinded():
-    """What docs/protocol.md section 4d lists as open: at the floor (sigma = 0, no client noise) a
-    helper of a two-server batch confirms a guess of the rows from the leader's part, which hashes
-    the leader's share without a secret (share = prefix - the helper's own share). A report's salted
-    commitment (section 4a) prevents this. When the core blinds the leader's part, this test fails:
-    flip it to assert the guess is not confirmed."""
+def test_the_leaders_part_hides_the_rows_from_the_helpers():
+    """At the floor (sigma = 0, no client noise) a helper of a two-server batch knows its own share,
+    hence the leader's share of any guess of the rows (share = prefix - its own). The leader's part
+    hashes the leader's share after a 32-byte blind only the leader receives: with the blind the
+    part confirms the true rows (it binds), without it no guess is confirmed, the true rows
+    included (before the blind, the helper confirmed them; docs/protocol.md section 4d)."""
     study = design(name="floor", columns=["x1", "x2", "x3", "y"], label="y", servers=["s0", "s1"],
                    expected_reports=10_000, seed=SEED, validity=True, batch_proofs=True, epsilon=4.0)[0]
     assert study.sigma == 0
@@ -277,10 +280,16 @@ def test_the_leaders_part_lets_the_helpers_test_guesses_until_it_is_blinded():
     proved = batch_validity.prove(plan, rows, Keystream.from_key(b"\x02" * 32), leader=0)
     mine = batch_validity._helper_shares(plan, proved.seeds[1])[:c.input_len]  # the helper's own share
 
-    def confirms(guess) -> bool:
+    def confirms(guess, blind) -> bool:
         leader_share = np.empty(c.input_len, dtype=np.uint64)
         leader_share[:c.at_wrap] = field.sub(c.prefix(np.asarray(guess, dtype=np.int64)), mine[:c.at_wrap])
-        return batch_validity.share_part(plan, 0, leader_share) == proved.parts[0]
+        return batch_validity.share_part(plan, 0, leader_share, blind) == proved.parts[0]
 
-    assert confirms(rows)
-    assert not confirms(rows[::-1]) and not confirms(rows + np.array([0, 0, 0, 1]))
+    assert confirms(rows, proved.blind)  # the leader's part binds its share
+    assert not confirms(rows[::-1], proved.blind)
+    # what the helper can try: every blind it could know (none, its own seed, zeros)
+    for blind in (bytes(32), proved.seeds[1], b"\xff" * 32):
+        assert not confirms(rows, blind)
+    # the records: only the leader's carries the blind
+    recs = br.records(plan, proved)
+    assert proved.blind in recs[0][1] and proved.blind not in recs[1][1]

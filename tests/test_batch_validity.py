@@ -376,8 +376,8 @@ def test_shares_tampered_after_proving_are_refused():
             _views(plan, batch)
         # by the client, with the parts made again for what it sends: refused at decide
         if at < c.v_len:
-            batch.parts[batch.leader] = bv.share_part(plan, batch.leader, batch.leader_inputs)
-        batch.digits_part = bv.digits_part(plan, batch.leader, batch.leader_inputs)
+            batch.parts[batch.leader] = bv.share_part(plan, batch.leader, batch.leader_inputs, batch.blind)
+        batch.digits_part = bv.digits_part(plan, batch.leader, batch.leader_inputs, batch.blind)
         assert not _accepted(plan, batch)
     batch = bv.prove(plan, x, _stream("tamper proof"))
     batch.leader_proof = field.add(batch.leader_proof, np.uint64(1))

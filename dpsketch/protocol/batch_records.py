@@ -19,7 +19,7 @@ Layouts (little-endian; docs/protocol.md section 4d has the byte table):
 
     header  m u32 | w u32 | R^2 u64 | r u32 | T u64 | N u32 | shift u32 | leader u32   (40 bytes)
     parts   part_0 .. part_(N-1) | digits part                                   (32 (N + 1) bytes)
-    leader  input share (n) then proof share (P), 8 bytes each, each < p
+    leader  its 32-byte blind, then input share (n) then proof share (P), 8 bytes each, each < p
     helper  its 32-byte seed
 
 The first 36 header bytes are :attr:`batch_validity.BatchPlan.header`, the bytes the parts and
@@ -37,7 +37,7 @@ import numpy as np
 from . import batch_circuit, batch_validity, field, validity, wraparound
 from .problems import ProblemError
 
-#: a leader's record: header, parts, its input and proof shares as F_p elements
+#: a leader's record: header, parts, its blind, its input and proof shares as F_p elements
 LEADER_MEDIA_TYPE = "application/x-dpsketch-proof-batch"
 #: a helper's record: header, parts, its 32-byte seed
 HELPER_MEDIA_TYPE = "application/x-dpsketch-proof-batch-seed"
@@ -51,6 +51,7 @@ HEADER = struct.Struct("<IIQIQIII")
 HEADER_BYTES = HEADER.size  # 40
 PART_BYTES = 32
 SEED_BYTES = batch_validity.SEED_BYTES
+BLIND_BYTES = batch_validity.BLIND_BYTES
 ELEMENT_BYTES = 8
 #: the most rows one batch record may hold: a server builds the batch's circuit (seconds and tens
 #: of MB at 10^5 rows) from the header's m, and the SDK's batches hold at most 100,000 rows
@@ -76,8 +77,8 @@ def _malformed(detail: str) -> BatchRecordError:
 @dataclass(frozen=True, eq=False)
 class BatchRecord:
     """One server's record of a batch, decoded: the header's fields, the N parts and the digits
-    part, and either the leader's shares (``inputs``, ``proof``: F_p elements) or a helper's
-    ``seed``."""
+    part, and either the leader's ``blind`` and shares (``inputs``, ``proof``: F_p elements) or a
+    helper's ``seed``."""
 
     m: int
     w: int
@@ -92,6 +93,7 @@ class BatchRecord:
     inputs: np.ndarray | None = None
     proof: np.ndarray | None = None
     seed: bytes | None = None
+    blind: bytes | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -107,8 +109,8 @@ class BatchRecord:
                            self.leader)
 
     def payload(self):
-        """What :func:`batch_validity.receive` takes: the leader's (inputs, proof) or the seed."""
-        return (self.inputs, self.proof) if self.is_leader else self.seed
+        """What :func:`batch_validity.receive` takes: the leader's (inputs, proof, blind) or the seed."""
+        return (self.inputs, self.proof, self.blind) if self.is_leader else self.seed
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, BatchRecord):
@@ -116,8 +118,8 @@ class BatchRecord:
         same_shares = all(
             (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
             for a, b in ((self.inputs, other.inputs), (self.proof, other.proof)))
-        return (self.header, self.parts, self.digits_part, self.seed) == (
-            other.header, other.parts, other.digits_part, other.seed) and same_shares
+        return (self.header, self.parts, self.digits_part, self.seed, self.blind) == (
+            other.header, other.parts, other.digits_part, other.seed, other.blind) and same_shares
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -136,7 +138,7 @@ def record(plan: batch_validity.BatchPlan, proved: batch_validity.ProvedBatch, p
                   shift=plan.shift, leader=proved.leader, parts=tuple(proved.parts), digits_part=proved.digits_part)
     if position == proved.leader:
         return BatchRecord(**common, inputs=np.asarray(proved.leader_inputs, dtype=np.uint64),
-                           proof=np.asarray(proved.leader_proof, dtype=np.uint64))
+                           proof=np.asarray(proved.leader_proof, dtype=np.uint64), blind=bytes(proved.blind))
     seed = proved.seeds[position]
     assert seed is not None
     return BatchRecord(**common, seed=bytes(seed))
@@ -149,8 +151,10 @@ def encode(rec: BatchRecord) -> bytes:
         raise ValueError("a batch record has N parts and a digits part of 32 bytes each")
     head = rec.header + b"".join(rec.parts) + rec.digits_part
     if rec.is_leader:
-        assert rec.inputs is not None and rec.proof is not None
-        return head + field.to_wire(field.elements(rec.inputs, "input share")) \
+        assert rec.inputs is not None and rec.proof is not None and rec.blind is not None
+        if len(rec.blind) != BLIND_BYTES:
+            raise ValueError("a leader's blind is 32 bytes")
+        return head + rec.blind + field.to_wire(field.elements(rec.inputs, "input share")) \
             + field.to_wire(field.elements(rec.proof, "proof share"))
     assert rec.seed is not None
     if len(rec.seed) != SEED_BYTES:
@@ -169,7 +173,7 @@ def records(plan: batch_validity.BatchPlan, proved: batch_validity.ProvedBatch) 
 
 def leader_length(plan: batch_validity.BatchPlan) -> int:
     c = plan.circuit
-    return HEADER_BYTES + PART_BYTES * (plan.n_servers + 1) + ELEMENT_BYTES * (c.input_len + c.proof_len)
+    return HEADER_BYTES + PART_BYTES * (plan.n_servers + 1) + BLIND_BYTES + ELEMENT_BYTES * (c.input_len + c.proof_len)
 
 
 def helper_length(n_servers: int) -> int:
@@ -237,7 +241,7 @@ def read_header(study, position: int, media_type: str, body: bytes) -> Header:
     if leading:
         # every row has at least w + 5 elements (coordinates and roots): judged before the circuit
         # of m rows is built, so a short body cannot make the server build a large one
-        least = fixed + ELEMENT_BYTES * m * (w + batch_circuit.greedy_steps(r2) + batch_circuit.EXACT)
+        least = fixed + BLIND_BYTES + ELEMENT_BYTES * m * (w + batch_circuit.greedy_steps(r2) + batch_circuit.EXACT)
         if len(body) < least:
             raise _malformed(f"a leader's record of {m} rows has at least {least} bytes; the body has {len(body)}")
     elif len(body) != helper_length(n_srv):
@@ -270,11 +274,12 @@ def decode(study, position: int, media_type: str, body: bytes) -> tuple[BatchRec
     if len(body) != leader_length(plan):
         raise _malformed(f"a leader's record of {h.m} rows is {leader_length(plan)} bytes (n = {c.input_len}, "
                          f"P = {c.proof_len}); the body has {len(body)}")
-    values = np.frombuffer(body, dtype="<u8", offset=fixed).astype(np.uint64)
+    values = np.frombuffer(body, dtype="<u8", offset=fixed + BLIND_BYTES).astype(np.uint64)
     above = np.flatnonzero(values >= np.uint64(field.P))
     if above.size:
         raise _malformed(f"a leader's element is not below p (element {int(above[0])} of {values.size})")
-    return BatchRecord(**common, inputs=values[:c.input_len], proof=values[c.input_len:]), plan
+    return BatchRecord(**common, inputs=values[:c.input_len], proof=values[c.input_len:],
+                       blind=body[fixed:fixed + BLIND_BYTES]), plan
 
 
 def receive(study, position: int, media_type: str, body: bytes

@@ -14,11 +14,13 @@ The flow (one batch, N servers, the leader at position ``leader``):
    (BatchNorm.prefix); one seed per helper, whose expansion (input share, then proof share) is
    the helper's share of the whole batch; the leader's share of that prefix = x - the helpers'.
 2. parts: part_j = SHA-256("dpsketch/batch-part/1" || "seed" || j || seed_j) for a helper,
-   SHA-256(... || "share" || j || the leader's share of v = (x, a)) for the leader; the wrap seed
+   SHA-256(... || "share" || j || blind || header || the leader's share of v = (x, a)) for the
+   leader (blind: 32 random bytes only the leader receives, so that the helpers, who know every
+   other share, cannot test guesses of the rows against the leader's part); the wrap seed
    = SHA-256("dpsketch/wrap-seed/1" || header || part_0 || ... || part_(N-1)): it commits to v
    before the client learns the projections (wraparound.py).
 3. client: the projections <z_k, v>, their digits (T added), the leader's share of them; the
-   digits part = SHA-256(... || "digits" || leader || the leader's share of the digits); the
+   digits part = SHA-256(... || "digits" || leader || blind || the leader's share of the digits); the
    batch id = SHA-256("dpsketch/batch-id/1" || wrap seed || digits part)[:16], from which the
    FLP's joint randomness is drawn (flp.joint_rand): it commits to every share.
 4. client: prove (flp.prove), the leader's proof share = proof - the helpers'.
@@ -53,6 +55,8 @@ BATCH_ID_DOMAIN = b"dpsketch/batch-id/1"
 SHARE_DOMAIN = b"dpsketch/batch-share/1"
 SHARE_NONCE = hashlib.sha256(SHARE_DOMAIN).digest()[:12]
 SEED_BYTES = 32
+#: the leader's blind in its part and digits part (share_part)
+BLIND_BYTES = 32
 
 
 class BatchRefused(validity.ValidityError):
@@ -82,10 +86,10 @@ class BatchPlan:
 
     def upload_bytes(self) -> dict[str, int]:
         """Bytes one batch sends to its N servers: the leader's input and proof shares (8 bytes an
-        element), a 32-byte seed to each helper, and the N + 1 parts of 32 bytes to each server
-        (each server recomputes its own; they are counted anyway)."""
+        element) and its 32-byte blind, a 32-byte seed to each helper, and the N + 1 parts of 32
+        bytes to each server (each server recomputes its own; they are counted anyway)."""
         c = self.circuit
-        leader = 8 * (c.input_len + c.proof_len)
+        leader = 8 * (c.input_len + c.proof_len) + BLIND_BYTES
         seeds = SEED_BYTES * (self.n_servers - 1)
         parts = 32 * (self.n_servers + 1) * self.n_servers
         return {"leader": leader, "seeds": seeds, "parts": parts, "total": leader + seeds + parts}
@@ -111,8 +115,8 @@ def study_plan(study, m: int, reps: int = wraparound.REPETITIONS) -> BatchPlan:
 
 @dataclass
 class ProvedBatch:
-    """What the client sends: the leader's shares, each helper's seed (None at the leader), every
-    server's part (in position order) and the leader's digits part."""
+    """What the client sends: the leader's shares and blind, each helper's seed (None at the
+    leader), every server's part (in position order) and the leader's digits part."""
 
     leader: int
     leader_inputs: np.ndarray
@@ -120,10 +124,14 @@ class ProvedBatch:
     seeds: list[bytes | None]
     parts: list[bytes]
     digits_part: bytes
+    blind: bytes
 
     def payload(self, position: int):
-        """What server ``position`` receives besides the parts: its seed, or the leader's shares."""
-        return (self.leader_inputs, self.leader_proof) if position == self.leader else self.seeds[position]
+        """What server ``position`` receives besides the parts: its seed, or the leader's shares
+        and the blind (inputs, proof, blind)."""
+        if position == self.leader:
+            return self.leader_inputs, self.leader_proof, self.blind
+        return self.seeds[position]
 
 
 def _part(kind: bytes, position: int, data: bytes) -> bytes:
@@ -134,12 +142,17 @@ def seed_part(position: int, seed: bytes) -> bytes:
     return _part(b"seed", position, seed)
 
 
-def share_part(plan: BatchPlan, position: int, leader_inputs: np.ndarray) -> bytes:
-    return _part(b"share", position, plan.header + field.to_wire(leader_inputs[:plan.circuit.v_len]))
+def share_part(plan: BatchPlan, position: int, leader_inputs: np.ndarray, blind: bytes) -> bytes:
+    """The leader's part: a hiding commitment to its share of v. Every server sees every part, and
+    the helpers together know every share but the leader's, hence v minus it: without the blind
+    (32 bytes only the leader receives) they could test guesses of the rows against this hash
+    (tests/test_batch_records.py measures it); with it, the hash says nothing about them."""
+    return _part(b"share", position, blind + plan.header + field.to_wire(leader_inputs[:plan.circuit.v_len]))
 
 
-def digits_part(plan: BatchPlan, position: int, leader_inputs: np.ndarray) -> bytes:
-    return _part(b"digits", position, field.to_wire(leader_inputs[plan.circuit.v_len:]))
+def digits_part(plan: BatchPlan, position: int, leader_inputs: np.ndarray, blind: bytes) -> bytes:
+    """The leader's commitment to its share of the wrap digits, blinded as :func:`share_part`."""
+    return _part(b"digits", position, blind + field.to_wire(leader_inputs[plan.circuit.v_len:]))
 
 
 def wrap_seed(plan: BatchPlan, parts: Sequence[bytes]) -> bytes:
@@ -210,10 +223,12 @@ class Commitment:
     leader_inputs: np.ndarray
     parts: list[bytes]
     wrap_seed: bytes
+    blind: bytes
 
 
 def commit(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int | None = None) -> Commitment:
-    """Helper seeds (from ``stream``), the leader's share of the prefix, the parts, the wrap seed."""
+    """Helper seeds then the leader's blind (from ``stream``), the leader's share of the prefix,
+    the parts, the wrap seed."""
     c = plan.circuit
     n_srv = plan.n_servers
     leader = n_srv - 1 if leader is None else leader
@@ -223,6 +238,7 @@ def commit(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int |
     if prefix.shape != (c.at_wrap,):
         raise ValueError(f"the prefix has {c.at_wrap} elements")
     seeds: list[bytes | None] = [None if j == leader else stream.bytes(SEED_BYTES) for j in range(n_srv)]
+    blind = stream.bytes(BLIND_BYTES)
     helpers = None
     for s in seeds:
         if s is not None:
@@ -231,8 +247,8 @@ def commit(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader: int |
     assert helpers is not None
     leader_inputs = np.empty(c.input_len, dtype=np.uint64)
     leader_inputs[:c.at_wrap] = field.sub(prefix, helpers[:c.at_wrap])
-    parts = [share_part(plan, j, leader_inputs) if s is None else seed_part(j, s) for j, s in enumerate(seeds)]
-    return Commitment(prefix, leader, seeds, helpers, leader_inputs, parts, wrap_seed(plan, parts))
+    parts = [share_part(plan, j, leader_inputs, blind) if s is None else seed_part(j, s) for j, s in enumerate(seeds)]
+    return Commitment(prefix, leader, seeds, helpers, leader_inputs, parts, wrap_seed(plan, parts), blind)
 
 
 def projections(plan: BatchPlan, committed: Commitment) -> np.ndarray:
@@ -260,12 +276,13 @@ def prove_prefix(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader:
         inputs[c.at_wrap:] = c.wrap_input(np.mod(proj + c.threshold, c.wrap_bound) - c.threshold)
     helpers, leader_inputs = committed.helpers, committed.leader_inputs
     leader_inputs[c.at_wrap:] = field.sub(inputs[c.at_wrap:], helpers[c.at_wrap:c.input_len])
-    digits = digits_part(plan, committed.leader, leader_inputs)
+    digits = digits_part(plan, committed.leader, leader_inputs, committed.blind)
     bid = batch_id(committed.wrap_seed, digits)
     jr = flp.joint_rand(c, [bid])
     proof = flp.prove(c, inputs[None], jr, flp.prove_rand(c, 1, stream))[0]
     leader_proof = field.sub(proof, helpers[c.input_len:])
-    return ProvedBatch(committed.leader, leader_inputs, leader_proof, committed.seeds, committed.parts, digits)
+    return ProvedBatch(committed.leader, leader_inputs, leader_proof, committed.seeds, committed.parts, digits,
+                       committed.blind)
 
 
 # --- servers ------------------------------------------------------------------------------------------
@@ -288,11 +305,16 @@ def receive(plan: BatchPlan, position: int, payload, parts: Sequence[bytes], dig
     explicit), after checking that the client's part for it is its own (BatchRefused if not)."""
     c = plan.circuit
     if position == leader:
-        inputs, proof = (field.elements(np.asarray(a), "leader share") for a in payload)
+        if not isinstance(payload, tuple) or len(payload) != 3:
+            raise BatchRefused("a leader's payload is its input share, proof share and blind")
+        inputs, proof = (field.elements(np.asarray(a), "leader share") for a in payload[:2])
+        blind = payload[2]
         if inputs.shape != (c.input_len,) or proof.shape != (c.proof_len,):
             raise BatchRefused("a leader's shares have the batch's input and proof lengths")
-        mine = share_part(plan, position, inputs)
-        if digits != digits_part(plan, position, inputs):
+        if not isinstance(blind, (bytes, bytearray)) or len(blind) != BLIND_BYTES:
+            raise BatchRefused("a leader's blind is 32 bytes")
+        mine = share_part(plan, position, inputs, bytes(blind))
+        if digits != digits_part(plan, position, inputs, bytes(blind)):
             raise BatchRefused("the batch's digits part is not the leader's")
     else:
         if not isinstance(payload, (bytes, bytearray)) or len(payload) != SEED_BYTES:
