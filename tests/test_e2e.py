@@ -131,8 +131,13 @@ def test_default_design_release_carries_the_servers_noise(shared_cluster):
     c = shared_cluster
     n = 4000  # with k = 64 the clients' noise alone does not reach the floor: the servers add some
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        # min_reports 0.9 n, not n: the sketch seed and the report ids are fresh each run, and with
+        # all 4000 reports at exactly min_reports (62.5 a row) lambda_min / lambda_star was 1.12 +-
+        # 0.018 over 1000 simulated draws but 1.030 at worst (1st percentile 1.069: a long left
+        # tail, about 2e-4 below 1 by extrapolation); against min_reports 3600: 1.27 +- 0.02,
+        # 1.17 at worst. The servers still add noise (server_sigma 1.01 instead of 1.02)
         created = an.create_study(name="e2e-floor", columns=COLUMNS, label="y", expected_reports=n,
-                                  k=64, s=4, min_reports=n)
+                                  k=64, s=4, min_reports=n * 9 // 10)
     study = Study.model_validate(created["study"])
     g = study.guarantees()
     assert study.epsilon_floor == 4.0 and study.server_sigma > 0 and study.sigma > 0

@@ -157,8 +157,12 @@ def test_the_installed_client_submits_to_a_live_cluster(client_env, tmp_path):
     try:
         cluster = Cluster(pool, 3, api_token="analyst-api-token")
         with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an:
+            # min_reports 0.9 N_ROWS, not N_ROWS: the sketch seed and the report ids are fresh
+            # each run, and with all 400 reports at exactly min_reports = 400 (k = 8) the
+            # certificate refused 1 of 1000 simulated draws (lambda_min / lambda_star 0.985 at
+            # worst); at min_reports 360, 0 of 2000 (1.10 at worst, 1.36 +- 0.07)
             created = an.create_study(name="client-install", columns=COLUMNS, label="y",
-                                      expected_reports=N_ROWS, k=8, s=2, min_reports=N_ROWS)
+                                      expected_reports=N_ROWS, k=8, s=2, min_reports=N_ROWS * 9 // 10)
         study_id = created["study_id"]
         rows = np.random.default_rng(3).uniform(-0.5, 0.5, size=(N_ROWS, len(COLUMNS)))  # test data
         csv_path = tmp_path / "rows.csv"

@@ -136,8 +136,13 @@ def test_designed_sketches_certify_honest_sets(n, d, levels):
     if levels:
         deepest = n * spec.level_probabilities()[-1] / spec.buckets
         assert deepest >= l1sketch.MIN_DEEP_BUCKET
-    for _ in range(3):
-        rows, signs = l1sketch.hash_report_ids(os.urandom(32), [os.urandom(16) for _ in range(n)], spec)
+    # three fixed (seed, ids) draws, so the margin checked is the same every run: it is a
+    # maximum over n leverages, and drawn fresh (os.urandom) it has a long upper tail. At
+    # n = 10^4, d = 5, max leverage x lambda_star was 0.876 +- 0.014 over 300 fresh draws, the
+    # largest 0.930 (3.8 sd); a Gumbel fit puts 0.95 at about 7e-4 a draw, 2e-3 a run of three.
+    for i in range(3):
+        rng = np.random.default_rng([n, d, i])
+        rows, signs = l1sketch.hash_report_ids(rng.bytes(32), [rng.bytes(16) for _ in range(n)], spec)
         cert = l1sketch.certify(rows, signs, spec.k, lambda_star)
         assert cert.ok and cert.max_leverage * lambda_star < 0.95, cert
     with pytest.raises(ValueError, match="too small"):

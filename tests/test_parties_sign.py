@@ -68,9 +68,12 @@ def test_a_study_with_parties_signs_only_when_asked_and_states_the_collusion_flo
 def test_signed_parties_release_the_sketch_of_the_joined_signed_rows(cluster, monkeypatch):
     c = cluster
     n = 4000
+    # min_reports 0.9 n, not n: the sketch seed and the party key are fresh each run; with all
+    # 4000 individuals at exactly min_reports, lambda_min / lambda_star was 1.12 +- 0.018 over
+    # 1000 simulated draws, 1.042 at worst (a long left tail); against 3600: 1.19 at worst
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         view = an.create_study(name="signed-parties", label="y", expected_reports=n, k=64, s=4, parties=PARTIES,
-                               epsilon=4.0, epsilon_floor=None, min_reports=n, secret_sign=True)
+                               epsilon=4.0, epsilon_floor=None, min_reports=n * 9 // 10, secret_sign=True)
     study = Study.model_validate(view["study"])
     assert study.secret_sign and study.server_sigma == 0
 

@@ -250,13 +250,20 @@ def test_two_step_flow_pilot_proposes_bounds_then_the_real_study_answers_in_unit
         fit = an.least_squares(real, label="wage")
     assert fit["in_units"] and fit["fit_intercept"]
     ols = np.linalg.lstsq(np.column_stack([age, hours, np.ones(n)]), wage, rcond=None)[0]
-    got = dict(zip(fit["features"], fit["coef"]))
-    # in law (the functions of benchmarks/bounds_choice.py, 60 releases of this flow): the larger
-    # of the two relative coefficient errors has median 0.039, largest 0.154; the intercept's
-    # error median 41, largest 174 (wages about 2,500). Bounds 8x too wide: median error 0.33.
-    assert abs(got["age"] - ols[0]) <= 0.25 * abs(ols[0]), (got, ols)
-    assert abs(got["hours"] - ols[1]) <= 0.25 * abs(ols[1]), (got, ols)
-    assert abs(fit["intercept"] - ols[2]) <= 300, (fit["intercept"], ols)
+    # Against least squares on the same rows, through the release's own noise standard errors
+    # (the pilot's bounds, and so the noise in units, are drawn fresh every run). In law (this
+    # flow with benchmarks/bounds_choice.py's functions: the pilot at epsilon 1, a gram study at
+    # epsilon 2 with its proposed bounds; 1500 releases of this data set): error / noise se has
+    # rms 0.99 / 1.03 / 0.98 (age, hours, intercept), largest 3.8, so 5 se is a false alarm in
+    # about 1e-5 of runs. The se is 2.4 % / 3.7 % / 8.8 % of the coefficient (median), 2.75 % /
+    # 6.7 % / 13.6 % at most: below 6 / 15 / 30 % (about twice the largest) the answer is useful,
+    # and bounds 8x too wide (median error 0.33, bounds_choice.py) are not. The former fixed 25 %
+    # on the relative error had no known level: the hours error reached 0.233 in 1800 releases
+    # (p99 0.13), a long tail from the bounds' spread that the se follows.
+    coef, se = np.append(fit["coef"], fit["intercept"]), np.asarray(fit["noise_stderr"], dtype=float)
+    assert fit["features"] == ["age", "hours"] and se.shape == (3,), (fit["features"], se)
+    assert np.all(np.abs(coef - ols) < 5 * se), (coef, ols, se)
+    assert np.all(se < np.array([0.06, 0.15, 0.3]) * np.abs(ols)), (se, ols)  # useful, not only unbiased
 
 
 def test_pilot_routes_refuse_bad_input(cluster):

@@ -57,9 +57,13 @@ def test_seed_batch_codec_and_body_sizes():
 
 
 def _study(c, n, name):
+    # min_reports 0.9 n (design()'s default ratio), not n: the sketch seed and the report ids are
+    # fresh each run, and with all 600 reports at exactly min_reports = 600 (k = 16) the
+    # certificate refused 1 of 3000 simulated draws (lambda_min / lambda_star 0.98 at worst); at
+    # min_reports 540, 0 of 2000 (1.14 at worst, 1.33 +- 0.05)
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name=name, columns=COLUMNS, label="y", expected_reports=n,
-                                  k=16, s=4, min_reports=n, epsilon_floor=None)
+                                  k=16, s=4, min_reports=n * 9 // 10, epsilon_floor=None)
     return Study.model_validate(created["study"])
 
 
