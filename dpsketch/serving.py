@@ -6,11 +6,12 @@ Shared by ``dpsketch server`` (services/__main__.py) and ``dpsketch analyzer``
 
 * SIGTERM or Ctrl-C: stop accepting connections, let in-flight requests finish, then run the
   application's shutdown (the share server commits its queued writes there).
-* The wait is bounded by ``--graceful-timeout`` (uvicorn's ``timeout_graceful_shutdown``). Without
-  a bound, TLS makes every idle keep-alive peer hold the shutdown: asyncio closes a TLS connection
-  by sending close_notify and waiting up to 30 s for the peer's, which an idle client never reads.
-  Requests still running when the bound expires are cancelled; their clients got no answer and
-  retry (uploads are idempotent by report id), and the application's shutdown still runs.
+* The wait is bounded by ``--graceful-timeout`` (uvicorn's ``timeout_graceful_shutdown``), and
+  idle TLS keep-alive connections do not wait at all: asyncio closes a TLS connection by sending
+  close_notify and waiting up to 30 s for the peer's, which an idle client never sends, so they
+  are aborted (nothing is pending on them: ``_GuardedConnection.shutdown``). Requests still
+  running when the bound expires are cancelled; their clients got no answer and retry (uploads
+  are idempotent by report id), and the application's shutdown still runs.
 * A shutdown asked for by SIGTERM exits with status 0 (uvicorn would re-raise the signal after
   its clean shutdown, so the process would die "killed by SIGTERM"); docker, systemd and
   supervisors then see a clean stop.
@@ -83,9 +84,9 @@ log = logging.getLogger("uvicorn.error")  # uvicorn's --log-level and handler ap
 def add_graceful_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--graceful-timeout", type=float, default=DEFAULT_GRACEFUL_TIMEOUT, metavar="SECONDS",
-        help="on SIGTERM/Ctrl-C, wait at most this long for in-flight requests and open "
-             "connections (idle TLS keep-alive peers included) before shutting down anyway; "
-             "requests still running then are cancelled (default: %(default)s)")
+        help="on SIGTERM/Ctrl-C, wait at most this long for in-flight requests before shutting "
+             "down anyway (idle keep-alive connections, TLS too, are closed at once); requests "
+             "still running then are cancelled (default: %(default)s)")
 
 
 def check_graceful_timeout(parser: argparse.ArgumentParser, value: float) -> None:
@@ -341,6 +342,22 @@ class _GuardedConnection:
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
         self._sync_phase()
+
+    def shutdown(self) -> None:
+        """At a graceful shutdown: an idle TLS connection is aborted, not closed. close() sends
+        close_notify and waits (up to 30 s) for the peer's, which an idle keep-alive client never
+        sends, so every stop of a server that had served an analyzer or an SDK over TLS waited the
+        whole --graceful-timeout (and under load, docker's stop_grace_period ran out first: the
+        store's clean shutdown never ran). Nothing is pending on such a connection (its last
+        response is complete and written out), so the client sees it end as at a keep-alive
+        timeout and reconnects. Anything else is uvicorn's shutdown: a request in flight
+        finishes; plain TCP closes at once anyway."""
+        idle = self.cycle is None or self.cycle.response_complete
+        if (idle and self._admitted and self.transport.get_extra_info("ssl_object") is not None
+                and not self.transport.get_write_buffer_size()):
+            self.transport.abort()
+            return
+        super().shutdown()  # type: ignore[misc]
 
     def handle_websocket_upgrade(self, *args: Any) -> None:
         # The transport goes to a websocket protocol whose connection_lost we never see:

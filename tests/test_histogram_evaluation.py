@@ -129,9 +129,9 @@ def test_ltm_beats_local_by_a_wide_margin_at_1e4_for_auc():
 
 
 def test_quick_run_writes_a_valid_png(tmp_path):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: what --quick costs, whatever else the machine runs
     assert he.main(["--quick", "--out", str(tmp_path)]) == 0
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     png = tmp_path / "histogram_error_eps1.png"
     raw = png.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n" and len(raw) > 20_000
@@ -144,4 +144,4 @@ def test_quick_run_writes_a_valid_png(tmp_path):
     saved = json.loads((tmp_path / "histogram_results.json").read_text())
     assert [t["statistic"] for t in saved["targets"]] == list(he.STATISTICS)
     assert {r["dataset"] for r in saved["real"]} == {"breast_cancer", "diabetes", "diabetes_coarse"}
-    assert seconds < 60, f"--quick took {seconds:.0f} s (budget 30 s on an idle machine)"
+    assert seconds < 60, f"--quick took {seconds:.0f} s of CPU (budget 30 s)"

@@ -2,9 +2,10 @@
 
 Under TLS, asyncio closes a connection by sending close_notify and waiting (up to 30 s) for the
 peer's, which an idle keep-alive client never sends; without a bound, SIGTERM to a server or the
-analyzer took 30 s and ended with "killed by SIGTERM". Both now stop within --graceful-timeout
-(default 5 s) with exit status 0, a request in flight at the signal still completes, and what
-was acknowledged is there after a restart.
+analyzer took 30 s and ended with "killed by SIGTERM", and with only the bound, every stop took
+the whole --graceful-timeout. Both now abort idle TLS connections at once and stop with exit
+status 0 without reaching the timeout, a request in flight at the signal still completes, and
+what was acknowledged is there after a restart.
 """
 
 from __future__ import annotations
@@ -104,8 +105,11 @@ def test_server_sigterm_with_idle_tls_keepalive_client(servers, certs):
     assert proc.proc.returncode == 0, log
     assert took < DEFAULT_GRACEFUL_TIMEOUT + SLACK, f"SIGTERM took {took:.1f} s\n{log}"
     assert "Application shutdown complete" in log
-    # nothing was cancelled, so the routine stop logs no ERROR (uvicorn's "Cancel 0 running task(s)")
-    assert "ERROR" not in log and "only idle connections open" in log, log
+    # the idle TLS connection was aborted at once (serving._GuardedConnection.shutdown), not
+    # waited on for its close_notify until the graceful timeout (what the log says whatever the
+    # machine's load: before, every such stop took the whole timeout and logged it), and the
+    # routine stop logs no ERROR
+    assert "ERROR" not in log and "only idle connections open" not in log and "timeout" not in log.lower(), log
     print(f"\nserver SIGTERM with an idle TLS keep-alive client: exit 0 after {took:.2f} s "
           f"(--graceful-timeout {DEFAULT_GRACEFUL_TIMEOUT:g})")
 
@@ -203,6 +207,7 @@ def test_analyzer_sigterm_with_idle_tls_keepalive_client(servers, certs):
     log = an.log_tail(20)
     assert an.proc.returncode == 0, log
     assert took < DEFAULT_GRACEFUL_TIMEOUT + SLACK, f"SIGTERM took {took:.1f} s\n{log}"
+    assert "only idle connections open" not in log and "ERROR" not in log, log  # aborted at once
     print(f"\nanalyzer SIGTERM with an idle TLS keep-alive client: exit 0 after {took:.2f} s")
 
     an = start_analyzer(port=an.port)
