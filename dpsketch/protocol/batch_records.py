@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,11 +75,9 @@ def _malformed(detail: str) -> BatchRecordError:
     return BatchRecordError("malformed-body", detail)
 
 
-@dataclass(frozen=True, eq=False)
-class BatchRecord:
-    """One server's record of a batch, decoded: the header's fields, the N parts and the digits
-    part, and either the leader's ``blind`` and shares (``inputs``, ``proof``: F_p elements) or a
-    helper's ``seed``."""
+@dataclass(frozen=True)
+class HeaderFields:
+    """The record header's fields, in :data:`HEADER`'s order."""
 
     m: int
     w: int
@@ -88,6 +87,14 @@ class BatchRecord:
     n_servers: int
     shift: int
     leader: int
+
+
+@dataclass(frozen=True, eq=False)
+class BatchRecord(HeaderFields):
+    """One server's record of a batch, decoded: the header's fields, the N parts and the digits
+    part, and either the leader's ``blind`` and shares (``inputs``, ``proof``: F_p elements) or a
+    helper's ``seed``."""
+
     parts: tuple[bytes, ...]
     digits_part: bytes
     inputs: np.ndarray | None = None
@@ -134,7 +141,7 @@ def header_bytes(plan: batch_validity.BatchPlan, leader: int) -> bytes:
 def record(plan: batch_validity.BatchPlan, proved: batch_validity.ProvedBatch, position: int) -> BatchRecord:
     """Server ``position``'s record of a proved batch."""
     c = plan.circuit
-    common = dict(m=c.m, w=c.w, r2=c.r2, reps=c.reps, threshold=c.threshold, n_servers=plan.n_servers,
+    common: dict[str, Any] = dict(m=c.m, w=c.w, r2=c.r2, reps=c.reps, threshold=c.threshold, n_servers=plan.n_servers,
                   shift=plan.shift, leader=proved.leader, parts=tuple(proved.parts), digits_part=proved.digits_part)
     if position == proved.leader:
         return BatchRecord(**common, inputs=np.asarray(proved.leader_inputs, dtype=np.uint64),
@@ -188,17 +195,10 @@ def max_rows(study) -> int:
 
 
 @dataclass(frozen=True)
-class Header:
-    """A record header that passed the checks that need no circuit (:func:`read_header`)."""
+class Header(HeaderFields):
+    """A record header that passed the checks that need no circuit (:func:`read_header`), and
+    whether the receiving server leads the batch."""
 
-    m: int
-    w: int
-    r2: int
-    reps: int
-    threshold: int
-    n_servers: int
-    shift: int
-    leader: int
     leading: bool
 
 
@@ -266,7 +266,7 @@ def decode(study, position: int, media_type: str, body: bytes) -> tuple[BatchRec
     n_srv = h.n_servers
     fixed = HEADER_BYTES + PART_BYTES * (n_srv + 1)
     parts = tuple(body[HEADER_BYTES + PART_BYTES * j:HEADER_BYTES + PART_BYTES * (j + 1)] for j in range(n_srv))
-    common = dict(m=h.m, w=h.w, r2=h.r2, reps=h.reps, threshold=h.threshold, n_servers=n_srv, shift=h.shift,
+    common: dict[str, Any] = dict(m=h.m, w=h.w, r2=h.r2, reps=h.reps, threshold=h.threshold, n_servers=n_srv, shift=h.shift,
                   leader=h.leader, parts=parts, digits_part=body[fixed - PART_BYTES:fixed])
     if not h.leading:
         return BatchRecord(**common, seed=body[fixed:]), plan
