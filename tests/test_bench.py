@@ -97,7 +97,9 @@ def test_bulk_bench_lean_sender_stores_every_row_and_sets_it_against_the_durable
                                        workdir=tmp_path)
     assert r["sender"] == "raw" and r["errors"] == 0 and r["server_report_count"] == n
     assert r["baseline_durable_floor_rows_per_s"] > 0 and r["baseline_durable_floor_as_written_rows_per_s"] > 0
+    # the bench prints its ratios to 3 decimals: 0.0005 of rounding, more than 1 % of a ratio
+    # below 0.05 (a CI run: 0.041 printed for 0.04146)
     assert r["ratio_to_durable_floor"] == pytest.approx(r["rows_per_s"] / r["baseline_durable_floor_rows_per_s"],
-                                                        rel=0.01)
+                                                        rel=0.01, abs=5e-4)
     assert r["ratio_to_reference_sketch"] > 0 and "baseline_executemany_rows_per_s" not in r
     assert 0 < r["client_cpu_s_per_million_rows"] and len(r["load_average_1min"]) == 2
