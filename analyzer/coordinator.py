@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from dpsketch.protocol import (ProblemError, Study, design, field, inclusion, ledger, messages, proved_shares, validity,
-                               verification)
+from dpsketch.protocol import (ProblemError, Study, batch_validity, batch_verifiers, design, field, inclusion, ledger,
+                               messages, proved_shares, validity, verification)
 from dpsketch.protocol.messages import CommitResult, PopulationLedger, ServerInfo, StudyInfo
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 
@@ -186,14 +186,19 @@ class ShareServerClient:
                           json={"commitments": [c.hex() for c in commitments]})
         return verification.Contribution.model_validate(r.json())
 
-    def verify_query(self, study_id: str, contributions: list[bytes],
-                     plan: validity.Plan | int) -> tuple[np.ndarray, np.ndarray]:
+    def verify_query(self, study_id: str, contributions: list[bytes], plan: validity.Plan | int,
+                     batches: bool = False) -> tuple[np.ndarray, np.ndarray, list[batch_verifiers.BatchVerifier]]:
         """This server's verifier shares of every report it holds: (ids (m, 16) uint8 ascending,
-        shares (m, V, 2)), checked."""
+        shares (m, V, 2), and for a study with ``batches`` (``batch_proofs``) every batch's entry
+        of the message's batch section, else none), checked."""
         r = self._request("POST", f"/v1/studies/{study_id}/verify/query", token=self.endpoint.analyst_token,
                           json={"contributions": [c.hex() for c in contributions]}, timeout=ROUND_TIMEOUT_S)
         try:
-            return validity.decode_verifiers(r.content, plan)
+            if not batches:
+                return (*validity.decode_verifiers(r.content, plan), [])
+            v_len = plan if isinstance(plan, int) else plan.verifier_len
+            reports, section = batch_verifiers.split(r.content, v_len)
+            return (*validity.decode_verifiers(reports, plan), batch_verifiers.decode(section))
         except ValueError as exc:
             raise UpstreamError(self.endpoint.server_id, f"a malformed verifier message: {exc}") from None
 
@@ -228,12 +233,13 @@ class OthersBody:
 
     CHUNK_REPORTS = 8192
 
-    def __init__(self, report_ids: np.ndarray, total: np.ndarray, own: np.ndarray):
+    def __init__(self, report_ids: np.ndarray, total: np.ndarray, own: np.ndarray, batch_section: bytes = b""):
         self.report_ids, self.total, self.own = report_ids, total, own
+        self.batch_section = batch_section  # a study with batch_proofs: the others' sums of its batches
 
     def __len__(self) -> int:
         m, v_len = self.total.shape[:2]
-        return 4 + m * (REPORT_ID_BYTES + 16 * v_len)
+        return 4 + m * (REPORT_ID_BYTES + 16 * v_len) + len(self.batch_section)
 
     def __iter__(self) -> Iterator[bytes]:
         m = len(self.total)
@@ -241,6 +247,18 @@ class OthersBody:
         for a in range(0, m, self.CHUNK_REPORTS):
             b = min(m, a + self.CHUNK_REPORTS)
             yield field.to_wire(field.sub(self.total[a:b], self.own[a:b]))
+        if self.batch_section:
+            yield self.batch_section
+
+
+def _with_rows(ids: np.ndarray, rows: list[np.ndarray]) -> np.ndarray:
+    """A server's held ids (an (n, 2) array of halves, sorted) with its batches' row ids, sorted
+    (as report_id_halves gives a list)."""
+    if not rows:
+        return ids
+    joined = np.concatenate([np.ascontiguousarray(ids, dtype=">u8").reshape(-1, 2)]
+                            + [r.view(">u8").reshape(-1, 2) for r in rows])
+    return messages.report_id_halves(messages.encode_report_ids(joined))
 
 
 @dataclass(frozen=True)
@@ -674,25 +692,40 @@ class Coordinator:
         except validity.ValidityError as exc:
             raise UpstreamError("(a server)", f"a revealed contribution does not open its commitment: {exc}") from None
         seed = validity.query_seed(study_id, contributions)
-        answers = self._each_or_raise(lambda server: server.verify_query(study_id, contributions, plan))
+        answers = self._each_or_raise(lambda server: server.verify_query(study_id, contributions, plan,
+                                                                        study.batch_proofs))
         lists = [np.ascontiguousarray(a[0]).view(">u8").reshape(-1, 2) for a in answers]
-        held = [len(x) for x in lists]
         common, masks = messages.intersect_held(lists)
         # each server's shares of the reports held everywhere: a view of its answer where it
         # holds nothing else (the usual case), a copy only of what it holds beyond
-        own = [shares if mask.all() else shares[mask] for (_ids, shares), mask in zip(answers, masks)]
-        del answers
+        own = [shares if mask.all() else shares[mask] for (_ids, shares, _b), mask in zip(answers, masks)]
         n_common = len(common) // REPORT_ID_BYTES
         common_ids = np.frombuffer(common, dtype=np.uint8).reshape(n_common, REPORT_ID_BYTES)
-        self.log(f"query seed {seed.hex()[:16]}...: {n_common} reports held by all {len(held)} servers")
         total = own[0]
         for shares in own[1:]:
             total = validity.add_verifiers(total, shares)
+        sections, n_rows = [b""] * len(self.servers), 0
+        if study.batch_proofs:
+            # batches are decided whole (section 6d): the batches held everywhere, each server's
+            # decision body carrying the others' sums of theirs; the commit bitmaps and the
+            # inclusion set then range over every held id, the batches' rows among them
+            sections, n_rows, batch_rows = self._batch_sums([a[2] for a in answers])
+            lists = [_with_rows(ids, rows) for ids, rows in zip(lists, batch_rows)]
+            common, masks = messages.intersect_held(lists)
+        del answers
+        held = [len(x) for x in lists]
+        self.log(f"query seed {seed.hex()[:16]}...: {n_common} reports"
+                 + (f" and batches of {n_rows} rows" if study.batch_proofs else "")
+                 + f" held by all {len(held)} servers")
         decisions = self._each_or_raise(lambda server: server.verify_decide(
-            study_id, OthersBody(common_ids, total, own[self.servers.index(server)])))
+            study_id, OthersBody(common_ids, total, own[self.servers.index(server)],
+                                 sections[self.servers.index(server)])))
+        n_decided = n_common + n_rows
         for server, (_refused, decided) in zip(self.servers, decisions):
-            if decided != n_common:
-                raise UpstreamError(server.endpoint.server_id, f"decided {decided} reports, not the {n_common} sent")
+            if decided != n_decided:
+                raise UpstreamError(server.endpoint.server_id, f"decided {decided} reports, not the {n_decided} sent")
+        common_ids = np.frombuffer(common, dtype=np.uint8).reshape(-1, REPORT_ID_BYTES)
+        n_common = len(common_ids)
         by_server = {sid: len(refused) // REPORT_ID_BYTES for sid, (refused, _) in zip(ids, decisions)}
         refused = messages.encode_report_ids(b"".join(r for r, _ in decisions))  # the union, sorted
         n_refused = len(refused) // REPORT_ID_BYTES
@@ -711,6 +744,32 @@ class Coordinator:
         self.log(f"every server decided {n_common} {'blocks' if study.parties else 'reports'}; refused: "
                  f"{n_refused} ({', '.join(f'{k} {v}' for k, v in by_server.items())})")
         return common, masks, held
+
+    def _batch_sums(self, held: list[list[batch_verifiers.BatchVerifier]]
+                    ) -> tuple[list[bytes], int, list[list[np.ndarray]]]:
+        """For each server: the batch section of its decision (the others' sums of the batches
+        every server holds); how many rows those batches have; and each server's batches' row ids
+        (every batch it holds, as its held set counts them). A batch is known by its id, which
+        fixes its header, so honest servers agree on its m and V: a server that does not is
+        faulty (502)."""
+        by_id = [{e.batch_id: e for e in entries} for entries in held]
+        common = sorted(set.intersection(*(set(d) for d in by_id))) if by_id else []
+        totals = []
+        for bid in common:
+            entries = [d[bid] for d in by_id]
+            for server, e in zip(self.servers, entries):
+                if (e.m, e.verifier_len) != (entries[0].m, entries[0].verifier_len):
+                    raise UpstreamError(server.endpoint.server_id, f"batch {bid.hex()}: {e.m} rows and "
+                                        f"V = {e.verifier_len}, another server {entries[0].m} and "
+                                        f"{entries[0].verifier_len}")
+            total = entries[0].share
+            for e in entries[1:]:
+                total = field.add(total, e.share)
+            totals.append(total)
+        sections = [batch_verifiers.encode([batch_verifiers.BatchVerifier(bid, d[bid].m, field.sub(t, d[bid].share))
+                                            for bid, t in zip(common, totals)]) for d in by_id]
+        rows = [[batch_validity.row_ids(e.batch_id, e.m) for e in entries] for entries in held]
+        return sections, sum(by_id[0][bid].m for bid in common), rows
 
     def _party_inclusion(self, study_id: str) -> bytes:
         """Fix the inclusion set of a study with parties: the blocks of every individual complete

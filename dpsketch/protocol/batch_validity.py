@@ -289,8 +289,9 @@ def prove_prefix(plan: BatchPlan, prefix: np.ndarray, stream: Keystream, leader:
 
 @dataclass
 class ServerBatch:
-    """One server's view of a batch: its input and proof shares, the wrap seed and batch id it
-    computed from the parts, and the batch's wrap bits (drawn when first needed)."""
+    """One server's view of a batch: its input and proof shares, and the wrap seed and batch id
+    it computed from the parts (the wrap bits follow from the seed: drawn by the circuit's
+    ``checked`` when the verifier share is computed)."""
 
     position: int
     inputs: np.ndarray

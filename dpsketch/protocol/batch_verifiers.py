@@ -33,6 +33,8 @@ from . import field
 from .validity import ValidityError
 
 BATCH_ID_BYTES = 16
+#: The longest verifier a batch section may name (a decoding bound, far above any batch plan's V).
+MAX_VERIFIER_LEN = 1 << 16
 _ENTRY = struct.Struct("<16sII")
 
 
@@ -83,7 +85,7 @@ def split(body: bytes, verifier_len: int) -> tuple[bytes, bytes]:
     return body[:end], body[end:]
 
 
-def decode(section: bytes, max_verifier_len: int) -> list[BatchVerifier]:
+def decode(section: bytes, max_verifier_len: int = MAX_VERIFIER_LEN) -> list[BatchVerifier]:
     """The entries of a batch section; ValidityError for a malformed one (cut short or too long,
     a V of 0 or over ``max_verifier_len``, an element >= p, ids not strictly ascending)."""
     if len(section) < 4:
