@@ -170,13 +170,15 @@ def _batches_sent(servers: dict[str, BatchServer], study: Study) -> list[list[tu
 
 # --- what the SDK sends ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("secret_sign", [False, True], ids=["plain", "signed"])
-def test_every_record_is_each_servers_own_and_every_batch_decides_true(monkeypatch, secret_sign):
-    study = _study(secret_sign=secret_sign)
-    assert study.batch_proofs and bool(study.secret_sign) == secret_sign
+@pytest.mark.parametrize("secret_sign,kind", [(False, "sketch"), (True, "sketch"), (None, "l1")],
+                         ids=["plain", "signed", "l1"])
+def test_every_record_is_each_servers_own_and_every_batch_decides_true(monkeypatch, secret_sign, kind):
+    study = _study(secret_sign=secret_sign, kind=kind)
+    assert study.batch_proofs and study.kind == kind
+    assert secret_sign is None or bool(study.secret_sign) == secret_sign
     servers, transport = _fakes(study)
     keys = _record_keys(monkeypatch)
-    rows = _rows(2_500, seed=1 + secret_sign)
+    rows = _rows(2_500, seed=1 + bool(secret_sign) + 2 * (kind == "l1"))
     with _client(study, transport) as client:
         result = client.submit_many(study.study_id, rows, batch_size=1_000)
     assert result.n_reports == 2_500 and len(result) == 2_500 and len(set(result)) == 2_500
@@ -203,6 +205,13 @@ def test_every_record_is_each_servers_own_and_every_batch_decides_true(monkeypat
         units = _noisy_units(study, chunk, keys[i])
         np.testing.assert_array_equal(coords, field.encode_int(units << plan.shift))
         assert np.abs(units).max() > 0
+        if i == 0:  # and they are the per-report path's own: its proved reports from this keystream
+            vplan = validity.plan(study)
+            per_report = report.prepare(study, chunk, stream=Keystream.from_key(keys[i]), full=0)
+            summed = np.zeros_like(coords)
+            for j in range(3):
+                summed = field.add(summed, validity.coordinate_shares(vplan, per_report.share(j)[:, :vplan.input_len]))
+            np.testing.assert_array_equal(summed, coords)
         # every server's verifier share, summed, decides true
         shares = [(b.batch_id, batch_validity.verifier_share(plan, b, QUERY_SEED)) for _, _, b in got]
         assert batch_validity.decide(plan, shares)
