@@ -68,13 +68,14 @@ def proof_batch_rows(study: Study, batch_size: int | None, max_batch_bytes: int)
     """Rows per proved batch of a study with batch proofs (docs/protocol.md section 4d): a batch
     is one record a server, the leader's the large one (its input and proof shares: about 8 (w +
     5) bytes a row, 847 at d = 100, plus the batch's proof and wrap digits), and it cannot be cut
-    on a 413. So ``batch_size`` if given, else about as many rows as keep the leader's record within
-    :data:`DEFAULT_BATCH_BYTES` (at most :data:`MAX_DEFAULT_BATCH_ROWS`: 9,900 rows at d = 100,
-    69,292 at d = 10, three servers); never a leader's record over ``max_batch_bytes`` and never more rows than a
-    server takes in one batch (``batch_records.max_rows``: min(max_reports, 2^17)); at least one.
-    "About": a batch cut to the limit drops the rows its excess would hold at 8 (w + g + 4)
-    bytes each, a little more than it must (the batch's proof shrinks with it), so it ends within
-    a few rows of the most that fit (within 1 %, tests/test_sdk_batch_proofs.py).
+    on a 413. So ``batch_size`` if given, else about as many rows as keep the leader's record
+    within :data:`DEFAULT_BATCH_BYTES` (at most :data:`MAX_DEFAULT_BATCH_ROWS`: 9,900 rows at
+    d = 100, 69,292 at d = 10, three servers); never a leader's record over ``max_batch_bytes``
+    and never more rows than a server takes in one batch (``batch_records.max_rows``:
+    min(max_reports, 2^17)); at least one. "About": a batch cut to the limit drops the rows its
+    excess would hold at 8 (w + g + 4) bytes each, a little more than it must (the batch's proof
+    shrinks with it), so it ends within a few rows of the most that fit (within 1 %,
+    tests/test_sdk_batch_proofs.py).
 
     The exact record length needs the batch's plan (its proof length P); the plans it builds are
     the ones ``batch_validity.study_plan`` caches for proving."""
