@@ -13,8 +13,9 @@ is a function of its own below, in that order, so that the evaluation harness, t
 and the tests build exactly the bytes the SDK uploads. Every random bit comes from one ChaCha20
 keystream per batch (``Keystream``), drawn in this order: the secret signs, the noise, then the
 shares (or seeds) and binding salts, then the proof's randomness (a batch proof: the helpers'
-seeds, the leader's blind, then the proof's randomness). What is not here is transport (client_sdk/: reading and checking
-the data owner's rows, batching, sealing, upload, retries, the journal).
+seeds, the leader's blind, then the proof's randomness). What is not here is transport
+(client_sdk/: reading and checking the data owner's rows, batching, sealing, upload, retries,
+the journal).
 
 Rows are clipped a hair under B (``Study.clip_bound``) so that the rounded vector keeps the
 study's sensitivity; the noise itself is :mod:`.noise` (the exact discrete Gaussian on the
