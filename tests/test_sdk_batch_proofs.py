@@ -222,10 +222,15 @@ def test_every_record_is_each_servers_own_and_every_batch_decides_true(monkeypat
 
 
 def test_leader_rotates_over_the_servers_batch_by_batch():
+    """Batch i's leader is server i mod N (its record the leader's, the others' seed records);
+    progress is reported a batch at a time."""
     study = _study()
     servers, transport = _fakes(study)
+    progress: list[int] = []
     with _client(study, transport, journal=False) as client:
-        assert client.submit_many(study.study_id, _rows(1_100, seed=3), batch_size=200).n_reports == 1_100
+        assert client.submit_many(study.study_id, _rows(1_100, seed=3), batch_size=200,
+                                  progress=progress.append).n_reports == 1_100
+    assert sorted(progress) == [100] + [200] * 5  # a batch's rows once every server holds it
     batches = _batches_sent(servers, study)
     assert len(batches) == 6
     for i, records in enumerate(batches):
