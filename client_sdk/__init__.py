@@ -28,7 +28,7 @@ from .errors import (
     UploadInterrupted,
 )
 from .budget import PrivacyLimit, PrivacyLimitExceeded
-from .prepare import PreparedBatch, prepare_batch
+from .prepare import PreparedBatch, ProofBatch, prepare_batch, prepare_proof_batch
 from .data import InvalidDataError, read_csv
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "InvalidDataError",
     "PendingUpload",
     "PreparedBatch",
+    "ProofBatch",
     "ResumeMismatch",
     "ProblemError",
     "SDKError",
@@ -51,5 +52,6 @@ __all__ = [
     "SubmitResult",
     "UploadInterrupted",
     "prepare_batch",
+    "prepare_proof_batch",
     "read_csv",
 ]

@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the share servers' base URLs, comma-separated, in the study's server order")
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="rows per upload request (default: as many as fill 8 MiB of the largest "
-                        "request body, at most 100000)")
+                        "request body, at most 100000; a study with batch proofs: rows per proved "
+                        "batch, as many as keep its leader's record within 8 MiB)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for each HTTP request (default: %(default)s)")
     p.add_argument("--max-retries", type=int, default=5, metavar="N",
@@ -113,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
                         "proof per server (docs/protocol.md section 4); "
                         "--no-compress sends every server its full share; --party blocks always go "
                         "as full shares")
+    p.add_argument("--batch-proofs", action=argparse.BooleanOptionalAction, default=True,
+                   help="a study with batch proofs (docs/protocol.md section 4d): prove each batch "
+                        "of rows at once (the default: one proof and one record a server per batch, "
+                        "about a tenth of per-report proofs' upload); --no-batch-proofs proves each "
+                        "row on its own, as for a study without them (needed with --encrypt: batch "
+                        "records are not sealed yet)")
     p.add_argument("--max-floor-epsilon", type=float, metavar="EPS",
                    default=float(os.environ["DPSKETCH_MAX_FLOOR_EPSILON"]) if os.environ.get(
                        "DPSKETCH_MAX_FLOOR_EPSILON") else None,
@@ -292,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     progress=bar.update if bar else None, keep_ids=False,
                                                     ignore_extra_columns=args.ignore_extra_columns,
                                                     new_submission=args.new_submission,
+                                                    batch_proofs=args.batch_proofs,
                                                     check_file=False)  # scanned above
             finally:
                 if bar is not None:

@@ -77,8 +77,8 @@ from .errors import (
     UploadInterrupted,
     cert_error,
 )
-from .prepare import prepare_batch
-from .upload import MAX_BATCH_BYTES, Progress, UploadRun, batch_rows
+from .prepare import is_batch_record, prepare_batch, prepare_proof_batch
+from .upload import MAX_BATCH_BYTES, Progress, UploadRun, batch_rows, proof_batch_rows
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
 
@@ -607,14 +607,15 @@ class Client:
     def _upload_batch(self, j: int, study: Study, study_id: str, body: bytes,
                       cancel: threading.Event | None = None,
                       media_type: str = messages.SHARES_MEDIA_TYPE) -> messages.UploadResult:
-        """POST one binary batch to server j; on 413 split it in halves (same bytes per report)."""
+        """POST one binary batch to server j; on 413 split it in halves (same bytes per report),
+        except a proved batch's record (one proof covers its rows: the 413 stands)."""
         path = f"/v1/studies/{study_id}/batches"
         m = _sealing.count_records(body, media_type, study)
         try:
             resp = self._request(j, "POST", path, content=body, cancel=cancel,
                                  headers={"Content-Type": media_type})
         except ProblemError as exc:
-            if exc.status == 413 and m > 1:
+            if exc.status == 413 and m > 1 and not is_batch_record(media_type, study):
                 first, second = _sealing.split_body(body, media_type, study)
                 a = self._upload_batch(j, study, study_id, first, cancel, media_type)
                 b = self._upload_batch(j, study, study_id, second, cancel, media_type)
@@ -669,7 +670,7 @@ class Client:
     def submit_many(self, study_id: str, rows: Any, batch_size: int | None = None,
                     progress: Progress | None = None, *, keep_ids: bool = True,
                     ignore_extra_columns: bool = False, new_submission: bool = False,
-                    check_file: bool = True) -> SubmitResult:
+                    check_file: bool = True, batch_proofs: bool = True) -> SubmitResult:
         """Submit many rows through the binary batch endpoint; return their hex ids in order.
 
         ``rows``: an (n, d) numpy array, a DataFrame-like object, a CSV path, or an iterable of
@@ -682,6 +683,20 @@ class Client:
         huge inputs; counts are still in the result). ``batch_size``: rows per request; by
         default as many as fill 8 MiB of the largest body (at most 10^5 rows:
         ``client_sdk.upload.batch_rows``), so narrow rows go in fewer, larger requests.
+
+        A study with batch proofs (``study.batch_proofs``; docs/protocol.md section 4d) gets
+        proved batches: each batch's rows are made noisy exactly as a per-report proof's are,
+        then proved at once (one proof and 128 wrap-around checks for the batch instead of a proof
+        a row: ``dpsketch.protocol.report.prepare_proof_batch``); the batch's leader, rotating
+        over the servers batch by batch, gets the record with its input and proof shares
+        (``application/x-dpsketch-proof-batch``), every other server a 200-byte record with its
+        seed (``application/x-dpsketch-proof-batch-seed``). ``batch_size`` is then the rows of a
+        proved batch (default: as many as keep the leader's record within 8 MiB, at most 10^5:
+        ``client_sdk.upload.proof_batch_rows``); a batch is never cut once proved. The ids
+        returned are the rows' ids (the batch id's first 12 bytes and the row's index).
+        ``batch_proofs=False`` proves each row on its own instead, as for a study without. Batch
+        records are not sealed yet: with ``encrypt=True`` such a study raises :class:`SDKError`
+        before anything is sent (pass ``batch_proofs=False`` to send sealed per-report proofs).
 
         Exactly once (with the client's ``journal``, the default): calling this again with the
         same study and the same input (the same CSV bytes, or the same rows) after a crash,
@@ -707,10 +722,15 @@ class Client:
             _warm_chacha()
         study = self._open_study(study_id)
         proved = proved_shares.is_proved(study)
-        record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, proved_shares.upload_width(study),
-                                        study.n_servers)
-                  + (_sealing.overhead_bytes(self._recipients[study_id]) if self.encrypt else 0))
-        batch_size = batch_rows(batch_size, record, self.max_batch_bytes)
+        batched = bool(study.batch_proofs) and batch_proofs  # proved batches (section 4d)
+        self._refuse_sealed_batches(study, batched)
+        if batched:
+            batch_size = proof_batch_rows(study, batch_size, self.max_batch_bytes)
+        else:
+            record = (messages.record_bytes(messages.SHARES_MEDIA_TYPE, proved_shares.upload_width(study),
+                                            study.n_servers)
+                      + (_sealing.overhead_bytes(self._recipients[study_id]) if self.encrypt else 0))
+            batch_size = batch_rows(batch_size, record, self.max_batch_bytes)
         raw = study.histogram is not None
         is_file = isinstance(rows, (str, os.PathLike))
         in_memory = isinstance(rows, (np.ndarray, list, tuple)) or _data._is_frame(rows)
@@ -739,13 +759,17 @@ class Client:
                            else _journal.fingerprint_rows(chunks))
             submission = self.journal.open(study_id, fingerprint,
                                            source=os.path.abspath(rows) if is_file else None,
-                                           batch_size=batch_size, compress=compress, new=new_submission)
+                                           batch_size=batch_size, compress=compress, new=new_submission,
+                                           batch_proofs=batched)
             if submission.complete:
                 return SubmitResult([], submission.stored_rows, {}, {sid: 0 for sid in study.servers},
                                     skipped=submission.stored_rows, journal=str(submission.file),
                                     already_complete=True)
-            if (submission.batch_size, submission.compress) != (batch_size, compress):
+            if (submission.batch_size, submission.compress, submission.batch_proofs) != (batch_size, compress,
+                                                                                          batched):
                 batch_size, compress = submission.batch_size, submission.compress  # as it started
+                batched = submission.batch_proofs
+                self._refuse_sealed_batches(study, batched)
                 if in_memory and chunks:
                     whole = np.concatenate(chunks)
                     chunks = [whole[i:i + batch_size] for i in range(0, len(whole), batch_size)]
@@ -763,7 +787,9 @@ class Client:
                 batch = None
                 if not skip or i == 0:  # batch 0 always: it checks that a rerun rebuilds the same reports
                     stream = submission.stream(i) if submission is not None else None
-                    batch = prepare_batch(study, chunk, compress, full=i % study.n_servers, stream=stream)
+                    # the server given the full shares (or leading the proved batch) rotates
+                    batch = (prepare_proof_batch(study, chunk, i % study.n_servers, stream) if batched else
+                             prepare_batch(study, chunk, compress, full=i % study.n_servers, stream=stream))
                     if i == 0 and submission is not None:
                         submission.check_first_batch(batch.report_ids)  # ResumeMismatch: nothing sent
                 if not raw:  # what the map into the ball changed, skipped batches included
@@ -779,6 +805,17 @@ class Client:
         result.clipped, result.rows_seen = int(limited["clipped"]), int(limited["rows"])
         warn_if_limited(result)
         return result
+
+    def _refuse_sealed_batches(self, study: Study, batched: bool) -> None:
+        """A proved batch's records would be sealed as content 0x05 and 0x06 (docs/sealing.md
+        section 3b), which no server opens yet: with ``encrypt`` they are refused, never sent in
+        clear."""
+        if batched and self.encrypt:
+            raise SDKError(f"study {study.study_id[:12]}... takes batch proofs, whose records cannot be "
+                           f"sealed yet (no server opens sealed batch records): nothing was sent. Submit "
+                           f"with batch_proofs=False (dpsketch submit --no-batch-proofs) to send sealed "
+                           f"per-report proofs, or without encrypt to send the batch records in clear "
+                           f"over TLS")
 
     def _run_upload(self, study: Study, study_id: str, batches: Any, progress: Progress | None,
                     keep_ids: bool, submission: "_journal.Submission | None" = None) -> SubmitResult:

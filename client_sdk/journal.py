@@ -10,8 +10,9 @@ So each submission of an input to a study gets a secret 256-bit key from ``os.ur
 to a local journal file (mode 0600) *before* any share leaves the machine. Batch b of the
 submission draws every random bit it needs from the ChaCha20 keystream keyed with
 HMAC-SHA256(key, ``"dpsketch/submission-batch/1"`` || b as 8 bytes big-endian), and the journal
-records the batch size (and share layout) used, so a later run cuts the input into the same
-batches and regenerates them byte for byte. Rows are identified by where they are in the input,
+records the batch size (and share layout, and whether its batches are proved batches of a study
+with batch proofs) used, so a later run cuts the input into the same batches and regenerates
+them byte for byte. Rows are identified by where they are in the input,
 which is why the journal is keyed by the study id and a fingerprint of the input (SHA-256 of a
 CSV file's bytes, or of an in-memory input's checked rows in study order): another input is
 another submission, and a file changed under an unfinished submission is refused
@@ -124,6 +125,8 @@ class Submission:
     first_ids: str | None = None
     #: the dpsketch version that started the submission
     version: str = __version__
+    #: its batches are proved batches (a study with batch proofs; docs/protocol.md section 4d)
+    batch_proofs: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -175,7 +178,8 @@ class Submission:
         return {"format": FORMAT, "study_id": self.study_id, "fingerprint": self.fingerprint,
                 "source": self.source, "batch_size": self.batch_size, "compress": self.compress,
                 "key": self.key.hex() if self.key is not None else None, "complete": self.complete,
-                "n_rows": self.n_rows, "version": self.version, **extra}
+                "n_rows": self.n_rows, "version": self.version,
+                **({"batch_proofs": True} if self.batch_proofs else {}), **extra}
 
 
 def _write_atomic(path: Path, header: dict, *, exclusive: bool = False) -> bool:
@@ -232,7 +236,7 @@ def _read(path: Path) -> Submission | None:
                       int(header["batch_size"]), bool(header["compress"]),
                       bytes.fromhex(key) if key else None, done, bool(header.get("complete")),
                       header.get("n_rows"), resumed=True, first_ids=first,
-                      version=str(header.get("version", "?")))
+                      version=str(header.get("version", "?")), batch_proofs=bool(header.get("batch_proofs")))
 
 
 class Journal:
@@ -252,7 +256,7 @@ class Journal:
         return [s for s in found if s is not None]
 
     def open(self, study_id: str, fingerprint: str, *, source: str | None, batch_size: int,
-             compress: bool, new: bool = False) -> Submission:
+             compress: bool, new: bool = False, batch_proofs: bool = False) -> Submission:
         """The submission of this input to this study: the earlier run's (to resume, or already
         complete), or a new one whose key is on disk when this returns.
 
@@ -285,8 +289,8 @@ class Journal:
                 old.file.unlink(missing_ok=True)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         submission = Submission(path, study_id, fingerprint, source, batch_size, compress,
-                                os.urandom(KEY_BYTES))
+                                os.urandom(KEY_BYTES), batch_proofs=batch_proofs)
         if not _write_atomic(path, submission._header(created_at=time.time()), exclusive=not new):
             return self.open(study_id, fingerprint, source=source, batch_size=batch_size,
-                             compress=compress)  # another run made it just now: resume that one
+                             compress=compress, batch_proofs=batch_proofs)  # another run made it just now
         return submission

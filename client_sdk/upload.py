@@ -25,7 +25,7 @@ from dpsketch.protocol import messages
 from dpsketch.protocol.study import Study
 
 from .errors import BatchFailure, IncompleteUpload, PendingUpload, UploadCancelled
-from .prepare import PreparedBatch
+from .prepare import PreparedBatch, ProofBatch
 
 if TYPE_CHECKING:
     from .client import Client
@@ -64,6 +64,38 @@ def batch_rows(batch_size: int | None, record_bytes: int, max_batch_bytes: int) 
     return max(1, min(batch_size, max_batch_bytes // record_bytes))
 
 
+def proof_batch_rows(study: Study, batch_size: int | None, max_batch_bytes: int) -> int:
+    """Rows per proved batch of a study with batch proofs (docs/protocol.md section 4d): a batch
+    is one record a server, the leader's the large one (its input and proof shares: about 8 (w +
+    5) bytes a row, 847 at d = 100, plus the batch's proof and wrap digits), and it cannot be cut
+    on a 413. So ``batch_size`` if given, else about as many rows as keep the leader's record
+    within :data:`DEFAULT_BATCH_BYTES` (at most :data:`MAX_DEFAULT_BATCH_ROWS`: 9,900 rows at
+    d = 100, 69,292 at d = 10, three servers); never a leader's record over ``max_batch_bytes``
+    and never more rows than a server takes in one batch (``batch_records.max_rows``:
+    min(max_reports, 2^17)); at least one. "About": a batch cut to the limit drops the rows its
+    excess would hold at 8 (w + g + 4) bytes each, a little more than it must (the batch's proof
+    shrinks with it), so it ends within a few rows of the most that fit (within 1 %,
+    tests/test_sdk_batch_proofs.py).
+
+    The exact record length needs the batch's plan (its proof length P); the plans it builds are
+    the ones ``batch_validity.study_plan`` caches for proving."""
+    from dpsketch.protocol import batch_circuit, batch_records, batch_validity, validity
+
+    if batch_size is not None and batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    limit = max_batch_bytes if batch_size is not None else min(DEFAULT_BATCH_BYTES, max_batch_bytes)
+    p = validity.plan(study)
+    per_row = batch_records.ELEMENT_BYTES * (p.w + batch_circuit.greedy_steps(p.bound) + batch_circuit.EXACT)
+    m = min(batch_records.max_rows(study), MAX_DEFAULT_BATCH_ROWS if batch_size is None else batch_size,
+            max(1, limit // per_row))
+    while m > 1:
+        excess = batch_records.leader_length(batch_validity.study_plan(study, m)) - limit
+        if excess <= 0:
+            break
+        m = max(1, m - -(-excess // per_row))  # drop the rows the excess holds, rounded up
+    return m
+
+
 @dataclass
 class _Batch:
     first_row: int
@@ -97,8 +129,9 @@ class UploadRun:
         for t in self.threads:
             t.start()
 
-    def put(self, batch: PreparedBatch, first_row: int, index: int) -> None:
-        """Queue batch ``index`` (its rows start at input row ``first_row``) for every server."""
+    def put(self, batch: PreparedBatch | ProofBatch, first_row: int, index: int) -> None:
+        """Queue batch ``index`` (its rows start at input row ``first_row``) for every server: a
+        batch of reports, or a proved batch's records (one a server)."""
         with self.lock:
             self.batches[index] = _Batch(first_row, len(batch), batch.report_ids, self.study.n_servers)
         for j, q in enumerate(self.queues):

@@ -4,14 +4,18 @@ order it happens, that a second client mirrors step for step (docs/protocol.md s
 
     rows --map (bounds)--> --clip--> --features--> --sign--> --round + noise--> --share--> --bind-->
                                                                          (or, with validity: --prove-->)
+                                                       (or, with batch proofs: --prove the batch at once-->)
 
 :func:`prepare` runs the whole path for a batch of one data owner's rows; :func:`prepare_blocks`
-for one party's blocks of a study with parties. Each step is a function of its own below, in
-that order, so that the evaluation harness, the benchmarks and the tests build exactly the bytes
-the SDK uploads. Every random bit comes from one ChaCha20 keystream per batch (``Keystream``),
-drawn in this order: the secret signs, the noise, then the shares (or seeds) and binding salts,
-then the proof's randomness. What is not here is transport (client_sdk/: reading and checking
-the data owner's rows, batching, sealing, upload, retries, the journal).
+for one party's blocks of a study with parties; :func:`prepare_proof_batch` for a batch of a
+study with batch proofs (section 4d: one proof for all its rows, one record a server). Each step
+is a function of its own below, in that order, so that the evaluation harness, the benchmarks
+and the tests build exactly the bytes the SDK uploads. Every random bit comes from one ChaCha20
+keystream per batch (``Keystream``), drawn in this order: the secret signs, the noise, then the
+shares (or seeds) and binding salts, then the proof's randomness (a batch proof: the helpers'
+seeds, the leader's blind, then the proof's randomness). What is not here is transport
+(client_sdk/: reading and checking the data owner's rows, batching, sealing, upload, retries,
+the journal).
 
 Rows are clipped a hair under B (``Study.clip_bound``) so that the rounded vector keeps the
 study's sensitivity; the noise itself is :mod:`.noise` (the exact discrete Gaussian on the
@@ -236,6 +240,34 @@ def _leader(study: Study, full: int | None) -> int:
     return full
 
 
+@dataclass
+class _Noisy:
+    """Steps 1 to 5 of a batch: its noisy vectors on the ring, what the map changed, and what a
+    proof needs besides (a histogram's one-hot rows, a gram study's clipped rows)."""
+
+    encoded: np.ndarray
+    clamped: np.ndarray | None
+    clipped: int
+    onehot: np.ndarray | None
+    witness: np.ndarray | None
+
+
+def _noisy_rows(study: Study, rows: np.ndarray, stream: Keystream) -> _Noisy:
+    """Map, clip, features, sign, round and noise (steps 1 to 5), drawing the signs then the noise
+    from ``stream``: the part :func:`prepare` and :func:`prepare_proof_batch` share."""
+    clamped, clipped, onehot, witness = None, 0, None, None
+    if study.histogram is not None:  # raw values: the bins decide the one-hot cell
+        onehot = client_vectors(rows, study)
+        vectors = onehot
+    else:
+        clamped, clipped = limited_counts(rows, study)
+        witness = clipped_rows(rows, study)  # 1, 2
+        vectors = features.client_vectors(study.kind, witness)  # 3
+        if study.secret_sign:
+            vectors = signed(vectors, stream)  # 4
+    return _Noisy(noisy_encoded(vectors, study, stream), clamped, clipped, onehot, witness)  # 5
+
+
 def prepare(study: Study, rows: np.ndarray, compress: bool = False, full: int | None = None,
             stream: Keystream | None = None) -> PreparedBatch:
     """The whole path for m rows (already checked: an (m, d) float array, or a histogram study's
@@ -253,17 +285,9 @@ def prepare(study: Study, rows: np.ndarray, compress: bool = False, full: int | 
     submission passes one keyed from its journal, so that a rerun rebuilds the same bytes.
     """
     stream = stream if stream is not None else Keystream()  # every random bit of this batch
-    clamped, clipped, onehot, witness = None, 0, None, None
-    if study.histogram is not None:  # raw values: the bins decide the one-hot cell
-        onehot = client_vectors(rows, study)
-        vectors = onehot
-    else:
-        clamped, clipped = limited_counts(rows, study)
-        witness = clipped_rows(rows, study)  # 1, 2
-        vectors = features.client_vectors(study.kind, witness)  # 3
-        if study.secret_sign:
-            vectors = signed(vectors, stream)  # 4
-    encoded = noisy_encoded(vectors, study, stream)  # 5
+    noisy = _noisy_rows(study, rows, stream)  # 1-5
+    encoded, clamped, clipped, onehot, witness = (noisy.encoded, noisy.clamped, noisy.clipped, noisy.onehot,
+                                                  noisy.witness)
     n = study.n_servers
     if proved_shares.is_proved(study):  # always seed-compressed: the leader's F_p shares, seeds elsewhere
         lead = _leader(study, full)
@@ -284,6 +308,67 @@ def prepare(study: Study, rows: np.ndarray, compress: bool = False, full: int | 
     full_shares = ring.share(encoded, n, stream)
     ids, proofs = binding.bind(study.study_id, [binding.CONTENT_SHARE] * n, full_shares, stream=stream)
     return PreparedBatch(ids, proofs, list(full_shares), clamped=clamped, clipped=clipped)
+
+
+# --- 6. and 7. in a study with batch proofs: prove the batch at once ----------------------------
+
+@dataclass
+class ProofBatch:
+    """m rows of a study with batch proofs as one proved batch (docs/protocol.md section 4d):
+    each server's record (``media_type(j)``, ``body(j)``: the leader's blind, input and proof
+    shares, or a helper's seed, after the header and the parts), the batch id every server
+    computes from the parts, and the rows' ids (``batch_validity.row_ids``: the batch id's first
+    12 bytes and the row's index; what the sketch hashes a row by, as it hashes a report by its
+    report id)."""
+
+    records: list[tuple[str, bytes]]
+    leader: int
+    batch_id: bytes
+    report_ids: list[bytes]
+    #: as :class:`PreparedBatch`'s: what the map into the ball changed, for the data owner to see
+    clamped: np.ndarray | None = None
+    clipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.report_ids)
+
+    def media_type(self, j: int) -> str:
+        return self.records[j][0]
+
+    def body(self, j: int) -> bytes:
+        return self.records[j][1]
+
+
+def prepare_proof_batch(study: Study, rows: np.ndarray, stream: Keystream | None = None,
+                        leader: int | None = None) -> ProofBatch:
+    """The path for m rows of a study with batch proofs (rows already checked, (m, d), 1 <= m <=
+    ``batch_records.max_rows(study)``): map, clip, features, sign, round and noise exactly as
+    :func:`prepare` runs them (the same draws from ``stream``: the signs, then the noise), the
+    noisy signed rows in grid units (``validity.grid_units``: section 4b's u, what a per-report
+    proof digitises), then the batch proved with the leader at ``leader`` (default the last
+    server; ``batch_validity.prove`` draws the helpers' seeds, the leader's blind and the proof's
+    randomness next from ``stream``) and each server's record (``batch_records.records``).
+
+    A row outside the norm bound, or a projection outside its range, raises
+    ``validity.ValidityError`` (probability <= 2^-96 a row and a batch), as :func:`prepare` does
+    for a report. ``stream`` keyed from a submission's journal makes every record byte-identical
+    in every run, so a batch sent again is the same batch (the same batch id), counted once."""
+    from . import batch_records, batch_validity  # imported by a bulk owner of such a study only
+
+    if not study.batch_proofs:
+        raise ValueError("this study does not take batch proofs (its batch_proofs is false)")
+    m = len(rows)
+    if not 1 <= m <= batch_records.max_rows(study):
+        raise ValueError(f"a batch holds 1 to {batch_records.max_rows(study)} rows; got {m}")
+    stream = stream if stream is not None else Keystream()  # every random bit of this batch
+    noisy = _noisy_rows(study, rows, stream)  # 1-5
+    plan = batch_validity.study_plan(study, m)
+    units = validity.grid_units(validity.plan(study), noisy.encoded)
+    proved = batch_validity.prove(plan, units, stream, _leader(study, leader))  # 6, 7
+    bid = batch_validity.batch_id(batch_validity.wrap_seed(plan, proved.parts), proved.digits_part)
+    ids = batch_validity.row_ids(bid, m)
+    return ProofBatch(batch_records.records(plan, proved), proved.leader, bid, [bytes(r) for r in ids],
+                      noisy.clamped, noisy.clipped)
 
 
 def block_vectors(study: Study, party: str, rows: np.ndarray, signs: np.ndarray | None = None) -> np.ndarray:
