@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from analyzer.coordinator import Coordinator, UpstreamError, _with_rows
+from dpsketch.analyzer.coordinator import Coordinator, UpstreamError, _with_rows
 from dpsketch.protocol import batch_validity, batch_verifiers, field, messages, validity
 from dpsketch.protocol.batch_verifiers import BatchVerifier
 
