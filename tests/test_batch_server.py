@@ -16,7 +16,7 @@ summed in this process with ``batch_verifiers`` (the analyzer's side is written 
   a study without batch_proofs answers 415; a short body and a wrong N are 400; nothing is
   stored on a refusal and no answer is a 500.
 * A server SIGKILLed after acknowledging a batch comes back holding its rows and the round
-  still decides it.
+  still decides it; on SQLite and on PostgreSQL, one server whose two peers are simulated here.
 
 Nothing here is random but the round's contributions (the servers' CSPRNG): an honest batch is
 accepted at every query point (the proof is complete), a forged one refused except with the
@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import OPEN_UPLOADS, Servers
+from conftest import BOTH_STORES, OPEN_UPLOADS, Servers
 from dpsketch.protocol import batch_records, batch_validity, batch_verifiers, field, messages
 from dpsketch.protocol import report as report_path
 from dpsketch.protocol import validity as V
@@ -318,3 +318,53 @@ def test_a_server_killed_after_acknowledging_a_batch_holds_it_and_decides_it(tri
         r = decide(trio, j, study, others(study, decoded, j))
         assert r.status_code == 200 and r.headers[REFUSED_HEADER] == "0", r.text
         assert r.headers[DECIDED_HEADER] == str(M + 10) and r.content == b""
+
+
+@BOTH_STORES
+def test_one_server_on_either_store_keeps_its_batches_across_a_crash_and_decides_them(servers):
+    """One real server (position 0 of three; the other two simulated in this process, their
+    verifier shares computed from their records at the round's query seed) on SQLite and on
+    PostgreSQL: a batch it leads and one it helps are stored, a duplicate counted once, and after
+    a SIGKILL and restart it holds both and decides both true."""
+    study = make_study("either store")
+    spec = servers.spec("s1")
+    proc = servers.start(spec, NO_FLOOR_POLICY)
+    r = httpx.put(f"{proc.url}/v1/studies/{study.study_id}", content=study.canonical(), timeout=60,
+                  headers={"Authorization": f"Bearer {spec.operator_token}", "Content-Type": "application/json"})
+    assert r.status_code == 201, r.text
+    made = [proved(study, M, "lead here", leader=0), proved(study, 20, "help here", leader=2)]
+    records = [batch_records.records(plan, batch) for plan, batch in made]
+    for m, n, rec in zip((M, 20), (M, M + 20), records):  # position 0 leads the first, helps the second
+        assert post(proc.url, study, *rec[0]).json() == {"accepted": m, "duplicates": 0, "report_count": n}
+    assert post(proc.url, study, *records[0][0]).json() == {"accepted": 0, "duplicates": M, "report_count": M + 20}
+    proc.kill()
+    proc.start()
+    auth = {"Authorization": f"Bearer {spec.analyst_token}"}
+    ids = httpx.get(f"{proc.url}/v1/studies/{study.study_id}/report-ids", headers=auth, timeout=30).content
+    assert set(messages.decode_report_ids(ids)) == row_ids(*made[0]) | row_ids(*made[1])
+
+    def verify(path: str, **kw) -> httpx.Response:
+        return httpx.post(f"{proc.url}/v1/studies/{study.study_id}/verify/{path}", timeout=120,
+                          headers={**auth, **kw.pop("headers", {})}, **kw)
+
+    mine = bytes.fromhex(verify("commit").json()["commitment"])
+    fake = [hashlib.sha256(bytes([j])).digest() for j in (1, 2)]
+    commitments = [mine.hex()] + [V.commitment(study.study_id, j + 1, c).hex() for j, c in enumerate(fake)]
+    own = verify("reveal", json={"commitments": commitments}).json()["contribution"]
+    answer = verify("query", json={"contributions": [own] + [c.hex() for c in fake]})
+    assert answer.status_code == 200, answer.text
+    seed = V.query_seed(study.study_id, [bytes.fromhex(own), *fake])
+    ids0, shares0, entries = sections(study, answer.content)
+    assert len(ids0) == 0 and len(entries) == 2
+    sums = []
+    for rec in records:
+        total = None
+        for j in (1, 2):
+            _, plan, batch = batch_records.receive(study, j, *rec[j])
+            share = batch_validity.verifier_share(plan, batch, seed)
+            total = share if total is None else field.add(total, share)
+        sums.append(batch_verifiers.BatchVerifier(batch.batch_id, plan.m, total))
+    body = V.encode_verifiers(ids0, shares0) + batch_verifiers.encode(sums)
+    r = verify("decide", content=body, headers={"Content-Type": VERIFIERS_MEDIA_TYPE})
+    assert r.status_code == 200 and r.content == b"", r.text
+    assert r.headers[DECIDED_HEADER] == str(M + 20) and r.headers[REFUSED_HEADER] == "0"
