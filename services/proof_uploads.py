@@ -95,7 +95,7 @@ def parse(record: "StudyRecord", position: int, media_type: str, body: bytes) ->
     rows, signs = study.hash_report_ids(ids, joined)
     addends = validity.split_words(batch_validity.coordinate_shares(plan, batch))
     return {"ids": ids, "rows": rows, "signs": signs, "addends": np.ascontiguousarray(addends),
-            "sorted_ids": idsets.SortedIds(joined), "proof": bytes(body), "proof_position": position,
+            "sorted_ids": idsets.SortedIds(joined), "proof_record": bytes(body), "proof_position": position,
             "shares": np.frombuffer(body, dtype=np.uint8).reshape(1, -1)}
 
 
@@ -107,4 +107,4 @@ async def upload(store: "Store", record: "StudyRecord", server_id: str, media_ty
     job = await run_in_threadpool(parse, record, position, media_type, body)
     return await asyncio.wrap_future(store.submit_upload(
         record, job["ids"], job["shares"], job["rows"], job["signs"], token, sorted_ids=job["sorted_ids"],
-        addends=job["addends"], proof=job["proof"], proof_position=job["proof_position"]))
+        addends=job["addends"], proof_record=job["proof_record"], proof_position=job["proof_position"]))

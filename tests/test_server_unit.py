@@ -866,7 +866,8 @@ def _to_a_row_per_report(db: Path | str) -> None:
         conn.execute("CREATE TABLE reports (id INTEGER PRIMARY KEY, study INTEGER NOT NULL REFERENCES studies(seq), "
                      "report_id BLOB NOT NULL CHECK (length(report_id) = 16), share BLOB NOT NULL, "
                      "pseudonym BLOB, party INTEGER)")
-        for first, seq, m, ids, shares, pseudonyms, party in conn.execute("SELECT * FROM batches").fetchall():
+        for first, seq, m, ids, shares, pseudonyms, party in conn.execute(
+                "SELECT first, study, m, ids, shares, pseudonyms, party FROM batches").fetchall():
             w = len(shares) // m
             conn.executemany("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?)", [
                 (first + i, seq, ids[16 * i:16 * (i + 1)], shares[w * i:w * (i + 1)],
