@@ -13,8 +13,9 @@ summed in this process with ``batch_verifiers`` (the analyzer's side is written 
   body cut short) are refused and change nothing.
 * The same batch again is a duplicate (counted once, its token not charged again); the same
   batch id with other bytes is 409 report-conflict; an upload token's quota counts m rows;
-  a study without batch_proofs answers 415; a short body and a wrong N are 400; nothing is
-  stored on a refusal and no answer is a 500.
+  a study without batch_proofs answers 415; a short body and a wrong N are 400; ``max_reports``
+  counts rows (409); a batch after the round began is 409 uploads-closed; nothing is stored on a
+  refusal and no answer is a 500.
 * A server SIGKILLed after acknowledging a batch comes back holding its rows and the round
   still decides it, and a commit leaving out 5 of its 60 rows releases exactly the sketch of the
   other 55 (totals rebuilt from the stored records, single rows taken out of them); on SQLite and on PostgreSQL, one server whose two peers are simulated here.
@@ -95,9 +96,9 @@ def trio(tmp_path_factory):
 
 
 def make_study(name: str, **kw) -> Study:
-    return design(name=name, columns=["x1", "x2", "x3", "y"], label="y", servers=SERVERS, expected_reports=200,
-                  min_reports=50, seed=hashlib.sha256(name.encode()).hexdigest(), validity=True, epsilon_floor=None,
-                  **({"batch_proofs": True} | kw))[0]
+    args = dict(expected_reports=200, min_reports=50, batch_proofs=True) | kw
+    return design(name=name, columns=["x1", "x2", "x3", "y"], label="y", servers=SERVERS,
+                  seed=hashlib.sha256(name.encode()).hexdigest(), validity=True, epsilon_floor=None, **args)[0]
 
 
 def units(study: Study, m: int, seed: int) -> np.ndarray:
@@ -219,6 +220,9 @@ def test_an_honest_batch_is_decided_true_and_a_forged_one_refused_everywhere(tri
 
     answers = query(trio, study)
     assert {a.headers[DECIDED_HEADER] for a in answers} == {str(10 + 2 * M)}
+    _, late = proved(study, 5, "late", leader=0)  # the round closed the study to batches too
+    late_record = batch_records.records(batch_validity.study_plan(study, 5), late)[0]
+    problem(post(trio.urls[0], study, *late_record), 409, "uploads-closed")
     decoded = [sections(study, a.content) for a in answers]
     good_id = batch_validity.batch_id(batch_validity.wrap_seed(plan, good.parts), good.digits_part)
     bad_id = batch_validity.batch_id(batch_validity.wrap_seed(plan, bad.parts), bad.digits_part)
@@ -275,8 +279,8 @@ def test_duplicates_conflicts_quota_and_malformed_records(trio):
     assert trio.count(0, study) == 0 and trio.count(1, study) == 0
     # the quota counts m rows, judged before the circuit: a batch of more rows than it has left
     _, big = proved(study, M + 20, "too many", leader=0)
-    problem(post(leader_url, study, *batch_records.records(batch_records.batch_validity.study_plan(study, M + 20), big)[0],
-                 token), 403, "upload-quota-exceeded")
+    problem(post(leader_url, study, *batch_records.records(batch_validity.study_plan(study, M + 20), big)[0], token),
+            403, "upload-quota-exceeded")
     assert trio.count(0, study) == 0
     first = post(leader_url, study, lead_type, lead, token)
     assert first.json() == {"accepted": M, "duplicates": 0, "report_count": M}, first.text
@@ -303,6 +307,14 @@ def test_duplicates_conflicts_quota_and_malformed_records(trio):
     for media, body in batch_records.records(plan, batch)[:2]:
         problem(post(leader_url, plain, media, body), 415, "unsupported-media-type")
     assert trio.count(0, plain) == 0
+    # max_reports counts rows too: 50 held of 60, a batch of 20 more is refused whole
+    small_study = make_study("capacity", max_reports=60, expected_reports=60)
+    trio.provision(small_study)
+    plan_a, a = proved(small_study, M, "capacity a", leader=0)
+    assert post(leader_url, small_study, *batch_records.records(plan_a, a)[0]).status_code == 200
+    plan_b, b = proved(small_study, 20, "capacity b", leader=0)
+    problem(post(leader_url, small_study, *batch_records.records(plan_b, b)[0]), 409, "capacity-exceeded")
+    assert trio.count(0, small_study) == M
 
 
 def test_a_server_killed_after_acknowledging_a_batch_holds_it_and_decides_it(trio):
