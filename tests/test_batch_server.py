@@ -18,7 +18,9 @@ summed in this process with ``batch_verifiers`` (the analyzer's side is written 
   refusal and no answer is a 500.
 * A server SIGKILLed after acknowledging a batch comes back holding its rows and the round
   still decides it, and a commit leaving out 5 of its 60 rows releases exactly the sketch of the
-  other 55 (totals rebuilt from the stored records, single rows taken out of them); on SQLite and on PostgreSQL, one server whose two peers are simulated here.
+  other 55 (totals rebuilt from the stored records, single rows taken out of them); at unit
+  level, totals restored from a checkpoint plus a record stored after it are exactly the rows'
+  split-word sums; on SQLite and on PostgreSQL, one server whose two peers are simulated here.
 
 Nothing here is random but the round's contributions (the servers' CSPRNG): an honest batch is
 accepted at every query point (the proof is complete), a forged one refused except with the
@@ -402,3 +404,50 @@ def test_one_server_on_either_store_keeps_its_batches_across_a_crash_and_decides
     r = verify("decide", content=body, headers={"Content-Type": VERIFIERS_MEDIA_TYPE})
     assert r.status_code == 200 and r.content == b"", r.text
     assert r.headers[DECIDED_HEADER] == str(M + 20) and r.headers[REFUSED_HEADER] == "0"
+
+
+def test_totals_from_a_checkpoint_and_batches_stored_after_it_are_the_rows_sums(tmp_path, monkeypatch):
+    """Unit level (one in-process server, position 0): a batch's rows folded into the totals at
+    upload, through a checkpoint, and from a record stored after the checkpoint (a crash before
+    the next) are exactly the split-word sums of the rows' coordinate shares at their sketch
+    cells; a full rebuild from the store gives the same."""
+    from dpsketch.services import checkpoint, state as state_module
+    from dpsketch.services.store import Store
+    from dpsketch.services.writer import CallJob
+    from test_server_unit import Server
+
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_MIN_REPORTS", 10)
+    study = make_study("checkpoint")
+    records = [batch_records.records(*proved(study, m, label, leader))[0]  # what position 0 receives
+               for m, label, leader in ((M, "cp lead", 0), (20, "cp help", 1))]
+    expected = np.zeros((study.k, 2 * study.width), dtype=np.uint64)
+    for media, body in records:
+        _, plan, batch = batch_records.receive(study, 0, media, body)
+        cells, signs = study.hash_report_ids([bytes(r) for r in batch_validity.row_ids(batch.batch_id, plan.m)])
+        sketch.accumulate(expected, cells, signs, V.split_words(batch_validity.coordinate_shares(plan, batch)))
+    db = tmp_path / "s1.sqlite3"
+    a = Server(db)
+    assert a.provision(study).status_code == 201
+    assert a.batch(study, records[0][1], records[0][0]).status_code == 200
+    store = a.app.state.store
+    store.writer.submit(CallJob(lambda conn: (None, None))).result()  # the writer checkpoints after acknowledging
+    assert store.record(study.study_id).state.checkpointed == M
+    monkeypatch.setattr(checkpoint, "save", lambda *args, **kw: False)  # a crash before the next one
+    assert a.batch(study, records[1][1], records[1][0]).json() == {"accepted": 20, "duplicates": 0,
+                                                                   "report_count": M + 20}
+    monkeypatch.setattr(Store, "_checkpoint_all", lambda self: None)
+    a.close()
+    monkeypatch.undo()
+    b = Server(db, warm_start=False)
+    try:
+        store = b.app.state.store
+        record = store.record(study.study_id)
+        restored = store.ensure_state(record)
+        assert (restored.checkpointed, len(restored.ids)) == (M, M + 20)  # the checkpoint, then a record
+        np.testing.assert_array_equal(restored.aggregate, expected)
+        with store._reading() as conn:
+            fresh = state_module.load_state(conn, record, 1000, store.backend)
+        np.testing.assert_array_equal(fresh.aggregate, expected)
+        assert np.array_equal(fresh.gram, restored.gram) and fresh.ids == restored.ids
+    finally:
+        b.close()
