@@ -546,7 +546,7 @@ class Rounds:
         if rnd.decided_hash is not None:
             self.forget(record)
             return self._repeat(record, rnd, digest)
-        run = self._held_run(record)
+        run: Any = None  # the held run (a study with batch_proofs: without the batches' rows)
         section = b""
         held_batches: list[HeldBatch] = []
         if study.batch_proofs:
@@ -554,7 +554,7 @@ class Rounds:
                 body_reports, section = batch_verifiers.split(body, validity.verifier_len(study))
             except ValueError as exc:
                 raise ProblemError("malformed-body", f"a decision's body: {exc}") from None
-            run, held_batches = self._reports_and_batches(record, run)
+            run, held_batches = self._reports_and_batches(record, self._held_run(record))
         else:
             body_reports = body
         try:
@@ -562,9 +562,10 @@ class Rounds:
             entries = batch_verifiers.decode(section, len(section) // 16 + 1) if study.batch_proofs else []
         except ValueError as exc:
             raise ProblemError("malformed-body", f"a decision's body: {exc}") from None
-        batch_ids, batch_refused = self._decide_batches(record, held_batches, entries, rnd.query_seed)
         ids = id_matrix.tobytes()
         hi, lo = idsets.halves(ids)
+        if run is None:
+            run = self._held_run(record)
         at = messages.locate(run.hi, run.lo, hi, lo)
         missing = np.flatnonzero(at < 0)
         if missing.size:
@@ -572,6 +573,8 @@ class Rounds:
             raise ProblemError("unknown-reports", f"{missing.size} of the {len(hi)} reports of the decision are "
                                f"not held by this server (first: {first.hex()})",
                                extra={"unknown_count": int(missing.size)})
+        # the batches first: an unknown one or a wrong length is refused before any report is decided
+        batch_ids, batch_refused = self._decide_batches(record, held_batches, entries, rnd.query_seed)
         rowids = np.asarray(run.rowid)[at]
         step = self._chunk_rows(plan)
         refused: list[np.ndarray] = []
@@ -634,8 +637,7 @@ class Rounds:
             raise ProblemError("unknown-reports", f"{len(unknown)} of the {len(entries)} batches of the decision are "
                                f"not held by this server (first: {unknown[0].batch_id.hex()})",
                                extra={"unknown_count": len(unknown)})
-        decided, refused = [], []
-        for e in entries:
+        for e in entries:  # every entry checked before any verifier is computed
             h = by_id[e.batch_id]
             try:
                 if e.m != h.plan.m:
@@ -643,6 +645,9 @@ class Rounds:
                 batch_verifiers.check_lengths(e, h.verifier_len)
             except validity.ValidityError as exc:
                 raise ProblemError("malformed-body", f"a decision's batch section: {exc}") from None
+        decided, refused = [], []
+        for e in entries:
+            h = by_id[e.batch_id]
             own = batch_validity.verifier_share(h.plan, h.batch, seed)
             decided.append(h.stored.ids)
             if not batch_validity.accepts(h.plan, e.batch_id, [own, e.share]):
