@@ -10,7 +10,8 @@ summed in this process with ``batch_verifiers`` (the analyzer's side is written 
   everywhere and refused at every server, all 50 rows in the refused set, and a commit holding
   them is refused 422 report-refused. The query's report section holds the per-report records
   only, its batch section both batches. Malformed decisions (an unknown batch, a wrong m or V,
-  a body cut short, a batch's row in the report section) are refused and change nothing.
+  batch ids descending, a body cut short, a batch's row in the report section) are refused and
+  change nothing.
 * The same batch again is a duplicate (counted once, its token not charged again); the same
   batch id with other bytes is 409 report-conflict; an upload token's quota counts m rows;
   a study without batch_proofs answers 415; a short body and a wrong N are 400; ``max_reports``
@@ -244,6 +245,10 @@ def test_an_honest_batch_is_decided_true_and_a_forged_one_refused_everywhere(tri
     wrong_m = report_part + batch_verifiers.encode([batch_verifiers.BatchVerifier(good_id, M + 1, entry.share)])
     problem(decide(trio, 0, study, wrong_m), 400, "malformed-body")
     problem(decide(trio, 0, study, body[:-8]), 400, "malformed-body")
+    first, second = sorted(decoded[1][2].values(), key=lambda e: e.batch_id)
+    descending = len(decoded[1][2]).to_bytes(4, "little") + batch_verifiers.encode([second])[4:] \
+        + batch_verifiers.encode([first])[4:]
+    problem(decide(trio, 0, study, report_part + descending), 400, "malformed-body")
     named = sorted(report_ids | {min(good_rows)})  # a batch's row in the report section: no report
     as_reports = V.encode_verifiers(np.frombuffer(b"".join(named), dtype=np.uint8).reshape(-1, 16),
                                     np.zeros((len(named), V.verifier_len(study), 2), dtype=np.uint64))
