@@ -57,7 +57,7 @@ from dpsketch.protocol.study import PROTOCOL, Study
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
 from dpsketch import observability
-from . import idsets, policy, verify_api
+from . import idsets, policy, proof_uploads, verify_api
 from .admission import Admission, UploadAdmission
 from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .metrics import ServerMetrics
@@ -604,24 +604,34 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"the party's columns (section 2d), or its blocks sealed as "
                                  f"{SEALED_MEDIA_TYPE}; party=NAME (docs/sealing.md section 3a); a "
                                  f"study with parties and validity proofs takes each block's seed at a "
-                                 f"helper as {BLOCK_SEEDS_MEDIA_TYPE}; party=NAME (section 4c)",
+                                 f"helper as {BLOCK_SEEDS_MEDIA_TYPE}; party=NAME (section 4c); a study "
+                                 f"with batch_proofs takes a batch proof's record, the leader's as "
+                                 f"{proof_uploads.MEDIA_TYPES[0]}, a helper's as {proof_uploads.MEDIA_TYPES[1]} "
+                                 f"(section 4d)",
                   "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               BLOCKS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
-                              BLOCK_SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
+                              BLOCK_SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
+                              **{t: {"schema": BINARY_SCHEMA} for t in proof_uploads.MEDIA_TYPES}}}})
     async def upload_batch(study_id: str, request: Request,
                            token: bytes | None = Depends(upload_allowed)) -> Response:
         """Upload many reports at once, as full shares, as seeds (expanded to the same shares
         before anything else, so duplicates are judged on the share bytes) or sealed to this
         server with HPKE (opened first, then the same); all-or-nothing, acknowledged once durable."""
         media_type = require_media_type(request, SHARES_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SEALED_MEDIA_TYPE,
-                                        BLOCKS_MEDIA_TYPE, BLOCK_SEEDS_MEDIA_TYPE)
+                                        BLOCKS_MEDIA_TYPE, BLOCK_SEEDS_MEDIA_TYPE, *proof_uploads.MEDIA_TYPES)
         record = store.record(study_id)
         if not record.is_open:
             raise ProblemError("study-closed", f"study {study_id} is "
                                f"{'committed' if record.commit is not None else record.closure.reason}; "
                                f"it takes no more reports")
+        if media_type in proof_uploads.MEDIA_TYPES:  # a batch proof (docs/protocol.md section 4d)
+            body = await request.body()
+            result = await proof_uploads.upload(store, record, settings.server_id, media_type, body, token)
+            metrics.uploaded(study_id, result)
+            await hold_route_answer(gate, request.scope, result)
+            return json_response(result)
         content_type = request.headers.get("content-type", "")
         if media_type in (BLOCKS_MEDIA_TYPE, BLOCK_SEEDS_MEDIA_TYPE) or (media_type == SEALED_MEDIA_TYPE and (
                 record.study.parties is not None or party_of_media_type(content_type) is not None)):

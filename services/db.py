@@ -38,9 +38,12 @@ PAGE_SIZE = 32768
 #: 2: protocol dpsketch/2 studies; upload tokens with quotas. 3: a batch of seeds may store the
 #: seeds instead of the shares (services/batches.py). A version 2 file is marked 3 when opened
 #: (nothing in it changes); a server that reads only 2 then refuses it rather than misreading seeds.
-SCHEMA_VERSION = 3
+#: 4: a batch row may hold a batch proof's record (``proof_position``, services/batches.py); a
+#: version 2 or 3 file is marked 4 when opened (the column is added, NULL in every row it had), so
+#: an older server, which would read a proof record as shares, refuses it.
+SCHEMA_VERSION = 4
 #: the versions this server opens, and marks SCHEMA_VERSION
-UPGRADES_FROM = (2,)
+UPGRADES_FROM = (2, 3)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -62,7 +65,9 @@ CREATE TABLE IF NOT EXISTS batches (
     ids        BLOB NOT NULL,               -- m report ids (or block ids), 16 bytes each
     shares     BLOB NOT NULL,               -- m shares of 8 x width bytes; empty once deleted
     pseudonyms BLOB,                        -- a study with parties: m pseudonyms, 16 bytes each
-    party      INTEGER                      -- ... and the index of the party whose blocks they are
+    party      INTEGER,                     -- ... and the index of the party whose blocks they are
+    proof_position INTEGER                  -- a batch proof (docs/protocol.md section 4d): the position this
+                                            -- server received it at; shares is then its record, ids its rows
 );
 CREATE INDEX IF NOT EXISTS batches_by_study ON batches(study);
 CREATE TABLE IF NOT EXISTS commits (
@@ -120,8 +125,8 @@ CREATE TABLE IF NOT EXISTS retention (
 
 #: One upload batch (or a group of single uploads) of one study.
 INSERT_BATCH = """
-INSERT INTO batches (first, study, m, ids, shares, pseudonyms, party)
-VALUES (:first, :study, :m, :ids, :shares, :pseudonyms, :party)
+INSERT INTO batches (first, study, m, ids, shares, pseudonyms, party, proof_position)
+VALUES (:first, :study, :m, :ids, :shares, :pseudonyms, :party, :proof_position)
 """
 
 #: The same with the shares left as zeros, to be written in place by incremental blob I/O: a
@@ -134,7 +139,8 @@ INSERT_BATCH_IN_PLACE = INSERT_BATCH.replace(":shares", "zeroblob(:share_bytes)"
 IN_PLACE_BYTES = 1 << 18
 
 #: Columns added after schema version 2 first shipped: added in place to older files.
-_ADDED_COLUMNS = {"reports": {"pseudonym": "BLOB", "party": "INTEGER"}, "upload_tokens": {"party": "TEXT"}}
+_ADDED_COLUMNS = {"reports": {"pseudonym": "BLOB", "party": "INTEGER"}, "upload_tokens": {"party": "TEXT"},
+                  "batches": {"proof_position": "INTEGER"}}
 
 
 #: Page cache per connection, KiB. Readers stream (rebuild, listing) and need little.

@@ -95,8 +95,11 @@ CREATE TABLE IF NOT EXISTS batches (
     ids        BYTEA NOT NULL,
     shares     BYTEA NOT NULL,
     pseudonyms BYTEA,
-    party      INTEGER
+    party      INTEGER,
+    proof_position INTEGER                  -- a batch proof's record (db.py, services/batches.py)
 );
+-- a database of schema 2 or 3: the column a batch proof's row needs (NULL in every row it had)
+ALTER TABLE batches ADD COLUMN IF NOT EXISTS proof_position INTEGER;
 CREATE INDEX IF NOT EXISTS batches_by_study ON batches (study);
 -- stored uncompressed (random bytes do not compress): a slice is read without the whole value
 ALTER TABLE batches ALTER COLUMN ids SET STORAGE EXTERNAL;
@@ -160,8 +163,8 @@ CREATE TABLE IF NOT EXISTS retention (
 
 #: As db.INSERT_BATCH.
 INSERT_BATCH = """
-INSERT INTO batches (first, study, m, ids, shares, pseudonyms, party)
-VALUES (:first, :study, :m, :ids, :shares, :pseudonyms, :party)
+INSERT INTO batches (first, study, m, ids, shares, pseudonyms, party, proof_position)
+VALUES (:first, :study, :m, :ids, :shares, :pseudonyms, :party, :proof_position)
 """
 
 #: The batch's report keys (no shares), cut from the same parameters by the server.

@@ -241,6 +241,12 @@ def load_state(conn: Any, record: StudyRecord, chunk_rows: int, backend: Any = N
         rowids = chunk.rowids.tolist()
         ids = chunk.id_list()
         joined = chunk.ids
+        if chunk.proof_position is not None:  # a batch proof's rows: re-derived from its record
+            if not chunk.shares or len(set(ids)) != len(ids) or state.ids.any_held(joined, ids):
+                skipped += len(ids)  # cannot happen with a single writer; never count a row twice
+                continue
+            state.add(study, ids, rowids, batches.study_addends(chunk, study), joined=joined)
+            continue
         whole = chunk.holds_shares_of(share_width)
         sound = (len(joined) == REPORT_ID_BYTES * len(ids) and whole
                  and len(set(ids)) == len(ids) and not state.ids.any_held(joined, ids))

@@ -756,7 +756,8 @@ class Store:
                       rows: np.ndarray | None = None, signs: np.ndarray | None = None,
                       token: bytes | None = None, pseudonyms: list[bytes] | None = None,
                       party: int | None = None, waiter: Any = None, sorted_ids: SortedIds | None = None,
-                      seeds: np.ndarray | None = None, addends: np.ndarray | None = None) -> Future:
+                      seeds: np.ndarray | None = None, addends: np.ndarray | None = None,
+                      proof_record: bytes | None = None, proof_position: int | None = None) -> Future:
         """Queue parsed reports (hashed, or not: then the writer hashes them) for the writer; the
         future resolves to an UploadResult once they are durable (or to a ProblemError).
         ``token`` is the digest of the upload token they came with (its quota is charged).
@@ -766,13 +767,14 @@ class Store:
         ``sorted_ids``: the ids sorted (idsets.SortedIds), which spares the writer sorting them.
         ``seeds``: what to store in place of the shares they expand to (services/batches.py).
         ``addends``: a study with validity proofs, what they add to the running totals
-        (proved_shares.addends; the writer makes them if not given)."""
+        (proved_shares.addends; the writer makes them if not given). ``proof_record``, ``proof_position``:
+        a batch proof's record and the position it came to, ``ids`` its rows (services/proof_uploads.py)."""
         if record.commit is not None:
             raise ProblemError("study-closed", f"study {record.study_id} is committed; it takes no more reports")
         return self.verification.admit(record, lambda: self.writer.submit(UploadJob(
             record, ids, shares, rows, signs, token=token, pseudonyms=pseudonyms, party=party,
             required=record.upload_required, waiter=waiter, sorted_ids=sorted_ids, seeds=seeds,
-            addends=addends)))
+            addends=addends, proof_record=proof_record, proof_position=proof_position)))
 
     def submit_single(self, record: StudyRecord, report_id: bytes, proof: bytes, share: bytes,
                       token: bytes | None, waiter: Any) -> SingleUpload:

@@ -23,6 +23,15 @@ and why each is stored before it is answered:
   commit (store.py) then refuses an inclusion set with a refused report or one this server did
   not decide.
 
+A study with ``batch_proofs`` (docs/protocol.md sections 4d and 6d): the query answers the
+report section over its per-report records only (a batch's rows are never decided one by one)
+followed by the batch section (``batch_verifiers``): every held batch proof's verifier share,
+re-received from its stored record (services/batches.py) and computed at the query point; the
+decision splits the body the same way, decides each named batch whole (its own share plus the
+others' sum, ``batch_validity.accepts``) and stores all its m row ids as decided, and refused
+too when it is refused. Such a study's answers are not kept on disk (the verifier cache keeps
+report sections only): its decision recomputes its own shares, reports and batches alike.
+
 Why the upload gate is in the store and not the writer: the writer runs jobs in the order they
 were queued (services/writer.py), so a commit job queued under the gate's lock runs after
 every upload queued before it and before any queued after it, and every upload queued after
@@ -45,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsketch.protocol import field, messages, proved_shares, validity
+from dpsketch.protocol import batch_validity, batch_verifiers, field, messages, proved_shares, validity
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.sketch import REPORT_ID_BYTES
 from dpsketch.protocol.verification import Commitment, Contribution
@@ -124,6 +133,49 @@ class Round:
     @property
     def n_refused(self) -> int:
         return len(self.refused or b"") // REPORT_ID_BYTES
+
+
+@dataclass
+class _Held:
+    """Held ids ascending (what the report index's run has: ``hi``, ``lo``, ``rowid``)."""
+
+    hi: np.ndarray
+    lo: np.ndarray
+    rowid: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+
+@dataclass
+class HeldBatch:
+    """A held batch proof at the round: its stored rows and record, plan and this server's view."""
+
+    stored: batches.Stored
+    plan: batch_validity.BatchPlan
+    batch: batch_validity.ServerBatch
+
+    @property
+    def verifier_len(self) -> int:
+        return int(self.plan.circuit.verifier_len)
+
+
+def in_proofs(rowids: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Which of ``rowids`` are rows of a batch proof, ``spans`` their batches' (first, m) by first."""
+    rowids = np.asarray(rowids, dtype=np.int64)
+    if not len(spans):
+        return np.zeros(len(rowids), dtype=bool)
+    at = np.searchsorted(spans[:, 0], rowids, side="right") - 1
+    ok = at >= 0
+    safe = np.maximum(at, 0)
+    return ok & (rowids - spans[safe, 0] < spans[safe, 1])
+
+
+def _sorted_ids(joined: bytes) -> bytes:
+    """Concatenated 16-byte ids in ascending bytewise order."""
+    hi, lo = idsets.halves(joined)
+    order = np.lexsort((lo, hi))
+    return idsets.join_halves(hi[order], lo[order])
 
 
 @dataclass
@@ -414,8 +466,13 @@ class Rounds:
         seed = rnd.query_seed
         assert seed is not None
         run = self._held_run(record)
+        proofs = record.study.batch_proofs
+        held_ids = len(run)
+        held_batches: list[HeldBatch] = []
+        if proofs:  # the report section: per-report records only (module docstring)
+            run, held_batches = self._reports_and_batches(record, run)
         step = self._chunk_rows(plan)
-        keep = self.cache.enabled and rnd.decided_hash is None and len(plan) <= 256
+        keep = self.cache.enabled and rnd.decided_hash is None and len(plan) <= 256 and not proofs
 
         def chunks() -> Iterator[bytes]:
             # validity.encode_verifiers' layout, a piece at a time: the count, every id, then
@@ -443,8 +500,36 @@ class Rounds:
             finally:
                 if writer is not None:  # the answer was not all written: no file
                     writer.abort()
+            if proofs:  # the batch section: every held batch proof's verifier share
+                yield batch_verifiers.encode([batch_verifiers.BatchVerifier(
+                    h.batch.batch_id, h.plan.m, batch_validity.verifier_share(h.plan, h.batch, seed))
+                    for h in held_batches])
 
-        return len(run), seed, chunks()
+        return held_ids, seed, chunks()
+
+    def _reports_and_batches(self, record: "StudyRecord", run: Any) -> tuple[_Held, list[HeldBatch]]:
+        """A study with batch_proofs: its held per-report records (the run without the batches'
+        rows) and its held batch proofs, each re-received from its stored record."""
+        with self.store._reading() as conn:
+            stored = batches.proof_batches(conn, record.seq)
+        spans = np.array([(s.first, len(s)) for s in stored], dtype=np.int64).reshape(-1, 2)
+        keep = ~in_proofs(np.asarray(run.rowid), spans)
+        reports = _Held(np.asarray(run.hi)[keep], np.asarray(run.lo)[keep], np.asarray(run.rowid)[keep])
+        held = []
+        for s in stored:
+            plan_b, batch = batches.proof_batch(s, record.study)
+            held.append(HeldBatch(s, plan_b, batch))
+        return reports, held
+
+    def batch_section_limit(self, record: "StudyRecord") -> int:
+        """The largest batch section a decision may carry: its count and every held batch's
+        entry (a study with batch_proofs; 0 otherwise)."""
+        if not record.study.batch_proofs:
+            return 0
+        with self.store._reading() as conn:
+            spans = batches.proof_rows(conn, record.seq)
+        return 4 + sum(24 + 16 * batch_validity.study_plan(record.study, int(m)).circuit.verifier_len
+                       for _, m in spans.tolist())
 
     # --- 4. decide ---------------------------------------------------------------------------
     def decide(self, record: "StudyRecord", body: bytes) -> Decision:
@@ -461,13 +546,26 @@ class Rounds:
         if rnd.decided_hash is not None:
             self.forget(record)
             return self._repeat(record, rnd, digest)
+        run: Any = None  # the held run (a study with batch_proofs: without the batches' rows)
+        section = b""
+        held_batches: list[HeldBatch] = []
+        if study.batch_proofs:
+            try:
+                body_reports, section = batch_verifiers.split(body, validity.verifier_len(study))
+            except ValueError as exc:
+                raise ProblemError("malformed-body", f"a decision's body: {exc}") from None
+            run, held_batches = self._reports_and_batches(record, self._held_run(record))
+        else:
+            body_reports = body
         try:
-            id_matrix, others = validity.decode_verifiers(body, validity.verifier_len(study))  # ids strictly ascending
+            id_matrix, others = validity.decode_verifiers(body_reports, validity.verifier_len(study))  # ids ascending
+            entries = batch_verifiers.decode(section, len(section) // 16 + 1) if study.batch_proofs else []
         except ValueError as exc:
             raise ProblemError("malformed-body", f"a decision's body: {exc}") from None
         ids = id_matrix.tobytes()
         hi, lo = idsets.halves(ids)
-        run = self._held_run(record)
+        if run is None:
+            run = self._held_run(record)
         at = messages.locate(run.hi, run.lo, hi, lo)
         missing = np.flatnonzero(at < 0)
         if missing.size:
@@ -475,11 +573,14 @@ class Rounds:
             raise ProblemError("unknown-reports", f"{missing.size} of the {len(hi)} reports of the decision are "
                                f"not held by this server (first: {first.hex()})",
                                extra={"unknown_count": int(missing.size)})
+        # the batches first: an unknown one or a wrong length is refused before any report is decided
+        batch_ids, batch_refused = self._decide_batches(record, held_batches, entries, rnd.query_seed)
         rowids = np.asarray(run.rowid)[at]
         step = self._chunk_rows(plan)
         refused: list[np.ndarray] = []
         seed = rnd.query_seed
-        kept = self.cache.open(self._cache_key(record, plan, seed, run)) if self.cache.enabled else None
+        kept = (self.cache.open(self._cache_key(record, plan, seed, run))
+                if self.cache.enabled and not study.batch_proofs else None)
         for start in range(0, len(hi), step):
             end = min(start + step, len(hi))
             part = ids[start * 16:end * 16]
@@ -498,6 +599,10 @@ class Rounds:
             refused.append(start + np.flatnonzero(~ok))
         where = np.concatenate(refused) if refused else np.zeros(0, dtype=np.int64)
         refused_ids = np.frombuffer(ids, dtype=np.uint8).reshape(-1, 16)[where].tobytes()
+        n_reports, n_refused_reports = len(hi), len(where)
+        if batch_ids:  # the batches' rows among the decided and refused ids, all sorted
+            ids = _sorted_ids(ids + batch_ids)
+            refused_ids = _sorted_ids(refused_ids + batch_refused)
         now = time.time()
         source = "from the query's kept answer" if kept is not None else "recomputed"
         kept = None  # unmapped before the file goes
@@ -510,14 +615,44 @@ class Rounds:
                              "WHERE study = ?", (digest, ids, refused_ids, now, record.seq))
                 stored.decided_hash, stored.decided, stored.refused, stored.decided_at = (
                     digest, ids, refused_ids, now)
-                log.info("study %s: decided %d reports, refused %d (own shares %s)", study.study_id, len(hi),
-                         len(where), source)
+                log.info("study %s: decided %d reports, refused %d (own shares %s); batch rows decided %d, "
+                         "refused %d", study.study_id, n_reports, n_refused_reports, source,
+                         len(batch_ids) // REPORT_ID_BYTES, len(batch_refused) // REPORT_ID_BYTES)
                 self.decided_from["cache" if source.startswith("from") else "recomputed"] += 1
             return stored, self._remember(record.seq, stored)
 
         decided = self._store(fn)
         self.forget(record)
         return self._repeat(record, decided, digest)
+
+    @staticmethod
+    def _decide_batches(record: "StudyRecord", held: list[HeldBatch], entries: list[batch_verifiers.BatchVerifier],
+                        seed: bytes) -> tuple[bytes, bytes]:
+        """Decide every batch the decision names, whole: (the row ids of them all, those of the
+        refused ones), concatenated. An unknown batch id: 422 unknown-reports; an entry whose m
+        or V is not its batch's: 400 malformed-body (as a report section's wrong length)."""
+        by_id = {h.batch.batch_id: h for h in held}
+        unknown = [e for e in entries if e.batch_id not in by_id]
+        if unknown:
+            raise ProblemError("unknown-reports", f"{len(unknown)} of the {len(entries)} batches of the decision are "
+                               f"not held by this server (first: {unknown[0].batch_id.hex()})",
+                               extra={"unknown_count": len(unknown)})
+        for e in entries:  # every entry checked before any verifier is computed
+            h = by_id[e.batch_id]
+            try:
+                if e.m != h.plan.m:
+                    raise validity.ValidityError(f"batch {e.batch_id.hex()}: {e.m} rows, it holds {h.plan.m}")
+                batch_verifiers.check_lengths(e, h.verifier_len)
+            except validity.ValidityError as exc:
+                raise ProblemError("malformed-body", f"a decision's batch section: {exc}") from None
+        decided, refused = [], []
+        for e in entries:
+            h = by_id[e.batch_id]
+            own = batch_validity.verifier_share(h.plan, h.batch, seed)
+            decided.append(h.stored.ids)
+            if not batch_validity.accepts(h.plan, e.batch_id, [own, e.share]):
+                refused.append(h.stored.ids)
+        return b"".join(decided), b"".join(refused)
 
     @staticmethod
     def _repeat(record: "StudyRecord", rnd: Round, digest: bytes) -> Decision:

@@ -42,7 +42,8 @@ _BINARY = {"type": "string", "format": "binary"}
 
 def decide_body_limit(held: int, verifier_len: int) -> int:
     """The largest decision a server reads: a verifier message over every report it holds
-    (16 + 16 V bytes a report, after the 4-byte count), whatever the general body limit."""
+    (16 + 16 V bytes a report, after the 4-byte count), whatever the general body limit; a study
+    with batch_proofs adds its batch section over every held batch (Rounds.batch_section_limit)."""
     return 4 + held * (REPORT_ID_BYTES + 16 * verifier_len)
 
 
@@ -143,6 +144,7 @@ def add_routes(app: FastAPI, store: Store, settings: Settings, analyst: Any, aut
                                f"verification round")
         held = store.held(record)
         limit = decide_body_limit(held, validity.verifier_len(record.study))
+        limit += await run_in_threadpool(rounds.batch_section_limit, record)  # batch_proofs: every held batch
         with store.reserve(decide_memory(limit, held), "this decision"):
             body = await errors.read_within(request, limit, "a verifier message over every report this "
                                             "server holds")

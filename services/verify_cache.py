@@ -23,6 +23,13 @@ plan's index: its party's in a study with parties, else 0). At most one file per
 server: it is removed once the decision is stored, when the study is dropped or expires, and at
 start for every study not waiting for its decision. A file is not written when the disk would
 keep less free space than the file's size after it.
+
+Not for a study with ``batch_proofs`` (docs/protocol.md section 4d): its query answers the
+report section over its per-report records only, then the batch section, and neither is kept;
+its decision recomputes its own shares, reports and batches alike (services/verification.py).
+Why: simpler and always correct; a batch's share is one verifier of its circuit, cheap beside
+its m rows' re-derivation, and keeping report sections over a held set that is not the report
+index's would need a key of its own.
 """
 
 from __future__ import annotations

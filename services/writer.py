@@ -75,6 +75,13 @@ class UploadJob:
     #: a study with validity proofs: what each report adds to the running totals, (m, 2 w)
     #: (proved_shares.addends of ``shares``, made by the worker thread that checked the batch)
     addends: np.ndarray | None = None
+    #: a batch proof (docs/protocol.md section 4d; not a single upload's binding ``proof``): its
+    #: record as received, stored whole as one batch row whose reports are its m rows (``ids``:
+    #: the row ids; ``addends``: what they fold; ``shares``: the record as one uint8 row, what the
+    #: writer's queue counts), and the position it was received at (services/batches.py).
+    #: Duplicates and conflicts are judged on the record's bytes (Writer._classify_proof).
+    proof_record: bytes | None = None
+    proof_position: int | None = None
 
     @functools.cached_property
     def joined(self) -> bytes:
@@ -570,7 +577,8 @@ class Writer:
                 and len(slot_set) == len(slots) and state.slots.keys().isdisjoint(slot_set)):
             new, duplicates, new_ids, new_slots = None, 0, as_set, slot_set
         else:
-            outcome = self._classify(job, state, earlier)
+            outcome = (self._classify(job, state, earlier) if job.proof_record is None
+                       else self._classify_proof(job, state, earlier))
             if isinstance(outcome, ProblemError):
                 job.future.set_exception(outcome)
                 return None
@@ -629,7 +637,7 @@ class Writer:
                 or record.study.parties is not None):
             return None
         if any(job.record is not record or len(job.ids) > _SINGLES_MAX_IDS or job.pseudonyms
-               for job in group):
+               or job.proof_record is not None for job in group):
             return None
         ids = [rid for job in group for rid in job.ids]
         state = self.ensure_state(record)
@@ -767,6 +775,27 @@ class Writer:
                 f"nothing of this request was stored")
         return np.asarray(new, dtype=np.int64), duplicates
 
+    def _classify_proof(self, job: UploadJob, state: StudyState, earlier: list[_Plan]):
+        """A batch proof some of whose rows are known: (no new rows, m duplicates) when it is the
+        same batch again with the same record bytes (held, or earlier in this group), else a
+        conflict (the same batch id with other bytes, or rows that collide with other reports)."""
+        ids, m = job.ids, len(job.ids)
+        with state.lock:
+            held = state.ids.lookup(job.joined, ids)
+        same = np.zeros(0, dtype=np.int64), m
+        if not np.any(held >= 0):
+            twin = next((p for p in earlier if p.job.proof_record is not None and p.job.joined == job.joined), None)
+            if twin is not None and twin.job.proof_record == job.proof_record:
+                return same
+        elif np.array_equal(held, held[0] + np.arange(m)):  # every row held, as one batch's
+            for got in batches.read(self.conn, self.backend, job.record.seq, held[:1]):
+                if got.proof_position is not None and got.first == int(held[0]) and got.shares == job.proof_record:
+                    return same
+        return ProblemError(
+            "report-conflict",
+            f"batch proof with rows {bytes(ids[0])[:12].hex()}...: its batch id is held with different bytes, or "
+            f"its rows collide with reports held here; nothing of this request was stored")
+
     @staticmethod
     def _hash_missing(record: StudyRecord, group: list[_Plan]) -> None:
         """Hash the ids of requests that came without (single uploads) in one call: per-call
@@ -796,6 +825,10 @@ class Writer:
                 continue
             self._hash_missing(record, group)
             held = len(record.state.ids)
+            for plan in [p for p in group if p.job.proof_record is not None]:  # a batch proof: a row of its own
+                base = self._insert_proof(record, plan, base, out)
+                held += len(out[-1][2])
+            group = [p for p in group if p.job.proof_record is None]
             # one batch row of shares and one of seeds: a row holds one kind (services/batches.py)
             width = proved_shares.upload_width(record.study)
             seeded = [batches.stores_seeds(width) and p.job.seeds is not None for p in group]
@@ -832,6 +865,17 @@ class Writer:
         batches.insert(self.conn, self.backend, base, record.seq, joined, stored)
         out.append((record, base, ids, joined, folded, rows, signs, parts))
         return base + len(ids)
+
+    def _insert_proof(self, record: StudyRecord, plan: _Plan, base: int, out: list[tuple]) -> int:
+        """Write a batch proof as one batch row: its rows' ids and its record as received
+        (services/batches.py); what the running totals fold are its rows' addends."""
+        job = plan.job
+        assert job.proof_record is not None and job.addends is not None and plan.new is None
+        batches.insert(self.conn, self.backend, base, record.seq, job.joined, job.proof_record,
+                       proof_position=job.proof_position)
+        parts = [job.sorted_ids] if job.sorted_ids is not None else None
+        out.append((record, base, job.ids, job.joined, [job.addends], job.rows, job.signs, parts))
+        return base + len(job.ids)
 
     @staticmethod
     def _addends(record: StudyRecord, job: UploadJob) -> np.ndarray:

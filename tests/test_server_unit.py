@@ -866,7 +866,8 @@ def _to_a_row_per_report(db: Path | str) -> None:
         conn.execute("CREATE TABLE reports (id INTEGER PRIMARY KEY, study INTEGER NOT NULL REFERENCES studies(seq), "
                      "report_id BLOB NOT NULL CHECK (length(report_id) = 16), share BLOB NOT NULL, "
                      "pseudonym BLOB, party INTEGER)")
-        for first, seq, m, ids, shares, pseudonyms, party in conn.execute("SELECT * FROM batches").fetchall():
+        for first, seq, m, ids, shares, pseudonyms, party in conn.execute(
+                "SELECT first, study, m, ids, shares, pseudonyms, party FROM batches").fetchall():
             w = len(shares) // m
             conn.executemany("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?)", [
                 (first + i, seq, ids[16 * i:16 * (i + 1)], shares[w * i:w * (i + 1)],
@@ -1014,11 +1015,11 @@ def _set_schema_version(db: Path | str, version: int) -> int:
 
 
 @BOTH_STORES
-def test_a_version_2_store_is_opened_and_marked_3_and_a_newer_one_is_refused(store_location):
-    """Schema 3 may store seeds in place of shares (services/batches.py): a version 2 store (only
-    shares) is read as it is and marked 3, so a server that reads only 2 refuses it afterwards
-    instead of misreading seeds; a store of a version this server does not know is refused, and
-    nothing in it changes."""
+def test_a_version_2_or_3_store_is_opened_and_marked_4_and_a_newer_one_is_refused(store_location):
+    """Schema 3 may store seeds in place of shares, schema 4 a batch proof's record in a batch row
+    (services/batches.py): a version 2 or 3 store is read as it is and marked 4, so a server that
+    reads only 2 or 3 refuses it afterwards instead of misreading seeds or proof records; a store
+    of a version this server does not know is refused, and nothing in it changes."""
     db = store_location("versions")
     srv = Server(db)
     st = make_study()
@@ -1028,16 +1029,17 @@ def test_a_version_2_store_is_opened_and_marked_3_and_a_newer_one_is_refused(sto
         assert srv.batch(st, rs).status_code == 200
     finally:
         srv.close()
-    assert _set_schema_version(db, 2) == 3
-    srv = Server(db, warm_start=False)
-    try:
-        assert srv.count(st) == 30
-    finally:
-        srv.close()
-    assert _set_schema_version(db, 4) == 3  # what opening it wrote; now pretend a newer server's
-    with pytest.raises(RuntimeError, match="schema version 4; this server reads 3"):
+    for older in (2, 3):
+        assert _set_schema_version(db, older) == 4
+        srv = Server(db, warm_start=False)
+        try:
+            assert srv.count(st) == 30
+        finally:
+            srv.close()
+    assert _set_schema_version(db, 5) == 4  # what opening it wrote; now pretend a newer server's
+    with pytest.raises(RuntimeError, match="schema version 5; this server reads 4"):
         Server(db, warm_start=False)
-    assert _set_schema_version(db, 4) == 4
+    assert _set_schema_version(db, 5) == 5
 
 
 # --- an unavailable store ----------------------------------------------------------------------

@@ -394,5 +394,11 @@ def decide(plan: BatchPlan, messages: Sequence[tuple[bytes, np.ndarray]]) -> boo
     ids = {bid for bid, _ in messages}
     if len(ids) != 1:
         return False
-    total = flp.reconstruct([np.asarray(v)[None] for _, v in messages])
-    return bool(flp.decide(plan.circuit, total, flp.joint_rand(plan.circuit, [ids.pop()]))[0])
+    return accepts(plan, ids.pop(), [v for _, v in messages])
+
+
+def accepts(plan: BatchPlan, bid: bytes, shares: Sequence[np.ndarray]) -> bool:
+    """Whether the verifier shares ``shares`` ((V, 2) each, summed mod p: every server's, or a
+    server's own and the sum of the others' it was sent) decide the batch ``bid`` true."""
+    total = flp.reconstruct([np.asarray(v)[None] for v in shares])
+    return bool(flp.decide(plan.circuit, total, flp.joint_rand(plan.circuit, [bid]))[0])

@@ -1,0 +1,110 @@
+"""Batch proof uploads (docs/protocol.md section 4d): ``POST /v1/studies/{id}/batches`` with
+``application/x-dpsketch-proof-batch`` (the leader's record) or
+``application/x-dpsketch-proof-batch-seed`` (a helper's), for a study with ``batch_proofs``.
+
+Why a module of its own: the other batch uploads carry one record per report, judged record by
+record; a batch proof is one record for m rows, judged whole, in the order section 4d gives
+("What a server does with a record, in order"), each check before anything that costs more:
+
+1. the header (``batch_records.read_header``: 415 for a study without batch_proofs, 400 for a
+   malformed one), then the upload token's quota (403) and ``max_reports`` (409) judged on the
+   m rows *before* the batch's circuit is built or a helper's seed expanded. The rows a request
+   would add are counted from the batch id, which the header and the parts give by two hashes
+   (no circuit: the wrap seed hashes the header's first 36 bytes), so a batch sent again costs
+   its token nothing, as a re-sent report does;
+2. ``batch_records.receive`` (400 / 422 as ``BatchRecordError.problem`` says), the row ids, the
+   rows' coordinate shares halved as a validity report's (``validity.split_words``) and hashed
+   by their row ids: all of it in a worker thread, never on the event loop;
+3. the writer stores the record and its rows as one batch row (services/batches.py) in the group
+   transaction of every upload, after judging duplicates and conflicts on the record's bytes
+   (services/writer.py, ``Writer._classify_proof``), and the quota and ``max_reports`` again,
+   race-free. Nothing is stored on any refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi.concurrency import run_in_threadpool
+
+from dpsketch.protocol import batch_records, batch_validity, validity
+from dpsketch.protocol.messages import IdList, UploadResult
+from dpsketch.protocol.problems import ProblemError
+
+from . import idsets
+from .writer import quota_problem
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .state import StudyRecord
+    from .store import Store
+
+MEDIA_TYPES = batch_records.MEDIA_TYPES
+
+
+def _problem(exc: batch_records.BatchRecordError) -> ProblemError:
+    return exc.problem()
+
+
+def header_row_ids(header: batch_records.Header, body: bytes) -> bytes:
+    """The row ids (concatenated) a record whose header passed ``read_header`` names: the wrap
+    seed of its plan header and parts, the batch id with its digits part (section 4d), without
+    the batch's circuit. A header whose T is not the plan's gives ids no stored batch has; the
+    record is refused at ``decode`` right after."""
+    n = header.n_servers
+    parts = body[batch_records.HEADER_BYTES:batch_records.HEADER_BYTES + batch_records.PART_BYTES * n]
+    at = batch_records.HEADER_BYTES + batch_records.PART_BYTES * n
+    digits = body[at:at + batch_records.PART_BYTES]
+    seed = hashlib.sha256(batch_validity.WRAP_DOMAIN + body[:36] + parts).digest()
+    return batch_validity.row_ids(batch_validity.batch_id(seed, digits), header.m).tobytes()
+
+
+def precheck(store: "Store", record: "StudyRecord", position: int, media_type: str, body: bytes,
+             token: bytes | None) -> batch_records.Header:
+    """Step 1 of the module docstring: the header, then the quota and max_reports on m."""
+    try:
+        header = batch_records.read_header(record.study, position, media_type, body)
+    except batch_records.BatchRecordError as exc:
+        raise _problem(exc) from None
+    granted = record.upload_tokens.get(token) if token is not None else None
+    room = granted.room() if granted is not None else None
+    held = store.held(record)
+    over_quota = token is not None and (granted is None or (room is not None and header.m > room))
+    if over_quota or held + header.m > record.study.max_reports:
+        new = store.count_new(record, header_row_ids(header, body))  # a batch sent again adds none
+        if token is not None and (granted is None or (room is not None and new > room)):
+            raise quota_problem(room, record.study_id, new)
+        if held + new > record.study.max_reports:
+            raise ProblemError("capacity-exceeded", f"study {record.study_id} cannot take {new} more reports: "
+                               f"it would exceed max_reports = {record.study.max_reports}; nothing of this "
+                               f"request was stored")
+    return header
+
+
+def parse(record: "StudyRecord", position: int, media_type: str, body: bytes) -> dict[str, Any]:
+    """Step 2 of the module docstring (worker thread): what the writer's job carries."""
+    study = record.study
+    try:
+        _rec, plan, batch = batch_records.receive(study, position, media_type, body)
+    except batch_records.BatchRecordError as exc:
+        raise _problem(exc) from None
+    joined = batch_validity.row_ids(batch.batch_id, plan.m).tobytes()
+    ids = IdList(joined)
+    rows, signs = study.hash_report_ids(ids, joined)
+    addends = validity.split_words(batch_validity.coordinate_shares(plan, batch))
+    return {"ids": ids, "rows": rows, "signs": signs, "addends": np.ascontiguousarray(addends),
+            "sorted_ids": idsets.SortedIds(joined), "proof_record": bytes(body), "proof_position": position,
+            "shares": np.frombuffer(body, dtype=np.uint8).reshape(1, -1)}
+
+
+async def upload(store: "Store", record: "StudyRecord", server_id: str, media_type: str, body: bytes,
+                 token: bytes | None) -> UploadResult:
+    """A batch proof stored, or the refusal raised (nothing stored): the module docstring."""
+    position = record.study.servers.index(server_id)
+    await run_in_threadpool(precheck, store, record, position, media_type, body, token)
+    job = await run_in_threadpool(parse, record, position, media_type, body)
+    return await asyncio.wrap_future(store.submit_upload(
+        record, job["ids"], job["shares"], job["rows"], job["signs"], token, sorted_ids=job["sorted_ids"],
+        addends=job["addends"], proof_record=job["proof_record"], proof_position=job["proof_position"]))
