@@ -404,6 +404,10 @@ class Coordinator:
         elif auto and design_args.get("parties") is not None:
             auto, design_args["kind"] = False, "sketch"
             chosen = ["Kind: auto chose sketch: only a sketch study can have parties (docs/vertical.md)."]
+        elif auto and design_args.get("batch_proofs"):
+            auto, design_args["kind"] = False, "sketch"
+            chosen = ["Kind: auto chose sketch: batch proofs exist for sketch and l1 studies (docs/protocol.md "
+                      "section 4d)."]
         elif auto and ((design_args.get("k") or 1) > 1 or design_args.get("secret_sign")):
             auto, design_args["kind"] = False, "sketch"
             chosen = ["Kind: auto chose sketch: the request sets the sketch's shape (k > 1) or its secret sign."]
