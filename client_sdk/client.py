@@ -693,7 +693,8 @@ class Client:
         seed (``application/x-dpsketch-proof-batch-seed``). ``batch_size`` is then the rows of a
         proved batch (default: as many as keep the leader's record within 8 MiB, at most 10^5:
         ``client_sdk.upload.proof_batch_rows``); a batch is never cut once proved. The ids
-        returned are the rows' ids (the batch id's first 12 bytes and the row's index).
+        returned are the rows' ids (``batch_validity.row_ids``: hashes of the batch id and the
+        row's index).
         ``batch_proofs=False`` proves each row on its own instead, as for a study without. Batch
         records are not sealed yet: with ``encrypt=True`` such a study raises :class:`SDKError`
         before anything is sent (pass ``batch_proofs=False`` to send sealed per-report proofs).

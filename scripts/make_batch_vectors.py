@@ -137,7 +137,7 @@ def batch_vector(label: str, servers: list[str], leader: int, rows: list[list[fl
 def vectors() -> dict:
     return {
         "format": "dpsketch-conformance/1",
-        "spec_version": "batch-draft-2",
+        "spec_version": "batch-draft-3",
         "protocol": "dpsketch/2",
         "category": "batch_validity",
         "description": (

@@ -358,7 +358,9 @@ def test_a_server_killed_after_acknowledging_a_batch_holds_it_and_decides_it(tri
         assert r.status_code == 200 and r.json()["n_reports"] == M + 5, r.text
         r = httpx.get(f"{trio.urls[j]}/v1/studies/{study.study_id}/aggregate", headers=auth, timeout=60)
         aggregates.append(messages.decode_aggregate(r.content, study.k, study.width))
-    x = label_units(study, M + 10, "crash")[[int.from_bytes(rid[12:], "little") for rid in included]]
+    bid = batch_validity.batch_id(batch_validity.wrap_seed(plan, batch.parts), batch.digits_part)
+    index = {bytes(r): i for i, r in enumerate(batch_validity.row_ids(bid, plan.circuit.m))}  # row i's id
+    x = label_units(study, M + 10, "crash")[[index[rid] for rid in included]]
     expected = np.zeros((study.k, study.width), dtype=np.uint64)
     cells, signs = study.hash_report_ids(included)
     sketch.accumulate(expected, cells, signs, (x << plan.shift).astype(np.int64).view(np.uint64))

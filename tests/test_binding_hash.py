@@ -1,4 +1,4 @@
-"""The binding check's SHA-256 rows (binding._hash_rows): the compiled loop over OpenSSL's
+"""The binding check's SHA-256 rows (binding.hash_rows): the compiled loop over OpenSSL's
 SHA-256 (dpsketch/protocol/_sha256_kernel.py) gives hashlib's digests, a binding check through it
 refuses exactly what it refused before, and a process without it keeps hashlib."""
 

@@ -109,10 +109,10 @@ def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray],
     tables = []
     for j in range(n):
         head = COMMIT_DOMAIN + bytes((j, contents[j]))
-        digests = _hash_rows(m, [head, salts[j], _payload_matrix(payloads[j])])
+        digests = hash_rows(m, [head, salts[j], _payload_matrix(payloads[j])])
         tables.append(digests[:, :COMMITMENT_BYTES])
     commitments = np.concatenate(tables, axis=1)
-    flat = _hash_rows(m, [_id_head(study_id, m, prefixes), commitments])[:, :REPORT_ID_BYTES].tobytes()
+    flat = hash_rows(m, [_id_head(study_id, m, prefixes), commitments])[:, :REPORT_ID_BYTES].tobytes()
     ids = [flat[i:i + REPORT_ID_BYTES] for i in range(0, m * REPORT_ID_BYTES, REPORT_ID_BYTES)]
     proofs = [np.concatenate([salts[j]] + [tables[o] for o in range(n) if o != j], axis=1)
               for j in range(n)]
@@ -120,7 +120,7 @@ def bind(study_id: str, contents: Sequence[int], payloads: Sequence[np.ndarray],
 
 
 def _id_head(study_id: str, m: int, prefixes: Sequence[bytes] | None):
-    """What each id hashes before the commitments, as a :func:`_hash_rows` part: the report
+    """What each id hashes before the commitments, as a :func:`hash_rows` part: the report
     domain and study id (the same bytes for every record), or one block prefix per record."""
     heads = _prefixes(study_id, m, prefixes)
     if prefixes is None:
@@ -131,7 +131,7 @@ def _id_head(study_id: str, m: int, prefixes: Sequence[bytes] | None):
     return np.frombuffer(joined, dtype=np.uint8).reshape(m, len(heads[0]))
 
 
-def _hash_rows(m: int, parts: list) -> np.ndarray:
+def hash_rows(m: int, parts: list) -> np.ndarray:
     """SHA-256 of each of m messages part_1[i] || part_2[i] || ..., as an (m, 32) uint8 matrix;
     a ``bytes`` part is the same for every message, an (m, w) uint8 matrix gives row i."""
     if m == 0:
@@ -246,9 +246,9 @@ def unbound(study_id: str, n_servers: int, position: int, content: int, report_i
         if compiled.bound(proofs, matrix, claimed, *heads, cut, wrong) == 0:
             return np.flatnonzero(wrong)
     proofs = np.ascontiguousarray(proofs)
-    own = _hash_rows(m, [COMMIT_DOMAIN + bytes((position, content)), proofs[:, :SALT_BYTES],
+    own = hash_rows(m, [COMMIT_DOMAIN + bytes((position, content)), proofs[:, :SALT_BYTES],
                          _payload_matrix(payloads)])[:, :COMMITMENT_BYTES]
-    ids = _hash_rows(m, [_id_head(study_id, m, prefixes), proofs[:, SALT_BYTES:cut], own,
+    ids = hash_rows(m, [_id_head(study_id, m, prefixes), proofs[:, SALT_BYTES:cut], own,
                          proofs[:, cut:]])[:, :REPORT_ID_BYTES]
     if len(joined) == m * REPORT_ID_BYTES:
         claimed = np.frombuffer(joined, dtype=np.uint8).reshape(m, REPORT_ID_BYTES)

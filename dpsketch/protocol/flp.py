@@ -498,10 +498,10 @@ def joint_rand(circuit: Circuit, report_ids: np.ndarray | Sequence[bytes]) -> np
     "dpsketch/joint/1" || report_id_i), then 2 J elements of F_p by :func:`field.expand` under
     that key (nonce SHA-256("dpsketch/joint/1")[:12]), as J pairs (c0, c1). The id commits to
     every input share (report binding), so the prover learns r only once its input is fixed."""
-    from .binding import _hash_rows  # the binding's vectorised SHA-256 of many rows
+    from .binding import hash_rows  # the binding's vectorised SHA-256 of many rows
 
     ids = _id_matrix(report_ids)
-    keys = _hash_rows(len(ids), [JOINT_DOMAIN, ids])
+    keys = hash_rows(len(ids), [JOINT_DOMAIN, ids])
     return field.expand(keys, 2 * circuit.joint_rand_len, JOINT_NONCE).reshape(len(ids), circuit.joint_rand_len, 2)
 
 

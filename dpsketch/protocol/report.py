@@ -317,8 +317,8 @@ class ProofBatch:
     """m rows of a study with batch proofs as one proved batch (docs/protocol.md section 4d):
     each server's record (``media_type(j)``, ``body(j)``: the leader's blind, input and proof
     shares, or a helper's seed, after the header and the parts), the batch id every server
-    computes from the parts, and the rows' ids (``batch_validity.row_ids``: the batch id's first
-    12 bytes and the row's index; what the sketch hashes a row by, as it hashes a report by its
+    computes from the parts, and the rows' ids (``batch_validity.row_ids``: hashes of the batch id
+    and the row's index; what the sketch hashes a row by, as it hashes a report by its
     report id)."""
 
     records: list[tuple[str, bytes]]
