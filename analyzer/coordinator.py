@@ -186,11 +186,17 @@ class ShareServerClient:
                           json={"commitments": [c.hex() for c in commitments]})
         return verification.Contribution.model_validate(r.json())
 
-    def verify_query(self, study_id: str, contributions: list[bytes], plan: validity.Plan | int,
-                     batches: bool = False) -> tuple[np.ndarray, np.ndarray, list[batch_verifiers.BatchVerifier]]:
+    def verify_query(self, study_id: str, contributions: list[bytes],
+                     plan: validity.Plan | int) -> tuple[np.ndarray, np.ndarray]:
         """This server's verifier shares of every report it holds: (ids (m, 16) uint8 ascending,
-        shares (m, V, 2), and for a study with ``batches`` (``batch_proofs``) every batch's entry
-        of the message's batch section, else none), checked."""
+        shares (m, V, 2)), checked."""
+        ids, shares, _ = self.verify_query_batches(study_id, contributions, plan, batches=False)
+        return ids, shares
+
+    def verify_query_batches(self, study_id: str, contributions: list[bytes], plan: validity.Plan | int,
+                             batches: bool = True) -> tuple[np.ndarray, np.ndarray, list[batch_verifiers.BatchVerifier]]:
+        """:meth:`verify_query`, and for a study with ``batch_proofs`` (``batches``) every batch's
+        entry of the message's batch section (section 6d), checked; none without."""
         r = self._request("POST", f"/v1/studies/{study_id}/verify/query", token=self.endpoint.analyst_token,
                           json={"contributions": [c.hex() for c in contributions]}, timeout=ROUND_TIMEOUT_S)
         try:
@@ -696,8 +702,8 @@ class Coordinator:
         except validity.ValidityError as exc:
             raise UpstreamError("(a server)", f"a revealed contribution does not open its commitment: {exc}") from None
         seed = validity.query_seed(study_id, contributions)
-        answers = self._each_or_raise(lambda server: server.verify_query(study_id, contributions, plan,
-                                                                        study.batch_proofs))
+        answers = self._each_or_raise(lambda server: server.verify_query_batches(study_id, contributions, plan,
+                                                                                study.batch_proofs))
         lists = [np.ascontiguousarray(a[0]).view(">u8").reshape(-1, 2) for a in answers]
         common, masks = messages.intersect_held(lists)
         # each server's shares of the reports held everywhere: a view of its answer where it

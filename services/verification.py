@@ -26,11 +26,14 @@ and why each is stored before it is answered:
 A study with ``batch_proofs`` (docs/protocol.md sections 4d and 6d): the query answers the
 report section over its per-report records only (a batch's rows are never decided one by one)
 followed by the batch section (``batch_verifiers``): every held batch proof's verifier share,
-re-received from its stored record (services/batches.py) and computed at the query point; the
-decision splits the body the same way, decides each named batch whole (its own share plus the
-others' sum, ``batch_validity.accepts``) and stores all its m row ids as decided, and refused
-too when it is refused. Such a study's answers are not kept on disk (the verifier cache keeps
-report sections only): its decision recomputes its own shares, reports and batches alike.
+re-received from its stored record (services/batches.py) one batch at a time and computed at
+the query point; the decision splits the body the same way, decides each named batch whole (its
+own share plus the others' sum, ``batch_validity.accepts``) and stores all its m row ids as
+decided, and refused too when it is refused. Such a study's answers are not kept on disk (the
+verifier cache keeps report sections only): its decision recomputes its own report shares, and
+takes its batches' own shares from memory (V elements a batch, kept by the query at its seed),
+recomputing them only after a restart or at another replica (the same shares: a function of the
+stored record and the seed).
 
 Why the upload gate is in the store and not the writer: the writer runs jobs in the order they
 were queued (services/writer.py), so a commit job queued under the gate's lock runs after
@@ -149,15 +152,22 @@ class _Held:
 
 @dataclass
 class HeldBatch:
-    """A held batch proof at the round: its stored rows and record, plan and this server's view."""
+    """A held batch proof at the round: its stored rows and record, plan and batch id (read from
+    the record's parts: no seed expanded, nothing re-received until its verifier is computed)."""
 
     stored: batches.Stored
     plan: batch_validity.BatchPlan
-    batch: batch_validity.ServerBatch
+    batch_id: bytes
 
     @property
     def verifier_len(self) -> int:
         return int(self.plan.circuit.verifier_len)
+
+    def verifier_share(self, study: Any, seed: bytes) -> np.ndarray:
+        """This server's verifier share at the query point: the record re-received (its shares,
+        a helper's seed expanded), then batch_validity.verifier_share."""
+        plan, batch = batches.proof_batch(self.stored, study)
+        return batch_validity.verifier_share(plan, batch, seed)
 
 
 def in_proofs(rowids: np.ndarray, spans: np.ndarray) -> np.ndarray:
@@ -207,6 +217,10 @@ class Rounds:
         #: decisions stored by this process, by where its own verifier shares came from ("cache":
         #: the query's kept answer; "recomputed"): the dpsketch_verify_decisions metric
         self.decided_from = {"cache": 0, "recomputed": 0}
+        #: a study with batch_proofs: its batches' own verifier shares from its query, by study
+        #: (seq), for the decision (query seed, {batch id: share}); V elements a batch, so kept in
+        #: memory. Without them (a restart, another replica) the decision recomputes them.
+        self._batch_shares: dict[int, tuple[bytes, dict[bytes, np.ndarray]]] = {}
 
     def load(self, conn: Any) -> None:
         """At start: which studies are closed to uploads (their rounds are read when asked for);
@@ -226,6 +240,7 @@ class Rounds:
     def forget(self, record: "StudyRecord") -> None:
         """The study was dropped or expired: its kept answer goes (it will not be decided)."""
         self.cache.discard(self.server_id, record.study_id)
+        self._batch_shares.pop(record.seq, None)
 
     def _cache_key(self, record: "StudyRecord", plans: list[Any], seed: bytes, run: Any) -> verify_cache.Key:
         digest = hashlib.sha256()
@@ -500,26 +515,26 @@ class Rounds:
             finally:
                 if writer is not None:  # the answer was not all written: no file
                     writer.abort()
-            if proofs:  # the batch section: every held batch proof's verifier share
-                yield batch_verifiers.encode([batch_verifiers.BatchVerifier(
-                    h.batch.batch_id, h.plan.m, batch_validity.verifier_share(h.plan, h.batch, seed))
-                    for h in held_batches])
+            if proofs:  # the batch section: every held batch proof's verifier share, one batch at a time
+                kept: dict[bytes, np.ndarray] = {}
+                yield struct.pack("<I", len(held_batches))
+                for h in sorted(held_batches, key=lambda h: h.batch_id):
+                    kept[h.batch_id] = h.verifier_share(record.study, seed)
+                    yield batch_verifiers.encode_entry(batch_verifiers.BatchVerifier(h.batch_id, h.plan.m,
+                                                                                     kept[h.batch_id]))
+                self._batch_shares[record.seq] = (seed, kept)
 
         return held_ids, seed, chunks()
 
     def _reports_and_batches(self, record: "StudyRecord", run: Any) -> tuple[_Held, list[HeldBatch]]:
         """A study with batch_proofs: its held per-report records (the run without the batches'
-        rows) and its held batch proofs, each re-received from its stored record."""
+        rows) and its held batch proofs, each with its plan and batch id (batches.proof_batch_id)."""
         with self.store._reading() as conn:
             stored = batches.proof_batches(conn, record.seq)
         spans = np.array([(s.first, len(s)) for s in stored], dtype=np.int64).reshape(-1, 2)
         keep = ~in_proofs(np.asarray(run.rowid), spans)
         reports = _Held(np.asarray(run.hi)[keep], np.asarray(run.lo)[keep], np.asarray(run.rowid)[keep])
-        held = []
-        for s in stored:
-            plan_b, batch = batches.proof_batch(s, record.study)
-            held.append(HeldBatch(s, plan_b, batch))
-        return reports, held
+        return reports, [HeldBatch(s, *batches.proof_batch_id(s, record.study)) for s in stored]
 
     def batch_section_limit(self, record: "StudyRecord") -> int:
         """The largest batch section a decision may carry: its count and every held batch's
@@ -574,7 +589,8 @@ class Rounds:
                                f"not held by this server (first: {first.hex()})",
                                extra={"unknown_count": int(missing.size)})
         # the batches first: an unknown one or a wrong length is refused before any report is decided
-        batch_ids, batch_refused = self._decide_batches(record, held_batches, entries, rnd.query_seed)
+        batch_ids, batch_refused = self._decide_batches(record, held_batches, entries, rnd.query_seed,
+                                                        self._batch_shares.get(record.seq))
         rowids = np.asarray(run.rowid)[at]
         step = self._chunk_rows(plan)
         refused: list[np.ndarray] = []
@@ -604,7 +620,8 @@ class Rounds:
             ids = _sorted_ids(ids + batch_ids)
             refused_ids = _sorted_ids(refused_ids + batch_refused)
         now = time.time()
-        source = "from the query's kept answer" if kept is not None else "recomputed"
+        from_cache = kept is not None
+        source = "from the query's kept answer" if from_cache else "recomputed"
         kept = None  # unmapped before the file goes
 
         def fn(conn: Any) -> tuple[Round, Callable[[], None]]:
@@ -618,7 +635,7 @@ class Rounds:
                 log.info("study %s: decided %d reports, refused %d (own shares %s); batch rows decided %d, "
                          "refused %d", study.study_id, n_reports, n_refused_reports, source,
                          len(batch_ids) // REPORT_ID_BYTES, len(batch_refused) // REPORT_ID_BYTES)
-                self.decided_from["cache" if source.startswith("from") else "recomputed"] += 1
+                self.decided_from["cache" if from_cache else "recomputed"] += 1
             return stored, self._remember(record.seq, stored)
 
         decided = self._store(fn)
@@ -627,11 +644,13 @@ class Rounds:
 
     @staticmethod
     def _decide_batches(record: "StudyRecord", held: list[HeldBatch], entries: list[batch_verifiers.BatchVerifier],
-                        seed: bytes) -> tuple[bytes, bytes]:
+                        seed: bytes, kept: tuple[bytes, dict[bytes, np.ndarray]] | None) -> tuple[bytes, bytes]:
         """Decide every batch the decision names, whole: (the row ids of them all, those of the
-        refused ones), concatenated. An unknown batch id: 422 unknown-reports; an entry whose m
+        refused ones), concatenated; this server's own shares from ``kept`` (its query's, at
+        ``seed``), else recomputed. An unknown batch id: 422 unknown-reports; an entry whose m
         or V is not its batch's: 400 malformed-body (as a report section's wrong length)."""
-        by_id = {h.batch.batch_id: h for h in held}
+        by_id = {h.batch_id: h for h in held}
+        mine = kept[1] if kept is not None and kept[0] == seed else {}
         unknown = [e for e in entries if e.batch_id not in by_id]
         if unknown:
             raise ProblemError("unknown-reports", f"{len(unknown)} of the {len(entries)} batches of the decision are "
@@ -648,7 +667,9 @@ class Rounds:
         decided, refused = [], []
         for e in entries:
             h = by_id[e.batch_id]
-            own = batch_validity.verifier_share(h.plan, h.batch, seed)
+            own = mine.get(e.batch_id)
+            if own is None:
+                own = h.verifier_share(record.study, seed)
             decided.append(h.stored.ids)
             if not batch_validity.accepts(h.plan, e.batch_id, [own, e.share]):
                 refused.append(h.stored.ids)

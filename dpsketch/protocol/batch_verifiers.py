@@ -57,14 +57,16 @@ def encode(entries: Sequence[BatchVerifier]) -> bytes:
     for a, b in zip(ordered, ordered[1:]):
         if a.batch_id == b.batch_id:
             raise ValueError(f"batch {a.batch_id.hex()} twice in one verifier message")
-    out = [struct.pack("<I", len(ordered))]
-    for e in ordered:
-        share = np.ascontiguousarray(e.share, dtype=np.uint64)
-        if share.ndim != 2 or share.shape[1] != 2 or len(e.batch_id) != BATCH_ID_BYTES:
-            raise ValueError("a batch verifier is a 16-byte id and a (V, 2) share")
-        out.append(_ENTRY.pack(e.batch_id, e.m, share.shape[0]))
-        out.append(field.to_wire(share))
-    return b"".join(out)
+    return struct.pack("<I", len(ordered)) + b"".join(encode_entry(e) for e in ordered)
+
+
+def encode_entry(e: BatchVerifier) -> bytes:
+    """One batch's entry (a sender that makes a section a batch at a time writes the count, then
+    the entries by ascending batch id)."""
+    share = np.ascontiguousarray(e.share, dtype=np.uint64)
+    if share.ndim != 2 or share.shape[1] != 2 or len(e.batch_id) != BATCH_ID_BYTES:
+        raise ValueError("a batch verifier is a 16-byte id and a (V, 2) share")
+    return _ENTRY.pack(e.batch_id, e.m, share.shape[0]) + field.to_wire(share)
 
 
 def report_section_length(body: bytes, verifier_len: int) -> int:
