@@ -139,18 +139,14 @@ def proof_batch(stored: Stored, study: Study) -> tuple[batch_validity.BatchPlan,
 
 
 def proof_batch_id(stored: Stored, study: Study) -> tuple[batch_validity.BatchPlan, bytes]:
-    """A stored batch proof's plan and batch id, from its record's header and parts alone (two
-    hashes: no seed expanded, no share read; what the writer computed when it stored the record,
-    whose header and parts it checked)."""
+    """A stored batch proof's plan and batch id, from its record's header and parts alone
+    (``batch_records.batch_id_of``: no seed expanded, no share read; the writer checked them when
+    it stored the record)."""
     body = stored.shares
-    n = study.n_servers
-    if stored.proof_position is None or len(body) < batch_records.HEADER_BYTES + 32 * (n + 1):
+    if stored.proof_position is None or len(body) < batch_records.HEADER_BYTES:
         raise ValueError(f"no batch proof record stored for rowid {int(stored.rowids[0]) if len(stored) else -1}")
     plan = batch_validity.study_plan(study, int.from_bytes(body[0:4], "little"))
-    at = batch_records.HEADER_BYTES
-    parts = [body[at + 32 * j:at + 32 * (j + 1)] for j in range(n)]
-    digits = body[at + 32 * n:at + 32 * (n + 1)]
-    return plan, batch_validity.batch_id(batch_validity.wrap_seed(plan, parts), digits)
+    return plan, batch_records.batch_id_of(body, study.n_servers)
 
 
 def proof_addends(stored: Stored, study: Study) -> np.ndarray:

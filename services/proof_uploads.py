@@ -24,7 +24,6 @@ record; a batch proof is one record for m rows, judged whole, in the order secti
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,16 +48,11 @@ def _problem(exc: batch_records.BatchRecordError) -> ProblemError:
 
 
 def header_row_ids(header: batch_records.Header, body: bytes) -> bytes:
-    """The row ids (concatenated) a record whose header passed ``read_header`` names: the wrap
-    seed of its plan header and parts, the batch id with its digits part (section 4d), without
-    the batch's circuit. A header whose T is not the plan's gives ids no stored batch has; the
-    record is refused at ``decode`` right after."""
-    n = header.n_servers
-    parts = body[batch_records.HEADER_BYTES:batch_records.HEADER_BYTES + batch_records.PART_BYTES * n]
-    at = batch_records.HEADER_BYTES + batch_records.PART_BYTES * n
-    digits = body[at:at + batch_records.PART_BYTES]
-    seed = hashlib.sha256(batch_validity.WRAP_DOMAIN + body[:36] + parts).digest()
-    return batch_validity.row_ids(batch_validity.batch_id(seed, digits), header.m).tobytes()
+    """The row ids (concatenated) a record whose header passed ``read_header`` names, from its
+    batch id (``batch_records.batch_id_of``: two hashes, no circuit). A header whose T is not the
+    plan's gives ids no stored batch has; the record is refused at ``decode`` right after."""
+    bid = batch_records.batch_id_of(body, header.n_servers)
+    return batch_validity.row_ids(bid, header.m).tobytes()
 
 
 def precheck(store: "Store", record: "StudyRecord", position: int, media_type: str, body: bytes,

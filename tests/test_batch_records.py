@@ -293,3 +293,15 @@ def test_the_leaders_part_hides_the_rows_from_the_helpers():
     # the records: only the leader's carries the blind
     recs = br.records(plan, proved)
     assert proved.blind in recs[0][1] and proved.blind not in recs[1][1]
+
+def test_a_records_batch_id_is_read_from_its_header_and_parts_alone():
+    """batch_id_of (what a server judges a record's quota by, before receive) gives the vectors'
+    batch ids from every server's record, and from a record cut right after its digits part."""
+    for vec in VECTORS["vectors"]:
+        n = vec["plan"]["n_servers"]
+        for srv in vec["servers"]:
+            body = bytes.fromhex(srv["record"])
+            assert br.batch_id_of(body, n).hex() == vec["batch_id"]
+            assert br.batch_id_of(body[:br.HEADER_BYTES + 32 * (n + 1)], n).hex() == vec["batch_id"]
+        with pytest.raises(ValueError):
+            br.batch_id_of(body[:br.HEADER_BYTES + 32 * (n + 1) - 1], n)

@@ -296,6 +296,19 @@ def receive(study, position: int, media_type: str, body: bytes
     return rec, plan, batch
 
 
+def batch_id_of(body: bytes, n_servers: int) -> bytes:
+    """The batch id a record's header and parts give (section 4d: the wrap seed of its 36-byte
+    plan header and parts, then the digits part), by two hashes: no circuit built, no share read,
+    nothing checked (a server judges a record's quota by it before :func:`receive`, and reads a
+    stored record's id with it). ValueError for a body too short to hold the parts."""
+    at = HEADER_BYTES + PART_BYTES * n_servers
+    if len(body) < at + PART_BYTES:
+        raise ValueError(f"a batch record of {n_servers} servers is at least {at + PART_BYTES} bytes")
+    parts = [body[HEADER_BYTES + PART_BYTES * j:HEADER_BYTES + PART_BYTES * (j + 1)] for j in range(n_servers)]
+    seed = batch_validity.wrap_seed_of_header(body[:36], parts)
+    return batch_validity.batch_id(seed, body[at:at + PART_BYTES])
+
+
 def check_sealed_id(clear_id: bytes, batch: batch_validity.ServerBatch) -> None:
     """A sealed batch record's clear id (docs/sealing.md section 3b) must be the batch id the
     server computes from the opened record: else 422 ``binding-refused``."""

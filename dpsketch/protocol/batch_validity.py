@@ -159,7 +159,12 @@ def digits_part(plan: BatchPlan, position: int, leader_inputs: np.ndarray, blind
 def wrap_seed(plan: BatchPlan, parts: Sequence[bytes]) -> bytes:
     if len(parts) != plan.n_servers or any(len(p) != 32 for p in parts):
         raise BatchRefused("a batch has one 32-byte part per server")
-    return hashlib.sha256(WRAP_DOMAIN + plan.header + b"".join(parts)).digest()
+    return wrap_seed_of_header(plan.header, parts)
+
+
+def wrap_seed_of_header(header36: bytes, parts: Sequence[bytes]) -> bytes:
+    """The wrap seed of a 36-byte plan header and the parts (a record's own bytes: no plan)."""
+    return hashlib.sha256(WRAP_DOMAIN + header36 + b"".join(parts)).digest()
 
 
 def batch_id(seed: bytes, digits: bytes) -> bytes:
