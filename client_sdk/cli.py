@@ -118,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a study with batch proofs (docs/protocol.md section 4d): prove each batch "
                         "of rows at once (the default: one proof and one record a server per batch, "
                         "about a tenth of per-report proofs' upload); --no-batch-proofs proves each "
-                        "row on its own, as for a study without them (needed with --encrypt: batch "
-                        "records are not sealed yet)")
+                        "row on its own, as for a study without them (with --encrypt each "
+                        "record is sealed, docs/sealing.md section 3b)")
     p.add_argument("--max-floor-epsilon", type=float, metavar="EPS",
                    default=float(os.environ["DPSKETCH_MAX_FLOOR_EPSILON"]) if os.environ.get(
                        "DPSKETCH_MAX_FLOOR_EPSILON") else None,

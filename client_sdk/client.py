@@ -615,7 +615,8 @@ class Client:
             resp = self._request(j, "POST", path, content=body, cancel=cancel,
                                  headers={"Content-Type": media_type})
         except ProblemError as exc:
-            if exc.status == 413 and m > 1 and not is_batch_record(media_type, study):
+            plain_type = getattr(body, "plain_media_type", media_type)  # a sealed body: what it seals
+            if exc.status == 413 and m > 1 and not is_batch_record(plain_type, study):
                 first, second = _sealing.split_body(body, media_type, study)
                 a = self._upload_batch(j, study, study_id, first, cancel, media_type)
                 b = self._upload_batch(j, study, study_id, second, cancel, media_type)
@@ -695,9 +696,11 @@ class Client:
         ``client_sdk.upload.proof_batch_rows``); a batch is never cut once proved. The ids
         returned are the rows' ids (``batch_validity.row_ids``: hashes of the batch id and the
         row's index).
-        ``batch_proofs=False`` proves each row on its own instead, as for a study without. Batch
-        records are not sealed yet: with ``encrypt=True`` such a study raises :class:`SDKError`
-        before anything is sent (pass ``batch_proofs=False`` to send sealed per-report proofs).
+        ``batch_proofs=False`` proves each row on its own instead, as for a study without. With
+        ``encrypt=True`` each server's record is sealed to it as a batch of one record, content
+        0x05 (the leader's) or 0x06 (a helper's), the batch id in the clear (docs/sealing.md
+        section 3b; the suites as ``sealing`` picks): a batch sent again (a resumed submission, or
+        :meth:`resend`) is sealed again and is still the same batch (a duplicate at the server).
 
         Exactly once (with the client's ``journal``, the default): calling this again with the
         same study and the same input (the same CSV bytes, or the same rows) after a crash,
@@ -724,7 +727,6 @@ class Client:
         study = self._open_study(study_id)
         proved = proved_shares.is_proved(study)
         batched = bool(study.batch_proofs) and batch_proofs  # proved batches (section 4d)
-        self._refuse_sealed_batches(study, batched)
         if batched:
             batch_size = proof_batch_rows(study, batch_size, self.max_batch_bytes)
         else:
@@ -770,7 +772,6 @@ class Client:
                                                                                           batched):
                 batch_size, compress = submission.batch_size, submission.compress  # as it started
                 batched = submission.batch_proofs
-                self._refuse_sealed_batches(study, batched)
                 if in_memory and chunks:
                     whole = np.concatenate(chunks)
                     chunks = [whole[i:i + batch_size] for i in range(0, len(whole), batch_size)]
@@ -806,17 +807,6 @@ class Client:
         result.clipped, result.rows_seen = int(limited["clipped"]), int(limited["rows"])
         warn_if_limited(result)
         return result
-
-    def _refuse_sealed_batches(self, study: Study, batched: bool) -> None:
-        """A proved batch's records would be sealed as content 0x05 and 0x06 (docs/sealing.md
-        section 3b), which no server opens yet: with ``encrypt`` they are refused, never sent in
-        clear."""
-        if batched and self.encrypt:
-            raise SDKError(f"study {study.study_id[:12]}... takes batch proofs, whose records cannot be "
-                           f"sealed yet (no server opens sealed batch records): nothing was sent. Submit "
-                           f"with batch_proofs=False (dpsketch submit --no-batch-proofs) to send sealed "
-                           f"per-report proofs, or without encrypt to send the batch records in clear "
-                           f"over TLS")
 
     def _run_upload(self, study: Study, study_id: str, batches: Any, progress: Progress | None,
                     keep_ids: bool, submission: "_journal.Submission | None" = None) -> SubmitResult:

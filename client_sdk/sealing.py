@@ -26,6 +26,11 @@ record boundary (its count and order are sealed), so a body the server refuses a
 A party's blocks (a study with parties) are sealed the same way, as content 0x03 with the
 party's index bound and the pseudonym inside the ciphertext (docs/sealing.md section 3a), and
 sent as ``application/x-dpsketch-sealed; party=NAME``.
+
+A batch proof's record (a study with ``batch_proofs``) is sealed as a batch of one record,
+content 0x05 (the leader's) or 0x06 (a helper's), its clear id the batch id (docs/sealing.md
+section 3b). Sent again, it is sealed again with fresh randomness; the server stores the opened
+record, so it is still the same batch (a duplicate). It is never cut: one proof covers its rows.
 """
 
 from __future__ import annotations
@@ -137,9 +142,16 @@ def wire(recipient: envelope.Recipient, study: Study, study_id: str, body: bytes
          media_type: str) -> tuple[SealedBody, str]:
     """A prepared plaintext body sealed to ``recipient`` in its layout (``recipient.version``):
     a share or seed batch as ``application/x-dpsketch-sealed``, a party's block batch as
-    ``application/x-dpsketch-sealed; party=NAME``."""
+    ``application/x-dpsketch-sealed; party=NAME``, a batch proof's record as
+    ``application/x-dpsketch-sealed`` of content 0x05 (the leader's) or 0x06 (a helper's), its
+    batch id in the clear (docs/sealing.md section 3b)."""
     name = messages.party_of_media_type(media_type)
-    if name is not None:
+    if prepare.is_batch_record(media_type, study):  # a batch proof's record (docs/sealing.md 3b)
+        from dpsketch.protocol import batch_records
+
+        sealed = SealedBody(batch_records.seal(recipient, study_id, media_type, body, study.n_servers))
+        wire_type = messages.SEALED_MEDIA_TYPE
+    elif name is not None:
         index, declared = study.party(name)
         sealed = SealedBody(envelope.seal_body(recipient, study_id, body, media_type,
                                                proved_shares.upload_width(study, index), study.n_servers,

@@ -607,7 +607,8 @@ def create_app(settings: Settings) -> FastAPI:
                                  f"helper as {BLOCK_SEEDS_MEDIA_TYPE}; party=NAME (section 4c); a study "
                                  f"with batch_proofs takes a batch proof's record, the leader's as "
                                  f"{proof_uploads.MEDIA_TYPES[0]}, a helper's as {proof_uploads.MEDIA_TYPES[1]} "
-                                 f"(section 4d)",
+                                 f"(section 4d), or either sealed as {SEALED_MEDIA_TYPE} (content 0x05 or "
+                                 f"0x06, docs/sealing.md section 3b)",
                   "content": {SHARES_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEEDS_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
                               SEALED_MEDIA_TYPE: {"schema": BINARY_SCHEMA},
@@ -657,6 +658,13 @@ def create_app(settings: Settings) -> FastAPI:
                                f"its blocks as {BLOCKS_MEDIA_TYPE}; party=NAME or {SEALED_MEDIA_TYPE}; "
                                f"party=NAME batches")
         body = await request.body()
+        if media_type == SEALED_MEDIA_TYPE and proof_uploads.is_sealed_record(record, body):
+            # a batch proof's record sealed (content 0x05 or 0x06, docs/sealing.md section 3b)
+            result = await proof_uploads.upload(store, record, settings.server_id, media_type, body, token,
+                                                store.keys)
+            metrics.uploaded(study_id, result)
+            await hold_route_answer(gate, request.scope, result)
+            return json_response(result)
         if media_type == SEALED_MEDIA_TYPE:
             await run_in_threadpool(_sealed_precheck, store, record, body, token)
         ids, shares, rows, signs, sorted_ids, seeds, addends = await run_in_threadpool(

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from fastapi.concurrency import run_in_threadpool
 
-from dpsketch.protocol import batch_records, batch_validity, validity
+from dpsketch.protocol import batch_records, batch_validity, envelope, validity
 from dpsketch.protocol.messages import IdList, UploadResult
 from dpsketch.protocol.problems import ProblemError
 
@@ -77,11 +77,15 @@ def precheck(store: "Store", record: "StudyRecord", position: int, media_type: s
     return header
 
 
-def parse(record: "StudyRecord", position: int, media_type: str, body: bytes) -> dict[str, Any]:
-    """Step 2 of the module docstring (worker thread): what the writer's job carries."""
+def parse(record: "StudyRecord", position: int, media_type: str, body: bytes,
+          clear_id: bytes | None = None) -> dict[str, Any]:
+    """Step 2 of the module docstring (worker thread): what the writer's job carries. ``clear_id``:
+    a sealed record's id in the clear, which must be the batch id (422 binding-refused)."""
     study = record.study
     try:
         _rec, plan, batch = batch_records.receive(study, position, media_type, body)
+        if clear_id is not None:
+            batch_records.check_sealed_id(clear_id, batch)
     except batch_records.BatchRecordError as exc:
         raise _problem(exc) from None
     joined = batch_validity.row_ids(batch.batch_id, plan.m).tobytes()
@@ -93,12 +97,63 @@ def parse(record: "StudyRecord", position: int, media_type: str, body: bytes) ->
             "shares": np.frombuffer(body, dtype=np.uint8).reshape(1, -1)}
 
 
+def sealed_precheck(store: "Store", record: "StudyRecord", body: bytes, token: bytes | None) -> None:
+    """What a sealed record (docs/sealing.md section 3b) is judged on before any decryption: its
+    layout and length (``envelope.parse_record``: 400), a key id of this server (422
+    sealed-share-refused), and some quota left for the upload token (its m is sealed): a token
+    with no room left is refused (403) unless this server holds row 0 of the batch its clear id
+    names (a batch sent again, which costs the token nothing; its rows are judged exactly after
+    opening, and the clear id checked against the opened record)."""
+    study = record.study
+    try:
+        header = envelope.parse_record(body, batch_records.helper_length(study.n_servers))
+    except envelope.SealError as exc:  # a suite this server does not know
+        raise ProblemError("sealed-share-refused", str(exc)) from None
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    if store.keys.private_key_for(header.key_id) is None:
+        raise ProblemError("sealed-share-refused", f"sealed batch {header.batch_id.hex()}: unknown key id "
+                           f"{header.key_id.hex()} (not a key of this server, or retired); fetch /v1/info "
+                           f"and seal again")
+    if token is not None:
+        granted = record.upload_tokens.get(token)
+        room = granted.room() if granted is not None else 0
+        if room is not None and room < 1:
+            first_row = batch_validity.row_ids(envelope.record_clear_id(body, header), 1).tobytes()
+            if granted is None or store.count_new(record, first_row):
+                raise quota_problem(room, record.study_id, 1)
+
+
+def open_sealed(record: "StudyRecord", server_id: str, body: bytes, keys) -> tuple[str, bytes, bytes]:
+    """A sealed record opened (worker thread): its media type, clear id and record."""
+    try:
+        return batch_records.open_sealed(record.study, server_id, body, keys.private_key_for)
+    except batch_records.BatchRecordError as exc:
+        raise _problem(exc) from None
+
+
+def is_sealed_record(record: "StudyRecord", body: bytes) -> bool:
+    """Whether a sealed body is a batch proof's record for this study (content 0x05 or 0x06 to a
+    study with batch_proofs); such content to another study is refused as malformed by the
+    share path (``envelope.parse_batch``)."""
+    return bool(getattr(record.study, "batch_proofs", False)) and envelope.content_of(body) in envelope.RECORD_CONTENTS
+
+
 async def upload(store: "Store", record: "StudyRecord", server_id: str, media_type: str, body: bytes,
-                 token: bytes | None) -> UploadResult:
-    """A batch proof stored, or the refusal raised (nothing stored): the module docstring."""
+                 token: bytes | None, keys=None) -> UploadResult:
+    """A batch proof stored, or the refusal raised (nothing stored): the module docstring. With
+    ``keys`` (this server's key ring) ``body`` is a sealed record (docs/sealing.md section 3b,
+    ``media_type`` the sealed one): judged by :func:`sealed_precheck`, opened, then handled as the
+    plaintext record of the media type its content names (0x05 a leader's, 0x06 a helper's: a
+    server of the other role refuses it as that record, 400), its clear id checked against the
+    batch id (422 binding-refused). What is stored is the opened record, as for a plaintext upload."""
     position = record.study.servers.index(server_id)
+    clear_id = None
+    if keys is not None:
+        await run_in_threadpool(sealed_precheck, store, record, body, token)
+        media_type, clear_id, body = await run_in_threadpool(open_sealed, record, server_id, body, keys)
     await run_in_threadpool(precheck, store, record, position, media_type, body, token)
-    job = await run_in_threadpool(parse, record, position, media_type, body)
+    job = await run_in_threadpool(parse, record, position, media_type, body, clear_id)
     return await asyncio.wrap_future(store.submit_upload(
         record, job["ids"], job["shares"], job["rows"], job["signs"], token, sorted_ids=job["sorted_ids"],
         addends=job["addends"], proof_record=job["proof_record"], proof_position=job["proof_position"]))

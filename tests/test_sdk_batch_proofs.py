@@ -7,8 +7,8 @@ will (``batch_records.receive`` at the server's position): every record decodes 
 server's own, the batch ids agree at every server, the coordinate shares add up in F_p to the
 noisy rows in grid units that the per-report path's own steps make from the same keystream, and
 every batch's verifier shares decide true. A batch sent again (a resumed submission) is byte for
-byte the batch sent before; the leader rotates over the servers batch by batch; a sealing client
-is refused before anything is sent; a 413 never cuts a proved batch; ``dpsketch submit`` takes
+byte the batch sent before; the leader rotates over the servers batch by batch (a sealing
+client's sealed records: tests/test_sealed_batch_records.py); a 413 never cuts a proved batch; ``dpsketch submit`` takes
 such a study. One end-to-end test over real share servers waits for the servers' route (skipped
 until ``share_servers_take_batch_records()``).
 
@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from conftest import OPEN_UPLOADS, Servers
-from dpsketch.client_sdk import Client, IncompleteUpload, ProblemError, SDKError
+from dpsketch.client_sdk import Client, IncompleteUpload, ProblemError
 from dpsketch.client_sdk import cli
 from dpsketch.client_sdk import journal as sdk_journal
 from dpsketch.client_sdk.upload import DEFAULT_BATCH_BYTES, proof_batch_rows
@@ -300,19 +300,6 @@ def test_a_proved_batch_is_never_cut_on_413():
     error = err.value.failures[0].error if isinstance(err.value, IncompleteUpload) else err.value
     assert error.status == 413
     assert len(servers["s1.test"].posts) == 1  # sent once, not halved and sent again
-
-
-def test_sealing_client_is_refused_before_anything_is_sent(monkeypatch):
-    """Batch records would be sealed content 0x05/0x06, which no server opens yet: a client that
-    must seal gets SDKError, never the records in clear (the fake servers publish no keys: the
-    client's choice of them is stubbed, the refusal comes after it)."""
-    study = _study()
-    servers, transport = _fakes(study)
-    monkeypatch.setattr(Client, "_recipients_of", lambda self, study, infos: [])
-    with _client(study, transport, encrypt=True) as client:
-        with pytest.raises(SDKError, match="batch proofs.*cannot be sealed"):
-            client.submit_many(study.study_id, _rows(50, seed=7))
-    assert all(not s.posts for s in servers.values())
 
 
 def test_one_row_keeps_the_per_report_path():

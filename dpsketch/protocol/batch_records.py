@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from . import batch_circuit, batch_validity, field, validity, wraparound
+from . import batch_circuit, batch_validity, envelope, field, validity, wraparound
 from .problems import ProblemError
 
 #: a leader's record: header, parts, its blind, its input and proof shares as F_p elements
@@ -45,8 +45,8 @@ HELPER_MEDIA_TYPE = "application/x-dpsketch-proof-batch-seed"
 MEDIA_TYPES = (LEADER_MEDIA_TYPE, HELPER_MEDIA_TYPE)
 #: sealed content kinds (docs/sealing.md section 3b): one record per sealed batch, its clear id
 #: the batch id, its plaintext the whole record
-SEALED_LEADER_CONTENT = 0x05
-SEALED_HELPER_CONTENT = 0x06
+SEALED_LEADER_CONTENT = envelope.CONTENT_PROOF_BATCH
+SEALED_HELPER_CONTENT = envelope.CONTENT_PROOF_BATCH_SEED
 
 HEADER = struct.Struct("<IIQIQIII")
 HEADER_BYTES = HEADER.size  # 40
@@ -314,3 +314,38 @@ def check_sealed_id(clear_id: bytes, batch: batch_validity.ServerBatch) -> None:
     server computes from the opened record: else 422 ``binding-refused``."""
     if bytes(clear_id) != batch.batch_id:
         raise BatchRecordError("binding-refused", "the sealed record's id is not the batch id its parts give")
+
+
+# --- sealed (docs/sealing.md section 3b) --------------------------------------------------------
+
+def sealed_content(media_type: str) -> int:
+    """The sealed content kind of a record of this media type: 0x05 a leader's, 0x06 a helper's."""
+    if media_type == LEADER_MEDIA_TYPE:
+        return SEALED_LEADER_CONTENT
+    if media_type == HELPER_MEDIA_TYPE:
+        return SEALED_HELPER_CONTENT
+    raise ValueError(f"{media_type!r} is not a batch record's media type")
+
+
+def seal(recipient: envelope.Recipient, study_id: str, media_type: str, body: bytes, n_servers: int) -> bytes:
+    """Server ``recipient``'s record (``body``, of ``media_type``) sealed to it: a version 4 batch
+    of one record, content 0x05 or 0x06, its clear id the batch id its header and parts give."""
+    return envelope.seal_record(recipient, study_id, batch_id_of(body, n_servers), sealed_content(media_type), body)
+
+
+def open_sealed(study, server_id: str, body: bytes, private_key_for) -> tuple[str, bytes, bytes]:
+    """A sealed batch record opened at server ``server_id``: (the media type its content names,
+    its clear id, the record), or :class:`BatchRecordError`: 400 ``malformed-body`` for a body
+    that is not one sealed record of content 0x05 or 0x06 (count 1, a helper's exactly
+    104 + 32 N bytes; judged before any key is used), 422 ``sealed-share-refused`` for one that
+    does not open here. The record itself is judged by :func:`read_header`, :func:`receive` and
+    :func:`check_sealed_id` after this."""
+    try:
+        content, clear_id, record = envelope.open_record(body, helper_length(study.n_servers), study.study_id,
+                                                         server_id, private_key_for)
+    except envelope.SealError as exc:
+        raise BatchRecordError("sealed-share-refused", str(exc)) from None
+    except ValueError as exc:  # MalformedSealedBatch
+        raise _malformed(str(exc)) from None
+    media_type = LEADER_MEDIA_TYPE if content == SEALED_LEADER_CONTENT else HELPER_MEDIA_TYPE
+    return media_type, clear_id, record

@@ -109,6 +109,13 @@ CONTENT_BLOCK = 0x03
 CONTENT_BLOCK_SEED = 0x04
 #: The kinds that hold one party's blocks (and name their party in the context).
 BLOCK_CONTENTS = (CONTENT_BLOCK, CONTENT_BLOCK_SEED)
+#: A batch proof's record (docs/sealing.md section 3b): a leader's (0x05) or a helper's (0x06),
+#: one record a batch, its clear id the batch id and its plaintext the whole record (no binding
+#: proof: the batch id is the binding). Its length is not the study's width's: a helper's is fixed
+#: by N, a leader's by the m inside it (checked after opening, ``batch_records.decode``).
+CONTENT_PROOF_BATCH = 0x05
+CONTENT_PROOF_BATCH_SEED = 0x06
+RECORD_CONTENTS = (CONTENT_PROOF_BATCH, CONTENT_PROOF_BATCH_SEED)
 #: Every sealed layout this code seals and opens (published in ``/v1/info`` as ``hpke.versions``).
 VERSIONS = (VERSION_4,)
 #: Layouts recognised only to be refused by name (1 and 2: an HPKE seal per record, issue 41; 3:
@@ -472,7 +479,8 @@ def _seal_v4(recipient: Recipient, study_id: str, ids: bytes, content: int, plai
     m = len(ids) // REPORT_ID_BYTES
     if not 1 <= m <= MAX_BATCH_RECORDS:
         raise ValueError(f"a sealed batch holds 1 to {MAX_BATCH_RECORDS} records, not {m}")
-    payload_bytes(content, 1)  # a known kind
+    if content not in RECORD_CONTENTS:
+        payload_bytes(content, 1)  # a known kind
     if len(ids) != m * REPORT_ID_BYTES or len(plain) != m * plaintext_len:
         raise ValueError("one plaintext of one length per 16-byte report id")
     if len(plain) > MAX_BATCH_PLAINTEXT_BYTES:
@@ -562,6 +570,9 @@ def _suite_of(ids: bytes, where: str) -> SealingSuite:
 
 
 def _check_content(content: int, where: str, party: int | None = None) -> None:
+    if content in RECORD_CONTENTS:
+        raise MalformedSealedBatch(f"{where}: content 0x{content:02x} is a batch proof's record, taken only "
+                                   f"by a study with batch_proofs (docs/sealing.md section 3b)")
     if content not in (CONTENT_SHARE, CONTENT_SEED, *BLOCK_CONTENTS):
         raise MalformedSealedBatch(f"{where}: unknown content kind 0x{content:02x} (0x01 share, "
                                    f"0x02 seed, 0x03 block, 0x04 block seed)")
@@ -725,3 +736,79 @@ def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id
     ids, plain = open_records(secret, transcript, memoryview(body)[head:], header.count,
                               plaintext_bytes(header.content, width, n_servers), header.batch_id)
     return _upload(ids, plain, header.content, width, n_servers, party)
+
+
+# --- one batch proof record (docs/sealing.md section 3b) --------------------------------------
+
+
+def content_of(body: bytes) -> int | None:
+    """The content byte of a body laid out as a version 4 batch (None if it is not one, or is
+    shorter than the header's fixed part): what a server dispatches a sealed body on."""
+    if not is_batch(body) or len(body) < FIXED_BYTES:
+        return None
+    return body[FIXED_BYTES - COUNT_BYTES - 1]
+
+
+def seal_record(recipient: Recipient, study_id: str, clear_id: bytes, content: int, record: bytes) -> bytes:
+    """A batch proof's record sealed as a version 4 batch of one record (docs/sealing.md section
+    3b): ``content`` 0x05 (a leader's) or 0x06 (a helper's), ``clear_id`` the batch id, the
+    plaintext the whole record. The same key schedule as every batch (:func:`_seal_v4`)."""
+    if content not in RECORD_CONTENTS:
+        raise ValueError(f"a batch proof's record is content 0x05 or 0x06, not 0x{content:02x}")
+    if len(clear_id) != REPORT_ID_BYTES or not record:
+        raise ValueError(f"a sealed batch record has a {REPORT_ID_BYTES}-byte id and a non-empty record")
+    return _seal_v4(recipient, study_id, bytes(clear_id), content, bytes(record), len(record))
+
+
+def parse_record(body: bytes, helper_bytes: int) -> BatchHeader:
+    """The header of a sealed batch proof record, checked without decryption: the layout (as
+    :func:`check_layout`), content 0x05 or 0x06, ``count`` 1, and the body's length: a helper's
+    record (0x06) exactly ``helper_bytes``, a leader's any non-empty length (its m is sealed:
+    ``batch_records.decode`` checks it after opening). MalformedSealedBatch, or UnknownSuite."""
+    check_layout(body)
+    if len(body) < FIXED_BYTES:
+        raise MalformedSealedBatch(f"{len(body)} bytes: a sealed batch has a header of at least {FIXED_BYTES} bytes")
+    at = BATCH_ID_BYTES + KEY_ID_BYTES + 2
+    content = body[at + 6]
+    if content not in RECORD_CONTENTS:
+        raise MalformedSealedBatch(f"sealed batch record: content 0x{content:02x} is not a batch proof's "
+                                   f"record (0x05 a leader's, 0x06 a helper's)")
+    suite = _suite_of(body[at:at + 6], "sealed batch record")
+    count = int.from_bytes(body[at + 7:FIXED_BYTES], "big")
+    if count != 1:
+        raise MalformedSealedBatch(f"a sealed batch proof record (content 0x{content:02x}) is a batch of one "
+                                   f"record; its count is {count}")
+    head = batch_header_bytes(suite)
+    plain = len(body) - head - REPORT_ID_BYTES - TAG_BYTES
+    if content == CONTENT_PROOF_BATCH_SEED and plain != helper_bytes:
+        raise MalformedSealedBatch(f"a version 4 {suite.name} sealed helper's batch record is "
+                                   f"{head + REPORT_ID_BYTES + helper_bytes + TAG_BYTES} bytes, this body is "
+                                   f"{len(body)} (truncated, padded or spliced)")
+    if plain < 1:
+        raise MalformedSealedBatch(f"a version 4 {suite.name} sealed batch record is more than "
+                                   f"{head + REPORT_ID_BYTES + TAG_BYTES} bytes, this body is {len(body)}")
+    if plain > MAX_BATCH_PLAINTEXT_BYTES:
+        raise MalformedSealedBatch(f"a sealed batch seals at most {MAX_BATCH_PLAINTEXT_BYTES} bytes of plaintext")
+    return BatchHeader(bytes(body[:BATCH_ID_BYTES]), bytes(body[BATCH_ID_BYTES:BATCH_ID_BYTES + KEY_ID_BYTES]),
+                       suite, content, count, bytes(body[FIXED_BYTES:head]))
+
+
+def record_clear_id(body: bytes, header: BatchHeader) -> bytes:
+    """The clear id (the claimed batch id) of a parsed sealed batch record."""
+    head = batch_header_bytes(header.suite)
+    return bytes(body[head:head + REPORT_ID_BYTES])
+
+
+def open_record(body: bytes, helper_bytes: int, study_id: str, server_id: str,
+                private_key_for: Callable[[bytes], Any]) -> tuple[int, bytes, bytes]:
+    """Open a sealed batch proof record: (content, clear id, record). Parsed by
+    :func:`parse_record` first (MalformedSealedBatch before any key is used), then opened as any
+    version 4 batch (:func:`open_secret`, :func:`open_records`; SealError if it does not open)."""
+    header = parse_record(body, helper_bytes)
+    key = _key_of(private_key_for, header.key_id, header.suite, f"sealed batch {header.batch_id.hex()}")
+    secret = open_secret(key, study_id, server_id, header)
+    head = batch_header_bytes(header.suite)
+    transcript = transcript_v4(study_id, server_id, body[:head])
+    plain_len = len(body) - head - REPORT_ID_BYTES - TAG_BYTES
+    ids, plain = open_records(secret, transcript, memoryview(body)[head:], 1, plain_len, header.batch_id)
+    return header.content, ids, plain
