@@ -19,6 +19,11 @@ record; a batch proof is one record for m rows, judged whole, in the order secti
    transaction of every upload, after judging duplicates and conflicts on the record's bytes
    (services/writer.py, ``Writer._classify_proof``), and the quota and ``max_reports`` again,
    race-free. Nothing is stored on any refusal.
+
+A sealed record (``application/x-dpsketch-sealed``, content 0x05 or 0x06; docs/sealing.md
+section 3b) is judged first on what needs no key (:func:`sealed_precheck`: its layout, key id and
+some quota left), opened, and then goes through steps 1 to 3 as the plaintext record of the media
+type its content names, its clear id checked against the batch id in step 2.
 """
 
 from __future__ import annotations
