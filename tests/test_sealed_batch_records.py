@@ -16,7 +16,8 @@ or 0x06 (a helper's), its clear id the batch id.
   after opening), a token with no room left (403 before opening: a body that would not open
   gets the 403, not the 422), a tampered ciphertext (422 sealed-share-refused). A record sealed
   again with fresh randomness is the same batch: acknowledged as a duplicate, also with a token
-  that has no room left.
+  that has no room left; a sealed submission interrupted (one server's first request fails) and
+  run again from its journal stores every row once at every server.
 
 Flakes: the rows are fixed (seeded); noise, shares, proofs and sealing use the CSPRNG. An honest
 batch is refused with probability <= 2^-96 a row and a batch (tests/test_batch_e2e.py); a random
@@ -30,7 +31,7 @@ import os
 import httpx
 import pytest
 
-from dpsketch.client_sdk import Client
+from dpsketch.client_sdk import Client, IncompleteUpload
 from dpsketch.protocol import batch_records, envelope, messages, report
 from dpsketch.protocol.study import Study
 from dpsketch.services.admin import ServerAdmin
@@ -167,6 +168,38 @@ def test_sdk_sealed_batches_are_held_everywhere_and_released(pool, sealing):
     fin = finalize(pool, 3, study)
     assert fin["n_reports"] == 1_200
     assert fin["verification"]["decided"] == 1_200 and fin["verification"]["refused"] == 0
+
+
+class _FailOnce(httpx.HTTPTransport):
+    """Answers the first batch request to one server 503 (without sending it); the rest pass."""
+
+    def __init__(self, port: int):
+        super().__init__()
+        self.port, self.failed = port, False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.port == self.port and not self.failed:
+            self.failed = True
+            return httpx.Response(503, json={"type": "about:blank", "title": "injected", "status": 503,
+                                             "detail": "injected by the test"})
+        return super().handle_request(request)
+
+
+def test_a_resumed_sealed_submission_stores_each_row_once(pool, tmp_path):
+    """The journal rebuilds the same records; sealed again (fresh randomness) they are the same
+    batches, duplicates where held: every server ends with each row once."""
+    study = create(pool, 3, 1_000, "sealed-batch-resume", batch_proofs=True, min_reports=700)
+    rows = data(600, seed=8)
+    port = httpx.URL(pool.urls(3)[2]).port
+    with Client(pool.urls(3), journal=tmp_path, encrypt=True, max_retries=0, transport=_FailOnce(port)) as client, \
+            pytest.raises(IncompleteUpload):
+        client.submit_many(study.study_id, rows, batch_size=200)
+    with Client(pool.urls(3), journal=tmp_path, encrypt=True) as client:
+        result = client.submit_many(study.study_id, rows, batch_size=200)
+    assert result.n_reports == 600
+    for j in range(3):
+        got = _held(pool, study, j)
+        assert len(got) == 16 * 600 and len({got[i:i + 16] for i in range(0, len(got), 16)}) == 600
 
 
 @pytest.fixture(scope="module")
