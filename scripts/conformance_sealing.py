@@ -5,7 +5,8 @@ find which step of a sealed batch it gets wrong. Imported by make_conformance.py
 HPKE is randomized, so the inputs are fixed ciphertexts: the two version 4 batches of
 docs/protocol.md section 9 (``sealed_v4``, whose ``sealed_secret`` is enc || wrapped), and a
 post-quantum ciphertext altered to show ML-KEM's implicit rejection; and a sealed batch of a
-party's blocks whose HPKE seal is written out from a fixed ephemeral key. Every intermediate value is
+party's blocks and a sealed helper's batch proof record (content 0x06), whose HPKE seals are written
+out from fixed ephemeral keys. Every intermediate value is
 computed here from RFC 9180, FIPS 203's rejection rule and X-Wing's combiner, and checked against
 the ``cryptography`` package (the product's HPKE): the key and nonce must open the wrapped secret,
 and ``cryptography`` must open the same bytes to the same secret. tests/test_conformance.py
@@ -38,7 +39,10 @@ DESCRIPTION = (
     "one party's blocks (docs/sealing.md section 3a, content 0x03) at one server: from the inputs (party key, "
     "individuals, shares, salts, the suite's private key, the ephemeral X25519 key, batch_id, secret) every "
     "byte: pseudonyms, commitments, block ids, plaintexts (pseudonym || proof || share), context (study id, "
-    "server id, party index), info, sealed_secret (enc || wrapped), transcript, record_key, aad, sealed, body.")
+    "server id, party index), info, sealed_secret (enc || wrapped), transcript, record_key, aad, sealed, body. "
+    "sealed_batch_record: a helper's batch proof record (docs/sealing.md section 3b, content 0x06; the record of "
+    "batch_validity.json's vector batch_vector at its helper) sealed as a batch of one record: its clear id the "
+    "batch id, its plaintext the whole record; the same intermediates from the same kinds of inputs.")
 
 XWING_LABEL = bytes.fromhex("5c2e2f2f5e5c")  # "\\.//^\\"
 
@@ -164,7 +168,59 @@ def sealing_vectors(root: Path) -> list[dict[str, Any]]:
                         "suite": suite.name, "kem_id": vec["kem_id"], "private_key": vec["private_key"],
                         "enc": bytes(bad).hex(), **_hex(rejected)})
     out.append(sealed_blocks_vector(_section9(root)["sealed_v4"][0]))
+    batches = json.loads((root / "conformance" / "batch_validity.json").read_text())["vectors"]
+    out.append(sealed_batch_record_vector(_section9(root)["sealed_v4"][0], batches[0]))
     return out
+
+
+def sealed_batch_record_vector(classical: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
+    """The helper's record of conformance/batch_validity.json's first batch, sealed for its server
+    as content 0x06 (docs/sealing.md section 3b): one record, its clear id the batch id, its
+    plaintext the whole record; the HPKE seal written out from a fixed ephemeral key, as
+    :func:`sealed_blocks_vector`'s."""
+    from dpsketch.protocol import batch_records
+
+    suite = envelope.CLASSICAL
+    study_id = batch["study_id"]
+    helper = next(s for s in batch["servers"] if s["position"] != batch["leader"])
+    position, record = helper["position"], bytes.fromhex(helper["record"])
+    assert helper["media_type"] == batch_records.HELPER_MEDIA_TYPE
+    n_servers = len(batch["servers"])
+    server_id = batch["study"]["servers"][position]
+    batch_id = batch_records.record_batch_id(record, n_servers)
+    assert batch_id.hex() == batch["batch_id"]
+    private_key = bytes.fromhex(classical["private_key"])
+    public = suite.public_key_of(private_key)
+    ephemeral = hashlib.sha256(b"dpsketch/conformance/sealed-batch-record/ephemeral").digest()
+    enc = x25519.X25519PrivateKey.from_private_bytes(ephemeral).public_key().public_bytes_raw()
+    header_id = bytes(range(0xc0, 0xd0))  # the sealed batch's own random id, not the clear one
+    secret = bytes(range(0x20, 0x40))
+    content = batch_records.SEALED_HELPER_CONTENT
+    fixed = envelope.BatchHeader(header_id, envelope.key_id(public), suite, content, 1, b"").fixed()
+    info = envelope.info_v4(study_id, server_id, fixed)
+    context = bytes.fromhex(study_id) + bytes([len(server_id)]) + server_id.encode()
+    assert info == envelope.INFO_LABEL + hashlib.sha256(context + fixed).digest()
+    schedule = key_schedule(suite, dhkem_decapsulate(private_key, enc)["shared_secret"], info)
+    sealed_secret = enc + ChaCha20Poly1305(schedule["key"]).encrypt(schedule["base_nonce"], secret, b"")
+    head = fixed + sealed_secret
+    transcript = envelope.transcript_v4(study_id, server_id, head)
+    assert transcript == hashlib.sha256(context + head).digest()
+    sealed = envelope.seal_records(secret, transcript, batch_id, record)[len(batch_id):]
+    body = head + batch_id + sealed
+    assert len(body) == 117 + suite.enc_bytes + len(record) == 117 + suite.enc_bytes + 104 + 32 * n_servers
+    opened = envelope.open_record(body, batch_records.helper_length(n_servers), study_id, server_id,
+                                  lambda kid: suite.load_private_key(private_key))
+    assert opened == (content, batch_id, record)
+    return {"id": "sealed-batch-record-classical", "type": "sealed_batch_record", "suite": suite.name,
+            "kem_id": suite.kem_id, "kdf_id": suite.kdf_id, "aead_id": suite.aead_id, "version": envelope.VERSION_4,
+            "private_key": private_key.hex(), "public_key": public.hex(), "key_id": envelope.key_id(public).hex(),
+            "study_id": study_id, "server_id": server_id, "position": position,
+            "batch_vector": batch["id"], "media_type": helper["media_type"], "record": record.hex(),
+            "content": content, "count": 1, "batch_id": batch_id.hex(), "ephemeral_key": ephemeral.hex(),
+            "header_batch_id": header_id.hex(), "secret": secret.hex(), "fixed": fixed.hex(),
+            "context": context.hex(), "info": info.hex(), "sealed_secret": sealed_secret.hex(),
+            "transcript": transcript.hex(), "record_key": envelope.record_key(secret, transcript).hex(),
+            "aad": envelope.records_aad(transcript, batch_id).hex(), "sealed": sealed.hex(), "body": body.hex()}
 
 
 def sealed_blocks_vector(classical: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,8 @@ Seven files, one per category:
 * ``noise.json``: a keystream key -> the sampler's draws, the secret signs and a whole client batch,
   bit for bit (``conformance_noise.py``);
 * ``sealing.json``: the sealing suites' KEMs (X-Wing's combiner) and HPKE key schedule, byte for
-  byte, and a sealed batch of a party's blocks (``conformance_sealing.py``);
+  byte, a sealed batch of a party's blocks and a sealed batch proof record
+  (``conformance_sealing.py``);
 * ``accounting.json``: the add/remove accounting: the presence pair's epsilon and add/remove
   studies' guarantees with the verdict a client must reach (``conformance_accounting.py``).
 """

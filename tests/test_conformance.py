@@ -68,6 +68,10 @@ REQUIRED = {
                       "position", "party", "party_index", "width", "party_key", "content", "count", "records",
                       "shares", "salt_key", "ephemeral_key", "batch_id", "secret", "fixed", "context", "info",
                       "sealed_secret", "transcript", "record_key", "aad", "sealed", "body"},
+    "sealed_batch_record": {"id", "type", "suite", "private_key", "public_key", "key_id", "study_id", "server_id",
+                            "position", "batch_vector", "media_type", "record", "content", "count", "batch_id",
+                            "ephemeral_key", "header_batch_id", "secret", "fixed", "context", "info",
+                            "sealed_secret", "transcript", "record_key", "aad", "sealed", "body"},
     # accounting.json (tests/test_conformance_accounting.py recomputes them)
     "presence": {"id", "type", "shift", "ratio", "width", "delta", "signed", "epsilon", "tolerance"},
     "study_guarantee": {"id", "type", "description", "study", "epsilon", "floor_epsilon", "verdict", "tolerance"},

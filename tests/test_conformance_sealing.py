@@ -230,3 +230,49 @@ def test_sealed_blocks_every_byte_from_the_text(vec):
     for other in (None, j ^ 1):  # as a share batch, or as another party's: it does not open
         with pytest.raises((envelope.SealError, envelope.MalformedSealedBatch)):
             envelope.open_batch(body, vec["width"], n, vec["study_id"], server, lambda kid: sk, other)
+
+
+@pytest.mark.parametrize("vec", of_type("sealed_batch_record"), ids=lambda v: v["id"])
+def test_sealed_batch_record_every_byte_from_the_text(vec):
+    """docs/sealing.md section 3b, written here from the text: the helper's record of a
+    batch_validity.json vector, its batch id from its header and parts (docs/protocol.md 4d: the
+    wrap seed, then the batch id), the header of a batch of one record of content 0x06, the
+    context without a party byte, the HPKE seal, the records' key and their one message with the
+    batch id as the clear id; the product's opener gives back the record, and the body relabelled
+    0x05 does not open."""
+    batches = json.loads((ROOT / "conformance" / "batch_validity.json").read_text())["vectors"]
+    batch = next(b for b in batches if b["id"] == vec["batch_vector"])
+    helper = next(s for s in batch["servers"] if s["position"] == vec["position"])
+    record = bytes.fromhex(vec["record"])
+    assert helper["record"] == vec["record"] and helper["media_type"] == vec["media_type"]
+    n = len(batch["servers"])
+    assert len(record) == 104 + 32 * n
+    parts, digits = record[40:40 + 32 * n], record[40 + 32 * n:72 + 32 * n]
+    seed = hashlib.sha256(b"dpsketch/wrap-seed/1" + record[:36] + parts).digest()
+    batch_id = hashlib.sha256(b"dpsketch/batch-id/1" + seed + digits).digest()[:16]
+    assert batch_id.hex() == vec["batch_id"] == batch["batch_id"]
+    sid, server = bytes.fromhex(vec["study_id"]), vec["server_id"]
+    public = bytes.fromhex(vec["public_key"])
+    fixed = (bytes.fromhex(vec["header_batch_id"]) + hashlib.sha256(public).digest()[:8] + bytes([0x80, 4])
+             + bytes.fromhex("002000010003") + bytes([0x06]) + (1).to_bytes(4, "big"))
+    context = sid + bytes([len(server)]) + server.encode()
+    info = b"dpsketch/sealed/4" + hashlib.sha256(context + fixed).digest()
+    sealed_secret = _hpke_seal_classical(public, bytes.fromhex(vec["ephemeral_key"]), info,
+                                         bytes.fromhex(vec["secret"]))
+    header = fixed + sealed_secret
+    transcript = hashlib.sha256(context + header).digest()
+    record_key = hkdf_expand(hkdf_extract(b"", bytes.fromhex(vec["secret"])),
+                             b"dpsketch/sealed/4/records" + transcript, 32)
+    aad = transcript + batch_id
+    sealed = ChaCha20Poly1305(record_key).encrypt(bytes(12), record, aad)
+    got = {"fixed": fixed, "context": context, "info": info, "sealed_secret": sealed_secret,
+           "transcript": transcript, "record_key": record_key, "aad": aad, "sealed": sealed,
+           "body": header + batch_id + sealed}
+    assert {k: v.hex() for k, v in got.items()} == {k: vec[k] for k in got}
+    assert len(got["body"]) == 117 + 32 + len(record)  # 117 + Nenc + P
+    sk = envelope.CLASSICAL.load_private_key(bytes.fromhex(vec["private_key"]))
+    body = bytes.fromhex(vec["body"])
+    assert envelope.open_record(body, 104 + 32 * n, vec["study_id"], server, lambda kid: sk) == (0x06, batch_id, record)
+    relabelled = body[:32] + bytes([0x05]) + body[33:]
+    with pytest.raises(envelope.SealError):
+        envelope.open_record(relabelled, 104 + 32 * n, vec["study_id"], server, lambda kid: sk)
