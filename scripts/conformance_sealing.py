@@ -187,7 +187,7 @@ def sealed_batch_record_vector(classical: dict[str, Any], batch: dict[str, Any])
     assert helper["media_type"] == batch_records.HELPER_MEDIA_TYPE
     n_servers = len(batch["servers"])
     server_id = batch["study"]["servers"][position]
-    batch_id = batch_records.record_batch_id(record, n_servers)
+    batch_id = batch_records.batch_id_of(record, n_servers)
     assert batch_id.hex() == batch["batch_id"]
     private_key = bytes.fromhex(classical["private_key"])
     public = suite.public_key_of(private_key)
