@@ -742,7 +742,7 @@ def _raw_sqlite_rows_per_s(path: Path, batches: list[tuple[int, bytes]], study: 
         conn.execute("BEGIN IMMEDIATE")
         if one_statement:
             conn.execute(db.INSERT_BATCH, {"first": base, "study": 1, "m": m, "ids": ids, "shares": shares,
-                                           "pseudonyms": None, "party": None})
+                                           "pseudonyms": None, "party": None, "proof_position": None})
         else:
             conn.executemany("INSERT INTO reports (id, study, report_id, share) VALUES (?, 1, ?, ?)",
                              [(base + i, ids[16 * i:16 * (i + 1)], shares[each * i:each * (i + 1)])
@@ -964,7 +964,8 @@ def _fsync_per_report_rate(path: Path, d: int, reports: int = 300) -> float:
     for i in range(reports):
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(db.INSERT_BATCH, {"first": i + 1, "study": 1, "m": 1, "ids": os.urandom(16),
-                                       "shares": os.urandom(8 * d), "pseudonyms": None, "party": None})
+                                       "shares": os.urandom(8 * d), "pseudonyms": None, "party": None,
+                                       "proof_position": None})
         conn.execute("COMMIT")
     rate = reports / (time.perf_counter() - t0)
     conn.close()
