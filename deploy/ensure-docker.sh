@@ -59,8 +59,8 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; 
     need_root "install docker.io"
     command -v apt-get >/dev/null 2>&1 || die "no apt-get: install a Docker engine by hand"
     say "installing Debian's docker.io"
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    "$(dirname "$0")/../scripts/apt-locked.sh" update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive "$(dirname "$0")/../scripts/apt-locked.sh" install -y -q --no-install-recommends \
         docker.io iptables ca-certificates >/dev/null
 fi
 

@@ -38,8 +38,8 @@ if [[ ! -e /usr/sbin/policy-rc.d ]]; then
     cleanup_policy=1
 fi
 trap '[[ $cleanup_policy == 1 ]] && rm -f /usr/sbin/policy-rc.d' EXIT
-apt-get update -qq >&2 || say "apt-get update failed; trying the install with the lists at hand"
-apt-get install -y -qq --no-install-recommends "$package" >&2
+"$(dirname "$0")/apt-locked.sh" update -qq >&2 || say "apt-get update failed; trying the install with the lists at hand"
+"$(dirname "$0")/apt-locked.sh" install -y -qq --no-install-recommends "$package" >&2
 bin="$(found)"
 [[ -n "$bin" ]] || die "apt-get installed $package but no $binary binary is found"
 echo "$bin"

@@ -58,9 +58,9 @@ if ! BIN="$(find_bin)"; then
     command -v apt-get >/dev/null 2>&1 || die "no apt-get: install PostgreSQL by hand"
     say "installing Debian's postgresql"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
+    "$(dirname "$0")/apt-locked.sh" update -qq >/dev/null
     # (the package may start Debian's own 'main' cluster on 5432; this script ignores it)
-    apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    "$(dirname "$0")/apt-locked.sh" install -y -qq --no-install-recommends postgresql >/dev/null
     BIN="$(find_bin)" || die "apt-get installed postgresql but no pg_ctl/initdb found"
 fi
 
