@@ -65,7 +65,8 @@ from .settings import Settings
 from .store import Store
 from .resend_gate import ResendGate, hold_route_answer
 from .study_route import FastStudy
-from .uploads import FastReports, checked_report, json_response, stored_report, upload_token, verified_shares
+from .uploads import (FastReports, checked_report, json_response, sealed_header, stored_report, upload_token,
+                      verified_shares)
 from .writer import quota_problem
 
 log = logging.getLogger("dpsketch.server")
@@ -225,16 +226,7 @@ def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None, par
     ``party``: a sealed block batch of that party (its block ids are the clear ids)."""
     study = record.study
     width = proved_shares.upload_width(study, party)  # a validity study's leader: input and proof shares
-    try:
-        header = envelope.parse_batch(body, width, study.n_servers, party)
-    except envelope.SealError as exc:  # a suite this server does not know
-        raise ProblemError("sealed-share-refused", str(exc)) from None
-    except ValueError as exc:
-        raise ProblemError("malformed-body", str(exc)) from None
-    if store.keys.private_key_for(header.key_id) is None:
-        raise ProblemError("sealed-share-refused", f"sealed batch {header.batch_id.hex()}: unknown key id "
-                           f"{header.key_id.hex()} (not a key of this server, or retired); fetch /v1/info "
-                           f"and seal again")
+    header = sealed_header(store, lambda: envelope.parse_batch(body, width, study.n_servers, party))
     if token is not None:
         granted = record.upload_tokens.get(token)
         room = granted.room() if granted is not None else 0

@@ -39,6 +39,7 @@ from dpsketch.protocol.messages import IdList, UploadResult
 from dpsketch.protocol.problems import ProblemError
 
 from . import idsets
+from .uploads import sealed_header
 from .writer import quota_problem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,16 +111,7 @@ def sealed_precheck(store: "Store", record: "StudyRecord", body: bytes, token: b
     names (a batch sent again, which costs the token nothing; its rows are judged exactly after
     opening, and the clear id checked against the opened record)."""
     study = record.study
-    try:
-        header = envelope.parse_record(body, batch_records.helper_length(study.n_servers))
-    except envelope.SealError as exc:  # a suite this server does not know
-        raise ProblemError("sealed-share-refused", str(exc)) from None
-    except ValueError as exc:
-        raise ProblemError("malformed-body", str(exc)) from None
-    if store.keys.private_key_for(header.key_id) is None:
-        raise ProblemError("sealed-share-refused", f"sealed batch {header.batch_id.hex()}: unknown key id "
-                           f"{header.key_id.hex()} (not a key of this server, or retired); fetch /v1/info "
-                           f"and seal again")
+    header = sealed_header(store, lambda: envelope.parse_record(body, batch_records.helper_length(study.n_servers)))
     if token is not None:
         granted = record.upload_tokens.get(token)
         room = granted.room() if granted is not None else 0

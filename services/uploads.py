@@ -46,6 +46,7 @@ import dataclasses
 import logging
 import re
 from time import perf_counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,7 +58,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpsketch.observability import START_KEY, count_answer, problem_slug
 from dpsketch.problem_http import problem_response
-from dpsketch.protocol import binding, proved_shares
+from dpsketch.protocol import binding, envelope, proved_shares
 from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, Report, Upload, UploadResult, report_fields, report_upload
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
@@ -163,6 +164,24 @@ def checked_report(store: "Store", server_id: str, study_id: str, report: Report
         raise ProblemError("invalid-request", str(exc)) from None
     shares = verified_shares(upload, study, server_id, study_id)
     return record, upload.ids, shares
+
+
+def sealed_header(store: "Store", parse: Callable[[], Any]) -> Any:
+    """A sealed body's clear header, judged before any decryption (docs/sealing.md section 3):
+    ``parse()`` (envelope.parse_batch or parse_record) with its refusals as problems (a suite
+    this server does not know: 422 sealed-share-refused; a malformed layout or length: 400), then
+    its key id one of this server's (422 sealed-share-refused)."""
+    try:
+        header = parse()
+    except envelope.SealError as exc:
+        raise ProblemError("sealed-share-refused", str(exc)) from None
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    if store.keys.private_key_for(header.key_id) is None:
+        raise ProblemError("sealed-share-refused", f"sealed batch {header.batch_id.hex()}: unknown key id "
+                           f"{header.key_id.hex()} (not a key of this server, or retired); fetch /v1/info "
+                           f"and seal again")
+    return header
 
 
 def single_report_refusal(study_id: str, study: Study) -> str:
