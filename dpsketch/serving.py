@@ -46,12 +46,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fcntl
 import gc
 import json
 import logging
 import math
 import os
 import signal
+import struct
+import termios
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -343,6 +346,21 @@ class _GuardedConnection:
         super().on_response_complete()  # type: ignore[misc]
         self._sync_phase()
 
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive timeout, unless the client's next request is already waiting in
+        the socket. Under uvloop (libuv) a loop iteration runs its due timers before it polls for
+        input, so after this server's own loop stalled past the keep-alive timeout (a stopped
+        process, a long GC or GIL hold, a starved CPU) the timer fired first and closed a
+        connection whose request had arrived in the meantime: the kernel answers unread bytes
+        with a reset, and the client saw a ReadError for a request it sent in time. The bytes
+        are read in this same iteration's poll (data_received cancels keep-alive); the timer is
+        re-armed in case they never make a request."""
+        if _bytes_waiting(self.transport):
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)  # type: ignore[attr-defined]
+            return
+        super().timeout_keep_alive_handler()  # type: ignore[misc]
+
     def shutdown(self) -> None:
         """At a graceful shutdown: an idle TLS connection is aborted, not closed. close() sends
         close_notify and waits (up to 30 s) for the peer's, which an idle keep-alive client never
@@ -419,6 +437,11 @@ class _GuardedConnection:
         if now < self._deadline:  # bytes arrived since the timer was set: sleep on
             self._timer = self.loop.call_at(self._deadline, self._check_deadline)
             return
+        if _bytes_waiting(self.transport):
+            # they arrived while this loop was stalled and are read in this iteration's poll
+            # (timers run first: see timeout_keep_alive_handler); judge the phase after that
+            self._timer = self.loop.call_later(_STALL_RECHECK_S, self._check_deadline)
+            return
         self.guard.note(f"closed: no complete request {self._phase} in time", self._ip, self.loop)
         if self._phase == "headers" and self._phase_bytes:
             # Part of a request came and no response is under way (headers phase): say why.
@@ -433,6 +456,21 @@ class _GuardedConnection:
         # problem JSON like every other error of the services.
         self.transport.write(closing_problem(ProblemError("malformed-request", msg)))
         self.transport.close()
+
+
+_STALL_RECHECK_S = 0.05
+
+
+def _bytes_waiting(transport: Any) -> bool:
+    """Whether the kernel holds bytes from the peer that this process has not read yet
+    (FIONREAD on the connection's socket; TLS records count as they arrived)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0] > 0
+    except (OSError, ValueError):  # closed meanwhile (fileno -1), or not a stream socket
+        return False
 
 
 def closing_problem(err: ProblemError) -> bytes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import resource
 import selectors
+import signal
 import socket
 import statistics
 import sys
@@ -94,6 +95,19 @@ def get_healthz(port: int) -> tuple[int | None, float]:
 
 def ms(latencies: list[float]) -> str:
     return f"p50 {statistics.median(latencies) * 1000:.2f} ms, max {max(latencies) * 1000:.2f} ms"
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response with a Content-Length body, read from a blocking socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
 
 
 def wait_closed(socks: list[socket.socket],
@@ -404,6 +418,41 @@ def test_bytes_that_are_not_http_get_problem_json(slow_server, garbage):
     finally:
         sock.close()
     assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+
+
+#: uvicorn's keep-alive timeout (its default; the services do not change it)
+KEEP_ALIVE_S = 5.0
+
+
+def test_a_request_that_arrived_while_the_server_was_stalled_is_answered(slow_server):
+    """A server whose own loop stalls (here SIGSTOP; in the field a long GC or GIL hold, a
+    starved or paused VM) past both its idle deadlines must still answer the requests that
+    arrived meanwhile. Under uvloop the due timers run before the poll that reads them, and the
+    keep-alive timeout and the idle-head deadline closed those connections with the request
+    unread: the kernel sent a reset and the client saw ReadError for a request it sent in time
+    (test_faults' 64-client load test met it under CI load). A connection that sent nothing is
+    still closed, without a reset."""
+    proc, _ = slow_server
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    waiting, idle = connect(proc.port), connect(proc.port)
+    try:
+        for sock in (waiting, idle):  # both keep-alive connections with one answered request
+            sock.sendall(request)
+            assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+        time.sleep(0.5)  # the server back in its poll with both timers armed (stopped mid-response
+        # it would read the request before any timer ran, and the test would show nothing)
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(KEEP_ALIVE_S + 1)  # past the keep-alive timeout and the 1 s head deadline
+            waiting.sendall(request)
+        finally:
+            os.kill(proc.proc.pid, signal.SIGCONT)
+        closed, got = wait_closed([waiting, idle], until=time.monotonic() + KEEP_ALIVE_S + 5)
+        assert got[waiting].startswith(b"HTTP/1.1 200 "), got[waiting]  # answered: not a reset
+        assert idle in closed and got[idle] == b""  # the idle one closed as before
+    finally:
+        waiting.close()
+        idle.close()
 
 
 def test_requests_past_the_in_flight_limit_get_problem_json():
