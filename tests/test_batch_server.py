@@ -335,9 +335,8 @@ def test_a_server_killed_after_acknowledging_a_batch_holds_it_and_decides_it(tri
     assert all(r.status_code == 200 for r in upload(trio, study, plan, batch))
     rows = row_ids(plan, batch)
     trio.procs[2].kill()  # the leader: its record is the shares, re-received after the restart
-    trio.procs[2].start()
     trio.procs[0].kill()
-    trio.procs[0].start()
+    start_all([trio.procs[2], trio.procs[0]])
     assert all(trio.held(j, study) == rows for j in range(3)) and trio.count(2, study) == M + 10
     decoded = [sections(study, a.content) for a in query(trio, study)]
     assert all(len(d[0]) == 0 and len(d[2]) == 1 for d in decoded)
