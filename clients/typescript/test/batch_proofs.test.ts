@@ -1,0 +1,106 @@
+/**
+ * conformance/batch_validity.json (spec batch-draft-3) and sealing.json's sealed batch record,
+ * byte for byte: the batch plan, the rows' noise from the noise key, grid units, the slack's
+ * roots, the helpers' seeds and blind, the headers, parts, wrap seed and bits, projections,
+ * digits, digits part, batch id, row ids, joint randomness, the leader's shares and every
+ * server's record; then the rows -> records vectors through the client's own path.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { sha256 } from "@noble/hashes/sha2.js";
+import { hex, unhex } from "../src/bytes.js";
+import { Keystream } from "../src/keystream.js";
+import { noisyRows } from "../src/batch.js";
+import { studyId, validateStudy, type Study } from "../src/study.js";
+import { fourSquareTable, TABLE_LIMIT } from "../src/validity/batch_circuit.js";
+import { batchId, helperShares, rowIds, studyBatchPlan, proveBatchRows } from "../src/validity/batch_validity.js";
+import { headerBytes, helperLength, leaderLength, records, sealedContent } from "../src/validity/batch_records.js";
+import { bits } from "../src/validity/wraparound.js";
+import { jointRand } from "../src/validity/flp.js";
+import { seal, type SealInput } from "../src/sealing/v4.js";
+import { keyId, type SuiteName } from "../src/sealing/suites.js";
+import { vectors } from "./helpers.js";
+
+const dec = (xs: bigint[]) => xs.map((x) => x.toString());
+
+test("the four-square table: every n up to 8191 exactly", () => {
+  const t = fourSquareTable();
+  for (let n = 0; n <= TABLE_LIMIT; n++) {
+    const [a, b, c, d] = t.subarray(4 * n, 4 * n + 4);
+    assert.equal(a * a + b * b + c * c + d * d, n);
+  }
+});
+
+for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_proof")) {
+  test(`batch_validity.json ${v.id}: plan, noise, proof and records byte for byte`, () => {
+    const study = v.study as Study;
+    validateStudy(study);
+    assert.equal(studyId(study), v.study_id);
+    const m = v.rows.length;
+    const plan = studyBatchPlan(study, m);
+    const c = plan.circuit;
+    const want = v.plan;
+    assert.deepEqual(
+      { m: c.m, w: c.w, r2: Number(c.r2), reps: c.reps, threshold: Number(c.threshold), n_servers: plan.nServers, shift: plan.shift, squares: c.squares, k: c.k,
+        rows_per_call: c.rowsPerCall, rows: c.rows, wrap_digits: c.wrapDigits, wrap_bound: Number(c.wrapBound), v_len: c.vLen, input_len: c.inputLen,
+        proof_len: c.proofLen, verifier_len: c.verifierLen, leader_length: leaderLength(plan), helper_length: helperLength(plan.nServers) },
+      Object.fromEntries(Object.entries(want).map(([k, x]) => [k, Number(x)])));
+    // the noise path (signs, then noise, from the noise key) and grid units
+    const noisy = noisyRows(study, v.rows, new Keystream(unhex(v.noise_key)));
+    assert.deepEqual(dec(Array.from(noisy.noisy)), v.encoded.flat().map(String));
+    const units = noisy.units(plan.shift);
+    assert.deepEqual(units.map((r) => r.map(String)), v.units.map((r: any[]) => r.map(String)));
+    const proved = proveBatchRows(plan, units, new Keystream(unhex(v.client_key)), Number(v.leader));
+    const rootsGot = [];
+    for (let i = 0; i < c.rows; i++) rootsGot.push(proved.prefix.slice(i * c.k + c.w, (i + 1) * c.k).map(String));
+    assert.deepEqual(rootsGot, v.roots.map((r: any[]) => r.map(String)));
+    assert.deepEqual(proved.prefix.map((x) => (x < 0n ? x + (1n << 64n) - (1n << 32n) + 1n : x).toString()), v.prefix.map(String));
+    for (const [j, s] of Object.entries(v.helper_seeds)) assert.equal(hex(proved.seeds[Number(j)]!), s);
+    assert.equal(hex(proved.blind), v.blind);
+    assert.equal(hex(plan.header), v.plan_header);
+    assert.equal(hex(headerBytes(plan, proved.leader)), v.record_header);
+    assert.deepEqual(proved.parts.map(hex), v.parts);
+    assert.equal(hex(proved.wrapSeed), v.wrap_seed);
+    const table = bits(proved.wrapSeed, c.reps, c.vLen);
+    assert.equal(table.length, Number(v.wrap_bits_bytes));
+    assert.equal(hex(table.subarray(0, 64)), v.wrap_bits_first);
+    assert.equal(hex(sha256(table)), v.wrap_bits_sha256);
+    assert.deepEqual(proved.projections.map(String), v.projections.map(String));
+    assert.deepEqual(dec(c.wrapInput(proved.projections)), v.wrap_input.map(String));
+    assert.equal(hex(proved.digitsPart), v.digits_part);
+    assert.equal(hex(proved.batchId), v.batch_id);
+    assert.equal(hex(batchId(proved.wrapSeed, proved.digitsPart)), v.batch_id);
+    assert.deepEqual(rowIds(proved.batchId, m).map(hex), v.row_ids);
+    assert.deepEqual(jointRand(c, proved.batchId).map((p) => dec(p)), v.joint_rand[0].map((p: any[]) => p.map(String)));
+    assert.deepEqual(dec(proved.leaderInputs), v.leader_inputs.map(String));
+    assert.deepEqual(dec(proved.leaderProof), v.leader_proof.map(String));
+    const recs = records(plan, proved);
+    for (const s of v.servers) {
+      const r = recs[Number(s.position)];
+      assert.equal(r.mediaType, s.media_type);
+      assert.equal(hex(r.body), s.record, `${v.id} server ${s.position}'s record`);
+      if (s.seed !== null) {
+        // a helper's shares expand from its seed
+        const e = helperShares(plan, unhex(s.seed));
+        assert.deepEqual(dec(e.slice(0, c.inputLen)), s.input_share.map(String));
+        assert.deepEqual(dec(e.slice(c.inputLen)), s.proof_share.map(String));
+      }
+    }
+  });
+}
+
+test("sealing.json sealed-batch-record-classical: a helper's batch record sealed as content 0x06 (docs/sealing.md 3b)", async () => {
+  const v = vectors("sealing.json").find((x) => x.id === "sealed-batch-record-classical")!;
+  const pk = unhex(v.public_key);
+  const bv = vectors("batch_validity.json").find((x) => x.id === v.batch_vector)!;
+  const rec = bv.servers[Number(v.position)];
+  assert.equal(rec.record, v.record);
+  assert.equal(sealedContent(v.media_type), Number(v.content));
+  const inp: SealInput = {
+    studyId: v.study_id, serverId: v.server_id, key: { suite: "classical" as SuiteName, keyId: keyId(pk), publicKey: pk },
+    content: sealedContent(v.media_type), reportIds: [unhex(v.batch_id)], plaintexts: [unhex(v.record)],
+  };
+  const body = await seal(inp, { batchId: unhex(v.header_batch_id), secret: unhex(v.secret), sealedSecret: unhex(v.sealed_secret) });
+  assert.equal(hex(body), v.body);
+});
+
