@@ -11,6 +11,7 @@ import { sha256 } from "@noble/hashes/sha2.js";
 import { hex, unhex } from "../src/bytes.js";
 import { Keystream } from "../src/keystream.js";
 import { noisyRows } from "../src/batch.js";
+import { prepareProofBatch } from "../src/proof_batch.js";
 import { studyId, validateStudy, type Study } from "../src/study.js";
 import { fourSquareTable, TABLE_LIMIT } from "../src/validity/batch_circuit.js";
 import { batchId, helperShares, rowIds, studyBatchPlan, proveBatchRows } from "../src/validity/batch_validity.js";
@@ -104,3 +105,23 @@ test("sealing.json sealed-batch-record-classical: a helper's batch record sealed
   assert.equal(hex(body), v.body);
 });
 
+
+for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_rows")) {
+  test(`batch_validity.json ${v.id}: raw rows and a client key to every server's record (prepareProofBatch)`, () => {
+    const study = v.study as Study;
+    validateStudy(study);
+    assert.equal(studyId(study), v.study_id);
+    const key = unhex(v.client_key);
+    const b = prepareProofBatch(study, v.rows, key, Number(v.leader));
+    assert.deepEqual(dec(Array.from(b.noisy)), v.encoded.flat().map(String));
+    assert.deepEqual(b.clamped, v.clamped.map(Number));
+    const plan = studyBatchPlan(study, v.rows.length);
+    assert.equal(plan.circuit.rowsPerCall, Number(v.plan.rows_per_call));
+    assert.equal(plan.circuit.rows, Number(v.plan.rows));
+    assert.deepEqual(b.records.map((r) => [r.position, r.mediaType, hex(r.body)]), v.records.map((r: any) => [Number(r.position), r.media_type, r.record]));
+    assert.equal(hex(b.batchId), v.batch_id);
+    assert.deepEqual(b.rowIds.map(hex), v.row_ids);
+    // the same key, the same bytes (a resent batch is the same batch)
+    assert.deepEqual(prepareProofBatch(study, v.rows, key, Number(v.leader)).records.map((r) => hex(r.body)), b.records.map((r) => hex(r.body)));
+  });
+}
