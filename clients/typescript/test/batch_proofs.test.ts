@@ -11,7 +11,8 @@ import { sha256 } from "@noble/hashes/sha2.js";
 import { hex, unhex } from "../src/bytes.js";
 import { Keystream } from "../src/keystream.js";
 import { noisyRows } from "../src/batch.js";
-import { prepareProofBatch } from "../src/proof_batch.js";
+import { prepareProofBatch, proofBatchRows } from "../src/proof_batch.js";
+import { Client, ProblemError } from "../src/index.js";
 import { studyId, validateStudy, type Study } from "../src/study.js";
 import { fourSquareTable, TABLE_LIMIT } from "../src/validity/batch_circuit.js";
 import { batchId, helperShares, rowIds, studyBatchPlan, proveBatchRows } from "../src/validity/batch_validity.js";
@@ -125,3 +126,92 @@ for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_r
     assert.deepEqual(prepareProofBatch(study, v.rows, key, Number(v.leader)).records.map((r) => hex(r.body)), b.records.map((r) => hex(r.body)));
   });
 }
+
+// --- the Client on a study with batch proofs (a fake fetch, no network) ------------------------------
+
+const bstudy = vectors("batch_validity.json").find((x) => x.id === "three-servers-leader-last")!.study as Study;
+const bid = studyId(bstudy);
+const burls = ["http://s0.test", "http://s1.test", "http://s2.test"];
+
+function batchFetch(post: (j: number, body: Uint8Array, type: string, attempt: number) => Response | null, log: { j: number; type: string; body: Uint8Array }[]) {
+  const attempts = new Map<number, number>();
+  return async (url: string, init: RequestInit): Promise<Response> => {
+    const j = burls.findIndex((u) => url.startsWith(u));
+    const path = url.slice(burls[j].length);
+    const json = (o: unknown, status = 200) => new Response(JSON.stringify(o), { status, headers: { "Content-Type": "application/json" } });
+    if (init.method === "GET" && path === `/v1/studies/${bid}`) return json({ study_id: bid, server_id: bstudy.servers[j], status: "open", study: bstudy, hpke: null });
+    if (init.method === "GET" && path === "/v1/info") return json({ server_id: bstudy.servers[j], policy: null });
+    if (init.method === "POST" && path === `/v1/studies/${bid}/batches`) {
+      const body = init.body as Uint8Array;
+      const type = (init.headers as Record<string, string>)["Content-Type"];
+      log.push({ j, type, body });
+      const a = (attempts.get(j) ?? 0) + 1;
+      attempts.set(j, a);
+      const got = post(j, body, type, a);
+      if (got) return got;
+      // a batch record counts its m rows (the header's first u32); per-report records one each
+      const m = type.includes("proof-batch") ? new DataView(body.buffer, body.byteOffset).getUint32(0, true) : -1;
+      return json({ accepted: m, duplicates: 0, report_count: m });
+    }
+    return json({ type: "urn:dpsketch:problem:not-found", status: 404 }, 404);
+  };
+}
+
+const brows = Array.from({ length: 10 }, (_, i) => [0.05 * i, -0.03 * i, 0.2, 0.1]);
+
+test("Client.submit on a batch_proofs study: one record a server a batch, the leader rotating, retries and reruns byte-identical", async () => {
+  const log: { j: number; type: string; body: Uint8Array }[] = [];
+  const fetch = batchFetch((j, _b, _t, a) => (j === 1 && a === 1
+    ? new Response(JSON.stringify({ type: "urn:dpsketch:problem:unavailable", status: 503 }), { status: 503, headers: { "Retry-After": "0" } }) : null), log);
+  const c = await Client.connect({ studyId: bid, servers: burls.map((url) => ({ url })), fetch, retry: { backoff: 0.001 } });
+  const r = await c.submit(brows, { batchSize: 4 });
+  assert.deepEqual(r.accepted, [10, 10, 10]);
+  assert.equal(r.reportIds.length, 10);
+  // batch b's leader record (application/x-dpsketch-proof-batch) at server b mod 3, seeds elsewhere
+  const firsts = log.filter((e, i) => log.findIndex((f) => f.j === e.j && hex(f.body) === hex(e.body)) === i);
+  assert.equal(firsts.length, 9);
+  for (const e of firsts) {
+    const dv = new DataView(e.body.buffer, e.body.byteOffset);
+    const m = dv.getUint32(0, true), leader = dv.getUint32(36, true);
+    assert.equal(e.type === "application/x-dpsketch-proof-batch", leader === e.j);
+    assert.ok(m === 4 || m === 2);
+  }
+  const leaders = firsts.filter((e) => e.type === "application/x-dpsketch-proof-batch").map((e) => e.j);
+  assert.deepEqual(leaders.sort(), [0, 1, 2]);
+  // the 503 at server 1: the very same bytes again
+  const toS1 = log.filter((e) => e.j === 1).map((e) => hex(e.body));
+  assert.equal(toS1.length, 4);
+  assert.equal(toS1[0], toS1[1]);
+  // a rerun with the same secret sends the same records and row ids
+  const log2: { j: number; type: string; body: Uint8Array }[] = [];
+  const c2 = await Client.connect({ studyId: bid, servers: burls.map((url) => ({ url })), fetch: batchFetch(() => null, log2) });
+  const r2 = await c2.submit(brows, { batchSize: 4, secret: r.secret });
+  assert.deepEqual(r2.reportIds, r.reportIds);
+  assert.deepEqual(new Set(log2.map((e) => hex(e.body))), new Set(firsts.map((e) => hex(e.body))));
+});
+
+test("a proved batch is not cut on 413 (the problem stands); batchProofs: false sends per-report records", async () => {
+  const log: { j: number; type: string; body: Uint8Array }[] = [];
+  const fetch = batchFetch((j) => (j === 0 ? new Response(JSON.stringify({ type: "urn:dpsketch:problem:payload-too-large", status: 413 }), { status: 413 }) : null), log);
+  const c = await Client.connect({ studyId: bid, servers: burls.map((url) => ({ url })), fetch });
+  await assert.rejects(c.submit(brows), (e: unknown) => e instanceof ProblemError && e.status === 413);
+  assert.equal(log.filter((e) => e.j === 0).length, 1);
+  const plain: { j: number; type: string; body: Uint8Array }[] = [];
+  const perReport = batchFetch((_j, body, type) => {
+    const m = type === "application/x-dpsketch-seeds" ? body.length / (16 + 48 + 32) : 10;
+    return new Response(JSON.stringify({ accepted: m, duplicates: 0, report_count: 0 }), { status: 200 });
+  }, plain);
+  const c2 = await Client.connect({ studyId: bid, servers: burls.map((url) => ({ url })), fetch: perReport });
+  const r = await c2.submit(brows, { batchProofs: false, batchSize: 10 });
+  assert.deepEqual(new Set(plain.map((e) => e.type)), new Set(["application/x-dpsketch-shares", "application/x-dpsketch-seeds"]));
+  assert.equal(r.reportIds.length, 10);
+});
+
+test("proofBatchRows: the SDK's default (the leader's record within 8 MiB, at most 100,000 rows), or batchSize", () => {
+  // client_sdk.upload.proof_batch_rows gives 100,000 for this study (w = 4: 72 bytes a row)
+  const m = proofBatchRows(bstudy);
+  assert.equal(m, 100_000);
+  assert.ok(leaderLength(studyBatchPlan(bstudy, m)) <= 8 << 20);
+  assert.equal(proofBatchRows(bstudy, 5), 5);
+  assert.throws(() => proofBatchRows(bstudy, 0), /at least 1/);
+});
