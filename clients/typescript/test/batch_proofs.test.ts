@@ -215,3 +215,12 @@ test("proofBatchRows: the SDK's default (the leader's record within 8 MiB, at mo
   assert.equal(proofBatchRows(bstudy, 5), 5);
   assert.throws(() => proofBatchRows(bstudy, 0), /at least 1/);
 });
+
+test("the study member: batch_proofs only with validity on a sketch or l1 study without parties; false reads as absent", () => {
+  const { batch_proofs: _bp, ...without } = bstudy;
+  assert.equal(studyId({ ...without, batch_proofs: false }), studyId(without as Study));
+  assert.notEqual(studyId(bstudy), studyId(without as Study));
+  assert.throws(() => validateStudy({ ...bstudy, validity: undefined }), /batch_proofs only with validity/);
+  assert.throws(() => validateStudy({ ...bstudy, batch_proofs: "yes" as unknown as boolean }), /batch_proofs is a boolean/);
+  assert.throws(() => prepareProofBatch(without as Study, brows, new Uint8Array(32), 0), /does not take batch proofs/);
+});
