@@ -12,7 +12,9 @@ A validity study (sketch; marginal histogram; gram, with the Python SDK's report
 Node client's proofs pass every server's verification round. A study with parties: one party's
 blocks sealed from Node, the other's sealed by the Python SDK, joined by pseudonym; with validity
 and signs, Node's proved blocks are the Python SDK's bytes from the same key, and a Node party's
-proved blocks (plain and sealed) and a Python party's pass every server's round and join exactly. (c) Headless
+proved blocks (plain and sealed) and a Python party's pass every server's round and join exactly.
+A study with batch proofs: Node's whole-batch proofs (plain, the leader rotating, and sealed) and
+the Python SDK's batches are every one decided, and the release is their exact sum. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows to the share servers across origins (they allow the page's origin by CORS,
 $DPSKETCH_CORS_ORIGINS); exact release.

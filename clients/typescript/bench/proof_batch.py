@@ -58,7 +58,7 @@ def run(d: int, repeats: int, rows_override: int | None) -> dict:
     node = []
     try:
         for _ in range(repeats):
-            out = subprocess.run(["node", "--max-old-space-size=8192", "dist-test/bench/proof_batch.js", f.name],
+            out = subprocess.run(["node", "dist-test/bench/proof_batch.js", f.name],
                                  cwd=HERE.parent, capture_output=True, text=True, check=True)
             node.append(json.loads(out.stdout))
     finally:
