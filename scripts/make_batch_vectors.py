@@ -21,6 +21,11 @@ record (media type and hex bytes), input and proof shares (a helper's expanded f
 coordinate shares, at a fixed query seed each server's
 verifier share, their sum and the decision, and the decision with the leader's first proof
 element plus one. Field elements are decimal strings, F_(p^2) elements pairs [c0, c1].
+
+Vectors of type ``batch_rows`` start from raw rows and one client key instead, through the path a
+client runs (report.prepare_proof_batch, one keystream for the signs, the noise, the seeds, the
+blind and the prove randomness), to every server's record, the batch id and the row ids; the
+second has m = 15 rows in calls of L = 2, so one padding row.
 """
 
 from __future__ import annotations
@@ -134,6 +139,30 @@ def batch_vector(label: str, servers: list[str], leader: int, rows: list[list[fl
     }
 
 
+def rows_vector(label: str, study_label: str, servers: list[str], leader: int, rows: list[list[float]]) -> dict:
+    """Raw rows and one keystream key to every server's record through the one path a client runs
+    (report.prepare_proof_batch: map and clip, the secret signs, the noise, then the helpers'
+    seeds, the leader's blind and the prove randomness, all from Keystream.from_key(client_key)):
+    what an independent client must reproduce from the rows alone. The noisy ring vectors (the
+    same first draws) are given too, to tell a noise difference from a proof difference."""
+    study = study_of(study_label, servers)
+    key = _fixed(label + "/client")
+    a = np.array(rows, dtype=np.float64)
+    batch = report.prepare_proof_batch(study, a, Keystream.from_key(key), leader)
+    plan = batch_validity.study_plan(study, len(rows))
+    encoded = report._noisy_rows(study, a, Keystream.from_key(key)).encoded
+    return {
+        "id": label, "type": "batch_rows", "study": study.model_dump(mode="json"), "study_id": study.study_id,
+        "rows": rows, "client_key": key.hex(), "leader": batch.leader,
+        "plan": {"m": plan.m, "rows_per_call": plan.circuit.rows_per_call, "rows": plan.circuit.rows,
+                 "input_len": plan.circuit.input_len, "proof_len": plan.circuit.proof_len},
+        "encoded": _dec(encoded),
+        "records": [{"position": j, "media_type": mt, "record": body.hex()} for j, (mt, body) in enumerate(batch.records)],
+        "batch_id": batch.batch_id.hex(), "row_ids": [r.hex() for r in batch.report_ids],
+        "clamped": [int(c) for c in batch.clamped], "clipped": int(batch.clipped),
+    }
+
+
 def vectors() -> dict:
     return {
         "format": "dpsketch-conformance/1",
@@ -149,13 +178,20 @@ def vectors() -> dict:
             "drawn in this order: the helpers' 32-byte seeds (helper by helper in position order), "
             "the leader's 32-byte blind, then the prove randomness (flp.prove_rand). wrap_bits_first: the first bytes of the "
             "(ceil(v_len / 8), r + 1) table, row-major. roots: each row's slack's roots (padding rows "
-            "too). tampered_decision: the leader's first proof element plus one."),
+            "too). tampered_decision: the leader's first proof element plus one. Vectors of type batch_rows "
+            "start from raw rows instead: one keystream (Keystream.from_key(client_key)) gives the secret signs, "
+            "the noise, then the seeds, the blind and the prove randomness (report.prepare_proof_batch), and "
+            "every server's record follows; encoded: the noisy ring vectors on the way."),
         "tolerance_rule": "exact",
         "vectors": [
             batch_vector("two-servers", ["s0", "s1"], 0,
                          [[0.3, -0.2, 0.5, 0.1], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]),
             batch_vector("three-servers-leader-last", ["s0", "s1", "s2"], 2,
                          [[-0.6, 0.1, 0.2, 0.3], [0.5, -0.5, 0.5, -0.5], [0.9, 0.0, -0.1, 0.2]]),
+            rows_vector("rows-two-servers", "two-servers", ["s0", "s1"], 1,
+                        [[0.3, -0.2, 0.5, 0.1], [3.0, 0.0, 0.0, 4.0], [-0.25, 0.5, 0.0, -0.75]]),
+            rows_vector("rows-three-servers-padding", "three-servers-leader-last", ["s0", "s1", "s2"], 0,
+                        [[round(0.07 * ((5 * i + j) % 13) - 0.4, 2) for j in range(4)] for i in range(15)]),
         ],
     }
 

@@ -22,6 +22,9 @@ from dpsketch.protocol.study import Study, design
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = json.loads((ROOT / "conformance" / "batch_validity.json").read_text())
+#: the vectors from noisy ring vectors (type batch_proof) and from raw rows (type batch_rows)
+PROOF_VECTORS = [v for v in VECTORS["vectors"] if v["type"] == "batch_proof"]
+ROWS_VECTORS = [v for v in VECTORS["vectors"] if v["type"] == "batch_rows"]
 SEED = "ab" * 32
 
 
@@ -46,6 +49,41 @@ def batch():
 
 # --- the vectors ----------------------------------------------------------------------------------
 
+def test_rows_vectors_are_batches_the_servers_accept():
+    """The batch_rows vectors (raw rows and one client key to every record, what the TypeScript
+    client reproduces): every record is received at its server with the vector's batch id, the
+    row ids are the batch id's, the records are report.prepare_proof_batch's for the key, the
+    second has a padding row, and the servers' verifier shares decide the batch true (and false
+    with the leader's last proof element changed)."""
+    from dpsketch.protocol import report
+
+    assert [v["id"] for v in ROWS_VECTORS] == ["rows-two-servers", "rows-three-servers-padding"]
+    assert ROWS_VECTORS[1]["plan"]["rows"] > ROWS_VECTORS[1]["plan"]["m"]
+    for vec in ROWS_VECTORS:
+        study = Study.model_validate(vec["study"])
+        assert study.study_id == vec["study_id"]
+        rows = np.array(vec["rows"], dtype=np.float64)
+        again = report.prepare_proof_batch(study, rows, Keystream.from_key(bytes.fromhex(vec["client_key"])),
+                                           vec["leader"])
+        assert [(mt, b.hex()) for mt, b in again.records] == [(r["media_type"], r["record"]) for r in vec["records"]]
+        bid = bytes.fromhex(vec["batch_id"])
+        assert [r.tobytes().hex() for r in batch_validity.row_ids(bid, len(rows))] == vec["row_ids"]
+        query_seed = hashlib.sha256(b"rows-vector-query").digest()
+        messages = []
+        for r in vec["records"]:
+            rec, plan, got = br.receive(study, r["position"], r["media_type"], bytes.fromhex(r["record"]))
+            assert got.batch_id == bid
+            messages.append((got.batch_id, batch_validity.verifier_share(plan, got, query_seed)))
+            if r["position"] == vec["leader"]:
+                proof = got.proof.copy()
+                proof[-1] = field.add(proof[-1], np.uint64(1))
+                forged = batch_validity.ServerBatch(got.position, got.inputs, proof, got.wrap_seed, got.batch_id)
+                forged_share = batch_validity.verifier_share(plan, forged, query_seed)
+        assert batch_validity.decide(plan, messages)
+        tampered = [(b, forged_share if j == vec["leader"] else v) for j, (b, v) in enumerate(messages)]
+        assert not batch_validity.decide(plan, tampered)
+
+
 def test_generator_reproduces_the_vectors():
     """What scripts/make_batch_vectors.py --check compares (in this process): the file is what the
     core and the records give now."""
@@ -59,8 +97,8 @@ def test_generator_reproduces_the_vectors():
 def test_vectors_hold_what_the_document_promises():
     """Each vector's record bytes decode at their server to its fields, the decision is true and the
     tampered one false, and the record header's layout is the byte table's."""
-    assert [v["plan"]["n_servers"] for v in VECTORS["vectors"]] == [2, 3]
-    for vec in VECTORS["vectors"]:
+    assert [v["plan"]["n_servers"] for v in PROOF_VECTORS] == [2, 3]
+    for vec in PROOF_VECTORS:
         study = Study.model_validate(vec["study"])
         assert study.study_id == vec["study_id"] and study.batch_proofs
         assert vec["decision"] is True and vec["tampered_decision"] is False
@@ -297,7 +335,7 @@ def test_the_leaders_part_hides_the_rows_from_the_helpers():
 def test_a_records_batch_id_is_read_from_its_header_and_parts_alone():
     """batch_id_of (what a server judges a record's quota by, before receive) gives the vectors'
     batch ids from every server's record, and from a record cut right after its digits part."""
-    for vec in VECTORS["vectors"]:
+    for vec in PROOF_VECTORS:
         n = vec["plan"]["n_servers"]
         for srv in vec["servers"]:
             body = bytes.fromhex(srv["record"])

@@ -12,7 +12,9 @@ A validity study (sketch; marginal histogram; gram, with the Python SDK's report
 Node client's proofs pass every server's verification round. A study with parties: one party's
 blocks sealed from Node, the other's sealed by the Python SDK, joined by pseudonym; with validity
 and signs, Node's proved blocks are the Python SDK's bytes from the same key, and a Node party's
-proved blocks (plain and sealed) and a Python party's pass every server's round and join exactly. (c) Headless
+proved blocks (plain and sealed) and a Python party's pass every server's round and join exactly.
+A study with batch proofs: Node's whole-batch proofs (plain, the leader rotating, and sealed) and
+the Python SDK's batches are every one decided, and the release is their exact sum. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows to the share servers across origins (they allow the page's origin by CORS,
 $DPSKETCH_CORS_ORIGINS); exact release.
@@ -666,3 +668,68 @@ def test_readme_node_snippet_runs_as_written(built_package, exact_cluster):
     assert "2/2" in r.stdout and "[ 2, 2, 2 ] [ 0, 0, 0 ]" in r.stdout, r.stdout
     for url in c.server_urls:
         assert httpx.get(f"{url}/v1/studies/{study_id}").json()["report_count"] == 2
+
+
+def test_batch_proofs_study_node_and_python_batches_are_decided_and_release_exactly(built_package, exact_cluster):
+    """A study with batch proofs (docs/protocol.md section 4d): the Node client proves each batch
+    whole and posts one record a server (plain in batches of 60, the leader rotating, then sealed
+    classical in its default batch size: one batch), the Python SDK's prepare_proof_batch two
+    batches of its own; a resend with the same secret stores nothing new. At finalize every row
+    is decided and none refused, and the release is exactly the ring sketch of Node's noisy
+    vectors and of the Python batches' rows (their coordinate shares, as each server reads its
+    record, added), hashed by the rows' ids."""
+    from dpsketch.client_sdk import prepare_proof_batch
+    from dpsketch.protocol import batch_records, batch_validity, field, validity
+    from dpsketch.protocol.keystream import Keystream
+
+    c = exact_cluster
+    n_py, parts = 160, [("none", 150, 60), ("classical", 100, None)]
+    n = n_py + sum(p[1] for p in parts)
+    study = _validity_study(c, "ts batch proofs", n, batch_proofs=True, min_reports=3 * n // 4, epsilon_floor=None)
+    assert study.batch_proofs and study.server_sigma == 0
+    tokens = c.upload_tokens(study.study_id, quota=None)
+    endpoints = [{"url": u, "token": t} for u, t in zip(c.server_urls, tokens)]
+    rng = np.random.default_rng(4046)
+    ts_ids: list[bytes] = []
+    ts_vectors: list[list[int]] = []
+    first = None
+    for sealing, m, batch_size in parts:
+        rows = 0.9 * rng.uniform(-1, 1, size=(m, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+        out = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows.tolist(),
+                           "sealing": sealing, "batchSize": batch_size})
+        assert out["accepted"] == [m] * 3 and out["duplicates"] == [0] * 3, out
+        assert len(out["progress"]) == (-(-m // batch_size) if batch_size else 1)
+        ts_ids += [bytes.fromhex(i) for i in out["reportIds"]]
+        ts_vectors += [[int(x) for x in v] for v in out["vectors"]]
+        first = first or (rows, out, sealing, batch_size)
+    rows, out, sealing, batch_size = first
+    again = node_submit({"studyId": study.study_id, "servers": endpoints, "rows": rows.tolist(),
+                         "sealing": sealing, "batchSize": batch_size, "secret": out["secret"]})
+    assert again["reportIds"] == out["reportIds"]
+    assert again["accepted"] == [0] * 3 and again["duplicates"] == [len(rows)] * 3, again
+
+    py_ids: list[bytes] = []
+    py_encoded = []
+    for b in range(2):
+        py_rows = 0.9 * rng.uniform(-1, 1, size=(n_py // 2, len(COLUMNS))) / np.sqrt(len(COLUMNS))
+        batch = prepare_proof_batch(study, py_rows, stream=Keystream.from_key(bytes([b + 1]) * 32), leader=b)
+        summed = None
+        for j, (url, token) in enumerate(zip(c.server_urls, tokens)):
+            r = httpx.post(f"{url}/v1/studies/{study.study_id}/batches", content=batch.body(j), timeout=60,
+                           headers={"Content-Type": batch.media_type(j), "Authorization": f"Bearer {token}"})
+            assert r.status_code == 200 and r.json()["accepted"] == n_py // 2, r.text
+            _rec, plan, mine = batch_records.receive(study, j, batch.media_type(j), batch.body(j))
+            coords = batch_validity.coordinate_shares(plan, mine)
+            summed = coords if summed is None else field.add(summed, coords)
+        py_ids += batch.report_ids
+        py_encoded.append(validity.to_ring(summed))
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)  # the verification round: each batch decided whole
+        assert fin["state"] == "released" and fin["n_reports"] == n, fin
+        assert fin["verification"]["decided"] == n and fin["verification"]["refused"] == 0, fin["verification"]
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    ids = ts_ids + py_ids
+    encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64)] + py_encoded)
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)

@@ -1,5 +1,6 @@
 // Submit rows through the package, for the interop test (tests/test_ts_client.py): reads
-// {"studyId", "servers": [{"url", "token"}], "rows", "sealing"?, "secret"? (hex), "batchSize"?}
+// {"studyId", "servers": [{"url", "token"}], "rows", "sealing"?, "secret"? (hex), "batchSize"? (null: the
+// client's default), "batchProofs"? (false: per-report proofs in a study with batch proofs)}
 // as JSON on stdin and prints {"reportIds", "accepted", "duplicates", "secret", "vectors", "progress"}.
 import { Client, hex, unhex } from "../dist/index.js";
 
@@ -10,7 +11,8 @@ const client = await Client.connect({ studyId: cfg.studyId, servers: cfg.servers
 const progress = [];
 const retries = [];
 const opts = {
-  batchSize: cfg.batchSize ?? 1000,
+  batchSize: cfg.batchSize === null ? undefined : cfg.batchSize ?? 1000,
+  batchProofs: cfg.batchProofs,
   secret: cfg.secret ? unhex(cfg.secret) : undefined,
   keepVectors: true,
   onProgress: (p) => progress.push(p),

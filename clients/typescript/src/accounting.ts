@@ -200,6 +200,8 @@ export function tailDelta(study: Study): number {
     if (sd > 0) mp += count * tailProbability(gridScale(sd, h), Math.max(0, Math.floor((20 * sd) / h) - 1));
   }
   if (study.validity !== undefined) mp += study.max_reports * 2 ** REFUSAL_LOG2;
+  // and each batch of a study with batch proofs redrawn for a wrap-around projection outside T
+  if (study.batch_proofs) mp += study.max_reports * 2 ** REFUSAL_LOG2;
   if (mp >= 1) return Infinity;
   return ((Math.exp(Math.min(study.epsilon, 700)) + 1) * mp) / (1 - mp);
 }

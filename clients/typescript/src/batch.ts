@@ -49,22 +49,61 @@ export function plainBody(reportIds: Uint8Array[], sb: ServerBatch): Uint8Array 
   return concat(...parts);
 }
 
-export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][], key: Uint8Array, opts: BatchOptions): PreparedBatch {
-  const plan = noisePlan(study);
-  const W = plan.width;
+export interface NoisyRows {
+  /** the rows' vectors before sign and noise */
+  vectors: number[][];
+  /** a study with proved features: the clipped rows (the witness's source) */
+  clippedRows: number[][] | null;
+  signs: number[] | null;
+  /** the noisy ring vectors (row-major) and their 32-bit halves */
+  noisy: BigUint64Array;
+  halves: Uint32Array;
+  clamped: number[];
+  /** the noisy vectors in grid units (validity.grid_units), m rows of W integers */
+  units(shift: number): bigint[][];
+}
+
+/**
+ * Steps 1 and 2 of the draw order from `ks`: map (clip, features), secret signs, then noise;
+ * what every path (per-report shares, per-report proofs, batch proofs) starts from.
+ */
+export function noisyRows(study: Study, rows: RawValue[][], ks: Keystream): NoisyRows {
+  const W = noisePlan(study).width;
   const m = rows.length;
-  const N = study.servers.length;
   const mp = mapper(study);
   // a study with proved features: its proof multiplies the clipped rows (the witness)
   const clippedRows = provedFeatures(study) ? rows.map((r) => mp.clipped(r)) : null;
   const vectors = clippedRows ? clippedRows.map((a) => mp.features(a)) : rows.map((r) => mp.vector(r));
-  const ks = new Keystream(key);
   let signs: number[] | null = null;
   if (study.secret_sign) {
     const bits = ks.bits(m);
     signs = Array.from(bits, (b) => (b ? -1 : 1));
   }
   const { noisy, halves } = encodeNoisy(study, vectors, signs, ks, W);
+  const units = (shift: number): bigint[][] => {
+    const out: bigint[][] = [];
+    const s = BigInt(shift);
+    for (let i = 0; i < m; i++) {
+      const row: bigint[] = [];
+      for (let j = 0; j < W; j++) {
+        const x = BigInt.asIntN(64, noisy[i * W + j]);
+        if (x % (1n << s) !== 0n) throw new Error("a value is not on the study's noise grid");
+        row.push(x >> s);
+      }
+      out.push(row);
+    }
+    return out;
+  };
+  return { vectors, clippedRows, signs, noisy, halves, clamped: mp.clamped, units };
+}
+
+export function prepareBatch(study: Study, studyIdHex: string, rows: RawValue[][], key: Uint8Array, opts: BatchOptions): PreparedBatch {
+  const W = noisePlan(study).width;
+  const m = rows.length;
+  const N = study.servers.length;
+  const ks = new Keystream(key);
+  const { vectors, clippedRows, signs, noisy, halves, clamped } = noisyRows(study, rows, ks);
+  const mp = { clamped };
   if (study.validity !== undefined) return provedBatch(study, studyIdHex, noisy, ks, opts.full ?? N - 1, signs, mp.clamped, study.kind === "histogram" ? vectors : null, clippedRows);
   const servers = shareAndSalt(halves, m, W, N, ks, opts.full);
   const reportIds: Uint8Array[] = [];

@@ -4,6 +4,8 @@
  * recompute them; each server's published policy; open for uploads; sealing keys), then submit rows in batches: each batch keyed from a submission secret
  * (so a rerun with the same secret rebuilds the same reports and nothing is counted twice), the
  * full share rotating over the servers, sealed or not, every POST retried, progress reported.
+ * A study with batch proofs gets proved batches (section 4d): one record a server a batch, the
+ * leader rotating over the servers batch by batch.
  */
 import { hmac } from "@noble/hashes/hmac.js";
 import { sha256 } from "@noble/hashes/sha2.js";
@@ -16,6 +18,8 @@ import * as sealedLayout from "./sealing/v4.js";
 import { checkDistinctKeys, currentKey, type HpkeKeys, type ServerKey, type SuiteName } from "./sealing/suites.js";
 import { checkPromise, type PromiseCheck } from "./accounting.js";
 import { studyId, validateStudy, width, type Study } from "./study.js";
+import { prepareProofBatch, proofBatchRows, type ProofBatch } from "./proof_batch.js";
+import { sealedContent } from "./validity/batch_records.js";
 import { DEFAULT_RETRY, getJson, ProblemError, request, type FetchLike, type RetryPolicy, type UploadResult } from "./upload.js";
 
 export interface ServerEndpoint {
@@ -43,7 +47,7 @@ export interface Progress {
 }
 
 export interface SubmitOptions {
-  /** rows per batch (default 1000) */
+  /** rows per batch (default 1000; a study with batch proofs: proofBatchRows, the leader's record within 8 MiB) */
   batchSize?: number;
   /**
    * 32-byte submission secret: batch b is keyed HMAC-SHA256(secret, "dpsketch/submission-batch/1"
@@ -55,6 +59,11 @@ export interface SubmitOptions {
   onRetry?: (server: string, attempt: number, why: string) => void;
   /** keep each batch's noisy ring vectors in the result (tests and audits of one's own reports) */
   keepVectors?: boolean;
+  /**
+   * A study with batch proofs (docs/protocol.md section 4d): true (default) proves each batch
+   * whole, one record a server; false proves each row on its own (per-report records, section 4c).
+   */
+  batchProofs?: boolean;
 }
 
 export interface SubmitResult {
@@ -184,9 +193,73 @@ export class Client {
     }
   }
 
+  /** Server j's body of a proved batch: its record, plaintext or sealed (docs/sealing.md section 3b: content 0x05 or 0x06, the batch id in the clear). */
+  async proofBatchBody(p: ProofBatch, j: number): Promise<{ body: Uint8Array; type: string }> {
+    const rec = p.records[j];
+    if (!this.keys) return { body: rec.body, type: rec.mediaType };
+    const body = await sealedLayout.seal({
+      studyId: this.studyId,
+      serverId: this.study.servers[j],
+      key: this.keys[j],
+      content: sealedContent(rec.mediaType),
+      reportIds: [p.batchId],
+      plaintexts: [rec.body],
+    });
+    return { body, type: sealedLayout.MEDIA_TYPE };
+  }
+
+  /** POST a proved batch's record to server j. One proof covers its rows: a 413 stands (a smaller batchSize is the remedy). */
+  private async postProofBatch(p: ProofBatch, j: number, onRetry?: SubmitOptions["onRetry"]): Promise<UploadResult> {
+    const e = this.endpoints[j];
+    const { body, type } = await this.proofBatchBody(p, j);
+    const headers: Record<string, string> = { "Content-Type": type, Accept: "application/json" };
+    if (e.token) headers.Authorization = `Bearer ${e.token}`;
+    const resp = await request(this.fetchFn, `${e.url}/v1/studies/${this.studyId}/batches`, { method: "POST", headers, body: body as unknown as BodyInit }, this.retry,
+      (a, why) => onRetry?.(this.study.servers[j], a, why));
+    const r = (await resp.json()) as UploadResult;
+    const m = p.rowIds.length;
+    if (r.accepted + r.duplicates !== m) throw new Error(`${e.url} acknowledged ${r.accepted} + ${r.duplicates} of a proved batch of ${m} rows`);
+    return r;
+  }
+
+  /**
+   * A study with batch proofs: each batch of rows (batchSize, default proofBatchRows: the leader's
+   * record within 8 MiB) proved whole from its batch key, the leader at server b mod N, one record
+   * to each server. The ids are the rows' (hashes of the batch id and the row's index).
+   */
+  private async submitProofBatches(rows: RawValue[][], opts: SubmitOptions, secret: Uint8Array): Promise<SubmitResult> {
+    const N = this.study.servers.length;
+    const batchSize = proofBatchRows(this.study, opts.batchSize);
+    const batches = Math.ceil(rows.length / batchSize);
+    const accepted = new Array(N).fill(0), duplicates = new Array(N).fill(0);
+    const reportIds: string[] = [];
+    const clamped = new Array(this.study.columns.length).fill(0);
+    const vectors: bigint[][] = [];
+    const W = width(this.study);
+    for (let b = 0; b < batches; b++) {
+      const chunk = rows.slice(b * batchSize, (b + 1) * batchSize);
+      const p = prepareProofBatch(this.study, chunk, batchKey(secret, b), b % N);
+      p.clamped.forEach((c, i) => (clamped[i] += c));
+      const results = await Promise.all(p.records.map((_, j) => this.postProofBatch(p, j, opts.onRetry)));
+      results.forEach((r, j) => {
+        accepted[j] += r.accepted;
+        duplicates[j] += r.duplicates;
+      });
+      for (const id of p.rowIds) reportIds.push(hex(id));
+      if (opts.keepVectors) for (let i = 0; i < chunk.length; i++) vectors.push(Array.from(p.noisy.subarray(i * W, (i + 1) * W)));
+      opts.onProgress?.({ batch: b + 1, batches, rowsDone: Math.min(rows.length, (b + 1) * batchSize), rowsTotal: rows.length, accepted: accepted.slice(), duplicates: duplicates.slice() });
+    }
+    return { reportIds, accepted, duplicates, secret, clamped, ...(opts.keepVectors ? { vectors } : {}) };
+  }
+
   async submit(rowsIn: (RawValue[] | Record<string, RawValue>)[], opts: SubmitOptions = {}): Promise<SubmitResult> {
     if (this.study.parties) throw new Error("a study with parties takes blocks: submitBlocks(party, ...)");
     const rows = this.toArrays(rowsIn);
+    if (this.study.batch_proofs && opts.batchProofs !== false) {
+      const secret = opts.secret ?? randomBytes(32);
+      if (secret.length !== 32) throw new Error("the submission secret is 32 bytes");
+      return this.submitProofBatches(rows, opts, secret);
+    }
     const batchSize = opts.batchSize ?? 1000;
     if (!(batchSize >= 1)) throw new Error("batchSize must be at least 1");
     const secret = opts.secret ?? randomBytes(32);

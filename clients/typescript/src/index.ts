@@ -15,3 +15,6 @@ export { addRemoveStudyEpsilon, checkPromise, replaceOneEpsilon, gaussianEpsilon
 export { pseudonym, partySigns, prepareBlocks, blocksBody, blockMediaType, blocksMediaType, type BlockOptions, type PreparedBlocks } from "./parties.js";
 export { blockPrefixes, blockId } from "./binding.js";
 export { partyPlan, validityPlan, type ValidityPlan } from "./validity/study.js";
+export { prepareProofBatch, proofBatchRows, maxRows, type ProofBatch } from "./proof_batch.js";
+export { studyBatchPlan, proveBatchRows, rowIds, type BatchPlan, type ProvedBatch } from "./validity/batch_validity.js";
+export { records as batchRecords, LEADER_MEDIA_TYPE as PROOF_BATCH_TYPE, HELPER_MEDIA_TYPE as PROOF_BATCH_SEED_TYPE, type BatchRecord } from "./validity/batch_records.js";

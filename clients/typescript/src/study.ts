@@ -51,9 +51,11 @@ export interface Study {
   frac_bits: number;
   secret_sign?: boolean;
   validity?: string;
+  /** batch proofs (docs/protocol.md section 4d): only with validity, in a sketch or l1 study without parties */
+  batch_proofs?: boolean;
 }
 
-const OPTIONAL = ["bounds", "histogram", "l1", "parties", "population", "validity", "secret_sign"];
+const OPTIONAL = ["bounds", "histogram", "l1", "parties", "population", "validity", "secret_sign", "batch_proofs"];
 const REQUIRED = ["protocol", "name", "columns", "label", "row_bound", "kind", "k", "s", "seed", "epsilon", "delta",
   "neighbouring", "lambda_star", "sigma", "server_sigma", "epsilon_floor", "servers", "t", "min_reports",
   "max_reports", "frac_bits"];
@@ -62,6 +64,7 @@ const REQUIRED = ["protocol", "name", "columns", "label", "row_bound", "kind", "
 export function normalize(study: Study): Study {
   const out: Record<string, unknown> = { ...study };
   if (out.secret_sign === false) delete out.secret_sign;
+  if (out.batch_proofs === false) delete out.batch_proofs;
   for (const k of OPTIONAL) if (out[k] === undefined || out[k] === null) delete out[k];
   if (study.histogram) {
     const h: Record<string, unknown> = { ...study.histogram };
@@ -309,6 +312,9 @@ export function validateStudy(study: Study): void {
   if (study.secret_sign === true && !(study.kind === "sketch" && study.k > 1)) fail("secret_sign only in a sketch study with k > 1");
   // (a study with parties may have validity: each party's blocks proved with its own plan, parties.ts)
   if (study.validity !== undefined && (study.validity !== "norm-bound/1" || !(study.sigma > 0 || study.server_sigma > 0))) fail("validity: norm-bound/1, with client or server noise");
+  if (study.batch_proofs !== undefined && typeof study.batch_proofs !== "boolean") fail("batch_proofs is a boolean");
+  if (study.batch_proofs === true && (study.validity === undefined || (study.kind !== "sketch" && study.kind !== "l1") || study.parties))
+    fail("batch_proofs only with validity, in a sketch or l1 study without parties (section 4d)");
   if (study.bounds !== undefined) {
     if (study.kind === "histogram" || study.parties) fail("bounds not in a histogram study or one with parties");
     if (study.bounds.length !== d) fail("bounds: one pair per column");

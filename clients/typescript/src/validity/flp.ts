@@ -36,8 +36,13 @@ export function bestCount(items: number, innerArity: number, degree: number, wei
 }
 
 export interface Gadget {
-  /** range: ParallelSum(Range(beta)); mul: ParallelSum(Mul) of (a, b) pairs; mulsub: ParallelSum(MulSub) of (a, b, c) */
-  kind: "range" | "mul" | "mulsub";
+  /**
+   * range: ParallelSum(Range(beta)); mul: ParallelSum(Mul) of (a, b) pairs; mulsub: ParallelSum(MulSub) of (a, b, c);
+   * rownorm: ParallelSum(RowNorm(K, R^2), weighted) of a batch proof's rows (batch_circuit.ts), RowNorm(a) = sum_j a_j^2 - R^2
+   */
+  kind: "range" | "mul" | "mulsub" | "rownorm";
+  /** a rownorm gadget's R^2 (mod p) */
+  r2?: bigint;
   weighted: boolean;
   /** the range gadget's beta (2 for bits) */
   beta: number;
@@ -296,6 +301,12 @@ export function prove(c: Circuit, input: Fp[], joint: Fp2[], proveRand: Fp[]): F
           if (gd.kind === "mulsub") {
             // MulSub(a, b, c) = a b - c
             prod = (wireEvals[3 * l][i] * wireEvals[3 * l + 1][i] - wireEvals[3 * l + 2][i]) % P;
+          } else if (gd.kind === "rownorm") {
+            // RowNorm(a_1..a_K) = sum_j a_j^2 - R^2
+            const k = gd.arity / gd.count;
+            let s = -gd.r2!;
+            for (let j = k * l; j < k * l + k; j++) s += wireEvals[j][i] * wireEvals[j][i];
+            prod = s % P;
           } else {
             // Range(beta)(x) = prod_v (x - v)
             const x = wireEvals[l][i];
