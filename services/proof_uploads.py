@@ -133,7 +133,7 @@ def is_sealed_record(record: "StudyRecord", body: bytes) -> bool:
     """Whether a sealed body is a batch proof's record for this study (content 0x05 or 0x06 to a
     study with batch_proofs); such content to another study is refused as malformed by the
     share path (``envelope.parse_batch``)."""
-    return bool(getattr(record.study, "batch_proofs", False)) and envelope.content_of(body) in envelope.RECORD_CONTENTS
+    return record.study.batch_proofs and envelope.content_of(body) in envelope.RECORD_CONTENTS
 
 
 async def upload(store: "Store", record: "StudyRecord", server_id: str, media_type: str, body: bytes,
