@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from dpsketch.tools.loadtest import cpu_seconds, wait_idle
+
 OPERATOR = "bench-operator-token-0123456789"
 ANALYST = "bench-analyst-token-0123456789"
 SERVERS = ("s1", "s2", "s3")
@@ -141,27 +143,6 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_idle(pids: list[int], quiet: float = 0.05, window: float = 0.5, timeout: float = 60.0) -> float:
-    """Wait until no process of ``pids`` used more than ``quiet`` CPU seconds in ``window``
-    seconds (a started server rebuilds its studies and loads its compiled loops in background
-    threads for a few seconds: a long-running server has done so); seconds waited."""
-    t0 = time.perf_counter()
-    before = [_cpu_seconds(p) for p in pids]
-    while time.perf_counter() - t0 < timeout:
-        time.sleep(window)
-        after = [_cpu_seconds(p) for p in pids]
-        if all(a - b <= quiet for a, b in zip(after, before)):
-            break
-        before = after
-    return time.perf_counter() - t0
-
-
 def _status_kib(pid: int, field: str) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -224,7 +205,7 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                     for study in studies:  # warm: every server holds its totals in memory
                         for p in procs:
                             http.get(f"{p.url}/v1/studies/{study.study_id}/report-ids").raise_for_status()
-                    idle_s = wait_idle([p.proc.pid for p in procs])
+                    idle_s = wait_idle([p.proc.pid for p in procs], quiet=0.05, window=0.5)
                     rss_before = [_status_kib(p.proc.pid, "VmRSS") for p in procs]
                     runs = []
                     for study in studies:
@@ -234,7 +215,7 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                         marks: list[tuple[float, str]] = []
                         coordinator = Coordinator(config, astore, log=partial(_mark, marks))
                         load = os.getloadavg()[0]
-                        cpu0 = [_cpu_seconds(p.proc.pid) for p in procs] + [time.process_time()]
+                        cpu0 = [cpu_seconds(p.proc.pid) for p in procs] + [time.process_time()]
                         profiler = cProfile.Profile() if profile else None
                         t0 = time.perf_counter()
                         if profiler is not None:
@@ -244,7 +225,7 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
                         seconds = time.perf_counter() - t0
                         if profiler is not None:
                             profiler.dump_stats(f"{profile}.n{n}.{len(runs)}")
-                        cpu1 = [_cpu_seconds(p.proc.pid) for p in procs] + [time.process_time()]
+                        cpu1 = [cpu_seconds(p.proc.pid) for p in procs] + [time.process_time()]
                         coordinator.close()
                         assert rec.state == "released", rec.state
                         metrics_after = [http.get(f"{p.url}/metrics",

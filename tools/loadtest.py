@@ -41,8 +41,27 @@ Request = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
 
 
 def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat; 10 ms ticks)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pids: list[int], quiet: float = 0.02, window: float = 1.0, timeout: float = 120.0) -> float:
+    """Wait until no process of ``pids`` used more than ``quiet`` CPU seconds in ``window``
+    seconds; seconds waited. A started server rebuilds its studies and loads its compiled loops
+    and accounting libraries in background threads for a few seconds of CPU (a long-running
+    server has done so): what is measured after this is the request's own cost. A thread
+    starved by a loaded machine still gets more than ``quiet / window`` of a core (2 % by
+    default: a load of 100 on 2 cores), so it is not mistaken for idle."""
+    t0 = time.perf_counter()
+    before = [cpu_seconds(p) for p in pids]
+    while time.perf_counter() - t0 < timeout:
+        time.sleep(window)
+        after = [cpu_seconds(p) for p in pids]
+        if all(a - b <= quiet for a, b in zip(after, before)):
+            break
+        before = after
+    return time.perf_counter() - t0
 
 
 def status_kib(field: str, pid: int | str = "self") -> int | None:

@@ -28,13 +28,12 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 
-from dpsketch.tools.loadtest import RawConnection, _host_port, status_kib
+from dpsketch.tools.loadtest import RawConnection, _host_port, cpu_seconds, status_kib
 
 if TYPE_CHECKING:
     from dpsketch.protocol.study import Study
@@ -313,10 +312,10 @@ def storm(url: str, study: "Study", token: str | None, base: Reports, *, seconds
     rss_mib: dict[str, float] = {}
 
     async def measured(*args) -> Phase:
-        cpu0 = _cpu_seconds(server_pid) if server_pid else None
+        cpu0 = cpu_seconds(server_pid) if server_pid else None
         phase = await run_phase(url, study, token, *args)
         if cpu0 is not None:
-            phase.server_cpu_s = _cpu_seconds(server_pid) - cpu0
+            phase.server_cpu_s = cpu_seconds(server_pid) - cpu0
             # the server's resident memory after each phase, and its peak so far
             rss_mib[f"after {phase.name}"] = round(status_kib("VmRSS", server_pid) / 1024, 1)
             rss_mib[f"peak after {phase.name}"] = round(status_kib("VmHWM", server_pid) / 1024, 1)
@@ -436,12 +435,6 @@ def start_server(workdir, env: dict[str, str] | None = None, d: int = 4, max_rep
         proc.stop()
         raise
     return proc, spec, study, token
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/<pid>/stat; 10 ms ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> float:
