@@ -770,6 +770,7 @@ def run_load(servers, seconds: float, clients: int = 64) -> None:
     provision(proc.url, spec.operator_token, study)
     # the compiled loops loaded first (about 125 MiB of numba, once): RSS measured from steady state
     server_bench.warm_server(proc.url, D, np.random.default_rng(0), spec.operator_token)
+    loadtest.wait_idle([proc.proc.pid])  # and its other background warm-ups done
     out = loadtest.run_uploads(proc.url, study, seconds=seconds, clients=clients,
                                pid=proc.proc.pid)
     fig = out.figures()

@@ -214,15 +214,17 @@ def run_uploads(url: str, study: "Study", *, seconds: float, clients: int = 64, 
     return asyncio.run(drive(url, single_report_upload(study, token), seconds=seconds, clients=clients, pid=pid))
 
 
-def _provisioned_and_warm(url: str, spec: "ServerSpec", study: "Study", d: int) -> str:
+def _provisioned_and_warm(url: str, spec: "ServerSpec", study: "Study", d: int, pid: int) -> str:
     """Provision ``study`` on the server and issue one data owner's upload token without a quota
-    (tools/server_bench.provision, as the operator), and load the server's compiled loops, so RSS
-    and rates are taken from steady state (server_bench.warm_server, with a study of ``d``
-    columns); the token."""
+    (tools/server_bench.provision, as the operator), load the server's compiled loops
+    (server_bench.warm_server, with a study of ``d`` columns) and wait until process ``pid`` is
+    idle (its other background warm-ups done: :func:`wait_idle`), so RSS and rates are taken
+    from steady state; the token."""
     from dpsketch.tools.server_bench import provision, warm_server
 
     token = provision(url, study, spec.operator_token)
     warm_server(url, d, np.random.default_rng(0), spec.operator_token)
+    wait_idle([pid])
     return token
 
 
@@ -247,7 +249,7 @@ def bench_load(seconds: float = 60.0, clients: int = 64, baseline_seconds: float
     try:
         study = design(name="load", columns=[f"x{i}" for i in range(d)], label=None, servers=["s1", "s2"],
                        expected_reports=1000, k=8, s=2, min_reports=500, max_reports=10**8)[0]
-        token = _provisioned_and_warm(proc.url, spec, study, d)
+        token = _provisioned_and_warm(proc.url, spec, study, d, proc.proc.pid)
         half = (baseline_seconds or min(seconds, 10.0)) / 2
         before = asyncio.run(drive(proc.url, health, seconds=half, clients=clients))
         load = run_uploads(proc.url, study, seconds=seconds, clients=clients, pid=proc.proc.pid, token=token)
@@ -529,7 +531,7 @@ def bench_overload(seconds: float = 10.0, factor: float = 2.0, batch_rows: int =
         study = design(name="overload", columns=[f"x{i}" for i in range(d)], label=None, servers=["s1", "s2"],
                        expected_reports=10**6, k=8, s=2, min_reports=500, max_reports=10**8)[0]
         analyst = {"Authorization": f"Bearer {spec.analyst_token}"}
-        token = _provisioned_and_warm(proc.url, spec, study, d)
+        token = _provisioned_and_warm(proc.url, spec, study, d, proc.proc.pid)
         path = f"/v1/studies/{study.study_id}/batches"
         headers = {"Content-Type": SHARES_MEDIA_TYPE, "Authorization": f"Bearer {token}"}
         # capacity: enough batches for 400 k rows/s, more than this machine sustains

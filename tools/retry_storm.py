@@ -430,7 +430,7 @@ def start_server(workdir, env: dict[str, str] | None = None, d: int = 4, max_rep
     try:
         study = design(name="retry-storm", columns=[f"x{i}" for i in range(d)], label=None, servers=["s1", "s2"],
                        expected_reports=10**4, k=8, s=2, min_reports=500, max_reports=max_reports)[0]
-        token = _provisioned_and_warm(proc.url, spec, study, d)
+        token = _provisioned_and_warm(proc.url, spec, study, d, proc.proc.pid)
     except BaseException:
         proc.stop()
         raise
