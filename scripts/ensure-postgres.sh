@@ -14,6 +14,8 @@
 #   * the cluster: initdb in DIR/data with scram-sha-256 password authentication, run as the
 #     `postgres` user when this script runs as root (PostgreSQL refuses to run as root), else as
 #     the calling user. fsync stays on: the tests prove durability, so the server must sync.
+#   * $DPSKETCH_PG_OPTIONS: more server settings for a new start, appended to ours (e.g.
+#     "-c shared_buffers=4GB -c max_wal_size=16GB", docs/operations.md's sizing for large studies).
 set -euo pipefail
 
 say() { echo "ensure-postgres: $*" >&2; }
@@ -90,7 +92,7 @@ fi
 password="$(cat "$DIR/pwfile")"
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 as_owner "$BIN/pg_ctl" -D "$DATA" -l "$DIR/server.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$DIR -c max_connections=200 -c fsync=on -c synchronous_commit=on" \
+    -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$DIR -c max_connections=200 -c fsync=on -c synchronous_commit=on ${DPSKETCH_PG_OPTIONS:-}" \
     start >/dev/null || { tail -20 "$DIR/server.log" >&2 || true; die "pg_ctl start failed"; }
 touch "$DIR/started-by-ensure-postgres"
 url="postgresql://postgres:$password@127.0.0.1:$port/postgres"

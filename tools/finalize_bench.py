@@ -95,9 +95,9 @@ def fill_store(db: str | Path, server_id: str, keep: np.ndarray, seed: int, *, s
     return time.perf_counter() - t0
 
 
-def _start_postgres(base: Path) -> tuple[Path, str]:
+def _start_postgres(base: Path, options: str = "") -> tuple[Path, str]:
     """A throwaway PostgreSQL cluster (scripts/ensure-postgres.sh: fsync and synchronous_commit
-    on); its directory and superuser URL."""
+    on, plus ``options``, server settings as ``-c name=value``); its directory and superuser URL."""
     import subprocess
 
     # a directory of its own directly under /tmp, as tests/pg.py makes: the cluster's owner
@@ -106,7 +106,8 @@ def _start_postgres(base: Path) -> tuple[Path, str]:
     directory = Path(tempfile.mkdtemp(prefix="dpsketch-bench-pg-", dir="/tmp"))
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(["bash", str(root / "scripts" / "ensure-postgres.sh"), str(directory)],
-                          capture_output=True, text=True, timeout=900, check=True)
+                          capture_output=True, text=True, timeout=900, check=True,
+                          env={**os.environ, "DPSKETCH_PG_OPTIONS": options})
     return directory, done.stdout.strip().splitlines()[-1]
 
 
@@ -154,7 +155,7 @@ def _status_kib(pid: int, field: str) -> int | None:
 
 
 def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, repeats: int = 1,
-                   missing: float = 0.01, workdir: Path | None = None, pg: bool = False,
+                   missing: float = 0.01, workdir: Path | None = None, pg: bool = False, pg_options: str = "",
                    seed: int = 5, profile: str | None = None) -> dict[str, Any]:
     """Finalize ``repeats`` studies of each size on a 3-server cluster of real processes (module
     docstring); per size the median finalize seconds, seconds per 10^6 reports, the phases, the
@@ -169,11 +170,12 @@ def bench_finalize(sizes: list[int], d: int = 100, k: int = 400, s: int = 4, rep
     from dpsketch.tools.cluster import ServerSpec, share_server, start_all, stop_all
 
     out: dict[str, Any] = {"d": d, "k": k, "s": s, "servers": len(SERVERS), "missing_per_server": missing,
-                           "store": "postgresql" if pg else "sqlite", "sizes": []}
+                           "store": "postgresql" if pg else "sqlite", "pg_options": pg_options if pg else None,
+                           "sizes": []}
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="dpsketch-bench-finalize-"))
     base.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    pg_dir, pg_admin = _start_postgres(base) if pg else (None, "")
+    pg_dir, pg_admin = _start_postgres(base, pg_options) if pg else (None, "")
     try:
         for n in sizes:
             wd = base / f"n{n}"
@@ -278,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--d", type=int, default=100)
     p.add_argument("--repeats", type=int, default=1, help="studies finalized per size (median)")
     p.add_argument("--pg", action="store_true", help="the servers on PostgreSQL (scripts/ensure-postgres.sh)")
+    p.add_argument("--pg-options", default="", metavar="'-c NAME=VALUE ...'",
+                   help="with --pg: server settings for its cluster (default: PostgreSQL's own), e.g. "
+                        "'-c shared_buffers=4GB -c max_wal_size=16GB', docs/operations.md's sizing")
     p.add_argument("--workdir", type=Path)
     p.add_argument("--profile", metavar="PREFIX", help="write each finalization's cProfile of the analyzer's "
                    "calling thread to PREFIX.n<n>.<rep> (pstats)")
     args = p.parse_args(argv)
     print(json.dumps(bench_finalize([int(x) for x in args.sizes], d=args.d, repeats=args.repeats,
-                                    workdir=args.workdir, pg=args.pg,
+                                    workdir=args.workdir, pg=args.pg, pg_options=args.pg_options,
                                     profile=args.profile)))
     return 0
 
