@@ -159,6 +159,40 @@ export function mulAddAt(out: FpVec, o: number, a: FpVec, i: number, b: FpVec, j
   out[2 * o + 1] = rh;
 }
 
+/** acc[i] += a[i] b[i]. */
+export function mulAddVec(acc: FpVec, a: FpVec, b: FpVec): FpVec {
+  for (let i = 0; i < acc.length; i += 2) {
+    mulParts(a[i], a[i + 1], b[i], b[i + 1]);
+    norm(acc[i] + rl, acc[i + 1] + rh);
+    acc[i] = rl;
+    acc[i + 1] = rh;
+  }
+  return acc;
+}
+
+/** acc[i] += a[i] s. */
+export function scaleAddVec(acc: FpVec, a: FpVec, s: Fp): FpVec {
+  const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
+  for (let i = 0; i < acc.length; i += 2) {
+    mulParts(a[i], a[i + 1], s0, s1);
+    norm(acc[i] + rl, acc[i + 1] + rh);
+    acc[i] = rl;
+    acc[i + 1] = rh;
+  }
+  return acc;
+}
+
+/** out[i] = a[i] + s. */
+export function addScalarVec(out: FpVec, a: FpVec, s: Fp): FpVec {
+  const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
+  for (let i = 0; i < out.length; i += 2) {
+    norm(a[i] + s0, a[i + 1] + s1);
+    out[i] = rl;
+    out[i + 1] = rh;
+  }
+  return out;
+}
+
 /** The scalar kernels on BigInt (for tests and cold paths that want them): a b, a + b, a - b mod p. */
 export function mulScalar(a: Fp, b: Fp): Fp {
   mulParts(Number(a & 0xffffffffn), Number(a >> 32n), Number(b & 0xffffffffn), Number(b >> 32n));
