@@ -17,11 +17,14 @@ const TWO32 = 4294967296;
 const INV32 = 1 / TWO32;
 const MAX32 = 4294967295;
 
-/** the last kernel's result (lo, hi): module slots instead of an allocated pair */
-let rl = 0, rh = 0;
+/**
+ * a product's (lo, hi) on its way to a destination: a typed array, as a double kept in a module
+ * variable would be a heap number allocated per store
+ */
+const T = new Float64Array(2);
 
-/** L + 2^32 H (|L|, |H| < 2^50) reduced to canonical (rl, rh). */
-function norm(L: number, H: number): void {
+/** L + 2^32 H (|L|, |H| < 2^50) reduced to canonical (out[o], out[o + 1]). */
+function norm(L: number, H: number, out: Uint32Array | Float64Array, o: number): void {
   let c = Math.floor(L * INV32);
   L -= c * TWO32;
   H += c;
@@ -42,12 +45,12 @@ function norm(L: number, H: number): void {
     H = 0;
     L -= 1;
   }
-  rl = L;
-  rh = H;
+  out[o] = L;
+  out[o + 1] = H;
 }
 
-/** (a0 + 2^32 a1)(b0 + 2^32 b1) mod p into (rl, rh); every input a canonical 32-bit half. */
-function mulParts(a0: number, a1: number, b0: number, b1: number): void {
+/** (a0 + 2^32 a1)(b0 + 2^32 b1) mod p into (out[o], out[o + 1]); every input a canonical 32-bit half. */
+function mulParts(a0: number, a1: number, b0: number, b1: number, out: Uint32Array | Float64Array, o: number): void {
   // x y = lo + 2^32 hi: lo exact from imul, hi = round((fl(x y) - lo) / 2^32) (error < 2^13)
   const l00 = Math.imul(a0, b0) >>> 0, h00 = Math.round((a0 * b0 - l00) * INV32);
   const l01 = Math.imul(a0, b1) >>> 0, h01 = Math.round((a0 * b1 - l01) * INV32);
@@ -55,7 +58,7 @@ function mulParts(a0: number, a1: number, b0: number, b1: number): void {
   const l11 = Math.imul(a1, b1) >>> 0, h11 = Math.round((a1 * b1 - l11) * INV32);
   // R0 + 2^32 R1 + 2^64 R2 + 2^96 R3 = R0 - R2 - R3 + 2^32 (R1 + R2) mod p
   const r2 = h01 + h10 + l11;
-  norm(l00 - r2 - h11, h00 + l01 + l10 + r2);
+  norm(l00 - r2 - h11, h00 + l01 + l10 + r2, out, o);
 }
 
 export const vec = (n: number): FpVec => new Uint32Array(2 * n);
@@ -113,9 +116,7 @@ export function vecBytes(v: FpVec): Uint8Array {
 /** out[i] = a[i] + b[i] (out may be a or b). */
 export function addVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < out.length; i += 2) {
-    norm(a[i] + b[i], a[i + 1] + b[i + 1]);
-    out[i] = rl;
-    out[i + 1] = rh;
+    norm(a[i] + b[i], a[i + 1] + b[i + 1], out, i);
   }
   return out;
 }
@@ -123,9 +124,7 @@ export function addVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
 /** out[i] = a[i] - b[i] (out may be a or b). */
 export function subVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < out.length; i += 2) {
-    norm(a[i] - b[i], a[i + 1] - b[i + 1]);
-    out[i] = rl;
-    out[i + 1] = rh;
+    norm(a[i] - b[i], a[i + 1] - b[i + 1], out, i);
   }
   return out;
 }
@@ -133,9 +132,7 @@ export function subVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
 /** out[i] = a[i] b[i] (out may be a or b). */
 export function mulVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < out.length; i += 2) {
-    mulParts(a[i], a[i + 1], b[i], b[i + 1]);
-    out[i] = rl;
-    out[i + 1] = rh;
+    mulParts(a[i], a[i + 1], b[i], b[i + 1], out, i);
   }
   return out;
 }
@@ -144,28 +141,22 @@ export function mulVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
 export function scaleVec(out: FpVec, a: FpVec, s: Fp): FpVec {
   const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
   for (let i = 0; i < out.length; i += 2) {
-    mulParts(a[i], a[i + 1], s0, s1);
-    out[i] = rl;
-    out[i + 1] = rh;
+    mulParts(a[i], a[i + 1], s0, s1, out, i);
   }
   return out;
 }
 
 /** out[o] += a[i] b[j] (element indices). */
 export function mulAddAt(out: FpVec, o: number, a: FpVec, i: number, b: FpVec, j: number): void {
-  mulParts(a[2 * i], a[2 * i + 1], b[2 * j], b[2 * j + 1]);
-  norm(out[2 * o] + rl, out[2 * o + 1] + rh);
-  out[2 * o] = rl;
-  out[2 * o + 1] = rh;
+  mulParts(a[2 * i], a[2 * i + 1], b[2 * j], b[2 * j + 1], T, 0);
+  norm(out[2 * o] + T[0], out[2 * o + 1] + T[1], out, 2 * o);
 }
 
 /** acc[i] += a[i] b[i]. */
 export function mulAddVec(acc: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < acc.length; i += 2) {
-    mulParts(a[i], a[i + 1], b[i], b[i + 1]);
-    norm(acc[i] + rl, acc[i + 1] + rh);
-    acc[i] = rl;
-    acc[i + 1] = rh;
+    mulParts(a[i], a[i + 1], b[i], b[i + 1], T, 0);
+    norm(acc[i] + T[0], acc[i + 1] + T[1], acc, i);
   }
   return acc;
 }
@@ -174,10 +165,8 @@ export function mulAddVec(acc: FpVec, a: FpVec, b: FpVec): FpVec {
 export function scaleAddVec(acc: FpVec, a: FpVec, s: Fp): FpVec {
   const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
   for (let i = 0; i < acc.length; i += 2) {
-    mulParts(a[i], a[i + 1], s0, s1);
-    norm(acc[i] + rl, acc[i + 1] + rh);
-    acc[i] = rl;
-    acc[i + 1] = rh;
+    mulParts(a[i], a[i + 1], s0, s1, T, 0);
+    norm(acc[i] + T[0], acc[i + 1] + T[1], acc, i);
   }
   return acc;
 }
@@ -186,17 +175,15 @@ export function scaleAddVec(acc: FpVec, a: FpVec, s: Fp): FpVec {
 export function addScalarVec(out: FpVec, a: FpVec, s: Fp): FpVec {
   const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
   for (let i = 0; i < out.length; i += 2) {
-    norm(a[i] + s0, a[i + 1] + s1);
-    out[i] = rl;
-    out[i + 1] = rh;
+    norm(a[i] + s0, a[i + 1] + s1, out, i);
   }
   return out;
 }
 
 /** The scalar kernels on BigInt (for tests and cold paths that want them): a b, a + b, a - b mod p. */
 export function mulScalar(a: Fp, b: Fp): Fp {
-  mulParts(Number(a & 0xffffffffn), Number(a >> 32n), Number(b & 0xffffffffn), Number(b >> 32n));
-  return (BigInt(rh) << 32n) | BigInt(rl);
+  mulParts(Number(a & 0xffffffffn), Number(a >> 32n), Number(b & 0xffffffffn), Number(b >> 32n), T, 0);
+  return (BigInt(T[1]) << 32n) | BigInt(T[0]);
 }
 
 // ---- NTTs (docs/validity.md section 1: A_i = sum_j a_j w^(ij), natural order) ----
@@ -222,9 +209,7 @@ function twiddles(n: number, w: Fp): FpVec[] {
       }
       const w0 = Number(r & 0xffffffffn), w1 = Number(r >> 32n);
       for (let k = 1; k < half; k++) {
-        mulParts(tw[2 * k - 2], tw[2 * k - 1], w0, w1);
-        tw[2 * k] = rl;
-        tw[2 * k + 1] = rh;
+        mulParts(tw[2 * k - 2], tw[2 * k - 1], w0, w1, tw, 2 * k);
       }
     }
     stages.push(tw);
@@ -256,14 +241,10 @@ export function transformVec(v: FpVec, w: Fp): FpVec {
     for (let i = 0; i < n; i += len) {
       for (let k = 0; k < half; k++) {
         const x = 2 * (i + k), y = x + 2 * half;
-        mulParts(v[y], v[y + 1], tw[2 * k], tw[2 * k + 1]);
-        const m0 = rl, m1 = rh, u0 = v[x], u1 = v[x + 1];
-        norm(u0 + m0, u1 + m1);
-        v[x] = rl;
-        v[x + 1] = rh;
-        norm(u0 - m0, u1 - m1);
-        v[y] = rl;
-        v[y + 1] = rh;
+        mulParts(v[y], v[y + 1], tw[2 * k], tw[2 * k + 1], T, 0);
+        const m0 = T[0], m1 = T[1], u0 = v[x], u1 = v[x + 1];
+        norm(u0 + m0, u1 + m1, v, x);
+        norm(u0 - m0, u1 - m1, v, y);
       }
     }
   }
