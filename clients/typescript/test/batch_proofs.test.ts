@@ -15,6 +15,7 @@ import { prepareProofBatch, proofBatchRows } from "../src/proof_batch.js";
 import { Client, ProblemError } from "../src/index.js";
 import { studyId, validateStudy, type Study } from "../src/study.js";
 import { fourSquareTable, TABLE_LIMIT } from "../src/validity/batch_circuit.js";
+import { fromVec } from "../src/validity/fieldvec.js";
 import { batchId, helperShares, rowIds, studyBatchPlan, proveBatchRows } from "../src/validity/batch_validity.js";
 import { headerBytes, helperLength, leaderLength, records, sealedContent } from "../src/validity/batch_records.js";
 import { bits } from "../src/validity/wraparound.js";
@@ -74,8 +75,8 @@ for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_p
     assert.equal(hex(batchId(proved.wrapSeed, proved.digitsPart)), v.batch_id);
     assert.deepEqual(rowIds(proved.batchId, m).map(hex), v.row_ids);
     assert.deepEqual(jointRand(c, proved.batchId).map((p) => dec(p)), v.joint_rand[0].map((p: any[]) => p.map(String)));
-    assert.deepEqual(dec(proved.leaderInputs), v.leader_inputs.map(String));
-    assert.deepEqual(dec(proved.leaderProof), v.leader_proof.map(String));
+    assert.deepEqual(dec(fromVec(proved.leaderInputs)), v.leader_inputs.map(String));
+    assert.deepEqual(dec(fromVec(proved.leaderProof)), v.leader_proof.map(String));
     const recs = records(plan, proved);
     for (const s of v.servers) {
       const r = recs[Number(s.position)];
@@ -83,7 +84,7 @@ for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_p
       assert.equal(hex(r.body), s.record, `${v.id} server ${s.position}'s record`);
       if (s.seed !== null) {
         // a helper's shares expand from its seed
-        const e = helperShares(plan, unhex(s.seed));
+        const e = fromVec(helperShares(plan, unhex(s.seed)));
         assert.deepEqual(dec(e.slice(0, c.inputLen)), s.input_share.map(String));
         assert.deepEqual(dec(e.slice(c.inputLen)), s.proof_share.map(String));
       }

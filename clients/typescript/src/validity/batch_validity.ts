@@ -10,8 +10,9 @@ import { ascii, concat, u64sToBytes } from "../bytes.js";
 import type { Keystream } from "../keystream.js";
 import { gridShift, width, type Study } from "../study.js";
 import { BatchNorm } from "./batch_circuit.js";
-import { encodeInt, expand, P, sample, sub, type Fp } from "./field.js";
-import { jointRand, prove } from "./flp.js";
+import { type Fp } from "./field.js";
+import { expandVec, fromInts, sampleVec, subVec, addVec, vec, vecBytes, type FpVec } from "./fieldvec.js";
+import { jointRand, proveVec } from "./flp.js";
 import { validityPlan } from "./study.js";
 import { project, REPETITIONS } from "./wraparound.js";
 
@@ -66,8 +67,9 @@ export interface ProvedBatch {
   leader: number;
   /** the rows' prefix (x, roots) as integers */
   prefix: bigint[];
-  leaderInputs: Fp[];
-  leaderProof: Fp[];
+  /** the leader's input and proof shares (fieldvec.ts vectors) */
+  leaderInputs: FpVec;
+  leaderProof: FpVec;
   seeds: (Uint8Array | null)[];
   parts: Uint8Array[];
   digitsPart: Uint8Array;
@@ -75,7 +77,7 @@ export interface ProvedBatch {
   wrapSeed: Uint8Array;
   projections: bigint[];
   batchId: Uint8Array;
-  proof: Fp[];
+  proof: FpVec;
 }
 
 const part = (kind: string, position: number, data: Uint8Array): Uint8Array =>
@@ -84,12 +86,16 @@ const part = (kind: string, position: number, data: Uint8Array): Uint8Array =>
 export const seedPart = (position: number, seed: Uint8Array): Uint8Array => part("seed", position, seed);
 
 /** The leader's part: its share of v = (x, roots), blinded. */
-export const sharePart = (plan: BatchPlan, position: number, leaderInputs: Fp[], blind: Uint8Array): Uint8Array =>
-  part("share", position, concat(blind, plan.header, u64sToBytes(leaderInputs.slice(0, plan.circuit.vLen))));
+export const sharePart = (plan: BatchPlan, position: number, leaderInputs: Fp[] | FpVec, blind: Uint8Array): Uint8Array =>
+  part("share", position, concat(blind, plan.header, elementBytes(leaderInputs, 0, plan.circuit.vLen)));
+
+/** Elements [from, to) of a list or vector as u64 LE bytes. */
+const elementBytes = (v: Fp[] | FpVec, from: number, to?: number): Uint8Array =>
+  Array.isArray(v) ? u64sToBytes(v.slice(from, to)) : vecBytes(v.subarray(2 * from, to === undefined ? undefined : 2 * to));
 
 /** The leader's digits part: its share of the wrap digits, blinded. */
-export const digitsPart = (plan: BatchPlan, position: number, leaderInputs: Fp[], blind: Uint8Array): Uint8Array =>
-  part("digits", position, concat(blind, u64sToBytes(leaderInputs.slice(plan.circuit.vLen))));
+export const digitsPart = (plan: BatchPlan, position: number, leaderInputs: Fp[] | FpVec, blind: Uint8Array): Uint8Array =>
+  part("digits", position, concat(blind, elementBytes(leaderInputs, plan.circuit.vLen)));
 
 export const wrapSeed = (header36: Uint8Array, parts: Uint8Array[]): Uint8Array => sha256(concat(WRAPDOMAIN, header36, ...parts));
 
@@ -111,8 +117,8 @@ export function rowIds(bid: Uint8Array, m: number): Uint8Array[] {
 }
 
 /** A helper's input share then proof share of the whole batch, from its seed. */
-export const helperShares = (plan: BatchPlan, seed: Uint8Array): Fp[] =>
-  expand(seed, plan.circuit.inputLen + plan.circuit.proofLen, BATCH_SHARE_NONCE);
+export const helperShares = (plan: BatchPlan, seed: Uint8Array): FpVec =>
+  expandVec(seed, plan.circuit.inputLen + plan.circuit.proofLen, BATCH_SHARE_NONCE);
 
 /**
  * A batch of m rows in grid units, proved (throws for a row outside the bound or a projection
@@ -133,22 +139,12 @@ export function proveBatchRows(plan: BatchPlan, units: bigint[][], ks: Keystream
   for (let j = 0; j < N; j++) seeds.push(j === leader ? null : ks.bytes(SEED_BYTES).slice());
   const blind = ks.bytes(BLIND_BYTES).slice();
   const total = c.inputLen + c.proofLen;
-  const helpers: Fp[] = new Array(total).fill(0n);
-  for (const s of seeds) {
-    if (s === null) continue;
-    const e = helperShares(plan, s);
-    for (let i = 0; i < total; i++) {
-      const v = helpers[i] + e[i];
-      helpers[i] = v >= P ? v - P : v;
-    }
-  }
-  const inputs: Fp[] = new Array(c.inputLen);
-  const leaderInputs: Fp[] = new Array(c.inputLen);
-  for (let i = 0; i < c.vLen; i++) {
-    inputs[i] = encodeInt(prefix[i]);
-    leaderInputs[i] = sub(inputs[i], helpers[i]);
-  }
-  const parts = seeds.map((s, j) => (s === null ? sharePart(plan, j, leaderInputs.slice(0, c.vLen), blind) : seedPart(j, s)));
+  const helpers = vec(total);
+  for (const s of seeds) if (s !== null) addVec(helpers, helpers, helperShares(plan, s));
+  const inputs = vec(c.inputLen);
+  inputs.set(fromInts(prefix.map(Number)));
+  const leaderInputs = subVec(vec(c.inputLen), inputs, helpers.subarray(0, 2 * c.inputLen));
+  const parts = seeds.map((s, j) => (s === null ? sharePart(plan, j, leaderInputs, blind) : seedPart(j, s)));
   const seed = wrapSeed(plan.header, parts);
   const projections = project(prefix.map(Number), seed, c.reps);
   let digits: Fp[];
@@ -157,14 +153,13 @@ export function proveBatchRows(plan: BatchPlan, units: bigint[][], ks: Keystream
   } catch (e) {
     throw new Error(`${(e as Error).message}: redraw the batch's noise`);
   }
-  for (let i = 0; i < digits.length; i++) {
-    inputs[c.vLen + i] = digits[i];
-    leaderInputs[c.vLen + i] = sub(digits[i], helpers[c.vLen + i]);
-  }
+  const at = 2 * c.vLen;
+  inputs.set(fromInts(digits.map(Number)), at);
+  subVec(leaderInputs.subarray(at), inputs.subarray(at), helpers.subarray(at, 2 * c.inputLen));
   const dPart = digitsPart(plan, leader, leaderInputs, blind);
   const bid = batchId(seed, dPart);
-  const proof = prove(c, inputs, jointRand(c, bid), sample(ks, c.proveRandLen));
-  const leaderProof = proof.map((x, i) => sub(x, helpers[c.inputLen + i]));
+  const proof = proveVec(c, inputs, jointRand(c, bid), sampleVec(ks, c.proveRandLen));
+  const leaderProof = subVec(vec(c.proofLen), proof, helpers.subarray(2 * c.inputLen));
   return { leader, prefix, leaderInputs, leaderProof, seeds, parts, digitsPart: dPart, blind, wrapSeed: seed, projections, batchId: bid, proof };
 }
 

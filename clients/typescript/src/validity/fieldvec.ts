@@ -84,6 +84,13 @@ function fromU64(b: BigUint64Array): FpVec {
 
 const LITTLE = new Uint8Array(Uint32Array.of(1).buffer)[0] === 1;
 
+/** Integers (|x| < 2^50) mod p as a vector: the encoding of signed values. */
+export function fromInts(a: ArrayLike<number>): FpVec {
+  const out = vec(a.length);
+  for (let i = 0; i < a.length; i++) norm(a[i], 0, out, 2 * i);
+  return out;
+}
+
 /** A vector's elements as BigInt. */
 export function fromVec(v: FpVec): Fp[] {
   const n = v.length >> 1;
