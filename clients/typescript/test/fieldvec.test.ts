@@ -5,10 +5,10 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { add, expand, mul, P, sub, type Fp } from "../src/validity/field.js";
+import { add, expand, inv, mul, P, sub, type Fp } from "../src/validity/field.js";
 import { intt, ntt, rootOfUnity } from "../src/validity/ntt.js";
 import {
-  addVec, expandVec, fromVec, getBig, mulAddAt, mulScalar, mulVec, scaleVec, setBig, subVec, toVec, transformVec, vec, vecBytes,
+  addVec, expandVec, extendVec, fromVec, getBig, mulAddAt, mulScalar, mulVec, scaleVec, setBig, subVec, toVec, transformVec, vec, vecBytes,
 } from "../src/validity/fieldvec.js";
 import { u64sToBytes } from "../src/bytes.js";
 
@@ -90,4 +90,13 @@ test("expandVec is expand", () => {
   const key = new Uint8Array(32).map((_, i) => i * 7);
   const nonce = new Uint8Array(12).fill(3);
   for (const n of [0, 1, 7, 8, 9, 100, 1000]) assert.deepEqual(fromVec(expandVec(key, n, nonce)), expand(key, n, nonce));
+});
+
+test("extendVec is intt then a zero-padded ntt on the larger domain", () => {
+  const r = rng(7n);
+  for (const [n, N] of [[1, 1], [1, 4], [2, 4], [4, 4], [8, 16], [16, 64], [64, 128]]) {
+    const a = Array.from({ length: n }, r);
+    const want = ntt(intt(a), N);
+    assert.deepEqual(fromVec(extendVec(toVec(a), N, rootOfUnity(n), inv(rootOfUnity(n)), rootOfUnity(N), inv(BigInt(n)))), want, `${n} -> ${N}`);
+  }
 });

@@ -24,7 +24,7 @@ const MAX32 = 4294967295;
 const T = new Float64Array(2);
 
 /** L + 2^32 H (|L|, |H| < 2^50) reduced to canonical (out[o], out[o + 1]). */
-function norm(L: number, H: number, out: Uint32Array | Float64Array, o: number): void {
+function norm(L: number, H: number): void {
   let c = Math.floor(L * INV32);
   L -= c * TWO32;
   H += c;
@@ -45,12 +45,12 @@ function norm(L: number, H: number, out: Uint32Array | Float64Array, o: number):
     H = 0;
     L -= 1;
   }
-  out[o] = L;
-  out[o + 1] = H;
+  T[0] = L;
+  T[1] = H;
 }
 
 /** (a0 + 2^32 a1)(b0 + 2^32 b1) mod p into (out[o], out[o + 1]); every input a canonical 32-bit half. */
-function mulParts(a0: number, a1: number, b0: number, b1: number, out: Uint32Array | Float64Array, o: number): void {
+function mulParts(a0: number, a1: number, b0: number, b1: number): void {
   // x y = lo + 2^32 hi: lo exact from imul, hi = round((fl(x y) - lo) / 2^32) (error < 2^13)
   const l00 = Math.imul(a0, b0) >>> 0, h00 = Math.round((a0 * b0 - l00) * INV32);
   const l01 = Math.imul(a0, b1) >>> 0, h01 = Math.round((a0 * b1 - l01) * INV32);
@@ -58,7 +58,7 @@ function mulParts(a0: number, a1: number, b0: number, b1: number, out: Uint32Arr
   const l11 = Math.imul(a1, b1) >>> 0, h11 = Math.round((a1 * b1 - l11) * INV32);
   // R0 + 2^32 R1 + 2^64 R2 + 2^96 R3 = R0 - R2 - R3 + 2^32 (R1 + R2) mod p
   const r2 = h01 + h10 + l11;
-  norm(l00 - r2 - h11, h00 + l01 + l10 + r2, out, o);
+  norm(l00 - r2 - h11, h00 + l01 + l10 + r2);
 }
 
 export const vec = (n: number): FpVec => new Uint32Array(2 * n);
@@ -87,7 +87,11 @@ const LITTLE = new Uint8Array(Uint32Array.of(1).buffer)[0] === 1;
 /** Integers (|x| < 2^50) mod p as a vector: the encoding of signed values. */
 export function fromInts(a: ArrayLike<number>): FpVec {
   const out = vec(a.length);
-  for (let i = 0; i < a.length; i++) norm(a[i], 0, out, 2 * i);
+  for (let i = 0; i < a.length; i++) {
+    norm(a[i], 0);
+    out[2 * i] = T[0];
+    out[2 * i + 1] = T[1];
+  }
   return out;
 }
 
@@ -123,7 +127,9 @@ export function vecBytes(v: FpVec): Uint8Array {
 /** out[i] = a[i] + b[i] (out may be a or b). */
 export function addVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < out.length; i += 2) {
-    norm(a[i] + b[i], a[i + 1] + b[i + 1], out, i);
+    norm(a[i] + b[i], a[i + 1] + b[i + 1]);
+    out[i] = T[0];
+    out[i + 1] = T[1];
   }
   return out;
 }
@@ -131,7 +137,9 @@ export function addVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
 /** out[i] = a[i] - b[i] (out may be a or b). */
 export function subVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < out.length; i += 2) {
-    norm(a[i] - b[i], a[i + 1] - b[i + 1], out, i);
+    norm(a[i] - b[i], a[i + 1] - b[i + 1]);
+    out[i] = T[0];
+    out[i + 1] = T[1];
   }
   return out;
 }
@@ -139,7 +147,9 @@ export function subVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
 /** out[i] = a[i] b[i] (out may be a or b). */
 export function mulVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < out.length; i += 2) {
-    mulParts(a[i], a[i + 1], b[i], b[i + 1], out, i);
+    mulParts(a[i], a[i + 1], b[i], b[i + 1]);
+    out[i] = T[0];
+    out[i + 1] = T[1];
   }
   return out;
 }
@@ -148,22 +158,28 @@ export function mulVec(out: FpVec, a: FpVec, b: FpVec): FpVec {
 export function scaleVec(out: FpVec, a: FpVec, s: Fp): FpVec {
   const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
   for (let i = 0; i < out.length; i += 2) {
-    mulParts(a[i], a[i + 1], s0, s1, out, i);
+    mulParts(a[i], a[i + 1], s0, s1);
+    out[i] = T[0];
+    out[i + 1] = T[1];
   }
   return out;
 }
 
 /** out[o] += a[i] b[j] (element indices). */
 export function mulAddAt(out: FpVec, o: number, a: FpVec, i: number, b: FpVec, j: number): void {
-  mulParts(a[2 * i], a[2 * i + 1], b[2 * j], b[2 * j + 1], T, 0);
-  norm(out[2 * o] + T[0], out[2 * o + 1] + T[1], out, 2 * o);
+  mulParts(a[2 * i], a[2 * i + 1], b[2 * j], b[2 * j + 1]);
+  norm(out[2 * o] + T[0], out[2 * o + 1] + T[1]);
+  out[2 * o] = T[0];
+  out[2 * o + 1] = T[1];
 }
 
 /** acc[i] += a[i] b[i]. */
 export function mulAddVec(acc: FpVec, a: FpVec, b: FpVec): FpVec {
   for (let i = 0; i < acc.length; i += 2) {
-    mulParts(a[i], a[i + 1], b[i], b[i + 1], T, 0);
-    norm(acc[i] + T[0], acc[i + 1] + T[1], acc, i);
+    mulParts(a[i], a[i + 1], b[i], b[i + 1]);
+    norm(acc[i] + T[0], acc[i + 1] + T[1]);
+    acc[i] = T[0];
+    acc[i + 1] = T[1];
   }
   return acc;
 }
@@ -172,8 +188,10 @@ export function mulAddVec(acc: FpVec, a: FpVec, b: FpVec): FpVec {
 export function scaleAddVec(acc: FpVec, a: FpVec, s: Fp): FpVec {
   const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
   for (let i = 0; i < acc.length; i += 2) {
-    mulParts(a[i], a[i + 1], s0, s1, T, 0);
-    norm(acc[i] + T[0], acc[i + 1] + T[1], acc, i);
+    mulParts(a[i], a[i + 1], s0, s1);
+    norm(acc[i] + T[0], acc[i + 1] + T[1]);
+    acc[i] = T[0];
+    acc[i + 1] = T[1];
   }
   return acc;
 }
@@ -182,14 +200,16 @@ export function scaleAddVec(acc: FpVec, a: FpVec, s: Fp): FpVec {
 export function addScalarVec(out: FpVec, a: FpVec, s: Fp): FpVec {
   const s0 = Number(s & 0xffffffffn), s1 = Number(s >> 32n);
   for (let i = 0; i < out.length; i += 2) {
-    norm(a[i] + s0, a[i + 1] + s1, out, i);
+    norm(a[i] + s0, a[i + 1] + s1);
+    out[i] = T[0];
+    out[i + 1] = T[1];
   }
   return out;
 }
 
 /** The scalar kernels on BigInt (for tests and cold paths that want them): a b, a + b, a - b mod p. */
 export function mulScalar(a: Fp, b: Fp): Fp {
-  mulParts(Number(a & 0xffffffffn), Number(a >> 32n), Number(b & 0xffffffffn), Number(b >> 32n), T, 0);
+  mulParts(Number(a & 0xffffffffn), Number(a >> 32n), Number(b & 0xffffffffn), Number(b >> 32n));
   return (BigInt(T[1]) << 32n) | BigInt(T[0]);
 }
 
@@ -216,7 +236,9 @@ function twiddles(n: number, w: Fp): FpVec[] {
       }
       const w0 = Number(r & 0xffffffffn), w1 = Number(r >> 32n);
       for (let k = 1; k < half; k++) {
-        mulParts(tw[2 * k - 2], tw[2 * k - 1], w0, w1, tw, 2 * k);
+        mulParts(tw[2 * k - 2], tw[2 * k - 1], w0, w1);
+        tw[2 * k] = T[0];
+        tw[2 * k + 1] = T[1];
       }
     }
     stages.push(tw);
@@ -248,14 +270,68 @@ export function transformVec(v: FpVec, w: Fp): FpVec {
     for (let i = 0; i < n; i += len) {
       for (let k = 0; k < half; k++) {
         const x = 2 * (i + k), y = x + 2 * half;
-        mulParts(v[y], v[y + 1], tw[2 * k], tw[2 * k + 1], T, 0);
+        mulParts(v[y], v[y + 1], tw[2 * k], tw[2 * k + 1]);
         const m0 = T[0], m1 = T[1], u0 = v[x], u1 = v[x + 1];
-        norm(u0 + m0, u1 + m1, v, x);
-        norm(u0 - m0, u1 - m1, v, y);
+        norm(u0 + m0, u1 + m1);
+        v[x] = T[0];
+        v[x + 1] = T[1];
+        norm(u0 - m0, u1 - m1);
+        v[y] = T[0];
+        v[y + 1] = T[1];
       }
     }
   }
   return v;
+}
+
+/** nInv w_N^(r j), j < n: the twist of coset r of a size-n domain inside the size-N one (cached). */
+const twistCache = new Map<string, FpVec>();
+function twist(n: number, N: number, r: number, wN: Fp, nInv: Fp): FpVec {
+  const key = `${n}/${N}/${r}`;
+  let t = twistCache.get(key);
+  if (!t) {
+    let e = BigInt(r), b = wN, step = 1n;
+    while (e > 0n) {
+      if (e & 1n) step = (step * b) % P;
+      b = (b * b) % P;
+      e >>= 1n;
+    }
+    const out: Fp[] = new Array(n);
+    let x = nInv;
+    for (let j = 0; j < n; j++) {
+      out[j] = x;
+      x = (x * step) % P;
+    }
+    t = toVec(out);
+    twistCache.set(key, t);
+  }
+  return t;
+}
+
+/**
+ * The values on the size-N domain (N = f n, f a power of two) of the polynomial of degree < n
+ * with values `vals` at w_n^i: point f i + r is coset r's transform of the coefficients twisted
+ * by w_N^(r j), and coset 0 is vals itself: one inverse and f - 1 forward size-n transforms
+ * instead of a size-n inverse and a size-N forward one.
+ */
+export function extendVec(vals: FpVec, N: number, wn: Fp, wnInv: Fp, wN: Fp, nInv: Fp): FpVec {
+  const n = vals.length >> 1, f = N / n;
+  const out = vec(N);
+  for (let i = 0; i < n; i++) {
+    out[2 * f * i] = vals[2 * i];
+    out[2 * f * i + 1] = vals[2 * i + 1];
+  }
+  if (f === 1) return out;
+  const coeffs = transformVec(vals.slice(), wnInv);
+  const t = vec(n);
+  for (let r = 1; r < f; r++) {
+    transformVec(mulVec(t, coeffs, twist(n, N, r, wN, nInv)), wn);
+    for (let i = 0; i < n; i++) {
+      out[2 * (f * i + r)] = t[2 * i];
+      out[2 * (f * i + r) + 1] = t[2 * i + 1];
+    }
+  }
+  return out;
 }
 
 // ---- seeded expansions (docs/validity.md section 4) ----

@@ -8,7 +8,7 @@ import { sha256 } from "@noble/hashes/sha2.js";
 import { ascii, concat } from "../bytes.js";
 import { add, encodeInt, expand, mul, mul2, P, type Fp, type Fp2 } from "./field.js";
 import { nextPow2, roots } from "./ntt.js";
-import { addScalarVec, fromVec, mulAddVec, mulVec, scaleAddVec, scaleVec, setBig, subVec, toVec, transformVec, vec, type FpVec } from "./fieldvec.js";
+import { addScalarVec, extendVec, fromVec, mulAddVec, mulVec, scaleAddVec, scaleVec, setBig, subVec, toVec, transformVec, vec, type FpVec } from "./fieldvec.js";
 
 export const JOINT_DOMAIN = ascii("dpsketch/joint/1");
 export const JOINT_NONCE = sha256(JOINT_DOMAIN).subarray(0, 12);
@@ -318,12 +318,8 @@ export function proveVec(c: Circuit, input: FpVec, joint: Fp2[], proveRand: FpVe
           }
         }
       }
-      // coefficients (intt), then values on the evaluation domain (ntt, zero padded)
-      transformVec(vals, small.wInv);
-      const ev = vec(evalSize);
-      ev.set(vals);
-      scaleVec(ev, ev, small.nInv);
-      wireEvals.push(transformVec(ev, big.w));
+      // the wire polynomial's values on the evaluation domain
+      wireEvals.push(extendVec(vals, evalSize, small.w, small.wInv, big.w, small.nInv));
     }
     const poly = (vals: FpVec): void => {
       scaleVec(vals, transformVec(vals, big.wInv), big.nInv);
