@@ -270,14 +270,54 @@ export function transformVec(v: FpVec, w: Fp): FpVec {
     for (let i = 0; i < n; i += len) {
       for (let k = 0; k < half; k++) {
         const x = 2 * (i + k), y = x + 2 * half;
-        mulParts(v[y], v[y + 1], tw[2 * k], tw[2 * k + 1]);
-        const m0 = T[0], m1 = T[1], u0 = v[x], u1 = v[x + 1];
-        norm(u0 + m0, u1 + m1);
-        v[x] = T[0];
-        v[x + 1] = T[1];
-        norm(u0 - m0, u1 - m1);
-        v[y] = T[0];
-        v[y + 1] = T[1];
+        let m0 = v[y], m1 = v[y + 1];
+        if (k !== 0) {
+          // m = v[y] tw[k], mulParts inlined (the prover's hottest loop)
+          const b0 = tw[2 * k], b1 = tw[2 * k + 1];
+          const l00 = Math.imul(m0, b0) >>> 0, h00 = Math.round((m0 * b0 - l00) * INV32);
+          const l01 = Math.imul(m0, b1) >>> 0, h01 = Math.round((m0 * b1 - l01) * INV32);
+          const l10 = Math.imul(m1, b0) >>> 0, h10 = Math.round((m1 * b0 - l10) * INV32);
+          const l11 = Math.imul(m1, b1) >>> 0, h11 = Math.round((m1 * b1 - l11) * INV32);
+          const r2 = h01 + h10 + l11;
+          norm(l00 - r2 - h11, h00 + l01 + l10 + r2);
+          m0 = T[0];
+          m1 = T[1];
+        }
+        const u0 = v[x], u1 = v[x + 1];
+        // u + m, both canonical: subtract p once if the sum reaches it
+        let s0 = u0 + m0, s1 = u1 + m1;
+        if (s0 >= TWO32) {
+          s0 -= TWO32;
+          s1 += 1;
+        }
+        if (s1 > MAX32 || (s1 === MAX32 && s0 >= 1)) {
+          // s - p = s - 2^64 + 2^32 - 1
+          s1 -= MAX32;
+          s0 -= 1;
+          if (s0 < 0) {
+            s0 += TWO32;
+            s1 -= 1;
+          }
+        }
+        // u - m: add p if negative
+        let d0 = u0 - m0, d1 = u1 - m1;
+        if (d0 < 0) {
+          d0 += TWO32;
+          d1 -= 1;
+        }
+        if (d1 < 0) {
+          // d + p = d + 2^64 - 2^32 + 1
+          d1 += MAX32;
+          d0 += 1;
+          if (d0 === TWO32) {
+            d0 = 0;
+            d1 += 1;
+          }
+        }
+        v[x] = s0;
+        v[x + 1] = s1;
+        v[y] = d0;
+        v[y + 1] = d1;
       }
     }
   }
