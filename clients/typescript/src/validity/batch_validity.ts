@@ -142,11 +142,12 @@ export function proveBatchRows(plan: BatchPlan, units: bigint[][], ks: Keystream
   const helpers = vec(total);
   for (const s of seeds) if (s !== null) addVec(helpers, helpers, helperShares(plan, s));
   const inputs = vec(c.inputLen);
-  inputs.set(fromInts(prefix.map(Number)));
+  const prefixInts = prefix.map(Number);
+  inputs.set(fromInts(prefixInts));
   const leaderInputs = subVec(vec(c.inputLen), inputs, helpers.subarray(0, 2 * c.inputLen));
   const parts = seeds.map((s, j) => (s === null ? sharePart(plan, j, leaderInputs, blind) : seedPart(j, s)));
   const seed = wrapSeed(plan.header, parts);
-  const projections = project(prefix.map(Number), seed, c.reps);
+  const projections = project(prefixInts, seed, c.reps);
   let digits: Fp[];
   try {
     digits = c.wrapInput(projections);
