@@ -5,7 +5,7 @@
  * from the keystream, the leader's shares, every server's part, the wrap seed, the projections and
  * their digits, the digits part, the batch id, the proof, and the rows' ids.
  */
-import { sha256 } from "@noble/hashes/sha2.js";
+import { sha256 } from "../primitives.js";
 import { ascii, concat, u64sToBytes } from "../bytes.js";
 import type { Keystream } from "../keystream.js";
 import { gridShift, width, type Study } from "../study.js";

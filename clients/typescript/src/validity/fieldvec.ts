@@ -7,7 +7,7 @@
  * Goldilocks reduction 2^64 = 2^32 - 1, 2^96 = -1 (mod p). No BigInt and no allocation per
  * element: field.ts's BigInt functions stay the reference and the cold paths' API.
  */
-import { chacha20 } from "@noble/ciphers/chacha.js";
+import { chacha20 } from "../primitives.js";
 import type { Keystream } from "../keystream.js";
 import { P, type Fp } from "./field.js";
 
@@ -383,7 +383,7 @@ export function expandVec(key: Uint8Array, count: number, nonce: Uint8Array): Fp
   let blocks = Math.ceil((8 * count) / 64) + 1;
   let counter = 0;
   while (got < count) {
-    const bytes = chacha20(key, nonce, new Uint8Array(64 * blocks), undefined, counter);
+    const bytes = chacha20(key, nonce, new Uint8Array(64 * blocks), counter);
     counter += blocks;
     got = acceptWords(bytes, out, got);
     blocks = 1;

@@ -4,7 +4,7 @@
  * sizes minimising proof plus verifier length), the digits of a vector, joint randomness from the
  * report id, prove, and the helpers' seeded shares (section 4).
  */
-import { sha256 } from "@noble/hashes/sha2.js";
+import { sha256 } from "../primitives.js";
 import { ascii, concat } from "../bytes.js";
 import { add, encodeInt, expand, mul, mul2, P, type Fp, type Fp2 } from "./field.js";
 import { nextPow2, roots } from "./ntt.js";

@@ -3,8 +3,7 @@
  * threshold T and digits q_w of the r projections, the wrap bits from a batch's wrap seed, and
  * the projections <z_k, v> (z_k = b_k - b_0) of the batch's prefix v = (x, roots).
  */
-import { sha256 } from "@noble/hashes/sha2.js";
-import { chacha20 } from "@noble/ciphers/chacha.js";
+import { chacha20, sha256 } from "../primitives.js";
 import { ascii } from "../bytes.js";
 
 export const BITS_NONCE = sha256(ascii("dpsketch/wrap-bits/1")).subarray(0, 12);
@@ -60,7 +59,7 @@ export function project(values: ArrayLike<number>, seed: Uint8Array, reps: numbe
   for (let j = 0; j < n; j++) v[j] = values[j];
   for (let start = 0; start < blocks; start += piece) {
     const count = Math.min(piece, blocks - start);
-    const part = chacha20(seed, BITS_NONCE, zeros.subarray(0, count * row), undefined, (start * row) / 64);
+    const part = chacha20(seed, BITS_NONCE, zeros.subarray(0, count * row), (start * row) / 64);
     for (let b = 0; b < count; b++) {
       const at = 8 * (start + b);
       const off = b * row;
