@@ -101,19 +101,76 @@ export const wrapSeed = (header36: Uint8Array, parts: Uint8Array[]): Uint8Array 
 
 export const batchId = (seed: Uint8Array, digits: Uint8Array): Uint8Array => sha256(concat(BATCH_ID_DOMAIN, seed, digits)).subarray(0, 16);
 
+const dv0 = (b: Uint8Array) => new DataView(b.buffer, b.byteOffset, b.byteLength);
+
 /** Row i's id: SHA-256("dpsketch/batch-row/1" || batch id || u32le(i))[0:16]. */
 export function rowIds(bid: Uint8Array, m: number): Uint8Array[] {
   if (bid.length !== 16) throw new Error("a batch id is 16 bytes");
   const out: Uint8Array[] = [];
-  const buf = new Uint8Array(ROW_DOMAIN.length + 20);
-  buf.set(ROW_DOMAIN);
-  buf.set(bid, ROW_DOMAIN.length);
-  const dv = new DataView(buf.buffer);
+  // the 40-byte message is one padded SHA-256 block: only its word 9 (i) changes from row to row
+  const block = new Uint8Array(64);
+  block.set(ROW_DOMAIN);
+  block.set(bid, ROW_DOMAIN.length);
+  block[ROW_DOMAIN.length + 20] = 0x80;
+  dv0(block).setUint16(62, 8 * (ROW_DOMAIN.length + 20), false);
+  const dv = new DataView(block.buffer);
+  const words = new Uint32Array(16);
+  for (let t = 0; t < 16; t++) words[t] = dv.getUint32(4 * t, false);
+  const state = new Uint32Array(8);
   for (let i = 0; i < m; i++) {
-    dv.setUint32(ROW_DOMAIN.length + 16, i, true);
-    out.push(sha256(buf).slice(0, 16));
+    // u32le(i) as the big-endian word SHA-256 reads
+    words[9] = ((i & 255) << 24 | ((i >>> 8) & 255) << 16 | ((i >>> 16) & 255) << 8 | (i >>> 24)) >>> 0;
+    sha256Block(words, state);
+    const id = new Uint8Array(16);
+    const iv = new DataView(id.buffer);
+    for (let t = 0; t < 4; t++) iv.setUint32(4 * t, state[t], false);
+    out.push(id);
   }
   return out;
+}
+
+const K = Uint32Array.from([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
+  0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+  0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
+  0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2]);
+const H0 = Uint32Array.from([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]);
+const W = new Uint32Array(64);
+
+/** SHA-256 of a message that is the one padded block `words` (big-endian): the digest's words into out. */
+function sha256Block(words: Uint32Array, out: Uint32Array): void {
+  for (let t = 0; t < 16; t++) W[t] = words[t];
+  for (let t = 16; t < 64; t++) {
+    const a = W[t - 15], b = W[t - 2];
+    const s0 = ((a >>> 7) | (a << 25)) ^ ((a >>> 18) | (a << 14)) ^ (a >>> 3);
+    const s1 = ((b >>> 17) | (b << 15)) ^ ((b >>> 19) | (b << 13)) ^ (b >>> 10);
+    W[t] = (W[t - 16] + s0 + W[t - 7] + s1) | 0;
+  }
+  let a = H0[0], b = H0[1], c = H0[2], d = H0[3], e = H0[4], f = H0[5], g = H0[6], h = H0[7];
+  for (let t = 0; t < 64; t++) {
+    const S1 = ((e >>> 6) | (e << 26)) ^ ((e >>> 11) | (e << 21)) ^ ((e >>> 25) | (e << 7));
+    const t1 = (h + S1 + ((e & f) ^ (~e & g)) + K[t] + W[t]) | 0;
+    const S0 = ((a >>> 2) | (a << 30)) ^ ((a >>> 13) | (a << 19)) ^ ((a >>> 22) | (a << 10));
+    const t2 = (S0 + ((a & b) ^ (a & c) ^ (b & c))) | 0;
+    h = g;
+    g = f;
+    f = e;
+    e = (d + t1) | 0;
+    d = c;
+    c = b;
+    b = a;
+    a = (t1 + t2) | 0;
+  }
+  out[0] = H0[0] + a;
+  out[1] = H0[1] + b;
+  out[2] = H0[2] + c;
+  out[3] = H0[3] + d;
+  out[4] = H0[4] + e;
+  out[5] = H0[5] + f;
+  out[6] = H0[6] + g;
+  out[7] = H0[7] + h;
 }
 
 /** A helper's input share then proof share of the whole batch, from its seed. */
