@@ -65,8 +65,8 @@ export function studyBatchPlan(study: Study, m: number): BatchPlan {
 
 export interface ProvedBatch {
   leader: number;
-  /** the rows' prefix (x, roots) as integers */
-  prefix: bigint[];
+  /** the rows' prefix (x, roots) as integers (doubles: exact) */
+  prefix: Float64Array;
   /** the leader's input and proof shares (fieldvec.ts vectors) */
   leaderInputs: FpVec;
   leaderProof: FpVec;
@@ -186,9 +186,9 @@ export function proveBatchRows(plan: BatchPlan, units: bigint[][], ks: Keystream
   const c = plan.circuit;
   const N = plan.nServers;
   if (!(Number.isInteger(leader) && leader >= 0 && leader < N)) throw new Error("the leader is a server position");
-  let prefix: bigint[];
+  let prefix: Float64Array;
   try {
-    prefix = c.prefix(units);
+    prefix = c.prefixNumbers(units);
   } catch (e) {
     throw new Error(`${(e as Error).message}: redraw its noise`);
   }
@@ -199,12 +199,11 @@ export function proveBatchRows(plan: BatchPlan, units: bigint[][], ks: Keystream
   const helpers = vec(total);
   for (const s of seeds) if (s !== null) addVec(helpers, helpers, helperShares(plan, s));
   const inputs = vec(c.inputLen);
-  const prefixInts = prefix.map(Number);
-  inputs.set(fromInts(prefixInts));
+  inputs.set(fromInts(prefix));
   const leaderInputs = subVec(vec(c.inputLen), inputs, helpers.subarray(0, 2 * c.inputLen));
   const parts = seeds.map((s, j) => (s === null ? sharePart(plan, j, leaderInputs, blind) : seedPart(j, s)));
   const seed = wrapSeed(plan.header, parts);
-  const projections = project(prefixInts, seed, c.reps);
+  const projections = project(prefix, seed, c.reps);
   let digits: Fp[];
   try {
     digits = c.wrapInput(projections);
