@@ -100,3 +100,25 @@ test("extendVec is intt then a zero-padded ntt on the larger domain", () => {
     assert.deepEqual(fromVec(extendVec(toVec(a), N, rootOfUnity(n), inv(rootOfUnity(n)), rootOfUnity(N), inv(BigInt(n)))), want, `${n} -> ${N}`);
   }
 });
+
+test("mul matches BigInt on elements built from edge halves (0, 1, 2^31, 2^32 - 2, 2^32 - 1, random)", () => {
+  const r = rng(2026n);
+  const halves = (): bigint => {
+    const pick = Number(r() % 6n);
+    return [0n, 1n, 1n << 31n, 0xfffffffen, 0xffffffffn, r() & 0xffffffffn][pick];
+  };
+  const a: Fp[] = [], b: Fp[] = [];
+  while (a.length < 20000) {
+    const x = (halves() << 32n) | halves(), y = (halves() << 32n) | halves();
+    if (x < P && y < P) {
+      a.push(x);
+      b.push(y);
+    }
+  }
+  assert.deepEqual(fromVec(mulVec(vec(a.length), toVec(a), toVec(b))), a.map((x, i) => mul(x, b[i])));
+  assert.deepEqual(fromVec(addVec(vec(a.length), toVec(a), toVec(b))), a.map((x, i) => add(x, b[i])));
+  assert.deepEqual(fromVec(subVec(vec(a.length), toVec(a), toVec(b))), a.map((x, i) => sub(x, b[i])));
+  // the butterfly's inlined product: a transform of these values is the BigInt NTT
+  const n = 1024, w = rootOfUnity(n);
+  assert.deepEqual(fromVec(transformVec(toVec(a.slice(0, n)), w)), ntt(a.slice(0, n), n));
+});

@@ -56,9 +56,40 @@ function mulParts(a0: number, a1: number, b0: number, b1: number): void {
   const l01 = Math.imul(a0, b1) >>> 0, h01 = Math.round((a0 * b1 - l01) * INV32);
   const l10 = Math.imul(a1, b0) >>> 0, h10 = Math.round((a1 * b0 - l10) * INV32);
   const l11 = Math.imul(a1, b1) >>> 0, h11 = Math.round((a1 * b1 - l11) * INV32);
-  // R0 + 2^32 R1 + 2^64 R2 + 2^96 R3 = R0 - R2 - R3 + 2^32 (R1 + R2) mod p
   const r2 = h01 + h10 + l11;
-  norm(l00 - r2 - h11, h00 + l01 + l10 + r2);
+  // R0 + 2^32 R1 + 2^64 R2 + 2^96 R3 = R0 - R2 - R3 + 2^32 (R1 + R2) mod p: L + 2^32 H, L in (-2^35, 2^32), H in [0, 2^35)
+  let L = l00 - r2 - h11, H = h00 + l01 + l10 + r2;
+  // H's bits above 32 (c < 8): c 2^64 = c (2^32 - 1)
+  let c = Math.floor(H * INV32);
+  H = H - c * TWO32 + c;
+  L -= c;
+  // L's borrow into H: then H in [-6, 2^32 + 7)
+  c = Math.floor(L * INV32);
+  L -= c * TWO32;
+  H += c;
+  if (H >= TWO32) {
+    // 2^64 = 2^32 - 1
+    H = H - TWO32 + 1;
+    L -= 1;
+    if (L < 0) {
+      L += TWO32;
+      H -= 1;
+    }
+  } else if (H < 0) {
+    // + p = + 1 + 2^32 (2^32 - 1)
+    H += MAX32;
+    L += 1;
+    if (L === TWO32) {
+      L = 0;
+      H += 1;
+    }
+  }
+  if (H === MAX32 && L >= 1) {
+    H = 0;
+    L -= 1;
+  }
+  T[0] = L;
+  T[1] = H;
 }
 
 export const vec = (n: number): FpVec => new Uint32Array(2 * n);
@@ -279,9 +310,39 @@ export function transformVec(v: FpVec, w: Fp): FpVec {
           const l10 = Math.imul(m1, b0) >>> 0, h10 = Math.round((m1 * b0 - l10) * INV32);
           const l11 = Math.imul(m1, b1) >>> 0, h11 = Math.round((m1 * b1 - l11) * INV32);
           const r2 = h01 + h10 + l11;
-          norm(l00 - r2 - h11, h00 + l01 + l10 + r2);
-          m0 = T[0];
-          m1 = T[1];
+          // R0 + 2^32 R1 + 2^64 R2 + 2^96 R3 = R0 - R2 - R3 + 2^32 (R1 + R2) mod p: L + 2^32 H, L in (-2^35, 2^32), H in [0, 2^35)
+          let L = l00 - r2 - h11, H = h00 + l01 + l10 + r2;
+          // H's bits above 32 (c < 8): c 2^64 = c (2^32 - 1)
+          let c = Math.floor(H * INV32);
+          H = H - c * TWO32 + c;
+          L -= c;
+          // L's borrow into H: then H in [-6, 2^32 + 7)
+          c = Math.floor(L * INV32);
+          L -= c * TWO32;
+          H += c;
+          if (H >= TWO32) {
+            // 2^64 = 2^32 - 1
+            H = H - TWO32 + 1;
+            L -= 1;
+            if (L < 0) {
+              L += TWO32;
+              H -= 1;
+            }
+          } else if (H < 0) {
+            // + p = + 1 + 2^32 (2^32 - 1)
+            H += MAX32;
+            L += 1;
+            if (L === TWO32) {
+              L = 0;
+              H += 1;
+            }
+          }
+          if (H === MAX32 && L >= 1) {
+            H = 0;
+            L -= 1;
+          }
+          m0 = L;
+          m1 = H;
         }
         const u0 = v[x], u1 = v[x + 1];
         // u + m, both canonical: subtract p once if the sum reaches it
