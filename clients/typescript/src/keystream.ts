@@ -4,7 +4,7 @@
  * of bytes. Every random value of a batch comes from it in a fixed order, so a batch is a
  * function of its key (resumable, and comparable byte for byte with the reference).
  */
-import { chacha20 } from "@noble/ciphers/chacha.js";
+import { chacha20 } from "./primitives.js";
 import { ascii } from "./bytes.js";
 
 export const RNG_NONCE = ascii("dpsketch/rng");
@@ -24,7 +24,7 @@ export class Keystream {
   private refill(need: number): void {
     const rest = this.buf.subarray(this.pos);
     const blocks = Math.max(CHUNK_BLOCKS, Math.ceil((need - rest.length) / 64));
-    const fresh = chacha20(this.key, this.nonce, new Uint8Array(64 * blocks), undefined, this.counter);
+    const fresh = chacha20(this.key, this.nonce, new Uint8Array(64 * blocks), this.counter);
     this.counter += blocks;
     const merged = new Uint8Array(rest.length + fresh.length);
     merged.set(rest, 0);

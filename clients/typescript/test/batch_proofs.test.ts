@@ -14,7 +14,8 @@ import { noisyRows } from "../src/batch.js";
 import { prepareProofBatch, proofBatchRows } from "../src/proof_batch.js";
 import { Client, ProblemError } from "../src/index.js";
 import { studyId, validateStudy, type Study } from "../src/study.js";
-import { fourSquareTable, TABLE_LIMIT } from "../src/validity/batch_circuit.js";
+import { BatchNorm, fourSquareTable, TABLE_LIMIT } from "../src/validity/batch_circuit.js";
+import { fromVec } from "../src/validity/fieldvec.js";
 import { batchId, helperShares, rowIds, studyBatchPlan, proveBatchRows } from "../src/validity/batch_validity.js";
 import { headerBytes, helperLength, leaderLength, records, sealedContent } from "../src/validity/batch_records.js";
 import { bits } from "../src/validity/wraparound.js";
@@ -54,9 +55,9 @@ for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_p
     assert.deepEqual(units.map((r) => r.map(String)), v.units.map((r: any[]) => r.map(String)));
     const proved = proveBatchRows(plan, units, new Keystream(unhex(v.client_key)), Number(v.leader));
     const rootsGot = [];
-    for (let i = 0; i < c.rows; i++) rootsGot.push(proved.prefix.slice(i * c.k + c.w, (i + 1) * c.k).map(String));
+    for (let i = 0; i < c.rows; i++) rootsGot.push(Array.from(proved.prefix.subarray(i * c.k + c.w, (i + 1) * c.k), String));
     assert.deepEqual(rootsGot, v.roots.map((r: any[]) => r.map(String)));
-    assert.deepEqual(proved.prefix.map((x) => (x < 0n ? x + (1n << 64n) - (1n << 32n) + 1n : x).toString()), v.prefix.map(String));
+    assert.deepEqual(Array.from(proved.prefix, (x) => (x < 0 ? BigInt(x) + (1n << 64n) - (1n << 32n) + 1n : BigInt(x)).toString()), v.prefix.map(String));
     for (const [j, s] of Object.entries(v.helper_seeds)) assert.equal(hex(proved.seeds[Number(j)]!), s);
     assert.equal(hex(proved.blind), v.blind);
     assert.equal(hex(plan.header), v.plan_header);
@@ -74,8 +75,8 @@ for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_p
     assert.equal(hex(batchId(proved.wrapSeed, proved.digitsPart)), v.batch_id);
     assert.deepEqual(rowIds(proved.batchId, m).map(hex), v.row_ids);
     assert.deepEqual(jointRand(c, proved.batchId).map((p) => dec(p)), v.joint_rand[0].map((p: any[]) => p.map(String)));
-    assert.deepEqual(dec(proved.leaderInputs), v.leader_inputs.map(String));
-    assert.deepEqual(dec(proved.leaderProof), v.leader_proof.map(String));
+    assert.deepEqual(dec(fromVec(proved.leaderInputs)), v.leader_inputs.map(String));
+    assert.deepEqual(dec(fromVec(proved.leaderProof)), v.leader_proof.map(String));
     const recs = records(plan, proved);
     for (const s of v.servers) {
       const r = recs[Number(s.position)];
@@ -83,7 +84,7 @@ for (const v of vectors("batch_validity.json").filter((x) => x.type === "batch_p
       assert.equal(hex(r.body), s.record, `${v.id} server ${s.position}'s record`);
       if (s.seed !== null) {
         // a helper's shares expand from its seed
-        const e = helperShares(plan, unhex(s.seed));
+        const e = fromVec(helperShares(plan, unhex(s.seed)));
         assert.deepEqual(dec(e.slice(0, c.inputLen)), s.input_share.map(String));
         assert.deepEqual(dec(e.slice(c.inputLen)), s.proof_share.map(String));
       }
@@ -223,4 +224,24 @@ test("the study member: batch_proofs only with validity on a sketch or l1 study 
   assert.throws(() => validateStudy({ ...bstudy, validity: undefined }), /batch_proofs only with validity/);
   assert.throws(() => validateStudy({ ...bstudy, batch_proofs: "yes" as unknown as boolean }), /batch_proofs is a boolean/);
   assert.throws(() => prepareProofBatch(without as Study, brows, new Uint8Array(32), 0), /does not take batch proofs/);
+});
+
+test("BatchNorm.prefixNumbers is prefix in doubles: random rows (fixed seed), a row at the bound, zeros, and the same refusals", () => {
+  let s = 12345;
+  const rand = () => {
+    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+    return s / 2 ** 32;
+  };
+  for (const [m, w, r2] of [[37, 3, 1000n], [200, 10, 5_133_776n], [5, 1, 0n], [64, 7, 123_456_789_012n]] as [number, number, bigint][]) {
+    const c = new BatchNorm(m, w, r2);
+    const bound = Math.sqrt(Number(r2) / w);
+    const rows = Array.from({ length: m }, () => Array.from({ length: w }, () => BigInt(Math.trunc((2 * rand() - 1) * bound))));
+    rows[0] = rows[0].map(() => 0n);
+    if (m > 1) rows[1] = [BigInt(Math.floor(Math.sqrt(Number(r2)))), ...new Array(w - 1).fill(0n)];
+    assert.deepEqual(Array.from(c.prefixNumbers(rows), String), c.prefix(rows).map(String), `m ${m} w ${w}`);
+    const over = rows.map((r) => r.slice());
+    over[m - 1][0] = BigInt(Math.floor(Math.sqrt(Number(r2)))) + 1n;
+    assert.throws(() => c.prefix(over), /exceeds R\^2/);
+    assert.throws(() => c.prefixNumbers(over), /exceeds R\^2/);
+  }
 });

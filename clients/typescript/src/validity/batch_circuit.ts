@@ -149,6 +149,44 @@ export class BatchNorm extends GadgetCircuit {
     return out;
   }
 
+  /**
+   * prefix's values as doubles (every one is at most sqrt(R^2) <= 2^31 in size: exact), computed
+   * in doubles when R^2 < 2^52 (the norms and slacks exact too), else from prefix: the prover's
+   * path, without a BigInt per value.
+   */
+  prefixNumbers(x: bigint[][]): Float64Array {
+    if (this.r2 >= 1n << 52n) return Float64Array.from(this.prefix(x), Number);
+    if (x.length !== this.m || x.some((r) => r.length !== this.w)) throw new Error(`x is ${this.m} rows of ${this.w} integers`);
+    const greedy = this.squares - EXACT, k = this.k, r2 = Number(this.r2);
+    const out = new Float64Array(this.vLen);
+    const t = fourSquareTable();
+    const roots = (s: number, at: number): void => {
+      for (let g = 0; g < greedy; g++) {
+        let a = Math.floor(Math.sqrt(s));
+        while (a * a > s) a--;
+        while ((a + 1) * (a + 1) <= s) a++;
+        out[at++] = a;
+        s -= a * a;
+      }
+      if (s > TABLE_LIMIT) throw new Error("too few greedy squares for this slack");
+      for (let j = 0; j < EXACT; j++) out[at++] = t[4 * s + j];
+    };
+    for (let i = 0; i < this.m; i++) {
+      const row = x[i];
+      let norm2 = 0;
+      for (let j = 0; j < this.w; j++) {
+        const v = Number(row[j]);
+        out[i * k + j] = v;
+        norm2 += v * v;
+      }
+      // a sum above 2^53 is inexact but far above R^2 < 2^52 either way
+      if (norm2 > r2) throw new Error("a row's squared norm exceeds R^2");
+      roots(r2 - norm2, i * k + this.w);
+    }
+    for (let i = this.m; i < this.rows; i++) roots(r2, i * k + this.w);
+    return out;
+  }
+
   /** The r projections' digits of <z_k, v> + T, little-endian, rep by rep (throws outside [-T, 4^q_w - T)). */
   wrapInput(projections: bigint[]): Fp[] {
     const out: Fp[] = [];

@@ -8,7 +8,8 @@
  *     leader  its 32-byte blind, then input share (n) then proof share (P), 8 bytes each, each < p
  *     helper  its 32-byte seed
  */
-import { concat, u64sToBytes } from "../bytes.js";
+import { concat } from "../bytes.js";
+import { vecBytes } from "./fieldvec.js";
 import { BLIND_BYTES, SEED_BYTES, type BatchPlan, type ProvedBatch } from "./batch_validity.js";
 
 export const LEADER_MEDIA_TYPE = "application/x-dpsketch-proof-batch";
@@ -41,7 +42,7 @@ export function records(plan: BatchPlan, proved: ProvedBatch): BatchRecord[] {
   const head = concat(headerBytes(plan, proved.leader), ...proved.parts, proved.digitsPart);
   return proved.seeds.map((seed, position) =>
     seed === null
-      ? { position, mediaType: LEADER_MEDIA_TYPE, body: concat(head, proved.blind, u64sToBytes(proved.leaderInputs), u64sToBytes(proved.leaderProof)) }
+      ? { position, mediaType: LEADER_MEDIA_TYPE, body: concat(head, proved.blind, vecBytes(proved.leaderInputs), vecBytes(proved.leaderProof)) }
       : { position, mediaType: HELPER_MEDIA_TYPE, body: concat(head, seed) });
 }
 

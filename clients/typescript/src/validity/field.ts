@@ -3,7 +3,7 @@
  * (docs/validity.md section 1), and the seeded expansions of section 4: ChaCha20 keystream
  * words, a word >= p skipped.
  */
-import { chacha20 } from "@noble/ciphers/chacha.js";
+import { chacha20 } from "../primitives.js";
 import type { Keystream } from "../keystream.js";
 
 export const P = (1n << 64n) - (1n << 32n) + 1n;
@@ -43,7 +43,7 @@ export function expand(key: Uint8Array, count: number, nonce: Uint8Array): Fp[] 
   let blocks = Math.ceil((8 * count) / 64) + 1;
   let counter = 0;
   while (out.length < count) {
-    const bytes = chacha20(key, nonce, new Uint8Array(64 * blocks), undefined, counter);
+    const bytes = chacha20(key, nonce, new Uint8Array(64 * blocks), counter);
     counter += blocks;
     const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.length);
     for (let o = 0; o < bytes.length && out.length < count; o += 8) {

@@ -4,10 +4,11 @@
  * sizes minimising proof plus verifier length), the digits of a vector, joint randomness from the
  * report id, prove, and the helpers' seeded shares (section 4).
  */
-import { sha256 } from "@noble/hashes/sha2.js";
+import { sha256 } from "../primitives.js";
 import { ascii, concat } from "../bytes.js";
 import { add, encodeInt, expand, mul, mul2, P, type Fp, type Fp2 } from "./field.js";
-import { intt, nextPow2, ntt } from "./ntt.js";
+import { nextPow2, roots } from "./ntt.js";
+import { addScalarVec, extendVec, fromVec, mulAddVec, mulVec, scaleAddVec, scaleVec, setBig, subVec, toVec, transformVec, vec, type FpVec } from "./fieldvec.js";
 
 export const JOINT_DOMAIN = ascii("dpsketch/joint/1");
 export const JOINT_NONCE = sha256(JOINT_DOMAIN).subarray(0, 12);
@@ -269,68 +270,98 @@ export function jointRand(c: Circuit, reportId: Uint8Array): Fp2[] {
 
 /** The proof of one report: per gadget its wire seeds (a_1, b_1, ...), then q_g's coefficients. */
 export function prove(c: Circuit, input: Fp[], joint: Fp2[], proveRand: Fp[]): Fp[] {
-  const proof: Fp[] = [];
+  return fromVec(proveVec(c, toVec(input), joint, toVec(proveRand)));
+}
+
+/**
+ * prove on typed-array vectors (fieldvec.ts), the prover's hot path: a wire's values, its
+ * interpolation and evaluation on the gadget's domain, and the gadget's polynomial, each a
+ * vector kernel over all points at once.
+ */
+export function proveVec(c: Circuit, input: FpVec, joint: Fp2[], proveRand: FpVec): FpVec {
+  const proof = vec(c.proofLen);
+  let at = 0;
+  const push = (v: FpVec, i: number) => {
+    proof[2 * at] = v[2 * i];
+    proof[2 * at + 1] = v[2 * i + 1];
+    at++;
+  };
   let rp = 0;
   let weightedIdx = 0;
+  let bigInput: Fp[] | null = null;
   for (let g = 0; g < c.gadgets.length; g++) {
     const gd = c.gadgets[g];
-    const calls = c.wires(g, input);
+    // where wire j of call k sits in the input (range, rownorm), else the circuit's BigInt wires
+    let calls: Fp[][] | null = null;
+    let index: (k: number, j: number) => number = () => -1;
+    if (gd.kind === "range") index = (k, j) => (k * gd.count + j < gd.columns.length ? gd.columns[k * gd.count + j] : -1);
+    else if (gd.kind === "rownorm") index = (k, j) => k * gd.arity + j;
+    else calls = c.wires(g, (bigInput ??= fromVec(input)));
     const evalSize = nextPow2(gd.polyLen);
-    const wireEvals: Fp[][] = [];
+    const small = roots(gd.wireLen), big = roots(evalSize);
+    const wireEvals: FpVec[] = [];
     for (let j = 0; j < gd.arity; j++) {
-      const a = proveRand[rp++], b = proveRand[rp++];
-      proof.push(a, b);
-      const vals: Fp[] = new Array(gd.wireLen).fill(0n);
-      vals[0] = a;
-      for (let k = 0; k < gd.calls; k++) vals[k + 1] = calls[k][j];
-      vals[gd.calls + 1] = b;
-      wireEvals.push(ntt(intt(vals), evalSize));
+      const vals = vec(gd.wireLen);
+      push(proveRand, rp);
+      vals[0] = proveRand[2 * rp];
+      vals[1] = proveRand[2 * rp++ + 1];
+      push(proveRand, rp);
+      vals[2 * gd.calls + 2] = proveRand[2 * rp];
+      vals[2 * gd.calls + 3] = proveRand[2 * rp++ + 1];
+      for (let k = 0; k < gd.calls; k++) {
+        if (calls) setBig(vals, k + 1, calls[k][j]);
+        else {
+          const i = index(k, j);
+          if (i >= 0) {
+            vals[2 * k + 2] = input[2 * i];
+            vals[2 * k + 3] = input[2 * i + 1];
+          }
+        }
+      }
+      // the wire polynomial's values on the evaluation domain
+      wireEvals.push(extendVec(vals, evalSize, small.w, small.wInv, big.w, small.nInv));
     }
+    const poly = (vals: FpVec): void => {
+      scaleVec(vals, transformVec(vals, big.wInv), big.nInv);
+      for (let i = 0; i < gd.polyLen; i++) push(vals, i);
+    };
     if (gd.weighted) {
       const r = joint[weightedIdx++];
-      const weights: Fp2[] = [[1n, 0n]];
-      for (let l = 1; l < gd.count; l++) weights.push(mul2(weights[l - 1], r));
-      const c0: Fp[] = new Array(evalSize), c1: Fp[] = new Array(evalSize);
-      const w0 = weights.map((x) => x[0]), w1 = weights.map((x) => x[1]);
-      const vs = Array.from({ length: gd.beta }, (_, v) => BigInt(v));
-      for (let i = 0; i < evalSize; i++) {
-        // unreduced sums of exact products, one reduction per point (BigInt has no overflow)
-        let a0 = 0n, a1 = 0n;
-        for (let l = 0; l < gd.count; l++) {
-          let prod: bigint;
-          if (gd.kind === "mulsub") {
-            // MulSub(a, b, c) = a b - c
-            prod = (wireEvals[3 * l][i] * wireEvals[3 * l + 1][i] - wireEvals[3 * l + 2][i]) % P;
-          } else if (gd.kind === "rownorm") {
-            // RowNorm(a_1..a_K) = sum_j a_j^2 - R^2
-            const k = gd.arity / gd.count;
-            let s = -gd.r2!;
-            for (let j = k * l; j < k * l + k; j++) s += wireEvals[j][i] * wireEvals[j][i];
-            prod = s % P;
-          } else {
-            // Range(beta)(x) = prod_v (x - v)
-            const x = wireEvals[l][i];
-            prod = x;
-            for (let v = 1; v < gd.beta; v++) prod *= x - vs[v];
-            prod %= P;
-          }
-          a0 += w0[l] * prod;
-          a1 += w1[l] * prod;
+      const c0 = vec(evalSize), c1 = vec(evalSize);
+      let weight: Fp2 = [1n, 0n];
+      const prod = vec(evalSize), tmp = vec(evalSize);
+      for (let l = 0; l < gd.count; l++) {
+        if (l > 0) weight = mul2(weight, r);
+        if (gd.kind === "mulsub") {
+          // MulSub(a, b, c) = a b - c
+          prod.set(wireEvals[3 * l]);
+          mulVec(prod, prod, wireEvals[3 * l + 1]);
+          subVec(prod, prod, wireEvals[3 * l + 2]);
+        } else if (gd.kind === "rownorm") {
+          // RowNorm(a_1..a_K) = sum_j a_j^2 - R^2
+          const k = gd.arity / gd.count;
+          prod.fill(0);
+          addScalarVec(prod, prod, (P - gd.r2!) % P);
+          for (let j = k * l; j < k * l + k; j++) mulAddVec(prod, wireEvals[j], wireEvals[j]);
+        } else {
+          // Range(beta)(x) = prod_v (x - v)
+          const x = wireEvals[l];
+          prod.set(x);
+          for (let v = 1; v < gd.beta; v++) mulVec(prod, prod, addScalarVec(tmp, x, P - BigInt(v)));
         }
-        c0[i] = ((a0 % P) + P) % P;
-        c1[i] = ((a1 % P) + P) % P;
+        scaleAddVec(c0, prod, weight[0]);
+        scaleAddVec(c1, prod, weight[1]);
       }
-      const k0 = intt(c0), k1 = intt(c1);
-      for (let i = 0; i < gd.polyLen; i++) proof.push(k0[i], k1[i]);
+      scaleVec(c0, transformVec(c0, big.wInv), big.nInv);
+      scaleVec(c1, transformVec(c1, big.wInv), big.nInv);
+      for (let i = 0; i < gd.polyLen; i++) {
+        push(c0, i);
+        push(c1, i);
+      }
     } else {
-      const vals: Fp[] = new Array(evalSize);
-      for (let i = 0; i < evalSize; i++) {
-        let acc = 0n;
-        for (let l = 0; l < gd.count; l++) acc += wireEvals[2 * l][i] * wireEvals[2 * l + 1][i];
-        vals[i] = acc % P;
-      }
-      const k = intt(vals);
-      for (let i = 0; i < gd.polyLen; i++) proof.push(k[i]);
+      const vals = vec(evalSize);
+      for (let l = 0; l < gd.count; l++) mulAddVec(vals, wireEvals[2 * l], wireEvals[2 * l + 1]);
+      poly(vals);
     }
   }
   return proof;

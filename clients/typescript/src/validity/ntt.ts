@@ -38,7 +38,8 @@ function twiddles(n: number, w: Fp): Fp[][] {
 }
 
 const rootCache = new Map<number, { w: Fp; wInv: Fp; nInv: Fp }>();
-function roots(n: number) {
+/** w_n, its inverse and 1/n (cached). */
+export function roots(n: number): { w: Fp; wInv: Fp; nInv: Fp } {
   let r = rootCache.get(n);
   if (!r) {
     const w = rootOfUnity(n);

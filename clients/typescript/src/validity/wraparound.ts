@@ -3,8 +3,7 @@
  * threshold T and digits q_w of the r projections, the wrap bits from a batch's wrap seed, and
  * the projections <z_k, v> (z_k = b_k - b_0) of the batch's prefix v = (x, roots).
  */
-import { sha256 } from "@noble/hashes/sha2.js";
-import { chacha20 } from "@noble/ciphers/chacha.js";
+import { chacha20, sha256 } from "../primitives.js";
 import { ascii } from "../bytes.js";
 
 export const BITS_NONCE = sha256(ascii("dpsketch/wrap-bits/1")).subarray(0, 12);
@@ -53,24 +52,26 @@ export function project(values: ArrayLike<number>, seed: Uint8Array, reps: numbe
   for (let j = 0; j < n; j++) most = Math.max(most, Math.abs(values[j]));
   if (most * n >= 2 ** 53) throw new Error("projected values too large for exact sums");
   const sums = new Float64Array(row);
+  const lowSums = new Float64Array(16), highSums = new Float64Array(16);
   const piece = 4096; // 4096 (r + 1) bytes: whole 64-byte ChaCha20 blocks
   const zeros = new Uint8Array(piece * row);
   const v = new Float64Array(blocks * 8);
   for (let j = 0; j < n; j++) v[j] = values[j];
   for (let start = 0; start < blocks; start += piece) {
     const count = Math.min(piece, blocks - start);
-    const part = chacha20(seed, BITS_NONCE, zeros.subarray(0, count * row), undefined, (start * row) / 64);
+    const part = chacha20(seed, BITS_NONCE, zeros.subarray(0, count * row), (start * row) / 64);
     for (let b = 0; b < count; b++) {
       const at = 8 * (start + b);
       const off = b * row;
+      // the block's subset sums by nibble (exact integers: any order gives the same sums)
+      for (let x = 1; x < 16; x++) {
+        const low = x & -x, bit = 31 - Math.clz32(low);
+        lowSums[x] = lowSums[x ^ low] + v[at + bit];
+        highSums[x] = highSums[x ^ low] + v[at + 4 + bit];
+      }
       for (let k = 0; k < row; k++) {
-        let byte = part[off + k];
-        let i = at;
-        while (byte) {
-          if (byte & 1) sums[k] += v[i];
-          byte >>= 1;
-          i++;
-        }
+        const byte = part[off + k];
+        sums[k] += lowSums[byte & 15] + highSums[byte >> 4];
       }
     }
   }
