@@ -9,7 +9,8 @@
 import { encodeInt, P, type Fp } from "./field.js";
 import { GadgetCircuit, rangeGadget, rangeWires, span, type Gadget } from "./flp.js";
 import { nextPow2 } from "./ntt.js";
-import { isqrt, REPETITIONS, threshold, wrapDigitsFor } from "./wraparound.js";
+import { isqrt } from "./field.js";
+import { REPETITIONS, threshold, wrapDigitsFor } from "./wraparound.js";
 
 export const TABLE_LIMIT = 8191;
 export const EXACT = 4;

@@ -30,6 +30,17 @@ export function pow(a: Fp, e: bigint): Fp {
 
 export const inv = (a: Fp): Fp => pow(a, P - 2n);
 
+/** floor(sqrt(s)) for a non-negative BigInt (Newton's iteration from above). */
+export function isqrt(s: bigint): bigint {
+  if (s < 2n) return s;
+  let x = 1n << BigInt(Math.ceil(s.toString(2).length / 2));
+  for (;;) {
+    const y = (x + s / x) >> 1n;
+    if (y >= x) return x;
+    x = y;
+  }
+}
+
 /** x mod p for a signed integer |x| <= (p-1)/2. */
 export const encodeInt = (x: bigint): Fp => ((x % P) + P) % P;
 

@@ -5,7 +5,7 @@
  * stated by a MulSub gadget) and e noise of bounded weighted norm. Also the plan's numbers (R_r^2,
  * R^2) and the witness, computed as the reference computes them, double for double.
  */
-import { encodeInt, mul, add, P, type Fp } from "./field.js";
+import { encodeInt, isqrt, mul, add, P, type Fp } from "./field.js";
 import { GadgetCircuit, mulSubGadget, slackDigitsFor, productWires, rangeGadget, rangeWires, span, squaresGadget, type Gadget } from "./flp.js";
 import { roundHalfEven } from "../ring.js";
 
@@ -117,16 +117,6 @@ export class GramNorm extends GadgetCircuit {
   }
 }
 
-/** floor(sqrt(s)) for a non-negative BigInt (Newton's iteration from above). */
-function isqrt(s: bigint): bigint {
-  if (s < 2n) return s;
-  let x = 1n << BigInt(Math.ceil(s.toString(2).length / 2));
-  for (;;) {
-    const y = (x + s / x) >> 1n;
-    if (y >= x) return x;
-    x = y;
-  }
-}
 
 /**
  * The IEEE double nearest to sqrt(x^2 + y^2) (ties to even), computed exactly: Python's

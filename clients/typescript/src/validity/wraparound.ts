@@ -5,27 +5,18 @@
  */
 import { chacha20, sha256 } from "../primitives.js";
 import { ascii } from "../bytes.js";
+import { isqrt } from "./field.js";
 
 export const BITS_NONCE = sha256(ascii("dpsketch/wrap-bits/1")).subarray(0, 12);
 export const BASE = 4;
 export const REFUSAL_LOG2 = -96;
 export const REPETITIONS = 128;
 
-function isqrtBig(s: bigint): bigint {
-  if (s < 2n) return s;
-  let x = 1n << BigInt(Math.ceil(s.toString(2).length / 2));
-  for (;;) {
-    const y = (x + s / x) >> 1n;
-    if (y >= x) return x;
-    x = y;
-  }
-}
-export { isqrtBig as isqrt };
 
 /** T = isqrt(ceil(2 m R^2 (ln(2 r) + 96 ln 2) (1 + 1e-12))) + 1, doubles left to right as the reference. */
 export function threshold(m: number, r2: bigint, reps = REPETITIONS, refusalLog2 = REFUSAL_LOG2): bigint {
   const t2 = 2.0 * m * Number(r2) * (Math.log(2.0 * reps) - refusalLog2 * Math.log(2.0));
-  return isqrtBig(BigInt(Math.ceil(t2 * (1.0 + 1e-12)))) + 1n;
+  return isqrt(BigInt(Math.ceil(t2 * (1.0 + 1e-12)))) + 1n;
 }
 
 /** The least q with 4^q > 2 T. */
