@@ -12,7 +12,6 @@ export const BASE = 4;
 export const REFUSAL_LOG2 = -96;
 export const REPETITIONS = 128;
 
-
 /** T = isqrt(ceil(2 m R^2 (ln(2 r) + 96 ln 2) (1 + 1e-12))) + 1, doubles left to right as the reference. */
 export function threshold(m: number, r2: bigint, reps = REPETITIONS, refusalLog2 = REFUSAL_LOG2): bigint {
   const t2 = 2.0 * m * Number(r2) * (Math.log(2.0 * reps) - refusalLog2 * Math.log(2.0));
