@@ -205,21 +205,10 @@ def test_sealed_blocks_every_byte_from_the_text(vec):
     public = bytes.fromhex(vec["public_key"])
     assert x25519.X25519PrivateKey.from_private_bytes(bytes.fromhex(vec["private_key"])).public_key() \
         .public_bytes_raw() == public
-    fixed = (bytes.fromhex(vec["batch_id"]) + hashlib.sha256(public).digest()[:8] + bytes([0x80, 4])
-             + bytes.fromhex("002000010003") + bytes([0x03]) + vec["count"].to_bytes(4, "big"))
     context = sid + bytes([len(server)]) + server.encode() + bytes([j])
-    info = b"dpsketch/sealed/4" + hashlib.sha256(context + fixed).digest()
-    sealed_secret = _hpke_seal_classical(public, bytes.fromhex(vec["ephemeral_key"]), info,
-                                         bytes.fromhex(vec["secret"]))
-    header = fixed + sealed_secret
-    transcript = hashlib.sha256(context + header).digest()
-    record_key = hkdf_expand(hkdf_extract(b"", bytes.fromhex(vec["secret"])),
-                             b"dpsketch/sealed/4/records" + transcript, 32)
-    aad = transcript + b"".join(ids)
-    sealed = ChaCha20Poly1305(record_key).encrypt(bytes(12), b"".join(plains), aad)
-    got = {"fixed": fixed, "context": context, "info": info, "sealed_secret": sealed_secret,
-           "transcript": transcript, "record_key": record_key, "report_ids": b"".join(ids), "aad": aad,
-           "sealed": sealed, "body": header + b"".join(ids) + sealed}
+    got = _sealed_v4_from_the_text(vec, public, bytes.fromhex(vec["batch_id"]), 0x03, vec["count"], context,
+                                   b"".join(ids), b"".join(plains))
+    got["report_ids"] = b"".join(ids)
     assert {k: v.hex() for k, v in got.items()} == {k: vec[k] for k in got}
     # the product opens it to the same blocks, bound, for this party only
     sk = envelope.CLASSICAL.load_private_key(bytes.fromhex(vec["private_key"]))
@@ -230,6 +219,27 @@ def test_sealed_blocks_every_byte_from_the_text(vec):
     for other in (None, j ^ 1):  # as a share batch, or as another party's: it does not open
         with pytest.raises((envelope.SealError, envelope.MalformedSealedBatch)):
             envelope.open_batch(body, vec["width"], n, vec["study_id"], server, lambda kid: sk, other)
+
+
+def _sealed_v4_from_the_text(vec: dict, public: bytes, header_id: bytes, content: int, count: int,
+                             context: bytes, clear_ids: bytes, plaintext: bytes) -> dict[str, bytes]:
+    """docs/sealing.md section 3, written here from the text: a classical version 4 header (its
+    id, key id, suite, content, count), the info and the HPKE seal of the vector's secret, the
+    transcript, the records' key and their one ChaCha20-Poly1305 message under the clear ids."""
+    fixed = (header_id + hashlib.sha256(public).digest()[:8] + bytes([0x80, 4])
+             + bytes.fromhex("002000010003") + bytes([content]) + count.to_bytes(4, "big"))
+    info = b"dpsketch/sealed/4" + hashlib.sha256(context + fixed).digest()
+    sealed_secret = _hpke_seal_classical(public, bytes.fromhex(vec["ephemeral_key"]), info,
+                                         bytes.fromhex(vec["secret"]))
+    header = fixed + sealed_secret
+    transcript = hashlib.sha256(context + header).digest()
+    record_key = hkdf_expand(hkdf_extract(b"", bytes.fromhex(vec["secret"])),
+                             b"dpsketch/sealed/4/records" + transcript, 32)
+    aad = transcript + clear_ids
+    sealed = ChaCha20Poly1305(record_key).encrypt(bytes(12), plaintext, aad)
+    return {"fixed": fixed, "context": context, "info": info, "sealed_secret": sealed_secret,
+            "transcript": transcript, "record_key": record_key, "aad": aad, "sealed": sealed,
+            "body": header + clear_ids + sealed}
 
 
 @pytest.mark.parametrize("vec", of_type("sealed_batch_record"), ids=lambda v: v["id"])
@@ -253,21 +263,9 @@ def test_sealed_batch_record_every_byte_from_the_text(vec):
     assert batch_id.hex() == vec["batch_id"] == batch["batch_id"]
     sid, server = bytes.fromhex(vec["study_id"]), vec["server_id"]
     public = bytes.fromhex(vec["public_key"])
-    fixed = (bytes.fromhex(vec["header_batch_id"]) + hashlib.sha256(public).digest()[:8] + bytes([0x80, 4])
-             + bytes.fromhex("002000010003") + bytes([0x06]) + (1).to_bytes(4, "big"))
     context = sid + bytes([len(server)]) + server.encode()
-    info = b"dpsketch/sealed/4" + hashlib.sha256(context + fixed).digest()
-    sealed_secret = _hpke_seal_classical(public, bytes.fromhex(vec["ephemeral_key"]), info,
-                                         bytes.fromhex(vec["secret"]))
-    header = fixed + sealed_secret
-    transcript = hashlib.sha256(context + header).digest()
-    record_key = hkdf_expand(hkdf_extract(b"", bytes.fromhex(vec["secret"])),
-                             b"dpsketch/sealed/4/records" + transcript, 32)
-    aad = transcript + batch_id
-    sealed = ChaCha20Poly1305(record_key).encrypt(bytes(12), record, aad)
-    got = {"fixed": fixed, "context": context, "info": info, "sealed_secret": sealed_secret,
-           "transcript": transcript, "record_key": record_key, "aad": aad, "sealed": sealed,
-           "body": header + batch_id + sealed}
+    got = _sealed_v4_from_the_text(vec, public, bytes.fromhex(vec["header_batch_id"]), 0x06, 1, context,
+                                   batch_id, record)
     assert {k: v.hex() for k, v in got.items()} == {k: vec[k] for k in got}
     assert len(got["body"]) == 117 + 32 + len(record)  # 117 + Nenc + P
     sk = envelope.CLASSICAL.load_private_key(bytes.fromhex(vec["private_key"]))
