@@ -46,6 +46,7 @@ AT_ONCE_BEFORE_DEADLINE = 1.0
 EARLY = 0.05  # clock slack: a deadline may not be met earlier than this
 LATE = 1.0  # and not later than this (timer, scheduling, a busy CI machine)
 LEGIT_BOUND = 2.0  # a legitimate GET /healthz during the flood answers within this
+LEGIT_DURING_HOLD = 4  # at least this many are answered before the held connections' deadline
 
 # Server for the slow-client tests: 1 s for a request head, 1.5 s for a body, 5 B/s min rate
 # (each byte received buys 0.2 s).
@@ -171,13 +172,13 @@ def test_slowloris_flood_from_one_address_leaves_the_server_reachable(servers, m
             time.sleep(0.002)
 
     legit: list[tuple[int | None, float]] = []
-    legit_done = [0.0]
+    legit_ends: list[float] = []  # when each legitimate request was answered
 
     def legit_client() -> None:
         for _ in range(20):
             legit.append(get_healthz(proc.port))
-            time.sleep(0.05)
-        legit_done[0] = time.monotonic()
+            legit_ends.append(time.monotonic())
+            time.sleep(0.02)
 
     sampler = threading.Thread(target=sample_fds, daemon=True)
     sampler.start()
@@ -226,7 +227,10 @@ def test_slowloris_flood_from_one_address_leaves_the_server_reachable(servers, m
         assert len(after) == FLOOD, "the server left flood connections open past the header timeout"
         assert len(kept) == PER_IP and len(at_once) == FLOOD - PER_IP
         assert max(at_once) <= expected - AT_ONCE_BEFORE_DEADLINE, max(at_once)  # refused, not held
-        assert legit_done[0] < min(closed[s] for s in held), "the legitimate requests must run while the flood is held"
+        # answered while the flood was held: counted, not timed as a whole (20 requests finishing
+        # inside the 1.6 s hold window is a rate a loaded machine may miss; CI once took 1.8 s)
+        during_hold = sum(end < min(closed[s] for s in held) for end in legit_ends)
+        assert during_hold >= LEGIT_DURING_HOLD, (during_hold, "the legitimate requests must run while the flood is held")
         assert expected - EARLY <= min(kept) and max(kept) <= expected + LATE, (min(kept), max(kept))
         assert answered_408 == PER_IP  # each had sent part of a request: told why
         assert peak[0] <= base_fds + PER_IP + 16, (base_fds, peak[0])
