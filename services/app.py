@@ -12,6 +12,7 @@ import re
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -296,6 +297,8 @@ class ShareServerAPI(FastAPI):
         super().__init__(*args, **kwargs)
         self._outer_specs: list[tuple[type, dict[str, Any]]] = []
         self._outer: Any = None
+        #: called as each HTTP request arrives (the store's idle clock: Store.note_request)
+        self.on_request: Callable[[], None] | None = None
 
     def add_outer_middleware(self, cls: type, **options: Any) -> None:
         """As ``add_middleware``: the last one added is the outermost."""
@@ -307,6 +310,8 @@ class ShareServerAPI(FastAPI):
         if scope["type"] != "http":  # lifespan (and websockets, which no route takes)
             await super().__call__(scope, receive, send)
             return
+        if self.on_request is not None:
+            self.on_request()
         outer = self._outer
         if outer is None:
             outer = super().__call__
@@ -338,6 +343,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.store = store
     app.state.settings = settings
+    app.on_request = store.note_request
     errors.install(app)
     admission = Admission.from_env()
     # re-sends' answers wait while fresh uploads arrive (services/resend_gate.py)

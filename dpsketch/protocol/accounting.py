@@ -58,18 +58,26 @@ MAX_GRID_POINTS = 400_000
 TAIL_MASS = 1e-18
 
 
-def warm_up() -> None:
-    """Import now what calibrating or checking a study imports on first use: dp-accounting and
-    the scipy modules it and this package reach (about 1 s of CPU, 93 % of a share server's first
-    provisioning, in which it was paid once per server and process). Services call it in a
-    background thread at startup, so a study waits for no import; nothing is computed."""
-    import dp_accounting  # noqa: F401
+def warm_up(dp_accounting: bool = True) -> None:
+    """Import now what calibrating or checking a study imports on first use, so that a study
+    waits for no import; nothing is computed. Services call it in a background thread.
+
+    ``dp_accounting=False`` imports only what checking a replace-one study needs (scipy's
+    optimize and special functions, the secret-sign and l1 accountings: about 0.5 s of CPU).
+    dp-accounting itself, with the scipy.stats and scipy.signal it imports, is what add/remove
+    studies, the population ledger and the analyzer's calibration need: about 1.4-2.1 s of CPU
+    more on the 2-core VM (``python -c "import dp_accounting"``), which a share server imports
+    only once it is idle (services/store.py, ``Store._warm``)."""
     import scipy.optimize  # noqa: F401
     import scipy.special  # noqa: F401
-    import scipy.stats  # noqa: F401
-    from dp_accounting.pld import pld_pmf, privacy_loss_distribution  # noqa: F401
 
     from . import l1sketch, secret_sign  # noqa: F401
+
+    if dp_accounting:
+        import dp_accounting as _dp_accounting  # noqa: F401
+        import scipy.stats  # noqa: F401
+        from dp_accounting.pld import pld_pmf, privacy_loss_distribution  # noqa: F401
+
 
 @dataclass(frozen=True)
 class Mechanism:
