@@ -293,8 +293,10 @@ GATEWAY_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>dpsket
  "mlkem": "/static/clients/typescript/node_modules/mlkem/esm/mod.js"}}</script></head><body>
 <script type="module">
 import { Client, prepareBatch, studyId, hex, unhex } from "/static/clients/typescript/dist/index.js";
+window.STAGE = "module loaded";
 try {
   const cfg = await (await fetch("/config.json")).json();
+  window.STAGE = "config fetched";
   // the sampler, sharing and binding in this browser: noise.json's batches from their keys
   const vectors = (await (await fetch("/static/conformance/noise.json")).json()).vectors;
   let batches = 0, matched = 0;
@@ -303,12 +305,16 @@ try {
     const b = prepareBatch(v.study, studyId(v.study), v.rows, unhex(v.key), { full: v.compress ? v.full : null });
     if (b.reportIds.map(hex).join() === v.report_ids.join() && b.bytesUsed === v.bytes_used) matched++;
   }
+  window.STAGE = `vectors reproduced (${matched} of ${batches})`;
   const client = await Client.connect({ studyId: cfg.studyId, servers: cfg.servers, sealing: "classical" });
+  window.STAGE = "connected";
   const t0 = performance.now();
   const key = new Uint8Array(32);
   for (let b = 0; b < 4; b++) client.prepare(cfg.timing_rows, key, b);
   const us = (1000 * (performance.now() - t0)) / (4 * cfg.timing_rows.length);
   const progress = [];
+  window.PROGRESS = progress;
+  window.STAGE = "submitting";
   const r = await client.submit(cfg.rows, { batchSize: 50, keepVectors: true, onProgress: (p) => progress.push(p.rowsDone) });
   window.RESULT = { batches, matched, us_per_row: us, reportIds: r.reportIds, accepted: r.accepted,
                     vectors: r.vectors.map((v) => v.map(String)), progress, agent: navigator.userAgent };
@@ -411,6 +417,10 @@ def test_browser_page_submits_through_the_package(built_package, exact_cluster, 
             if out:
                 break
             _time.sleep(0.3)
+        if not out:  # where the page stood, for the failure's message (CI once saw only None)
+            out = {"error": "no result in 120 s", "forwarded": gw.forwarded,
+                   "stage": b.driver.execute_script("return [window.STAGE || 'page script not run', window.PROGRESS || []]"),
+                   "console": b.driver.get_log("browser")[-20:]}
     finally:
         b.quit()
         gw.close()
