@@ -291,7 +291,7 @@ GATEWAY_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>dpsket
  "@hpke/chacha20poly1305": "/static/clients/typescript/node_modules/@hpke/chacha20poly1305/esm/mod.js",
  "@hpke/hybridkem-x-wing": "/static/clients/typescript/node_modules/@hpke/hybridkem-x-wing/esm/mod.js",
  "mlkem": "/static/clients/typescript/node_modules/mlkem/esm/mod.js"}}</script></head><body>
-<script type="module">
+<script type="module" onerror="window.ERROR = 'the page module or one of its imports failed to load'">
 import { Client, prepareBatch, studyId, hex, unhex } from "/static/clients/typescript/dist/index.js";
 window.STAGE = "module loaded";
 try {
@@ -374,7 +374,12 @@ class Gateway:
                 return self._forward()
 
         self.forwarded = 0
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            # the page loads its ~100 modules over HTTP/1.0, a connection each, up to 6 at once:
+            # a listen backlog of socketserver's 5 drops SYNs whenever this process is slow to accept
+            request_queue_size = 128
+
+        self.server = Server(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
