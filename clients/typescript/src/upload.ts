@@ -23,7 +23,7 @@ export interface RetryPolicy {
   backoff: number; // seconds, doubled per attempt
   maxBackoff: number;
   maxRetryAfter: number;
-  timeout: number; // seconds per attempt
+  timeout: number; // seconds per attempt, the response's body included
 }
 
 export const DEFAULT_RETRY: RetryPolicy = { maxRetries: 6, backoff: 0.25, maxBackoff: 20, maxRetryAfter: 120, timeout: 60 };
@@ -44,18 +44,26 @@ export async function request(
     let why: string;
     let retryAfter: string | null = null;
     try {
+      // The attempt's deadline covers the body as well as the headers: a server (or a proxy)
+      // that sends its headers and then stalls is retried, never waited on for ever. The
+      // caller gets the response with its body already read.
       const ctl = new AbortController();
       const timer = setTimeout(() => ctl.abort(), policy.timeout * 1000);
       let resp: Response;
+      let body: ArrayBuffer;
       try {
         resp = await fetchFn(url, { ...init, signal: ctl.signal });
+        body = await resp.arrayBuffer();
       } finally {
         clearTimeout(timer);
       }
-      if (resp.ok) return resp;
+      if (resp.ok) {
+        const bodyless = resp.status === 204 || resp.status === 205 || resp.status === 304;
+        return new Response(bodyless ? null : body, { status: resp.status, statusText: resp.statusText, headers: resp.headers });
+      }
       if (!retryable(resp.status) || attempt >= policy.maxRetries) {
         let problem: Record<string, unknown>;
-        const text = await resp.text();
+        const text = new TextDecoder().decode(body);
         try {
           problem = JSON.parse(text);
         } catch {
@@ -65,7 +73,6 @@ export async function request(
       }
       retryAfter = resp.headers.get("Retry-After");
       why = `status ${resp.status}`;
-      await resp.arrayBuffer().catch(() => undefined);
     } catch (e) {
       if (e instanceof ProblemError) throw e;
       if (attempt >= policy.maxRetries) throw e;
