@@ -59,6 +59,26 @@ STORES = ["sqlite", "postgres"]
 BOTH_STORES = pytest.mark.parametrize("store_kind", STORES, indirect=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _servers_forked_from_an_imported_parent() -> Iterator[None]:
+    """Share servers and analyzers start as forks of a parent that has imported them
+    (tests/forkstart.py): a tenth of an exec'd start's CPU. Started here, before any test sets
+    its own environment. ``DPSKETCH_TEST_FORK=0`` execs every process instead."""
+    import forkstart
+
+    from dpsketch.tools import cluster
+
+    if not forkstart.enabled():
+        yield
+        return
+    forkstart.start()
+    cluster.launch = forkstart.launch
+    try:
+        yield
+    finally:
+        cluster.launch = cluster.popen
+
+
 @pytest.fixture(autouse=True)
 def _submission_journals(tmp_path_factory, monkeypatch):
     """Each test's SDK journals (client_sdk/journal.py) in a directory of its own, never in the

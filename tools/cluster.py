@@ -1,7 +1,8 @@
 """Start share servers and the analyzer as real processes on loopback ports.
 
 Used by ``dpsketch demo``, the benchmarks and the tests: every process is a real uvicorn server
-with its own SQLite file, started with ``python -m dpsketch.tools.cli ...`` exactly as an operator would.
+with its own SQLite file, started with ``python -m dpsketch.tools.cli ...`` exactly as an operator would
+(the test suite forks them from a parent that has imported them instead: :data:`launch`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,23 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 import httpx
 
+
+def popen(argv: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen:
+    """Start ``argv`` as its own process in its own session, its output going to ``log``."""
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+#: How :meth:`ManagedProcess.spawn` starts a process: a ``subprocess.Popen``, or anything with
+#: its ``pid``, ``poll``, ``wait``, ``returncode`` and ``send_signal``. The test suite forks its
+#: servers from a parent that has imported them (tests/forkstart.py), a tenth of the CPU a start.
+launch: Callable[[list[str], dict[str, str], IO[bytes]], Any] = popen
 
 _handed_out: set[int] = set()
 _rng = random.SystemRandom()
@@ -87,7 +100,7 @@ class ManagedProcess:
     env: dict[str, str]
     port: int
     log_path: Path
-    proc: subprocess.Popen | None = None
+    proc: Any = None  # a subprocess.Popen, or what ``launch`` returns in its place
     scheme: str = "http"
     ca_file: Path | None = None  # https: verify the health checks against this CA (else system trust)
 
@@ -103,10 +116,10 @@ class ManagedProcess:
     def spawn(self) -> "ManagedProcess":
         """Start the process without waiting: start several, then :meth:`wait_healthy` each."""
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
+        try:
+            self.proc = launch(self.argv, self.env, log)
+        finally:
+            log.close()
         return self
 
     def start(self, timeout: float = 30.0) -> "ManagedProcess":
