@@ -35,6 +35,28 @@ RETRY_STATUSES = {429, 502, 503, 504}
 ROUND_TIMEOUT_S = 900.0
 #: calls to one server the analyzer's kept thread pool runs at once (Coordinator._each)
 POOL_CALLS_PER_SERVER = 8
+#: the most bytes httpx's HTTP/1.1 connections take from a socket in one read (httpcore's own
+#: is 64 KiB). Why: a finalization fetches every server's report-id list at once, 16 MB a
+#: server at 10^6 reports, and h11 copies its buffer once per read, under the GIL: the analyzer
+#: spent 60-80 ms of CPU on each list, 1 MiB reads 17-35 ms (issue 46; a 16 MB loopback
+#: response, load 4-5). A read takes what the socket holds, so small answers are unchanged.
+READ_BYTES = 1 << 20
+
+
+def _read_larger_chunks(read_bytes: int = READ_BYTES) -> None:
+    """Raise httpcore's read size to ``read_bytes`` for the whole process (its connections are
+    made inside httpx's pool, with no per-client setting); never lowers it. Without httpcore
+    (an httpx that no longer uses it), nothing changes."""
+    try:
+        import httpcore
+    except ImportError:  # pragma: no cover - httpx has always brought httpcore so far
+        return
+    connection = getattr(httpcore, "HTTP11Connection", None)
+    if isinstance(getattr(connection, "READ_NUM_BYTES", None), int) and connection.READ_NUM_BYTES < read_bytes:
+        connection.READ_NUM_BYTES = read_bytes
+
+
+_read_larger_chunks()
 
 
 class UpstreamError(Exception):

@@ -184,6 +184,19 @@ class SqliteBackend:
             conn.execute("PRAGMA secure_delete = OFF")
 
     @staticmethod
+    def delete_unerased(conn: sqlite3.Connection, sql: str, params: tuple) -> None:
+        """Run a DELETE of bytes that are not secret without overwriting the pages it frees. A
+        SQLite built with SECURE_DELETE on by default (Debian's, for one) zeroes every freed
+        page: for a study's checkpointed report index, 24 MB at 10^6 reports written and synced
+        in its commit's transaction (issue 46). The connection's own setting is kept."""
+        prior = int(conn.execute("PRAGMA secure_delete").fetchone()[0])
+        conn.execute("PRAGMA secure_delete = OFF")
+        try:
+            conn.execute(sql, params)
+        finally:
+            conn.execute(f"PRAGMA secure_delete = {'FAST' if prior == 2 else prior}")
+
+    @staticmethod
     def unavailable(exc: BaseException, retry_after_s: int = 1) -> ProblemError:
         return db.unavailable(exc, retry_after_s)
 
@@ -327,6 +340,11 @@ class PostgresBackend:
         disk; a VACUUM of the table afterwards (an operator's job) finishes it."""
         conn.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", (bytes(size), *params))
         conn.execute(f"DELETE FROM {table} WHERE {where}", params)
+
+    @staticmethod
+    def delete_unerased(conn, sql: str, params: tuple) -> None:
+        """A plain DELETE: PostgreSQL does not overwrite the rows it frees in any case."""
+        conn.execute(sql, params)
 
     def unavailable(self, exc: BaseException, retry_after_s: int = 1) -> ProblemError:
         return self.pg.unavailable(exc, retry_after_s)

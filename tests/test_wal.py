@@ -123,3 +123,32 @@ def test_a_writer_killed_while_the_log_is_copied_loses_no_committed_row(tmp_path
     assert conn.execute("SELECT count(*) FROM scratch WHERE length(v) != 100000").fetchone()[0] == 0
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+def test_a_delete_of_bytes_that_are_not_secret_writes_no_zeros(tmp_path):
+    """backend.delete_unerased (a committed study's checkpointed report index, 24 MB at 10^6
+    reports): the freed pages are not overwritten, whatever the connection's secure_delete (on
+    by default in Debian's SQLite, where the commit wrote and synced 24 MB of zeros), and the
+    connection keeps its setting; a plain DELETE with secure_delete on writes them all."""
+    path = tmp_path / "s.sqlite3"
+    backend = SqliteBackend(path, 5.0)
+    conn = backend.initialise()
+    conn.execute("CREATE TABLE scratch (k INTEGER PRIMARY KEY, v BLOB)")
+    blob = 4 << 20
+    for setting, unerased in ((1, True), (2, True), (0, True), (1, False)):
+        conn.execute("INSERT INTO scratch (k, v) VALUES (1, ?)", (os.urandom(blob),))
+        busy, _pages, _copied = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        assert not busy and _wal_bytes(path) == 0
+        conn.execute(f"PRAGMA secure_delete = {'FAST' if setting == 2 else setting}")
+        conn.execute("BEGIN IMMEDIATE")
+        if unerased:
+            backend.delete_unerased(conn, "DELETE FROM scratch WHERE k = ?", (1,))
+        else:
+            conn.execute("DELETE FROM scratch WHERE k = ?", (1,))
+        conn.execute("COMMIT")
+        assert conn.execute("PRAGMA secure_delete").fetchone()[0] == setting
+        if unerased:
+            assert _wal_bytes(path) < blob // 8, (setting, _wal_bytes(path))
+        else:  # the control: every freed page written again, as zeros
+            assert _wal_bytes(path) > blob, _wal_bytes(path)
+    backend.close(conn)
