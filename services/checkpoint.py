@@ -207,13 +207,18 @@ def write(conn: Any, seq: int, snap: Snapshot) -> str | None:
     return "whole"
 
 
-def delete(conn: Any, backend: Any, seq: int) -> None:
-    """Delete the study's checkpoint (its commit or closure). Its segments, the report ids and
-    their rowids that the study's stored batches keep anyway, without zeroing their pages
-    (``backend.delete_unerased``: 24 MB of zeros at 10^6 reports were a commit's largest write);
-    its totals row, the running aggregate share, as the connection deletes secrets."""
+def delete(conn: Any, seq: int, unerased: Any = None) -> None:
+    """Delete the study's checkpoint. At its commit (``unerased``: the backend) its segments,
+    report ids and rowids that the study's stored batches keep anyway, go without zeroing their
+    pages (``backend.delete_unerased``: 24 MB of zeros at 10^6 reports were a commit's largest
+    write); its totals row, the running aggregate share, as the connection deletes secrets. A study
+    dropped before its release, whose shares go too, has its segments erased as the connection
+    erases (``unerased=None``)."""
     conn.execute("DELETE FROM checkpoints WHERE study = ?", (seq,))
-    backend.delete_unerased(conn, "DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
+    if unerased is None:
+        conn.execute("DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
+    else:
+        unerased.delete_unerased(conn, "DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
 
 
 def load(conn: Any, record: StudyRecord, state: StudyState) -> bool:

@@ -892,7 +892,7 @@ class Store:
                 (record.seq, ihash, result.model_dump_json(), released, now),
             )
             conn.execute("UPDATE studies SET status = 'committed' WHERE seq = ?", (record.seq,))
-            checkpoint.delete(conn, self.backend, record.seq)
+            checkpoint.delete(conn, record.seq, unerased=self.backend)
 
             def apply() -> None:
                 record.aggregate = released
@@ -1274,7 +1274,7 @@ class Store:
                 held = int(conn.execute("SELECT report_count FROM studies WHERE seq = ?",
                                         (record.seq,)).fetchone()[0])
                 deleted = batches.delete_shares(conn, record.seq)
-                checkpoint.delete(conn, self.backend, record.seq)
+                checkpoint.delete(conn, record.seq)
                 refunded = sorted(p for p, entries in self._ledger.items()
                                   if any(c.study_id == study_id for c, _ in entries))
                 conn.execute("DELETE FROM ledger WHERE study_id = ?", (study_id,))
