@@ -3,18 +3,17 @@
 An exec'd server spends about 3.3 s of CPU before it is warm: the interpreter, numpy, scipy,
 FastAPI and dp-accounting imported again by each of the suite's ~340 processes, a third of the
 suite's CPU on 2 cores. multiprocessing's fork server imports them once per pytest worker and
-forks a child per start, which is warm after about 0.35 s of CPU (tests/forkstart.py measured
-3.31-3.60 s exec'd against 0.32-0.41 s forked, one share server from spawn to 8 s idle).
+forks a child per start, which is warm after about 0.35 s of CPU (3.31-3.60 s exec'd against
+0.32-0.41 s forked, one share server from spawn to 8 s idle; docs/testing.md).
 
 What stays as it was: each server is its own process in its own session (``os.killpg`` and
 SIGKILL reach it as before), with its own environment, log file and working directory, running
 ``dpsketch.tools.cli.main`` exactly as ``python -m dpsketch.tools.cli`` would; its exit code is
 what ``Popen.returncode`` would say (minus the signal for a signalled one). What a fork cannot
 reproduce is decided at import time: the fork server imported every module under the worker's
-environment, so a start whose environment differs from it in anything but the product's own
-``DPSKETCH_*`` settings (read at run time) is exec'd as before, as is anything but the CLI. The
-real exec'd start stays covered where it matters: ``dpsketch demo``, the CLI tests, the server
-process tests and the images start their processes the usual way.
+environment, so a start whose environment differs from it outside :data:`RUN_TIME_PREFIXES`
+is exec'd as before, as is anything but the CLI. The exec'd start stays covered: ``dpsketch
+demo``, the CLI tests and the images start their processes the usual way.
 
 ``DPSKETCH_TEST_FORK=0`` turns this off for a run.
 """
@@ -65,9 +64,8 @@ def enabled() -> bool:
 
 def _cli_args(argv: list[str]) -> list[str] | None:
     """The CLI's arguments of ``python -m dpsketch.tools.cli ...``, else None (exec that)."""
-    if len(argv) >= 3 and argv[0] == sys.executable and argv[1:3] == ["-m", "dpsketch.tools.cli"]:
-        return argv[3:]
-    return None
+    prefix = cluster._cli()  # how cluster.py spells a CLI start
+    return argv[len(prefix):] if argv[:len(prefix)] == prefix else None
 
 
 def _differs_at_import(env: dict[str, str]) -> bool:
