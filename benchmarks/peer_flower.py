@@ -466,6 +466,143 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     }
 
 
+# --- the bare-HTTP floor ------------------------------------------------------------------------
+#
+# What the single path's requests cost with nothing behind them: the same client processes and
+# threads, each client its own connection pools (one per server, no TLS on loopback, as the SDK
+# makes them), sending requests of the single path's sizes to servers that only read each body
+# and answer fixed bytes, on the same uvicorn (httptools, uvloop) as the share servers. Three
+# request patterns per client: one request to one server (what a relay that forwarded many
+# clients' sealed shares in one request would take from each client), one POST to each of the
+# N servers (a client that already holds its study), and today's GET then POST at each server.
+# No client-side work (noise, encoding, binding, study check) and no server-side work (binding,
+# storage, the running totals) is in it: a design that sends that many requests per client
+# cannot be faster than its floor on this machine.
+
+#: request pattern -> what it stands for (the table's column labels)
+FLOOR_PATTERNS = {"1": "1 request", "N": "N POSTs", "2N": "N GETs + N POSTs"}
+#: the floor servers' GET answer size, from their environment (the study's JSON in the run)
+_FLOOR_GET_BYTES = int(os.environ.get("DPSKETCH_FLOOR_GET_BYTES", "2048"))
+_FLOOR_POST_ANSWER = b'{"accepted":1,"duplicates":0,"report_count":1000}'
+
+
+async def floor_app(scope: dict, receive: Any, send: Any) -> None:
+    """ASGI app of a floor server: read the request's body, answer 200 with fixed bytes (a GET:
+    ``DPSKETCH_FLOOR_GET_BYTES`` of them; a POST: an UploadResult's size)."""
+    if scope["type"] != "http":  # uvicorn runs it with --lifespan off
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    body = b"x" * _FLOOR_GET_BYTES if scope["method"] == "GET" else _FLOOR_POST_ANSWER
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@contextlib.contextmanager
+def floor_servers(workdir: Path, n_servers: int, get_bytes: int):
+    """n_servers floor servers (floor_app under uvicorn with httptools and uvloop) on loopback;
+    yields their URLs."""
+    from dpsketch.tools.cluster import ManagedProcess, free_ports, start_all, stop_all
+
+    env = {**os.environ, "DPSKETCH_FLOOR_GET_BYTES": str(get_bytes)}
+    procs = [ManagedProcess(f"floor{j + 1}", [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "benchmarks"),
+                                              "peer_flower:floor_app", "--host", "127.0.0.1", "--port", str(port),
+                                              "--http", "httptools", "--loop", "uvloop", "--lifespan", "off",
+                                              "--log-level", "warning", "--no-access-log"],
+                            env, port, workdir / f"floor{j + 1}.log")
+             for j, port in enumerate(free_ports(n_servers))]
+    try:
+        start_all(procs)
+        yield [p.url for p in procs]
+    finally:
+        stop_all(procs)
+
+
+def floor_clients(urls: list[str], pattern: str, count: int, threads: int, post_bytes: int) -> int:
+    """``count`` floor clients, ``threads`` at a time: each makes its own pools and sends its
+    pattern's requests one after another; returns the requests sent."""
+    import httpx
+
+    no_tls = httpx.create_ssl_context(verify=False)  # as the SDK's http-only clients share one
+    body = b"x" * post_bytes
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer " + "t" * 43,
+               "User-Agent": "dpsketch-floor"}
+    plan = ([(0, "POST")] if pattern == "1" else [(j, "POST") for j in range(len(urls))] if pattern == "N"
+            else [(j, "GET") for j in range(len(urls))] + [(j, "POST") for j in range(len(urls))])
+
+    def one(_: int) -> None:
+        pools = [httpx.HTTPTransport(verify=no_tls, trust_env=False) for _ in urls]
+        try:
+            for j, method in plan:
+                request = httpx.Request(method, urls[j] + "/v1/studies/floor" + ("/reports" if method == "POST" else ""),
+                                        content=body if method == "POST" else None, headers=headers)
+                response = pools[j].handle_request(request)
+                try:
+                    response.read()
+                finally:
+                    response.close()
+                if response.status_code != 200:
+                    raise RuntimeError(f"floor server answered {response.status_code}")
+                json.loads(response.content) if method == "POST" else None
+        finally:
+            for pool in pools:
+                pool.close()
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(one, range(count)))
+    return count * len(plan)
+
+
+def _floor_process(job: tuple) -> int:
+    return floor_clients(*job)
+
+
+def run_floor(urls: list[str], pattern: str, n: int, workers: int, processes: int, post_bytes: int,
+              get_bytes: int) -> dict[str, Any]:
+    """n floor clients of ``pattern``, ``workers`` at a time over ``processes`` client processes
+    (as the single path runs its clients); the wall time from the first request to the last answer."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    processes = max(1, min(processes, workers, n))
+    threads = max(1, workers // processes)
+    jobs = [(urls, pattern, len(range(k, n, processes)), threads, post_bytes) for k in range(processes)]
+    with contextlib.ExitStack() as stack:
+        if processes > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")))
+            assert len(set(pool.map(_client_process_ready, range(processes)))) == processes
+        load0 = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        sent = sum(pool.map(_floor_process, jobs)) if processes > 1 else floor_clients(*jobs[0])
+        seconds = time.perf_counter() - t0
+    return {"system": f"http-floor-{pattern}", "n": n, "seconds": seconds, "http_requests": sent,
+            "http_requests_per_client": sent // n, "workers": workers, "client_processes": processes,
+            "post_bytes": post_bytes, "get_bytes": get_bytes,
+            "load_before": load0, "load_after": os.getloadavg()[0]}
+
+
+def request_sizes(cluster: LocalCluster, d: int, epsilon: float, delta: float) -> tuple[int, int]:
+    """The single path's request sizes at this d, from a study made for it: the bytes of a
+    server's answer to ``GET /v1/studies/{id}`` and of one report's JSON body."""
+    import httpx
+
+    from dpsketch.analyzer.client import AnalyzerClient
+    from dpsketch.client_sdk import prepare_batch
+    from dpsketch.protocol import Study
+
+    with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
+        created = an.create_study(name=f"peer-sizes-{d}", columns=[f"x{c}" for c in range(d)], label=None,
+                                  expected_reports=2, min_reports=2, kind="sketch", k=1, s=1, epsilon=epsilon,
+                                  delta=delta, row_bound=1.0, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    get_bytes = len(httpx.get(f"{cluster.server_urls[0]}/v1/studies/{study.study_id}").content)
+    report = prepare_batch(study, rows(0, 1, d)).report(0).model_dump()
+    return get_bytes, len(json.dumps(report, separators=(",", ":")).encode())
+
+
 # --- the table --------------------------------------------------------------------------------
 
 
@@ -509,7 +646,9 @@ def _spread(values: list[float], spec: str) -> str:
 
 def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     fresh = [r for r in results if r["system"] == "dpsketch-fresh-process"]
-    results = [r for r in results if r["system"] != "dpsketch-fresh-process"]
+    floor = [r for r in results if r["system"].startswith("http-floor-")]
+    everything = results
+    results = [r for r in results if r["system"] != "dpsketch-fresh-process" and r not in floor]
     ns = sorted({r["n"] for r in results})
     stacks = sorted({f"FastAPI {r['fastapi_version']}, uvicorn {r['uvicorn_version']}"
                      for r in results if "fastapi_version" in r})
@@ -556,6 +695,8 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         for n0, n1 in zip(ns, ns[1:]):
             lines.append(f"| {n0:,} to {n1:,} | " + " | ".join(
                 _fmt(exponent(results, name, n0, n1)) for _, name in systems) + " |")
+    if floor:
+        lines += ["", render_floor(everything, sorted({r["n"] for r in floor}))]
     if fresh:
         loads = [x for r in fresh for x in (r["load_before"], r["load_after"])]
         lines += ["", f"One-row clients, each a fresh Python process, one after another ({len(fresh)} run(s) of "
@@ -567,6 +708,28 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                   f"{_spread([r['import_seconds'] for r in fresh], '.2f')} | "
                   f"{_spread([r['study_seconds'] for r in fresh], '.3f')} | "
                   f"{_spread([r['submit_seconds'] for r in fresh], '.3f')} |"]
+    return "\n".join(lines)
+
+
+def render_floor(results: list[dict[str, Any]], ns: list[int]) -> str:
+    """The bare-HTTP floor's table: each pattern's time and Flower's round over it (the most any
+    design sending that many requests per client could reach here), and the single path over
+    the floor of its own requests; ratios within each repetition."""
+    sizes = next(r for r in results if r["system"].startswith("http-floor-"))
+    lines = [f"The bare-HTTP floor (the single path's clients, processes and threads; servers that only read "
+             f"each body and answer: a GET {sizes['get_bytes']:,} bytes, a POST body {sizes['post_bytes']:,} "
+             f"bytes; seconds, and ratios within each run):", "",
+             "| n | " + " | ".join(f"floor: {label} per client (s) | Flower / it" for label in FLOOR_PATTERNS.values())
+             + " | dpsketch single / its floor (N GETs + N POSTs) | load (1 min) |",
+             "|---|" + "---|" * (2 * len(FLOOR_PATTERNS) + 2)]
+    for n in ns:
+        runs = [r for r in results if r["system"].startswith("http-floor-") and r["n"] == n]
+        loads = [x for r in runs for x in (r["load_before"], r["load_after"])]
+        lines.append(f"| {n:,} | " + " | ".join(
+            f"{_spread([r['seconds'] for r in _runs(results, f'http-floor-{k}', n)], '.2f')} | "
+            f"{_spread(ratios(results, 'flower-secagg+', f'http-floor-{k}', n), '.1f')}" for k in FLOOR_PATTERNS)
+            + f" | {_spread(ratios(results, 'dpsketch-single', 'http-floor-2N', n), '.2f')}"
+            f" | {min(loads):.1f}-{max(loads):.1f} |")
     return "\n".join(lines)
 
 
@@ -585,7 +748,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", default="100,1000", help="client counts, comma-separated (default: %(default)s)")
     p.add_argument("--d", type=int, default=100, help="values per client (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="vector seed (default: %(default)s)")
-    p.add_argument("--paths", default="single,bulk", help="dpsketch paths (default: %(default)s)")
+    p.add_argument("--paths", default="single,bulk",
+                   help="dpsketch paths, and 'floor': the single path's requests against servers that only "
+                   "read and answer, in three patterns per client (default: %(default)s)")
     p.add_argument("--skip-flower", action="store_true", help="measure dpsketch only (no flwr needed)")
     p.add_argument("--skip-dpsketch", action="store_true", help="measure Flower only")
     p.add_argument("--num-shares", type=int, default=3,
@@ -645,8 +810,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ns = [int(x) for x in args.n.split(",") if x.strip()]
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
-    if any(x not in ("single", "bulk") for x in paths):
-        raise SystemExit("--paths takes single and/or bulk")
+    if any(x not in ("single", "bulk", "floor") for x in paths):
+        raise SystemExit("--paths takes single, bulk and/or floor")
+    if "floor" in paths and args.skip_dpsketch:
+        raise SystemExit("the floor path takes its request sizes from the dpsketch cluster: drop --skip-dpsketch")
     if not args.skip_dpsketch and min(ns, default=2) < 2:
         raise SystemExit("the dpsketch side needs n >= 2 (a study's min_reports exceeds t = 0 and the "
                          "release must hold more than one report)")
@@ -692,16 +859,27 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_dpsketch:
                 print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
                 cluster = stack.enter_context(LocalCluster(workdir))
+            floor_urls, sizes = None, (0, 0)
+            if cluster is not None and "floor" in paths:
+                sizes = request_sizes(cluster, args.d, args.epsilon, args.delta)
+                print(f"starting {cluster.n_servers} floor servers (GET answers {sizes[0]} bytes, POSTs "
+                      f"{sizes[1]} bytes) ...", file=sys.stderr, flush=True)
+                floor_urls = stack.enter_context(floor_servers(workdir, cluster.n_servers, sizes[0]))
             # interleaved: every repetition measures each system at each n before the next one
             # starts, so a change in the machine's other load falls on both sides alike
             for rep in range(args.reps):
                 for n in ns:
                     if cluster is not None:
                         data = rows(args.seed, n, args.d)
-                        for path in paths:
+                        for path in (p for p in paths if p != "floor"):
                             print(f"dpsketch {path}, n = {n}, rep {rep + 1} ...", file=sys.stderr, flush=True)
                             report(run_dpsketch(cluster, path, data, args.epsilon, args.delta, args.workers,
                                                 cold_check=args.cold_check, processes=args.client_processes), rep)
+                        for pattern in FLOOR_PATTERNS if floor_urls else ():
+                            print(f"bare-HTTP floor, {FLOOR_PATTERNS[pattern]} per client, n = {n}, rep {rep + 1} ...",
+                                  file=sys.stderr, flush=True)
+                            report(run_floor(floor_urls, pattern, n, args.workers, args.client_processes,
+                                             sizes[1], sizes[0]), rep)
                     if not args.skip_flower:
                         flower(n, rep)
                 if cluster is not None and args.fresh_processes:

@@ -29,10 +29,17 @@ def test_peer_flower_sums_five_clients_on_both_dpsketch_paths(tmp_path):
     peer = _peer()
     out, page = tmp_path / "peer.json", tmp_path / "peer.md"
     page.write_text(f"before\n{peer.TABLE_START}\nold table\n{peer.TABLE_END}\nafter\n")
-    assert peer.main(["--skip-flower", "--n", "5", "--d", "4", "--paths", "single,bulk", "--workers", "4",
+    assert peer.main(["--skip-flower", "--n", "5", "--d", "4", "--paths", "single,bulk,floor", "--workers", "4",
                       "--cold-check", "--json", str(out), "--write-docs", str(page)]) == 0
-    results = json.loads(out.read_text())["results"]
+    every = json.loads(out.read_text())["results"]
+    floor = {r["system"]: r for r in every if r["system"].startswith("http-floor-")}
+    results = [r for r in every if r["system"].startswith("dpsketch-")]
     assert sorted(r["system"] for r in results) == ["dpsketch-bulk", "dpsketch-single"]
+    # the floor: each pattern's requests, every one answered 200, by servers that only read and answer,
+    # with the single path's request sizes at d = 4 (a study's JSON; a report of 4 values)
+    assert sorted(floor) == ["http-floor-1", "http-floor-2N", "http-floor-N"]
+    assert [floor[f"http-floor-{k}"]["http_requests"] for k in ("1", "N", "2N")] == [5, 15, 30]
+    assert all(r["post_bytes"] > 100 and r["get_bytes"] > 1000 and r["seconds"] > 0 for r in floor.values())
     truth = peer.rows(0, 5, 4).sum(axis=0)
     for r in results:
         assert r["n"] == 5 and r["d"] == 4
@@ -48,6 +55,8 @@ def test_peer_flower_sums_five_clients_on_both_dpsketch_paths(tmp_path):
     text = page.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
     assert "| 5 | — | — |" in text and "each checking the study itself" in text
+    assert "The bare-HTTP floor" in text and "| dpsketch single / its floor (N GETs + N POSTs) |" in text
+    assert "| 5 | " in text.split("The bare-HTTP floor")[1]
 
 
 def test_the_table_pairs_each_repetition_and_takes_medians():
@@ -65,6 +74,14 @@ def test_the_table_pairs_each_repetition_and_takes_medians():
     assert "median (range) of 3 interleaved runs" in table and "64 clients at a time" in table
     assert "| 1,000 | 100.0 (90.0-120.0) | 101.0 (91.0-121.0) | 5.00 (4.00-9.00) | — | 20.0 (10.0-30.0) |" in table
     assert table.rstrip().endswith("| 2.0-3.5 |")
+    # the floor's own table pairs each repetition too: single over its floor, Flower over a 1-request floor
+    floor = [{**res(f"http-floor-{k}", 1000, t, rep), "get_bytes": 3709, "post_bytes": 1200}
+             for k, times in (("1", (1.0, 2.0, 1.5)), ("N", (2.0, 3.0, 2.5)), ("2N", (4.0, 2.0, 3.0)))
+             for rep, t in enumerate(times)]
+    table = peer.render(results + floor, {"d": 100, "machine": "2 CPUs", "date": "today"})
+    assert ("| 1,000 | 1.50 (1.00-2.00) | 60.0 (60.0-100.0) | 2.50 (2.00-3.00) | 40.0 (36.0-50.0) | "
+            "3.00 (2.00-4.00) | 30.0 (25.0-60.0) | 2.00 (1.25-3.00) | 2.0-3.5 |") in table
+    assert "a GET 3,709 bytes, a POST body 1,200 bytes" in table
 
 
 # The Flower side is not run here: Flower (the 'peer' extra) would downgrade FastAPI, Starlette and
