@@ -26,6 +26,7 @@ a JSON summary. Mutants listed as equivalent in the config are reported apart, w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -252,45 +253,46 @@ def test_command(guard: Guard, python: str = sys.executable) -> str:
 _ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
-def run_tests_in(copy: Path, command: str, timeout: float):
-    """cosmic-ray's test runner, in the copy: its imports resolve to the copy (PYTHONPATH goes
-    before the editable install's finder), and so do the processes the tests start."""
-    from cosmic_ray.testing import run_tests
-
-    old_cwd, old_path = os.getcwd(), os.environ.get("PYTHONPATH")
+@contextlib.contextmanager
+def _in_copy(copy: Path):
+    """Run inside the copy: its directory, its tree first on PYTHONPATH (before the editable
+    install's finder, and in the processes the tests start) and _ENV; on exit each variable is
+    as it was (a test that ran a mutant once left plugin autoloading off for every later test of
+    its worker, so every server those started was exec'd, not forked: tests/forkstart.py)."""
+    old_cwd = os.getcwd()
+    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", *_ENV)}
     os.chdir(copy)
     os.environ["PYTHONPATH"] = str(copy)
     os.environ.update(_ENV)
     try:
-        return run_tests(command, timeout)
+        yield
     finally:
         os.chdir(old_cwd)
-        if old_path is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old_path
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_tests_in(copy: Path, command: str, timeout: float):
+    """cosmic-ray's test runner, in the copy (:func:`_in_copy`)."""
+    from cosmic_ray.testing import run_tests
+
+    with _in_copy(copy):
+        return run_tests(command, timeout)
 
 
 def run_mutant(copy: Path, spec, command: str, timeout: float):
     """Apply one mutant in the copy, run the tests, restore: a cosmic-ray WorkResult."""
     from cosmic_ray.mutating import mutate_and_test
 
-    old_cwd, old_path = os.getcwd(), os.environ.get("PYTHONPATH")
-    os.chdir(copy)
-    os.environ["PYTHONPATH"] = str(copy)
-    os.environ.update(_ENV)
-    try:
+    with _in_copy(copy):
         # a pyc compiled from the original could be taken for the mutant if both have the same
         # size and the same mtime second: no bytecode of the mutated module may exist
         for pyc in (copy / spec.module_path).parent.glob(f"__pycache__/{Path(spec.module_path).stem}.*.pyc"):
             pyc.unlink()
         return mutate_and_test([spec], command, timeout)
-    finally:
-        os.chdir(old_cwd)
-        if old_path is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old_path
 
 
 # --- a campaign ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -60,6 +61,8 @@ def test_a_certificate_mutant_is_applied_in_a_copy_killed_and_restored(tmp_path)
                 and s.definition_name == "ok")
     assert m.mutated_lines(ROOT, spec) == ("return self.margin >= 0.0", "return self.margin > 0.0")
     copy = m.scratch_copy(tmp_path / "tree")
+    before = {key: os.environ.get(key) for key in ("PYTHONPATH", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
+    cwd = os.getcwd()
     try:
         original = (copy / spec.module_path).read_text()
         check = (f"{sys.executable} -c \"from dpsketch.protocol.privacy import Certificate; "
@@ -72,6 +75,9 @@ def test_a_certificate_mutant_is_applied_in_a_copy_killed_and_restored(tmp_path)
         assert (copy / spec.module_path).read_text() == original
         entry = m._entry(config, copy, guard, spec, result)
         assert entry["outcome"] == "killed" and entry["function"] == "ok"
+        # the mutant's environment stays in its runs: this worker's later tests and the servers
+        # they start see the environment they had (forked, not exec'd: tests/forkstart.py)
+        assert {key: os.environ.get(key) for key in before} == before and os.getcwd() == cwd
     finally:
         shutil.rmtree(copy, ignore_errors=True)
     assert "return self.margin >= 0.0" in (ROOT / spec.module_path).read_text()
