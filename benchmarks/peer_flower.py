@@ -321,6 +321,19 @@ def _client_process_ready(_: int = 0) -> int:
     return os.getpid()
 
 
+def client_processes(stack: contextlib.ExitStack, processes: int) -> Any:
+    """``processes`` client processes (spawned, each with the SDK loaded: _client_process_ready)
+    before the clock starts, closed with ``stack``; None for one, which runs in this process."""
+    if processes <= 1:
+        return None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = stack.enter_context(ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")))
+    assert len(set(pool.map(_client_process_ready, range(processes)))) == processes
+    return pool
+
+
 def _client_process(job: tuple) -> np.ndarray:
     return one_row_clients(*job)
 
@@ -404,12 +417,7 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     processes = max(1, min(processes, workers, n)) if path == "single" else 1
     totals: list[np.ndarray] = []
     with contextlib.ExitStack() as stack:
-        if processes > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            pool = stack.enter_context(ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")))
-            assert len(set(pool.map(_client_process_ready, range(processes)))) == processes
+        pool = client_processes(stack, processes)
         load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
         if path == "single" and processes > 1:
@@ -564,19 +572,14 @@ def run_floor(urls: list[str], pattern: str, n: int, workers: int, processes: in
               get_bytes: int) -> dict[str, Any]:
     """n floor clients of ``pattern``, ``workers`` at a time over ``processes`` client processes
     (as the single path runs its clients); the wall time from the first request to the last answer."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     processes = max(1, min(processes, workers, n))
     threads = max(1, workers // processes)
     jobs = [(urls, pattern, len(range(k, n, processes)), threads, post_bytes) for k in range(processes)]
     with contextlib.ExitStack() as stack:
-        if processes > 1:
-            pool = stack.enter_context(ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")))
-            assert len(set(pool.map(_client_process_ready, range(processes)))) == processes
+        pool = client_processes(stack, processes)
         load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
-        sent = sum(pool.map(_floor_process, jobs)) if processes > 1 else floor_clients(*jobs[0])
+        sent = sum(pool.map(_floor_process, jobs)) if pool is not None else floor_clients(*jobs[0])
         seconds = time.perf_counter() - t0
     return {"system": f"http-floor-{pattern}", "n": n, "seconds": seconds, "http_requests": sent,
             "http_requests_per_client": sent // n, "workers": workers, "client_processes": processes,
