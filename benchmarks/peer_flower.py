@@ -23,6 +23,10 @@ every value lies in [-1, 1]). Both systems must deliver the sum of the n vectors
   ``--client-processes`` processes (``one_row_clients`` says what they share); ``bulk``: one
   ``Client.submit_many`` of all n rows. ``--fresh-processes`` adds one-row clients that are each
   a new Python process, as a device that starts and submits is.
+* the bare-HTTP floor (``--paths floor``): the single path's clients, processes and threads
+  sending 1 request, N POSTs, or N GETs and N POSTs each to N servers that only read and answer
+  (``floor_app``): no design sending that many requests per client is faster on this machine,
+  so Flower's round over a floor bounds what such a design could reach.
 
 Correctness is checked on both sides: Flower's sum against the true sum (max abs error, from its
 stochastic quantization); dpsketch's release against the exact ring sum of what the clients sent
@@ -33,7 +37,7 @@ Run it from the product's venv with Flower in a venv of its own (``pip install -
 there: Flower pins older FastAPI and uvicorn than the servers use), both sides interleaved::
 
     python benchmarks/peer_flower.py --n 1000 --workers 64 --client-processes 2 --cold-check \
-        --reps 3 --flower-python /tmp/peer-venv/bin/python --write-docs docs/peer.md
+        --paths single,bulk,floor --reps 3 --flower-python /tmp/peer-venv/bin/python --write-docs docs/peer.md
 
 ``--skip-flower`` measures dpsketch alone with the product's own dependencies. Each repetition
 measures every system at every n before the next starts, with the load average recorded beside
@@ -554,7 +558,8 @@ def floor_clients(urls: list[str], pattern: str, count: int, threads: int, post_
                     response.close()
                 if response.status_code != 200:
                     raise RuntimeError(f"floor server answered {response.status_code}")
-                json.loads(response.content) if method == "POST" else None
+                if method == "POST":  # the client reads its UploadResult, as the SDK does
+                    json.loads(response.content)
         finally:
             for pool in pools:
                 pool.close()
