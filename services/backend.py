@@ -287,9 +287,9 @@ class PostgresBackend:
         TOAST chunks, and picked with numpy; the others by ``substring`` of their uncompressed
         values (STORAGE EXTERNAL), which reads only the chunks holding each record. Issue 46: a
         10^6-report commit on PostgreSQL read back its 2-3 % excluded reports as two substrings
-        each (about 20,000 index lookups into the TOAST table a server), most of its 0.75-0.92 s;
-        a 16-byte id column, or a server's column of 32-byte seeds, is smaller than what that many
-        substrings cost."""
+        each (tens of thousands of lookups into the TOAST table a server), about half of the
+        writer's time in a commit (py-spy); a batch's 16-byte ids, or a server's 32-byte seeds,
+        take fewer bytes whole than that many substrings cost."""
         octets, has_pseudonyms, party = conn.execute(
             "SELECT octet_length(shares), pseudonyms IS NOT NULL, party FROM batches WHERE first = ?",
             (first,)).fetchone()
