@@ -654,9 +654,10 @@ def _spread(values: list[float], spec: str) -> str:
 
 def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     fresh = [r for r in results if r["system"] == "dpsketch-fresh-process"]
-    floor = [r for r in results if r["system"].startswith("http-floor-")]
-    everything = results
-    results = [r for r in results if r["system"] != "dpsketch-fresh-process" and r not in floor]
+    floor_ns = sorted({r["n"] for r in results if r["system"].startswith("http-floor-")})
+    everything = results  # the floor's table pairs the floors with Flower's and the single path's runs
+    results = [r for r in results if r["system"] != "dpsketch-fresh-process"
+               and not r["system"].startswith("http-floor-")]
     ns = sorted({r["n"] for r in results})
     stacks = sorted({f"FastAPI {r['fastapi_version']}, uvicorn {r['uvicorn_version']}"
                      for r in results if "fastapi_version" in r})
@@ -703,8 +704,8 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         for n0, n1 in zip(ns, ns[1:]):
             lines.append(f"| {n0:,} to {n1:,} | " + " | ".join(
                 _fmt(exponent(results, name, n0, n1)) for _, name in systems) + " |")
-    if floor:
-        lines += ["", render_floor(everything, sorted({r["n"] for r in floor}))]
+    if floor_ns:
+        lines += ["", render_floor(everything, floor_ns)]
     if fresh:
         loads = [x for r in fresh for x in (r["load_before"], r["load_after"])]
         lines += ["", f"One-row clients, each a fresh Python process, one after another ({len(fresh)} run(s) of "
