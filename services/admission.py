@@ -53,7 +53,7 @@ ADMITTED_KEY = "dpsketch.admitted"
 #: out of the counts while the upload's answer is held).
 ADMITTED_BYTES_KEY = "dpsketch.admitted_bytes"
 
-_UPLOAD_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/(?P<kind>reports|batches)$")
+_UPLOAD_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/(?P<kind>reports|batches|relayed)$")
 
 
 def env_limit(name: str, default, kind=int):

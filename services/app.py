@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 import dpsketch
 
-from dpsketch.protocol import binding, envelope, inclusion, proved_shares
+from dpsketch.protocol import binding, envelope, inclusion, proved_shares, relayed
 from dpsketch.protocol.messages import (
     AGGREGATE_MEDIA_TYPE,
     BLOCK_INDEX_MEDIA_TYPE,
@@ -42,6 +42,7 @@ from dpsketch.protocol.messages import (
     IssuedUploadTokens,
     IssueUploadTokens,
     PopulationLedger,
+    RelayedResults,
     Report,
     ServerInfo,
     StudyInfo,
@@ -49,7 +50,6 @@ from dpsketch.protocol.messages import (
     UploadResult,
     UploadTokenList,
     decode_blocks,
-    decode_upload,
     party_of_media_type,
 )
 from dpsketch.protocol.problems import ProblemError
@@ -58,7 +58,7 @@ from dpsketch.protocol.study import PROTOCOL, Study
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
 from dpsketch import observability
-from . import idsets, policy, proof_uploads, verify_api
+from . import policy, proof_uploads, relayed_uploads, verify_api
 from .admission import Admission, UploadAdmission
 from .auth import TokenRegistry, digest_of, matches, upload_token_id
 from .metrics import ServerMetrics
@@ -66,9 +66,8 @@ from .settings import Settings
 from .store import Store
 from .resend_gate import ResendGate, hold_route_answer
 from .study_route import FastStudy
-from .uploads import (FastReports, checked_report, json_response, sealed_header, stored_report, upload_token,
-                      verified_shares)
-from .writer import quota_problem
+from .uploads import (FastReports, checked_report, json_response, parse_batch, sealed_precheck, stored_report,
+                      upload_token, verified_shares)
 
 log = logging.getLogger("dpsketch.server")
 
@@ -191,50 +190,6 @@ def _install_sighup(registry: TokenRegistry) -> None:
             previous(signum, frame)
 
     signal.signal(signal.SIGHUP, on_hup)
-
-
-def _parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys):
-    """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
-    opened with this server's key ring ``keys``), check every record's binding and hash its ids
-    (CPU work, run in a worker thread), and sort them for the writer's report index; the seeds
-    too, which the writer stores instead of the shares where they are smaller (services/batches.py)."""
-    width = proved_shares.upload_width(study)  # a validity study's leader: input and proof shares
-    try:
-        if media_type == SEALED_MEDIA_TYPE:
-            upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
-                                         keys.private_key_for)
-        else:
-            upload = decode_upload(body, media_type, width, study.n_servers)
-    except envelope.SealError as exc:
-        raise ProblemError("sealed-share-refused", str(exc)) from None
-    except ValueError as exc:
-        raise ProblemError("malformed-body", str(exc)) from None
-    shares = verified_shares(upload, study, server_id)
-    rows, signs = study.hash_report_ids(upload.ids, upload.joined)
-    seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
-    addends = (proved_shares.addends(study, shares, seeds is not None) if proved_shares.is_proved(study)
-               else None)  # a validity study's: what the running totals fold (made off the writer's thread)
-    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds, addends
-
-
-def _sealed_precheck(store: Store, record, body: bytes, token: bytes | None, party: int | None = None) -> None:
-    """What a sealed batch is judged on before any decryption work (issue 41): its layout and
-    length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
-    is addressed to a key this server holds (422 sealed-share-refused), and that its upload
-    token may add its new reports, read from the records' report ids, which travel in the clear
-    (403 upload-quota-exceeded). Only then are its one KEM and its one AEAD run; each record's
-    binding is inside its ciphertext, so it is checked after opening, before anything is stored.
-    ``party``: a sealed block batch of that party (its block ids are the clear ids)."""
-    study = record.study
-    width = proved_shares.upload_width(study, party)  # a validity study's leader: input and proof shares
-    header = sealed_header(store, lambda: envelope.parse_batch(body, width, study.n_servers, party))
-    if token is not None:
-        granted = record.upload_tokens.get(token)
-        room = granted.room() if granted is not None else 0
-        if room is not None and header.count > room:  # retries cost nothing: count the new ones
-            new = store.count_new(record, envelope.record_ids(body, header, width, study.n_servers))
-            if new > room:
-                raise quota_problem(room, record.study_id, new)
 
 
 def _parse_blocks(body: bytes, study: Study, party: int, server_id: str, keys=None,
@@ -642,7 +597,7 @@ def create_app(settings: Settings) -> FastAPI:
             body = await request.body()
             sealed = media_type == SEALED_MEDIA_TYPE
             if sealed:
-                await run_in_threadpool(_sealed_precheck, store, record, body, token, party)
+                await run_in_threadpool(sealed_precheck, store, record, body, token, party)
             upload, kept = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id,
                                                    store.keys if sealed else None,
                                                    media_type == BLOCK_SEEDS_MEDIA_TYPE)
@@ -664,15 +619,40 @@ def create_app(settings: Settings) -> FastAPI:
             await hold_route_answer(gate, request.scope, result)
             return json_response(result)
         if media_type == SEALED_MEDIA_TYPE:
-            await run_in_threadpool(_sealed_precheck, store, record, body, token)
+            await run_in_threadpool(sealed_precheck, store, record, body, token)
         ids, shares, rows, signs, sorted_ids, seeds, addends = await run_in_threadpool(
-            _parse_batch, body, record.study, media_type, settings.server_id, store.keys)
+            parse_batch, body, record.study, media_type, settings.server_id, store.keys)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,
                                                                sorted_ids=sorted_ids, seeds=seeds,
                                                                addends=addends))
         metrics.uploaded(study_id, result)
         await hold_route_answer(gate, request.scope, result)
         return json_response(result)
+
+    @app.post("/v1/studies/{study_id}/relayed", response_model=RelayedResults, tags=["reports"],
+              responses=problem_responses(400, 404, 409, 413, 415, 503),
+              openapi_extra={"requestBody": {
+                  "required": True,
+                  "description": f"{relayed.MEDIA_TYPE}: a bundle of entries, each one device's "
+                                 f"version 4 sealed batch for this server with its upload token's id "
+                                 f"and MAC (docs/protocol.md section 7b); sent by a relay "
+                                 f"(dpsketch relay) for many devices at once",
+                  "content": {relayed.MEDIA_TYPE: {"schema": BINARY_SCHEMA}}}})
+    async def upload_relayed(study_id: str, request: Request) -> Response:
+        """Many devices' sealed batches in one request (a relay's bundle). No bearer token: each
+        entry carries its own upload token's id and a MAC only that token's holder can make.
+        Each entry gets its own outcome, in order (200 with the results, whatever they are);
+        a body that is not a bundle is refused whole."""
+        require_media_type(request, relayed.MEDIA_TYPE)
+        record = store.record(study_id)
+        if not record.is_open:
+            raise ProblemError("study-closed", f"study {study_id} is "
+                               f"{'committed' if record.commit is not None else record.closure.reason}; "
+                               f"it takes no more reports")
+        body = await request.body()
+        results, total = await relayed_uploads.upload(store, metrics, record, settings.server_id, body)
+        await hold_route_answer(gate, request.scope, total)
+        return json_response(results)
 
     @app.get("/v1/studies/{study_id}/report-ids", tags=["finalization"], dependencies=[analyst],
              response_class=Response,

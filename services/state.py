@@ -158,6 +158,19 @@ class StudyRecord:
     #: it ended without a release: expired or dropped (services/lifecycle.py)
     closure: Closure | None = None
     _rows_per_report: int = 0
+    #: (the upload_tokens dict it was made from, token id -> digest): the store replaces that dict
+    #: whenever a token is issued or revoked, never changes it in place
+    _token_ids: tuple[dict, dict[bytes, bytes]] | None = field(default=None, repr=False)
+
+    def digest_by_token_id(self, token_id: bytes) -> bytes | None:
+        """The digest of the active upload token whose public id (its digest's first 8 bytes) is
+        ``token_id``, or None (a relayed entry names its token by id: services/relayed_uploads.py).
+        The index is rebuilt once after each issue or revocation (the store replaces
+        ``upload_tokens`` then), never per lookup, so unknown ids cost a dict lookup each."""
+        tokens = self.upload_tokens
+        if self._token_ids is None or self._token_ids[0] is not tokens:
+            self._token_ids = (tokens, {d[:8]: d for d in tokens})
+        return self._token_ids[1].get(token_id)
 
     @property
     def study_id(self) -> str:

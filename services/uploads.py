@@ -59,14 +59,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dpsketch.observability import START_KEY, count_answer, problem_slug
 from dpsketch.problem_http import problem_response
 from dpsketch.protocol import binding, envelope, proved_shares
-from dpsketch.protocol.messages import SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, Report, Upload, UploadResult, report_fields, report_upload
+from dpsketch.protocol.messages import (SEALED_MEDIA_TYPE, SEEDS_MEDIA_TYPE, SHARES_MEDIA_TYPE, Report, Upload, UploadResult,
+                                        decode_upload, report_fields, report_upload)
 from dpsketch.protocol.problems import ProblemError
 from dpsketch.protocol.study import Study
 
+from . import idsets
 from .admission import ADMITTED_BYTES_KEY, ADMITTED_KEY, ROUTE_KEY, Admission, read_body, replaying
 from .auth import digest_of
 from .resend_gate import ResendGate
-from .writer import Unbound
+from .writer import Unbound, quota_problem
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -449,3 +451,47 @@ class FastReports:
             digests.clear()
         digests[authorization] = digest
         return digest
+
+
+def parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys):
+    """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
+    opened with this server's key ring ``keys``), check every record's binding and hash its ids
+    (CPU work, run in a worker thread), and sort them for the writer's report index; the seeds
+    too, which the writer stores instead of the shares where they are smaller (services/batches.py)."""
+    width = proved_shares.upload_width(study)  # a validity study's leader: input and proof shares
+    try:
+        if media_type == SEALED_MEDIA_TYPE:
+            upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
+                                         keys.private_key_for)
+        else:
+            upload = decode_upload(body, media_type, width, study.n_servers)
+    except envelope.SealError as exc:
+        raise ProblemError("sealed-share-refused", str(exc)) from None
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    shares = verified_shares(upload, study, server_id)
+    rows, signs = study.hash_report_ids(upload.ids, upload.joined)
+    seeds = upload.payloads if upload.content == binding.CONTENT_SEED else None  # stored in place of the share?
+    addends = (proved_shares.addends(study, shares, seeds is not None) if proved_shares.is_proved(study)
+               else None)  # a validity study's: what the running totals fold (made off the writer's thread)
+    return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds, addends
+
+
+def sealed_precheck(store: Store, record, body: bytes, token: bytes | None, party: int | None = None) -> None:
+    """What a sealed batch is judged on before any decryption work (issue 41): its layout and
+    length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
+    is addressed to a key this server holds (422 sealed-share-refused), and that its upload
+    token may add its new reports, read from the records' report ids, which travel in the clear
+    (403 upload-quota-exceeded). Only then are its one KEM and its one AEAD run; each record's
+    binding is inside its ciphertext, so it is checked after opening, before anything is stored.
+    ``party``: a sealed block batch of that party (its block ids are the clear ids)."""
+    study = record.study
+    width = proved_shares.upload_width(study, party)  # a validity study's leader: input and proof shares
+    header = sealed_header(store, lambda: envelope.parse_batch(body, width, study.n_servers, party))
+    if token is not None:
+        granted = record.upload_tokens.get(token)
+        room = granted.room() if granted is not None else 0
+        if room is not None and header.count > room:  # retries cost nothing: count the new ones
+            new = store.count_new(record, envelope.record_ids(body, header, width, study.n_servers))
+            if new > room:
+                raise quota_problem(room, record.study_id, new)

@@ -26,6 +26,7 @@ from pathlib import Path
 COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "server": ("dpsketch.services.__main__", "run one share server (FastAPI + SQLite or PostgreSQL)", ("server",)),
     "analyzer": ("dpsketch.analyzer.__main__", "run the analyzer service (create, finalize, analyse)", ("analyzer",)),
+    "relay": ("dpsketch.services.relay", "run a relay: one request per device in, one per share server out", ("server",)),
     "tokens": ("dpsketch.services.admin", "a share server operator's upload tokens: issue, list, revoke", ()),
     "submit": ("dpsketch.client_sdk.cli", "submit rows from a CSV file to the share servers", ()),
     "study": ("dpsketch.analyzer.cli", "talk to a running analyzer: create, progress, finalize, analyse", ()),

@@ -253,6 +253,17 @@ def share_server(spec: ServerSpec, workdir: Path, extra_env: dict[str, str] | No
                           scheme=scheme, ca_file=ca_file)
 
 
+def relay(servers: dict[str, str], workdir: Path, port: int | None = None, *args: str,
+          name: str = "relay") -> ManagedProcess:
+    """``dpsketch relay`` forwarding to ``servers`` (server id -> URL); ``args``: more flags
+    (``--window``, ``--max-entries``). Every device of a local cluster shares 127.0.0.1, so the
+    per-address connection cap is lifted."""
+    port = port or free_port()
+    argv = _cli("relay", *(a for sid, url in servers.items() for a in ("--server", f"{sid}={url}")),
+                "--host", "127.0.0.1", "--port", str(port), "--max-connections-per-ip", "0", *args)
+    return ManagedProcess(name, argv, dict(os.environ), port, workdir / f"{name}.log")
+
+
 def analyzer(config_path: Path, db_path: Path, workdir: Path, port: int | None = None,
              extra_env: dict[str, str] | None = None, *, scheme: str = "http",
              certfile: Path | None = None, keyfile: Path | None = None,

@@ -558,7 +558,8 @@ def is_batch(body: bytes) -> bool:
     return len(body) > at + 1 and body[at] == EXTENDED and body[at + 1] == VERSION_4
 
 
-def _suite_of(ids: bytes, where: str) -> SealingSuite:
+def suite_of(ids: bytes, where: str) -> SealingSuite:
+    """The suite of a header's 6 suite-id bytes; UnknownSuite naming ``where`` otherwise."""
     suite = _BY_IDS.get(bytes(ids))
     if suite is None:
         kem, kdf, aead = (int.from_bytes(ids[i:i + 2], "big") for i in (0, 2, 4))
@@ -615,7 +616,7 @@ def parse_batch(body: bytes, width: int, n_servers: int, party: int | None = Non
     at = BATCH_ID_BYTES + KEY_ID_BYTES + 2
     content = body[at + 6]
     _check_content(content, "sealed batch", party)
-    suite = _suite_of(body[at:at + 6], "sealed batch")
+    suite = suite_of(body[at:at + 6], "sealed batch")
     count = int.from_bytes(body[at + 7:FIXED_BYTES], "big")
     if count == 0:
         raise MalformedSealedBatch("a sealed batch holds at least one record (its count is 0)")
@@ -773,7 +774,7 @@ def parse_record(body: bytes, helper_bytes: int) -> BatchHeader:
     if content not in RECORD_CONTENTS:
         raise MalformedSealedBatch(f"sealed batch record: content 0x{content:02x} is not a batch proof's "
                                    f"record (0x05 a leader's, 0x06 a helper's)")
-    suite = _suite_of(body[at:at + 6], "sealed batch record")
+    suite = suite_of(body[at:at + 6], "sealed batch record")
     count = int.from_bytes(body[at + 7:FIXED_BYTES], "big")
     if count != 1:
         raise MalformedSealedBatch(f"a sealed batch proof record (content 0x{content:02x}) is a batch of one "

@@ -31,7 +31,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
@@ -630,6 +630,21 @@ class UploadResult(BaseModel):
     report_count: int | None = Field(
         default=None, description="reports this server now holds for the study; null for an "
         "add/remove study, whose exact count would tell membership (docs/trust.md)")
+
+
+class RelayedOutcome(BaseModel):
+    """What became of one entry of a relayed bundle (docs/protocol.md section 7b): ``status``
+    200 and ``result``, or the status and problem JSON the entry would have got alone."""
+
+    status: int = Field(description="200, or the HTTP status of the entry's problem")
+    result: UploadResult | None = Field(default=None, description="the entry's upload result (status 200)")
+    problem: dict[str, Any] | None = Field(default=None, description="the entry's problem (RFC 9457 members)")
+
+
+class RelayedResults(BaseModel):
+    """A relayed bundle's answer: one outcome per entry, in the bundle's order."""
+
+    results: list[RelayedOutcome]
 
 
 class CommitResult(BaseModel):

@@ -1,0 +1,198 @@
+"""Submitting through a relay: one request per device (docs/protocol.md section 7b, docs/relay.md).
+
+Two steps, apart in time:
+
+* **Enrolment** (:func:`enrol`, ``dpsketch submit --enrol FILE``): once, from the share servers
+  themselves, with a :class:`~client_sdk.client.Client` that reads and checks the study at every
+  server and each server's HPKE key (``encrypt=True``): an :class:`Enrolment` holds the verified
+  study and the key sealed to for each server. A key read after the study exists stays valid
+  until the study is committed (docs/protocol.md section 7a, "Rotation"), so the enrolment does
+  too. It is public (no token in it) but must come from the servers, not from the relay: a
+  relay that chose the keys could open the shares.
+* **Submission** (:class:`RelayClient`): the row prepared as for any client (the protocol's
+  one path, ``client_sdk.prepare``), each server's share sealed to its enrolled key as a one-record
+  version 4 batch, each batch's entry MACed with that server's upload token, all sent to the
+  relay in one request. A misdirected entry opens nowhere, so no per-server read is needed
+  before sending, which is what a direct client must do (docs/trust.md).
+
+The relay answers once every server answered; an entry whose outcome is worth sending again
+(502, 503) is sent again, the same bytes (idempotent by report id), up to ``max_retries`` times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from dpsketch import __version__
+from dpsketch.protocol import envelope, relayed
+from dpsketch.protocol.messages import RelayedOutcome, RelayedResults
+from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.study import Study
+
+from . import data as _data
+from . import sealing as _sealing
+from .errors import SDKError, ServerProtocolError, ServerUnreachable
+from .prepare import prepare_batch
+
+RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Enrolment:
+    """A study as every server confirmed it, and the HPKE key to seal to at each (study order)."""
+
+    study: Study
+    recipients: tuple[envelope.Recipient, ...]
+
+    def __post_init__(self) -> None:
+        if [r.server_id for r in self.recipients] != list(self.study.servers):
+            raise ValueError("an enrolment holds one key per server of the study, in its order")
+        if len({r.public_key for r in self.recipients}) != len(self.recipients):
+            raise ValueError("two servers of an enrolment share a public key")
+
+    @property
+    def study_id(self) -> str:
+        return self.study.study_id
+
+    def to_json(self) -> str:
+        return json.dumps({"study": self.study.model_dump(mode="json"),
+                           "recipients": [{"server_id": r.server_id, "suite": r.suite.name,
+                                           "public_key": r.public_key.hex()} for r in self.recipients]})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Enrolment":
+        doc = json.loads(text)
+        study = Study.model_validate(doc["study"])
+        recipients = []
+        for r in doc["recipients"]:
+            suite = envelope.SUITES.get(r["suite"])
+            if suite is None:
+                raise ValueError(f"enrolment: suite {r['suite']!r} is not one this installation seals with")
+            recipients.append(envelope.Recipient(r["server_id"], bytes.fromhex(r["public_key"]), suite))
+        return cls(study, tuple(recipients))
+
+    def save(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Enrolment":
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+
+def enrol(client: Any, study_id: str) -> Enrolment:
+    """The enrolment of ``study_id`` read through ``client`` (a Client with ``encrypt=True``),
+    which fetches the study and keys from every server and checks them (Client.study)."""
+    if not client.encrypt:
+        raise ValueError("enrol with Client(..., encrypt=True): the enrolment holds the servers' HPKE keys")
+    study = client.study(study_id)
+    return Enrolment(study, tuple(client._recipients[study_id]))
+
+
+def _problem(outcome: RelayedOutcome, server_id: str) -> ProblemError:
+    body = dict(outcome.problem or {})
+    err = ProblemError.from_body(outcome.status, body) if body else ProblemError(
+        "upstream-failure", f"server {server_id}: status {outcome.status} without a problem", status=outcome.status)
+    err.server_id = server_id  # type: ignore[attr-defined]
+    return err
+
+
+class RelayClient:
+    """A device submitting rows through a relay, with the enrolment it holds and its upload
+    tokens (one per server, study order; None for a study that takes uploads without tokens)."""
+
+    def __init__(self, relay_url: str, enrolment: Enrolment, token: Sequence[str] | None = None, *,
+                 timeout: float = 30.0, max_retries: int = 5, backoff: float = 0.25,
+                 verify: bool | str = True, transport: httpx.BaseTransport | None = None):
+        n = len(enrolment.recipients)
+        tokens = [None] * n if token is None else list(token)
+        if len(tokens) != n:
+            raise ValueError(f"give one upload token per server of the study ({n}), in its order")
+        if max_retries < 0 or backoff < 0:
+            raise ValueError("max_retries and backoff must be >= 0")
+        self.enrolment = enrolment
+        self.tokens = tokens
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.url = relay_url.rstrip("/")
+        self._http = httpx.Client(timeout=timeout, verify=verify, transport=transport,
+                                  headers={"User-Agent": f"dpsketch-client/{__version__}",
+                                           "Content-Type": relayed.MEDIA_TYPE})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "RelayClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def entries(self, row: Any) -> tuple[bytes, list[relayed.Entry]]:
+        """One row made into its report id and its entries, one per server (study order)."""
+        study = self.enrolment.study
+        batch = prepare_batch(study, _data.row_vector(row, study.columns, raw=study.histogram is not None))
+        out = []
+        for j, recipient in enumerate(self.enrolment.recipients):
+            sealed, _ = _sealing.wire(recipient, study, study.study_id, batch.body(j), batch.media_type(j))
+            out.append(relayed.make_entry(self.tokens[j], study.study_id, recipient.server_id, bytes(sealed)))
+        return batch.report_ids[0], out
+
+    def submit(self, row: Any) -> str:
+        """Submit one row through the relay; its hex report id once every server stored it.
+        Raises the first refusal (ProblemError, with ``server_id``) if a server refused it, or
+        after ``max_retries`` rounds if one stayed unavailable."""
+        report_id, entries = self.entries(row)
+        self.send(entries)
+        return report_id.hex()
+
+    def send(self, entries: Sequence[relayed.Entry]) -> list[RelayedOutcome]:
+        """Send entries (again: the same bytes are idempotent) until none is worth retrying."""
+        waiting = list(range(len(entries)))
+        outcomes: list[RelayedOutcome | None] = [None] * len(entries)
+        for attempt in range(self.max_retries + 1):
+            got = self._post([entries[i] for i in waiting])
+            for i, outcome in zip(waiting, got):
+                outcomes[i] = outcome
+            refused = [i for i in waiting if outcomes[i].status not in RETRYABLE and outcomes[i].status != 200]  # type: ignore[union-attr]
+            if refused:
+                raise _problem(outcomes[refused[0]], entries[refused[0]].server_id)  # type: ignore[arg-type]
+            waiting = [i for i in waiting if outcomes[i].status != 200]  # type: ignore[union-attr]
+            if not waiting:
+                return outcomes  # type: ignore[return-value]
+            if attempt < self.max_retries:
+                time.sleep(min(self.backoff * 2 ** attempt, 10.0))
+        raise _problem(outcomes[waiting[0]], entries[waiting[0]].server_id)  # type: ignore[arg-type]
+
+    def _post(self, entries: Sequence[relayed.Entry]) -> list[RelayedOutcome]:
+        study_id = self.enrolment.study_id
+        body = relayed.encode(entries)
+        for attempt in range(self.max_retries + 1):
+            try:
+                resp = self._http.post(f"{self.url}/v1/studies/{study_id}/relayed", content=body)
+            except httpx.TransportError as exc:
+                if attempt >= self.max_retries:
+                    raise ServerUnreachable(self.url, f"the relay could not be reached: {exc}") from None
+                time.sleep(min(self.backoff * 2 ** attempt, 10.0))
+                continue
+            if resp.status_code == 200:
+                try:
+                    results = RelayedResults.model_validate_json(resp.content).results
+                except ValueError:
+                    raise ServerProtocolError(f"{self.url}: the relay's answer is not RelayedResults JSON") from None
+                if len(results) != len(entries):
+                    raise ServerProtocolError(f"{self.url} answered {len(results)} outcomes for {len(entries)} entries")
+                return results
+            if resp.status_code in RETRYABLE and attempt < self.max_retries:
+                time.sleep(min(self.backoff * 2 ** attempt, 10.0))
+                continue
+            raise ProblemError.from_http(resp.status_code, resp.content)
+        raise SDKError("unreachable")  # pragma: no cover  (the loop returns or raises)

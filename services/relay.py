@@ -1,0 +1,284 @@
+"""``dpsketch relay``: one request per device in, one request per share server out
+(docs/protocol.md section 7b, docs/relay.md).
+
+A device sends its relayed bundle (one version 4 sealed batch per server, each with its upload
+token's id and MAC) to ``POST /v1/studies/{study_id}/relayed`` here. The relay groups the
+entries of the devices that arrive within ``--window`` (or until ``--max-entries`` wait for one
+server) and forwards each server its entries as one bundle, at the same path on that server.
+It answers each device, once every server has answered, with its own entries' outcomes in its
+order: the relay is synchronous and keeps nothing. A relay that dies loses no acknowledged
+report; its devices see a broken connection and send again (reports are idempotent by id).
+
+Why a relay at all: a one-row device otherwise sends a request to each of N servers, and each
+server then pays a request, a token check and a durable commit per device. Through a relay the
+device sends one request and each server one per group of devices (issue 46; docs/peer.md).
+
+What the relay can do, and cannot (docs/trust.md): it sees server ids, token ids, report ids and
+lengths; never a share, a salt or a token. It can drop, delay or repeat an entry, or answer a
+device falsely (a device that must know its report is stored asks the servers, as
+``dpsketch submit`` does with ``report_counts``); it cannot open, alter, move or spend one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+
+import dpsketch
+from dpsketch import problem_http
+from dpsketch.protocol import relayed
+from dpsketch.protocol.messages import RelayedOutcome, RelayedResults
+from dpsketch.protocol.problems import ProblemError
+
+log = logging.getLogger("dpsketch.relay")
+
+STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
+
+DEFAULT_WINDOW_S = 0.005
+DEFAULT_MAX_ENTRIES = 256
+#: a device's request: one sealed batch per server (a one-row batch is a few hundred bytes)
+DEFAULT_MAX_DEVICE_BYTES = 4 << 20
+#: entries waiting to be forwarded, all servers together; past it a device gets 503 (retry)
+DEFAULT_MAX_PENDING_BYTES = 64 << 20
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class _Group:
+    """One server's entries of one study waiting to be forwarded, with each device's future."""
+
+    entries: list[bytes] = field(default_factory=list)
+    futures: list[asyncio.Future] = field(default_factory=list)
+    size: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+class Relay:
+    """The grouping and forwarding, apart from HTTP routing (tests drive it directly)."""
+
+    def __init__(self, servers: dict[str, str], *, window_s: float = DEFAULT_WINDOW_S,
+                 max_entries: int = DEFAULT_MAX_ENTRIES, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 timeout: float = 30.0, verify: bool | str = True):
+        if not servers:
+            raise ValueError("a relay forwards to at least one share server")
+        self.servers = {sid: url.rstrip("/") for sid, url in servers.items()}
+        self.window_s = window_s
+        self.max_entries = max(1, min(max_entries, relayed.MAX_ENTRIES))
+        self.max_pending_bytes = max_pending_bytes
+        self.timeout = timeout
+        self.verify = verify
+        self.pending_bytes = 0
+        self.forwarded = 0  # bundles sent, for tests and /metrics-like introspection
+        self._groups: dict[tuple[str, str], _Group] = {}
+        self._http: httpx.AsyncClient | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self._http = httpx.AsyncClient(timeout=self.timeout, verify=self.verify,
+                                       limits=httpx.Limits(max_connections=64, max_keepalive_connections=32))
+
+    async def close(self) -> None:
+        for key in list(self._groups):
+            self._flush(key)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def submit(self, study_id: str, entries: Sequence[relayed.Entry]) -> list[RelayedOutcome]:
+        """A device's entries queued to their servers; their outcomes, in its order, once every
+        server answered (or failed: 502 upstream-failure for that server's entries)."""
+        unknown = sorted({e.server_id for e in entries} - set(self.servers))
+        if unknown:
+            raise ProblemError("invalid-request", f"this relay forwards to servers {', '.join(sorted(self.servers))}; "
+                               f"not to {', '.join(map(repr, unknown))}")
+        encoded = [e.encode() for e in entries]
+        size = sum(map(len, encoded))
+        if self.pending_bytes and self.pending_bytes + size > self.max_pending_bytes:
+            raise ProblemError("unavailable", f"the relay holds {self.pending_bytes} bytes waiting for the "
+                               f"servers; retry after {RETRY_AFTER_S} s (nothing was forwarded)",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+        loop = asyncio.get_running_loop()
+        futures = []
+        for entry, data in zip(entries, encoded):
+            key = (study_id, entry.server_id)
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = _Group()
+                group.timer = loop.call_later(self.window_s, self._flush, key)
+            future = loop.create_future()
+            group.entries.append(data)
+            group.futures.append(future)
+            group.size += len(data)
+            self.pending_bytes += len(data)
+            futures.append(future)
+            if len(group.entries) >= self.max_entries:
+                self._flush(key)
+        return list(await asyncio.gather(*futures))
+
+    def _flush(self, key: tuple[str, str]) -> None:
+        group = self._groups.pop(key, None)
+        if group is None:
+            return
+        if group.timer is not None:
+            group.timer.cancel()
+        task = asyncio.get_running_loop().create_task(self._forward(key, group))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward(self, key: tuple[str, str], group: _Group) -> None:
+        study_id, server_id = key
+        try:
+            outcomes = await self._post(study_id, server_id, group.entries)
+        except Exception as exc:  # noqa: BLE001  the device must get an answer whatever happened
+            log.warning("relay: forwarding %d entries to %s failed: %s", len(group.entries), server_id, exc)
+            problem = ProblemError("upstream-failure", f"server {server_id} could not be reached through "
+                                   f"the relay ({type(exc).__name__}); send again (reports are idempotent "
+                                   f"by id)", headers={"Retry-After": str(RETRY_AFTER_S)})
+            outcomes = [RelayedOutcome(status=502, problem=problem.body())] * len(group.entries)
+        finally:
+            self.pending_bytes -= group.size
+        for future, outcome in zip(group.futures, outcomes):
+            if not future.done():
+                future.set_result(outcome)
+
+    async def _post(self, study_id: str, server_id: str, entries: list[bytes]) -> list[RelayedOutcome]:
+        assert self._http is not None, "Relay.start() first"
+        url = f"{self.servers[server_id]}/v1/studies/{study_id}/relayed"
+        resp = await self._http.post(url, content=relayed.encode(entries),
+                                     headers={"Content-Type": relayed.MEDIA_TYPE})
+        self.forwarded += 1
+        if resp.status_code == 200:
+            results = RelayedResults.model_validate_json(resp.content).results
+            if len(results) != len(entries):
+                raise ValueError(f"server {server_id} answered {len(results)} outcomes for {len(entries)} entries")
+            return results
+        problem = ProblemError.from_http(resp.status_code, resp.content)
+        return [RelayedOutcome(status=resp.status_code, problem=problem.body())] * len(entries)
+
+
+def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES) -> FastAPI:
+    """The relay's HTTP API: ``POST /v1/studies/{study_id}/relayed`` (a device's bundle in, its
+    outcomes out), ``GET /healthz`` and ``GET /v1/relay`` (the servers it forwards to)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await relay.start()
+        try:
+            yield
+        finally:
+            await relay.close()
+
+    app = FastAPI(title="dpsketch relay", version=dpsketch.__version__, lifespan=lifespan)
+    problem_http.install(app)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/relay")
+    async def info() -> dict[str, Any]:
+        """The share servers this relay forwards to, by server id (public: a device checks
+        nothing here; its shares are sealed to keys it holds from its enrolment)."""
+        return {"servers": relay.servers, "window_s": relay.window_s, "max_entries": relay.max_entries}
+
+    @app.post("/v1/studies/{study_id}/relayed", response_model=RelayedResults,
+              responses=problem_http.problem_responses(400, 413, 415, 422, 503))
+    async def upload(study_id: str, request: Request) -> Response:
+        """A device's bundle forwarded; 200 with one outcome per entry, in its order (an outcome
+        with a status of 502 or 503 is worth sending again)."""
+        if not STUDY_ID.match(study_id):
+            raise ProblemError("invalid-request", "a study id is 64 lower-case hex characters")
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind != relayed.MEDIA_TYPE:
+            raise ProblemError("unsupported-media-type", f"a relay takes {relayed.MEDIA_TYPE} bodies, "
+                               f"not {kind or 'none'!r}")
+        body = await problem_http.read_within(request, max_device_bytes, "a device's relayed bundle")
+        try:
+            entries = relayed.decode(body)
+        except ValueError as exc:
+            raise ProblemError("malformed-body", str(exc)) from None
+        outcomes = await relay.submit(study_id, entries)
+        return Response(RelayedResults(results=outcomes).model_dump_json(), media_type="application/json")
+
+    return app
+
+
+def parse_servers(values: Sequence[str]) -> dict[str, str]:
+    """``ID=URL`` pairs; ValueError naming a malformed or repeated one."""
+    out: dict[str, str] = {}
+    for value in values:
+        sid, sep, url = value.partition("=")
+        if not sep or not sid or not url.startswith(("http://", "https://")):
+            raise ValueError(f"--server takes ID=URL (the server id its study names, and its base URL), not {value!r}")
+        if sid in out:
+            raise ValueError(f"server {sid!r} is given twice")
+        out[sid] = url
+    return out
+
+
+DESCRIPTION = """\
+Run a dpsketch relay: devices send it one request each (every server's sealed batch, with their
+upload tokens' MACs: docs/protocol.md section 7b), and it forwards each server the entries of the
+devices that arrived within --window as one request. It answers each device with its entries'
+outcomes once the servers answered, and keeps nothing: a relay that dies loses no acknowledged
+report. It sees no share and no token (docs/trust.md, docs/relay.md).
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from dpsketch import serving
+
+    parser = argparse.ArgumentParser(prog="dpsketch relay", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", action="append", required=True, metavar="ID=URL",
+                        help="a share server to forward to: the id its studies name and its base URL "
+                             "(repeat for each server)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S * 1000, metavar="MS",
+                        help=f"how long the first entry for a server waits for others before the "
+                             f"group is forwarded (default {DEFAULT_WINDOW_S * 1000:g} ms)")
+    parser.add_argument("--max-entries", type=int, default=DEFAULT_MAX_ENTRIES,
+                        help=f"forward a server's group as soon as it holds this many entries "
+                             f"(default {DEFAULT_MAX_ENTRIES})")
+    parser.add_argument("--max-pending-bytes", type=int, default=DEFAULT_MAX_PENDING_BYTES,
+                        help="entries waiting for the servers, in bytes, past which devices get 503 "
+                             f"and retry (default {DEFAULT_MAX_PENDING_BYTES >> 20} MiB)")
+    parser.add_argument("--max-device-bytes", type=int, default=DEFAULT_MAX_DEVICE_BYTES,
+                        help=f"the largest device request (default {DEFAULT_MAX_DEVICE_BYTES >> 20} MiB; 413 past it)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a server (default 30)")
+    parser.add_argument("--ca-bundle", default=None, help="CA bundle to verify the servers' TLS with")
+    serving.add_graceful_argument(parser)
+    serving.add_connection_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        servers = parse_servers(args.server)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.window < 0 or args.max_entries < 1:
+        parser.error("--window is >= 0 ms and --max-entries >= 1")
+    serving.check_graceful_timeout(parser, args.graceful_timeout)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    relay = Relay(servers, window_s=args.window / 1000, max_entries=args.max_entries,
+                  max_pending_bytes=args.max_pending_bytes, timeout=args.timeout,
+                  verify=args.ca_bundle or True)
+    app = create_app(relay, args.max_device_bytes)
+    return serving.serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,
+                         proxy_headers=False, server_header=False, header_timeout=args.header_timeout,
+                         body_timeout=args.body_timeout, min_rate=args.min_rate,
+                         max_connections=args.max_connections, max_connections_per_ip=args.max_connections_per_ip)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

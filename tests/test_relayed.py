@@ -1,0 +1,327 @@
+"""Relayed uploads (docs/protocol.md section 7b): devices through a real relay process to three real
+share servers that require upload tokens, and a relay played by an adversary.
+
+What must hold: the release is exactly the ring sum of the shares the devices prepared; a device
+sends one request; the relay, which sees every entry, can neither spend a token on a batch of its
+own, nor move a MAC or a batch to another device, server or study, nor make a server do a KEM
+without a token; what it repeats is a duplicate and charges no quota twice; a relay killed with
+SIGKILL loses nothing a device was told is stored, and the device's retry through a new relay
+stores each report once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from dpsketch.analyzer.client import AnalyzerClient
+from dpsketch.client_sdk import Client
+from dpsketch.client_sdk.relayed import Enrolment, RelayClient, enrol
+from dpsketch.protocol import envelope, relayed, ring
+from dpsketch.protocol.messages import RelayedResults
+from dpsketch.protocol.problems import ProblemError
+from dpsketch.protocol.study import Study
+from dpsketch.services.admin import ServerAdmin
+from dpsketch.tools.cluster import relay as relay_process
+from conftest import NO_BUDGET, cluster_for_module
+from test_e2e import NO_FLOOR_POLICY
+
+D = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three servers that require upload tokens (their default) and take floor-less studies, an
+    analyzer, and a relay in front of the servers."""
+    env = {**NO_FLOOR_POLICY, **NO_BUDGET, "DPSKETCH_MIN_REPORTS": "2"}  # synthetic rows: nobody's data
+    with cluster_for_module(tmp_path_factory, "relayed", open_uploads=False,
+                            server_env={f"s{j + 1}": env for j in range(3)}) as c:
+        proc = relay_process({s.server_id: p.url for s, p in zip(c.specs, c.procs)},
+                             c.procs[0].log_path.parent, None, "--window", "20").start()
+        c.relay = proc
+        try:
+            yield c
+        finally:
+            proc.stop()
+            for p in (proc, *c.procs):  # nothing unforeseen in the relay or a server
+                log = p.log_path.read_text(errors="replace")
+                assert "Traceback" not in log, (p.name, log[-3000:])
+
+
+def _study(c, n: int, name: str) -> Study:
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name=name, columns=[f"x{i}" for i in range(D)], label=None,
+                                  expected_reports=n, min_reports=n, kind="sketch", k=1, s=1,
+                                  epsilon=1.0, delta=1e-6, row_bound=1.0, epsilon_floor=None)
+    return Study.model_validate(created["study"])
+
+
+def _tokens(c, study_id: str, count: int, quota: int | None = 1) -> list[list[str]]:
+    """tokens[i][j]: device i's token at server j."""
+    per_server = []
+    for spec, proc in zip(c.specs, c.procs):
+        with ServerAdmin(proc.url, spec.operator_token) as admin:
+            per_server.append(admin.issue_upload_tokens(study_id, count, quota).tokens)
+    return [list(t) for t in zip(*per_server)]
+
+
+def _enrolment(c, study_id: str) -> Enrolment:
+    with Client(c.server_urls, encrypt=True) as client:
+        return enrol(client, study_id)
+
+
+def _count(url: str, study_id: str) -> int:
+    return httpx.get(f"{url}/v1/studies/{study_id}").json()["report_count"]
+
+
+def _counts(c, study_id: str) -> list[int]:
+    return [_count(u, study_id) for u in c.server_urls]
+
+
+class _Capture:
+    """Every batch the SDK prepares in this process (the test adds up their shares)."""
+
+    def __init__(self, monkeypatch):
+        import dpsketch.client_sdk.relayed as relayed_sdk
+
+        self.batches, self.lock = [], threading.Lock()
+        real = relayed_sdk.prepare_batch
+
+        def wrapped(*args, **kwargs):
+            batch = real(*args, **kwargs)
+            with self.lock:
+                self.batches.append(batch)
+            return batch
+
+        monkeypatch.setattr(relayed_sdk, "prepare_batch", wrapped)
+
+    def ring_sum(self, n_servers: int) -> np.ndarray:
+        shares = [sum((b.share(j).astype(np.uint64) for b in self.batches), np.zeros(D, np.uint64))
+                  for j in range(n_servers)]
+        return sum(shares, np.zeros(D, np.uint64))
+
+
+# --- the format --------------------------------------------------------------------------------
+
+
+def test_bundle_round_trip_and_malformed_bundles_are_named():
+    e = relayed.Entry("s1", b"\x01" * 8, b"\x02" * 32, b"\x03" * 150)
+    f = relayed.Entry("server-two", relayed.NO_TOKEN_ID, relayed.NO_MAC, b"\x04" * 7)
+    body = relayed.encode([e, f])
+    assert body[:4] == (2).to_bytes(4, "big") and len(body) == 4 + (1 + 2 + 8 + 32 + 4 + 150) + (1 + 10 + 44 + 7)
+    assert relayed.decode(body) == [e, f]
+    assert relayed.by_server([e, f, e]) == {"s1": [0, 2], "server-two": [1]}
+    for bad, why in [(b"", "entry count"), (bytes(4), "1 to"), (body[:-1], "runs past"),
+                     (body + b"x", "1 bytes follow"), ((3).to_bytes(4, "big") + body[4:], "missing"),
+                     ((1).to_bytes(4, "big") + b"\x00" + body[6:], "empty server id")]:
+        with pytest.raises(ValueError, match=why):
+            relayed.decode(bad)
+
+
+def test_the_mac_binds_token_study_server_and_batch():
+    """The MAC is HMAC-SHA256 over the batch's transcript, keyed from the token's digest: any
+    other token, study, server or batch header gives another MAC."""
+    pk = envelope.public_key_of(envelope.generate_private_key())
+    study_id, other_study = "ab" * 32, "cd" * 32
+    batch = envelope.seal(envelope.Recipient("s1", pk), study_id, b"\x05" * 16, envelope.CONTENT_SEED,
+                          b"\x06" * (16 * 3 + 32))
+    again = envelope.seal(envelope.Recipient("s1", pk), study_id, b"\x05" * 16, envelope.CONTENT_SEED,
+                          b"\x06" * (16 * 3 + 32))
+    entry = relayed.make_entry("token-a" * 5, study_id, "s1", batch)
+    digest = relayed.token_digest("token-a" * 5)
+    assert entry.token_id == digest[:8] and relayed.verify_mac(digest, study_id, "s1", entry)
+    assert not relayed.verify_mac(relayed.token_digest("token-b" * 5), study_id, "s1", entry)
+    assert not relayed.verify_mac(digest, other_study, "s1", entry)
+    assert not relayed.verify_mac(digest, study_id, "s2", relayed.Entry("s2", entry.token_id, entry.mac, batch))
+    # the same plaintext sealed again has a fresh batch id and encapsulation: the MAC does not move
+    assert not relayed.verify_mac(digest, study_id, "s1", relayed.Entry("s1", entry.token_id, entry.mac, again))
+    assert relayed.make_entry(None, study_id, "s1", batch).mac == relayed.NO_MAC
+    with pytest.raises(envelope.MalformedSealedBatch):
+        relayed.make_entry("t" * 40, study_id, "s1", b"\x00" * 40)
+
+
+# --- real servers, a real relay ------------------------------------------------------------------
+
+
+def test_devices_through_a_relay_release_exactly_their_ring_sum(cluster, monkeypatch):
+    """40 devices, 8 at a time, each its own RelayClient with its own tokens, one request each
+    through the relay: the servers store every report once, the relay forwarded far fewer
+    requests than devices sent, and the release is exactly the ring sum of the shares."""
+    n = 40
+    study = _study(cluster, n, "relayed-e2e")
+    tokens = _tokens(cluster, study.study_id, n)
+    enrolment = Enrolment.from_json(_enrolment(cluster, study.study_id).to_json())  # as a device stores it
+    capture = _Capture(monkeypatch)
+    rows = np.random.default_rng(7).uniform(-0.4, 0.4, size=(n, D))
+    posts = []
+
+    class Count(httpx.HTTPTransport):
+        def handle_request(self, request):
+            posts.append(request.url.port)
+            return super().handle_request(request)
+
+    def device(i: int) -> str:
+        with RelayClient(cluster.relay.url, enrolment, tokens[i], transport=Count()) as rc:
+            return rc.submit(rows[i])
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(device, range(n)))
+    assert len(set(ids)) == n
+    assert posts == [cluster.relay.port] * n  # one request per device, to the relay only
+    assert _counts(cluster, study.study_id) == [n] * 3
+    with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an:
+        fin = an.finalize(study.study_id)
+        released = np.asarray(an.sketch(study.study_id)["sketch"], dtype=np.float64).reshape(-1)
+    assert fin["n_reports"] == n
+    exact = ring.decode(capture.ring_sum(3)[None, :], study.frac_bits).reshape(-1)
+    np.testing.assert_array_equal(released, exact)
+    assert np.max(np.abs(released - rows.sum(axis=0))) < 6 * np.sqrt(n) * study.sigma
+
+
+def _entries(c, study: Study, token_row: list[str]) -> tuple[bytes, list[relayed.Entry]]:
+    with RelayClient(c.relay.url, _enrolment(c, study.study_id), token_row) as rc:
+        return rc.entries(np.full(D, 0.1))
+
+
+def _post_server(url: str, study_id: str, entries) -> httpx.Response:
+    return httpx.post(f"{url}/v1/studies/{study_id}/relayed", content=relayed.encode(entries),
+                      headers={"Content-Type": relayed.MEDIA_TYPE}, timeout=30)
+
+
+def _outcomes(r: httpx.Response) -> list[tuple[int, str | None]]:
+    assert r.status_code == 200, r.text
+    return [(o.status, o.problem["type"].rsplit(":", 1)[-1] if o.problem else None)
+            for o in RelayedResults.model_validate_json(r.content).results]
+
+
+def test_an_adversarial_relay_cannot_spend_move_or_misroute_and_changes_nothing(cluster):
+    """The relay as attacker, at the servers directly: every forgery is refused with its own
+    outcome, the honest entries beside it are stored, and nothing else changes."""
+    study = _study(cluster, 10, "relayed-adversary")
+    sid = study.study_id
+    tokens = _tokens(cluster, sid, 3, quota=1)
+    _, a = _entries(cluster, study, tokens[0])
+    _, b = _entries(cluster, study, tokens[1])
+    url0 = cluster.server_urls[0]
+    honest = a[0]
+    forged = [
+        # a batch of its own under device b's token id, with a made-up MAC (it holds no token)
+        relayed.Entry("s1", b[0].token_id, bytes(32), b[0].batch),
+        # device a's MAC moved onto device b's batch
+        relayed.Entry("s1", a[0].token_id, a[0].mac, b[0].batch),
+        # device b's entry for server 2 delivered to server 1 as it is
+        b[1],
+        # ... and relabelled for server 1 (its MAC and its HPKE context name server 2)
+        relayed.Entry("s1", b[1].token_id, b[1].mac, b[1].batch),
+        # no token at all
+        relayed.Entry("s1", relayed.NO_TOKEN_ID, relayed.NO_MAC, b[0].batch),
+        # an id that is no token of the study
+        relayed.Entry("s1", b"\x07" * 8, b[0].mac, b[0].batch),
+        # not a sealed batch
+        relayed.Entry("s1", b[0].token_id, b[0].mac, b"\x00" * 30),
+    ]
+    before = _counts(cluster, sid)
+    got = _outcomes(_post_server(url0, sid, [honest, *forged]))
+    assert got == [(200, None), (401, "unauthorized"), (401, "unauthorized"), (422, "sealed-share-refused"),
+                   (401, "unauthorized"), (401, "unauthorized"), (401, "unauthorized"), (400, "malformed-body")]
+    assert _counts(cluster, sid) == [before[0] + 1, before[1], before[2]]
+    # a repeated entry is a duplicate, and charges no quota (device a's token has quota 1)
+    assert _outcomes(_post_server(url0, sid, [honest, honest])) == [(200, None), (200, None)]
+    assert _counts(cluster, sid)[0] == before[0] + 1
+    # device b's honest entry still goes in: the forgeries spent nothing of its quota
+    assert _outcomes(_post_server(url0, sid, [b[0]])) == [(200, None)]
+    # and a second report under device a's token is past its quota of 1
+    _, a2 = _entries(cluster, study, tokens[0])
+    assert _outcomes(_post_server(url0, sid, [a2[0]])) == [(403, "upload-quota-exceeded")]
+    # whole-bundle refusals: not a bundle, wrong media type, another study
+    r = httpx.post(f"{url0}/v1/studies/{sid}/relayed", content=b"\x00\x00", headers={"Content-Type": relayed.MEDIA_TYPE})
+    assert r.status_code == 400 and r.json()["type"].endswith("malformed-body")
+    r = httpx.post(f"{url0}/v1/studies/{sid}/relayed", content=relayed.encode([honest]),
+                   headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 415
+    other = _study(cluster, 10, "relayed-adversary-other")
+    assert _outcomes(_post_server(url0, other.study_id, [honest]))[0][0] == 401  # its tokens are not the study's
+    assert _counts(cluster, sid)[0] == before[0] + 2 and _count(url0, other.study_id) == 0
+
+
+def test_a_relay_killed_mid_flight_loses_nothing_and_a_retry_stores_once(cluster, tmp_path):
+    """A relay that holds its group for 2 s is SIGKILLed with a device's request in it: the device
+    is told nothing was stored; it sends the same entries through a new relay, and every server
+    holds the report once."""
+    study = _study(cluster, 10, "relayed-kill")
+    sid = study.study_id
+    tokens = _tokens(cluster, sid, 1)
+    servers = {s.server_id: p.url for s, p in zip(cluster.specs, cluster.procs)}
+    slow = relay_process(servers, tmp_path, None, "--window", "2000", name="slow-relay").start()
+    enrolment = _enrolment(cluster, sid)
+    rc = RelayClient(slow.url, enrolment, tokens[0], max_retries=0)
+    report_id, entries = rc.entries(np.full(D, 0.2))
+    failed = []
+
+    def send():
+        try:
+            rc.send(entries)
+        except Exception as exc:  # noqa: BLE001
+            failed.append(exc)
+
+    t = threading.Thread(target=send)
+    t.start()
+    import time
+
+    time.sleep(0.5)
+    slow.proc.send_signal(signal.SIGKILL)
+    t.join(10)
+    assert failed and "relay could not be reached" in str(failed[0])
+    assert _counts(cluster, sid) == [0, 0, 0]  # nothing forwarded, nothing stored
+    with RelayClient(cluster.relay.url, enrolment, tokens[0]) as again:
+        outcomes = again.send(entries)
+        outcomes2 = again.send(entries)  # and once more: duplicates, quota 1 not exceeded
+    assert [o.result.accepted for o in outcomes] == [1, 1, 1]
+    assert [o.result.duplicates for o in outcomes2] == [1, 1, 1]
+    assert _counts(cluster, sid) == [1, 1, 1]
+    rc.close()
+
+
+def test_refusals_reach_the_device_as_problems(cluster):
+    """A device whose token is spent gets the servers' refusal as a ProblemError naming the
+    server; a relay asked to forward to a server it does not know refuses the request (4xx)."""
+    study = _study(cluster, 10, "relayed-refusals")
+    tokens = _tokens(cluster, study.study_id, 1, quota=1)
+    enrolment = _enrolment(cluster, study.study_id)
+    with RelayClient(cluster.relay.url, enrolment, tokens[0]) as rc:
+        rc.submit(np.zeros(D))
+        with pytest.raises(ProblemError) as info:
+            rc.submit(np.zeros(D))
+    assert info.value.status == 403 and info.value.slug == "upload-quota-exceeded"
+    assert info.value.server_id in study.servers
+    stray = relayed.Entry("nobody", relayed.NO_TOKEN_ID, relayed.NO_MAC, b"\x01" * 40)
+    r = httpx.post(f"{cluster.relay.url}/v1/studies/{study.study_id}/relayed", content=relayed.encode([stray]),
+                   headers={"Content-Type": relayed.MEDIA_TYPE})
+    assert r.status_code == 422 and "nobody" in r.json()["detail"]
+    r = httpx.post(f"{cluster.relay.url}/v1/studies/not-a-study/relayed", content=b"x",
+                   headers={"Content-Type": relayed.MEDIA_TYPE})
+    assert r.status_code == 422
+    r = httpx.post(f"{cluster.relay.url}/v1/studies/{study.study_id}/relayed", content=b"\x00\x00\x00\x01",
+                   headers={"Content-Type": relayed.MEDIA_TYPE})
+    assert r.status_code == 400
+
+
+def test_an_enrolment_refuses_keys_that_do_not_match_the_study():
+    """An enrolment is one key per server of the study, in its order, no key twice."""
+    from test_server_unit import make_study
+
+    study = make_study()
+    keys = [envelope.public_key_of(envelope.generate_private_key()) for _ in study.servers]
+    ok = Enrolment(study, tuple(envelope.Recipient(s, k) for s, k in zip(study.servers, keys)))
+    assert Enrolment.from_json(ok.to_json()) == ok
+    with pytest.raises(ValueError, match="one key per server"):
+        Enrolment(study, tuple(envelope.Recipient(s, k) for s, k in zip(reversed(study.servers), keys)))
+    with pytest.raises(ValueError, match="share a public key"):
+        Enrolment(study, tuple(envelope.Recipient(s, keys[0]) for s in study.servers))
+
