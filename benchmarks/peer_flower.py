@@ -241,7 +241,28 @@ class LocalCluster:
         self.stack.callback(an.stop)
         an.start()
         self.analyzer_url = an.url
+        self._relay_url: str | None = None
         return self
+
+    def relay_url(self, window_ms: float = 20.0) -> str:
+        """A relay in front of the servers (``dpsketch relay``), started on first use."""
+        if self._relay_url is None:
+            from dpsketch.tools.cluster import relay
+
+            proc = relay({s.server_id: u for s, u in zip(self.specs, self.server_urls)}, self.workdir, None,
+                         "--window", str(window_ms))
+            self.stack.callback(proc.stop)
+            proc.start()
+            self._relay_url = proc.url
+        return self._relay_url
+
+    def enrolment(self, study_id: str) -> str:
+        """A device's enrolment (client_sdk.relayed), read from the servers themselves, as JSON."""
+        import dpsketch.client_sdk.client as sdk
+        from dpsketch.client_sdk.relayed import enrol
+
+        with sdk.Client(self.server_urls, encrypt=True, journal=False) as client:
+            return enrol(client, study_id).to_json()
 
     def __exit__(self, *exc: object) -> None:
         self.stack.close()
@@ -260,9 +281,11 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def shares_sent(n_servers: int, d: int):
-    """Record every batch the SDK prepares in this process; yields a list that holds, on exit,
-    the ring sum (uint64, d) of the shares those batches carried: what the servers must add up."""
+    """Record every batch the SDK prepares in this process (a direct Client's and a RelayClient's);
+    yields a list that holds, on exit, the ring sum (uint64, d) of the shares those batches
+    carried: what the servers must add up."""
     import dpsketch.client_sdk.client as sdk
+    import dpsketch.client_sdk.relayed as relayed_sdk
     from dpsketch.protocol import ring
 
     sent: list = []
@@ -274,12 +297,12 @@ def shares_sent(n_servers: int, d: int):
             sent.append(batch)
         return batch
 
-    sdk.prepare_batch = recording
+    sdk.prepare_batch = relayed_sdk.prepare_batch = recording
     out: list[np.ndarray] = []
     try:
         yield out
     finally:
-        sdk.prepare_batch = real_prepare
+        sdk.prepare_batch = relayed_sdk.prepare_batch = real_prepare
         total = np.zeros(d, dtype=np.uint64)
         for batch in sent:
             total += ring.reconstruct([batch.share(j) for j in range(n_servers)]).sum(axis=0, dtype=np.uint64)
@@ -316,6 +339,38 @@ def one_row_clients(urls: list[str], study_id: str, tokens: list[list[str]], dat
     return total[0]
 
 
+def one_row_relay_clients(relay_url: str, enrolment_json: str, tokens: list[list[str]], data: np.ndarray,
+                          threads: int, cold_check: bool, n_servers: int, progress: str | None = None) -> np.ndarray:
+    """Client i (its own ``RelayClient``, tokens[i] its own token per server) submits data[i]
+    through the relay in one request, ``threads`` clients at a time; the ring sum of every share
+    they sent. Each device holds its enrolment (the study and each server's HPKE key, read from
+    the servers before the clock starts, as its upload tokens were); with ``cold_check`` every
+    device parses and checks it again (the study's hash, its guarantee) as a fresh one would."""
+    from dpsketch.client_sdk import verified
+    from dpsketch.client_sdk.relayed import Enrolment, RelayClient
+    from dpsketch.protocol import accounting
+
+    held = Enrolment.from_json(enrolment_json)
+
+    def one(i: int) -> None:
+        enrolment = held
+        if cold_check:
+            verified.forget()
+            accounting.report_epsilon.cache_clear()
+            enrolment = Enrolment.from_json(enrolment_json)
+            enrolment.study.guarantees()
+        with RelayClient(relay_url, enrolment, tokens[i]) as client:
+            client.submit(data[i])
+
+    t0, n = time.perf_counter(), len(data)
+    with shares_sent(n_servers, data.shape[1]) as total, ThreadPoolExecutor(max_workers=threads) as pool:
+        for done, _ in enumerate(pool.map(one, range(n)), 1):
+            if progress and done % max(1, n // 10) == 0:
+                print(f"  {progress}: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
+                      flush=True)
+    return total[0]
+
+
 def _client_process_ready(_: int = 0) -> int:
     """Run in each client process before the clock starts: the SDK loaded (a device has it
     installed and running), nothing about the study known."""
@@ -340,6 +395,10 @@ def client_processes(stack: contextlib.ExitStack, processes: int) -> Any:
 
 def _client_process(job: tuple) -> np.ndarray:
     return one_row_clients(*job)
+
+
+def _relay_client_process(job: tuple) -> np.ndarray:
+    return one_row_relay_clients(*job)
 
 
 #: what one fresh device runs: a new Python process that imports the SDK, makes a Client with its
@@ -414,11 +473,15 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     study = Study.model_validate(created["study"])
     assert study.k == 1 and study.s == 1 and study.server_sigma == 0 and study.kind == "sketch"
     study_id = study.study_id
-    # enrolment, not timed: one token per client and server (single), one per server (bulk)
-    tokens = cluster.issue_tokens(study_id, n if path == "single" else 1, 1 if path == "single" else n)
+    one_row = path in ("single", "relay")
+    # enrolment, not timed: one token per client and server (single, relay), one per server (bulk);
+    # a relay's device also holds the study and the servers' keys, read from the servers
+    tokens = cluster.issue_tokens(study_id, n if one_row else 1, 1 if one_row else n)
     per_client = [[t[i] for t in tokens] for i in range(len(tokens[0]))]
+    enrolment = cluster.enrolment(study_id) if path == "relay" else None
+    relay_url = cluster.relay_url() if path == "relay" else None
     requests = 0
-    processes = max(1, min(processes, workers, n)) if path == "single" else 1
+    processes = max(1, min(processes, workers, n)) if one_row else 1
     totals: list[np.ndarray] = []
     with contextlib.ExitStack() as stack:
         pool = client_processes(stack, processes)
@@ -432,6 +495,14 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         elif path == "single":
             totals.append(one_row_clients(cluster.server_urls, study_id, per_client, data, workers, cold_check,
                                           study.n_servers, "single" if progress else None))
+        elif path == "relay" and processes > 1:
+            threads = max(1, workers // processes)
+            jobs = [(relay_url, enrolment, per_client[k::processes], data[k::processes], threads, cold_check,
+                     study.n_servers) for k in range(processes)]
+            totals.extend(pool.map(_relay_client_process, jobs))
+        elif path == "relay":
+            totals.append(one_row_relay_clients(relay_url, enrolment, per_client, data, workers, cold_check,
+                                                study.n_servers, "relay" if progress else None))
         elif path == "bulk":
             with shares_sent(study.n_servers, d) as total:
                 with sdk.Client(cluster.server_urls, token=per_client[0]) as client:
@@ -441,6 +512,8 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
             raise ValueError(f"unknown path {path!r}")
         if path == "single":
             requests = n * REQUESTS_PER_SERVER * study.n_servers  # per client and server: GET study, POST
+        elif path == "relay":
+            requests = n  # one per client, to the relay
         upload_s = time.perf_counter() - t0
         with AnalyzerClient(cluster.analyzer_url, cluster.api_token) as an:
             fin = an.finalize(study_id)
@@ -460,11 +533,12 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         "seconds": seconds,
         "upload_seconds": upload_s,
         "finalize_seconds": seconds - upload_s,
-        "http_requests_per_client": REQUESTS_PER_SERVER * study.n_servers if path == "single" else None,
+        "http_requests_per_client": (REQUESTS_PER_SERVER * study.n_servers if path == "single"
+                                     else 1 if path == "relay" else None),
         "http_requests": requests or None,
-        "workers": workers if path == "single" else None,
-        "cold_check": cold_check if path == "single" else None,
-        "client_processes": processes if path == "single" else None,
+        "workers": workers if one_row else None,
+        "cold_check": cold_check if one_row else None,
+        "client_processes": processes if one_row else None,
         "load_before": load0, "load_after": load1,
         "epsilon": epsilon, "delta": delta, "sigma": study.sigma, "frac_bits": study.frac_bits,
         "release_equals_ring_sum": bool(np.array_equal(released, exact)),
@@ -819,8 +893,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ns = [int(x) for x in args.n.split(",") if x.strip()]
     paths = [x.strip() for x in args.paths.split(",") if x.strip()]
-    if any(x not in ("single", "bulk", "floor") for x in paths):
-        raise SystemExit("--paths takes single, bulk and/or floor")
+    if any(x not in ("single", "bulk", "relay", "floor") for x in paths):
+        raise SystemExit("--paths takes single, bulk, relay and/or floor")
     if "floor" in paths and args.skip_dpsketch:
         raise SystemExit("the floor path takes its request sizes from the dpsketch cluster: drop --skip-dpsketch")
     if not args.skip_dpsketch and min(ns, default=2) < 2:

@@ -38,6 +38,7 @@ from dpsketch.protocol.study import Study
 
 from . import data as _data
 from . import sealing as _sealing
+from .client import _proxies_in_env, _tls_context
 from .errors import SDKError, ServerProtocolError, ServerUnreachable
 from .prepare import prepare_batch
 
@@ -123,7 +124,13 @@ class RelayClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.url = relay_url.rstrip("/")
-        self._http = httpx.Client(timeout=timeout, verify=verify, transport=transport,
+        # one TLS context per process for plain-http URLs, and no scan of the environment for
+        # proxies when none is set: each costs a one-row device more than its own work (client.py)
+        trust_env = _proxies_in_env()
+        tls = _tls_context([self.url], verify) if transport is None else verify
+        if transport is None and not trust_env:
+            transport = httpx.HTTPTransport(verify=tls, trust_env=False)
+        self._http = httpx.Client(timeout=timeout, verify=tls, transport=transport, trust_env=trust_env,
                                   headers={"User-Agent": f"dpsketch-client/{__version__}",
                                            "Content-Type": relayed.MEDIA_TYPE})
 

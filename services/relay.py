@@ -5,6 +5,9 @@ A device sends its relayed bundle (one version 4 sealed batch per server, each w
 token's id and MAC) to ``POST /v1/studies/{study_id}/relayed`` here. The relay groups the
 entries of the devices that arrive within ``--window`` (or until ``--max-entries`` wait for one
 server) and forwards each server its entries as one bundle, at the same path on that server.
+At most ``MAX_IN_FLIGHT`` bundles per server and study are on their way at once; entries that
+arrive meanwhile wait for one to come back and then go at once, so the groups grow with the load
+(as a database's group commit does) and a quiet relay adds no more than the window.
 It answers each device, once every server has answered, with its own entries' outcomes in its
 order: the relay is synchronous and keeps nothing. A relay that dies loses no acknowledged
 report; its devices see a broken connection and send again (reports are idempotent by id).
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import re
 import sys
@@ -37,7 +41,7 @@ from fastapi import FastAPI, Request, Response
 import dpsketch
 from dpsketch import problem_http
 from dpsketch.protocol import relayed
-from dpsketch.protocol.messages import RelayedOutcome, RelayedResults
+from dpsketch.protocol.messages import RelayedResults
 from dpsketch.protocol.problems import ProblemError
 
 log = logging.getLogger("dpsketch.relay")
@@ -50,7 +54,11 @@ DEFAULT_MAX_ENTRIES = 256
 DEFAULT_MAX_DEVICE_BYTES = 4 << 20
 #: entries waiting to be forwarded, all servers together; past it a device gets 503 (retry)
 DEFAULT_MAX_PENDING_BYTES = 64 << 20
+#: one bundle to a server: under a share server's default body limit, whatever the entries' size
+DEFAULT_MAX_BUNDLE_BYTES = 8 << 20
 RETRY_AFTER_S = 1
+#: bundles on their way to one server for one study at once (more entries wait and go together)
+MAX_IN_FLIGHT = 1
 
 
 @dataclass
@@ -68,36 +76,41 @@ class Relay:
 
     def __init__(self, servers: dict[str, str], *, window_s: float = DEFAULT_WINDOW_S,
                  max_entries: int = DEFAULT_MAX_ENTRIES, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 timeout: float = 30.0, verify: bool | str = True):
+                 max_bundle_bytes: int = DEFAULT_MAX_BUNDLE_BYTES, timeout: float = 30.0,
+                 verify: bool | str = True):
         if not servers:
             raise ValueError("a relay forwards to at least one share server")
         self.servers = {sid: url.rstrip("/") for sid, url in servers.items()}
         self.window_s = window_s
         self.max_entries = max(1, min(max_entries, relayed.MAX_ENTRIES))
         self.max_pending_bytes = max_pending_bytes
+        self.max_bundle_bytes = max_bundle_bytes
         self.timeout = timeout
         self.verify = verify
         self.pending_bytes = 0
-        self.forwarded = 0  # bundles sent, for tests and /metrics-like introspection
+        self.forwarded = 0  # bundles sent, and the entries in them (GET /v1/relay)
+        self.entries_forwarded = 0
         self._groups: dict[tuple[str, str], _Group] = {}
+        self._in_flight: dict[tuple[str, str], int] = {}
         self._http: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         self._http = httpx.AsyncClient(timeout=self.timeout, verify=self.verify,
-                                       limits=httpx.Limits(max_connections=64, max_keepalive_connections=32))
+                                       limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
 
     async def close(self) -> None:
         for key in list(self._groups):
-            self._flush(key)
+            self._flush(key, force=True)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
 
-    async def submit(self, study_id: str, entries: Sequence[relayed.Entry]) -> list[RelayedOutcome]:
-        """A device's entries queued to their servers; their outcomes, in its order, once every
-        server answered (or failed: 502 upstream-failure for that server's entries)."""
+    async def submit(self, study_id: str, entries: Sequence[relayed.Entry]) -> list[dict]:
+        """A device's entries queued to their servers; their outcomes (RelayedOutcome's JSON
+        members, as the server sent them), in its order, once every server answered (or failed:
+        502 upstream-failure for that server's entries)."""
         unknown = sorted({e.server_id for e in entries} - set(self.servers))
         if unknown:
             raise ProblemError("invalid-request", f"this relay forwards to servers {', '.join(sorted(self.servers))}; "
@@ -115,7 +128,8 @@ class Relay:
             group = self._groups.get(key)
             if group is None:
                 group = self._groups[key] = _Group()
-                group.timer = loop.call_later(self.window_s, self._flush, key)
+                if self._in_flight.get(key, 0) < MAX_IN_FLIGHT:  # else it goes when one comes back
+                    group.timer = loop.call_later(self.window_s, self._flush, key)
             future = loop.create_future()
             group.entries.append(data)
             group.futures.append(future)
@@ -126,15 +140,27 @@ class Relay:
                 self._flush(key)
         return list(await asyncio.gather(*futures))
 
-    def _flush(self, key: tuple[str, str]) -> None:
-        group = self._groups.pop(key, None)
-        if group is None:
-            return
-        if group.timer is not None:
-            group.timer.cancel()
-        task = asyncio.get_running_loop().create_task(self._forward(key, group))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _flush(self, key: tuple[str, str], force: bool = False) -> None:
+        """Send the group of ``key`` now, unless MAX_IN_FLIGHT of its bundles are on their way
+        (then it goes when one comes back); ``force``: whatever is on its way (closing). A group
+        past ``max_entries`` or ``max_bundle_bytes`` goes as several bundles."""
+        loop = asyncio.get_running_loop()
+        while key in self._groups and (force or self._in_flight.get(key, 0) < MAX_IN_FLIGHT):
+            group = self._groups.pop(key)
+            if group.timer is not None:
+                group.timer.cancel()
+            cut, size = 0, 0
+            while cut < len(group.entries) and cut < self.max_entries and (
+                    cut == 0 or size + len(group.entries[cut]) <= self.max_bundle_bytes):
+                size += len(group.entries[cut])
+                cut += 1
+            if cut < len(group.entries):  # the rest waits for the next turn
+                self._groups[key] = _Group(group.entries[cut:], group.futures[cut:], group.size - size)
+                group = _Group(group.entries[:cut], group.futures[:cut], size)
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            task = loop.create_task(self._forward(key, group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _forward(self, key: tuple[str, str], group: _Group) -> None:
         study_id, server_id = key
@@ -145,29 +171,104 @@ class Relay:
             problem = ProblemError("upstream-failure", f"server {server_id} could not be reached through "
                                    f"the relay ({type(exc).__name__}); send again (reports are idempotent "
                                    f"by id)", headers={"Retry-After": str(RETRY_AFTER_S)})
-            outcomes = [RelayedOutcome(status=502, problem=problem.body())] * len(group.entries)
+            outcomes = [{"status": 502, "result": None, "problem": problem.body()}] * len(group.entries)
         finally:
             self.pending_bytes -= group.size
+            self._in_flight[key] -= 1
+            self._flush(key)  # what arrived meanwhile has waited long enough
         for future, outcome in zip(group.futures, outcomes):
             if not future.done():
                 future.set_result(outcome)
 
-    async def _post(self, study_id: str, server_id: str, entries: list[bytes]) -> list[RelayedOutcome]:
+    async def _post(self, study_id: str, server_id: str, entries: list[bytes]) -> list[dict]:
+        """One bundle to one server; each entry's outcome as the server wrote it (the relay checks
+        only the answer's shape: the device validates what it gets, client_sdk/relayed.py)."""
         assert self._http is not None, "Relay.start() first"
         url = f"{self.servers[server_id]}/v1/studies/{study_id}/relayed"
         resp = await self._http.post(url, content=relayed.encode(entries),
                                      headers={"Content-Type": relayed.MEDIA_TYPE})
         self.forwarded += 1
+        self.entries_forwarded += len(entries)
         if resp.status_code == 200:
-            results = RelayedResults.model_validate_json(resp.content).results
-            if len(results) != len(entries):
-                raise ValueError(f"server {server_id} answered {len(results)} outcomes for {len(entries)} entries")
+            results = json.loads(resp.content).get("results")
+            if not isinstance(results, list) or len(results) != len(entries) or not all(
+                    isinstance(r, dict) and isinstance(r.get("status"), int) for r in results):
+                raise ValueError(f"server {server_id} did not answer one outcome per entry ({len(entries)})")
             return results
         problem = ProblemError.from_http(resp.status_code, resp.content)
-        return [RelayedOutcome(status=resp.status_code, problem=problem.body())] * len(entries)
+        return [{"status": resp.status_code, "result": None, "problem": problem.body()}] * len(entries)
 
 
-def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES) -> FastAPI:
+_DEVICE_PATH = re.compile(r"^/v1/studies/(?P<study_id>[^/]+)/relayed$")
+
+
+class DeviceUploads:
+    """Pure ASGI, outside FastAPI: a device's ``POST /v1/studies/{study_id}/relayed``, the one
+    request the relay exists for, answered without FastAPI's routing and middleware (which cost
+    the relay's event loop more than the request's work: services/uploads.py says the same of a
+    share server's single upload). Everything else goes to the FastAPI app, whose route of the
+    same path documents it in OpenAPI and answers it identically (it calls :func:`answer`)."""
+
+    def __init__(self, app: Any, relay: Relay, max_device_bytes: int):
+        self.app = app
+        self.relay = relay
+        self.max_device_bytes = max_device_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        match = _DEVICE_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        try:
+            body = await _read_body(receive, headers, self.max_device_bytes)
+            status, payload = 200, await answer(self.relay, match["study_id"],
+                                                headers.get(b"content-type", b"").decode("latin-1"), body)
+        except ProblemError as exc:
+            await problem_http.send_problem(scope, send, exc)
+            return
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+async def _read_body(receive, headers: dict, limit: int) -> bytes:
+    declared = headers.get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > limit:
+        raise ProblemError("payload-too-large", f"a device's relayed bundle is at most {limit} bytes")
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ProblemError("malformed-body", "the request body was cut short")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ProblemError("payload-too-large", f"a device's relayed bundle is at most {limit} bytes")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def answer(relay: Relay, study_id: str, content_type: str, body: bytes) -> bytes:
+    """A device's request judged and forwarded: the RelayedResults JSON it gets (ProblemError
+    for a request refused whole: a bad study id or media type, a body that is no bundle, a
+    server the relay does not know, or a relay full)."""
+    if not STUDY_ID.match(study_id):
+        raise ProblemError("invalid-request", "a study id is 64 lower-case hex characters")
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind != relayed.MEDIA_TYPE:
+        raise ProblemError("unsupported-media-type", f"a relay takes {relayed.MEDIA_TYPE} bodies, "
+                           f"not {kind or 'none'!r}")
+    try:
+        entries = relayed.decode(body)
+    except ValueError as exc:
+        raise ProblemError("malformed-body", str(exc)) from None
+    outcomes = await relay.submit(study_id, entries)
+    return json.dumps({"results": outcomes}, separators=(",", ":")).encode()
+
+
+def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES) -> Any:
     """The relay's HTTP API: ``POST /v1/studies/{study_id}/relayed`` (a device's bundle in, its
     outcomes out), ``GET /healthz`` and ``GET /v1/relay`` (the servers it forwards to)."""
 
@@ -190,27 +291,20 @@ def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES) -
     async def info() -> dict[str, Any]:
         """The share servers this relay forwards to, by server id (public: a device checks
         nothing here; its shares are sealed to keys it holds from its enrolment)."""
-        return {"servers": relay.servers, "window_s": relay.window_s, "max_entries": relay.max_entries}
+        return {"servers": relay.servers, "window_s": relay.window_s, "max_entries": relay.max_entries,
+                "bundles_forwarded": relay.forwarded, "entries_forwarded": relay.entries_forwarded}
 
     @app.post("/v1/studies/{study_id}/relayed", response_model=RelayedResults,
               responses=problem_http.problem_responses(400, 413, 415, 422, 503))
     async def upload(study_id: str, request: Request) -> Response:
         """A device's bundle forwarded; 200 with one outcome per entry, in its order (an outcome
-        with a status of 502 or 503 is worth sending again)."""
-        if not STUDY_ID.match(study_id):
-            raise ProblemError("invalid-request", "a study id is 64 lower-case hex characters")
-        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != relayed.MEDIA_TYPE:
-            raise ProblemError("unsupported-media-type", f"a relay takes {relayed.MEDIA_TYPE} bodies, "
-                               f"not {kind or 'none'!r}")
+        with a status of 502 or 503 is worth sending again). Answered by DeviceUploads before
+        FastAPI; documented here."""
         body = await problem_http.read_within(request, max_device_bytes, "a device's relayed bundle")
-        try:
-            entries = relayed.decode(body)
-        except ValueError as exc:
-            raise ProblemError("malformed-body", str(exc)) from None
-        outcomes = await relay.submit(study_id, entries)
-        return Response(RelayedResults(results=outcomes).model_dump_json(), media_type="application/json")
+        payload = await answer(relay, study_id, request.headers.get("content-type", ""), body)
+        return Response(payload, media_type="application/json")
 
+    app.add_middleware(DeviceUploads, relay=relay, max_device_bytes=max_device_bytes)
     return app
 
 
@@ -252,12 +346,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-entries", type=int, default=DEFAULT_MAX_ENTRIES,
                         help=f"forward a server's group as soon as it holds this many entries "
                              f"(default {DEFAULT_MAX_ENTRIES})")
+    parser.add_argument("--max-bundle-bytes", type=int, default=DEFAULT_MAX_BUNDLE_BYTES,
+                        help=f"the largest bundle sent to a server (default {DEFAULT_MAX_BUNDLE_BYTES >> 20} MiB; keep "
+                             f"it under the servers' --max-body-bytes)")
     parser.add_argument("--max-pending-bytes", type=int, default=DEFAULT_MAX_PENDING_BYTES,
                         help="entries waiting for the servers, in bytes, past which devices get 503 "
                              f"and retry (default {DEFAULT_MAX_PENDING_BYTES >> 20} MiB)")
     parser.add_argument("--max-device-bytes", type=int, default=DEFAULT_MAX_DEVICE_BYTES,
                         help=f"the largest device request (default {DEFAULT_MAX_DEVICE_BYTES >> 20} MiB; 413 past it)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a server (default 30)")
+    parser.add_argument("--access-log", action="store_true",
+                        help="log every request (off by default: a relay takes one request per device)")
     parser.add_argument("--ca-bundle", default=None, help="CA bundle to verify the servers' TLS with")
     serving.add_graceful_argument(parser)
     serving.add_connection_arguments(parser)
@@ -271,11 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serving.check_graceful_timeout(parser, args.graceful_timeout)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     relay = Relay(servers, window_s=args.window / 1000, max_entries=args.max_entries,
-                  max_pending_bytes=args.max_pending_bytes, timeout=args.timeout,
+                  max_pending_bytes=args.max_pending_bytes, max_bundle_bytes=args.max_bundle_bytes,
+                  timeout=args.timeout,
                   verify=args.ca_bundle or True)
     app = create_app(relay, args.max_device_bytes)
     return serving.serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,
-                         proxy_headers=False, server_header=False, header_timeout=args.header_timeout,
+                         access_log=args.access_log, proxy_headers=False, server_header=False, header_timeout=args.header_timeout,
                          body_timeout=args.body_timeout, min_rate=args.min_rate,
                          max_connections=args.max_connections, max_connections_per_ip=args.max_connections_per_ip)
 
