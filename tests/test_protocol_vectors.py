@@ -247,6 +247,73 @@ def test_sealed_batch_vectors_are_what_the_script_writes():
     assert module.render(text) == text
 
 
+# --- relayed uploads (section 7b) -------------------------------------------------------------------
+
+
+def test_relayed_vector_from_the_text():
+    """The relayed vector recomputed from section 7b's definitions with hashlib and hmac alone
+    (so the document, not only the code, is checked), over section 9's classical sealed batch,
+    then the reference implementation checked against it, and against a moved MAC."""
+    import hmac
+
+    from dpsketch.protocol import relayed
+
+    vec = VECTORS["relayed"]
+    sealed = next(v for v in VECTORS["sealed_v4"] if v["suite"] == "classical")
+    assert (vec["study_id"], vec["server_id"]) == (sealed["study_id"], sealed["server_id"])
+    batch = bytes.fromhex(sealed["body"])
+    # the token's digest (what its server keeps), its public id and the MAC key
+    digest = hashlib.sha256(vec["token"].encode("utf-8")).digest()
+    assert digest.hex() == vec["token_digest"] and digest[:8].hex() == vec["token_id"]
+    key = hashlib.sha256(b"dpsketch/relayed/1/key" + digest).digest()
+    assert key.hex() == vec["mac_key"]
+    # the batch's header is its first 37 + Nenc + 48 bytes (classical Nenc 32); the transcript
+    # section 7a's: SHA-256(study_id || len(server_id) || server_id || header)
+    header = batch[:37 + 32 + 48]
+    assert header.hex() == vec["batch_header"] == sealed["fixed"] + sealed["sealed_secret"]
+    sid = vec["server_id"].encode("ascii")
+    transcript = hashlib.sha256(bytes.fromhex(vec["study_id"]) + bytes([len(sid)]) + sid + header).digest()
+    assert transcript.hex() == vec["transcript"] == sealed["transcript"]
+    message = b"dpsketch/relayed/1" + transcript
+    assert message.hex() == vec["mac_input"]
+    mac = hmac.new(key, message, hashlib.sha256).digest()
+    assert mac.hex() == vec["mac"]
+    # entry = len(server_id) (1) || server_id || token_id (8) || mac (32) || length (4, big-endian)
+    # || batch; bundle = count (4, big-endian) || entries
+    entry = bytes([len(sid)]) + sid + digest[:8] + mac + len(batch).to_bytes(4, "big") + batch
+    assert entry.hex() == vec["entry"]
+    bundle = (1).to_bytes(4, "big") + entry
+    assert bundle.hex() == vec["bundle"]
+    # the reference implementation: the same bytes, and it decodes and verifies them
+    assert relayed.token_digest(vec["token"]) == digest and relayed.token_id(digest) == digest[:8]
+    assert relayed.mac_key(digest) == key and relayed.batch_header(batch) == header
+    made = relayed.make_entry(vec["token"], vec["study_id"], vec["server_id"], batch)
+    assert made.encode() == entry and relayed.encode([made]) == bundle
+    (decoded,) = relayed.decode(bundle)
+    assert decoded == made and relayed.verify_mac(digest, vec["study_id"], vec["server_id"], decoded)
+    # the MAC is bound to the server and the study, and to the token
+    assert not relayed.verify_mac(digest, vec["study_id"], "s2", decoded)
+    assert not relayed.verify_mac(digest, "0" * 64, vec["server_id"], decoded)
+    assert not relayed.verify_mac(hashlib.sha256(b"another token").digest(), vec["study_id"], vec["server_id"],
+                                  decoded)
+    # a study without tokens: zero id and MAC, the same layout
+    bare = relayed.make_entry(None, vec["study_id"], vec["server_id"], batch)
+    assert bare.encode() == bytes([len(sid)]) + sid + bytes(8 + 32) + len(batch).to_bytes(4, "big") + batch
+
+
+def test_relayed_vector_is_what_the_script_writes():
+    """Section 9's relayed vector is what scripts/make_relayed_vectors.py computes from its token
+    and the classical sealed batch of the block: the document and the script agree."""
+    import importlib.util
+
+    path = DOC.parent.parent / "scripts" / "make_relayed_vectors.py"
+    spec = importlib.util.spec_from_file_location("make_relayed_vectors", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = DOC.read_text()
+    assert module.render(text) == text
+
+
 def test_bounds_vectors_bit_for_bit():
     """Section 2e's map of raw rows into the ball, operation for operation: every mapped double
     equal to the vector's (a client computing mid or half another way, or scaling before the
