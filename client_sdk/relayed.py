@@ -2,7 +2,7 @@
 
 Two steps, apart in time:
 
-* **Enrolment** (:func:`enrol`, ``dpsketch submit --enrol FILE``): once, from the share servers
+* **Enrolment** (:func:`enrol`, then :meth:`Enrolment.save`): once, from the share servers
   themselves, with a :class:`~client_sdk.client.Client` that reads and checks the study at every
   server and each server's HPKE key (``encrypt=True``): an :class:`Enrolment` holds the verified
   study and the key sealed to for each server. A key read after the study exists stays valid

@@ -630,7 +630,7 @@ def create_app(settings: Settings) -> FastAPI:
         return json_response(result)
 
     @app.post("/v1/studies/{study_id}/relayed", response_model=RelayedResults, tags=["reports"],
-              responses=problem_responses(400, 404, 409, 413, 415, 503),
+              responses=problem_responses(400, 403, 404, 409, 413, 415, 503),
               openapi_extra={"requestBody": {
                   "required": True,
                   "description": f"{relayed.MEDIA_TYPE}: a bundle of entries, each one device's "
@@ -643,6 +643,9 @@ def create_app(settings: Settings) -> FastAPI:
         entry carries its own upload token's id and a MAC only that token's holder can make.
         Each entry gets its own outcome, in order (200 with the results, whatever they are);
         a body that is not a bundle is refused whole."""
+        if not settings.relayed_uploads:
+            raise ProblemError("forbidden", f"server {settings.server_id} takes no relayed uploads "
+                               f"(--relayed-uploads off): send each batch to it directly")
         require_media_type(request, relayed.MEDIA_TYPE)
         record = store.record(study_id)
         if not record.is_open:

@@ -18,7 +18,6 @@ to attack); the digests in the file may be published to whoever runs the server.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -27,6 +26,8 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from dpsketch.protocol.relayed import token_digest
+
 log = logging.getLogger("dpsketch.server")
 
 ROLES = ("operator", "analyst")
@@ -34,9 +35,9 @@ DIGEST_PREFIX = "sha256:"
 SHORT_TOKEN = 16
 
 
-def digest_of(token: str) -> bytes:
-    """SHA-256 of the token's UTF-8 bytes (32 bytes)."""
-    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+#: SHA-256 of a token's UTF-8 bytes (32 bytes): what a server keeps of it, and what a relayed
+#: entry's MAC key is derived from (the protocol's definition, dpsketch/protocol/relayed.py)
+digest_of = token_digest
 
 
 def upload_token_id(digest: bytes) -> str:

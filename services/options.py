@@ -102,6 +102,13 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
                         "issues (POST /v1/studies/{id}/upload-tokens, each good for its quota of "
                         "reports), which bounds Sybil reports; open: anyone may upload until a study's "
                         "first token is issued ($DPSKETCH_UPLOAD_AUTH; default: %(default)s)")
+    g.add_argument("--relayed-uploads", choices=("on", "off"),
+                   default=_env("DPSKETCH_RELAYED_UPLOADS", "on", str),
+                   help="on: take relayed uploads (many devices' sealed batches in one request from a "
+                        "relay, each with its upload token's MAC: docs/relay.md); off: refuse them "
+                        "(403), for a server whose devices never use a relay, since a reader of this "
+                        "server's store could make such uploads here (docs/trust.md) "
+                        "($DPSKETCH_RELAYED_UPLOADS; default: %(default)s)")
     g.add_argument("--max-study-bytes", type=byte_size_or_none,
                    default=_env("DPSKETCH_MAX_STUDY_BYTES", DEFAULT_MAX_STUDY_BYTES, byte_size_or_none),
                    help="largest storage a study may claim: max_reports x (16 + 8 x values per "
@@ -157,7 +164,8 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
 
 def policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The Settings keyword arguments of :func:`add_policy_arguments`'s flags."""
-    return {name: getattr(args, name) for name in (
+    relayed = {"relayed_uploads": args.relayed_uploads == "on"} if hasattr(args, "relayed_uploads") else {}
+    return relayed | {name: getattr(args, name) for name in (
         "max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star", "max_floor_epsilon",
         "max_excluded_fraction", "upload_auth", "max_study_bytes", "max_study_memory", "memory_budget",
         "tokens_file", "retention_after_commit_s", "population_epsilon", "population_floor_epsilon",

@@ -34,6 +34,7 @@ def describe(settings: Settings) -> dict[str, float | int | str | list[str] | No
         "max_floor_epsilon": settings.max_floor_epsilon,
         "max_excluded_fraction": settings.max_excluded_fraction,
         "upload_auth": settings.upload_auth,
+        "relayed_uploads": settings.relayed_uploads,
         "max_study_bytes": settings.max_study_bytes,
         "max_study_memory": settings.max_study_memory,
         "memory_budget": settings.memory_budget,

@@ -48,15 +48,16 @@ def refusal(record: "StudyRecord") -> str | None:
 def _token(store: "Store", record: "StudyRecord", entry: relayed.Entry) -> bytes | None:
     """The digest of the entry's upload token, if the study requires one (401 otherwise: an
     unknown, revoked or missing token id, or a MAC that is not the token's)."""
+    named = entry.token_id != relayed.NO_TOKEN_ID
+    digest = record.digest_by_token_id(entry.token_id) if named else None
+    if named and digest is None and store.shared:  # issued by another replica? (before judging
+        store.refresh_tokens(record)               # upload_required, as the bearer path does)
+        digest = record.digest_by_token_id(entry.token_id)
     if not record.upload_required:
         return None
-    if entry.token_id == relayed.NO_TOKEN_ID:
+    if not named:
         raise ProblemError("unauthorized", f"study {record.study_id} takes uploads only with one of its "
                            f"upload tokens: this entry names none (token id zero)")
-    digest = record.digest_by_token_id(entry.token_id)
-    if digest is None and store.shared:
-        store.refresh_tokens(record)  # issued by another replica?
-        digest = record.digest_by_token_id(entry.token_id)
     if digest is None:
         raise ProblemError("unauthorized", f"token id {entry.token_id.hex()} is not a valid upload token "
                            f"of this study (unknown, or revoked)")

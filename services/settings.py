@@ -126,6 +126,11 @@ class Settings:
     #: (each good for its quota of reports); "open": a study takes uploads without a token until
     #: its first upload token is issued.
     upload_auth: str = "tokens"
+    #: Whether this server takes relayed uploads (POST /v1/studies/{id}/relayed, docs/relay.md):
+    #: many devices' sealed batches in one request, each with its upload token's MAC. A reader of
+    #: this server's store (its token digests) could make such uploads here (docs/trust.md), so an
+    #: operator that never uses a relay may turn the route off.
+    relayed_uploads: bool = True
     #: Storage policy: refuse a study whose max_reports shares could take more than this many
     #: bytes (Study.max_storage_bytes); None accepts any size the schema allows.
     max_study_bytes: int | None = DEFAULT_MAX_STUDY_BYTES

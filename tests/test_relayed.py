@@ -325,3 +325,59 @@ def test_an_enrolment_refuses_keys_that_do_not_match_the_study():
     with pytest.raises(ValueError, match="share a public key"):
         Enrolment(study, tuple(envelope.Recipient(s, keys[0]) for s in study.servers))
 
+
+
+def test_a_server_with_relayed_uploads_off_refuses_every_bundle_and_stores_nothing(servers):
+    """``--relayed-uploads off`` (here its environment variable): a bundle of good entries gets 403
+    forbidden whole, nothing is stored, and /v1/info's policy says so; the same batch sent
+    directly with its bearer token is stored."""
+    from conftest import NO_BUDGET as no_budget
+    from studies import make_study, provision_with_token
+
+    spec = servers.spec("a")  # make_study's servers are "a" and "b"
+    proc = servers.start(spec, extra_env={"DPSKETCH_RELAYED_UPLOADS": "off", "DPSKETCH_MAX_FLOOR_EPSILON": "none",
+                                          **no_budget}, open_uploads=False)
+    study = make_study([f"x{i}" for i in range(D)], 100, epsilon_floor=None)
+    token = provision_with_token(proc.url, spec.operator_token, study)
+    info = httpx.get(f"{proc.url}/v1/info").json()
+    assert info["policy"]["relayed_uploads"] is False
+    hpke = info["hpke"]
+    key = next(bytes.fromhex(k["public_key"]) for k in hpke["keys"] if k["key_id"] == hpke["current"])
+    from dpsketch.client_sdk import prepare, sealing
+
+    batch = prepare.prepare_batch(study, np.full((1, D), 0.1))
+    body, _ = sealing.wire(envelope.Recipient("a", key), study, study.study_id, batch.body(0), batch.media_type(0))
+    entry = relayed.make_entry(token, study.study_id, "a", bytes(body))
+    r = _post_server(proc.url, study.study_id, [entry])
+    assert r.status_code == 403 and r.json()["type"].endswith("forbidden") and "relayed-uploads off" in r.json()["detail"]
+    assert _count(proc.url, study.study_id) == 0
+    r = httpx.post(f"{proc.url}/v1/studies/{study.study_id}/batches", content=bytes(body),
+                   headers={"Content-Type": "application/x-dpsketch-sealed", "Authorization": f"Bearer {token}"})
+    assert r.status_code == 200 and _count(proc.url, study.study_id) == 1
+
+
+def test_a_relay_splits_groups_past_its_entry_and_byte_caps(cluster, tmp_path):
+    """A relay whose window holds 12 devices' entries but whose bundles take at most 5 entries and
+    1 byte sends each entry in a bundle of its own (a bundle always holds one), and one of at most
+    5 entries when only the count binds: every report is stored once either way."""
+    servers = {s.server_id: p.url for s, p in zip(cluster.specs, cluster.procs)}
+    for name, args, most in [("byte-capped", ("--max-bundle-bytes", "1"), 1), ("entry-capped", ("--max-entries", "5"), 5)]:
+        study = _study(cluster, 12, f"relayed-{name}")
+        tokens = _tokens(cluster, study.study_id, 12)
+        enrolment = _enrolment(cluster, study.study_id)
+        proc = relay_process(servers, tmp_path, None, "--window", "300", *args, name=name).start()
+        try:
+            from concurrent.futures import ThreadPoolExecutor
+
+            def device(i: int, url=proc.url, enrolment=enrolment, tokens=tokens) -> str:
+                with RelayClient(url, enrolment, tokens[i]) as rc:
+                    return rc.submit(np.full(D, 0.05 * i))
+
+            with ThreadPoolExecutor(12) as pool:
+                assert len(set(pool.map(device, range(12)))) == 12
+            stats = httpx.get(f"{proc.url}/v1/relay").json()
+        finally:
+            proc.stop()
+        assert stats["entries_forwarded"] == 36
+        assert stats["bundles_forwarded"] >= -(-36 // most)  # no bundle past its cap (uncapped: about 3)
+        assert _counts(cluster, study.study_id) == [12, 12, 12]
