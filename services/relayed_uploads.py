@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 from fastapi.concurrency import run_in_threadpool
 
-from dpsketch.protocol import envelope, relayed
+from dpsketch.protocol import envelope, proved_shares, relayed
 from dpsketch.protocol.messages import SEALED_MEDIA_TYPE, RelayedOutcome, RelayedResults, UploadResult
 from dpsketch.protocol.problems import ProblemError
 
 from .uploads import parse_batch, sealed_precheck
+from .writer import Acknowledgement, Unbound
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -82,9 +83,39 @@ def _checked(store: "Store", record: "StudyRecord", server_id: str, entry: relay
         except ValueError as exc:  # not a version 4 batch: its header cannot be read
             raise ProblemError("malformed-body", str(exc)) from None
         sealed_precheck(store, record, entry.batch, digest)
-        return digest, parse_batch(entry.batch, record.study, SEALED_MEDIA_TYPE, server_id, store.keys)
+        study = record.study
+        if _one_share(entry.batch) and not proved_shares.is_proved(study):
+            # a one-row device's batch: opened here, then stored as a single report is, so the
+            # writer checks the bindings of a group of them at once (services/uploads.py)
+            try:
+                upload = envelope.open_batch(entry.batch, study.width, study.n_servers, study.study_id,
+                                             server_id, store.keys.private_key_for)
+            except envelope.SealError as exc:
+                raise ProblemError("sealed-share-refused", str(exc)) from None
+            except ValueError as exc:
+                raise ProblemError("malformed-body", str(exc)) from None
+            return digest, (upload.joined, upload.proofs.tobytes(), upload.payloads.tobytes())
+        return digest, parse_batch(entry.batch, study, SEALED_MEDIA_TYPE, server_id, store.keys)
     except ProblemError as exc:
         return exc
+
+
+def _one_share(batch: bytes) -> bool:
+    """Whether a sealed batch holds one record of a share (content 0x01, count 1): read from its
+    clear header, which the checks before have parsed."""
+    at = envelope.BATCH_ID_BYTES + envelope.KEY_ID_BYTES + 8
+    return batch[at] == envelope.CONTENT_SHARE and batch[at + 1:at + 5] == b"\x00\x00\x00\x01"
+
+
+def _unbound(value):
+    """The writer's refusal of a single report whose share its id does not commit to, as the
+    batch path words it (422 binding-refused; nothing of it was stored)."""
+    if isinstance(value, Unbound):
+        return ProblemError("binding-refused", "the sealed batch's share is not the one its report id "
+                            "commits to at this server (docs/protocol.md section 4a)")
+    if isinstance(value, Acknowledgement):  # a single report's answer: UploadResult's fields
+        return UploadResult(accepted=value.accepted, duplicates=value.duplicates, report_count=value.report_count)
+    return value
 
 
 def _outcome(value) -> RelayedOutcome:
@@ -113,20 +144,27 @@ async def upload(store: "Store", metrics: "ServerMetrics", record: "StudyRecord"
         return [_checked(store, record, server_id, e) for e in entries]
 
     checked = await run_in_threadpool(check_all)
+    loop = asyncio.get_running_loop()
     pending: list = []
     for item in checked:
         if isinstance(item, ProblemError):
             pending.append(item)
             continue
-        digest, (ids, shares, rows, signs, sorted_ids, seeds, addends) = item
+        digest, parsed = item
         try:
-            pending.append(asyncio.wrap_future(store.submit_upload(
-                record, ids, shares, rows, signs, digest, sorted_ids=sorted_ids, seeds=seeds, addends=addends)))
+            waiter = loop.create_future()  # the writer settles a group's waiters in one loop callback
+            if len(parsed) == 3:  # one share: the writer's single reports (report id, proof, share)
+                store.submit_single(record, *parsed, digest, waiter)
+            else:
+                ids, shares, rows, signs, sorted_ids, seeds, addends = parsed
+                store.submit_upload(record, ids, shares, rows, signs, digest, waiter=waiter, sorted_ids=sorted_ids,
+                                    seeds=seeds, addends=addends)
+            pending.append(waiter)
         except ProblemError as exc:
             pending.append(exc)
     futures = [p for p in pending if not isinstance(p, ProblemError)]
     done = iter(await asyncio.gather(*futures, return_exceptions=True))
-    outcomes = [p if isinstance(p, ProblemError) else next(done) for p in pending]
+    outcomes = [p if isinstance(p, ProblemError) else _unbound(next(done)) for p in pending]
     total = UploadResult(accepted=0, duplicates=0)
     for value in outcomes:
         if isinstance(value, UploadResult):

@@ -381,3 +381,25 @@ def test_a_relay_splits_groups_past_its_entry_and_byte_caps(cluster, tmp_path):
         assert stats["entries_forwarded"] == 36
         assert stats["bundles_forwarded"] >= -(-36 // most)  # no bundle past its cap (uncapped: about 3)
         assert _counts(cluster, study.study_id) == [12, 12, 12]
+
+
+def test_a_device_whose_share_is_not_bound_to_its_id_is_refused_alone(cluster):
+    """A malicious device seals, and MACs with its own token, a share other than the one its
+    report id commits to: that entry gets 422 binding-refused and is not stored, and an honest
+    device's entry in the same bundle is (the one-share entries go through the writer's group
+    binding check, services/relayed_uploads.py)."""
+    from dpsketch.client_sdk import prepare, sealing
+
+    study = _study(cluster, 10, "relayed-unbound")
+    sid = study.study_id
+    tokens = _tokens(cluster, sid, 2)
+    enrolment = _enrolment(cluster, sid)
+    batch = prepare.prepare_batch(study, np.full((1, D), 0.3))
+    body = bytearray(batch.body(0))
+    body[-1] ^= 0x01  # the share's last byte: the id no longer commits to it
+    sealed, _ = sealing.wire(enrolment.recipients[0], study, sid, bytes(body), batch.media_type(0))
+    forged = relayed.make_entry(tokens[0][0], sid, "s1", bytes(sealed))
+    _, honest = _entries(cluster, study, tokens[1])
+    got = _outcomes(_post_server(cluster.server_urls[0], sid, [forged, honest[0]]))
+    assert got == [(422, "binding-refused"), (200, None)]
+    assert _count(cluster.server_urls[0], sid) == 1

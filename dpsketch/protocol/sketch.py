@@ -134,22 +134,30 @@ def signed_sum(rows: np.ndarray, signs: np.ndarray, shares: np.ndarray, k: int) 
     return np.asarray(matrix @ np.ascontiguousarray(shares, dtype=np.uint64), dtype=np.uint64)
 
 
+#: reports' slots (m s) that accumulate adds one by one when the compiled kernel is not loaded
+FEW_SLOTS = 64
+
+
 def accumulate(acc: np.ndarray, rows: np.ndarray, signs: np.ndarray, shares: np.ndarray,
                sign: int = 1) -> None:
     """acc[rows[i, l]] += sign * signs[i, l] * shares[i]  (mod 2^64), in place; acc is (k, d).
 
     A few reports touch only their own rows: they are added in place, so a single upload to a
     study with a large k x d aggregate neither builds nor adds a dense k x d matrix (which would
-    also touch, and so pin, every page of the aggregate)."""
+    also touch, and so pin, every page of the aggregate). Without the compiled kernel, a few
+    reports are added so too whatever k is: building a sparse matrix for them (signed_sum) cost
+    a k = 1 study about a twelfth of a server's CPU per single upload."""
     m, s = rows.shape
-    if m * s * 4 < acc.shape[0]:
+    kernel = kernels.SKETCH.loaded()
+    if m * s * 4 < acc.shape[0] or (kernel is None and m * s <= FEW_SLOTS):
+        if m and (int(rows.min()) < 0 or int(rows.max()) >= acc.shape[0]):  # np.add.at wraps negatives
+            raise ValueError("sketch rows outside the aggregate")
         flip = (signs.astype(np.int64) * sign) < 0
         values = np.repeat(np.asarray(shares, dtype=np.uint64), s, axis=0)
         values[flip.ravel()] = np.uint64(0) - values[flip.ravel()]
         values[signs.ravel() == 0] = 0  # an empty slot (the l1 sketch's unsampled level)
         np.add.at(acc, rows.ravel(), values)
         return
-    kernel = kernels.SKETCH.loaded()
     if kernel is not None and acc.flags.c_contiguous and acc.dtype == np.uint64:  # loaded: in place
         if m and (int(rows.min()) < 0 or int(rows.max()) >= acc.shape[0]):
             raise ValueError("sketch rows outside the aggregate")
