@@ -15,14 +15,18 @@ every value lies in [-1, 1]). Both systems must deliver the sum of the n vectors
   process on a loopback port, temporary SQLite files), a plain-sum study (kind ``sketch`` with
   k = s = 1: one output row, every sign +1) without server noise (``epsilon_floor`` None, on
   servers started with ``DPSKETCH_MAX_FLOOR_EPSILON=none`` and no population budget, since the
-  run makes a study per path and size). Two upload paths, each in a fresh
+  run makes a study per path and size). Three upload paths, each in a fresh
   study and both timed from the first upload to the released sum at the analyzer:
   ``single``: every client is its own ``client_sdk.Client`` with its own upload tokens,
   connections and TLS setup and calls ``submit`` once (it fetches and checks the study at every
   server, then posts its share to each: 2 N = 6 HTTP requests), ``--workers`` at a time over
-  ``--client-processes`` processes (``one_row_clients`` says what they share); ``bulk``: one
-  ``Client.submit_many`` of all n rows. ``--fresh-processes`` adds one-row clients that are each
-  a new Python process, as a device that starts and submits is.
+  ``--client-processes`` processes (``one_row_clients`` says what they share); ``relay``: every
+  client is its own ``client_sdk.relayed.RelayClient`` with its own upload tokens and the
+  enrolment a device holds (the study and each server's HPKE key, read from the servers before
+  the clock starts, as the tokens are), and sends its row's sealed shares in one request to a
+  ``dpsketch relay`` in front of the servers (docs/relay.md), the same workers and processes;
+  ``bulk``: one ``Client.submit_many`` of all n rows. ``--fresh-processes`` adds one-row clients
+  that are each a new Python process, as a device that starts and submits is.
 * the bare-HTTP floor (``--paths floor``): the single path's clients, processes and threads
   sending 1 request, N POSTs, or N GETs and N POSTs each to N servers that only read and answer
   (``floor_app``): no design sending that many requests per client is faster on this machine,
@@ -37,7 +41,7 @@ Run it from the product's venv with Flower in a venv of its own (``pip install -
 there: Flower pins older FastAPI and uvicorn than the servers use), both sides interleaved::
 
     python benchmarks/peer_flower.py --n 1000 --workers 64 --client-processes 2 --cold-check \
-        --paths single,bulk,floor --reps 3 --flower-python /tmp/peer-venv/bin/python --write-docs docs/peer.md
+        --paths single,relay,bulk,floor --reps 3 --flower-python /tmp/peer-venv/bin/python --write-docs docs/peer.md
 
 ``--skip-flower`` measures dpsketch alone with the product's own dependencies. Each repetition
 measures every system at every n before the next starts, with the load average recorded beside
@@ -736,32 +740,35 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     stacks = sorted({f"FastAPI {r['fastapi_version']}, uvicorn {r['uvicorn_version']}"
                      for r in results if "fastapi_version" in r})
     reps = max([sum(1 for r in results if r["system"] == sys_ and r["n"] == n)
-                for sys_ in ("flower-secagg+", "dpsketch-single", "dpsketch-bulk") for n in ns] or [1])
+                for sys_ in ("flower-secagg+", "dpsketch-single", "dpsketch-relay", "dpsketch-bulk") for n in ns] or [1])
     workers = sorted({r["workers"] for r in results if r.get("workers")})
     procs = sorted({r["client_processes"] for r in results if r.get("client_processes")})
-    cold = {r.get("cold_check") for r in results if r["system"] == "dpsketch-single"}
+    cold = {r.get("cold_check") for r in results if r["system"] in ("dpsketch-single", "dpsketch-relay")}
     lines = [
         f"d = {meta['d']}; {'one run each' if reps == 1 else f'median (range) of {reps} interleaved runs'}; "
         f"{meta['machine']}; flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
-        f"{' / '.join(stacks) or '—'}; single path: {'/'.join(map(str, workers)) or '—'} clients at a time"
+        f"{' / '.join(stacks) or '—'}; single and relay paths: {'/'.join(map(str, workers)) or '—'} clients at a time"
         f"{' in ' + '/'.join(map(str, procs)) + ' processes' if procs and procs != [1] else ''}"
         f"{', each checking the study itself' if cold == {True} else ''}; {meta['date']}",
         "",
         "| n | Flower SecAgg+ round (s) | Flower simulation total (s) | dpsketch single (s) | "
-        "dpsketch bulk (s) | Flower / single | Flower / bulk | Flower max abs error | "
-        "dpsketch release = ring sum | dpsketch max error / noise sd | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "dpsketch relay (s) | dpsketch bulk (s) | Flower / single | Flower / relay | Flower / bulk | "
+        "Flower max abs error | dpsketch release = ring sum | dpsketch max error / noise sd | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in ns:
-        f, s, b = (_runs(results, name, n) for name in ("flower-secagg+", "dpsketch-single", "dpsketch-bulk"))
-        exact = [r["release_equals_ring_sum"] for r in s + b]
-        errs = [r["max_abs_error_in_sd"] for r in s + b]
-        loads = [x for r in f + s + b for x in (r.get("load_before"), r.get("load_after")) if x is not None]
+        f, s, rl, b = (_runs(results, name, n)
+                       for name in ("flower-secagg+", "dpsketch-single", "dpsketch-relay", "dpsketch-bulk"))
+        exact = [r["release_equals_ring_sum"] for r in s + rl + b]
+        errs = [r["max_abs_error_in_sd"] for r in s + rl + b]
+        loads = [x for r in f + s + rl + b for x in (r.get("load_before"), r.get("load_after")) if x is not None]
         lines.append(
             f"| {n:,} | {_spread([r['seconds'] for r in f], '.1f')} | "
             f"{_spread([r['total_seconds'] for r in f], '.1f')} | "
-            f"{_spread([r['seconds'] for r in s], '.2f')} | {_spread([r['seconds'] for r in b], '.2f')} | "
+            f"{_spread([r['seconds'] for r in s], '.2f')} | {_spread([r['seconds'] for r in rl], '.2f')} | "
+            f"{_spread([r['seconds'] for r in b], '.2f')} | "
             f"{_spread(ratios(results, 'flower-secagg+', 'dpsketch-single', n), '.1f')} | "
+            f"{_spread(ratios(results, 'flower-secagg+', 'dpsketch-relay', n), '.1f')} | "
             f"{_spread(ratios(results, 'flower-secagg+', 'dpsketch-bulk', n), '.0f')} | "
             f"{_fmt(max(r['max_abs_error'] for r in f) if f else None, '.1e')} | "
             f"{('yes' if all(exact) else 'NO') if exact else '—'} | "
@@ -770,6 +777,7 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     if len(ns) >= 2:
         systems = [(label, name) for label, name in (("Flower SecAgg+ round", "flower-secagg+"),
                                                      ("dpsketch single", "dpsketch-single"),
+                                                     ("dpsketch relay", "dpsketch-relay"),
                                                      ("dpsketch bulk", "dpsketch-bulk"))
                    if any(r["system"] == name for r in results)]
         lines += ["", "Scaling exponent of the median time in n, log(t1 / t0) / log(n1 / n0) (1 = linear):", "",
@@ -831,8 +839,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", default="100,1000", help="client counts, comma-separated (default: %(default)s)")
     p.add_argument("--d", type=int, default=100, help="values per client (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="vector seed (default: %(default)s)")
-    p.add_argument("--paths", default="single,bulk",
-                   help="dpsketch paths, and 'floor': the single path's requests against servers that only "
+    p.add_argument("--paths", default="single,relay,bulk",
+                   help="dpsketch paths (single, relay, bulk), and 'floor': the single path's requests against servers that only "
                    "read and answer, in three patterns per client (default: %(default)s)")
     p.add_argument("--skip-flower", action="store_true", help="measure dpsketch only (no flwr needed)")
     p.add_argument("--skip-dpsketch", action="store_true", help="measure Flower only")

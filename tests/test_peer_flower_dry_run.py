@@ -1,8 +1,9 @@
 """benchmarks/peer_flower.py runs at HEAD (issue 46: its bulk path crashed with a TypeError once
 ``prepare_batch`` gained ``full``, and nothing ran it). Imported and run on its dpsketch side at
 n = 5 (Flower is an optional extra that CI does not install; with it installed, the slow test
-below runs one tiny SecAgg+ round too): both upload paths through a real local cluster, each
-client of the single path its own ``Client`` with its own tokens that checks the study itself,
+below runs one tiny SecAgg+ round too): the three upload paths through a real local cluster (the
+relay path through a real ``dpsketch relay``), each client of the single and relay paths its own
+``Client`` or ``RelayClient`` with its own tokens that checks the study itself,
 each release checked bit for bit by the benchmark against the ring sum of what its clients sent
 and here against the true sum of the rows."""
 
@@ -29,12 +30,12 @@ def test_peer_flower_sums_five_clients_on_both_dpsketch_paths(tmp_path):
     peer = _peer()
     out, page = tmp_path / "peer.json", tmp_path / "peer.md"
     page.write_text(f"before\n{peer.TABLE_START}\nold table\n{peer.TABLE_END}\nafter\n")
-    assert peer.main(["--skip-flower", "--n", "5", "--d", "4", "--paths", "single,bulk,floor", "--workers", "4",
+    assert peer.main(["--skip-flower", "--n", "5", "--d", "4", "--paths", "single,relay,bulk,floor", "--workers", "4",
                       "--cold-check", "--json", str(out), "--write-docs", str(page)]) == 0
     every = json.loads(out.read_text())["results"]
     floor = {r["system"]: r for r in every if r["system"].startswith("http-floor-")}
     results = [r for r in every if r["system"].startswith("dpsketch-")]
-    assert sorted(r["system"] for r in results) == ["dpsketch-bulk", "dpsketch-single"]
+    assert sorted(r["system"] for r in results) == ["dpsketch-bulk", "dpsketch-relay", "dpsketch-single"]
     # the floor: each pattern's requests, every one answered 200, by servers that only read and answer,
     # with the single path's request sizes at d = 4 (a study's JSON; a report of 4 values)
     assert sorted(floor) == ["http-floor-1", "http-floor-2N", "http-floor-N"]
@@ -52,6 +53,8 @@ def test_peer_flower_sums_five_clients_on_both_dpsketch_paths(tmp_path):
         assert not np.allclose(truth, 0)
     single = next(r for r in results if r["system"] == "dpsketch-single")
     assert single["http_requests_per_client"] == 6 and single["cold_check"] is True
+    relay = next(r for r in results if r["system"] == "dpsketch-relay")  # one request per device, to the relay
+    assert relay["http_requests_per_client"] == 1 and relay["http_requests"] == 5 and relay["cold_check"] is True
     text = page.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
     assert "| 5 | — | — |" in text and "each checking the study itself" in text
@@ -72,7 +75,7 @@ def test_the_table_pairs_each_repetition_and_takes_medians():
     assert peer.ratios(results, "flower-secagg+", "dpsketch-single", 1000) == [20.0, 30.0, 10.0]
     table = peer.render(results, {"d": 100, "machine": "2 CPUs", "date": "today"})
     assert "median (range) of 3 interleaved runs" in table and "64 clients at a time" in table
-    assert "| 1,000 | 100.0 (90.0-120.0) | 101.0 (91.0-121.0) | 5.00 (4.00-9.00) | — | 20.0 (10.0-30.0) |" in table
+    assert "| 1,000 | 100.0 (90.0-120.0) | 101.0 (91.0-121.0) | 5.00 (4.00-9.00) | — | — | 20.0 (10.0-30.0) | — |" in table
     assert table.rstrip().endswith("| 2.0-3.5 |")
     # the floor's own table pairs each repetition too: single over its floor, Flower over a 1-request floor
     floor = [{**res(f"http-floor-{k}", 1000, t, rep), "get_bytes": 3709, "post_bytes": 1200}
