@@ -212,9 +212,10 @@ def run_flower(n: int, d: int, seed: int, num_shares: int, threshold: int, cpus_
 class LocalCluster:
     """3 share servers (exact-release policy) and the analyzer on loopback ports."""
 
-    def __init__(self, workdir: Path, n_servers: int = 3):
+    def __init__(self, workdir: Path, n_servers: int = 3, relay_window_ms: float = 100.0):
         self.workdir = workdir
         self.n_servers = n_servers
+        self.relay_window_ms = relay_window_ms
         self.stack = contextlib.ExitStack()
 
     def __enter__(self) -> "LocalCluster":
@@ -248,13 +249,14 @@ class LocalCluster:
         self._relay_url: str | None = None
         return self
 
-    def relay_url(self, window_ms: float = 20.0) -> str:
-        """A relay in front of the servers (``dpsketch relay``), started on first use."""
+    def relay_url(self) -> str:
+        """A relay in front of the servers (``dpsketch relay --window``, the cluster's
+        ``relay_window_ms``), started on first use."""
         if self._relay_url is None:
             from dpsketch.tools.cluster import relay
 
             proc = relay({s.server_id: u for s, u in zip(self.specs, self.server_urls)}, self.workdir, None,
-                         "--window", str(window_ms))
+                         "--window", str(self.relay_window_ms))
             self.stack.callback(proc.stop)
             proc.start()
             self._relay_url = proc.url
@@ -842,6 +844,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paths", default="single,relay,bulk",
                    help="dpsketch paths (single, relay, bulk), and 'floor': the single path's requests against servers that only "
                    "read and answer, in three patterns per client (default: %(default)s)")
+    p.add_argument("--relay-window", type=float, default=100.0, metavar="MS",
+                   help="the relay path's dpsketch relay --window (default: %(default)s)")
     p.add_argument("--skip-flower", action="store_true", help="measure dpsketch only (no flwr needed)")
     p.add_argument("--skip-dpsketch", action="store_true", help="measure Flower only")
     p.add_argument("--num-shares", type=int, default=3,
@@ -949,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster = None
             if not args.skip_dpsketch:
                 print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
-                cluster = stack.enter_context(LocalCluster(workdir))
+                cluster = stack.enter_context(LocalCluster(workdir, relay_window_ms=args.relay_window))
             floor_urls, sizes = None, (0, 0)
             if cluster is not None and "floor" in paths:
                 sizes = request_sizes(cluster, args.d, args.epsilon, args.delta)

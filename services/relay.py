@@ -5,9 +5,10 @@ A device sends its relayed bundle (one version 4 sealed batch per server, each w
 token's id and MAC) to ``POST /v1/studies/{study_id}/relayed`` here. The relay groups the
 entries of the devices that arrive within ``--window`` (or until ``--max-entries`` wait for one
 server) and forwards each server its entries as one bundle, at the same path on that server.
-At most ``MAX_IN_FLIGHT`` bundles per server and study are on their way at once; entries that
-arrive meanwhile wait for one to come back and then go at once, so the groups grow with the load
-(as a database's group commit does) and a quiet relay adds no more than the window.
+At most ``MAX_IN_FLIGHT`` bundles per server and study are on their way at once; a group goes
+once it has waited its window and one has come back, so the groups grow with the load (as a
+database's group commit does: a server's cost per bundle, one request and one durable commit, is
+spread over more devices) and a quiet relay adds no more than the window.
 It answers each device, once every server has answered, with its own entries' outcomes in its
 order: the relay is synchronous and keeps nothing. A relay that dies loses no acknowledged
 report; its devices see a broken connection and send again (reports are idempotent by id).
@@ -48,7 +49,7 @@ log = logging.getLogger("dpsketch.relay")
 
 STUDY_ID = re.compile(r"^[0-9a-f]{64}$")
 
-DEFAULT_WINDOW_S = 0.005
+DEFAULT_WINDOW_S = 0.05
 DEFAULT_MAX_ENTRIES = 256
 #: a device's request: one sealed batch per server (a one-row batch is a few hundred bytes)
 DEFAULT_MAX_DEVICE_BYTES = 4 << 20
@@ -69,6 +70,7 @@ class _Group:
     futures: list[asyncio.Future] = field(default_factory=list)
     size: int = 0
     timer: asyncio.TimerHandle | None = None
+    due: float = 0.0  # the event loop's time at which it has waited its window
 
 
 class Relay:
@@ -127,9 +129,8 @@ class Relay:
             key = (study_id, entry.server_id)
             group = self._groups.get(key)
             if group is None:
-                group = self._groups[key] = _Group()
-                if self._in_flight.get(key, 0) < MAX_IN_FLIGHT:  # else it goes when one comes back
-                    group.timer = loop.call_later(self.window_s, self._flush, key)
+                group = self._groups[key] = _Group(due=loop.time() + self.window_s)
+                group.timer = loop.call_later(self.window_s, self._flush, key)
             future = loop.create_future()
             group.entries.append(data)
             group.futures.append(future)
@@ -154,8 +155,10 @@ class Relay:
                     cut == 0 or size + len(group.entries[cut]) <= self.max_bundle_bytes):
                 size += len(group.entries[cut])
                 cut += 1
-            if cut < len(group.entries):  # the rest waits for the next turn
-                self._groups[key] = _Group(group.entries[cut:], group.futures[cut:], group.size - size)
+            if cut < len(group.entries):  # the rest waits for the next turn, its window and timer kept
+                rest = self._groups[key] = _Group(group.entries[cut:], group.futures[cut:], group.size - size,
+                                                  due=group.due)
+                rest.timer = loop.call_at(group.due, self._flush, key)  # a no-op if it went first
                 group = _Group(group.entries[:cut], group.futures[:cut], size)
             self._in_flight[key] = self._in_flight.get(key, 0) + 1
             task = loop.create_task(self._forward(key, group))
@@ -175,7 +178,10 @@ class Relay:
         finally:
             self.pending_bytes -= group.size
             self._in_flight[key] -= 1
-            self._flush(key)  # what arrived meanwhile has waited long enough
+            waiting = self._groups.get(key)
+            if waiting is not None and (waiting.due <= asyncio.get_running_loop().time()
+                                        or len(waiting.entries) >= self.max_entries):
+                self._flush(key)  # it waited its window (or is full) while this bundle was out
         for future, outcome in zip(group.futures, outcomes):
             if not future.done():
                 future.set_result(outcome)
@@ -369,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--window is >= 0 ms and --max-entries >= 1")
     serving.check_graceful_timeout(parser, args.graceful_timeout)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded bundle otherwise
     relay = Relay(servers, window_s=args.window / 1000, max_entries=args.max_entries,
                   max_pending_bytes=args.max_pending_bytes, max_bundle_bytes=args.max_bundle_bytes,
                   timeout=args.timeout,
