@@ -403,3 +403,29 @@ def test_a_device_whose_share_is_not_bound_to_its_id_is_refused_alone(cluster):
     got = _outcomes(_post_server(cluster.server_urls[0], sid, [forged, honest[0]]))
     assert got == [(422, "binding-refused"), (200, None)]
     assert _count(cluster.server_urls[0], sid) == 1
+
+
+def test_a_validity_study_through_the_relay_verifies_and_releases(cluster):
+    """A study with validity proofs (docs/protocol.md section 4c) takes relayed entries as it takes
+    sealed batches: the leader's share with its proof share, the helpers' seeds. 20 devices through
+    the relay; the servers' verification round accepts every report and the analyzer releases all
+    20, within the noise of the rows' sum."""
+    n = 20
+    with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an:
+        created = an.create_study(name="relayed-validity", columns=[f"x{i}" for i in range(D)], label=None,
+                                  expected_reports=n, min_reports=n, kind="sketch", k=1, s=1, epsilon=1.0,
+                                  delta=1e-6, row_bound=1.0, epsilon_floor=None, validity=True)
+    study = Study.model_validate(created["study"])
+    assert study.validity is not None
+    tokens = _tokens(cluster, study.study_id, n)
+    enrolment = _enrolment(cluster, study.study_id)
+    rows = np.random.default_rng(11).uniform(-0.4, 0.4, size=(n, D))
+    for i in range(n):
+        with RelayClient(cluster.relay.url, enrolment, tokens[i]) as rc:
+            rc.submit(rows[i])
+    assert _counts(cluster, study.study_id) == [n] * 3
+    with AnalyzerClient(cluster.analyzer.url, cluster.api_token) as an:
+        fin = an.finalize(study.study_id)
+        released = np.asarray(an.sketch(study.study_id)["sketch"], dtype=np.float64).reshape(-1)
+    assert fin["state"] == "released" and fin["n_reports"] == n, fin
+    assert np.max(np.abs(released - rows.sum(axis=0))) < 6 * np.sqrt(n) * study.sigma
