@@ -315,6 +315,17 @@ def shares_sent(n_servers: int, d: int):
         out.append(total)
 
 
+def _each_device(one: Any, n: int, threads: int, n_servers: int, d: int, progress: str | None) -> np.ndarray:
+    """``one(i)`` for every device i, ``threads`` at a time; the ring sum of every share sent."""
+    t0 = time.perf_counter()
+    with shares_sent(n_servers, d) as total, ThreadPoolExecutor(max_workers=threads) as pool:
+        for done, _ in enumerate(pool.map(one, range(n)), 1):
+            if progress and done % max(1, n // 10) == 0:
+                print(f"  {progress}: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
+                      flush=True)
+    return total[0]
+
+
 def one_row_clients(urls: list[str], study_id: str, tokens: list[list[str]], data: np.ndarray, threads: int,
                     cold_check: bool, n_servers: int, progress: str | None = None) -> np.ndarray:
     """Client i (its own ``Client``, tokens[i] its own token per server) submits data[i], ``threads``
@@ -336,13 +347,7 @@ def one_row_clients(urls: list[str], study_id: str, tokens: list[list[str]], dat
         with sdk.Client(urls, token=tokens[i], journal=False) as client:
             client.submit(study_id, data[i])
 
-    t0, n = time.perf_counter(), len(data)
-    with shares_sent(n_servers, data.shape[1]) as total, ThreadPoolExecutor(max_workers=threads) as pool:
-        for done, _ in enumerate(pool.map(one, range(n)), 1):
-            if progress and done % max(1, n // 10) == 0:
-                print(f"  {progress}: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
-                      flush=True)
-    return total[0]
+    return _each_device(one, len(data), threads, n_servers, data.shape[1], progress)
 
 
 def one_row_relay_clients(relay_url: str, enrolment_json: str, tokens: list[list[str]], data: np.ndarray,
@@ -368,13 +373,7 @@ def one_row_relay_clients(relay_url: str, enrolment_json: str, tokens: list[list
         with RelayClient(relay_url, enrolment, tokens[i]) as client:
             client.submit(data[i])
 
-    t0, n = time.perf_counter(), len(data)
-    with shares_sent(n_servers, data.shape[1]) as total, ThreadPoolExecutor(max_workers=threads) as pool:
-        for done, _ in enumerate(pool.map(one, range(n)), 1):
-            if progress and done % max(1, n // 10) == 0:
-                print(f"  {progress}: {done}/{n} clients ({time.perf_counter() - t0:.1f}s)", file=sys.stderr,
-                      flush=True)
-    return total[0]
+    return _each_device(one, len(data), threads, n_servers, data.shape[1], progress)
 
 
 def _client_process_ready(_: int = 0) -> int:

@@ -15,6 +15,7 @@ not 64.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from fastapi.concurrency import run_in_threadpool
@@ -25,6 +26,8 @@ from dpsketch.protocol.problems import ProblemError
 
 from .uploads import parse_batch, sealed_precheck
 from .writer import Acknowledgement, Unbound
+
+log = logging.getLogger("dpsketch.server")
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -122,6 +125,7 @@ def _outcome(value) -> RelayedOutcome:
     if isinstance(value, UploadResult):
         return RelayedOutcome(status=200, result=value)
     if not isinstance(value, ProblemError):  # the writer's future failed otherwise: a server fault
+        log.error("relayed entry: unexpected failure while storing it: %r", value)
         value = ProblemError.unavailable(f"the entry could not be stored ({type(value).__name__})")
     return RelayedOutcome(status=value.status, problem=value.body())
 
