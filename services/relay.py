@@ -230,8 +230,8 @@ class DeviceUploads:
             body = await _read_body(receive, headers, self.max_device_bytes)
             status, payload = 200, await answer(self.relay, match["study_id"],
                                                 headers.get(b"content-type", b"").decode("latin-1"), body)
-        except ProblemError as exc:
-            await problem_http.send_problem(scope, send, exc)
+        except ProblemError as exc:  # a body refused unread (413) leaves the connection unusable
+            await problem_http.send_problem(scope, send, exc, close=exc.status == 413)
             return
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})

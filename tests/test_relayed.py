@@ -310,6 +310,12 @@ def test_refusals_reach_the_device_as_problems(cluster):
     r = httpx.post(f"{cluster.relay.url}/v1/studies/{study.study_id}/relayed", content=b"\x00\x00\x00\x01",
                    headers={"Content-Type": relayed.MEDIA_TYPE})
     assert r.status_code == 400
+    # past the relay's device limit (4 MiB by default): 413, refused unread, the connection closed
+    r = httpx.post(f"{cluster.relay.url}/v1/studies/{study.study_id}/relayed", content=bytes(5 << 20),
+                   headers={"Content-Type": relayed.MEDIA_TYPE})
+    assert r.status_code == 413 and r.json()["type"].endswith("payload-too-large")
+    assert r.headers.get("connection") == "close"
+    assert httpx.get(f"{cluster.relay.url}/healthz").status_code == 200  # and the relay serves on
 
 
 def test_an_enrolment_refuses_keys_that_do_not_match_the_study():
