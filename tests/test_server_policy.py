@@ -45,13 +45,15 @@ POLICY_KEYS = {"max_epsilon", "max_delta", "min_reports_floor", "min_lambda_star
                "population_neighbouring", "default_population", "study_expiry_seconds",
                "max_open_studies",
                # issue 44: the web pages allowed to call the server from a browser
-               "cors_origins"}
+               "cors_origins",
+               # issue 46: whether it takes relayed uploads (docs/relay.md)
+               "relayed_uploads"}
 
 
 def test_info_publishes_the_policy(tmp_path: Path):
     srv = Server(tmp_path / "s1.sqlite3", max_epsilon=4.0, max_delta=1e-6, min_reports_floor=120,
                  min_lambda_star=2.0, max_floor_epsilon=3.0, max_excluded_fraction=0.25, upload_auth="open",
-                 max_study_bytes=None, max_study_memory=MIB, memory_budget=8 * MIB)
+                 max_study_bytes=None, max_study_memory=MIB, memory_budget=8 * MIB, relayed_uploads=False)
     try:
         info = srv.client.get("/v1/info").json()
         assert info["server_id"] == "s1"
@@ -61,6 +63,7 @@ def test_info_publishes_the_policy(tmp_path: Path):
         assert pol["min_reports_floor"] == 120 and pol["min_lambda_star"] == 2.0
         assert pol["max_floor_epsilon"] == 3.0 and pol["max_excluded_fraction"] == 0.25
         assert pol["upload_auth"] == "open" and pol["max_study_bytes"] is None
+        assert pol["relayed_uploads"] is False
         assert pol["max_study_memory"] == MIB and pol["memory_budget"] == 8 * MIB
         assert pol["retention_after_commit_seconds"] is None
     finally:
@@ -83,6 +86,7 @@ def test_default_policy(tmp_path: Path):
         # dpsketch/2: a floor of epsilon 4, the batch rule 0.1, upload tokens required, 32 GiB of
         # shares per study (formerly unlimited), 256 MiB of running totals per study, 4 GiB in all
         assert (pol["max_floor_epsilon"], pol["max_excluded_fraction"], pol["upload_auth"]) == (4.0, 0.1, "tokens")
+        assert pol["relayed_uploads"] is True  # issue 46: relayed uploads taken unless turned off
         assert (pol["max_study_bytes"], pol["max_study_memory"], pol["memory_budget"]) == (
             32 * GIB, 256 * MIB, 4 * GIB)
         assert (pol["max_k"], pol["max_aggregate_cells"], pol["retention_after_commit_seconds"]) == (
