@@ -614,10 +614,16 @@ def test_study_id_is_cached_per_object_and_never_copied_with_other_fields():
     for same in (study.model_copy(), study.model_copy(deep=True), Study.model_validate_json(study.canonical())):
         assert same.study_id == first and same == study
     assert study.study_id == first
-    held = len(study_module._STUDY_IDS)
-    del copy, same
+    # the calibration memoised with the id (study._once) is the copy's own too
+    looser = study.model_copy(update={"epsilon": study.epsilon * 2})
+    for name in ("noise_grid", "discrete_argument", "mechanism", "tail_delta"):
+        assert getattr(study, name) == getattr(Study.model_validate_json(study.canonical()), name)
+        assert getattr(looser, name) == getattr(Study.model_validate(looser.model_dump()), name)
+    assert looser.tail_delta != study.tail_delta
+    held = len(study_module._DERIVED)
+    del copy, same, looser
     gc.collect()
-    assert len(study_module._STUDY_IDS) < held
+    assert len(study_module._DERIVED) < held
 
 
 def test_binding_of_an_empty_batch_is_empty_and_verifies():

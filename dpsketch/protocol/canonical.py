@@ -16,9 +16,9 @@ every integer of a study is.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from decimal import Decimal
+from json.encoder import encode_basestring_ascii as _string  # json.dumps(s, ensure_ascii=True)'s own
 from typing import Any
 
 
@@ -57,8 +57,11 @@ def _encode(value: Any, out: list[str]) -> None:
     elif isinstance(value, (bool, int, float)):
         out.append(_number(value))
     elif isinstance(value, str):
-        out.append(json.dumps(value, ensure_ascii=True))
+        out.append(_string(value))
     elif isinstance(value, (list, tuple)):
+        if all(type(item) is str for item in value):  # a study's columns: one join, not a call each
+            out.append("[" + ",".join(map(_string, value)) + "]")
+            return
         out.append("[")
         for i, item in enumerate(value):
             if i:
@@ -72,7 +75,7 @@ def _encode(value: Any, out: list[str]) -> None:
                 raise TypeError("canonical JSON keys must be strings")
             if i:
                 out.append(",")
-            out.append(json.dumps(key, ensure_ascii=True))
+            out.append(_string(key))
             out.append(":")
             _encode(value[key], out)
         out.append("}")

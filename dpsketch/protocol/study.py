@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import secrets
 import weakref
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -32,6 +33,40 @@ NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
 SERVER_ID_PATTERN = r"^[a-z0-9][a-z0-9.\-]{0,62}$"
 #: A population id (docs/ledger.md): short printable ASCII that needs no escaping in a URL path.
 POPULATION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
+_NAME, _SERVER_ID = re.compile(NAME_PATTERN), re.compile(SERVER_ID_PATTERN)
+
+
+#: id(study) -> (weak reference to that study, what _once computed of it); an entry leaves with
+#: its study
+_DERIVED: dict[int, tuple[weakref.ref, dict[str, Any]]] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    hit = _DERIVED.get(key)
+    if hit is not None and hit[0] is ref:
+        del _DERIVED[key]
+
+
+def _once(compute: Callable[[Any], Any]) -> Any:
+    """A property of a Study computed once per object: its id and the noise calibration every
+    client, server and check derives from the fields again and again (a one-row device used each
+    a dozen times). A Study is frozen, and every copy with other fields (``model_copy(update=...)``,
+    validation of changed JSON) is another object, so the memo is keyed by the object itself and
+    never copied with it: not a private attribute, which pydantic copies and compares."""
+    name = compute.__name__
+
+    @functools.wraps(compute)
+    def get(study: Any) -> Any:
+        key = id(study)
+        hit = _DERIVED.get(key)
+        if hit is None or hit[0]() is not study:
+            hit = _DERIVED[key] = (weakref.ref(study, functools.partial(_forget, key)), {})
+        values = hit[1]
+        if name not in values:
+            values[name] = compute(study)
+        return values[name]
+
+    return property(get)
 
 
 class L1Params(BaseModel):
@@ -112,10 +147,8 @@ class Study(BaseModel):
     @field_validator("columns")
     @classmethod
     def _columns(cls, columns: list[str]) -> list[str]:
-        import re
-
         for c in columns:
-            if not re.match(NAME_PATTERN, c):
+            if not _NAME.match(c):
                 raise ValueError(f"column name {c!r} must match {NAME_PATTERN}")
         if len(set(columns)) != len(columns):
             raise ValueError("column names must be unique")
@@ -124,10 +157,8 @@ class Study(BaseModel):
     @field_validator("servers")
     @classmethod
     def _servers(cls, servers: list[str]) -> list[str]:
-        import re
-
         for sid in servers:
-            if not re.match(SERVER_ID_PATTERN, sid):
+            if not _SERVER_ID.match(sid):
                 raise ValueError(f"server id {sid!r} must match {SERVER_ID_PATTERN}")
         if len(set(servers)) != len(servers):
             raise ValueError("server ids must be distinct: each share goes to a different server")
@@ -279,7 +310,7 @@ class Study(BaseModel):
         """Largest |coordinate| a client may encode: the feature bound plus the noise tail cut."""
         return value_bound(self.kind, self.row_bound, self.sigma)
 
-    @property
+    @_once
     def mechanism(self) -> accounting.Mechanism:
         """The continuous Gaussian mechanism the release is a post-processing of (client and server
         noise, release units): with the discrete noise the clients and servers really draw
@@ -300,7 +331,7 @@ class Study(BaseModel):
         return accounting.Mechanism(self.neighbouring, self.kind, self.row_bound, sigma, server_sigma,
                                     self.width, self.secret_sign)
 
-    @property
+    @_once
     def noise_grid(self) -> _noise.Grid:
         """The lattice every noise term and every client value of this study lies on: the ring's
         2^-f grid, or a coarser 2^(shift - f) when the noise is wider than 2^24 steps; for a
@@ -318,7 +349,7 @@ class Study(BaseModel):
             return _validity.noise_grid(min(s for s in (self.sigma, self.server_noise_std) if s > 0), self.frac_bits)
         return _noise.grid_for(largest, self.frac_bits) if largest > 0 else _noise.Grid(self.frac_bits, 0)
 
-    @property
+    @_once
     def discrete_argument(self) -> smoothing.Argument:
         """Whether and at what cost the discrete noise is as private as the continuous accounting."""
         return smoothing.argument(nonzeros=self.s + 1 if self.kind == "l1" else self.s, k=self.k,
@@ -370,7 +401,7 @@ class Study(BaseModel):
             lam = honest_lambda - argument.lambda_loss
         return self.mechanism.epsilon(lam, delta) + argument.epsilon_slack()
 
-    @property
+    @_once
     def tail_delta(self) -> float:
         """What conditioning every noise value on the 20-sigma cut can cost of delta: with m_c
         client and m_s server noise values and p their cut probabilities (``noise.tail_probability``),
@@ -519,30 +550,11 @@ class Study(BaseModel):
     def canonical(self) -> bytes:
         return canonical_json(self.model_dump(mode="json"))
 
-    @property
+    @_once
     def study_id(self) -> str:
         """The content hash of the canonical encoding, computed once per object (about 0.1 ms
-        each time otherwise). A Study is frozen, and every copy with other fields
-        (``model_copy(update=...)``, validation of changed JSON) is another object, so the
-        cache is keyed by the object itself, never copied with it: not a private attribute,
-        which pydantic copies and compares."""
-        key = id(self)
-        hit = _STUDY_IDS.get(key)
-        if hit is not None and hit[0]() is self:
-            return hit[1]
-        value = content_hash(self.model_dump(mode="json"))
-        _STUDY_IDS[key] = (weakref.ref(self, functools.partial(_forget_study_id, key)), value)
-        return value
-
-
-#: id(study) -> (weak reference to that study, its study id); an entry leaves with its study
-_STUDY_IDS: dict[int, tuple[weakref.ref, str]] = {}
-
-
-def _forget_study_id(key: int, ref: weakref.ref) -> None:
-    hit = _STUDY_IDS.get(key)
-    if hit is not None and hit[0] is ref:
-        del _STUDY_IDS[key]
+        each time otherwise)."""
+        return content_hash(self.model_dump(mode="json"))
 
 
 def check_batch_proofs(study: "Study") -> None:
