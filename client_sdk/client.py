@@ -194,6 +194,27 @@ def _proxies_in_env() -> bool:
     return any(key.lower().endswith("_proxy") for key in os.environ)
 
 
+def retry_delay(attempt: int, retry_after: str | None, backoff: float, max_backoff: float,
+                max_retry_after: float) -> float:
+    """Seconds to wait before retry ``attempt`` + 1: exponential backoff with jitter, or the
+    server's ``Retry-After`` (seconds or an HTTP date) if longer, capped at ``max_retry_after``."""
+    # Jitter only spreads retries out; it is not secret, so the stdlib generator is fine.
+    delay = min(max_backoff, backoff * 2.0 ** attempt) * random.uniform(0.5, 1.0)
+    if retry_after:
+        wait: float | None
+        try:
+            wait = float(retry_after)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(retry_after)
+                wait = when.timestamp() - time.time()
+            except (TypeError, ValueError):
+                wait = None
+        if wait is not None:
+            delay = max(delay, min(max(wait, 0.0), max_retry_after))
+    return delay
+
+
 _chacha_warmed = threading.Event()
 
 
@@ -394,21 +415,7 @@ class Client:
     # --- HTTP with retries -------------------------------------------------------------------
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
-        # Jitter only spreads retries out; it is not secret, so the stdlib generator is fine.
-        delay = min(self.max_backoff, self.backoff * 2.0 ** attempt) * random.uniform(0.5, 1.0)
-        if retry_after:
-            wait: float | None
-            try:
-                wait = float(retry_after)
-            except ValueError:
-                try:
-                    when = email.utils.parsedate_to_datetime(retry_after)
-                    wait = when.timestamp() - time.time()
-                except (TypeError, ValueError):
-                    wait = None
-            if wait is not None:
-                delay = max(delay, min(max(wait, 0.0), self.max_retry_after))
-        return delay
+        return retry_delay(attempt, retry_after, self.backoff, self.max_backoff, self.max_retry_after)
 
     def _problem(self, j: int, resp: httpx.Response) -> ProblemError:
         try:

@@ -435,3 +435,45 @@ def test_a_validity_study_through_the_relay_verifies_and_releases(cluster):
         released = np.asarray(an.sketch(study.study_id)["sketch"], dtype=np.float64).reshape(-1)
     assert fin["state"] == "released" and fin["n_reports"] == n, fin
     assert np.max(np.abs(released - rows.sum(axis=0))) < 6 * np.sqrt(n) * study.sigma
+
+
+def test_a_busy_relay_is_waited_out_for_as_long_as_its_retry_after_says(cluster):
+    """A relay that answers 503 with Retry-After (it holds too many bytes, services/relay.py) is
+    asked again no sooner than it said, with the same bytes; backoff 0 leaves Retry-After the only
+    reason to wait. The stand-in relay is a real socket server that records each body."""
+    import http.server
+    import time
+
+    study = _study(cluster, 50, "relayed-retry-after")
+    bodies: list[tuple[float, bytes]] = []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            bodies.append((time.monotonic(), self.rfile.read(int(self.headers["Content-Length"]))))
+            if len(bodies) == 1:
+                self.send_response(503)
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            payload = RelayedResults(results=[{"status": 200, "result": None, "problem": None}] * 3).model_dump_json()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with RelayClient(f"http://127.0.0.1:{server.server_port}", _enrolment(cluster, study.study_id),
+                         backoff=0.0, max_retries=2) as rc:
+            rc.submit(np.full(D, 0.1))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(bodies) == 2 and bodies[0][1] == bodies[1][1]
+    assert bodies[1][0] - bodies[0][0] >= 1.0

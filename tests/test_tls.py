@@ -207,3 +207,28 @@ def test_submit_cli_ca_file(tls_cluster, tmp_path, capsys):
         assert "TLS certificate verification failed" in capsys.readouterr().err
         assert submit([*base, "--ca-file", str(c.ca)]) == 0
         assert [s["report_count"] for s in an.progress(sid)["servers"]] == [20, 20, 20]
+
+
+def test_relay_client_over_https_verifies_the_certificate(tls_cluster):
+    """RelayClient's own request (http.client, not httpx: client_sdk/relayed.py) speaks TLS with
+    the CA it is given and refuses a certificate it cannot verify before sending anything. A
+    share server's relayed route stands in for an https relay: it stores the entry addressed to
+    it and refuses the others (422), which is an answer only a completed TLS exchange brings."""
+    from dpsketch.client_sdk.relayed import RelayClient, enrol
+    from dpsketch.protocol.problems import ProblemError
+
+    c = tls_cluster
+    with AnalyzerClient(c.analyzer.url, API_TOKEN, verify=c.context()) as an:
+        sid = an.create_study(name="tls-relayed", columns=COLUMNS, label="y", expected_reports=500,
+                              k=4, s=2, min_reports=400)["study_id"]
+        with Client(c.server_urls, verify=c.context(), encrypt=True) as client:
+            enrolment = enrol(client, sid)
+        with RelayClient(c.server_urls[0], enrolment, verify=True, max_retries=0) as rc:
+            with pytest.raises(ServerUnreachable, match="TLS certificate verification failed"):
+                rc.submit(np.full(5, 0.1))
+        assert [s["report_count"] for s in an.progress(sid)["servers"]] == [0, 0, 0]
+        with RelayClient(c.server_urls[0], enrolment, verify=c.context(), max_retries=0) as rc:
+            with pytest.raises(ProblemError) as refused:
+                rc.submit(np.full(5, 0.1))
+        assert refused.value.status == 422 and refused.value.server_id == "s2"
+        assert [s["report_count"] for s in an.progress(sid)["servers"]] == [1, 0, 0]
