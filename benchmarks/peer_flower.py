@@ -315,6 +315,14 @@ def shares_sent(n_servers: int, d: int):
         out.append(total)
 
 
+def _relay_counters(url: str) -> tuple[int, int]:
+    """(bundles, entries) the relay has forwarded so far (GET /v1/relay)."""
+    import httpx
+
+    info = httpx.get(f"{url}/v1/relay", timeout=10).json()
+    return info["bundles_forwarded"], info["entries_forwarded"]
+
+
 def _each_device(one: Any, n: int, threads: int, n_servers: int, d: int, progress: str | None) -> np.ndarray:
     """``one(i)`` for every device i, ``threads`` at a time; the ring sum of every share sent."""
     t0 = time.perf_counter()
@@ -487,6 +495,7 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     relay_url = cluster.relay_url() if path == "relay" else None
     requests = 0
     processes = max(1, min(processes, workers, n)) if one_row else 1
+    relayed0 = _relay_counters(relay_url) if relay_url else None
     totals: list[np.ndarray] = []
     with contextlib.ExitStack() as stack:
         pool = client_processes(stack, processes)
@@ -526,6 +535,10 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         seconds = time.perf_counter() - t0
     load1 = os.getloadavg()[0]
     assert fin["n_reports"] == n, fin
+    bundles = None
+    if relay_url and relayed0:
+        after = _relay_counters(relay_url)
+        bundles = after[0] - relayed0[0], (after[1] - relayed0[1]) / max(1, after[0] - relayed0[0])
 
     total = np.sum(totals, axis=0, dtype=np.uint64)  # wraps mod 2^64, as the servers' sums do
     exact = ring.decode(total[None, :], study.frac_bits).reshape(-1)
@@ -541,6 +554,8 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         "http_requests_per_client": (REQUESTS_PER_SERVER * study.n_servers if path == "single"
                                      else 1 if path == "relay" else None),
         "http_requests": requests or None,
+        "relay_bundles": bundles[0] if bundles else None,  # what the relay sent the servers
+        "relay_entries_per_bundle": bundles[1] if bundles else None,
         "workers": workers if one_row else None,
         "cold_check": cold_check if one_row else None,
         "client_processes": processes if one_row else None,
