@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             if refused:
                 return fail(refused)
             enrolment = enrol(client, args.study)
-    except (SDKError, ProblemError, ValueError, httpx.HTTPError) as exc:
+    except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
         return fail(_describe(exc))
     try:
         enrolment.save(args.out)
