@@ -7,6 +7,7 @@ traceback: this is run by data owners, not developers.
 
 Running the same command again after Ctrl-C, SIGTERM, SIGKILL, a crash or an incomplete upload
 completes the submission, storing each row once (the submission journal, client_sdk/journal.py).
+``--relay URL --enrolment FILE`` sends the rows through a relay instead (client_sdk/relay_cli.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import ssl
 import sys
 import time
 import warnings
-
 from typing import TYPE_CHECKING
 
 import httpx
