@@ -7,6 +7,7 @@ traceback: this is run by data owners, not developers.
 
 Running the same command again after Ctrl-C, SIGTERM, SIGKILL, a crash or an incomplete upload
 completes the submission, storing each row once (the submission journal, client_sdk/journal.py).
+``--relay URL --enrolment FILE`` sends the rows through a relay instead (client_sdk/relay_cli.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ import ssl
 import sys
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import httpx
 
 from dpsketch.protocol.problems import ProblemError
+
+if TYPE_CHECKING:
+    from dpsketch.protocol.study import Study
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
 
@@ -65,6 +70,11 @@ named by a key column, under the party key the parties share (never the servers)
   dpsketch submit --study 3f9c...e1 --servers ... --party bank \\
       --party-key bank-and-partners.key --id-column customer_id bank.csv
   (dpsketch submit --new-party-key FILE writes a fresh key to share among the parties)
+
+through a relay (docs/relay.md): enrol once from the servers themselves, then submit to the
+relay with the enrolment file (--token as above, in the study's server order):
+  dpsketch enrol --study 3f9c...e1 --servers https://dp.a.example,... --out study.enrolment.json
+  dpsketch submit --relay https://relay.example --enrolment study.enrolment.json data.csv
 """
 
 
@@ -74,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("csv", metavar="data.csv", nargs="?", help="CSV file with a header row naming the columns")
     p.add_argument("--new-party-key", metavar="FILE",
                    help="write a fresh party key (mode 0600) to FILE for the parties to share, and exit")
-    p.add_argument("--study", metavar="ID", help="the study id (64 hex characters)")
+    p.add_argument("--study", metavar="ID",
+                   help="the study id (64 hex characters; with --relay optional, checked against the enrolment's)")
     p.add_argument("--party", metavar="NAME",
                    help="a study with parties: submit this party's columns of each individual")
     p.add_argument("--party-key", metavar="FILE", default=os.environ.get("DPSKETCH_PARTY_KEY_FILE"),
@@ -86,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, metavar="N",
                    help="rows per upload request (default: as many as fill 8 MiB of the largest "
                         "request body, at most 100000; a study with batch proofs: rows per proved "
-                        "batch, as many as keep its leader's record within 8 MiB)")
+                        "batch, as many as keep its leader's record within 8 MiB; with --relay: rows "
+                        "per relay request, default 64, fewer past 1 MiB of entries)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for each HTTP request (default: %(default)s)")
     p.add_argument("--max-retries", type=int, default=5, metavar="N",
@@ -145,6 +157,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="submit the file as new rows even if it (or an earlier version of it) was "
                         "submitted to this study before; rows an earlier submission stored stay "
                         "counted")
+    p.add_argument("--relay", metavar="URL",
+                   help="send each row through this relay instead of to the servers, sealed to the "
+                        "keys of --enrolment FILE (written by dpsketch enrol; no --servers; "
+                        "docs/relay.md): one request carries --batch-size rows; the journal "
+                        "keeps each request's sealed entries until the relay answers, so running "
+                        "the command again stores each row once; a study with parties or batch "
+                        "proofs is refused")
+    p.add_argument("--enrolment", metavar="FILE",
+                   help="with --relay: the study and the servers' keys, as dpsketch enrol wrote them")
     p.add_argument("--ignore-extra-columns", action="store_true",
                    help="skip CSV columns the study does not have instead of refusing the file")
     p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
@@ -170,6 +191,29 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, httpx.HTTPError):
         return f"HTTP error: {exc}"
     return str(exc) or type(exc).__name__
+
+
+def tls_verify(insecure: bool, ca_file: str | None) -> tuple[bool | ssl.SSLContext, tuple[str, int] | None]:
+    """What to verify TLS certificates with (--insecure, --ca-file), or the error message and
+    exit code that refuse the options."""
+    if insecure and ca_file:
+        return False, ("give --ca-file or --insecure, not both", EXIT_USAGE)
+    if not ca_file:
+        return not insecure, None
+    try:
+        return ssl.create_default_context(cafile=ca_file), None
+    except (OSError, ssl.SSLError) as exc:
+        return False, (f"cannot load the CA file {ca_file}: {exc}", EXIT_ERROR)
+
+
+def scan_rows(path: str, study: "Study", ignore_extra: bool) -> int:
+    """Check every row of the CSV against ``study`` (a histogram study's values against its bins
+    too) before anything is sent; the row count."""
+    from . import data
+
+    check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))  # type: ignore[union-attr]  # checked by the conditional
+             if study.histogram is not None else None)
+    return data.scan_csv(path, study.columns, ignore_extra=ignore_extra, check=check)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -204,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote a new party key to {args.new_party_key}: share it with the other parties "
                   f"only (never with a server or the analyst)")
         return EXIT_OK
+    if args.relay or args.enrolment:
+        from .relay_cli import submit_relayed
+
+        return submit_relayed(args, fail)
     for needed, flag in ((args.csv, "data.csv"), (args.study, "--study"), (args.servers, "--servers")):
         if not needed:
             return fail(f"{flag} is required", EXIT_USAGE)
@@ -222,14 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail("--batch-size must be at least 1", EXIT_USAGE)
     if not os.path.isfile(args.csv):
         return fail(f"{args.csv}: no such file")
-    if args.insecure and args.ca_file:
-        return fail("give --ca-file or --insecure, not both", EXIT_USAGE)
-    verify: bool | ssl.SSLContext = not args.insecure
-    if args.ca_file:
-        try:
-            verify = ssl.create_default_context(cafile=args.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            return fail(f"cannot load the CA file {args.ca_file}: {exc}")
+    verify, problem = tls_verify(args.insecure, args.ca_file)
+    if problem:
+        return fail(*problem)
     token: str | list[str] | None = args.token
     if token and "," in token:
         token = [t.strip() for t in token.split(",")]  # type: ignore[union-attr]  # token is the option's str here
@@ -262,8 +305,6 @@ def main(argv: list[str] | None = None) -> int:
                     max_floor_epsilon=args.max_floor_epsilon, privacy_limit=privacy_limit,
                     journal=journal) as client:
             study = client.study(args.study)
-            check = ((lambda chunk, first: study.histogram.cell_index(chunk, first_row=first))  # type: ignore[union-attr]  # checked by the conditional
-                     if study.histogram is not None else None)
             if args.party:
                 party_columns = study.party(args.party)[1].columns  # ValueError: no such party
                 seen: set[str] = set()
@@ -279,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                 seen.clear()
                 total = data.scan_csv(args.csv, party_columns, ignore_extra=True)
             else:
-                total = data.scan_csv(args.csv, study.columns, ignore_extra=args.ignore_extra_columns, check=check)
+                total = scan_rows(args.csv, study, args.ignore_extra_columns)
             if total == 0:
                 return fail(f"{args.csv}: no data rows")
             bar = None

@@ -39,10 +39,11 @@ def test_every_option_has_help_text(monkeypatch):
     monkeypatch.setenv("DPSKETCH_DB", "unused.sqlite3")  # --db is required without it
     from dpsketch.analyzer.__main__ import build_parser as analyzer
     from dpsketch.client_sdk.cli import _parser as submit
+    from dpsketch.client_sdk.relay_cli import _enrol_parser as enrol
     from dpsketch.services.__main__ import build_parser as server
     from dpsketch.services.admin import build_parser as tokens
 
-    parsers = {"submit": submit(), "server": server(), "tokens": tokens(), "analyzer": analyzer()}
+    parsers = {"submit": submit(), "enrol": enrol(), "server": server(), "tokens": tokens(), "analyzer": analyzer()}
     assert {name: _undocumented(p, name) for name, p in parsers.items()} == {name: [] for name in parsers}
 
 
