@@ -17,7 +17,10 @@ A study with batch proofs: Node's whole-batch proofs (plain, the leader rotating
 the Python SDK's batches are every one decided, and the release is their exact sum. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows to the share servers across origins (they allow the page's origin by CORS,
-$DPSKETCH_CORS_ORIGINS); exact release.
+$DPSKETCH_CORS_ORIGINS); exact release. (d) Relayed uploads (docs/protocol.md section 7b): Node
+devices enrol from the servers and submit one request each through a real `dpsketch relay` to
+servers requiring tokens; every server stores each report once, the release is exact, and a
+forged MAC beside an honest entry in one bundle is refused alone (401).
 Needs Node 20+ and npm (dependencies from the npm registry, cached in clients/typescript/
 node_modules by scripts/install.sh); the test fails, not skips, without them.
 """
@@ -83,7 +86,8 @@ PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
 
 @pytest.fixture(scope="module")
 def exact_cluster(tmp_path_factory):
-    env = {**NO_FLOOR_POLICY, "DPSKETCH_CORS_ORIGINS": PAGE_ORIGIN}
+    # a small min_reports floor: the relayed test releases a study of a few devices (synthetic rows)
+    env = {**NO_FLOOR_POLICY, "DPSKETCH_CORS_ORIGINS": PAGE_ORIGIN, "DPSKETCH_MIN_REPORTS": "2"}
     with cluster_for_module(tmp_path_factory, "ts-client", server_env={f"s{j + 1}": env for j in range(3)}) as c:
         yield c
 
@@ -748,3 +752,96 @@ def test_batch_proofs_study_node_and_python_batches_are_decided_and_release_exac
     encoded = np.vstack([np.array(ts_vectors, dtype=np.uint64)] + py_encoded)
     expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
+
+
+NODE_RELAYED = """
+import { Enrolment, RelayClient, enrol, hex } from "./dist/index.js";
+const chunks = [];
+for await (const c of process.stdin) chunks.push(c);
+const cfg = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+// this client's own enrolment, read from the servers; the devices use the Python SDK's, as stored
+const own = await enrol({ studyId: cfg.studyId, servers: cfg.servers.map((url) => ({ url })) });
+const enrolment = Enrolment.fromJson(cfg.enrolment);
+const prepared = [];
+class Recording extends RelayClient {
+  async entries(row) {
+    const p = await super.entries(row);
+    prepared.push(p);
+    return p;
+  }
+}
+const n = cfg.rows.length - 2;
+const ids = await Promise.all(cfg.rows.slice(0, n).map((row, i) => new Recording(cfg.relay, enrolment, cfg.tokens[i]).submit(row)));
+// one bundle: an honest device's three entries with a forged entry for server 1 among them
+const honest = await new Recording(cfg.relay, enrolment, cfg.tokens[n]).entries(cfg.rows[n]);
+const forger = new RelayClient(cfg.relay, enrolment, cfg.tokens[n + 1]);
+const f = (await forger.entries(cfg.rows[n + 1])).entries[0];
+const forged = { ...f, mac: f.mac.map((b, k) => (k === 0 ? b ^ 1 : b)) };
+const outcomes = await forger.post([honest.entries[0], forged, honest.entries[1], honest.entries[2]]);
+process.stdout.write(JSON.stringify({
+  ids, enrolment: own.toJson(), outcomes,
+  reports: prepared.map((p) => ({ id: hex(p.reportId), vector: p.vector.map(String) })),
+}));
+"""
+
+
+def test_node_devices_through_a_real_relay_release_exactly_and_a_forged_mac_is_refused(built_package, exact_cluster):
+    """Relayed uploads from Node (docs/protocol.md section 7b): a real ``dpsketch relay`` in front of
+    the three servers, a study requiring upload tokens (one per device and server, quota 1). Node
+    enrols from the servers itself (its enrolment is the Python SDK's, the same study and keys),
+    loads the Python SDK's enrolment JSON, and 6 devices each submit one row in one request
+    (rows as arrays and as objects); then one bundle carries an honest device's three entries and,
+    among them, another device's entry for s1 with one MAC bit flipped. The forgery gets 401
+    unauthorized and its neighbours 200; every server holds each honest report once and nothing of
+    the forger's; the release is exactly the sketch of the Node devices' noisy vectors."""
+    from dpsketch.client_sdk.relayed import Enrolment, enrol
+    from dpsketch.tools.cluster import relay as relay_process
+    from test_relayed import _tokens
+
+    c = exact_cluster
+    columns = ["x0", "x1", "x2", "x3"]
+    n = 6
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts relayed", columns=columns, label=None, expected_reports=n + 1,
+                                  min_reports=n + 1, kind="sketch", k=1, s=1, epsilon=1.0, delta=1e-6,
+                                  row_bound=1.0, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    assert study.server_sigma == 0  # exact release
+    tokens = _tokens(c, study.study_id, n + 2)  # the study now requires them
+    with Client(c.server_urls, encrypt=True) as client:
+        enrolment = enrol(client, study.study_id)
+    rows = np.random.default_rng(62).uniform(-0.4, 0.4, size=(n + 2, len(columns))).tolist()
+    given = [dict(zip(columns, r)) if i % 2 else r for i, r in enumerate(rows)]
+    relay = relay_process({s.server_id: p.url for s, p in zip(c.specs, c.procs)}, c.procs[0].log_path.parent,
+                          None, "--window", "20", name="ts-relay").start()
+    try:
+        r = _run(["node", "--input-type=module", "-e", NODE_RELAYED], input=json.dumps({
+            "studyId": study.study_id, "servers": c.server_urls, "relay": relay.url, "tokens": tokens,
+            "rows": given, "enrolment": enrolment.to_json()}))
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = json.loads(r.stdout)
+        stats = httpx.get(f"{relay.url}/v1/relay").json()
+    finally:
+        relay.stop()
+    log = relay.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+    assert Enrolment.from_json(out["enrolment"]) == enrolment  # Node read the same study and keys
+
+    got = [(o["status"], (o["problem"] or {}).get("type", "").rsplit(":", 1)[-1] or None) for o in out["outcomes"]]
+    assert got == [(200, None), (401, "unauthorized"), (200, None), (200, None)], out["outcomes"]
+    assert [o["result"]["accepted"] for o in out["outcomes"] if o["status"] == 200] == [1, 1, 1]
+    reports = out["reports"]
+    assert len(reports) == n + 1 and sorted(out["ids"]) == sorted(p["id"] for p in reports[:n])
+    assert stats["entries_forwarded"] >= 3 * n + 4  # every entry went by the relay (a retry adds more)
+    for url in c.server_urls:  # each honest report once at every server, nothing of the forger's
+        assert httpx.get(f"{url}/v1/studies/{study.study_id}").json()["report_count"] == n + 1
+
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        fin = an.finalize(study.study_id)
+        assert fin["state"] == "released" and fin["n_reports"] == n + 1, fin
+        released = np.array(an.sketch(study.study_id)["sketch"])
+    ids = [bytes.fromhex(p["id"]) for p in reports]
+    encoded = np.array([[int(x) for x in p["vector"]] for p in reports], dtype=np.uint64)
+    expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
+    np.testing.assert_array_equal(released, expected)
+    assert fin["inclusion_hash"] == messages.inclusion_hash(sorted(ids))

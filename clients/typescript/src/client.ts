@@ -84,6 +84,29 @@ interface ServerInfo {
   hpke?: HpkeKeys | null;
 }
 
+/** Rows given as arrays (study order) or as objects (by column name), as arrays in study order. */
+export function rowArrays(study: Study, rows: (RawValue[] | Record<string, RawValue>)[]): RawValue[][] {
+  return rows.map((r) => (Array.isArray(r) ? r : study.columns.map((c) => {
+    if (!(c in r)) throw new Error(`a row has no value for column ${c}`);
+    return r[c];
+  })));
+}
+
+/**
+ * One server's share or seed batch (its records: `reportIds` with `sb`'s proofs and payloads, in
+ * order) sealed to that server's key as one version 4 batch (docs/protocol.md section 7a).
+ */
+export function sealServerBatch(studyIdHex: string, serverId: string, key: ServerKey, reportIds: Uint8Array[], sb: ServerBatch): Promise<Uint8Array> {
+  return sealedLayout.seal({
+    studyId: studyIdHex,
+    serverId,
+    key,
+    content: sb.content,
+    reportIds,
+    plaintexts: reportIds.map((_, i) => concat(sb.proofs[i], sb.payloads[i])),
+  });
+}
+
 export function batchKey(secret: Uint8Array, b: number): Uint8Array {
   const be = new Uint8Array(8);
   new DataView(be.buffer).setBigUint64(0, BigInt(b), false);
@@ -138,12 +161,14 @@ export class Client {
     return new Client(study, opts.studyId, endpoints, keys, fetchFn, retry, promise);
   }
 
+  /** The current key this client seals to at each server (study order), or null when it does not seal. */
+  get sealingKeys(): readonly ServerKey[] | null {
+    return this.keys;
+  }
+
   /** Turn rows given as objects (by column name) into arrays in study order. */
   private toArrays(rows: (RawValue[] | Record<string, RawValue>)[]): RawValue[][] {
-    return rows.map((r) => (Array.isArray(r) ? r : this.study.columns.map((c) => {
-      if (!(c in r)) throw new Error(`a row has no value for column ${c}`);
-      return r[c];
-    })));
+    return rowArrays(this.study, rows);
   }
 
   /** Prepare batch b (pure: no I/O); its full share at server b mod N when seeds are smaller. */
@@ -159,14 +184,7 @@ export class Client {
     const ids = p.reportIds.slice(lo, hi);
     const part: ServerBatch = { ...sb, proofs: sb.proofs.slice(lo, hi), payloads: sb.payloads.slice(lo, hi), salts: sb.salts.slice(lo, hi) };
     if (!this.keys) return { body: plainBody(ids, part), type: sb.mediaType };
-    const body = await sealedLayout.seal({
-      studyId: this.studyId,
-      serverId: this.study.servers[sb.position],
-      key: this.keys[sb.position],
-      content: sb.content,
-      reportIds: ids,
-      plaintexts: ids.map((_, i) => concat(part.proofs[i], part.payloads[i])),
-    });
+    const body = await sealServerBatch(this.studyId, this.study.servers[sb.position], this.keys[sb.position], ids, part);
     return { body, type: sealedLayout.MEDIA_TYPE };
   }
 

@@ -10,8 +10,10 @@ export class ProblemError extends Error {
     public readonly status: number,
     public readonly problem: { type?: string; title?: string; detail?: string; [k: string]: unknown },
     public readonly url: string,
+    /** a relayed entry's refusal (relayed.ts): the server that refused it */
+    public readonly serverId?: string,
   ) {
-    super(`${url}: ${status} ${problem.type ?? ""} ${problem.detail ?? problem.title ?? ""}`.trim());
+    super(`${url}: ${serverId === undefined ? "" : `server ${serverId}: `}${status} ${problem.type ?? ""} ${problem.detail ?? problem.title ?? ""}`.trim());
   }
   get slug(): string {
     return String(this.problem.type ?? "").replace("urn:dpsketch:problem:", "");
@@ -28,8 +30,9 @@ export interface RetryPolicy {
 
 export const DEFAULT_RETRY: RetryPolicy = { maxRetries: 6, backoff: 0.25, maxBackoff: 20, maxRetryAfter: 120, timeout: 60 };
 
-const retryable = (status: number) => status === 408 || status === 429 || (status >= 500 && status !== 501 && status !== 505);
-const sleep = (s: number) => new Promise((r) => setTimeout(r, s * 1000));
+/** Statuses worth sending the same request again for: 408, 429 and 5xx but 501 and 505. */
+export const retryable = (status: number) => status === 408 || status === 429 || (status >= 500 && status !== 501 && status !== 505);
+export const sleep = (s: number) => new Promise((r) => setTimeout(r, s * 1000));
 
 export type FetchLike = (url: string, init: RequestInit) => Promise<Response>;
 

@@ -68,6 +68,11 @@ export function info(inp: SealInput, fixed: Uint8Array): Uint8Array {
   return concat(INFO, sha256(concat(prefix(inp.studyId, inp.serverId, inp.party), fixed)));
 }
 
+/** SHA-256(prefix || header): what a batch's records' key and associated data (and a relayed entry's MAC) bind. */
+export function transcript(studyId: string, serverId: string, header: Uint8Array, party?: number): Uint8Array {
+  return sha256(concat(prefix(studyId, serverId, party), header));
+}
+
 /** The whole sealed body for one server. */
 export async function seal(inp: SealInput, secrets?: SealSecrets): Promise<Uint8Array> {
   const count = inp.reportIds.length;
@@ -80,9 +85,9 @@ export async function seal(inp: SealInput, secrets?: SealSecrets): Promise<Uint8
   const fixed = fixedHeader(inp, batchId);
   const sealedSecret = secrets?.sealedSecret ?? (await hpkeSeal(inp.key, info(inp, fixed), secret));
   const header = concat(fixed, sealedSecret);
-  const transcript = sha256(concat(prefix(inp.studyId, inp.serverId, inp.party), header));
-  const key = hkdf(sha256, secret, undefined, concat(RECORDS, transcript), 32);
+  const bound = transcript(inp.studyId, inp.serverId, header, inp.party);
+  const key = hkdf(sha256, secret, undefined, concat(RECORDS, bound), 32);
   const ids = concat(...inp.reportIds);
-  const sealed = chacha20poly1305(key, new Uint8Array(12), concat(transcript, ids)).encrypt(concat(...inp.plaintexts));
+  const sealed = chacha20poly1305(key, new Uint8Array(12), concat(bound, ids)).encrypt(concat(...inp.plaintexts));
   return concat(header, ids, sealed);
 }
