@@ -340,7 +340,7 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
     bar = None
     try:
         with RelayClient(args.relay, enrolment, tokens, timeout=args.timeout, max_retries=args.max_retries,
-                         verify=verify) as client:  # type: ignore[arg-type]  # an SSLContext is taken as it is
+                         verify=verify) as client:
 
             def send(first: int, rows: int, entries: list[relayed.Entry], resend: bool = False) -> None:
                 nonlocal stored
