@@ -240,28 +240,42 @@ class RelayClient:
 
     def _exchange(self, body: bytes) -> tuple[int, bytes, str | None]:
         """One POST of a bundle: (status, body, Retry-After). A connection that failed or that
-        the relay will close is dropped, and the next exchange opens a new one."""
+        the relay will close is dropped; a kept one the relay closed in the meantime (its idle
+        timeout) is replaced at once, without counting as an attempt."""
         if self._http is not None:
-            resp = self._http.post(f"{self.url}/v1/studies/{self.enrolment.study_id}/relayed", content=body)
-            return resp.status_code, resp.content, resp.headers.get("Retry-After")
-        conn = self._conn
-        if conn is None:
+            answer = self._http.post(f"{self.url}/v1/studies/{self.enrolment.study_id}/relayed", content=body)
+            return answer.status_code, answer.content, answer.headers.get("Retry-After")
+        for fresh in ((False, True) if self._conn is not None else (True,)):
+            conn = self._connection()
+            try:
+                conn.request("POST", self._path, body=body, headers=self._headers)
+                resp = conn.getresponse()
+                content = resp.read()
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
+                self._drop()
+                if fresh:
+                    raise
+                continue
+            except BaseException:
+                self._drop()
+                raise
+            if resp.will_close:
+                self._drop()
+            return resp.status, content, resp.getheader("Retry-After")
+        raise SDKError("unreachable")  # pragma: no cover  (the last pass returns or raises)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
             parts = urllib.parse.urlsplit(self.url)
             if parts.scheme == "https":
-                conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=self._timeout,
-                                                   context=self._tls if isinstance(self._tls, ssl.SSLContext) else None)
+                self._conn = http.client.HTTPSConnection(
+                    parts.hostname or "", parts.port, timeout=self._timeout,
+                    context=self._tls if isinstance(self._tls, ssl.SSLContext) else None)
             else:
-                conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self._timeout)
-            self._conn = conn
-        try:
-            conn.request("POST", self._path, body=body, headers=self._headers)
-            resp = conn.getresponse()
-            content = resp.read()
-        except BaseException:
-            conn.close()
+                self._conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=self._timeout)
+        return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
             self._conn = None
-            raise
-        if resp.will_close:
-            conn.close()
-            self._conn = None
-        return resp.status, content, resp.getheader("Retry-After")

@@ -477,3 +477,43 @@ def test_a_busy_relay_is_waited_out_for_as_long_as_its_retry_after_says(cluster)
         server.server_close()
     assert len(bodies) == 2 and bodies[0][1] == bodies[1][1]
     assert bodies[1][0] - bodies[0][0] >= 1.0
+
+
+def test_a_kept_connection_the_relay_closed_is_replaced_without_a_retry(cluster):
+    """RelayClient keeps its connection between requests; a relay that closed it while idle (its
+    keep-alive timeout) costs no attempt: with max_retries=0 the second submission still goes,
+    on a new connection. The stand-in relay answers HTTP/1.1 without 'Connection: close' and then
+    closes, as an idle timeout does."""
+    import http.server
+
+    study = _study(cluster, 50, "relayed-kept-connection")
+    peers: list[int] = []
+
+    class ClosesWhenIdle(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            peers.append(self.client_address[1])
+            payload = RelayedResults(results=[{"status": 200, "result": None, "problem": None}] * 3).model_dump_json()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload.encode())
+            self.close_connection = True  # after the answer, without telling the client
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosesWhenIdle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with RelayClient(f"http://127.0.0.1:{server.server_port}", _enrolment(cluster, study.study_id),
+                         max_retries=0) as rc:
+            rc.submit(np.full(D, 0.1))
+            rc.submit(np.full(D, 0.2))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(peers) == 2 and peers[0] != peers[1]  # two connections, no attempt lost
