@@ -194,3 +194,36 @@ def test_smoothing_error_bound():
         eps = 2.0 ** log2_eps
         assert math.isclose(beta * math.sqrt(math.log(2 * m * (1 + 1 / eps)) / math.pi), 1.0, rel_tol=1e-9)
     assert smoothing.smoothing_error_log2(1.0, 10) == math.inf
+
+
+def test_the_block_table_is_built_once_however_many_threads_ask_at_once(monkeypatch):
+    """The sampler's block table (about 0.1 s to build) is built once per (t, limit) even when
+    many threads miss it together, as one-row devices starting at once in one process do; each
+    gets the same table."""
+    import threading
+
+    from dpsketch.protocol import noise
+
+    builds = []
+    real = noise._cumulative_floors
+
+    def counted(*args):
+        builds.append(args[:2])
+        return real(*args)
+
+    monkeypatch.setattr(noise, "_cumulative_floors", counted)
+    t, limit = 3001, 20 * 3001 - 7  # a (t, limit) no other test builds
+    start = threading.Barrier(16)
+    tables = []
+
+    def ask():
+        start.wait()
+        tables.append(noise._block_table(t, limit))
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(tables) == 16 and all(tab is tables[0] for tab in tables)
+    assert builds.count((t, limit)) == 1
