@@ -212,10 +212,12 @@ def run_flower(n: int, d: int, seed: int, num_shares: int, threshold: int, cpus_
 class LocalCluster:
     """3 share servers (exact-release policy) and the analyzer on loopback ports."""
 
-    def __init__(self, workdir: Path, n_servers: int = 3, relay_window_ms: float = 100.0):
+    def __init__(self, workdir: Path, n_servers: int = 3, relay_window_ms: float = 100.0,
+                 relay_max_entries: int | None = None):
         self.workdir = workdir
         self.n_servers = n_servers
         self.relay_window_ms = relay_window_ms
+        self.relay_max_entries = relay_max_entries
         self.stack = contextlib.ExitStack()
 
     def __enter__(self) -> "LocalCluster":
@@ -256,7 +258,8 @@ class LocalCluster:
             from dpsketch.tools.cluster import relay
 
             proc = relay({s.server_id: u for s, u in zip(self.specs, self.server_urls)}, self.workdir, None,
-                         "--window", str(self.relay_window_ms))
+                         "--window", str(self.relay_window_ms),
+                         *(("--max-entries", str(self.relay_max_entries)) if self.relay_max_entries else ()))
             self.stack.callback(proc.stop)
             proc.start()
             self._relay_url = proc.url
@@ -858,6 +861,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paths", default="single,relay,bulk",
                    help="dpsketch paths (single, relay, bulk), and 'floor': the single path's requests against servers that only "
                    "read and answer, in three patterns per client (default: %(default)s)")
+    p.add_argument("--relay-max-entries", type=int, default=None, metavar="N",
+                   help="the relay path's dpsketch relay --max-entries (default: the relay's own)")
     p.add_argument("--relay-window", type=float, default=100.0, metavar="MS",
                    help="the relay path's dpsketch relay --window (default: %(default)s)")
     p.add_argument("--skip-flower", action="store_true", help="measure dpsketch only (no flwr needed)")
@@ -967,7 +972,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster = None
             if not args.skip_dpsketch:
                 print("starting 3 share servers and the analyzer ...", file=sys.stderr, flush=True)
-                cluster = stack.enter_context(LocalCluster(workdir, relay_window_ms=args.relay_window))
+                cluster = stack.enter_context(LocalCluster(workdir, relay_window_ms=args.relay_window,
+                                                                 relay_max_entries=args.relay_max_entries))
             floor_urls, sizes = None, (0, 0)
             if cluster is not None and "floor" in paths:
                 sizes = request_sizes(cluster, args.d, args.epsilon, args.delta)
