@@ -26,6 +26,7 @@ import httpx
 from dpsketch.protocol.problems import ProblemError
 
 if TYPE_CHECKING:
+    from .budget import PrivacyLimit
     from dpsketch.protocol.study import Study
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
@@ -193,6 +194,19 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def privacy_limit_option(value: str | None) -> "PrivacyLimit | None":
+    """``--privacy-limit EPSILON,DELTA`` as the data owner's PrivacyLimit, its ledger at
+    $DPSKETCH_PRIVACY_LEDGER or ~/.dpsketch/privacy-ledger.json (None without the option);
+    ValueError saying what is wrong."""
+    if not value:
+        return None
+    from .budget import PrivacyLimit
+
+    eps, delta = (float(x) for x in value.split(","))
+    return PrivacyLimit(eps, delta, os.environ.get("DPSKETCH_PRIVACY_LEDGER") or
+                        os.path.expanduser("~/.dpsketch/privacy-ledger.json"))
+
+
 def tls_verify(insecure: bool, ca_file: str | None) -> tuple[bool | ssl.SSLContext, tuple[str, int] | None]:
     """What to verify TLS certificates with (--insecure, --ca-file), or the error message and
     exit code that refuse the options."""
@@ -279,16 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         if len(token) != len(urls) or not all(token):
             return fail(f"--token lists {len(token)} tokens for {len(urls)} servers; give one, or "
                         f"one per server", EXIT_USAGE)
-    privacy_limit = None
-    if args.privacy_limit:
-        from .budget import PrivacyLimit
-
-        try:
-            eps, delta = (float(x) for x in args.privacy_limit.split(","))
-            privacy_limit = PrivacyLimit(eps, delta, os.environ.get("DPSKETCH_PRIVACY_LEDGER") or
-                                         os.path.expanduser("~/.dpsketch/privacy-ledger.json"))
-        except ValueError as exc:
-            return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
+    try:
+        privacy_limit = privacy_limit_option(args.privacy_limit)
+    except ValueError as exc:
+        return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
     journal: bool | str = False if args.no_journal else (args.journal_dir or True)
     result = None
     limited_warnings: list[warnings.WarningMessage] = []

@@ -36,7 +36,7 @@ from dpsketch.protocol import relayed
 from dpsketch.protocol.problems import ProblemError
 
 from .cli import (EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE,
-                  _describe, _on_sigterm, _Terminated, scan_rows, tls_verify)
+                  _describe, _on_sigterm, _Terminated, privacy_limit_option, scan_rows, tls_verify)
 
 #: rows per relay request unless --batch-size says otherwise
 DEFAULT_ROWS = 64
@@ -297,16 +297,10 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
             return fail(f"study {study.study_id[:12]}...: with no other honest report a report keeps only "
                         f"epsilon = {floor:.4g}, above --max-floor-epsilon {args.max_floor_epsilon:g}; "
                         f"nothing sent")
-    privacy_limit = None
-    if args.privacy_limit:
-        from .budget import PrivacyLimit
-
-        try:
-            eps, delta = (float(x) for x in args.privacy_limit.split(","))
-            privacy_limit = PrivacyLimit(eps, delta, os.environ.get("DPSKETCH_PRIVACY_LEDGER") or
-                                         os.path.expanduser("~/.dpsketch/privacy-ledger.json"))
-        except ValueError as exc:
-            return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
+    try:
+        privacy_limit = privacy_limit_option(args.privacy_limit)
+    except ValueError as exc:
+        return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
     if not os.path.isfile(args.csv):
         return fail(f"{args.csv}: no such file")
     name = os.path.basename(args.csv)

@@ -127,7 +127,8 @@ def test_usage_errors_exit_2_with_one_line(setup, tmp_path, capsys):
     for extra, message in [(["--servers", "http://x"], "--servers does not go with --relay"),
                            (["--token", "t1,t2,t3"], "--token lists 3 tokens for the study's 2 servers"),
                            (["--study", "cd" * 32], "is not the enrolment's study"),
-                           (["--batch-size", "0"], "--batch-size must be at least 1")]:
+                           (["--batch-size", "0"], "--batch-size must be at least 1"),
+                           (["--privacy-limit", "1.0"], "--privacy-limit '1.0': expected EPSILON,DELTA")]:
         assert submit([*base, *extra, str(csv)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, (extra, err)

@@ -11,8 +11,11 @@ stores each report once.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import signal
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -437,44 +440,54 @@ def test_a_validity_study_through_the_relay_verifies_and_releases(cluster):
     assert np.max(np.abs(released - rows.sum(axis=0))) < 6 * np.sqrt(n) * study.sigma
 
 
-def test_a_busy_relay_is_waited_out_for_as_long_as_its_retry_after_says(cluster):
-    """A relay that answers 503 with Retry-After (it holds too many bytes, services/relay.py) is
-    asked again no sooner than it said, with the same bytes; backoff 0 leaves Retry-After the only
-    reason to wait. The stand-in relay is a real socket server that records each body."""
-    import http.server
-    import time
+class _StandInRelay(http.server.BaseHTTPRequestHandler):
+    """A relay played by a real socket server, for RelayClient's own behaviour: each test's
+    subclass says what a POST gets; :meth:`stored` answers a device's 3 entries as stored."""
 
-    study = _study(cluster, 50, "relayed-retry-after")
-    bodies: list[tuple[float, bytes]] = []
+    def stored(self) -> None:
+        payload = RelayedResults(results=[{"status": 200, "result": None, "problem": None}] * 3).model_dump_json()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload.encode())
 
-    class Busy(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802  (http.server's name)
-            bodies.append((time.monotonic(), self.rfile.read(int(self.headers["Content-Length"]))))
-            if len(bodies) == 1:
-                self.send_response(503)
-                self.send_header("Retry-After", "1")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            payload = RelayedResults(results=[{"status": 200, "result": None, "problem": None}] * 3).model_dump_json()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload.encode())
+    def log_message(self, *args):
+        pass
 
-        def log_message(self, *args):
-            pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+@contextlib.contextmanager
+def _serving(handler: type[_StandInRelay]):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with RelayClient(f"http://127.0.0.1:{server.server_port}", _enrolment(cluster, study.study_id),
-                         backoff=0.0, max_retries=2) as rc:
-            rc.submit(np.full(D, 0.1))
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_busy_relay_is_waited_out_for_as_long_as_its_retry_after_says(cluster):
+    """A relay that answers 503 with Retry-After (it holds too many bytes, services/relay.py) is
+    asked again no sooner than it said, with the same bytes; backoff 0 leaves Retry-After the only
+    reason to wait."""
+    study = _study(cluster, 50, "relayed-retry-after")
+    bodies: list[tuple[float, bytes]] = []
+
+    class Busy(_StandInRelay):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            bodies.append((time.monotonic(), self.rfile.read(int(self.headers["Content-Length"]))))
+            if len(bodies) > 1:
+                self.stored()
+                return
+            self.send_response(503)
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with _serving(Busy) as url, RelayClient(url, _enrolment(cluster, study.study_id), backoff=0.0,
+                                            max_retries=2) as rc:
+        rc.submit(np.full(D, 0.1))
     assert len(bodies) == 2 and bodies[0][1] == bodies[1][1]
     assert bodies[1][0] - bodies[0][0] >= 1.0
 
@@ -482,38 +495,22 @@ def test_a_busy_relay_is_waited_out_for_as_long_as_its_retry_after_says(cluster)
 def test_a_kept_connection_the_relay_closed_is_replaced_without_a_retry(cluster):
     """RelayClient keeps its connection between requests; a relay that closed it while idle (its
     keep-alive timeout) costs no attempt: with max_retries=0 the second submission still goes,
-    on a new connection. The stand-in relay answers HTTP/1.1 without 'Connection: close' and then
+    on a new connection. The stand-in answers HTTP/1.1 without 'Connection: close' and then
     closes, as an idle timeout does."""
-    import http.server
-
     study = _study(cluster, 50, "relayed-kept-connection")
     peers: list[int] = []
 
-    class ClosesWhenIdle(http.server.BaseHTTPRequestHandler):
+    class ClosesWhenIdle(_StandInRelay):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self):  # noqa: N802  (http.server's name)
             self.rfile.read(int(self.headers["Content-Length"]))
             peers.append(self.client_address[1])
-            payload = RelayedResults(results=[{"status": 200, "result": None, "problem": None}] * 3).model_dump_json()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload.encode())
+            self.stored()
             self.close_connection = True  # after the answer, without telling the client
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosesWhenIdle)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with RelayClient(f"http://127.0.0.1:{server.server_port}", _enrolment(cluster, study.study_id),
-                         max_retries=0) as rc:
-            rc.submit(np.full(D, 0.1))
-            rc.submit(np.full(D, 0.2))
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _serving(ClosesWhenIdle) as url, RelayClient(url, _enrolment(cluster, study.study_id),
+                                                      max_retries=0) as rc:
+        rc.submit(np.full(D, 0.1))
+        rc.submit(np.full(D, 0.2))
     assert len(peers) == 2 and peers[0] != peers[1]  # two connections, no attempt lost
