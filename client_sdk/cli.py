@@ -169,10 +169,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --relay: the study and the servers' keys, as dpsketch enrol wrote them")
     p.add_argument("--ignore-extra-columns", action="store_true",
                    help="skip CSV columns the study does not have instead of refusing the file")
-    p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
-                   help="verify the servers' TLS certificates against this CA bundle instead of "
-                        "the system's trust store (default: $DPSKETCH_CA_FILE)")
-    p.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    add_tls_arguments(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     return p
 
@@ -192,6 +189,14 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, httpx.HTTPError):
         return f"HTTP error: {exc}"
     return str(exc) or type(exc).__name__
+
+
+def add_tls_arguments(p: argparse.ArgumentParser) -> None:
+    """--ca-file and --insecure, as every command that talks to the servers reads them (tls_verify)."""
+    p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
+                   help="verify the servers' TLS certificates against this CA bundle instead of "
+                        "the system's trust store (default: $DPSKETCH_CA_FILE)")
+    p.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
 
 
 def privacy_limit_option(value: str | None) -> "PrivacyLimit | None":

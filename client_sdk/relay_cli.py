@@ -36,7 +36,8 @@ from dpsketch.protocol import relayed
 from dpsketch.protocol.problems import ProblemError
 
 from .cli import (EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE,
-                  _describe, _on_sigterm, _Terminated, privacy_limit_option, scan_rows, tls_verify)
+                  _describe, _on_sigterm, _Terminated, add_tls_arguments, privacy_limit_option, scan_rows,
+                  tls_verify)
 
 #: rows per relay request unless --batch-size says otherwise
 DEFAULT_ROWS = 64
@@ -88,10 +89,7 @@ def _enrol_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for each HTTP request (default: %(default)s)")
     p.add_argument("--max-retries", type=int, default=5, metavar="N",
                    help="retries per request on network errors, 5xx, 429 (default: %(default)s)")
-    p.add_argument("--ca-file", metavar="PEM", default=os.environ.get("DPSKETCH_CA_FILE"),
-                   help="verify the servers' TLS certificates against this CA bundle instead of "
-                        "the system's trust store (default: $DPSKETCH_CA_FILE)")
-    p.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    add_tls_arguments(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no summary")
     return p
 
