@@ -49,27 +49,29 @@ def refusal(record: "StudyRecord") -> str | None:
     return None
 
 
-def _token(store: "Store", record: "StudyRecord", entry: relayed.Entry) -> bytes | None:
+def _token(store: "Store", record: "StudyRecord", entry: relayed.Entry) -> tuple[bytes | None, bytes | None]:
     """The digest of the entry's upload token, if the study requires one (401 otherwise: an
-    unknown, revoked or missing token id, or a MAC that is not the token's)."""
+    unknown, revoked or missing token id, or a MAC that is not the token's), and the transcript
+    its MAC was checked over (None without a token), which opens the batch too."""
     named = entry.token_id != relayed.NO_TOKEN_ID
     digest = record.digest_by_token_id(entry.token_id) if named else None
     if named and digest is None and store.shared:  # issued by another replica? (before judging
         store.refresh_tokens(record)               # upload_required, as the bearer path does)
         digest = record.digest_by_token_id(entry.token_id)
     if not record.upload_required:
-        return None
+        return None, None
     if not named:
         raise ProblemError("unauthorized", f"study {record.study_id} takes uploads only with one of its "
                            f"upload tokens: this entry names none (token id zero)")
     if digest is None:
         raise ProblemError("unauthorized", f"token id {entry.token_id.hex()} is not a valid upload token "
                            f"of this study (unknown, or revoked)")
-    if not relayed.verify_mac(digest, record.study_id, entry.server_id, entry):
+    transcript = relayed.entry_transcript(record.study_id, entry.server_id, entry.batch)
+    if not relayed.verify_mac(digest, record.study_id, entry.server_id, entry, transcript):
         raise ProblemError("unauthorized", f"the entry's MAC is not that of upload token "
                            f"{entry.token_id.hex()} over this batch (made without the token, or moved "
                            f"from another batch, server or study)")
-    return digest
+    return digest, transcript
 
 
 def _checked(store: "Store", record: "StudyRecord", server_id: str, entry: relayed.Entry):
@@ -80,19 +82,21 @@ def _checked(store: "Store", record: "StudyRecord", server_id: str, entry: relay
             raise ProblemError("sealed-share-refused", f"this entry is addressed to server "
                                f"{entry.server_id!r}, and this is {server_id!r}: nothing of it was opened")
         try:
-            digest = _token(store, record, entry)
+            digest, transcript = _token(store, record, entry)
         except envelope.SealError as exc:
             raise ProblemError("sealed-share-refused", str(exc)) from None
         except ValueError as exc:  # not a version 4 batch: its header cannot be read
             raise ProblemError("malformed-body", str(exc)) from None
-        sealed_precheck(store, record, entry.batch, digest)
+        header = sealed_precheck(store, record, entry.batch, digest)
         study = record.study
         if _one_share(entry.batch) and not proved_shares.is_proved(study):
             # a one-row device's batch: opened here, then stored as a single report is, so the
-            # writer checks the bindings of a group of them at once (services/uploads.py)
+            # writer checks the bindings of a group of them at once (services/uploads.py); its
+            # header is not parsed again, nor its transcript hashed again after the MAC's
             try:
                 upload = envelope.open_batch(entry.batch, study.width, study.n_servers, study.study_id,
-                                             server_id, store.keys.private_key_for)
+                                             server_id, store.keys.private_key_for, header=header,
+                                             transcript=transcript)
             except envelope.SealError as exc:
                 raise ProblemError("sealed-share-refused", str(exc)) from None
             except ValueError as exc:

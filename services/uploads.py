@@ -477,14 +477,15 @@ def parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys
     return upload.ids, shares, rows, signs, idsets.SortedIds(upload.joined), seeds, addends
 
 
-def sealed_precheck(store: Store, record, body: bytes, token: bytes | None, party: int | None = None) -> None:
+def sealed_precheck(store: Store, record, body: bytes, token: bytes | None, party: int | None = None) -> envelope.BatchHeader:
     """What a sealed batch is judged on before any decryption work (issue 41): its layout and
     length (a body of the dropped per-record versions 1 and 2, or a malformed one: 400), that it
     is addressed to a key this server holds (422 sealed-share-refused), and that its upload
     token may add its new reports, read from the records' report ids, which travel in the clear
     (403 upload-quota-exceeded). Only then are its one KEM and its one AEAD run; each record's
     binding is inside its ciphertext, so it is checked after opening, before anything is stored.
-    ``party``: a sealed block batch of that party (its block ids are the clear ids)."""
+    ``party``: a sealed block batch of that party (its block ids are the clear ids). Returns the
+    parsed header, which envelope.open_batch then need not parse again."""
     study = record.study
     width = proved_shares.upload_width(study, party)  # a validity study's leader: input and proof shares
     header = sealed_header(store, lambda: envelope.parse_batch(body, width, study.n_servers, party))
@@ -495,3 +496,4 @@ def sealed_precheck(store: Store, record, body: bytes, token: bytes | None, part
             new = store.count_new(record, envelope.record_ids(body, header, width, study.n_servers))
             if new > room:
                 raise quota_problem(room, record.study_id, new)
+    return header

@@ -720,20 +720,28 @@ def _upload(ids: bytes, plain: bytes, content: int, width: int, n_servers: int, 
 
 
 def open_batch(body: bytes, width: int, n_servers: int, study_id: str, server_id: str,
-               private_key_for: Callable[[bytes], Any], party: int | None = None):
+               private_key_for: Callable[[bytes], Any], party: int | None = None, *,
+               header: BatchHeader | None = None, transcript: bytes | None = None):
     """Open a sealed body (one batch) into a ``messages.Upload`` (ids, proofs, payloads of one
     kind; not yet verified or expanded). ``private_key_for(key_id)`` is a loaded private key of
     either suite, or None. All or nothing: a body that does not parse raises
     MalformedSealedBatch before any key is used (a body of the dropped layouts 1 to 3 too;
     UnknownSuite for a suite not known here), a header or records that do not open SealError.
     ``party``: the index of the party whose blocks the batch must hold (``width`` its columns):
-    the Upload carries their pseudonyms and the party, as a plaintext block batch's does."""
-    header = parse_batch(body, width, n_servers, party)
+    the Upload carries their pseudonyms and the party, as a plaintext block batch's does.
+
+    A server that judged the batch before opening it (its key id, its quota, a relayed entry's
+    MAC) passes what it already computed: ``header``, :func:`parse_batch` of this same body with
+    the same ``width``, ``n_servers`` and ``party``, and ``transcript``, :func:`transcript_v4`
+    of its header for this study, server and party; then neither is computed again."""
+    if header is None:
+        header = parse_batch(body, width, n_servers, party)
     where = f"sealed batch {header.batch_id.hex()}"
     key = _key_of(private_key_for, header.key_id, header.suite, where)
     secret = open_secret(key, study_id, server_id, header, party)
     head = batch_header_bytes(header.suite)
-    transcript = transcript_v4(study_id, server_id, body[:head], party)
+    if transcript is None:
+        transcript = transcript_v4(study_id, server_id, body[:head], party)
     ids, plain = open_records(secret, transcript, memoryview(body)[head:], header.count,
                               plaintext_bytes(header.content, width, n_servers), header.batch_id)
     return _upload(ids, plain, header.content, width, n_servers, party)

@@ -104,10 +104,19 @@ def batch_header(batch: bytes) -> bytes:
     return bytes(batch[:size])
 
 
-def entry_mac(digest: bytes, study_id: str, server_id: str, batch: bytes) -> bytes:
-    """The MAC of a sealed batch under the token of SHA-256 digest ``digest``."""
-    transcript = envelope.transcript_v4(study_id, server_id, batch_header(batch))
-    return hmac.new(mac_key(digest), ENTRY_LABEL + transcript, hashlib.sha256).digest()
+def entry_transcript(study_id: str, server_id: str, batch: bytes) -> bytes:
+    """What an entry's MAC covers after its label: the transcript of its sealed batch's header
+    for this study and server (envelope.transcript_v4), the same 32 bytes the batch's records
+    are bound to, so a server that checked the MAC opens the batch with it."""
+    return envelope.transcript_v4(study_id, server_id, batch_header(batch))
+
+
+def entry_mac(digest: bytes, study_id: str, server_id: str, batch: bytes, transcript: bytes | None = None) -> bytes:
+    """The MAC of a sealed batch under the token of SHA-256 digest ``digest`` (``transcript``:
+    its :func:`entry_transcript`, if already computed)."""
+    if transcript is None:
+        transcript = entry_transcript(study_id, server_id, batch)
+    return hmac.digest(mac_key(digest), ENTRY_LABEL + transcript, "sha256")
 
 
 def make_entry(token: str | None, study_id: str, server_id: str, batch: bytes) -> Entry:
@@ -120,9 +129,10 @@ def make_entry(token: str | None, study_id: str, server_id: str, batch: bytes) -
     return Entry(server_id, token_id(digest), entry_mac(digest, study_id, server_id, batch), bytes(batch))
 
 
-def verify_mac(digest: bytes, study_id: str, server_id: str, entry: Entry) -> bool:
-    """Whether ``entry``'s MAC is the token's (constant time)."""
-    return hmac.compare_digest(entry_mac(digest, study_id, server_id, entry.batch), entry.mac)
+def verify_mac(digest: bytes, study_id: str, server_id: str, entry: Entry, transcript: bytes | None = None) -> bool:
+    """Whether ``entry``'s MAC is the token's (constant time; ``transcript``: its
+    :func:`entry_transcript`, if already computed)."""
+    return hmac.compare_digest(entry_mac(digest, study_id, server_id, entry.batch, transcript), entry.mac)
 
 
 def encode(entries: Iterable[Entry | bytes]) -> bytes:
