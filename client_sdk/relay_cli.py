@@ -95,10 +95,13 @@ def _enrol_parser() -> argparse.ArgumentParser:
 
 
 def _not_relayable(study: Any) -> str | None:
-    if study.parties is not None:
+    """Why the study cannot be relayed, for a person at the command line (None: it can; the rule
+    is :func:`dpsketch.protocol.relayed.unrelayable`)."""
+    why = relayed.unrelayable(study)
+    if why == "parties":
         return (f"study {study.study_id[:12]}... has parties: each party uploads its blocks directly "
                 f"(dpsketch submit --servers ... --party), a relay cannot carry them (docs/relay.md)")
-    if study.batch_proofs:
+    if why == "batch proofs":
         return (f"study {study.study_id[:12]}... has batch proofs: its rows are uploaded directly "
                 f"(dpsketch submit --servers ...), a relay cannot carry them (docs/relay.md)")
     return None
@@ -159,7 +162,7 @@ class RelayJournal:
     @classmethod
     def open(cls, directory: Path, study_id: str, csv_path: str, *, new: bool) -> "RelayJournal":
         from .errors import InputChanged, SDKError
-        from .journal import Journal, _write_atomic, fingerprint_file
+        from .journal import Journal, fingerprint_file, write_atomic
 
         fingerprint = fingerprint_file(csv_path)
         source = os.path.abspath(csv_path)
@@ -185,7 +188,7 @@ class RelayJournal:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         header = {"format": JOURNAL_FORMAT, "study_id": study_id, "fingerprint": fingerprint,
                   "source": source, "complete": False, "created_at": time.time()}
-        _write_atomic(path, header)
+        write_atomic(path, header)
         return cls(path, header)
 
     @classmethod
@@ -239,10 +242,10 @@ class RelayJournal:
 
     def finish(self, n_rows: int) -> None:
         """Every row is stored: keep only that (a rerun sends nothing)."""
-        from .journal import _write_atomic
+        from .journal import write_atomic
 
         self.header = {**self.header, "complete": True, "n_rows": n_rows, "completed_at": time.time()}
-        _write_atomic(self.file, self.header)
+        write_atomic(self.file, self.header)
         self.pending = None
 
 
