@@ -27,6 +27,7 @@ from dpsketch.protocol.problems import ProblemError
 
 if TYPE_CHECKING:
     from .budget import PrivacyLimit
+    from .client import SubmitResult
     from dpsketch.protocol.study import Study
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
@@ -235,6 +236,20 @@ def scan_rows(path: str, study: "Study", ignore_extra: bool) -> int:
     return data.scan_csv(path, study.columns, ignore_extra=ignore_extra, check=check)
 
 
+def print_data_limits(result: "SubmitResult", quiet: bool) -> None:
+    """After an upload (either route: the direct one and ``--relay``), what the map into the
+    study's row ball changed (``result``'s ``clamped``, ``clipped`` and ``rows_seen``): the clamp
+    summary on stdout unless ``quiet``, and, when it changed enough that the answers describe the
+    clamped data, the DataLimitedWarning's message as one line on stderr, quiet or not."""
+    from .client import limited_warning
+
+    if not quiet and (result.clamped or result.clipped):
+        print(result.clamp_summary() or "no value was outside the study's bounds")
+    message = limited_warning(result)
+    if message:
+        print(f"dpsketch submit: warning: {' '.join(message.split())}", file=sys.stderr)
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM stops an upload as Ctrl-C does: the rows in flight finish, the summary says how
     many every server holds, and the same command completes the rest."""
@@ -304,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--privacy-limit {args.privacy_limit!r}: expected EPSILON,DELTA ({exc})", EXIT_USAGE)
     journal: bool | str = False if args.no_journal else (args.journal_dir or True)
     result = None
-    limited_warnings: list[warnings.WarningMessage] = []
+    other_warnings: list[warnings.WarningMessage] = []
     started = time.monotonic()
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -347,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   key_column=args.id_column, batch_size=args.batch_size,
                                                   progress=bar.update if bar else None, keep_ids=False)
                 else:
-                    with warnings.catch_warnings(record=True) as limited_warnings:
-                        warnings.simplefilter("always", DataLimitedWarning)  # printed as one line below
+                    with warnings.catch_warnings(record=True) as other_warnings:
+                        warnings.simplefilter("ignore", DataLimitedWarning)  # print_data_limits says it below
                         result = client.submit_many(args.study, args.csv, batch_size=args.batch_size,
                                                     progress=bar.update if bar else None, keep_ids=False,
                                                     ignore_extra_columns=args.ignore_extra_columns,
@@ -391,9 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"submitted {what}{result.n_reports} rows of {name} to "
               f"{len(urls)} servers for study {args.study[:12]}... in "
               f"{time.monotonic() - started:.1f} s (reports held: {counts}{resumed})")
-        if getattr(result, "clamped", None) or getattr(result, "clipped", 0):
-            print(result.clamp_summary() or "no value was outside the study's bounds")
-    for warning in limited_warnings:
+    print_data_limits(result, args.quiet)
+    for warning in other_warnings:
         print(f"dpsketch submit: warning: {warning.message}", file=sys.stderr)
     return EXIT_OK
 

@@ -129,16 +129,25 @@ class DataLimitedWarning(UserWarning):
     to its row bound: the answers describe the clamped data (consider wider bounds)."""
 
 
+def limited_warning(result: SubmitResult, share: float = CLAMP_WARNING_SHARE) -> str:
+    """The :class:`DataLimitedWarning`'s message when a column had more than ``share`` of its
+    values clamped, or any row was clipped; "" otherwise (what :func:`warn_if_limited` warns, and
+    what both routes of ``dpsketch submit`` print: client_sdk/cli.py ``print_data_limits``)."""
+    heavy = [c for c, k in result.clamped.items() if k > share * max(result.rows_seen, 1)]
+    if not (heavy or result.clipped):
+        return ""
+    return result.clamp_summary() + (f" (more than {share:.0%} in {', '.join(heavy)}: consider "
+                                     f"wider bounds)" if heavy else "")
+
+
 def warn_if_limited(result: SubmitResult, share: float = CLAMP_WARNING_SHARE) -> None:
     """A :class:`DataLimitedWarning` when a column had more than ``share`` of its values clamped,
     or any row was clipped."""
     import warnings
 
-    heavy = [c for c, k in result.clamped.items() if k > share * max(result.rows_seen, 1)]
-    if heavy or result.clipped:
-        warnings.warn(result.clamp_summary() + (f" (more than {share:.0%} in {', '.join(heavy)}: consider "
-                                                f"wider bounds)" if heavy else ""),
-                      DataLimitedWarning, stacklevel=3)
+    message = limited_warning(result, share)
+    if message:
+        warnings.warn(message, DataLimitedWarning, stacklevel=3)
 
 
 # --- the client ------------------------------------------------------------------------------
@@ -374,6 +383,8 @@ class Client:
         self.journal = (None if journal is False else
                         _journal.Journal(None if journal is True else journal))
         self._recipients: dict[str, list[envelope.Recipient]] = {}
+        #: per study, each server's /v1/info as read with the study (encrypt only; server_infos)
+        self._infos: dict[str, list[messages.ServerInfo]] = {}
         self._http = []
         #: per server, the transport its requests are handed to directly (:meth:`_send`), or None
         #: (a proxy in the environment: httpx.Client routes each request), with the client's
@@ -574,7 +585,8 @@ class Client:
                     f"epsilon = {floor:.4g} (server_sigma = {study.server_sigma:g}), above this "
                     f"client's max_floor_epsilon = {self.max_floor_epsilon:g}; refusing to submit")
         if self.encrypt:
-            self._recipients[study_id] = self._recipients_of(study, [info for info, _ in fetched if info is not None])
+            self._infos[study_id] = [info for info, _ in fetched if info is not None]
+            self._recipients[study_id] = self._recipients_of(study, self._infos[study_id])
         self._committed[study_id] = [s.server_id for _, s in fetched if s.status != "open"]
         self._studies[study_id] = study
         return study
@@ -588,6 +600,13 @@ class Client:
         ``post-quantum``; empty without ``encrypt``."""
         self.study(study_id)
         return [r.suite.name for r in self._recipients.get(study_id, [])]
+
+    def server_infos(self, study_id: str) -> list[messages.ServerInfo]:
+        """Each server's ``GET /v1/info`` (study order) as read with the study and its keys: its
+        id, protocol, keys and policy (what ``dpsketch enrol`` checks ``relayed_uploads`` in).
+        Only a client with ``encrypt=True`` reads it: empty otherwise."""
+        self.study(study_id)
+        return list(self._infos.get(study_id, []))
 
     def _wire(self, study: Study, study_id: str, j: int, body: bytes, media_type: str) -> tuple[bytes, str]:
         """Server j's request body and media type: as prepared, or sealed to server j."""

@@ -172,7 +172,7 @@ class Submission:
         """Every row is held by every server: drop the key, keep the record that it was sent."""
         with self._lock:
             self.complete, self.n_rows, self.key, self.done = True, n_rows, None, {}
-            _write_atomic(self.file, self._header(completed_at=time.time()))
+            write_atomic(self.file, self._header(completed_at=time.time()))
 
     def _header(self, **extra: object) -> dict:
         return {"format": FORMAT, "study_id": self.study_id, "fingerprint": self.fingerprint,
@@ -182,9 +182,11 @@ class Submission:
                 **({"batch_proofs": True} if self.batch_proofs else {}), **extra}
 
 
-def _write_atomic(path: Path, header: dict, *, exclusive: bool = False) -> bool:
-    """Replace ``path`` by a file (mode 0600) holding ``header``, durably (file and directory
-    fsynced): the key must survive anything that the uploads it keys survive. ``exclusive``:
+def write_atomic(path: Path, header: dict, *, exclusive: bool = False) -> bool:
+    """Replace ``path`` by a file (mode 0600) holding ``header`` as one JSON line, durably (file
+    and directory fsynced): a submission's key must survive anything that the uploads it keys
+    survive (the relayed submission's journal, client_sdk/relay_cli.py, writes its header with
+    it too). ``exclusive``:
     only if ``path`` does not exist (False if another process made it first: two runs of one
     submission must not each draw a key)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -290,7 +292,7 @@ class Journal:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         submission = Submission(path, study_id, fingerprint, source, batch_size, compress,
                                 os.urandom(KEY_BYTES), batch_proofs=batch_proofs)
-        if not _write_atomic(path, submission._header(created_at=time.time()), exclusive=not new):
+        if not write_atomic(path, submission._header(created_at=time.time()), exclusive=not new):
             return self.open(study_id, fingerprint, source=source, batch_size=batch_size,
                              compress=compress, batch_proofs=batch_proofs)  # another run made it just now
         return submission

@@ -2,7 +2,8 @@
 (docs/relay.md, docs/protocol.md section 7b).
 
 ``dpsketch enrol`` reads the study and every server's HPKE key from the servers themselves
-(:func:`client_sdk.relayed.enrol`) and writes the enrolment file; ``dpsketch submit --relay URL
+(:func:`client_sdk.relayed.enrol`), checks that each server's policy takes relayed uploads, and
+writes the enrolment file; ``dpsketch submit --relay URL
 --enrolment FILE data.csv`` then sends the CSV's rows through the relay with
 :class:`client_sdk.relayed.RelayClient`, several rows per request.
 
@@ -36,8 +37,8 @@ from dpsketch.protocol import relayed
 from dpsketch.protocol.problems import ProblemError
 
 from .cli import (EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE,
-                  _describe, _on_sigterm, _Terminated, add_tls_arguments, privacy_limit_option, scan_rows,
-                  tls_verify)
+                  _describe, _on_sigterm, _Terminated, add_tls_arguments, print_data_limits,
+                  privacy_limit_option, scan_rows, tls_verify)
 
 #: rows per relay request unless --batch-size says otherwise
 DEFAULT_ROWS = 64
@@ -55,12 +56,15 @@ a relay (a relay that chose the keys could open the shares). It stays valid unti
 committed.
 
 A study with parties or with batch proofs cannot be relayed (the servers refuse such bundles
-with 415): it is refused here, nothing written.
+with 415), nor a study at a server whose published policy takes no relayed uploads (dpsketch
+server --relayed-uploads off: it refuses every bundle with 403): either is refused here, nothing
+written.
 """
 
 EPILOG = """\
 exit codes: 0 the enrolment was written; 1 error (a server unreachable, a study not held by
-every server, a study that cannot be relayed; nothing written); 2 usage error.
+every server, a study that cannot be relayed, a server that takes no relayed uploads; nothing
+written); 2 usage error.
 
 example:
   dpsketch enrol --study 3f9c...e1 \\
@@ -95,12 +99,27 @@ def _enrol_parser() -> argparse.ArgumentParser:
 
 
 def _not_relayable(study: Any) -> str | None:
-    if study.parties is not None:
+    """Why the study cannot be relayed, for a person at the command line (None: it can; the rule
+    is :func:`dpsketch.protocol.relayed.unrelayable`)."""
+    why = relayed.unrelayable(study)
+    if why == "parties":
         return (f"study {study.study_id[:12]}... has parties: each party uploads its blocks directly "
                 f"(dpsketch submit --servers ... --party), a relay cannot carry them (docs/relay.md)")
-    if study.batch_proofs:
+    if why == "batch proofs":
         return (f"study {study.study_id[:12]}... has batch proofs: its rows are uploaded directly "
                 f"(dpsketch submit --servers ...), a relay cannot carry them (docs/relay.md)")
+    return None
+
+
+def _relays_refused(client: Any, study_id: str) -> str | None:
+    """The first server whose published policy takes no relayed uploads (``dpsketch server
+    --relayed-uploads off``: it would answer every bundle 403), worded for the command line; None
+    if every server takes them (or does not say: only an explicit false refuses)."""
+    for url, info in zip(client.urls, client.server_infos(study_id)):
+        if (info.policy or {}).get("relayed_uploads") is False:
+            return (f"server {info.server_id} ({url}) takes no relayed uploads (its /v1/info policy: "
+                    f"relayed_uploads false, dpsketch server --relayed-uploads off): upload to the servers "
+                    f"directly (dpsketch submit --servers ...); nothing written")
     return None
 
 
@@ -124,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, verify=verify,
                     encrypt=True, sealing=args.sealing, max_floor_epsilon=args.max_floor_epsilon) as client:
             study = client.study(args.study)
-            refused = _not_relayable(study)
+            refused = _not_relayable(study) or _relays_refused(client, args.study)
             if refused:
                 return fail(refused)
             enrolment = enrol(client, args.study)
@@ -159,7 +178,7 @@ class RelayJournal:
     @classmethod
     def open(cls, directory: Path, study_id: str, csv_path: str, *, new: bool) -> "RelayJournal":
         from .errors import InputChanged, SDKError
-        from .journal import Journal, _write_atomic, fingerprint_file
+        from .journal import Journal, fingerprint_file, write_atomic
 
         fingerprint = fingerprint_file(csv_path)
         source = os.path.abspath(csv_path)
@@ -185,7 +204,7 @@ class RelayJournal:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         header = {"format": JOURNAL_FORMAT, "study_id": study_id, "fingerprint": fingerprint,
                   "source": source, "complete": False, "created_at": time.time()}
-        _write_atomic(path, header)
+        write_atomic(path, header)
         return cls(path, header)
 
     @classmethod
@@ -239,10 +258,10 @@ class RelayJournal:
 
     def finish(self, n_rows: int) -> None:
         """Every row is stored: keep only that (a rerun sends nothing)."""
-        from .journal import _write_atomic
+        from .journal import write_atomic
 
         self.header = {**self.header, "complete": True, "n_rows": n_rows, "completed_at": time.time()}
-        _write_atomic(self.file, self.header)
+        write_atomic(self.file, self.header)
         self.pending = None
 
 
@@ -251,7 +270,10 @@ class RelayJournal:
 
 def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
     """``dpsketch submit --relay URL --enrolment FILE data.csv`` (args as dpsketch submit parses them)."""
+    from dpsketch.protocol import report
+
     from . import data
+    from .client import SubmitResult
     from .errors import SDKError, ServerUnreachable
     from .journal import default_dir
     from .relayed import RETRYABLE, Enrolment, RelayClient
@@ -325,6 +347,7 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
         return fail(_describe(exc))
     stored = sent_before
     counts = {"accepted": 0, "duplicates": 0}
+    limits = SubmitResult([], total, {}, {})  # clamped, clipped, rows_seen: as the direct route's
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread
@@ -360,6 +383,12 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
             raw = study.histogram is not None
             for chunk in data.read_csv(args.csv, study.columns, 1000, ignore_extra=args.ignore_extra_columns,
                                        raw=raw):
+                if not raw:  # what the map into the ball changed, rows an earlier run sent included
+                    clamped, clipped = report.limited_counts(chunk, study)
+                    limits.clipped += clipped
+                    for column, k in zip(study.columns, clamped.tolist()):
+                        limits.clamped[column] = limits.clamped.get(column, 0) + k
+                limits.rows_seen += len(chunk)
                 for row in chunk:
                     row_index += 1
                     if row_index <= stored:
@@ -398,6 +427,7 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
         print(f"submitted {total} rows of {name} through the relay {args.relay} to {n_servers} servers for "
               f"study {study.study_id[:12]}... in {time.monotonic() - started:.1f} s (entries stored: "
               f"{counts['accepted']}, already held: {counts['duplicates']}{resumed})")
+    print_data_limits(limits, args.quiet)
     return EXIT_OK
 
 

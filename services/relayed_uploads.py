@@ -36,14 +36,14 @@ if TYPE_CHECKING:
 
 
 def refusal(record: "StudyRecord") -> str | None:
-    """Why a study takes no relayed uploads (None: it takes them). A study with parties uploads
-    blocks under a party's token, and a study with batch proofs one proof record per batch: neither
-    is a device's one sealed batch per server."""
+    """Why a study takes no relayed uploads (None: it takes them), worded for a problem's detail
+    (the rule is :func:`dpsketch.protocol.relayed.unrelayable`)."""
     study = record.study
-    if study.parties is not None:
+    why = relayed.unrelayable(study)
+    if why == "parties":
         return (f"study {study.study_id} has parties: each uploads its blocks to each server as "
                 f"application/x-dpsketch-sealed; party=NAME batches, not through a relay")
-    if study.batch_proofs:
+    if why == "batch proofs":
         return (f"study {study.study_id} has batch proofs: each batch comes with its proof record "
                 f"(docs/protocol.md section 4d), not through a relay")
     return None

@@ -39,8 +39,12 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import envelope
+
+if TYPE_CHECKING:
+    from .study import Study
 
 MEDIA_TYPE = "application/x-dpsketch-relayed"
 ENTRY_LABEL = b"dpsketch/relayed/1"
@@ -68,6 +72,19 @@ class Entry:
         sid = self.server_id.encode("ascii")
         return (bytes([len(sid)]) + sid + self.token_id + self.mac
                 + len(self.batch).to_bytes(LENGTH_BYTES, "big") + self.batch)
+
+
+def unrelayable(study: "Study") -> str | None:
+    """What keeps a study's reports off a relay (section 7b): ``"parties"`` (a party uploads its
+    blocks under its party's token, section 2d) or ``"batch proofs"`` (each batch comes with its
+    proof record, section 4d), neither of them a device's one sealed batch per server; None: the
+    study can be relayed. The device (before it enrols or sends) and the server (415 before it
+    reads a bundle) both ask this, each wording the answer for its reader."""
+    if study.parties is not None:
+        return "parties"
+    if study.batch_proofs:
+        return "batch proofs"
+    return None
 
 
 def token_digest(token: str) -> bytes:
