@@ -595,11 +595,16 @@ class Client:
         """Each server's current HPKE key of the suite ``self.sealing`` picks, checked (sealing.py)."""
         return _sealing.recipients(self.urls, study, infos, self.sealing)
 
+    def recipients(self, study_id: str) -> list[envelope.Recipient]:
+        """The key each server's shares are sealed to (study order), read and checked with the
+        study (what an enrolment holds: client_sdk/relayed.py); empty without ``encrypt``."""
+        self.study(study_id)
+        return list(self._recipients.get(study_id, []))
+
     def sealing_suites(self, study_id: str) -> list[str]:
         """The suite each server's shares are sealed with (study order): ``classical`` or
         ``post-quantum``; empty without ``encrypt``."""
-        self.study(study_id)
-        return [r.suite.name for r in self._recipients.get(study_id, [])]
+        return [r.suite.name for r in self.recipients(study_id)]
 
     def server_infos(self, study_id: str) -> list[messages.ServerInfo]:
         """Each server's ``GET /v1/info`` (study order) as read with the study and its keys: its

@@ -98,7 +98,7 @@ def enrol(client: Any, study_id: str) -> Enrolment:
     if not client.encrypt:
         raise ValueError("enrol with Client(..., encrypt=True): the enrolment holds the servers' HPKE keys")
     study = client.study(study_id)
-    return Enrolment(study, tuple(client._recipients[study_id]))
+    return Enrolment(study, tuple(client.recipients(study_id)))
 
 
 def _proxy_for(scheme: str) -> bool:
