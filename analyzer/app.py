@@ -415,7 +415,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         """The population's ledger at every share server (each composes and enforces its own)."""
         import re
 
-        if not re.match(POPULATION_PATTERN, population):
+        if not re.fullmatch(POPULATION_PATTERN, population):
             raise ProblemError("invalid-request", f"a population id matches {POPULATION_PATTERN}; "
                                                   f"got {population[:80]!r}")
         servers = await run_in_threadpool(coordinator.ledgers, population)

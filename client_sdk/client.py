@@ -533,7 +533,7 @@ class Client:
         """
         if study_id in self._studies:
             return self._studies[study_id]
-        if not isinstance(study_id, str) or not STUDY_ID.match(study_id):
+        if not isinstance(study_id, str) or not STUDY_ID.fullmatch(study_id):
             raise ValueError("a study id is 64 lower-case hex characters")
 
         def fetch(j: int) -> tuple[messages.ServerInfo | None, messages.StudyInfo]:

@@ -144,7 +144,7 @@ class UploadAdmission:
         self.state = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = _UPLOAD_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        match = _UPLOAD_PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None or scope.get("method") != "POST" or scope.get(ADMITTED_KEY):
             await self.app(scope, receive, send)
             return

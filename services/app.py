@@ -91,7 +91,7 @@ _COMMIT_PATH = re.compile(r"^/v1/studies/[^/]+/(commit|verify/decide)$")
 
 
 def _is_commit(scope) -> bool:
-    return scope.get("method") == "POST" and _COMMIT_PATH.match(scope.get("path", "")) is not None
+    return scope.get("method") == "POST" and _COMMIT_PATH.fullmatch(scope.get("path", "")) is not None
 
 
 def commit_body_limit(held: int, media_type: str, settings: Settings) -> int:
@@ -445,7 +445,7 @@ def create_app(settings: Settings) -> FastAPI:
 
         from dpsketch.protocol.study import POPULATION_PATTERN
 
-        if not re.match(POPULATION_PATTERN, population):
+        if not re.fullmatch(POPULATION_PATTERN, population):
             raise ProblemError("invalid-request", f"a population id matches {POPULATION_PATTERN}; got "
                                                   f"{population[:80]!r}")
         return await run_in_threadpool(store.ledger, population)

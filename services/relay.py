@@ -233,7 +233,7 @@ class DeviceUploads:
         self.max_device_bytes = max_device_bytes
 
     async def __call__(self, scope, receive, send) -> None:
-        match = _DEVICE_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        match = _DEVICE_PATH.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
         if match is None or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
@@ -277,7 +277,7 @@ async def answer(relay: Relay, study_id: str, content_type: str, body: bytes) ->
     """A device's request judged and forwarded: the RelayedResults JSON it gets (ProblemError
     for a request refused whole: a bad study id or media type, a body that is no bundle, a
     server the relay does not know, or a relay full)."""
-    if not STUDY_ID.match(study_id):
+    if not STUDY_ID.fullmatch(study_id):
         raise ProblemError("invalid-request", "a study id is 64 lower-case hex characters")
     kind = content_type.split(";", 1)[0].strip().lower()
     if kind != relayed.MEDIA_TYPE:

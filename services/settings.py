@@ -202,7 +202,7 @@ class Settings:
             from .verify_cache import resolve
 
             object.__setattr__(self, "verify_cache_dir", resolve(self.verify_cache_dir, self.db_path, self.db_url))
-        if not re.match(SERVER_ID_PATTERN, self.server_id):
+        if not re.fullmatch(SERVER_ID_PATTERN, self.server_id):
             raise ValueError(f"server id {self.server_id!r} must match {SERVER_ID_PATTERN}")
         if self.operator_token and self.operator_token == self.analyst_token:
             raise ValueError("the operator and analyst tokens must differ (they grant different roles)")
@@ -237,7 +237,7 @@ class Settings:
             raise ValueError("max_body_bytes must be at least 1024")
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         for origin in self.cors_origins:
-            if origin != "*" and not re.match(ORIGIN_PATTERN, origin):
+            if origin != "*" and not re.fullmatch(ORIGIN_PATTERN, origin):
                 raise ValueError(f"CORS origin {origin!r} is not an origin (scheme://host[:port], no "
                                  f"path) nor '*' ($DPSKETCH_CORS_ORIGINS)")
         if self.max_floor_epsilon is not None and not 0 < self.max_floor_epsilon <= 100:
@@ -248,7 +248,7 @@ class Settings:
             raise ValueError("population_floor_epsilon must be in (0, 1e6] (or None: floors not bounded)")
         from dpsketch.protocol.study import POPULATION_PATTERN
 
-        if not re.match(POPULATION_PATTERN, self.default_population):
+        if not re.fullmatch(POPULATION_PATTERN, self.default_population):
             raise ValueError(f"default_population {self.default_population!r} must match {POPULATION_PATTERN}")
         if self.study_expiry_s is not None and not self.study_expiry_s > 0:
             raise ValueError("study_expiry_s must be > 0 (or None: studies never expire)")

@@ -73,7 +73,7 @@ class FastStudy:
         match = None
         if (scope["type"] == "http" and scope.get("method") == "GET" and not scope.get("query_string")
                 and not scope.get("root_path")):
-            match = _STUDY_PATH.match(scope["path"])
+            match = _STUDY_PATH.fullmatch(scope["path"])
         body = None if match is None else self._answer(scope, match["study_id"])
         if body is None:
             await self.app(scope, receive, send)

@@ -251,7 +251,7 @@ class FastReports:
         start = perf_counter()
         match = None
         if scope["type"] == "http" and scope.get("method") == "POST" and not scope.get("root_path"):
-            match = _REPORTS_PATH.match(scope["path"])
+            match = _REPORTS_PATH.fullmatch(scope["path"])
         authorization = None if match is None else self._head(scope)
         if authorization is None:
             await self.app(scope, receive, send)

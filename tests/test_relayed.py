@@ -321,6 +321,54 @@ def test_refusals_reach_the_device_as_problems(cluster):
     assert httpx.get(f"{cluster.relay.url}/healthz").status_code == 200  # and the relay serves on
 
 
+def test_a_study_id_with_a_trailing_newline_is_refused_not_forwarded(cluster):
+    """A device's honest entries posted to ``.../studies/{id}%0A/relayed``: the relay refuses the
+    path's study id (422: a study id is 64 hex characters and nothing after), before anything is
+    forwarded, where ``re.match``'s ``$`` let "id\n" through and the relay forwarded it (its
+    servers' 502s answered with 200); the same entries under the right path are then stored once."""
+    study = _study(cluster, 10, "relayed-newline")
+    tokens = _tokens(cluster, study.study_id, 1)
+    _, entries = _entries(cluster, study, tokens[0])
+    forwarded = httpx.get(f"{cluster.relay.url}/v1/relay").json()["bundles_forwarded"]
+    r = httpx.post(f"{cluster.relay.url}/v1/studies/{study.study_id}%0A/relayed", content=relayed.encode(entries),
+                   headers={"Content-Type": relayed.MEDIA_TYPE})
+    assert r.status_code == 422 and r.json()["type"].endswith("invalid-request"), r.text
+    assert httpx.get(f"{cluster.relay.url}/v1/relay").json()["bundles_forwarded"] == forwarded
+    assert _counts(cluster, study.study_id) == [0, 0, 0]
+    r = httpx.post(f"{cluster.relay.url}/v1/studies/{study.study_id}/relayed", content=relayed.encode(entries),
+                   headers={"Content-Type": relayed.MEDIA_TYPE})
+    assert r.status_code == 200 and [o for o, _ in _outcomes(r)] == [200, 200, 200], r.text
+    assert _counts(cluster, study.study_id) == [1, 1, 1]
+
+
+def test_names_and_ids_are_matched_whole_not_up_to_a_trailing_newline(tmp_path):
+    """A column, a party and a server id that end in a newline are refused (``$`` under
+    re.match also matched before a final newline: a study the TypeScript client and JSON Schema
+    refuse validated here); the same names without it pass."""
+    from dpsketch.protocol.parties import Party
+    from dpsketch.services.settings import Settings
+
+    tokens = {"operator_token": "operator-secret", "analyst_token": "analyst-secret"}
+    made = Study.model_validate({**_plain_study_doc(), "columns": ["x0", "x1"]})
+    assert made.columns == ["x0", "x1"]
+    with pytest.raises(ValueError, match="column name"):
+        Study.model_validate({**_plain_study_doc(), "columns": ["x0", "x1\n"]})
+    with pytest.raises(ValueError, match="server id"):
+        Study.model_validate({**_plain_study_doc(), "servers": ["a", "b\n"]})
+    assert Party(name="a", columns=["x0"], row_bound=1.0).name == "a"
+    with pytest.raises(ValueError, match="party name"):
+        Party(name="a\n", columns=["x0"], row_bound=1.0)
+    with pytest.raises(ValueError, match="server id"):
+        Settings(server_id="s1\n", db_path=tmp_path / "s.sqlite3", **tokens)
+    assert Settings(server_id="s1", db_path=tmp_path / "s.sqlite3", **tokens).server_id == "s1"
+
+
+def _plain_study_doc() -> dict:
+    from studies import make_study
+
+    return make_study(["x0", "x1"], 100).model_dump(mode="json")
+
+
 def test_an_enrolment_refuses_keys_that_do_not_match_the_study():
     """An enrolment is one key per server of the study, in its order, no key twice."""
     from test_server_unit import make_study

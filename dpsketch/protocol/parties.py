@@ -44,7 +44,11 @@ SIGN_DOMAIN = b"dpsketch/sign/1"
 PARTY_KEY_BYTES = 32
 MAX_PARTIES = 16
 
+#: a party's, and a column's, name (study.py uses this one): the whole string, matched with
+#: ``fullmatch``, so that ``$`` does not also pass a name ending in a newline, as ``re.match``
+#: did (JSON Schema, pydantic and the TypeScript client read ``$`` as the end of the text)
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
+_NAME = re.compile(NAME_PATTERN)
 
 
 class Party(BaseModel):
@@ -59,7 +63,7 @@ class Party(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not re.match(NAME_PATTERN, name):
+        if not _NAME.fullmatch(name):
             raise ValueError(f"party name {name!r} must match {NAME_PATTERN}")
         return name
 

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 PROTOCOL = "dpsketch/2"
 
 
-NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
+NAME_PATTERN = _parties.NAME_PATTERN
+#: matched with ``fullmatch`` (see parties.NAME_PATTERN): "s1\n" is not a server id
 SERVER_ID_PATTERN = r"^[a-z0-9][a-z0-9.\-]{0,62}$"
 #: A population id (docs/ledger.md): short printable ASCII that needs no escaping in a URL path.
 POPULATION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
@@ -148,7 +149,7 @@ class Study(BaseModel):
     @classmethod
     def _columns(cls, columns: list[str]) -> list[str]:
         for c in columns:
-            if not _NAME.match(c):
+            if not _NAME.fullmatch(c):
                 raise ValueError(f"column name {c!r} must match {NAME_PATTERN}")
         if len(set(columns)) != len(columns):
             raise ValueError("column names must be unique")
@@ -158,7 +159,7 @@ class Study(BaseModel):
     @classmethod
     def _servers(cls, servers: list[str]) -> list[str]:
         for sid in servers:
-            if not _SERVER_ID.match(sid):
+            if not _SERVER_ID.fullmatch(sid):
                 raise ValueError(f"server id {sid!r} must match {SERVER_ID_PATTERN}")
         if len(set(servers)) != len(servers):
             raise ValueError("server ids must be distinct: each share goes to a different server")
