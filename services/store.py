@@ -28,7 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -704,7 +704,7 @@ class Store:
             return self.info(existing), False
         population = self.settings.default_population if self.settings.upload_auth == "open" else None
         if population is not None:  # outside the writer first: warms the PLD caches, refuses early
-            policy.check_population(self.charges(population), study, self.settings, population)
+            self._precheck_population(population, study)
 
         def fn(conn):
             if self.shared:  # another replica may have provisioned it, or charged the population
@@ -754,7 +754,8 @@ class Store:
         """Build the study's privacy loss distributions (its guarantee's and its floor's) in the
         background, one study at a time, so that its first upload token of a population is not
         kept waiting for them (a signed study's take seconds of CPU, once per radius: they are
-        also kept on disk, dpsketch/protocol/ledger.py)."""
+        also kept on disk, dpsketch/protocol/ledger.py); a token issued before they are built
+        waits for this build (:meth:`_precheck_population`) rather than making them again."""
         budget = policy.population_budget(self.settings)
         if budget is None:
             return
@@ -766,6 +767,25 @@ class Store:
                 log.exception("could not build the privacy loss distributions of study %s", study.study_id)
 
         self._charge_warmer.submit(build)
+
+    def _precheck_population(self, population: str, study: Study) -> None:
+        """The budget check before the writer's (which decides): on the charge-warm thread, after
+        the PLD builds queued there before it (this study's own, from its provisioning), so that
+        a first upload token issued while the study's PLDs are being built waits for that build
+        instead of making the same PLDs a second time on its own thread (a signed study's take
+        seconds of CPU each; two threads building them at once took more than twice as long).
+        One build at a time, whoever asks: the writer's check then finds every PLD built."""
+        def check() -> None:
+            policy.check_population(self.charges(population), study, self.settings, population)
+
+        try:
+            job = self._charge_warmer.submit(check)
+        except RuntimeError:  # the store is closing: check here
+            return check()
+        try:
+            job.result()
+        except CancelledError:  # the store closed while it waited: check here
+            check()
 
     def _expiry_text(self) -> str:
         expiry = self.settings.study_expiry_s
@@ -1051,7 +1071,7 @@ class Store:
             return any(c.study_id == study_id for c, _ in self._ledger.get(population, []))
 
         if not charged():  # outside the writer first: warms the PLD caches, refuses early
-            policy.check_population(self.charges(population), study, self.settings, population)
+            self._precheck_population(population, study)
         tokens = ["up-" + secrets.token_urlsafe(32) for _ in range(count)]
         digests = [digest_of(t) for t in tokens]
         now = time.time()
