@@ -9,10 +9,12 @@ first one's PLDs) and a third with other targets (epsilon 0.8, floor 3.5: PLDs o
 provisioned and given its first token at once. Prints, per step, the server process's CPU
 seconds (user + system, every thread, from /proc) and the wall seconds of the request(s).
 
-    .venv/bin/python benchmarks/first_token.py [--settle SECONDS] [--pld-cache DIR]
+    .venv/bin/python benchmarks/first_token.py [--settle SECONDS] [--pld-cache DIR] [--shipped]
 
 ``--settle``: wait this long after provisioning before the token (default 0: at once; the
-provisioning's background build then overlaps the token's request).
+provisioning's background build then overlaps the token's request). ``--shipped``: first build
+the default targets' PLDs (services/store.warm_charges, not measured) into a directory the server
+reads as its image's ($DPSKETCH_PLD_SHIPPED), as the server image ships them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=0.0)
     p.add_argument("--pld-cache", default=None, help="DPSKETCH_PLD_CACHE of the server (default: a new "
                    "empty directory; 'none': no disk cache)")
+    p.add_argument("--shipped", action="store_true")
     args = p.parse_args(argv)
 
     import httpx
@@ -57,11 +60,17 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="dpsketch-first-token-") as wd:
         cache = args.pld_cache or str(Path(wd) / "pld")
+        env = {"DPSKETCH_PLD_CACHE": cache}
+        if args.shipped:
+            from dpsketch.services.store import warm_charges
+
+            os.environ["DPSKETCH_PLD_CACHE"] = env["DPSKETCH_PLD_SHIPPED"] = str(Path(wd) / "shipped")
+            assert warm_charges()
         spec = ServerSpec("s1", "op-" + secrets.token_hex(8), "an-" + secrets.token_hex(8), Path(wd) / "s1.sqlite3")
-        proc = share_server(spec, Path(wd), {"DPSKETCH_PLD_CACHE": cache}).start()
+        proc = share_server(spec, Path(wd), env).start()
         pid = proc.proc.pid
         out: dict[str, object] = {"settle_s": args.settle, "pld_cache": "fresh" if args.pld_cache is None
-                                  else args.pld_cache}
+                                  else args.pld_cache, "shipped": args.shipped}
         try:
             with httpx.Client(timeout=600) as client:
                 def put(s) -> None:

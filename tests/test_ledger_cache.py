@@ -9,6 +9,8 @@
   (before: the token's request and the background build each made both of a signed study's
   mixture PLDs, seconds of CPU each, at once), and later tokens and studies of the same targets
   build nothing.
+* The default targets' PLDs built ahead (``warm_charges``, as the server image ships them) are
+  read, not built, by a process with an empty cache of its own.
 """
 
 from __future__ import annotations
@@ -159,3 +161,32 @@ def test_a_study_s_plds_are_built_once_however_many_tokens_ask(tmp_path, counted
     finally:
         store.close()
 
+
+def test_the_default_targets_plds_built_ahead_are_read_not_built(tmp_path, monkeypatch, counted_builds):
+    """What deploy/Dockerfile ships (services.store.warm_charges, read from $DPSKETCH_PLD_SHIPPED):
+    a fresh process with an empty cache of its own charges a default study of any shape, and
+    builds nothing."""
+    from dpsketch.services.store import warm_charges
+
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", str(tmp_path / "built"))
+    counted_builds.append(0.0)  # the first build does not wait for a second one here
+    assert warm_charges()
+    shipped = sorted(p.name for p in (tmp_path / "built").glob("replace-*.npz"))
+    assert len(counted_builds) == 3 and len(shipped) == 2
+    # as a new container: the image's files, an empty cache in its volume
+    monkeypatch.setenv("DPSKETCH_PLD_SHIPPED", str(tmp_path / "built"))
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", str(tmp_path / "volume"))
+    ledger._signed_replace_pld.cache_clear()
+    ledger._COMPOSED.clear()
+    other = design(name="other", columns=[f"c{j}" for j in range(10)], label=None, servers=["s1", "s2", "s3"],
+                   expected_reports=100_000, seed="ab" * 32)[0]
+    verdict = ledger.check([], ledger.Charge.of(other), ledger.Budget(4.0, DELTA, floor_epsilon=12.0))
+    assert verdict.fits and verdict.floor_study_epsilon is not None
+    assert len(counted_builds) == 3  # read from the shipped files, not built
+    # a radius the image does not hold: built, and kept in the volume's cache, not the image's
+    ledger.check([], ledger.Charge.of(design(name="x", columns=["a", "b"], label=None, servers=["s1", "s2"],
+                                             expected_reports=1000, epsilon=0.8, epsilon_floor=3.5)[0]),
+                 ledger.Budget(4.0, DELTA, floor_epsilon=12.0))
+    assert len(counted_builds) == 5
+    assert sorted(p.name for p in (tmp_path / "built").glob("replace-*.npz")) == shipped
+    assert len(list((tmp_path / "volume").glob("replace-*.npz"))) == 2

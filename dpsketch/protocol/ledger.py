@@ -197,6 +197,14 @@ def pld_cache_dir() -> Path | None:
     return Path(base) / "dpsketch" / "pld"
 
 
+def pld_shipped_dir() -> Path | None:
+    """A directory of mixture PLDs built ahead, read (never written) when the cache has no file of
+    a radius: $DPSKETCH_PLD_SHIPPED (the server image's, deploy/Dockerfile: those of design()'s
+    default targets, services/store.warm_charges); None when unset."""
+    given = os.environ.get("DPSKETCH_PLD_SHIPPED", "").strip()
+    return Path(given) if given else None
+
+
 @lru_cache(maxsize=256)
 def _signed_replace_pld(ticks: int, grid: float):
     """secret_sign.replace_pld at radius ticks * RADIUS_STEP; kept on disk (a file per radius and
@@ -207,11 +215,14 @@ def _signed_replace_pld(ticks: int, grid: float):
 
     from . import secret_sign as _sign
 
-    where = pld_cache_dir()
-    path = where / f"replace-{ticks}x{RADIUS_STEP:g}-grid{grid!r}-v1.npz" if where is not None else None
-    if path is not None:
+    name = f"replace-{ticks}x{RADIUS_STEP:g}-grid{grid!r}-v1.npz"
+    where, shipped = pld_cache_dir(), pld_shipped_dir()
+    path = where / name if where is not None else None
+    for known in (path, shipped / name if shipped is not None else None):
+        if known is None:
+            continue
         try:
-            with np.load(path) as saved:
+            with np.load(known) as saved:
                 probs, lower, infinity = saved["probs"], int(saved["lower"]), float(saved["infinity"])
             pmf = pld_pmf.DensePLDPmf(grid, lower, probs, infinity, pessimistic_estimate=True)
             return dp_pld.PrivacyLossDistribution(pmf, pmf)
