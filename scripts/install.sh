@@ -32,6 +32,11 @@ EXTRAS=${DPSKETCH_EXTRAS:-test}
 # fall back as they would anyway.
 .venv/bin/python -c "import sys; from dpsketch.services.store import warm_install; sys.exit(not warm_install())" \
   || echo "install: could not compile numba's loops ahead (each process will compile them)" >&2
+# The privacy loss distributions of design()'s default targets into the PLD cache
+# ($DPSKETCH_PLD_CACHE, default ~/.cache/dpsketch/pld): a server's first token of such a study then
+# builds nothing (5-9 s of CPU otherwise; docs/ledger.md). Not fatal either.
+.venv/bin/python -c "import sys; from dpsketch.services.store import warm_charges; sys.exit(not warm_charges())" \
+  || echo "install: could not build the default studies' PLDs ahead (a server builds them at their first token)" >&2
 # The TypeScript client (clients/typescript): its npm dependencies, pinned by its package-lock.json,
 # for tests/test_ts_client.py (node --test and the interop test). Needs Node 20+ and npm; skipped
 # with a note when they are missing (that test then fails, saying so). `npm ci` runs only when

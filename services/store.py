@@ -28,7 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -184,6 +184,25 @@ def warm_install() -> bool:
 
     ready = warm_kernels()
     return field.warm_up() and ready
+
+
+def warm_charges() -> bool:
+    """The privacy loss distributions of design()'s default targets (a signed study of epsilon 1
+    and floor 4 at delta 1e-6, replace-one), built into the PLD disk cache
+    (``ledger.pld_cache_dir``, $DPSKETCH_PLD_CACHE). Every such study, whatever its columns,
+    reports and servers, rounds to the same two radii (``ledger.RADIUS_STEP``), so a server whose
+    cache holds these two charges its first token without building anything, where a fresh one
+    (a new container's empty cache) spent 5-9 s of CPU on them. deploy/Dockerfile ships them in the
+    server image; scripts/install.sh builds them for a checkout. False: no disk cache, or no
+    file in it afterwards (it could not be written)."""
+    from dpsketch.protocol.study import design
+
+    where = ledger.pld_cache_dir()
+    if where is None:
+        return False
+    study = design(name="warm", columns=["a", "b"], label=None, servers=["s1", "s2"], expected_reports=1000)[0]
+    ledger.check([], ledger.Charge.of(study), ledger.Budget(4.0, study.delta, floor_epsilon=12.0))
+    return len(list(where.glob("replace-*.npz"))) >= 2
 
 
 @functools.cache
@@ -704,7 +723,7 @@ class Store:
             return self.info(existing), False
         population = self.settings.default_population if self.settings.upload_auth == "open" else None
         if population is not None:  # outside the writer first: warms the PLD caches, refuses early
-            policy.check_population(self.charges(population), study, self.settings, population)
+            self._precheck_population(population, study)
 
         def fn(conn):
             if self.shared:  # another replica may have provisioned it, or charged the population
@@ -754,7 +773,8 @@ class Store:
         """Build the study's privacy loss distributions (its guarantee's and its floor's) in the
         background, one study at a time, so that its first upload token of a population is not
         kept waiting for them (a signed study's take seconds of CPU, once per radius: they are
-        also kept on disk, dpsketch/protocol/ledger.py)."""
+        also kept on disk, dpsketch/protocol/ledger.py); a token issued before they are built
+        waits for this build (:meth:`_precheck_population`) rather than making them again."""
         budget = policy.population_budget(self.settings)
         if budget is None:
             return
@@ -766,6 +786,25 @@ class Store:
                 log.exception("could not build the privacy loss distributions of study %s", study.study_id)
 
         self._charge_warmer.submit(build)
+
+    def _precheck_population(self, population: str, study: Study) -> None:
+        """The budget check before the writer's (which decides): on the charge-warm thread, after
+        the PLD builds queued there before it (this study's own, from its provisioning), so that
+        a first upload token issued while the study's PLDs are being built waits for that build
+        instead of making the same PLDs a second time on its own thread (a signed study's take
+        seconds of CPU each; two threads building them at once took more than twice as long).
+        One build at a time, whoever asks: the writer's check then finds every PLD built."""
+        def check() -> None:
+            policy.check_population(self.charges(population), study, self.settings, population)
+
+        try:
+            job = self._charge_warmer.submit(check)
+        except RuntimeError:  # the store is closing: check here
+            return check()
+        try:
+            job.result()
+        except CancelledError:  # the store closed while it waited: check here
+            check()
 
     def _expiry_text(self) -> str:
         expiry = self.settings.study_expiry_s
@@ -1051,7 +1090,7 @@ class Store:
             return any(c.study_id == study_id for c, _ in self._ledger.get(population, []))
 
         if not charged():  # outside the writer first: warms the PLD caches, refuses early
-            policy.check_population(self.charges(population), study, self.settings, population)
+            self._precheck_population(population, study)
         tokens = ["up-" + secrets.token_urlsafe(32) for _ in range(count)]
         digests = [digest_of(t) for t in tokens]
         now = time.time()

@@ -50,6 +50,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -196,6 +197,14 @@ def pld_cache_dir() -> Path | None:
     return Path(base) / "dpsketch" / "pld"
 
 
+def pld_shipped_dir() -> Path | None:
+    """A directory of mixture PLDs built ahead, read (never written) when the cache has no file of
+    a radius: $DPSKETCH_PLD_SHIPPED (the server image's, deploy/Dockerfile: those of design()'s
+    default targets, services/store.warm_charges); None when unset."""
+    given = os.environ.get("DPSKETCH_PLD_SHIPPED", "").strip()
+    return Path(given) if given else None
+
+
 @lru_cache(maxsize=256)
 def _signed_replace_pld(ticks: int, grid: float):
     """secret_sign.replace_pld at radius ticks * RADIUS_STEP; kept on disk (a file per radius and
@@ -206,11 +215,14 @@ def _signed_replace_pld(ticks: int, grid: float):
 
     from . import secret_sign as _sign
 
-    where = pld_cache_dir()
-    path = where / f"replace-{ticks}x{RADIUS_STEP:g}-grid{grid!r}-v1.npz" if where is not None else None
-    if path is not None:
+    name = f"replace-{ticks}x{RADIUS_STEP:g}-grid{grid!r}-v1.npz"
+    where, shipped = pld_cache_dir(), pld_shipped_dir()
+    path = where / name if where is not None else None
+    for known in (path, shipped / name if shipped is not None else None):
+        if known is None:
+            continue
         try:
-            with np.load(path) as saved:
+            with np.load(known) as saved:
                 probs, lower, infinity = saved["probs"], int(saved["lower"]), float(saved["infinity"])
             pmf = pld_pmf.DensePLDPmf(grid, lower, probs, infinity, pessimistic_estimate=True)
             return dp_pld.PrivacyLossDistribution(pmf, pmf)
@@ -255,14 +267,56 @@ def compose(charges: list[Charge], notion: str = "replace-one", delta: float = D
     if not charges:
         return Composition(notion, delta, 0, 0.0, 0.0, 0.0)
     grid = max(c.grid(notion, floor) for c in charges)
-    plds = [(c.floor_pld if floor else c.pld)(notion, grid) for c in charges]
-    if any(p is None for p in plds):
+    total = _composed(tuple(c._floor_key if floor else c._key for c in charges), floor, notion, grid)
+    if total is None:
         return Composition(notion, delta, len(charges), math.inf, naive, naive_delta)
-    total = plds[0]
-    for p in plds[1:]:
-        total = total.compose(p)
     epsilon = float(total.get_epsilon_for_delta(delta))
     return Composition(notion, delta, len(charges), epsilon, naive, naive_delta)
+
+
+#: The composed PLDs of the last charge lists composed (:func:`_composed`), oldest first.
+_COMPOSED: dict[tuple, object] = {}
+#: How many are kept: a budget check asks for six (spent, with the study, the study alone; each
+#: for the guarantees and the floors) and the writer's check asks for the same six again.
+COMPOSED_KEPT = 32
+
+
+def _composed(keys: tuple[tuple[Any, ...], ...], floor: bool, notion: str, grid: float):
+    """The PLDs of the charges with these keys composed in order, left to right
+    (``PrivacyLossDistribution.compose``), or None if one is unbounded under ``notion``.
+
+    Remembered, and started from the longest composed prefix remembered: a budget check composes
+    the population's charges, then the same charges and the study (their composition and one
+    more step), and the check inside the writer's transaction asks for both again. The fold is
+    the one without the memo, step for step, so every PLD and epsilon is the same to the bit
+    (tests/test_ledger_cache.py). Threads may race on the dict: at worst a composition is made
+    twice, never a different one."""
+    start, total = 0, None
+    for n in range(len(keys), 0, -1):
+        known = _COMPOSED.get((floor, notion, grid, keys[:n]), _MISSING)
+        if known is not _MISSING:
+            start, total = n, known
+            break
+    spread: list[tuple[Any, ...]] = [(*key, notion, grid) for key in keys[start:]]
+    plds = [_floor_pld(*args) if floor else _noise_pld(*args) for args in spread]
+    if any(p is None for p in plds):
+        return None
+    for p in plds:
+        total = p if total is None else total.compose(p)  # type: ignore[attr-defined]  # a PLD
+    _remember((floor, notion, grid, keys), total)
+    return total
+
+
+_MISSING = object()
+
+
+def _remember(key: tuple, composed) -> None:
+    _COMPOSED[key] = composed
+    while len(_COMPOSED) > COMPOSED_KEPT:
+        try:
+            del _COMPOSED[next(iter(_COMPOSED))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread evicted it first
+            break
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,192 @@
+"""A population budget check costs one PLD build per study, however many ask (docs/ledger.md).
+
+* ``ledger.compose`` remembers its compositions and starts from the longest one remembered (a
+  check composes the population's charges, then the same with the study; the writer's check asks
+  again): every epsilon it gives is the plain left fold's to the bit, over studies of every kind
+  and notion, with and without the sign, in any order.
+* A share server's store builds a study's PLDs on one thread: a first upload token issued while
+  the study's provisioning is building them waits for that build instead of making them again
+  (before: the token's request and the background build each made both of a signed study's
+  mixture PLDs, seconds of CPU each, at once), and later tokens and studies of the same targets
+  build nothing.
+* The default targets' PLDs built ahead (``warm_charges``, as the server image ships them) are
+  read, not built, by a process with an empty cache of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from dpsketch.protocol import ledger
+from dpsketch.protocol import secret_sign as _sign
+from dpsketch.protocol.study import design
+
+DELTA = 1e-6
+
+
+def _fold(charges: list[ledger.Charge], notion: str, floor: bool):
+    """The composed PLD as ledger.compose made it before it remembered any (a left fold); None:
+    unbounded."""
+    grid = max(c.grid(notion, floor) for c in charges)
+    plds = [(c.floor_pld if floor else c.pld)(notion, grid) for c in charges]
+    if any(p is None for p in plds):
+        return None
+    total = plds[0]
+    for p in plds[1:]:
+        total = total.compose(p)
+    return total
+
+
+def _epsilon(pld, delta: float = DELTA) -> float:
+    return math.inf if pld is None else float(pld.get_epsilon_for_delta(delta))
+
+
+@functools.cache
+def _charges() -> tuple[ledger.Charge, ...]:
+    """Designed once for every test here (designing them takes seconds)."""
+    def one(i: int, **kw) -> ledger.Charge:
+        return ledger.Charge.of(design(name=f"c{i}", columns=["a", "b", "c"], label=None, servers=["s1", "s2"],
+                                       expected_reports=2000, seed=f"{i + 1:064x}", **kw)[0])
+
+    return (one(0),  # design()'s defaults: signed, epsilon 1, floor 4 (the mixture's PLDs)
+            one(1, epsilon=0.7, secret_sign=False),
+            one(2, epsilon=1.3, neighbouring="add-remove", secret_sign=False),
+            one(3, kind="gram", epsilon=0.5, epsilon_floor=None),
+            one(4, epsilon=0.9, neighbouring="add-remove", secret_sign=False, epsilon_floor=3.0),
+            one(5, epsilon=0.6, secret_sign=False, epsilon_floor=None))
+
+
+@pytest.fixture
+def fresh_compositions():
+    ledger._COMPOSED.clear()
+    yield
+    ledger._COMPOSED.clear()
+
+
+@pytest.mark.parametrize("notion", ["replace-one", "add-remove"])
+def test_remembered_compositions_are_the_fold_to_the_bit(notion, fresh_compositions):
+    charges = list(_charges())
+    for floor in (False, True):
+        for k in (1, 2, len(charges) - 1, len(charges)):  # each a prefix of the next: started from it
+            want = _fold(charges[:k], notion, floor)
+            for delta in (DELTA, 1e-5, DELTA):  # the last one remembered
+                assert ledger.compose(charges[:k], notion, delta, floor=floor).epsilon == _epsilon(want, delta)
+        other = charges[3:] + charges[:3]  # another order: another fold, not a remembered one
+        assert ledger.compose(other, notion, DELTA, floor=floor).epsilon == _epsilon(_fold(other, notion, floor))
+    finite = [c for c in charges if c.neighbouring == notion]
+    assert len(finite) >= 2 and all(math.isfinite(_epsilon(_fold([c], notion, False))) for c in finite)
+    if notion == "add-remove":  # a replace-one study is unbounded there, remembered or not
+        assert ledger.compose(charges, notion, DELTA).epsilon == math.inf
+
+
+def test_a_verdict_is_the_fold_s_numbers(fresh_compositions):
+    charges = list(_charges())
+    budget = ledger.Budget(4.0, DELTA, "replace-one", floor_epsilon=12.0)
+    for study in charges[:3]:
+        spent = [c for c in charges if c is not study]
+        want = [_epsilon(_fold(group, "replace-one", floor)) for floor in (False, True)
+                for group in (spent, spent + [study], [study])]
+        for _ in range(2):  # the check outside the writer, then the writer's
+            v = ledger.check(spent, study, budget)
+            assert [v.spent.epsilon, v.needed.epsilon, v.study_epsilon, v.floor_spent.epsilon,
+                    v.floor_needed.epsilon, v.floor_study_epsilon] == want
+            assert v.fits == (want[1] <= 4.0 * (1 + 1e-9) and want[4] <= 12.0 * (1 + 1e-9))
+
+
+@pytest.fixture
+def counted_builds(monkeypatch):
+    """Every build of a signed study's replace-one PLD (``secret_sign.replace_pld``), recorded by
+    radius; each returns the Gaussian PLD of that shift (cheap, and only this test sees it: the
+    caches are emptied before and after, the disk cache is off). The first build waits (up to 5 s)
+    for a second one to start: a second thread building at the same time is then always seen."""
+    from dp_accounting.pld import privacy_loss_distribution as dp_pld
+
+    builds: list[float] = []
+    another = threading.Event()
+
+    def build(r: float, grid: float = 1e-3):
+        builds.append(r)
+        if len(builds) == 1:
+            another.wait(5.0)
+        else:
+            another.set()
+        return dp_pld.from_gaussian_mechanism(1.0 / r, value_discretization_interval=grid,
+                                              pessimistic_estimate=True)
+
+    def forget() -> None:
+        ledger._signed_replace_pld.cache_clear()
+        ledger._pld.cache_clear()
+        ledger._COMPOSED.clear()
+
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", "none")
+    monkeypatch.setattr(_sign, "replace_pld", build)
+    forget()
+    yield builds
+    forget()
+
+
+def test_a_study_s_plds_are_built_once_however_many_tokens_ask(tmp_path, counted_builds):
+    from dpsketch.services.settings import Settings
+    from dpsketch.services.store import Store
+
+    store = Store(Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token="op-" + "1" * 16,
+                           analyst_token="an-" + "2" * 16, warm_start=False))  # budgets on: the defaults
+    try:
+        first, same = (design(name=f"q{i}", columns=["a", "b"], label=None, servers=["s1", "s2"],
+                              expected_reports=200, seed=f"{i + 1:064x}")[0] for i in range(2))
+        assert first.secret_sign and ledger.Charge.of(first).secret_sign
+        store.provision(first)  # starts building its PLDs in the background
+        # at once, as an operator's script does: three first tokens of the population at a time
+        with ThreadPoolExecutor(3) as pool:
+            issued = list(pool.map(lambda _: store.add_upload_tokens(first.study_id, 1, 5, None, "clinic"),
+                                   range(3)))
+        assert [population for _, _, population in issued] == ["clinic"] * 3
+        store.add_upload_tokens(first.study_id, 1, 5, None, "clinic")  # a later token: nothing to build
+        store.provision(same)  # the same targets: the same radii, nothing to build
+        store.add_upload_tokens(same.study_id, 1, 5, None, "clinic")
+        assert [c.study_id for c in store.charges("clinic")] == [first.study_id, same.study_id]
+        # its guarantee's radius and its floor's, once each (before: the token's request built
+        # them again while the provisioning's background build was making them)
+        radii = {_sign.replace_radius_of(first.row_bound, first.mechanism.sigma, first.mechanism.server_sigma, lam)
+                 for lam in (first.lambda_star, 1.0)}
+        assert len(radii) == 2
+        assert len(counted_builds) == 2, counted_builds
+        assert sorted(counted_builds) == pytest.approx(
+            sorted(math.ceil(r / ledger.RADIUS_STEP) * ledger.RADIUS_STEP for r in radii), rel=1e-12)
+    finally:
+        store.close()
+
+
+def test_the_default_targets_plds_built_ahead_are_read_not_built(tmp_path, monkeypatch, counted_builds):
+    """What deploy/Dockerfile ships (services.store.warm_charges, read from $DPSKETCH_PLD_SHIPPED):
+    a fresh process with an empty cache of its own charges a default study of any shape, and
+    builds nothing."""
+    from dpsketch.services.store import warm_charges
+
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", str(tmp_path / "built"))
+    counted_builds.append(0.0)  # the first build does not wait for a second one here
+    assert warm_charges()
+    shipped = sorted(p.name for p in (tmp_path / "built").glob("replace-*.npz"))
+    assert len(counted_builds) == 3 and len(shipped) == 2
+    # as a new container: the image's files, an empty cache in its volume
+    monkeypatch.setenv("DPSKETCH_PLD_SHIPPED", str(tmp_path / "built"))
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", str(tmp_path / "volume"))
+    ledger._signed_replace_pld.cache_clear()
+    ledger._COMPOSED.clear()
+    other = design(name="other", columns=[f"c{j}" for j in range(10)], label=None, servers=["s1", "s2", "s3"],
+                   expected_reports=100_000, seed="ab" * 32)[0]
+    verdict = ledger.check([], ledger.Charge.of(other), ledger.Budget(4.0, DELTA, floor_epsilon=12.0))
+    assert verdict.fits and verdict.floor_study_epsilon is not None
+    assert len(counted_builds) == 3  # read from the shipped files, not built
+    # a radius the image does not hold: built, and kept in the volume's cache, not the image's
+    ledger.check([], ledger.Charge.of(design(name="x", columns=["a", "b"], label=None, servers=["s1", "s2"],
+                                             expected_reports=1000, epsilon=0.8, epsilon_floor=3.5)[0]),
+                 ledger.Budget(4.0, DELTA, floor_epsilon=12.0))
+    assert len(counted_builds) == 5
+    assert sorted(p.name for p in (tmp_path / "built").glob("replace-*.npz")) == shipped
+    assert len(list((tmp_path / "volume").glob("replace-*.npz"))) == 2
