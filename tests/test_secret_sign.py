@@ -437,3 +437,59 @@ def test_add_remove_study_calibrates_and_validates():
     assert signed.sigma < plain.sigma
     assert accounting.report_epsilon("add-remove", "sketch", 1.0, plain.sigma, plain.server_sigma,
                                      plain.lambda_star, plain.width, 1e-6, secret_sign=True) < 1.0
+
+
+def test_the_root_finder_lands_on_the_safe_end_where_brentq_does():
+    """secret_sign's own root finder (it replaced scipy.optimize.brentq, whose import a fresh
+    client paid): on pairs of random (a, b, delta), pair_epsilon is what it was with brentq to
+    within 1e-8 (conformance's rtol; above epsilon 20 the profile is flat to rounding and either
+    end is as good) and never below delta's epsilon; on plain decreasing functions the end it
+    returns has f <= 0 and sits within the tolerance of the root."""
+    from scipy.optimize import brentq
+
+    rng = np.random.default_rng(46)
+    for _ in range(12):
+        a = float(rng.uniform(0.05, 3.0))
+        b = float(rng.uniform(0.01, a))
+        delta = float(10 ** rng.uniform(-9, -4))
+        got = ss.pair_epsilon(a, b, delta)
+        if got == 0.0:
+            assert ss.pair_delta(a, b, 0.0) <= delta
+            continue
+        assert ss.pair_delta(a, b, got) <= delta
+        hi = 1.0
+        while ss.pair_delta(a, b, hi) > delta:
+            hi *= 2.0
+        f = lambda e: math.log(max(ss.pair_delta(a, b, e), 1e-300)) - math.log(delta)  # noqa: E731
+        want = brentq(f, hi / 2.0 if hi > 1.0 else 0.0, hi, xtol=1e-13, rtol=1e-13)
+        step = 1e-12 * max(1.0, want)
+        while ss.pair_delta(a, b, want) > delta:  # what pair_epsilon did after brentq
+            want += step
+            step *= 2.0
+        assert abs(got - want) <= 1e-8 * want, (a, b, delta, got, want)  # conformance's rtol
+    for f, root in ((lambda x: 2.0 - x, 2.0), (lambda x: math.exp(-x) - 1e-6, math.log(1e6)),
+                    (lambda x: 1.0 / (1.0 + x) - 0.5, 1.0), (lambda x: -x ** 3 + 0.001, 0.1)):
+        end = ss._decreasing_root(f, 0.0, 64.0, 1e-13)
+        assert f(end) <= 0 and abs(end - root) <= 1e-11 * max(1.0, root), (end, root)
+    with pytest.raises(ValueError):
+        ss._decreasing_root(lambda x: 1.0, 0.0, 1.0, 1e-13)
+
+
+def test_a_fresh_client_checks_a_signed_study_without_scipy_optimize(tmp_path):
+    """A fresh process that imports the SDK and validates a default (signed, replace-one)
+    study, as a device does before it uploads, imports neither scipy.optimize (0.35-0.5 s of CPU)
+    nor dp-accounting: its check needs scipy.special's ndtr and nothing more."""
+    import subprocess
+    import sys
+
+    study = design(name="fresh", columns=["a", "b", "c"], label=None, servers=["s1", "s2"],
+                   expected_reports=1000)[0]
+    assert study.secret_sign and study.neighbouring == "replace-one"
+    path = tmp_path / "study.json"
+    path.write_text(study.model_dump_json())
+    code = ("import sys; from dpsketch.client_sdk import Client; from dpsketch.protocol import Study; "
+            f"s = Study.model_validate_json(open({str(path)!r}).read()); g = s.guarantees(); "
+            "print(g['epsilon'] <= s.epsilon, 'scipy.optimize' in sys.modules, 'dp_accounting' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False", "False"], out.stdout

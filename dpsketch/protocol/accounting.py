@@ -63,12 +63,11 @@ def warm_up(dp_accounting: bool = True) -> None:
     waits for no import; nothing is computed. Services call it in a background thread.
 
     ``dp_accounting=False`` imports only what checking a replace-one study needs (scipy's
-    optimize and special functions, the secret-sign and l1 accountings: about 0.5 s of CPU).
+    special functions, the secret-sign and l1 accountings: about 0.3-0.5 s of CPU).
     dp-accounting itself, with the scipy.stats and scipy.signal it imports, is what add/remove
     studies, the population ledger and the analyzer's calibration need: about 1.4-2.1 s of CPU
     more on the 2-core VM (``python -c "import dp_accounting"``), which a share server imports
     only once it is idle (services/store.py, ``Store._warm``)."""
-    import scipy.optimize  # noqa: F401
     import scipy.special  # noqa: F401
 
     from . import l1sketch, secret_sign  # noqa: F401
