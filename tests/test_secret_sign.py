@@ -460,7 +460,9 @@ def test_the_root_finder_lands_on_the_safe_end_where_brentq_does():
         hi = 1.0
         while ss.pair_delta(a, b, hi) > delta:
             hi *= 2.0
-        f = lambda e: math.log(max(ss.pair_delta(a, b, e), 1e-300)) - math.log(delta)  # noqa: E731
+        def f(e: float, a: float = a, b: float = b, delta: float = delta) -> float:
+            return math.log(max(ss.pair_delta(a, b, e), 1e-300)) - math.log(delta)
+
         want = brentq(f, hi / 2.0 if hi > 1.0 else 0.0, hi, xtol=1e-13, rtol=1e-13)
         step = 1e-12 * max(1.0, want)
         while ss.pair_delta(a, b, want) > delta:  # what pair_epsilon did after brentq
