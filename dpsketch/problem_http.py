@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -175,24 +176,59 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-def cors_middleware():
+#: An origin a browser sends: scheme, host and an optional port, nothing after.
+ORIGIN_PATTERN = r"^https?://[A-Za-z0-9.\-\[\]:]+$"
+
+
+def split_origins(value: str) -> tuple[str, ...]:
+    """Comma-separated web origins as an operator writes them (a trailing slash dropped);
+    :func:`check_origins` checks each."""
+    return tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
+
+
+def check_origins(origins: Iterable[str], setting: str) -> tuple[str, ...]:
+    """The origins a CORS setting lists, each an exact origin (what a browser sends in
+    ``Origin``: a path or a missing scheme never matches one) or ``*``; ValueError naming the
+    first that is neither, and ``setting``, where the operator wrote it. The share server's
+    ``cors_origins`` and the relay's ``--cors-origins`` are checked here alike."""
+    origins = tuple(origins)
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(ORIGIN_PATTERN, origin):
+            raise ValueError(f"CORS origin {origin!r} is not an origin (scheme://host[:port], no "
+                             f"path) nor '*' ({setting})")
+    return origins
+
+
+def cors_middleware(service: str = "server", setting: str = "$DPSKETCH_CORS_ORIGINS"):
     """Starlette's CORS middleware, answering a refused preflight in the problem format (403
-    origin-not-allowed) instead of its plain-text 400: what a browser page may call is a server
-    setting (services/settings.py ``cors_origins``), and a refusal says which setting."""
+    origin-not-allowed) instead of its plain-text 400: what a browser page may call is a
+    ``service`` setting (services/settings.py ``cors_origins``, the relay's ``--cors-origins``),
+    and a refusal says which ``setting``."""
     from starlette.datastructures import Headers
     from starlette.middleware.cors import CORSMiddleware
     from starlette.responses import Response
 
     class ProblemCORS(CORSMiddleware):
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            # a POST without Origin (every device that is no browser: the upload and relay hot
+            # paths) goes straight through: Starlette's own layer wraps its send to add "Vary:
+            # Origin" to every answer, 16 us of a relay's device request. A POST's answer is
+            # stored by no cache, so it needs no Vary; a GET's still gets it (below)
+            if scope["type"] == "http" and scope["method"] == "POST" and not any(
+                    name == b"origin" for name, _ in scope["headers"]):
+                await self.app(scope, receive, send)
+                return
+            await super().__call__(scope, receive, send)
+
         def preflight_response(self, request_headers: Headers) -> Response:
             response = super().preflight_response(request_headers)
             if response.status_code < 400:
                 return response
             origin = request_headers.get("origin", "")
             err = ProblemError("origin-not-allowed",
-                               f"a preflight from {origin[:100]!r} (or for a method or header this server "
-                               f"does not take from pages): the server's operator lists the allowed "
-                               f"origins ($DPSKETCH_CORS_ORIGINS)")
+                               f"a preflight from {origin[:100]!r} (or for a method or header this {service} "
+                               f"does not take from pages): the {service}'s operator lists the allowed "
+                               f"origins ({setting})")
             return problem_response(err)
 
     return ProblemCORS

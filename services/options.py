@@ -8,16 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dpsketch.problem_http import split_origins
 from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES
 
 from .settings import (DEFAULT_POPULATION, DEFAULT_POPULATION_EPSILON, DEFAULT_POPULATION_FLOOR_EPSILON,
                        DEFAULT_STUDY_EXPIRY_S)
 from .state import INDEX_BYTES_PER_REPORT
-
-
-def origins(value: str) -> tuple[str, ...]:
-    """Comma-separated web origins (Settings checks each)."""
-    return tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
 
 
 def _env(name: str, default: Any, kind):
@@ -148,7 +144,7 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-open-studies", type=int, default=_env("DPSKETCH_MAX_OPEN_STUDIES", 1000, int),
                    help="most studies open at once; provisioning more is refused "
                         "($DPSKETCH_MAX_OPEN_STUDIES; default: %(default)s)")
-    g.add_argument("--cors-origins", type=origins, default=_env("DPSKETCH_CORS_ORIGINS", (), origins),
+    g.add_argument("--cors-origins", type=split_origins, default=_env("DPSKETCH_CORS_ORIGINS", (), split_origins),
                    metavar="ORIGIN,...",
                    help="web pages allowed to call this server from a browser (CORS), e.g. "
                         "https://survey.example.org, comma-separated, or '*' for any page; upload "

@@ -291,9 +291,15 @@ async def answer(relay: Relay, study_id: str, content_type: str, body: bytes) ->
     return json.dumps({"results": outcomes}, separators=(",", ":")).encode()
 
 
-def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES) -> "DeviceUploads":
-    """The relay's HTTP API (an ASGI app: DeviceUploads in front of the FastAPI app, ``.app``): ``POST /v1/studies/{study_id}/relayed`` (a device's bundle in, its
-    outcomes out), ``GET /healthz`` and ``GET /v1/relay`` (the servers it forwards to)."""
+def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES,
+               cors_origins: Sequence[str] = ()) -> Any:
+    """The relay's HTTP API, an ASGI app: DeviceUploads in front of the FastAPI app (``.app``),
+    ``POST /v1/studies/{study_id}/relayed`` (a device's bundle in, its outcomes out), ``GET
+    /healthz`` and ``GET /v1/relay`` (the servers it forwards to). ``cors_origins``: the web
+    pages (exact origins, or ``*``) allowed to call it from a browser; ValueError naming one that
+    is not an origin. With none, no CORS layer at all (every device's request pays nothing);
+    with some, it wraps everything, so the device route's every answer carries the header."""
+    cors_origins = problem_http.check_origins(cors_origins, "dpsketch relay --cors-origins")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -315,7 +321,8 @@ def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES) -
         """The share servers this relay forwards to, by server id (public: a device checks
         nothing here; its shares are sealed to keys it holds from its enrolment)."""
         return {"servers": relay.servers, "window_s": relay.window_s, "max_entries": relay.max_entries,
-                "bundles_forwarded": relay.forwarded, "entries_forwarded": relay.entries_forwarded}
+                "bundles_forwarded": relay.forwarded, "entries_forwarded": relay.entries_forwarded,
+                "cors_origins": list(cors_origins)}
 
     @app.post("/v1/studies/{study_id}/relayed", response_model=RelayedResults,
               responses=problem_http.problem_responses(400, 413, 415, 422, 503))
@@ -330,7 +337,15 @@ def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES) -
     # outside the FastAPI app, not one of its middlewares: inside, every device's request went
     # through Starlette's error and body-limit layers and their wrapped send, a fifth of the
     # relay's CPU (py-spy, 1,000 devices, session 62)
-    return DeviceUploads(app, relay, max_device_bytes)
+    uploads = DeviceUploads(app, relay, max_device_bytes)
+    if not cors_origins:
+        return uploads
+    # outermost: a browser's preflight is answered before anything else (nothing is forwarded
+    # for it), and every answer to a listed page, a device's problem answers included, carries
+    # Access-Control-Allow-Origin; a request without Origin passes after one header lookup
+    return problem_http.cors_middleware("relay", "dpsketch relay --cors-origins")(
+        uploads, allow_origins=list(cors_origins), allow_methods=["GET", "POST"], allow_headers=["Content-Type"],
+        expose_headers=["Retry-After"], allow_credentials=False, max_age=600)
 
 
 def parse_servers(values: Sequence[str]) -> dict[str, str]:
@@ -383,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--access-log", action="store_true",
                         help="log every request (off by default: a relay takes one request per device)")
     parser.add_argument("--ca-bundle", default=None, help="CA bundle to verify the servers' TLS with")
+    parser.add_argument("--cors-origins", type=problem_http.split_origins, default=(), metavar="ORIGIN,...",
+                        help="web pages allowed to call this relay from a browser (CORS), e.g. "
+                             "https://survey.example.org, comma-separated, or '*' for any page "
+                             "(default: none, a page on another origin is refused)")
     serving.add_graceful_argument(parser)
     serving.add_connection_arguments(parser)
     args = parser.parse_args(argv)
@@ -399,7 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                   max_pending_bytes=args.max_pending_bytes, max_bundle_bytes=args.max_bundle_bytes,
                   timeout=args.timeout,
                   verify=args.ca_bundle or True)
-    app = create_app(relay, args.max_device_bytes)
+    try:
+        app = create_app(relay, args.max_device_bytes, args.cors_origins)
+    except ValueError as exc:  # one line, as the share server's settings errors
+        raise SystemExit(f"dpsketch relay: {exc}") from None
     return serving.serve(app, graceful_timeout=args.graceful_timeout, host=args.host, port=args.port, workers=1,
                          access_log=args.access_log, proxy_headers=False, server_header=False, header_timeout=args.header_timeout,
                          body_timeout=args.body_timeout, min_rate=args.min_rate,

@@ -28,15 +28,11 @@ def _env_float(name: str, default: float | None) -> float | None:
         raise ValueError(f"${name} = {value!r} is not a number") from None
 
 
-#: An origin a browser sends: scheme, host and an optional port, nothing after.
-ORIGIN_PATTERN = r"^https?://[A-Za-z0-9.\-\[\]:]+$"
-
-
 def _env_origins(name: str) -> tuple[str, ...]:
     """Comma-separated web origins from the environment (empty: none)."""
-    from .options import origins
+    from dpsketch.problem_http import split_origins
 
-    return origins(os.environ.get(name, ""))
+    return split_origins(os.environ.get(name, ""))
 
 
 def _env_budget(name: str, default: float) -> float | None:
@@ -235,11 +231,9 @@ class Settings:
             raise ValueError("retention_sweep_s must be > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
-        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
-        for origin in self.cors_origins:
-            if origin != "*" and not re.fullmatch(ORIGIN_PATTERN, origin):
-                raise ValueError(f"CORS origin {origin!r} is not an origin (scheme://host[:port], no "
-                                 f"path) nor '*' ($DPSKETCH_CORS_ORIGINS)")
+        from dpsketch.problem_http import check_origins
+
+        object.__setattr__(self, "cors_origins", check_origins(self.cors_origins, "$DPSKETCH_CORS_ORIGINS"))
         if self.max_floor_epsilon is not None and not 0 < self.max_floor_epsilon <= 100:
             raise ValueError("max_floor_epsilon must be in (0, 100] (or None: no floor required)")
         if self.population_epsilon is not None and not 0 < self.population_epsilon <= 1e6:

@@ -17,7 +17,8 @@ A study with batch proofs: Node's whole-batch proofs (plain, the leader rotating
 the Python SDK's batches are every one decided, and the release is their exact sum. (c) Headless
 Chromium loads a page that imports the package, reproduces noise.json's batches in the browser
 and submits rows to the share servers across origins (they allow the page's origin by CORS,
-$DPSKETCH_CORS_ORIGINS); exact release. (d) Relayed uploads (docs/protocol.md section 7b): Node
+$DPSKETCH_CORS_ORIGINS), then more through a relay on another origin (``dpsketch relay
+--cors-origins``), one request a device; exact release. (d) Relayed uploads (docs/protocol.md section 7b): Node
 devices enrol from the servers and submit one request each through a real `dpsketch relay` to
 servers requiring tokens; every server stores each report once, the release is exact, and a
 forged MAC beside an honest entry in one bundle is refused alone (401).
@@ -296,7 +297,7 @@ GATEWAY_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>dpsket
  "@hpke/hybridkem-x-wing": "/static/clients/typescript/node_modules/@hpke/hybridkem-x-wing/esm/mod.js",
  "mlkem": "/static/clients/typescript/node_modules/mlkem/esm/mod.js"}}</script></head><body>
 <script type="module" onerror="window.ERROR = 'the page module or one of its imports failed to load'">
-import { Client, prepareBatch, studyId, hex, unhex } from "/static/clients/typescript/dist/index.js";
+import { Client, RelayClient, enrol, prepareBatch, studyId, hex, unhex } from "/static/clients/typescript/dist/index.js";
 window.STAGE = "module loaded";
 try {
   const cfg = await (await fetch("/config.json")).json();
@@ -320,8 +321,24 @@ try {
   window.PROGRESS = progress;
   window.STAGE = "submitting";
   const r = await client.submit(cfg.rows, { batchSize: 50, keepVectors: true, onProgress: (p) => progress.push(p.rowsDone) });
+  // one request per device through the relay, on its own origin too (its --cors-origins),
+  // sealed to keys this page enrolled from the servers themselves
+  window.STAGE = "enrolling";
+  const enrolment = await enrol({ studyId: cfg.studyId, servers: cfg.servers.map((s) => ({ url: s.url })) });
+  const relayed = [];
+  class Recording extends RelayClient {
+    async entries(row) {
+      const p = await super.entries(row);
+      relayed.push({ id: hex(p.reportId), vector: p.vector.map(String) });
+      return p;
+    }
+  }
+  window.STAGE = "submitting through the relay";
+  const relayedIds = [];
+  for (const row of cfg.relayedRows) relayedIds.push(await new Recording(cfg.relay, enrolment, cfg.servers.map((s) => s.token)).submit(row));
   window.RESULT = { batches, matched, us_per_row: us, reportIds: r.reportIds, accepted: r.accepted,
-                    vectors: r.vectors.map((v) => v.map(String)), progress, agent: navigator.userAgent };
+                    vectors: r.vectors.map((v) => v.map(String)), progress, agent: navigator.userAgent,
+                    relayed, relayedIds };
 } catch (e) { window.ERROR = String(e && e.stack || e); }
 </script></body></html>"""
 
@@ -395,8 +412,12 @@ def test_browser_page_submits_through_the_package(built_package, exact_cluster, 
     """Headless Chromium loads a page that imports the package (an import map over its npm
     dependencies), reproduces noise.json's batches from their keys, and submits rows sealed to
     the three servers, which allow the page's origin (DPSKETCH_CORS_ORIGINS): the browser calls them
-    across origins, preflights and all; the release is those rows' sketch exactly."""
+    across origins, preflights and all; then it enrols and sends more rows, one request each,
+    through a real ``dpsketch relay`` on yet another origin that lists the page's
+    (``--cors-origins``); the release is all those rows' sketch exactly."""
     import browser
+
+    from dpsketch.tools.cluster import relay as relay_process
 
     chromium, chromedriver = browser.ensure()
     c = exact_cluster
@@ -410,40 +431,52 @@ def test_browser_page_submits_through_the_package(built_package, exact_cluster, 
     config = {"studyId": study.study_id,
               "rows": rng.normal(0, 0.3, size=(n, len(COLUMNS))).tolist(),
               "timing_rows": rng.normal(0, 0.3, size=(500, len(COLUMNS))).tolist()}
+    m = 4  # devices through the relay
+    config["relayedRows"] = rng.normal(0, 0.3, size=(m, len(COLUMNS))).tolist()
     root = PACKAGE.parent.parent
     gw = Gateway(root, c.server_urls, config, port=PAGE_PORT)
     assert gw.url == PAGE_ORIGIN
     # the page calls the share servers on their own origins: CORS, allowed by their policy
     config["servers"] = [{"url": url, "token": t} for url, t in zip(c.server_urls, tokens, strict=True)]
-    b = browser.Browser(chromium, chromedriver, tmp_path)
-    try:
-        b.driver.get(f"{gw.url}/page.html")
-        import time as _time
-        deadline = _time.monotonic() + 120
-        out = None
-        while _time.monotonic() < deadline:
-            out = b.driver.execute_script("return window.RESULT || (window.ERROR && {error: window.ERROR}) || null")
-            if out:
-                break
-            _time.sleep(0.3)
-        if not out:  # where the page stood, for the failure's message (CI once saw only None)
-            out = {"error": "no result in 120 s", "forwarded": gw.forwarded,
-                   "stage": b.driver.execute_script("return [window.STAGE || 'page script not run', window.PROGRESS || []]"),
-                   "console": b.driver.get_log("browser")[-20:]}
+    relay = relay_process({s.server_id: p.url for s, p in zip(c.specs, c.procs)}, tmp_path, None,
+                          "--window", "20", "--cors-origins", PAGE_ORIGIN, name="browser-relay").start()
+    config["relay"] = relay.url
+    try:  # the relay stopped whatever happens
+        b = browser.Browser(chromium, chromedriver, tmp_path)
+        try:
+            b.driver.get(f"{gw.url}/page.html")
+            import time as _time
+            deadline = _time.monotonic() + 120
+            out = None
+            while _time.monotonic() < deadline:
+                out = b.driver.execute_script("return window.RESULT || (window.ERROR && {error: window.ERROR}) || null")
+                if out:
+                    break
+                _time.sleep(0.3)
+            if not out:  # where the page stood, for the failure's message (CI once saw only None)
+                out = {"error": "no result in 120 s", "forwarded": gw.forwarded,
+                       "stage": b.driver.execute_script("return [window.STAGE || 'page script not run', window.PROGRESS || []]"),
+                       "console": b.driver.get_log("browser")[-20:]}
+        finally:
+            b.quit()
+            gw.close()
+        stats = httpx.get(f"{relay.url}/v1/relay").json()
     finally:
-        b.quit()
-        gw.close()
+        relay.stop()
     assert out and "error" not in out, out
     assert "HeadlessChrome" in out["agent"]
     assert out["batches"] == out["matched"] == 4  # every batch vector, draw for draw, in the browser
     assert out["accepted"] == [n] * 3 and out["progress"][-1] == n
     assert gw.forwarded == 0  # nothing through the page's origin: the servers answered the page
+    assert out["relayedIds"] == [r["id"] for r in out["relayed"]] and len(set(out["relayedIds"])) == m
+    assert stats["cors_origins"] == [PAGE_ORIGIN] and stats["entries_forwarded"] >= 3 * m  # by the relay
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         fin = an.finalize(study.study_id)
-        assert fin["state"] == "released" and fin["n_reports"] == n
+        assert fin["state"] == "released" and fin["n_reports"] == n + m
         released = np.array(an.sketch(study.study_id)["sketch"])
-    ids = [bytes.fromhex(i) for i in out["reportIds"]]
-    encoded = np.array([[int(x) for x in v] for v in out["vectors"]], dtype=np.uint64)
+    ids = [bytes.fromhex(i) for i in out["reportIds"] + out["relayedIds"]]
+    encoded = np.array([[int(x) for x in v] for v in out["vectors"] + [r["vector"] for r in out["relayed"]]],
+                       dtype=np.uint64)
     expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
     print(f"browser: {out['us_per_row']:.1f} us a row to prepare ({out['agent']})")
