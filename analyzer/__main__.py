@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                     "reaches %s:%s can create, finalize and read studies", args.host, args.port)
     import threading
 
+    from dpsketch import pld_cache
     from dpsketch.protocol import accounting
+
+    pld_cache.install()  # a budget check's built PLDs on disk (Coordinator's ledger check, docs/ledger.md)
 
     # the first study's calibration then waits for no import (about 1 s of dp-accounting and scipy)
     threading.Thread(target=accounting.warm_up, name="dpsketch-accounting-warm", daemon=True).start()

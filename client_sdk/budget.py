@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from dpsketch import pld_cache
 from dpsketch.protocol import ledger
 from dpsketch.protocol.study import Study
 
@@ -56,6 +57,7 @@ class PrivacyLimit:
             raise ValueError(f"privacy limit: {exc}") from None
         self.path = Path(ledger_file)
         self._lock = threading.Lock()
+        pld_cache.install()  # its checks' built PLDs on disk, shared with the owner's other processes
 
     # --- the file ------------------------------------------------------------------------------
     def entries(self) -> list[dict]:

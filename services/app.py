@@ -57,7 +57,7 @@ from dpsketch.protocol.study import PROTOCOL, Study
 
 from dpsketch import problem_http as errors
 from dpsketch.problem_http import problem_responses, summarize_errors
-from dpsketch import observability
+from dpsketch import observability, pld_cache
 from . import policy, proof_uploads, relayed_uploads, verify_api
 from .admission import Admission, UploadAdmission
 from .auth import TokenRegistry, digest_of, matches, upload_token_id
@@ -278,6 +278,7 @@ class ShareServerAPI(FastAPI):
 
 def create_app(settings: Settings) -> FastAPI:
     """Open the store and build the app; the store closes when the app shuts down."""
+    pld_cache.install()  # the population ledger's built PLDs on disk (docs/ledger.md)
     store = Store(settings)
 
     @asynccontextmanager

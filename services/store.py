@@ -189,15 +189,17 @@ def warm_install() -> bool:
 def warm_charges() -> bool:
     """The privacy loss distributions of design()'s default targets (a signed study of epsilon 1
     and floor 4 at delta 1e-6, replace-one), built into the PLD disk cache
-    (``ledger.pld_cache_dir``, $DPSKETCH_PLD_CACHE). Every such study, whatever its columns,
-    reports and servers, rounds to the same two radii (``ledger.RADIUS_STEP``), so a server whose
+    (dpsketch/pld_cache.py, $DPSKETCH_PLD_CACHE; installed here as the ledger's store). Every
+    such study, whatever its columns, reports and servers, rounds to the same two radii (``ledger.RADIUS_STEP``), so a server whose
     cache holds these two charges its first token without building anything, where a fresh one
     (a new container's empty cache) spent 5-9 s of CPU on them. deploy/Dockerfile ships them in the
     server image; scripts/install.sh builds them for a checkout. False: no disk cache, or no
     file in it afterwards (it could not be written)."""
+    from dpsketch import pld_cache
     from dpsketch.protocol.study import design
 
-    where = ledger.pld_cache_dir()
+    pld_cache.install()
+    where = pld_cache.cache_dir()
     if where is None:
         return False
     study = design(name="warm", columns=["a", "b"], label=None, servers=["s1", "s2"], expected_reports=1000)[0]

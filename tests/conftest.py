@@ -54,6 +54,20 @@ def _share_httpx_default_ssl_context() -> None:
 
 _share_httpx_default_ssl_context()
 
+
+def _keep_plds_on_disk() -> None:
+    """Tests charge studies in their own process (``ledger.check``, a ``Store``) as the share
+    server and the SDK do, and keep the signed studies' built PLDs on disk as they do
+    (dpsketch/pld_cache.py, $DPSKETCH_PLD_CACHE): each test process then reads what an earlier
+    one built instead of rebuilding it (2-9 s of CPU each). The ledger's own default, no store,
+    is tested with it removed (tests/test_ledger_cache.py)."""
+    from dpsketch import pld_cache
+
+    pld_cache.install()
+
+
+_keep_plds_on_disk()
+
 STORES = ["sqlite", "postgres"]
 #: Run a test against both stores (it takes ``store_kind``, or fixtures that follow it).
 BOTH_STORES = pytest.mark.parametrize("store_kind", STORES, indirect=True)

@@ -234,7 +234,7 @@ def test_every_allowed_edge_is_still_there():
 #: What the protocol core must not reach for: transport, servers and storage belong to the thin
 #: layers above it (a new study kind is a module in dpsketch/protocol/ plus service code).
 IO_MODULES = ("httpx", "fastapi", "starlette", "uvicorn", "asyncio", "socket", "sqlite3", "psycopg",
-              "dpsketch.serving", "dpsketch.observability", "dpsketch.problem_http")
+              "dpsketch.serving", "dpsketch.observability", "dpsketch.problem_http", "dpsketch.pld_cache")
 
 
 def test_the_protocol_core_does_no_io():
@@ -247,3 +247,55 @@ def test_the_protocol_core_does_no_io():
                 found.append((str(path.relative_to(ROOT)), line, module, target))
     assert not found, ("dpsketch/protocol/ is the I/O-free core: messages, formats and arithmetic; "
                        "HTTP, servers and stores live in the layers above it:\n" + _where(found))
+
+
+#: What reads the environment or files (dotted names as written in the source): the core's
+#: arithmetic takes its inputs as arguments, and what is kept between processes is kept by a layer
+#: above it (the ledger's built PLDs: dpsketch/pld_cache.py, injected with ledger.keep_plds_in).
+FILE_IO_CALLS = frozenset({"open", "os.environ", "os.getenv", "os.replace", "os.remove", "os.unlink",
+                           "np.load", "np.save", "np.savez", "np.savez_compressed", "np.fromfile",
+                           "np.loadtxt", "np.savetxt", "Path.home", "os.path.expanduser"})
+
+#: The core's files that do touch them, each with its reason. Anything else fails the test.
+FILE_IO_ALLOWED: dict[str, str] = {
+    "dpsketch/protocol/kernels.py": "numba's compiled loops: the CPU the image's cache was built for, a file in "
+                                    "numba's cache directory, and the operator's NUMBA_CPU_NAME/FEATURES",
+    "dpsketch/protocol/_sha256_kernel.py": "finds the libcrypto hashlib loaded, in /proc/self/maps",
+}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head is not None else None
+    return None
+
+
+def file_io_of(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every use of a name in FILE_IO_CALLS in ``source`` (called or not: a
+    ``getattr``-free read of ``os.environ[...]`` counts)."""
+    return sorted({(node.lineno, name) for node in ast.walk(ast.parse(source))
+                   if isinstance(node, (ast.Name, ast.Attribute)) and (name := _dotted(node)) in FILE_IO_CALLS})
+
+
+def test_the_protocol_core_reads_no_environment_and_no_files():
+    """The ledger kept its built PLDs on disk itself (reading $DPSKETCH_PLD_CACHE ...) until they
+    moved to dpsketch/pld_cache.py; nothing in the core but the files in FILE_IO_ALLOWED does."""
+    found, seen = [], set()
+    for path in sorted((ROOT / CORE / "protocol").rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        uses = file_io_of(path.read_text(encoding="utf-8"))
+        if uses:
+            seen.add(name)
+        if name not in FILE_IO_ALLOWED:
+            found += [f"  {name}:{line}: {what}" for line, what in uses]
+    assert not found, ("dpsketch/protocol/ reads no environment and no files; keep that in a layer above it "
+                       "(as dpsketch/pld_cache.py keeps the ledger's PLDs):\n" + "\n".join(found))
+    assert seen == set(FILE_IO_ALLOWED), f"no longer doing I/O, drop from FILE_IO_ALLOWED: {set(FILE_IO_ALLOWED) - seen}"
+    # the scanner sees the forms the ledger used (and so is not an empty answer by reading nothing)
+    old = ("given = os.environ.get('DPSKETCH_PLD_CACHE', '')\nwith np.load(known) as saved:\n    pass\n"
+           "with open(tmp, 'wb') as out:\n    np.savez(out, probs=p)\nos.replace(tmp, path)\n")
+    assert [what for _, what in file_io_of(old)] == ["os.environ", "np.load", "open", "np.savez", "os.replace"]
+    assert file_io_of("np.asarray(x); os.cpu_count(); self.open_batches") == []

@@ -190,3 +190,67 @@ def test_the_default_targets_plds_built_ahead_are_read_not_built(tmp_path, monke
     assert len(counted_builds) == 5
     assert sorted(p.name for p in (tmp_path / "built").glob("replace-*.npz")) == shipped
     assert len(list((tmp_path / "volume").glob("replace-*.npz"))) == 2
+
+
+@pytest.fixture
+def no_pld_store():
+    """No store installed for the test (whatever an earlier one in this process installed), the
+    previous one back afterwards."""
+    previous = ledger.keep_plds_in(None)
+    yield
+    ledger.keep_plds_in(previous)
+
+
+def test_the_ledger_keeps_plds_only_in_an_installed_store(tmp_path, monkeypatch, counted_builds, no_pld_store):
+    """The ledger (dpsketch/protocol/) does no file I/O: with no store installed a built PLD is
+    neither written to $DPSKETCH_PLD_CACHE nor read from it; the disk store (dpsketch/pld_cache.py)
+    writes it there, and a later build of the same radius reads it, to the same numbers."""
+    from dpsketch import pld_cache
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", str(cache))
+    counted_builds.append(0.0)  # the first build does not wait for a second one here
+    ticks, grid = 123_456, 1e-3  # radius 1.23456
+
+    built = ledger._signed_replace_pld(ticks, grid)
+    assert len(counted_builds) == 2 and not cache.exists()
+
+    ledger._signed_replace_pld.cache_clear()
+    ledger.keep_plds_in(pld_cache.DiskPldStore())
+    ledger._signed_replace_pld(ticks, grid)  # nothing on disk yet: built, and kept there
+    assert len(counted_builds) == 3
+    assert [p.name for p in cache.iterdir()] == [f"replace-{ticks}x{ledger.RADIUS_STEP:g}-grid{grid!r}-v1.npz"]
+
+    ledger._signed_replace_pld.cache_clear()
+    read = ledger._signed_replace_pld(ticks, grid)
+    assert len(counted_builds) == 3  # read, not built
+    for delta in (1e-6, 1e-9):
+        assert float(read.get_epsilon_for_delta(delta)) == float(built.get_epsilon_for_delta(delta))
+
+    ledger._signed_replace_pld.cache_clear()
+    ledger.keep_plds_in(None)
+    ledger._signed_replace_pld(ticks, grid)  # the file is there, but no store: built again
+    assert len(counted_builds) == 4
+
+
+def test_the_processes_that_charge_studies_install_the_disk_store(tmp_path, no_pld_store):
+    """A share server (create_app) and a data owner's privacy limit keep the ledger's PLDs on disk."""
+    from dpsketch import pld_cache
+    from dpsketch.client_sdk.budget import PrivacyLimit
+    from dpsketch.services.app import create_app
+    from dpsketch.services.settings import Settings
+
+    PrivacyLimit(1.0, 1e-6, tmp_path / "ledger.json")
+    assert isinstance(ledger.pld_store(), pld_cache.DiskPldStore)
+
+    ledger.keep_plds_in(None)
+    app = create_app(Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token="op-" + "1" * 16,
+                              analyst_token="an-" + "2" * 16, warm_start=False))
+    try:
+        assert isinstance(ledger.pld_store(), pld_cache.DiskPldStore)
+    finally:
+        app.state.store.close()
+    mine = pld_cache.DiskPldStore()
+    ledger.keep_plds_in(mine)
+    PrivacyLimit(1.0, 1e-6, tmp_path / "ledger.json")
+    assert ledger.pld_store() is mine  # an embedder's own store is left in place

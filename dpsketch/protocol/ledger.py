@@ -46,11 +46,9 @@ Neighbouring notions. A ledger is kept in one notion (the budget's):
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -170,7 +168,7 @@ RADIUS_STEP = 1e-5
 
 def _noise_pld(neighbouring, kind, row_bound, sigma, server_sigma, honest_lambda, width, secret_sign, notion, grid):
     """accounting.study_pld through the caches: a signed replace-one law by its rounded radius
-    (in memory, and on disk: :func:`_signed_replace_pld`), anything else by its parameters."""
+    (in memory, and in the installed store: :func:`_signed_replace_pld`), anything else by its parameters."""
     if secret_sign and notion == "replace-one":
         from . import secret_sign as _sign
 
@@ -185,60 +183,61 @@ def _floor_pld(neighbouring, kind, row_bound, sigma, server_sigma, width, secret
     return _noise_pld(neighbouring, kind, row_bound, sigma, server_sigma, 1.0, width, secret_sign, notion, grid)
 
 
-def pld_cache_dir() -> Path | None:
-    """Where built mixture PLDs are kept between processes: $DPSKETCH_PLD_CACHE, else
-    $XDG_CACHE_HOME/dpsketch/pld or ~/.cache/dpsketch/pld ("none": no disk cache)."""
-    given = os.environ.get("DPSKETCH_PLD_CACHE", "").strip()
-    if given.lower() == "none":
-        return None
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dpsketch" / "pld"
+class PldStore(Protocol):
+    """Where built mixture PLDs are kept between processes, so that each one does not spend seconds
+    rebuilding what another one built: a file per radius and grid on disk
+    (:class:`dpsketch.pld_cache.DiskPldStore`, installed by the share server, the analyzer and the
+    SDK's privacy limit). This module does no I/O itself; with no store it builds every PLD it
+    needs (once per process: :func:`_signed_replace_pld` remembers them)."""
+
+    def load(self, name: str) -> tuple[np.ndarray, int, float] | None:
+        """The saved PLD's (probabilities, lower loss index, infinity mass) of ``name``; None when
+        there is none (or it cannot be read: that only costs the rebuild)."""
+
+    def save(self, name: str, probs: np.ndarray, lower: int, infinity: float) -> None:
+        """Keep a built PLD under ``name``; best effort, never raises (a failure only costs
+        another process the rebuild)."""
 
 
-def pld_shipped_dir() -> Path | None:
-    """A directory of mixture PLDs built ahead, read (never written) when the cache has no file of
-    a radius: $DPSKETCH_PLD_SHIPPED (the server image's, deploy/Dockerfile: those of design()'s
-    default targets, services/store.warm_charges); None when unset."""
-    given = os.environ.get("DPSKETCH_PLD_SHIPPED", "").strip()
-    return Path(given) if given else None
+_PLD_STORE: PldStore | None = None
+
+
+def keep_plds_in(store: PldStore | None) -> PldStore | None:
+    """From now on ask ``store`` for a signed PLD before building it, and hand it the ones built
+    (None: build every time, no I/O). Returns the store it replaces."""
+    global _PLD_STORE
+    previous, _PLD_STORE = _PLD_STORE, store
+    return previous
+
+
+def pld_store() -> PldStore | None:
+    """The store :func:`keep_plds_in` installed, if any."""
+    return _PLD_STORE
 
 
 @lru_cache(maxsize=256)
 def _signed_replace_pld(ticks: int, grid: float):
-    """secret_sign.replace_pld at radius ticks * RADIUS_STEP; kept on disk (a file per radius and
-    grid, written atomically; any failure to read or write it only costs the rebuild), so each
-    share server process does not spend seconds rebuilding what another one built."""
+    """secret_sign.replace_pld at radius ticks * RADIUS_STEP; read from the installed
+    :class:`PldStore` (by a name per radius and grid) if it has it, else built and handed to it."""
     from dp_accounting.pld import pld_pmf
     from dp_accounting.pld import privacy_loss_distribution as dp_pld
 
     from . import secret_sign as _sign
 
     name = f"replace-{ticks}x{RADIUS_STEP:g}-grid{grid!r}-v1.npz"
-    where, shipped = pld_cache_dir(), pld_shipped_dir()
-    path = where / name if where is not None else None
-    for known in (path, shipped / name if shipped is not None else None):
-        if known is None:
-            continue
+    store = _PLD_STORE
+    saved = store.load(name) if store is not None else None
+    if saved is not None:
+        probs, lower, infinity = saved
         try:
-            with np.load(known) as saved:
-                probs, lower, infinity = saved["probs"], int(saved["lower"]), float(saved["infinity"])
             pmf = pld_pmf.DensePLDPmf(grid, lower, probs, infinity, pessimistic_estimate=True)
             return dp_pld.PrivacyLossDistribution(pmf, pmf)
-        except (OSError, KeyError, ValueError):
+        except ValueError:
             pass
     built = _sign.replace_pld(ticks * RADIUS_STEP, grid)
     pmf = built._pmf_remove
-    if path is not None and isinstance(pmf, pld_pmf.DensePLDPmf) and built._pmf_add is pmf:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as out:
-                np.savez(out, probs=pmf._probs, lower=np.int64(pmf._lower_loss), infinity=np.float64(pmf._infinity_mass))
-            os.replace(tmp, path)
-        except OSError:
-            pass
+    if store is not None and isinstance(pmf, pld_pmf.DensePLDPmf) and built._pmf_add is pmf:
+        store.save(name, pmf._probs, int(pmf._lower_loss), float(pmf._infinity_mass))
     return built
 
 
