@@ -118,10 +118,10 @@ def deps(role: str) -> None:
 
 def project(role: str) -> None:
     """dpsketch without its dependencies (``deps`` installed them), then what a runtime image needs
-    none of: pip, setuptools and wheel, numpy's and scipy's own test suites. A role with compiled
-    loops then checks that they load from the cache ``kernels`` made. Last, the role's modules are
-    imported from / (the installed package, not /src's copy): a missing library fails the build,
-    not the first container."""
+    none of: pip, setuptools and wheel, numpy's and scipy's own test suites. Last, the role's
+    modules are imported from / (the installed package, not /src's copy): a missing library
+    fails the build, not the first container; a role with compiled loops then loads each from
+    the cache ``kernels`` made, in the same interpreter, and the build fails if one compiled."""
     _, modules = ROLES[role]
     pip("install", "--no-deps", ".")
     pip("uninstall", "--yes", "pip", "setuptools", "wheel")
@@ -130,20 +130,23 @@ def project(role: str) -> None:
         for tests in sorted((site / lib).rglob("tests"), reverse=True) if (site / lib).is_dir() else []:
             if tests.is_dir():
                 shutil.rmtree(tests)
-    if role in COMPILED:
-        # the installed kernel sources get the modification time they were compiled with (and
-        # their byte code is written again for it), then every loop the server warms must load
-        # from the cache: a new cache file would mean a loop compiled, which the build refuses
-        stamp_kernels(site)
-        subprocess.run([str(VENV / "bin" / "python"), "-m", "compileall", "-q",
-                        *(str(site / rel) for rel in kernel_sources())], check=True)
-        before = _cache_files()
-        python("import sys; from dpsketch.services.store import warm_install; sys.exit(not warm_install())",
-               NUMBA_CACHE_DIR=str(NUMBA_CACHE))
-        if _cache_files() != before:
-            raise SystemExit("image-role: the installed kernel sources did not load numba's cache "
-                             "(compiled again): their path, modification time or size differs")
-    python(f"import {', '.join(modules)}")
+    imports = f"import {', '.join(modules)}"
+    if role not in COMPILED:
+        python(imports)
+        return
+    # the installed kernel sources get the modification time they were compiled with (and their
+    # byte code is written again for it), then every loop the server warms must load from the
+    # cache, in the same interpreter: a new cache file would mean a loop compiled, which the
+    # build refuses
+    stamp_kernels(site)
+    subprocess.run([str(VENV / "bin" / "python"), "-m", "compileall", "-q",
+                    *(str(site / rel) for rel in kernel_sources())], check=True)
+    before = _cache_files()
+    python(f"{imports}; import sys; from dpsketch.services.store import warm_install; sys.exit(not warm_install())",
+           NUMBA_CACHE_DIR=str(NUMBA_CACHE))
+    if _cache_files() != before:
+        raise SystemExit("image-role: the installed kernel sources did not load numba's cache (compiled "
+                         "again): their path, modification time or size differs from the compiled ones'")
 
 
 def main(argv: list[str]) -> int:
