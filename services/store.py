@@ -178,8 +178,10 @@ def warm_install() -> bool:
     (dpsketch/protocol/_field_kernel.py), which a server loads only when it holds a validity
     study. Compiling that one costs about 32 s of CPU (session 53, load 1), which a server
     without it in its cache paid at its first proved batch, and every fresh container of an
-    image whose cache its user cannot write. scripts/install.sh and deploy/Dockerfile run this;
-    a running server never compiles the field loops ahead (warm_kernels)."""
+    image whose cache its user cannot write. scripts/install.sh runs this; deploy/Dockerfile
+    compiles the same loops from their sources alone (deploy/image-role.py kernels; tests/
+    test_images.py checks the list) and runs this on the installed package to check that none
+    compiles again. A running server never compiles the field loops ahead (warm_kernels)."""
     from dpsketch.protocol import field
 
     ready = warm_kernels()

@@ -145,3 +145,70 @@ def test_docker_compose_accepts_the_files():
         assert targets == {"s1": ("dpsketch-server:local", "server"), "s2": ("dpsketch-server:local", None),
                            "s3": ("dpsketch-server:local", None), "analyzer": ("dpsketch-analyzer:local", "analyzer"),
                            "demo": ("dpsketch-client:local", "client")}, targets
+
+
+def _kernel_stage() -> dict[str, Path]:
+    """deploy/Dockerfile's kernel-sources stage: module name -> the source file it copies."""
+    stage = _stages()["kernel-sources"]
+    workdir = next(line.split()[1] for line in stage if line.startswith("WORKDIR "))
+    package = Path(workdir).relative_to("/kernels")  # paths in the installed package
+    copied: dict[str, Path] = {}
+    for line in stage:
+        if line.startswith("COPY "):
+            *sources, dest = line.split()[1:]
+            for source in sources:
+                module = (package / dest / Path(source).name).with_suffix("")
+                copied[".".join(module.parts)] = ROOT / source
+    return copied
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a name inside a module, not a package
+        return False
+
+
+def _imported_modules(source: Path, module: str) -> set[str]:
+    """The dpsketch modules ``source`` (the module ``module``) imports anywhere in it; a package
+    itself where it imports a name its ``__init__`` defines."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), module.rpartition(".")[0])
+            targets = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base
+                       for a in node.names] if base.startswith("dpsketch") else []
+        else:
+            continue
+        found.update(t for t in targets if t.split(".")[0] == "dpsketch")
+    return found
+
+
+def test_the_server_images_kernel_layer_holds_every_loop_it_warms_and_what_they_import(monkeypatch):
+    """The server image's numba cache is compiled from the kernel-sources stage alone
+    (deploy/image-role.py kernels), so that editing any other source reuses that layer. Every loop
+    services/store.warm_install loads must be among those sources (else each fresh container
+    compiles it: tests/test_compose.py checks a real image), and each of them may import only the
+    others (the packages' __init__ files there are empty ones)."""
+    from dpsketch.protocol import kernels
+    from dpsketch.services import store
+
+    warmed: list[str] = []
+
+    def record(kernel: kernels.Kernel) -> bool:
+        warmed.append(importlib.util.resolve_name(kernel.module, "dpsketch.protocol"))
+        return True
+
+    monkeypatch.setattr(kernels.Kernel, "warm_up", record)
+    assert store.warm_install() and len(warmed) >= 5, warmed
+    copied = _kernel_stage()
+    kernel_modules = {m for m in copied if m.rpartition(".")[2].endswith("_kernel")}
+    assert kernel_modules == set(warmed), (kernel_modules, warmed)  # nothing compiled in vain either
+    for module, source in copied.items():
+        assert source.is_file(), source
+        assert Path(importlib.util.find_spec(module).origin).resolve() == source.resolve(), module
+        assert _imported_modules(source, module) <= set(copied), (module, _imported_modules(source, module))
