@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dpsketch.origins import ORIGIN_PATTERN, check_origins, split_origins  # noqa: F401 (re-exported: server and relay)
 from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE, Problem
 from dpsketch.protocol.problems import CATALOGUE, ProblemError, summarize_errors  # noqa: F401 (re-exported for services)
 
@@ -174,29 +175,6 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             "content": {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}},
         }
     return out
-
-
-#: An origin a browser sends: scheme, host and an optional port, nothing after.
-ORIGIN_PATTERN = r"^https?://[A-Za-z0-9.\-\[\]:]+$"
-
-
-def split_origins(value: str) -> tuple[str, ...]:
-    """Comma-separated web origins as an operator writes them (a trailing slash dropped);
-    :func:`check_origins` checks each."""
-    return tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
-
-
-def check_origins(origins: Iterable[str], setting: str) -> tuple[str, ...]:
-    """The origins a CORS setting lists, each an exact origin (what a browser sends in
-    ``Origin``: a path or a missing scheme never matches one) or ``*``; ValueError naming the
-    first that is neither, and ``setting``, where the operator wrote it. The share server's
-    ``cors_origins`` and the relay's ``--cors-origins`` are checked here alike."""
-    origins = tuple(origins)
-    for origin in origins:
-        if origin != "*" and not re.fullmatch(ORIGIN_PATTERN, origin):
-            raise ValueError(f"CORS origin {origin!r} is not an origin (scheme://host[:port], no "
-                             f"path) nor '*' ({setting})")
-    return origins
 
 
 def cors_middleware(service: str = "server", setting: str = "$DPSKETCH_CORS_ORIGINS"):

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dpsketch.problem_http import split_origins
+from dpsketch.origins import split_origins
 from dpsketch.protocol.study import DEFAULT_MAX_STUDY_BYTES
 
 from .settings import (DEFAULT_POPULATION, DEFAULT_POPULATION_EPSILON, DEFAULT_POPULATION_FLOOR_EPSILON,

@@ -30,7 +30,7 @@ def _env_float(name: str, default: float | None) -> float | None:
 
 def _env_origins(name: str) -> tuple[str, ...]:
     """Comma-separated web origins from the environment (empty: none)."""
-    from dpsketch.problem_http import split_origins
+    from dpsketch.origins import split_origins
 
     return split_origins(os.environ.get(name, ""))
 
@@ -231,7 +231,7 @@ class Settings:
             raise ValueError("retention_sweep_s must be > 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
-        from dpsketch.problem_http import check_origins
+        from dpsketch.origins import check_origins
 
         object.__setattr__(self, "cors_origins", check_origins(self.cors_origins, "$DPSKETCH_CORS_ORIGINS"))
         if self.max_floor_epsilon is not None and not 0 < self.max_floor_epsilon <= 100:

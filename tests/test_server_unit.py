@@ -1934,7 +1934,8 @@ def test_commit_with_ids_sharing_a_prefix(server: Server):
 def test_warm_start_imports_the_privacy_accounting_before_any_study(tmp_path: Path, warm_start: bool):
     """A store that warms up imports what checking a study needs in the background at startup,
     so a fresh server's first provisioning does not wait for it (measured: 1.14 s -> 0.15 s):
-    scipy's optimize at once, dp-accounting (and the scipy.stats it pulls in: 1.4-2.1 s of CPU)
+    the secret-sign accounting (and scipy's special functions) at once, dp-accounting (and the
+    scipy.stats it pulls in: 1.4-2.1 s of CPU)
     only once no request has arrived for WARM_WHEN_IDLE_S, so a server started into work does not
     spend its first seconds on it. One that does not warm up imports nothing until a study needs
     it. In a fresh process, since this one has imported everything long ago; the idle time is
@@ -1951,12 +1952,12 @@ store_module.WARM_WHEN_IDLE_S = 30.0
 store = Store(Settings(server_id="s1", db_path={str(tmp_path / "w.sqlite3")!r}, operator_token="o" * 20,
                        analyst_token="a" * 20, warm_start={warm_start}))
 busy_until, deadline = time.monotonic() + 3, time.monotonic() + 60
-# requests keep arriving: for 3 s, and (warming up) until scipy's optimize is imported
-while time.monotonic() < busy_until or ({warm_start} and "scipy.optimize" not in sys.modules
+# requests keep arriving: for 3 s, and (warming up) until the secret-sign accounting is imported
+while time.monotonic() < busy_until or ({warm_start} and "dpsketch.protocol.secret_sign" not in sys.modules
                                          and time.monotonic() < deadline):
     store.note_request()
     time.sleep(0.05)
-print("scipy.optimize" in sys.modules, "dp_accounting" in sys.modules)
+print("dpsketch.protocol.secret_sign" in sys.modules, "dp_accounting" in sys.modules)
 store.last_request_at -= 60  # then none for a minute
 deadline = time.monotonic() + 60
 while any(t.name == "dpsketch-warm" for t in threading.enumerate()) and time.monotonic() < deadline:
