@@ -37,7 +37,7 @@ from dpsketch.protocol import relayed
 from dpsketch.protocol.problems import ProblemError
 
 from .cli import (EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE,
-                  _describe, _on_sigterm, _Terminated, add_tls_arguments, print_data_limits,
+                  Terminated, add_tls_arguments, describe_error, on_sigterm, print_data_limits,
                   privacy_limit_option, scan_rows, tls_verify)
 
 #: rows per relay request unless --batch-size says otherwise
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 return fail(refused)
             enrolment = enrol(client, args.study)
     except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
-        return fail(_describe(exc))
+        return fail(describe_error(exc))
     try:
         enrolment.save(args.out)
     except OSError as exc:
@@ -344,12 +344,12 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
                 return EXIT_OK
             sent_before = journal.done
     except (SDKError, ValueError, OSError) as exc:
-        return fail(_describe(exc))
+        return fail(describe_error(exc))
     stored = sent_before
     counts = {"accepted": 0, "duplicates": 0}
     limits = SubmitResult([], total, {}, {})  # clamped, clipped, rows_seen: as the direct route's
     try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread
         previous = None
     bar = None
@@ -406,17 +406,17 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
         if privacy_limit is not None:
             privacy_limit.record(study)
     except KeyboardInterrupt as exc:
-        code = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
+        code = EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
         return fail(f"{'terminated' if code == EXIT_TERMINATED else 'interrupted'}: {_progress(stored, total, journal)}",
                     code)
     except (ProblemError, ServerUnreachable) as exc:
         server_id = getattr(exc, "server_id", None)  # a refusal names its server (RelayClient.send)
         where = f"server {server_id}: " if server_id else ""
         retryable = isinstance(exc, ServerUnreachable) or exc.status in RETRYABLE
-        return fail(f"{where}{_describe(exc)}; {_progress(stored, total, journal, retryable)}",
+        return fail(f"{where}{describe_error(exc)}; {_progress(stored, total, journal, retryable)}",
                     EXIT_INCOMPLETE if retryable else EXIT_ERROR)
     except (SDKError, ValueError, OSError, httpx.HTTPError) as exc:
-        return fail(f"{_describe(exc)}; {_progress(stored, total, journal)}")
+        return fail(f"{describe_error(exc)}; {_progress(stored, total, journal)}")
     finally:
         if bar is not None:
             bar.close()
