@@ -39,6 +39,7 @@ from dpsketch.protocol.problems import ProblemError
 from .cli import (EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE,
                   Terminated, add_tls_arguments, describe_error, on_sigterm, print_data_limits,
                   privacy_limit_option, scan_rows, tls_verify)
+from .errors import NotRelayable
 
 #: rows per relay request unless --batch-size says otherwise
 DEFAULT_ROWS = 64
@@ -98,28 +99,29 @@ def _enrol_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _not_relayable(study: Any) -> str | None:
-    """Why the study cannot be relayed, for a person at the command line (None: it can; the rule
-    is :func:`dpsketch.protocol.relayed.unrelayable`)."""
-    why = relayed.unrelayable(study)
-    if why == "parties":
-        return (f"study {study.study_id[:12]}... has parties: each party uploads its blocks directly "
+def _worded(refusal: NotRelayable) -> str:
+    """Why a study cannot be relayed (client_sdk.relayed.check_relayable, the one check), worded
+    for a person at the command line: the command to upload with instead."""
+    study = f"study {refusal.study_id[:12]}..."
+    if refusal.server_id is not None:
+        return (f"server {refusal.server_id} ({refusal.url}) takes no relayed uploads (its /v1/info policy: "
+                f"relayed_uploads false, dpsketch server --relayed-uploads off): upload to the servers "
+                f"directly (dpsketch submit --servers ...); nothing written")
+    if refusal.reason == "parties":
+        return (f"{study} has parties: each party uploads its blocks directly "
                 f"(dpsketch submit --servers ... --party), a relay cannot carry them (docs/relay.md)")
-    if why == "batch proofs":
-        return (f"study {study.study_id[:12]}... has batch proofs: its rows are uploaded directly "
-                f"(dpsketch submit --servers ...), a relay cannot carry them (docs/relay.md)")
-    return None
+    return (f"{study} has {refusal.reason}: its rows are uploaded directly "
+            f"(dpsketch submit --servers ...), a relay cannot carry them (docs/relay.md)")
 
 
-def _relays_refused(client: Any, study_id: str) -> str | None:
-    """The first server whose published policy takes no relayed uploads (``dpsketch server
-    --relayed-uploads off``: it would answer every bundle 403), worded for the command line; None
-    if every server takes them (or does not say: only an explicit false refuses)."""
-    for url, info in zip(client.urls, client.server_infos(study_id)):
-        if (info.policy or {}).get("relayed_uploads") is False:
-            return (f"server {info.server_id} ({url}) takes no relayed uploads (its /v1/info policy: "
-                    f"relayed_uploads false, dpsketch server --relayed-uploads off): upload to the servers "
-                    f"directly (dpsketch submit --servers ...); nothing written")
+def _not_relayable(study: Any) -> str | None:
+    """Why the study cannot be relayed, for a person at the command line (None: it can)."""
+    from .relayed import check_relayable
+
+    try:
+        check_relayable(study)
+    except NotRelayable as refusal:
+        return _worded(refusal)
     return None
 
 
@@ -142,11 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, verify=verify,
                     encrypt=True, sealing=args.sealing, max_floor_epsilon=args.max_floor_epsilon) as client:
-            study = client.study(args.study)
-            refused = _not_relayable(study) or _relays_refused(client, args.study)
-            if refused:
-                return fail(refused)
-            enrolment = enrol(client, args.study)
+            enrolment = enrol(client, args.study)  # NotRelayable: refused, nothing written
+    except NotRelayable as refusal:
+        return fail(_worded(refusal))
     except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
         return fail(describe_error(exc))
     try:
@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         return fail(f"cannot write {args.out}: {exc.strerror or exc}")
     if not args.quiet:
+        study = enrolment.study
         suites = sorted({r.suite.name for r in enrolment.recipients})
         print(f"enrolled in study {args.study[:12]}... ({study.kind}, {len(study.columns)} columns, "
               f"servers {', '.join(study.servers)}, sealing {'/'.join(suites)}): wrote {args.out}; "
