@@ -175,7 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """An error as one line for a person at the command line (the ``fail`` of
+    dpsketch submit and dpsketch enrol): a protocol refusal with its slug and status, a network error as where it failed."""
     url = getattr(exc, "url", None)
     if isinstance(exc, ProblemError):
         return f"{url + ': ' if url else ''}{exc.slug} ({exc.status}): {exc.detail}"
@@ -250,14 +252,15 @@ def print_data_limits(result: "SubmitResult", quiet: bool) -> None:
         print(f"dpsketch submit: warning: {' '.join(message.split())}", file=sys.stderr)
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
+def on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM stops an upload as Ctrl-C does: the rows in flight finish, the summary says how
     many every server holds, and the same command completes the rest."""
-    raise _Terminated()
+    raise Terminated()
 
 
-class _Terminated(KeyboardInterrupt):
-    pass
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised by :func:`on_sigterm`: a KeyboardInterrupt, so an upload stops as on
+    Ctrl-C, and its own class, so the command exits 143 rather than 130."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     other_warnings: list[warnings.WarningMessage] = []
     started = time.monotonic()
     try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread (main() called from a test): no handler
         previous = None
     try:
@@ -376,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         from .errors import UploadInterrupted
 
-        code = EXIT_TERMINATED if isinstance(exc, _Terminated) or isinstance(
-            exc.__cause__, _Terminated) else EXIT_INTERRUPTED
+        code = EXIT_TERMINATED if isinstance(exc, Terminated) or isinstance(
+            exc.__cause__, Terminated) else EXIT_INTERRUPTED
         what = "terminated" if code == EXIT_TERMINATED else "interrupted"
         if isinstance(exc, UploadInterrupted):
             where = f" (journal {exc.journal})" if exc.journal else ""
@@ -388,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     except IncompleteUpload as exc:
         return fail(f"{exc}", EXIT_INCOMPLETE)
     except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
-        return fail(_describe(exc))
+        return fail(describe_error(exc))
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -85,6 +85,33 @@ class ServerProtocolError(SDKError):
     """A server answered 2xx with a body that does not follow docs/protocol.md."""
 
 
+class NotRelayable(SDKError):
+    """A study whose reports cannot go through a relay (``client_sdk.relayed.enrol``, docs/relay.md):
+    the servers would refuse every bundle, so nothing is enrolled and the rows are uploaded to
+    the servers directly instead.
+
+    ``reason`` says why: ``"parties"`` or ``"batch proofs"``, the study's own
+    (:func:`dpsketch.protocol.relayed.unrelayable`: the servers answer 415), or
+    ``"relayed uploads off"``: server ``server_id`` at ``url`` publishes ``relayed_uploads``
+    false in its ``/v1/info`` policy (``dpsketch server --relayed-uploads off``: it answers 403).
+    ``server_id`` and ``url`` are None for the study's own reasons."""
+
+    def __init__(self, study_id: str, reason: str, server_id: str | None = None, url: str | None = None):
+        self.study_id, self.reason, self.server_id, self.url = study_id, reason, server_id, url
+        if server_id is not None:
+            why = (f"server {server_id} ({url}) takes no relayed uploads (its /v1/info policy says "
+                   f"relayed_uploads false: dpsketch server --relayed-uploads off, so it refuses every "
+                   f"relayed bundle with 403): upload to the servers directly (Client.submit or "
+                   f"Client.submit_many), or ask its operator to turn relayed uploads on")
+        elif reason == "parties":
+            why = (f"study {study_id[:12]}... has parties: a relay cannot carry them (each party uploads "
+                   f"its blocks to the servers directly under its own token: Client.submit_blocks)")
+        else:  # "batch proofs" (or a reason a later protocol adds)
+            why = (f"study {study_id[:12]}... has {reason}: a relay cannot carry them (upload the rows to "
+                   f"the servers directly with Client.submit_many)")
+        super().__init__(f"{why}; nothing enrolled (docs/relay.md)")
+
+
 @dataclass
 class PendingUpload:
     """One batch that server ``server_index`` does not hold yet, with the exact bytes to resend."""

@@ -37,8 +37,9 @@ from dpsketch.protocol import relayed
 from dpsketch.protocol.problems import ProblemError
 
 from .cli import (EXIT_ERROR, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE,
-                  _describe, _on_sigterm, _Terminated, add_tls_arguments, print_data_limits,
+                  Terminated, add_tls_arguments, describe_error, on_sigterm, print_data_limits,
                   privacy_limit_option, scan_rows, tls_verify)
+from .errors import NotRelayable
 
 #: rows per relay request unless --batch-size says otherwise
 DEFAULT_ROWS = 64
@@ -98,28 +99,29 @@ def _enrol_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _not_relayable(study: Any) -> str | None:
-    """Why the study cannot be relayed, for a person at the command line (None: it can; the rule
-    is :func:`dpsketch.protocol.relayed.unrelayable`)."""
-    why = relayed.unrelayable(study)
-    if why == "parties":
-        return (f"study {study.study_id[:12]}... has parties: each party uploads its blocks directly "
+def _worded(refusal: NotRelayable) -> str:
+    """Why a study cannot be relayed (client_sdk.relayed.check_relayable, the one check), worded
+    for a person at the command line: the command to upload with instead."""
+    study = f"study {refusal.study_id[:12]}..."
+    if refusal.server_id is not None:
+        return (f"server {refusal.server_id} ({refusal.url}) takes no relayed uploads (its /v1/info policy: "
+                f"relayed_uploads false, dpsketch server --relayed-uploads off): upload to the servers "
+                f"directly (dpsketch submit --servers ...); nothing written")
+    if refusal.reason == "parties":
+        return (f"{study} has parties: each party uploads its blocks directly "
                 f"(dpsketch submit --servers ... --party), a relay cannot carry them (docs/relay.md)")
-    if why == "batch proofs":
-        return (f"study {study.study_id[:12]}... has batch proofs: its rows are uploaded directly "
-                f"(dpsketch submit --servers ...), a relay cannot carry them (docs/relay.md)")
-    return None
+    return (f"{study} has {refusal.reason}: its rows are uploaded directly "
+            f"(dpsketch submit --servers ...), a relay cannot carry them (docs/relay.md)")
 
 
-def _relays_refused(client: Any, study_id: str) -> str | None:
-    """The first server whose published policy takes no relayed uploads (``dpsketch server
-    --relayed-uploads off``: it would answer every bundle 403), worded for the command line; None
-    if every server takes them (or does not say: only an explicit false refuses)."""
-    for url, info in zip(client.urls, client.server_infos(study_id)):
-        if (info.policy or {}).get("relayed_uploads") is False:
-            return (f"server {info.server_id} ({url}) takes no relayed uploads (its /v1/info policy: "
-                    f"relayed_uploads false, dpsketch server --relayed-uploads off): upload to the servers "
-                    f"directly (dpsketch submit --servers ...); nothing written")
+def _not_relayable(study: Any) -> str | None:
+    """Why the study cannot be relayed, for a person at the command line (None: it can)."""
+    from .relayed import check_relayable
+
+    try:
+        check_relayable(study)
+    except NotRelayable as refusal:
+        return _worded(refusal)
     return None
 
 
@@ -142,18 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Client(urls, timeout=args.timeout, max_retries=args.max_retries, verify=verify,
                     encrypt=True, sealing=args.sealing, max_floor_epsilon=args.max_floor_epsilon) as client:
-            study = client.study(args.study)
-            refused = _not_relayable(study) or _relays_refused(client, args.study)
-            if refused:
-                return fail(refused)
-            enrolment = enrol(client, args.study)
+            enrolment = enrol(client, args.study)  # NotRelayable: refused, nothing written
+    except NotRelayable as refusal:
+        return fail(_worded(refusal))
     except (SDKError, ProblemError, ValueError, OSError, httpx.HTTPError) as exc:
-        return fail(_describe(exc))
+        return fail(describe_error(exc))
     try:
         enrolment.save(args.out)
     except OSError as exc:
         return fail(f"cannot write {args.out}: {exc.strerror or exc}")
     if not args.quiet:
+        study = enrolment.study
         suites = sorted({r.suite.name for r in enrolment.recipients})
         print(f"enrolled in study {args.study[:12]}... ({study.kind}, {len(study.columns)} columns, "
               f"servers {', '.join(study.servers)}, sealing {'/'.join(suites)}): wrote {args.out}; "
@@ -344,12 +345,12 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
                 return EXIT_OK
             sent_before = journal.done
     except (SDKError, ValueError, OSError) as exc:
-        return fail(_describe(exc))
+        return fail(describe_error(exc))
     stored = sent_before
     counts = {"accepted": 0, "duplicates": 0}
     limits = SubmitResult([], total, {}, {})  # clamped, clipped, rows_seen: as the direct route's
     try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread
         previous = None
     bar = None
@@ -406,17 +407,17 @@ def submit_relayed(args: argparse.Namespace, fail: Callable[..., int]) -> int:
         if privacy_limit is not None:
             privacy_limit.record(study)
     except KeyboardInterrupt as exc:
-        code = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
+        code = EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
         return fail(f"{'terminated' if code == EXIT_TERMINATED else 'interrupted'}: {_progress(stored, total, journal)}",
                     code)
     except (ProblemError, ServerUnreachable) as exc:
         server_id = getattr(exc, "server_id", None)  # a refusal names its server (RelayClient.send)
         where = f"server {server_id}: " if server_id else ""
         retryable = isinstance(exc, ServerUnreachable) or exc.status in RETRYABLE
-        return fail(f"{where}{_describe(exc)}; {_progress(stored, total, journal, retryable)}",
+        return fail(f"{where}{describe_error(exc)}; {_progress(stored, total, journal, retryable)}",
                     EXIT_INCOMPLETE if retryable else EXIT_ERROR)
     except (SDKError, ValueError, OSError, httpx.HTTPError) as exc:
-        return fail(f"{_describe(exc)}; {_progress(stored, total, journal)}")
+        return fail(f"{describe_error(exc)}; {_progress(stored, total, journal)}")
     finally:
         if bar is not None:
             bar.close()

@@ -94,11 +94,46 @@ class Enrolment:
 
 def enrol(client: Any, study_id: str) -> Enrolment:
     """The enrolment of ``study_id`` read through ``client`` (a Client with ``encrypt=True``),
-    which fetches the study and keys from every server and checks them (Client.study)."""
+    which fetches the study and keys from every server and checks them (Client.study).
+
+    Raises :class:`~client_sdk.errors.NotRelayable` for a study whose reports no relay can carry
+    (:func:`check_relayable`): its bundles would be refused at every attempt, so none is enrolled."""
     if not client.encrypt:
         raise ValueError("enrol with Client(..., encrypt=True): the enrolment holds the servers' HPKE keys")
     study = client.study(study_id)
+    check_relayable(study, client)
     return Enrolment(study, tuple(client.recipients(study_id)))
+
+
+def check_relayable(study: Study, client: Any = None) -> None:
+    """Raise :class:`~client_sdk.errors.NotRelayable` unless ``study``'s reports can go through a
+    relay: not for a study with parties or batch proofs (the rule is
+    :func:`dpsketch.protocol.relayed.unrelayable`; the servers answer 415), nor, given ``client``
+    (a Client with ``encrypt=True`` that read the study: its servers' ``/v1/info``), at a server
+    whose published policy says ``relayed_uploads`` is false (``dpsketch server --relayed-uploads
+    off``: it answers every bundle 403). ``enrol`` and ``dpsketch enrol`` run it, and ``dpsketch
+    submit --relay`` without a client on the study of an enrolment file.
+
+    A policy without a ``relayed_uploads`` member, or no policy, is let through: docs/protocol.md
+    makes ``/v1/info``'s ``policy`` optional (section 6) and never requires the member, so its
+    absence says nothing either way (another implementation, or a server from before relayed
+    uploads). Refusing it would keep such a study off every relay on a guess, and nothing is at
+    stake in letting it through: a server that takes no bundle refuses it whole itself (403, or
+    no route), nothing stored, and the device gets that refusal as the server's outcome
+    (``RelayClient.submit`` raises it, naming the server). Only an explicit false refuses here.
+    """
+    from .errors import NotRelayable
+
+    why = relayed.unrelayable(study)
+    if why is not None:
+        raise NotRelayable(study.study_id, why)
+    if client is None:
+        return
+    if not client.encrypt:
+        raise ValueError("check a study's servers with Client(..., encrypt=True): only it reads their /v1/info")
+    for url, info in zip(client.urls, client.server_infos(study.study_id)):
+        if (info.policy or {}).get("relayed_uploads") is False:
+            raise NotRelayable(study.study_id, "relayed uploads off", info.server_id, url)
 
 
 def _proxy_for(scheme: str) -> bool:

@@ -11,7 +11,8 @@ nothing; a histogram study's rows go through too, raw, and its release is exactl
 of what the devices prepared; rows clipped to the row bound give the direct route's one-line
 warning; misuse is one line with exit 2, a study not at every server, a server that cannot be
 reached, a server whose policy takes no relayed uploads, or a study with parties or batch proofs
-one line with exit 1.
+one line with exit 1; the library's ``enrol()`` refuses the same two (``NotRelayable``), by the one
+check the command line words.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import httpx
 import numpy as np
 import pytest
 
-from dpsketch.client_sdk import Client, relay_cli
+from dpsketch.client_sdk import Client, NotRelayable, SDKError, relay_cli
 from dpsketch.client_sdk.cli import main as submit
-from dpsketch.client_sdk.relayed import Enrolment, RelayClient, enrol
+from dpsketch.client_sdk.relayed import Enrolment, RelayClient, check_relayable, enrol
 from dpsketch.protocol import relayed, ring
+from dpsketch.protocol.messages import ServerInfo
 from dpsketch.services.relayed_uploads import refusal
 from dpsketch.tools.cluster import free_port, share_server, start_all
 from dpsketch.tools.cluster import relay as relay_process
@@ -196,6 +198,76 @@ def test_a_study_with_parties_or_batch_proofs_is_not_relayed_by_one_rule():
     assert refusal(SimpleNamespace(study=proofs)).startswith(f"study {proofs.study_id} has batch proofs: ")
     assert "a relay cannot carry them" in relay_cli._not_relayable(parties)
     assert "--party" in relay_cli._not_relayable(parties) and "--party" not in relay_cli._not_relayable(proofs)
+
+
+def test_the_sdks_enrol_refuses_a_server_whose_policy_takes_no_relayed_uploads(setup, tmp_path):
+    """The library's enrol() refuses as dpsketch enrol does: the study at "a" and at the "b" run
+    with ``--relayed-uploads off``, enrol() raises NotRelayable naming that server (id and URL),
+    why and what to do instead, and nothing is saved; at "a" and the "b" that takes them, the
+    same call enrols."""
+    specs, procs, _, off = setup
+    study, _ = _study(setup, "relay-sdk-route-off")
+    provision_with_token(off.proc.url, off.spec.operator_token, study)
+    out = tmp_path / "enrolment.json"
+    with Client([procs[0].url, off.proc.url], encrypt=True) as client:
+        with pytest.raises(NotRelayable) as refused:
+            enrol(client, study.study_id).save(out)
+    err = refused.value
+    assert (err.reason, err.server_id, err.url, err.study_id) == ("relayed uploads off", "b", off.proc.url,
+                                                                  study.study_id)
+    assert str(err).startswith(f"server b ({off.proc.url}) takes no relayed uploads (its /v1/info policy says "
+                               f"relayed_uploads false"), str(err)
+    assert "upload to the servers directly (Client.submit or Client.submit_many)" in str(err)
+    assert isinstance(err, SDKError) and not out.exists()
+    with Client([procs[0].url, procs[1].url], encrypt=True) as client:
+        enrol(client, study.study_id).save(out)
+    assert Enrolment.load(out).study_id == study.study_id
+
+
+def test_the_sdks_enrol_and_dpsketch_enrol_refuse_a_study_with_parties(setup, tmp_path, capsys):
+    """A study with parties, held by both servers (which take relayed uploads): enrol() raises
+    NotRelayable saying it has parties and pointing to submit_blocks, nothing saved; dpsketch
+    enrol says the same for the command line (--party), one line, exit 1, nothing written."""
+    specs, procs = setup[:2]
+    study = make_study(COLUMNS, 100, seed="relay-sdk-parties", epsilon_floor=None,
+                       parties=[{"name": "p", "columns": ["x0"]}, {"name": "q", "columns": ["x1", "x2"]}])
+    for spec, proc in zip(specs, procs):
+        r = httpx.put(f"{proc.url}/v1/studies/{study.study_id}", content=study.canonical(), timeout=60,
+                      headers={"Authorization": f"Bearer {spec.operator_token}", "Content-Type": "application/json"})
+        assert r.status_code == 201, r.text
+    out = tmp_path / "enrolment.json"
+    urls = [p.url for p in procs]
+    with Client(urls, encrypt=True) as client:
+        with pytest.raises(NotRelayable) as refused:
+            enrol(client, study.study_id).save(out)
+    assert (refused.value.reason, refused.value.server_id) == ("parties", None)
+    assert str(refused.value).startswith(f"study {study.study_id[:12]}... has parties: a relay cannot carry them")
+    assert "Client.submit_blocks" in str(refused.value) and not out.exists()
+    assert relay_cli.main(["--study", study.study_id, "--servers", ",".join(urls), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"dpsketch enrol: error: study {study.study_id[:12]}... has parties: each party uploads its "
+                   f"blocks directly (dpsketch submit --servers ... --party), a relay cannot carry them "
+                   f"(docs/relay.md)\n") and not out.exists()
+
+
+def test_a_policy_without_relayed_uploads_is_let_through_only_false_refuses():
+    """check_relayable reads each server's /v1/info as the Client read it (here given): a policy
+    without the member, or no policy, passes (docs/protocol.md makes neither required); true
+    passes; false refuses, naming the first server that says so."""
+    study = make_study(COLUMNS, 100, seed="relay-sdk-policy", epsilon_floor=None)
+
+    def client(*policies):
+        infos = [ServerInfo(server_id=s, protocol="dpsketch/2", version="0", policy=p)
+                 for s, p in zip(study.servers, policies)]
+        return SimpleNamespace(encrypt=True, urls=["http://a.test", "http://b.test"], server_infos=lambda _: infos)
+
+    for policies in [({}, None), ({"relayed_uploads": True}, {"max_epsilon": 10}), (None, {"relayed_uploads": True})]:
+        check_relayable(study, client(*policies))  # no refusal
+    with pytest.raises(NotRelayable) as refused:
+        check_relayable(study, client({"relayed_uploads": True}, {"relayed_uploads": False}))
+    assert (refused.value.server_id, refused.value.url) == ("b", "http://b.test")
+    with pytest.raises(ValueError, match="encrypt=True"):
+        check_relayable(study, SimpleNamespace(encrypt=False))
 
 
 def test_rows_clipped_on_the_relay_route_warn_as_on_the_direct_route(setup, tmp_path, capsys):
