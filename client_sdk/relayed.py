@@ -42,7 +42,7 @@ from dpsketch.protocol.study import Study
 from . import data as _data
 from . import sealing as _sealing
 from .client import _tls_context, retry_delay
-from .errors import SDKError, ServerProtocolError, ServerUnreachable, cert_error
+from .errors import NotRelayable, SDKError, ServerProtocolError, ServerUnreachable, cert_error
 from .prepare import prepare_batch
 
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
@@ -122,8 +122,6 @@ def check_relayable(study: Study, client: Any = None) -> None:
     no route), nothing stored, and the device gets that refusal as the server's outcome
     (``RelayClient.submit`` raises it, naming the server). Only an explicit false refuses here.
     """
-    from .errors import NotRelayable
-
     why = relayed.unrelayable(study)
     if why is not None:
         raise NotRelayable(study.study_id, why)
