@@ -32,6 +32,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -40,10 +41,10 @@ import pytest
 from dpsketch.analyzer.client import AnalyzerClient
 from dpsketch.client_sdk import Client
 from dpsketch.client_sdk.prepare import prepare_batch
-from conftest import cluster_for_module
+from conftest import OPEN_UPLOADS, Servers, cluster_for_module
 from dpsketch.protocol import Study, messages, ring, sketch
 from test_e2e import NO_FLOOR_POLICY, direct_sketch
-from dpsketch.tools.cluster import free_port
+from dpsketch.tools.cluster import free_port, share_server, stop_all
 
 PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "typescript"
 COLUMNS = ["x0", "x1", "x2", "x3", "y"]
@@ -87,10 +88,22 @@ PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
 
 @pytest.fixture(scope="module")
 def exact_cluster(tmp_path_factory):
+    """Three share servers and an analyzer; and ``c.relayed_off``, server s3 run a second time
+    (its own database and keys) with relayed uploads off, for the enrol test. It is spawned once
+    the cluster is up and left to start while the other tests run (about 1.5 s of CPU, most of it
+    imports; the cluster's own start-up is CPU-bound, so starting beside it saved nothing): the
+    enrol test, near the end, waits for it."""
     # a small min_reports floor: the relayed test releases a study of a few devices (synthetic rows)
     env = {**NO_FLOOR_POLICY, "DPSKETCH_CORS_ORIGINS": PAGE_ORIGIN, "DPSKETCH_MIN_REPORTS": "2"}
     with cluster_for_module(tmp_path_factory, "ts-client", server_env={f"s{j + 1}": env for j in range(3)}) as c:
-        yield c
+        off_dir = tmp_path_factory.mktemp("ts-client-relayed-off")
+        off_spec = Servers(off_dir).spec("s3")
+        off = share_server(off_spec, off_dir, {**OPEN_UPLOADS, **env, "DPSKETCH_RELAYED_UPLOADS": "off"})
+        try:
+            c.relayed_off = SimpleNamespace(spec=off_spec, proc=off.spawn())
+            yield c
+        finally:
+            stop_all([off])
 
 
 def node_submit(config: dict) -> dict:
@@ -878,3 +891,55 @@ def test_node_devices_through_a_real_relay_release_exactly_and_a_forged_mac_is_r
     expected = ring.decode(direct_sketch(study, ids, encoded), study.frac_bits) * sketch.scale(study.s)
     np.testing.assert_array_equal(released, expected)
     assert fin["inclusion_hash"] == messages.inclusion_hash(sorted(ids))
+
+
+NODE_ENROL = """
+import { NotRelayable, enrol } from "./dist/index.js";
+const chunks = [];
+for await (const c of process.stdin) chunks.push(c);
+const cfg = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+const out = [];
+for (const urls of cfg.serverLists) {
+  try {
+    const e = await enrol({ studyId: cfg.studyId, servers: urls.map((url) => ({ url })) });
+    out.push({ enrolled: e.studyId, servers: e.recipients.map((r) => r.serverId) });
+  } catch (e) {
+    if (!(e instanceof NotRelayable)) throw e;
+    out.push({ refused: { reason: e.reason, serverId: e.serverId, url: e.url, studyId: e.studyId }, message: e.message });
+  }
+}
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def test_node_enrol_refuses_a_server_with_relayed_uploads_off_naming_it(built_package, exact_cluster):
+    """The TypeScript enrol reads each server's /v1/info policy, as the Python SDK's enrol() does:
+    a study at s1, s2 and the s3 run with ``DPSKETCH_RELAYED_UPLOADS=off`` (it would answer every
+    relayed bundle 403) is refused with NotRelayable naming that server (id and URL), why, and
+    to upload directly; nothing enrolled. The same study at s1, s2 and the s3 that takes relayed
+    uploads enrols, in one Node process."""
+    c = exact_cluster
+    off = c.relayed_off
+    off.proc.wait_healthy(30)
+    assert httpx.get(f"{off.proc.url}/v1/info").json()["policy"]["relayed_uploads"] is False
+    with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+        created = an.create_study(name="ts enrol", columns=["x0", "x1"], label=None, expected_reports=10,
+                                  min_reports=10, kind="sketch", k=1, s=1, epsilon=1.0, delta=1e-6,
+                                  row_bound=1.0, epsilon_floor=None)
+    study = Study.model_validate(created["study"])
+    r = httpx.put(f"{off.proc.url}/v1/studies/{study.study_id}", content=study.canonical(), timeout=60,
+                  headers={"Authorization": f"Bearer {off.spec.operator_token}", "Content-Type": "application/json"})
+    assert r.status_code == 201, r.text
+    with_off = [*c.server_urls[:2], off.proc.url]
+    r = _run(["node", "--input-type=module", "-e", NODE_ENROL],
+             input=json.dumps({"studyId": study.study_id, "serverLists": [with_off, c.server_urls]}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    refused, enrolled = json.loads(r.stdout)
+    assert refused["refused"] == {"reason": "relayed uploads off", "serverId": "s3", "url": off.proc.url,
+                                  "studyId": study.study_id}, refused
+    message = refused["message"]
+    assert message.startswith(f"server s3 ({off.proc.url}) takes no relayed uploads (its /v1/info policy says "
+                              f"relayed_uploads false"), message
+    assert "upload to the servers directly (Client.submit)" in message, message
+    assert message.endswith("; nothing enrolled (docs/relay.md)"), message
+    assert enrolled == {"enrolled": study.study_id, "servers": ["s1", "s2", "s3"]}, enrolled

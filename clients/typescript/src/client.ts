@@ -124,6 +124,8 @@ export class Client {
     private readonly retry: RetryPolicy,
     /** the study's epsilon and floor as this client recomputed them (accounting.ts) */
     readonly promise: PromiseCheck,
+    /** each server's published policy from its /v1/info (study order; null: it publishes none) */
+    readonly policies: readonly (Record<string, unknown> | null)[],
   ) {}
 
   static async connect(opts: ConnectOptions): Promise<Client> {
@@ -150,15 +152,16 @@ export class Client {
     if (new Set(order).size !== opts.servers.length) throw new Error("the endpoints are not the study's servers, each once");
     const endpoints = order.map((j) => ({ ...opts.servers[j], url: opts.servers[j].url.replace(/\/$/, "") }));
     // each server's published policy: the study must be one it would serve
-    const policies = await Promise.all(endpoints.map((e) => getJson<{ policy?: Record<string, unknown> }>(fetchFn, `${e.url}/v1/info`, retry)));
-    policies.forEach((p, j) => checkPolicy(study, p.policy ?? null, endpoints[j].url));
+    const published = await Promise.all(endpoints.map((e) => getJson<{ policy?: Record<string, unknown> | null }>(fetchFn, `${e.url}/v1/info`, retry)));
+    const policies = published.map((p) => p.policy ?? null);
+    policies.forEach((p, j) => checkPolicy(study, p, endpoints[j].url));
     let keys: ServerKey[] | null = null;
     const sealing = opts.sealing ?? "none";
     if (sealing !== "none") {
       keys = order.map((j) => currentKey(infos[j].hpke, sealing, sealedLayout.VERSION));
       checkDistinctKeys(keys);
     }
-    return new Client(study, opts.studyId, endpoints, keys, fetchFn, retry, promise);
+    return new Client(study, opts.studyId, endpoints, keys, fetchFn, retry, promise, policies);
   }
 
   /** The current key this client seals to at each server (study order), or null when it does not seal. */

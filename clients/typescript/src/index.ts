@@ -18,5 +18,5 @@ export { partyPlan, validityPlan, type ValidityPlan } from "./validity/study.js"
 export { prepareProofBatch, proofBatchRows, maxRows, type ProofBatch } from "./proof_batch.js";
 export { studyBatchPlan, proveBatchRows, rowIds, type BatchPlan, type ProvedBatch } from "./validity/batch_validity.js";
 export { records as batchRecords, LEADER_MEDIA_TYPE as PROOF_BATCH_TYPE, HELPER_MEDIA_TYPE as PROOF_BATCH_SEED_TYPE, type BatchRecord } from "./validity/batch_records.js";
-export { RelayClient, Enrolment, enrol, type RelayedOutcome, type RelayedRow, type RelayOptions, type Recipient as RelayRecipient } from "./relayed.js";
+export { RelayClient, Enrolment, enrol, NotRelayable, checkRelayable, type RelayedOutcome, type RelayedRow, type RelayOptions, type Recipient as RelayRecipient } from "./relayed.js";
 export * as relayed from "./relayed.js";

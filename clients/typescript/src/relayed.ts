@@ -201,12 +201,85 @@ export class Enrolment {
 }
 
 /**
+ * A study whose reports no relay can carry (the Python SDK's `NotRelayable`, docs/relay.md): the
+ * servers would refuse every bundle, so `enrol` enrols nothing and the rows are uploaded to the
+ * servers directly instead.
+ *
+ * `reason` says why: `"parties"` or `"batch proofs"`, the study's own (`unrelayable`: the servers
+ * answer 415), or `"relayed uploads off"`: server `serverId` at `url` publishes `relayed_uploads`
+ * false in its `/v1/info` policy (`dpsketch server --relayed-uploads off`: it answers 403).
+ * `serverId` and `url` are undefined for the study's own reasons.
+ */
+export class NotRelayable extends Error {
+  constructor(
+    public readonly studyId: string,
+    public readonly reason: string,
+    public readonly serverId?: string,
+    public readonly url?: string,
+  ) {
+    let why: string;
+    if (serverId !== undefined) {
+      why = `server ${serverId} (${url}) takes no relayed uploads (its /v1/info policy says relayed_uploads false: `
+        + "dpsketch server --relayed-uploads off, so it refuses every relayed bundle with 403): upload to the servers "
+        + "directly (Client.submit), or ask its operator to turn relayed uploads on";
+    } else if (reason === "parties") {
+      why = `study ${studyId.slice(0, 12)}... has parties: a relay cannot carry them (each party uploads its blocks `
+        + "to the servers directly under its own token: Client.submitBlocks)";
+    } else { // "batch proofs" (or a reason a later protocol adds)
+      why = `study ${studyId.slice(0, 12)}... has ${reason}: a relay cannot carry them (upload the rows to the servers `
+        + "directly with Client.submit)";
+    }
+    super(`${why}; nothing enrolled (docs/relay.md)`);
+  }
+}
+
+/**
+ * What keeps a study's reports off a relay (section 7b): "parties" (a party uploads its blocks
+ * under its party's token, section 2d) or "batch proofs" (each batch comes with its proof
+ * record, section 4d); null: the study can be relayed. dpsketch/protocol/relayed.py's
+ * `unrelayable`, the rule the servers' 415 follows.
+ */
+export function unrelayable(study: Study): "parties" | "batch proofs" | null {
+  if (study.parties) return "parties";
+  if (study.batch_proofs) return "batch proofs";
+  return null;
+}
+
+/**
+ * Throw a NotRelayable unless `study`'s reports can go through a relay: not for a study with
+ * parties or batch proofs, nor, given `client` (connected to the study: its servers' /v1/info
+ * policies, study order), at a server whose published policy says `relayed_uploads` is false
+ * (`dpsketch server --relayed-uploads off`: it answers every bundle 403). The Python SDK's
+ * `check_relayable`; `enrol` runs it.
+ *
+ * A policy without a `relayed_uploads` member, or no policy, is let through: docs/protocol.md
+ * makes `/v1/info`'s `policy` optional (section 6) and never requires the member, so its absence
+ * says nothing either way (another implementation, or a server from before relayed uploads).
+ * Refusing it would keep such a study off every relay on a guess, and nothing is at stake in
+ * letting it through: a server that takes no bundle refuses it whole itself (403, or no route),
+ * nothing stored, and the device gets that refusal as the server's outcome (RelayClient.submit
+ * throws it, naming the server). Only an explicit false refuses here.
+ */
+export function checkRelayable(study: Study, client?: Pick<Client, "endpoints" | "policies">): void {
+  const id = studyId(study);
+  const why = unrelayable(study);
+  if (why !== null) throw new NotRelayable(id, why);
+  if (!client) return;
+  for (const [j, policy] of client.policies.entries()) {
+    if (policy?.relayed_uploads === false) throw new NotRelayable(id, "relayed uploads off", study.servers[j], client.endpoints[j].url);
+  }
+}
+
+/**
  * The enrolment of a study read from the share servers themselves (`opts.servers`: their URLs,
  * no tokens needed), with every check Client.connect makes (the recomputed id everywhere, the
- * study's rules and promise, each server's policy, its keys), sealing to `opts.sealing`.
+ * study's rules and promise, each server's policy, its keys), sealing to `opts.sealing`. Throws
+ * a NotRelayable (checkRelayable), nothing enrolled, for a study with parties or batch proofs or
+ * at a server whose policy says relayed_uploads false: its bundles would be refused every time.
  */
 export async function enrol(opts: Omit<ConnectOptions, "sealing"> & { sealing?: SuiteName }): Promise<Enrolment> {
   const client = await Client.connect({ ...opts, sealing: opts.sealing ?? "classical" });
+  checkRelayable(client.study, client);
   const keys = client.sealingKeys!;
   return new Enrolment(client.study, client.study.servers.map((serverId, j) => ({ serverId, key: keys[j] })));
 }
@@ -250,8 +323,9 @@ export class RelayClient {
     this.tokens = tokens ? tokens.slice() : new Array(n).fill(null);
     if (this.tokens.length !== n) throw new Error(`give one upload token per server of the study (${n}), in its order`);
     const study = enrolment.study;
-    if (study.parties) throw new Error("a study with parties takes no relayed uploads: each party uploads its blocks directly (section 2d)");
-    if (study.batch_proofs) throw new Error("a study with batch proofs takes no relayed uploads: a batch comes with its proof record (section 4d)");
+    const why = unrelayable(study);
+    if (why === "parties") throw new Error("a study with parties takes no relayed uploads: each party uploads its blocks directly (section 2d)");
+    if (why === "batch proofs") throw new Error("a study with batch proofs takes no relayed uploads: a batch comes with its proof record (section 4d)");
     this.url = relayUrl.replace(/\/$/, "");
     this.fetchFn = opts.fetch ?? ((u, i) => globalThis.fetch(u, i));
     this.retry = { ...DEFAULT_RETRY, ...(opts.retry ?? {}) };

@@ -3,7 +3,9 @@
  * digest, id, MAC key, the sealed batch's header and transcript, the MAC, the entry and its
  * bundle), malformed bundles named, the enrolment's JSON (the Python SDK's shape) and its checks,
  * and a RelayClient against a relay that misbehaves (a fake fetch, no network): outcomes worth
- * retrying resent with the same bytes and only those, the first refusal surfaced with its server.
+ * retrying resent with the same bytes and only those, the first refusal surfaced with its server;
+ * enrol over fake servers refusing (NotRelayable, naming the server) only where a policy says
+ * relayed_uploads false, and a study with parties or batch proofs.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -11,7 +13,7 @@ import { hex, unhex } from "../src/bytes.js";
 import { keyId, suite } from "../src/sealing/suites.js";
 import { transcript } from "../src/sealing/v4.js";
 import * as relayed from "../src/relayed.js";
-import { Enrolment, ProblemError, RelayClient } from "../src/index.js";
+import { Enrolment, NotRelayable, ProblemError, RelayClient, checkRelayable, enrol } from "../src/index.js";
 import { studyId, type Study } from "../src/study.js";
 import { section9, vectors } from "./helpers.js";
 
@@ -166,4 +168,51 @@ test("relay client: the first refusal is a ProblemError naming its server; retri
   const always = new RelayClient("http://relay.test", enrolment, null, { fetch: fakeRelay(() => busy, []), retry: { maxRetries: 2, backoff: 0.001 } });
   await assert.rejects(always.submit([0, 0, 0]), (e: unknown) => e instanceof ProblemError && e.status === 502 && e.slug === "upstream-failure");
   assert.throws(() => new RelayClient("http://relay.test", enrolment, ["only-one"]), /one upload token per server/);
+});
+
+/** Three servers (no network) holding `study`, each with its key and `policies[j]` as its /v1/info policy. */
+function fakeServers(keys: Uint8Array[], policies: (Record<string, unknown> | null | undefined)[]) {
+  return async (url: string): Promise<Response> => {
+    const j = Number(/^http:\/\/s(\d)\.test/.exec(url)![1]) - 1;
+    const path = url.slice("http://s1.test".length);
+    const info = path === "/v1/info"
+      ? { server_id: study.servers[j], ...(policies[j] === undefined ? {} : { policy: policies[j] }) }
+      : { study_id: id, server_id: study.servers[j], status: "open", study,
+          hpke: { kem_id: 32, current: keyId(keys[j]), keys: [{ key_id: keyId(keys[j]), public_key: hex(keys[j]) }], versions: [4] } };
+    return new Response(JSON.stringify(info), { status: 200, headers: { "Content-Type": "application/json" } });
+  };
+}
+
+test("enrol: refused (NotRelayable, naming the server) only where a policy says relayed_uploads false", async () => {
+  const keys = await freshKeys(3);
+  const servers = [1, 2, 3].map((k) => ({ url: `http://s${k}.test` }));
+  // no member, no policy, true, a string "false" (not false): let through, as the Python SDK does
+  // (docs/protocol.md section 6 requires neither the policy nor the member); checked as enrol does
+  // on a connected client's policies (a Client.connect costs a few hundred ms: one is enough)
+  const endpoints = servers;
+  for (const policies of [[{}, null, { max_epsilon: 10 }], [{ relayed_uploads: true }, null, { relayed_uploads: "false" }]]) {
+    checkRelayable(study, { endpoints, policies });
+  }
+  assert.throws(() => checkRelayable(study, { endpoints, policies: [null, null, { relayed_uploads: false }] }),
+    (e: unknown) => e instanceof NotRelayable && e.serverId === study.servers[2] && e.url === "http://s3.test");
+  const off = fakeServers(keys, [{ relayed_uploads: true }, { relayed_uploads: false }, { relayed_uploads: false }]);
+  await assert.rejects(enrol({ studyId: id, servers, fetch: off }), (e: unknown) => {
+    assert.ok(e instanceof NotRelayable && e instanceof Error);
+    assert.deepEqual([e.reason, e.serverId, e.url, e.studyId], ["relayed uploads off", study.servers[1], "http://s2.test", id]);
+    assert.match(e.message, /^server \S+ \(http:\/\/s2\.test\) takes no relayed uploads \(its \/v1\/info policy says relayed_uploads false/);
+    assert.match(e.message, /upload to the servers directly \(Client\.submit\).*; nothing enrolled \(docs\/relay\.md\)$/);
+    return true;
+  });
+  // the same servers publishing no policy: enrolled
+  assert.equal((await enrol({ studyId: id, servers, fetch: fakeServers(keys, [undefined, undefined, undefined]) })).studyId, id);
+});
+
+test("checkRelayable: a study with parties or batch proofs, whatever its servers publish", () => {
+  checkRelayable(study);
+  const parties = { ...study, parties: [{ name: "p", columns: study.columns.slice(0, 1) }, { name: "q", columns: study.columns.slice(1) }] } as Study;
+  const proofs = { ...study, batch_proofs: true } as Study;
+  for (const [s, reason, hint] of [[parties, "parties", /Client\.submitBlocks/], [proofs, "batch proofs", /directly with Client\.submit\)/]] as const) {
+    assert.throws(() => checkRelayable(s), (e: unknown) => e instanceof NotRelayable && e.reason === reason && e.serverId === undefined
+      && e.message.startsWith(`study ${studyId(s).slice(0, 12)}... has ${reason}: a relay cannot carry them`) && hint.test(e.message));
+  }
 });
