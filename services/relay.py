@@ -41,6 +41,7 @@ from fastapi import FastAPI, Request, Response
 
 import dpsketch
 from dpsketch import problem_http
+from dpsketch.origins import check_origins, split_origins
 from dpsketch.protocol import relayed
 from dpsketch.protocol.messages import RelayedResults
 from dpsketch.protocol.problems import ProblemError
@@ -317,7 +318,7 @@ def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES,
     pages (exact origins, or ``*``) allowed to call it from a browser; ValueError naming one that
     is not an origin. With none, no CORS layer at all (every device's request pays nothing);
     with some, it wraps everything, so the device route's every answer carries the header."""
-    cors_origins = problem_http.check_origins(cors_origins, "dpsketch relay --cors-origins")
+    cors_origins = check_origins(cors_origins, "dpsketch relay --cors-origins")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -416,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--access-log", action="store_true",
                         help="log every request (off by default: a relay takes one request per device)")
     parser.add_argument("--ca-bundle", default=None, help="CA bundle to verify the servers' TLS with")
-    parser.add_argument("--cors-origins", type=problem_http.split_origins, default=(), metavar="ORIGIN,...",
+    parser.add_argument("--cors-origins", type=split_origins, default=(), metavar="ORIGIN,...",
                         help="web pages allowed to call this relay from a browser (CORS), e.g. "
                              "https://survey.example.org, comma-separated, or '*' for any page "
                              "(default: none, a page on another origin is refused)")
