@@ -21,7 +21,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dpsketch.origins import ORIGIN_PATTERN, check_origins, split_origins  # noqa: F401 (re-exported: server and relay)
 from dpsketch.protocol.messages import PROBLEM_MEDIA_TYPE, Problem
 from dpsketch.protocol.problems import CATALOGUE, ProblemError, summarize_errors  # noqa: F401 (re-exported for services)
 

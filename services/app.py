@@ -193,16 +193,17 @@ def _install_sighup(registry: TokenRegistry) -> None:
 
 
 def _parse_blocks(body: bytes, study: Study, party: int, server_id: str, keys=None,
-                  seeds: bool = False) -> tuple[Upload, np.ndarray]:
+                  seeds: bool = False, header: envelope.BatchHeader | None = None) -> tuple[Upload, np.ndarray]:
     """Decode one party's block batch (``seeds``: a block seed batch; or, with this server's key
-    ring ``keys``, open a sealed one: docs/sealing.md section 3a) and check every block's binding
-    (worker thread); the upload and what the server keeps of its records (a validity study's:
-    the leader's n_j + P_j values, checked < p, or the helper's seeds as words)."""
+    ring ``keys``, open a sealed one: docs/sealing.md section 3a, its ``header`` as
+    sealed_precheck parsed it) and check every block's binding (worker thread); the upload and
+    what the server keeps of its records (a validity study's: the leader's n_j + P_j values,
+    checked < p, or the helper's seeds as words)."""
     width = proved_shares.upload_width(study, party)  # a validity study's leader: input and proof shares
     try:
         if keys is not None:
             upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
-                                         keys.private_key_for, party)
+                                         keys.private_key_for, party, header=header)
         else:
             upload = decode_blocks(body, party, width, study.n_servers, seeds)
     except envelope.SealError as exc:
@@ -597,11 +598,11 @@ def create_app(settings: Settings) -> FastAPI:
                                    f"parties upload {BLOCKS_MEDIA_TYPE}; party=NAME batches, not block seeds")
             body = await request.body()
             sealed = media_type == SEALED_MEDIA_TYPE
-            if sealed:
-                await run_in_threadpool(sealed_precheck, store, record, body, token, party)
+            header = (await run_in_threadpool(sealed_precheck, store, record, body, token, party)
+                      if sealed else None)  # parsed once: the opening below reuses it
             upload, kept = await run_in_threadpool(_parse_blocks, body, record.study, party, settings.server_id,
                                                    store.keys if sealed else None,
-                                                   media_type == BLOCK_SEEDS_MEDIA_TYPE)
+                                                   media_type == BLOCK_SEEDS_MEDIA_TYPE, header)
             result = await asyncio.wrap_future(store.submit_upload(
                 record, upload.ids, kept, None, None, token, upload.pseudonyms, party))
             metrics.uploaded(study_id, result)
@@ -619,10 +620,10 @@ def create_app(settings: Settings) -> FastAPI:
             metrics.uploaded(study_id, result)
             await hold_route_answer(gate, request.scope, result)
             return json_response(result)
-        if media_type == SEALED_MEDIA_TYPE:
-            await run_in_threadpool(sealed_precheck, store, record, body, token)
+        header = (await run_in_threadpool(sealed_precheck, store, record, body, token)
+                  if media_type == SEALED_MEDIA_TYPE else None)  # parsed once: the opening reuses it
         ids, shares, rows, signs, sorted_ids, seeds, addends = await run_in_threadpool(
-            parse_batch, body, record.study, media_type, settings.server_id, store.keys)
+            parse_batch, body, record.study, media_type, settings.server_id, store.keys, header=header)
         result = await asyncio.wrap_future(store.submit_upload(record, ids, shares, rows, signs, token,
                                                                sorted_ids=sorted_ids, seeds=seeds,
                                                                addends=addends))

@@ -103,13 +103,14 @@ def parse(record: "StudyRecord", position: int, media_type: str, body: bytes,
             "shares": np.frombuffer(body, dtype=np.uint8).reshape(1, -1)}
 
 
-def sealed_precheck(store: "Store", record: "StudyRecord", body: bytes, token: bytes | None) -> None:
+def sealed_precheck(store: "Store", record: "StudyRecord", body: bytes, token: bytes | None) -> envelope.BatchHeader:
     """What a sealed record (docs/sealing.md section 3b) is judged on before any decryption: its
     layout and length (``envelope.parse_record``: 400), a key id of this server (422
     sealed-share-refused), and some quota left for the upload token (its m is sealed): a token
     with no room left is refused (403) unless this server holds row 0 of the batch its clear id
     names (a batch sent again, which costs the token nothing; its rows are judged exactly after
-    opening, and the clear id checked against the opened record)."""
+    opening, and the clear id checked against the opened record). Returns the parsed header,
+    which :func:`open_sealed` then need not parse again."""
     study = record.study
     header = sealed_header(store, lambda: envelope.parse_record(body, batch_records.helper_length(study.n_servers)))
     if token is not None:
@@ -119,12 +120,15 @@ def sealed_precheck(store: "Store", record: "StudyRecord", body: bytes, token: b
             first_row = batch_validity.row_ids(envelope.record_clear_id(body, header), 1).tobytes()
             if granted is None or store.count_new(record, first_row):
                 raise quota_problem(room, record.study_id, 1)
+    return header
 
 
-def open_sealed(record: "StudyRecord", server_id: str, body: bytes, keys) -> tuple[str, bytes, bytes]:
-    """A sealed record opened (worker thread): its media type, clear id and record."""
+def open_sealed(record: "StudyRecord", server_id: str, body: bytes, keys,
+                header: envelope.BatchHeader | None = None) -> tuple[str, bytes, bytes]:
+    """A sealed record opened (worker thread): its media type, clear id and record (``header``:
+    :func:`sealed_precheck`'s, not parsed again)."""
     try:
-        return batch_records.open_sealed(record.study, server_id, body, keys.private_key_for)
+        return batch_records.open_sealed(record.study, server_id, body, keys.private_key_for, header)
     except batch_records.BatchRecordError as exc:
         raise _problem(exc) from None
 
@@ -147,8 +151,8 @@ async def upload(store: "Store", record: "StudyRecord", server_id: str, media_ty
     position = record.study.servers.index(server_id)
     clear_id = None
     if keys is not None:
-        await run_in_threadpool(sealed_precheck, store, record, body, token)
-        media_type, clear_id, body = await run_in_threadpool(open_sealed, record, server_id, body, keys)
+        header = await run_in_threadpool(sealed_precheck, store, record, body, token)
+        media_type, clear_id, body = await run_in_threadpool(open_sealed, record, server_id, body, keys, header)
     await run_in_threadpool(precheck, store, record, position, media_type, body, token)
     job = await run_in_threadpool(parse, record, position, media_type, body, clear_id)
     return await asyncio.wrap_future(store.submit_upload(

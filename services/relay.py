@@ -41,6 +41,7 @@ from fastapi import FastAPI, Request, Response
 
 import dpsketch
 from dpsketch import problem_http
+from dpsketch.origins import check_origins, split_origins
 from dpsketch.protocol import relayed
 from dpsketch.protocol.messages import RelayedResults
 from dpsketch.protocol.problems import ProblemError
@@ -70,7 +71,7 @@ class _Group:
     futures: list[asyncio.Future] = field(default_factory=list)
     size: int = 0
     timer: asyncio.TimerHandle | None = None
-    due: float = 0.0  # the event loop's time at which it has waited its window
+    due: float = 0.0  # the event loop's time at which it has waited its window (a rest's timer: call_at)
     #: its window's timer has fired (while a bundle of its server was out, it could not go then):
     #: what tells the returning bundle to send it, since the timer can fire before ``due`` by the
     #: loop's clock (uvloop rounds to the millisecond: up to 0.5 ms early in 28 % of 2,000 timers)
@@ -196,13 +197,14 @@ class Relay:
             self.pending_bytes -= group.size
             self._in_flight[key] -= 1
             waiting = self._groups.get(key)
-            if waiting is not None and (waiting.expired or waiting.due <= asyncio.get_running_loop().time()
-                                        or len(waiting.entries) >= self.max_entries):
-                # it waited its window (or is full) while this bundle was out: its timer has
-                # fired and will not fire again, so this is the only wake-up it gets (judged by
-                # the flag, not the clock: a timer firing a hair before ``due`` with this bundle
+            if waiting is not None and (waiting.expired or len(waiting.entries) >= self.max_entries):
+                # its window's timer fired (or it filled up) while this bundle was out: that
+                # timer will not fire again, so this is the only wake-up it gets. Judged by the
+                # flag alone, not the clock: a timer firing a hair before ``due`` with this bundle
                 # back within that hair left the group waiting until devices' retries filled it
-                # to max_entries, about 90 s with 64 devices, each waiting 30 s three times)
+                # to max_entries (about 90 s with 64 devices, each waiting 30 s three times); and
+                # a group whose timer has not fired yet still has it, which sends it when it
+                # fires, now that this bundle is back
                 self._flush(key)
         for future, outcome in zip(group.futures, outcomes):
             if not future.done():
@@ -316,7 +318,7 @@ def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES,
     pages (exact origins, or ``*``) allowed to call it from a browser; ValueError naming one that
     is not an origin. With none, no CORS layer at all (every device's request pays nothing);
     with some, it wraps everything, so the device route's every answer carries the header."""
-    cors_origins = problem_http.check_origins(cors_origins, "dpsketch relay --cors-origins")
+    cors_origins = check_origins(cors_origins, "dpsketch relay --cors-origins")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -415,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--access-log", action="store_true",
                         help="log every request (off by default: a relay takes one request per device)")
     parser.add_argument("--ca-bundle", default=None, help="CA bundle to verify the servers' TLS with")
-    parser.add_argument("--cors-origins", type=problem_http.split_origins, default=(), metavar="ORIGIN,...",
+    parser.add_argument("--cors-origins", type=split_origins, default=(), metavar="ORIGIN,...",
                         help="web pages allowed to call this relay from a browser (CORS), e.g. "
                              "https://survey.example.org, comma-separated, or '*' for any page "
                              "(default: none, a page on another origin is refused)")

@@ -102,7 +102,8 @@ def _checked(store: "Store", record: "StudyRecord", server_id: str, entry: relay
             except ValueError as exc:
                 raise ProblemError("malformed-body", str(exc)) from None
             return digest, (upload.joined, upload.proofs.tobytes(), upload.payloads.tobytes())
-        return digest, parse_batch(entry.batch, study, SEALED_MEDIA_TYPE, server_id, store.keys)
+        return digest, parse_batch(entry.batch, study, SEALED_MEDIA_TYPE, server_id, store.keys,
+                                   header=header, transcript=transcript)
     except ProblemError as exc:
         return exc
 

@@ -453,16 +453,19 @@ class FastReports:
         return digest
 
 
-def parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys):
+def parse_batch(body: bytes, study: Study, media_type: str, server_id: str, keys, *,
+                header: envelope.BatchHeader | None = None, transcript: bytes | None = None):
     """Decode a share batch (or a seed batch, expanded to the same shares; or a sealed batch,
     opened with this server's key ring ``keys``), check every record's binding and hash its ids
     (CPU work, run in a worker thread), and sort them for the writer's report index; the seeds
-    too, which the writer stores instead of the shares where they are smaller (services/batches.py)."""
+    too, which the writer stores instead of the shares where they are smaller (services/batches.py).
+    A sealed batch judged first (:func:`sealed_precheck`) passes its ``header`` (and a relayed
+    entry its ``transcript``), which envelope.open_batch then does not compute again."""
     width = proved_shares.upload_width(study)  # a validity study's leader: input and proof shares
     try:
         if media_type == SEALED_MEDIA_TYPE:
             upload = envelope.open_batch(body, width, study.n_servers, study.study_id, server_id,
-                                         keys.private_key_for)
+                                         keys.private_key_for, header=header, transcript=transcript)
         else:
             upload = decode_upload(body, media_type, width, study.n_servers)
     except envelope.SealError as exc:

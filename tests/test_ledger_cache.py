@@ -11,6 +11,9 @@
   build nothing.
 * The default targets' PLDs built ahead (``warm_charges``, as the server image ships them) are
   read, not built, by a process with an empty cache of its own.
+* The processes that charge studies keep the PLDs on disk: the share server and the SDK's
+  privacy limit (in process), and a real analyzer process, whose budget check writes them to its
+  own cache directory.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from dpsketch.protocol import ledger
@@ -254,3 +258,36 @@ def test_the_processes_that_charge_studies_install_the_disk_store(tmp_path, no_p
     ledger.keep_plds_in(mine)
     PrivacyLimit(1.0, 1e-6, tmp_path / "ledger.json")
     assert ledger.pld_store() is mine  # an embedder's own store is left in place
+
+
+def test_the_analyzer_keeps_its_budget_checks_plds_on_disk(tmp_path, monkeypatch):
+    """The analyzer's install point (analyzer/__main__.py: ``pld_cache.install()`` in main), as it
+    runs: a real analyzer process with a cache directory of its own, before two real share
+    servers with a population budget. Creating a signed study makes the analyzer check the
+    budget (Coordinator._check_budgets: ``ledger.check``), which builds the study's mixture PLDs;
+    with the disk store installed they are kept in the analyzer's cache directory, without it
+    nothing is written there. The servers keep theirs in the test run's own cache (they read it,
+    not the analyzer's), and nothing is shipped ahead, so the analyzer's files are its own builds."""
+    from conftest import Cluster, Servers
+    from dpsketch import pld_cache
+    from dpsketch.analyzer.client import AnalyzerClient
+
+    shared = pld_cache.cache_dir()
+    servers_cache = {"DPSKETCH_PLD_CACHE": str(shared) if shared is not None else "none"}
+    analyzer_cache = tmp_path / "analyzer-pld"
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", str(analyzer_cache))
+    monkeypatch.delenv("DPSKETCH_PLD_SHIPPED", raising=False)
+    pool = Servers(tmp_path)
+    try:
+        c = Cluster(pool, 2, api_token="analyst-api-token", open_uploads=False,  # the default budget
+                    server_env={"s1": servers_cache, "s2": servers_cache})
+        for url in c.server_urls:  # the servers' default population has a budget: the analyzer checks it
+            assert httpx.get(f"{url}/v1/populations/default/ledger", timeout=30).json()["budget_epsilon"] is not None
+        with AnalyzerClient(c.analyzer.url, c.api_token) as an:
+            created = an.create_study(name="pld-cache", columns=["a", "b", "c"], label=None, expected_reports=2000,
+                                      secret_sign=True, population="default")  # a study naming its population
+        assert created["study"]["secret_sign"], created  # the mixture's PLDs, which the store keeps
+    finally:
+        pool.stop_all()
+    kept = sorted(p.name for p in analyzer_cache.glob("replace-*.npz")) if analyzer_cache.exists() else []
+    assert kept, f"no PLD kept in the analyzer's cache {analyzer_cache}"

@@ -7,7 +7,8 @@ Content-Type allowed, no credentials); another origin's preflight, or one for a 
 the relay does not take, is refused in the problem format (403 origin-not-allowed) and forwards
 nothing; every answer of the device route to a listed page carries Access-Control-Allow-Origin,
 a forwarded 200 and each refusal made before forwarding (400, 413, 415, 422) alike, so a page can
-read why it was refused; ``GET /v1/relay`` publishes the origins. Without the option the relay
+read why it was refused, and a full relay's 503 (over a stand-in server that holds a bundle);
+``GET /v1/relay`` publishes the origins. Without the option the relay
 answers no page on another origin (no header, no preflight), and a malformed origin stops it at
 start with one line and a non-zero exit, as the share server's setting does (tests/test_cors.py).
 """
@@ -165,3 +166,62 @@ def test_a_malformed_origin_stops_the_relay_with_one_line(given, tmp_path):
     lines = (r.stderr + r.stdout).strip().splitlines()
     assert lines == [f"dpsketch relay: CORS origin {given!r} is not an origin (scheme://host[:port], no path) "
                      f"nor '*' (dpsketch relay --cors-origins)"], lines
+
+
+def test_a_full_relay_answers_a_listed_page_503_it_can_read(tmp_path):
+    """A relay holding more than --max-pending-bytes of entries (waiting for the servers) answers
+    a device 503 ``unavailable`` with ``Retry-After``, forwarding nothing of it; to a listed page
+    that 503 carries Access-Control-Allow-Origin (and exposes Retry-After), or the page could
+    read neither why nor when to send again. The relay is a real process; its server is a
+    stand-in socket that takes the first bundle and holds it unanswered, so the relay is full
+    exactly while the test asks (no timing: the stand-in says when the bundle is out)."""
+    import socket
+    import threading
+
+    from dpsketch.tools.cluster import stop_all
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    out, release = threading.Event(), threading.Event()
+
+    def hold_one_bundle() -> None:  # accept the relay's forward, read its headers, answer nothing
+        conn, _ = listener.accept()
+        with conn:
+            seen = b""
+            while b"\r\n\r\n" not in seen:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                seen += chunk
+            out.set()
+            release.wait(300)
+        listener.close()  # the relay's forward fails (502 for that entry), and any retry is refused
+
+    holder = threading.Thread(target=hold_one_bundle, daemon=True)
+    holder.start()
+    server_url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    proc = relay_process({"s1": server_url}, tmp_path, None, "--window", "0", "--max-pending-bytes", "1",
+                         "--timeout", "300", "--cors-origins", PAGE, name="full-relay")
+    first: dict = {}
+    try:
+        start_all([proc])
+        # the first entry is always taken (a relay holding nothing is never full); it goes at once
+        sender = threading.Thread(target=lambda: first.update(r=httpx.post(
+            f"{proc.url}/v1/studies/{STUDY}/relayed", content=_bundle(),
+            headers={"Content-Type": relayed.MEDIA_TYPE}, timeout=300)))
+        sender.start()
+        assert out.wait(120), proc.log_tail()
+        full = _post(proc.url, PAGE, _bundle())
+        assert (full.status_code, _slug(full)) == (503, "unavailable"), full.text
+        assert full.headers["retry-after"] == "1"
+        assert full.headers["access-control-allow-origin"] == PAGE, full.headers
+        assert "retry-after" in full.headers["access-control-expose-headers"].lower()
+        release.set()
+        sender.join(120)
+        # the held bundle's device is answered: its entry's server could not be reached (502)
+        (outcome,) = first["r"].json()["results"]
+        assert first["r"].status_code == 200 and outcome["status"] == 502, first["r"].text
+    finally:
+        release.set()
+        stop_all([proc])
+        listener.close()
+    assert "Traceback" not in proc.log_path.read_text(errors="replace")

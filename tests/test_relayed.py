@@ -425,6 +425,60 @@ def test_a_window_that_ends_a_hair_early_while_a_bundle_is_out_still_sends_its_g
     assert sent == [1, 1] and outcomes[0]["status"] == 200
 
 
+def test_a_window_whose_timer_fires_after_the_bundle_is_back_sends_its_group_then():
+    """The other order (services/relay.py, driven directly as above): group 2's due time passes
+    while bundle 1 is out (a zero window), but its timer has not fired when bundle 1 comes back
+    (a loop running late). The returning bundle leaves it (it judges by the timer's flag, not the
+    clock), and its timer, which is still set, sends it when it fires: the group is never held
+    past its timer. Fails if the timer's wake-up does not send a group after its server's bundle
+    is back."""
+    import asyncio
+
+    from dpsketch.services.relay import Relay
+
+    async def scenario() -> tuple[list[int], list]:
+        loop = asyncio.get_running_loop()
+        timers: list = []
+        real_call_later = loop.call_later
+
+        def held_timer(delay, callback, *args):  # fires when the test says so, not by the clock
+            timers.append((callback, args))
+            return real_call_later(3600.0, lambda: None)
+
+        loop.call_later = held_timer  # type: ignore[method-assign]
+        relay = Relay({"s1": "http://127.0.0.1:9"}, window_s=0.0, max_entries=256)
+        back = asyncio.Event()
+        sent: list[int] = []
+
+        async def forward(study_id, server_id, entries):
+            sent.append(len(entries))
+            if len(sent) == 1:
+                await back.wait()
+            return [{"status": 200, "result": {"accepted": 1, "duplicates": 0}, "problem": None}] * len(entries)
+
+        relay._post = forward  # type: ignore[method-assign]
+        study_id = "a" * 64
+        entry = relayed.Entry("s1", relayed.NO_TOKEN_ID, relayed.NO_MAC, b"\x01" * 40)
+        first = asyncio.ensure_future(relay.submit(study_id, [entry]))
+        await asyncio.sleep(0)
+        callback, args = timers[0]
+        callback(*args)  # group 1's window is over: bundle 1 goes out
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(relay.submit(study_id, [entry]))
+        await asyncio.sleep(0)
+        assert relay._groups[(study_id, "s1")].due <= loop.time()  # group 2's window is over by the clock
+        back.set()  # bundle 1 back before group 2's timer fired
+        await asyncio.wait_for(first, 10)
+        callback, args = timers[1]
+        del loop.call_later  # the loop's own timers again (wait_for's below)
+        callback(*args)  # group 2's timer, late
+        outcomes = await asyncio.wait_for(second, 10)
+        return sent, outcomes
+
+    sent, outcomes = asyncio.run(scenario())
+    assert sent == [1, 1] and outcomes[0]["status"] == 200
+
+
 def test_an_enrolment_refuses_keys_that_do_not_match_the_study():
     """An enrolment is one key per server of the study, in its order, no key twice."""
     from test_server_unit import make_study

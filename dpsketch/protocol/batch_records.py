@@ -333,16 +333,18 @@ def seal(recipient: envelope.Recipient, study_id: str, media_type: str, body: by
     return envelope.seal_record(recipient, study_id, batch_id_of(body, n_servers), sealed_content(media_type), body)
 
 
-def open_sealed(study, server_id: str, body: bytes, private_key_for) -> tuple[str, bytes, bytes]:
+def open_sealed(study, server_id: str, body: bytes, private_key_for,
+                header: envelope.BatchHeader | None = None) -> tuple[str, bytes, bytes]:
     """A sealed batch record opened at server ``server_id``: (the media type its content names,
     its clear id, the record), or :class:`BatchRecordError`: 400 ``malformed-body`` for a body
     that is not one sealed record of content 0x05 or 0x06 (count 1, a helper's exactly
     104 + 32 N bytes; judged before any key is used), 422 ``sealed-share-refused`` for one that
     does not open here. The record itself is judged by :func:`read_header`, :func:`receive` and
-    :func:`check_sealed_id` after this."""
+    :func:`check_sealed_id` after this. ``header``: ``envelope.parse_record`` of this body, if
+    the server already judged it (then not parsed again)."""
     try:
         content, clear_id, record = envelope.open_record(body, helper_length(study.n_servers), study.study_id,
-                                                         server_id, private_key_for)
+                                                         server_id, private_key_for, header=header)
     except envelope.SealError as exc:
         raise BatchRecordError("sealed-share-refused", str(exc)) from None
     except ValueError as exc:  # MalformedSealedBatch

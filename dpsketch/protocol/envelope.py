@@ -809,11 +809,15 @@ def record_clear_id(body: bytes, header: BatchHeader) -> bytes:
 
 
 def open_record(body: bytes, helper_bytes: int, study_id: str, server_id: str,
-                private_key_for: Callable[[bytes], Any]) -> tuple[int, bytes, bytes]:
+                private_key_for: Callable[[bytes], Any], *,
+                header: BatchHeader | None = None) -> tuple[int, bytes, bytes]:
     """Open a sealed batch proof record: (content, clear id, record). Parsed by
     :func:`parse_record` first (MalformedSealedBatch before any key is used), then opened as any
-    version 4 batch (:func:`open_secret`, :func:`open_records`; SealError if it does not open)."""
-    header = parse_record(body, helper_bytes)
+    version 4 batch (:func:`open_secret`, :func:`open_records`; SealError if it does not open).
+    A server that judged the record before (its key id, its quota) passes ``header``,
+    :func:`parse_record` of this same body and ``helper_bytes``; then it is not parsed again."""
+    if header is None:
+        header = parse_record(body, helper_bytes)
     key = _key_of(private_key_for, header.key_id, header.suite, f"sealed batch {header.batch_id.hex()}")
     secret = open_secret(key, study_id, server_id, header)
     head = batch_header_bytes(header.suite)
