@@ -293,12 +293,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --pg: server settings for its cluster (default: PostgreSQL's own), e.g. "
                         "'-c shared_buffers=4GB -c max_wal_size=16GB', docs/operations.md's sizing")
     p.add_argument("--workdir", type=Path)
+    p.add_argument("--seed", type=int, default=5, help="fixes the report ids, which each server misses, the "
+                   "payloads and each study's sketch seed (default: %(default)s)")
     p.add_argument("--profile", metavar="PREFIX", help="write each finalization's cProfile of the analyzer's "
                    "calling thread to PREFIX.n<n>.<rep> (pstats)")
     args = p.parse_args(argv)
     print(json.dumps(bench_finalize([int(x) for x in args.sizes], d=args.d, repeats=args.repeats,
                                     workdir=args.workdir, pg=args.pg, pg_options=args.pg_options,
-                                    profile=args.profile)))
+                                    seed=args.seed, profile=args.profile)))
     return 0
 
 
