@@ -95,8 +95,13 @@ class Relay:
         self.timeout = timeout
         self.verify = verify
         self.pending_bytes = 0
-        self.forwarded = 0  # bundles sent, and the entries in them (GET /v1/relay)
+        self.forwarded = 0  # bundles a server answered, and the entries in them (GET /v1/relay)
         self.entries_forwarded = 0
+        #: bundles (and their entries) no server answer came back for, whose devices got 502
+        #: upstream-failure: an unreachable server, a timeout, or an answer that was not one
+        #: outcome per entry (GET /v1/relay: what an operator watches for a server gone away)
+        self.failed = 0
+        self.entries_failed = 0
         self._groups: dict[tuple[str, str], _Group] = {}
         self._in_flight: dict[tuple[str, str], int] = {}
         self._http: httpx.AsyncHTTPTransport | None = None
@@ -187,7 +192,11 @@ class Relay:
         study_id, server_id = key
         try:
             outcomes = await self._post(study_id, server_id, group.entries)
+            self.forwarded += 1
+            self.entries_forwarded += len(group.entries)
         except Exception as exc:  # noqa: BLE001  the device must get an answer whatever happened
+            self.failed += 1
+            self.entries_failed += len(group.entries)
             log.warning("relay: forwarding %d entries to %s failed: %s", len(group.entries), server_id, exc)
             problem = ProblemError("upstream-failure", f"server {server_id} could not be reached through "
                                    f"the relay ({type(exc).__name__}); send again (reports are idempotent "
@@ -222,8 +231,6 @@ class Relay:
             await resp.aread()
         finally:
             await resp.aclose()
-        self.forwarded += 1
-        self.entries_forwarded += len(entries)
         if resp.status_code == 200:
             results = json.loads(resp.content).get("results")
             if not isinstance(results, list) or len(results) != len(entries) or not all(
@@ -341,6 +348,7 @@ def create_app(relay: Relay, max_device_bytes: int = DEFAULT_MAX_DEVICE_BYTES,
         nothing here; its shares are sealed to keys it holds from its enrolment)."""
         return {"servers": relay.servers, "window_s": relay.window_s, "max_entries": relay.max_entries,
                 "bundles_forwarded": relay.forwarded, "entries_forwarded": relay.entries_forwarded,
+                "bundles_failed": relay.failed, "entries_failed": relay.entries_failed,
                 "cors_origins": list(cors_origins)}
 
     @app.post("/v1/studies/{study_id}/relayed", response_model=RelayedResults,

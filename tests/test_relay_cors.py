@@ -220,6 +220,10 @@ def test_a_full_relay_answers_a_listed_page_503_it_can_read(tmp_path):
         # the held bundle's device is answered: its entry's server could not be reached (502)
         (outcome,) = first["r"].json()["results"]
         assert first["r"].status_code == 200 and outcome["status"] == 502, first["r"].text
+        # and the relay counts it as failed, not forwarded: what its operator watches
+        stats = httpx.get(f"{proc.url}/v1/relay", timeout=30).json()
+        assert (stats["bundles_forwarded"], stats["entries_forwarded"]) == (0, 0), stats
+        assert (stats["bundles_failed"], stats["entries_failed"]) == (1, 1), stats
     finally:
         release.set()
         stop_all([proc])
