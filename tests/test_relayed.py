@@ -369,6 +369,50 @@ def _plain_study_doc() -> dict:
     return make_study(["x0", "x1"], 100).model_dump(mode="json")
 
 
+async def _first_bundle_out(window_s: float):
+    """A Relay (services/relay.py) driven directly, with device 1's entry already out as bundle 1:
+    its window timers fire only when the test calls them (held in ``timers`` as (callback,
+    args); timers[0], group 1's, has fired), and its forward is a stand-in that records each
+    bundle's size in ``sent``, holds bundle 1 until ``back`` is set, and stores every entry.
+    ``first`` is device 1's submission; ``entry`` another device's entry of the same study.
+    ``del loop.call_later`` gives the loop its own timers back."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from dpsketch.services.relay import Relay
+
+    loop = asyncio.get_running_loop()
+    timers: list = []
+    real_call_later = loop.call_later
+
+    def held_timer(delay, callback, *args):  # fires when the test says so, not by the clock
+        timers.append((callback, args))
+        return real_call_later(3600.0, lambda: None)
+
+    loop.call_later = held_timer  # type: ignore[method-assign]
+    relay = Relay({"s1": "http://127.0.0.1:9"}, window_s=window_s, max_entries=256)
+    back = asyncio.Event()
+    sent: list[int] = []
+
+    async def forward(study_id, server_id, entries):
+        sent.append(len(entries))
+        if len(sent) == 1:
+            await back.wait()
+        return [{"status": 200, "result": {"accepted": 1, "duplicates": 0}, "problem": None}] * len(entries)
+
+    relay._post = forward  # type: ignore[method-assign]
+    study_id = "a" * 64
+    entry = relayed.Entry("s1", relayed.NO_TOKEN_ID, relayed.NO_MAC, b"\x01" * 40)
+    first = asyncio.ensure_future(relay.submit(study_id, [entry]))
+    await asyncio.sleep(0)
+    callback, args = timers[0]
+    callback(*args)  # group 1's window is over: bundle 1 goes out
+    await asyncio.sleep(0)
+    assert sent == [1]
+    return SimpleNamespace(loop=loop, relay=relay, timers=timers, back=back, sent=sent, first=first,
+                           study_id=study_id, entry=entry)
+
+
 def test_a_window_that_ends_a_hair_early_while_a_bundle_is_out_still_sends_its_group():
     """The relay's grouping (services/relay.py, driven directly; its forward a stand-in): bundle 1
     is out when group 2's window timer fires, a hair before group 2's due time by the loop's clock
@@ -379,47 +423,18 @@ def test_a_window_that_ends_a_hair_early_while_a_bundle_is_out_still_sends_its_g
     35). The timers here fire only when the test fires them."""
     import asyncio
 
-    from dpsketch.services.relay import Relay
-
     async def scenario() -> tuple[list[int], list]:
-        loop = asyncio.get_running_loop()
-        timers: list = []
-        real_call_later = loop.call_later
-
-        def held_timer(delay, callback, *args):  # fires when the test says so, not by the clock
-            timers.append((callback, args))
-            return real_call_later(3600.0, lambda: None)
-
-        loop.call_later = held_timer  # type: ignore[method-assign]
-        relay = Relay({"s1": "http://127.0.0.1:9"}, window_s=0.05, max_entries=256)
-        back = asyncio.Event()
-        sent: list[int] = []
-
-        async def forward(study_id, server_id, entries):
-            sent.append(len(entries))
-            if len(sent) == 1:
-                await back.wait()
-            return [{"status": 200, "result": {"accepted": 1, "duplicates": 0}, "problem": None}] * len(entries)
-
-        relay._post = forward  # type: ignore[method-assign]
-        study_id = "a" * 64
-        entry = relayed.Entry("s1", relayed.NO_TOKEN_ID, relayed.NO_MAC, b"\x01" * 40)
-        first = asyncio.ensure_future(relay.submit(study_id, [entry]))
+        t = await _first_bundle_out(window_s=0.05)
+        second = asyncio.ensure_future(t.relay.submit(t.study_id, [t.entry]))
         await asyncio.sleep(0)
-        callback, args = timers[0]
-        callback(*args)  # group 1's window is over: bundle 1 goes out
-        await asyncio.sleep(0)
-        assert sent == [1]
-        second = asyncio.ensure_future(relay.submit(study_id, [entry]))
-        await asyncio.sleep(0)
-        callback, args = timers[1]
+        callback, args = t.timers[1]
         callback(*args)  # group 2's timer, before its due time, while bundle 1 is out: it cannot go yet
-        assert sent == [1]
-        del loop.call_later  # the loop's own timers again (wait_for's below)
-        back.set()  # bundle 1 back within that hair
-        await asyncio.wait_for(first, 10)
+        assert t.sent == [1]
+        del t.loop.call_later  # the loop's own timers again (wait_for's below)
+        t.back.set()  # bundle 1 back within that hair
+        await asyncio.wait_for(t.first, 10)
         outcomes = await asyncio.wait_for(second, 10)  # old code: never answered
-        return sent, outcomes
+        return t.sent, outcomes
 
     sent, outcomes = asyncio.run(scenario())
     assert sent == [1, 1] and outcomes[0]["status"] == 200
@@ -434,46 +449,18 @@ def test_a_window_whose_timer_fires_after_the_bundle_is_back_sends_its_group_the
     is back."""
     import asyncio
 
-    from dpsketch.services.relay import Relay
-
     async def scenario() -> tuple[list[int], list]:
-        loop = asyncio.get_running_loop()
-        timers: list = []
-        real_call_later = loop.call_later
-
-        def held_timer(delay, callback, *args):  # fires when the test says so, not by the clock
-            timers.append((callback, args))
-            return real_call_later(3600.0, lambda: None)
-
-        loop.call_later = held_timer  # type: ignore[method-assign]
-        relay = Relay({"s1": "http://127.0.0.1:9"}, window_s=0.0, max_entries=256)
-        back = asyncio.Event()
-        sent: list[int] = []
-
-        async def forward(study_id, server_id, entries):
-            sent.append(len(entries))
-            if len(sent) == 1:
-                await back.wait()
-            return [{"status": 200, "result": {"accepted": 1, "duplicates": 0}, "problem": None}] * len(entries)
-
-        relay._post = forward  # type: ignore[method-assign]
-        study_id = "a" * 64
-        entry = relayed.Entry("s1", relayed.NO_TOKEN_ID, relayed.NO_MAC, b"\x01" * 40)
-        first = asyncio.ensure_future(relay.submit(study_id, [entry]))
+        t = await _first_bundle_out(window_s=0.0)
+        second = asyncio.ensure_future(t.relay.submit(t.study_id, [t.entry]))
         await asyncio.sleep(0)
-        callback, args = timers[0]
-        callback(*args)  # group 1's window is over: bundle 1 goes out
-        await asyncio.sleep(0)
-        second = asyncio.ensure_future(relay.submit(study_id, [entry]))
-        await asyncio.sleep(0)
-        assert relay._groups[(study_id, "s1")].due <= loop.time()  # group 2's window is over by the clock
-        back.set()  # bundle 1 back before group 2's timer fired
-        await asyncio.wait_for(first, 10)
-        callback, args = timers[1]
-        del loop.call_later  # the loop's own timers again (wait_for's below)
+        assert t.relay._groups[(t.study_id, "s1")].due <= t.loop.time()  # group 2's window is over by the clock
+        t.back.set()  # bundle 1 back before group 2's timer fired
+        await asyncio.wait_for(t.first, 10)
+        callback, args = t.timers[1]
+        del t.loop.call_later  # the loop's own timers again (wait_for's below)
         callback(*args)  # group 2's timer, late
         outcomes = await asyncio.wait_for(second, 10)
-        return sent, outcomes
+        return t.sent, outcomes
 
     sent, outcomes = asyncio.run(scenario())
     assert sent == [1, 1] and outcomes[0]["status"] == 200

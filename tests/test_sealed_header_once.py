@@ -50,12 +50,16 @@ def server(tmp_path):
         srv.close()
 
 
-def test_a_direct_sealed_batch_has_its_header_parsed_once(server, monkeypatch):
+def _five_rows_sealed(server):
+    """A plain study provisioned at ``server``, and 5 bound rows sealed to it as one batch."""
     study = make_study()
     assert server.provision(study).status_code == 201
-    reports = bound(study, 5)
-    body = envelope.seal_body(_recipient(server), study.study_id, reports.body(), messages.SHARES_MEDIA_TYPE,
-                              study.width, study.n_servers)
+    return study, envelope.seal_body(_recipient(server), study.study_id, bound(study, 5).body(),
+                                     messages.SHARES_MEDIA_TYPE, study.width, study.n_servers)
+
+
+def test_a_direct_sealed_batch_has_its_header_parsed_once(server, monkeypatch):
+    study, body = _five_rows_sealed(server)
     calls = _counted(monkeypatch, "parse_batch")
     r = server.batch(study, body, messages.SEALED_MEDIA_TYPE)
     assert r.status_code == 200 and r.json()["accepted"] == 5, r.text
@@ -93,11 +97,7 @@ def test_a_direct_sealed_batch_proof_record_has_its_header_parsed_once(server, m
 
 
 def test_a_relayed_entry_of_several_rows_has_its_header_parsed_once(server, monkeypatch):
-    study = make_study()
-    assert server.provision(study).status_code == 201
-    reports = bound(study, 5)
-    batch = envelope.seal_body(_recipient(server), study.study_id, reports.body(), messages.SHARES_MEDIA_TYPE,
-                               study.width, study.n_servers)
+    study, batch = _five_rows_sealed(server)
     bundle = relayed.encode([relayed.make_entry(None, study.study_id, "s1", batch)])
     calls = _counted(monkeypatch, "parse_batch")
     r = server.client.post(f"/v1/studies/{study.study_id}/relayed", content=bundle,
