@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
