@@ -212,7 +212,7 @@ def run_flower(n: int, d: int, seed: int, num_shares: int, threshold: int, cpus_
 class LocalCluster:
     """3 share servers (exact-release policy) and the analyzer on loopback ports."""
 
-    def __init__(self, workdir: Path, n_servers: int = 3, relay_window_ms: float = 100.0,
+    def __init__(self, workdir: Path, n_servers: int = 3, relay_window_ms: float | None = None,
                  relay_max_entries: int | None = None):
         self.workdir = workdir
         self.n_servers = n_servers
@@ -252,13 +252,14 @@ class LocalCluster:
         return self
 
     def relay_url(self) -> str:
-        """A relay in front of the servers (``dpsketch relay --window``, the cluster's
-        ``relay_window_ms``), started on first use."""
+        """A relay in front of the servers, started on first use: ``dpsketch relay`` as shipped
+        (its own default window and group size) unless the cluster's ``relay_window_ms`` or
+        ``relay_max_entries`` says otherwise."""
         if self._relay_url is None:
             from dpsketch.tools.cluster import relay
 
             proc = relay({s.server_id: u for s, u in zip(self.specs, self.server_urls)}, self.workdir, None,
-                         "--window", str(self.relay_window_ms),
+                         *(("--window", str(self.relay_window_ms)) if self.relay_window_ms is not None else ()),
                          *(("--max-entries", str(self.relay_max_entries)) if self.relay_max_entries else ()))
             self.stack.callback(proc.stop)
             proc.start()
@@ -318,12 +319,13 @@ def shares_sent(n_servers: int, d: int):
         out.append(total)
 
 
-def _relay_counters(url: str) -> tuple[int, int]:
-    """(bundles, entries) the relay has forwarded so far (GET /v1/relay)."""
+def _relay_counters(url: str) -> tuple[int, int, float, int]:
+    """(bundles, entries) the relay has forwarded so far, and its window (ms) and group size
+    (GET /v1/relay)."""
     import httpx
 
     info = httpx.get(f"{url}/v1/relay", timeout=10).json()
-    return info["bundles_forwarded"], info["entries_forwarded"]
+    return info["bundles_forwarded"], info["entries_forwarded"], info["window_s"] * 1000, info["max_entries"]
 
 
 def _each_device(one: Any, n: int, threads: int, n_servers: int, d: int, progress: str | None) -> np.ndarray:
@@ -559,6 +561,8 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         "http_requests": requests or None,
         "relay_bundles": bundles[0] if bundles else None,  # what the relay sent the servers
         "relay_entries_per_bundle": bundles[1] if bundles else None,
+        "relay_window_ms": relayed0[2] if relayed0 else None,  # the relay's settings in this run
+        "relay_max_entries": relayed0[3] if relayed0 else None,
         "workers": workers if one_row else None,
         "cold_check": cold_check if one_row else None,
         "client_processes": processes if one_row else None,
@@ -763,12 +767,14 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     workers = sorted({r["workers"] for r in results if r.get("workers")})
     procs = sorted({r["client_processes"] for r in results if r.get("client_processes")})
     cold = {r.get("cold_check") for r in results if r["system"] in ("dpsketch-single", "dpsketch-relay")}
+    relays = sorted({(r["relay_window_ms"], r["relay_max_entries"]) for r in results if r.get("relay_window_ms") is not None})
     lines = [
         f"d = {meta['d']}; {'one run each' if reps == 1 else f'median (range) of {reps} interleaved runs'}; "
         f"{meta['machine']}; flwr {meta.get('flwr_version') or 'not run'}; dpsketch servers on "
         f"{' / '.join(stacks) or '—'}; single and relay paths: {'/'.join(map(str, workers)) or '—'} clients at a time"
         f"{' in ' + '/'.join(map(str, procs)) + ' processes' if procs and procs != [1] else ''}"
-        f"{', each checking the study itself' if cold == {True} else ''}; {meta['date']}",
+        f"{', each checking the study itself' if cold == {True} else ''}"
+        f"{''.join(f'; relay window {w:g} ms, groups of up to {m}' for w, m in relays)}; {meta['date']}",
         "",
         "| n | Flower SecAgg+ round (s) | Flower simulation total (s) | dpsketch single (s) | "
         "dpsketch relay (s) | dpsketch bulk (s) | Flower / single | Flower / relay | Flower / bulk | "
@@ -863,8 +869,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "read and answer, in three patterns per client (default: %(default)s)")
     p.add_argument("--relay-max-entries", type=int, default=None, metavar="N",
                    help="the relay path's dpsketch relay --max-entries (default: the relay's own)")
-    p.add_argument("--relay-window", type=float, default=100.0, metavar="MS",
-                   help="the relay path's dpsketch relay --window (default: %(default)s)")
+    p.add_argument("--relay-window", type=float, default=None, metavar="MS",
+                   help="the relay path's dpsketch relay --window (default: the relay's own)")
     p.add_argument("--skip-flower", action="store_true", help="measure dpsketch only (no flwr needed)")
     p.add_argument("--skip-dpsketch", action="store_true", help="measure Flower only")
     p.add_argument("--num-shares", type=int, default=3,
