@@ -55,6 +55,12 @@ def test_peer_flower_sums_five_clients_on_both_dpsketch_paths(tmp_path):
     assert single["http_requests_per_client"] == 6 and single["cold_check"] is True
     relay = next(r for r in results if r["system"] == "dpsketch-relay")  # one request per device, to the relay
     assert relay["http_requests_per_client"] == 1 and relay["http_requests"] == 5 and relay["cold_check"] is True
+    # the relay as shipped (its own window and group size: what a user runs), named in the table
+    from dpsketch.services import relay as relay_service
+    assert relay["relay_window_ms"] == relay_service.DEFAULT_WINDOW_S * 1000
+    assert relay["relay_max_entries"] == relay_service.DEFAULT_MAX_ENTRIES
+    assert f"relay window {relay_service.DEFAULT_WINDOW_S * 1000:g} ms, groups of up to " \
+           f"{relay_service.DEFAULT_MAX_ENTRIES}" in page.read_text()
     text = page.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
     assert "| 5 | — | — |" in text and "each checking the study itself" in text
