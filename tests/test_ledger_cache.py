@@ -166,6 +166,36 @@ def test_a_study_s_plds_are_built_once_however_many_tokens_ask(tmp_path, counted
         store.close()
 
 
+def test_one_pld_is_built_once_at_a_time_and_other_ones_do_not_wait(counted_builds, monkeypatch):
+    """The ledger's builds (``_signed_replace_pld``: a signed study's mixture PLD by its rounded
+    radius) are made once however many threads ask at once: a thread asking for a radius another
+    one is building waits for that build and gets the same PLD; a thread asking for another radius
+    builds it meanwhile, without waiting (before: every thread asking built it again)."""
+    grid = 1e-3
+    held, other = 412_345, 512_345  # radii 4.12345 and 5.12345 (counted_builds makes Gaussians of them)
+    counted_builds.append(0.0)  # the fixture's first build does not wait for a second one here
+    real = _sign.replace_pld
+    running, release = threading.Event(), threading.Event()
+
+    def build(r: float, grid: float = 1e-3):
+        if r == pytest.approx(held * ledger.RADIUS_STEP):
+            running.set()
+            release.wait(60)
+        return real(r, grid)
+
+    monkeypatch.setattr(_sign, "replace_pld", build)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(ledger._signed_replace_pld, held, grid)
+        assert running.wait(60)  # the first thread is building it
+        second = pool.submit(ledger._signed_replace_pld, held, grid)
+        meanwhile = pool.submit(ledger._signed_replace_pld, other, grid).result(60)  # not kept waiting
+        assert not release.is_set() and not first.done()
+        release.set()
+        assert first.result(60) is second.result(60)  # one build, the same PLD
+    assert meanwhile is not None
+    assert sorted(counted_builds[1:]) == pytest.approx([held * ledger.RADIUS_STEP, other * ledger.RADIUS_STEP])
+
+
 def test_the_default_targets_plds_built_ahead_are_read_not_built(tmp_path, monkeypatch, counted_builds):
     """What deploy/Dockerfile ships (services.store.warm_charges, read from $DPSKETCH_PLD_SHIPPED):
     a fresh process with an empty cache of its own charges a default study of any shape, and
