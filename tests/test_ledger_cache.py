@@ -4,11 +4,15 @@
   check composes the population's charges, then the same with the study; the writer's check asks
   again): every epsilon it gives is the plain left fold's to the bit, over studies of every kind
   and notion, with and without the sign, in any order.
-* A share server's store builds a study's PLDs on one thread: a first upload token issued while
-  the study's provisioning is building them waits for that build instead of making them again
-  (before: the token's request and the background build each made both of a signed study's
-  mixture PLDs, seconds of CPU each, at once), and later tokens and studies of the same targets
-  build nothing.
+* The ledger builds each PLD once at a time, whoever asks: a thread asking for one being built
+  waits for that build, one asking for another builds it meanwhile.
+* A share server's store: a first upload token issued while the study's provisioning is building
+  its PLDs waits for that build instead of making them again (before: the token's request and the
+  background build each made both of a signed study's mixture PLDs, seconds of CPU each, at
+  once), and later tokens and studies of the same targets build nothing. A first token waits for
+  no other study's background build (before: its check queued behind them on the one
+  charge-warm thread), only for the PLDs its own check needs; what is charged and refused is
+  unchanged.
 * The default targets' PLDs built ahead (``warm_charges``, as the server image ships them) are
   read, not built, by a process with an empty cache of its own.
 * The processes that charge studies keep the PLDs on disk: the share server and the SDK's
