@@ -10,8 +10,13 @@ provisioned and given its first token at once. Then a fourth study of targets of
 (epsilon 0.7, floor 3.0) and a fifth of the default ones are provisioned one after the other, and
 the fifth's first token issued at once, while the fourth's PLDs are being built in the background
 (``default_study_first_token_behind_another_build``: it needs nothing of that build), then the
-fourth's (``its_first_token``). Prints, per step, the server process's CPU seconds (user +
-system, every thread, from /proc) and the wall seconds of the request(s).
+fourth's (``its_first_token``). Last, two studies of targets of their own again (epsilon 0.9,
+floor 3.6; epsilon 0.85, floor 3.3; charged to another population, "lab", so that the budget
+takes them) provisioned one after the other, and the second's first token issued at once, while
+the first's PLDs are being built (``other_targets_first_token_behind_another_build``: it needs
+its own build only), then the first's (``its_first_token_too``). Prints, per step, the server
+process's CPU seconds (user + system, every thread, from /proc) and the wall seconds of the
+request(s).
 
     .venv/bin/python benchmarks/first_token.py [--settle SECONDS] [--pld-cache DIR] [--shipped]
 
@@ -83,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "Content-Type": "application/json"})
                     assert r.status_code in (200, 201), r.text
 
-                def token(s) -> None:
+                def token(s, population: str = "clinic") -> None:
                     r = client.post(f"{proc.url}/v1/studies/{s.study_id}/upload-tokens",
-                                    json={"quota": 5, "population": "clinic"},
+                                    json={"quota": 5, "population": population},
                                     headers={"Authorization": f"Bearer {spec.operator_token}"})
                     assert r.status_code == 201, r.text
 
@@ -108,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
                 put(ahead)  # the default targets: the first study's PLDs
                 step("default_study_first_token_behind_another_build", lambda: token(ahead))
                 step("its_first_token", lambda: token(behind))
+                behind, other = study(5, epsilon=0.9, floor=3.6), study(6, epsilon=0.85, floor=3.3)
+                put(behind)
+                put(other)
+                step("other_targets_first_token_behind_another_build", lambda: token(other, "lab"))
+                step("its_first_token_too", lambda: token(behind, "lab"))
                 out["server_cpu_total_s"] = round(_cpu(pid), 2)
         except Exception:
             print(proc.log_tail(), file=sys.stderr)
