@@ -6,8 +6,17 @@ fresh container has), provisions a study (design()'s defaults: signed, epsilon 1
 issues its first token at once (as an operator's script does right after provisioning), then a
 second token, then a second study of the same population (same design target: it shares the
 first one's PLDs) and a third with other targets (epsilon 0.8, floor 3.5: PLDs of its own), each
-provisioned and given its first token at once. Prints, per step, the server process's CPU
-seconds (user + system, every thread, from /proc) and the wall seconds of the request(s).
+provisioned and given its first token at once. Then a fourth study of targets of its own
+(epsilon 0.7, floor 3.0) and a fifth of the default ones are provisioned one after the other, and
+the fifth's first token issued at once, while the fourth's PLDs are being built in the background
+(``default_study_first_token_behind_another_build``: it needs nothing of that build), then the
+fourth's (``its_first_token``). Last, two studies of targets of their own again (epsilon 0.9,
+floor 3.6; epsilon 0.85, floor 3.3; charged to another population, "lab", so that the budget
+takes them) provisioned one after the other, and the second's first token issued at once, while
+the first's PLDs are being built (``other_targets_first_token_behind_another_build``: it needs
+its own build only), then the first's (``its_first_token_too``). Prints, per step, the server
+process's CPU seconds (user + system, every thread, from /proc) and the wall seconds of the
+request(s).
 
     .venv/bin/python benchmarks/first_token.py [--settle SECONDS] [--pld-cache DIR] [--shipped]
 
@@ -79,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "Content-Type": "application/json"})
                     assert r.status_code in (200, 201), r.text
 
-                def token(s) -> None:
+                def token(s, population: str = "clinic") -> None:
                     r = client.post(f"{proc.url}/v1/studies/{s.study_id}/upload-tokens",
-                                    json={"quota": 5, "population": "clinic"},
+                                    json={"quota": 5, "population": population},
                                     headers={"Authorization": f"Bearer {spec.operator_token}"})
                     assert r.status_code == 201, r.text
 
@@ -99,6 +108,16 @@ def main(argv: list[str] | None = None) -> int:
                     step(f"{name}_first_token", lambda s=s: token(s))
                     if s is first:
                         step("first_study_second_token", lambda: token(first))
+                behind, ahead = study(3, epsilon=0.7, floor=3.0), study(4)
+                put(behind)  # its PLDs built in the background from now on
+                put(ahead)  # the default targets: the first study's PLDs
+                step("default_study_first_token_behind_another_build", lambda: token(ahead))
+                step("its_first_token", lambda: token(behind))
+                behind, other = study(5, epsilon=0.9, floor=3.6), study(6, epsilon=0.85, floor=3.3)
+                put(behind)
+                put(other)
+                step("other_targets_first_token_behind_another_build", lambda: token(other, "lab"))
+                step("its_first_token_too", lambda: token(behind, "lab"))
                 out["server_cpu_total_s"] = round(_cpu(pid), 2)
         except Exception:
             print(proc.log_tail(), file=sys.stderr)

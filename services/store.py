@@ -28,7 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -248,6 +248,9 @@ class Store:
         self._records: dict[str, StudyRecord] = {}
         self._reserved = 0  # memory the commits being worked on hold (reserve)
         self._charge_warmer = ThreadPoolExecutor(1, thread_name_prefix="dpsketch-charge-warm")
+        #: study_id -> its background PLD build on the charge-warm thread, until it ends (_warm_charge)
+        self._charge_builds: dict[str, Future] = {}
+        self._charge_builds_lock = threading.Lock()
         self._reserve_lock = threading.Lock()
         self._sketch_warming = False
         self._load_records()
@@ -770,45 +773,56 @@ class Store:
         record, created = self.writer.submit(CallJob(fn)).result()
         if created:
             self._warm_sketch_for(study)
-            self._warm_charge(study)
+            if population is None:  # else its check above built its PLDs
+                self._warm_charge(study)
         return self.info(record), created
 
     def _warm_charge(self, study: Study) -> None:
         """Build the study's privacy loss distributions (its guarantee's and its floor's) in the
         background, one study at a time, so that its first upload token of a population is not
         kept waiting for them (a signed study's take seconds of CPU, once per radius: they are
-        also kept on disk, dpsketch/protocol/ledger.py); a token issued before they are built
-        waits for this build (:meth:`_precheck_population`) rather than making them again."""
+        also kept on disk, dpsketch/protocol/ledger.py). A token's check does not queue behind
+        these builds (:meth:`_precheck_population`): it takes its study's own build over if it
+        has not started, and waits only for the PLDs it needs that a build is making."""
         budget = policy.population_budget(self.settings)
         if budget is None:
             return
+        study_id = study.study_id
 
         def build() -> None:
             try:
                 ledger.check([], ledger.Charge.of(study), budget)
             except Exception:  # pragma: no cover - only a cache; the token's own check decides
-                log.exception("could not build the privacy loss distributions of study %s", study.study_id)
+                log.exception("could not build the privacy loss distributions of study %s", study_id)
 
-        self._charge_warmer.submit(build)
+        def ended(job: Future) -> None:
+            with self._charge_builds_lock:
+                if self._charge_builds.get(study_id) is job:
+                    del self._charge_builds[study_id]
+
+        try:
+            job = self._charge_warmer.submit(build)
+        except RuntimeError:  # the store is closing
+            return
+        with self._charge_builds_lock:
+            self._charge_builds[study_id] = job
+        job.add_done_callback(ended)
 
     def _precheck_population(self, population: str, study: Study) -> None:
-        """The budget check before the writer's (which decides): on the charge-warm thread, after
-        the PLD builds queued there before it (this study's own, from its provisioning), so that
-        a first upload token issued while the study's PLDs are being built waits for that build
-        instead of making the same PLDs a second time on its own thread (a signed study's take
-        seconds of CPU each; two threads building them at once took more than twice as long).
-        One build at a time, whoever asks: the writer's check then finds every PLD built."""
-        def check() -> None:
-            policy.check_population(self.charges(population), study, self.settings, population)
-
-        try:
-            job = self._charge_warmer.submit(check)
-        except RuntimeError:  # the store is closing: check here
-            return check()
-        try:
-            job.result()
-        except CancelledError:  # the store closed while it waited: check here
-            check()
+        """The budget check before the writer's (which decides), on the calling thread: it builds
+        the PLDs it needs (the study's and those of the population's charges), and refuses early.
+        It waits for no other study's build: the study's own background build, if still queued on
+        the charge-warm thread behind other studies', is cancelled (this check makes the same
+        PLDs); a PLD another thread is building (the study's own build if it is running, or one
+        of another study of the same targets: the same rounded radii) is waited for rather than
+        made again (``ledger._BuiltOnce``: each PLD built once, whoever asks; two threads building
+        the same one at once took more than twice as long). The writer's check then finds every
+        PLD built."""
+        with self._charge_builds_lock:
+            job = self._charge_builds.pop(study.study_id, None)
+        if job is not None:
+            job.cancel()  # does nothing once it runs: then this check waits for the PLDs it builds
+        policy.check_population(self.charges(population), study, self.settings, population)
 
     def _expiry_text(self) -> str:
         expiry = self.settings.study_expiry_s

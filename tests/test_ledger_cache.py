@@ -4,11 +4,15 @@
   check composes the population's charges, then the same with the study; the writer's check asks
   again): every epsilon it gives is the plain left fold's to the bit, over studies of every kind
   and notion, with and without the sign, in any order.
-* A share server's store builds a study's PLDs on one thread: a first upload token issued while
-  the study's provisioning is building them waits for that build instead of making them again
-  (before: the token's request and the background build each made both of a signed study's
-  mixture PLDs, seconds of CPU each, at once), and later tokens and studies of the same targets
-  build nothing.
+* The ledger builds each PLD once at a time, whoever asks: a thread asking for one being built
+  waits for that build, one asking for another builds it meanwhile.
+* A share server's store: a first upload token issued while the study's provisioning is building
+  its PLDs waits for that build instead of making them again (before: the token's request and the
+  background build each made both of a signed study's mixture PLDs, seconds of CPU each, at
+  once), and later tokens and studies of the same targets build nothing. A first token waits for
+  no other study's background build (before: its check queued behind them on the one
+  charge-warm thread), only for the PLDs its own check needs; what is charged and refused is
+  unchanged.
 * The default targets' PLDs built ahead (``warm_charges``, as the server image ships them) are
   read, not built, by a process with an empty cache of its own.
 * The processes that charge studies keep the PLDs on disk: the share server and the SDK's
@@ -164,6 +168,157 @@ def test_a_study_s_plds_are_built_once_however_many_tokens_ask(tmp_path, counted
             sorted(math.ceil(r / ledger.RADIUS_STEP) * ledger.RADIUS_STEP for r in radii), rel=1e-12)
     finally:
         store.close()
+
+
+def test_one_pld_is_built_once_at_a_time_and_other_ones_do_not_wait(counted_builds, monkeypatch):
+    """The ledger's builds (``_signed_replace_pld``: a signed study's mixture PLD by its rounded
+    radius) are made once however many threads ask at once: a thread asking for a radius another
+    one is building waits for that build and gets the same PLD; a thread asking for another radius
+    builds it meanwhile, without waiting (before: every thread asking built it again)."""
+    grid = 1e-3
+    held, other = 412_345, 512_345  # radii 4.12345 and 5.12345 (counted_builds makes Gaussians of them)
+    counted_builds.append(0.0)  # the fixture's first build does not wait for a second one here
+    real = _sign.replace_pld
+    running, release = threading.Event(), threading.Event()
+
+    def build(r: float, grid: float = 1e-3):
+        if r == pytest.approx(held * ledger.RADIUS_STEP):
+            running.set()
+            release.wait(60)
+        return real(r, grid)
+
+    monkeypatch.setattr(_sign, "replace_pld", build)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(ledger._signed_replace_pld, held, grid)
+        assert running.wait(60)  # the first thread is building it
+        second = pool.submit(ledger._signed_replace_pld, held, grid)
+        meanwhile = pool.submit(ledger._signed_replace_pld, other, grid).result(60)  # not kept waiting
+        assert not release.is_set() and not first.done()
+        release.set()
+        assert first.result(60) is second.result(60)  # one build, the same PLD
+    assert meanwhile is not None
+    assert sorted(counted_builds[1:]) == pytest.approx([held * ledger.RADIUS_STEP, other * ledger.RADIUS_STEP])
+
+
+def test_a_first_token_waits_only_for_the_plds_its_own_study_needs(tmp_path, monkeypatch):
+    """A real share server (its app under uvicorn on a loopback port) with a population budget
+    and an empty PLD cache. Study B (signed, targets of its own: its PLDs are built) is
+    provisioned, and its background build is held while it runs (the real build, behind an
+    event); studies A (unsigned: Gaussian PLDs) and A2 (signed, B's targets: B's radii) are
+    provisioned after it. A's first token is issued while B's build is still held: it waits for
+    nothing of B's (before: its check was queued on the one charge-warm thread behind B's build and
+    A2's). A2's first token needs B's PLDs: it waits for B's build rather than making them again
+    (each radius built once). What is charged and refused is what the ledger's checks in order
+    give: A, A2 and B charged, D refused past the floor budget (409 budget-exceeded)."""
+    import uvicorn
+
+    from dpsketch.services.app import create_app
+    from dpsketch.services.settings import Settings
+    from dpsketch.tools.cluster import free_ports
+
+    monkeypatch.setenv("DPSKETCH_PLD_CACHE", str(tmp_path / "pld"))  # empty: B's PLDs are built
+    monkeypatch.delenv("DPSKETCH_PLD_SHIPPED", raising=False)
+    servers = ["s1", "s2"]
+
+    def study(i: int, **kw):
+        return design(name=f"w{i}", columns=["a", "b"] if i % 2 else ["a", "b", "c"], label=None, servers=servers,
+                      expected_reports=200, delta=DELTA, seed=f"{i + 1:064x}", **kw)[0]
+
+    a, a2, b, d = (study(0, secret_sign=False), study(1, epsilon=0.8, epsilon_floor=3.5),
+                   study(2, epsilon=0.8, epsilon_floor=3.5), study(3, secret_sign=False))
+    assert b.secret_sign and not a.secret_sign
+    radii = sorted(math.ceil(_sign.replace_radius_of(b.row_bound, b.mechanism.sigma, b.mechanism.server_sigma, lam)
+                             / ledger.RADIUS_STEP) * ledger.RADIUS_STEP for lam in (b.lambda_star, 1.0))
+    held = radii[0]  # B's guarantee's radius, the first one its check builds
+    events: list[tuple] = []
+    real = _sign.replace_pld
+    running, release = threading.Event(), threading.Event()
+
+    def build(r: float, grid: float = 1e-3):  # the real build, B's first one held while it runs
+        events.append(("start", r, threading.current_thread().name))
+        if r == pytest.approx(held, rel=1e-12) and not running.is_set():
+            running.set()
+            release.wait(60)
+        try:
+            return real(r, grid)
+        finally:
+            events.append(("end", r))
+
+    def forget() -> None:
+        ledger._signed_replace_pld.cache_clear()
+        ledger._pld.cache_clear()
+        ledger._COMPOSED.clear()
+
+    forget()
+    monkeypatch.setattr(_sign, "replace_pld", build)
+    budget = ledger.Budget(4.0, DELTA, floor_epsilon=7.2)  # A, A2, B compose to floor 6.48; with D 7.88
+    operator, analyst = "op-" + "1" * 16, "an-" + "2" * 16
+    app = create_app(Settings(server_id="s1", db_path=tmp_path / "s1.sqlite3", operator_token=operator,
+                              analyst_token=analyst, warm_start=False, population_epsilon=budget.epsilon,
+                              population_floor_epsilon=budget.floor_epsilon, population_delta=DELTA))
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for _ in range(1500):
+                if server.started:
+                    break
+                threading.Event().wait(0.02)
+
+            def put(s) -> None:
+                r = client.put(f"/v1/studies/{s.study_id}", content=s.canonical(),
+                               headers={"Authorization": f"Bearer {analyst}", "Content-Type": "application/json"})
+                assert r.status_code == 201, r.text
+
+            def token(s, name: str) -> httpx.Response:
+                r = client.post(f"/v1/studies/{s.study_id}/upload-tokens", json={"quota": 5, "population": "clinic"},
+                                headers={"Authorization": f"Bearer {operator}"})
+                events.append(("token", name, r.status_code))
+                return r
+
+            put(b)
+            assert running.wait(60)  # B's background build is running (held)
+            put(a)
+            put(a2)  # their builds queued behind B's
+            with ThreadPoolExecutor(2) as pool:
+                first = pool.submit(token, a, "A").result(120)
+                assert first.status_code == 201, first.text
+                assert not release.is_set()  # issued while B's build was still held
+                shared = pool.submit(token, a2, "A2")
+                release.set()
+                assert shared.result(120).status_code == 201
+            assert token(b, "B").status_code == 201
+            put(d)
+            refused = token(d, "D")
+            published = client.get("/v1/populations/clinic/ledger").json()
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(30)
+        app.state.store.close()
+    try:
+        order = [e for e in events if e[0] in ("token", "end")]
+        assert order.index(("token", "A", 201)) < order.index(("end", held)), events  # A did not wait for B
+        assert order.index(("end", held)) < order.index(("token", "A2", 201)), events  # A2 needed it
+        starts = sorted(r for kind, r, *_ in (e for e in events if e[0] == "start"))
+        assert starts == pytest.approx(radii, rel=1e-12), events  # each of B's radii built once, A2 shares them
+        # what is charged and refused: the ledger's checks in order, nothing else
+        charges = [ledger.Charge.of(s) for s in (a, a2, b)]
+        for k in range(3):
+            assert ledger.check(charges[:k], charges[k], budget).fits
+        verdict = ledger.check(charges, ledger.Charge.of(d), budget)
+        assert not verdict.fits
+        assert refused.status_code == 409 and refused.json()["type"].endswith("budget-exceeded"), refused.text
+        want = verdict.problem_members(budget, "clinic")
+        assert {k: refused.json()[k] for k in want} == want
+        assert [e["charge"] for e in published["studies"]] == [c.model_dump(mode="json") for c in charges]
+        assert published["epsilon"] == ledger.compose(charges, "replace-one", DELTA).epsilon
+        assert published["floor_epsilon"] == ledger.compose(charges, "replace-one", DELTA, floor=True).epsilon
+    finally:
+        forget()
 
 
 def test_the_default_targets_plds_built_ahead_are_read_not_built(tmp_path, monkeypatch, counted_builds):

@@ -45,9 +45,12 @@ Neighbouring notions. A ledger is kept in one notion (the budget's):
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -151,7 +154,57 @@ class Charge(BaseModel):
                 self.secret_sign)
 
 
-@lru_cache(maxsize=1024)
+class _BuiltOnce:
+    """A memo of built PLDs (the last ``kept``, as ``functools.lru_cache``) that builds each one once
+    at a time: a thread asking for a PLD another thread is building waits for that build and gets
+    the same PLD, rather than making it again (a signed study's takes seconds of CPU, and two
+    threads building the same one at once took more than twice as long); a thread asking for
+    another one builds it meanwhile, without waiting. So whoever asks (a share server's
+    background build of a study's PLDs, a first upload token's check, the writer's check), a PLD
+    is built once, and a check waits only for the PLDs it needs itself. A build that fails is
+    not remembered: the next thread asking builds it again (and a waiting one is that thread)."""
+
+    def __init__(self, build: Callable[..., Any], kept: int):
+        self._build, self._kept = build, kept
+        self._lock = threading.Lock()
+        self._built: OrderedDict[tuple, Any] = OrderedDict()
+        self._building: dict[tuple, threading.Event] = {}
+        functools.update_wrapper(self, build)
+
+    def __call__(self, *args):
+        while True:
+            with self._lock:
+                if args in self._built:
+                    self._built.move_to_end(args)
+                    return self._built[args]
+                other = self._building.get(args)
+                if other is None:
+                    mine = self._building[args] = threading.Event()
+                    break
+            other.wait()  # then it is built (or that build failed: then this thread builds it)
+        try:
+            value = self._build(*args)
+            with self._lock:
+                self._built[args] = value
+                while len(self._built) > self._kept:
+                    self._built.popitem(last=False)
+            return value
+        finally:
+            with self._lock:
+                del self._building[args]
+            mine.set()
+
+    def cache_clear(self) -> None:
+        """Forget every PLD built (one being built is still handed to those waiting for it)."""
+        with self._lock:
+            self._built.clear()
+
+
+def _built_once(kept: int) -> Callable[[Callable[..., Any]], _BuiltOnce]:
+    return lambda build: _BuiltOnce(build, kept)
+
+
+@_built_once(1024)
 def _pld(neighbouring, kind, row_bound, sigma, server_sigma, lambda_star, width, secret_sign, notion, grid):
     """Cached: a server composes the same studies' PLDs on every provisioning of the population."""
     return accounting.study_pld(neighbouring, kind, row_bound, sigma, server_sigma, lambda_star, width,
@@ -215,7 +268,7 @@ def pld_store() -> PldStore | None:
     return _PLD_STORE
 
 
-@lru_cache(maxsize=256)
+@_built_once(256)
 def _signed_replace_pld(ticks: int, grid: float):
     """secret_sign.replace_pld at radius ticks * RADIUS_STEP; read from the installed
     :class:`PldStore` (by a name per radius and grid) if it has it, else built and handed to it."""
