@@ -86,24 +86,30 @@ PAGE_PORT = free_port()
 PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
 
 
+#: the share servers' environment: exact releases (no server noise), the page's origin allowed,
+#: and a small min_reports floor (the relayed test releases a study of a few devices)
+SERVER_ENV = {**NO_FLOOR_POLICY, "DPSKETCH_CORS_ORIGINS": PAGE_ORIGIN, "DPSKETCH_MIN_REPORTS": "2"}
+
+
 @pytest.fixture(scope="module")
 def exact_cluster(tmp_path_factory):
-    """Three share servers and an analyzer; and ``c.relayed_off``, server s3 run a second time
-    (its own database and keys) with relayed uploads off, for the enrol test. It is spawned once
-    the cluster is up and left to start while the other tests run (about 1.5 s of CPU, most of it
-    imports; the cluster's own start-up is CPU-bound, so starting beside it saved nothing): the
-    enrol test, near the end, waits for it."""
-    # a small min_reports floor: the relayed test releases a study of a few devices (synthetic rows)
-    env = {**NO_FLOOR_POLICY, "DPSKETCH_CORS_ORIGINS": PAGE_ORIGIN, "DPSKETCH_MIN_REPORTS": "2"}
-    with cluster_for_module(tmp_path_factory, "ts-client", server_env={f"s{j + 1}": env for j in range(3)}) as c:
-        off_dir = tmp_path_factory.mktemp("ts-client-relayed-off")
-        off_spec = Servers(off_dir).spec("s3")
-        off = share_server(off_spec, off_dir, {**OPEN_UPLOADS, **env, "DPSKETCH_RELAYED_UPLOADS": "off"})
-        try:
-            c.relayed_off = SimpleNamespace(spec=off_spec, proc=off.spawn())
-            yield c
-        finally:
-            stop_all([off])
+    """Three share servers and an analyzer."""
+    with cluster_for_module(tmp_path_factory, "ts-client", server_env={f"s{j + 1}": SERVER_ENV for j in range(3)}) as c:
+        yield c
+
+
+@pytest.fixture
+def relayed_off_s3(tmp_path):
+    """Server s3 run a second time (its own database and keys), as the cluster's are but with
+    relayed uploads off (``DPSKETCH_RELAYED_UPLOADS=off``): ``spec`` and its healthy ``proc``,
+    stopped after the test."""
+    spec = Servers(tmp_path).spec("s3")
+    off = share_server(spec, tmp_path, {**OPEN_UPLOADS, **SERVER_ENV, "DPSKETCH_RELAYED_UPLOADS": "off"})
+    try:
+        off.start()
+        yield SimpleNamespace(spec=spec, proc=off)
+    finally:
+        stop_all([off])
 
 
 def node_submit(config: dict) -> dict:
@@ -905,22 +911,21 @@ for (const urls of cfg.serverLists) {
     out.push({ enrolled: e.studyId, servers: e.recipients.map((r) => r.serverId) });
   } catch (e) {
     if (!(e instanceof NotRelayable)) throw e;
-    out.push({ refused: { reason: e.reason, serverId: e.serverId, url: e.url, studyId: e.studyId }, message: e.message });
+    out.push({ refused: { reason: e.reason, serverId: e.serverId, url: e.url, studyId: e.studyId }, message: e.message,
+               name: e.name, head: e.stack.split("\\n")[0] });
   }
 }
 process.stdout.write(JSON.stringify(out));
 """
 
 
-def test_node_enrol_refuses_a_server_with_relayed_uploads_off_naming_it(built_package, exact_cluster):
+def test_node_enrol_refuses_a_server_with_relayed_uploads_off_naming_it(built_package, exact_cluster, relayed_off_s3):
     """The TypeScript enrol reads each server's /v1/info policy, as the Python SDK's enrol() does:
     a study at s1, s2 and the s3 run with ``DPSKETCH_RELAYED_UPLOADS=off`` (it would answer every
     relayed bundle 403) is refused with NotRelayable naming that server (id and URL), why, and
     to upload directly; nothing enrolled. The same study at s1, s2 and the s3 that takes relayed
     uploads enrols, in one Node process."""
-    c = exact_cluster
-    off = c.relayed_off
-    off.proc.wait_healthy(30)
+    c, off = exact_cluster, relayed_off_s3
     assert httpx.get(f"{off.proc.url}/v1/info").json()["policy"]["relayed_uploads"] is False
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="ts enrol", columns=["x0", "x1"], label=None, expected_reports=10,
@@ -942,4 +947,5 @@ def test_node_enrol_refuses_a_server_with_relayed_uploads_off_naming_it(built_pa
                               f"relayed_uploads false"), message
     assert "upload to the servers directly (Client.submit)" in message, message
     assert message.endswith("; nothing enrolled (docs/relay.md)"), message
+    assert refused["name"] == "NotRelayable" and refused["head"].startswith("NotRelayable: server s3 ("), refused
     assert enrolled == {"enrolled": study.study_id, "servers": ["s1", "s2", "s3"]}, enrolled
