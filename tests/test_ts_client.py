@@ -54,21 +54,29 @@ def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=PACKAGE, capture_output=True, text=True, timeout=600, **kwargs)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built_package() -> Path:
-    """The package's dependencies (npm ci, once: node_modules is kept) and its build."""
+    """The package's dependencies (npm ci, once: node_modules is kept) and its build, once a
+    session: ``npm run build:test`` type-checks and emits src once (tsconfig.json: no Node types,
+    declarations, into dist) and the tests and benches against it (tsconfig.test.json references
+    it: dist-test, whose src is a link to dist). The build is incremental (tsc -b): sources
+    unchanged since the last build, nothing is compiled again, and errors recorded then are
+    reported again, so a build that is not clean fails here every time. A lock keeps pytest-xdist
+    workers that both run this module (without --dist loadfile) from building at once."""
+    import fcntl
+
     assert shutil.which("node") and shutil.which("npm"), "the TypeScript client needs node and npm"
     major = int(_run(["node", "-p", "process.versions.node.split('.')[0]"]).stdout)
     assert major >= 20, f"Node 20+ needed, found {major}"
     lock = PACKAGE / "package-lock.json"
     stamp = PACKAGE / "node_modules" / ".package-lock.json"
-    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
-        r = _run(["npm", "ci", "--no-audit", "--no-fund"])
-        assert r.returncode == 0, r.stderr[-2000:]
-    r = _run(["npx", "tsc", "-p", "tsconfig.test.json"])
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    r = _run(["npx", "tsc", "-p", "tsconfig.json"])
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    with open(PACKAGE / "package.json") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file is closed
+        if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
+            r = _run(["npm", "ci", "--no-audit", "--no-fund"])
+            assert r.returncode == 0, r.stderr[-2000:]
+        r = _run(["npm", "run", "--silent", "build:test"])
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     return PACKAGE
 
 
