@@ -11,7 +11,7 @@ on the same rows of the same study, in the same run, modes and clients interleav
 first party's blocks (d_j = d/2; proved with the party's own plan under ``--validity``), the
 leader rotating batch by batch, each individual a fresh pseudonym.
 
-Needs clients/typescript built (``npx tsc -p tsconfig.test.json`` there; tests/test_ts_client.py
+Needs clients/typescript built (``npm run build:test`` there; tests/test_ts_client.py
 does it). CPU seconds: time.process_time for Python, process.cpuUsage for Node (each one thread).
 """
 

@@ -54,21 +54,29 @@ def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=PACKAGE, capture_output=True, text=True, timeout=600, **kwargs)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built_package() -> Path:
-    """The package's dependencies (npm ci, once: node_modules is kept) and its build."""
+    """The package's dependencies (npm ci, once: node_modules is kept) and its build, once a
+    session: ``npm run build:test`` type-checks and emits src once (tsconfig.json: no Node types,
+    declarations, into dist) and the tests and benches against it (tsconfig.test.json references
+    it: dist-test, whose src is a link to dist). The build is incremental (tsc -b): sources
+    unchanged since the last build, nothing is compiled again, and errors recorded then are
+    reported again, so a build that is not clean fails here every time. A lock keeps pytest-xdist
+    workers that both run this module (without --dist loadfile) from building at once."""
+    import fcntl
+
     assert shutil.which("node") and shutil.which("npm"), "the TypeScript client needs node and npm"
     major = int(_run(["node", "-p", "process.versions.node.split('.')[0]"]).stdout)
     assert major >= 20, f"Node 20+ needed, found {major}"
     lock = PACKAGE / "package-lock.json"
     stamp = PACKAGE / "node_modules" / ".package-lock.json"
-    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
-        r = _run(["npm", "ci", "--no-audit", "--no-fund"])
-        assert r.returncode == 0, r.stderr[-2000:]
-    r = _run(["npx", "tsc", "-p", "tsconfig.test.json"])
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    r = _run(["npx", "tsc", "-p", "tsconfig.json"])
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    with open(PACKAGE / "package.json") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file is closed
+        if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
+            r = _run(["npm", "ci", "--no-audit", "--no-fund"])
+            assert r.returncode == 0, r.stderr[-2000:]
+        r = _run(["npm", "run", "--silent", "build:test"])
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     return PACKAGE
 
 
@@ -86,24 +94,30 @@ PAGE_PORT = free_port()
 PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
 
 
+#: the share servers' environment: exact releases (no server noise), the page's origin allowed,
+#: and a small min_reports floor (the relayed test releases a study of a few devices)
+SERVER_ENV = {**NO_FLOOR_POLICY, "DPSKETCH_CORS_ORIGINS": PAGE_ORIGIN, "DPSKETCH_MIN_REPORTS": "2"}
+
+
 @pytest.fixture(scope="module")
 def exact_cluster(tmp_path_factory):
-    """Three share servers and an analyzer; and ``c.relayed_off``, server s3 run a second time
-    (its own database and keys) with relayed uploads off, for the enrol test. It is spawned once
-    the cluster is up and left to start while the other tests run (about 1.5 s of CPU, most of it
-    imports; the cluster's own start-up is CPU-bound, so starting beside it saved nothing): the
-    enrol test, near the end, waits for it."""
-    # a small min_reports floor: the relayed test releases a study of a few devices (synthetic rows)
-    env = {**NO_FLOOR_POLICY, "DPSKETCH_CORS_ORIGINS": PAGE_ORIGIN, "DPSKETCH_MIN_REPORTS": "2"}
-    with cluster_for_module(tmp_path_factory, "ts-client", server_env={f"s{j + 1}": env for j in range(3)}) as c:
-        off_dir = tmp_path_factory.mktemp("ts-client-relayed-off")
-        off_spec = Servers(off_dir).spec("s3")
-        off = share_server(off_spec, off_dir, {**OPEN_UPLOADS, **env, "DPSKETCH_RELAYED_UPLOADS": "off"})
-        try:
-            c.relayed_off = SimpleNamespace(spec=off_spec, proc=off.spawn())
-            yield c
-        finally:
-            stop_all([off])
+    """Three share servers and an analyzer."""
+    with cluster_for_module(tmp_path_factory, "ts-client", server_env={f"s{j + 1}": SERVER_ENV for j in range(3)}) as c:
+        yield c
+
+
+@pytest.fixture
+def relayed_off_s3(tmp_path):
+    """Server s3 run a second time (its own database and keys), as the cluster's are but with
+    relayed uploads off (``DPSKETCH_RELAYED_UPLOADS=off``): ``spec`` and its healthy ``proc``,
+    stopped after the test."""
+    spec = Servers(tmp_path).spec("s3")
+    off = share_server(spec, tmp_path, {**OPEN_UPLOADS, **SERVER_ENV, "DPSKETCH_RELAYED_UPLOADS": "off"})
+    try:
+        off.start()
+        yield SimpleNamespace(spec=spec, proc=off)
+    finally:
+        stop_all([off])
 
 
 def node_submit(config: dict) -> dict:
@@ -905,22 +919,21 @@ for (const urls of cfg.serverLists) {
     out.push({ enrolled: e.studyId, servers: e.recipients.map((r) => r.serverId) });
   } catch (e) {
     if (!(e instanceof NotRelayable)) throw e;
-    out.push({ refused: { reason: e.reason, serverId: e.serverId, url: e.url, studyId: e.studyId }, message: e.message });
+    out.push({ refused: { reason: e.reason, serverId: e.serverId, url: e.url, studyId: e.studyId }, message: e.message,
+               name: e.name, head: e.stack.split("\\n")[0] });
   }
 }
 process.stdout.write(JSON.stringify(out));
 """
 
 
-def test_node_enrol_refuses_a_server_with_relayed_uploads_off_naming_it(built_package, exact_cluster):
+def test_node_enrol_refuses_a_server_with_relayed_uploads_off_naming_it(built_package, exact_cluster, relayed_off_s3):
     """The TypeScript enrol reads each server's /v1/info policy, as the Python SDK's enrol() does:
     a study at s1, s2 and the s3 run with ``DPSKETCH_RELAYED_UPLOADS=off`` (it would answer every
     relayed bundle 403) is refused with NotRelayable naming that server (id and URL), why, and
     to upload directly; nothing enrolled. The same study at s1, s2 and the s3 that takes relayed
     uploads enrols, in one Node process."""
-    c = exact_cluster
-    off = c.relayed_off
-    off.proc.wait_healthy(30)
+    c, off = exact_cluster, relayed_off_s3
     assert httpx.get(f"{off.proc.url}/v1/info").json()["policy"]["relayed_uploads"] is False
     with AnalyzerClient(c.analyzer.url, c.api_token) as an:
         created = an.create_study(name="ts enrol", columns=["x0", "x1"], label=None, expected_reports=10,
@@ -942,4 +955,5 @@ def test_node_enrol_refuses_a_server_with_relayed_uploads_off_naming_it(built_pa
                               f"relayed_uploads false"), message
     assert "upload to the servers directly (Client.submit)" in message, message
     assert message.endswith("; nothing enrolled (docs/relay.md)"), message
+    assert refused["name"] == "NotRelayable" and refused["head"].startswith("NotRelayable: server s3 ("), refused
     assert enrolled == {"enrolled": study.study_id, "servers": ["s1", "s2", "s3"]}, enrolled

@@ -1,6 +1,6 @@
 """Node's batch prover against the Python SDK's on the same rows and key (issue 40's TS piece).
 
-    cd clients/typescript && npx tsc -p tsconfig.test.json && \
+    cd clients/typescript && npm run build:test && \
         PYTHONPATH=../.. python bench/proof_batch.py [d ...]
 
 For each d (default 10 and 100): a sketch study of d columns with validity and batch proofs

@@ -211,6 +211,8 @@ export class Enrolment {
  * `serverId` and `url` are undefined for the study's own reasons.
  */
 export class NotRelayable extends Error {
+  /** "NotRelayable" in `err.name`, stack traces and console output (as ProblemError's) */
+  override readonly name = "NotRelayable";
   constructor(
     public readonly studyId: string,
     public readonly reason: string,

@@ -6,6 +6,9 @@
  */
 
 export class ProblemError extends Error {
+  /** "ProblemError" in `err.name`, stack traces and console output (a string, not the class's
+   * name: a minifier may rename the class) */
+  override readonly name = "ProblemError";
   constructor(
     public readonly status: number,
     public readonly problem: { type?: string; title?: string; detail?: string; [k: string]: unknown },

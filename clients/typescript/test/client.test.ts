@@ -118,7 +118,15 @@ test("413 halves a batch (the same records); a refusal surfaces as its problem",
   assert.ok(sizes.includes(8) && sizes.includes(4) && sizes.includes(2));
   const refusing = fakeFetch({ post: () => new Response(JSON.stringify({ type: "urn:dpsketch:problem:binding-refused", status: 422, detail: "x" }), { status: 422 }) });
   const c2 = await Client.connect({ studyId: id, servers, fetch: refusing });
-  await assert.rejects(c2.submit(rows), (e: unknown) => e instanceof ProblemError && e.slug === "binding-refused" && e.status === 422);
+  await assert.rejects(c2.submit(rows), (e: unknown) => {
+    assert.ok(e instanceof ProblemError && e instanceof Error);
+    assert.deepEqual([e.slug, e.status], ["binding-refused", 422]);
+    // named in err.name, hence in its stack and console output (not "Error")
+    assert.equal(e.name, "ProblemError");
+    assert.match(String(e.stack), /^ProblemError: http:\/\/s1\.test.*: 422 urn:dpsketch:problem:binding-refused x\n/);
+    assert.equal(String(e), `ProblemError: ${e.message}`);
+    return true;
+  });
 });
 
 test("the same submission secret rebuilds the same reports; a fresh one does not", async () => {

@@ -198,6 +198,8 @@ test("enrol: refused (NotRelayable, naming the server) only where a policy says 
   const off = fakeServers(keys, [{ relayed_uploads: true }, { relayed_uploads: false }, { relayed_uploads: false }]);
   await assert.rejects(enrol({ studyId: id, servers, fetch: off }), (e: unknown) => {
     assert.ok(e instanceof NotRelayable && e instanceof Error);
+    assert.equal(e.name, "NotRelayable"); // in its stack and console output too, not "Error"
+    assert.ok(String(e.stack).startsWith(`NotRelayable: ${e.message}\n`), e.stack);
     assert.deepEqual([e.reason, e.serverId, e.url, e.studyId], ["relayed uploads off", study.servers[1], "http://s2.test", id]);
     assert.match(e.message, /^server \S+ \(http:\/\/s2\.test\) takes no relayed uploads \(its \/v1\/info policy says relayed_uploads false/);
     assert.match(e.message, /upload to the servers directly \(Client\.submit\).*; nothing enrolled \(docs\/relay\.md\)$/);
