@@ -123,7 +123,9 @@ class ManagedProcess:
         return self
 
     def start(self, timeout: float = 30.0) -> "ManagedProcess":
-        self.spawn().wait_healthy(timeout)
+        """Spawn it and wait until it is healthy; one that never is (it exits, or its health
+        check times out) is stopped before the error goes up, not left running unowned."""
+        start_all([self], timeout)
         return self
 
     def wait_healthy(self, timeout: float) -> None:
@@ -178,11 +180,20 @@ class ManagedProcess:
 
 
 def start_all(procs: list[ManagedProcess], timeout: float = 30.0) -> list[ManagedProcess]:
-    """Spawn every process, then wait for each: N servers start in the time of one."""
-    for proc in procs:
-        proc.spawn()
-    for proc in procs:
-        proc.wait_healthy(timeout)
+    """Spawn every process, then wait for each: N servers start in the time of one. If one
+    cannot be spawned or is not healthy in time, every one spawned here is stopped before the
+    error goes up: a caller whose start failed holds nothing to stop, and nothing keeps running
+    (a process still starting, or one stuck, would otherwise outlive the demo or test that
+    started it, holding its port and files)."""
+    spawned: list[ManagedProcess] = []
+    try:
+        for proc in procs:
+            spawned.append(proc.spawn())
+        for proc in procs:
+            proc.wait_healthy(timeout)
+    except BaseException:
+        stop_all(spawned)
+        raise
     return procs
 
 
