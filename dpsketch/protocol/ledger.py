@@ -159,7 +159,7 @@ def _loss_grid(key: tuple, notion: str, signed: bool) -> float:
     """Cached: the loss grid of a charge's PLD (accounting.pld_grid). A signed add/remove study's
     is read off the distributions of its presence pair, about 5 ms each time, and every
     composition asks it of every charge (a budget check composes six times, the writer's six
-    more): 10 such studies cost 51 ms a composition before, nothing now once asked."""
+    more): 10 such studies cost 51 ms a composition before, 0.44 ms now."""
     return accounting.pld_grid(*key, notion, secret_sign=signed)  # type: ignore[call-arg, misc]  # the key tuple spread
 
 
