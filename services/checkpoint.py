@@ -207,18 +207,20 @@ def write(conn: Any, seq: int, snap: Snapshot) -> str | None:
     return "whole"
 
 
-def delete(conn: Any, seq: int, unerased: Any = None) -> None:
-    """Delete the study's checkpoint. At its commit (``unerased``: the backend) its segments,
-    report ids and rowids that the study's stored batches keep anyway, go without zeroing their
-    pages (``backend.delete_unerased``: 24 MB of zeros at 10^6 reports were a commit's largest
-    write); its totals row, the running aggregate share, as the connection deletes secrets. A study
-    dropped before its release, whose shares go too, has its segments erased as the connection
-    erases (``unerased=None``)."""
+def delete(conn: Any, seq: int) -> None:
+    """Delete the checkpoint of a study dropped before its release: its shares go too, so its
+    segments (report ids and rowids) are erased as the connection erases what it deletes."""
     conn.execute("DELETE FROM checkpoints WHERE study = ?", (seq,))
-    if unerased is None:
-        conn.execute("DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
-    else:
-        unerased.delete_unerased(conn, "DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
+    conn.execute("DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
+
+
+def delete_at_commit(conn: Any, seq: int, backend: Any) -> None:
+    """Delete a committed study's checkpoint. Its totals row (the running aggregate share) goes
+    as the connection deletes secrets; its segments, report ids and rowids that the study's
+    stored batches keep anyway, go without zeroing their pages (``backend.delete_unerased``:
+    24 MB of zeros at 10^6 reports were a commit's largest write)."""
+    conn.execute("DELETE FROM checkpoints WHERE study = ?", (seq,))
+    backend.delete_unerased(conn, "DELETE FROM checkpoint_segments WHERE study = ?", (seq,))
 
 
 def load(conn: Any, record: StudyRecord, state: StudyState) -> bool:

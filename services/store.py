@@ -949,7 +949,7 @@ class Store:
                 (record.seq, ihash, result.model_dump_json(), released, now),
             )
             conn.execute("UPDATE studies SET status = 'committed' WHERE seq = ?", (record.seq,))
-            checkpoint.delete(conn, record.seq, unerased=self.backend)
+            checkpoint.delete_at_commit(conn, record.seq, self.backend)
 
             def apply() -> None:
                 record.aggregate = released
