@@ -319,13 +319,12 @@ def shares_sent(n_servers: int, d: int):
         out.append(total)
 
 
-def _relay_counters(url: str) -> tuple[int, int, float, int]:
-    """(bundles, entries) the relay has forwarded so far, and its window (ms) and group size
-    (GET /v1/relay)."""
+def _relay_info(url: str) -> dict[str, Any]:
+    """The relay's ``GET /v1/relay``: its counters (``bundles_forwarded``, ``entries_forwarded``)
+    and settings (``window_s``, ``max_entries``)."""
     import httpx
 
-    info = httpx.get(f"{url}/v1/relay", timeout=10).json()
-    return info["bundles_forwarded"], info["entries_forwarded"], info["window_s"] * 1000, info["max_entries"]
+    return httpx.get(f"{url}/v1/relay", timeout=10).json()
 
 
 def _each_device(one: Any, n: int, threads: int, n_servers: int, d: int, progress: str | None) -> np.ndarray:
@@ -500,7 +499,7 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     relay_url = cluster.relay_url() if path == "relay" else None
     requests = 0
     processes = max(1, min(processes, workers, n)) if one_row else 1
-    relayed0 = _relay_counters(relay_url) if relay_url else None
+    relayed0 = _relay_info(relay_url) if relay_url else None
     totals: list[np.ndarray] = []
     with contextlib.ExitStack() as stack:
         pool = client_processes(stack, processes)
@@ -542,8 +541,9 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
     assert fin["n_reports"] == n, fin
     bundles = None
     if relay_url and relayed0:
-        after = _relay_counters(relay_url)
-        bundles = after[0] - relayed0[0], (after[1] - relayed0[1]) / max(1, after[0] - relayed0[0])
+        after = _relay_info(relay_url)
+        sent = after["bundles_forwarded"] - relayed0["bundles_forwarded"]
+        bundles = sent, (after["entries_forwarded"] - relayed0["entries_forwarded"]) / max(1, sent)
 
     total = np.sum(totals, axis=0, dtype=np.uint64)  # wraps mod 2^64, as the servers' sums do
     exact = ring.decode(total[None, :], study.frac_bits).reshape(-1)
@@ -561,8 +561,8 @@ def run_dpsketch(cluster: LocalCluster, path: str, data: np.ndarray, epsilon: fl
         "http_requests": requests or None,
         "relay_bundles": bundles[0] if bundles else None,  # what the relay sent the servers
         "relay_entries_per_bundle": bundles[1] if bundles else None,
-        "relay_window_ms": relayed0[2] if relayed0 else None,  # the relay's settings in this run
-        "relay_max_entries": relayed0[3] if relayed0 else None,
+        "relay_window_ms": relayed0["window_s"] * 1000 if relayed0 else None,  # the relay's settings in this run
+        "relay_max_entries": relayed0["max_entries"] if relayed0 else None,
         "workers": workers if one_row else None,
         "cold_check": cold_check if one_row else None,
         "client_processes": processes if one_row else None,
